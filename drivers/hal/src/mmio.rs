@@ -1,0 +1,239 @@
+//! Register access to a PCI BAR: [`Bar`], a bounds-checked window of 32-bit
+//! registers, over real MMIO or over a [`RegisterBackend`].
+//!
+//! Real hardware gets a pointer to an uncached mapping and every access is one
+//! volatile load or store (never a reference, see the `volatile` crate's
+//! rationale). Host tests and the device model plug in a backend instead; the
+//! driver cannot tell the two apart. Byte swapping for mlx4's big-endian
+//! registers happens only in the `_be` accessors here.
+
+use alloc::sync::Arc;
+use core::ptr::NonNull;
+
+/// A memory-like register window implemented in software (a fake BAR, the
+/// device model's BAR0/UAR, or an ivshmem window).
+///
+/// Accesses have memory semantics as seen by the CPU: `read32` returns the four
+/// bytes at `offset` loaded as a native-endian `u32` (no swap), exactly what a
+/// `read_volatile` of an MMIO register would return. Offsets are
+/// bounds-checked and 4-byte aligned by [`Bar`] before they get here.
+pub trait RegisterBackend: Send + Sync {
+    /// Loads the 32-bit register at `offset`.
+    fn read32(&self, offset: usize) -> u32;
+    /// Stores the 32-bit register at `offset`.
+    fn write32(&self, offset: usize, value: u32);
+    /// One 64-bit store at `offset` (8-byte aligned). The default splits it
+    /// into two 32-bit stores, low address first.
+    fn write64(&self, offset: usize, value: u64) {
+        self.write32(offset, value as u32);
+        self.write32(offset + 4, (value >> 32) as u32);
+    }
+}
+
+#[derive(Clone)]
+enum Io {
+    /// # Invariants
+    /// `base` points to an uncached mapping valid for reads and writes of
+    /// `Bar::len` bytes for the lifetime of the program.
+    Mmio(NonNull<u8>),
+    Backend(Arc<dyn RegisterBackend>),
+}
+
+/// A window of device registers.
+///
+/// Created once per BAR by the platform (see [`crate::PciFunction::take_bar`]);
+/// [`Bar::slice`] hands out sub-windows (e.g. one UAR page).
+pub struct Bar {
+    io: Io,
+    /// Offset of this window inside the backend's register space.
+    offset: usize,
+    len: usize,
+}
+
+// SAFETY: MMIO registers are accessed only by single volatile loads and stores,
+// which are safe to issue from any CPU; a backend is `Send + Sync` by its trait
+// bounds. Ordering between CPUs is the driver's business (it serialises
+// commands), exactly as in Linux.
+unsafe impl Send for Bar {}
+// SAFETY: as above; no `&`-to-MMIO is ever created, so shared use from several
+// threads is the same as several CPUs issuing `readl`/`writel`.
+unsafe impl Sync for Bar {}
+
+impl core::fmt::Debug for Bar {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let kind = match self.io {
+            Io::Mmio(p) => {
+                return write!(f, "Bar(mmio {:p}+{:#x}, {:#x})", p, self.offset, self.len);
+            }
+            Io::Backend(_) => "backend",
+        };
+        write!(f, "Bar({kind}+{:#x}, {:#x})", self.offset, self.len)
+    }
+}
+
+impl Bar {
+    /// A window over real MMIO.
+    ///
+    /// # Safety
+    ///
+    /// `base` must point to a mapping of device registers that is uncached,
+    /// valid for volatile reads and writes of `len` bytes for the rest of the
+    /// program, and not handed out as another `Bar` (the platform's BAR claim
+    /// ensures this).
+    pub unsafe fn from_mmio(base: NonNull<u8>, len: usize) -> Bar {
+        // INVARIANT: the caller guarantees the mapping for `len` bytes.
+        Bar {
+            io: Io::Mmio(base),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// A window over a software backend of `len` bytes.
+    pub fn from_backend(backend: Arc<dyn RegisterBackend>, len: usize) -> Bar {
+        Bar {
+            io: Io::Backend(backend),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// Size of the window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-sized window.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The sub-window `[offset, offset + len)`, or `None` if it does not fit.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<Bar> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then(|| Bar {
+            io: self.io.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    #[inline(always)]
+    fn check(&self, offset: usize, width: usize) -> usize {
+        assert!(
+            offset % width == 0 && offset.checked_add(width).is_some_and(|e| e <= self.len),
+            "register access at {offset:#x} (width {width}) outside a {:#x}-byte window",
+            self.len
+        );
+        self.offset + offset
+    }
+
+    /// Loads the 32-bit register at `offset` without swapping.
+    ///
+    /// # Panics
+    ///
+    /// If `offset` is not 4-byte aligned or the register is outside the window
+    /// (a driver bug: offsets are driver constants).
+    #[inline]
+    pub fn read32(&self, offset: usize) -> u32 {
+        let off = self.check(offset, 4);
+        match &self.io {
+            // SAFETY: by the `Io::Mmio` invariant the mapping covers the
+            // backend's length, and `check` kept `off + 4` inside it; the
+            // access is aligned.
+            Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u32>().read_volatile() },
+            Io::Backend(b) => b.read32(off),
+        }
+    }
+
+    /// Stores the 32-bit register at `offset` without swapping.
+    ///
+    /// # Panics
+    ///
+    /// As [`Bar::read32`].
+    #[inline]
+    pub fn write32(&self, offset: usize, value: u32) {
+        let off = self.check(offset, 4);
+        match &self.io {
+            // SAFETY: as in `read32`.
+            Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u32>().write_volatile(value) },
+            Io::Backend(b) => b.write32(off, value),
+        }
+    }
+
+    /// One 64-bit store at `offset` (8-byte aligned) without swapping.
+    ///
+    /// # Panics
+    ///
+    /// As [`Bar::read32`].
+    #[inline]
+    pub fn write64(&self, offset: usize, value: u64) {
+        let off = self.check(offset, 8);
+        match &self.io {
+            // SAFETY: as in `read32`, for an aligned 8-byte access.
+            Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u64>().write_volatile(value) },
+            Io::Backend(b) => b.write64(off, value),
+        }
+    }
+
+    /// Loads a big-endian 32-bit register (Linux `swab32(readl())`).
+    #[inline]
+    pub fn read_be32(&self, offset: usize) -> u32 {
+        u32::from_be(self.read32(offset))
+    }
+
+    /// Stores a big-endian 32-bit register (Linux `__raw_writel(cpu_to_be32())`).
+    #[inline]
+    pub fn write_be32(&self, offset: usize, value: u32) {
+        self.write32(offset, value.to_be());
+    }
+
+    /// Stores two big-endian dwords, `hi` at `offset` and `lo` at `offset + 4`,
+    /// as one 64-bit store (mlx4's CQ doorbell, Linux `mlx4_write64`).
+    #[inline]
+    pub fn write_be32_pair(&self, offset: usize, hi: u32, lo: u32) {
+        let raw = u64::from(hi.to_be()) | (u64::from(lo.to_be()) << 32);
+        self.write64(offset, raw);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::MemBar;
+
+    #[test]
+    fn be_accessors_swap_and_slices_offset() {
+        let mem = Arc::new(MemBar::new(0x100));
+        let bar = Bar::from_backend(mem.clone(), 0x100);
+        bar.write_be32(0x10, 0x1122_3344);
+        assert_eq!(mem.bytes(0x10, 4), vec![0x11, 0x22, 0x33, 0x44]);
+        assert_eq!(bar.read_be32(0x10), 0x1122_3344);
+        let page = bar.slice(0x80, 0x80).unwrap();
+        page.write_be32(0, 0xdead_beef);
+        assert_eq!(bar.read_be32(0x80), 0xdead_beef);
+        assert!(bar.slice(0x80, 0x81).is_none());
+        page.write_be32_pair(0x8, 0x0102_0304, 0x0506_0708);
+        assert_eq!(mem.bytes(0x88, 8), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn out_of_window_access_is_caught() {
+        let bar = Bar::from_backend(Arc::new(MemBar::new(0x10)), 0x10);
+        bar.read32(0x10);
+    }
+
+    #[test]
+    fn mmio_path_reads_and_writes_memory() {
+        let mut words = [0u32; 4];
+        let base = NonNull::new(words.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: `words` outlives `bar` (dropped at the end of this test) and
+        // stands in for a register block.
+        let bar = unsafe { Bar::from_mmio(base, 16) };
+        bar.write_be32(4, 1);
+        assert_eq!(bar.read32(4), 1u32.to_be());
+        drop(bar);
+        assert_eq!(words[1], 1u32.to_be());
+    }
+}
