@@ -240,7 +240,7 @@ impl DmaBuf {
     #[inline(always)]
     fn ptr(&self, off: usize, width: usize) -> *mut u8 {
         assert!(
-            off.checked_add(width).is_some_and(|e| e <= self.len) && off % width == 0,
+            off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width),
             "DMA access at {off:#x} (width {width}) outside a {:#x}-byte buffer",
             self.len
         );

@@ -226,7 +226,7 @@ impl ArenaDma {
     /// The device's atomic view of the aligned dword at `bus` (for doorbell
     /// records and ownership words shared with another thread).
     pub fn device_atomic_u32(&self, bus: BusAddr) -> Result<&AtomicU32> {
-        if bus.0 % 4 != 0 {
+        if !bus.0.is_multiple_of(4) {
             return Err(Error::BadRequest);
         }
         let off = self.offset_of(bus, 4).ok_or(Error::BadRequest)?;
@@ -249,7 +249,9 @@ impl Drop for ArenaDma {
 // arena, reachable by the device at the matching bus address.
 unsafe impl DmaAllocator for ArenaDma {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion> {
-        if len == 0 || !align.is_power_of_two() || align > 4096 && self.bus_base % align as u64 != 0
+        if len == 0
+            || !align.is_power_of_two()
+            || align > 4096 && !self.bus_base.is_multiple_of(align as u64)
         {
             return Err(Error::BadRequest);
         }

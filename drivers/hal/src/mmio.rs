@@ -121,7 +121,8 @@ impl Bar {
     #[inline(always)]
     fn check(&self, offset: usize, width: usize) -> usize {
         assert!(
-            offset % width == 0 && offset.checked_add(width).is_some_and(|e| e <= self.len),
+            offset.is_multiple_of(width)
+                && offset.checked_add(width).is_some_and(|e| e <= self.len),
             "register access at {offset:#x} (width {width}) outside a {:#x}-byte window",
             self.len
         );
