@@ -1,0 +1,3 @@
+//! Port of Linux mlx4_core (placeholder until the port lands).
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]

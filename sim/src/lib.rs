@@ -1,0 +1,1 @@
+//! A strict software model of the ConnectX-3 (placeholder until the model lands).
