@@ -105,6 +105,97 @@ pub unsafe trait DmaAllocator: Send + Sync {
     fn stats(&self) -> DmaStats;
 }
 
+/// First-fit bookkeeping of a contiguous range: which `[offset, offset + len)`
+/// pieces are handed out. Pure arithmetic; platforms pair it with memory.
+#[derive(Debug)]
+pub struct RangeAllocator {
+    len: usize,
+    granule: usize,
+    /// Allocated `(offset, len)` pieces, sorted by offset.
+    used: alloc::vec::Vec<(usize, usize)>,
+    stats: DmaStats,
+}
+
+impl RangeAllocator {
+    /// Manages `[0, len)` in multiples of `granule` (a power of two).
+    pub fn new(len: usize, granule: usize) -> RangeAllocator {
+        RangeAllocator {
+            len,
+            granule: granule.max(1),
+            used: alloc::vec::Vec::new(),
+            stats: DmaStats::default(),
+        }
+    }
+
+    /// The total size managed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if nothing can ever be allocated.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reserves `len` bytes whose offset plus `base` is a multiple of `align`;
+    /// returns the offset and the rounded length.
+    pub fn alloc(&mut self, len: usize, align: usize, base: u64) -> Result<(usize, usize)> {
+        if len == 0 || !align.is_power_of_two() {
+            return Err(Error::BadRequest);
+        }
+        let size = len.div_ceil(self.granule) * self.granule;
+        let align = align.max(self.granule) as u64;
+        // First offset >= cursor whose bus address is aligned.
+        let fit = |cursor: usize| -> Option<usize> {
+            let addr = (base.checked_add(cursor as u64)?).checked_next_multiple_of(align)?;
+            usize::try_from(addr - base).ok()
+        };
+        let mut cursor = 0usize;
+        let mut slot = None;
+        for (i, &(o, l)) in self.used.iter().enumerate() {
+            if let Some(start) = fit(cursor)
+                && start.checked_add(size).is_some_and(|e| e <= o)
+            {
+                slot = Some((i, start));
+                break;
+            }
+            cursor = o + l;
+        }
+        let (i, start) = match slot {
+            Some(s) => s,
+            None => {
+                let start = fit(cursor).ok_or(Error::NoMemory)?;
+                if start.checked_add(size).is_none_or(|e| e > self.len) {
+                    return Err(Error::NoMemory);
+                }
+                (self.used.len(), start)
+            }
+        };
+        self.used.insert(i, (start, size));
+        self.stats.allocations += 1;
+        self.stats.bytes += size;
+        Ok((start, size))
+    }
+
+    /// Releases the piece that starts at `offset`; false if there is none.
+    pub fn free(&mut self, offset: usize) -> bool {
+        match self.used.binary_search_by_key(&offset, |&(o, _)| o) {
+            Ok(i) => {
+                let (_, l) = self.used.remove(i);
+                self.stats.allocations -= 1;
+                self.stats.bytes -= l;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// What is handed out.
+    pub fn stats(&self) -> DmaStats {
+        self.stats
+    }
+}
+
 /// A cloneable handle on one DMA allocator.
 #[derive(Clone)]
 pub struct DmaPool {

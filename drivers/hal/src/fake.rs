@@ -12,7 +12,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use core::time::Duration;
 
-use crate::dma::{BusAddr, DmaAllocator, DmaRegion, DmaStats};
+use crate::dma::{BusAddr, DmaAllocator, DmaRegion, DmaStats, RangeAllocator};
 use crate::mmio::RegisterBackend;
 use crate::pci::ConfigSpace;
 use crate::time::Clock;
@@ -105,13 +105,7 @@ pub struct ArenaDma {
     base: NonNull<u8>,
     len: usize,
     bus_base: u64,
-    state: spin_lock::Lock<ArenaState>,
-}
-
-struct ArenaState {
-    /// Allocated ranges (offset, len), sorted by offset.
-    used: Vec<(usize, usize)>,
-    stats: DmaStats,
+    state: spin_lock::Lock<RangeAllocator>,
 }
 
 /// A minimal spin lock, so the fake needs no dependency.
@@ -178,10 +172,7 @@ impl ArenaDma {
             base,
             len,
             bus_base,
-            state: spin_lock::Lock::new(ArenaState {
-                used: Vec::new(),
-                stats: DmaStats::default(),
-            }),
+            state: spin_lock::Lock::new(RangeAllocator::new(len, GRANULE)),
         }
     }
 
@@ -249,72 +240,26 @@ impl Drop for ArenaDma {
 // arena, reachable by the device at the matching bus address.
 unsafe impl DmaAllocator for ArenaDma {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion> {
-        if len == 0
-            || !align.is_power_of_two()
-            || align > 4096 && !self.bus_base.is_multiple_of(align as u64)
-        {
-            return Err(Error::BadRequest);
-        }
-        let size = len.div_ceil(GRANULE) * GRANULE;
-        let align = align.max(GRANULE);
-        let off = self.state.with(|st| {
-            let mut cursor = 0usize;
-            let mut at = None;
-            for (i, &(o, l)) in st.used.iter().enumerate() {
-                let start = (self.bus_base as usize + cursor).next_multiple_of(align)
-                    - self.bus_base as usize;
-                if start + size <= o {
-                    at = Some((i, start));
-                    break;
-                }
-                cursor = o + l;
-            }
-            let (i, start) = match at {
-                Some(x) => x,
-                None => {
-                    let start = (self.bus_base as usize + cursor).next_multiple_of(align)
-                        - self.bus_base as usize;
-                    if start + size > self.len {
-                        return Err(Error::NoMemory);
-                    }
-                    (st.used.len(), start)
-                }
-            };
-            st.used.insert(i, (start, size));
-            st.stats.allocations += 1;
-            st.stats.bytes += size;
-            Ok(start)
-        })?;
+        let (off, size) = self.state.with(|r| r.alloc(len, align, self.bus_base))?;
         // SAFETY: `off + size <= len`: inside the arena allocation.
         let cpu = unsafe { self.base.as_ptr().add(off) };
         // SAFETY: the range was just reserved (no other region overlaps it);
         // zero it so every allocation starts zeroed.
         unsafe { core::ptr::write_bytes(cpu, 0, size) };
-        // SAFETY: `cpu` is non-null (inside the arena), valid for `size >= len`
-        // bytes until freed, exclusive, and reached by the device at the
-        // matching bus address through `device_read`/`device_write`.
-        Ok(unsafe {
-            DmaRegion::new(
-                NonNull::new_unchecked(cpu),
-                BusAddr(self.bus_base + off as u64),
-                len,
-            )
-        })
+        let cpu = NonNull::new(cpu).ok_or(Error::NoMemory)?;
+        // SAFETY: `cpu` is valid for `size >= len` bytes until freed, exclusive,
+        // and reached by the device at the matching bus address through
+        // `device_read`/`device_write`.
+        Ok(unsafe { DmaRegion::new(cpu, BusAddr(self.bus_base + off as u64), len) })
     }
 
     unsafe fn free(&self, region: DmaRegion) {
         let off = (region.bus().0 - self.bus_base) as usize;
-        self.state.with(|st| {
-            if let Some(i) = st.used.iter().position(|&(o, _)| o == off) {
-                let (_, l) = st.used.remove(i);
-                st.stats.allocations -= 1;
-                st.stats.bytes -= l;
-            }
-        });
+        self.state.with(|r| r.free(off));
     }
 
     fn stats(&self) -> DmaStats {
-        self.state.with(|st| st.stats)
+        self.state.with(|r| r.stats())
     }
 }
 
