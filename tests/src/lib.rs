@@ -1,1 +1,5 @@
-//! Shared helpers for the integration and QEMU tests.
+//! Shared helpers for the integration tests: building the kernel image once,
+//! booting it under QEMU with a deadline through `run-qemu.sh`, and driving
+//! its serial console.
+
+pub mod qemu;

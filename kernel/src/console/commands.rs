@@ -1,0 +1,235 @@
+//! The shell's commands. Each takes its arguments and a writer and returns
+//! `Err(message)` on failure; names and output follow the Linux tools they are
+//! named after.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use core::fmt::Write;
+
+use super::CmdResult;
+
+/// One shell command.
+pub struct Command {
+    /// What the user types.
+    pub name: &'static str,
+    /// Usage line shown by `help`.
+    pub usage: &'static str,
+    /// What it does.
+    pub help: &'static str,
+    /// The implementation.
+    pub run: fn(&mut dyn Write, &[&str]) -> CmdResult,
+}
+
+static COMMANDS: &[Command] = &[
+    Command {
+        name: "help",
+        usage: "help",
+        help: "list the commands",
+        run: help,
+    },
+    Command {
+        name: "lspci",
+        usage: "lspci [-v] [-n]",
+        help: "list PCI functions",
+        run: lspci,
+    },
+    Command {
+        name: "dmesg",
+        usage: "dmesg",
+        help: "print the kernel log buffer",
+        run: dmesg,
+    },
+    Command {
+        name: "meminfo",
+        usage: "meminfo",
+        help: "memory map and allocator usage",
+        run: meminfo,
+    },
+    Command {
+        name: "log",
+        usage: "log [LEVEL|module=LEVEL,...]",
+        help: "show or set log filters (off error warn info debug trace)",
+        run: log_cmd,
+    },
+    Command {
+        name: "uptime",
+        usage: "uptime",
+        help: "time since kernel entry",
+        run: uptime,
+    },
+    Command {
+        name: "poweroff",
+        usage: "poweroff",
+        help: "power the machine off",
+        run: poweroff,
+    },
+    Command {
+        name: "reboot",
+        usage: "reboot",
+        help: "reset the machine",
+        run: reboot,
+    },
+    Command {
+        name: "crash",
+        usage: "crash pagefault|invalid-opcode|gp|stack-overflow|panic",
+        help: "provoke a fault to test the exception path",
+        run: crash,
+    },
+];
+
+/// Looks a command up by name.
+pub fn find(name: &str) -> Option<&'static Command> {
+    COMMANDS.iter().find(|c| c.name == name)
+}
+
+fn no_args(args: &[&str], usage: &str) -> CmdResult {
+    if args.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("usage: {usage}"))
+    }
+}
+
+fn help(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "help")?;
+    for c in COMMANDS {
+        let _ = writeln!(out, "  {:<58} {}", c.usage, c.help);
+    }
+    Ok(())
+}
+
+fn lspci(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    super::lspci::run(out, args).map_err(String::from)
+}
+
+fn dmesg(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "dmesg")?;
+    crate::logger::with_dmesg(|bytes| {
+        let _ = out.write_str(&String::from_utf8_lossy(bytes));
+    });
+    Ok(())
+}
+
+fn kib(b: u64) -> u64 {
+    b / 1024
+}
+
+fn meminfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "meminfo")?;
+    let (usable, handed_out) = crate::mm::frame::stats();
+    let (ks, ke) = boot::kernel_image();
+    let (heap, heap_used, heap_free) = crate::mm::heap::stats();
+    let _ = writeln!(out, "MemTotal:     {:>10} kB", kib(usable));
+    let _ = writeln!(
+        out,
+        "MemFree:      {:>10} kB",
+        kib(usable.saturating_sub(handed_out + (ke - ks)))
+    );
+    let _ = writeln!(
+        out,
+        "KernelImage:  {:>10} kB  [{ks:#x}-{:#x}]",
+        kib(ke - ks),
+        ke - 1
+    );
+    let _ = writeln!(out, "HeapTotal:    {:>10} kB", kib(heap as u64));
+    let _ = writeln!(out, "HeapUsed:     {:>10} kB", kib(heap_used as u64));
+    let _ = writeln!(out, "HeapFree:     {:>10} kB", kib(heap_free as u64));
+    if let (Some((base, len)), Some(pool)) = (crate::mm::dma::region(), crate::mm::dma::pool()) {
+        let s = pool.stats();
+        let _ = writeln!(
+            out,
+            "DmaTotal:     {:>10} kB  [{base:#x}-{:#x}]",
+            kib(len as u64),
+            base + len as u64 - 1
+        );
+        let _ = writeln!(
+            out,
+            "DmaUsed:      {:>10} kB  in {} allocations",
+            kib(s.bytes as u64),
+            s.allocations
+        );
+    }
+    let _ = writeln!(out, "Memory map ({}):", crate::boot_info().protocol);
+    crate::print_memory_map(out);
+    Ok(())
+}
+
+fn log_cmd(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    match args {
+        [] => {
+            let _ = out.write_str("log filter: ");
+            let _ = crate::logger::describe(out);
+            let _ = writeln!(out);
+            Ok(())
+        }
+        [spec] => crate::logger::set_filter(spec).map_err(String::from),
+        _ => Err("usage: log [LEVEL|module=LEVEL,...]".to_string()),
+    }
+}
+
+fn uptime(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "uptime")?;
+    let us = crate::time::uptime_us();
+    let s = us / 1_000_000;
+    let _ = writeln!(
+        out,
+        "up {}:{:02}:{:02}.{:03} ({}.{:06} s since kernel entry)",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        us / 1000 % 1000,
+        s,
+        us % 1_000_000
+    );
+    Ok(())
+}
+
+fn poweroff(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "poweroff")?;
+    crate::println!("Power down.");
+    crate::qemu::exit(crate::qemu::ExitCode::Success)
+}
+
+fn reboot(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "reboot")?;
+    crate::println!("Restarting system.");
+    crate::qemu::reboot()
+}
+
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    let pad = core::hint::black_box([depth; 64]);
+    if depth == u64::MAX {
+        return pad[0];
+    }
+    recurse(core::hint::black_box(depth + 1)) + pad[63]
+}
+
+fn crash(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    match args {
+        ["pagefault"] => {
+            let p = core::hint::black_box(0x0000_6000_dead_0000_u64) as *mut u64;
+            // SAFETY: deliberately unsound: this address is never mapped, so the
+            // write faults before it can corrupt anything.
+            unsafe { p.write_volatile(0x42) };
+        }
+        ["invalid-opcode"] => {
+            // SAFETY: ud2 raises #UD; the handler stops the machine.
+            unsafe { core::arch::asm!("ud2") };
+        }
+        ["gp"] => {
+            let p = core::hint::black_box(0x8000_0000_0000_0000_u64) as *const u64;
+            // SAFETY: deliberately faults: a non-canonical address raises #GP
+            // before any memory is read.
+            let _ = unsafe { p.read_volatile() };
+        }
+        ["stack-overflow"] => {
+            core::hint::black_box(recurse(0));
+        }
+        ["panic"] => panic!("crash panic requested from the console"),
+        _ => {
+            return Err("usage: crash pagefault|invalid-opcode|gp|stack-overflow|panic".to_string());
+        }
+    }
+    Err("the fault did not happen".to_string())
+}

@@ -1,0 +1,57 @@
+# Installs what building and booting the image needs, on a fresh Debian or
+# Ubuntu machine; elsewhere it says what is missing. Sourced by run-qemu.sh
+# and run-tests.sh.
+
+TOOLCHAIN=1.95.0
+
+say() { printf '%s\n' "$*" >&2; }
+
+ensure_rust() {
+    if ! command -v rustup >/dev/null 2>&1; then
+        say "error: rustup not found; install Rust from https://rustup.rs (toolchain $TOOLCHAIN)"
+        return 1
+    fi
+    if ! rustup toolchain list | grep -q "^$TOOLCHAIN"; then
+        rustup toolchain install "$TOOLCHAIN" --profile minimal --component rust-src,clippy,rustfmt >&2 || return 1
+    fi
+    local have
+    have=$(rustup component list --installed --toolchain "$TOOLCHAIN" 2>/dev/null)
+    for c in rust-src clippy rustfmt; do
+        grep -q "^$c" <<<"$have" || rustup component add "$c" --toolchain "$TOOLCHAIN" >&2 || return 1
+    done
+}
+
+# ensure_pkgs CMD:PACKAGE ... installs PACKAGE with apt-get when CMD is missing.
+ensure_pkgs() {
+    local missing=() pair
+    for pair in "$@"; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing ${missing[*]} with apt-get"
+        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; then
+            apt-get update -q >/dev/null 2>&1
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null || return 1
+        fi
+    else
+        say "error: missing ${missing[*]}; install them (Debian/Ubuntu: sudo apt-get install ${missing[*]})"
+        return 1
+    fi
+}
+
+ensure_qemu() { ensure_pkgs qemu-system-x86_64:qemu-system-x86; }
+
+ensure_iso_tools() {
+    ensure_pkgs xorriso:xorriso mformat:mtools grub-mkrescue:grub-common || return 1
+    # grub-mkrescue needs the BIOS platform files from grub-pc-bin.
+    if [ ! -d /usr/lib/grub/i386-pc ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q grub-pc-bin >/dev/null 2>&1 ||
+                { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q grub-pc-bin >/dev/null; } || return 1
+        else
+            say "error: missing grub-pc-bin; install it (sudo apt-get install grub-pc-bin)"
+            return 1
+        fi
+    fi
+}

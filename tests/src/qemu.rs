@@ -1,0 +1,198 @@
+//! Boots the real image under QEMU through `run-qemu.sh` and collects the
+//! serial transcript, always against a deadline; every QEMU started here is
+//! ended by its pid.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn script() -> PathBuf {
+    root().join("run-qemu.sh")
+}
+
+/// Builds the image once per test process (and the ISO, if asked), so
+/// parallel tests do not race on the build.
+fn build(iso: bool) {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    static ISO: OnceLock<()> = OnceLock::new();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    BUILT.get_or_init(|| {
+        let st = Command::new(script())
+            .arg("--build-only")
+            .status()
+            .expect("run-qemu.sh runs");
+        assert!(st.success(), "building the kernel image failed");
+    });
+    if iso {
+        ISO.get_or_init(|| {
+            let st = Command::new(script())
+                .args(["--iso", "--build-only", "--no-build"])
+                .status()
+                .expect("run-qemu.sh runs");
+            assert!(st.success(), "building the GRUB ISO failed");
+        });
+    }
+}
+
+/// What a scripted run produced.
+#[derive(Debug)]
+pub struct Run {
+    /// `run-qemu.sh`'s exit status (0 all commands succeeded, 1 failure or
+    /// crash, 124 deadline).
+    pub status: i32,
+    /// Everything the guest printed on the serial console.
+    pub transcript: String,
+}
+
+impl Run {
+    /// Panics with the transcript unless `needle` appears in it.
+    pub fn expect(&self, needle: &str) -> &Self {
+        assert!(
+            self.transcript.contains(needle),
+            "expected {needle:?} in the transcript:\n{}",
+            self.transcript
+        );
+        self
+    }
+    /// Panics with the transcript if `needle` appears in it.
+    pub fn reject(&self, needle: &str) -> &Self {
+        assert!(
+            !self.transcript.contains(needle),
+            "did not expect {needle:?} in the transcript:\n{}",
+            self.transcript
+        );
+        self
+    }
+}
+
+/// `run-qemu.sh --run CMDS` with extra options; the script's own deadline is
+/// `deadline`.
+pub fn run(cmds: &str, opts: &[&str], deadline: Duration) -> Run {
+    build(opts.contains(&"--iso"));
+    let out = Command::new(script())
+        .args([
+            "--no-build",
+            "--timeout",
+            &deadline.as_secs().to_string(),
+            "--run",
+            cmds,
+        ])
+        .args(opts)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run-qemu.sh runs");
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        transcript: String::from_utf8_lossy(&out.stdout).into_owned(),
+    }
+}
+
+/// An interactive console session: QEMU with the serial port on pipes.
+pub struct Console {
+    child: Child,
+    rx: Receiver<Vec<u8>>,
+    seen: String,
+    deadline: Instant,
+}
+
+impl Console {
+    /// Boots the image interactively; the whole session must end within
+    /// `deadline`.
+    pub fn boot(deadline: Duration) -> Console {
+        build(false);
+        let mut child = Command::new(script())
+            .arg("--no-build")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run-qemu.sh runs");
+        let mut out = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Console {
+            child,
+            rx,
+            seen: String::new(),
+            deadline: Instant::now() + deadline,
+        }
+    }
+
+    /// Waits until `needle` has been printed (after everything consumed so
+    /// far); returns what was printed up to and including it.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        loop {
+            if let Some(i) = self.seen.find(needle) {
+                let upto: String = self.seen.drain(..i + needle.len()).collect();
+                return upto;
+            }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(bytes) => self.seen.push_str(&String::from_utf8_lossy(&bytes)),
+                Err(_) => panic!(
+                    "timed out waiting for {needle:?}; console so far:\n{}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    /// Types `keys` on the console.
+    pub fn send(&mut self, keys: &str) {
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        stdin.write_all(keys.as_bytes()).expect("console input");
+        stdin.flush().expect("console input");
+    }
+
+    /// Waits for QEMU to exit (within the session deadline) and returns the
+    /// script's status.
+    pub fn wait_exit(mut self) -> i32 {
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < self.deadline,
+                "QEMU did not exit before the deadline"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        // run-qemu.sh execs nothing in interactive mode, so end QEMU too:
+        // closing stdin is not enough for a guest that polls the UART.
+        if let Ok(None) = self.child.try_wait() {
+            kill_tree(self.child.id());
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Ends `pid` and its descendants (by pid, never by name).
+fn kill_tree(pid: u32) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+        kill_tree(c);
+    }
+    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+}

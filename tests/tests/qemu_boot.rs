@@ -1,0 +1,167 @@
+//! End-to-end: the real image booted under QEMU (TCG), driven over its serial
+//! console, judged by the transcript and by the `isa-debug-exit` status.
+
+use std::time::Duration;
+use tests::qemu::{self, Console};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+#[test]
+fn boots_with_banner_memory_map_and_boot_time() {
+    let r = qemu::run("meminfo; uptime", &[], DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("LegoIB research kernel")
+        .expect("booted by PVH")
+        .expect("BIOS-provided physical RAM map:")
+        .expect("] usable")
+        .expect("Boot: kernel entry to shell prompt in")
+        .expect("MemTotal:")
+        .expect("DmaTotal:")
+        .expect("since kernel entry")
+        .expect("run: all commands succeeded");
+}
+
+#[test]
+fn lspci_lists_the_q35_host_bridge_in_lspci_format() {
+    // A NIC behind a PCI-to-PCI bridge proves the recursive scan.
+    let bridge = [
+        "--",
+        "-device",
+        "pci-bridge,id=br1,chassis_nr=1,bus=pcie.0,addr=0x5",
+        "-device",
+        "e1000,bus=br1,addr=0x1",
+    ];
+    let r = qemu::run("lspci; lspci -n; lspci -v", &bridge, DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("00:05.0 PCI bridge: Red Hat, Inc.").expect(
+        "01:01.0 Ethernet controller: Intel Corporation 82540EM Gigabit Ethernet Controller",
+    );
+    r.expect("00:00.0 Host bridge: Intel Corporation 82G33/G31/P35/P31 Express DRAM Controller")
+        .expect("00:00.0 0600: 8086:29c0")
+        .expect("00:1f.0 ISA bridge: Intel Corporation 82801IB (ICH9) LPC Interface Controller (rev 02)")
+        .expect("\tMemory at ")
+        .expect("(32-bit, non-prefetchable) [size=")
+        .expect("\tCapabilities: [");
+}
+
+#[test]
+fn a_failing_command_fails_the_run_and_the_rest_still_runs() {
+    let r = qemu::run("nosuchcommand; lspci -x; uptime", &[], DEADLINE);
+    assert_eq!(r.status, 1, "{}", r.transcript);
+    r.expect("nosuchcommand: command not found")
+        .expect("lspci: usage: lspci [-v] [-n]")
+        .expect("since kernel entry")
+        .expect("run: a command failed");
+}
+
+#[test]
+fn page_fault_prints_a_diagnostic_and_exits_with_failure() {
+    let r = qemu::run("crash pagefault; uptime", &[], DEADLINE);
+    assert_eq!(
+        r.status, 1,
+        "must fail, not hang or pass:\n{}",
+        r.transcript
+    );
+    r.expect("CPU exception: Page fault (#PF, vector 14), error code 0x2")
+        .expect("write access to a non-present page (kernel-mode)")
+        .expect("CR2 0x00006000dead0000")
+        .expect("backtrace:")
+        .expect("#1 ")
+        .expect("System halted.")
+        .reject("since kernel entry");
+}
+
+#[test]
+fn invalid_opcode_and_stack_overflow_are_reported() {
+    let r = qemu::run("crash invalid-opcode", &[], DEADLINE);
+    assert_eq!(r.status, 1, "{}", r.transcript);
+    r.expect("Invalid opcode (#UD, vector 6)");
+    // Runs off the guard page; the double fault runs on its own stack.
+    let r = qemu::run("crash stack-overflow", &[], DEADLINE);
+    assert_eq!(r.status, 1, "{}", r.transcript);
+    r.expect("Double fault (#DF, vector 8)");
+}
+
+#[test]
+fn panic_is_reported_with_location() {
+    let r = qemu::run("crash panic", &[], DEADLINE);
+    assert_eq!(r.status, 1, "{}", r.transcript);
+    r.expect("Kernel panic: crash panic requested from the console")
+        .expect("kernel/src/console/commands.rs:");
+}
+
+#[test]
+fn log_filters_from_the_command_line_and_the_console() {
+    let r = qemu::run(
+        "log; log kernel::pci=debug,warn; log; log loud; dmesg",
+        &["--append", "log=info,kernel::mm=trace"],
+        DEADLINE,
+    );
+    assert_eq!(r.status, 1, "`log loud` must fail:\n{}", r.transcript);
+    r.expect("log filter: info,kernel::mm=trace")
+        .expect("log filter: warn,kernel::mm=trace,kernel::pci=debug")
+        .expect("log: unknown level")
+        // dmesg replays the boot log from the ring buffer.
+        .expect("kernel: Command line: log=info,kernel::mm=trace");
+}
+
+#[test]
+fn interactive_console_edits_lines_and_survives_bad_input() {
+    let mut c = Console::boot(DEADLINE);
+    c.wait_for("lego> ");
+    c.send("help\r");
+    c.wait_for("poweroff");
+    c.wait_for("lego> ");
+    // Backspace: "lspcx<BS>i" is "lspci".
+    c.send("lspcx\x7fi\r");
+    c.wait_for("00:00.0 Host bridge");
+    c.wait_for("lego> ");
+    let long = "x".repeat(300);
+    c.send(&format!("{long}\r"));
+    c.wait_for("error: line too long (at most 256 characters); discarded");
+    c.wait_for("lego> ");
+    c.send("frobnicate\r");
+    c.wait_for("frobnicate: command not found");
+    c.wait_for("lego> ");
+    // Ctrl-U kills the line, Ctrl-C cancels it.
+    c.send("poweroff\x15uptime\r");
+    c.wait_for("since kernel entry");
+    c.send("poweroff\x03");
+    c.wait_for("^C");
+    // History: up-arrow recalls the last command (uptime).
+    c.send("\x1b[A\r");
+    c.wait_for("since kernel entry");
+    c.send("poweroff\r");
+    c.wait_for("Power down.");
+    assert_eq!(c.wait_exit(), 0);
+}
+
+#[test]
+fn grub_iso_boots_to_the_same_console() {
+    let r = qemu::run("meminfo", &["--iso"], DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("booted by Multiboot2 (GRUB")
+        .expect("Memory map (Multiboot2):")
+        .expect("] usable")
+        .expect("run: all commands succeeded");
+}
+
+#[test]
+fn vfio_dry_run_prints_the_passthrough_command_line() {
+    let out = std::process::Command::new(qemu::root().join("run-qemu.sh"))
+        .args(["--dry-run", "--vfio", "0000:04:00.0"])
+        .output()
+        .expect("run-qemu.sh runs");
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.contains("-device vfio-pci,host=0000:04:00.0"),
+        "{line}"
+    );
+    assert!(line.contains("-machine q35"), "{line}");
+    let bad = std::process::Command::new(qemu::root().join("run-qemu.sh"))
+        .args(["--dry-run", "--vfio", "04:00"])
+        .output()
+        .expect("run-qemu.sh runs");
+    assert_eq!(bad.status.code(), Some(2));
+}
