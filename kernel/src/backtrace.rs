@@ -12,7 +12,7 @@ const MAX_FRAMES: usize = 32;
 
 fn on_a_stack(addr: u64) -> bool {
     let (lo, hi) = boot::boot_stack();
-    addr % 8 == 0 && addr >= lo && addr + 16 <= hi
+    addr.is_multiple_of(8) && addr >= lo && addr + 16 <= hi
 }
 
 /// Prints `#0 pc` and then one line per caller.

@@ -13,7 +13,7 @@ fn size(out: &mut dyn Write, bytes: u64) -> fmt::Result {
     const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
     let mut v = bytes;
     let mut u = 0;
-    while v >= 1024 && v % 1024 == 0 && u < UNITS.len() - 1 {
+    while v >= 1024 && v.is_multiple_of(1024) && u < UNITS.len() - 1 {
         v /= 1024;
         u += 1;
     }

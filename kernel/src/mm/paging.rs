@@ -27,7 +27,7 @@ fn map_range(
 ) -> Result<(), &'static str> {
     let mut a = start & !0xfff;
     while a < end {
-        let huge = a % TWO_MIB == 0 && a + TWO_MIB <= end;
+        let huge = a.is_multiple_of(TWO_MIB) && a + TWO_MIB <= end;
         let result = if huge {
             let page = Page::<Size2MiB>::containing_address(VirtAddr::new(a));
             let frame = PhysFrame::<Size2MiB>::containing_address(PhysAddr::new(a));
