@@ -228,7 +228,9 @@ fn crash(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
         }
         ["panic"] => panic!("crash panic requested from the console"),
         _ => {
-            return Err("usage: crash pagefault|invalid-opcode|gp|stack-overflow|panic".to_string());
+            return Err(
+                "usage: crash pagefault|invalid-opcode|gp|stack-overflow|panic".to_string(),
+            );
         }
     }
     Err("the fault did not happen".to_string())
