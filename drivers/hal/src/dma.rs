@@ -413,10 +413,186 @@ impl Drop for DmaBuf {
     }
 }
 
+/// The host-side DMA arena behind [`crate::fake::ArenaDma`].
+#[cfg(any(test, feature = "fake"))]
+pub(crate) mod arena {
+    extern crate std;
+
+    use core::ptr::NonNull;
+    use core::sync::atomic::AtomicU32;
+
+    use super::{BusAddr, DmaAllocator, DmaRegion, DmaStats, RangeAllocator};
+    use crate::{Error, Result};
+
+    /// A contiguous arena standing for host RAM that a device can reach.
+    ///
+    /// Allocations are first-fit over 64-byte granules; bus addresses start at
+    /// `bus_base` (default 0x1_0000_0000, so a driver that confuses a bus address
+    /// with a small offset or a pointer is caught).
+    pub struct ArenaDma {
+        base: NonNull<u8>,
+        len: usize,
+        bus_base: u64,
+        state: std::sync::Mutex<RangeAllocator>,
+    }
+
+    // SAFETY: the arena memory is owned by the `ArenaDma` and only reached through
+    // its methods (which lock the bookkeeping) or through `DmaBuf` volatile
+    // accessors; the raw pointer itself is not tied to a thread.
+    unsafe impl Send for ArenaDma {}
+    // SAFETY: as above.
+    unsafe impl Sync for ArenaDma {}
+
+    const GRANULE: usize = 64;
+
+    impl ArenaDma {
+        /// An arena of `len` bytes with bus addresses from 0x1_0000_0000.
+        pub fn new(len: usize) -> ArenaDma {
+            Self::with_bus_base(len, 0x1_0000_0000)
+        }
+
+        /// An arena of `len` bytes (rounded up to 4 KiB) whose byte 0 is at bus
+        /// address `bus_base` (4 KiB aligned).
+        pub fn with_bus_base(len: usize, bus_base: u64) -> ArenaDma {
+            let len = len.div_ceil(4096).max(1) * 4096;
+            let layout = core::alloc::Layout::from_size_align(len, 4096).expect("arena layout");
+            // SAFETY: `layout` has a non-zero size.
+            let p = unsafe { alloc::alloc::alloc_zeroed(layout) };
+            let base = NonNull::new(p).unwrap_or_else(|| alloc::alloc::handle_alloc_error(layout));
+            ArenaDma {
+                base,
+                len,
+                bus_base,
+                state: std::sync::Mutex::new(RangeAllocator::new(len, GRANULE)),
+            }
+        }
+
+        fn ranges(&self) -> std::sync::MutexGuard<'_, RangeAllocator> {
+            // A panic while holding the lock cannot leave the bookkeeping torn
+            // (every update is a single insert or remove), so poisoning is ignored.
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Size of the arena.
+        pub fn len(&self) -> usize {
+            self.len
+        }
+        /// True if the arena is empty (never).
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+        /// Bus address of byte 0.
+        pub fn bus_base(&self) -> BusAddr {
+            BusAddr(self.bus_base)
+        }
+
+        /// Offset of `[bus, bus + len)` inside the arena, or `None` if any of it is
+        /// outside (a DMA fault, as an IOMMU would report).
+        pub fn offset_of(&self, bus: BusAddr, len: usize) -> Option<usize> {
+            let off = usize::try_from(bus.0.checked_sub(self.bus_base)?).ok()?;
+            (off.checked_add(len)? <= self.len).then_some(off)
+        }
+
+        /// The device reads host memory at `bus`.
+        pub fn device_read(&self, bus: BusAddr, dst: &mut [u8]) -> Result<()> {
+            let off = self.offset_of(bus, dst.len()).ok_or(Error::BadRequest)?;
+            // SAFETY: the range is inside the arena allocation (checked); plain
+            // bytes have no validity requirements. The driver may be accessing
+            // the same bytes, as with real DMA; both sides use raw accesses.
+            unsafe { core::ptr::copy(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+
+        /// The device writes host memory at `bus`.
+        pub fn device_write(&self, bus: BusAddr, src: &[u8]) -> Result<()> {
+            let off = self.offset_of(bus, src.len()).ok_or(Error::BadRequest)?;
+            // SAFETY: as in `device_read`.
+            unsafe { core::ptr::copy(src.as_ptr(), self.base.as_ptr().add(off), src.len()) };
+            Ok(())
+        }
+
+        /// The device's atomic view of the aligned dword at `bus` (for doorbell
+        /// records and ownership words shared with another thread).
+        pub fn device_atomic_u32(&self, bus: BusAddr) -> Result<&AtomicU32> {
+            if !bus.0.is_multiple_of(4) {
+                return Err(Error::BadRequest);
+            }
+            let off = self.offset_of(bus, 4).ok_or(Error::BadRequest)?;
+            // SAFETY: the dword is inside the arena, aligned, and lives as long as
+            // `self`; `AtomicU32` has the layout of `u32`.
+            Ok(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast::<u32>()) })
+        }
+    }
+
+    impl Drop for ArenaDma {
+        fn drop(&mut self) {
+            let layout =
+                core::alloc::Layout::from_size_align(self.len, 4096).expect("arena layout");
+            // SAFETY: allocated in `with_bus_base` with this layout; no `DmaBuf`
+            // can outlive the arena because each holds a pool (an `Arc` of it).
+            unsafe { alloc::alloc::dealloc(self.base.as_ptr(), layout) };
+        }
+    }
+
+    // SAFETY: `alloc` hands out non-overlapping, zeroed, aligned ranges of the
+    // arena, reachable by the device at the matching bus address.
+    unsafe impl DmaAllocator for ArenaDma {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion> {
+            let (off, size) = self.ranges().alloc(len, align, self.bus_base)?;
+            // SAFETY: `off + size <= len`: inside the arena allocation.
+            let cpu = unsafe { self.base.as_ptr().add(off) };
+            // SAFETY: the range was just reserved (no other region overlaps it);
+            // zero it so every allocation starts zeroed.
+            unsafe { core::ptr::write_bytes(cpu, 0, size) };
+            let cpu = NonNull::new(cpu).ok_or(Error::NoMemory)?;
+            // SAFETY: `cpu` is valid for `size >= len` bytes until freed, exclusive,
+            // and reached by the device at the matching bus address through
+            // `device_read`/`device_write`.
+            Ok(unsafe { DmaRegion::new(cpu, BusAddr(self.bus_base + off as u64), len) })
+        }
+
+        unsafe fn free(&self, region: DmaRegion) {
+            let off = (region.bus().0 - self.bus_base) as usize;
+            self.ranges().free(off);
+        }
+
+        fn stats(&self) -> DmaStats {
+            self.ranges().stats()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn arena_reuses_freed_space_and_keeps_alignment() {
+            let arena = ArenaDma::new(16384);
+            let a = arena.alloc(4096, 4096).unwrap();
+            let b = arena.alloc(100, 64).unwrap();
+            assert_eq!(a.bus().0, 0x1_0000_0000);
+            assert_eq!(b.bus().0, 0x1_0000_1000);
+            // SAFETY: `a` came from this arena and is not used again.
+            unsafe { arena.free(a) };
+            let c = arena.alloc(64, 64).unwrap();
+            assert_eq!(c.bus().0, 0x1_0000_0000, "first fit reuses the hole");
+            assert_eq!(
+                arena.stats(),
+                DmaStats {
+                    allocations: 2,
+                    bytes: 192
+                }
+            );
+            assert!(arena.offset_of(BusAddr(0x1_0000_4000), 1).is_none());
+            assert!(arena.offset_of(BusAddr(0xfff), 1).is_none());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::arena::ArenaDma;
     use super::*;
-    use crate::fake::ArenaDma;
 
     #[test]
     fn buffers_are_zeroed_aligned_and_returned_on_drop() {
