@@ -1,0 +1,292 @@
+//! Bitmap allocators with reserved ranges and the MTT buddy allocator (Linux `alloc.c`: `mlx4_bitmap_*`, `mlx4_buddy_*` from `mr.c`); `mlx4_buf_alloc` and doorbell-record pages are left to the callers (DMA comes from `hal`).
+//!
+//! Loaded as module `bitmap` (`#[path = "alloc.rs"]`) because `alloc` names
+//! the `alloc` crate.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::{Error, Result};
+
+/// Linux `struct mlx4_bitmap`: objects `[0, max)` with `reserved_bot` taken at
+/// the bottom and `reserved_top` kept out at the top; a rotating `top` value
+/// is OR-ed into returned numbers (under `mask`), as Linux does to vary MPT
+/// keys and PD numbers.
+#[derive(Debug)]
+pub struct Bitmap {
+    last: u32,
+    top: u32,
+    max: u32,
+    reserved_top: u32,
+    mask: u32,
+    avail: u32,
+    table: Vec<u64>,
+}
+
+impl Bitmap {
+    /// Linux `mlx4_bitmap_init`: `num` must be a power of two.
+    pub fn new(num: u32, mask: u32, reserved_bot: u32, reserved_top: u32) -> Result<Bitmap> {
+        if !num.is_power_of_two()
+            || reserved_bot
+                .checked_add(reserved_top)
+                .is_none_or(|r| r > num)
+        {
+            return Err(Error::InvalidArg);
+        }
+        let max = num - reserved_top;
+        let mut b = Bitmap {
+            last: 0,
+            top: 0,
+            max,
+            reserved_top,
+            mask,
+            avail: num - reserved_top - reserved_bot,
+            table: vec![0; (max as usize).div_ceil(64)],
+        };
+        for i in 0..reserved_bot {
+            b.set(i);
+        }
+        Ok(b)
+    }
+
+    fn test(&self, i: u32) -> bool {
+        self.table[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+    fn set(&mut self, i: u32) {
+        self.table[(i / 64) as usize] |= 1 << (i % 64);
+    }
+    fn clear(&mut self, i: u32) {
+        self.table[(i / 64) as usize] &= !(1 << (i % 64));
+    }
+
+    fn find_zero_from(&self, from: u32) -> Option<u32> {
+        (from..self.max).find(|&i| !self.test(i))
+    }
+
+    /// Linux `mlx4_bitmap_alloc`.
+    pub fn alloc(&mut self) -> Result<u32> {
+        let mut obj = self.find_zero_from(self.last);
+        if obj.is_none() {
+            self.top = self.top.wrapping_add(self.max + self.reserved_top) & self.mask;
+            obj = self.find_zero_from(0);
+        }
+        let obj = obj.ok_or(Error::NoMem)?;
+        self.set(obj);
+        self.last = obj + 1;
+        if self.last == self.max {
+            self.last = 0;
+        }
+        self.avail -= 1;
+        Ok(obj | self.top)
+    }
+
+    /// Linux `mlx4_bitmap_free`.
+    pub fn free(&mut self, obj: u32) {
+        self.free_range(obj, 1)
+    }
+
+    /// Linux `mlx4_bitmap_alloc_range`: `cnt` consecutive objects starting at
+    /// a multiple of `align`.
+    pub fn alloc_range(&mut self, cnt: u32, align: u32) -> Result<u32> {
+        if cnt == 1 && align == 1 {
+            return self.alloc();
+        }
+        if cnt == 0 || !align.is_power_of_two() {
+            return Err(Error::InvalidArg);
+        }
+        let find = |b: &Bitmap, from: u32| -> Option<u32> {
+            let mut s = from.next_multiple_of(align);
+            while s.checked_add(cnt)? <= b.max {
+                match (s..s + cnt).find(|&i| b.test(i)) {
+                    None => return Some(s),
+                    Some(busy) => s = (busy + 1).next_multiple_of(align),
+                }
+            }
+            None
+        };
+        let mut obj = find(self, self.last);
+        if obj.is_none() {
+            self.top = self.top.wrapping_add(self.max + self.reserved_top) & self.mask;
+            obj = find(self, 0);
+        }
+        let obj = obj.ok_or(Error::NoMem)?;
+        for i in obj..obj + cnt {
+            self.set(i);
+        }
+        self.last = obj + cnt;
+        if self.last >= self.max {
+            self.last = 0;
+        }
+        self.avail -= cnt;
+        Ok(obj | self.top)
+    }
+
+    /// Linux `mlx4_bitmap_free_range`. Objects outside the bitmap are ignored.
+    pub fn free_range(&mut self, obj: u32, cnt: u32) {
+        let obj = obj & (self.max + self.reserved_top - 1);
+        for i in obj..obj.saturating_add(cnt).min(self.max) {
+            if self.test(i) {
+                self.clear(i);
+                self.avail += 1;
+            }
+        }
+        self.last = self.last.min(obj);
+        self.top = self.top.wrapping_add(self.max + self.reserved_top) & self.mask;
+    }
+
+    /// Objects still available (Linux `mlx4_bitmap_avail`).
+    pub fn avail(&self) -> u32 {
+        self.avail
+    }
+
+    /// True if `obj` (masked) is allocated or reserved.
+    pub fn is_set(&self, obj: u32) -> bool {
+        let obj = obj & (self.max + self.reserved_top - 1);
+        obj < self.max && self.test(obj)
+    }
+}
+
+/// Linux `struct mlx4_buddy`: power-of-two segments of `[0, 2^max_order)`.
+#[derive(Debug)]
+pub struct Buddy {
+    bits: Vec<Vec<u64>>,
+    num_free: Vec<u32>,
+    max_order: u32,
+}
+
+impl Buddy {
+    /// Linux `mlx4_buddy_init`.
+    pub fn new(max_order: u32) -> Result<Buddy> {
+        if max_order > 31 {
+            return Err(Error::InvalidArg);
+        }
+        let bits = (0..=max_order)
+            .map(|o| vec![0u64; (1usize << (max_order - o)).div_ceil(64)])
+            .collect();
+        let mut b = Buddy {
+            bits,
+            num_free: vec![0; max_order as usize + 1],
+            max_order,
+        };
+        b.bits[max_order as usize][0] |= 1;
+        b.num_free[max_order as usize] = 1;
+        Ok(b)
+    }
+
+    fn test(&self, o: u32, i: u32) -> bool {
+        self.bits[o as usize][(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+    fn set(&mut self, o: u32, i: u32) {
+        self.bits[o as usize][(i / 64) as usize] |= 1 << (i % 64);
+    }
+    fn clear(&mut self, o: u32, i: u32) {
+        self.bits[o as usize][(i / 64) as usize] &= !(1 << (i % 64));
+    }
+
+    /// Linux `mlx4_buddy_alloc`: the first segment of a free block of
+    /// `2^order` segments.
+    pub fn alloc(&mut self, order: u32) -> Result<u32> {
+        let mut o = order;
+        let mut found = None;
+        while o <= self.max_order {
+            if self.num_free[o as usize] > 0 {
+                let n = 1u32 << (self.max_order - o);
+                if let Some(m) = (0..n).find(|&m| self.test(o, m)) {
+                    found = Some(m);
+                    break;
+                }
+            }
+            o += 1;
+        }
+        let mut m = found.ok_or(Error::NoMem)?;
+        self.clear(o, m);
+        self.num_free[o as usize] -= 1;
+        while o > order {
+            o -= 1;
+            m <<= 1;
+            self.set(o, m ^ 1);
+            self.num_free[o as usize] += 1;
+        }
+        Ok(m << order)
+    }
+
+    /// Linux `mlx4_buddy_free`.
+    pub fn free(&mut self, seg: u32, order: u32) {
+        let mut seg = seg >> order;
+        let mut order = order;
+        while order < self.max_order && self.test(order, seg ^ 1) {
+            self.clear(order, seg ^ 1);
+            self.num_free[order as usize] -= 1;
+            seg >>= 1;
+            order += 1;
+        }
+        self.set(order, seg);
+        self.num_free[order as usize] += 1;
+    }
+
+    /// The order of the whole range.
+    pub fn max_order(&self) -> u32 {
+        self.max_order
+    }
+
+    /// Free blocks of `2^order` segments.
+    pub fn num_free_at(&self, order: u32) -> u32 {
+        self.num_free.get(order as usize).copied().unwrap_or(0)
+    }
+
+    /// True if the whole range is one free block (nothing allocated).
+    pub fn is_empty(&self) -> bool {
+        self.num_free[self.max_order as usize] == 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_reserved_and_rotation() {
+        let mut b = Bitmap::new(16, 0xff, 4, 2).unwrap();
+        assert_eq!(b.avail(), 10);
+        let got: Vec<u32> = (0..10).map(|_| b.alloc().unwrap()).collect();
+        assert_eq!(got, (4..14).collect::<Vec<_>>());
+        assert_eq!(b.alloc(), Err(Error::NoMem));
+        b.free(5);
+        // The failed search and the free each rotate `top` by 16 (Linux):
+        // the next number carries it.
+        assert_eq!(b.alloc().unwrap(), 5 | 32);
+        for i in (4..14).filter(|&i| i != 5) {
+            b.free(i);
+        }
+        b.free(5 | 32);
+        assert_eq!(b.avail(), 10);
+    }
+
+    #[test]
+    fn bitmap_ranges_are_aligned() {
+        let mut b = Bitmap::new(64, 63, 3, 0).unwrap();
+        let r = b.alloc_range(8, 8).unwrap();
+        assert_eq!(r, 8);
+        let r2 = b.alloc_range(4, 4).unwrap();
+        assert_eq!(r2, 16);
+        b.free_range(r, 8);
+        b.free_range(r2, 4);
+        assert_eq!(b.avail(), 61);
+        assert!(Bitmap::new(12, 11, 0, 0).is_err());
+    }
+
+    #[test]
+    fn buddy_splits_and_merges() {
+        let mut b = Buddy::new(4).unwrap();
+        let a = b.alloc(0).unwrap();
+        let c = b.alloc(2).unwrap();
+        let d = b.alloc(3).unwrap();
+        assert_eq!((a, c, d), (0, 4, 8));
+        assert_eq!(b.alloc(3), Err(Error::NoMem));
+        b.free(c, 2);
+        b.free(a, 0);
+        b.free(d, 3);
+        assert!(b.is_empty());
+        assert_eq!(b.alloc(4).unwrap(), 0);
+    }
+}

@@ -1,0 +1,90 @@
+//! Catastrophic-error detection by polling the internal error buffer (Linux `catas.c`: `mlx4_start_catas_poll`, `poll_catas`, `dump_err_buf`, `mlx4_stop_catas_poll`); the timer is replaced by [`Dev::poll_catas`] called from the progress loop, and the automatic device restart (`internal_err_reset`) is left out.
+
+use hal::Bar;
+use log::{error, warn};
+
+use crate::intf::Event;
+use crate::main::Dev;
+
+/// Linux `MLX4_CATAS_POLL_INTERVAL` (5 s); here every poll reads the buffer
+/// (one MMIO dword), so an error is seen within one poll.
+pub const CATAS_POLL_INTERVAL_MS: u32 = 5000;
+
+/// Catastrophic-error state.
+#[derive(Default)]
+pub struct Catas {
+    map: Option<Bar>,
+    size: u32,
+    hit: bool,
+}
+
+impl Dev {
+    /// Linux `mlx4_start_catas_poll`: maps the buffer QUERY_FW described.
+    pub(crate) fn start_catas_poll(&mut self) {
+        self.mark_registered();
+        let fw = self.fw;
+        let bar = match fw.catas_bar {
+            0 => self.bar0.as_ref(),
+            2 => self.uar_bar.as_ref(),
+            _ => None,
+        };
+        let len = (fw.catas_size as usize).checked_mul(4);
+        let map = match (bar, usize::try_from(fw.catas_offset), len) {
+            (Some(b), Ok(off), Some(len)) if len > 0 && off % 4 == 0 => b.slice(off, len),
+            _ => None,
+        };
+        if map.is_none() {
+            warn!(
+                "mlx4_core {}: Failed to map internal error buffer at {:#x}",
+                self.pci, fw.catas_offset
+            );
+        }
+        self.catas = Catas {
+            map,
+            size: fw.catas_size,
+            hit: false,
+        };
+    }
+
+    pub(crate) fn stop_catas_poll(&mut self) {
+        self.catas.map = None;
+    }
+
+    /// Linux `poll_catas`: if the first dword of the error buffer is
+    /// non-zero, dump the buffer, report [`Event::CatastrophicError`] to
+    /// every interface (once) and return true.
+    pub fn poll_catas(&mut self) -> bool {
+        if self.catas.hit {
+            return true;
+        }
+        let Some(map) = self.catas.map.as_ref() else {
+            return false;
+        };
+        if map.read32(0) == 0 {
+            return false;
+        }
+        error!("mlx4_core {}: Internal error detected:", self.pci);
+        for i in 0..self.catas.size.min(64) as usize {
+            error!(
+                "mlx4_core {}:   buf[{i:02x}]: {:08x}",
+                self.pci,
+                map.read_be32(i * 4)
+            );
+        }
+        self.catas.hit = true;
+        self.dispatch_event(Event::CatastrophicError);
+        true
+    }
+
+    /// True once a catastrophic error has been seen.
+    pub fn is_catastrophic(&self) -> bool {
+        self.catas.hit
+    }
+
+    /// The progress function: catastrophic-error check, then every EQ.
+    /// Returns the number of EQEs consumed.
+    pub fn poll(&mut self) -> usize {
+        self.poll_catas();
+        self.poll_eq()
+    }
+}

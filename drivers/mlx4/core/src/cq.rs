@@ -1,0 +1,180 @@
+//! Completion queues: CQN allocation, ICM, CQ context and SW2HW_CQ/HW2SW_CQ (Linux `cq.c`: `mlx4_cq_alloc`, `mlx4_cq_free`, `mlx4_cq_completion`, `mlx4_init_cq_table`); MODIFY_CQ (moderation, resize) and the per-CQ callbacks are left out (events go through the interface registry).
+
+use alloc::collections::BTreeMap;
+
+use log::warn;
+use mlx4_hw::cmd::{Opcode, timeout};
+use mlx4_hw::cq::CqContext;
+
+use crate::bitmap::Bitmap;
+use crate::cmd::Mailbox;
+use crate::main::Dev;
+use crate::mr::Mtt;
+use crate::pd::Uar;
+use crate::{Error, Result};
+
+/// Linux `struct mlx4_cq_table`.
+pub struct CqTable {
+    bitmap: Bitmap,
+    /// Live CQs: CQN -> arm sequence number.
+    cqs: BTreeMap<u32, u32>,
+}
+
+/// A hardware CQ (Linux `struct mlx4_cq`, core part).
+#[derive(Debug)]
+pub struct Cq {
+    /// CQ number.
+    pub cqn: u32,
+    /// Entries (a power of two).
+    pub nent: u32,
+    /// UAR index its doorbells go through.
+    pub uar_index: u32,
+}
+
+impl Dev {
+    pub(crate) fn init_cq_table(&mut self) -> Result<()> {
+        let n = self.caps.num_cqs;
+        self.cq_table = Some(CqTable {
+            bitmap: Bitmap::new(n, n - 1, self.caps.reserved_cqs, 0)?,
+            cqs: BTreeMap::new(),
+        });
+        Ok(())
+    }
+
+    /// Linux `mlx4_cq_alloc`: `nent` entries (a power of two) described by
+    /// `mtt`, doorbells through `uar`, doorbell record at bus address
+    /// `db_rec`, completion events to vector `vector`.
+    #[doc(alias = "mlx4_cq_alloc")]
+    #[expect(clippy::too_many_arguments)]
+    pub fn cq_alloc(
+        &mut self,
+        nent: u32,
+        mtt: &Mtt,
+        uar: &Uar,
+        db_rec: u64,
+        vector: u32,
+        collapsed: bool,
+        timestamp_en: bool,
+    ) -> Result<Cq> {
+        if !nent.is_power_of_two() || nent > self.caps.max_cqes + 1 {
+            return Err(Error::InvalidArg);
+        }
+        let eqn = self.comp_eqn(vector).ok_or(Error::InvalidArg)?;
+        let t = self.cq_table.as_mut().ok_or(Error::InvalidArg)?;
+        let cqn = t.bitmap.alloc()?;
+        let r = self.cq_alloc_icm(cqn).and_then(|()| {
+            let mtt_addr = self.mtt_addr(mtt);
+            let mut flags = 0;
+            if collapsed {
+                flags |= CqContext::FLAG_CC;
+            }
+            if timestamp_en {
+                flags |= CqContext::FLAG_TS;
+            }
+            let ctx = CqContext {
+                flags,
+                logsize_usrpage: (nent.ilog2() << 24) | uar.index,
+                comp_eqn: eqn as u8,
+                log_page_size: (mtt.page_shift - mlx4_hw::icm::ICM_PAGE_SHIFT) as u8,
+                mtt_base_addr_h: (mtt_addr >> 32) as u8,
+                mtt_base_addr_l: mtt_addr as u32,
+                db_rec_addr: db_rec,
+                ..Default::default()
+            };
+            let mb = Mailbox::new(&self.pool)?;
+            mb.write(0, &ctx.to_bytes());
+            let r = self
+                .cmd
+                .cmd(mb.dma(), cqn, 0, Opcode::SW2HW_CQ, timeout::CLASS_A);
+            if r.is_err() {
+                self.cq_free_icm(cqn);
+            }
+            r
+        });
+        let t = self.cq_table.as_mut().ok_or(Error::InvalidArg)?;
+        match r {
+            Ok(()) => {
+                t.cqs.insert(cqn, 1);
+                Ok(Cq {
+                    cqn,
+                    nent,
+                    uar_index: uar.index,
+                })
+            }
+            Err(e) => {
+                t.bitmap.free(cqn);
+                Err(e)
+            }
+        }
+    }
+
+    fn cq_alloc_icm(&mut self, cqn: u32) -> Result<()> {
+        let cqc = self.icm.cqc.as_mut().ok_or(Error::InvalidArg)?;
+        cqc.get(&mut self.cmd, &self.pool, cqn, &self.pci)?;
+        let cmpt = self.icm.cmpt_cq.as_mut().ok_or(Error::InvalidArg)?;
+        if let Err(e) = cmpt.get(&mut self.cmd, &self.pool, cqn, &self.pci) {
+            if let Some(cqc) = self.icm.cqc.as_mut() {
+                cqc.put(&mut self.cmd, cqn);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn cq_free_icm(&mut self, cqn: u32) {
+        if let Some(t) = self.icm.cmpt_cq.as_mut() {
+            t.put(&mut self.cmd, cqn);
+        }
+        if let Some(t) = self.icm.cqc.as_mut() {
+            t.put(&mut self.cmd, cqn);
+        }
+    }
+
+    /// Linux `mlx4_cq_free`: HW2SW_CQ, then ICM and the CQN.
+    #[doc(alias = "mlx4_cq_free")]
+    pub fn cq_free(&mut self, cq: Cq) -> Result<()> {
+        let r = self
+            .cmd
+            .cmd_box(0, 0, cq.cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A);
+        if let Err(e) = &r {
+            warn!(
+                "mlx4_core {}: HW2SW_CQ failed ({}) for CQN {:06x}",
+                self.pci,
+                e.to_errno(),
+                cq.cqn
+            );
+        }
+        self.cq_free_icm(cq.cqn);
+        if let Some(t) = self.cq_table.as_mut() {
+            t.cqs.remove(&cq.cqn);
+            t.bitmap.free(cq.cqn);
+        }
+        r
+    }
+
+    /// Linux `mlx4_cq_completion`: counts the arm sequence of a live CQ.
+    pub(crate) fn cq_completion(&mut self, cqn: u32) {
+        let Some(t) = self.cq_table.as_mut() else {
+            return;
+        };
+        match t.cqs.get_mut(&cqn) {
+            Some(sn) => *sn = sn.wrapping_add(1),
+            None => warn!(
+                "mlx4_core {}: Completion event for bogus CQ {cqn:08x}",
+                self.pci
+            ),
+        }
+    }
+
+    /// The arm sequence number of a live CQ (Linux `cq->arm_sn`).
+    pub fn cq_arm_sn(&self, cqn: u32) -> Option<u32> {
+        self.cq_table.as_ref()?.cqs.get(&cqn).copied()
+    }
+
+    /// Free CQNs and live CQs (leak checks).
+    pub fn cq_avail(&self) -> (u32, usize) {
+        self.cq_table
+            .as_ref()
+            .map_or((0, 0), |t| (t.bitmap.avail(), t.cqs.len()))
+    }
+}

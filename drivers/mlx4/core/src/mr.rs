@@ -1,0 +1,325 @@
+//! Memory regions: MPT allocation and SW2HW/HW2SW_MPT, MTT ranges from a buddy allocator with entries written straight into ICM host memory (Linux `mr.c`, native PF path); WRITE_MTT (SR-IOV), FMRs and memory windows are left out.
+
+use hal::barrier::wmb;
+use log::warn;
+use mlx4_hw::cmd::{Opcode, timeout};
+use mlx4_hw::mr::{self as hw, LOG_MTTS_PER_SEG, MptEntry, flags};
+
+use crate::bitmap::{Bitmap, Buddy};
+use crate::cmd::Mailbox;
+use crate::main::Dev;
+use crate::{Error, Result};
+
+/// Linux `struct mlx4_mr_table` (native part).
+pub struct MrTable {
+    pub(crate) mpt_bitmap: Bitmap,
+    pub(crate) mtt_buddy: Buddy,
+    reserved_mtts: Option<(u32, u32)>,
+}
+
+/// An MTT range (Linux `struct mlx4_mtt`): `2^order` entries from `offset`,
+/// describing pages of `2^page_shift` bytes; `order == None` means no
+/// translation (physical MR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mtt {
+    /// First MTT entry.
+    pub offset: u32,
+    /// log2 of the number of entries, `None` for none.
+    pub order: Option<u32>,
+    /// log2 of the page size.
+    pub page_shift: u32,
+}
+
+/// A memory region (Linux `struct mlx4_mr`).
+#[derive(Debug)]
+pub struct Mr {
+    /// I/O virtual address the region starts at.
+    pub iova: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Protection domain.
+    pub pd: u32,
+    /// `MLX4_PERM_*` access bits.
+    pub access: u32,
+    /// The key (`hw_index_to_key(index)`): lkey and rkey.
+    pub key: u32,
+    /// Its translation.
+    pub mtt: Mtt,
+    enabled: bool,
+    icm_held: bool,
+}
+
+impl Dev {
+    /// Linux `mlx4_init_mr_table` (native): MPT bitmap, MTT buddy in
+    /// segments of 8, and the firmware's reserved MTTs taken first.
+    pub(crate) fn init_mr_table(&mut self) -> Result<()> {
+        let mpt_bitmap = Bitmap::new(self.caps.num_mpts, !0, self.caps.reserved_mrws, 0)?;
+        let segs = self.caps.num_mtts >> LOG_MTTS_PER_SEG;
+        let mtt_buddy = Buddy::new(segs.max(1).ilog2())?;
+        self.mr_table = Some(MrTable {
+            mpt_bitmap,
+            mtt_buddy,
+            reserved_mtts: None,
+        });
+        let rsvd = self.caps.reserved_mtts;
+        if rsvd > 0 {
+            let order = u32::BITS - (rsvd - 1).leading_zeros();
+            match self.alloc_mtt_range(order) {
+                Ok(off) => {
+                    if let Some(t) = self.mr_table.as_mut() {
+                        t.reserved_mtts = Some((off, order));
+                    }
+                }
+                Err(e) => {
+                    let max = self
+                        .mr_table
+                        .as_ref()
+                        .map_or(0, |t| t.mtt_buddy.max_order());
+                    warn!(
+                        "mlx4_core {}: MTT table of order {max} is too small.",
+                        self.pci
+                    );
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cleanup_mr_table(&mut self) {
+        if let Some((off, order)) = self.mr_table.as_mut().and_then(|t| t.reserved_mtts.take()) {
+            self.free_mtt_range(off, order);
+        }
+        self.mr_table = None;
+    }
+
+    /// Linux `mlx4_alloc_mtt_range`: `2^order` entries (rounded up to a
+    /// segment), with the ICM chunks holding them mapped.
+    fn alloc_mtt_range(&mut self, order: u32) -> Result<u32> {
+        let t = self.mr_table.as_mut().ok_or(Error::InvalidArg)?;
+        let seg_order = order.saturating_sub(LOG_MTTS_PER_SEG);
+        let seg = t.mtt_buddy.alloc(seg_order)?;
+        let offset = seg << LOG_MTTS_PER_SEG;
+        let end = offset + (1 << order) - 1;
+        let tab = self.icm.mtt.as_mut().ok_or(Error::InvalidArg)?;
+        if let Err(e) = tab.get_range(&mut self.cmd, &self.pool, offset, end, &self.pci) {
+            t.mtt_buddy.free(seg, seg_order);
+            return Err(e);
+        }
+        Ok(offset)
+    }
+
+    /// Linux `mlx4_free_mtt_range`.
+    fn free_mtt_range(&mut self, offset: u32, order: u32) {
+        let seg_order = order.saturating_sub(LOG_MTTS_PER_SEG);
+        if let Some(t) = self.mr_table.as_mut() {
+            t.mtt_buddy.free(offset >> LOG_MTTS_PER_SEG, seg_order);
+        }
+        if let Some(tab) = self.icm.mtt.as_mut() {
+            tab.put_range(&mut self.cmd, offset, offset + (1 << order) - 1);
+        }
+    }
+
+    /// Linux `mlx4_mtt_init`: an MTT range for `npages` pages of
+    /// `2^page_shift` bytes (`npages == 0`: no translation).
+    #[doc(alias = "mlx4_mtt_init")]
+    pub fn mtt_init(&mut self, npages: u32, page_shift: u32) -> Result<Mtt> {
+        if npages == 0 {
+            return Ok(Mtt {
+                offset: 0,
+                order: None,
+                page_shift: mlx4_hw::icm::ICM_PAGE_SHIFT,
+            });
+        }
+        if !(12..64).contains(&page_shift) {
+            return Err(Error::InvalidArg);
+        }
+        let order = npages
+            .checked_next_power_of_two()
+            .ok_or(Error::InvalidArg)?
+            .ilog2();
+        let offset = self.alloc_mtt_range(order)?;
+        Ok(Mtt {
+            offset,
+            order: Some(order),
+            page_shift,
+        })
+    }
+
+    /// Linux `mlx4_mtt_cleanup`.
+    #[doc(alias = "mlx4_mtt_cleanup")]
+    pub fn mtt_cleanup(&mut self, mtt: &Mtt) {
+        if let Some(order) = mtt.order {
+            self.free_mtt_range(mtt.offset, order);
+        }
+    }
+
+    /// Linux `mlx4_mtt_addr`: the byte offset of the range in the MTT table
+    /// (what contexts carry; the firmware adds the table base).
+    #[doc(alias = "mlx4_mtt_addr")]
+    pub fn mtt_addr(&self, mtt: &Mtt) -> u64 {
+        u64::from(mtt.offset) * u64::from(self.caps.mtt_entry_sz)
+    }
+
+    /// Linux `mlx4_write_mtt` (native: `mlx4_write_mtt_chunk` writing ICM
+    /// directly): entries `start..` of `mtt` = `pages` (bus addresses) with
+    /// the present bit.
+    #[doc(alias = "mlx4_write_mtt")]
+    pub fn write_mtt(&mut self, mtt: &Mtt, start: u32, pages: &[u64]) -> Result<()> {
+        let order = mtt.order.ok_or(Error::InvalidArg)?;
+        let n = u32::try_from(pages.len()).map_err(|_| Error::InvalidArg)?;
+        if start.checked_add(n).is_none_or(|e| e > 1 << order) {
+            return Err(Error::InvalidArg);
+        }
+        let tab = self.icm.mtt.as_ref().ok_or(Error::InvalidArg)?;
+        for (i, &p) in pages.iter().enumerate() {
+            if p & ((1u64 << mtt.page_shift) - 1) != 0 {
+                return Err(Error::InvalidArg);
+            }
+            let (buf, off) = tab
+                .find(mtt.offset + start + i as u32)
+                .ok_or(Error::InvalidArg)?;
+            buf.write_be64(off, hw::mtt_entry(p));
+        }
+        // The HCA must see the entries before any context pointing at them.
+        wmb();
+        Ok(())
+    }
+
+    /// Reads MTT entry `i` of `mtt` back from ICM (tests, debugging).
+    pub fn read_mtt(&self, mtt: &Mtt, i: u32) -> Option<u64> {
+        let tab = self.icm.mtt.as_ref()?;
+        let (buf, off) = tab.find(mtt.offset + i)?;
+        Some(buf.read_be64(off))
+    }
+
+    /// Linux `mlx4_mr_alloc`: reserves an MPT index and an MTT range.
+    #[doc(alias = "mlx4_mr_alloc")]
+    pub fn mr_alloc(
+        &mut self,
+        pd: u32,
+        iova: u64,
+        size: u64,
+        access: u32,
+        npages: u32,
+        page_shift: u32,
+    ) -> Result<Mr> {
+        let t = self.mr_table.as_mut().ok_or(Error::InvalidArg)?;
+        let index = t.mpt_bitmap.alloc()?;
+        let mtt = match self.mtt_init(npages, page_shift) {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(t) = self.mr_table.as_mut() {
+                    t.mpt_bitmap.free(index);
+                }
+                return Err(e);
+            }
+        };
+        Ok(Mr {
+            iova,
+            size,
+            pd,
+            access,
+            key: hw::hw_index_to_key(index),
+            mtt,
+            enabled: false,
+            icm_held: false,
+        })
+    }
+
+    /// Linux `mlx4_mr_enable`: maps the dMPT chunk and hands the entry to
+    /// the HCA with SW2HW_MPT.
+    #[doc(alias = "mlx4_mr_enable")]
+    pub fn mr_enable(&mut self, mr: &mut Mr) -> Result<()> {
+        let index = hw::key_to_hw_index(mr.key);
+        let tab = self.icm.dmpt.as_mut().ok_or(Error::InvalidArg)?;
+        tab.get(&mut self.cmd, &self.pool, index, &self.pci)?;
+        mr.icm_held = true;
+        let mut e = MptEntry {
+            flags: flags::MIO | flags::REGION | mr.access,
+            key: index,
+            pd_flags: mr.pd | flags::PD_FLAG_EN_INV,
+            start: mr.iova,
+            length: mr.size,
+            entity_size: mr.mtt.page_shift,
+            ..Default::default()
+        };
+        match mr.mtt.order {
+            None => e.flags |= flags::PHYSICAL,
+            Some(_) => e.mtt_addr = self.mtt_addr(&mr.mtt),
+        }
+        if mr.mtt.order.is_some() && mr.mtt.page_shift == 0 {
+            // Fast-register MR in free state.
+            e.flags |= flags::FREE;
+            e.pd_flags |= flags::PD_FLAG_FAST_REG | flags::PD_FLAG_RAE;
+            e.mtt_sz = 1 << mr.mtt.order.unwrap_or(0);
+        } else {
+            e.flags |= flags::SW_OWNS;
+        }
+        let mb = Mailbox::new(&self.pool)?;
+        mb.write(0, &e.to_bytes());
+        let in_mod = index & (self.caps.num_mpts - 1);
+        self.cmd
+            .cmd(mb.dma(), in_mod, 0, Opcode::SW2HW_MPT, timeout::CLASS_B)
+            .inspect_err(|e| {
+                warn!(
+                    "mlx4_core {}: SW2HW_MPT failed ({})",
+                    self.pci,
+                    e.to_errno()
+                )
+            })?;
+        mr.enabled = true;
+        Ok(())
+    }
+
+    /// Linux `mlx4_mr_free`: HW2SW_MPT if enabled, then the MTT range, the
+    /// dMPT reference and the MPT index.
+    #[doc(alias = "mlx4_mr_free")]
+    pub fn mr_free(&mut self, mr: Mr) -> Result<()> {
+        let index = hw::key_to_hw_index(mr.key);
+        let mut r = Ok(());
+        if mr.enabled {
+            let in_mod = index & (self.caps.num_mpts - 1);
+            if let Err(e) = self
+                .cmd
+                .cmd_box(0, 0, in_mod, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
+            {
+                warn!(
+                    "mlx4_core {}: HW2SW_MPT failed ({})",
+                    self.pci,
+                    e.to_errno()
+                );
+                r = Err(e);
+            }
+        }
+        self.mtt_cleanup(&mr.mtt);
+        if mr.icm_held
+            && let Some(tab) = self.icm.dmpt.as_mut()
+        {
+            tab.put(&mut self.cmd, index);
+        }
+        if let Some(t) = self.mr_table.as_mut() {
+            t.mpt_bitmap.free(index);
+        }
+        r
+    }
+
+    /// Free MPT indices (leak checks).
+    pub fn mpt_avail(&self) -> u32 {
+        self.mr_table.as_ref().map_or(0, |t| t.mpt_bitmap.avail())
+    }
+
+    /// Free MTT segments in the buddy at each order (leak checks).
+    pub fn mtt_free_segments(&self) -> Option<u32> {
+        self.mr_table.as_ref().map(|t| t.mtt_buddy.free_segments())
+    }
+}
+
+impl Buddy {
+    /// Total free segments.
+    pub fn free_segments(&self) -> u32 {
+        (0..=self.max_order())
+            .map(|o| self.num_free_at(o) << o)
+            .sum()
+    }
+}

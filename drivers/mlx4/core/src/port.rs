@@ -1,0 +1,112 @@
+//! Port helpers for mlx4_ib: the default IB port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT (Linux `port.c`: `mlx4_get_port_ib_caps`, `mlx4_SET_PORT`; `fw.c`: `mlx4_INIT_PORT`, `mlx4_CLOSE_PORT`); MAC/VLAN tables and Ethernet SET_PORT flavours are left out.
+
+use mlx4_hw::cmd::{Opcode, errno, timeout};
+use mlx4_hw::port::*;
+use mlx4_hw::wire::get_be32;
+
+use crate::cmd::Mailbox;
+use crate::fw;
+use crate::main::{Dev, PortType};
+use crate::{Error, Result};
+
+impl Dev {
+    fn check_port(&self, port: u8) -> Result<()> {
+        if port == 0 || port > self.caps.num_ports {
+            return Err(Error::InvalidArg);
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_get_port_ib_caps`: SubnGet(PortInfo) through MAD_IFC
+    /// (ignore M_Key and B_Key); returns the capability mask.
+    pub fn get_port_ib_caps(&mut self, port: u8) -> Result<u32> {
+        self.check_port(port)?;
+        let inb = Mailbox::new(&self.pool)?;
+        let outb = Mailbox::new(&self.pool)?;
+        inb.write(0, &port_info_query(port));
+        self.cmd.cmd_box(
+            inb.dma(),
+            outb.dma(),
+            u32::from(port),
+            MAD_IFC_IGNORE_KEYS,
+            Opcode::MAD_IFC,
+            timeout::CLASS_C,
+        )?;
+        let o: [u8; MAD_SIZE] = outb.read();
+        Ok(get_be32(&o, PORT_INFO_CAP_MASK_OFFSET))
+    }
+
+    /// Linux `mlx4_SET_PORT` (IB): MTU cap and the default capability mask,
+    /// retrying with a smaller VL cap (8, 4, 2, 1) while the firmware answers
+    /// EXCEED_LIM. Ethernet ports are left alone.
+    #[doc(alias = "mlx4_SET_PORT")]
+    pub fn set_port(&mut self, port: u8) -> Result<()> {
+        self.check_port(port)?;
+        let pc = self.caps.port[usize::from(port)];
+        if pc.port_type == PortType::Eth {
+            return Ok(());
+        }
+        let mb = Mailbox::new(&self.pool)?;
+        let mut vl_cap = 8;
+        loop {
+            mb.write(
+                0,
+                &set_port_ib(u32::from(pc.port_ib_mtu), vl_cap, pc.ib_port_def_cap, None),
+            );
+            let r = self.cmd.cmd(
+                mb.dma(),
+                u32::from(port),
+                0,
+                Opcode::SET_PORT,
+                timeout::CLASS_B,
+            );
+            match r {
+                Err(e) if e.to_errno() == -errno::ENOMEM && vl_cap > 1 => vl_cap >>= 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// Linux `mlx4_INIT_PORT` (issued by mlx4_ib when QP0 reaches RTR).
+    #[doc(alias = "mlx4_INIT_PORT")]
+    pub fn init_port(&mut self, port: u8) -> Result<()> {
+        self.check_port(port)?;
+        fw::init_port(&mut self.cmd, port)
+    }
+
+    /// Linux `mlx4_CLOSE_PORT`.
+    #[doc(alias = "mlx4_CLOSE_PORT")]
+    pub fn close_port(&mut self, port: u8) -> Result<()> {
+        self.check_port(port)?;
+        fw::close_port(&mut self.cmd, port)
+    }
+
+    /// MAD_IFC for mlx4_ib (Linux `mlx4_MAD_IFC` native path): `mad_in` (256
+    /// bytes, plus the optional extended info block at 0x100) in, response
+    /// MAD out.
+    pub fn mad_ifc(
+        &mut self,
+        port: u8,
+        op_mod: u8,
+        in_mod_hi: u16,
+        mad_in: &[u8],
+    ) -> Result<[u8; MAD_SIZE]> {
+        self.check_port(port)?;
+        if mad_in.len() > 4096 {
+            return Err(Error::InvalidArg);
+        }
+        let inb = Mailbox::new(&self.pool)?;
+        let outb = Mailbox::new(&self.pool)?;
+        inb.write(0, mad_in);
+        let in_mod = u32::from(port) | (u32::from(in_mod_hi) << 16);
+        self.cmd.cmd_box(
+            inb.dma(),
+            outb.dma(),
+            in_mod,
+            op_mod,
+            Opcode::MAD_IFC,
+            timeout::CLASS_C,
+        )?;
+        Ok(outb.read())
+    }
+}

@@ -1,0 +1,236 @@
+//! Queue pairs: QPN ranges with reserved regions and the special-QP block, per-QP ICM, the state-transition commands and CONF_SPECIAL_QP (Linux `qp.c`: `mlx4_init_qp_table`, `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`, `__mlx4_qp_modify`, `mlx4_CONF_SPECIAL_QP`); QUERY_QP, `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs are left out.
+
+use alloc::collections::BTreeSet;
+
+use log::{debug, warn};
+use mlx4_hw::cmd::{Opcode, timeout};
+use mlx4_hw::qp::{QP_MODIFY_CONTEXT_OFFSET, QpContext, QpState, transition};
+
+use crate::bitmap::Bitmap;
+use crate::cmd::Mailbox;
+use crate::main::Dev;
+use crate::mr::Mtt;
+use crate::{Error, Result};
+
+/// QP regions (`enum mlx4_qp_region`): firmware, Ethernet MAC, FC address,
+/// FC exchange.
+pub const NUM_QP_REGION: usize = 4;
+
+/// Linux `struct mlx4_qp_table`.
+pub struct QpTable {
+    bitmap: Bitmap,
+    special_configured: bool,
+    live: BTreeSet<u32>,
+}
+
+/// A hardware QP (Linux `struct mlx4_qp`, core part).
+#[derive(Debug)]
+pub struct Qp {
+    /// QP number.
+    pub qpn: u32,
+}
+
+impl Dev {
+    /// Linux `mlx4_init_qp_table`: special-QP base (aligned to 8 above the
+    /// firmware's QPs), regions taken from the top of the QPN space, the
+    /// bitmap, and CONF_SPECIAL_QP.
+    pub(crate) fn init_qp_table(&mut self) -> Result<()> {
+        let pci = self.pci;
+        let c = &mut self.caps;
+        c.base_sqpn = c.reserved_qps_cnt[0].next_multiple_of(8);
+        // Regions 1.. sorted by decreasing size, stacked from the top.
+        let mut sort = [1usize, 2, 3];
+        sort.sort_by(|&a, &b| c.reserved_qps_cnt[b].cmp(&c.reserved_qps_cnt[a]));
+        let mut last_base = c.num_qps;
+        let mut from_top = 0u32;
+        for &r in &sort {
+            let cnt = c.reserved_qps_cnt[r];
+            last_base = last_base.checked_sub(cnt).ok_or(Error::InvalidArg)?;
+            c.reserved_qps_base[r] = last_base;
+            from_top += cnt;
+        }
+        // 8 special QPs: QP0 and QP1 of each port, real numbers.
+        let reserved_bot = c.base_sqpn + 8;
+        if reserved_bot + from_top > c.num_qps {
+            log::error!(
+                "mlx4_core {pci}: {} QPs cannot hold {} reserved at the bottom and {} at the top",
+                c.num_qps,
+                reserved_bot,
+                from_top
+            );
+            return Err(Error::InvalidArg);
+        }
+        let bitmap = Bitmap::new(c.num_qps, (1 << 23) - 1, reserved_bot, from_top)?;
+        let base = c.base_sqpn;
+        self.qp_table = Some(QpTable {
+            bitmap,
+            special_configured: false,
+            live: BTreeSet::new(),
+        });
+        self.conf_special_qp(base)?;
+        if let Some(t) = self.qp_table.as_mut() {
+            t.special_configured = true;
+        }
+        debug!("mlx4_core {pci}: special QPs at {base:#x}");
+        Ok(())
+    }
+
+    /// Linux `mlx4_cleanup_qp_table`: CONF_SPECIAL_QP(0).
+    pub(crate) fn cleanup_qp_table(&mut self) {
+        let Some(t) = self.qp_table.take() else {
+            return;
+        };
+        if t.special_configured
+            && let Err(e) = self.conf_special_qp(0)
+        {
+            warn!(
+                "mlx4_core {}: CONF_SPECIAL_QP(0) failed ({})",
+                self.pci,
+                e.to_errno()
+            );
+        }
+    }
+
+    /// Linux `mlx4_CONF_SPECIAL_QP`.
+    #[doc(alias = "mlx4_CONF_SPECIAL_QP")]
+    pub fn conf_special_qp(&mut self, base_qpn: u32) -> Result<()> {
+        self.cmd
+            .cmd(0, base_qpn, 0, Opcode::CONF_SPECIAL_QP, timeout::CLASS_B)
+    }
+
+    /// Real QPN of QP0 (`qp1 == false`) or QP1 of `port`.
+    pub fn special_qpn(&self, port: u8, qp1: bool) -> u32 {
+        self.caps.base_sqpn + u32::from(port.saturating_sub(1)) + if qp1 { 2 } else { 0 }
+    }
+
+    /// Linux `mlx4_qp_reserve_range`: `cnt` QPNs aligned to `align`.
+    #[doc(alias = "mlx4_qp_reserve_range")]
+    pub fn qp_reserve_range(&mut self, cnt: u32, align: u32) -> Result<u32> {
+        let t = self.qp_table.as_mut().ok_or(Error::InvalidArg)?;
+        t.bitmap.alloc_range(cnt, align).map(|q| q & 0x7f_ffff)
+    }
+
+    /// Linux `mlx4_qp_release_range` (reserved QPNs are never released).
+    #[doc(alias = "mlx4_qp_release_range")]
+    pub fn qp_release_range(&mut self, base: u32, cnt: u32) {
+        if base < self.caps.base_sqpn + 8 {
+            return;
+        }
+        if let Some(t) = self.qp_table.as_mut() {
+            t.bitmap.free_range(base, cnt);
+        }
+    }
+
+    fn qp_icm(&mut self, qpn: u32, get: bool) -> Result<()> {
+        let t = &mut self.icm;
+        let mut tabs = [
+            &mut t.qpc,
+            &mut t.auxc,
+            &mut t.altc,
+            &mut t.rdmarc,
+            &mut t.cmpt_qp,
+        ];
+        if get {
+            for i in 0..tabs.len() {
+                let tab = tabs[i].as_mut().ok_or(Error::InvalidArg)?;
+                if let Err(e) = tab.get(&mut self.cmd, &self.pool, qpn, &self.pci) {
+                    for tab in tabs[..i].iter_mut().rev() {
+                        if let Some(tab) = tab.as_mut() {
+                            tab.put(&mut self.cmd, qpn);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            for tab in tabs.iter_mut().rev() {
+                if let Some(tab) = tab.as_mut() {
+                    tab.put(&mut self.cmd, qpn);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_qp_alloc`: maps the QP's context memory (QPC, AUXC, ALTC,
+    /// RDMARC, cMPT) for a QPN obtained from [`Dev::qp_reserve_range`] or a
+    /// special QPN.
+    #[doc(alias = "mlx4_qp_alloc")]
+    pub fn qp_alloc(&mut self, qpn: u32) -> Result<Qp> {
+        if qpn == 0 || qpn >= self.caps.num_qps {
+            return Err(Error::InvalidArg);
+        }
+        if self
+            .qp_table
+            .as_ref()
+            .ok_or(Error::InvalidArg)?
+            .live
+            .contains(&qpn)
+        {
+            return Err(Error::Busy);
+        }
+        self.qp_icm(qpn, true)?;
+        if let Some(t) = self.qp_table.as_mut() {
+            t.live.insert(qpn);
+        }
+        Ok(Qp { qpn })
+    }
+
+    /// Linux `mlx4_qp_free` (with `mlx4_qp_remove`): releases the context
+    /// memory; the QPN goes back with [`Dev::qp_release_range`].
+    #[doc(alias = "mlx4_qp_free")]
+    pub fn qp_free(&mut self, qp: Qp) {
+        if let Some(t) = self.qp_table.as_mut() {
+            t.live.remove(&qp.qpn);
+        }
+        let _ = self.qp_icm(qp.qpn, false);
+    }
+
+    /// Linux `__mlx4_qp_modify`: the transition command for `cur -> new`
+    /// (illegal transitions are refused without touching the HCA). At
+    /// RST->INIT the MTT address and page size are filled from `mtt`; the
+    /// local QPN is always overwritten.
+    #[doc(alias = "mlx4_qp_modify")]
+    #[expect(clippy::too_many_arguments)]
+    pub fn qp_modify(
+        &mut self,
+        qp: &Qp,
+        mtt: Option<&Mtt>,
+        cur: QpState,
+        new: QpState,
+        context: &QpContext,
+        optpar: u32,
+        sqd_event: bool,
+    ) -> Result<()> {
+        let op = transition(cur, new).ok_or(Error::InvalidArg)?;
+        if op == Opcode::QP_2RST {
+            return self
+                .cmd
+                .cmd(0, qp.qpn, 2, Opcode::QP_2RST, timeout::CLASS_A);
+        }
+        let mut ctx = *context;
+        if cur == QpState::Rst
+            && new == QpState::Init
+            && let Some(m) = mtt
+        {
+            let a = self.mtt_addr(m);
+            ctx.mtt_base_addr_h = (a >> 32) as u8;
+            ctx.mtt_base_addr_l = a as u32;
+            ctx.log_page_size = (m.page_shift - mlx4_hw::icm::ICM_PAGE_SHIFT) as u8;
+        }
+        ctx.local_qpn = qp.qpn;
+        let mb = Mailbox::new(&self.pool)?;
+        mb.write(0, &optpar.to_be_bytes());
+        mb.write(QP_MODIFY_CONTEXT_OFFSET, &ctx.to_bytes());
+        let in_mod = qp.qpn | (u32::from(sqd_event) << 31);
+        let op_mod = if new == QpState::Rst { 2 } else { 0 };
+        self.cmd.cmd(mb.dma(), in_mod, op_mod, op, timeout::CLASS_C)
+    }
+
+    /// Free QPNs and live QPs (leak checks).
+    pub fn qp_avail(&self) -> (u32, usize) {
+        self.qp_table
+            .as_ref()
+            .map_or((0, 0), |t| (t.bitmap.avail(), t.live.len()))
+    }
+}

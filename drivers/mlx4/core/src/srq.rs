@@ -1,0 +1,157 @@
+//! Shared receive queues: SRQN allocation, ICM, SRQ context, SW2HW_SRQ/HW2SW_SRQ, ARM_SRQ (Linux `srq.c`; LegoOS did not build it); QUERY_SRQ and per-SRQ callbacks are left out.
+
+use log::warn;
+use mlx4_hw::cmd::{Opcode, timeout};
+use mlx4_hw::srq::SrqContext;
+
+use crate::bitmap::Bitmap;
+use crate::cmd::Mailbox;
+use crate::main::Dev;
+use crate::mr::Mtt;
+use crate::{Error, Result};
+
+/// Linux `struct mlx4_srq_table`.
+pub struct SrqTable {
+    bitmap: Bitmap,
+    live: usize,
+}
+
+/// A hardware SRQ (Linux `struct mlx4_srq`, core part).
+#[derive(Debug)]
+pub struct Srq {
+    /// SRQ number.
+    pub srqn: u32,
+    /// WQEs (a power of two).
+    pub max: u32,
+}
+
+impl Dev {
+    pub(crate) fn init_srq_table(&mut self) -> Result<()> {
+        let n = self.caps.num_srqs;
+        self.srq_table = Some(SrqTable {
+            bitmap: Bitmap::new(n, n - 1, self.caps.reserved_srqs, 0)?,
+            live: 0,
+        });
+        Ok(())
+    }
+
+    fn srq_icm(&mut self, srqn: u32, get: bool) -> Result<()> {
+        if get {
+            let t = self.icm.srqc.as_mut().ok_or(Error::InvalidArg)?;
+            t.get(&mut self.cmd, &self.pool, srqn, &self.pci)?;
+            let c = self.icm.cmpt_srq.as_mut().ok_or(Error::InvalidArg)?;
+            if let Err(e) = c.get(&mut self.cmd, &self.pool, srqn, &self.pci) {
+                if let Some(t) = self.icm.srqc.as_mut() {
+                    t.put(&mut self.cmd, srqn);
+                }
+                return Err(e);
+            }
+        } else {
+            if let Some(c) = self.icm.cmpt_srq.as_mut() {
+                c.put(&mut self.cmd, srqn);
+            }
+            if let Some(t) = self.icm.srqc.as_mut() {
+                t.put(&mut self.cmd, srqn);
+            }
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_srq_alloc`: `max` WQEs (a power of two) of `2^wqe_shift`
+    /// bytes in `mtt`, completions to `cqn`, doorbell record at `db_rec`.
+    #[doc(alias = "mlx4_srq_alloc")]
+    #[expect(clippy::too_many_arguments)]
+    pub fn srq_alloc(
+        &mut self,
+        pdn: u32,
+        cqn: u32,
+        xrcd: u16,
+        mtt: &Mtt,
+        db_rec: u64,
+        max: u32,
+        wqe_shift: u32,
+    ) -> Result<Srq> {
+        if !max.is_power_of_two() || max > self.caps.max_srq_wqes || !(4..=20).contains(&wqe_shift)
+        {
+            return Err(Error::InvalidArg);
+        }
+        let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
+        let srqn = t.bitmap.alloc()?;
+        let r = self.srq_icm(srqn, true).and_then(|()| {
+            let mtt_addr = self.mtt_addr(mtt);
+            let ctx = SrqContext {
+                state_logsize_srqn: (max.ilog2() << 24) | srqn,
+                logstride: (wqe_shift - 4) as u8,
+                xrcd,
+                pg_offset_cqn: cqn & 0xff_ffff,
+                log_page_size: (mtt.page_shift - mlx4_hw::icm::ICM_PAGE_SHIFT) as u8,
+                mtt_base_addr_h: (mtt_addr >> 32) as u8,
+                mtt_base_addr_l: mtt_addr as u32,
+                pd: pdn,
+                db_rec_addr: db_rec,
+                ..Default::default()
+            };
+            let mb = Mailbox::new(&self.pool)?;
+            mb.write(0, &ctx.to_bytes());
+            let r = self
+                .cmd
+                .cmd(mb.dma(), srqn, 0, Opcode::SW2HW_SRQ, timeout::CLASS_A);
+            if r.is_err() {
+                let _ = self.srq_icm(srqn, false);
+            }
+            r
+        });
+        let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
+        match r {
+            Ok(()) => {
+                t.live += 1;
+                Ok(Srq { srqn, max })
+            }
+            Err(e) => {
+                t.bitmap.free(srqn);
+                Err(e)
+            }
+        }
+    }
+
+    /// Linux `mlx4_srq_free`: HW2SW_SRQ (no mailbox), ICM, SRQN.
+    #[doc(alias = "mlx4_srq_free")]
+    pub fn srq_free(&mut self, srq: Srq) -> Result<()> {
+        let r = self
+            .cmd
+            .cmd_box(0, 0, srq.srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A);
+        if let Err(e) = &r {
+            warn!(
+                "mlx4_core {}: HW2SW_SRQ failed ({}) for SRQN {:06x}",
+                self.pci,
+                e.to_errno(),
+                srq.srqn
+            );
+        }
+        let _ = self.srq_icm(srq.srqn, false);
+        if let Some(t) = self.srq_table.as_mut() {
+            t.bitmap.free(srq.srqn);
+            t.live -= 1;
+        }
+        r
+    }
+
+    /// Linux `mlx4_srq_arm`: limit-watermark event when fewer WQEs remain.
+    #[doc(alias = "mlx4_srq_arm")]
+    pub fn srq_arm(&mut self, srq: &Srq, limit_watermark: u32) -> Result<()> {
+        self.cmd.cmd(
+            u64::from(limit_watermark),
+            srq.srqn,
+            0,
+            Opcode::ARM_SRQ,
+            timeout::CLASS_B,
+        )
+    }
+
+    /// Free SRQNs and live SRQs (leak checks).
+    pub fn srq_avail(&self) -> (u32, usize) {
+        self.srq_table
+            .as_ref()
+            .map_or((0, 0), |t| (t.bitmap.avail(), t.live))
+    }
+}
