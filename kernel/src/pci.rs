@@ -65,9 +65,8 @@ impl ConfigSpace for PortConfig {
         read(self.0, offset)
     }
     fn write32(&self, offset: u16, value: u32) {
-        // SAFETY: writes go to a function a driver owns (or the shell's
-        // sizing code), at offsets it names; config writes cannot touch RAM
-        // directly (bus mastering is the driver's decision).
+        // SAFETY: a function a driver owns (or enumeration's BAR sizing); config
+        // writes cannot touch RAM themselves (bus mastering is the driver's call).
         unsafe { PortAccess.write(self.0, offset, value) }
     }
 }
@@ -291,9 +290,8 @@ pub fn function(d: &Device) -> Result<PciFunction, &'static str> {
         let va = crate::mm::paging::map_mmio(info.addr, info.size)?;
         let len = usize::try_from(info.size).map_err(|_| "BAR too large")?;
         let base = NonNull::new(va as *mut u8).ok_or("BAR at address 0")?;
-        // SAFETY: the BAR was just mapped uncached at `va` for `len` bytes and
-        // stays mapped; this is the only `Bar` made for it (hal's claim
-        // registry in PciFunction hands it out once).
+        // SAFETY: just mapped uncached at `va` for `len` bytes, for good; the only
+        // `Bar` made for it (PciFunction's claim registry hands it out once).
         bars[usize::from(info.index)] = Some(unsafe { Bar::from_mmio(base, len) });
     }
     Ok(PciFunction::new(d.addr, config(d), d.bars, bars))

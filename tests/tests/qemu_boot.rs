@@ -83,6 +83,14 @@ fn invalid_opcode_and_stack_overflow_are_reported() {
 }
 
 #[test]
+fn reboot_resets_the_machine() {
+    // run-qemu.sh passes -no-reboot, so a reset ends QEMU with status 0.
+    let r = qemu::run("reboot; uptime", &[], DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("Restarting system.").reject("since kernel entry");
+}
+
+#[test]
 fn panic_is_reported_with_location() {
     let r = qemu::run("crash panic", &[], DEADLINE);
     assert_eq!(r.status, 1, "{}", r.transcript);

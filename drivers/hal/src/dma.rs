@@ -273,9 +273,8 @@ macro_rules! accessors {
         #[inline]
         pub fn $read(&self, off: usize) -> $t {
             let p = self.ptr(off, core::mem::size_of::<$t>());
-            // SAFETY: `ptr` checked that the naturally aligned access lies
-            // inside the region, which is valid for volatile access (DmaRegion
-            // contract) and at least 8-byte aligned (`DmaPool::alloc`).
+            // SAFETY: `ptr` checked the naturally aligned access is inside the
+            // region (valid per DmaRegion, 8-byte aligned per DmaPool::alloc).
             unsafe { p.cast::<$t>().read_volatile() }
         }
         #[doc = concat!("Stores a native-endian `", stringify!($t), "` at `off`.")]
@@ -404,10 +403,8 @@ impl DmaBuf {
 impl Drop for DmaBuf {
     fn drop(&mut self) {
         if let Some(region) = self.region.take() {
-            // SAFETY: the region came from this pool's allocator, is freed only
-            // here, once, and the buffer is gone so the CPU cannot use it; the
-            // driver must have stopped the device from using it (as in Linux,
-            // freeing memory the device still owns is a driver bug).
+            // Freeing memory the device still owns is a driver bug, as in Linux.
+            // SAFETY: the region came from this pool and is freed once, here.
             unsafe { self.pool.inner.free(region) };
         }
     }
@@ -455,7 +452,10 @@ pub(crate) mod arena {
         /// address `bus_base` (4 KiB aligned).
         pub fn with_bus_base(len: usize, bus_base: u64) -> ArenaDma {
             let len = len.div_ceil(4096).max(1) * 4096;
-            let layout = core::alloc::Layout::from_size_align(len, 4096).expect("arena layout");
+            let Ok(layout) = core::alloc::Layout::from_size_align(len, 4096) else {
+                // Only a size near usize::MAX gets here; treat it as out of memory.
+                alloc::alloc::handle_alloc_error(core::alloc::Layout::new::<[u8; 4096]>())
+            };
             // SAFETY: `layout` has a non-zero size.
             let p = unsafe { alloc::alloc::alloc_zeroed(layout) };
             let base = NonNull::new(p).unwrap_or_else(|| alloc::alloc::handle_alloc_error(layout));
@@ -496,9 +496,8 @@ pub(crate) mod arena {
         /// The device reads host memory at `bus`.
         pub fn device_read(&self, bus: BusAddr, dst: &mut [u8]) -> Result<()> {
             let off = self.offset_of(bus, dst.len()).ok_or(Error::BadRequest)?;
-            // SAFETY: the range is inside the arena allocation (checked); plain
-            // bytes have no validity requirements. The driver may be accessing
-            // the same bytes, as with real DMA; both sides use raw accesses.
+            // The driver may touch the same bytes, as with real DMA (raw on both sides).
+            // SAFETY: the range is inside the arena (checked); bytes have no invalid values.
             unsafe { core::ptr::copy(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
             Ok(())
         }
@@ -526,8 +525,9 @@ pub(crate) mod arena {
 
     impl Drop for ArenaDma {
         fn drop(&mut self) {
-            let layout =
-                core::alloc::Layout::from_size_align(self.len, 4096).expect("arena layout");
+            let Ok(layout) = core::alloc::Layout::from_size_align(self.len, 4096) else {
+                return; // cannot happen: `new` checked this layout
+            };
             // SAFETY: allocated in `with_bus_base` with this layout; no `DmaBuf`
             // can outlive the arena because each holds a pool (an `Arc` of it).
             unsafe { alloc::alloc::dealloc(self.base.as_ptr(), layout) };
@@ -545,9 +545,8 @@ pub(crate) mod arena {
             // zero it so every allocation starts zeroed.
             unsafe { core::ptr::write_bytes(cpu, 0, size) };
             let cpu = NonNull::new(cpu).ok_or(Error::NoMemory)?;
-            // SAFETY: `cpu` is valid for `size >= len` bytes until freed, exclusive,
-            // and reached by the device at the matching bus address through
-            // `device_read`/`device_write`.
+            // SAFETY: `cpu` is valid for `size >= len` bytes until freed, exclusive, and
+            // reached by the device at this bus address via `device_read`/`device_write`.
             Ok(unsafe { DmaRegion::new(cpu, BusAddr(self.bus_base + off as u64), len) })
         }
 

@@ -139,9 +139,8 @@ impl Bar {
     pub fn read32(&self, offset: usize) -> u32 {
         let off = self.check(offset, 4);
         match &self.io {
-            // SAFETY: by the `Io::Mmio` invariant the mapping covers the
-            // backend's length, and `check` kept `off + 4` inside it; the
-            // access is aligned.
+            // SAFETY: the `Io::Mmio` invariant covers the window and `check`
+            // kept the aligned access `[off, off + 4)` inside it.
             Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u32>().read_volatile() },
             Io::Backend(b) => b.read32(off),
         }

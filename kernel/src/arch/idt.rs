@@ -103,10 +103,8 @@ fn addr(f: unsafe extern "C" fn()) -> VirtAddr {
 pub fn init() {
     let idt = IDT.call_once(|| {
         let mut idt = InterruptDescriptorTable::new();
-        // SAFETY: every stub is a valid exception entry point: it saves the
-        // registers in the layout `TrapFrame` describes, pushes a dummy error
-        // code exactly for the vectors where the CPU does not, and never
-        // returns to the interrupted code.
+        // Each stub pushes a dummy error code exactly where the CPU does not.
+        // SAFETY: every stub saves a `TrapFrame` and never returns to the code.
         unsafe {
             idt.divide_error.set_handler_addr(addr(exc_stub_0));
             idt.debug.set_handler_addr(addr(exc_stub_1));

@@ -5,9 +5,8 @@ use x86_64::instructions::port::Port;
 
 /// Reads a byte from `port`.
 pub fn inb(port: u16) -> u8 {
-    // SAFETY: the kernel only passes ports of legacy devices it drives itself
-    // (COM1, PIT, keyboard controller, PCI config); reading them has no memory
-    // safety effect.
+    // SAFETY: only ports of legacy devices the kernel drives itself (COM1, PIT,
+    // keyboard controller, PCI config); reading them cannot affect memory.
     unsafe { Port::<u8>::new(port).read() }
 }
 
