@@ -59,6 +59,13 @@ impl Eq {
     }
 }
 
+#[cfg(test)]
+impl Eq {
+    pub(crate) fn entry_for_test(&self, i: u32) -> (&DmaBuf, usize) {
+        self.eqe(i)
+    }
+}
+
 impl Dev {
     fn eq_set_ci(&self, eq: &Eq, req_not: bool) {
         let (page, off) = eq_doorbell(eq.eqn);
@@ -183,6 +190,10 @@ impl Dev {
             timeout::CLASS_B,
         ) {
             Ok(()) => table.async_mapped = true,
+            Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => {
+                self.free_eq_table(&mut table);
+                return Err(e);
+            }
             Err(e) => warn!(
                 "mlx4_core {}: MAP_EQ for async EQ {async_eqn} failed ({})",
                 self.pci,

@@ -41,6 +41,10 @@ pub mod profile;
 pub mod qp;
 pub mod reset;
 pub mod srq;
+#[cfg(test)]
+mod testdev;
+#[cfg(test)]
+mod tests;
 
 pub use error::{Error, Result};
 pub use intf::{Event, Interface, IntfId};

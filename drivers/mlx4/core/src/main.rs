@@ -401,8 +401,12 @@ impl Dev {
         self.caps.fw_ver = self.fw.fw_ver;
         fw::log_fw(&pci, &self.fw);
         self.load_fw()?;
-        if fw::mod_stat_cfg(&mut self.cmd, &self.pool).is_err() {
-            warn!("mlx4_core {pci}: Failed to override log_pg_sz parameter");
+        match fw::mod_stat_cfg(&mut self.cmd, &self.pool) {
+            // A stuck HCR is not a soft failure: every later command would
+            // fail on it, so stop here naming the command that hung.
+            Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => return Err(e),
+            Err(_) => warn!("mlx4_core {pci}: Failed to override log_pg_sz parameter"),
+            Ok(()) => {}
         }
         self.init_dev_cap()?;
         self.choose_steering_mode();
@@ -841,6 +845,7 @@ impl Dev {
             }
             let cap = match self.get_port_ib_caps(port) {
                 Ok(c) => c,
+                Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => return Err(e),
                 Err(e) => {
                     warn!(
                         "mlx4_core {pci}: failed to get port {port} default ib capabilities ({}). Continuing with caps = 0",

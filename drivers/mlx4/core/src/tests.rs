@@ -1,0 +1,317 @@
+//! Bring-up, unwinding and resource tests against the unit-test fake ([`crate::testdev`]).
+
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use std::sync::Mutex;
+
+use hal::Clock;
+use mlx4_hw::cmd::{Opcode, Status};
+use mlx4_hw::mr::flags as mrf;
+use mlx4_hw::qp::{QpContext, QpState};
+
+use crate::testdev::Rig;
+use crate::*;
+
+fn up(rig: &Rig) -> Result<Dev> {
+    probe(
+        rig.pdev(),
+        rig.pool.clone(),
+        rig.clock.clone(),
+        Profile::default(),
+    )
+}
+
+#[test]
+fn bring_up_follows_linux_order() {
+    let rig = Rig::new();
+    let dev = up(&rig).unwrap();
+    assert_eq!(dev.fw_ver_string(), "2.42.5000");
+    assert_eq!(dev.board_id(), "MT_1090120019");
+    let ops = rig.ops();
+    let names: Vec<String> = ops.iter().map(|&o| Opcode(o).to_string()).collect();
+    // Collapse repeats (MAP_ICM per table, QUERY_PORT/MAD_IFC/SET_PORT per port).
+    let mut seq: Vec<&str> = Vec::new();
+    for n in &names {
+        if seq.last() != Some(&n.as_str()) {
+            seq.push(n);
+        }
+    }
+    assert_eq!(
+        seq,
+        [
+            "QUERY_FW",
+            "MAP_FA",
+            "RUN_FW",
+            "MOD_STAT_CFG",
+            "QUERY_DEV_CAP",
+            "QUERY_PORT",
+            "SET_ICM_SIZE",
+            "MAP_ICM_AUX",
+            "MAP_ICM",
+            "INIT_HCA",
+            "QUERY_ADAPTER",
+            "SW2HW_EQ",
+            "MAP_EQ",
+            "NOP",
+            "CONF_SPECIAL_QP",
+            "MAD_IFC",
+            "SET_PORT",
+            "MAD_IFC",
+            "SET_PORT"
+        ]
+    );
+    let c = dev.caps();
+    assert_eq!(c.num_ports, 2);
+    assert_eq!(c.base_sqpn, 64);
+    assert_eq!(c.reserved_uars, 128);
+    assert_eq!(c.port[1].ib_port_def_cap, 0x0251_0868);
+    assert_eq!(dev.commands_issued() as usize, ops.len());
+    let before = rig.pool.stats();
+    assert!(before.allocations > 0);
+    dev.teardown();
+    assert_eq!(rig.pool.stats(), hal::DmaStats::default());
+    let tail: Vec<String> = rig.ops()[ops.len()..]
+        .iter()
+        .map(|&o| Opcode(o).to_string())
+        .collect();
+    assert_eq!(tail[..2], ["CLOSE_PORT", "CLOSE_PORT"]);
+    assert!(tail.contains(&"CLOSE_HCA".to_string()));
+    assert_eq!(tail.last().map(String::as_str), Some("UNMAP_FA"));
+    assert_eq!(tail[tail.len() - 2], "UNMAP_ICM_AUX");
+}
+
+fn bring_up_opcodes() -> Vec<u16> {
+    let rig = Rig::new();
+    let dev = up(&rig).unwrap();
+    let mut ops = rig.ops();
+    drop(dev);
+    ops.dedup();
+    let mut seen = Vec::new();
+    for o in ops {
+        if !seen.contains(&o) {
+            seen.push(o);
+        }
+    }
+    seen
+}
+
+#[test]
+fn fault_matrix_error_status_and_stuck_go() {
+    for op in bring_up_opcodes() {
+        let name = Opcode(op);
+        // Optional commands whose failure is only a warning.
+        let optional = matches!(op, 0x034 | 0x012 | 0x024);
+        for stuck in [false, true] {
+            let rig = Rig::new();
+            {
+                let mut f = rig.dev.faults.lock().unwrap();
+                if stuck {
+                    f.stuck = Some(op);
+                } else {
+                    f.status = Some((op, 0x03));
+                }
+            }
+            let t0 = rig.clock.now_ns();
+            let r = up(&rig);
+            let waited = rig.clock.now_ns() - t0;
+            match r {
+                Ok(dev) => {
+                    assert!(optional && !stuck, "{name} stuck={stuck} succeeded");
+                    dev.teardown();
+                }
+                Err(e) => {
+                    if stuck {
+                        assert_eq!(e, Error::CmdTimeout { op: name }, "{name}");
+                    } else if !optional {
+                        assert_eq!(
+                            e,
+                            Error::Fw {
+                                op: name,
+                                status: Status::BadParam
+                            },
+                            "{name}"
+                        );
+                    }
+                }
+            }
+            assert_eq!(
+                rig.pool.stats(),
+                hal::DmaStats::default(),
+                "{name} stuck={stuck} leaked DMA"
+            );
+            // Reset (1 s + semaphore), ownership release (1 s), at most one
+            // command timeout (10 s) plus polling slack.
+            assert!(
+                waited < 13_000_000_000,
+                "{name} stuck={stuck} waited {waited} ns"
+            );
+        }
+    }
+}
+
+#[test]
+fn absurd_dev_cap_is_named() {
+    let rig = Rig::new();
+    rig.dev
+        .faults
+        .lock()
+        .unwrap()
+        .dev_cap
+        .push((mlx4_hw::fw::dev_cap::UAR_SZ, 0x3f));
+    match up(&rig) {
+        Err(Error::BadCaps { field, .. }) => assert_eq!(field, "uar_size"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("accepted"),
+    }
+    assert_eq!(rig.pool.stats(), hal::DmaStats::default());
+    let ops = rig.ops();
+    assert_eq!(
+        Opcode(*ops.last().unwrap()),
+        Opcode::UNMAP_FA,
+        "unwound after RUN_FW"
+    );
+}
+
+#[test]
+fn resource_lifecycle_returns_to_baseline() {
+    let rig = Rig::new();
+    let mut dev = up(&rig).unwrap();
+    let dma0 = rig.pool.stats();
+    let pd0 = dev.pd_uar_avail();
+    let mpt0 = dev.mpt_avail();
+    let mtt0 = dev.mtt_free_segments();
+    let cq0 = dev.cq_avail();
+    let qp0 = dev.qp_avail();
+    let srq0 = dev.srq_avail();
+    let refs0 = dev.icm_refcounts();
+    for _ in 0..3 {
+        let pds: Vec<u32> = (0..3000).map(|_| dev.pd_alloc().unwrap()).collect();
+        for p in pds {
+            dev.pd_free(p);
+        }
+    }
+    let uar = dev.uar_alloc().unwrap();
+    let pd = dev.pd_alloc().unwrap();
+    // Multi-page, non-contiguous MRs: pages from separate allocations.
+    let pages: Vec<hal::DmaBuf> = (0..9).map(|_| rig.pool.alloc_pages(1).unwrap()).collect();
+    let addrs: Vec<u64> = pages.iter().map(|p| p.bus_addr().0).collect();
+    for round in 0..1000 {
+        let mut mr = dev
+            .mr_alloc(
+                pd,
+                0x10_0000,
+                9 * 4096,
+                mrf::PERM_LOCAL_READ | mrf::PERM_LOCAL_WRITE,
+                9,
+                12,
+            )
+            .unwrap();
+        dev.write_mtt(&mr.mtt, 0, &addrs).unwrap();
+        if round == 0 {
+            assert_eq!(dev.read_mtt(&mr.mtt, 8), Some(addrs[8] | 1));
+        }
+        dev.mr_enable(&mut mr).unwrap();
+        dev.mr_free(mr).unwrap();
+    }
+    for _ in 0..1000 {
+        let mtt = dev.mtt_init(2, 12).unwrap();
+        let cq = dev
+            .cq_alloc(256, &mtt, &uar, 0x1_0000_0000, 0, false, false)
+            .unwrap();
+        let srq = dev
+            .srq_alloc(pd, cq.cqn, 0, &mtt, 0x1_0000_0040, 64, 5)
+            .unwrap();
+        let qpn = dev.qp_reserve_range(1, 1).unwrap();
+        let qp = dev.qp_alloc(qpn).unwrap();
+        let ctx = QpContext::default();
+        dev.qp_modify(&qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
+            .unwrap();
+        assert_eq!(
+            dev.qp_modify(&qp, None, QpState::Init, QpState::Rts, &ctx, 0, false),
+            Err(Error::InvalidArg)
+        );
+        dev.qp_modify(&qp, None, QpState::Init, QpState::Rst, &ctx, 0, false)
+            .unwrap();
+        dev.qp_free(qp);
+        dev.qp_release_range(qpn, 1);
+        dev.srq_free(srq).unwrap();
+        dev.cq_free(cq).unwrap();
+        dev.mtt_cleanup(&mtt);
+    }
+    // Thousands alive at once, then freed.
+    let mtt = dev.mtt_init(1, 12).unwrap();
+    let cqs: Vec<_> = (0..800)
+        .map(|_| {
+            dev.cq_alloc(64, &mtt, &uar, 0x1_0000_0000, 0, false, false)
+                .unwrap()
+        })
+        .collect();
+    let qps: Vec<_> = (0..3000)
+        .map(|_| {
+            let n = dev.qp_reserve_range(1, 1).unwrap();
+            dev.qp_alloc(n).unwrap()
+        })
+        .collect();
+    for cq in cqs {
+        dev.cq_free(cq).unwrap();
+    }
+    for qp in qps {
+        let n = qp.qpn;
+        dev.qp_free(qp);
+        dev.qp_release_range(n, 1);
+    }
+    dev.mtt_cleanup(&mtt);
+    dev.pd_free(pd);
+    dev.uar_free(uar);
+    drop(pages);
+    assert_eq!(dev.pd_uar_avail(), pd0);
+    assert_eq!(dev.mpt_avail(), mpt0);
+    assert_eq!(dev.mtt_free_segments(), mtt0);
+    assert_eq!(dev.cq_avail(), cq0);
+    assert_eq!(dev.qp_avail(), qp0);
+    assert_eq!(dev.srq_avail(), srq0);
+    assert_eq!(dev.icm_refcounts(), refs0);
+    assert_eq!(rig.pool.stats(), dma0);
+    dev.teardown();
+    assert_eq!(rig.pool.stats(), hal::DmaStats::default());
+}
+
+struct Recorder(Arc<Mutex<Vec<Event>>>);
+impl Interface for Recorder {
+    fn event(&mut self, _caps: &Caps, ev: Event) {
+        self.0.lock().unwrap().push(ev);
+    }
+}
+
+#[test]
+fn async_eq_and_catastrophic_error_are_polled() {
+    let rig = Rig::new();
+    let mut dev = up(&rig).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    dev.register_interface(Box::new(Recorder(seen.clone())));
+    assert_eq!(dev.poll(), 0);
+    // Play the HCA: a PORT_CHANGE(ACTIVE, port 2) EQE at index 0 of the
+    // async EQ, owner bit 0 (software-owned in pass 0).
+    {
+        let t = dev.eq_table.as_ref().unwrap();
+        let eq = t.eqs.last().unwrap();
+        let (buf, off) = eq_entry(eq, 0);
+        buf.write_u8(off + 1, 0x09);
+        buf.write_u8(off + 3, 4);
+        buf.write_be32(off + 0x0c, 2 << 28);
+        buf.write_u8(off + 0x1f, 0);
+    }
+    assert_eq!(dev.poll(), 1);
+    assert_eq!(dev.poll(), 0);
+    assert_eq!(seen.lock().unwrap().as_slice(), [Event::PortUp { port: 2 }]);
+    rig.set_catas(0xdead_beef);
+    dev.poll();
+    assert!(dev.is_catastrophic());
+    assert_eq!(seen.lock().unwrap().last(), Some(&Event::CatastrophicError));
+    dev.teardown();
+}
+
+fn eq_entry(eq: &crate::eq::Eq, i: u32) -> (&hal::DmaBuf, usize) {
+    eq.entry_for_test(i)
+}
