@@ -1,0 +1,511 @@
+//! The front end for host tests: [`SimHca`] hands the driver a
+//! `hal::PciFunction` (config space, BAR0, BAR2), a `hal::DmaPool` and a
+//! `hal::Clock` backed by the model, in a synchronous deterministic mode or a
+//! threaded mode that polls shared register memory like the ivshmem emulator;
+//! the ivshmem front end itself (`cx3-emu`) is not part of this crate yet.
+//!
+//! * **Synchronous** ([`SimHca::new`]): every register access calls into the
+//!   model on the caller's thread. Writing HCR dword 6 with GO executes the
+//!   command at once; GO stays visible for [`SimConfig::hcr_polls`] reads of
+//!   the status dword (and until [`SimConfig::hcr_delay`] has passed on the
+//!   model clock). The clock is a `FakeClock` that advances
+//!   [`SimConfig::relax_step`] per `relax()` and by the full amount on
+//!   `delay()`, so Linux's one-second reset sleep costs nothing.
+//! * **Threaded** ([`SimHca::new_threaded`]): BARs are plain atomic memory;
+//!   a model thread polls them every [`SimConfig::poll_interval`] (HCR GO,
+//!   software reset, EQ doorbells). Register reads are invisible to the model,
+//!   so read-to-claim semaphores read 0 and only what the memory shows can be
+//!   checked. The clock is real monotonic time. The thread stops when the
+//!   last `SimHca` clone is dropped.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hal::fake::{ArenaDma, FakeClock};
+use hal::{Bar, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBackend};
+
+use crate::device::{FwState, Hca};
+use crate::eq::EqState;
+use crate::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
+use crate::hcr::Opcode;
+use crate::layout::DevCap;
+use crate::mem::DmaFault;
+use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
+use crate::port::{LogicalState, PhysicalState};
+use crate::regs::RegFile;
+use crate::trace::TraceEntry;
+
+/// Model configuration.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Number of IB ports (1 or 2).
+    pub num_ports: u8,
+    /// Firmware version (major, minor, subminor); 2.42.5000 by default.
+    pub fw_version: (u16, u16, u16),
+    /// FW area size in 4 KiB pages (QUERY_FW).
+    pub fw_pages: u16,
+    /// Command interface revision (3: new port commands).
+    pub cmd_if_rev: u16,
+    /// Node GUID; port n's GUID is node GUID + n.
+    pub node_guid: u64,
+    /// System image GUID.
+    pub sys_image_guid: u64,
+    /// NodeDescription the firmware SMA reports.
+    pub node_description: String,
+    /// Board id in QUERY_ADAPTER's VSD.
+    pub board_id: String,
+    /// Hardware revision (NodeInfo).
+    pub hw_rev: u32,
+    /// INTA pin (QUERY_ADAPTER).
+    pub inta_pin: u8,
+    /// Core clock in MHz (QUERY_HCA, internal clock).
+    pub core_clock_mhz: u16,
+    /// Sync mode: status-dword reads that still show GO after a post.
+    pub hcr_polls: u32,
+    /// Model-clock time before GO clears (both modes).
+    pub hcr_delay: Duration,
+    /// How long the function is off the bus after a software reset.
+    pub reset_duration: Duration,
+    /// Size of the DMA arena.
+    pub dma_size: usize,
+    /// Bus address of the arena's first byte.
+    pub dma_bus_base: u64,
+    /// Sync mode: fake-clock advance per `relax()`.
+    pub relax_step: Duration,
+    /// Threaded mode: model thread polling period.
+    pub poll_interval: Duration,
+    /// Cables plugged: ports train after INIT_PORT.
+    pub cable_plugged: bool,
+    /// Data VLs each port supports (SET_PORT above this is EXCEED_LIM).
+    pub max_vls: u8,
+    /// Record a software reset without the reset semaphore as a violation.
+    pub strict_reset_semaphore: bool,
+    /// Device limits reported by QUERY_DEV_CAP and enforced.
+    pub dev_cap: DevCap,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            num_ports: 2,
+            fw_version: (2, 42, 5000),
+            fw_pages: 256,
+            cmd_if_rev: 3,
+            node_guid: 0x0002_c903_0042_1000,
+            sys_image_guid: 0x0002_c903_0042_1003,
+            node_description: "MT25408 ConnectX Mellanox Technologies".into(),
+            board_id: "MT_1090120019".into(),
+            hw_rev: 0,
+            inta_pin: 0,
+            core_clock_mhz: 427,
+            hcr_polls: 2,
+            hcr_delay: Duration::ZERO,
+            reset_duration: Duration::from_millis(100),
+            dma_size: 256 << 20,
+            dma_bus_base: 0x1_0000_0000,
+            relax_step: Duration::from_micros(1),
+            poll_interval: Duration::from_micros(20),
+            cable_plugged: true,
+            max_vls: 8,
+            strict_reset_semaphore: true,
+            dev_cap: DevCap::default(),
+        }
+    }
+}
+
+fn lock(m: &Mutex<Hca>) -> MutexGuard<'_, Hca> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// BAR0 in synchronous mode: every access is a model call.
+struct SyncBar0(Arc<Mutex<Hca>>);
+impl RegisterBackend for SyncBar0 {
+    fn read32(&self, offset: usize) -> u32 {
+        lock(&self.0).bar0_read(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        lock(&self.0).bar0_write(offset, value)
+    }
+    fn write64(&self, offset: usize, value: u64) {
+        lock(&self.0).bar0_write64(offset, value)
+    }
+}
+
+/// BAR2 in synchronous mode.
+struct SyncBar2(Arc<Mutex<Hca>>);
+impl RegisterBackend for SyncBar2 {
+    fn read32(&self, offset: usize) -> u32 {
+        lock(&self.0).bar2_read(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        lock(&self.0).bar2_write(offset, value)
+    }
+}
+
+/// A BAR that is shared memory (threaded mode).
+struct SharedBar(Arc<RegFile>);
+impl RegisterBackend for SharedBar {
+    fn read32(&self, offset: usize) -> u32 {
+        self.0.raw(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        self.0.set_raw(offset, value)
+    }
+}
+
+/// Real monotonic time (threaded mode).
+struct MonoClock(Instant);
+impl Clock for MonoClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+    fn relax(&self) {
+        std::thread::yield_now();
+    }
+    fn delay(&self, d: Duration) {
+        std::thread::sleep(d);
+    }
+}
+
+struct Inner {
+    hca: Arc<Mutex<Hca>>,
+    arena: Arc<ArenaDma>,
+    clock: Arc<dyn Clock>,
+    fake_clock: Option<Arc<FakeClock>>,
+    pci: Arc<PciConfig>,
+    bar0: Arc<dyn RegisterBackend>,
+    bar2: Arc<dyn RegisterBackend>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A simulated ConnectX-3. Cheap to clone (an `Arc` inside); all methods take
+/// `&self`.
+#[derive(Clone)]
+pub struct SimHca {
+    inner: Arc<Inner>,
+}
+
+impl core::fmt::Debug for SimHca {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "SimHca({:?})", lock(&self.inner.hca).fw)
+    }
+}
+
+/// Fault injection handle (see [`crate::faults`]).
+#[derive(Clone)]
+pub struct Faults(Arc<Mutex<Hca>>);
+
+impl Faults {
+    /// Arms `fault` for opcode `op`.
+    pub fn set(&self, op: Opcode, fault: OpcodeFault) -> &Self {
+        lock(&self.0).faults.set(op, fault);
+        self
+    }
+    /// Disarms `op`.
+    pub fn clear(&self, op: Opcode) -> &Self {
+        lock(&self.0).faults.clear(op);
+        self
+    }
+    /// Disarms everything.
+    pub fn clear_all(&self) -> &Self {
+        lock(&self.0).faults = FaultPlan::default();
+        self
+    }
+    /// QUERY_DEV_CAP reports an absurd value.
+    pub fn bad_cap(&self, c: BadCap) -> &Self {
+        lock(&self.0).faults.bad_caps.push(c);
+        self
+    }
+    /// The next EQE written is corrupted.
+    pub fn corrupt_next_eqe(&self, c: EqeCorruption) -> &Self {
+        lock(&self.0).faults.corrupt_eqes.push(c);
+        self
+    }
+    /// Raises a catastrophic error now.
+    pub fn catastrophic(&self) -> &Self {
+        lock(&self.0).raise_catastrophic(1);
+        self
+    }
+    /// A copy of the plan.
+    pub fn plan(&self) -> FaultPlan {
+        lock(&self.0).faults.clone()
+    }
+}
+
+impl SimHca {
+    fn build(cfg: SimConfig, threaded: bool) -> SimHca {
+        let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
+        let (clock, fake_clock): (Arc<dyn Clock>, _) = if threaded {
+            (Arc::new(MonoClock(Instant::now())), None)
+        } else {
+            let c = Arc::new(FakeClock::with_relax_step(cfg.relax_step));
+            (c.clone(), Some(c))
+        };
+        let poll = cfg.poll_interval;
+        let hca = Hca::new(cfg, arena.clone(), clock.clone(), threaded);
+        let pci = hca.pci.clone();
+        let (r0, r2) = (hca.bar0.clone(), hca.bar2.clone());
+        let hca = Arc::new(Mutex::new(hca));
+        let (bar0, bar2): (Arc<dyn RegisterBackend>, Arc<dyn RegisterBackend>) = if threaded {
+            (Arc::new(SharedBar(r0)), Arc::new(SharedBar(r2)))
+        } else {
+            (
+                Arc::new(SyncBar0(hca.clone())),
+                Arc::new(SyncBar2(hca.clone())),
+            )
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = threaded.then(|| {
+            let (h, s) = (hca.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("cx3-model".into())
+                .spawn(move || {
+                    while !s.load(Ordering::Acquire) {
+                        lock(&h).poll_shared();
+                        std::thread::sleep(poll);
+                    }
+                })
+                .expect("spawn the model thread")
+        });
+        SimHca {
+            inner: Arc::new(Inner {
+                hca,
+                arena,
+                clock,
+                fake_clock,
+                pci,
+                bar0,
+                bar2,
+                stop,
+                thread: Mutex::new(thread),
+            }),
+        }
+    }
+
+    /// A model in synchronous deterministic mode.
+    pub fn new(cfg: SimConfig) -> SimHca {
+        Self::build(cfg, false)
+    }
+
+    /// A model served by its own thread polling shared register memory.
+    pub fn new_threaded(cfg: SimConfig) -> SimHca {
+        Self::build(cfg, true)
+    }
+
+    fn hca(&self) -> MutexGuard<'_, Hca> {
+        lock(&self.inner.hca)
+    }
+
+    /// The PCI function (config space 15b3:1003, BAR0 1 MiB, BAR2 8 MiB).
+    /// Each call builds a fresh function whose BARs can each be claimed once.
+    pub fn pci_function(&self) -> PciFunction {
+        let cfg: Arc<dyn ConfigSpace> = self.inner.pci.clone();
+        let bars = [
+            Some(Bar::from_backend(
+                self.inner.bar0.clone(),
+                BAR0_SIZE as usize,
+            )),
+            None,
+            Some(Bar::from_backend(
+                self.inner.bar2.clone(),
+                BAR2_SIZE as usize,
+            )),
+            None,
+            None,
+            None,
+        ];
+        PciFunction::new(
+            PciAddress {
+                bus: 0x03,
+                ..Default::default()
+            },
+            cfg,
+            PciConfig::bar_infos(),
+            bars,
+        )
+    }
+
+    /// DMA memory the model reaches by bus address.
+    pub fn dma_pool(&self) -> DmaPool {
+        DmaPool::new(self.inner.arena.clone())
+    }
+
+    /// The model's clock (fake in sync mode, monotonic in threaded mode).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
+    /// The fake clock (sync mode only), to advance time by hand.
+    pub fn fake_clock(&self) -> Option<Arc<FakeClock>> {
+        self.inner.fake_clock.clone()
+    }
+
+    /// Every command executed so far.
+    pub fn trace(&self) -> Vec<TraceEntry> {
+        self.hca().trace.clone()
+    }
+
+    /// Forgets the trace.
+    pub fn clear_trace(&self) {
+        self.hca().trace.clear();
+    }
+
+    /// Fault injection.
+    pub fn faults(&self) -> Faults {
+        Faults(self.inner.hca.clone())
+    }
+
+    /// Protocol violations recorded so far.
+    pub fn violations(&self) -> Vec<String> {
+        self.hca().violations.clone()
+    }
+
+    /// DMA faults recorded so far.
+    pub fn dma_faults(&self) -> Vec<DmaFault> {
+        self.hca().dma_faults.clone()
+    }
+
+    /// Raises a catastrophic error (error buffer, LOCAL_CATAS_ERROR EQE,
+    /// every later command fails with INTERNAL_ERR until reset).
+    pub fn raise_catastrophic_error(&self) {
+        self.hca().raise_catastrophic(1);
+    }
+
+    /// Plugs (link up) or unplugs (link down) port `port`'s cable. An active
+    /// port going down raises PORT_CHANGE.
+    pub fn set_link(&self, port: u8, up: bool) -> bool {
+        let mut h = self.hca();
+        match h.port_index(u32::from(port)) {
+            Some(i) => {
+                h.set_cable(i, up);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sets the physical state as a cable/partner would: `LinkUp` plugs the
+    /// cable (the port trains if INIT_PORT was done), anything else unplugs
+    /// it and leaves the port in that state.
+    pub fn set_port_physical_state(&self, port: u8, s: PhysicalState) -> bool {
+        let mut h = self.hca();
+        let Some(i) = h.port_index(u32::from(port)) else {
+            return false;
+        };
+        h.set_cable(i, s == PhysicalState::LinkUp);
+        if s != PhysicalState::LinkUp && h.ports[i].initialized {
+            h.ports[i].phys = s;
+        }
+        true
+    }
+
+    /// Sets the logical state as an SM would (Armed, Active, ...). Fails if
+    /// the link is not up. Entering or leaving Active raises PORT_CHANGE.
+    pub fn set_port_logical_state(&self, port: u8, s: LogicalState) -> bool {
+        let mut h = self.hca();
+        match h.port_index(u32::from(port)) {
+            Some(i) => h.force_logical(i, s),
+            None => false,
+        }
+    }
+
+    /// SM stand-in: assigns LID and SM LID and makes the port Active.
+    pub fn activate_port(&self, port: u8, lid: u16, sm_lid: u16) -> bool {
+        let mut h = self.hca();
+        let Some(i) = h.port_index(u32::from(port)) else {
+            return false;
+        };
+        if h.ports[i].phys != PhysicalState::LinkUp {
+            return false;
+        }
+        h.ports[i].lid = lid;
+        h.ports[i].sm_lid = sm_lid;
+        h.force_logical(i, LogicalState::Active)
+    }
+
+    /// (logical, physical) state of a port.
+    pub fn port_state(&self, port: u8) -> Option<(LogicalState, PhysicalState)> {
+        let h = self.hca();
+        let i = h.port_index(u32::from(port))?;
+        Some((h.ports[i].state, h.ports[i].phys))
+    }
+
+    /// The LID of a port.
+    pub fn port_lid(&self, port: u8) -> Option<u16> {
+        let h = self.hca();
+        let i = h.port_index(u32::from(port))?;
+        Some(h.ports[i].lid)
+    }
+
+    /// Reports a CQ error (async CQ_ERROR EQE; syndrome 1 overrun, 2 access).
+    pub fn inject_cq_error(&self, cqn: u32, syndrome: u8) {
+        self.hca()
+            .post_async(crate::ctx::Event::CqError { cqn, syndrome });
+    }
+
+    /// Posts a completion event for `cqn` to its completion EQ (what the
+    /// CQ engine will do once it exists). False if the CQ is not in hardware
+    /// ownership.
+    pub fn inject_completion_event(&self, cqn: u32) -> bool {
+        let mut h = self.hca();
+        let Some(eqn) = h.cqs.get(&cqn).map(|c| c.eqn) else {
+            return false;
+        };
+        h.post_event(eqn, crate::ctx::Event::Completion { cqn });
+        true
+    }
+
+    /// State of an EQ in hardware ownership.
+    pub fn eq(&self, eqn: u32) -> Option<EqState> {
+        self.hca().eqs.get(&eqn).cloned()
+    }
+
+    /// The EQ async events of `event_type` go to (MAP_EQ).
+    pub fn async_eq(&self, event_type: u8) -> Option<u32> {
+        self.hca().async_map[usize::from(event_type & 0x3f)]
+    }
+
+    /// INIT_HCA has been done (and not undone).
+    pub fn is_initialized(&self) -> bool {
+        self.hca().fw == FwState::Initialized
+    }
+
+    /// RUN_FW has been done (and the firmware not stopped or reset).
+    pub fn is_running(&self) -> bool {
+        self.hca().fw != FwState::Off
+    }
+
+    /// Number of 4 KiB ICM pages mapped.
+    pub fn icm_mapped_pages(&self) -> usize {
+        self.hca().icm.mapped_pages()
+    }
+
+    /// UAR doorbells seen that belong to the (later) data-path engines, as
+    /// (BAR2 offset, big-endian value).
+    pub fn pending_doorbells(&self) -> Vec<(usize, u32)> {
+        self.hca().pending_doorbells.clone()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> SimConfig {
+        self.hca().cfg.clone()
+    }
+
+    /// The catastrophic-error buffer's first dword (0 = healthy).
+    pub fn catas_syndrome(&self) -> u32 {
+        self.hca().bar0.be(crate::regs::CATAS_BASE)
+    }
+}

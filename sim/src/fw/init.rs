@@ -1,0 +1,339 @@
+//! Bring-up and configuration commands: firmware load (QUERY_FW, MAP_FA,
+//! RUN_FW, UNMAP_FA), capability queries, ICM sizing and mapping, INIT_HCA /
+//! CLOSE_HCA / QUERY_HCA and NOP; firmware burning, DDR and LAM commands are
+//! not modelled.
+
+use super::{CmdResult, Outcome, need};
+use crate::device::{FwState, Hca};
+use crate::faults::BadCap;
+use crate::hcr::{Command, Status};
+use crate::icm::{self, Geometry, Table};
+use crate::layout::{
+    self, InitHca, PageEntry, dev_cap, init_hca, mod_stat_cfg, put8, put16, put64,
+};
+
+use FwState::*;
+
+/// Writes an output mailbox.
+fn out(hca: &mut Hca, cmd: &Command, bytes: &[u8]) -> CmdResult {
+    hca.dma_write(cmd.out_param, bytes)?;
+    Ok(Outcome::OK)
+}
+
+/// QUERY_FW: always allowed.
+pub fn query_fw(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let b = hca.fw_info().encode();
+    out(hca, cmd, &b)
+}
+
+/// Reads and checks a page list of `in_mod` entries (1..=256).
+fn page_list(hca: &mut Hca, cmd: &Command) -> Result<Vec<PageEntry>, Status> {
+    let n = cmd.in_mod;
+    if n == 0 || n > icm::MAX_ENTRIES {
+        return Err(Status::BAD_PARAM);
+    }
+    let b = hca.read_mailbox(cmd.in_param, n as usize * 16)?;
+    Ok((0..n as usize).map(|i| PageEntry::decode(&b, i)).collect())
+}
+
+/// MAP_FA: pages for the firmware area, before RUN_FW.
+pub fn map_fa(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Off])?;
+    let entries = page_list(hca, cmd)?;
+    let mut pages = Vec::new();
+    for e in &entries {
+        pages.extend(icm::chunk_pages(e)?);
+    }
+    hca.icm.fa.extend(pages);
+    Ok(Outcome::OK)
+}
+
+/// UNMAP_FA: gives the firmware area back; the firmware stops.
+pub fn unmap_fa(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+    need(hca, &[Off, Running])?;
+    if !hca.icm.aux.is_empty() {
+        return Err(Status::BAD_SYS_STATE);
+    }
+    hca.icm.fa.clear();
+    hca.fw = Off;
+    Ok(Outcome::OK)
+}
+
+/// RUN_FW: needs `fw_pages` FA pages; "loads" the firmware into them.
+pub fn run_fw(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+    need(hca, &[Off])?;
+    if hca.icm.fa.is_empty() {
+        return Err(Status::BAD_SYS_STATE);
+    }
+    if (hca.icm.fa.len() as u64) < u64::from(hca.cfg.fw_pages) {
+        return Err(Status::ICM_ERROR);
+    }
+    let pages = hca.icm.fa.clone();
+    for (i, pa) in pages.iter().enumerate() {
+        let mut tag = *b"CX3 FW page ....";
+        tag[12..16].copy_from_slice(&(i as u32).to_be_bytes());
+        hca.dma_write(*pa, &tag)?;
+    }
+    hca.fw = Running;
+    Ok(Outcome::OK)
+}
+
+/// MOD_STAT_CFG (Linux flavour, op_mod 0): only 4 KiB pages may be set.
+pub fn mod_stat_cfg(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running])?;
+    if cmd.op_mod != 0 {
+        return Err(Status::BAD_OP);
+    }
+    let b = hca.read_mailbox(cmd.in_param, 0x100)?;
+    if layout::get8(&b, mod_stat_cfg::PG_SZ_M) & 1 != 0
+        && layout::get8(&b, mod_stat_cfg::PG_SZ) != 0
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    hca.stat_cfg = true;
+    Ok(Outcome::OK)
+}
+
+/// QUERY_DEV_CAP, with any armed absurd values applied.
+pub fn query_dev_cap(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running, Initialized])?;
+    let mut b = hca.caps().encode();
+    for bad in hca.faults.bad_caps.clone() {
+        match bad {
+            BadCap::HugeLogMaxQps => put8(&mut b, dev_cap::MAX_QP, 0x1f),
+            BadCap::NoPorts => put8(&mut b, dev_cap::NUM_PORTS, 0),
+            BadCap::MinPageTooLarge => put8(&mut b, dev_cap::PAGE_SZ, 16),
+            BadCap::ZeroQpcEntrySize => put16(&mut b, dev_cap::QPC_ENTRY_SZ, 0),
+            BadCap::HugeUarSize => put8(&mut b, dev_cap::UAR_SZ, 20),
+            BadCap::Byte { offset, value } => put8(&mut b, offset, value),
+        }
+    }
+    out(hca, cmd, &b)
+}
+
+/// QUERY_ADAPTER.
+pub fn query_adapter(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running, Initialized])?;
+    let b = layout::encode_query_adapter(hca.cfg.inta_pin, &hca.cfg.board_id);
+    out(hca, cmd, &b)
+}
+
+/// SET_ICM_SIZE: in_param = bytes; returns the aux pages needed.
+pub fn set_icm_size(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running])?;
+    let size = cmd.in_param;
+    if size == 0 || !size.is_multiple_of(icm::ICM_PAGE) {
+        return Err(Status::BAD_PARAM);
+    }
+    if size > hca.caps().max_icm_sz {
+        return Err(Status::EXCEED_LIM);
+    }
+    if !hca.icm.aux.is_empty() {
+        return Err(Status::BAD_SYS_STATE);
+    }
+    hca.icm.size = Some(size);
+    Ok(Outcome::imm(icm::aux_pages_for(size)))
+}
+
+/// MAP_ICM_AUX.
+pub fn map_icm_aux(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running])?;
+    if hca.icm.size.is_none() {
+        return Err(Status::BAD_SYS_STATE);
+    }
+    let entries = page_list(hca, cmd)?;
+    let mut pages = Vec::new();
+    for e in &entries {
+        pages.extend(icm::chunk_pages(e)?);
+    }
+    hca.icm.aux.extend(pages);
+    Ok(Outcome::OK)
+}
+
+/// UNMAP_ICM_AUX: only before INIT_HCA (or after CLOSE_HCA).
+pub fn unmap_icm_aux(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+    need(hca, &[Running])?;
+    if hca.icm.mapped_pages() != 0 {
+        let n = hca.icm.mapped_pages();
+        hca.violation(format!("UNMAP_ICM_AUX with {n} ICM pages still mapped"));
+        hca.icm.clear_map();
+    }
+    hca.icm.aux.clear();
+    Ok(Outcome::OK)
+}
+
+/// MAP_ICM: every entry is checked before any is mapped.
+pub fn map_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running, Initialized])?;
+    if hca.icm.size.is_none() {
+        return Err(Status::BAD_SYS_STATE);
+    }
+    let entries = page_list(hca, cmd)?;
+    let mut checked = Vec::new();
+    for e in &entries {
+        let pages = hca.icm.check_map(e)?;
+        if checked.iter().any(|(va, p): &(u64, Vec<u64>)| {
+            *va < e.va + e.bytes() && e.va < va + p.len() as u64 * icm::ICM_PAGE
+        }) {
+            return Err(Status::BAD_PARAM);
+        }
+        checked.push((e.va, pages));
+    }
+    for (va, pages) in checked {
+        hca.icm.map(va, &pages);
+    }
+    Ok(Outcome::OK)
+}
+
+/// True if a context in hardware ownership lives in `[va, va + len)`.
+fn icm_in_use(hca: &Hca, va: u64, len: u64) -> bool {
+    let Some(g) = hca.geo else { return false };
+    let hit = |t: Table, idx: u32| {
+        let a = g.va(t, u64::from(idx));
+        a < va + len && va < a + g.entry_size(t)
+    };
+    hca.eqs.keys().any(|&n| hit(Table::Eqc, n))
+        || hca.cqs.keys().any(|&n| hit(Table::Cqc, n))
+        || hca.mpts.keys().any(|&n| hit(Table::Dmpt, n))
+        || hca.srqs.keys().any(|&n| hit(Table::Srqc, n))
+        || hca
+            .qps
+            .iter()
+            .any(|(&n, q)| q.state != crate::device::QpState::Rst && hit(Table::Qpc, n))
+}
+
+/// UNMAP_ICM: in_param = ICM address, in_mod = 4 KiB pages. Refused while a
+/// hardware-owned context lives there.
+pub fn unmap_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running, Initialized])?;
+    let len = u64::from(cmd.in_mod) * icm::ICM_PAGE;
+    if icm_in_use(hca, cmd.in_param, len) {
+        return Err(Status::RESOURCE_BUSY);
+    }
+    hca.icm.unmap(cmd.in_param, cmd.in_mod)?;
+    Ok(Outcome::OK)
+}
+
+fn ilog2(v: u32) -> u8 {
+    31 - v.max(1).leading_zeros() as u8
+}
+
+/// Checks INIT_HCA parameters against the limits and the ICM size.
+fn check_init_hca(hca: &Hca, h: &InitHca) -> Result<Geometry, Status> {
+    let c = hca.caps();
+    if h.version != init_hca::VERSION_2 {
+        return Err(Status::BAD_PARAM);
+    }
+    if h.eqe_cqe_64 & (init_hca::EQE_64 | init_hca::CQE_64) != 0 {
+        return Err(Status::BAD_PARAM);
+    }
+    if h.log_num_qps > c.log_max_qps
+        || h.log_num_srqs > c.log_max_srqs
+        || h.log_num_cqs > c.log_max_cqs
+        || h.log_num_eqs > c.log_max_eqs
+        || h.log_mpt_sz > c.log_max_mpts
+        || h.log_rd_per_qp > c.log_max_ra_res_qp
+        || h.log_mc_table_sz > c.log_max_mcg + 1
+        || h.log_uars > ilog2(c.num_uars())
+    {
+        return Err(Status::EXCEED_LIM);
+    }
+    if h.log_num_qps < c.log_rsvd_qps || h.log_num_cqs < c.log_rsvd_cqs {
+        return Err(Status::BAD_PARAM);
+    }
+    if h.uar_page_sz != 0 {
+        return Err(Status::BAD_PARAM);
+    }
+    let size = hca.icm.size.ok_or(Status::BAD_SYS_STATE)?;
+    let g = Geometry::new(*h, c);
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    let tables = [
+        Table::Qpc,
+        Table::Auxc,
+        Table::Altc,
+        Table::Rdmarc,
+        Table::Srqc,
+        Table::Cqc,
+        Table::Eqc,
+        Table::Dmpt,
+    ];
+    for t in tables {
+        let es = g.entry_size(t);
+        let len = es * g.count(t).unwrap_or(1);
+        let base = g.base(t);
+        if es == 0 || !base.is_multiple_of(es.min(4096)) {
+            return Err(Status::BAD_PARAM);
+        }
+        spans.push((base, len));
+    }
+    spans.push((
+        g.base(Table::Cmpt(0)),
+        4 * (g.entry_size(Table::Cmpt(0)) << 24),
+    ));
+    if h.mc_base != 0 || h.log_mc_table_sz != 0 {
+        spans.push((h.mc_base, (1u64 << h.log_mc_table_sz) << h.log_mc_entry_sz));
+    }
+    if !h.mtt_base.is_multiple_of(8) || h.mtt_base >= size {
+        return Err(Status::BAD_PARAM);
+    }
+    for &(b, l) in &spans {
+        if b.checked_add(l).is_none_or(|e| e > size) {
+            return Err(Status::BAD_PARAM);
+        }
+    }
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(Status::BAD_PARAM);
+    }
+    Ok(g)
+}
+
+/// INIT_HCA: needs the aux pages SET_ICM_SIZE asked for; once only.
+pub fn init_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Running])?;
+    if (hca.icm.aux.len() as u64) < hca.icm.aux_needed() || hca.icm.size.is_none() {
+        return Err(Status::ICM_ERROR);
+    }
+    let b = hca.read_mailbox(cmd.in_param, init_hca::LEN)?;
+    let h = InitHca::decode(&b);
+    let g = check_init_hca(hca, &h)?;
+    hca.geo = Some(g);
+    hca.init_hca_raw = b;
+    hca.fw = Initialized;
+    Ok(Outcome::OK)
+}
+
+/// CLOSE_HCA: drops every object; ICM mappings stay until UNMAP_ICM.
+pub fn close_hca(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+    need(hca, &[Initialized])?;
+    hca.eqs.clear();
+    hca.cqs.clear();
+    hca.mpts.clear();
+    hca.srqs.clear();
+    hca.qps.clear();
+    hca.async_map = [None; 64];
+    hca.special_qp_base = 0;
+    for p in &mut hca.ports {
+        p.initialized = false;
+        p.retrain();
+    }
+    hca.geo = None;
+    hca.fw = Running;
+    Ok(Outcome::OK)
+}
+
+/// QUERY_HCA: the INIT_HCA parameters plus the core clock.
+pub fn query_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[Initialized])?;
+    let mut b = hca.init_hca_raw.clone();
+    b.resize(init_hca::LEN, 0);
+    put64(&mut b, 0x04, 0);
+    put16(&mut b, init_hca::CORE_CLOCK, hca.cfg.core_clock_mhz);
+    out(hca, cmd, &b)
+}
+
+/// NOP.
+pub fn nop(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+    need(hca, &[Running, Initialized])?;
+    Ok(Outcome::OK)
+}

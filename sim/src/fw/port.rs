@@ -1,0 +1,122 @@
+//! Port commands: QUERY_PORT, INIT_PORT, CLOSE_PORT, SET_PORT (IB flavour)
+//! and MAD_IFC (handed to the firmware SMA/PMA in [`crate::mad_ifc`]);
+//! SENSE_PORT and the Ethernet SET_PORT flavours answer BAD_OP.
+
+use super::{CmdResult, Outcome, need};
+use crate::device::{FwState, Hca};
+use crate::hcr::{Command, Status};
+use crate::layout::{PortCap, get8, get16, get32, set_port_ib};
+
+fn port_of(hca: &Hca, in_mod: u32) -> Result<usize, Status> {
+    hca.port_index(in_mod & 0xff).ok_or(Status::BAD_PARAM)
+}
+
+/// IB VLCap encoding of a number of data VLs.
+fn vl_enum(n: u8) -> u8 {
+    match n {
+        0 | 1 => 1,
+        2 => 2,
+        3 | 4 => 3,
+        _ => 4,
+    }
+}
+
+/// QUERY_PORT: in_mod = port.
+pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Running, FwState::Initialized])?;
+    let i = port_of(hca, cmd.in_mod)?;
+    let p = &hca.ports[i];
+    let b = PortCap {
+        ib_mtu: p.mtu_cap,
+        width: 3,
+        log_max_gids: 7,
+        log_max_pkeys: 7,
+        max_vl: vl_enum(p.max_vls),
+    }
+    .encode();
+    hca.dma_write(cmd.out_param, &b)?;
+    Ok(Outcome::OK)
+}
+
+/// INIT_PORT: enables the port; the link trains if the cable is plugged.
+pub fn init_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let i = port_of(hca, cmd.in_mod)?;
+    let before = hca.ports[i].state;
+    hca.ports[i].initialized = true;
+    hca.ports[i].retrain();
+    hca.port_changed(i, before);
+    Ok(Outcome::OK)
+}
+
+/// CLOSE_PORT: disables the port (PORT_CHANGE down if it was active).
+pub fn close_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let i = port_of(hca, cmd.in_mod)?;
+    if !hca.ports[i].initialized {
+        return Err(Status::BAD_RES_STATE);
+    }
+    let before = hca.ports[i].state;
+    hca.ports[i].initialized = false;
+    hca.ports[i].retrain();
+    hca.port_changed(i, before);
+    Ok(Outcome::OK)
+}
+
+/// SET_PORT (IB, op_mod 0): MTU and VL capabilities, P_Key table size,
+/// capability mask, Q_Key violation counter reset. A VL capability above
+/// what the port supports is EXCEED_LIM (Linux retries with fewer VLs).
+pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    use set_port_ib::*;
+    need(hca, &[FwState::Initialized])?;
+    if cmd.op_mod != 0 {
+        return Err(Status::BAD_OP);
+    }
+    let i = port_of(hca, cmd.in_mod)?;
+    let b = hca.read_mailbox(cmd.in_param, 0x100)?;
+    let flags = get32(&b, FLAGS);
+    let mtu = ((flags >> MTU_SHIFT) & 0xf) as u8;
+    let vl = ((flags >> VL_SHIFT) & 0xf) as u8;
+    let pkeys = get16(&b, PKEY_TABLE_SIZE);
+    let p = &hca.ports[i];
+    if flags & CHANGE_MTU != 0 && (mtu == 0 || mtu > 5) {
+        return Err(Status::BAD_PARAM);
+    }
+    if flags & CHANGE_VL != 0 {
+        if !vl.is_power_of_two() {
+            return Err(Status::BAD_PARAM);
+        }
+        if vl > p.max_vls {
+            return Err(Status::EXCEED_LIM);
+        }
+    }
+    if flags & CHANGE_PKEY != 0 && (pkeys == 0 || usize::from(pkeys) > crate::port::PKEY_TABLE_LEN)
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    let p = &mut hca.ports[i];
+    if flags & CHANGE_MTU != 0 {
+        p.mtu_cap = mtu;
+    }
+    if flags & CHANGE_VL != 0 {
+        p.vl_cap = vl;
+    }
+    if get8(&b, 3) & RESET_QKEY_CNTR as u8 != 0 {
+        p.qkey_violations = 0;
+    }
+    p.cap_mask = get32(&b, CAP_MASK);
+    Ok(Outcome::OK)
+}
+
+/// MAD_IFC: in_mod = port | SLID << 16; op_mod bits ignore M_Key (1) and
+/// B_Key (2); 256-byte request in, 256-byte response out.
+pub fn mad_ifc(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let i = hca
+        .port_index(cmd.in_mod & 0xffff)
+        .ok_or(Status::BAD_PARAM)?;
+    let mad = hca.read_mailbox(cmd.in_param, crate::mad_ifc::MAD_SIZE)?;
+    let resp = crate::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
+    hca.dma_write(cmd.out_param, &resp)?;
+    Ok(Outcome::OK)
+}

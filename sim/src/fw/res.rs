@@ -1,0 +1,427 @@
+//! Resource-ownership commands: SW2HW/HW2SW/QUERY for EQs, CQs, MPTs and
+//! SRQs, MAP_EQ, WRITE_MTT and ARM_SRQ; MODIFY_CQ (resize/moderation),
+//! memory-window binding and XRC checks are not modelled.
+//!
+//! SW2HW copies the mailbox context into its ICM slot (which must be mapped)
+//! after checking it; HW2SW hands it back from ICM. Buffers named by a context
+//! are resolved through MTT entries read from ICM, each of which must be
+//! present. CQ and EQ buffers get every entry's owner bit set (hardware
+//! owned) at SW2HW.
+
+use super::{CmdResult, Outcome, need};
+use crate::ctx::{self, CqCtx, ENTRY_32, EqCtx, MptEntry, SrqCtx, cqc, eqc, mpt};
+use crate::device::{CqState, FwState, Hca, MptState, QpState, SrqState};
+use crate::eq::EqState;
+use crate::hcr::{Command, Status};
+use crate::icm::Table;
+use crate::layout::{get64, put8};
+use crate::regs;
+
+/// Reads the context mailbox.
+fn ctx_in(hca: &mut Hca, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
+    hca.read_mailbox(cmd.in_param, len)
+}
+
+/// HW2SW/QUERY output: the context as it sits in ICM.
+fn ctx_out(hca: &mut Hca, cmd: &Command, va: u64, len: usize) -> Result<(), Status> {
+    let mut b = vec![0u8; len];
+    hca.icm_read(va, &mut b)?;
+    hca.dma_write(cmd.out_param, &b)
+}
+
+fn index(cmd: &Command) -> u32 {
+    cmd.in_mod & 0xff_ffff
+}
+
+// ------------------------------------------------------------------ EQ
+
+/// SW2HW_EQ: in_mod = EQN.
+pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let eqn = cmd.in_mod & 0x3ff;
+    let va = hca.ctx_va(Table::Eqc, u64::from(eqn))?;
+    if eqn < u32::from(hca.caps().rsvd_eqs) {
+        return Err(Status::BAD_RESOURCE);
+    }
+    if hca.eqs.contains_key(&eqn) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    hca.ctx_va(Table::Cmpt(3), u64::from(eqn))?;
+    let mut b = ctx_in(hca, cmd, eqc::SIZE)?;
+    let c = EqCtx::decode(&b);
+    if c.status != 0
+        || !matches!(c.st, eqc::ST_ARMED | eqc::ST_FIRED | eqc::ST_ALWAYS_ARMED)
+        || c.log_eq_size > hca.caps().log_max_eq_sz
+        || c.intr >= 128
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    let page_size = 4096u64 << c.log_page_size.min(20);
+    if u64::from(c.page_offset) >= page_size {
+        return Err(Status::BAD_PARAM);
+    }
+    let nent = 1u32 << c.log_eq_size;
+    let bytes = u64::from(c.page_offset) + u64::from(nent) * ENTRY_32 as u64;
+    let pages = hca.mtt_pages(c.mtt_base, c.log_page_size, bytes)?;
+    let eq = EqState {
+        nent,
+        pages,
+        page_size,
+        page_offset: u64::from(c.page_offset),
+        prod: c.prod_index,
+        cons: c.cons_index,
+        armed: matches!(c.st, eqc::ST_ARMED | eqc::ST_ALWAYS_ARMED),
+        interrupts: 0,
+        doorbells: 0,
+        overrun: false,
+        intr: c.intr,
+    };
+    hca.eq_init_owner_bits(&eq)?;
+    put8(&mut b, eqc::FLAGS, 0); // status OK
+    hca.icm_write(va, &b)?;
+    let db = hca.bar2.raw(regs::eq_doorbell(eqn));
+    hca.eq_db_seen.insert(eqn, db);
+    hca.eqs.insert(eqn, eq);
+    Ok(Outcome::OK)
+}
+
+fn owned_eq(hca: &mut Hca, cmd: &Command) -> Result<(u32, u64), Status> {
+    need(hca, &[FwState::Initialized])?;
+    let eqn = cmd.in_mod & 0x3ff;
+    let g = hca.geo()?;
+    if g.count(Table::Eqc).is_some_and(|n| u64::from(eqn) >= n) {
+        return Err(Status::BAD_INDEX);
+    }
+    if !hca.eqs.contains_key(&eqn) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    Ok((eqn, g.va(Table::Eqc, u64::from(eqn))))
+}
+
+/// HW2SW_EQ: refused while a CQ still reports to the EQ.
+pub fn hw2sw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let (eqn, va) = owned_eq(hca, cmd)?;
+    if hca.cqs.values().any(|c| c.eqn == eqn) {
+        return Err(Status::RESOURCE_BUSY);
+    }
+    if cmd.op_mod == 0 {
+        ctx_out(hca, cmd, va, eqc::SIZE)?;
+    }
+    hca.eqs.remove(&eqn);
+    hca.eq_db_seen.remove(&eqn);
+    for m in hca.async_map.iter_mut() {
+        if *m == Some(eqn) {
+            *m = None;
+        }
+    }
+    Ok(Outcome::OK)
+}
+
+/// QUERY_EQ.
+pub fn query_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let (_, va) = owned_eq(hca, cmd)?;
+    ctx_out(hca, cmd, va, eqc::SIZE)?;
+    Ok(Outcome::OK)
+}
+
+/// MAP_EQ: in_param = event mask, in_mod = EQN | unmap << 31.
+pub fn map_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let eqn = cmd.in_mod & 0x3ff;
+    let unmap = cmd.in_mod >> 31 != 0;
+    if !hca.eqs.contains_key(&eqn) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    for bit in 0..64 {
+        if cmd.in_param >> bit & 1 == 0 {
+            continue;
+        }
+        let slot = &mut hca.async_map[bit];
+        if unmap {
+            if *slot == Some(eqn) {
+                *slot = None;
+            }
+        } else {
+            *slot = Some(eqn);
+        }
+    }
+    Ok(Outcome::OK)
+}
+
+// ------------------------------------------------------------------ CQ
+
+/// SW2HW_CQ: in_mod = CQN; the completion EQ must be in hardware ownership.
+pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let cqn = index(cmd);
+    let va = hca.ctx_va(Table::Cqc, u64::from(cqn))?;
+    if cqn < hca.caps().rsvd_cqs() {
+        return Err(Status::BAD_RESOURCE);
+    }
+    if hca.cqs.contains_key(&cqn) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    hca.ctx_va(Table::Cmpt(2), u64::from(cqn))?;
+    let b = ctx_in(hca, cmd, cqc::SIZE)?;
+    let c = CqCtx::decode(&b);
+    let caps = hca.caps();
+    if c.log_size > caps.log_max_cq_sz
+        || c.usr_page >= caps.num_uars()
+        || c.usr_page < u32::from(caps.rsvd_uars)
+        || c.flags >> 28 != 0
+        || !c.db_rec_addr.is_multiple_of(8)
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    if !hca.eqs.contains_key(&c.comp_eqn) {
+        hca.violation(format!(
+            "SW2HW_CQ {cqn:#x}: completion EQ {} is not in hardware ownership",
+            c.comp_eqn
+        ));
+        return Err(Status::BAD_RES_STATE);
+    }
+    let page_size = 4096u64 << c.log_page_size.min(20);
+    if u64::from(c.page_offset) >= page_size {
+        return Err(Status::BAD_PARAM);
+    }
+    let nent = 1u32 << c.log_size;
+    let bytes = u64::from(c.page_offset) + u64::from(nent) * ENTRY_32 as u64;
+    let pages = hca.mtt_pages(c.mtt_base, c.log_page_size, bytes)?;
+    let mut db = [0u8; 8];
+    hca.dma_read(c.db_rec_addr, &mut db)?;
+    for i in 0..u64::from(nent) {
+        let off = u64::from(c.page_offset) + i * ENTRY_32 as u64;
+        let pa = pages[(off / page_size) as usize] + off % page_size;
+        hca.dma_write(pa + ENTRY_32 as u64 - 1, &[ctx::eqe::OWNER_BIT])?;
+    }
+    hca.icm_write(va, &b)?;
+    hca.cqs.insert(
+        cqn,
+        CqState {
+            nent,
+            eqn: c.comp_eqn,
+            uar: c.usr_page,
+            arms: 0,
+        },
+    );
+    Ok(Outcome::OK)
+}
+
+fn owned<T>(
+    hca: &mut Hca,
+    t: Table,
+    idx: u32,
+    present: impl Fn(&Hca) -> Option<T>,
+) -> Result<(T, u64), Status> {
+    need(hca, &[FwState::Initialized])?;
+    let g = hca.geo()?;
+    if g.count(t).is_some_and(|n| u64::from(idx) >= n) {
+        return Err(Status::BAD_INDEX);
+    }
+    let v = present(hca).ok_or(Status::BAD_RES_STATE)?;
+    Ok((v, g.va(t, u64::from(idx))))
+}
+
+fn qp_uses(hca: &Hca, f: impl Fn(&crate::device::QpRt) -> bool) -> bool {
+    hca.qps.values().any(|q| q.state != QpState::Rst && f(q))
+}
+
+/// HW2SW_CQ: refused while a live QP uses the CQ; op_mod 1 = no mailbox.
+pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let cqn = index(cmd);
+    let (_, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
+    if qp_uses(hca, |q| q.scq == cqn || q.rcq == cqn) {
+        return Err(Status::RESOURCE_BUSY);
+    }
+    if cmd.op_mod == 0 {
+        ctx_out(hca, cmd, va, cqc::SIZE)?;
+    }
+    hca.cqs.remove(&cqn);
+    Ok(Outcome::OK)
+}
+
+/// QUERY_CQ.
+pub fn query_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let cqn = index(cmd);
+    let (_, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
+    ctx_out(hca, cmd, va, cqc::SIZE)?;
+    Ok(Outcome::OK)
+}
+
+// ------------------------------------------------------------------ MPT
+
+/// SW2HW_MPT: in_mod = MPT index; the key must name the same index.
+pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let idx = index(cmd);
+    let va = hca.ctx_va(Table::Dmpt, u64::from(idx))?;
+    if idx < hca.caps().rsvd_mrws() {
+        return Err(Status::BAD_RESOURCE);
+    }
+    if hca.mpts.contains_key(&idx) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    let mut b = ctx_in(hca, cmd, mpt::SIZE)?;
+    let m = MptEntry::decode(&b);
+    let nmpt = hca.geo()?.count(Table::Dmpt).unwrap_or(1) as u32;
+    let status = m.status();
+    if !(status == mpt::STATUS_SW || status == mpt::STATUS_FREE)
+        || ctx::key_to_index(m.key) & (nmpt - 1) != idx
+        || m.flags & mpt::FLAG_LR == 0
+        || m.lkey != 0
+        || m.pd >> hca.caps().log_max_pd != 0
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    let physical = m.flags & mpt::FLAG_PHYSICAL != 0;
+    let free = status == mpt::STATUS_FREE;
+    if free {
+        // Fast-register MR: the MTT range must be mapped ICM.
+        let g = hca.geo()?;
+        let va_mtt = g.va(Table::Mtt, m.mtt_addr / 8);
+        if !m.mtt_addr.is_multiple_of(8)
+            || !hca.icm.is_mapped(va_mtt, u64::from(m.mtt_sz.max(1)) * 8)
+        {
+            return Err(Status::ICM_ERROR);
+        }
+    } else if !physical && m.length > 0 {
+        if !(12..=32).contains(&m.entity_size) {
+            return Err(Status::BAD_PARAM);
+        }
+        let page = 1u64 << m.entity_size;
+        let bytes = (m.start % page).saturating_add(m.length);
+        hca.mtt_pages(m.mtt_addr, (m.entity_size - 12) as u8, bytes)?;
+    }
+    b[0] &= 0x0f; // status: hardware owned
+    hca.icm_write(va, &b)?;
+    hca.mpts.insert(
+        idx,
+        MptState {
+            pd: m.pd,
+            physical,
+            free,
+        },
+    );
+    Ok(Outcome::OK)
+}
+
+/// HW2SW_MPT: op_mod 1 = no mailbox.
+pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let idx = index(cmd);
+    let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
+    if cmd.op_mod == 0 {
+        ctx_out(hca, cmd, va, mpt::SIZE)?;
+    }
+    hca.mpts.remove(&idx);
+    Ok(Outcome::OK)
+}
+
+/// QUERY_MPT.
+pub fn query_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let idx = index(cmd);
+    let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
+    ctx_out(hca, cmd, va, mpt::SIZE)?;
+    Ok(Outcome::OK)
+}
+
+/// Most MTT entries one WRITE_MTT mailbox carries ((4096 - 16) / 8).
+pub const MAX_WRITE_MTT: u32 = 510;
+
+/// WRITE_MTT (PF semantics): in_mod = count; mailbox = BE64 first index,
+/// 8 reserved bytes, then the entries, written into the MTT table in ICM.
+pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let n = cmd.in_mod;
+    if n == 0 || n > MAX_WRITE_MTT {
+        return Err(Status::BAD_PARAM);
+    }
+    let b = hca.read_mailbox(cmd.in_param, 16 + n as usize * 8)?;
+    let first = get64(&b, 0);
+    if first
+        .checked_add(u64::from(n))
+        .is_none_or(|e| e > 1 << hca.caps().log_max_mtts)
+    {
+        return Err(Status::BAD_INDEX);
+    }
+    let g = hca.geo()?;
+    let va = g.va(Table::Mtt, first);
+    if !hca.icm.is_mapped(va, u64::from(n) * 8) {
+        hca.violation(format!("WRITE_MTT {first:#x}+{n}: MTT ICM not mapped"));
+        return Err(Status::ICM_ERROR);
+    }
+    hca.icm_write(va, &b[16..])?;
+    Ok(Outcome::OK)
+}
+
+// ------------------------------------------------------------------ SRQ
+
+/// SW2HW_SRQ: in_mod = SRQN (also in the context).
+pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    let srqn = index(cmd);
+    let va = hca.ctx_va(Table::Srqc, u64::from(srqn))?;
+    if srqn < hca.caps().rsvd_srqs() {
+        return Err(Status::BAD_RESOURCE);
+    }
+    if hca.srqs.contains_key(&srqn) {
+        return Err(Status::BAD_RES_STATE);
+    }
+    let b = ctx_in(hca, cmd, ctx::srqc::SIZE)?;
+    let s = SrqCtx::decode(&b);
+    if s.srqn != srqn
+        || s.log_size > hca.caps().log_max_srq_sz
+        || s.pd >> hca.caps().log_max_pd != 0
+        || !s.db_rec_addr.is_multiple_of(4)
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    let bytes = (1u64 << s.log_size) << (s.log_stride + 4);
+    hca.mtt_pages(s.mtt_base, s.log_page_size, bytes)?;
+    let mut db = [0u8; 4];
+    hca.dma_read(s.db_rec_addr, &mut db)?;
+    hca.icm_write(va, &b)?;
+    hca.srqs.insert(
+        srqn,
+        SrqState {
+            pd: s.pd,
+            log_size: s.log_size,
+            limit: 0,
+        },
+    );
+    Ok(Outcome::OK)
+}
+
+/// HW2SW_SRQ: refused while a live QP uses the SRQ; op_mod 1 = no mailbox.
+pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let srqn = index(cmd);
+    let (_, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
+    if qp_uses(hca, |q| q.srq == Some(srqn)) {
+        return Err(Status::RESOURCE_BUSY);
+    }
+    if cmd.op_mod == 0 {
+        ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
+    }
+    hca.srqs.remove(&srqn);
+    Ok(Outcome::OK)
+}
+
+/// QUERY_SRQ.
+pub fn query_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let srqn = index(cmd);
+    let (_, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
+    ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
+    Ok(Outcome::OK)
+}
+
+/// ARM_SRQ: in_param = limit watermark (below the SRQ size).
+pub fn arm_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let srqn = index(cmd);
+    let (s, _) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
+    if cmd.in_param >= 1u64 << s.log_size {
+        return Err(Status::BAD_PARAM);
+    }
+    if let Some(x) = hca.srqs.get_mut(&srqn) {
+        x.limit = cmd.in_param as u16;
+    }
+    Ok(Outcome::OK)
+}

@@ -1,0 +1,214 @@
+//! The HCR go/toggle protocol, QUERY_FW, and what the model records when the
+//! protocol is broken.
+
+use std::time::Duration;
+
+use crate::harness::*;
+use sim::faults::OpcodeFault;
+use sim::{Opcode, SimConfig, SimHca, Status};
+
+#[test]
+fn after_reset_t_reads_zero_and_query_fw_reports_the_firmware() {
+    let mut r = Raw::new();
+    assert_eq!(r.bar0.read_be32(HCR + 0x18), 0, "T=0, GO=0 after power-on");
+    assert!(!r.pending(), "driver toggle 1 vs T 0: free");
+    let fw = r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+    assert_eq!(&fw[0..8], &[0x01, 0x00, 0x00, 0x02, 0x13, 0x88, 0x00, 0x2a]);
+    assert_eq!(u16::from_be_bytes([fw[0x0a], fw[0x0b]]), 3, "cmd_if_rev");
+    assert_eq!(
+        u64::from_be_bytes(fw[0x30..0x38].try_into().unwrap()),
+        0xa_0000
+    );
+    let s = r.bar0.read_be32(HCR + 0x18);
+    assert_eq!(s & (GO | T), T, "GO cleared, T as posted");
+    assert_eq!(s & 0xfff, 0x004, "opcode left in place");
+    let t = r.sim.trace();
+    assert_eq!(t.len(), 1);
+    assert_eq!(
+        (t[0].name, t[0].status, t[0].token),
+        ("QUERY_FW", 0, 0xffff)
+    );
+    assert!(t[0].duration.is_some());
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+}
+
+#[test]
+fn go_stays_set_for_the_configured_polls() {
+    let cfg = SimConfig {
+        hcr_polls: 5,
+        ..Default::default()
+    };
+    let r = Raw::cfg(cfg);
+    r.bar0.write_be32(HCR + 0xc, 0);
+    for off in [0, 4, 8, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x031); // NOP: BAD_SYS_STATE before RUN_FW
+    let mut reads = 0;
+    while r.bar0.read_be32(HCR + 0x18) & GO != 0 {
+        reads += 1;
+        assert!(reads < 100);
+    }
+    assert_eq!(reads, 5);
+    assert_eq!(
+        r.bar0.read_be32(HCR + 0x18) >> 24,
+        u32::from(Status::BAD_SYS_STATE.0)
+    );
+}
+
+#[test]
+fn posting_while_busy_is_a_violation_and_ignored() {
+    let cfg = SimConfig {
+        hcr_polls: 3,
+        ..Default::default()
+    };
+    let r = Raw::cfg(cfg);
+    for off in [0, 4, 8, 0xc, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x031);
+    // Overwrite a parameter and post again without waiting.
+    r.bar0.write_be32(HCR + 8, 7);
+    r.bar0.write_be32(HCR + 0x18, GO | 0x031);
+    let v = r.sim.violations();
+    assert!(
+        v.iter()
+            .any(|s| s.contains("dword 2 written while a command is in flight")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|s| s.contains("GO written while the HCR is busy")),
+        "{v:?}"
+    );
+    assert_eq!(r.sim.trace().len(), 1, "the second post was not executed");
+}
+
+#[test]
+fn partial_writes_stale_toggle_and_wide_stores_are_violations() {
+    let r = Raw::new();
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x004);
+    while r.bar0.read_be32(HCR + 0x18) & GO != 0 {}
+    for off in [0, 4, 8, 0xc, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x004); // T not flipped
+    while r.bar0.read_be32(HCR + 0x18) & GO != 0 {}
+    r.bar0.write64(HCR, 0);
+    let v = r.sim.violations();
+    assert!(v.iter().any(|s| s.contains("before dwords 0..5")), "{v:?}");
+    assert!(v.iter().any(|s| s.contains("toggle not flipped")), "{v:?}");
+    assert!(
+        v.iter().any(|s| s.contains("64-bit store into the HCR")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn unknown_and_unsupported_opcodes_are_bad_op() {
+    let mut r = Raw::new();
+    assert_eq!(
+        r.cmd(0, 0, 0, Opcode(0x7ab)),
+        Err(CmdError::Status(Status::BAD_OP))
+    );
+    assert_eq!(
+        r.cmd(0, 0, 0, Opcode::WRITE_MCG),
+        Err(CmdError::Status(Status::BAD_OP))
+    );
+    assert_eq!(r.sim.trace()[0].name, "UNKNOWN");
+}
+
+#[test]
+fn mailbox_outside_host_memory_is_a_dma_fault_not_a_panic() {
+    let mut r = Raw::new();
+    assert_eq!(
+        r.post(0, 0xdead_0000, 0, 0, Opcode::QUERY_FW),
+        Err(CmdError::Status(Status::INTERNAL_ERR))
+    );
+    let f = r.sim.dma_faults();
+    assert_eq!(f.len(), 1);
+    assert_eq!((f[0].bus, f[0].write), (0xdead_0000, true));
+}
+
+#[test]
+fn no_dma_without_bus_mastering_and_no_registers_without_memory_decode() {
+    let mut r = Raw::new();
+    r.pci.clear_command_bits(hal::pci::cfg::COMMAND_MASTER);
+    assert_eq!(
+        r.cmd_out(0, 0, Opcode::QUERY_FW),
+        Err(CmdError::Status(Status::INTERNAL_ERR))
+    );
+    assert_eq!(
+        r.sim.dma_faults()[0].kind,
+        sim::mem::DmaFaultKind::BusMasterOff
+    );
+    r.pci.clear_command_bits(hal::pci::cfg::COMMAND_MEMORY);
+    assert_eq!(r.bar0.read32(HCR + 0x18), u32::MAX);
+    assert!(
+        r.sim
+            .violations()
+            .iter()
+            .any(|s| s.contains("memory decoding disabled"))
+    );
+}
+
+#[test]
+fn ownership_is_claimed_by_the_first_read_and_released_by_writing_zero() {
+    let r = Raw::new();
+    assert_eq!(r.bar0.read_be32(0x8_069c), 0);
+    assert_ne!(r.bar0.read_be32(0x8_069c), 0, "second reader: owned");
+    r.bar0.write_be32(0x8_069c, 0);
+    assert_eq!(r.bar0.read_be32(0x8_069c), 0);
+}
+
+#[test]
+fn reset_needs_the_semaphore_and_takes_the_function_off_the_bus() {
+    let r = Raw::new();
+    r.bar0.write_be32(0xf_0010, 1);
+    assert!(
+        r.sim
+            .violations()
+            .iter()
+            .any(|s| s.contains("reset semaphore"))
+    );
+    assert_eq!(r.pci.read16(0), 0xffff, "off the bus during reset");
+    r.clock.delay(Duration::from_millis(200));
+    assert_eq!(r.pci.read16(0), 0x15b3);
+    assert_eq!(r.pci.command() & 0x6, 0, "command register cleared");
+    let mut r = Raw::new();
+    reset(&mut r);
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+    assert_eq!(r.bar0.read_be32(HCR + 0x18), 0, "HCR back to T=0");
+    r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+}
+
+#[test]
+fn stuck_go_times_out_and_leaves_the_hcr_busy() {
+    let mut r = Raw::new();
+    r.timeout = Duration::from_millis(5);
+    r.sim.faults().set(Opcode::QUERY_FW, OpcodeFault::stuck());
+    assert_eq!(r.cmd_out(0, 0, Opcode::QUERY_FW), Err(CmdError::Timeout));
+    assert_eq!(r.cmd_out(0, 0, Opcode::QUERY_FW), Err(CmdError::Busy));
+    let t = r.sim.trace();
+    assert_eq!(t[0].duration, None);
+    assert!(t[0].to_string().contains("GO still set"));
+}
+
+#[test]
+fn threaded_mode_serves_commands_from_shared_memory_and_stops_on_drop() {
+    let sim = SimHca::new_threaded(SimConfig::default());
+    let weak_clock = std::sync::Arc::downgrade(&sim.clock());
+    {
+        let mut r = Raw::with(sim);
+        let fw = r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+        assert_eq!(&fw[2..4], &[0, 2]);
+        assert_eq!(
+            r.cmd(0, 0, 0, Opcode::RUN_FW),
+            Err(CmdError::Status(Status::BAD_SYS_STATE))
+        );
+        assert_eq!(r.sim.trace().len(), 2);
+        assert!(r.sim.trace()[0].duration.is_some());
+    }
+    // The handle, its clones and the thread are gone: the clock is freed.
+    assert!(weak_clock.upgrade().is_none());
+}

@@ -1,0 +1,7 @@
+//! Model tests: the model driven through `hal` with a tiny raw HCR poster
+//! (no driver crate involved), one module per area.
+
+mod harness;
+
+mod bringup;
+mod hcr_protocol;
