@@ -13,6 +13,7 @@ mod arch;
 mod backtrace;
 mod cmdline;
 mod console;
+mod ivshmem;
 mod logger;
 mod mm;
 mod pci;
@@ -92,7 +93,10 @@ fn kernel_main(info: &'static BootInfo) -> ! {
         heap / 1024,
         mm::dma::region().map_or(0, |(_, l)| l / 1024)
     );
-    pci::init();
+    let emu_wait = cmdline::get(info.cmdline(), "cx3emu_wait")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    pci::init(core::time::Duration::from_secs(emu_wait));
 
     let boot_ns = time::tsc_to_ns(arch::rdtsc().saturating_sub(info.entry_tsc));
     log::info!(

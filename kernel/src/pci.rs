@@ -3,6 +3,10 @@
 //! does), and the `hal::PciFunction` handed to drivers with its memory BARs
 //! mapped uncached.
 //!
+//! An ivshmem function carrying the emulated HCA (`docs/ivshmem.md`) is
+//! recorded as the card it emulates, with [`Backing::Emulated`], so that
+//! `lspci` and drivers see a 15b3:1003 either way.
+//!
 //! Leaves out: ECAM (extended config space above 0x100 reads as zero through
 //! ports), bridges' windows, hot plug, interrupts.
 
@@ -71,6 +75,15 @@ impl ConfigSpace for PortConfig {
     }
 }
 
+/// How a function's config space and BARs are reached.
+#[derive(Debug, Clone, Copy)]
+pub enum Backing {
+    /// A real function: config through ports, BARs by MMIO.
+    Port,
+    /// The emulated HCA in an ivshmem window.
+    Emulated(crate::ivshmem::Window),
+}
+
 /// What enumeration found about one function.
 #[derive(Debug, Clone, Copy)]
 pub struct Device {
@@ -90,6 +103,8 @@ pub struct Device {
     pub subsystem: (u16, u16),
     /// Sized BARs (endpoints).
     pub bars: [Option<BarInfo>; 6],
+    /// Real or emulated.
+    pub backing: Backing,
 }
 
 static DEVICES: spin::Once<Vec<Device>> = spin::Once::new();
@@ -201,8 +216,36 @@ fn probe(addr: PciAddress, found: &mut Vec<Device>) -> bool {
         header_type: ht,
         subsystem,
         bars,
+        backing: Backing::Port,
     });
     true
+}
+
+/// Replaces an ivshmem function's record by the HCA it carries, if any.
+fn adopt_emulated(d: &mut Device, wait: core::time::Duration) {
+    let Some(bar2) = d.bars[2].filter(|b| b.kind == BarKind::Memory64) else {
+        return;
+    };
+    match crate::ivshmem::probe((bar2.addr, bar2.size), wait) {
+        Ok(w) => {
+            let c = w.config();
+            let id = c.read32(cfg::VENDOR_ID);
+            let rev_class = c.read32(cfg::REVISION);
+            let ss = c.read32(cfg::SUBSYSTEM_VENDOR_ID);
+            *d = Device {
+                addr: d.addr,
+                vendor: id as u16,
+                device: (id >> 16) as u16,
+                class: rev_class >> 8,
+                revision: rev_class as u8,
+                header_type: 0,
+                subsystem: (ss as u16, (ss >> 16) as u16),
+                bars: w.bar_info(),
+                backing: Backing::Emulated(w),
+            };
+        }
+        Err(e) => log::warn!("pci {}: ivshmem function left alone: {e}", d.addr),
+    }
 }
 
 fn scan_bus(bus: u8, found: &mut Vec<Device>, visited: &mut [bool; 256]) {
@@ -236,8 +279,9 @@ fn scan_bus(bus: u8, found: &mut Vec<Device>, visited: &mut [bool; 256]) {
 }
 
 /// Enumerates once, depth-first from bus 0 through every bridge (as Linux's
-/// `pci_scan_child_bus`), instead of probing all 256 buses.
-pub fn init() {
+/// `pci_scan_child_bus`), instead of probing all 256 buses. An ivshmem window
+/// gets `emu_wait` to show the emulator's header.
+pub fn init(emu_wait: core::time::Duration) {
     DEVICES.call_once(|| {
         let mut found = Vec::new();
         let mut visited = [false; 256];
@@ -253,9 +297,24 @@ pub fn init() {
             }
         }
         found.sort_by_key(|d| d.addr);
+        for d in found
+            .iter_mut()
+            .filter(|d| (d.vendor, d.device) == (0x1af4, 0x1110))
+        {
+            adopt_emulated(d, emu_wait);
+        }
         log::info!("pci: {} functions found", found.len());
         found
     });
+}
+
+/// Tells every emulator serving this guest that it is going away.
+pub fn shutdown_emulated() {
+    for d in devices() {
+        if let Backing::Emulated(w) = d.backing {
+            w.set_guest_state(crate::ivshmem::GuestState::ShutDown);
+        }
+    }
 }
 
 /// Every function enumeration found.
@@ -283,6 +342,15 @@ pub fn inspect(d: &Device) -> PciFunction {
 )]
 pub fn function(d: &Device) -> Result<PciFunction, &'static str> {
     let mut bars: [Option<Bar>; 6] = Default::default();
+    if let Backing::Emulated(w) = d.backing {
+        for (i, (_, len, va)) in [0, 2].into_iter().zip(w.bars()) {
+            let base = NonNull::new(va as *mut u8).ok_or("window at address 0")?;
+            // SAFETY: inside the window `ivshmem::probe` mapped uncached for
+            // good; the only `Bar` made for this part of it.
+            bars[i] = Some(unsafe { Bar::from_mmio(base, len as usize) });
+        }
+        return Ok(PciFunction::new(d.addr, config(d), d.bars, bars));
+    }
     for info in d.bars.iter().flatten() {
         if info.kind == BarKind::Io || info.addr == 0 || info.size == 0 {
             continue;

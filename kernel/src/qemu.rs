@@ -18,6 +18,7 @@ pub enum ExitCode {
 
 /// Leaves QEMU with `code`; on other machines tries ACPI poweroff, then halts.
 pub fn exit(code: ExitCode) -> ! {
+    crate::pci::shutdown_emulated();
     outl(0xf4, code as u32);
     // Not under QEMU with isa-debug-exit: ICH9 PM1a control at PMBASE+4
     // (QEMU q35 uses SLP_TYP 0 for S5).
@@ -28,6 +29,7 @@ pub fn exit(code: ExitCode) -> ! {
 /// Resets the machine through the 0xcf9 reset register, then the keyboard
 /// controller; halts if neither works.
 pub fn reboot() -> ! {
+    crate::pci::shutdown_emulated();
     outb(0xcf9, 0x02);
     outb(0xcf9, 0x06);
     for _ in 0..100_000 {

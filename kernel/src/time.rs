@@ -65,10 +65,6 @@ pub fn uptime_us() -> u64 {
 }
 
 /// The TSC as a `hal::Clock`.
-#[expect(
-    dead_code,
-    reason = "the mlx4 probe path uses it; see the emulated-HCA issue"
-)]
 pub struct TscClock;
 
 impl hal::Clock for TscClock {

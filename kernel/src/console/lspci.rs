@@ -138,6 +138,16 @@ fn verbose(out: &mut dyn Write, d: &Device) -> fmt::Result {
     for (id, off) in f.capabilities() {
         capability(out, &f, id, off)?;
     }
+    if let pci::Backing::Emulated(w) = d.backing {
+        writeln!(
+            out,
+            "\tEmulated: cx3-emu node {} of {}, over ivshmem 1af4:1110 (window at {:x}, heartbeat {})",
+            w.node,
+            w.nodes,
+            w.bus,
+            w.heartbeat()
+        )?;
+    }
     writeln!(out)
 }
 
