@@ -249,6 +249,7 @@ pub struct Dev {
     pub(crate) counters: Option<Bitmap>,
     pub(crate) intf: Registry,
     pub(crate) catas: Catas,
+    pub(crate) port_open: [bool; MAX_PORTS + 1],
 }
 
 /// Linux `mlx4_init_one`/`__mlx4_init_one`: brings up the HCA behind `pdev`
@@ -337,6 +338,7 @@ pub fn probe(
         counters: None,
         intf: Registry::default(),
         catas: Catas::default(),
+        port_open: [false; MAX_PORTS + 1],
     };
     match dev.init_one() {
         Ok(()) => Ok(dev),
@@ -893,14 +895,18 @@ impl Dev {
         if self.st.registered {
             self.stop_catas_poll();
             self.unregister_device();
+            // Linux issues CLOSE_PORT for every port and ignores the status;
+            // only ports mlx4_ib opened (INIT_PORT) are closed here, so the
+            // firmware is never asked to close a port that is not open.
             for port in 1..=self.caps.num_ports {
-                if self.caps.port[usize::from(port)].port_type == PortType::Ib
-                    && let Err(e) = fw::close_port(&mut self.cmd, port)
-                {
-                    warn!(
-                        "mlx4_core {pci}: CLOSE_PORT {port} failed ({})",
-                        e.to_errno()
-                    );
+                if self.port_open[usize::from(port)] {
+                    self.port_open[usize::from(port)] = false;
+                    if let Err(e) = fw::close_port(&mut self.cmd, port) {
+                        warn!(
+                            "mlx4_core {pci}: CLOSE_PORT {port} failed ({})",
+                            e.to_errno()
+                        );
+                    }
                 }
             }
         }

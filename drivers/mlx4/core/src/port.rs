@@ -71,14 +71,25 @@ impl Dev {
     #[doc(alias = "mlx4_INIT_PORT")]
     pub fn init_port(&mut self, port: u8) -> Result<()> {
         self.check_port(port)?;
-        fw::init_port(&mut self.cmd, port)
+        fw::init_port(&mut self.cmd, port)?;
+        self.port_open[usize::from(port)] = true;
+        Ok(())
     }
 
     /// Linux `mlx4_CLOSE_PORT`.
     #[doc(alias = "mlx4_CLOSE_PORT")]
     pub fn close_port(&mut self, port: u8) -> Result<()> {
         self.check_port(port)?;
+        self.port_open[usize::from(port)] = false;
         fw::close_port(&mut self.cmd, port)
+    }
+
+    /// True while the port is open (INIT_PORT done, no CLOSE_PORT since).
+    pub fn port_is_open(&self, port: u8) -> bool {
+        self.port_open
+            .get(usize::from(port))
+            .copied()
+            .unwrap_or(false)
     }
 
     /// MAD_IFC for mlx4_ib (Linux `mlx4_MAD_IFC` native path): `mad_in` (256

@@ -75,7 +75,10 @@ fn bring_up_follows_linux_order() {
         .iter()
         .map(|&o| Opcode(o).to_string())
         .collect();
-    assert_eq!(tail[..2], ["CLOSE_PORT", "CLOSE_PORT"]);
+    assert!(
+        !tail.contains(&"CLOSE_PORT".to_string()),
+        "no port was opened"
+    );
     assert!(tail.contains(&"CLOSE_HCA".to_string()));
     assert_eq!(tail.last().map(String::as_str), Some("UNMAP_FA"));
     assert_eq!(tail[tail.len() - 2], "UNMAP_ICM_AUX");
