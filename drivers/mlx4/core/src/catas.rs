@@ -71,9 +71,16 @@ impl Dev {
                 map.read_be32(i * 4)
             );
         }
-        self.catas.hit = true;
-        self.dispatch_event(Event::CatastrophicError);
+        self.catas_detected();
         true
+    }
+
+    /// Marks the device failed and reports [`Event::CatastrophicError`] once.
+    pub(crate) fn catas_detected(&mut self) {
+        if !self.catas.hit {
+            self.catas.hit = true;
+            self.dispatch_event(Event::CatastrophicError);
+        }
     }
 
     /// True once a catastrophic error has been seen.

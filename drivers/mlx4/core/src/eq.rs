@@ -355,6 +355,16 @@ impl Dev {
                 subtype: sub,
                 raw: *e,
             }),
+            event::LOCAL_CATAS_ERROR => {
+                // Reported through the error buffer as well; whichever the
+                // poll sees first raises the (single) catastrophic event.
+                log::error!(
+                    "mlx4_core {}: local catastrophic error event on EQ {eqn}",
+                    self.pci
+                );
+                self.catas_detected();
+                None
+            }
             event::EQ_OVERFLOW => {
                 warn!("mlx4_core {}: EQ overrun on EQN {eqn}", self.pci);
                 None
