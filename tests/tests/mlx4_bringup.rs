@@ -1,0 +1,117 @@
+//! Model-backed bring-up of mlx4_core: command order against Linux's, capabilities, fw_ver, teardown back to baseline, in both model modes.
+
+mod mlx4_common;
+
+use std::time::Instant;
+
+use mlx4_common::*;
+use mlx4_core::Profile;
+use sim::{SimConfig, SimHca};
+
+fn bring_up_and_check(hca: &SimHca, mode: &str) {
+    let dma0 = hca.dma_pool().stats();
+    let t0 = Instant::now();
+    let dev = match bring_up(hca, Profile::default()) {
+        Ok(d) => d,
+        Err(e) => panic!(
+            "{mode}: bring-up failed: {e}\nviolations: {:#?}\ntrace: {:#?}",
+            hca.violations(),
+            hca.trace()
+        ),
+    };
+    let host = t0.elapsed();
+    let c = dev.caps().clone();
+    assert_eq!(
+        collapsed(hca),
+        linux_order(c.cq_timestamp, c.num_ports),
+        "{mode}"
+    );
+    assert!(
+        hca.violations().is_empty(),
+        "{mode}: {:#?}",
+        hca.violations()
+    );
+    assert!(
+        hca.dma_faults().is_empty(),
+        "{mode}: {:#?}",
+        hca.dma_faults()
+    );
+    assert!(hca.is_initialized(), "{mode}");
+    assert_eq!(dev.fw_ver_string(), "2.42.5000");
+    assert_eq!(dev.board_id(), "MT_1090120019");
+    assert_eq!(c.num_ports, 2);
+    assert!(c.num_qps >= 1 << 12 && c.num_cqs >= 1 << 10);
+    assert_eq!(c.base_sqpn % 8, 0);
+    assert!(c.base_sqpn >= c.reserved_qps_cnt[0]);
+    let cmds = hca.trace().len();
+    assert_eq!(dev.commands_issued() as usize, cmds);
+    let icm = dev.icm_mapped_bytes();
+    assert_eq!(
+        hca.icm_mapped_pages() * 4096,
+        icm,
+        "{mode}: model and driver agree on mapped ICM"
+    );
+    let (fa, aux) = dev.fw_aux_bytes();
+    println!(
+        "{mode}: bring-up: {cmds} firmware commands, {:?} host time, ICM mapped {} bytes ({} KiB), FW area {} KiB, aux {} KiB, ICM space {:#x}",
+        host,
+        icm,
+        icm >> 10,
+        fa >> 10,
+        aux >> 10,
+        dev.layout().total_size
+    );
+    dev.teardown();
+    assert!(
+        hca.violations().is_empty(),
+        "{mode} teardown: {:#?}",
+        hca.violations()
+    );
+    assert!(
+        !hca.is_running() && !hca.is_initialized(),
+        "{mode}: device still up after teardown"
+    );
+    assert_eq!(hca.icm_mapped_pages(), 0, "{mode}");
+    assert_eq!(hca.dma_pool().stats(), dma0, "{mode}: DMA back to baseline");
+    let bad: Vec<_> = hca.trace().into_iter().filter(|e| !e.ok()).collect();
+    assert!(bad.is_empty(), "{mode}: failed commands {bad:#?}");
+}
+
+#[test]
+fn bring_up_sync_model() {
+    let hca = sync_hca();
+    bring_up_and_check(&hca, "sync");
+    // fw_ver is printed the way Linux prints it.
+    assert!(!log_lines("FW version 2.42.5000").is_empty());
+    // One debug line per command, with name, modifiers, status and time.
+    assert!(!log_lines("cmd QUERY_DEV_CAP (0x3) in_mod=0x0 op_mod=0x0 status=0x0").is_empty());
+}
+
+#[test]
+fn bring_up_threaded_model() {
+    let hca = SimHca::new_threaded(SimConfig::default());
+    bring_up_and_check(&hca, "threaded");
+}
+
+#[test]
+fn bring_up_twice_on_one_model() {
+    let hca = sync_hca();
+    bring_up_and_check(&hca, "first");
+    hca.clear_trace();
+    bring_up_and_check(&hca, "second");
+}
+
+#[test]
+fn linux_profile_brings_up() {
+    let hca = sync_hca();
+    let dev =
+        bring_up(&hca, Profile::linux()).unwrap_or_else(|e| panic!("{e}: {:#?}", hca.violations()));
+    println!(
+        "linux profile: ICM mapped {} KiB, ICM space {:#x}",
+        dev.icm_mapped_bytes() >> 10,
+        dev.layout().total_size
+    );
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+    dev.teardown();
+    assert_eq!(hca.icm_mapped_pages(), 0);
+}

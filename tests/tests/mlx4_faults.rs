@@ -1,0 +1,174 @@
+//! Model-backed fault matrix of mlx4_core: every bring-up command once with an error status and once with GO never clearing; absurd QUERY_DEV_CAP values; a catastrophic error while idle.
+
+mod mlx4_common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mlx4_common::*;
+use mlx4_core::hw::cmd::Opcode;
+use mlx4_core::{Caps, Error, Event, Interface, Profile};
+use sim::faults::BadCap;
+use sim::{OpcodeFault, SimConfig, SimHca, Status};
+
+/// Commands whose failure Linux only warns about.
+fn optional(op: u16) -> bool {
+    matches!(op, 0x034 | 0x012 | 0x024 | 0x00b)
+}
+
+fn bring_up_opcodes() -> Vec<u16> {
+    let hca = sync_hca();
+    let dev = bring_up(&hca, Profile::default()).expect("clean bring-up");
+    let mut ops: Vec<u16> = Vec::new();
+    for e in hca.trace() {
+        if !ops.contains(&e.opcode) {
+            ops.push(e.opcode);
+        }
+    }
+    dev.teardown();
+    ops
+}
+
+fn model(relax: Duration) -> SimHca {
+    SimHca::new(SimConfig {
+        relax_step: relax,
+        ..SimConfig::default()
+    })
+}
+
+#[test]
+fn every_bring_up_command_fails_cleanly_with_an_error_status() {
+    for op in bring_up_opcodes() {
+        let name = Opcode(op);
+        let hca = model(Duration::from_micros(1));
+        let dma0 = hca.dma_pool().stats();
+        hca.faults().set(
+            sim::Opcode(op),
+            OpcodeFault::status(Status::BAD_PARAM).times(1),
+        );
+        match bring_up(&hca, Profile::default()) {
+            Ok(dev) => {
+                assert!(optional(op), "{name}: bring-up ignored a failed command");
+                dev.teardown();
+            }
+            Err(e) => {
+                assert!(
+                    !optional(op),
+                    "{name}: optional command failed bring-up: {e}"
+                );
+                assert_eq!(
+                    e.opcode(),
+                    Some(name),
+                    "{name}: error names another command: {e}"
+                );
+                assert!(e.to_string().contains(&name.to_string()), "{e}");
+                assert_eq!(e.to_errno(), -22, "{name}: BAD_PARAM is -EINVAL");
+            }
+        }
+        assert_eq!(hca.dma_pool().stats(), dma0, "{name}: DMA not freed");
+        assert_eq!(
+            hca.icm_mapped_pages(),
+            0,
+            "{name}: ICM still mapped in the model"
+        );
+        assert!(!hca.is_running(), "{name}: firmware still running");
+        assert!(
+            hca.violations().is_empty(),
+            "{name}: {:#?}",
+            hca.violations()
+        );
+    }
+}
+
+#[test]
+fn every_bring_up_command_with_a_stuck_go_bit_times_out() {
+    for op in bring_up_opcodes() {
+        let name = Opcode(op);
+        let hca = model(Duration::from_millis(1));
+        let dma0 = hca.dma_pool().stats();
+        hca.faults().set(sim::Opcode(op), OpcodeFault::stuck());
+        let clock = hca.clock();
+        let t0 = clock.now_ns();
+        let r = bring_up(&hca, Profile::default());
+        let waited = Duration::from_nanos(clock.now_ns() - t0);
+        match r {
+            Ok(_) => panic!("{name}: bring-up survived a stuck command"),
+            Err(e) => assert_eq!(e, Error::CmdTimeout { op: name }, "{name}"),
+        }
+        assert_eq!(hca.dma_pool().stats(), dma0, "{name}: DMA not freed");
+        // Reset (1 s), semaphore/vendor polls, ownership release (1 s), one
+        // command deadline (NOP: 0.1 s, others 10 s) and nothing more: every
+        // later command finds the HCR busy and fails at once.
+        let limit = if op == 0x031 { 3 } else { 13 };
+        assert!(
+            waited < Duration::from_secs(limit),
+            "{name}: waited {waited:?}"
+        );
+        assert!(
+            waited >= Duration::from_millis(100),
+            "{name}: did not wait at all"
+        );
+    }
+}
+
+#[test]
+fn absurd_dev_caps_are_named_errors() {
+    let cases = [
+        (BadCap::HugeLogMaxQps, "max_qps"),
+        (BadCap::NoPorts, "num_ports"),
+        (BadCap::MinPageTooLarge, "min_page_sz"),
+        (BadCap::ZeroQpcEntrySize, "qpc_entry_sz"),
+        (BadCap::HugeUarSize, "uar_size"),
+    ];
+    for (cap, field) in cases {
+        let hca = sync_hca();
+        let dma0 = hca.dma_pool().stats();
+        hca.faults().bad_cap(cap);
+        match bring_up(&hca, Profile::default()) {
+            Err(Error::BadCaps { field: f, .. }) => assert_eq!(f, field, "{cap:?}"),
+            Err(e) => panic!("{cap:?}: {e}"),
+            Ok(_) => panic!("{cap:?}: accepted"),
+        }
+        assert_eq!(hca.dma_pool().stats(), dma0, "{cap:?}");
+        assert!(!hca.is_running(), "{cap:?}");
+        assert_eq!(hca.icm_mapped_pages(), 0);
+    }
+}
+
+struct Recorder(Arc<Mutex<Vec<Event>>>);
+impl Interface for Recorder {
+    fn event(&mut self, _caps: &Caps, ev: Event) {
+        self.0.lock().unwrap().push(ev);
+    }
+}
+
+#[test]
+fn catastrophic_error_while_idle_is_reported_within_one_poll() {
+    for threaded in [false, true] {
+        let hca = if threaded {
+            SimHca::new_threaded(SimConfig::default())
+        } else {
+            sync_hca()
+        };
+        let dma0 = hca.dma_pool().stats();
+        let mut dev = bring_up(&hca, Profile::default()).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        dev.register_interface(Box::new(Recorder(seen.clone())));
+        dev.poll();
+        assert!(!dev.is_catastrophic());
+        hca.raise_catastrophic_error();
+        dev.poll();
+        assert!(dev.is_catastrophic(), "threaded={threaded}");
+        let ev = seen.lock().unwrap().clone();
+        assert_eq!(
+            ev.iter()
+                .filter(|e| **e == Event::CatastrophicError)
+                .count(),
+            1,
+            "{ev:?}"
+        );
+        assert!(!log_lines("Internal error detected").is_empty());
+        dev.teardown();
+        assert_eq!(hca.dma_pool().stats(), dma0);
+    }
+}

@@ -1,0 +1,243 @@
+//! Model-backed resource lifecycles of mlx4_core: thousands of PDs, multi-page non-contiguous MRs, CQs, QPs, SRQs; allocators and DMA back at baseline; port open/close and async events through the polled EQ.
+
+mod mlx4_common;
+
+use std::sync::{Arc, Mutex};
+
+use hal::DmaBuf;
+use mlx4_common::*;
+use mlx4_core::hw::mr::flags as mrf;
+use mlx4_core::hw::qp::{QpContext, QpPath, QpState, st};
+use mlx4_core::{Caps, Dev, Event, Interface, Profile};
+
+struct Baseline {
+    dma: hal::DmaStats,
+    pd_uar: (u32, u32),
+    mpt: u32,
+    mtt: Option<u32>,
+    cq: (u32, usize),
+    qp: (u32, usize),
+    srq: (u32, usize),
+    refs: Vec<(&'static str, Vec<(usize, u32)>)>,
+}
+
+fn baseline(dev: &Dev) -> Baseline {
+    Baseline {
+        dma: dev.dma_pool().stats(),
+        pd_uar: dev.pd_uar_avail(),
+        mpt: dev.mpt_avail(),
+        mtt: dev.mtt_free_segments(),
+        cq: dev.cq_avail(),
+        qp: dev.qp_avail(),
+        srq: dev.srq_avail(),
+        refs: dev.icm_refcounts(),
+    }
+}
+
+fn assert_baseline(dev: &Dev, b: &Baseline) {
+    assert_eq!(dev.pd_uar_avail(), b.pd_uar, "PD/UAR");
+    assert_eq!(dev.mpt_avail(), b.mpt, "MPT");
+    assert_eq!(dev.mtt_free_segments(), b.mtt, "MTT");
+    assert_eq!(dev.cq_avail(), b.cq, "CQ");
+    assert_eq!(dev.qp_avail(), b.qp, "QP");
+    assert_eq!(dev.srq_avail(), b.srq, "SRQ");
+    assert_eq!(dev.icm_refcounts(), b.refs, "ICM chunks");
+    assert_eq!(dev.dma_pool().stats(), b.dma, "DMA");
+}
+
+/// `n` separately allocated 4 KiB pages (not contiguous with each other).
+fn scattered_pages(dev: &Dev, n: usize) -> (Vec<DmaBuf>, Vec<u64>) {
+    let pool = dev.dma_pool().clone();
+    let mut keep = Vec::new();
+    let mut spacers = Vec::new();
+    for _ in 0..n {
+        keep.push(pool.alloc_pages(1).unwrap());
+        spacers.push(pool.alloc(64, 64).unwrap());
+    }
+    drop(spacers);
+    let addrs = keep.iter().map(|p| p.bus_addr().0).collect();
+    (keep, addrs)
+}
+
+#[test]
+fn thousands_of_objects_come_and_go() {
+    let hca = sync_hca();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    let b = baseline(&dev);
+
+    let pds: Vec<u32> = (0..5000).map(|_| dev.pd_alloc().unwrap()).collect();
+    for p in pds {
+        dev.pd_free(p);
+    }
+    let uar = dev.uar_alloc().unwrap();
+    let pd = dev.pd_alloc().unwrap();
+
+    // MRs of 7 scattered pages each.
+    let (pages, addrs) = scattered_pages(&dev, 7);
+    let access = mrf::PERM_LOCAL_READ | mrf::PERM_LOCAL_WRITE | mrf::PERM_REMOTE_READ;
+    for i in 0..2000u64 {
+        let iova = 0x4000_0000 + i * 0x10_0000;
+        let mut mr = dev.mr_alloc(pd, iova, 7 * 4096, access, 7, 12).unwrap();
+        dev.write_mtt(&mr.mtt, 0, &addrs).unwrap();
+        dev.mr_enable(&mut mr)
+            .unwrap_or_else(|e| panic!("{e}: {:#?}", hca.violations()));
+        dev.mr_free(mr).unwrap();
+    }
+    // Many at once.
+    let mut mrs = Vec::new();
+    for _ in 0..1500 {
+        let mut mr = dev.mr_alloc(pd, 0x1000, 3 * 4096, access, 3, 12).unwrap();
+        dev.write_mtt(&mr.mtt, 0, &addrs[..3]).unwrap();
+        dev.mr_enable(&mut mr).unwrap();
+        mrs.push(mr);
+    }
+    for mr in mrs {
+        dev.mr_free(mr).unwrap();
+    }
+
+    // CQs (2-page buffers), SRQs, QPs.
+    let (cq_pages, cq_addrs) = scattered_pages(&dev, 2);
+    let db = dev.dma_pool().alloc(4096, 4096).unwrap();
+    let db0 = db.bus_addr().0;
+    let mut cqs = Vec::new();
+    // The research profile has 1024 CQs, the firmware reserves some.
+    for i in 0..800 {
+        let mtt = dev.mtt_init(2, 12).unwrap();
+        dev.write_mtt(&mtt, 0, &cq_addrs).unwrap();
+        let cq = dev
+            .cq_alloc(256, &mtt, &uar, db0 + (i % 64) * 8, 0, false, false)
+            .unwrap_or_else(|e| panic!("CQ {i}: {e}: {:#?}", hca.violations()));
+        cqs.push((cq, mtt));
+    }
+    let (srq_pages, srq_addrs) = scattered_pages(&dev, 1);
+    let mut srqs = Vec::new();
+    for i in 0..500u64 {
+        let mtt = dev.mtt_init(1, 12).unwrap();
+        dev.write_mtt(&mtt, 0, &srq_addrs).unwrap();
+        let cqn = cqs[i as usize].0.cqn;
+        let srq = dev
+            .srq_alloc(pd, cqn, 0, &mtt, db0 + 0x800 + (i % 64) * 4, 128, 5)
+            .unwrap_or_else(|e| panic!("SRQ {i}: {e}: {:#?}", hca.violations()));
+        srqs.push((srq, mtt));
+    }
+    let (qp_pages, qp_addrs) = scattered_pages(&dev, 2);
+    let mut qps = Vec::new();
+    for i in 0..2000usize {
+        let qpn = dev.qp_reserve_range(1, 1).unwrap();
+        let qp = dev.qp_alloc(qpn).unwrap_or_else(|e| panic!("QP {i}: {e}"));
+        qps.push(qp);
+    }
+    // A few go through RST -> INIT -> RST with a real UD context.
+    for (k, qp) in qps.iter().take(200).enumerate() {
+        let mtt = dev.mtt_init(2, 12).unwrap();
+        dev.write_mtt(&mtt, 0, &qp_addrs).unwrap();
+        let cqn = cqs[k].0.cqn;
+        let ctx = QpContext {
+            // mlx4_ib puts the target state in the flags (Linux `to_mlx4_state`).
+            flags: ((QpState::Init as u32) << 28) | (st::UD << 16) | (3 << 11),
+            pd,
+            mtu_msgmax: (5 << 5) | 12,
+            rq_size_stride: 6 << 3,
+            sq_size_stride: (6 << 3) | 2,
+            usr_page: uar.index,
+            cqn_send: cqn,
+            cqn_recv: cqn,
+            qkey: 0x1234,
+            db_rec_addr: db0 + 0xc00,
+            pri_path: QpPath {
+                sched_queue: 0x83,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        dev.qp_modify(qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
+            .unwrap_or_else(|e| panic!("RST2INIT {k}: {e}: {:#?}", hca.violations()));
+        dev.qp_modify(qp, None, QpState::Init, QpState::Rst, &ctx, 0, false)
+            .unwrap();
+        dev.mtt_cleanup(&mtt);
+    }
+    for qp in qps {
+        let n = qp.qpn;
+        dev.qp_free(qp);
+        dev.qp_release_range(n, 1);
+    }
+    for (srq, mtt) in srqs {
+        dev.srq_free(srq).unwrap();
+        dev.mtt_cleanup(&mtt);
+    }
+    for (cq, mtt) in cqs {
+        dev.cq_free(cq).unwrap();
+        dev.mtt_cleanup(&mtt);
+    }
+    dev.pd_free(pd);
+    dev.uar_free(uar);
+    drop((pages, cq_pages, srq_pages, qp_pages, db));
+    assert_baseline(&dev, &b);
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+    assert!(hca.dma_faults().is_empty(), "{:#?}", hca.dma_faults());
+    let failed: Vec<_> = hca.trace().into_iter().filter(|e| !e.ok()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    dev.teardown();
+    assert_eq!(hca.icm_mapped_pages(), 0);
+}
+
+struct Recorder(Arc<Mutex<Vec<Event>>>);
+impl Interface for Recorder {
+    fn event(&mut self, _caps: &Caps, ev: Event) {
+        self.0.lock().unwrap().push(ev);
+    }
+}
+
+#[test]
+fn ports_open_close_and_async_events_are_polled() {
+    let hca = sync_hca();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    dev.register_interface(Box::new(Recorder(seen.clone())));
+    for port in 1..=2 {
+        dev.init_port(port).unwrap();
+        assert!(dev.port_is_open(port));
+    }
+    assert!(hca.activate_port(1, 0x11, 0x1));
+    let n = dev.poll();
+    assert!(n >= 1, "no EQE consumed");
+    assert!(
+        seen.lock().unwrap().contains(&Event::PortUp { port: 1 }),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    // A CQ error on a live CQ.
+    let uar = dev.uar_alloc().unwrap();
+    let buf = dev.dma_pool().alloc_pages(1).unwrap();
+    let mtt = dev.mtt_init(1, 12).unwrap();
+    dev.write_mtt(&mtt, 0, &[buf.bus_addr().0]).unwrap();
+    let db = dev.dma_pool().alloc(64, 64).unwrap();
+    let cq = dev
+        .cq_alloc(64, &mtt, &uar, db.bus_addr().0, 0, false, false)
+        .unwrap();
+    hca.inject_cq_error(cq.cqn, 1);
+    dev.poll();
+    assert!(
+        seen.lock().unwrap().contains(&Event::CqError {
+            cqn: cq.cqn,
+            syndrome: 1
+        }),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    dev.cq_free(cq).unwrap();
+    dev.mtt_cleanup(&mtt);
+    dev.uar_free(uar);
+    dev.close_port(2).unwrap();
+    assert!(!dev.port_is_open(2));
+    hca.clear_trace();
+    dev.teardown();
+    let names: Vec<_> = hca.trace().iter().map(|e| (e.name, e.in_mod)).collect();
+    assert_eq!(
+        names.first(),
+        Some(&("CLOSE_PORT", 1)),
+        "teardown closes the open port first: {names:?}"
+    );
+    assert!(!names.contains(&("CLOSE_PORT", 2)));
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+}
