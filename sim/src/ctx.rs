@@ -208,7 +208,9 @@ pub mod mpt {
 pub struct MptEntry {
     /// Flags dword.
     pub flags: u32,
-    /// Memory key (hardware-index form: index rotated, see `key_to_index`).
+    /// Memory key in hardware-index form: `{key[7:0], key[31:8]}` (iPXE
+    /// `mem_key`), which is the MPT index in the low 24 bits (Linux writes
+    /// `key_to_hw_index(mr->key)`).
     pub key: u32,
     /// PD (24 bits).
     pub pd: u32,
@@ -626,7 +628,7 @@ mod tests {
         // LW; key = hw index form; pd_flags = pd | EN_INV; length ~0.
         let mut b = [0u8; 64];
         put32(&mut b, 0x00, 0xf000_0f00);
-        put32(&mut b, 0x08, 0x0000_0010u32.rotate_right(24));
+        put32(&mut b, 0x08, 0x0000_0010); // key_to_hw_index(0x1000)
         put32(&mut b, 0x0c, 0x0300_0005);
         put64(&mut b, 0x18, u64::MAX);
         put32(&mut b, 0x38, 12);
@@ -635,8 +637,9 @@ mod tests {
         assert_ne!(m.flags & mpt::FLAG_PHYSICAL, 0);
         assert_ne!(m.flags & mpt::FLAG_REGION, 0);
         assert_eq!((m.pd, m.pd_flags), (5, 0x0300_0000));
-        assert_eq!(key_to_index(m.key), 0x10);
+        assert_eq!(m.key, 0x10);
         assert_eq!(key_to_index(0x1000), 0x10, "lkey = index << 8");
+        assert_eq!(key_to_index(0x1000).rotate_right(24), 0x1000);
         assert_eq!((m.length, m.entity_size, m.lkey), (u64::MAX, 12, 0));
     }
 

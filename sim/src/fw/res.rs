@@ -250,7 +250,8 @@ pub fn query_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 // ------------------------------------------------------------------ MPT
 
-/// SW2HW_MPT: in_mod = MPT index; the key must name the same index.
+/// SW2HW_MPT: in_mod = MPT index; the key field (hardware-index form) must
+/// name the same index.
 pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
     let idx = index(cmd);
@@ -266,7 +267,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let nmpt = hca.geo()?.count(Table::Dmpt).unwrap_or(1) as u32;
     let status = m.status();
     if !(status == mpt::STATUS_SW || status == mpt::STATUS_FREE)
-        || ctx::key_to_index(m.key) & (nmpt - 1) != idx
+        || m.key & (nmpt - 1) != idx
         || m.flags & mpt::FLAG_LR == 0
         || m.lkey != 0
         || m.pd >> hca.caps().log_max_pd != 0

@@ -41,6 +41,10 @@ pub struct Raw {
     pub timeout: Duration,
     /// Keeps DMA pages the device was given alive.
     pub keep: Vec<DmaBuf>,
+    /// Next free MTT index (the first 16 are reserved).
+    pub next_mtt: u64,
+    /// ICM page -> index in `keep` of the host page backing it.
+    pub icm: std::collections::BTreeMap<u64, usize>,
 }
 
 impl Raw {
@@ -64,6 +68,8 @@ impl Raw {
             outbox,
             timeout: Duration::from_secs(10),
             keep: Vec::new(),
+            next_mtt: 16,
+            icm: Default::default(),
         }
     }
 
@@ -190,6 +196,10 @@ impl Raw {
     /// MAP_ICM `npages` fresh 4 KiB pages at `va`.
     pub fn map_icm(&mut self, va: u64, npages: usize) -> R {
         let pas = self.pages(npages);
+        let first = self.keep.len() - npages;
+        for i in 0..npages {
+            self.icm.insert(va / 4096 + i as u64, first + i);
+        }
         let e: Vec<_> = pas
             .iter()
             .enumerate()
@@ -207,8 +217,27 @@ impl Raw {
         self.pool.alloc(len, 4096).unwrap()
     }
 
-    /// Writes an MTT entry straight into ICM (as native Linux does): finds
-    /// the host page backing `icm_va` through the harness's own record.
+    /// Writes bytes straight into ICM through the host page backing it (as
+    /// native Linux writes MTT entries).
+    pub fn icm_poke(&self, va: u64, data: &[u8]) {
+        let i = self.icm[&(va / 4096)];
+        self.keep[i].write_bytes((va % 4096) as usize, data);
+    }
+
+    /// Reads ICM through the host page backing it.
+    pub fn icm_peek(&self, va: u64, len: usize) -> Vec<u8> {
+        let i = self.icm[&(va / 4096)];
+        let mut v = vec![0u8; len];
+        self.keep[i].read_bytes((va % 4096) as usize, &mut v);
+        v
+    }
+
+    /// True if exactly `n` commands so far failed.
+    pub fn ok_trace_after_errors(&self, n: usize) -> bool {
+        self.sim.trace().iter().filter(|e| !e.ok()).count() == n
+    }
+
+    /// True if every command so far succeeded.
     pub fn ok_trace(&self) -> bool {
         self.sim.trace().iter().all(|e| e.ok())
     }
@@ -372,4 +401,243 @@ pub fn write_mtt(r: &mut Raw, first: u64, pages: &[u64]) -> R {
         put64(&mut b, 16 + i * 8, pa | 1);
     }
     r.cmd_in(&b, pages.len() as u32, 0, Opcode::WRITE_MTT)
+}
+
+/// Reserves `n` MTT entries, returns the first index.
+pub fn alloc_mtt(r: &mut Raw, n: u64) -> u64 {
+    let first = r.next_mtt;
+    r.next_mtt += n.next_multiple_of(8);
+    first
+}
+
+/// A queue buffer: host pages plus their MTT range.
+pub struct Queue {
+    pub pages: Vec<u64>,
+    pub mtt: u64,
+}
+
+/// Allocates `npages` pages for a queue and writes their MTT entries with
+/// WRITE_MTT.
+pub fn queue(r: &mut Raw, npages: usize) -> R<Queue> {
+    let pages = r.pages(npages);
+    let mtt = alloc_mtt(r, npages as u64);
+    write_mtt(r, mtt, &pages)?;
+    Ok(Queue { pages, mtt })
+}
+
+/// EQ context as Linux's mlx4_create_eq writes it.
+pub fn eq_ctx(log_nent: u8, mtt: u64, intr: u8) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    b[0..4].copy_from_slice(&0x0000_0900u32.to_be_bytes()); // OK | ARMED
+    b[0x0c] = log_nent;
+    b[0x17] = intr;
+    b[0x18] = 0;
+    let a = mtt * 8;
+    b[0x1b] = (a >> 32) as u8;
+    b[0x1c..0x20].copy_from_slice(&(a as u32).to_be_bytes());
+    b
+}
+
+/// Creates EQ `eqn` with 2^log_nent 32-byte entries.
+pub fn create_eq(r: &mut Raw, eqn: u32, log_nent: u8) -> R<Queue> {
+    let bytes = 32usize << log_nent;
+    let q = queue(r, bytes.div_ceil(4096))?;
+    r.cmd_in(&eq_ctx(log_nent, q.mtt, 0), eqn, 0, Opcode::SW2HW_EQ)?;
+    Ok(q)
+}
+
+/// EQ doorbell: consumer index and re-arm.
+pub fn eq_doorbell(r: &Raw, eqn: u32, ci: u32, arm: bool) {
+    let off = (eqn as usize / 4) * 4096 + 0x800 + 8 * (eqn as usize % 4);
+    r.bar2
+        .write_be32(off, (ci & 0xff_ffff) | u32::from(arm) << 31);
+}
+
+/// Reads the 32-byte EQE `i` of a one-page-per-128-entries EQ.
+pub fn eqe(r: &Raw, q: &Queue, nent: u32, i: u32) -> [u8; 32] {
+    let off = (i & (nent - 1)) as u64 * 32;
+    let pa = q.pages[(off / 4096) as usize] + off % 4096;
+    let mut e = [0u8; 32];
+    for b in &r.keep {
+        let base = b.bus_addr().0;
+        if (base..base + b.len() as u64).contains(&pa) {
+            b.read_bytes((pa - base) as usize, &mut e);
+        }
+    }
+    e
+}
+
+/// CQ context as Linux's mlx4_cq_alloc writes it.
+pub fn cq_ctx(log_nent: u8, uar: u32, eqn: u8, mtt: u64, db: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    b[0x0c..0x10].copy_from_slice(&(u32::from(log_nent) << 24 | uar).to_be_bytes());
+    b[0x17] = eqn;
+    let a = mtt * 8;
+    b[0x1b] = (a >> 32) as u8;
+    b[0x1c..0x20].copy_from_slice(&(a as u32).to_be_bytes());
+    b[0x38..0x40].copy_from_slice(&db.to_be_bytes());
+    b
+}
+
+/// Creates CQ `cqn` reporting to `eqn`.
+pub fn create_cq(r: &mut Raw, cqn: u32, log_nent: u8, eqn: u8) -> R<Queue> {
+    let bytes = 32usize << log_nent;
+    let q = queue(r, bytes.div_ceil(4096))?;
+    let db = r.pages(1)[0];
+    r.cmd_in(
+        &cq_ctx(log_nent, profile::UAR, eqn, q.mtt, db),
+        cqn,
+        0,
+        Opcode::SW2HW_CQ,
+    )?;
+    Ok(q)
+}
+
+/// dMPT entry as Linux's mlx4_mr_enable writes it.
+pub fn mpt_entry(idx: u32, pd: u32, physical: bool, start: u64, len: u64, mtt: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    let mut flags = 0xf000_0000u32 | 1 << 17 | 1 << 8 | 1 << 10 | 1 << 11;
+    if physical {
+        flags |= 1 << 9;
+    }
+    b[0..4].copy_from_slice(&flags.to_be_bytes());
+    b[0x08..0x0c].copy_from_slice(&idx.to_be_bytes());
+    b[0x0c..0x10].copy_from_slice(&(pd | 3 << 24).to_be_bytes());
+    b[0x10..0x18].copy_from_slice(&start.to_be_bytes());
+    b[0x18..0x20].copy_from_slice(&len.to_be_bytes());
+    if !physical {
+        b[0x2c..0x34].copy_from_slice(&(mtt * 8).to_be_bytes());
+    }
+    b[0x38..0x3c].copy_from_slice(&12u32.to_be_bytes());
+    b
+}
+
+/// SRQ context as Linux's mlx4_srq_alloc writes it.
+pub fn srq_ctx(srqn: u32, log_size: u8, log_stride: u8, pd: u32, mtt: u64, db: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    b[0..4].copy_from_slice(&(u32::from(log_size) << 24 | srqn).to_be_bytes());
+    b[4] = log_stride;
+    let a = mtt * 8;
+    b[0x13] = (a >> 32) as u8;
+    b[0x14..0x18].copy_from_slice(&(a as u32).to_be_bytes());
+    b[0x18..0x1c].copy_from_slice(&pd.to_be_bytes());
+    b[0x28..0x30].copy_from_slice(&db.to_be_bytes());
+    b
+}
+
+/// QP modify mailbox: optpar, reserved, then the context.
+pub struct QpMbox(pub Vec<u8>);
+
+impl QpMbox {
+    pub fn new(state: u8, st: u8) -> QpMbox {
+        let mut b = vec![0u8; 256];
+        b[8..12].copy_from_slice(
+            &(u32::from(state) << 28 | u32::from(st) << 16 | 3 << 11).to_be_bytes(),
+        );
+        QpMbox(b)
+    }
+    pub fn u32(mut self, ctx_off: usize, v: u32) -> Self {
+        self.0[8 + ctx_off..12 + ctx_off].copy_from_slice(&v.to_be_bytes());
+        self
+    }
+    pub fn u8(mut self, ctx_off: usize, v: u8) -> Self {
+        self.0[8 + ctx_off] = v;
+        self
+    }
+    pub fn u64(mut self, ctx_off: usize, v: u64) -> Self {
+        self.0[8 + ctx_off..16 + ctx_off].copy_from_slice(&v.to_be_bytes());
+        self
+    }
+    pub fn optpar(mut self, v: u32) -> Self {
+        self.0[0..4].copy_from_slice(&v.to_be_bytes());
+        self
+    }
+}
+
+/// RST2INIT mailbox for a QP of service type `st` with 2^6 x 64-byte SQ
+/// and 2^6 x 16-byte RQ WQEs on one page.
+pub fn rst2init(qpn: u32, st: u8, pd: u32, cqn: u32, mtt: u64, db: u64) -> QpMbox {
+    QpMbox::new(1, st)
+        .u32(0x04, pd)
+        .u8(0x08, 5 << 5 | 12)
+        .u8(0x09, 6 << 3)
+        .u8(0x0a, 6 << 3 | 2)
+        .u8(0x0b, 1 << 4)
+        .u32(0x0c, profile::UAR)
+        .u32(0x10, qpn)
+        .u32(0x7c, cqn)
+        .u32(0x9c, cqn)
+        .u64(0xa0, db)
+        .u32(0xa8, 0x8001_0000)
+        .u8(0xcb, ((mtt * 8) >> 32) as u8)
+        .u32(0xcc, (mtt * 8) as u32)
+        .optpar(1 << 4 | 1 << 5)
+}
+
+/// Creates a QP in INIT: one buffer page (64 x 16 B RQ + 64 x 64 B SQ = 5 KiB
+/// -> 2 pages).
+pub fn create_qp(r: &mut Raw, qpn: u32, st: u8, cqn: u32) -> R<Queue> {
+    let q = queue(r, 2)?;
+    let db = r.pages(1)[0];
+    let m = rst2init(qpn, st, 1, cqn, q.mtt, db);
+    r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP)?;
+    Ok(q)
+}
+
+/// The rest of Linux's bring-up after INIT_HCA: async + completion EQ,
+/// MAP_EQ, arm, NOP, CONF_SPECIAL_QP, port caps via MAD_IFC, SET_PORT.
+pub fn init_full(r: &mut Raw) -> R<(Queue, Queue)> {
+    use profile::*;
+    init(r)?;
+    let comp = create_eq(r, FIRST_EQ, 6)?;
+    let asy = create_eq(r, FIRST_EQ + 1, 9)?;
+    r.cmd(ASYNC_MASK, FIRST_EQ + 1, 0, Opcode::MAP_EQ)?;
+    eq_doorbell(r, FIRST_EQ, 0, true);
+    eq_doorbell(r, FIRST_EQ + 1, 0, true);
+    r.cmd(0, 0x1f, 0, Opcode::NOP)?;
+    r.cmd(0, BASE_SQPN, 0, Opcode::CONF_SPECIAL_QP)?;
+    for port in 1..=2u32 {
+        let out = r.cmd_box(&smp_get(0x0015, port), port, 3, Opcode::MAD_IFC)?;
+        let cap = u32::from_be_bytes(out[84..88].try_into().unwrap());
+        let mut sp = vec![0u8; 256];
+        sp[0..4].copy_from_slice(&(1u32 << 22 | 1 << 21 | 5 << 12 | 8 << 4).to_be_bytes());
+        sp[4..8].copy_from_slice(&cap.to_be_bytes());
+        r.cmd_in(&sp, port, 0, Opcode::SET_PORT)?;
+    }
+    Ok((comp, asy))
+}
+
+/// Linux's async event mask (porting map 6.7), without PORT_MNG_CHG.
+pub const ASYNC_MASK: u64 = 1 << 0x01
+    | 1 << 0x02
+    | 1 << 0x03
+    | 1 << 0x04
+    | 1 << 0x05
+    | 1 << 0x06
+    | 1 << 0x07
+    | 1 << 0x10
+    | 1 << 0x11
+    | 1 << 0x09
+    | 1 << 0x0e
+    | 1 << 0x12
+    | 1 << 0x13
+    | 1 << 0x14
+    | 1 << 0x0a
+    | 1 << 0x18
+    | 1 << 0x1c
+    | 1 << 0x1b
+    | 1 << 0x08
+    | 1 << 0x0f;
+
+/// A LID-routed SubnGet MAD.
+pub fn smp_get(attr: u16, attr_mod: u32) -> Vec<u8> {
+    let mut m = vec![0u8; 256];
+    m[0] = 1;
+    m[1] = 0x01;
+    m[2] = 1;
+    m[3] = 0x01;
+    m[8..16].copy_from_slice(&0x1234u64.to_be_bytes());
+    m[0x10..0x12].copy_from_slice(&attr.to_be_bytes());
+    m[0x14..0x18].copy_from_slice(&attr_mod.to_be_bytes());
+    m
 }

@@ -4,4 +4,6 @@
 mod harness;
 
 mod bringup;
+mod fw_init;
 mod hcr_protocol;
+mod resources;
