@@ -103,7 +103,10 @@ pub fn query_fw(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Result<
     fw.fw_pages = u32::from(get_be16(&o, SIZE_OFFSET));
     fw.clr_int_base = get_be64(&o, CLR_INT_BASE_OFFSET);
     fw.clr_int_bar = bar_index(get_u8(&o, CLR_INT_BAR_OFFSET));
-    debug!("mlx4_core {pci}: FW size {} KB", fw.fw_pages >> 2);
+    debug!(
+        "mlx4_core {pci}: FW size {} KB",
+        u64::from(fw.fw_pages) << 2
+    );
     debug!(
         "mlx4_core {pci}: Clear int @ {:x}, BAR {}",
         fw.clr_int_base, fw.clr_int_bar
@@ -460,6 +463,8 @@ pub fn query_dev_cap(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Re
         let po: [u8; 0x40] = mb.read();
         d.parse_port(p, &po);
     }
+    // Each UAR page holds 4 EQ doorbells: EQs on a reserved page are reserved.
+    d.reserved_eqs = d.reserved_eqs.max(d.reserved_uars.saturating_mul(4));
     debug!(
         "mlx4_core {pci}: Base MM extensions: flags {:08x}, rsvd L_Key {:08x}",
         d.bmme_flags, d.reserved_lkey
@@ -499,8 +504,6 @@ pub fn query_dev_cap(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Re
         128u32 << d.port[1].ib_mtu.min(7),
         d.port[1].max_port_width
     );
-    // Each UAR page holds 4 EQ doorbells: EQs on a reserved page are reserved.
-    d.reserved_eqs = d.reserved_eqs.max(d.reserved_uars.saturating_mul(4));
     Ok(d)
 }
 

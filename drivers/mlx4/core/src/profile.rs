@@ -4,15 +4,17 @@
 //!
 //! * [`Profile::research`] (the default): 4096 QPs, 1024 SRQs, 1024 CQs,
 //!   256 MCG entries, 16384 MPTs, 16384 MTT segments (131072 MTT entries,
-//!   512 MiB registrable in 4 KiB pages). With ConnectX-3 entry sizes its
-//!   total ICM virtual space is about 8.7 MiB plus the 64 Mi-entry cMPT area
-//!   that is never mapped whole; what is *mapped* at bring-up is only the
-//!   reserved entries, all EQ contexts and the MCG table (a few hundred KiB;
-//!   the model-backed bring-up test prints the exact figure, see
-//!   [`crate::Dev::icm_mapped_bytes`]).
+//!   512 MiB registrable in 4 KiB pages). With ConnectX-3 entry sizes (QPC
+//!   256 B, RDMARC 32 B x 16 per QP, others 64 B) the ICM address space is
+//!   the 4 GiB cMPT area (virtual, never mapped whole) plus 6.1 MiB of
+//!   tables; what bring-up actually maps is the 256 KiB chunks holding
+//!   reserved entries, all EQ contexts and the whole MCG table: 2312 KiB
+//!   (measured against the model; [`crate::Dev::icm_mapped_bytes`]), plus
+//!   the firmware area and the aux area the firmware asks for.
 //! * [`Profile::linux`]: Linux 3.11's `default_profile` (2^18 QPs, 2^16
-//!   SRQs/CQs, 2^13 MCGs, 2^19 MPTs, 2^20 MTT segments), about 1.2 GiB of ICM
-//!   virtual space, of which the MCG table alone maps 8 MiB at bring-up.
+//!   SRQs/CQs, 2^13 MCGs, 2^19 MPTs, 2^20 MTT segments): 4 GiB cMPT plus
+//!   352 MiB of tables; 11016 KiB mapped at bring-up, 8 MiB of it the MCG
+//!   table.
 
 use log::debug;
 
