@@ -115,3 +115,31 @@ fn linux_profile_brings_up() {
     dev.teardown();
     assert_eq!(hca.icm_mapped_pages(), 0);
 }
+
+#[test]
+fn tiny_profile_is_raised_above_the_reserved_entries() {
+    let hca = sync_hca();
+    let p = Profile {
+        num_qp: 8,
+        num_srq: 1,
+        num_cq: 2,
+        num_mpt: 4,
+        num_mtt_segs: 1,
+        num_mcg: 0,
+        ..Profile::research()
+    };
+    let dev = bring_up(&hca, p).unwrap_or_else(|e| panic!("{e}: {:#?}", hca.violations()));
+    let c = dev.caps();
+    assert!(
+        c.num_cqs > c.reserved_cqs && c.num_qps > c.base_sqpn + 8 && c.num_mpts > c.reserved_mrws
+    );
+    assert!(!log_lines("raised to").is_empty());
+    dev.teardown();
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+}
+
+#[test]
+fn dev_is_send() {
+    fn send<T: Send>() {}
+    send::<mlx4_core::Dev>();
+}

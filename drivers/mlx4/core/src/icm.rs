@@ -202,7 +202,7 @@ impl IcmTable {
         t.icm.resize_with(num_icm, || None);
         let reserved_bytes = u64::from(reserved) * u64::from(obj_size);
         let mut i = 0usize;
-        while (i as u64) * TABLE_CHUNK_SIZE < reserved_bytes {
+        while (i as u64) * TABLE_CHUNK_SIZE < reserved_bytes && i < num_icm {
             if let Err(e) = t.map_chunk(cmd, pool, i, pci) {
                 t.cleanup(cmd);
                 return Err(e);

@@ -567,13 +567,40 @@ impl Dev {
             &mut p.num_mtt_segs,
             d.max_mtt_seg.min(1 << 28),
         );
-        if p.rdmarc_per_qp == 0 || p.num_qp == 0 || p.num_cq == 0 || p.num_mpt == 0 {
-            warn!("mlx4_core {}: empty profile counts raised to 1", self.pci);
-            p.rdmarc_per_qp = p.rdmarc_per_qp.max(1);
-            p.num_qp = p.num_qp.max(1);
-            p.num_cq = p.num_cq.max(1);
-            p.num_mpt = p.num_mpt.max(1);
-        }
+        // Every table must hold more than the firmware reserves in it.
+        let raise = |name: &str, v: &mut u32, reserved: u64| {
+            if u64::from(*v) <= reserved {
+                let n = (reserved.saturating_mul(2))
+                    .next_power_of_two()
+                    .min(1 << 31) as u32;
+                warn!(
+                    "mlx4_core {}: profile's {} {name} raised to {n} (firmware reserves {reserved})",
+                    self.pci, *v
+                );
+                *v = n;
+            }
+        };
+        let eth_fc = if p.eth_fc_qp_regions {
+            (2u64 << 7) * u64::from(d.num_ports) + (64 << 10)
+        } else {
+            0
+        };
+        raise(
+            "QPs",
+            &mut p.num_qp,
+            d.reserved_qps.next_multiple_of(8) + 8 + eth_fc,
+        );
+        raise("SRQs", &mut p.num_srq, d.reserved_srqs);
+        raise("CQs", &mut p.num_cq, d.reserved_cqs);
+        raise("MPTs", &mut p.num_mpt, d.reserved_mrws);
+        raise(
+            "MTT segments",
+            &mut p.num_mtt_segs,
+            d.reserved_mtts.div_ceil(8),
+        );
+        raise("MCG entries", &mut p.num_mcg, 1);
+        p.rdmarc_per_qp = p.rdmarc_per_qp.clamp(1, 1 << 16);
+        p.log_mgm_entry_size = p.log_mgm_entry_size.clamp(6, 12);
     }
 
     fn apply_layout(&mut self) {
