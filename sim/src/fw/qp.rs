@@ -8,10 +8,10 @@
 //! 2RST from any state. A transition from the wrong state is BAD_QP_STATE.
 //!
 //! The context lives in the QPC slot in ICM. RST2INIT writes all of it;
-//! INIT2RTR and RTR2RTS take every field except those RST2INIT owns (PD,
-//! queue sizes, UAR, QPN, CQs, SRQ, doorbell record, MTT) and except the
-//! P_Key index and Q_Key unless their optpar bits are set; the other
-//! transitions change only what their optpar mask selects.
+//! INIT2RTR takes its required fields (MTU, destination QPN, primary path
+//! except the P_Key index, RQ PSN and responder parameters), RTR2RTS its own
+//! (SQ PSN, retry parameters, ACK timeout); every transition also takes what
+//! its optpar mask selects, and nothing else.
 
 use super::{CmdResult, Outcome, need};
 use crate::ctx::{QpCtx, qpc, st};
@@ -68,18 +68,6 @@ fn special(hca: &Hca, qpn: u32) -> Option<(u8, bool)> {
     let k = qpn - base;
     Some(((k % 2) as u8 + 1, k < 2))
 }
-
-/// Byte ranges of the context RST2INIT owns.
-const RST2INIT_OWNED: &[(usize, usize)] = &[
-    (qpc::PD, 4),
-    (qpc::RQ_SIZE_STRIDE, 3),
-    (qpc::USR_PAGE, 8),
-    (qpc::CQN_SEND, 4),
-    (0x98, 8),
-    (qpc::DB_REC_ADDR, 8),
-    (qpc::SRQN, 4),
-    (qpc::LOG_PAGE_SIZE, 8),
-];
 
 fn copy(dst: &mut [u8], src: &[u8], off: usize, len: usize) {
     dst[off..off + len].copy_from_slice(&src[off..off + len]);
@@ -287,22 +275,29 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
             ctx = vec![0u8; qpc::SIZE];
             hca.icm_read(va, &mut ctx)?;
             let cur = QpCtx::decode(&ctx);
-            if cmd.opcode == Opcode::INIT2RTR_QP {
+            let required: &[(usize, usize)] = if cmd.opcode == Opcode::INIT2RTR_QP {
                 next.port = check_init2rtr(hca, qpn, &cur, &new)?;
+                &[
+                    (qpc::MTU_MSGMAX, 1),
+                    (qpc::REMOTE_QPN, 4),
+                    (qpc::PRI_PATH, 0x2c),
+                    (qpc::PARAMS2, 8),
+                ]
+            } else {
+                &[
+                    (qpc::PARAMS1, 4),
+                    (qpc::NEXT_SEND_PSN, 4),
+                    (qpc::PRI_PATH + 8, 1),
+                ]
+            };
+            let pkey = ctx[qpc::PRI_PATH + qpc::PATH_PKEY_INDEX];
+            for &(off, len) in required {
+                copy(&mut ctx, new_raw, off, len);
             }
-            let mut merged = new_raw.to_vec();
-            for &(off, len) in RST2INIT_OWNED {
-                copy(&mut merged, &ctx, off, len);
-            }
-            // Service type and flags other than the state stay.
-            copy(&mut merged, &ctx, qpc::FLAGS + 1, 3);
             if opt & optpar::PKEY_INDEX == 0 {
-                copy(&mut merged, &ctx, qpc::PRI_PATH + qpc::PATH_PKEY_INDEX, 1);
+                ctx[qpc::PRI_PATH + qpc::PATH_PKEY_INDEX] = pkey;
             }
-            if opt & optpar::Q_KEY == 0 {
-                copy(&mut merged, &ctx, qpc::QKEY, 4);
-            }
-            ctx = merged;
+            apply_optpar(&mut ctx, new_raw, opt);
             next.state = to;
         }
         _ => {

@@ -6,4 +6,6 @@ mod harness;
 mod bringup;
 mod fw_init;
 mod hcr_protocol;
+mod ports_mad;
+mod qp;
 mod resources;
