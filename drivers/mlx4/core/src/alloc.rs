@@ -1,4 +1,4 @@
-//! Bitmap allocators with reserved ranges and the MTT buddy allocator (Linux `alloc.c`: `mlx4_bitmap_*`, `mlx4_buddy_*` from `mr.c`); `mlx4_buf_alloc` and doorbell-record pages are left to the callers (DMA comes from `hal`).
+//! Bitmap allocators with reserved ranges, the MTT buddy allocator, queue buffers and doorbell records (Linux `alloc.c`: `mlx4_bitmap_*`, `mlx4_buf_alloc/free`, `mlx4_db_alloc/free`, and `mlx4_buddy_*` from `mr.c`); `vmap` of page lists is not needed (buffers are reached page by page through `hal`).
 //!
 //! Loaded as module `bitmap` (`#[path = "alloc.rs"]`) because `alloc` names
 //! the `alloc` crate.
@@ -6,6 +6,10 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
+use hal::{DmaBuf, DmaPool};
+
+use crate::main::Dev;
+use crate::mr::Mtt;
 use crate::{Error, Result};
 
 /// Linux `struct mlx4_bitmap`: objects `[0, max)` with `reserved_bot` taken at
@@ -237,6 +241,198 @@ impl Buddy {
     /// True if the whole range is one free block (nothing allocated).
     pub fn is_empty(&self) -> bool {
         self.num_free[self.max_order as usize] == 1
+    }
+}
+
+/// A queue buffer (Linux `struct mlx4_buf`): one contiguous DMA block when
+/// small enough, else a list of 4 KiB pages.
+pub struct Buf {
+    /// The DMA blocks: one (direct) or `npages`.
+    pub pages: Vec<DmaBuf>,
+    /// Pages of `2^page_shift` bytes the MTT describes.
+    pub npages: u32,
+    /// log2 of the page size.
+    pub page_shift: u32,
+    direct: bool,
+}
+
+impl Buf {
+    /// Bus address and byte offset in its block of byte `off` of the buffer.
+    pub fn locate(&self, off: usize) -> Option<(&DmaBuf, usize)> {
+        if self.direct {
+            let b = self.pages.first()?;
+            (off < b.len()).then_some((b, off))
+        } else {
+            Some((self.pages.get(off / 4096)?, off % 4096))
+        }
+    }
+
+    /// Bus addresses of the MTT pages.
+    pub fn page_addrs(&self) -> Vec<u64> {
+        if self.direct {
+            let base = self.pages.first().map_or(0, |b| b.bus_addr().0);
+            (0..u64::from(self.npages))
+                .map(|i| base + (i << self.page_shift))
+                .collect()
+        } else {
+            self.pages.iter().map(|p| p.bus_addr().0).collect()
+        }
+    }
+}
+
+/// Linux `mlx4_buf_alloc`: `size` bytes, contiguous if `size <= max_direct`
+/// (page size lowered until the block's bus address is aligned to it), else
+/// 4 KiB pages.
+pub fn buf_alloc(pool: &DmaPool, size: usize, max_direct: usize) -> Result<Buf> {
+    if size == 0 {
+        return Err(Error::InvalidArg);
+    }
+    if size <= max_direct {
+        let len = size.next_power_of_two().max(4096);
+        let b = pool.alloc(len, 4096)?;
+        let mut page_shift = len.trailing_zeros();
+        let mut npages = 1u32;
+        while b.bus_addr().0 & ((1u64 << page_shift) - 1) != 0 {
+            page_shift -= 1;
+            npages *= 2;
+        }
+        Ok(Buf {
+            pages: vec![b],
+            npages,
+            page_shift,
+            direct: true,
+        })
+    } else {
+        let n = size.div_ceil(4096);
+        let pages = (0..n)
+            .map(|_| pool.alloc_pages(1))
+            .collect::<hal::Result<Vec<_>>>()?;
+        Ok(Buf {
+            pages,
+            npages: n as u32,
+            page_shift: 12,
+            direct: false,
+        })
+    }
+}
+
+/// Doorbell-record slots per page (4-byte records).
+const DB_PER_PAGE: usize = 4096 / 4;
+
+struct DbPage {
+    buf: DmaBuf,
+    used: [u64; DB_PER_PAGE / 64],
+    count: usize,
+}
+
+/// Doorbell-record pages (Linux `priv->pgdir_list`).
+#[derive(Default)]
+pub struct DbPages {
+    pages: Vec<Option<DbPage>>,
+}
+
+/// A doorbell record (Linux `struct mlx4_db`): `2^order` dwords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Db {
+    page: usize,
+    index: usize,
+    /// log2 of the number of dwords (0 for RQ/SRQ, 1 for CQ).
+    pub order: u32,
+    /// Bus address of the first dword (what contexts carry).
+    pub dma: u64,
+}
+
+impl Dev {
+    /// Linux `mlx4_db_alloc`: `2^order` zeroed, aligned doorbell dwords.
+    #[doc(alias = "mlx4_db_alloc")]
+    pub fn db_alloc(&mut self, order: u32) -> Result<Db> {
+        if order > 1 {
+            return Err(Error::InvalidArg);
+        }
+        let n = 1usize << order;
+        let find = |p: &DbPage| {
+            (0..DB_PER_PAGE)
+                .step_by(n)
+                .find(|&i| (i..i + n).all(|j| p.used[j / 64] & (1 << (j % 64)) == 0))
+        };
+        let mut slot = None;
+        for (pi, p) in self.db_pages.pages.iter().enumerate() {
+            if let Some(p) = p
+                && let Some(i) = find(p)
+            {
+                slot = Some((pi, i));
+                break;
+            }
+        }
+        let (pi, i) = match slot {
+            Some(s) => s,
+            None => {
+                let buf = self.pool.alloc_pages(1)?;
+                let page = DbPage {
+                    buf,
+                    used: [0; DB_PER_PAGE / 64],
+                    count: 0,
+                };
+                let pi = match self.db_pages.pages.iter().position(Option::is_none) {
+                    Some(pi) => {
+                        self.db_pages.pages[pi] = Some(page);
+                        pi
+                    }
+                    None => {
+                        self.db_pages.pages.push(Some(page));
+                        self.db_pages.pages.len() - 1
+                    }
+                };
+                (pi, 0)
+            }
+        };
+        let p = self.db_pages.pages[pi].as_mut().ok_or(Error::NoMem)?;
+        for j in i..i + n {
+            p.used[j / 64] |= 1 << (j % 64);
+            p.buf.write_u32(j * 4, 0);
+        }
+        p.count += n;
+        Ok(Db {
+            page: pi,
+            index: i,
+            order,
+            dma: p.buf.bus_addr().0 + (i as u64) * 4,
+        })
+    }
+
+    /// Linux `mlx4_db_free`; an empty page goes back to the pool.
+    #[doc(alias = "mlx4_db_free")]
+    pub fn db_free(&mut self, db: Db) {
+        let Some(Some(p)) = self.db_pages.pages.get_mut(db.page) else {
+            return;
+        };
+        for j in db.index..db.index + (1 << db.order) {
+            if p.used[j / 64] & (1 << (j % 64)) != 0 {
+                p.used[j / 64] &= !(1 << (j % 64));
+                p.count -= 1;
+            }
+        }
+        if p.count == 0 {
+            self.db_pages.pages[db.page] = None;
+        }
+    }
+
+    /// The DMA page holding `db` and the byte offset of its first dword.
+    pub fn db_record(&self, db: &Db) -> Option<(&DmaBuf, usize)> {
+        let p = self.db_pages.pages.get(db.page)?.as_ref()?;
+        Some((&p.buf, db.index * 4))
+    }
+
+    /// Linux `mlx4_buf_alloc` on this device's DMA pool.
+    #[doc(alias = "mlx4_buf_alloc")]
+    pub fn buf_alloc(&self, size: usize, max_direct: usize) -> Result<Buf> {
+        buf_alloc(&self.pool, size, max_direct)
+    }
+
+    /// Linux `mlx4_buf_write_mtt`: the buffer's pages into `mtt`.
+    #[doc(alias = "mlx4_buf_write_mtt")]
+    pub fn buf_write_mtt(&mut self, mtt: &Mtt, buf: &Buf) -> Result<()> {
+        self.write_mtt(mtt, 0, &buf.page_addrs())
     }
 }
 

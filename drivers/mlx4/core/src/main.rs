@@ -250,6 +250,7 @@ pub struct Dev {
     pub(crate) intf: Registry,
     pub(crate) catas: Catas,
     pub(crate) port_open: [bool; MAX_PORTS + 1],
+    pub(crate) db_pages: crate::bitmap::DbPages,
 }
 
 /// Linux `mlx4_init_one`/`__mlx4_init_one`: brings up the HCA behind `pdev`
@@ -339,6 +340,7 @@ pub fn probe(
         intf: Registry::default(),
         catas: Catas::default(),
         port_open: [false; MAX_PORTS + 1],
+        db_pages: crate::bitmap::DbPages::default(),
     };
     match dev.init_one() {
         Ok(()) => Ok(dev),
@@ -948,6 +950,7 @@ impl Dev {
         self.pd_bitmap = None;
         self.driver_uar = None;
         self.uar_table = None;
+        self.db_pages = crate::bitmap::DbPages::default();
         if self.st.hca_init
             && let Err(e) = fw::close_hca(&mut self.cmd, false)
         {

@@ -242,6 +242,21 @@ fn resource_lifecycle_returns_to_baseline() {
         dev.cq_free(cq).unwrap();
         dev.mtt_cleanup(&mtt);
     }
+    // Doorbell records and queue buffers (direct and page list).
+    let dbs: Vec<_> = (0..3000).map(|i| dev.db_alloc(i % 2).unwrap()).collect();
+    assert!(dbs.iter().all(|d| d.dma % (4 << d.order) == 0));
+    for d in dbs {
+        dev.db_free(d);
+    }
+    let direct = dev.buf_alloc(6000, 8192).unwrap();
+    assert_eq!((direct.npages << direct.page_shift) as usize, 8192);
+    let list = dev.buf_alloc(3 * 4096 + 1, 8192).unwrap();
+    assert_eq!((list.npages, list.page_shift), (4, 12));
+    let mtt = dev.mtt_init(list.npages, list.page_shift).unwrap();
+    dev.buf_write_mtt(&mtt, &list).unwrap();
+    assert_eq!(dev.read_mtt(&mtt, 3), Some(list.pages[3].bus_addr().0 | 1));
+    dev.mtt_cleanup(&mtt);
+    drop((direct, list));
     // Thousands alive at once, then freed.
     let mtt = dev.mtt_init(1, 12).unwrap();
     let cqs: Vec<_> = (0..800)
