@@ -172,3 +172,33 @@ fn catastrophic_error_while_idle_is_reported_within_one_poll() {
         assert_eq!(hca.dma_pool().stats(), dma0);
     }
 }
+
+#[test]
+fn slow_commands_complete_within_their_class_deadline() {
+    // INIT_HCA may take up to 10 s, NOP only 100 ms (Linux 3.11 values).
+    let cases = [
+        (sim::Opcode::INIT_HCA, Duration::from_secs(9), None),
+        (
+            sim::Opcode::INIT_HCA,
+            Duration::from_secs(11),
+            Some(Opcode::INIT_HCA),
+        ),
+        (sim::Opcode::NOP, Duration::from_millis(50), None),
+        (
+            sim::Opcode::NOP,
+            Duration::from_millis(200),
+            Some(Opcode::NOP),
+        ),
+    ];
+    for (op, delay, expect_timeout) in cases {
+        let hca = model(Duration::from_micros(100));
+        let dma0 = hca.dma_pool().stats();
+        hca.faults().set(op, OpcodeFault::delay(0, delay).times(1));
+        match (bring_up(&hca, Profile::default()), expect_timeout) {
+            (Ok(dev), None) => dev.teardown(),
+            (Err(e), Some(t)) => assert_eq!(e, Error::CmdTimeout { op: t }),
+            (r, _) => panic!("{op:?} delayed {delay:?}: {:?}", r.err()),
+        }
+        assert_eq!(hca.dma_pool().stats(), dma0);
+    }
+}

@@ -225,6 +225,18 @@ fn ports_open_close_and_async_events_are_polled() {
         "{:?}",
         seen.lock().unwrap()
     );
+    // A completion event on an armed CQ bumps its arm sequence number.
+    let sn = dev.cq_arm_sn(cq.cqn).unwrap();
+    assert!(hca.inject_completion_event(cq.cqn));
+    {
+        dev.poll();
+        assert!(
+            seen.lock()
+                .unwrap()
+                .contains(&Event::CqCompletion { cqn: cq.cqn })
+        );
+        assert_eq!(dev.cq_arm_sn(cq.cqn), Some(sn + 1));
+    }
     dev.cq_free(cq).unwrap();
     dev.mtt_cleanup(&mtt);
     dev.uar_free(uar);

@@ -23,6 +23,10 @@ pub struct Faults {
     pub stuck: Option<u16>,
     /// QUERY_DEV_CAP byte overrides.
     pub dev_cap: Vec<(usize, u8)>,
+    /// The n-th command posted (0-based) fails with this status.
+    pub fail_at: Option<(usize, u8)>,
+    /// The n-th command posted never completes.
+    pub stuck_at: Option<usize>,
 }
 
 pub struct FakeDev {
@@ -160,16 +164,21 @@ impl RegisterBackend for FakeDev {
         let in_param = (u64::from(self.be(0)) << 32) | u64::from(self.be(1));
         let out_param = (u64::from(self.be(3)) << 32) | u64::from(self.be(4));
         let in_mod = self.be(2);
-        self.posted.lock().unwrap().push((op, op_mod, in_mod));
+        let n = {
+            let mut p = self.posted.lock().unwrap();
+            p.push((op, op_mod, in_mod));
+            p.len() - 1
+        };
         let mut f = self.faults.lock().unwrap();
-        if f.stuck == Some(op) {
+        if f.stuck == Some(op) || f.stuck_at == Some(n) {
             return;
         }
-        let forced = match f.status {
-            Some((o, s)) if o == op => {
+        let forced = match (f.status, f.fail_at) {
+            (Some((o, s)), _) if o == op => {
                 f.status = None;
                 Some(s)
             }
+            (_, Some((k, s))) if k == n => Some(s),
             _ => None,
         };
         drop(f);
@@ -206,7 +215,7 @@ impl Rig {
         Rig {
             dev,
             pool: DmaPool::new(dma),
-            clock: Arc::new(FakeClock::with_relax_step(Duration::from_micros(1))),
+            clock: Arc::new(FakeClock::with_relax_step(Duration::from_micros(50))),
             bar2: Arc::new(MemBar::new(8 << 20)),
         }
     }

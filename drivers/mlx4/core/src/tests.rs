@@ -153,6 +153,61 @@ fn fault_matrix_error_status_and_stuck_go() {
     }
 }
 
+/// Every command of the bring-up by position (repeats included): once
+/// failing, once stuck. Bring-up stops naming it (unless Linux only warns),
+/// frees all DMA, and waits at most one deadline.
+#[test]
+fn fault_matrix_by_position() {
+    let clean = {
+        let rig = Rig::new();
+        let dev = up(&rig).unwrap();
+        let n = rig.ops().len();
+        dev.teardown();
+        n
+    };
+    for k in 0..clean {
+        for stuck in [false, true] {
+            let rig = Rig::new();
+            {
+                let mut f = rig.dev.faults.lock().unwrap();
+                if stuck {
+                    f.stuck_at = Some(k);
+                } else {
+                    f.fail_at = Some((k, 0x01));
+                }
+            }
+            let t0 = rig.clock.now_ns();
+            let r = up(&rig);
+            let waited = rig.clock.now_ns() - t0;
+            let op = Opcode(rig.ops()[k]);
+            let optional = matches!(op.0, 0x034 | 0x012 | 0x024);
+            match r {
+                Ok(dev) => {
+                    assert!(optional && !stuck, "#{k} {op} stuck={stuck} succeeded");
+                    dev.teardown();
+                }
+                Err(e) => {
+                    assert_eq!(e.opcode(), Some(op), "#{k} {op} stuck={stuck}: {e}");
+                    if stuck {
+                        assert_eq!(e, Error::CmdTimeout { op });
+                    } else {
+                        assert_eq!(e.to_errno(), -5, "INTERNAL_ERR is -EIO");
+                    }
+                }
+            }
+            assert_eq!(
+                rig.pool.stats(),
+                hal::DmaStats::default(),
+                "#{k} {op} stuck={stuck} leaked DMA"
+            );
+            assert!(
+                waited < 13_000_000_000,
+                "#{k} {op} stuck={stuck} waited {waited} ns"
+            );
+        }
+    }
+}
+
 #[test]
 fn absurd_dev_cap_is_named() {
     let rig = Rig::new();
