@@ -262,6 +262,9 @@ fn icm_size_aux_and_map_rules() {
     );
 }
 
+/// A change to the INIT_HCA parameters.
+type Edit = fn(&mut sim::layout::InitHca);
+
 #[test]
 fn init_hca_twice_and_bad_parameters_are_refused() {
     let mut r = Raw::new();
@@ -277,38 +280,26 @@ fn init_hca_twice_and_bad_parameters_are_refused() {
     );
     drop(r);
     // A device that is only running, every bad parameter on its own.
-    let cases: Vec<(&str, Box<dyn Fn(&mut sim::layout::InitHca)>, Status)> = vec![
-        ("version", Box::new(|h| h.version = 1), Status::BAD_PARAM),
-        (
-            "64B EQE",
-            Box::new(|h| h.eqe_cqe_64 = 1 << 29),
-            Status::BAD_PARAM,
-        ),
-        ("QPs", Box::new(|h| h.log_num_qps = 19), Status::EXCEED_LIM),
-        ("EQs", Box::new(|h| h.log_num_eqs = 10), Status::EXCEED_LIM),
-        (
-            "UAR page",
-            Box::new(|h| h.uar_page_sz = 1),
-            Status::BAD_PARAM,
-        ),
-        (
-            "overlap",
-            Box::new(|h| h.cqc_base = profile::QPC),
-            Status::BAD_PARAM,
-        ),
+    let cases: [(&str, Edit, Status); 9] = [
+        ("version", |h| h.version = 1, Status::BAD_PARAM),
+        ("64B EQE", |h| h.eqe_cqe_64 = 1 << 29, Status::BAD_PARAM),
+        ("QPs", |h| h.log_num_qps = 19, Status::EXCEED_LIM),
+        ("EQs", |h| h.log_num_eqs = 10, Status::EXCEED_LIM),
+        ("UAR page", |h| h.uar_page_sz = 1, Status::BAD_PARAM),
+        ("overlap", |h| h.cqc_base = profile::QPC, Status::BAD_PARAM),
         (
             "past ICM",
-            Box::new(|h| h.mc_base = profile::ICM_SIZE),
+            |h| h.mc_base = profile::ICM_SIZE,
             Status::BAD_PARAM,
         ),
         (
             "MTT align",
-            Box::new(|h| h.mtt_base = profile::MTT + 4),
+            |h| h.mtt_base = profile::MTT + 4,
             Status::BAD_PARAM,
         ),
         (
             "fewer QPs than reserved",
-            Box::new(|h| h.log_num_qps = 5),
+            |h| h.log_num_qps = 5,
             Status::BAD_PARAM,
         ),
     ];

@@ -334,6 +334,11 @@ pub fn reset(r: &mut Raw) {
 pub fn load_fw(r: &mut Raw) -> R {
     assert_eq!(r.bar0.read_be32(0x8_069c), 0, "ownership");
     reset(r);
+    load_fw_no_reset(r)
+}
+
+/// MAP_FA and RUN_FW only.
+pub fn load_fw_no_reset(r: &mut Raw) -> R {
     let fw = r.cmd_out(0, 0, Opcode::QUERY_FW)?;
     let fw_pages = u16::from_be_bytes([fw[0], fw[1]]) as usize;
     let pas = r.pages(fw_pages);
@@ -352,8 +357,19 @@ pub fn load_fw(r: &mut Raw) -> R {
 /// Linux-order bring-up with the small profile, up to INIT_HCA and
 /// QUERY_ADAPTER (Linux steps 2..15).
 pub fn init(r: &mut Raw) -> R {
-    use profile::*;
     load_fw(r)?;
+    init_after_fw(r)
+}
+
+/// As [`init`] without the software reset (threaded tests: Linux's reset
+/// sleeps a real second there).
+pub fn init_no_reset(r: &mut Raw) -> R {
+    load_fw_no_reset(r)?;
+    init_after_fw(r)
+}
+
+fn init_after_fw(r: &mut Raw) -> R {
+    use profile::*;
     let mut stat = vec![0u8; 0x100];
     stat[2] = 1;
     r.cmd_in(&stat, 0, 0, Opcode::MOD_STAT_CFG)?;

@@ -4,6 +4,8 @@
 mod harness;
 
 mod bringup;
+mod events;
+mod faults;
 mod fw_init;
 mod hcr_protocol;
 mod ports_mad;
