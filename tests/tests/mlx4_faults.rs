@@ -202,3 +202,42 @@ fn slow_commands_complete_within_their_class_deadline() {
         assert_eq!(hca.dma_pool().stats(), dma0);
     }
 }
+
+#[test]
+fn a_second_function_does_not_steal_an_owned_hca() {
+    let hca = sync_hca();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    match bring_up(&hca, Profile::default()) {
+        Err(Error::NotOwner) => {}
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("two drivers own one HCA"),
+    }
+    // The first one is untouched.
+    assert_eq!(dev.poll(), 0);
+    assert!(hca.is_running());
+    dev.teardown();
+    // Ownership was released: a new probe works.
+    let dev = bring_up(&hca, Profile::default()).unwrap();
+    dev.teardown();
+}
+
+#[test]
+fn running_out_of_dma_memory_is_an_error_not_a_leak() {
+    for size in [64 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20] {
+        let hca = SimHca::new(SimConfig {
+            dma_size: size,
+            ..SimConfig::default()
+        });
+        match bring_up(&hca, Profile::default()) {
+            Ok(dev) => dev.teardown(),
+            Err(e) => assert!(matches!(e, Error::Dma(_)), "{size:#x}: {e}"),
+        }
+        assert_eq!(
+            hca.dma_pool().stats(),
+            hal::DmaStats::default(),
+            "{size:#x}"
+        );
+        assert_eq!(hca.icm_mapped_pages(), 0, "{size:#x}");
+        assert!(!hca.is_running(), "{size:#x}");
+    }
+}
