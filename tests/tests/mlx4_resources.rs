@@ -61,7 +61,16 @@ fn scattered_pages(dev: &Dev, n: usize) -> (Vec<DmaBuf>, Vec<u64>) {
 
 #[test]
 fn thousands_of_objects_come_and_go() {
-    let hca = sync_hca();
+    lifecycle(&sync_hca());
+}
+
+#[test]
+fn thousands_of_objects_come_and_go_threaded_model() {
+    lifecycle(&sim::SimHca::new_threaded(sim::SimConfig::default()));
+}
+
+fn lifecycle(hca: &sim::SimHca) {
+    let hca = hca.clone();
     let mut dev = bring_up(&hca, Profile::default()).unwrap();
     let b = baseline(&dev);
 
