@@ -262,3 +262,58 @@ fn ports_open_close_and_async_events_are_polled() {
     assert!(!names.contains(&("CLOSE_PORT", 2)));
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
 }
+
+#[test]
+fn hundreds_of_port_events_wrap_the_async_eq() {
+    for threaded in [false, true] {
+        let hca = if threaded {
+            sim::SimHca::new_threaded(sim::SimConfig::default())
+        } else {
+            sync_hca()
+        };
+        let mut dev = bring_up(&hca, Profile::default()).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        dev.register_interface(Box::new(Recorder(seen.clone())));
+        dev.init_port(1).unwrap();
+        assert!(hca.activate_port(1, 0x21, 0x1));
+        let mut consumed = dev.poll();
+        // 1200 events: more than two passes over the 512-entry async EQ,
+        // polled every 100 (the EQ holds 384 before overflowing).
+        for i in 0..600 {
+            assert!(
+                hca.set_port_logical_state(1, sim::LogicalState::Init),
+                "{i}"
+            );
+            assert!(
+                hca.set_port_logical_state(1, sim::LogicalState::Active),
+                "{i}"
+            );
+            if i % 50 == 49 {
+                if threaded {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                consumed += dev.poll();
+            }
+        }
+        if threaded {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        consumed += dev.poll();
+        let ev = seen.lock().unwrap().clone();
+        let ups = ev
+            .iter()
+            .filter(|e| **e == Event::PortUp { port: 1 })
+            .count();
+        let downs = ev
+            .iter()
+            .filter(|e| **e == Event::PortDown { port: 1 })
+            .count();
+        assert_eq!(
+            (ups, downs),
+            (601, 600),
+            "threaded={threaded} consumed={consumed}"
+        );
+        assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+        dev.teardown();
+    }
+}

@@ -263,6 +263,7 @@ impl Dev {
         };
         let mut total = 0;
         for eq in table.eqs.iter_mut() {
+            let start = eq.cons_index;
             let mut set_ci = 0;
             loop {
                 let (buf, off) = eq.eqe(eq.cons_index);
@@ -289,7 +290,11 @@ impl Dev {
                     set_ci = 0;
                 }
             }
-            self.eq_set_ci(eq, true);
+            // Linux re-arms at the end of every interrupt; polled, that is
+            // every pass that consumed something (an idle poll costs no MMIO).
+            if eq.cons_index != start {
+                self.eq_set_ci(eq, true);
+            }
         }
         self.eq_table = Some(table);
         total
