@@ -774,7 +774,10 @@ pub mod mod_stat_cfg {
     pub const PG_SZ: usize = 0x03;
 }
 
-/// SET_PORT (IB, op_mod 0) input.
+/// SET_PORT (IB, op_mod 0) input. Linux's change bits 22/21/20 are iPXE's
+/// `mmc`/`mvc`/`mp`; iPXE also defines `mg` (19, max GID at 0x2a), `sig`,
+/// `ng`, `g0` (18..16) and link width/speed bits (27, 28) that Linux never
+/// sets.
 pub mod set_port_ib {
     /// BE32 flags and capabilities.
     pub const FLAGS: usize = 0x00;
@@ -794,6 +797,18 @@ pub mod set_port_ib {
     pub const VL_SHIFT: u32 = 4;
     /// Byte 3 bit 0 (mlx4_ib): reset the Q_Key violation counter.
     pub const RESET_QKEY_CNTR: u32 = 1 << 0;
+    /// Bit 16 (iPXE `g0`): replace GUID0 with the BE64 at [`GUID0`].
+    pub const CHANGE_GUID0: u32 = 1 << 16;
+    /// Bit 17 (iPXE `ng`): replace the node GUID.
+    pub const CHANGE_NODE_GUID: u32 = 1 << 17;
+    /// Bit 18 (iPXE `sig`): replace the system image GUID.
+    pub const CHANGE_SYS_IMAGE_GUID: u32 = 1 << 18;
+    /// BE64 system image GUID (iPXE only).
+    pub const SYS_IMAGE_GUID: usize = 0x08;
+    /// BE64 GUID0 (iPXE only).
+    pub const GUID0: usize = 0x10;
+    /// BE64 node GUID (iPXE only).
+    pub const NODE_GUID: usize = 0x18;
 }
 
 /// One 16-byte ICM page-list entry (MAP_FA / MAP_ICM_AUX / MAP_ICM).

@@ -5,7 +5,7 @@
 use super::{CmdResult, Outcome, need};
 use crate::device::{FwState, Hca};
 use crate::hcr::{Command, Status};
-use crate::layout::{PortCap, get8, get16, get32, set_port_ib};
+use crate::layout::{PortCap, get8, get16, get32, get64, set_port_ib};
 
 fn port_of(hca: &Hca, in_mod: u32) -> Result<usize, Status> {
     hca.port_index(in_mod & 0xff).ok_or(Status::BAD_PARAM)
@@ -26,7 +26,7 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Running, FwState::Initialized])?;
     let i = port_of(hca, cmd.in_mod)?;
     let p = &hca.ports[i];
-    let b = PortCap {
+    let mut b = PortCap {
         ib_mtu: p.mtu_cap,
         width: 3,
         log_max_gids: 7,
@@ -34,6 +34,12 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
         max_vl: vl_enum(p.max_vls),
     }
     .encode();
+    // iPXE's `link_state` (byte 0 bit 7) and `ib_link_speed` (byte 4); Linux
+    // reads neither.
+    if p.phys == crate::port::PhysicalState::LinkUp {
+        b[0] |= 0x80;
+    }
+    b[4] = 0x07;
     hca.dma_write(cmd.out_param, &b)?;
     Ok(Outcome::OK)
 }
@@ -105,6 +111,16 @@ pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
         p.qkey_violations = 0;
     }
     p.cap_mask = get32(&b, CAP_MASK);
+    // iPXE/PRM only: replace GUID0, the node GUID, the system image GUID.
+    if flags & CHANGE_GUID0 != 0 {
+        p.guids[0] = get64(&b, GUID0);
+    }
+    if flags & CHANGE_NODE_GUID != 0 {
+        hca.cfg.node_guid = get64(&b, NODE_GUID);
+    }
+    if flags & CHANGE_SYS_IMAGE_GUID != 0 {
+        hca.cfg.sys_image_guid = get64(&b, SYS_IMAGE_GUID);
+    }
     Ok(Outcome::OK)
 }
 
@@ -112,9 +128,9 @@ pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// B_Key (2); 256-byte request in, 256-byte response out.
 pub fn mad_ifc(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let i = hca
-        .port_index(cmd.in_mod & 0xffff)
-        .ok_or(Status::BAD_PARAM)?;
+    // Bits 7:0 port; bit 8 is iPXE/PRM's "extended info valid" (Linux uses
+    // op_mod bit 2 instead); bits 31:16 the source LID.
+    let i = port_of(hca, cmd.in_mod)?;
     let mad = hca.read_mailbox(cmd.in_param, crate::mad_ifc::MAD_SIZE)?;
     let resp = crate::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
     hca.dma_write(cmd.out_param, &resp)?;

@@ -279,3 +279,29 @@ fn m_key_protects_port_info_set_unless_ignored() {
         "one M_Key violation"
     );
 }
+
+#[test]
+fn ipxe_flavours_of_port_commands() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    // MAD_IFC with iPXE's "extended info valid" bit 8 and a source LID.
+    let out = mad(&mut r, &smp_get(0x0011, 0), 1 | 1 << 8 | 0x55 << 16, 3).unwrap();
+    assert_eq!(out[0x40 + 2], 1);
+    // SET_PORT g0/ng/sig replace the GUIDs NodeInfo reports.
+    let mut b = vec![0u8; 256];
+    b[0..4].copy_from_slice(&(1u32 << 16 | 1 << 17 | 1 << 18).to_be_bytes());
+    b[4..8].copy_from_slice(&0x0251_4868u32.to_be_bytes());
+    b[0x08..0x10].copy_from_slice(&0xaaaau64.to_be_bytes());
+    b[0x10..0x18].copy_from_slice(&0xbbbbu64.to_be_bytes());
+    b[0x18..0x20].copy_from_slice(&0xccccu64.to_be_bytes());
+    r.cmd_in(&b, 1, 0, Opcode::SET_PORT).unwrap();
+    let ni = mad(&mut r, &smp_get(0x0011, 0), 1, 3).unwrap();
+    let d = &ni[0x40..];
+    assert_eq!(u64::from_be_bytes(d[4..12].try_into().unwrap()), 0xaaaa);
+    assert_eq!(u64::from_be_bytes(d[12..20].try_into().unwrap()), 0xcccc);
+    assert_eq!(u64::from_be_bytes(d[20..28].try_into().unwrap()), 0xbbbb);
+    // QUERY_PORT's link_state bit follows the physical link.
+    assert_eq!(r.cmd_out(1, 0, Opcode::QUERY_PORT).unwrap()[0] & 0x80, 0);
+    r.cmd(0, 1, 0, Opcode::INIT_PORT).unwrap();
+    assert_eq!(r.cmd_out(1, 0, Opcode::QUERY_PORT).unwrap()[0] & 0x80, 0x80);
+}
