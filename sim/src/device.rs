@@ -610,8 +610,54 @@ impl Hca {
         if (regs::UAR_EQ_DB..regs::UAR_EQ_DB + 32).contains(&in_page) && in_page.is_multiple_of(8) {
             let eqn = (page * 4 + (in_page - regs::UAR_EQ_DB) / 8) as u32;
             self.eq_doorbell(eqn, v);
-        } else if self.pending_doorbells.len() < MAX_LOG {
+            return;
+        }
+        match in_page {
+            // The CQ doorbell is one 64-bit store (or two 32-bit stores, low
+            // address first): act on the second dword.
+            o if o == regs::UAR_CQ_DB => return,
+            o if o == regs::UAR_CQ_DB + 4 => {
+                let dw0 = self.bar2.be(off - 4);
+                self.cq_doorbell(page as u32, dw0);
+            }
+            regs::UAR_SEND_DB => self.send_doorbell(v),
+            _ => {}
+        }
+        if self.pending_doorbells.len() < MAX_LOG {
             self.pending_doorbells.push((off, v));
+        }
+    }
+
+    /// CQ arm doorbell `[sn << 28 | cmd << 24 | cqn]`, `[ci]` on UAR `uar`.
+    fn cq_doorbell(&mut self, uar: u32, dw0: u32) {
+        let cqn = dw0 & 0xff_ffff;
+        let cmd = (dw0 >> 24) & 7;
+        let Some(cq) = self.cqs.get_mut(&cqn) else {
+            self.violation(format!(
+                "CQ doorbell for CQ {cqn:#x}, which is not in hardware ownership"
+            ));
+            return;
+        };
+        let ctx_uar = cq.uar;
+        if cmd == 1 || cmd == 2 {
+            cq.arms += 1;
+        }
+        if ctx_uar != uar {
+            self.violation(format!(
+                "CQ {cqn:#x} doorbell rung on UAR {uar}; its context names UAR {ctx_uar}"
+            ));
+        }
+        if cmd != 1 && cmd != 2 {
+            self.violation(format!("CQ {cqn:#x} doorbell with unknown command {cmd}"));
+        }
+    }
+
+    /// Send doorbell `qpn << 8`: the QP must have left RESET.
+    fn send_doorbell(&mut self, v: u32) {
+        let qpn = v >> 8;
+        let state = self.qps.get(&qpn).map(|q| q.state);
+        if matches!(state, None | Some(QpState::Rst)) {
+            self.violation(format!("send doorbell for QP {qpn:#x} in RESET"));
         }
     }
 

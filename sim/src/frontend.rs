@@ -473,6 +473,12 @@ impl SimHca {
         self.hca().eqs.get(&eqn).cloned()
     }
 
+    /// Arm requests seen on a CQ's doorbell (None if not in hardware
+    /// ownership).
+    pub fn cq_arms(&self, cqn: u32) -> Option<u32> {
+        self.hca().cqs.get(&cqn).map(|c| c.arms)
+    }
+
     /// The EQ async events of `event_type` go to (MAP_EQ).
     pub fn async_eq(&self, event_type: u8) -> Option<u32> {
         self.hca().async_map[usize::from(event_type & 0x3f)]

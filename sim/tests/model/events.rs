@@ -146,3 +146,40 @@ fn threaded_mode_sees_eq_doorbells_in_shared_memory() {
     assert!(rr.sim.eq(FIRST_EQ).unwrap().armed);
     assert!(rr.sim.violations().is_empty(), "{:?}", rr.sim.violations());
 }
+
+#[test]
+fn cq_and_send_doorbells_are_checked_and_kept_for_the_engines() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    create_eq(&mut r, FIRST_EQ, 3).unwrap();
+    create_cq(&mut r, FIRST_CQ, 6, FIRST_EQ as u8).unwrap();
+    let page = UAR as usize * 4096;
+    // Linux mlx4_cq_arm: sn 1, REQ_NOT (2 << 24), as one 64-bit store.
+    r.bar2
+        .write_be32_pair(page + 0x20, 1 << 28 | 2 << 24 | FIRST_CQ, 0);
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+    // Wrong UAR, unknown CQ, send doorbell for a QP in RESET.
+    r.bar2
+        .write_be32_pair(page + 4096 + 0x20, 2 << 24 | FIRST_CQ, 0);
+    r.bar2
+        .write_be32_pair(page + 0x20, 2 << 24 | (FIRST_CQ + 1), 0);
+    r.bar2.write_be32(page + 0x14, 90 << 8);
+    let v = r.sim.violations();
+    assert!(
+        v.iter().any(|s| s.contains("its context names UAR 128")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|s| s.contains("CQ 0x81") && s.contains("not in hardware")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|s| s.contains("send doorbell for QP 0x5a in RESET")),
+        "{v:?}"
+    );
+    let pending = r.sim.pending_doorbells();
+    assert_eq!(pending[0], (page + 0x24, 0));
+    assert_eq!(pending.len(), 4);
+}
