@@ -250,6 +250,7 @@ pub struct Dev {
     pub(crate) intf: Registry,
     pub(crate) catas: Catas,
     pub(crate) port_open: [bool; MAX_PORTS + 1],
+    enabled_here: bool,
     pub(crate) db_pages: crate::bitmap::DbPages,
 }
 
@@ -280,11 +281,18 @@ pub fn probe(
         return Err(Error::NoDevice);
     }
     info!("mlx4_core {pci}: Initializing {pci}");
+    // pci_enable_device is reference counted in Linux; here: only undo what
+    // this probe turned on.
+    let cmd_bits = hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY;
+    let enabled_here = pdev.command() & cmd_bits != cmd_bits;
     pdev.enable();
     let bar0 = match pdev.take_bar(0) {
         Ok(b) => b,
         Err(_) => {
             error!("mlx4_core {pci}: Missing DCS, aborting.");
+            if enabled_here {
+                pdev.clear_command_bits(cmd_bits);
+            }
             return Err(Error::NoDevice);
         }
     };
@@ -293,6 +301,9 @@ pub fn probe(
         Err(_) => {
             error!("mlx4_core {pci}: Missing UAR, aborting.");
             pdev.release_bar(0, bar0);
+            if enabled_here {
+                pdev.clear_command_bits(cmd_bits);
+            }
             return Err(Error::NoDevice);
         }
     };
@@ -305,6 +316,9 @@ pub fn probe(
             );
             pdev.release_bar(0, bar0);
             pdev.release_bar(2, uar_bar);
+            if enabled_here {
+                pdev.clear_command_bits(cmd_bits);
+            }
             return Err(Error::NoDevice);
         }
     };
@@ -340,6 +354,7 @@ pub fn probe(
         intf: Registry::default(),
         catas: Catas::default(),
         port_open: [false; MAX_PORTS + 1],
+        enabled_here,
         db_pages: crate::bitmap::DbPages::default(),
     };
     match dev.init_one() {
@@ -981,6 +996,11 @@ impl Dev {
         }
         if let Some(b) = self.uar_bar.take() {
             self.pdev.release_bar(2, b);
+        }
+        // pci_disable_device: no more DMA or MMIO decoding.
+        if self.enabled_here {
+            self.pdev
+                .clear_command_bits(hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY);
         }
         self.st = State {
             done: true,
