@@ -61,7 +61,33 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
         aux >> 10,
         dev.layout().total_size
     );
+    let before = hca.trace().len();
     dev.teardown();
+    // Linux's mlx4_remove_one order: QP table, EQ table (MAP_EQ unmap, then
+    // the EQs), CLOSE_HCA, the ICM tables, aux, FW area.
+    let tail: Vec<&str> =
+        hca.trace()[before..]
+            .iter()
+            .map(|e| e.name)
+            .fold(Vec::new(), |mut v, n| {
+                if v.last() != Some(&n) {
+                    v.push(n);
+                }
+                v
+            });
+    assert_eq!(
+        tail,
+        [
+            "CONF_SPECIAL_QP",
+            "MAP_EQ",
+            "HW2SW_EQ",
+            "CLOSE_HCA",
+            "UNMAP_ICM",
+            "UNMAP_ICM_AUX",
+            "UNMAP_FA"
+        ],
+        "{mode}"
+    );
     assert!(
         hca.violations().is_empty(),
         "{mode} teardown: {:#?}",
