@@ -27,6 +27,17 @@
 //! * EQE 0x1c: Linux `slave_id`; reserved in iPXE.
 //! * MTT: iPXE splits the entry into `ptag_h` (dword 0) and `p | ptag_l` (bit
 //!   0 present, bits 31:3 address); Linux writes one BE64 `addr | 1`.
+//! * dMPT 0x08: iPXE describes `mem_key` as `{key[7:0], key[31:8]}`; Linux
+//!   writes `key_to_hw_index(key)`. Same value: the MPT index in bits 23:0.
+//! * QPC 0x00: iPXE `st` is 4 bits (19:16); Linux ORs an 8-bit type at 16.
+//! * QPC 0x90 bits 11:6: iPXE `page_offset` of the first WQE; Linux has no
+//!   such field (always 0).
+//! * QPC 0xc0: Linux `param3` bit 30 (strip VLAN, Ethernet); iPXE puts
+//!   `rmc_parent_qpn`, `hs`, `is`, `rme`, `mkey_rmp` there, bit 30 reserved.
+//! * QP path +0x04: Linux `counter_index`; iPXE has that byte reserved and
+//!   `counter_index` at path +0x24. Path +0x21 is Linux `vlan_index`, iPXE
+//!   puts `vlan_index` at +0x25. Path +0x00 bit 7: Linux uses it for SR-IOV
+//!   source checks, iPXE calls it `fl` (force loopback).
 
 use crate::layout::{get8, get16, get32, get64, put8, put32};
 

@@ -27,6 +27,18 @@
 //! * INIT_HCA 0x0e (cache line), 0x58 (64-byte EQE/CQE), 0xf8 bit 7 (memory
 //!   windows): present in Linux, reserved in iPXE. INIT_HCA 0x14 bit 2: QoS in
 //!   Linux, reserved in iPXE.
+//! * QUERY_PORT byte 0 bit 7: iPXE `link_state`, not read by Linux; byte 0
+//!   bits 3 and 4 (Linux: suggested type, default sense) are reserved in
+//!   iPXE; byte 4 (`ib_link_speed`) is read only by iPXE.
+//! * MOD_STAT_CFG: Linux uses op_mod 0 with a page-size mailbox (byte 2
+//!   "modify", byte 3 log2 page size - 12); iPXE uses op_mod 1 (set) / 3
+//!   (query) with an input modifier naming port, setup mode and an offset
+//!   (for the port MAC/VPI configuration). The model implements Linux's
+//!   flavour only and answers BAD_OP to the other.
+//! * MAD_IFC in_mod: iPXE (from the PRM) has "extended info valid" at bit 8
+//!   and the source LID at 31:16; Linux signals extended info with op_mod
+//!   bit 2 instead. The model takes the port from bits 7:0 only.
+//! * SET_PORT: see [`set_port_ib`].
 //! * INIT_HCA table bases: iPXE shares the low bits of each base dword with
 //!   the log field (`qpc_base_addr_l` is bits 31:7, `log_num_of_qp` bits
 //!   4:0); Linux writes a 64-bit base and then the log byte over its last

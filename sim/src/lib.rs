@@ -32,9 +32,14 @@
 //!
 //! # Where the two readings of a layout differ
 //!
-//! Recorded as found while writing the layouts (iPXE = `ipxe/ipxe`
-//! `src/drivers/infiniband/{hermon.h,MT25408_PRM.h,hermon.c}`, Linux = 3.11
-//! mlx4). See also the module docs of [`layout`] and [`ctx`].
+//! iPXE = `ipxe/ipxe` `src/drivers/infiniband/{hermon.h,MT25408_PRM.h,
+//! hermon.c}`; Linux = 3.11 mlx4. The per-field lists are in the module docs
+//! of [`layout`] (QUERY_DEV_CAP reserved EQs and BMME bits, INIT_HCA cache
+//! line / 64-byte entries / memory windows, QUERY_PORT link state,
+//! MOD_STAT_CFG flavours, MAD_IFC extended-info bit, SET_PORT GUID bits) and
+//! [`ctx`] (EQC moderation and interrupt widths, CQC EQN width, dMPT bit 17
+//! and lkey, QPC page offset and param3, QP path counter/VLAN index). Device
+//! level differences:
 //!
 //! * Reset value: Linux writes the big-endian dword `0x00000001` to
 //!   BAR0+0xf0010 (`MLX4_RESET_VALUE = swab32(1)`), iPXE writes
@@ -44,12 +49,46 @@
 //! * iPXE takes no reset semaphore (BAR0+0xf03fc) before resetting; Linux
 //!   does. The model records a reset without the semaphore as a violation
 //!   only when [`SimConfig::strict_reset_semaphore`] is set.
+//! * HCR toggle: both start with T=1 on the first command after reset
+//!   (Linux initialises its toggle to 1 and checks `T == toggle` for
+//!   pending; iPXE initialises 0, flips before posting and waits for
+//!   `T == toggle`). They agree.
+//! * CQ/EQ ownership at creation: Linux zero-fills CQ and EQ buffers and
+//!   relies on the firmware to make every entry hardware-owned; iPXE sets
+//!   the owner bits itself. The model sets them at SW2HW, so both work.
 //! * HCR status codes: the brief this crate was written from listed
 //!   BAD_SEG_PARAM..MULTI_FUNC_REQ as 0x11..0x22; Linux `cmd.c` (all
 //!   versions checked) and the porting map use 0x20 BAD_SEG_PARAM, 0x21
 //!   REG_BOUND, 0x22 LAM_NOT_PRE, 0x30 BAD_PKT, 0x40 BAD_SIZE, 0x50
 //!   MULTI_FUNC_REQ. The model uses Linux's values ([`hcr::Status`]).
-//! * Everything else listed in [`layout`] and [`ctx`].
+//!
+//! # What a driver must do for the model (and the card)
+//!
+//! * Claim ownership (read BAR0+0x8069c), optionally reset (semaphore at
+//!   0xf03fc, then BE 1 at 0xf0010, then restore config space: the command
+//!   register and BARs are cleared by the reset; config reads return all
+//!   ones for [`SimConfig::reset_duration`]).
+//! * Enable memory decoding and bus mastering: without them register
+//!   accesses are dropped (violation) and every DMA fails (INTERNAL_ERR).
+//! * Post commands with 32-bit stores, dwords 0..5 first, dword 6 last, T
+//!   flipped each time, and only while the HCR is idle.
+//! * MAP_FA at least QUERY_FW's `fw_pages`; SET_ICM_SIZE, then MAP_ICM_AUX
+//!   at least the returned page count before INIT_HCA.
+//! * MAP_ICM every ICM page a context or MTT entry lives in *before* the
+//!   command that uses it: SW2HW_EQ needs the EQC and cMPT-EQ entries,
+//!   SW2HW_CQ the CQC and cMPT-CQ, SW2HW_MPT the dMPT, RST2INIT the QPC,
+//!   AUXC, ALTC, RDMARC and cMPT-QP entries, and every MTT entry named.
+//!   Unmapped is ICM_ERROR, never a silent zero.
+//! * MTT entries: BE64 `page_bus_address | 1` at `mtt_base + index * 8` in
+//!   ICM, written directly or with WRITE_MTT; a context's MTT field is
+//!   `index * 8` (relative); pages must be aligned to the context's page
+//!   size. A clear present bit is BAD_PARAM.
+//! * CQ/EQ entries are 32 bytes (64-byte entries are refused at INIT_HCA);
+//!   the model marks every entry hardware-owned at SW2HW; owner of entry
+//!   `i` = `(i & nent) != 0`. Ring the EQ doorbell (consumer index) before
+//!   the EQ fills up, or it overruns (violation, EQ_OVERFLOW event).
+//! * Reserved numbers (QUERY_DEV_CAP) are BAD_RESOURCE: EQs < 32, CQs < 128,
+//!   QPs < 64, SRQs < 64, MPTs < 16; UAR indices < 8 in contexts are refused.
 #![warn(missing_docs)]
 
 pub mod ctx;
