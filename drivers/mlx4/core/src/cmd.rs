@@ -259,6 +259,8 @@ pub(crate) mod tests {
     pub struct FakeHcr {
         pub mem: Vec<AtomicU32>,
         pub status: AtomicU32,
+        /// Posts before this index complete with status 0.
+        pub status_from: AtomicU32,
         pub stuck: AtomicBool,
         pub imm: Mutex<u64>,
         pub posted: Mutex<Vec<Posted>>,
@@ -286,6 +288,7 @@ pub(crate) mod tests {
                 let w = u32::from_be(v);
                 let in_param = (u64::from(self.r(0)) << 32) | u64::from(self.r(1));
                 let out_param = (u64::from(self.r(3)) << 32) | u64::from(self.r(4));
+                let n = self.posted.lock().unwrap().len() as u32;
                 self.posted.lock().unwrap().push((
                     (w & 0xfff) as u16,
                     ((w >> 12) & 0xf) as u8,
@@ -300,13 +303,17 @@ pub(crate) mod tests {
                 self.mem[3].store(((imm >> 32) as u32).to_be(), Ordering::SeqCst);
                 self.mem[4].store((imm as u32).to_be(), Ordering::SeqCst);
                 let t = w & (1 << HCR_T_BIT);
-                let st = self.status.load(Ordering::SeqCst) << 24;
+                let st = if n >= self.status_from.load(Ordering::SeqCst) {
+                    self.status.load(Ordering::SeqCst) << 24
+                } else {
+                    0
+                };
                 self.mem[6].store((st | t).to_be(), Ordering::SeqCst);
             }
         }
     }
 
-    fn setup() -> (Arc<FakeHcr>, Arc<FakeClock>, Cmd) {
+    pub fn setup() -> (Arc<FakeHcr>, Arc<FakeClock>, Cmd) {
         let hcr = FakeHcr::new();
         let clock = Arc::new(FakeClock::with_relax_step(Duration::from_micros(10)));
         let bar = Bar::from_backend(hcr.clone(), HCR_SIZE);

@@ -79,6 +79,35 @@ pub fn map_cmd(
     virt: Option<u64>,
     name: &hal::PciAddress,
 ) -> Result<()> {
+    let mut done_kb = 0u64;
+    let r = map_cmd_inner(cmd, pool, op, icm, virt, name, &mut done_kb);
+    if r.is_err() && done_kb > 0 {
+        // Linux leaves the part mapped by earlier mailboxes to the device
+        // while it frees the memory; undo it instead.
+        let undo = match op {
+            Opcode::MAP_FA => crate::fw::unmap_fa(cmd),
+            Opcode::MAP_ICM_AUX => crate::fw::unmap_icm_aux(cmd),
+            _ => unmap_icm(cmd, virt.unwrap_or(0), (done_kb >> 2) as u32),
+        };
+        if let Err(e) = undo {
+            warn!(
+                "mlx4_core {name}: undoing a partial {op} failed ({})",
+                e.to_errno()
+            );
+        }
+    }
+    r
+}
+
+fn map_cmd_inner(
+    cmd: &mut Cmd,
+    pool: &DmaPool,
+    op: Opcode,
+    icm: &Icm,
+    virt: Option<u64>,
+    name: &hal::PciAddress,
+    done_kb: &mut u64,
+) -> Result<()> {
     let mb = Mailbox::new(pool)?;
     let mut virt_cur = virt;
     let mut nent = 0usize;
@@ -101,6 +130,7 @@ pub fn map_cmd(
             nent += 1;
             if nent == MAP_ENTRIES_PER_MAILBOX {
                 cmd.cmd(mb.dma(), nent as u32, 0, op, timeout::CLASS_B)?;
+                *done_kb = ts;
                 mb.clear(4096);
                 nent = 0;
             }
@@ -108,6 +138,7 @@ pub fn map_cmd(
     }
     if nent > 0 {
         cmd.cmd(mb.dma(), nent as u32, 0, op, timeout::CLASS_B)?;
+        *done_kb = ts;
     }
     match op {
         Opcode::MAP_FA => debug!("mlx4_core {name}: Mapped {tc} chunks/{ts} KB for FW."),
@@ -354,5 +385,52 @@ impl IcmTable {
     /// The table's ICM base address.
     pub fn virt(&self) -> u64 {
         self.virt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::tests::setup;
+    use alloc::sync::Arc;
+    use core::sync::atomic::Ordering;
+    use hal::fake::ArenaDma;
+
+    #[test]
+    fn a_partial_map_is_undone() {
+        let pool = DmaPool::new(Arc::new(ArenaDma::new(4 << 20)));
+        // 300 single pages: two mailboxes (256 + 44 entries).
+        let chunks = (0..300).map(|_| pool.alloc_pages(1).unwrap()).collect();
+        let icm = Icm {
+            chunks,
+            refcount: 0,
+        };
+        for (op, undo) in [
+            (Opcode::MAP_FA, Opcode::UNMAP_FA),
+            (Opcode::MAP_ICM_AUX, Opcode::UNMAP_ICM_AUX),
+            (Opcode::MAP_ICM, Opcode::UNMAP_ICM),
+        ] {
+            let (hcr, _, mut cmd) = setup();
+            hcr.status.store(0x0c, Ordering::SeqCst);
+            hcr.status_from.store(1, Ordering::SeqCst);
+            let virt = (op == Opcode::MAP_ICM).then_some(0x40_0000);
+            let e =
+                map_cmd(&mut cmd, &pool, op, &icm, virt, &hal::PciAddress::default()).unwrap_err();
+            assert_eq!(e.opcode(), Some(op));
+            let p = hcr.posted.lock().unwrap().clone();
+            assert_eq!(
+                p.iter().map(|x| x.0).collect::<Vec<_>>(),
+                [op.0, op.0, undo.0]
+            );
+            assert_eq!(p[0].2, 256);
+            assert_eq!(p[1].2, 44);
+            if op == Opcode::MAP_ICM {
+                assert_eq!(
+                    (p[2].3, p[2].2),
+                    (0x40_0000, 256),
+                    "UNMAP_ICM of what was mapped"
+                );
+            }
+        }
     }
 }
