@@ -473,6 +473,25 @@ impl SimHca {
         self.hca().eqs.get(&eqn).cloned()
     }
 
+    /// Stand-in for the (later) send engine hitting an error: a QP in RTS
+    /// moves to SQER, from where only SQERR2RTS, 2ERR and 2RST lead. False if
+    /// the QP is not in RTS.
+    pub fn inject_sq_error(&self, qpn: u32) -> bool {
+        let mut h = self.hca();
+        match h.qps.get_mut(&qpn) {
+            Some(q) if q.state == crate::device::QpState::Rts => {
+                q.state = crate::device::QpState::Sqer;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes seen to the clear-interrupt register.
+    pub fn clr_int_writes(&self) -> u64 {
+        self.hca().clr_int_writes
+    }
+
     /// Arm requests seen on a CQ's doorbell (None if not in hardware
     /// ownership).
     pub fn cq_arms(&self, cqn: u32) -> Option<u32> {

@@ -101,27 +101,7 @@ fn full_bring_up_and_teardown_in_linux_order_run_clean() {
     r.cmd_out(FIRST_EQ + 1, 0, Opcode::HW2SW_EQ).unwrap();
     r.cmd_out(FIRST_EQ, 0, Opcode::HW2SW_EQ).unwrap();
     r.cmd(0, 0, 0, Opcode::CLOSE_HCA).unwrap();
-    let regions = [
-        (CMPT, 4),
-        (CMPT + CMPT_TYPE, 2),
-        (CMPT + 2 * CMPT_TYPE, 4),
-        (CMPT + 3 * CMPT_TYPE, 1),
-        (EQC, 1),
-        (MTT, 8),
-        (DMPT, 4),
-        (QPC, 16),
-        (AUXC, 4),
-        (ALTC, 8),
-        (RDMARC, 32),
-        (CQC, 4),
-        (SRQC, 2),
-        (MC, 4),
-    ];
-    for (va, n) in regions {
-        r.cmd(va, n, 0, Opcode::UNMAP_ICM).unwrap();
-    }
-    r.cmd(0, 0, 0, Opcode::UNMAP_ICM_AUX).unwrap();
-    r.cmd(0, 0, 0, Opcode::UNMAP_FA).unwrap();
+    unmap_all(&mut r).unwrap();
     r.bar0.write_be32(0x8_069c, 0); // mlx4_free_ownership
 
     assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());

@@ -349,27 +349,7 @@ fn query_hca_close_hca_and_teardown_in_linux_order() {
     r.cmd(0, 0, 0, Opcode::CLOSE_HCA).unwrap();
     assert_eq!(r.cmd(0, 0, 0, Opcode::CLOSE_HCA), st(Status::BAD_SYS_STATE));
     // Linux: UNMAP_ICM per table chunk, UNMAP_ICM_AUX, UNMAP_FA.
-    let regions = [
-        (CMPT, 4),
-        (CMPT + CMPT_TYPE, 2),
-        (CMPT + 2 * CMPT_TYPE, 4),
-        (CMPT + 3 * CMPT_TYPE, 1),
-        (EQC, 1),
-        (MTT, 8),
-        (DMPT, 4),
-        (QPC, 16),
-        (AUXC, 4),
-        (ALTC, 8),
-        (RDMARC, 32),
-        (CQC, 4),
-        (SRQC, 2),
-        (MC, 4),
-    ];
-    for (va, n) in regions {
-        r.cmd(va, n, 0, Opcode::UNMAP_ICM).unwrap();
-    }
-    r.cmd(0, 0, 0, Opcode::UNMAP_ICM_AUX).unwrap();
-    r.cmd(0, 0, 0, Opcode::UNMAP_FA).unwrap();
+    unmap_all(&mut r).unwrap();
     assert!(r.ok_trace_after_errors(2));
     assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
     assert_eq!(r.sim.icm_mapped_pages(), 0);

@@ -368,6 +368,11 @@ pub fn init_no_reset(r: &mut Raw) -> R {
     init_after_fw(r)
 }
 
+/// Steps after RUN_FW up to QUERY_ADAPTER.
+pub fn init_after_fw_pub(r: &mut Raw) -> R {
+    init_after_fw(r)
+}
+
 fn init_after_fw(r: &mut Raw) -> R {
     use profile::*;
     let mut stat = vec![0u8; 0x100];
@@ -656,4 +661,35 @@ pub fn smp_get(attr: u16, attr_mod: u32) -> Vec<u8> {
     m[0x10..0x12].copy_from_slice(&attr.to_be_bytes());
     m[0x14..0x18].copy_from_slice(&attr_mod.to_be_bytes());
     m
+}
+
+/// Every ICM region `init` maps, for UNMAP_ICM at teardown.
+pub const ICM_REGIONS: [(u64, u32); 14] = {
+    use profile::*;
+    [
+        (CMPT, 4),
+        (CMPT + CMPT_TYPE, 2),
+        (CMPT + 2 * CMPT_TYPE, 4),
+        (CMPT + 3 * CMPT_TYPE, 1),
+        (EQC, 1),
+        (MTT, 8),
+        (DMPT, 4),
+        (QPC, 16),
+        (AUXC, 4),
+        (ALTC, 8),
+        (RDMARC, 32),
+        (CQC, 4),
+        (SRQC, 2),
+        (MC, 4),
+    ]
+};
+
+/// CLOSE_HCA's aftermath in Linux: UNMAP_ICM per table, UNMAP_ICM_AUX,
+/// UNMAP_FA.
+pub fn unmap_all(r: &mut Raw) -> R {
+    for (va, n) in ICM_REGIONS {
+        r.cmd(va, n, 0, Opcode::UNMAP_ICM)?;
+    }
+    r.cmd(0, 0, 0, Opcode::UNMAP_ICM_AUX)?;
+    r.cmd(0, 0, 0, Opcode::UNMAP_FA)
 }

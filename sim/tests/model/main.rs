@@ -4,6 +4,7 @@
 mod harness;
 
 mod bringup;
+mod coverage;
 mod events;
 mod faults;
 mod fw_init;
