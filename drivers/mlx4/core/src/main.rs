@@ -1094,6 +1094,21 @@ impl Dev {
             .collect()
     }
 
+    /// Linux `mlx4_counter_alloc`: a flow counter index (devices with
+    /// counters only).
+    #[doc(alias = "mlx4_counter_alloc")]
+    pub fn counter_alloc(&mut self) -> Result<u32> {
+        self.counters.as_mut().ok_or(Error::Unsupported)?.alloc()
+    }
+
+    /// Linux `mlx4_counter_free`.
+    #[doc(alias = "mlx4_counter_free")]
+    pub fn counter_free(&mut self, idx: u32) {
+        if let Some(c) = self.counters.as_mut() {
+            c.free(idx);
+        }
+    }
+
     /// The DMA pool the device allocates from.
     pub fn dma_pool(&self) -> &DmaPool {
         &self.pool

@@ -229,6 +229,16 @@ impl Dev {
         self.cmd.cmd(mb.dma(), in_mod, op_mod, op, timeout::CLASS_C)
     }
 
+    /// Linux `mlx4_qp_query`: the QP context as the HCA holds it.
+    #[doc(alias = "mlx4_qp_query")]
+    pub fn qp_query(&mut self, qp: &Qp) -> Result<QpContext> {
+        let mb = Mailbox::new(&self.pool)?;
+        self.cmd
+            .cmd_box(0, mb.dma(), qp.qpn, 0, Opcode::QUERY_QP, timeout::CLASS_A)?;
+        let b: [u8; QP_MODIFY_CONTEXT_OFFSET + QpContext::SIZE] = mb.read();
+        Ok(QpContext::from_bytes(&b[QP_MODIFY_CONTEXT_OFFSET..]))
+    }
+
     /// Free QPNs and live QPs (leak checks).
     pub fn qp_avail(&self) -> (u32, usize) {
         self.qp_table

@@ -148,6 +148,22 @@ impl Dev {
         )
     }
 
+    /// Linux `mlx4_srq_query`: the current limit watermark.
+    #[doc(alias = "mlx4_srq_query")]
+    pub fn srq_query(&mut self, srq: &Srq) -> Result<u32> {
+        let mb = Mailbox::new(&self.pool)?;
+        self.cmd.cmd_box(
+            0,
+            mb.dma(),
+            srq.srqn,
+            0,
+            Opcode::QUERY_SRQ,
+            timeout::CLASS_A,
+        )?;
+        let b: [u8; SrqContext::SIZE] = mb.read();
+        Ok(u32::from(SrqContext::from_bytes(&b).limit_watermark))
+    }
+
     /// Free SRQNs and live SRQs (leak checks).
     pub fn srq_avail(&self) -> (u32, usize) {
         self.srq_table

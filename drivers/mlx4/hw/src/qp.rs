@@ -70,6 +70,25 @@ pub struct QpPath {
 #[allow(missing_docs)]
 impl QpPath {
     pub const SIZE: usize = 44;
+    fn get(b: &[u8], o: usize) -> QpPath {
+        let mut rgid = [0u8; 16];
+        rgid.copy_from_slice(&b[o + 0x10..o + 0x20]);
+        QpPath {
+            fl: get_u8(b, o),
+            disable_pkey_check: get_u8(b, o + 0x02),
+            pkey_index: get_u8(b, o + 0x03),
+            counter_index: get_u8(b, o + 0x04),
+            grh_mylmc: get_u8(b, o + 0x05),
+            rlid: get_be16(b, o + 0x06),
+            ackto: get_u8(b, o + 0x08),
+            mgid_index: get_u8(b, o + 0x09),
+            static_rate: get_u8(b, o + 0x0a),
+            hop_limit: get_u8(b, o + 0x0b),
+            tclass_flowlabel: get_be32(b, o + 0x0c),
+            rgid,
+            sched_queue: get_u8(b, o + 0x20),
+        }
+    }
     fn put(&self, b: &mut [u8], o: usize) {
         put_u8(b, o, self.fl);
         put_u8(b, o + 0x02, self.disable_pkey_check);
@@ -169,6 +188,52 @@ impl QpContext {
     }
 }
 
+impl QpContext {
+    /// Decodes a context (QUERY_QP output at mailbox offset 8).
+    pub fn from_bytes(b: &[u8]) -> QpContext {
+        QpContext {
+            flags: get_be32(b, 0x00),
+            pd: get_be32(b, 0x04),
+            mtu_msgmax: get_u8(b, 0x08),
+            rq_size_stride: get_u8(b, 0x09),
+            sq_size_stride: get_u8(b, 0x0a),
+            rlkey: get_u8(b, 0x0b),
+            usr_page: get_be32(b, 0x0c),
+            local_qpn: get_be32(b, Self::LOCAL_QPN),
+            remote_qpn: get_be32(b, 0x14),
+            pri_path: QpPath::get(b, Self::PRI_PATH),
+            alt_path: QpPath::get(b, Self::ALT_PATH),
+            params1: get_be32(b, 0x70),
+            next_send_psn: get_be32(b, 0x78),
+            cqn_send: get_be32(b, 0x7c),
+            last_acked_psn: get_be32(b, 0x88),
+            ssn: get_be32(b, 0x8c),
+            params2: get_be32(b, 0x90),
+            rnr_nextrecvpsn: get_be32(b, 0x94),
+            xrcd: get_be32(b, 0x98),
+            cqn_recv: get_be32(b, 0x9c),
+            db_rec_addr: get_be64(b, 0xa0),
+            qkey: get_be32(b, 0xa8),
+            srqn: get_be32(b, 0xac),
+            msn: get_be32(b, 0xb0),
+            rq_wqe_counter: get_be16(b, 0xb4),
+            sq_wqe_counter: get_be16(b, 0xb6),
+            param3: get_be32(b, 0xc0),
+            log_page_size: get_u8(b, Self::LOG_PAGE_SIZE),
+            mtt_base_addr_h: get_u8(b, Self::MTT_BASE_ADDR_H),
+            mtt_base_addr_l: get_be32(b, Self::MTT_BASE_ADDR_L),
+        }
+    }
+
+    /// The state in the flags (bits 31:28), if valid.
+    pub fn state(&self) -> Option<QpState> {
+        use QpState::*;
+        [Rst, Init, Rtr, Rts, Sqer, Sqd, Err]
+            .get((self.flags >> 28) as usize)
+            .copied()
+    }
+}
+
 /// Modify-QP mailbox: BE32 optpar at 0, the context at 8.
 pub const QP_MODIFY_CONTEXT_OFFSET: usize = 8;
 
@@ -214,5 +279,7 @@ mod tests {
         assert_eq!(b[0x18 + 0x20], 0x83);
         assert_eq!(b[0xa8..0xac], [0x80, 1, 0, 0]);
         assert_eq!(b[0xcc..0xd0], [0, 0, 0, 0x40]);
+        assert_eq!(QpContext::from_bytes(&b), c);
+        assert_eq!(c.state(), Some(QpState::Rst));
     }
 }
