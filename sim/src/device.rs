@@ -390,7 +390,7 @@ impl Hca {
     /// present bit is `BAD_PARAM`.
     pub fn mtt_lookup(&mut self, index: u64) -> Result<u64, Status> {
         let g = self.geo()?;
-        if index >= 1u64 << self.caps().log_max_mtts {
+        if index >= crate::layout::pow2(self.caps().log_max_mtts) {
             return Err(Status::BAD_PARAM);
         }
         let mut b = [0u8; 8];
@@ -734,7 +734,7 @@ impl Hca {
             polls_left: if self.threaded {
                 0
             } else {
-                self.cfg.hcr_polls + fault.extra_polls
+                self.cfg.hcr_polls.saturating_add(fault.extra_polls)
             },
             due_ns: start_ns.saturating_add(delay.as_nanos() as u64),
             stuck: fault.stuck,
@@ -773,7 +773,9 @@ impl Hca {
             | u32::from(b.status) << bits::STATUS_SHIFT;
         self.bar0.set_be(regs::HCR_STATUS, word);
         if let Some(e) = self.trace.get_mut(b.trace_idx) {
-            e.duration = Some(core::time::Duration::from_nanos(now - b.start_ns));
+            e.duration = Some(core::time::Duration::from_nanos(
+                now.saturating_sub(b.start_ns),
+            ));
         }
         if b.event {
             self.post_async(crate::ctx::Event::Cmd {

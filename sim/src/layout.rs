@@ -44,6 +44,12 @@
 //!   4:0); Linux writes a 64-bit base and then the log byte over its last
 //!   byte. Same bytes, provided the base is aligned, which the model checks.
 
+/// 2^`log`, saturating (limits come from configuration and must not
+/// overflow a shift).
+pub fn pow2(log: u8) -> u64 {
+    1u64.checked_shl(u32::from(log)).unwrap_or(u64::MAX)
+}
+
 /// Reads a byte (0 past the end).
 pub fn get8(b: &[u8], off: usize) -> u8 {
     b.get(off).copied().unwrap_or(0)
@@ -510,23 +516,23 @@ impl DevCap {
 
     /// Reserved QPs (count).
     pub fn rsvd_qps(&self) -> u32 {
-        1 << self.log_rsvd_qps
+        pow2(self.log_rsvd_qps).min(u64::from(u32::MAX)) as u32
     }
     /// Reserved CQs (count).
     pub fn rsvd_cqs(&self) -> u32 {
-        1 << self.log_rsvd_cqs
+        pow2(self.log_rsvd_cqs).min(u64::from(u32::MAX)) as u32
     }
     /// Reserved SRQs (count).
     pub fn rsvd_srqs(&self) -> u32 {
-        1 << self.log_rsvd_srqs
+        pow2(self.log_rsvd_srqs).min(u64::from(u32::MAX)) as u32
     }
     /// Reserved MPTs (count).
     pub fn rsvd_mrws(&self) -> u32 {
-        1 << self.log_rsvd_mrws
+        pow2(self.log_rsvd_mrws).min(u64::from(u32::MAX)) as u32
     }
     /// Number of UAR pages in BAR2.
     pub fn num_uars(&self) -> u32 {
-        ((1u64 << 20) << self.uar_sz >> 12) as u32
+        (pow2(self.uar_sz.saturating_add(20)) >> 12).min(u64::from(u32::MAX)) as u32
     }
 }
 

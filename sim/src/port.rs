@@ -152,7 +152,7 @@ pub const DEFAULT_CAP_MASK: u32 = 0x0251_4868;
 impl Port {
     /// A powered-on port.
     pub fn new(num: u8, cfg: &SimConfig) -> Port {
-        let port_guid = cfg.node_guid + u64::from(num);
+        let port_guid = cfg.node_guid.wrapping_add(u64::from(num));
         let mut guids = vec![0u64; GUID_TABLE_LEN];
         guids[0] = port_guid;
         let mut pkeys = vec![0u16; PKEY_TABLE_LEN];

@@ -188,9 +188,10 @@ pub fn map_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// True if a context in hardware ownership lives in `[va, va + len)`.
 fn icm_in_use(hca: &Hca, va: u64, len: u64) -> bool {
     let Some(g) = hca.geo else { return false };
+    let end = va.saturating_add(len);
     let hit = |t: Table, idx: u32| {
         let a = g.va(t, u64::from(idx));
-        a < va + len && va < a + g.entry_size(t)
+        a < end && va < a + g.entry_size(t)
     };
     hca.eqs.keys().any(|&n| hit(Table::Eqc, n))
         || hca.cqs.keys().any(|&n| hit(Table::Cqc, n))

@@ -150,7 +150,7 @@ fn check_rst2init(hca: &mut Hca, qpn: u32, c: &QpCtx) -> Result<(), Status> {
     };
     if !st_ok
         || c.local_qpn != qpn
-        || c.pd >> caps.log_max_pd != 0
+        || u64::from(c.pd) >= crate::layout::pow2(caps.log_max_pd)
         || c.usr_page >= caps.num_uars()
         || c.usr_page < u32::from(caps.rsvd_uars)
         || c.sq_log_size > caps.log_max_qp_sz

@@ -270,7 +270,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         || m.key & (nmpt - 1) != idx
         || m.flags & mpt::FLAG_LR == 0
         || m.lkey != 0
-        || m.pd >> hca.caps().log_max_pd != 0
+        || u64::from(m.pd) >= crate::layout::pow2(hca.caps().log_max_pd)
     {
         return Err(Status::BAD_PARAM);
     }
@@ -340,7 +340,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let first = get64(&b, 0);
     if first
         .checked_add(u64::from(n))
-        .is_none_or(|e| e > 1 << hca.caps().log_max_mtts)
+        .is_none_or(|e| e > crate::layout::pow2(hca.caps().log_max_mtts))
     {
         return Err(Status::BAD_INDEX);
     }
@@ -371,7 +371,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let s = SrqCtx::decode(&b);
     if s.srqn != srqn
         || s.log_size > hca.caps().log_max_srq_sz
-        || s.pd >> hca.caps().log_max_pd != 0
+        || u64::from(s.pd) >= crate::layout::pow2(hca.caps().log_max_pd)
         || !s.db_rec_addr.is_multiple_of(4)
     {
         return Err(Status::BAD_PARAM);

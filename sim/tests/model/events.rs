@@ -183,3 +183,24 @@ fn cq_and_send_doorbells_are_checked_and_kept_for_the_engines() {
     assert_eq!(pending[0], (page + 0x24, 0));
     assert_eq!(pending.len(), 4);
 }
+
+#[test]
+fn event_mode_commands_also_complete_with_a_cmd_eqe() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    let q = create_eq(&mut r, FIRST_EQ, 3).unwrap();
+    r.cmd(1 << 0x0a, FIRST_EQ, 0, Opcode::MAP_EQ).unwrap();
+    // Linux mlx4_cmd_wait: E=1, token in dword 5.
+    for off in [0, 4, 8, 0xc, 0x10] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 8, 0x1f);
+    r.bar0.write_be32(HCR + 0x14, 0x0042 << 16);
+    let t = if r.toggle { T } else { 0 };
+    r.bar0.write_be32(HCR + 0x18, GO | E | t | 0x031);
+    r.toggle = !r.toggle;
+    while r.pending() {}
+    let e = eqe(&r, &q, 8, 0);
+    assert_eq!((e[1], e[6], e[7], e[0x0f], e[31]), (0x0a, 0x00, 0x42, 0, 0));
+    assert!(r.sim.trace().last().unwrap().event);
+}

@@ -7,6 +7,7 @@ mod bringup;
 mod coverage;
 mod events;
 mod faults;
+mod fuzz;
 mod fw_init;
 mod hcr_protocol;
 mod ports_mad;
