@@ -90,6 +90,16 @@ fn lifecycle(hca: &sim::SimHca) {
         dev.write_mtt(&mr.mtt, 0, &addrs).unwrap();
         dev.mr_enable(&mut mr)
             .unwrap_or_else(|e| panic!("{e}: {:#?}", hca.violations()));
+        if i == 0 {
+            // The model's reading of the entry the driver wrote.
+            let m = dev.mpt_query(&mr).unwrap();
+            assert_eq!(
+                (m.key, m.pd_flags & 0xff_ffff, m.start, m.length),
+                (mr.key >> 8, pd, iova, 7 * 4096)
+            );
+            assert_eq!(m.mtt_addr, dev.mtt_addr(&mr.mtt));
+            assert_eq!(m.entity_size, 12);
+        }
         dev.mr_free(mr).unwrap();
     }
     // Many at once.

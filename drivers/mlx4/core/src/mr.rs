@@ -304,6 +304,18 @@ impl Dev {
         r
     }
 
+    /// The dMPT entry as the HCA holds it (QUERY_MPT; newer Linux
+    /// `mlx4_mr_hw_get_mpt`).
+    #[doc(alias = "mlx4_mr_hw_get_mpt")]
+    pub fn mpt_query(&mut self, mr: &Mr) -> Result<MptEntry> {
+        let index = hw::key_to_hw_index(mr.key) & (self.caps.num_mpts - 1);
+        let mb = Mailbox::new(&self.pool)?;
+        self.cmd
+            .cmd_box(0, mb.dma(), index, 0, Opcode::QUERY_MPT, timeout::CLASS_B)?;
+        let b: [u8; MptEntry::SIZE] = mb.read();
+        Ok(MptEntry::from_bytes(&b))
+    }
+
     /// Free MPT indices (leak checks).
     pub fn mpt_avail(&self) -> u32 {
         self.mr_table.as_ref().map_or(0, |t| t.mpt_bitmap.avail())
