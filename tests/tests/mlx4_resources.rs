@@ -344,3 +344,36 @@ fn hundreds_of_port_events_wrap_the_async_eq() {
         dev.teardown();
     }
 }
+
+#[test]
+fn corrupt_eqes_are_survived() {
+    use sim::faults::EqeCorruption;
+    for c in [
+        EqeCorruption::BadType,
+        EqeCorruption::GarbageData,
+        EqeCorruption::WrongOwner,
+    ] {
+        let hca = sync_hca();
+        let mut dev = bring_up(&hca, Profile::default()).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        dev.register_interface(Box::new(Recorder(seen.clone())));
+        dev.init_port(1).unwrap();
+        hca.faults().corrupt_next_eqe(c);
+        assert!(hca.activate_port(1, 0x31, 0x1));
+        let n = dev.poll();
+        let ev = seen.lock().unwrap().clone();
+        match c {
+            // A hardware-owned entry is not consumed: nothing is seen.
+            EqeCorruption::WrongOwner => assert_eq!((n, ev.len()), (0, 0), "{c:?}: {ev:?}"),
+            // Consumed, reported as unknown or with nonsense data, no panic.
+            _ => assert_eq!(n, 1, "{c:?}: {ev:?}"),
+        }
+        assert!(!dev.is_catastrophic());
+        dev.teardown();
+        assert!(
+            hca.violations().is_empty(),
+            "{c:?}: {:#?}",
+            hca.violations()
+        );
+    }
+}
