@@ -1,7 +1,8 @@
 //! The PCI configuration space of an MT27500 (ConnectX-3) function: ids,
-//! class, two 64-bit memory BARs, a capability list (PM, VPD, MSI-X, PCIe)
-//! and the command register the model obeys; VPD contents, MSI-X delivery,
-//! power states and extended (PCIe) config space are not modelled.
+//! class, two 64-bit memory BARs, a capability list (PM, VPD with a
+//! read-only VPD image, MSI-X, PCIe) and the command register the model
+//! obeys; MSI-X delivery, power states, VPD writes and extended (PCIe)
+//! config space are not modelled.
 //!
 //! Only the bits a real function implements are writable: the command
 //! register (I/O, memory, bus master, parity, SERR, INTx disable), the BAR
@@ -49,6 +50,39 @@ pub mod caps {
 
 const CMD_MEMORY: u32 = 1 << 1;
 const CMD_MASTER: u32 = 1 << 2;
+
+/// The VPD image (PCI 3.0 6.4): identifier string, then a read-only
+/// section with part number, EC level, serial number, a vendor field and
+/// the checksum, then the end tag; padded to 256 bytes.
+pub fn vpd_image() -> Vec<u8> {
+    let id = b"CX354A - ConnectX-3 QSFP";
+    let mut v = vec![0x82, id.len() as u8, 0];
+    v.extend_from_slice(id);
+    let fields: [(&[u8; 2], &[u8]); 4] = [
+        (b"PN", b"MCX354A-FCBT"),
+        (b"EC", b"A4"),
+        (b"SN", b"MT1234X00042"),
+        (b"V0", b"PCIeGen3 x8"),
+    ];
+    let mut ro = Vec::new();
+    for (k, val) in fields {
+        ro.extend_from_slice(k);
+        ro.push(val.len() as u8);
+        ro.extend_from_slice(val);
+    }
+    // RV: checksum byte plus reserved bytes to the end of the section.
+    ro.extend_from_slice(b"RV");
+    ro.push(1);
+    let ro_len = ro.len() + 1;
+    v.push(0x90);
+    v.extend_from_slice(&(ro_len as u16).to_le_bytes());
+    v.extend_from_slice(&ro);
+    let sum = v.iter().fold(0u8, |a, b| a.wrapping_add(*b));
+    v.push(0u8.wrapping_sub(sum));
+    v.push(0x78);
+    v.resize(256, 0);
+    v
+}
 
 /// The config space model, shared (atomics) between the driver's thread and
 /// the model.
@@ -200,6 +234,17 @@ impl ConfigSpace for PciConfig {
             // Status error bits (31:27, 24) are write-one-to-clear.
             new &= !(value & 0xf900_0000);
         }
+        if i == usize::from(caps::VPD / 4) && value & (1 << 31) == 0 {
+            // VPD read: address in bits 30:16 (dword aligned); the data
+            // register gets the four bytes and the flag (bit 31) sets.
+            let addr = ((value >> 16) & 0x7ffc) as usize;
+            let vpd = vpd_image();
+            let d = (0..4).fold(0u32, |acc, k| {
+                acc | u32::from(vpd.get(addr + k).copied().unwrap_or(0)) << (8 * k)
+            });
+            self.words[i + 1].store(d, Ordering::Release);
+            new |= 1 << 31;
+        }
         self.words[i].store(new, Ordering::Release);
     }
 }
@@ -257,6 +302,23 @@ mod tests {
         assert_eq!(c.read32(0), 0x1003_15b3);
         assert_eq!(c.read32(4) & 0xffff, 0, "command cleared by reset");
         assert_eq!(c.read32(0x10), 0x4, "BAR address lost by reset");
+    }
+
+    #[test]
+    fn vpd_reads_back_a_valid_image() {
+        let (_, c) = cfg();
+        let mut bytes = Vec::new();
+        for addr in (0..64u32).step_by(4) {
+            c.write32(caps::VPD, addr << 16 | 0x9c03);
+            assert_ne!(c.read32(caps::VPD) & (1 << 31), 0, "flag set when data is ready");
+            bytes.extend_from_slice(&c.read32(caps::VPD + 4).to_le_bytes());
+        }
+        assert_eq!(bytes[0], 0x82);
+        assert_eq!(&bytes[3..27], b"CX354A - ConnectX-3 QSFP");
+        let img = vpd_image();
+        let rv = img.windows(2).position(|w| w == b"RV").unwrap();
+        assert_eq!(img[..=rv + 3].iter().fold(0u8, |a, b| a.wrapping_add(*b)), 0, "checksum");
+        assert_eq!(img[rv + 4], 0x78, "end tag");
     }
 
     #[test]
