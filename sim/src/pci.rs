@@ -310,14 +310,22 @@ mod tests {
         let mut bytes = Vec::new();
         for addr in (0..64u32).step_by(4) {
             c.write32(caps::VPD, addr << 16 | 0x9c03);
-            assert_ne!(c.read32(caps::VPD) & (1 << 31), 0, "flag set when data is ready");
+            assert_ne!(
+                c.read32(caps::VPD) & (1 << 31),
+                0,
+                "flag set when data is ready"
+            );
             bytes.extend_from_slice(&c.read32(caps::VPD + 4).to_le_bytes());
         }
         assert_eq!(bytes[0], 0x82);
         assert_eq!(&bytes[3..27], b"CX354A - ConnectX-3 QSFP");
         let img = vpd_image();
         let rv = img.windows(2).position(|w| w == b"RV").unwrap();
-        assert_eq!(img[..=rv + 3].iter().fold(0u8, |a, b| a.wrapping_add(*b)), 0, "checksum");
+        assert_eq!(
+            img[..=rv + 3].iter().fold(0u8, |a, b| a.wrapping_add(*b)),
+            0,
+            "checksum"
+        );
         assert_eq!(img[rv + 4], 0x78, "end tag");
     }
 

@@ -6,7 +6,7 @@
 //! | module | commands |
 //! |---|---|
 //! | [`init`] | QUERY_FW, MAP_FA, UNMAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP, QUERY_ADAPTER, SET_ICM_SIZE, MAP_ICM_AUX, UNMAP_ICM_AUX, MAP_ICM, UNMAP_ICM, INIT_HCA, CLOSE_HCA, QUERY_HCA, NOP |
-//! | [`res`] | SW2HW/HW2SW/QUERY for EQ, CQ, MPT, SRQ; MAP_EQ; WRITE_MTT; ARM_SRQ |
+//! | [`res`] | SW2HW/HW2SW/QUERY for EQ, CQ, MPT, SRQ; MAP_EQ; MODIFY_CQ; WRITE_MTT; ARM_SRQ |
 //! | [`qp`] | RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, RTS2SQD, SQD2RTS, SQD2SQD, 2ERR, 2RST, QUERY_QP, CONF_SPECIAL_QP |
 //! | [`port`] | QUERY_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
 //!
@@ -92,6 +92,7 @@ pub fn execute(hca: &mut Hca, cmd: &Command) -> Outcome {
         Opcode::SW2HW_CQ => res::sw2hw_cq(hca, cmd),
         Opcode::HW2SW_CQ => res::hw2sw_cq(hca, cmd),
         Opcode::QUERY_CQ => res::query_cq(hca, cmd),
+        Opcode::MODIFY_CQ => res::modify_cq(hca, cmd),
         Opcode::SW2HW_MPT => res::sw2hw_mpt(hca, cmd),
         Opcode::HW2SW_MPT => res::hw2sw_mpt(hca, cmd),
         Opcode::QUERY_MPT => res::query_mpt(hca, cmd),

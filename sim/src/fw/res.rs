@@ -1,6 +1,6 @@
 //! Resource-ownership commands: SW2HW/HW2SW/QUERY for EQs, CQs, MPTs and
-//! SRQs, MAP_EQ, WRITE_MTT and ARM_SRQ; MODIFY_CQ (resize/moderation),
-//! memory-window binding and XRC checks are not modelled.
+//! SRQs, MAP_EQ, MODIFY_CQ, WRITE_MTT and ARM_SRQ; memory-window binding,
+//! READ_MTT, SYNC_TPT and XRC checks are not modelled.
 //!
 //! SW2HW copies the mailbox context into its ICM slot (which must be mapped)
 //! after checking it; HW2SW hands it back from ICM. Buffers named by a context
@@ -204,6 +204,46 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             arms: 0,
         },
     );
+    Ok(Outcome::OK)
+}
+
+/// MODIFY_CQ: op_mod 0 resizes (new size, page size and MTT; the UAR and
+/// EQ stay), op_mod 1 sets moderation (count and period). With no CQ engine
+/// yet nothing is outstanding, so BAD_SIZE cannot arise.
+pub fn modify_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    let cqn = index(cmd);
+    let (cq, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
+    let b = ctx_in(hca, cmd, cqc::SIZE)?;
+    let mut cur = vec![0u8; cqc::SIZE];
+    hca.icm_read(va, &mut cur)?;
+    match cmd.op_mod {
+        1 => cur[cqc::CQ_PERIOD..cqc::CQ_PERIOD + 4]
+            .copy_from_slice(&b[cqc::CQ_PERIOD..cqc::CQ_PERIOD + 4]),
+        0 => {
+            let c = CqCtx::decode(&b);
+            if c.log_size > hca.caps().log_max_cq_sz {
+                return Err(Status::BAD_PARAM);
+            }
+            let page_size = 4096u64 << c.log_page_size.min(20);
+            let nent = 1u32 << c.log_size;
+            let pages = hca.mtt_pages(c.mtt_base, c.log_page_size, u64::from(nent) * 32)?;
+            for i in 0..u64::from(nent) {
+                let off = i * ENTRY_32 as u64;
+                let pa = pages[(off / page_size) as usize] + off % page_size;
+                hca.dma_write(pa + ENTRY_32 as u64 - 1, &[ctx::eqe::OWNER_BIT])?;
+            }
+            let ls = u32::from(c.log_size) << 24 | cq.uar;
+            cur[cqc::LOGSIZE_USRPAGE..cqc::LOGSIZE_USRPAGE + 4].copy_from_slice(&ls.to_be_bytes());
+            cur[cqc::LOG_PAGE_SIZE] = b[cqc::LOG_PAGE_SIZE];
+            cur[cqc::MTT_ADDR_H..cqc::MTT_ADDR_L + 4]
+                .copy_from_slice(&b[cqc::MTT_ADDR_H..cqc::MTT_ADDR_L + 4]);
+            if let Some(x) = hca.cqs.get_mut(&cqn) {
+                x.nent = nent;
+            }
+        }
+        _ => return Err(Status::BAD_OP),
+    }
+    hca.icm_write(va, &cur)?;
     Ok(Outcome::OK)
 }
 

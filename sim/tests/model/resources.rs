@@ -352,3 +352,41 @@ fn srq_lifecycle_and_arm() {
         st(Status::BAD_RES_STATE)
     );
 }
+
+#[test]
+fn modify_cq_moderation_and_resize() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    create_eq(&mut r, FIRST_EQ, 6).unwrap();
+    create_cq(&mut r, FIRST_CQ, 6, FIRST_EQ as u8).unwrap();
+    let mut m = vec![0u8; 64];
+    m[0x10..0x14].copy_from_slice(&[0, 10, 0, 16]);
+    r.cmd_in(&m, FIRST_CQ, 1, Opcode::MODIFY_CQ).unwrap();
+    let ctx = r.icm_peek(CQC + u64::from(FIRST_CQ) * 64, 64);
+    assert_eq!(&ctx[0x10..0x14], &[0, 10, 0, 16]);
+    // Resize to 256 entries (2 pages).
+    let q = queue(&mut r, 2).unwrap();
+    let mut m = vec![0u8; 64];
+    m[0x0c] = 8;
+    m[0x1c..0x20].copy_from_slice(&((q.mtt * 8) as u32).to_be_bytes());
+    r.cmd_in(&m, FIRST_CQ, 0, Opcode::MODIFY_CQ).unwrap();
+    let ctx = r.icm_peek(CQC + u64::from(FIRST_CQ) * 64, 64);
+    assert_eq!(
+        u32::from_be_bytes(ctx[0x0c..0x10].try_into().unwrap()),
+        8 << 24 | UAR
+    );
+    assert_eq!(eqe(&r, &q, 256, 255)[31], 0x80, "new buffer hardware-owned");
+    m[0x0c] = 23;
+    assert_eq!(
+        r.cmd_in(&m, FIRST_CQ, 0, Opcode::MODIFY_CQ),
+        Err(CmdError::Status(Status::BAD_PARAM))
+    );
+    assert_eq!(
+        r.cmd_in(&m, FIRST_CQ, 2, Opcode::MODIFY_CQ),
+        Err(CmdError::Status(Status::BAD_OP))
+    );
+    assert_eq!(
+        r.cmd_in(&m, FIRST_CQ + 1, 1, Opcode::MODIFY_CQ),
+        Err(CmdError::Status(Status::BAD_RES_STATE))
+    );
+}
