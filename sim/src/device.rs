@@ -789,10 +789,13 @@ impl Hca {
     // ---------------------------------------------------------------
     // Threaded front end: poll the shared register memory.
 
-    /// One polling pass over the shared registers.
-    pub fn poll_shared(&mut self) {
+    /// One polling pass over the shared registers; true if anything
+    /// happened (a command, a reset, a doorbell).
+    pub fn poll_shared(&mut self) -> bool {
+        let mut active = false;
         if be_dw(self.bar0.raw(regs::RESET)) & 1 != 0 {
             self.reset();
+            active = true;
         }
         let clk = self.internal_clock();
         self.bar0.set_be(regs::INTERNAL_CLOCK, (clk >> 32) as u32);
@@ -809,6 +812,7 @@ impl Hca {
                     self.bar0.set_be(regs::HCR_STATUS, posted);
                 }
                 self.try_complete();
+                active = true;
             }
             None if dw6 & bits::GO != 0 && self.pci.memory_enabled() => {
                 let mut dw = [0u32; 7];
@@ -816,6 +820,7 @@ impl Hca {
                     *d = self.bar0.be(regs::HCR_BASE + 4 * i);
                 }
                 self.post(dw);
+                active = true;
             }
             None => {}
         }
@@ -826,8 +831,10 @@ impl Hca {
             if raw != seen {
                 self.eq_db_seen.insert(eqn, raw);
                 self.eq_doorbell(eqn, be_dw(raw));
+                active = true;
             }
         }
+        active
     }
 
     /// Raises a catastrophic error: the error buffer gets a syndrome, a

@@ -74,7 +74,8 @@ pub struct SimConfig {
     pub dma_bus_base: u64,
     /// Sync mode: fake-clock advance per `relax()`.
     pub relax_step: Duration,
-    /// Threaded mode: model thread polling period.
+    /// Threaded mode: model thread polling period while busy (it backs off
+    /// to 1 ms when nothing happens).
     pub poll_interval: Duration,
     /// Cables plugged: ports train after INIT_PORT.
     pub cable_plugged: bool,
@@ -273,9 +274,18 @@ impl SimHca {
             std::thread::Builder::new()
                 .name("cx3-model".into())
                 .spawn(move || {
+                    // Poll at `poll` while busy; back off to 1 ms when idle
+                    // so an idle model does not eat a shared CPU.
+                    let idle_max = poll.max(Duration::from_millis(1));
+                    let mut wait = poll;
                     while !s.load(Ordering::Acquire) {
-                        lock(&h).poll_shared();
-                        std::thread::sleep(poll);
+                        let active = lock(&h).poll_shared();
+                        wait = if active {
+                            poll
+                        } else {
+                            (wait * 2).min(idle_max)
+                        };
+                        std::thread::sleep(wait);
                     }
                 })
                 .expect("spawn the model thread")

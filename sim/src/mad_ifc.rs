@@ -361,3 +361,77 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frontend::SimConfig;
+
+    #[test]
+    fn port_info_golden() {
+        let mut p = Port::new(2, &SimConfig::default());
+        p.initialized = true;
+        p.retrain();
+        p.state = LogicalState::Active;
+        p.lid = 0x0012;
+        p.sm_lid = 0x0001;
+        p.sm_sl = 3;
+        p.lmc = 1;
+        p.subnet_timeout = 18;
+        p.qkey_violations = 5;
+        let mut d = [0u8; 64];
+        encode_port_info(&p, &mut d);
+        assert_eq!(&d[0..8], &[0; 8], "M_Key");
+        assert_eq!(&d[8..16], &[0xfe, 0x80, 0, 0, 0, 0, 0, 0], "GID prefix");
+        assert_eq!(&d[16..20], &[0x00, 0x12, 0x00, 0x01], "LID, SM LID");
+        assert_eq!(&d[20..24], &[0x02, 0x51, 0x48, 0x68], "capability mask");
+        assert_eq!(d[28], 2, "local port");
+        assert_eq!((d[29], d[30], d[31]), (3, 3, 2), "widths");
+        assert_eq!(d[32], 0x74, "speed supported | Active");
+        assert_eq!(d[33], 0x52, "LinkUp | default Polling");
+        assert_eq!(d[34], 0x01, "LMC");
+        assert_eq!(d[35], 0x47, "QDR active | enabled");
+        assert_eq!(d[36], 0x53, "neighbor MTU 4096 | SM SL");
+        assert_eq!(d[37] >> 4, 4, "VL0-7");
+        assert_eq!(d[41] & 0xf, 5, "MTU cap");
+        assert_eq!(&d[48..50], &[0, 5], "Q_Key violations");
+        assert_eq!(d[50], 128, "GUID cap");
+        assert_eq!(d[51], 18, "subnet timeout");
+    }
+
+    #[test]
+    fn port_info_set_rules() {
+        let mut p = Port::new(1, &SimConfig::default());
+        p.initialized = true;
+        p.retrain();
+        let mut d = [0u8; 64];
+        encode_port_info(&p, &mut d);
+        d[32] = (d[32] & 0xf0) | 2;
+        assert_eq!(
+            port_info_set(&mut p, &d),
+            Err(mad_status::INVALID_FIELD),
+            "Init cannot be set"
+        );
+        d[32] = (d[32] & 0xf0) | 3;
+        d[16..18].copy_from_slice(&0xc001u16.to_be_bytes());
+        assert_eq!(
+            port_info_set(&mut p, &d),
+            Err(mad_status::INVALID_FIELD),
+            "multicast LID"
+        );
+        d[16..18].copy_from_slice(&0x0004u16.to_be_bytes());
+        d[51] = 0x80 | 7;
+        assert_eq!(port_info_set(&mut p, &d), Ok(()));
+        assert_eq!(
+            (p.state, p.lid, p.client_rereg, p.subnet_timeout),
+            (LogicalState::Armed, 4, true, 7)
+        );
+        d[32] = (d[32] & 0xf0) | 1;
+        assert_eq!(port_info_set(&mut p, &d), Ok(()));
+        assert_eq!(
+            p.state,
+            LogicalState::Init,
+            "Down retrains to Init while the link is up"
+        );
+    }
+}

@@ -212,3 +212,18 @@ fn threaded_mode_serves_commands_from_shared_memory_and_stops_on_drop() {
     // The handle, its clones and the thread are gone: the clock is freed.
     assert!(weak_clock.upgrade().is_none());
 }
+
+#[test]
+fn threaded_mode_software_reset_and_bring_up() {
+    let sim = SimHca::new_threaded(SimConfig {
+        reset_duration: Duration::from_millis(50),
+        ..Default::default()
+    });
+    let mut r = Raw::with(sim);
+    r.timeout = Duration::from_secs(30);
+    // Linux's sequence, with its real one-second sleep.
+    init(&mut r).unwrap();
+    assert!(r.sim.is_initialized());
+    assert!(r.ok_trace());
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+}
