@@ -1,8 +1,14 @@
-//! Multicast group table sizing (Linux `mcg.c`: `mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`, `mlx4_init_mcg_table`); attaching QPs to groups (READ_MCG/WRITE_MCG/MGID_HASH) and flow steering are left out, as in LegoOS.
+//! Multicast groups with A0/B0 steering: MGID hashing, MGM/AMGM hash chains, attach and detach of QPs (Linux `mcg.c`: `mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`, `mlx4_init_mcg_table`, `find_entry`, `mlx4_qp_attach_common`, `mlx4_qp_detach_common`); device-managed flow steering and the Ethernet steering lists are left out.
 
-use crate::Result;
+use log::{debug, error, warn};
+use mlx4_hw::cmd::{Opcode, timeout};
+use mlx4_hw::mcg::{MGM_BLCK_LB_BIT, MGM_QPN_MASK, Mgm, PROT_IB_IPV6};
+
 use crate::bitmap::Bitmap;
+use crate::cmd::Mailbox;
 use crate::main::Dev;
+use crate::qp::Qp;
+use crate::{Error, Result};
 
 /// Linux `mlx4_get_qp_per_mgm`: 4 * (entry size / 16 - 2).
 pub fn qp_per_mgm(log_mgm_entry_size: u32) -> u32 {
@@ -16,6 +22,222 @@ impl Dev {
         let n = self.caps.num_amgms.max(1);
         self.mcg_bitmap = Some(Bitmap::new(n, n - 1, 0, 0)?);
         Ok(())
+    }
+
+    fn mgm_entry_size(&self) -> usize {
+        1 << self.layout.init_hca.log_mc_entry_sz.min(12)
+    }
+
+    fn read_entry(&mut self, index: u32, mb: &Mailbox) -> Result<Mgm> {
+        self.cmd
+            .cmd_box(0, mb.dma(), index, 0, Opcode::READ_MCG, timeout::CLASS_A)?;
+        let b: [u8; 4096] = mb.read();
+        Ok(Mgm::from_bytes(&b[..self.mgm_entry_size()]))
+    }
+
+    fn write_entry(&mut self, index: u32, mb: &Mailbox, m: &Mgm) -> Result<()> {
+        let mut b = [0u8; 4096];
+        let n = self.mgm_entry_size();
+        m.to_bytes(&mut b[..n]);
+        mb.write(0, &b[..n]);
+        self.cmd
+            .cmd(mb.dma(), index, 0, Opcode::WRITE_MCG, timeout::CLASS_A)
+    }
+
+    fn mgid_hash(&mut self, gid: &[u8; 16]) -> Result<u32> {
+        let mb = Mailbox::new(&self.pool)?;
+        mb.write(0, gid);
+        let h = self
+            .cmd
+            .cmd_imm(mb.dma(), 0, 0, Opcode::MGID_HASH, timeout::CLASS_A)?;
+        if h >= u64::from(self.caps.num_mgms) {
+            return Err(Error::BadCaps {
+                field: "mgid_hash",
+                value: h,
+            });
+        }
+        Ok(h as u32)
+    }
+
+    /// Linux `find_entry`: walks the hash chain of `gid`. Returns (entry,
+    /// index, previous index) if found, else `(None, hash, last index)`.
+    fn find_entry(
+        &mut self,
+        gid: &[u8; 16],
+        prot: u32,
+        mb: &Mailbox,
+    ) -> Result<(Option<Mgm>, u32, Option<u32>)> {
+        let hash = self.mgid_hash(gid)?;
+        let total = self.caps.num_mgms + self.caps.num_amgms;
+        let mut index = hash;
+        let mut prev = None;
+        // A chain longer than the table is device nonsense, not a loop.
+        for _ in 0..=total {
+            let m = self.read_entry(index, mb)?;
+            if m.qp.is_empty() {
+                if index != hash {
+                    error!("mlx4_core {}: Found zero MGID in AMGM.", self.pci);
+                    return Err(Error::InvalidArg);
+                }
+                return Ok((None, index, None));
+            }
+            if m.gid == *gid && m.prot == prot {
+                return Ok((Some(m), index, prev));
+            }
+            prev = Some(index);
+            if m.next == 0 {
+                return Ok((None, index, prev));
+            }
+            if m.next >= total {
+                return Err(Error::BadCaps {
+                    field: "next_gid_index",
+                    value: u64::from(m.next),
+                });
+            }
+            index = m.next;
+        }
+        Err(Error::BadCaps {
+            field: "next_gid_index",
+            value: u64::from(index),
+        })
+    }
+
+    /// Linux `mlx4_multicast_attach` for IB (`mlx4_qp_attach_common`).
+    #[doc(alias = "mlx4_multicast_attach")]
+    pub fn multicast_attach(
+        &mut self,
+        qp: &Qp,
+        gid: &[u8; 16],
+        block_loopback: bool,
+    ) -> Result<()> {
+        let prot = PROT_IB_IPV6;
+        let mb = Mailbox::new(&self.pool)?;
+        let (found, index, prev) = self.find_entry(gid, prot, &mb)?;
+        let (mut m, index, link) = match found {
+            Some(m) => (m, index, None),
+            None if prev.is_none() => (
+                Mgm {
+                    gid: *gid,
+                    prot,
+                    ..Default::default()
+                },
+                index,
+                None,
+            ),
+            None => {
+                // Chain a new AMGM entry after the last one.
+                let Ok(a) = self.mcg_bitmap.as_mut().ok_or(Error::InvalidArg)?.alloc() else {
+                    error!("mlx4_core {}: No AMGM entries left", self.pci);
+                    return Err(Error::NoMem);
+                };
+                (
+                    Mgm {
+                        gid: *gid,
+                        prot,
+                        ..Default::default()
+                    },
+                    a + self.caps.num_mgms,
+                    Some(index),
+                )
+            }
+        };
+        let r = (|| {
+            if m.qp.len() as u32 >= self.caps.num_qp_per_mgm {
+                error!("mlx4_core {}: MGM at index {index:x} is full.", self.pci);
+                return Err(Error::NoMem);
+            }
+            if m.qp.as_slice().iter().any(|&w| w & MGM_QPN_MASK == qp.qpn) {
+                debug!(
+                    "mlx4_core {}: QP {:06x} already a member of MGM",
+                    self.pci, qp.qpn
+                );
+                return Ok(());
+            }
+            let w = (qp.qpn & MGM_QPN_MASK) | (u32::from(block_loopback) << MGM_BLCK_LB_BIT);
+            m.qp.push(w);
+            self.write_entry(index, &mb, &m)?;
+            if let Some(prev) = link {
+                let mut p = self.read_entry(prev, &mb)?;
+                p.next = index;
+                self.write_entry(prev, &mb, &p)?;
+            }
+            Ok(())
+        })();
+        if r.is_err()
+            && link.is_some()
+            && let Some(b) = self.mcg_bitmap.as_mut()
+        {
+            b.free(index - self.caps.num_mgms);
+        }
+        r
+    }
+
+    /// Linux `mlx4_multicast_detach` for IB (`mlx4_qp_detach_common`).
+    #[doc(alias = "mlx4_multicast_detach")]
+    pub fn multicast_detach(&mut self, qp: &Qp, gid: &[u8; 16]) -> Result<()> {
+        let prot = PROT_IB_IPV6;
+        let mb = Mailbox::new(&self.pool)?;
+        let (found, index, prev) = self.find_entry(gid, prot, &mb)?;
+        let Some(mut m) = found else {
+            error!("mlx4_core {}: MGID not found", self.pci);
+            return Err(Error::InvalidArg);
+        };
+        let Some(loc) =
+            m.qp.as_slice()
+                .iter()
+                .position(|&w| w & MGM_QPN_MASK == qp.qpn)
+        else {
+            error!("mlx4_core {}: QP {:06x} not found in MGM", self.pci, qp.qpn);
+            return Err(Error::InvalidArg);
+        };
+        m.qp.swap_remove(loc);
+        if !m.qp.is_empty() {
+            return self.write_entry(index, &mb, &m);
+        }
+        // The entry goes away.
+        let num_mgms = self.caps.num_mgms;
+        match prev {
+            None => {
+                // Remove from the MGM: pull the next AMGM entry into its place.
+                let amgm = m.next;
+                let repl = if amgm != 0 {
+                    self.read_entry(amgm, &mb)?
+                } else {
+                    Mgm {
+                        prot,
+                        ..Default::default()
+                    }
+                };
+                self.write_entry(index, &mb, &repl)?;
+                if amgm != 0 {
+                    if amgm < num_mgms {
+                        warn!("mlx4_core {}: Got AMGM index {amgm} < {num_mgms}", self.pci);
+                    } else if let Some(b) = self.mcg_bitmap.as_mut() {
+                        b.free(amgm - num_mgms);
+                    }
+                }
+            }
+            Some(prev) => {
+                // Remove from the AMGM chain.
+                let mut p = self.read_entry(prev, &mb)?;
+                p.next = m.next;
+                self.write_entry(prev, &mb, &p)?;
+                if index < num_mgms {
+                    warn!(
+                        "mlx4_core {}: entry {prev} had next AMGM index {index} < {num_mgms}",
+                        self.pci
+                    );
+                } else if let Some(b) = self.mcg_bitmap.as_mut() {
+                    b.free(index - num_mgms);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Free AMGM entries (leak checks).
+    pub fn amgm_avail(&self) -> u32 {
+        self.mcg_bitmap.as_ref().map_or(0, Bitmap::avail)
     }
 }
 

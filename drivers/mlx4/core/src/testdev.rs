@@ -31,6 +31,7 @@ pub struct Faults {
 
 pub struct FakeDev {
     bar0: MemBar,
+    mgm: Mutex<std::collections::BTreeMap<u32, Vec<u8>>>,
     dma: Arc<ArenaDma>,
     pub posted: Mutex<Vec<(u16, u8, u32)>>,
     pub faults: Mutex<Faults>,
@@ -130,6 +131,27 @@ impl FakeDev {
                 self.mailbox_out(out_param, &o);
             }
             0xffd => return (0, 8),
+            0x027 => {
+                let mut gid = [0u8; 16];
+                self.dma.device_read(BusAddr(in_param), &mut gid).unwrap();
+                // Few buckets: collisions build AMGM chains.
+                return (0, u64::from(gid[15] % 4));
+            }
+            0x025 => {
+                let e = self
+                    .mgm
+                    .lock()
+                    .unwrap()
+                    .get(&in_mod)
+                    .cloned()
+                    .unwrap_or_else(|| vec![0; 1024]);
+                self.mailbox_out(out_param, &e);
+            }
+            0x026 => {
+                let mut e = vec![0u8; 1024];
+                self.dma.device_read(BusAddr(in_param), &mut e).unwrap();
+                self.mgm.lock().unwrap().insert(in_mod, e);
+            }
             0x024 => {
                 let mut o = [0u8; 256];
                 put_be32(&mut o, 84, 0x0251_0868);
@@ -186,7 +208,7 @@ impl RegisterBackend for FakeDev {
             Some(s) => (s, 0),
             None => self.execute(op, in_param, out_param, in_mod),
         };
-        if imm != 0 {
+        if imm != 0 || op == 0x027 {
             self.hcr[3].store(((imm >> 32) as u32).to_be(), Ordering::SeqCst);
             self.hcr[4].store((imm as u32).to_be(), Ordering::SeqCst);
         }
@@ -207,6 +229,7 @@ impl Rig {
         let dma = Arc::new(ArenaDma::new(64 << 20));
         let dev = Arc::new(FakeDev {
             bar0: MemBar::new(1 << 20),
+            mgm: Mutex::new(Default::default()),
             dma: dma.clone(),
             posted: Mutex::new(Vec::new()),
             faults: Mutex::new(Faults::default()),
@@ -262,5 +285,18 @@ impl Rig {
 
     pub fn set_catas(&self, v: u32) {
         self.dev.bar0.write32(CATAS_OFFSET, v.to_be());
+    }
+}
+
+impl FakeDev {
+    /// Non-empty MGM/AMGM entries: index -> (members, next).
+    pub fn mgm_entries(&self) -> Vec<(u32, u32, u32)> {
+        self.mgm
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&i, e)| (i, get_be32(e, 4) & 0xff_ffff, get_be32(e, 0) >> 6))
+            .filter(|&(_, n, next)| n != 0 || next != 0)
+            .collect()
     }
 }

@@ -388,3 +388,72 @@ fn async_eq_and_catastrophic_error_are_polled() {
 fn eq_entry(eq: &crate::eq::Eq, i: u32) -> (&hal::DmaBuf, usize) {
     eq.entry_for_test(i)
 }
+
+#[test]
+fn multicast_attach_detach_with_amgm_chains() {
+    let rig = Rig::new();
+    let mut dev = up(&rig).unwrap();
+    let amgm0 = dev.amgm_avail();
+    let qpns: Vec<u32> = (0..6)
+        .map(|_| dev.qp_reserve_range(1, 1).unwrap())
+        .collect();
+    let qps: Vec<_> = qpns.iter().map(|&n| dev.qp_alloc(n).unwrap()).collect();
+    // Hash = gid[15] % 4: gids 1, 5, 9 share bucket 1 (MGM 1 + two AMGMs).
+    let gid = |x: u8| {
+        let mut g = [0u8; 16];
+        g[0] = 0xff;
+        g[15] = x;
+        g
+    };
+    for g in [1, 5, 9] {
+        for qp in &qps[..3] {
+            dev.multicast_attach(qp, &gid(g), false).unwrap();
+        }
+    }
+    dev.multicast_attach(&qps[0], &gid(5), false).unwrap(); // already a member
+    assert_eq!(dev.amgm_avail(), amgm0 - 2);
+    let e = rig.dev.mgm_entries();
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert_eq!(e[0].0, 1);
+    assert!(e.iter().all(|&(_, n, _)| n == 3));
+    assert_eq!(
+        dev.multicast_detach(&qps[5], &gid(5)),
+        Err(Error::InvalidArg)
+    );
+    assert_eq!(
+        dev.multicast_detach(&qps[0], &gid(13)),
+        Err(Error::InvalidArg)
+    );
+    // Remove the head group first: its AMGM successor moves into the MGM.
+    for g in [1, 9, 5] {
+        for qp in &qps[..3] {
+            dev.multicast_detach(qp, &gid(g)).unwrap();
+        }
+    }
+    assert_eq!(dev.amgm_avail(), amgm0);
+    // The MGM heads are empty; unlinked AMGM slots keep stale bytes (as in
+    // Linux) until reused.
+    let heads: Vec<_> = rig
+        .dev
+        .mgm_entries()
+        .into_iter()
+        .filter(|e| e.0 < dev.caps().num_mgms)
+        .collect();
+    assert_eq!(heads, []);
+    // An MGM holds num_qp_per_mgm members.
+    let per = dev.caps().num_qp_per_mgm as usize;
+    let many: Vec<_> = (0..=per)
+        .map(|_| {
+            let n = dev.qp_reserve_range(1, 1).unwrap();
+            dev.qp_alloc(n).unwrap()
+        })
+        .collect();
+    for qp in &many[..per] {
+        dev.multicast_attach(qp, &gid(2), true).unwrap();
+    }
+    assert_eq!(
+        dev.multicast_attach(&many[per], &gid(2), true),
+        Err(Error::NoMem)
+    );
+    dev.teardown();
+}

@@ -23,6 +23,7 @@ pub mod eq;
 pub mod fw;
 pub mod hcr;
 pub mod icm;
+pub mod mcg;
 pub mod mr;
 pub mod port;
 pub mod qp;
