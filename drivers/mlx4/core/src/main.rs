@@ -260,7 +260,7 @@ pub struct Dev {
 /// Order (porting map 2.2): PCI enable, BAR0/BAR2, ownership, reset, HCR
 /// init, QUERY_FW, MAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP (+ QUERY_PORT),
 /// profile, SET_ICM_SIZE, MAP_ICM_AUX, MAP_ICM per table, INIT_HCA,
-/// [QUERY_HCA], QUERY_ADAPTER, UAR/PD/XRCD/MR/MCG tables, EQs (SW2HW_EQ,
+/// (QUERY_HCA if CQ timestamps), QUERY_ADAPTER, UAR/PD/XRCD/MR/MCG tables, EQs (SW2HW_EQ,
 /// MAP_EQ), NOP, CQ/SRQ/QP tables (CONF_SPECIAL_QP), and per IB port
 /// MAD_IFC(PortInfo) + SET_PORT; then the device is registered (catastrophic
 /// error polling starts).
