@@ -169,3 +169,18 @@ fn dev_is_send() {
     fn send<T: Send>() {}
     send::<mlx4_core::Dev>();
 }
+
+#[test]
+fn cq_timestamp_capability_adds_query_hca() {
+    let hca = sync_hca();
+    hca.faults().bad_cap(sim::faults::BadCap::Byte {
+        offset: 0x3e,
+        value: 0x80,
+    });
+    let dev = bring_up(&hca, Profile::default()).unwrap();
+    let c = dev.caps().clone();
+    assert!(c.cq_timestamp);
+    assert_eq!(collapsed(&hca), linux_order(true, c.num_ports));
+    assert_eq!(c.hca_core_clock, hca.config().core_clock_mhz);
+    dev.teardown();
+}
