@@ -30,6 +30,8 @@ use crate::{Error, Result};
 
 /// `MLX4_MAX_PORTS`.
 pub const MAX_PORTS: usize = 2;
+/// `MLX4_BMME_FLAG_TYPE_2_WIN`.
+pub const BMME_FLAG_TYPE_2_WIN: u32 = 1 << 9;
 /// `MLX4_NUM_PDS`.
 pub const NUM_PDS: u32 = 1 << 15;
 /// `MLX4_CMPT_SHIFT`.
@@ -644,6 +646,9 @@ impl Dev {
         }
         self.layout.init_hca.flags = f;
         self.layout.init_hca.uc_steering = c.flags & flags::VEP_MC_STEER != 0;
+        // Linux 3.10+: memory windows when the device has them.
+        self.layout.init_hca.mw_enabled =
+            c.flags & flags::MEM_WINDOW != 0 || c.bmme_flags & BMME_FLAG_TYPE_2_WIN != 0;
     }
 
     /// Linux `mlx4_init_icm`: SET_ICM_SIZE, aux memory, then every table's

@@ -228,6 +228,9 @@ pub mod init_hca {
     pub const UC_STEERING_OFFSET: usize = 0x0d8;
     pub const LOG_MC_TABLE_SZ_OFFSET: usize = 0x0db;
     pub const DMPT_BASE_OFFSET: usize = 0x0f0;
+    /// Bit 7: memory windows enabled (`INIT_HCA_TPT_MW_ENABLE`).
+    pub const TPT_MW_OFFSET: usize = 0x0f8;
+    pub const TPT_MW_ENABLE: u8 = 1 << 7;
     pub const LOG_MPT_SZ_OFFSET: usize = 0x0fb;
     pub const MTT_BASE_OFFSET: usize = 0x100;
     pub const CMPT_BASE_OFFSET: usize = 0x108;
@@ -274,6 +277,8 @@ pub struct InitHcaParam {
     pub flags: u32,
     /// Set bit 3 of byte 0xd8 (B0 unicast steering).
     pub uc_steering: bool,
+    /// Enable memory windows (byte 0xf8 bit 7).
+    pub mw_enabled: bool,
 }
 
 #[allow(missing_docs)]
@@ -306,6 +311,9 @@ impl InitHcaParam {
         }
         put_u8(&mut b, LOG_MC_TABLE_SZ_OFFSET, self.log_mc_table_sz);
         put_be64(&mut b, DMPT_BASE_OFFSET, self.dmpt_base);
+        if self.mw_enabled {
+            put_u8(&mut b, TPT_MW_OFFSET, TPT_MW_ENABLE);
+        }
         put_u8(&mut b, LOG_MPT_SZ_OFFSET, self.log_mpt_sz);
         put_be64(&mut b, MTT_BASE_OFFSET, self.mtt_base);
         put_be64(&mut b, CMPT_BASE_OFFSET, self.cmpt_base);
@@ -358,6 +366,7 @@ mod tests {
             uar_page_sz: 0,
             flags: init_hca::FLAG_CHECK_PORT_UD_AV,
             uc_steering: true,
+            mw_enabled: true,
         };
         let b = p.to_bytes();
         let mut g = [0u8; 0x200];
@@ -382,6 +391,7 @@ mod tests {
         g[0xd8] = 0x08;
         g[0xdb] = 8;
         g[0xf5] = 0x90;
+        g[0xf8] = 0x80;
         g[0xfb] = 14;
         g[0x105] = 0xa0;
         g[0x12a] = 11;
