@@ -282,7 +282,7 @@ pub fn probe(
         );
         return Err(Error::NoDevice);
     }
-    info!("mlx4_core {pci}: Initializing {pci}");
+    info!("mlx4_core: Initializing {pci}");
     // pci_enable_device is reference counted in Linux; here: only undo what
     // this probe turned on.
     let cmd_bits = hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY;
