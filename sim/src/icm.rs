@@ -21,6 +21,10 @@ pub const ICM_PAGE: u64 = 4096;
 pub const ICM_PAGES_PER_AUX_PAGE: u64 = 1024;
 /// Max entries in one page-list mailbox.
 pub const MAX_ENTRIES: u32 = 256;
+/// Most 4 KiB pages the model lets a driver map into ICM (16 GiB), and the
+/// most FA or aux pages: a runaway driver gets ICM_ERROR, not an
+/// out-of-memory host.
+pub const MAX_MAPPED_PAGES: usize = 1 << 22;
 
 /// The firmware's ICM bookkeeping.
 #[derive(Debug, Default, Clone)]
@@ -78,6 +82,9 @@ impl Icm {
         let bytes = e.bytes();
         if !e.va.is_multiple_of(bytes) || e.va.checked_add(bytes).is_none_or(|end| end > size) {
             return Err(Status::BAD_PARAM);
+        }
+        if self.map.len() + pages.len() > MAX_MAPPED_PAGES {
+            return Err(Status::ICM_ERROR);
         }
         if (0..pages.len() as u64).any(|i| self.map.contains_key(&(e.va / ICM_PAGE + i))) {
             return Err(Status::RESOURCE_BUSY);

@@ -36,14 +36,37 @@ fn page_list(hca: &mut Hca, cmd: &Command) -> Result<Vec<PageEntry>, Status> {
     Ok((0..n as usize).map(|i| PageEntry::decode(&b, i)).collect())
 }
 
+/// Total 4 KiB pages a page list names, refused (ICM_ERROR) if `already`
+/// plus them would pass [`icm::MAX_MAPPED_PAGES`]; checked before anything
+/// is expanded.
+fn total_pages(entries: &[PageEntry], already: usize) -> Result<usize, Status> {
+    let mut n = already;
+    for e in entries {
+        if e.log_size > 20 {
+            return Err(Status::BAD_PARAM);
+        }
+        n += 1usize << e.log_size;
+        if n > icm::MAX_MAPPED_PAGES {
+            return Err(Status::ICM_ERROR);
+        }
+    }
+    Ok(n - already)
+}
+
+/// The 4 KiB pages of a FA/aux page list.
+fn expand(entries: &[PageEntry], already: usize) -> Result<Vec<u64>, Status> {
+    let mut pages = Vec::with_capacity(total_pages(entries, already)?);
+    for e in entries {
+        pages.extend(icm::chunk_pages(e)?);
+    }
+    Ok(pages)
+}
+
 /// MAP_FA: pages for the firmware area, before RUN_FW.
 pub fn map_fa(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[Off])?;
     let entries = page_list(hca, cmd)?;
-    let mut pages = Vec::new();
-    for e in &entries {
-        pages.extend(icm::chunk_pages(e)?);
-    }
+    let pages = expand(&entries, hca.icm.fa.len())?;
     hca.icm.fa.extend(pages);
     Ok(Outcome::OK)
 }
@@ -142,10 +165,7 @@ pub fn map_icm_aux(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_SYS_STATE);
     }
     let entries = page_list(hca, cmd)?;
-    let mut pages = Vec::new();
-    for e in &entries {
-        pages.extend(icm::chunk_pages(e)?);
-    }
+    let pages = expand(&entries, hca.icm.aux.len())?;
     hca.icm.aux.extend(pages);
     Ok(Outcome::OK)
 }
@@ -169,6 +189,7 @@ pub fn map_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_SYS_STATE);
     }
     let entries = page_list(hca, cmd)?;
+    total_pages(&entries, hca.icm.mapped_pages())?;
     let mut checked = Vec::new();
     for e in &entries {
         let pages = hca.icm.check_map(e)?;

@@ -407,6 +407,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if hca.srqs.contains_key(&srqn) {
         return Err(Status::BAD_RES_STATE);
     }
+    hca.ctx_va(Table::Cmpt(1), u64::from(srqn))?;
     let b = ctx_in(hca, cmd, ctx::srqc::SIZE)?;
     let s = SrqCtx::decode(&b);
     if s.srqn != srqn

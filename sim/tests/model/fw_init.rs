@@ -361,3 +361,29 @@ fn nop_works_once_running() {
     load_fw(&mut r).unwrap();
     r.cmd(0, 0x1f, 0, Opcode::NOP).unwrap();
 }
+
+#[test]
+fn huge_page_lists_are_refused_before_anything_is_allocated() {
+    let mut r = Raw::new();
+    // 256 chunks of 4 GiB each for the FA: 2^28 pages.
+    let mut b = vec![0u8; 4096];
+    for i in 0..256u64 {
+        PageEntry {
+            va: 0,
+            pa: (i + 1) << 32,
+            log_size: 20,
+        }
+        .encode(&mut b, i as usize);
+    }
+    assert_eq!(r.cmd_in(&b, 256, 0, Opcode::MAP_FA), st(Status::ICM_ERROR));
+    init(&mut r).unwrap();
+    for i in 0..256u64 {
+        PageEntry {
+            va: (i + 1) << 32,
+            pa: (i + 1) << 32,
+            log_size: 20,
+        }
+        .encode(&mut b, i as usize);
+    }
+    assert_eq!(r.cmd_in(&b, 256, 0, Opcode::MAP_ICM), st(Status::ICM_ERROR));
+}
