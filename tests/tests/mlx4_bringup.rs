@@ -43,6 +43,24 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
     assert!(c.num_qps >= 1 << 12 && c.num_cqs >= 1 << 10);
     assert_eq!(c.base_sqpn % 8, 0);
     assert!(c.base_sqpn >= c.reserved_qps_cnt[0]);
+    // Capabilities as the model reports them.
+    let m = hca.config().dev_cap;
+    let d = dev.dev_cap();
+    assert_eq!(d.max_qps, 1 << m.log_max_qps);
+    assert_eq!(d.reserved_qps, 1 << m.log_rsvd_qps);
+    assert_eq!(d.max_cqs, 1 << m.log_max_cqs);
+    assert_eq!(c.max_cqes, (1u32 << m.log_max_cq_sz) - 1);
+    assert_eq!(c.reserved_cqs, 1 << m.log_rsvd_cqs);
+    assert_eq!(d.max_mpts, 1 << m.log_max_mpts);
+    assert_eq!(c.reserved_mrws, 1 << m.log_rsvd_mrws);
+    assert_eq!(c.max_wqes, 1 << m.log_max_qp_sz);
+    assert_eq!(c.flags, m.flags);
+    assert_eq!(c.num_ports, m.num_ports);
+    assert_eq!(c.local_ca_ack_delay, m.local_ca_ack_delay);
+    assert_eq!(c.stat_rate_support, m.stat_rate_support);
+    assert!(c.reserved_eqs >= 4 * u32::from(m.rsvd_uars));
+    assert_eq!(c.port[1].gid_table_len, 1 << m.log_max_gids);
+    assert_eq!(c.port[1].pkey_table_len, 1 << m.log_max_pkeys);
     let cmds = hca.trace().len();
     assert_eq!(dev.commands_issued() as usize, cmds);
     let icm = dev.icm_mapped_bytes();
