@@ -227,3 +227,44 @@ fn threaded_mode_software_reset_and_bring_up() {
     assert!(r.ok_trace());
     assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
 }
+
+#[test]
+fn immediate_completion_and_time_based_delay() {
+    // hcr_polls 0: GO is already clear on the first read after posting.
+    let r = Raw::cfg(SimConfig {
+        hcr_polls: 0,
+        ..Default::default()
+    });
+    for off in [0, 4, 8, 0xc, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    let a = r.outbox.bus_addr().0;
+    r.bar0.write_be32(HCR + 0xc, (a >> 32) as u32);
+    r.bar0.write_be32(HCR + 0x10, a as u32);
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x004);
+    assert_eq!(r.bar0.read_be32(HCR + 0x18) & GO, 0);
+    assert_eq!(r.sim.trace()[0].duration, Some(Duration::ZERO));
+    // Threaded, with a 5 ms completion delay on real time.
+    let sim = SimHca::new_threaded(SimConfig {
+        hcr_delay: Duration::from_millis(5),
+        ..Default::default()
+    });
+    let mut r = Raw::with(sim);
+    let t0 = std::time::Instant::now();
+    r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(5));
+    assert!(r.sim.trace()[0].duration.unwrap() >= Duration::from_millis(5));
+}
+
+#[test]
+fn the_handle_is_send_and_sync_and_clones_share_the_device() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SimHca>();
+    let sim = SimHca::new(SimConfig::default());
+    let other = sim.clone();
+    let mut r = Raw::with(sim);
+    r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+    assert_eq!(other.trace().len(), 1);
+    other.clear_trace();
+    assert!(r.sim.trace().is_empty());
+}
