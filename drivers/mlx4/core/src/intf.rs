@@ -1,5 +1,10 @@
 //! The interface registry through which mlx4_ib attaches to the device and receives events (Linux `intf.c`: `mlx4_register_interface`, `mlx4_unregister_interface`, `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`); `mlx4_get_protocol_dev` and the global device list are left out (the kernel keeps one registry per device).
 //!
+//! Linux's `add` receives the device and sets up the client's resources; here
+//! the device cannot be lent to a callback it owns, so a client (mlx4_ib)
+//! does its setup with `&mut Dev` first and then registers an [`Interface`]
+//! for `add`/`remove` notifications and events.
+//!
 //! Linux hands per-object events (CQ completion/error, QP and SRQ events) to
 //! callbacks stored in each object; here every event goes through the
 //! registered interfaces as an [`Event`] value and mlx4_ib routes it to its

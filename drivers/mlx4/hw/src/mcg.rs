@@ -28,55 +28,52 @@ pub struct Mgm {
     /// Group GID.
     pub gid: [u8; 16],
     /// Member QP words (QPN | block-loopback bit).
-    pub qp: alloc_free::Members,
+    pub qp: Members,
 }
 
-/// Members without `alloc`: at most 1016 per 4 KiB entry.
-pub mod alloc_free {
-    /// A fixed-capacity list of member words.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct Members {
-        len: usize,
-        words: [u32; 1016],
-    }
-    impl Default for Members {
-        fn default() -> Self {
-            Members {
-                len: 0,
-                words: [0; 1016],
-            }
+/// A fixed-capacity list of member words (1016 fill a 4 KiB entry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Members {
+    len: usize,
+    words: [u32; 1016],
+}
+impl Default for Members {
+    fn default() -> Self {
+        Members {
+            len: 0,
+            words: [0; 1016],
         }
     }
-    impl Members {
-        /// The members.
-        pub fn as_slice(&self) -> &[u32] {
-            &self.words[..self.len]
+}
+impl Members {
+    /// The members.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.words[..self.len]
+    }
+    /// Appends; false when full.
+    pub fn push(&mut self, w: u32) -> bool {
+        if self.len == self.words.len() {
+            return false;
         }
-        /// Appends; false when full.
-        pub fn push(&mut self, w: u32) -> bool {
-            if self.len == self.words.len() {
-                return false;
-            }
-            self.words[self.len] = w;
-            self.len += 1;
-            true
+        self.words[self.len] = w;
+        self.len += 1;
+        true
+    }
+    /// Removes entry `i` by moving the last one into its place (Linux).
+    pub fn swap_remove(&mut self, i: usize) {
+        if i < self.len {
+            self.len -= 1;
+            self.words[i] = self.words[self.len];
+            self.words[self.len] = 0;
         }
-        /// Removes entry `i` by moving the last one into its place (Linux).
-        pub fn swap_remove(&mut self, i: usize) {
-            if i < self.len {
-                self.len -= 1;
-                self.words[i] = self.words[self.len];
-                self.words[self.len] = 0;
-            }
-        }
-        /// Number of members.
-        pub fn len(&self) -> usize {
-            self.len
-        }
-        /// True without members.
-        pub fn is_empty(&self) -> bool {
-            self.len == 0
-        }
+    }
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True without members.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
