@@ -76,7 +76,8 @@
 //!   at least the returned page count before INIT_HCA.
 //! * MAP_ICM every ICM page a context or MTT entry lives in *before* the
 //!   command that uses it: SW2HW_EQ needs the EQC and cMPT-EQ entries,
-//!   SW2HW_CQ the CQC and cMPT-CQ, SW2HW_MPT the dMPT, RST2INIT the QPC,
+//!   SW2HW_CQ the CQC and cMPT-CQ, SW2HW_SRQ the SRQC and cMPT-SRQ,
+//!   SW2HW_MPT the dMPT, RST2INIT the QPC,
 //!   AUXC, ALTC, RDMARC and cMPT-QP entries, and every MTT entry named.
 //!   Unmapped is ICM_ERROR, never a silent zero.
 //! * MTT entries: BE64 `page_bus_address | 1` at `mtt_base + index * 8` in
@@ -89,6 +90,22 @@
 //!   the EQ fills up, or it overruns (violation, EQ_OVERFLOW event).
 //! * Reserved numbers (QUERY_DEV_CAP) are BAD_RESOURCE: EQs < 32, CQs < 128,
 //!   QPs < 64, SRQs < 64, MPTs < 16; UAR indices < 8 in contexts are refused.
+//!
+//! # Where the later pieces go
+//!
+//! The data-path engines will consume what the model already records: UAR
+//! doorbells not handled here land in `pending_doorbells` (send doorbells
+//! with their QPN, CQ arm requests counted per CQ), QPs carry their state,
+//! service type, CQs, SRQ, PD and port (`device::QpRt`), CQs their EQ and
+//! UAR, MPTs their PD and translation mode, and every context sits in ICM
+//! where an engine reads it through the device core's helpers (`icm_read`,
+//! `mtt_pages`). Completion events already have their writer
+//! (`post_event`). The engines belong in an `engine` module (SQ/RQ/SRQ
+//! processing, CQE writing, MLX transport for QP0/QP1 handing SMPs to
+//! [`mad_ifc`]); the fabric (links, switch, SM/SA, capture) in a `fabric`
+//! module that owns several [`SimHca`]s; the ivshmem front end (`cx3-emu`)
+//! implements [`HostMemory`] over the guest-RAM file and polls the shared
+//! BAR windows the way the threaded front end does.
 #![warn(missing_docs)]
 
 pub mod ctx;
