@@ -195,7 +195,7 @@ fn slow_commands_complete_within_their_class_deadline() {
         let dma0 = hca.dma_pool().stats();
         hca.faults().set(op, OpcodeFault::delay(0, delay).times(1));
         match (bring_up(&hca, Profile::default()), expect_timeout) {
-            (Ok(dev), None) => dev.teardown(),
+            (Ok(dev), None) => drop(dev.teardown()),
             (Err(e), Some(t)) => assert_eq!(e, Error::CmdTimeout { op: t }),
             (r, _) => panic!("{op:?} delayed {delay:?}: {:?}", r.err()),
         }
@@ -229,7 +229,7 @@ fn running_out_of_dma_memory_is_an_error_not_a_leak() {
             ..SimConfig::default()
         });
         match bring_up(&hca, Profile::default()) {
-            Ok(dev) => dev.teardown(),
+            Ok(dev) => drop(dev.teardown()),
             Err(e) => assert!(matches!(e, Error::Dma(_)), "{size:#x}: {e}"),
         }
         assert_eq!(
@@ -240,4 +240,23 @@ fn running_out_of_dma_memory_is_an_error_not_a_leak() {
         assert_eq!(hca.icm_mapped_pages(), 0, "{size:#x}");
         assert!(!hca.is_running(), "{size:#x}");
     }
+}
+
+#[test]
+fn after_a_catastrophic_error_the_function_can_be_probed_again() {
+    let hca = sync_hca();
+    let dma0 = hca.dma_pool().stats();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    hca.raise_catastrophic_error();
+    dev.poll();
+    assert!(dev.is_catastrophic());
+    // Linux's restart: remove, then probe the same function (reset clears
+    // the error).
+    let pdev = dev.teardown();
+    assert_eq!(hca.dma_pool().stats(), dma0);
+    let dev = mlx4_core::probe(pdev, hca.dma_pool(), hca.clock(), Profile::default())
+        .unwrap_or_else(|e| panic!("re-probe: {e}: {:#?}", hca.violations()));
+    assert!(!dev.is_catastrophic());
+    dev.teardown();
+    assert_eq!(hca.dma_pool().stats(), dma0);
 }

@@ -222,7 +222,7 @@ struct State {
 
 /// A running ConnectX-3 (Linux `struct mlx4_dev` + `struct mlx4_priv`).
 pub struct Dev {
-    pub(crate) pdev: PciFunction,
+    pub(crate) pdev: Option<PciFunction>,
     pub(crate) pci: PciAddress,
     pub(crate) pool: DmaPool,
     pub(crate) clock: Arc<dyn Clock>,
@@ -326,7 +326,7 @@ pub fn probe(
     };
     let cmd = Cmd::new(hcr, clock.clone(), pci);
     let mut dev = Dev {
-        pdev,
+        pdev: Some(pdev),
         pci,
         pool,
         clock,
@@ -378,7 +378,8 @@ impl Dev {
             return Err(Error::NotOwner);
         }
         self.st.owned = true;
-        if let Err(e) = crate::reset::reset(&self.pdev, bar0, &*self.clock) {
+        let pdev = self.pdev.as_ref().ok_or(Error::NoDevice)?;
+        if let Err(e) = crate::reset::reset(pdev, bar0, &*self.clock) {
             error!("mlx4_core {pci}: Failed to reset HCA, aborting.");
             return Err(e);
         }
@@ -996,16 +997,19 @@ impl Dev {
             crate::reset::free_ownership(b, &*self.clock);
         }
         self.catas = Catas::default();
-        if let Some(b) = self.bar0.take() {
-            self.pdev.release_bar(0, b);
-        }
-        if let Some(b) = self.uar_bar.take() {
-            self.pdev.release_bar(2, b);
-        }
-        // pci_disable_device: no more DMA or MMIO decoding.
-        if self.enabled_here {
-            self.pdev
-                .clear_command_bits(hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY);
+        if let Some(pdev) = self.pdev.as_ref() {
+            if let Some(b) = self.bar0.take() {
+                pdev.release_bar(0, b);
+            }
+            if let Some(b) = self.uar_bar.take() {
+                pdev.release_bar(2, b);
+            }
+            // pci_disable_device: no more DMA or MMIO decoding.
+            if self.enabled_here {
+                pdev.clear_command_bits(
+                    hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY,
+                );
+            }
         }
         self.st = State {
             done: true,
@@ -1016,11 +1020,21 @@ impl Dev {
     /// Linux `mlx4_remove_one`: unregisters the interfaces, closes the ports
     /// and releases every firmware resource and DMA allocation in reverse
     /// order of bring-up. Objects the caller still holds (CQs, QPs, MRs, ...)
-    /// become invalid; their ICM is unmapped with the tables.
+    /// become invalid; their ICM is unmapped with the tables. Returns the
+    /// PCI function (BARs released) so that the kernel can probe it again,
+    /// e.g. after a catastrophic error.
+    ///
+    /// # Panics
+    ///
+    /// Never: the function is held from probe until here.
     #[doc(alias = "mlx4_remove_one")]
-    pub fn teardown(mut self) {
+    pub fn teardown(mut self) -> PciFunction {
         info!("mlx4_core {}: removing device", self.pci);
         self.unwind();
+        match self.pdev.take() {
+            Some(p) => p,
+            None => unreachable!("the PCI function is only taken here"),
+        }
     }
 
     /// The device's capabilities.
