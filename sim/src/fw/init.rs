@@ -325,9 +325,34 @@ pub fn init_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// CLOSE_HCA: drops every object; ICM mappings stay until UNMAP_ICM.
+/// CLOSE_HCA: drops every object (objects still in hardware ownership are a
+/// recorded violation: software returns them first); ICM mappings stay until
+/// UNMAP_ICM.
 pub fn close_hca(hca: &mut Hca, _cmd: &Command) -> CmdResult {
     need(hca, &[Initialized])?;
+    let live_qps = hca
+        .qps
+        .values()
+        .filter(|q| q.state != crate::device::QpState::Rst)
+        .count();
+    let counts = [
+        ("EQs", hca.eqs.len()),
+        ("CQs", hca.cqs.len()),
+        ("MPTs", hca.mpts.len()),
+        ("SRQs", hca.srqs.len()),
+        ("QPs", live_qps),
+    ];
+    let left: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
+    if !left.is_empty() {
+        hca.violation(format!(
+            "CLOSE_HCA with {} still in hardware ownership",
+            left.join(", ")
+        ));
+    }
     hca.eqs.clear();
     hca.cqs.clear();
     hca.mpts.clear();

@@ -390,3 +390,19 @@ fn modify_cq_moderation_and_resize() {
         Err(CmdError::Status(Status::BAD_RES_STATE))
     );
 }
+
+#[test]
+fn close_hca_with_objects_still_owned_by_hardware_is_recorded() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    create_eq(&mut r, FIRST_EQ, 6).unwrap();
+    create_cq(&mut r, FIRST_CQ, 6, FIRST_EQ as u8).unwrap();
+    r.cmd(0, 0, 0, Opcode::CLOSE_HCA).unwrap();
+    let v = r.sim.violations();
+    assert!(
+        v.iter()
+            .any(|s| s.contains("CLOSE_HCA with 1 EQs, 1 CQs still in hardware ownership")),
+        "{v:?}"
+    );
+    assert_eq!(r.sim.eq(FIRST_EQ), None, "dropped");
+}
