@@ -194,6 +194,30 @@ impl Drop for Inner {
 
 /// A simulated ConnectX-3. Cheap to clone (an `Arc` inside); all methods take
 /// `&self`.
+///
+/// # Examples
+///
+/// QUERY_FW by hand, the way Linux's `mlx4_cmd_post` does it:
+///
+/// ```
+/// use sim::{SimConfig, SimHca};
+///
+/// let hca = SimHca::new(SimConfig::default());
+/// let pci = hca.pci_function();
+/// pci.enable();
+/// let bar0 = pci.take_bar(0).unwrap();
+/// let outbox = hca.dma_pool().alloc_pages(1).unwrap();
+/// let hcr = 0x8_0680;
+/// let out = outbox.bus_addr().0;
+/// for (i, v) in [0, 0, 0, (out >> 32) as u32, out as u32, 0xffff << 16].into_iter().enumerate() {
+///     bar0.write_be32(hcr + 4 * i, v);
+/// }
+/// bar0.write_be32(hcr + 0x18, 1 << 23 | 1 << 21 | 0x004); // GO | T | QUERY_FW
+/// while bar0.read_be32(hcr + 0x18) & (1 << 23) != 0 {}
+/// assert_eq!(bar0.read_be32(hcr + 0x18) >> 24, 0, "status OK");
+/// assert_eq!(outbox.read_be16(2), 2, "FW major");
+/// assert_eq!(hca.trace()[0].name, "QUERY_FW");
+/// ```
 #[derive(Clone)]
 pub struct SimHca {
     inner: Arc<Inner>,
