@@ -217,12 +217,26 @@ fn be_dw(raw: u32) -> u32 {
 }
 
 impl Hca {
-    /// A powered-on device.
+    /// A powered-on device with register files of its own.
     pub fn new(
         cfg: SimConfig,
         mem: Arc<dyn HostMemory>,
         clock: Arc<dyn Clock>,
         threaded: bool,
+    ) -> Hca {
+        let bar0 = Arc::new(RegFile::new(crate::pci::BAR0_SIZE as usize));
+        let bar2 = Arc::new(RegFile::new(crate::pci::BAR2_SIZE as usize));
+        Self::with_regs(cfg, mem, clock, threaded, bar0, bar2)
+    }
+
+    /// A powered-on device over the given register files.
+    pub fn with_regs(
+        cfg: SimConfig,
+        mem: Arc<dyn HostMemory>,
+        clock: Arc<dyn Clock>,
+        threaded: bool,
+        bar0: Arc<RegFile>,
+        bar2: Arc<RegFile>,
     ) -> Hca {
         let pci = Arc::new(PciConfig::new(clock.clone()));
         let ports = (1..=cfg.num_ports.clamp(1, 2))
@@ -231,8 +245,8 @@ impl Hca {
         Hca {
             pci,
             mem,
-            bar0: Arc::new(RegFile::new(crate::pci::BAR0_SIZE as usize)),
-            bar2: Arc::new(RegFile::new(crate::pci::BAR2_SIZE as usize)),
+            bar0,
+            bar2,
             clock,
             threaded,
             hcr: HcrState::default(),

@@ -31,7 +31,7 @@ use crate::eq::EqState;
 use crate::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
 use crate::hcr::Opcode;
 use crate::layout::DevCap;
-use crate::mem::DmaFault;
+use crate::mem::{DmaFault, HostMemory};
 use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
 use crate::port::{LogicalState, PhysicalState};
 use crate::regs::RegFile;
@@ -270,8 +270,23 @@ impl Faults {
     }
 }
 
+/// Where the registers and host memory come from.
+enum Backing {
+    /// Sync mode, own registers, arena memory.
+    Sync,
+    /// Threaded mode, own registers, arena memory.
+    Threaded,
+    /// Threaded mode over a caller's memory and register windows.
+    External {
+        mem: Arc<dyn HostMemory>,
+        bar0: Arc<RegFile>,
+        bar2: Arc<RegFile>,
+    },
+}
+
 impl SimHca {
-    fn build(cfg: SimConfig, threaded: bool) -> SimHca {
+    fn build(cfg: SimConfig, backing: Backing) -> SimHca {
+        let threaded = !matches!(backing, Backing::Sync);
         let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
         let (clock, fake_clock): (Arc<dyn Clock>, _) = if threaded {
             (Arc::new(MonoClock(Instant::now())), None)
@@ -280,7 +295,12 @@ impl SimHca {
             (c.clone(), Some(c))
         };
         let poll = cfg.poll_interval;
-        let hca = Hca::new(cfg, arena.clone(), clock.clone(), threaded);
+        let hca = match backing {
+            Backing::External { mem, bar0, bar2 } => {
+                Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2)
+            }
+            _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
+        };
         let pci = hca.pci.clone();
         let (r0, r2) = (hca.bar0.clone(), hca.bar2.clone());
         let hca = Arc::new(Mutex::new(hca));
@@ -331,12 +351,30 @@ impl SimHca {
 
     /// A model in synchronous deterministic mode.
     pub fn new(cfg: SimConfig) -> SimHca {
-        Self::build(cfg, false)
+        Self::build(cfg, Backing::Sync)
     }
 
     /// A model served by its own thread polling shared register memory.
     pub fn new_threaded(cfg: SimConfig) -> SimHca {
-        Self::build(cfg, true)
+        Self::build(cfg, Backing::Threaded)
+    }
+
+    /// A threaded model over someone else's host memory and register
+    /// windows (the ivshmem front end: guest RAM and the shared BAR0/BAR2
+    /// windows). `dma_pool()` still hands out the (then unused) arena of
+    /// `cfg.dma_size` bytes; keep it small.
+    pub fn new_over(
+        cfg: SimConfig,
+        mem: Arc<dyn HostMemory>,
+        bar0: Arc<RegFile>,
+        bar2: Arc<RegFile>,
+    ) -> SimHca {
+        Self::build(cfg, Backing::External { mem, bar0, bar2 })
+    }
+
+    /// The config space (for a front end that publishes its image).
+    pub fn config_space(&self) -> Arc<PciConfig> {
+        self.inner.pci.clone()
     }
 
     fn hca(&self) -> MutexGuard<'_, Hca> {

@@ -6,7 +6,8 @@
 //! Registers hold what the CPU stored: big-endian values as raw native
 //! loads/stores of four bytes, so `u32::from_be(raw)` is the register value.
 //! Both files are arrays of atomics so that a model thread can poll them while
-//! the driver writes them, exactly as the ivshmem emulator will.
+//! the driver writes them, exactly as the ivshmem emulator will; a file can
+//! also be a window of shared memory ([`RegFile::from_raw_parts`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -53,35 +54,77 @@ pub const fn eq_doorbell(eqn: u32) -> usize {
     (eqn as usize / 4) * UAR_PAGE + UAR_EQ_DB + 8 * (eqn as usize % 4)
 }
 
-/// A register file of `len` bytes.
+/// A register file of `len` bytes: memory of its own, or a window of
+/// shared memory (the ivshmem BAR windows of `cx3-emu`).
 pub struct RegFile {
-    words: Box<[AtomicU32]>,
+    words: Words,
 }
+
+enum Words {
+    Owned(Box<[AtomicU32]>),
+    /// # Invariants
+    /// `ptr` is valid for atomic access to `len` dwords for the life of the
+    /// `RegFile` (see [`RegFile::from_raw_parts`]).
+    External(core::ptr::NonNull<AtomicU32>, usize),
+}
+
+// SAFETY: the external window is only accessed through atomics, and its
+// owner promised it stays mapped for the life of the `RegFile`; the owned
+// case is a boxed slice of atomics.
+unsafe impl Send for RegFile {}
+// SAFETY: as above; every access is an atomic load or store.
+unsafe impl Sync for RegFile {}
 
 impl RegFile {
     /// Zeroed registers.
     pub fn new(len: usize) -> RegFile {
         RegFile {
-            words: (0..len / 4).map(|_| AtomicU32::new(0)).collect(),
+            words: Words::Owned((0..len / 4).map(|_| AtomicU32::new(0)).collect()),
         }
     }
+
+    /// A register file over `words` dwords of shared memory at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be 4-byte aligned and valid for reads and writes of
+    /// `words * 4` bytes for as long as the returned `RegFile` (and any `Arc`
+    /// of it) lives, and every other party must access that memory only with
+    /// atomic operations (another process mapping the same file counts).
+    pub unsafe fn from_raw_parts(ptr: core::ptr::NonNull<u32>, words: usize) -> RegFile {
+        // INVARIANT: the caller guarantees validity for `words` dwords.
+        RegFile {
+            words: Words::External(ptr.cast(), words),
+        }
+    }
+
+    fn words(&self) -> &[AtomicU32] {
+        match &self.words {
+            Words::Owned(b) => b,
+            // SAFETY: by the `External` invariant the memory is valid for
+            // `len` aligned dwords for the life of `self`; `AtomicU32` has
+            // the layout of `u32`.
+            Words::External(p, len) => unsafe { core::slice::from_raw_parts(p.as_ptr(), *len) },
+        }
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.words.len() * 4
+        self.words().len() * 4
     }
     /// True for an empty file (never).
     pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        self.words().is_empty()
     }
     /// The raw dword at `off` (as the CPU stored it).
     pub fn raw(&self, off: usize) -> u32 {
-        self.words
+        self.words()
             .get(off / 4)
             .map_or(u32::MAX, |w| w.load(Ordering::Acquire))
     }
     /// Stores a raw dword.
     pub fn set_raw(&self, off: usize, v: u32) {
-        if let Some(w) = self.words.get(off / 4) {
+        if let Some(w) = self.words().get(off / 4) {
             w.store(v, Ordering::Release);
         }
     }
@@ -111,6 +154,19 @@ mod tests {
         assert_eq!(eq_doorbell(3), 0x818);
         assert_eq!(eq_doorbell(4), 0x1800);
         assert_eq!(eq_doorbell(37), 9 * 4096 + 0x808);
+    }
+
+    #[test]
+    fn an_external_window_is_shared_memory() {
+        let mut mem = vec![0u32; 16];
+        let p = core::ptr::NonNull::new(mem.as_mut_ptr()).unwrap();
+        // SAFETY: `mem` outlives `r` and is only touched through `r` here.
+        let r = unsafe { RegFile::from_raw_parts(p, 16) };
+        r.set_be(8, 0x0102_0304);
+        assert_eq!(r.len(), 64);
+        assert_eq!(r.raw(64), u32::MAX);
+        drop(r);
+        assert_eq!(mem[2].to_ne_bytes(), [1, 2, 3, 4]);
     }
 
     #[test]

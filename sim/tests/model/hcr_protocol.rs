@@ -268,3 +268,57 @@ fn the_handle_is_send_and_sync_and_clones_share_the_device() {
     other.clear_trace();
     assert!(r.sim.trace().is_empty());
 }
+
+#[test]
+fn a_model_over_external_memory_and_register_windows() {
+    use sim::regs::RegFile;
+    use std::sync::Arc;
+    // "Guest RAM" and the two BAR windows belong to someone else.
+    let guest = Arc::new(hal::fake::ArenaDma::with_bus_base(1 << 20, 0x4000_0000));
+    let pool = hal::DmaPool::new(guest.clone());
+    let mut bar0_mem = vec![0u32; (1 << 20) / 4];
+    let mut bar2_mem = vec![0u32; (8 << 20) / 4];
+    // SAFETY: both vectors outlive the model (dropped after `sim` below) and
+    // are only accessed through the register files.
+    let (bar0, bar2) = unsafe {
+        (
+            Arc::new(RegFile::from_raw_parts(
+                std::ptr::NonNull::new(bar0_mem.as_mut_ptr()).unwrap(),
+                bar0_mem.len(),
+            )),
+            Arc::new(RegFile::from_raw_parts(
+                std::ptr::NonNull::new(bar2_mem.as_mut_ptr()).unwrap(),
+                bar2_mem.len(),
+            )),
+        )
+    };
+    let cfg = SimConfig {
+        dma_size: 4096,
+        ..Default::default()
+    };
+    let sim = SimHca::new_over(cfg, guest.clone(), bar0.clone(), bar2);
+    let cs = sim.config_space();
+    hal::ConfigSpace::write32(&*cs, 4, 0x6);
+    assert_eq!(hal::ConfigSpace::read32(&*cs, 0), 0x1003_15b3);
+    let out = pool.alloc_pages(1).unwrap();
+    let a = out.bus_addr().0;
+    for (i, v) in [0, 0, 0, (a >> 32) as u32, a as u32, 0xffff << 16]
+        .into_iter()
+        .enumerate()
+    {
+        bar0.set_be(HCR + 4 * i, v);
+    }
+    bar0.set_be(HCR + 0x18, GO | T | 0x004);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while bar0.be(HCR + 0x18) & GO != 0 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert_eq!(bar0.be(HCR + 0x18) >> 24, 0);
+    assert_eq!(out.read_be16(2), 2, "QUERY_FW landed in the guest's memory");
+    drop(sim);
+    drop(out);
+    drop(bar0);
+    drop(bar0_mem);
+    drop(bar2_mem);
+}
