@@ -377,3 +377,53 @@ fn corrupt_eqes_are_survived() {
         );
     }
 }
+
+#[test]
+fn teardown_takes_back_what_a_client_leaked() {
+    let hca = sync_hca();
+    let dma0 = hca.dma_pool().stats();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    let uar = dev.uar_alloc().unwrap();
+    let pd = dev.pd_alloc().unwrap();
+    let (pages, addrs) = scattered_pages(&dev, 2);
+    let mut mr = dev
+        .mr_alloc(pd, 0, 8192, mrf::PERM_LOCAL_READ, 2, 12)
+        .unwrap();
+    dev.write_mtt(&mr.mtt, 0, &addrs).unwrap();
+    dev.mr_enable(&mut mr).unwrap();
+    let mtt = dev.mtt_init(2, 12).unwrap();
+    dev.write_mtt(&mtt, 0, &addrs).unwrap();
+    let db = dev.db_alloc(1).unwrap();
+    let cq = dev
+        .cq_alloc(64, &mtt, &uar, db.dma, 0, false, false)
+        .unwrap();
+    let srq = dev.srq_alloc(pd, cq.cqn, 0, &mtt, db.dma, 64, 5).unwrap();
+    let qpn = dev.qp_reserve_range(1, 1).unwrap();
+    let qp = dev.qp_alloc(qpn).unwrap();
+    let ctx = QpContext {
+        flags: ((QpState::Init as u32) << 28) | (st::UD << 16) | (3 << 11),
+        pd,
+        mtu_msgmax: (5 << 5) | 12,
+        rq_size_stride: 6 << 3,
+        sq_size_stride: (6 << 3) | 2,
+        usr_page: uar.index,
+        cqn_send: cq.cqn,
+        cqn_recv: cq.cqn,
+        db_rec_addr: db.dma,
+        pri_path: QpPath {
+            sched_queue: 0x83,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    dev.qp_modify(&qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
+        .unwrap();
+    // Nothing is freed: teardown must still leave the HCA owning nothing.
+    drop((mr, cq, srq, qp, uar));
+    dev.teardown();
+    drop(pages);
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+    assert!(!log_lines("reclaimed leaked objects: 1 QPs, 1 SRQs, 1 CQs, 1 MRs").is_empty());
+    assert_eq!(hca.dma_pool().stats(), dma0);
+    assert_eq!(hca.icm_mapped_pages(), 0);
+}

@@ -960,6 +960,21 @@ impl Dev {
                 }
             }
         }
+        // Linux expects mlx4_ib to have destroyed everything by now; objects
+        // a client leaked are taken back from the HCA so that CLOSE_HCA finds
+        // none in hardware ownership.
+        let leaked = [
+            self.reclaim_qps(),
+            self.reclaim_srqs(),
+            self.reclaim_cqs(),
+            self.reclaim_mrs(),
+        ];
+        if leaked.iter().any(|&n| n > 0) {
+            warn!(
+                "mlx4_core {pci}: reclaimed leaked objects: {} QPs, {} SRQs, {} CQs, {} MRs",
+                leaked[0], leaked[1], leaked[2], leaked[3]
+            );
+        }
         self.counters = None;
         self.cleanup_qp_table();
         self.srq_table = None;

@@ -13,6 +13,8 @@ use crate::{Error, Result};
 /// Linux `struct mlx4_mr_table` (native part).
 pub struct MrTable {
     pub(crate) mpt_bitmap: Bitmap,
+    /// MPT indices (masked) in hardware ownership.
+    enabled: alloc::collections::BTreeSet<u32>,
     pub(crate) mtt_buddy: Buddy,
     reserved_mtts: Option<(u32, u32)>,
 }
@@ -58,6 +60,7 @@ impl Dev {
         let mtt_buddy = Buddy::new(segs.max(1).ilog2())?;
         self.mr_table = Some(MrTable {
             mpt_bitmap,
+            enabled: Default::default(),
             mtt_buddy,
             reserved_mtts: None,
         });
@@ -269,6 +272,9 @@ impl Dev {
                 )
             })?;
         mr.enabled = true;
+        if let Some(t) = self.mr_table.as_mut() {
+            t.enabled.insert(in_mod);
+        }
         Ok(())
     }
 
@@ -299,9 +305,32 @@ impl Dev {
             tab.put(&mut self.cmd, index);
         }
         if let Some(t) = self.mr_table.as_mut() {
+            t.enabled.remove(&(index & (self.caps.num_mpts - 1)));
             t.mpt_bitmap.free(index);
         }
         r
+    }
+
+    /// MPTs still in hardware ownership at teardown go back (HW2SW_MPT).
+    pub(crate) fn reclaim_mrs(&mut self) -> usize {
+        let live: alloc::vec::Vec<u32> = self
+            .mr_table
+            .as_ref()
+            .map(|t| t.enabled.iter().copied().collect())
+            .unwrap_or_default();
+        for &i in &live {
+            if let Err(e) = self
+                .cmd
+                .cmd_box(0, 0, i, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
+            {
+                warn!(
+                    "mlx4_core {}: HW2SW_MPT of leaked MPT {i:#x} failed ({})",
+                    self.pci,
+                    e.to_errno()
+                );
+            }
+        }
+        live.len()
     }
 
     /// The dMPT entry as the HCA holds it (QUERY_MPT; newer Linux

@@ -1,6 +1,6 @@
 //! Queue pairs: QPN ranges with reserved regions and the special-QP block, per-QP ICM, the state-transition commands and CONF_SPECIAL_QP (Linux `qp.c`: `mlx4_init_qp_table`, `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`, `__mlx4_qp_modify`, `mlx4_CONF_SPECIAL_QP`); QUERY_QP, `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs are left out.
 
-use alloc::collections::BTreeSet;
+use alloc::collections::BTreeMap;
 
 use log::{debug, warn};
 use mlx4_hw::cmd::{Opcode, timeout};
@@ -20,7 +20,8 @@ pub const NUM_QP_REGION: usize = 4;
 pub struct QpTable {
     bitmap: Bitmap,
     special_configured: bool,
-    live: BTreeSet<u32>,
+    /// Live QPs and the state the last successful modify left them in.
+    live: BTreeMap<u32, QpState>,
 }
 
 /// A hardware QP (Linux `struct mlx4_qp`, core part).
@@ -65,7 +66,7 @@ impl Dev {
         self.qp_table = Some(QpTable {
             bitmap,
             special_configured: false,
-            live: BTreeSet::new(),
+            live: BTreeMap::new(),
         });
         self.conf_special_qp(base)?;
         if let Some(t) = self.qp_table.as_mut() {
@@ -167,13 +168,13 @@ impl Dev {
             .as_ref()
             .ok_or(Error::InvalidArg)?
             .live
-            .contains(&qpn)
+            .contains_key(&qpn)
         {
             return Err(Error::Busy);
         }
         self.qp_icm(qpn, true)?;
         if let Some(t) = self.qp_table.as_mut() {
-            t.live.insert(qpn);
+            t.live.insert(qpn, QpState::Rst);
         }
         Ok(Qp { qpn })
     }
@@ -205,6 +206,27 @@ impl Dev {
         sqd_event: bool,
     ) -> Result<()> {
         let op = transition(cur, new).ok_or(Error::InvalidArg)?;
+        let r = self.qp_modify_cmd(qp, op, mtt, cur, new, context, optpar, sqd_event);
+        if r.is_ok()
+            && let Some(s) = self.qp_table.as_mut().and_then(|t| t.live.get_mut(&qp.qpn))
+        {
+            *s = new;
+        }
+        r
+    }
+
+    #[expect(clippy::too_many_arguments)]
+    fn qp_modify_cmd(
+        &mut self,
+        qp: &Qp,
+        op: Opcode,
+        mtt: Option<&Mtt>,
+        cur: QpState,
+        new: QpState,
+        context: &QpContext,
+        optpar: u32,
+        sqd_event: bool,
+    ) -> Result<()> {
         if op == Opcode::QP_2RST {
             return self
                 .cmd
@@ -237,6 +259,30 @@ impl Dev {
             .cmd_box(0, mb.dma(), qp.qpn, 0, Opcode::QUERY_QP, timeout::CLASS_A)?;
         let b: [u8; QP_MODIFY_CONTEXT_OFFSET + QpContext::SIZE] = mb.read();
         Ok(QpContext::from_bytes(&b[QP_MODIFY_CONTEXT_OFFSET..]))
+    }
+
+    /// QPs still out of RESET at teardown are moved there (2RST) so the HCA
+    /// owns none when it is closed; returns how many.
+    pub(crate) fn reclaim_qps(&mut self) -> usize {
+        let busy: alloc::vec::Vec<u32> = match self.qp_table.as_ref() {
+            Some(t) => t
+                .live
+                .iter()
+                .filter(|(_, s)| **s != QpState::Rst)
+                .map(|(q, _)| *q)
+                .collect(),
+            None => return 0,
+        };
+        for &qpn in &busy {
+            if let Err(e) = self.cmd.cmd(0, qpn, 2, Opcode::QP_2RST, timeout::CLASS_A) {
+                warn!(
+                    "mlx4_core {}: 2RST of leaked QP {qpn:06x} failed ({})",
+                    self.pci,
+                    e.to_errno()
+                );
+            }
+        }
+        busy.len()
     }
 
     /// Free QPNs and live QPs (leak checks).

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 /// Linux `struct mlx4_srq_table`.
 pub struct SrqTable {
     bitmap: Bitmap,
-    live: usize,
+    live: alloc::collections::BTreeSet<u32>,
 }
 
 /// A hardware SRQ (Linux `struct mlx4_srq`, core part).
@@ -30,7 +30,7 @@ impl Dev {
         let n = self.caps.num_srqs;
         self.srq_table = Some(SrqTable {
             bitmap: Bitmap::new(n, n - 1, self.caps.reserved_srqs, 0)?,
-            live: 0,
+            live: Default::default(),
         });
         Ok(())
     }
@@ -104,7 +104,7 @@ impl Dev {
         let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
         match r {
             Ok(()) => {
-                t.live += 1;
+                t.live.insert(srqn);
                 Ok(Srq { srqn, max })
             }
             Err(e) => {
@@ -131,7 +131,7 @@ impl Dev {
         let _ = self.srq_icm(srq.srqn, false);
         if let Some(t) = self.srq_table.as_mut() {
             t.bitmap.free(srq.srqn);
-            t.live -= 1;
+            t.live.remove(&srq.srqn);
         }
         r
     }
@@ -164,10 +164,32 @@ impl Dev {
         Ok(u32::from(SrqContext::from_bytes(&b).limit_watermark))
     }
 
+    /// SRQs still in hardware ownership at teardown go back (HW2SW_SRQ).
+    pub(crate) fn reclaim_srqs(&mut self) -> usize {
+        let live: alloc::vec::Vec<u32> = self
+            .srq_table
+            .as_ref()
+            .map(|t| t.live.iter().copied().collect())
+            .unwrap_or_default();
+        for &srqn in &live {
+            if let Err(e) = self
+                .cmd
+                .cmd_box(0, 0, srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A)
+            {
+                warn!(
+                    "mlx4_core {}: HW2SW_SRQ of leaked SRQ {srqn:06x} failed ({})",
+                    self.pci,
+                    e.to_errno()
+                );
+            }
+        }
+        live.len()
+    }
+
     /// Free SRQNs and live SRQs (leak checks).
     pub fn srq_avail(&self) -> (u32, usize) {
         self.srq_table
             .as_ref()
-            .map_or((0, 0), |t| (t.bitmap.avail(), t.live))
+            .map_or((0, 0), |t| (t.bitmap.avail(), t.live.len()))
     }
 }
