@@ -143,6 +143,8 @@ pub struct QpRt {
     pub pd: u32,
     /// Port (after INIT2RTR for UD/MLX, from the path).
     pub port: u8,
+    /// UAR index its send doorbells use.
+    pub uar: u32,
 }
 
 /// Everything the model knows, behind one lock.
@@ -208,8 +210,6 @@ pub struct Hca {
     /// Doorbells seen that the (later) engines will consume: (BAR2 offset,
     /// value).
     pub pending_doorbells: Vec<(usize, u32)>,
-    /// Last value seen in each polled EQ doorbell slot (threaded mode).
-    pub eq_db_seen: BTreeMap<u32, u32>,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -272,7 +272,6 @@ impl Hca {
             catastrophic: false,
             clr_int_writes: 0,
             pending_doorbells: Vec::new(),
-            eq_db_seen: BTreeMap::new(),
             cfg,
         }
     }
@@ -481,7 +480,6 @@ impl Hca {
         self.special_qp_base = 0;
         self.catastrophic = false;
         self.pending_doorbells.clear();
-        self.eq_db_seen.clear();
     }
 
     // ---------------------------------------------------------------
@@ -632,13 +630,23 @@ impl Hca {
             o if o == regs::UAR_CQ_DB => return,
             o if o == regs::UAR_CQ_DB + 4 => {
                 let dw0 = self.bar2.be(off - 4);
-                self.cq_doorbell(page as u32, dw0);
+                self.doorbell_pair(off - 4, dw0, v);
+                return;
             }
             regs::UAR_SEND_DB => self.send_doorbell(v),
             _ => {}
         }
         if self.pending_doorbells.len() < MAX_LOG {
             self.pending_doorbells.push((off, v));
+        }
+    }
+
+    /// The CQ doorbell pair at BAR2 offset `off` (the first dword).
+    fn doorbell_pair(&mut self, off: usize, dw0: u32, ci: u32) {
+        self.cq_doorbell((off / regs::UAR_PAGE) as u32, dw0);
+        if self.pending_doorbells.len() + 1 < MAX_LOG {
+            self.pending_doorbells.push((off, dw0));
+            self.pending_doorbells.push((off + 4, ci));
         }
     }
 
@@ -838,13 +846,32 @@ impl Hca {
             }
             None => {}
         }
+        // Doorbells are consumed by atomic swap with 0, a value no doorbell
+        // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
+        // consumer index 0 without re-arm, changes nothing after SW2HW).
         let eqns: Vec<u32> = self.eqs.keys().copied().collect();
         for eqn in eqns {
-            let raw = self.bar2.raw(regs::eq_doorbell(eqn));
-            let seen = self.eq_db_seen.get(&eqn).copied().unwrap_or(0);
-            if raw != seen {
-                self.eq_db_seen.insert(eqn, raw);
+            let raw = self.bar2.swap_raw(regs::eq_doorbell(eqn), 0);
+            if raw != 0 {
                 self.eq_doorbell(eqn, be_dw(raw));
+                active = true;
+            }
+        }
+        let mut uars: Vec<u32> = self.cqs.values().map(|c| c.uar).collect();
+        uars.extend(self.qps.values().map(|q| q.uar));
+        uars.sort_unstable();
+        uars.dedup();
+        for uar in uars {
+            let page = uar as usize * regs::UAR_PAGE;
+            let cq0 = self.bar2.swap_raw(page + regs::UAR_CQ_DB, 0);
+            if cq0 != 0 {
+                let ci = self.bar2.raw(page + regs::UAR_CQ_DB + 4);
+                self.doorbell_pair(page + regs::UAR_CQ_DB, be_dw(cq0), be_dw(ci));
+                active = true;
+            }
+            let send = self.bar2.swap_raw(page + regs::UAR_SEND_DB, 0);
+            if send != 0 {
+                self.doorbell(page + regs::UAR_SEND_DB, be_dw(send));
                 active = true;
             }
         }

@@ -11,12 +11,17 @@
 //!   model clock). The clock is a `FakeClock` that advances
 //!   [`SimConfig::relax_step`] per `relax()` and by the full amount on
 //!   `delay()`, so Linux's one-second reset sleep costs nothing.
-//! * **Threaded** ([`SimHca::new_threaded`]): BARs are plain atomic memory;
-//!   a model thread polls them every [`SimConfig::poll_interval`] (HCR GO,
-//!   software reset, EQ doorbells). Register reads are invisible to the model,
-//!   so read-to-claim semaphores read 0 and only what the memory shows can be
-//!   checked. The clock is real monotonic time. The thread stops when the
-//!   last `SimHca` clone is dropped.
+//! * **Threaded** ([`SimHca::new_threaded`], [`SimHca::new_over`]): BARs are
+//!   plain atomic memory; a model thread polls them every
+//!   [`SimConfig::poll_interval`] while busy, backing off to 1 ms when idle
+//!   (HCR GO, software reset, and the doorbells of EQs, CQs and QPs in
+//!   hardware ownership, consumed by atomic swap with 0 so that repeated
+//!   equal writes all count). Register reads are invisible to the model, so
+//!   read-to-claim semaphores read 0 and only what memory shows can be
+//!   checked (e.g. a second GO while busy is seen only if it changes dword
+//!   6; the CQ doorbell's second dword may be read before it lands). The
+//!   clock is real monotonic time. The thread stops when the last `SimHca`
+//!   clone is dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

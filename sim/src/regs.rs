@@ -128,6 +128,14 @@ impl RegFile {
             w.store(v, Ordering::Release);
         }
     }
+    /// Atomically replaces the raw dword at `off`, returning the old value
+    /// (how a polling model consumes doorbells so that two equal writes are
+    /// two doorbells).
+    pub fn swap_raw(&self, off: usize, v: u32) -> u32 {
+        self.words()
+            .get(off / 4)
+            .map_or(0, |w| w.swap(v, Ordering::AcqRel))
+    }
     /// The big-endian register value at `off`.
     pub fn be(&self, off: usize) -> u32 {
         u32::from_be(self.raw(off))

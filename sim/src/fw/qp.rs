@@ -256,6 +256,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         srq: None,
         pd: 0,
         port: 0,
+        uar: new.usr_page,
     });
     match cmd.opcode {
         Opcode::RST2INIT_QP => {
@@ -269,6 +270,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
                 srq: new.has_srq.then_some(new.srqn),
                 pd: new.pd,
                 port: special(hca, qpn).map_or(0, |(p, _)| p),
+                uar: new.usr_page,
             };
         }
         Opcode::INIT2RTR_QP | Opcode::RTR2RTS_QP => {

@@ -79,8 +79,8 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     hca.eq_init_owner_bits(&eq)?;
     put8(&mut b, eqc::FLAGS, 0); // status OK
     hca.icm_write(va, &b)?;
-    let db = hca.bar2.raw(regs::eq_doorbell(eqn));
-    hca.eq_db_seen.insert(eqn, db);
+    // A stale doorbell in the slot is not this EQ's.
+    hca.bar2.set_raw(regs::eq_doorbell(eqn), 0);
     hca.eqs.insert(eqn, eq);
     Ok(Outcome::OK)
 }
@@ -108,7 +108,6 @@ pub fn hw2sw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, eqc::SIZE)?;
     }
     hca.eqs.remove(&eqn);
-    hca.eq_db_seen.remove(&eqn);
     for m in hca.async_map.iter_mut() {
         if *m == Some(eqn) {
             *m = None;

@@ -180,8 +180,14 @@ fn cq_and_send_doorbells_are_checked_and_kept_for_the_engines() {
         "{v:?}"
     );
     let pending = r.sim.pending_doorbells();
-    assert_eq!(pending[0], (page + 0x24, 0));
-    assert_eq!(pending.len(), 4);
+    assert_eq!(pending[0], (page + 0x20, 1 << 28 | 2 << 24 | FIRST_CQ));
+    assert_eq!(pending[1], (page + 0x24, 0));
+    assert_eq!(
+        pending.len(),
+        7,
+        "three CQ doorbell pairs and one send doorbell"
+    );
+    assert_eq!(r.sim.cq_arms(FIRST_CQ), Some(2));
 }
 
 #[test]
@@ -203,4 +209,33 @@ fn event_mode_commands_also_complete_with_a_cmd_eqe() {
     let e = eqe(&r, &q, 8, 0);
     assert_eq!((e[1], e[6], e[7], e[0x0f], e[31]), (0x0a, 0x00, 0x42, 0, 0));
     assert!(r.sim.trace().last().unwrap().event);
+}
+
+#[test]
+fn threaded_mode_consumes_doorbells_by_swap_so_repeats_count() {
+    let sim = SimHca::new_threaded(SimConfig::default());
+    let mut r = Raw::with(sim);
+    r.timeout = std::time::Duration::from_secs(20);
+    init_no_reset(&mut r).unwrap();
+    create_eq(&mut r, FIRST_EQ, 2).unwrap();
+    create_cq(&mut r, FIRST_CQ, 6, FIRST_EQ as u8).unwrap();
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    };
+    for n in 1..=3u32 {
+        // The same value three times: three doorbells.
+        eq_doorbell(&r, FIRST_EQ, 0, true);
+        wait("EQ doorbell", &|| {
+            r.sim.eq(FIRST_EQ).unwrap().doorbells == n
+        });
+        let page = UAR as usize * 4096;
+        r.bar2
+            .write_be32_pair(page + 0x20, 1 << 28 | 2 << 24 | FIRST_CQ, 0);
+        wait("CQ arm", &|| r.sim.cq_arms(FIRST_CQ) == Some(n));
+    }
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
 }
