@@ -745,6 +745,7 @@ impl Hca {
             status,
             token: cmd.token,
             event: cmd.event,
+            at: core::time::Duration::from_nanos(start_ns),
             duration: None,
             injected,
         });

@@ -435,6 +435,15 @@ impl SimHca {
         self.hca().trace.clone()
     }
 
+    /// The trace from entry `index` on (for a front end that streams it).
+    pub fn trace_since(&self, index: usize) -> Vec<TraceEntry> {
+        let h = self.hca();
+        h.trace
+            .get(index..)
+            .map(<[TraceEntry]>::to_vec)
+            .unwrap_or_default()
+    }
+
     /// Forgets the trace.
     pub fn clear_trace(&self) {
         self.hca().trace.clear();

@@ -29,6 +29,8 @@ pub struct TraceEntry {
     pub token: u16,
     /// Event completion was requested.
     pub event: bool,
+    /// When GO was seen, on the model clock.
+    pub at: Duration,
     /// Time from GO to completion on the model clock; `None` while the
     /// command has not completed (e.g. a stuck GO fault).
     pub duration: Option<Duration>,
@@ -90,6 +92,7 @@ mod tests {
             status: 0,
             token: 0xffff,
             event: false,
+            at: Duration::from_millis(3),
             duration: Some(Duration::from_micros(12)),
             injected: false,
         };

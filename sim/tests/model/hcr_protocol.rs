@@ -322,3 +322,18 @@ fn a_model_over_external_memory_and_register_windows() {
     drop(bar0_mem);
     drop(bar2_mem);
 }
+
+#[test]
+fn trace_entries_carry_their_start_time_and_can_be_streamed() {
+    let mut r = Raw::new();
+    r.cmd_out(0, 0, Opcode::QUERY_FW).unwrap();
+    r.sim
+        .fake_clock()
+        .unwrap()
+        .advance(Duration::from_millis(7));
+    r.cmd(0, 0, 0, Opcode::RUN_FW).ok();
+    let t = r.sim.trace();
+    assert!(t[1].at >= t[0].at + Duration::from_millis(7));
+    assert_eq!(r.sim.trace_since(1), t[1..].to_vec());
+    assert!(r.sim.trace_since(5).is_empty());
+}
