@@ -305,9 +305,18 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let m = MptEntry::decode(&b);
     let nmpt = hca.geo()?.count(Table::Dmpt).unwrap_or(1) as u32;
     let status = m.status();
-    if !(status == mpt::STATUS_SW || status == mpt::STATUS_FREE)
+    let region = m.flags & mpt::FLAG_REGION != 0;
+    // Regions come as "SW owns" (0xF) or, fast-register, "free" (0x3) and
+    // must allow local read; windows (Linux mlx4_mw_enable) come with status
+    // 0 (type 1) or free (type 2) and no access bits.
+    let status_ok = if region {
+        status == mpt::STATUS_SW || status == mpt::STATUS_FREE
+    } else {
+        status == 0 || status == mpt::STATUS_FREE
+    };
+    if !status_ok
         || m.key & (nmpt - 1) != idx
-        || m.flags & mpt::FLAG_LR == 0
+        || (region && m.flags & mpt::FLAG_LR == 0)
         || m.lkey != 0
         || u64::from(m.pd) >= crate::layout::pow2(hca.caps().log_max_pd)
     {
@@ -315,7 +324,9 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     let physical = m.flags & mpt::FLAG_PHYSICAL != 0;
     let free = status == mpt::STATUS_FREE;
-    if free {
+    if !region {
+        // A window has no translation of its own.
+    } else if free {
         // Fast-register MR: the MTT range must be mapped ICM.
         let g = hca.geo()?;
         let va_mtt = g.va(Table::Mtt, m.mtt_addr / 8);

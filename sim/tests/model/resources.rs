@@ -406,3 +406,21 @@ fn close_hca_with_objects_still_owned_by_hardware_is_recorded() {
     );
     assert_eq!(r.sim.eq(FIRST_EQ), None, "dropped");
 }
+
+#[test]
+fn memory_windows_are_accepted_the_way_linux_writes_them() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    // mlx4_mw_enable, type 1: key and PD only.
+    let mut w = vec![0u8; 64];
+    w[0x08..0x0c].copy_from_slice(&(FIRST_MPT + 2).to_be_bytes());
+    w[0x0c..0x10].copy_from_slice(&1u32.to_be_bytes());
+    r.cmd_in(&w, FIRST_MPT + 2, 0, Opcode::SW2HW_MPT).unwrap();
+    // A window claiming "SW owns" is not something Linux sends.
+    w[0] = 0xf0;
+    w[0x08..0x0c].copy_from_slice(&(FIRST_MPT + 3).to_be_bytes());
+    assert_eq!(
+        r.cmd_in(&w, FIRST_MPT + 3, 0, Opcode::SW2HW_MPT),
+        Err(CmdError::Status(Status::BAD_PARAM))
+    );
+}
