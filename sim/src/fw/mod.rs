@@ -8,7 +8,7 @@
 //! | [`init`] | QUERY_FW, MAP_FA, UNMAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP, QUERY_ADAPTER, SET_ICM_SIZE, MAP_ICM_AUX, UNMAP_ICM_AUX, MAP_ICM, UNMAP_ICM, INIT_HCA, CLOSE_HCA, QUERY_HCA, NOP |
 //! | [`res`] | SW2HW/HW2SW/QUERY for EQ, CQ, MPT, SRQ; MAP_EQ; MODIFY_CQ; WRITE_MTT; ARM_SRQ |
 //! | [`qp`] | RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, RTS2SQD, SQD2RTS, SQD2SQD, 2ERR, 2RST, QUERY_QP, CONF_SPECIAL_QP |
-//! | [`port`] | QUERY_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
+//! | [`port`] | QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
 //!
 //! State gates (the card's behaviour as the PRM describes it): before RUN_FW
 //! only QUERY_FW and MAP_FA work; between RUN_FW and INIT_HCA the
@@ -115,6 +115,7 @@ pub fn execute(hca: &mut Hca, cmd: &Command) -> Outcome {
         Opcode::QUERY_QP => qp::query_qp(hca, cmd),
         Opcode::CONF_SPECIAL_QP => qp::conf_special_qp(hca, cmd),
         Opcode::QUERY_PORT => port::query_port(hca, cmd),
+        Opcode::SENSE_PORT => port::sense_port(hca, cmd),
         Opcode::INIT_PORT => port::init_port(hca, cmd),
         Opcode::CLOSE_PORT => port::close_port(hca, cmd),
         Opcode::SET_PORT => port::set_port(hca, cmd),

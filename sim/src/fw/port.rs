@@ -1,6 +1,6 @@
-//! Port commands: QUERY_PORT, INIT_PORT, CLOSE_PORT, SET_PORT (IB flavour)
-//! and MAD_IFC (handed to the firmware SMA/PMA in [`crate::mad_ifc`]);
-//! SENSE_PORT and the Ethernet SET_PORT flavours answer BAD_OP.
+//! Port commands: QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT
+//! (IB flavour) and MAD_IFC (handed to the firmware SMA/PMA in
+//! [`crate::mad_ifc`]); the Ethernet SET_PORT flavours answer BAD_OP.
 
 use super::{CmdResult, Outcome, need};
 use crate::device::{FwState, Hca};
@@ -42,6 +42,16 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     b[4] = 0x07;
     hca.dma_write(cmd.out_param, &b)?;
     Ok(Outcome::OK)
+}
+
+/// SENSE_PORT: in_mod = port; immediate output = the sensed link type
+/// (1 = InfiniBand: the ports are IB-only). Linux (`mlx4_SENSE_PORT`) and
+/// iPXE (`hermon_cmd_sense_port`, an 8-byte "out" that fits the HCR) both
+/// read it from HCR dwords 3..4.
+pub fn sense_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    need(hca, &[FwState::Initialized])?;
+    port_of(hca, cmd.in_mod)?;
+    Ok(Outcome::imm(1))
 }
 
 /// INIT_PORT: enables the port; the link trains if the cable is plugged.

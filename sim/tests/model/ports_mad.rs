@@ -305,3 +305,18 @@ fn ipxe_flavours_of_port_commands() {
     r.cmd(0, 1, 0, Opcode::INIT_PORT).unwrap();
     assert_eq!(r.cmd_out(1, 0, Opcode::QUERY_PORT).unwrap()[0] & 0x80, 0x80);
 }
+
+#[test]
+fn sense_port_reports_infiniband() {
+    let mut r = Raw::new();
+    assert_eq!(
+        r.cmd_imm(0, 1, 0, Opcode::SENSE_PORT).map(|_| ()),
+        st(Status::BAD_SYS_STATE)
+    );
+    init(&mut r).unwrap();
+    assert_eq!(r.cmd_imm(0, 2, 0, Opcode::SENSE_PORT), Ok(1));
+    assert_eq!(
+        r.cmd_imm(0, 3, 0, Opcode::SENSE_PORT).map(|_| ()),
+        st(Status::BAD_PARAM)
+    );
+}
