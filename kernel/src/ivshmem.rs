@@ -33,10 +33,6 @@ pub enum GuestState {
     /// The kernel found the window.
     KernelUp = 1,
     /// mlx4_core brought the HCA up.
-    #[expect(
-        dead_code,
-        reason = "set once the kernel probes mlx4_core (the emulated-HCA issue)"
-    )]
     DriverUp = 2,
     /// The guest is shutting down.
     ShutDown = 3,

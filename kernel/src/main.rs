@@ -13,6 +13,7 @@ mod arch;
 mod backtrace;
 mod cmdline;
 mod console;
+mod hca;
 mod ivshmem;
 mod logger;
 mod mm;
@@ -98,6 +99,8 @@ fn kernel_main(info: &'static BootInfo) -> ! {
         .unwrap_or(5);
     pci::init(core::time::Duration::from_secs(emu_wait));
 
+    hca::init();
+
     let boot_ns = time::tsc_to_ns(arch::rdtsc().saturating_sub(info.entry_tsc));
     log::info!(
         "Boot: kernel entry to shell prompt in {}.{:03} ms",
@@ -122,7 +125,7 @@ fn kernel_main(info: &'static BootInfo) -> ! {
         });
     }
     println!("Type 'help' for the list of commands.");
-    console::shell(|| {})
+    console::shell(hca::poll)
 }
 
 #[panic_handler]

@@ -336,10 +336,6 @@ pub fn inspect(d: &Device) -> PciFunction {
 }
 
 /// Hands a function to a driver: memory BARs are mapped uncached.
-#[expect(
-    dead_code,
-    reason = "the mlx4 probe path uses it; see the emulated-HCA issue"
-)]
 pub fn function(d: &Device) -> Result<PciFunction, &'static str> {
     let mut bars: [Option<Bar>; 6] = Default::default();
     if let Backing::Emulated(w) = d.backing {

@@ -58,6 +58,30 @@ static COMMANDS: &[Command] = &[
         run: uptime,
     },
     Command {
+        name: "ibv_devinfo",
+        usage: "ibv_devinfo [-v] [-d DEVICE]",
+        help: "HCA and port attributes, as rdma-core's tool",
+        run: super::ib::ibv_devinfo,
+    },
+    Command {
+        name: "ibstat",
+        usage: "ibstat [CA_NAME]",
+        help: "HCA and port state, as infiniband-diags' tool",
+        run: super::ib::ibstat,
+    },
+    Command {
+        name: "mlx4",
+        usage: "mlx4 caps|catas",
+        help: "QUERY_DEV_CAP dump; internal-error buffer state",
+        run: super::ib::mlx4,
+    },
+    Command {
+        name: "fwtrace",
+        usage: "fwtrace on|off",
+        help: "log every firmware command",
+        run: super::ib::fwtrace,
+    },
+    Command {
         name: "poweroff",
         usage: "poweroff",
         help: "power the machine off",

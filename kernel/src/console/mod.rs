@@ -4,6 +4,7 @@
 //! exits with success only if every one of them succeeded.
 
 mod commands;
+mod ib;
 mod lspci;
 
 use alloc::string::String;
