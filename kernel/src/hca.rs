@@ -85,7 +85,10 @@ pub fn init() {
                 }
                 hcas.push(Hca { name, dev, pci: *d });
             }
-            Err(e) => log::error!("mlx4_core {}: bring-up failed: {e}", d.addr),
+            Err(e) => log::error!(
+                "mlx4 {}: HCA left unusable ({e}); the shell carries on without it",
+                d.addr
+            ),
         }
     }
 }

@@ -58,6 +58,12 @@ static COMMANDS: &[Command] = &[
         run: uptime,
     },
     Command {
+        name: "sleep",
+        usage: "sleep SECONDS",
+        help: "wait, running the progress loop (events, errors)",
+        run: sleep,
+    },
+    Command {
         name: "ibv_devinfo",
         usage: "ibv_devinfo [-v] [-d DEVICE]",
         help: "HCA and port attributes, as rdma-core's tool",
@@ -205,6 +211,24 @@ fn uptime(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         s,
         us % 1_000_000
     );
+    Ok(())
+}
+
+fn sleep(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    let usage = || "usage: sleep SECONDS (0 to 3600, fractions allowed)".to_string();
+    let [arg] = args else { return Err(usage()) };
+    let (whole, frac) = arg.split_once('.').unwrap_or((arg, ""));
+    let secs: u64 = whole.parse().map_err(|_| usage())?;
+    if secs > 3600 || frac.len() > 6 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(usage());
+    }
+    let micros = frac.parse::<u64>().unwrap_or(0) * 10u64.pow(6 - frac.len() as u32);
+    let d = core::time::Duration::from_secs(secs) + core::time::Duration::from_micros(micros);
+    let end = hal::Deadline::after(&crate::time::TscClock, d);
+    while !end.expired(&crate::time::TscClock) {
+        crate::hca::poll();
+        core::hint::spin_loop();
+    }
     Ok(())
 }
 
