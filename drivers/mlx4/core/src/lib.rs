@@ -42,8 +42,6 @@ pub mod qp;
 pub mod reset;
 pub mod srq;
 #[cfg(test)]
-mod testdev;
-#[cfg(test)]
 mod tests;
 
 pub use error::{Error, Result};

@@ -1,4 +1,6 @@
-//! Bring-up, unwinding and resource tests against the unit-test fake ([`crate::testdev`]).
+//! Bring-up, unwinding and resource tests against the unit-test fake ([`testdev`]).
+
+mod testdev;
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -10,8 +12,8 @@ use mlx4_hw::cmd::{Opcode, Status};
 use mlx4_hw::mr::flags as mrf;
 use mlx4_hw::qp::{QpContext, QpState};
 
-use crate::testdev::Rig;
 use crate::*;
+use testdev::Rig;
 
 fn up(rig: &Rig) -> Result<Dev> {
     probe(
