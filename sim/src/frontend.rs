@@ -2,7 +2,8 @@
 //! `hal::PciFunction` (config space, BAR0, BAR2), a `hal::DmaPool` and a
 //! `hal::Clock` backed by the model, in a synchronous deterministic mode or a
 //! threaded mode that polls shared register memory like the ivshmem emulator;
-//! the ivshmem front end itself (`cx3-emu`) is not part of this crate yet.
+//! the ivshmem front end (`cx3-emu`, [`crate::ivshmem`]) uses the latter
+//! without a thread ([`SimHca::new_polled`]).
 //!
 //! * **Synchronous** ([`SimHca::new`]): every register access calls into the
 //!   model on the caller's thread. Writing HCR dword 6 with GO executes the
@@ -11,7 +12,8 @@
 //!   model clock). The clock is a `FakeClock` that advances
 //!   [`SimConfig::relax_step`] per `relax()` and by the full amount on
 //!   `delay()`, so Linux's one-second reset sleep costs nothing.
-//! * **Threaded** ([`SimHca::new_threaded`], [`SimHca::new_over`]): BARs are
+//! * **Threaded** ([`SimHca::new_threaded`], [`SimHca::new_over`],
+//!   [`SimHca::new_polled`]): BARs are
 //!   plain atomic memory; a model thread polls them every
 //!   [`SimConfig::poll_interval`] while busy, backing off to 1 ms when idle
 //!   (HCR GO, software reset, and the doorbells of EQs, CQs and QPs in
@@ -281,17 +283,27 @@ enum Backing {
     Sync,
     /// Threaded mode, own registers, arena memory.
     Threaded,
-    /// Threaded mode over a caller's memory and register windows.
+    /// Threaded mode over a caller's memory and register windows; with
+    /// `own_thread` false the caller polls ([`SimHca::poll`]).
     External {
         mem: Arc<dyn HostMemory>,
         bar0: Arc<RegFile>,
         bar2: Arc<RegFile>,
+        own_thread: bool,
     },
 }
 
 impl SimHca {
     fn build(cfg: SimConfig, backing: Backing) -> SimHca {
         let threaded = !matches!(backing, Backing::Sync);
+        let spawn = !matches!(
+            backing,
+            Backing::Sync
+                | Backing::External {
+                    own_thread: false,
+                    ..
+                }
+        );
         let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
         let (clock, fake_clock): (Arc<dyn Clock>, _) = if threaded {
             (Arc::new(MonoClock(Instant::now())), None)
@@ -301,9 +313,9 @@ impl SimHca {
         };
         let poll = cfg.poll_interval;
         let hca = match backing {
-            Backing::External { mem, bar0, bar2 } => {
-                Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2)
-            }
+            Backing::External {
+                mem, bar0, bar2, ..
+            } => Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2),
             _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
         };
         let pci = hca.pci.clone();
@@ -318,7 +330,7 @@ impl SimHca {
             )
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = threaded.then(|| {
+        let thread = spawn.then(|| {
             let (h, s) = (hca.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("cx3-model".into())
@@ -374,7 +386,42 @@ impl SimHca {
         bar0: Arc<RegFile>,
         bar2: Arc<RegFile>,
     ) -> SimHca {
-        Self::build(cfg, Backing::External { mem, bar0, bar2 })
+        Self::build(
+            cfg,
+            Backing::External {
+                mem,
+                bar0,
+                bar2,
+                own_thread: true,
+            },
+        )
+    }
+
+    /// Like [`SimHca::new_over`], but without a model thread: the caller
+    /// polls with [`SimHca::poll`] (`cx3-emu` serves every node from one
+    /// poll loop).
+    pub fn new_polled(
+        cfg: SimConfig,
+        mem: Arc<dyn HostMemory>,
+        bar0: Arc<RegFile>,
+        bar2: Arc<RegFile>,
+    ) -> SimHca {
+        Self::build(
+            cfg,
+            Backing::External {
+                mem,
+                bar0,
+                bar2,
+                own_thread: false,
+            },
+        )
+    }
+
+    /// One polling pass over the shared registers (HCR GO, reset,
+    /// doorbells), as the model thread of the threaded mode does it; true if
+    /// anything happened. For [`SimHca::new_polled`] models.
+    pub fn poll(&self) -> bool {
+        self.hca().poll_shared()
     }
 
     /// The config space (for a front end that publishes its image).
@@ -444,6 +491,12 @@ impl SimHca {
             .unwrap_or_default()
     }
 
+    /// Number of trace entries (commands posted since the last
+    /// [`SimHca::clear_trace`]).
+    pub fn trace_len(&self) -> usize {
+        self.hca().trace.len()
+    }
+
     /// Forgets the trace.
     pub fn clear_trace(&self) {
         self.hca().trace.clear();
@@ -462,6 +515,24 @@ impl SimHca {
     /// DMA faults recorded so far.
     pub fn dma_faults(&self) -> Vec<DmaFault> {
         self.hca().dma_faults.clone()
+    }
+
+    /// Violations from index `index` on (for a front end that streams them).
+    pub fn violations_since(&self, index: usize) -> Vec<String> {
+        let h = self.hca();
+        h.violations
+            .get(index..)
+            .map(<[String]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// DMA faults from index `index` on.
+    pub fn dma_faults_since(&self, index: usize) -> Vec<DmaFault> {
+        let h = self.hca();
+        h.dma_faults
+            .get(index..)
+            .map(<[DmaFault]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Raises a catastrophic error (error buffer, LOCAL_CATAS_ERROR EQE,

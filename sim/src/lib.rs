@@ -29,6 +29,7 @@
 //! | [`faults`] | fault injection |
 //! | [`trace`] | the command trace |
 //! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
+//! | [`ivshmem`] | the `cx3-emu` front end: the model served to QEMU guests over ivshmem |
 //!
 //! # Where the two readings of a layout differ
 //!
@@ -115,6 +116,7 @@ pub mod frontend;
 pub mod fw;
 pub mod hcr;
 pub mod icm;
+pub mod ivshmem;
 pub mod layout;
 pub mod mad_ifc;
 pub mod mem;

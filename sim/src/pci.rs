@@ -159,6 +159,22 @@ impl PciConfig {
         self.words[usize::from(off / 4) % 1024].load(Ordering::Acquire)
     }
 
+    /// What config reads of the first `out.len()` dwords return now (all
+    /// ones during a reset), with one look at the clock: what a front end
+    /// that publishes the header as an image (`cx3-emu`) copies each round.
+    pub fn read_dwords(&self, out: &mut [u32]) {
+        let reset = self.in_reset();
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = if reset {
+                u32::MAX
+            } else {
+                self.words
+                    .get(i)
+                    .map_or(u32::MAX, |w| w.load(Ordering::Acquire))
+            };
+        }
+    }
+
     /// Memory decoding enabled (and not in reset).
     pub fn memory_enabled(&self) -> bool {
         !self.in_reset() && self.raw(4) & CMD_MEMORY != 0

@@ -9,6 +9,8 @@
 //! the driver writes them, exactly as the ivshmem emulator will; a file can
 //! also be a window of shared memory ([`RegFile::from_raw_parts`]).
 
+use std::any::Any;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Host command register block.
@@ -65,12 +67,17 @@ enum Words {
     /// # Invariants
     /// `ptr` is valid for atomic access to `len` dwords for the life of the
     /// `RegFile` (see [`RegFile::from_raw_parts`]).
-    External(core::ptr::NonNull<AtomicU32>, usize),
+    External(
+        core::ptr::NonNull<AtomicU32>,
+        usize,
+        /// Keeps the memory alive (an mmap), if the caller handed it over.
+        #[allow(dead_code)]
+        Option<Arc<dyn Any + Send + Sync>>,
+    ),
 }
 
-// SAFETY: the external window is only accessed through atomics, and its
-// owner promised it stays mapped for the life of the `RegFile`; the owned
-// case is a boxed slice of atomics.
+// SAFETY: every access is atomic, and an external window stays mapped for
+// the life of the `RegFile` (its constructors' contract).
 unsafe impl Send for RegFile {}
 // SAFETY: as above; every access is an atomic load or store.
 unsafe impl Sync for RegFile {}
@@ -94,17 +101,38 @@ impl RegFile {
     pub unsafe fn from_raw_parts(ptr: core::ptr::NonNull<u32>, words: usize) -> RegFile {
         // INVARIANT: the caller guarantees validity for `words` dwords.
         RegFile {
-            words: Words::External(ptr.cast(), words),
+            words: Words::External(ptr.cast(), words, None),
+        }
+    }
+
+    /// A register file over `words` dwords of shared memory at `ptr` that
+    /// `owner` keeps valid (e.g. the mapping of an ivshmem window): the file
+    /// holds `owner` for as long as it lives.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be 4-byte aligned and valid for reads and writes of
+    /// `words * 4` bytes for as long as `owner` lives, and every other party
+    /// must access that memory only with atomic operations (or be another
+    /// process, such as a guest, whose stores are single aligned dwords).
+    pub unsafe fn from_shared(
+        owner: Arc<dyn Any + Send + Sync>,
+        ptr: core::ptr::NonNull<u32>,
+        words: usize,
+    ) -> RegFile {
+        // INVARIANT: the caller guarantees validity for `words` dwords while
+        // `owner` lives, and the file holds `owner`.
+        RegFile {
+            words: Words::External(ptr.cast(), words, Some(owner)),
         }
     }
 
     fn words(&self) -> &[AtomicU32] {
         match &self.words {
             Words::Owned(b) => b,
-            // SAFETY: by the `External` invariant the memory is valid for
-            // `len` aligned dwords for the life of `self`; `AtomicU32` has
-            // the layout of `u32`.
-            Words::External(p, len) => unsafe { core::slice::from_raw_parts(p.as_ptr(), *len) },
+            // SAFETY: `External` invariant: `len` aligned dwords, valid while
+            // `self` lives; `AtomicU32` has the layout of `u32`.
+            Words::External(p, len, _) => unsafe { core::slice::from_raw_parts(p.as_ptr(), *len) },
         }
     }
 

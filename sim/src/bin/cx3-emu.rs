@@ -1,0 +1,63 @@
+//! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem, per
+//! `docs/ivshmem.md`; see [`sim::ivshmem`] for the logic and `--help` for the
+//! command line.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sim::ivshmem::{Cli, Emulator, Exit, Log, USAGE, parse_args};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Release);
+}
+
+fn main() -> ExitCode {
+    let (nodes, opts) = match parse_args(std::env::args().skip(1)) {
+        Ok(Cli::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Cli::Run { nodes, opts }) => (nodes, opts),
+        Err(e) => {
+            eprintln!("cx3-emu: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, handler) };
+    }
+    let stats = opts.stats;
+    let mut emu = match Emulator::open(&nodes, opts, Log::stderr()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("cx3-emu: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!(
+        "cx3-emu: serving {} node(s): {}",
+        emu.nodes().len(),
+        nodes
+            .iter()
+            .map(|(w, r)| format!("{},{}", w.display(), r.display()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let why = emu.run(&STOP);
+    let msg = match why {
+        Exit::GuestsDone => "every guest has shut down".to_string(),
+        Exit::Stopped => "signal".to_string(),
+        Exit::ParentGone => "parent process gone".to_string(),
+        Exit::PidGone(p) => format!("watched process {p} gone"),
+    };
+    eprintln!("cx3-emu: exiting: {msg}");
+    if stats {
+        eprint!("{}", emu.stats());
+    }
+    drop(emu);
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,1108 @@
+//! The ivshmem front end behind `cx3-emu`: serves the model to QEMU guests
+//! through two shared files per guest, exactly as `docs/ivshmem.md` (the
+//! contract with the kernel's `ivshmem.rs`) lays them out; ivshmem doorbells
+//! and interrupts (ivshmem-plain has none) and MSI-X delivery are not
+//! modelled.
+//!
+//! * The **window** (16 MiB): a header, the config-space image, and BAR0 and
+//!   BAR2, which *are* the model's register files ([`RegFile::from_shared`]
+//!   over the mapping; no copying).
+//! * The **guest RAM** file: [`GuestRam`] implements [`HostMemory`] with the
+//!   q35 bus-address rule ([`gpa_to_offset`]); anything else is a DMA fault.
+//!
+//! [`Emulator`] serves every node from one thread: each round syncs the
+//! config image both ways, polls the model ([`SimHca::poll`]), streams the
+//! trace, violations and DMA faults to stderr, bumps the heartbeat, and
+//! raises a planned catastrophic error. [`Emulator::run`] polls adaptively
+//! (spin a few µs after work, then sleep with 1 ns timer slack) until every
+//! guest has shut down, a signal arrives, or a watched process is gone.
+//!
+//! One thread for all nodes, not one per node: on the 2-core machines this
+//! runs on, every extra poller is another wake-up competing with the spinning
+//! TCG vCPUs, and a round over two idle nodes costs well under a
+//! microsecond.
+
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
+
+use hal::ConfigSpace;
+use memmap2::MmapRaw;
+
+use crate::frontend::{SimConfig, SimHca};
+use crate::hcr::{Opcode, Status};
+use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::pci::PciConfig;
+use crate::regs::RegFile;
+
+/// `C X 3 E` as a little-endian dword.
+pub const MAGIC: u32 = 0x4533_5843;
+/// Contract version.
+pub const VERSION: u32 = 1;
+/// Window size.
+pub const WINDOW_LEN: usize = 16 << 20;
+/// Config-space image offset in the window.
+pub const CONFIG_OFF: usize = 0x1000;
+/// Config-space image size.
+pub const CONFIG_LEN: usize = 0x1000;
+/// Dwords of the image synced every round (the rest is static).
+pub const CONFIG_SYNC_DWORDS: usize = 64;
+/// BAR0 offset in the window.
+pub const BAR0_OFF: usize = 0x10_0000;
+/// BAR0 length.
+pub const BAR0_LEN: usize = 0x10_0000;
+/// BAR2 offset in the window.
+pub const BAR2_OFF: usize = 0x80_0000;
+/// BAR2 length.
+pub const BAR2_LEN: usize = 0x80_0000;
+
+/// Header field offsets (little-endian).
+pub mod hdr {
+    /// u32 magic, written last.
+    pub const MAGIC: usize = 0x00;
+    /// u32 version.
+    pub const VERSION: usize = 0x04;
+    /// u32 node id.
+    pub const NODE: usize = 0x08;
+    /// u32 number of nodes.
+    pub const NODES: usize = 0x0c;
+    /// u32 config image offset.
+    pub const CONFIG_OFF: usize = 0x10;
+    /// u32 BAR0 offset.
+    pub const BAR0_OFF: usize = 0x14;
+    /// u32 BAR0 length.
+    pub const BAR0_LEN: usize = 0x18;
+    /// u32 BAR2 offset.
+    pub const BAR2_OFF: usize = 0x1c;
+    /// u32 BAR2 length.
+    pub const BAR2_LEN: usize = 0x20;
+    /// u64 guest RAM size.
+    pub const RAM_SIZE: usize = 0x28;
+    /// u64 low-memory split.
+    pub const LOWMEM: usize = 0x30;
+    /// u64 heartbeat.
+    pub const HEARTBEAT: usize = 0x38;
+    /// u32 guest state (written by the guest).
+    pub const GUEST_STATE: usize = 0x40;
+}
+
+/// Guest state: shut down (the emulator may exit once every guest says so).
+pub const GUEST_SHUT_DOWN: u32 = 3;
+
+/// q35 keeps all RAM below 4 GiB while it is smaller than this.
+pub const Q35_LOWMEM_LIMIT: u64 = 0xb000_0000;
+/// q35's low-memory size when RAM does not fit below the PCI hole.
+pub const Q35_SPLIT: u64 = 0x8000_0000;
+const FOUR_GIB: u64 = 1 << 32;
+/// No DMA below 1 MiB (VGA and PAM windows).
+pub const DMA_FLOOR: u64 = 0x10_0000;
+
+/// The low-memory split q35 uses for `ram` bytes of guest RAM.
+pub fn lowmem(ram: u64) -> u64 {
+    if ram < Q35_LOWMEM_LIMIT {
+        ram
+    } else {
+        Q35_SPLIT
+    }
+}
+
+/// The RAM-file offset of the bus (guest-physical) range `[gpa, gpa + len)`
+/// for a q35 guest with `ram` bytes, or `None` if any of it is outside RAM
+/// (below 1 MiB, in the PCI hole, beyond the end).
+pub fn gpa_to_offset(ram: u64, gpa: u64, len: u64) -> Option<u64> {
+    let end = gpa.checked_add(len)?;
+    if gpa < DMA_FLOOR {
+        return None;
+    }
+    let low = lowmem(ram);
+    if end <= low {
+        return Some(gpa);
+    }
+    let high_end = FOUR_GIB.checked_add(ram.checked_sub(low)?)?;
+    if gpa >= FOUR_GIB && end <= high_end {
+        return Some(gpa - FOUR_GIB + low);
+    }
+    None
+}
+
+/// Why the emulator could not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmuError(pub String);
+
+impl core::fmt::Display for EmuError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EmuError {}
+
+/// A file mapped shared, read-write, accessed by bounds-checked atomics and
+/// byte copies (the other side is another process).
+pub struct SharedFile {
+    map: MmapRaw,
+    path: PathBuf,
+}
+
+impl SharedFile {
+    /// Maps `path` (which must exist) read-write and shared.
+    pub fn open(path: &Path) -> Result<SharedFile, EmuError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| EmuError(format!("{}: cannot open: {e}", path.display())))?;
+        let len = file
+            .metadata()
+            .map_err(|e| EmuError(format!("{}: {e}", path.display())))?
+            .len();
+        if len == 0 {
+            return Err(EmuError(format!("{}: file is empty", path.display())));
+        }
+        let map = MmapRaw::map_raw(&file)
+            .map_err(|e| EmuError(format!("{}: cannot map: {e}", path.display())))?;
+        Ok(SharedFile {
+            map,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True for an empty mapping (never: `open` refuses empty files).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// The path mapped.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn in_bounds(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|e| e <= self.map.len())
+    }
+
+    fn atomic32(&self, off: usize) -> Option<&AtomicU32> {
+        if !off.is_multiple_of(4) || !self.in_bounds(off, 4) {
+            return None;
+        }
+        // SAFETY: in bounds and 4-aligned (mappings are page aligned) memory
+        // of a mapping that lives as long as `self`, touched only atomically.
+        Some(unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(off).cast()) })
+    }
+
+    fn atomic64(&self, off: usize) -> Option<&AtomicU64> {
+        if !off.is_multiple_of(8) || !self.in_bounds(off, 8) {
+            return None;
+        }
+        // SAFETY: as in `atomic32`, 8-aligned.
+        Some(unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(off).cast()) })
+    }
+
+    /// Acquire load of the dword at `off` (all ones outside the file).
+    pub fn load32(&self, off: usize) -> u32 {
+        self.atomic32(off)
+            .map_or(u32::MAX, |a| a.load(Ordering::Acquire))
+    }
+
+    /// Release store of the dword at `off` (ignored outside the file).
+    pub fn store32(&self, off: usize, v: u32) {
+        if let Some(a) = self.atomic32(off) {
+            a.store(v, Ordering::Release);
+        }
+    }
+
+    /// Acquire load of the qword at `off` (all ones outside the file).
+    pub fn load64(&self, off: usize) -> u64 {
+        self.atomic64(off)
+            .map_or(u64::MAX, |a| a.load(Ordering::Acquire))
+    }
+
+    /// Release store of the qword at `off`.
+    pub fn store64(&self, off: usize, v: u64) {
+        if let Some(a) = self.atomic64(off) {
+            a.store(v, Ordering::Release);
+        }
+    }
+
+    /// Copies bytes out of the file; false if out of bounds.
+    pub fn read_bytes(&self, off: usize, buf: &mut [u8]) -> bool {
+        if !self.in_bounds(off, buf.len()) {
+            return false;
+        }
+        // SAFETY: `[off, off + len)` is inside the live mapping; `buf` is
+        // ours and cannot overlap a shared file mapping.
+        unsafe {
+            core::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+        };
+        fence(Ordering::Acquire);
+        true
+    }
+
+    /// Copies bytes into the file, the last 8 bytes (when 8-aligned) with a
+    /// release store so a peer polling that tail sees the rest first; false
+    /// if out of bounds.
+    pub fn write_bytes(&self, off: usize, buf: &[u8]) -> bool {
+        if !self.in_bounds(off, buf.len()) {
+            return false;
+        }
+        let end = off + buf.len();
+        let body = if buf.len() >= 8 && end.is_multiple_of(8) {
+            buf.len() - 8
+        } else {
+            buf.len()
+        };
+        // SAFETY: `[off, off + body)` is inside the live mapping; `buf` is
+        // ours and cannot overlap it.
+        unsafe {
+            core::ptr::copy_nonoverlapping(buf.as_ptr(), self.map.as_mut_ptr().add(off), body)
+        };
+        if body < buf.len() {
+            let mut tail = [0u8; 8];
+            tail.copy_from_slice(&buf[body..]);
+            self.store64(off + body, u64::from_ne_bytes(tail));
+        } else {
+            fence(Ordering::Release);
+        }
+        true
+    }
+
+    /// Zeroes the whole file.
+    pub fn zero(&self) {
+        // SAFETY: the whole live mapping, written before anyone is told
+        // (the magic) that it holds anything.
+        unsafe { core::ptr::write_bytes(self.map.as_mut_ptr(), 0, self.map.len()) };
+        fence(Ordering::Release);
+    }
+
+    /// A register file over `[off, off + len)` that keeps the mapping alive.
+    fn reg_file(self: &Arc<Self>, off: usize, len: usize) -> Option<RegFile> {
+        if !off.is_multiple_of(4) || !self.in_bounds(off, len) {
+            return None;
+        }
+        let ptr = self.map.as_mut_ptr().wrapping_add(off);
+        let ptr = core::ptr::NonNull::new(ptr.cast::<u32>())?;
+        let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
+        // SAFETY: 4-aligned and in bounds of the mapping `owner` keeps alive;
+        // the guest stores only single aligned dwords/qwords there.
+        Some(unsafe { RegFile::from_shared(owner, ptr, len / 4) })
+    }
+}
+
+/// Guest RAM as the device reaches it: the RAM file, by q35 bus address.
+pub struct GuestRam {
+    file: SharedFile,
+    size: u64,
+}
+
+impl GuestRam {
+    /// Maps the RAM file; its size is the guest's RAM size.
+    pub fn open(path: &Path) -> Result<GuestRam, EmuError> {
+        let file = SharedFile::open(path)?;
+        let size = file.len() as u64;
+        if size < 2 * DMA_FLOOR || !size.is_multiple_of(4096) {
+            return Err(EmuError(format!(
+                "{}: {size} bytes is not a guest RAM size (a multiple of 4 KiB, at least 2 MiB)",
+                path.display()
+            )));
+        }
+        Ok(GuestRam { file, size })
+    }
+
+    /// RAM size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn offset(&self, bus: u64, len: usize, write: bool) -> Result<usize, DmaFault> {
+        gpa_to_offset(self.size, bus, len as u64)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(DmaFault {
+                bus,
+                len,
+                write,
+                kind: DmaFaultKind::OutOfRange,
+            })
+    }
+}
+
+impl HostMemory for GuestRam {
+    fn read(&self, bus: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let off = self.offset(bus, buf.len(), false)?;
+        if self.file.read_bytes(off, buf) {
+            Ok(())
+        } else {
+            Err(self.offset(u64::MAX, buf.len(), false).unwrap_err())
+        }
+    }
+    fn write(&self, bus: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        let off = self.offset(bus, buf.len(), true)?;
+        if self.file.write_bytes(off, buf) {
+            Ok(())
+        } else {
+            Err(DmaFault {
+                bus,
+                len: buf.len(),
+                write: true,
+                kind: DmaFaultKind::OutOfRange,
+            })
+        }
+    }
+}
+
+/// How the emulator runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Spin this long after the last activity before sleeping.
+    pub spin: Duration,
+    /// Sleep this long per idle round (1 ns timer slack).
+    pub sleep: Duration,
+    /// Every command with this opcode completes with this status.
+    pub fail: Vec<(Opcode, Status)>,
+    /// Raise a catastrophic error this long after a node's INIT_HCA.
+    pub catas_after: Option<Duration>,
+    /// Print every command on stderr.
+    pub trace: bool,
+    /// Exit when the parent process is gone.
+    pub exit_with_parent: bool,
+    /// Exit when any of these processes is gone.
+    pub watch_pids: Vec<u32>,
+    /// Print statistics at exit.
+    pub stats: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            spin: Duration::from_micros(5),
+            sleep: Duration::from_micros(20),
+            fail: Vec::new(),
+            catas_after: None,
+            trace: false,
+            exit_with_parent: false,
+            watch_pids: Vec::new(),
+            stats: false,
+        }
+    }
+}
+
+/// The model configuration for node `id`: distinct node and system-image
+/// GUIDs per node.
+pub fn node_config(id: u32) -> SimConfig {
+    let guid = 0x0002_c903_00a1_b2c0 + (u64::from(id) << 8);
+    SimConfig {
+        node_guid: guid,
+        sys_image_guid: guid + 3,
+        dma_size: 4096,
+        ..SimConfig::default()
+    }
+}
+
+/// One guest: its window, its model, and what has been reported so far.
+pub struct Node {
+    id: u32,
+    window: Arc<SharedFile>,
+    ram_size: u64,
+    hca: SimHca,
+    pci: Arc<PciConfig>,
+    /// What the emulator last stored in (or saw in) the first config dwords.
+    shadow: [u32; CONFIG_SYNC_DWORDS],
+    trace_next: usize,
+    viol_next: usize,
+    dma_next: usize,
+    commands: u64,
+    violations: u64,
+    dma_faults: u64,
+    init_at: Option<Instant>,
+    catas_done: bool,
+    heartbeat: u64,
+}
+
+impl Node {
+    /// Maps the files, builds the model over them and publishes the window
+    /// (magic last).
+    fn open(id: u32, nodes: u32, window: &Path, ram: &Path) -> Result<Node, EmuError> {
+        let w = SharedFile::open(window)?;
+        if w.len() != WINDOW_LEN {
+            return Err(EmuError(format!(
+                "{}: window is {} bytes, the contract wants {WINDOW_LEN} (16 MiB)",
+                window.display(),
+                w.len()
+            )));
+        }
+        let ram = Arc::new(GuestRam::open(ram)?);
+        let ram_size = ram.size();
+        let w = Arc::new(w);
+        w.zero();
+        let (Some(bar0), Some(bar2)) = (
+            w.reg_file(BAR0_OFF, BAR0_LEN),
+            w.reg_file(BAR2_OFF, BAR2_LEN),
+        ) else {
+            return Err(EmuError("window too small for the BARs".into()));
+        };
+        let hca = SimHca::new_polled(node_config(id), ram, Arc::new(bar0), Arc::new(bar2));
+        let pci = hca.config_space();
+        let header32 = [
+            (hdr::VERSION, VERSION),
+            (hdr::NODE, id),
+            (hdr::NODES, nodes),
+            (hdr::CONFIG_OFF, CONFIG_OFF as u32),
+            (hdr::BAR0_OFF, BAR0_OFF as u32),
+            (hdr::BAR0_LEN, BAR0_LEN as u32),
+            (hdr::BAR2_OFF, BAR2_OFF as u32),
+            (hdr::BAR2_LEN, BAR2_LEN as u32),
+        ];
+        for (off, v) in header32 {
+            w.store32(off, v);
+        }
+        w.store64(hdr::RAM_SIZE, ram_size);
+        w.store64(hdr::LOWMEM, lowmem(ram_size));
+        let mut image = vec![0u32; CONFIG_LEN / 4];
+        pci.read_dwords(&mut image);
+        for (i, v) in image.iter().enumerate() {
+            w.store32(CONFIG_OFF + 4 * i, *v);
+        }
+        let mut shadow = [0u32; CONFIG_SYNC_DWORDS];
+        shadow.copy_from_slice(&image[..CONFIG_SYNC_DWORDS]);
+        w.store32(hdr::MAGIC, MAGIC);
+        Ok(Node {
+            id,
+            window: w,
+            ram_size,
+            hca,
+            pci,
+            shadow,
+            trace_next: 0,
+            viol_next: 0,
+            dma_next: 0,
+            commands: 0,
+            violations: 0,
+            dma_faults: 0,
+            init_at: None,
+            catas_done: false,
+            heartbeat: 0,
+        })
+    }
+
+    /// The node id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The model.
+    pub fn hca(&self) -> &SimHca {
+        &self.hca
+    }
+
+    /// Guest RAM size mapped.
+    pub fn ram_size(&self) -> u64 {
+        self.ram_size
+    }
+
+    /// Commands served, violations and DMA faults seen.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (self.commands, self.violations, self.dma_faults)
+    }
+
+    /// The guest-state word.
+    pub fn guest_state(&self) -> u32 {
+        self.window.load32(hdr::GUEST_STATE)
+    }
+
+    /// Syncs the first config dwords: guest writes (a value different from
+    /// what the emulator last stored) go to the model, then the model's read
+    /// values go back, by compare-exchange so that a guest write racing with
+    /// the store is not lost. True if the guest wrote anything.
+    fn sync_config(&mut self) -> bool {
+        let mut cur = [0u32; CONFIG_SYNC_DWORDS];
+        let mut wrote = false;
+        for (i, c) in cur.iter_mut().enumerate() {
+            *c = self.window.load32(CONFIG_OFF + 4 * i);
+            if *c != self.shadow[i] {
+                self.pci.write32((4 * i) as u16, *c);
+                wrote = true;
+            }
+        }
+        let mut model = [0u32; CONFIG_SYNC_DWORDS];
+        self.pci.read_dwords(&mut model);
+        for i in 0..CONFIG_SYNC_DWORDS {
+            self.shadow[i] = cur[i];
+            if model[i] == cur[i] {
+                continue;
+            }
+            if let Some(a) = self.window.atomic32(CONFIG_OFF + 4 * i)
+                && a.compare_exchange(cur[i], model[i], Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.shadow[i] = model[i];
+            }
+        }
+        wrote
+    }
+
+    /// One round for this node; true if anything happened.
+    fn round(&mut self, opts: &Options, log: &mut Log) -> bool {
+        // Poll first, then sync: a reset the poll performed shows in the
+        // image at once; a GO seen before the guest's memory-enable write
+        // reached the model stays set and is taken next round.
+        let mut active = self.hca.poll();
+        active |= self.sync_config();
+        self.report(opts, log);
+        if let (Some(after), Some(at)) = (opts.catas_after, self.init_at)
+            && !self.catas_done
+            && at.elapsed() >= after
+        {
+            self.catas_done = true;
+            self.hca.raise_catastrophic_error();
+            log.line(format!(
+                "node{}: catastrophic error raised ({:?} after INIT_HCA)",
+                self.id, after
+            ));
+            self.report(opts, log);
+            active = true;
+        }
+        self.heartbeat = self.heartbeat.wrapping_add(1);
+        self.window.store64(hdr::HEARTBEAT, self.heartbeat);
+        active
+    }
+
+    /// Streams completed trace entries, new violations and DMA faults.
+    fn report(&mut self, opts: &Options, log: &mut Log) {
+        let len = self.hca.trace_len();
+        if len > self.trace_next {
+            let entries = self.hca.trace_since(self.trace_next);
+            let n = entries.len();
+            for (k, e) in entries.into_iter().enumerate() {
+                // The last entry may still be in flight; an earlier one that
+                // never completed (stuck GO, then reset) is reported as is.
+                if e.duration.is_none() && k + 1 == n {
+                    break;
+                }
+                self.trace_next += 1;
+                self.commands += 1;
+                if opts.trace {
+                    log.line(format!("node{}: {e}", self.id));
+                }
+                if e.op() == Opcode::INIT_HCA && e.ok() && self.init_at.is_none() {
+                    self.init_at = Some(Instant::now());
+                }
+            }
+            // Keep memory bounded: forget a fully reported trace (nothing in
+            // flight: the last entry has completed).
+            if self.trace_next == len && len >= 4096 {
+                self.hca.clear_trace();
+                self.trace_next = 0;
+            }
+        }
+        for v in self.hca.violations_since(self.viol_next) {
+            self.viol_next += 1;
+            self.violations += 1;
+            log.line(format!("node{}: violation: {v}", self.id));
+        }
+        for f in self.hca.dma_faults_since(self.dma_next) {
+            self.dma_next += 1;
+            self.dma_faults += 1;
+            log.line(format!("node{}: DMA fault: {f}", self.id));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A window whose emulator is gone must not look served.
+        self.window.store32(hdr::MAGIC, 0);
+    }
+}
+
+/// Where messages go: stderr, or a buffer (tests).
+#[derive(Debug, Default)]
+pub struct Log {
+    capture: Option<Vec<String>>,
+}
+
+impl Log {
+    /// Messages to stderr.
+    pub fn stderr() -> Log {
+        Log { capture: None }
+    }
+    /// Messages kept in memory.
+    pub fn capture() -> Log {
+        Log {
+            capture: Some(Vec::new()),
+        }
+    }
+    /// Emits one line.
+    pub fn line(&mut self, s: String) {
+        match &mut self.capture {
+            Some(v) => {
+                if v.len() < 100_000 {
+                    v.push(s);
+                }
+            }
+            None => eprintln!("{s}"),
+        }
+    }
+    /// The captured lines (empty for stderr).
+    pub fn lines(&self) -> &[String] {
+        self.capture.as_deref().unwrap_or(&[])
+    }
+}
+
+/// Why [`Emulator::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Every guest wrote state 3.
+    GuestsDone,
+    /// The stop flag was set (a signal).
+    Stopped,
+    /// The parent process is gone.
+    ParentGone,
+    /// A watched process is gone.
+    PidGone(u32),
+}
+
+/// One emulator process: all nodes, one poll loop.
+pub struct Emulator {
+    nodes: Vec<Node>,
+    opts: Options,
+    log: Log,
+    started: Instant,
+}
+
+impl Emulator {
+    /// Maps every node's `(window, ram)` files and publishes the windows.
+    pub fn open(
+        specs: &[(PathBuf, PathBuf)],
+        opts: Options,
+        log: Log,
+    ) -> Result<Emulator, EmuError> {
+        if specs.is_empty() {
+            return Err(EmuError("no --node given".into()));
+        }
+        let mut seen = Vec::new();
+        for (w, r) in specs {
+            for p in [w, r] {
+                let c = std::fs::canonicalize(p)
+                    .map_err(|e| EmuError(format!("{}: cannot open: {e}", p.display())))?;
+                if seen.contains(&c) {
+                    return Err(EmuError(format!("{}: named twice", p.display())));
+                }
+                seen.push(c);
+            }
+        }
+        let n = u32::try_from(specs.len()).map_err(|_| EmuError("too many nodes".into()))?;
+        let mut nodes = Vec::with_capacity(specs.len());
+        for (id, (w, r)) in (0..n).zip(specs) {
+            let node = Node::open(id, n, w, r)?;
+            for (op, st) in &opts.fail {
+                node.hca
+                    .faults()
+                    .set(*op, crate::faults::OpcodeFault::status(*st));
+            }
+            nodes.push(node);
+        }
+        Ok(Emulator {
+            nodes,
+            opts,
+            log,
+            started: Instant::now(),
+        })
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Messages so far (with [`Log::capture`]).
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// One poll round over every node; true if anything happened.
+    pub fn poll_round(&mut self) -> bool {
+        let mut active = false;
+        for n in &mut self.nodes {
+            active |= n.round(&self.opts, &mut self.log);
+        }
+        active
+    }
+
+    /// Every guest has written state 3.
+    pub fn all_shut_down(&self) -> bool {
+        self.nodes
+            .iter()
+            .all(|n| n.guest_state() == GUEST_SHUT_DOWN)
+    }
+
+    /// Polls until every guest has shut down, `stop` is set, or a watched
+    /// process (or the parent, with `exit_with_parent`) is gone.
+    pub fn run(&mut self, stop: &AtomicBool) -> Exit {
+        set_timer_slack_1ns();
+        let parent = std::os::unix::process::parent_id();
+        let mut last_active = Instant::now();
+        let mut next_check = Instant::now();
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Exit::Stopped;
+            }
+            if self.poll_round() {
+                last_active = Instant::now();
+            }
+            if self.all_shut_down() {
+                // Report what the last round produced, then go.
+                return Exit::GuestsDone;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                next_check = now + Duration::from_millis(20);
+                if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                    return Exit::ParentGone;
+                }
+                if let Some(p) = self.opts.watch_pids.iter().find(|p| !pid_alive(**p)) {
+                    return Exit::PidGone(*p);
+                }
+            }
+            if now.duration_since(last_active) < self.opts.spin {
+                core::hint::spin_loop();
+            } else if self.opts.sleep.is_zero() {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(self.opts.sleep);
+            }
+        }
+    }
+
+    /// The `--stats` lines: one per node and a total with CPU vs wall time.
+    pub fn stats(&self) -> String {
+        let mut s = String::new();
+        let (mut c, mut v, mut d) = (0, 0, 0);
+        for n in &self.nodes {
+            let (nc, nv, nd) = n.counts();
+            let _ = writeln!(
+                s,
+                "node{}: commands {nc}, violations {nv}, DMA faults {nd}",
+                n.id
+            );
+            c += nc;
+            v += nv;
+            d += nd;
+        }
+        let wall = self.started.elapsed().as_secs_f64();
+        let cpu = process_cpu_time().as_secs_f64();
+        let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
+        let _ = writeln!(
+            s,
+            "total: commands {c}, violations {v}, DMA faults {d}; CPU {cpu:.3} s over {wall:.3} s wall ({pct:.1}%)"
+        );
+        s
+    }
+}
+
+/// True while process `pid` exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(st) => st
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Sets this thread's timer slack to 1 ns so short sleeps are short.
+pub fn set_timer_slack_1ns() {
+    // SAFETY: PR_SET_TIMERSLACK takes an integer and touches no memory.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+}
+
+/// User plus system CPU time of this process so far.
+pub fn process_cpu_time() -> Duration {
+    let mut ru = core::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a valid, writable rusage.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if r != 0 {
+        return Duration::ZERO;
+    }
+    // SAFETY: getrusage succeeded and filled it (and zeroed is valid anyway).
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// A parsed command line.
+#[derive(Debug, Clone)]
+pub enum Cli {
+    /// `-h`/`--help`.
+    Help,
+    /// Serve these nodes.
+    Run {
+        /// `(window, ram)` per node.
+        nodes: Vec<(PathBuf, PathBuf)>,
+        /// Everything else.
+        opts: Options,
+    },
+}
+
+/// The `--help` text.
+pub const USAGE: &str = "\
+usage: cx3-emu [OPTIONS] --node WINDOW_FILE,RAM_FILE [--node WINDOW_FILE,RAM_FILE ...]
+
+Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
+
+  --node W,R            one guest: its 16 MiB window file and its RAM file;
+                        node ids 0, 1, ... in order
+  --fail CMD[=STATUS]   every command CMD (name such as RUN_FW or an opcode
+                        such as 0xff6) completes with STATUS (a CMD_STAT name
+                        such as INTERNAL_ERR or BAD_PARAM, or a number;
+                        default INTERNAL_ERR); repeatable
+  --catas-after SECS    raise a catastrophic error on every node SECS seconds
+                        (fractions allowed) after its first successful INIT_HCA
+  --trace               print every firmware command on stderr (node<N>: ...)
+  --spin-us N           spin N µs after the last activity (default 5)
+  --sleep-us N          then sleep N µs per round, 1 ns timer slack
+                        (default 20, at most 5000)
+  --exit-with-parent    exit when the parent process is gone
+  --watch-pid PID       exit when PID is gone (repeatable)
+  --stats               at exit, print per-node and total counts and CPU time
+  -h, --help            this text
+
+Exits 0 when every guest has written state 3, on SIGINT/SIGTERM, or when a
+watched process is gone; 2 on a usage or file error.
+";
+
+fn parse_num(s: &str) -> Option<u64> {
+    let s = s.trim();
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// `RUN_FW`, `2ERR_QP`, `ERR_QP`, `0xff6`, `4086`.
+pub fn parse_opcode(s: &str) -> Option<Opcode> {
+    let up = s.trim().to_ascii_uppercase();
+    if let Some(o) = Opcode::ALL.iter().find(|o| o.name() == up) {
+        return Some(*o);
+    }
+    match up.as_str() {
+        "ERR_QP" => return Some(Opcode::ERR_QP),
+        "RST_QP" => return Some(Opcode::RST_QP),
+        _ => {}
+    }
+    parse_num(s)
+        .filter(|n| *n <= 0xfff)
+        .map(|n| Opcode(n as u16))
+}
+
+/// `INTERNAL_ERR`, `CMD_STAT_BAD_PARAM`, `3`, `0x0c`.
+pub fn parse_status(s: &str) -> Option<Status> {
+    let up = s.trim().to_ascii_uppercase();
+    let name = up.strip_prefix("CMD_STAT_").unwrap_or(&up);
+    if let Some(st) = (0..=255u8).map(Status).find(|st| st.name() == name) {
+        return Some(st);
+    }
+    parse_num(s).and_then(|n| u8::try_from(n).ok()).map(Status)
+}
+
+/// Parses the command line (without the program name).
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
+    let mut nodes = Vec::new();
+    let mut opts = Options::default();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let takes_value = matches!(
+            flag.as_str(),
+            "--node" | "--fail" | "--catas-after" | "--spin-us" | "--sleep-us" | "--watch-pid"
+        );
+        let value = if takes_value {
+            match inline {
+                Some(v) => v,
+                None => it.next().ok_or(format!("{flag} needs a value"))?,
+            }
+        } else {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            String::new()
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Cli::Help),
+            "--node" => {
+                let (w, r) = value
+                    .split_once(',')
+                    .filter(|(w, r)| !w.is_empty() && !r.is_empty())
+                    .ok_or(format!("--node wants WINDOW_FILE,RAM_FILE, got {value:?}"))?;
+                nodes.push((PathBuf::from(w), PathBuf::from(r)));
+            }
+            "--fail" => {
+                let (c, st) = match value.split_once('=') {
+                    Some((c, st)) => (c, Some(st)),
+                    None => (value.as_str(), None),
+                };
+                let op = parse_opcode(c).ok_or(format!("--fail: unknown command {c:?}"))?;
+                let st = match st {
+                    Some(st) => parse_status(st).ok_or(format!("--fail: unknown status {st:?}"))?,
+                    None => Status::INTERNAL_ERR,
+                };
+                opts.fail.push((op, st));
+            }
+            "--catas-after" => {
+                let secs: f64 = value
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s < 1e9)
+                    .ok_or(format!("--catas-after wants seconds, got {value:?}"))?;
+                opts.catas_after = Some(Duration::from_secs_f64(secs));
+            }
+            "--trace" => opts.trace = true,
+            "--stats" => opts.stats = true,
+            "--exit-with-parent" => opts.exit_with_parent = true,
+            "--spin-us" => {
+                let n = parse_num(&value)
+                    .filter(|n| *n <= 1_000_000)
+                    .ok_or(format!("--spin-us wants microseconds, got {value:?}"))?;
+                opts.spin = Duration::from_micros(n);
+            }
+            "--sleep-us" => {
+                let n = parse_num(&value)
+                    .filter(|n| *n <= 5000)
+                    .ok_or(format!(
+                        "--sleep-us wants 0..=5000 microseconds (the heartbeat must move every 10 ms), got {value:?}"
+                    ))?;
+                opts.sleep = Duration::from_micros(n);
+            }
+            "--watch-pid" => {
+                let p = value
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or(format!("--watch-pid wants a process id, got {value:?}"))?;
+                opts.watch_pids.push(p);
+            }
+            _ => return Err(format!("unknown argument {a:?} (try --help)")),
+        }
+    }
+    if nodes.is_empty() {
+        return Err("at least one --node WINDOW_FILE,RAM_FILE is required (try --help)".into());
+    }
+    Ok(Cli::Run { nodes, opts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn small_ram_is_identity_mapped_above_1_mib() {
+        let ram = 512 * MIB;
+        assert_eq!(lowmem(ram), ram);
+        assert_eq!(gpa_to_offset(ram, MIB, 4096), Some(MIB));
+        assert_eq!(gpa_to_offset(ram, ram - 8, 8), Some(ram - 8));
+        assert_eq!(gpa_to_offset(ram, ram - 8, 9), None, "crosses the end");
+        assert_eq!(gpa_to_offset(ram, ram, 1), None);
+        assert_eq!(gpa_to_offset(ram, MIB - 1, 2), None, "below 1 MiB");
+        assert_eq!(gpa_to_offset(ram, 0, 4), None);
+        assert_eq!(gpa_to_offset(ram, 0xc000_0000, 4), None, "PCI hole");
+        assert_eq!(gpa_to_offset(ram, 4 * GIB, 4), None, "no high RAM");
+        assert_eq!(gpa_to_offset(ram, u64::MAX - 2, 8), None, "wraps");
+        let just_below = Q35_LOWMEM_LIMIT - MIB;
+        assert_eq!(lowmem(just_below), just_below);
+        assert_eq!(
+            gpa_to_offset(just_below, just_below - 4, 4),
+            Some(just_below - 4)
+        );
+    }
+
+    #[test]
+    fn big_ram_splits_at_2_gib_and_resumes_at_4_gib() {
+        for ram in [Q35_LOWMEM_LIMIT, 3 * GIB, 8 * GIB] {
+            assert_eq!(lowmem(ram), 2 * GIB);
+            assert_eq!(gpa_to_offset(ram, 2 * GIB - 8, 8), Some(2 * GIB - 8));
+            assert_eq!(
+                gpa_to_offset(ram, 2 * GIB - 8, 16),
+                None,
+                "runs into the hole"
+            );
+            assert_eq!(gpa_to_offset(ram, 2 * GIB, 4), None, "hole");
+            assert_eq!(gpa_to_offset(ram, 0xfebd_5000, 4), None, "hole");
+            assert_eq!(gpa_to_offset(ram, 4 * GIB - 4, 8), None, "hole into high");
+            assert_eq!(gpa_to_offset(ram, 4 * GIB, 4), Some(2 * GIB));
+            let top = 4 * GIB + ram - 2 * GIB;
+            assert_eq!(gpa_to_offset(ram, top - 4, 4), Some(ram - 4));
+            assert_eq!(gpa_to_offset(ram, top - 4, 8), None, "beyond RAM");
+            assert_eq!(gpa_to_offset(ram, top, 1), None);
+        }
+        // The spike's check: 2816 MiB, gpa 0x101000000 is offset 0x81000000.
+        assert_eq!(
+            gpa_to_offset(2816 * MIB, 0x1_0100_0000, 8),
+            Some(0x8100_0000)
+        );
+    }
+
+    #[test]
+    fn command_line() {
+        let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
+        let Ok(Cli::Run { nodes, opts }) = args(
+            "--node a.win,a.ram --node=b.win,b.ram --fail RUN_FW --fail 0x3=BAD_PARAM \
+             --fail 2err_qp=0x10 --catas-after 1.5 --trace --spin-us 0 --sleep-us 100 \
+             --exit-with-parent --watch-pid 42 --watch-pid 43 --stats",
+        ) else {
+            panic!("parses");
+        };
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[1].1, PathBuf::from("b.ram"));
+        assert_eq!(
+            opts.fail,
+            vec![
+                (Opcode::RUN_FW, Status::INTERNAL_ERR),
+                (Opcode::QUERY_DEV_CAP, Status::BAD_PARAM),
+                (Opcode::ERR_QP, Status::BAD_QP_STATE),
+            ]
+        );
+        assert_eq!(opts.catas_after, Some(Duration::from_millis(1500)));
+        assert!(opts.trace && opts.stats && opts.exit_with_parent);
+        assert_eq!(
+            (opts.spin, opts.sleep),
+            (Duration::ZERO, Duration::from_micros(100))
+        );
+        assert_eq!(opts.watch_pids, vec![42, 43]);
+        assert!(matches!(args("-h"), Ok(Cli::Help)));
+        for bad in [
+            "",
+            "--node a.win",
+            "--node a,b --fail NOPE",
+            "--node a,b --fail RUN_FW=NOPE",
+            "--node a,b --sleep-us 20000",
+            "--node a,b --catas-after -1",
+            "--node a,b --watch-pid x",
+            "--node a,b --bogus",
+            "--node a,b --trace=1",
+            "--node",
+        ] {
+            assert!(args(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert_eq!(parse_status("cmd_stat_icm_error"), Some(Status::ICM_ERROR));
+        assert_eq!(parse_opcode("RST_QP"), Some(Opcode::RST_QP));
+        assert_eq!(parse_opcode("query_fw"), Some(Opcode::QUERY_FW));
+    }
+}
