@@ -465,13 +465,17 @@ pub fn query_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// ARM_SRQ: in_param = limit watermark (below the SRQ size).
+/// ARM_SRQ: in_param = limit watermark (below the SRQ size). The watermark
+/// lands in the context in ICM too (BE16 at 0x1c), where QUERY_SRQ reports
+/// it (Linux `mlx4_srq_query` reads `limit_watermark` there).
 pub fn arm_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let srqn = index(cmd);
-    let (s, _) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
+    let (s, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
     if cmd.in_param >= 1u64 << s.log_size {
         return Err(Status::BAD_PARAM);
     }
+    let limit = cmd.in_param as u16;
+    hca.icm_write(va + ctx::srqc::LIMIT_WATERMARK as u64, &limit.to_be_bytes())?;
     if let Some(x) = hca.srqs.get_mut(&srqn) {
         x.limit = cmd.in_param as u16;
     }

@@ -345,7 +345,19 @@ fn srq_lifecycle_and_arm() {
         st(Status::BAD_PARAM)
     );
     let out = r.cmd_out(FIRST_SRQ, 0, Opcode::QUERY_SRQ).unwrap();
-    assert_eq!(out[..48], ctx[..48]);
+    assert_eq!(
+        u16::from_be_bytes([out[0x1c], out[0x1d]]),
+        16,
+        "QUERY_SRQ reports the armed limit_watermark (mlx4_srq_query)"
+    );
+    let mut armed = ctx.clone();
+    armed[0x1c..0x1e].copy_from_slice(&16u16.to_be_bytes());
+    assert_eq!(out[..48], armed[..48]);
+    r.cmd(5, FIRST_SRQ, 0, Opcode::ARM_SRQ).unwrap();
+    let out = r.cmd_out(FIRST_SRQ, 0, Opcode::QUERY_SRQ).unwrap();
+    assert_eq!(u16::from_be_bytes([out[0x1c], out[0x1d]]), 5, "re-armed");
+    assert_eq!(out[..0x1c], ctx[..0x1c], "nothing else changes");
+    assert_eq!(out[0x1e..48], ctx[0x1e..48], "nothing else changes");
     r.cmd_out(FIRST_SRQ, 0, Opcode::HW2SW_SRQ).unwrap();
     assert_eq!(
         r.cmd(16, FIRST_SRQ, 0, Opcode::ARM_SRQ),
