@@ -371,3 +371,51 @@ fn binary_refuses_bad_arguments_and_files_with_status_2() {
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--node WINDOW_FILE,RAM_FILE"));
 }
+
+/// Round trips through the binary with the default polling, the guest side
+/// spinning like a vCPU: `cargo test --release -p sim --test emu -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn bench_round_trips() {
+    let f = Files::new("bench");
+    let (w, r) = f.node(0);
+    let mut child = emu_bin()
+        .args(["--stats", "--node", &Files::arg(&w, &r)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut g = Guest::open(&w, &r);
+    assert!(g.wait_magic(Duration::from_secs(5)));
+    g.set_cfg(4, 6);
+    while g.cfg(4) & 0xffff != 6 {
+        std::thread::yield_now();
+    }
+    let n = 20_000;
+    let mut lat = Vec::with_capacity(n);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+        assert_eq!(g.wait(core::hint::spin_loop), Some(0));
+        lat.push(t.elapsed());
+    }
+    let wall = t0.elapsed();
+    lat.sort();
+    // First command after an idle spell.
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+    assert_eq!(g.wait(core::hint::spin_loop), Some(0));
+    let cold = t.elapsed();
+    g.win.store32(hdr::GUEST_STATE, GUEST_SHUT_DOWN);
+    assert!(wait_exit(&mut child, Duration::from_secs(3)).is_some());
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    println!(
+        "{n} QUERY_FW in {wall:?}: p50 {:?} p99 {:?} max {:?}; after 300 ms idle {cold:?}\n{err}",
+        lat[n / 2],
+        lat[n * 99 / 100],
+        lat[n - 1]
+    );
+}
