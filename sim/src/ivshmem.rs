@@ -13,7 +13,8 @@
 //! [`Emulator`] serves every node from one thread: each round syncs the
 //! config image both ways, polls the model ([`SimHca::poll`]), streams the
 //! trace, violations and DMA faults to stderr, bumps the heartbeat, and
-//! raises a planned catastrophic error. [`Emulator::run`] polls adaptively
+//! raises a planned catastrophic error (once per node, `--catas-after` after
+//! its first successful INIT_HCA). [`Emulator::run`] polls adaptively
 //! (spin a few µs after work, then sleep 20 µs with 1 ns timer slack, and
 //! 1 ms per round once nothing has happened for 100 ms) until every guest
 //! has shut down, a signal arrives, or a watched process is gone. The deep
@@ -380,7 +381,7 @@ pub struct Options {
     pub trace: bool,
     /// Exit when the parent process is gone.
     pub exit_with_parent: bool,
-    /// Exit when any of these processes is gone.
+    /// Exit when all of these processes are gone.
     pub watch_pids: Vec<u32>,
     /// Print statistics at exit.
     pub stats: bool,
@@ -674,8 +675,8 @@ pub enum Exit {
     Stopped,
     /// The parent process is gone.
     ParentGone,
-    /// A watched process is gone.
-    PidGone(u32),
+    /// Every watched process is gone.
+    PidsGone,
 }
 
 /// One emulator process: all nodes, one poll loop.
@@ -752,8 +753,8 @@ impl Emulator {
             .all(|n| n.guest_state() == GUEST_SHUT_DOWN)
     }
 
-    /// Polls until every guest has shut down, `stop` is set, or a watched
-    /// process (or the parent, with `exit_with_parent`) is gone.
+    /// Polls until every guest has shut down, `stop` is set, every watched
+    /// process is gone, or the parent is (with `exit_with_parent`).
     pub fn run(&mut self, stop: &AtomicBool) -> Exit {
         set_timer_slack_1ns();
         let parent = std::os::unix::process::parent_id();
@@ -776,8 +777,10 @@ impl Emulator {
                 if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
                     return Exit::ParentGone;
                 }
-                if let Some(p) = self.opts.watch_pids.iter().find(|p| !pid_alive(**p)) {
-                    return Exit::PidGone(*p);
+                if !self.opts.watch_pids.is_empty()
+                    && self.opts.watch_pids.iter().all(|p| !pid_alive(*p))
+                {
+                    return Exit::PidsGone;
                 }
             }
             let idle = now.duration_since(last_active);
@@ -893,12 +896,13 @@ Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
                         most 5000); the first command after a long idle
                         spell waits up to this long
   --exit-with-parent    exit when the parent process is gone
-  --watch-pid PID       exit when PID is gone (repeatable)
+  --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
   --stats               at exit, print per-node and total counts and CPU time
   -h, --help            this text
 
-Exits 0 when every guest has written state 3, on SIGINT/SIGTERM, or when a
-watched process is gone; 2 on a usage or file error.
+Exits 0 when every guest has written state 3, on SIGINT/SIGTERM/SIGHUP, or
+when the watched processes (or the parent) are gone; 2 on a usage or file
+error. Violations, DMA faults and the trace go to stderr, prefixed node<N>:.
 ";
 
 fn parse_num(s: &str) -> Option<u64> {

@@ -104,9 +104,10 @@
 //! (`post_event`). The engines belong in an `engine` module (SQ/RQ/SRQ
 //! processing, CQE writing, MLX transport for QP0/QP1 handing SMPs to
 //! [`mad_ifc`]); the fabric (links, switch, SM/SA, capture) in a `fabric`
-//! module that owns several [`SimHca`]s; the ivshmem front end (`cx3-emu`)
-//! implements [`HostMemory`] over the guest-RAM file and polls the shared
-//! BAR windows the way the threaded front end does.
+//! module that owns several [`SimHca`]s. The ivshmem front end
+//! ([`ivshmem`], binary `cx3-emu`) implements [`HostMemory`] over the
+//! guest-RAM file and polls the shared BAR windows the way the threaded
+//! front end does.
 #![warn(missing_docs)]
 
 pub mod ctx;

@@ -323,17 +323,25 @@ fn binary_exits_on_sigterm_and_when_a_watched_pid_is_gone() {
     let status = wait_exit(&mut child, Duration::from_secs(3)).expect("exits on SIGTERM");
     assert!(status.success());
 
-    let mut sleeper = Command::new("sleep").arg("0.2").spawn().unwrap();
+    let mut short = Command::new("sleep").arg("0.05").spawn().unwrap();
+    let mut long = Command::new("sleep").arg("0.4").spawn().unwrap();
     let mut child = emu_bin()
-        .args(["--node", &Files::arg(&w, &r), "--watch-pid"])
-        .arg(sleeper.id().to_string())
+        .args(["--node", &Files::arg(&w, &r)])
+        .args(["--watch-pid", &short.id().to_string()])
+        .args(["--watch-pid", &long.id().to_string()])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // The sleeper turns into an unreaped zombie: that counts as gone.
-    let status = wait_exit(&mut child, Duration::from_secs(3)).expect("exits after the pid");
+    // The sleepers turn into unreaped zombies: that counts as gone.
+    std::thread::sleep(Duration::from_millis(250));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "one watched pid still alive"
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(3)).expect("exits after both pids");
     assert!(status.success());
-    sleeper.wait().unwrap();
+    short.wait().unwrap();
+    long.wait().unwrap();
 }
 
 #[test]

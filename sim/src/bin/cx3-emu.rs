@@ -52,7 +52,7 @@ fn main() -> ExitCode {
         Exit::GuestsDone => "every guest has shut down".to_string(),
         Exit::Stopped => "signal".to_string(),
         Exit::ParentGone => "parent process gone".to_string(),
-        Exit::PidGone(p) => format!("watched process {p} gone"),
+        Exit::PidsGone => "watched processes gone".to_string(),
     };
     eprintln!("cx3-emu: exiting: {msg}");
     if stats {
