@@ -328,12 +328,16 @@ impl GuestRam {
     fn offset(&self, bus: u64, len: usize, write: bool) -> Result<usize, DmaFault> {
         gpa_to_offset(self.size, bus, len as u64)
             .and_then(|o| usize::try_from(o).ok())
-            .ok_or(DmaFault {
-                bus,
-                len,
-                write,
-                kind: DmaFaultKind::OutOfRange,
-            })
+            .ok_or(out_of_range(bus, len, write))
+    }
+}
+
+fn out_of_range(bus: u64, len: usize, write: bool) -> DmaFault {
+    DmaFault {
+        bus,
+        len,
+        write,
+        kind: DmaFaultKind::OutOfRange,
     }
 }
 
@@ -343,7 +347,7 @@ impl HostMemory for GuestRam {
         if self.file.read_bytes(off, buf) {
             Ok(())
         } else {
-            Err(self.offset(u64::MAX, buf.len(), false).unwrap_err())
+            Err(out_of_range(bus, buf.len(), false))
         }
     }
     fn write(&self, bus: u64, buf: &[u8]) -> Result<(), DmaFault> {
@@ -351,12 +355,7 @@ impl HostMemory for GuestRam {
         if self.file.write_bytes(off, buf) {
             Ok(())
         } else {
-            Err(DmaFault {
-                bus,
-                len: buf.len(),
-                write: true,
-                kind: DmaFaultKind::OutOfRange,
-            })
+            Err(out_of_range(bus, buf.len(), true))
         }
     }
 }

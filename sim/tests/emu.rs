@@ -427,3 +427,43 @@ fn bench_round_trips() {
         lat[n - 1]
     );
 }
+
+#[test]
+fn guest_ram_above_4_gib_and_faults_in_the_hole() {
+    use sim::HostMemory;
+    use sim::ivshmem::GuestRam;
+    use sim::mem::DmaFaultKind;
+    let f = Files::new("bigram");
+    let path = f.dir.join("big.ram");
+    let size: u64 = 3 << 30;
+    File::create(&path).unwrap().set_len(size).unwrap(); // sparse
+    let ram = GuestRam::open(&path).unwrap();
+    let file = SharedFile::open(&path).unwrap();
+    ram.write(0x1_0000_1000, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let mut b = [0u8; 8];
+    assert!(
+        file.read_bytes(0x8000_1000, &mut b),
+        "gpa 4G+4K is file offset 2G+4K"
+    );
+    assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8]);
+    ram.write(0x7fff_fff8, &[9; 8]).unwrap();
+    let mut top = [0u8; 4];
+    ram.read(0x1_3fff_fffc, &mut top).unwrap();
+    for (gpa, len) in [
+        (0x8000_0000u64, 4usize),
+        (0x7fff_fffc, 8),
+        (0xfebf_0000, 4),
+        (0x1_4000_0000, 1),
+        (0x1_3fff_fffc, 8),
+        (0x8_0000, 4),
+    ] {
+        let e = ram.read(gpa, &mut vec![0; len]).unwrap_err();
+        assert_eq!((e.bus, e.len, e.kind), (gpa, len, DmaFaultKind::OutOfRange));
+        assert!(ram.write(gpa, &vec![0; len]).unwrap_err().write);
+    }
+    for bad in [4095u64, 1 << 20] {
+        let p = f.dir.join(format!("bad{bad}.ram"));
+        File::create(&p).unwrap().set_len(bad).unwrap();
+        assert!(GuestRam::open(&p).is_err(), "{bad} bytes");
+    }
+}
