@@ -517,22 +517,15 @@ impl SimHca {
         self.hca().dma_faults.clone()
     }
 
-    /// Violations from index `index` on (for a front end that streams them).
-    pub fn violations_since(&self, index: usize) -> Vec<String> {
-        let h = self.hca();
-        h.violations
-            .get(index..)
-            .map(<[String]>::to_vec)
-            .unwrap_or_default()
+    /// Takes the violations recorded so far (a front end that streams them
+    /// keeps the model's capped log from filling up).
+    pub fn take_violations(&self) -> Vec<String> {
+        core::mem::take(&mut self.hca().violations)
     }
 
-    /// DMA faults from index `index` on.
-    pub fn dma_faults_since(&self, index: usize) -> Vec<DmaFault> {
-        let h = self.hca();
-        h.dma_faults
-            .get(index..)
-            .map(<[DmaFault]>::to_vec)
-            .unwrap_or_default()
+    /// Takes the DMA faults recorded so far.
+    pub fn take_dma_faults(&self) -> Vec<DmaFault> {
+        core::mem::take(&mut self.hca().dma_faults)
     }
 
     /// Raises a catastrophic error (error buffer, LOCAL_CATAS_ERROR EQE,

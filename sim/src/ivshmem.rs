@@ -425,8 +425,6 @@ pub struct Node {
     /// What the emulator last stored in (or saw in) the first config dwords.
     shadow: [u32; CONFIG_SYNC_DWORDS],
     trace_next: usize,
-    viol_next: usize,
-    dma_next: usize,
     commands: u64,
     violations: u64,
     dma_faults: u64,
@@ -490,8 +488,6 @@ impl Node {
             pci,
             shadow,
             trace_next: 0,
-            viol_next: 0,
-            dma_next: 0,
             commands: 0,
             violations: 0,
             dma_faults: 0,
@@ -611,13 +607,11 @@ impl Node {
                 self.trace_next = 0;
             }
         }
-        for v in self.hca.violations_since(self.viol_next) {
-            self.viol_next += 1;
+        for v in self.hca.take_violations() {
             self.violations += 1;
             log.line(format!("node{}: violation: {v}", self.id));
         }
-        for f in self.hca.dma_faults_since(self.dma_next) {
-            self.dma_next += 1;
+        for f in self.hca.take_dma_faults() {
             self.dma_faults += 1;
             log.line(format!("node{}: DMA fault: {f}", self.id));
         }
