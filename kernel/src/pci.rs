@@ -324,10 +324,15 @@ pub fn devices() -> &'static [Device] {
 
 /// Reads config space of an enumerated function.
 pub fn config(d: &Device) -> Arc<dyn ConfigSpace> {
-    let a = d.addr;
-    Arc::new(PortConfig(PciAddress::new(
-        a.segment, a.bus, a.device, a.function,
-    )))
+    match d.backing {
+        Backing::Emulated(w) => Arc::new(w.config()),
+        Backing::Port => {
+            let a = d.addr;
+            Arc::new(PortConfig(PciAddress::new(
+                a.segment, a.bus, a.device, a.function,
+            )))
+        }
+    }
 }
 
 /// A `hal::PciFunction` without mapped BARs, for inspection (lspci).

@@ -75,7 +75,8 @@ impl Run {
 }
 
 /// `run-qemu.sh --run CMDS` with extra options; the script's own deadline is
-/// `deadline`.
+/// `deadline`. With `--nodes N` the transcript holds every node's console,
+/// each after a `===== node I (exit S) =====` line.
 pub fn run(cmds: &str, opts: &[&str], deadline: Duration) -> Run {
     build(opts.contains(&"--iso"));
     let out = Command::new(script())
@@ -107,10 +108,11 @@ pub struct Console {
 impl Console {
     /// Boots the image interactively; the whole session must end within
     /// `deadline`.
-    pub fn boot(deadline: Duration) -> Console {
+    pub fn boot(opts: &[&str], deadline: Duration) -> Console {
         build(false);
         let mut child = Command::new(script())
             .arg("--no-build")
+            .args(opts)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -151,6 +153,11 @@ impl Console {
                 ),
             }
         }
+    }
+
+    /// The pid of `run-qemu.sh` (its shared files are named after it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Types `keys` on the console.

@@ -5,10 +5,12 @@ use std::time::Duration;
 use tests::qemu::{self, Console};
 
 const DEADLINE: Duration = Duration::from_secs(90);
+/// These tests are about the kernel alone; the emulated HCA has its own.
+const NO_HCA: &[&str] = &["--no-hca"];
 
 #[test]
 fn boots_with_banner_memory_map_and_boot_time() {
-    let r = qemu::run("meminfo; uptime", &[], DEADLINE);
+    let r = qemu::run("meminfo; uptime", NO_HCA, DEADLINE);
     assert_eq!(r.status, 0, "{}", r.transcript);
     r.expect("LegoIB research kernel")
         .expect("booted by PVH")
@@ -46,7 +48,7 @@ fn lspci_lists_the_q35_host_bridge_in_lspci_format() {
 
 #[test]
 fn a_failing_command_fails_the_run_and_the_rest_still_runs() {
-    let r = qemu::run("nosuchcommand; lspci -x; uptime", &[], DEADLINE);
+    let r = qemu::run("nosuchcommand; lspci -x; uptime", NO_HCA, DEADLINE);
     assert_eq!(r.status, 1, "{}", r.transcript);
     r.expect("nosuchcommand: command not found")
         .expect("lspci: usage: lspci [-v] [-n]")
@@ -56,7 +58,7 @@ fn a_failing_command_fails_the_run_and_the_rest_still_runs() {
 
 #[test]
 fn page_fault_prints_a_diagnostic_and_exits_with_failure() {
-    let r = qemu::run("crash pagefault; uptime", &[], DEADLINE);
+    let r = qemu::run("crash pagefault; uptime", NO_HCA, DEADLINE);
     assert_eq!(
         r.status, 1,
         "must fail, not hang or pass:\n{}",
@@ -73,11 +75,11 @@ fn page_fault_prints_a_diagnostic_and_exits_with_failure() {
 
 #[test]
 fn invalid_opcode_and_stack_overflow_are_reported() {
-    let r = qemu::run("crash invalid-opcode", &[], DEADLINE);
+    let r = qemu::run("crash invalid-opcode", NO_HCA, DEADLINE);
     assert_eq!(r.status, 1, "{}", r.transcript);
     r.expect("Invalid opcode (#UD, vector 6)");
     // Runs off the guard page; the double fault runs on its own stack.
-    let r = qemu::run("crash stack-overflow", &[], DEADLINE);
+    let r = qemu::run("crash stack-overflow", NO_HCA, DEADLINE);
     assert_eq!(r.status, 1, "{}", r.transcript);
     r.expect("Double fault (#DF, vector 8)");
 }
@@ -85,14 +87,14 @@ fn invalid_opcode_and_stack_overflow_are_reported() {
 #[test]
 fn reboot_resets_the_machine() {
     // run-qemu.sh passes -no-reboot, so a reset ends QEMU with status 0.
-    let r = qemu::run("reboot; uptime", &[], DEADLINE);
+    let r = qemu::run("reboot; uptime", NO_HCA, DEADLINE);
     assert_eq!(r.status, 0, "{}", r.transcript);
     r.expect("Restarting system.").reject("since kernel entry");
 }
 
 #[test]
 fn panic_is_reported_with_location() {
-    let r = qemu::run("crash panic", &[], DEADLINE);
+    let r = qemu::run("crash panic", NO_HCA, DEADLINE);
     assert_eq!(r.status, 1, "{}", r.transcript);
     r.expect("Kernel panic: crash panic requested from the console")
         .expect("kernel/src/console/commands.rs:");
@@ -102,7 +104,7 @@ fn panic_is_reported_with_location() {
 fn log_filters_from_the_command_line_and_the_console() {
     let r = qemu::run(
         "log; log kernel::pci=debug,warn; log; log loud; dmesg",
-        &["--append", "log=info,kernel::mm=trace"],
+        &["--no-hca", "--append", "log=info,kernel::mm=trace"],
         DEADLINE,
     );
     assert_eq!(r.status, 1, "`log loud` must fail:\n{}", r.transcript);
@@ -115,7 +117,7 @@ fn log_filters_from_the_command_line_and_the_console() {
 
 #[test]
 fn interactive_console_edits_lines_and_survives_bad_input() {
-    let mut c = Console::boot(DEADLINE);
+    let mut c = Console::boot(NO_HCA, DEADLINE);
     c.wait_for("lego> ");
     c.send("help\r");
     c.wait_for("poweroff");
@@ -146,7 +148,7 @@ fn interactive_console_edits_lines_and_survives_bad_input() {
 
 #[test]
 fn grub_iso_boots_to_the_same_console() {
-    let r = qemu::run("meminfo", &["--iso"], DEADLINE);
+    let r = qemu::run("meminfo", &["--no-hca", "--iso"], DEADLINE);
     assert_eq!(r.status, 0, "{}", r.transcript);
     r.expect("booted by Multiboot2 (GRUB")
         .expect("Memory map (Multiboot2):")
@@ -167,6 +169,7 @@ fn vfio_dry_run_prints_the_passthrough_command_line() {
         "{line}"
     );
     assert!(line.contains("-machine q35"), "{line}");
+    assert!(line.contains("-accel kvm"), "passthrough needs KVM: {line}");
     let bad = std::process::Command::new(qemu::root().join("run-qemu.sh"))
         .args(["--dry-run", "--vfio", "04:00"])
         .output()

@@ -1,0 +1,165 @@
+//! End-to-end: the real image drives the emulated ConnectX-3 (`cx3-emu` over
+//! ivshmem and shared guest RAM) under QEMU, through the same mlx4_core code
+//! path a real card takes.
+
+use std::time::Duration;
+use tests::qemu::{self, Console};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+#[test]
+fn one_guest_brings_the_hca_up_and_ibv_devinfo_shows_it() {
+    let r = qemu::run("lspci; ibv_devinfo; ibstat", &[], DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("ivshmem: emulated HCA 15b3:1003, node 0 of 1")
+        .expect("mlx4_core 00:03.0: ConnectX-3 ready: fw_ver 2.42.5000")
+        .expect("mlx4_0: mlx4_core ready in")
+        .expect("00:03.0 Network controller: Mellanox Technologies MT27500 Family [ConnectX-3]")
+        // ibv_devinfo, field by field as rdma-core prints them
+        .expect("hca_id:\tmlx4_0")
+        .expect("\ttransport:\t\t\tInfiniBand (0)")
+        .expect("\tfw_ver:\t\t\t\t2.42.5000")
+        .expect("\tvendor_id:\t\t\t0x02c9")
+        .expect("\tvendor_part_id:\t\t\t4099")
+        .expect("\tphys_port_cnt:\t\t\t2")
+        .expect("\t\tport:\t1")
+        .expect("\t\tport:\t2")
+        .expect("\t\t\tmax_mtu:\t\t4096 (5)")
+        .expect("\t\t\tlink_layer:\t\tInfiniBand")
+        // ibstat
+        .expect("CA 'mlx4_0'")
+        .expect("\tCA type: MT4099")
+        .expect("\tFirmware version: 2.42.5000")
+        .expect("\t\tLink layer: InfiniBand")
+        .reject("DMA fault")
+        .reject("violation");
+    // Before mlx4_ib issues INIT_PORT the ports are down.
+    r.expect("\t\t\tstate:\t\t\tPORT_DOWN (1)");
+    // node_guid and the port GUID are printed in their tools' formats.
+    let guid = line_after(&r.transcript, "\tnode_guid:\t\t\t");
+    assert_eq!(guid.len(), 19, "node_guid {guid:?}");
+    assert_eq!(guid.matches(':').count(), 3, "node_guid {guid:?}");
+}
+
+#[test]
+fn verbose_devinfo_caps_dump_and_fwtrace() {
+    let r = qemu::run(
+        "ibv_devinfo -v; mlx4 caps; mlx4 catas; fwtrace on; ibstat mlx4_0; fwtrace off; ibstat nosuch",
+        &[],
+        DEADLINE,
+    );
+    assert_eq!(r.status, 1, "`ibstat nosuch` must fail:\n{}", r.transcript);
+    r.expect("\tmax_qp:\t\t\t\t")
+        .expect("\t\t\tport_cap_flags:\t\t0x")
+        .expect("QUERY_DEV_CAP")
+        .expect("internal error buffer at BAR0 + ")
+        .expect(", 16 dwords: clear")
+        .expect("fwtrace: every firmware command is logged")
+        // With fwtrace on, each MAD_IFC behind ibstat is logged.
+        .expect("mlx4_core::cmd: mlx4_core 00:03.0: cmd MAD_IFC (0x24)")
+        .expect("ibstat: CA 'nosuch' not found");
+}
+
+#[test]
+fn a_failing_run_fw_is_reported_and_the_shell_carries_on() {
+    let r = qemu::run(
+        "uptime; ibv_devinfo",
+        &["--emu-args", "--fail RUN_FW"],
+        DEADLINE,
+    );
+    assert_eq!(
+        r.status, 1,
+        "ibv_devinfo must fail without an HCA:\n{}",
+        r.transcript
+    );
+    r.expect("bring-up failed: command RUN_FW (0xff6) failed: fw status = ")
+        .expect("the shell carries on without it")
+        .expect("since kernel entry")
+        .expect("ibv_devinfo: no HCA");
+}
+
+#[test]
+fn a_catastrophic_error_raised_by_the_emulator_is_reported() {
+    let r = qemu::run(
+        "sleep 3; mlx4 catas",
+        &["--emu-args", "--catas-after 0.5"],
+        DEADLINE,
+    );
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("Internal error detected")
+        .expect("mlx4_0: catastrophic error: the HCA needs a reset")
+        .expect("ERROR reported");
+}
+
+#[test]
+fn two_guests_on_one_emulator_come_up_with_distinct_guids() {
+    let r = qemu::run("ibv_devinfo", &["--nodes", "2"], DEADLINE);
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    r.expect("===== node 0 (exit 0) =====")
+        .expect("===== node 1 (exit 0) =====")
+        .expect("node 0 of 2")
+        .expect("node 1 of 2");
+    let guids: Vec<&str> = r
+        .transcript
+        .lines()
+        .filter_map(|l| l.strip_prefix("\tnode_guid:\t\t\t"))
+        .collect();
+    assert_eq!(guids.len(), 2, "{}", r.transcript);
+    assert_ne!(
+        guids[0], guids[1],
+        "both nodes report node_guid {}",
+        guids[0]
+    );
+}
+
+#[test]
+fn interactive_boot_with_the_hca_and_nothing_left_behind() {
+    let mut c = Console::boot(&[], DEADLINE);
+    c.wait_for("mlx4_0: mlx4_core ready in");
+    c.wait_for("lego> ");
+    let run = c.pid();
+    let emu = children_named(run, "cx3-emu");
+    assert_eq!(emu.len(), 1, "one cx3-emu serves the guest");
+    c.send("ibstat\r");
+    c.wait_for("CA 'mlx4_0'");
+    c.wait_for("lego> ");
+    c.send("poweroff\r");
+    c.wait_for("Power down.");
+    assert_eq!(c.wait_exit(), 0);
+    // run-qemu.sh ended the emulator and removed the shared files.
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", emu[0])).exists(),
+        "cx3-emu {} left running",
+        emu[0]
+    );
+    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let prefix = format!("cx3-{run}-");
+    assert!(
+        !leftovers.iter().any(|f| f.starts_with(&prefix)),
+        "shared files left: {leftovers:?}"
+    );
+}
+
+/// Pids of `pid`'s children whose command name is `name`.
+fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == name)
+        })
+        .collect()
+}
+
+fn line_after<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{text}"))
+}
