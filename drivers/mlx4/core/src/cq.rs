@@ -168,24 +168,15 @@ impl Dev {
 
     /// CQs still in hardware ownership at teardown go back (HW2SW_CQ).
     pub(crate) fn reclaim_cqs(&mut self) -> usize {
-        let live: alloc::vec::Vec<u32> = self
+        let live = self
             .cq_table
             .as_ref()
             .map(|t| t.cqs.keys().copied().collect())
             .unwrap_or_default();
-        for &cqn in &live {
-            if let Err(e) = self
-                .cmd
-                .cmd_box(0, 0, cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A)
-            {
-                warn!(
-                    "mlx4_core {}: HW2SW_CQ of leaked CQ {cqn:06x} failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
-            }
-        }
-        live.len()
+        self.reclaim_each(live, "HW2SW_CQ", |cmd, cqn| {
+            cmd.cmd_box(0, 0, cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A)
+                .map(drop)
+        })
     }
 
     /// The arm sequence number of a live CQ (Linux `cq->arm_sn`).

@@ -1154,3 +1154,26 @@ impl Drop for Dev {
         self.unwind();
     }
 }
+
+impl Dev {
+    /// Takes objects a client leaked back from the HCA at teardown, one
+    /// command each (`issue`); a failure only warns, since the device is
+    /// being closed anyway. Returns how many there were.
+    pub(crate) fn reclaim_each(
+        &mut self,
+        ids: Vec<u32>,
+        what: &str,
+        mut issue: impl FnMut(&mut Cmd, u32) -> Result<()>,
+    ) -> usize {
+        for &id in &ids {
+            if let Err(e) = issue(&mut self.cmd, id) {
+                warn!(
+                    "mlx4_core {}: {what} of leaked object {id:#x} failed ({})",
+                    self.pci,
+                    e.to_errno()
+                );
+            }
+        }
+        ids.len()
+    }
+}

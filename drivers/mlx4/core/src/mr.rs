@@ -313,24 +313,15 @@ impl Dev {
 
     /// MPTs still in hardware ownership at teardown go back (HW2SW_MPT).
     pub(crate) fn reclaim_mrs(&mut self) -> usize {
-        let live: alloc::vec::Vec<u32> = self
+        let live = self
             .mr_table
             .as_ref()
             .map(|t| t.enabled.iter().copied().collect())
             .unwrap_or_default();
-        for &i in &live {
-            if let Err(e) = self
-                .cmd
-                .cmd_box(0, 0, i, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
-            {
-                warn!(
-                    "mlx4_core {}: HW2SW_MPT of leaked MPT {i:#x} failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
-            }
-        }
-        live.len()
+        self.reclaim_each(live, "HW2SW_MPT", |cmd, i| {
+            cmd.cmd_box(0, 0, i, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
+                .map(drop)
+        })
     }
 
     /// The dMPT entry as the HCA holds it (QUERY_MPT; newer Linux

@@ -264,7 +264,7 @@ impl Dev {
     /// QPs still out of RESET at teardown are moved there (2RST) so the HCA
     /// owns none when it is closed; returns how many.
     pub(crate) fn reclaim_qps(&mut self) -> usize {
-        let busy: alloc::vec::Vec<u32> = match self.qp_table.as_ref() {
+        let busy = match self.qp_table.as_ref() {
             Some(t) => t
                 .live
                 .iter()
@@ -273,16 +273,9 @@ impl Dev {
                 .collect(),
             None => return 0,
         };
-        for &qpn in &busy {
-            if let Err(e) = self.cmd.cmd(0, qpn, 2, Opcode::QP_2RST, timeout::CLASS_A) {
-                warn!(
-                    "mlx4_core {}: 2RST of leaked QP {qpn:06x} failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
-            }
-        }
-        busy.len()
+        self.reclaim_each(busy, "2RST", |cmd, qpn| {
+            cmd.cmd(0, qpn, 2, Opcode::QP_2RST, timeout::CLASS_A)
+        })
     }
 
     /// Free QPNs and live QPs (leak checks).

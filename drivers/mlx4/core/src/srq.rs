@@ -166,24 +166,15 @@ impl Dev {
 
     /// SRQs still in hardware ownership at teardown go back (HW2SW_SRQ).
     pub(crate) fn reclaim_srqs(&mut self) -> usize {
-        let live: alloc::vec::Vec<u32> = self
+        let live = self
             .srq_table
             .as_ref()
             .map(|t| t.live.iter().copied().collect())
             .unwrap_or_default();
-        for &srqn in &live {
-            if let Err(e) = self
-                .cmd
-                .cmd_box(0, 0, srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A)
-            {
-                warn!(
-                    "mlx4_core {}: HW2SW_SRQ of leaked SRQ {srqn:06x} failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
-            }
-        }
-        live.len()
+        self.reclaim_each(live, "HW2SW_SRQ", |cmd, srqn| {
+            cmd.cmd_box(0, 0, srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A)
+                .map(drop)
+        })
     }
 
     /// Free SRQNs and live SRQs (leak checks).
