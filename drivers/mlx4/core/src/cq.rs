@@ -173,7 +173,7 @@ impl Dev {
             .as_ref()
             .map(|t| t.cqs.keys().copied().collect())
             .unwrap_or_default();
-        self.reclaim_each(live, "HW2SW_CQ", |cmd, cqn| {
+        self.reclaim_each(live, "HW2SW_CQ of leaked CQ", |cmd, cqn| {
             cmd.cmd_box(0, 0, cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A)
                 .map(drop)
         })

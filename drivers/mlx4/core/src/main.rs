@@ -1168,7 +1168,7 @@ impl Dev {
         for &id in &ids {
             if let Err(e) = issue(&mut self.cmd, id) {
                 warn!(
-                    "mlx4_core {}: {what} of leaked object {id:#x} failed ({})",
+                    "mlx4_core {}: {what} {id:#x} failed ({})",
                     self.pci,
                     e.to_errno()
                 );

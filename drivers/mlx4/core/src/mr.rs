@@ -318,7 +318,7 @@ impl Dev {
             .as_ref()
             .map(|t| t.enabled.iter().copied().collect())
             .unwrap_or_default();
-        self.reclaim_each(live, "HW2SW_MPT", |cmd, i| {
+        self.reclaim_each(live, "HW2SW_MPT of leaked MPT", |cmd, i| {
             cmd.cmd_box(0, 0, i, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
                 .map(drop)
         })

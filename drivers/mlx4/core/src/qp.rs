@@ -273,7 +273,7 @@ impl Dev {
                 .collect(),
             None => return 0,
         };
-        self.reclaim_each(busy, "2RST", |cmd, qpn| {
+        self.reclaim_each(busy, "2RST of leaked QP", |cmd, qpn| {
             cmd.cmd(0, qpn, 2, Opcode::QP_2RST, timeout::CLASS_A)
         })
     }

@@ -171,7 +171,7 @@ impl Dev {
             .as_ref()
             .map(|t| t.live.iter().copied().collect())
             .unwrap_or_default();
-        self.reclaim_each(live, "HW2SW_SRQ", |cmd, srqn| {
+        self.reclaim_each(live, "HW2SW_SRQ of leaked SRQ", |cmd, srqn| {
             cmd.cmd_box(0, 0, srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A)
                 .map(drop)
         })
