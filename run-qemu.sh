@@ -104,7 +104,15 @@ fi
 
 # --- per-node QEMU command lines --------------------------------------------
 run_id="$$"
+# Shared files in /dev/shm when it has room (containers often give it 64 MiB),
+# else on disk under target/shm; QEMU maps either with share=on.
 shm=/dev/shm
+need=$(( ( $(numfmt --from=iec "$memory" 2>/dev/null || echo 0) + (16 << 20) ) * nodes ))
+avail=$(df --output=avail -B1 "$shm" 2>/dev/null | tail -n 1 || echo 0)
+if [ "$hca" = 1 ] && { [ ! -d "$shm" ] || [ "${avail:-0}" -lt "$need" ]; }; then
+    shm="$here/target/shm"
+    mkdir -p "$shm"
+fi
 win() { echo "$shm/cx3-$run_id-node$1.win"; }
 ram() { echo "$shm/cx3-$run_id-node$1.ram"; }
 

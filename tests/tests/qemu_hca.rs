@@ -132,13 +132,18 @@ fn interactive_boot_with_the_hca_and_nothing_left_behind() {
         "cx3-emu {} left running",
         emu[0]
     );
-    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    // run-qemu.sh puts them in /dev/shm, or under target/shm when that is small.
+    let leftovers: Vec<String> = [
+        std::path::PathBuf::from("/dev/shm"),
+        qemu::root().join("target/shm"),
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(d).ok())
+    .flat_map(|d| {
+        d.filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+    })
+    .collect();
     let prefix = format!("cx3-{run}-");
     assert!(
         !leftovers.iter().any(|f| f.starts_with(&prefix)),
