@@ -8,13 +8,44 @@ use core::fmt::Write;
 use crate::console::CmdResult;
 use crate::hca::{self, Guid, Hca};
 
-fn no_hca() -> String {
-    "no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string()
+/// Runs `f` on every HCA, or only on the one named `only`; no HCA at all,
+/// or no HCA of that name, is an error (`missing` words the latter).
+fn for_hcas(
+    only: Option<&str>,
+    missing: impl FnOnce(&str) -> String,
+    mut f: impl FnMut(&mut Hca) -> CmdResult,
+) -> CmdResult {
+    hca::with(|hcas| {
+        if hcas.is_empty() {
+            return Err(
+                "no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string(),
+            );
+        }
+        let mut found = false;
+        for h in hcas.iter_mut().filter(|h| only.is_none_or(|n| n == h.name)) {
+            found = true;
+            f(h)?;
+        }
+        match only {
+            Some(name) if !found => Err(missing(name)),
+            _ => Ok(()),
+        }
+    })
+}
+
+/// NodeInfo, with a console-ready error.
+fn node(h: &mut Hca) -> Result<hca::NodeAttr, String> {
+    hca::node_attr(&mut h.dev).map_err(|e| alloc::format!("{}: NodeInfo query failed: {e}", h.name))
+}
+
+/// PortInfo, with a console-ready error.
+fn port(h: &mut Hca, port: u8) -> Result<hca::PortAttr, String> {
+    hca::port_attr(&mut h.dev, port)
+        .map_err(|e| alloc::format!("{}: PortInfo query failed: {e}", h.name))
 }
 
 fn devinfo(out: &mut dyn Write, h: &mut Hca, verbose: bool) -> CmdResult {
-    let node = hca::node_attr(&mut h.dev)
-        .map_err(|e| alloc::format!("{}: NodeInfo query failed: {e}", h.name))?;
+    let node = node(h)?;
     let caps = h.dev.caps().clone();
     let _ = writeln!(out, "hca_id:\t{}", h.name);
     let _ = writeln!(out, "\ttransport:\t\t\tInfiniBand (0)");
@@ -72,10 +103,9 @@ fn devinfo(out: &mut dyn Write, h: &mut Hca, verbose: bool) -> CmdResult {
         let _ = writeln!(out, "\tmax_pkeys:\t\t\t{}", caps.port[1].pkey_table_len);
         let _ = writeln!(out, "\tlocal_ca_ack_delay:\t\t{}", caps.local_ca_ack_delay);
     }
-    for port in 1..=caps.num_ports {
-        let p = hca::port_attr(&mut h.dev, port)
-            .map_err(|e| alloc::format!("{}: PortInfo query failed: {e}", h.name))?;
-        let _ = writeln!(out, "\t\tport:\t{port}");
+    for port_num in 1..=caps.num_ports {
+        let p = port(h, port_num)?;
+        let _ = writeln!(out, "\t\tport:\t{port_num}");
         let _ = writeln!(
             out,
             "\t\t\tstate:\t\t\t{} ({})",
@@ -99,7 +129,7 @@ fn devinfo(out: &mut dyn Write, h: &mut Hca, verbose: bool) -> CmdResult {
         let _ = writeln!(out, "\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
         let _ = writeln!(out, "\t\t\tlink_layer:\t\tInfiniBand");
         if verbose {
-            let pc = caps.port[usize::from(port)];
+            let pc = caps.port[usize::from(port_num)];
             let _ = writeln!(out, "\t\t\tmax_msg_sz:\t\t{:#x}", caps.max_msg_sz);
             let _ = writeln!(out, "\t\t\tport_cap_flags:\t\t{:#010x}", p.cap_mask);
             let _ = writeln!(out, "\t\t\tmax_vl_num:\t\t{}", pc.vl_cap);
@@ -153,21 +183,11 @@ pub fn ibv_devinfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             _ => return Err("usage: ibv_devinfo [-v] [-d DEVICE]".to_string()),
         }
     }
-    hca::with(|hcas| {
-        if hcas.is_empty() {
-            return Err(no_hca());
-        }
-        let mut found = false;
-        for h in hcas.iter_mut().filter(|h| only.is_none_or(|n| n == h.name)) {
-            found = true;
-            devinfo(out, h, verbose)?;
-        }
-        if found {
-            Ok(())
-        } else {
-            Err(alloc::format!("no device {}", only.unwrap_or("")))
-        }
-    })
+    for_hcas(
+        only,
+        |n| alloc::format!("no device {n}"),
+        |h| devinfo(out, h, verbose),
+    )
 }
 
 /// `ibstat [CA]`.
@@ -175,18 +195,11 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     if args.len() > 1 {
         return Err("usage: ibstat [CA_NAME]".to_string());
     }
-    hca::with(|hcas| {
-        if hcas.is_empty() {
-            return Err(no_hca());
-        }
-        let mut found = false;
-        for h in hcas
-            .iter_mut()
-            .filter(|h| args.first().is_none_or(|n| *n == h.name))
-        {
-            found = true;
-            let node = hca::node_attr(&mut h.dev)
-                .map_err(|e| alloc::format!("{}: NodeInfo query failed: {e}", h.name))?;
+    for_hcas(
+        args.first().copied(),
+        |n| alloc::format!("CA '{n}' not found"),
+        |h| {
+            let node = node(h)?;
             let n = h.dev.caps().num_ports;
             let _ = writeln!(out, "CA '{}'", h.name);
             let _ = writeln!(out, "\tCA type: MT{}", h.pci.device);
@@ -195,11 +208,10 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             let _ = writeln!(out, "\tHardware version: {:x}", node.revision);
             let _ = writeln!(out, "\tNode GUID: {:#018x}", node.node_guid);
             let _ = writeln!(out, "\tSystem image GUID: {:#018x}", node.sys_image_guid);
-            for port in 1..=n {
-                let p = hca::port_attr(&mut h.dev, port)
-                    .map_err(|e| alloc::format!("{}: PortInfo query failed: {e}", h.name))?;
+            for port_num in 1..=n {
+                let p = port(h, port_num)?;
                 let (g, t) = hca::rate(p.width, p.speed);
-                let _ = writeln!(out, "\tPort {port}:");
+                let _ = writeln!(out, "\tPort {port_num}:");
                 let _ = writeln!(out, "\t\tState: {}", hca::ibstat_state(p.state));
                 let _ = writeln!(
                     out,
@@ -218,13 +230,9 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let _ = writeln!(out, "\t\tPort GUID: {:#018x}", p.port_guid);
                 let _ = writeln!(out, "\t\tLink layer: InfiniBand");
             }
-        }
-        if found {
             Ok(())
-        } else {
-            Err(alloc::format!("CA '{}' not found", args[0]))
-        }
-    })
+        },
+    )
 }
 
 /// `mlx4 caps|catas`.
@@ -234,33 +242,28 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         [s] => *s,
         _ => return Err(usage()),
     };
-    hca::with(|hcas| {
-        if hcas.is_empty() {
-            return Err(no_hca());
-        }
-        for h in hcas.iter_mut() {
-            match sub {
-                "caps" => hca::write_caps(out, h),
-                "catas" => {
-                    let fw = *h.dev.fw_info();
-                    let bad = h.dev.poll_catas();
-                    let _ = writeln!(
-                        out,
-                        "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
-                        h.name,
-                        h.pci.addr,
-                        fw.catas_bar,
-                        fw.catas_offset,
-                        fw.catas_size,
-                        if bad {
-                            "ERROR reported (see dmesg for the dump)"
-                        } else {
-                            "clear"
-                        }
-                    );
-                }
-                _ => return Err(usage()),
+    for_hcas(None, |n| String::from(n), |h| {
+        match sub {
+            "caps" => hca::write_caps(out, h),
+            "catas" => {
+                let fw = *h.dev.fw_info();
+                let bad = h.dev.poll_catas();
+                let _ = writeln!(
+                    out,
+                    "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
+                    h.name,
+                    h.pci.addr,
+                    fw.catas_bar,
+                    fw.catas_offset,
+                    fw.catas_size,
+                    if bad {
+                        "ERROR reported (see dmesg for the dump)"
+                    } else {
+                        "clear"
+                    }
+                );
             }
+            _ => return Err(usage()),
         }
         Ok(())
     })
