@@ -21,23 +21,27 @@ ensure_rust() {
     done
 }
 
-# ensure_pkgs CMD:PACKAGE ... installs PACKAGE with apt-get when CMD is missing.
+# apt_install PACKAGE... installs with apt-get when root (updating the package
+# lists only if the first try fails); otherwise says what to install.
+apt_install() {
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing $* with apt-get"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 && return 0
+        apt-get update -q >/dev/null 2>&1
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+    else
+        say "error: missing $*; install them (Debian/Ubuntu: sudo apt-get install $*)"
+        return 1
+    fi
+}
+
+# ensure_pkgs CMD:PACKAGE ... installs PACKAGE when CMD is missing.
 ensure_pkgs() {
     local missing=() pair
     for pair in "$@"; do
         command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
     done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        say "installing ${missing[*]} with apt-get"
-        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; then
-            apt-get update -q >/dev/null 2>&1
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null || return 1
-        fi
-    else
-        say "error: missing ${missing[*]}; install them (Debian/Ubuntu: sudo apt-get install ${missing[*]})"
-        return 1
-    fi
+    [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 }
 
 ensure_qemu() { ensure_pkgs qemu-system-x86_64:qemu-system-x86; }
@@ -45,13 +49,5 @@ ensure_qemu() { ensure_pkgs qemu-system-x86_64:qemu-system-x86; }
 ensure_iso_tools() {
     ensure_pkgs xorriso:xorriso mformat:mtools grub-mkrescue:grub-common || return 1
     # grub-mkrescue needs the BIOS platform files from grub-pc-bin.
-    if [ ! -d /usr/lib/grub/i386-pc ]; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q grub-pc-bin >/dev/null 2>&1 ||
-                { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q grub-pc-bin >/dev/null; } || return 1
-        else
-            say "error: missing grub-pc-bin; install it (sudo apt-get install grub-pc-bin)"
-            return 1
-        fi
-    fi
+    [ -d /usr/lib/grub/i386-pc ] || apt_install grub-pc-bin
 }

@@ -194,11 +194,22 @@ impl Drop for Console {
     }
 }
 
+/// The pids of `pid`'s children (Linux `/proc`), with their command names.
+pub fn children(pid: u32) -> Vec<(u32, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .map(|c| {
+            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+            (c, comm.trim().to_string())
+        })
+        .collect()
+}
+
 /// Ends `pid` and its descendants (by pid, never by name).
 fn kill_tree(pid: u32) {
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+    for (c, _) in children(pid) {
         kill_tree(c);
     }
     let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();

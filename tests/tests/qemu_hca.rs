@@ -118,7 +118,11 @@ fn interactive_boot_with_the_hca_and_nothing_left_behind() {
     c.wait_for("mlx4_0: mlx4_core ready in");
     c.wait_for("lego> ");
     let run = c.pid();
-    let emu = children_named(run, "cx3-emu");
+    let emu: Vec<u32> = qemu::children(run)
+        .into_iter()
+        .filter(|(_, name)| name == "cx3-emu")
+        .map(|(pid, _)| pid)
+        .collect();
     assert_eq!(emu.len(), 1, "one cx3-emu serves the guest");
     c.send("ibstat\r");
     c.wait_for("CA 'mlx4_0'");
@@ -149,18 +153,6 @@ fn interactive_boot_with_the_hca_and_nothing_left_behind() {
         !leftovers.iter().any(|f| f.starts_with(&prefix)),
         "shared files left: {leftovers:?}"
     );
-}
-
-/// Pids of `pid`'s children whose command name is `name`.
-fn children_named(pid: u32, name: &str) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse::<u32>().ok())
-        .filter(|c| {
-            std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == name)
-        })
-        .collect()
 }
 
 fn line_after<'a>(text: &'a str, prefix: &str) -> &'a str {

@@ -111,11 +111,11 @@ pub struct PciFunction {
     addr: PciAddress,
     config: Arc<dyn ConfigSpace>,
     info: [Option<BarInfo>; 6],
-    bars: spin_cell::Slots,
+    bars: claims::Slots,
 }
 
-/// BAR slots that can each be taken once, without a lock type from outside.
-mod spin_cell {
+/// BAR slots that can each be taken once (an atomic flag per slot).
+mod claims {
     use crate::Bar;
     use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -172,7 +172,7 @@ impl PciFunction {
             addr,
             config,
             info,
-            bars: spin_cell::Slots::new(bars),
+            bars: claims::Slots::new(bars),
         }
     }
 
