@@ -242,31 +242,35 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         [s] => *s,
         _ => return Err(usage()),
     };
-    for_hcas(None, |n| String::from(n), |h| {
-        match sub {
-            "caps" => hca::write_caps(out, h),
-            "catas" => {
-                let fw = *h.dev.fw_info();
-                let bad = h.dev.poll_catas();
-                let _ = writeln!(
-                    out,
-                    "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
-                    h.name,
-                    h.pci.addr,
-                    fw.catas_bar,
-                    fw.catas_offset,
-                    fw.catas_size,
-                    if bad {
-                        "ERROR reported (see dmesg for the dump)"
-                    } else {
-                        "clear"
-                    }
-                );
+    for_hcas(
+        None,
+        |n| String::from(n),
+        |h| {
+            match sub {
+                "caps" => hca::write_caps(out, h),
+                "catas" => {
+                    let fw = *h.dev.fw_info();
+                    let bad = h.dev.poll_catas();
+                    let _ = writeln!(
+                        out,
+                        "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
+                        h.name,
+                        h.pci.addr,
+                        fw.catas_bar,
+                        fw.catas_offset,
+                        fw.catas_size,
+                        if bad {
+                            "ERROR reported (see dmesg for the dump)"
+                        } else {
+                            "clear"
+                        }
+                    );
+                }
+                _ => return Err(usage()),
             }
-            _ => return Err(usage()),
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+    )
 }
 
 /// `fwtrace on|off`: log every firmware command (mlx4_core::cmd at debug).
