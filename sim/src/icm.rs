@@ -6,7 +6,8 @@
 //!
 //! ICM pages are 4 KiB. A page-list entry maps a naturally aligned chunk of
 //! 2^n pages; the model records every 4 KiB page, refuses misaligned chunks,
-//! chunks past the ICM size and pages that are already mapped, and never
+//! chunks past what the auxiliary table for the ICM size can describe
+//! ([`Icm::reach`]) and pages that are already mapped, and never
 //! resolves an unmapped ICM address to anything (the caller gets
 //! `ICM_ERROR`).
 
@@ -80,7 +81,8 @@ impl Icm {
         let size = self.size.ok_or(Status::BAD_SYS_STATE)?;
         let pages = chunk_pages(e)?;
         let bytes = e.bytes();
-        if !e.va.is_multiple_of(bytes) || e.va.checked_add(bytes).is_none_or(|end| end > size) {
+        let reach = Icm::reach(size);
+        if !e.va.is_multiple_of(bytes) || e.va.checked_add(bytes).is_none_or(|end| end > reach) {
             return Err(Status::BAD_PARAM);
         }
         if self.map.len() + pages.len() > MAX_MAPPED_PAGES {
@@ -117,6 +119,19 @@ impl Icm {
     /// Forgets every ICM mapping (CLOSE_HCA does not; reset does).
     pub fn clear_map(&mut self) {
         self.map.clear();
+    }
+
+    /// The ICM addresses MAP_ICM accepts for an ICM size: everything the
+    /// auxiliary pages SET_ICM_SIZE asked for can describe (each aux page
+    /// covers 1024 ICM pages), not just the size in bytes. Linux since its
+    /// SYS_EQS rework maps the EQ context table for 1024 EQs while its
+    /// profile (and so the ICM size) holds 128; the EQ table is the last
+    /// and smallest section, so that mapping ends up to 56 KiB past the
+    /// size, and it works on cards with firmware that lacks SYS_EQS.
+    pub fn reach(size: u64) -> u64 {
+        aux_pages_for(size)
+            .saturating_mul(ICM_PAGES_PER_AUX_PAGE)
+            .saturating_mul(ICM_PAGE)
     }
 
     /// Aux pages required by the current ICM size.
