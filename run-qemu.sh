@@ -11,6 +11,9 @@
 #   ./run-qemu.sh --no-hca                boot without an HCA
 #   ./run-qemu.sh --vfio 0000:04:00.0     pass a real ConnectX-3 through (vfio-pci)
 #   ./run-qemu.sh --iso [--run ...]       build a GRUB rescue ISO and boot it (bare-metal path)
+#   ./run-qemu.sh --linux [--run ...]     Debian's Linux 6.1 (its own mlx4 stack, rdma-core)
+#                                         against the model over vfio-user (docs/vfio-user.md)
+#   ./run-qemu.sh --vfu [--run ...]       our kernel against the model over vfio-user
 #   ./run-qemu.sh --gdb                   wait for gdb on :1234
 #   ./run-qemu.sh -- -smp 2               anything after -- goes to QEMU
 #
@@ -25,10 +28,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
 
-run=""; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
+vfu_mode=""; run=""; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
 append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
         --no-hca) hca=0 ;;
         --nodes) nodes=${2?--nodes needs a number}; shift ;;
         --emu-args) emu_args=${2?--emu-args needs options}; shift ;;
+        --linux|--vfu) vfu_mode=$1 ;;
         --gdb) gdb=1 ;;
         --dry-run) dry=1 ;;
         --append) append=${2?--append needs text}; shift ;;
@@ -101,6 +105,17 @@ CFG
     rm -rf "$stage"
 fi
 [ "$build_only" = 1 ] && exit 0
+
+# --linux / --vfu: the model as a PCI function over vfio-user (scripts/vfu-run.sh).
+if [ -n "$vfu_mode" ]; then
+    vfu_args=("$vfu_mode" --timeout "$timeout_s" --memory "$memory")
+    [ -n "$run" ] && vfu_args+=(--run "$run")
+    [ -n "$append" ] && vfu_args+=(--append "$append")
+    [ -n "$emu_args" ] && vfu_args+=(--emu-args "$emu_args")
+    [ "$dry" = 1 ] && vfu_args+=(--dry-run)
+    [ "$build" = 0 ] && vfu_args+=(--no-build)
+    exec "$here/scripts/vfu-run.sh" "${vfu_args[@]}" -- "${qemu_extra[@]}"
+fi
 
 # --- per-node QEMU command lines --------------------------------------------
 run_id="$$"
