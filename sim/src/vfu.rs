@@ -136,7 +136,10 @@ pub fn irqs() -> Vec<vfio_user::IrqInfo> {
     (0..irq::COUNT)
         .map(|index| {
             let (count, flags) = match index {
-                irq::INTX => (1, IRQ_INFO_EVENTFD | IRQ_INFO_MASKABLE | IRQ_INFO_AUTOMASKED),
+                irq::INTX => (
+                    1,
+                    IRQ_INFO_EVENTFD | IRQ_INFO_MASKABLE | IRQ_INFO_AUTOMASKED,
+                ),
                 irq::MSIX => (MSIX_VECTORS, IRQ_INFO_EVENTFD | IRQ_INFO_NORESIZE),
                 _ => (0, 0),
             };
@@ -226,8 +229,7 @@ impl GuestMemory {
         mut f: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), DmaFault> {
         let r = self.regions.read().unwrap_or_else(|e| e.into_inner());
-        bus.checked_add(len as u64)
-            .ok_or(fault(bus, len, write))?;
+        bus.checked_add(len as u64).ok_or(fault(bus, len, write))?;
         let mut done = 0usize;
         while done < len {
             let at = bus + done as u64;
@@ -356,7 +358,9 @@ impl Interrupts {
                 let end = start
                     .checked_add(count)
                     .filter(|e| *e <= MSIX_VECTORS)
-                    .ok_or(format!("MSI-X vectors {start}+{count} beyond {MSIX_VECTORS}"))?;
+                    .ok_or(format!(
+                        "MSI-X vectors {start}+{count} beyond {MSIX_VECTORS}"
+                    ))?;
                 if self.msix.len() < MSIX_VECTORS as usize {
                     self.msix.resize_with(MSIX_VECTORS as usize, || None);
                 }
@@ -852,10 +856,7 @@ impl Function {
     /// interrupt disabled.
     pub fn reset(&self) {
         self.hca.function_reset();
-        self.irqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reset();
+        self.irqs.lock().unwrap_or_else(|e| e.into_inner()).reset();
         let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
         r.eq_seen.clear();
         self.report_locked(&mut r);
@@ -910,9 +911,7 @@ impl vfio_user::ServerBackend for Backend {
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> std::io::Result<()> {
         match region {
             region::CONFIG => self.0.config_write(offset, data),
-            region::BAR0 | region::BAR2 => {
-                self.0.bar_access(region, offset, BarData::Write(data))
-            }
+            region::BAR0 | region::BAR2 => self.0.bar_access(region, offset, BarData::Write(data)),
             _ => Err(format!("write to empty region {region}")),
         }
         .map_err(io_err)
@@ -929,7 +928,10 @@ impl vfio_user::ServerBackend for Backend {
         let Some(fd) = fd else {
             // Memory the client cannot share (ROM, VGA RAM, ...): never a
             // DMA target of this function; an access there stays a fault.
-            self.0.counters.unshared_maps.fetch_add(1, Ordering::Relaxed);
+            self.0
+                .counters
+                .unshared_maps
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         };
         self.0.mem.map(address, size, &fd, offset).map_err(|e| {
@@ -1004,13 +1006,15 @@ pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) ->
             let mut backend = Backend(f2.clone());
             if let Err(e) = server.run(&mut backend) {
                 let mut r = f2.report.lock().unwrap_or_else(|e| e.into_inner());
-                r.log.line(format!("node{id}: vfio-user connection ended: {e}"));
+                r.log
+                    .line(format!("node{id}: vfio-user connection ended: {e}"));
             }
             d2.store(true, Ordering::Release);
         });
     if let Err(e) = spawned {
         let mut r = f.report.lock().unwrap_or_else(|e| e.into_inner());
-        r.log.line(format!("node{id}: cannot start the server thread: {e}"));
+        r.log
+            .line(format!("node{id}: cannot start the server thread: {e}"));
         return Exit::ClientGone;
     }
     let parent = std::os::unix::process::parent_id();
@@ -1104,8 +1108,14 @@ mod tests {
         irqs.raise(0);
         irqs.raise(0);
         assert_eq!(read(&intx), 1, "second raise waits for the unmask");
-        irqs.set(irq::INTX, IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE, 0, 1, vec![])
-            .unwrap();
+        irqs.set(
+            irq::INTX,
+            IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE,
+            0,
+            1,
+            vec![],
+        )
+        .unwrap();
         assert_eq!(read(&intx), 1, "pending INTx delivered at unmask");
         let (v0, v3) = (efd(1), efd(2));
         let fds = vec![
@@ -1130,11 +1140,25 @@ mod tests {
         assert_eq!(read(&intx), 0, "MSI-X enabled: no INTx");
         assert_eq!(irqs.lost, 1, "vector 9 has no eventfd");
         assert!(
-            irqs.set(irq::MSIX, IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD, 120, 9, vec![])
-                .is_err()
+            irqs.set(
+                irq::MSIX,
+                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+                120,
+                9,
+                vec![]
+            )
+            .is_err()
         );
-        assert!(irqs.set(irq::MSI, IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD, 0, 1, vec![])
-            .is_err());
+        assert!(
+            irqs.set(
+                irq::MSI,
+                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+                0,
+                1,
+                vec![]
+            )
+            .is_err()
+        );
     }
 
     #[test]

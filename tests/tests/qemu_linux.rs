@@ -28,7 +28,12 @@ struct Out {
 fn run(mode: &str, cmds: &str, extra: &[&str]) -> Out {
     build();
     let out = Command::new(qemu::root().join("run-qemu.sh"))
-        .args([mode, "--no-build", "--timeout", &DEADLINE.as_secs().to_string()])
+        .args([
+            mode,
+            "--no-build",
+            "--timeout",
+            &DEADLINE.as_secs().to_string(),
+        ])
         .args(["--run", cmds])
         .args(extra)
         .stdin(Stdio::null())
@@ -56,7 +61,15 @@ fn build() {
         let st = Command::new("cargo")
             .current_dir(&root)
             .env("CARGO_TARGET_DIR", root.join("target/emu"))
-            .args(["build", "--release", "--quiet", "-p", "sim", "--bin", "cx3-vfu"])
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "sim",
+                "--bin",
+                "cx3-vfu",
+            ])
             .status()
             .expect("cargo runs");
         assert!(st.success(), "building cx3-vfu failed");
@@ -79,7 +92,9 @@ fn fields(text: &str, start: &str, end: &str) -> BTreeMap<String, String> {
         return m;
     };
     let body = &text[from..];
-    let body = &body[..body[start.len()..].find(end).map_or(body.len(), |i| i + start.len())];
+    let body = &body[..body[start.len()..]
+        .find(end)
+        .map_or(body.len(), |i| i + start.len())];
     let mut port = String::new();
     for line in body.lines() {
         let t = line.trim();
@@ -150,7 +165,10 @@ fn expected_caps_dump() -> Vec<String> {
             p(c.log_max_qp_sz),
             p(c.log_max_srq_sz)
         ),
-        format!("Local CA ACK delay: {}, max MTU: 4096", c.local_ca_ack_delay),
+        format!(
+            "Local CA ACK delay: {}, max MTU: 4096",
+            c.local_ca_ack_delay
+        ),
         format!(
             "Max SQ desc size: {}, max SQ S/G: {}",
             c.max_desc_sz_sq, c.max_sg_sq
@@ -175,7 +193,11 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
          ibv_devinfo -v; ibstat; {reload}; {reload}; {reload}; ibstat -l; \
          dmesg | grep -c Connect[X].InfiniBand.driver; dmesg | grep mlx4"
     );
-    let l = run("--linux", &cmds, &["--append", "autoload=0", "--emu-args", "--stats"]);
+    let l = run(
+        "--linux",
+        &cmds,
+        &["--append", "autoload=0", "--emu-args", "--stats"],
+    );
     let all = format!("{}\n--- cx3-vfu ---\n{}", l.console, l.vfu);
     assert_eq!(l.status, 0, "a command failed in the Linux guest:\n{all}");
     // The model saw nothing wrong: no violation, no DMA fault, on any load.
@@ -183,22 +205,44 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         l.vfu.contains("violations 0, DMA faults 0"),
         "cx3-vfu recorded violations or DMA faults:\n{all}"
     );
-    assert!(!l.vfu.contains("violation:") && !l.vfu.contains("DMA fault:"), "{all}");
+    assert!(
+        !l.vfu.contains("violation:") && !l.vfu.contains("DMA fault:"),
+        "{all}"
+    );
     // mlx4_core's capability dump agrees with the model's QUERY_DEV_CAP.
     for line in expected_caps_dump() {
-        assert!(l.console.contains(&line), "caps dump lacks {line:?}:\n{all}");
+        assert!(
+            l.console.contains(&line),
+            "caps dump lacks {line:?}:\n{all}"
+        );
     }
     // Interrupts work (MSI-X, the EQs' vectors), and the command interface
     // went to event mode: Linux's own check after creating its EQs.
     assert!(l.console.contains("NOP command IRQ test passed"), "{all}");
-    assert!(l.vfu.contains("MSI-X ") && !l.vfu.contains("MSI-X 0,"), "{all}");
+    assert!(
+        l.vfu.contains("MSI-X ") && !l.vfu.contains("MSI-X 0,"),
+        "{all}"
+    );
     // The only command Linux saw fail is the uplink-GUID query the model
     // does not answer (MOD_STAT_CFG op_mod 2, tolerated by Linux).
-    for line in l.console.lines().filter(|x| x.contains("failed: fw status")) {
+    for line in l
+        .console
+        .lines()
+        .filter(|x| x.contains("failed: fw status"))
+    {
         assert!(line.contains("command 0x34 failed"), "{line}\n{all}");
     }
-    for bad in ["timed out", "probe of", "Failed to initialize", "mlx4_ib: Failed", "catastrophic"] {
-        assert!(!l.console.contains(bad), "{bad:?} in the transcript:\n{all}");
+    for bad in [
+        "timed out",
+        "probe of",
+        "Failed to initialize",
+        "mlx4_ib: Failed",
+        "catastrophic",
+    ] {
+        assert!(
+            !l.console.contains(bad),
+            "{bad:?} in the transcript:\n{all}"
+        );
     }
     // Four loads of mlx4_ib (one plus three reloads), each registering mlx4_0.
     assert!(l.console.contains("# ibstat -l\nmlx4_0"), "{all}");
@@ -211,7 +255,11 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
     assert_eq!(adds.trim(), "4", "mlx4_ib loads:\n{all}");
 
     // Our kernel against the same model, over the same transport.
-    let o = run("--vfu", "ibv_devinfo -v; ibstat", &["--emu-args", "--stats"]);
+    let o = run(
+        "--vfu",
+        "ibv_devinfo -v; ibstat",
+        &["--emu-args", "--stats"],
+    );
     let oall = format!("{}\n--- cx3-vfu ---\n{}", o.console, o.vfu);
     assert_eq!(o.status, 0, "{oall}");
     assert!(o.vfu.contains("violations 0, DMA faults 0"), "{oall}");
@@ -254,7 +302,11 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "port2.active_width",
     ] {
         assert!(lin.contains_key(k), "Linux's ibv_devinfo lacks {k}:\n{all}");
-        assert_eq!(lin.get(k), ours.get(k), "ibv_devinfo {k}: Linux vs ours\n{all}\n{oall}");
+        assert_eq!(
+            lin.get(k),
+            ours.get(k),
+            "ibv_devinfo {k}: Linux vs ours\n{all}\n{oall}"
+        );
     }
     // ibstat: everything but the port states (Linux's mlx4_ib has run
     // INIT_PORT; our kernel has no mlx4_ib yet, so its ports are down).
@@ -278,7 +330,11 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "port2.Port GUID",
     ] {
         assert!(lin.contains_key(k), "Linux's ibstat lacks {k}:\n{all}");
-        assert_eq!(lin.get(k), ours.get(k), "ibstat {k}: Linux vs ours\n{all}\n{oall}");
+        assert_eq!(
+            lin.get(k),
+            ours.get(k),
+            "ibstat {k}: Linux vs ours\n{all}\n{oall}"
+        );
     }
 }
 

@@ -253,7 +253,10 @@ fn icm_size_aux_and_map_rules() {
     assert_eq!(r.sim.icm_mapped_pages(), 1);
     // UNMAP_ICM of a misaligned address is refused; a range wider than
     // what is mapped unmaps what is there (Linux unmaps whole chunks).
-    assert_eq!(r.cmd(QPC + 8, 2, 0, Opcode::UNMAP_ICM), st(Status::BAD_PARAM));
+    assert_eq!(
+        r.cmd(QPC + 8, 2, 0, Opcode::UNMAP_ICM),
+        st(Status::BAD_PARAM)
+    );
     assert_eq!(r.sim.icm_mapped_pages(), 1);
     r.cmd(QPC, 2, 0, Opcode::UNMAP_ICM).unwrap();
     assert_eq!(r.sim.icm_mapped_pages(), 0);
