@@ -37,8 +37,9 @@ if [ -f "$out/.ok" ] && [ "$(cat "$out/.ok")" = "$stamp" ] && [ -f "$out/initrd.
 fi
 [ "$check" = 1 ] && exit 1
 
-command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || {
-    say "linux-guest.sh: needs apt-get and dpkg-deb (Debian/Ubuntu)"; exit 1; }
+if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    say "linux-guest.sh: needs apt-get and dpkg-deb (Debian/Ubuntu)"; exit 1
+fi
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -f "$keyring" ] || { say "linux-guest.sh: $keyring missing (apt-get install debian-archive-keyring)"; exit 1; }
 
@@ -58,7 +59,7 @@ O=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev
 apt-get "${O[@]}" -q update >/dev/null
 # The kernel: whatever linux-image-amd64 points at (6.1.0-N), pinned by the
 # first build through the cached .deb.
-kpkg=$(ls "$debs" 2>/dev/null | sed -n 's/^\(linux-image-6\.1\.0-[0-9]*-amd64\)_.*/\1/p' | head -n 1)
+kpkg=$(find "$debs" -maxdepth 1 -name 'linux-image-6.1.0-*-amd64_*.deb' -printf '%f\n' | sed -n 's/^\(linux-image-6\.1\.0-[0-9]*-amd64\)_.*/\1/p' | head -n 1)
 if [ -z "$kpkg" ]; then
     deps=$(apt-cache "${O[@]}" depends linux-image-amd64)
     kpkg=$(sed -n 's/.*Depends: \(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' <<<"$deps" | head -n 1)

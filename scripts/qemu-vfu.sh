@@ -45,8 +45,9 @@ if [ -x "$wrapper" ] && [ -f "$top/.ok" ]; then
 fi
 [ "$check" = 1 ] && exit 1
 
-command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || {
-    say "qemu-vfu.sh: needs apt-get and dpkg-deb (Debian/Ubuntu) to fetch QEMU >= 10.1"; exit 1; }
+if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    say "qemu-vfu.sh: needs apt-get and dpkg-deb (Debian/Ubuntu) to fetch QEMU >= 10.1"; exit 1
+fi
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -f "$keyring" ] || { say "qemu-vfu.sh: $keyring missing (apt-get install debian-archive-keyring)"; exit 1; }
 

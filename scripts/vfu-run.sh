@@ -64,6 +64,7 @@ vfu_cmd=("$vfu" --socket "$sock" --exit-with-parent)
 # shellcheck disable=SC2206 # word splitting of the user's options is intended
 vfu_cmd+=($emu_args)
 
+# shellcheck disable=SC2054 # the commas belong to QEMU's option syntax
 q=("$qemu" -accel tcg -cpu max -m "$memory"
    -object "memory-backend-memfd,id=ram0,size=$memory,share=on" -machine q35,memory-backend=ram0
    -display none -no-reboot -net none -device isa-debug-exit,iobase=0xf4,iosize=4
@@ -89,9 +90,10 @@ fi
 [ "$guest" = lego ] && { [ -f "$kernel" ] || { say "vfu-run.sh: $kernel is not built"; exit 1; }; }
 
 vfu_pid=""; qemu_pid=""
+# shellcheck disable=SC2317 # called from the EXIT trap
 cleanup() {
-    [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null || true
-    [ -n "$vfu_pid" ] && kill "$vfu_pid" 2>/dev/null || true
+    if [ -n "$qemu_pid" ]; then kill "$qemu_pid" 2>/dev/null || true; fi
+    if [ -n "$vfu_pid" ]; then kill "$vfu_pid" 2>/dev/null || true; fi
     for p in $qemu_pid $vfu_pid; do wait "$p" 2>/dev/null || true; done
     rm -f "$sock"
 }
