@@ -14,6 +14,8 @@ extern crate alloc;
 
 pub mod error;
 pub mod mad;
+pub mod packer;
+pub mod ud_header;
 pub mod verbs;
 
 pub use error::{Error, PostError, Result};
