@@ -12,10 +12,16 @@
 
 extern crate alloc;
 
+pub mod agent;
+pub mod cache;
+pub mod device;
 pub mod error;
 pub mod mad;
 pub mod packer;
+pub mod smi;
 pub mod ud_header;
 pub mod verbs;
 
+pub use device::{ClientId, Device, DeviceId, HandlerId, IbClient, IbCore, MadConfig};
 pub use error::{Error, PostError, Result};
+pub use mad::{MadAgent, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, MadSendWc};
