@@ -22,6 +22,9 @@ pub mod smi;
 pub mod ud_header;
 pub mod verbs;
 
+#[cfg(test)]
+mod tests;
+
 pub use device::{ClientId, Device, DeviceId, HandlerId, IbClient, IbCore, MadConfig};
 pub use error::{Error, PostError, Result};
 pub use mad::{MadAgent, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, MadSendWc};
