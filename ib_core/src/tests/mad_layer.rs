@@ -360,6 +360,18 @@ fn a_response_with_an_unknown_tid_is_ignored() {
         .core
         .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
+    // A request whose real response is lost is outstanding.
+    lock(&r.world).drop_method = Some(method::GET_RESP);
+    let req = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let mut buf = MadSendBuf::new(req, to_lid(B_LID), 1);
+    buf.timeout_ms = 20;
+    let id = r.core.ib_post_send_mad(ag, buf).unwrap();
+    r.core.poll();
+    r.core.poll();
+    let sent_tid = lock(&r.world).wire[0].mad.tid();
+    assert_eq!(sent_tid >> 32, u64::from(ag.hi_tid));
+    // Responses with the agent's hi_tid but another TID, with another class,
+    // and with nobody's hi_tid.
     let mut m = Mad::new_request(
         class::PERF_MGMT,
         1,
@@ -367,19 +379,34 @@ fn a_response_with_an_unknown_tid_is_ignored() {
         attr::PORT_COUNTERS,
         0,
     );
-    m.set_tid((u64::from(ag.hi_tid) << 32) | 0x99);
-    assert!(lock(&r.world).deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::Success));
+    m.set_tid(sent_tid ^ 0x99);
+    let mut other_class = m.clone();
+    other_class.set_mgmt_class(class::DEVICE_MGMT);
+    other_class.set_tid(sent_tid);
     let mut m2 = m.clone();
     m2.set_tid(0xdead_0000_0001);
-    assert!(lock(&r.world).deliver(0, 1, 1, None, &m2.0, 1, B_LID, 0, None, WcStatus::Success));
+    for x in [&m, &other_class, &m2] {
+        assert!(lock(&r.world).deliver(0, 1, 1, None, &x.0, 1, B_LID, 0, None, WcStatus::Success));
+    }
     r.core.poll();
     assert_eq!(
         r.core.mad_counters(r.a, 1).unwrap().drop_unmatched_response,
-        2
+        3
     );
     assert!(r.core.ib_mad_poll_agent(ag).is_none());
-    // Nothing was answered either.
-    assert!(lock(&r.world).wire.is_empty());
+    // Nothing was answered either, and the request still times out.
+    assert_eq!(
+        lock(&r.world).wire.len(),
+        2,
+        "request and the lost response only"
+    );
+    let done = r
+        .core
+        .poll_until(WAIT, |c| c.ib_mad_poll_agent(ag))
+        .unwrap();
+    assert!(
+        matches!(done, MadEvent::SendDone(s) if s.id == id && s.status == WcStatus::RespTimeoutErr)
+    );
 }
 
 #[test]
