@@ -99,6 +99,9 @@ pub enum Error {
     MsgSize,
     /// The request was canceled (`-ECANCELED`).
     Canceled,
+    /// A MAD came back with this non-zero status (`-EINVAL`, as libibmad's
+    /// callers report a bad status).
+    MadStatus(u16),
     /// The device reported an error with this errno (positive), passed up
     /// unchanged from the provider.
     Errno(i32),
@@ -123,6 +126,7 @@ impl Error {
             Error::Conflict(_) => EINVAL,
             Error::MsgSize => EMSGSIZE,
             Error::Canceled => ECANCELED,
+            Error::MadStatus(_) => EINVAL,
             Error::Errno(e) => e.abs(),
         }
     }
@@ -191,6 +195,7 @@ impl fmt::Display for Error {
             Error::Conflict(what) => write!(f, "conflict: {what}"),
             Error::MsgSize => f.write_str("message too long"),
             Error::Canceled => f.write_str("canceled"),
+            Error::MadStatus(st) => write!(f, "MAD status {st:#06x}"),
             Error::Errno(e) => write!(f, "errno {}", -e.abs()),
         }
     }

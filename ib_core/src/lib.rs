@@ -27,4 +27,7 @@ mod tests;
 
 pub use device::{ClientId, Device, DeviceId, HandlerId, IbClient, IbCore, MadConfig};
 pub use error::{Error, PostError, Result};
-pub use mad::{MadAgent, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, MadSendWc};
+pub use mad::{
+    MadAgent, MadCounters, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, MadSendWc,
+    SmpRoute,
+};

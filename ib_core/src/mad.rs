@@ -1821,6 +1821,125 @@ impl IbCore {
     }
 }
 
+/// Where an SMP goes (`smpquery`'s `-D` or a LID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmpRoute<'a> {
+    /// LID routed (class 0x01) to this LID.
+    Lid(u16),
+    /// Directed route (class 0x81) through these ports (empty: this port).
+    Directed(&'a [u8]),
+}
+
+impl IbCore {
+    /// A blocking SubnGet (what `smpquery` does): sends a Get of `attr_id`
+    /// with `attr_mod` along `route` from `port`, waits at most `timeout`
+    /// (one try of `timeout / 4`, three retries) and returns the GetResp. A
+    /// response with a non-zero status (direction bit aside) is
+    /// [`Error::MadStatus`].
+    pub fn smp_query(
+        &mut self,
+        dev: DeviceId,
+        port: u8,
+        route: SmpRoute<'_>,
+        attr_id: u16,
+        attr_mod: u32,
+        timeout: Duration,
+    ) -> Result<Mad> {
+        let (mut mad, dlid) = match route {
+            SmpRoute::Lid(lid) => (
+                Mad::new_request(class::SUBN_LID_ROUTED, 1, method::GET, attr_id, attr_mod),
+                lid,
+            ),
+            SmpRoute::Directed(path) => {
+                if path.len() >= usize::from(IB_SMP_MAX_PATH_HOPS) {
+                    return Err(Error::Invalid("directed route longer than 63 hops"));
+                }
+                let mut m = Mad::new_request(
+                    class::SUBN_DIRECTED_ROUTE,
+                    1,
+                    method::GET,
+                    attr_id,
+                    attr_mod,
+                );
+                m.set_hop_cnt(path.len() as u8);
+                for (i, &p) in path.iter().enumerate() {
+                    m.set_initial_path(i as u8 + 1, p);
+                }
+                m.set_dr_slid(crate::verbs::IB_LID_PERMISSIVE);
+                m.set_dr_dlid(crate::verbs::IB_LID_PERMISSIVE);
+                (m, crate::verbs::IB_LID_PERMISSIVE)
+            }
+        };
+        mad.set_tid(0);
+        self.blocking_get(dev, port, QpType::Smi, mad, dlid, 0, timeout)
+    }
+
+    /// A blocking PerfMgmt Get (what `perfquery` does) to the PMA at `dlid`
+    /// (QP1, Q_Key 0x80010000); returns the GetResp.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pma_query(
+        &mut self,
+        dev: DeviceId,
+        port: u8,
+        dlid: u16,
+        attr_id: u16,
+        attr_mod: u32,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Mad> {
+        let mut mad = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr_id, attr_mod);
+        let n = data.len().min(IB_MGMT_MAD_SIZE - 64);
+        mad.0[64..64 + n].copy_from_slice(&data[..n]);
+        self.blocking_get(dev, port, QpType::Gsi, mad, dlid, 1, timeout)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn blocking_get(
+        &mut self,
+        dev: DeviceId,
+        port: u8,
+        qp_type: QpType,
+        mad: Mad,
+        dlid: u16,
+        remote_qpn: u32,
+        timeout: Duration,
+    ) -> Result<Mad> {
+        let agent = self.ib_register_mad_agent(dev, port, qp_type, None, 0)?;
+        let try_ms = u32::try_from((timeout / 4).as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let mut buf = MadSendBuf::new(
+            mad,
+            AhAttr {
+                dlid,
+                port_num: port,
+                ..AhAttr::default()
+            },
+            remote_qpn,
+        );
+        buf.timeout_ms = try_ms;
+        buf.retries = 3;
+        let r = self.ib_send_mad_wait(
+            agent,
+            buf,
+            timeout + Duration::from_millis(u64::from(try_ms)),
+        );
+        let _ = self.ib_unregister_mad_agent(agent);
+        let (done, resp) = r?;
+        match (done.status, resp) {
+            (WcStatus::Success, Some(resp)) => {
+                let st = resp.mad.status() & !status::IB_SMP_DIRECTION;
+                if st != 0 {
+                    return Err(Error::MadStatus(st));
+                }
+                Ok(resp.mad)
+            }
+            (WcStatus::RespTimeoutErr, _) | (WcStatus::Success, None) => Err(Error::TimedOut),
+            (_, _) => Err(Error::Errno(crate::error::errno::EIO)),
+        }
+    }
+}
+
 /// Used by agent.c's responder.
 pub(crate) fn send_response(
     dev: &mut Device,

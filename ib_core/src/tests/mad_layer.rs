@@ -597,3 +597,98 @@ fn unregistering_the_device_tears_the_mad_ports_down() {
     assert!(r.core.device(r.a).is_none());
     assert!(r.core.mad_counters(r.a, 1).is_none());
 }
+
+#[test]
+fn smp_and_pma_queries_block_until_answered() {
+    let mut r = rig();
+    // Local port by an empty directed route, the peer by one hop, the peer by LID.
+    let m = r
+        .core
+        .smp_query(r.a, 1, SmpRoute::Directed(&[]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &A_GUID.to_be_bytes());
+    let m = r
+        .core
+        .smp_query(r.a, 1, SmpRoute::Directed(&[1]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &B_GUID.to_be_bytes());
+    let m = r
+        .core
+        .smp_query(r.a, 1, SmpRoute::Lid(B_LID), attr::PORT_INFO, 1, WAIT)
+        .unwrap();
+    assert_eq!(
+        u16::from_be_bytes([m.smp_data()[16], m.smp_data()[17]]),
+        B_LID
+    );
+    // An attribute the SMA does not know: the status is an error.
+    assert_eq!(
+        r.core
+            .smp_query(r.a, 1, SmpRoute::Lid(B_LID), 0x7777, 0, WAIT),
+        Err(Error::MadStatus(status::UNSUPPORTED_METHOD_ATTRIB))
+    );
+    let m = r
+        .core
+        .pma_query(r.a, 1, B_LID, attr::PORT_COUNTERS, 0, &[0, 1], WAIT)
+        .unwrap();
+    assert_eq!(&m.0[72..76], &0x1234_5678u32.to_be_bytes());
+    // Nobody at LID 99: a timeout, no agent left behind.
+    assert_eq!(
+        r.core.smp_query(
+            r.a,
+            1,
+            SmpRoute::Lid(99),
+            attr::NODE_INFO,
+            0,
+            Duration::from_millis(40)
+        ),
+        Err(Error::TimedOut)
+    );
+    assert!(lock(&r.world).hcas[0].ahs.iter().all(|a| a.is_none()));
+}
+
+#[test]
+fn a_full_mailbox_drops_receives_but_never_send_completions() {
+    let w = super::fake::world();
+    let da = super::fake::add_hca(&w, "fake_a", A_GUID, 1, A_LID);
+    let clock = std::sync::Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
+    let cfg = crate::device::MadConfig {
+        agent_mailbox: 4,
+        ..crate::device::MadConfig::default()
+    };
+    let mut core = IbCore::with_mad_config(clock, cfg);
+    let a = core.ib_register_device(Box::new(da)).unwrap();
+    let ag = core
+        .ib_register_mad_agent(
+            a,
+            1,
+            QpType::Gsi,
+            Some(MadRegReq::new(class::DEVICE_MGMT, 1, &[method::GET])),
+            0,
+        )
+        .unwrap();
+    let m = Mad::new_request(class::DEVICE_MGMT, 1, method::GET, 0x10, 0);
+    for _ in 0..10 {
+        lock(&w).deliver(0, 1, 1, None, &m.0, 1, 5, 0, None, WcStatus::Success);
+    }
+    core.poll();
+    assert_eq!(core.mad_counters(a, 1).unwrap().drop_mailbox_full, 6);
+    // Its own sends still complete into the full mailbox (to itself, LID 10).
+    let mut resp = m.clone();
+    resp.set_method(method::GET_RESP);
+    let id = core
+        .ib_post_send_mad(ag, MadSendBuf::new(resp, to_lid(A_LID), 1))
+        .unwrap();
+    core.poll();
+    core.poll();
+    let evs: Vec<_> = std::iter::from_fn(|| core.ib_mad_poll_agent(ag)).collect();
+    assert_eq!(evs.len(), 5);
+    assert!(matches!(evs[4], MadEvent::SendDone(s) if s.id == id));
+}
+
+#[test]
+fn the_core_can_live_in_a_kernel_static() {
+    fn is_send<T: Send>() {}
+    is_send::<IbCore>();
+}
