@@ -88,6 +88,7 @@ pub struct Device {
     client_data: Vec<(ClientId, Box<dyn Any + Send>)>,
     handlers: Vec<(HandlerId, EventHandler)>,
     fatal: bool,
+    pub(crate) poll_errors: u64,
 }
 
 impl core::fmt::Debug for Device {
@@ -121,6 +122,10 @@ impl Device {
     /// Number of ports.
     pub fn phys_port_cnt(&self) -> u8 {
         self.info.phys_port_cnt
+    }
+    /// Failed `poll_events` calls (only the first is logged).
+    pub fn poll_errors(&self) -> u64 {
+        self.poll_errors
     }
     /// True once `IB_EVENT_DEVICE_FATAL` was dispatched.
     pub fn is_fatal(&self) -> bool {
@@ -398,6 +403,26 @@ impl Device {
     }
 }
 
+/// A refused `ib_register_device`: why, and the provider back.
+pub struct RegisterError {
+    /// Why.
+    pub error: Error,
+    /// The provider, untouched by the core beyond `info` and `query_port`.
+    pub provider: Box<dyn IbDevice>,
+}
+
+impl core::fmt::Debug for RegisterError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "RegisterError({:?})", self.error)
+    }
+}
+
+impl core::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "ib_register_device: {}", self.error)
+    }
+}
+
 struct ClientSlot {
     client: Box<dyn IbClient>,
 }
@@ -469,20 +494,28 @@ impl IbCore {
     /// and left without MADs, as Linux's `ib_mad_init_device` does), then
     /// calls `add` of every client that accepts the device, in client
     /// registration order.
-    pub fn ib_register_device(&mut self, provider: Box<dyn IbDevice>) -> Result<DeviceId> {
+    ///
+    /// On failure the provider is handed back in the [`RegisterError`], so
+    /// the driver can tear its device down (as a Linux driver still owns its
+    /// `ib_device` when `ib_register_device` fails).
+    pub fn ib_register_device(
+        &mut self,
+        provider: Box<dyn IbDevice>,
+    ) -> core::result::Result<DeviceId, RegisterError> {
         let mut ops = provider;
         let info = ops.info();
+        let refuse = |error, provider| Err(RegisterError { error, provider });
         if info.name.is_empty() {
-            return Err(Error::Invalid("device without a name"));
+            return refuse(Error::Invalid("device without a name"), ops);
         }
         if self.find_device(&info.name).is_some() {
-            return Err(Error::Conflict("a device of that name is registered"));
+            return refuse(Error::Conflict("a device of that name is registered"), ops);
         }
         if info.phys_port_cnt == 0 {
-            return Err(Error::Invalid("device without ports"));
+            return refuse(Error::Invalid("device without ports"), ops);
         }
         if info.node_desc.len() > 64 {
-            return Err(Error::Invalid("node description longer than 64 bytes"));
+            return refuse(Error::Invalid("node description longer than 64 bytes"), ops);
         }
         // read_port_table_lengths
         let n = usize::from(info.phys_port_cnt);
@@ -490,7 +523,10 @@ impl IbCore {
         let mut pkey_tbl_len = Vec::with_capacity(n);
         let mut link_layer = Vec::with_capacity(n);
         for p in 1..=info.phys_port_cnt {
-            let attr = ops.query_port(p)?;
+            let attr = match ops.query_port(p) {
+                Ok(a) => a,
+                Err(e) => return refuse(e, ops),
+            };
             gid_tbl_len.push(attr.gid_tbl_len);
             pkey_tbl_len.push(attr.pkey_tbl_len);
             link_layer.push(ops.get_link_layer(p));
@@ -513,6 +549,7 @@ impl IbCore {
             client_data: Vec::new(),
             handlers: Vec::new(),
             fatal: false,
+            poll_errors: 0,
         };
         // ib_cache_setup_one
         for p in 1..=dev.info.phys_port_cnt {
@@ -531,7 +568,7 @@ impl IbCore {
             self.devices[idx] = Some(dev);
         }
         let Some(Some(dev)) = self.devices.get_mut(idx) else {
-            return Err(Error::NoDev);
+            return Ok(id);
         };
         for (ci, slot) in self.clients.iter_mut().enumerate() {
             if let Some(slot) = slot
@@ -685,7 +722,10 @@ impl IbCore {
             if let Some(Some(dev)) = self.devices.get_mut(i) {
                 let r = dev.ops.poll_events(&mut |e| events.push(e));
                 if let Err(e) = r {
-                    log::warn!("{}: polling events: {e}", dev.info.name);
+                    if dev.poll_errors == 0 {
+                        log::warn!("{}: polling events: {e}", dev.info.name);
+                    }
+                    dev.poll_errors += 1;
                 }
             }
             for ev in events.drain(..) {
@@ -693,7 +733,12 @@ impl IbCore {
                 let _ = self.ib_dispatch_event(id, ev);
             }
             self.event_buf = events;
-            if let Some(Some(dev)) = self.devices.get_mut(i) {
+            // A dead device is not polled for MADs any more: its owner is
+            // expected to unregister it (mlx4_ib removes the device on a
+            // catastrophic error).
+            if let Some(Some(dev)) = self.devices.get_mut(i)
+                && !dev.fatal
+            {
                 work += crate::mad::ib_mad_poll_device(dev, &*self.clock, &self.mad_config);
             }
         }

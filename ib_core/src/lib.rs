@@ -25,7 +25,9 @@ pub mod verbs;
 #[cfg(test)]
 mod tests;
 
-pub use device::{ClientId, Device, DeviceId, HandlerId, IbClient, IbCore, MadConfig};
+pub use device::{
+    ClientId, Device, DeviceId, HandlerId, IbClient, IbCore, MadConfig, RegisterError,
+};
 pub use error::{Error, PostError, Result};
 pub use mad::{
     MadAgent, MadCounters, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, MadSendWc,

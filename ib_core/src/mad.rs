@@ -1540,7 +1540,10 @@ fn ib_mad_poll_port(
         let n = match dev.poll_cq(cq, &mut wcs) {
             Ok(n) => n.min(wcs.len()),
             Err(e) => {
-                log::warn!("{}: port {}: polling the MAD CQ: {e}", dev.name(), mp.port);
+                if dev.poll_errors == 0 {
+                    log::warn!("{}: port {}: polling the MAD CQ: {e}", dev.name(), mp.port);
+                }
+                dev.poll_errors += 1;
                 break;
             }
         };
@@ -1738,6 +1741,33 @@ impl IbCore {
                 s.canceled = true;
             } else {
                 complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+            }
+            Ok(())
+        })
+    }
+
+    /// `ib_modify_mad`: gives an outstanding request a new response timeout
+    /// counted from now (what CM does on an MRA); 0 cancels it.
+    pub fn ib_modify_mad(&mut self, agent: MadAgent, id: MadSendId, timeout_ms: u32) -> Result<()> {
+        if timeout_ms == 0 {
+            return self.ib_cancel_mad(agent, id);
+        }
+        self.with_mad_port(agent.dev, agent.port, |_, mp, clock, _| {
+            Self::check_agent(mp, &agent)?;
+            let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
+            let Some(s) = mp.sends[idx as usize].as_mut() else {
+                return Err(Error::NotFound);
+            };
+            if s.agent != Some(agent.idx) || s.canceled {
+                return Err(Error::NotFound);
+            }
+            s.buf.timeout_ms = timeout_ms;
+            if let SendState::WaitResp(_) = s.state {
+                s.state = SendState::WaitResp(
+                    clock
+                        .now_ns()
+                        .saturating_add(u64::from(timeout_ms) * 1_000_000),
+                );
             }
             Ok(())
         })

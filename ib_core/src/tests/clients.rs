@@ -118,10 +118,12 @@ fn clients_see_devices_before_and_after_and_are_removed_in_reverse() {
         .unwrap();
     assert_eq!(take(&log), ["rmem add mlx4_2"]);
     // The freed slot is reused; names stay unique.
-    assert!(matches!(
-        core.ib_register_device(Box::new(add_hca(&w, "mlx4_1", 0x40, 1, 11))),
-        Err(Error::Conflict(_))
-    ));
+    let refused = core
+        .ib_register_device(Box::new(add_hca(&w, "mlx4_1", 0x40, 1, 11)))
+        .unwrap_err();
+    assert!(matches!(refused.error, Error::Conflict(_)));
+    // The driver gets its device back to tear it down.
+    assert_eq!(refused.provider.info().node_guid, 0x40);
 }
 
 #[test]

@@ -692,3 +692,31 @@ fn the_core_can_live_in_a_kernel_static() {
     fn is_send<T: Send>() {}
     is_send::<IbCore>();
 }
+
+#[test]
+fn modify_mad_extends_the_wait() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    lock(&r.world).drop_method = Some(method::GET_RESP);
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
+    buf.timeout_ms = 10;
+    let id = r.core.ib_post_send_mad(ag, buf).unwrap();
+    r.core.poll();
+    r.core.poll();
+    r.core.ib_modify_mad(ag, id, 1000).unwrap();
+    let t0 = r.clock.now_ns();
+    let ev = r
+        .core
+        .poll_until(WAIT, |c| c.ib_mad_poll_agent(ag))
+        .unwrap();
+    assert!(matches!(ev, MadEvent::SendDone(s) if s.status == WcStatus::RespTimeoutErr));
+    assert!(
+        r.clock.now_ns() - t0 >= 1_000_000_000,
+        "waited the new timeout"
+    );
+    assert_eq!(r.core.ib_modify_mad(ag, id, 5), Err(Error::NotFound));
+}
