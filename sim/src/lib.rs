@@ -26,6 +26,7 @@
 //! | [`port`] | the two IB ports: physical/logical state, LID, SM, P_Key and GUID tables |
 //! | [`mad_ifc`] | the firmware SMA/PMA behind MAD_IFC |
 //! | [`fw`] | the firmware command handlers, by area |
+//! | [`fabric`] | the wire: cables, packets in flight (switch, capture, packet faults to come) |
 //! | [`faults`] | fault injection |
 //! | [`trace`] | the command trace |
 //! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
@@ -112,6 +113,7 @@
 
 pub mod ctx;
 pub mod eq;
+pub mod fabric;
 pub mod faults;
 pub mod frontend;
 pub mod fw;
