@@ -137,6 +137,12 @@ impl Device {
         &mut *self.ops
     }
 
+    /// The provider as its concrete type, if it offers
+    /// [`IbDevice::as_any_mut`].
+    pub fn provider_as<T: Any>(&mut self) -> Option<&mut T> {
+        self.ops.as_any_mut()?.downcast_mut::<T>()
+    }
+
     fn port_index(&self, port: u8) -> Result<usize> {
         if port == 0 || port > self.info.phys_port_cnt {
             return Err(Error::Invalid("port number out of range"));

@@ -1709,6 +1709,13 @@ pub trait IbDevice: Send {
     /// The fields of `struct ib_device` set before registration.
     fn info(&self) -> DeviceInfo;
 
+    /// The provider as `Any`, so its owner can reach driver-specific state
+    /// through the core (the console's `mlx4 caps` reaching mlx4_core);
+    /// `None` by default.
+    fn as_any_mut(&mut self) -> Option<&mut dyn core::any::Any> {
+        None
+    }
+
     /// A DMA pool the core may allocate MAD buffers from (the same pool the
     /// device's DMA goes through).
     fn dma_pool(&self) -> DmaPool;

@@ -240,6 +240,14 @@ fn the_cache_holds_every_gid_and_pkey_and_finds_them() {
     assert!(d.get_cached_gid(1, 9).is_err());
     assert!(d.get_cached_gid(2, 0).is_err());
     assert_eq!(d.get_cached_lmc(1), Ok(0));
+    // The owner reaches its driver through the core.
+    let mut r = r;
+    let d = r.core.device_mut(r.b).unwrap();
+    assert_eq!(
+        d.provider_as::<super::fake::FakeDev>().map(|f| f.idx),
+        Some(1)
+    );
+    assert!(d.provider_as::<u32>().is_none());
 }
 
 #[test]

@@ -328,6 +328,10 @@ impl IbDevice for FakeDev {
         }
     }
 
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+
     fn dma_pool(&self) -> DmaPool {
         self.w().pool.clone()
     }
