@@ -318,6 +318,87 @@ pub mod speed {
     pub const IB_SPEED_EDR: u8 = 32;
 }
 
+/// `ib_width_enum_to_int`: lanes of an [`width`] value, `None` if unknown.
+pub const fn ib_width_enum_to_int(w: u8) -> Option<u32> {
+    match w {
+        width::IB_WIDTH_1X => Some(1),
+        width::IB_WIDTH_4X => Some(4),
+        width::IB_WIDTH_8X => Some(8),
+        width::IB_WIDTH_12X => Some(12),
+        _ => None,
+    }
+}
+
+/// A port's rate as Linux's sysfs `rate` file words it ("40 Gb/sec (4X
+/// QDR)", "2.5 Gb/sec (1X)"), which is what `ibstat` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRate {
+    /// Tenths of Gb/s.
+    pub tenths_gbps: u32,
+    /// Lanes.
+    pub lanes: u32,
+    /// " QDR", " FDR", ... or "" for SDR.
+    pub speed: &'static str,
+}
+
+impl PortRate {
+    /// Linux `rate_show` (sysfs.c): unknown speeds count as SDR, an unknown
+    /// width is `None`.
+    pub const fn from_port(active_width: u8, active_speed: u8) -> Option<PortRate> {
+        let (per_lane, name) = match active_speed {
+            speed::IB_SPEED_DDR => (50, " DDR"),
+            speed::IB_SPEED_QDR => (100, " QDR"),
+            speed::IB_SPEED_FDR10 => (100, " FDR10"),
+            speed::IB_SPEED_FDR => (140, " FDR"),
+            speed::IB_SPEED_EDR => (250, " EDR"),
+            _ => (25, ""),
+        };
+        match ib_width_enum_to_int(active_width) {
+            Some(lanes) => Some(PortRate {
+                tenths_gbps: per_lane * lanes,
+                lanes,
+                speed: name,
+            }),
+            None => None,
+        }
+    }
+    /// Whole Gb/s (`ibstat`'s "Rate: 40").
+    pub const fn gbps(&self) -> u32 {
+        self.tenths_gbps / 10
+    }
+}
+
+impl fmt::Display for PortRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}{} Gb/sec ({}X{})",
+            self.tenths_gbps / 10,
+            if !self.tenths_gbps.is_multiple_of(10) {
+                ".5"
+            } else {
+                ""
+            },
+            self.lanes,
+            self.speed
+        )
+    }
+}
+
+/// PortPhysicalState as sysfs `phys_state` and `ibstat` word it.
+pub const fn phys_state_str(phys_state: u8) -> &'static str {
+    match phys_state {
+        1 => "Sleep",
+        2 => "Polling",
+        3 => "Disabled",
+        4 => "PortConfigurationTraining",
+        5 => "LinkUp",
+        6 => "LinkErrorRecovery",
+        7 => "Phy Test",
+        _ => "<unknown>",
+    }
+}
+
 c_flags! {
     /// `enum ib_port_cap_flags` (PortInfo CapabilityMask).
     pub struct PortCapFlags: u32 {
@@ -1868,6 +1949,23 @@ mod tests {
             WcStatus::RetryExcErr.msg(),
             "transport retry counter exceeded"
         );
+    }
+
+    #[test]
+    fn rates_read_like_sysfs() {
+        use alloc::string::ToString;
+        let r = PortRate::from_port(width::IB_WIDTH_4X, speed::IB_SPEED_QDR).unwrap();
+        assert_eq!(r.to_string(), "40 Gb/sec (4X QDR)");
+        assert_eq!(r.gbps(), 40);
+        let r = PortRate::from_port(width::IB_WIDTH_4X, speed::IB_SPEED_FDR).unwrap();
+        assert_eq!(r.to_string(), "56 Gb/sec (4X FDR)");
+        let r = PortRate::from_port(width::IB_WIDTH_1X, speed::IB_SPEED_SDR).unwrap();
+        assert_eq!(r.to_string(), "2.5 Gb/sec (1X)");
+        let r = PortRate::from_port(width::IB_WIDTH_4X, speed::IB_SPEED_FDR10).unwrap();
+        assert_eq!(r.to_string(), "40 Gb/sec (4X FDR10)");
+        assert_eq!(PortRate::from_port(3, speed::IB_SPEED_QDR), None);
+        assert_eq!(phys_state_str(5), "LinkUp");
+        assert_eq!(phys_state_str(0), "<unknown>");
     }
 
     #[test]
