@@ -742,8 +742,26 @@ impl Switch {
             sp.op_vls = vls;
         }
         match phys_req {
-            3 => sp.disabled = true,
-            2 => sp.disabled = false,
+            3 if port != 0 && !sp.disabled => {
+                // Down at once; the fabric takes the cable's link down
+                // right after this SMP.
+                sp.disabled = true;
+                if sp.phys == PhysicalState::LinkUp {
+                    sp.counters.link_downed += 1;
+                }
+                sp.phys = PhysicalState::Disabled;
+                if sp.state != LogicalState::Down {
+                    sp.state = LogicalState::Down;
+                    self.port_state_change = true;
+                }
+                return Ok(());
+            }
+            2 if sp.disabled => {
+                // Polling until the fabric brings the link up.
+                sp.disabled = false;
+                sp.phys = PhysicalState::Polling;
+                return Ok(());
+            }
             _ => {}
         }
         match new_state {
