@@ -161,17 +161,18 @@ impl Net {
     }
 
     /// A PMA Get/Set (class 0x04) to the switch's LID from node `node`
-    /// (LID `slid`), returning the response MAD.
+    /// (LID node + 1, as [`Net::sm_bring_up`] routes), returning the
+    /// response MAD.
     pub fn pma(
         &mut self,
         node: usize,
-        slid: u16,
         sw_lid: u16,
         meth: u8,
         attr_id: u16,
         port_select: u8,
         select: u16,
     ) -> Vec<u8> {
+        let slid = node as u16 + 1;
         let tid = self.next_tid();
         let mut mad = [0u8; MAD_LEN];
         MadHdr {

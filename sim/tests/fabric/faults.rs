@@ -116,7 +116,7 @@ fn corrupt_through_a_switch_reaches_the_hca() {
     assert_eq!(got.len(), 1, "the switch did not see the corruption");
     assert!(packet::check_crcs(&got[0].bytes).is_err(), "the HCA does");
     n.f.faults.clear();
-    let r = port_counters(&n.pma(0, 1, 10, method::GET, attr::PORT_COUNTERS, 1, 0));
+    let r = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 1, 0));
     assert_eq!(r.rcv_errors, 0);
     // Corruption on the HCA-to-switch link: the switch's VCRC check drops
     // it and counts PortRcvErrors.
@@ -170,7 +170,7 @@ fn cable_pull_and_reinsert_at_a_time() {
         n.f.link_up(p1) && n.f.link_generation(p1) == g + 2,
         "reinserted"
     );
-    let c = port_counters(&n.pma(0, 1, 10, method::GET, attr::PORT_COUNTERS, 2, 0));
+    let c = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 2, 0));
     assert_eq!(c.link_downed, 1, "LinkDownedCounter on the switch port");
     // The port came back in Init: data waits for the SM.
     let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 2, &[0; 64]);
