@@ -300,7 +300,9 @@ fn dissect(path: &Path, frames: usize, pcapng: bool) {
             !r[13].contains("Malformed") && !r[13].contains("Invalid"),
             "{r:?}"
         );
-        let op = u8::from_str_radix(r[1], 10).unwrap_or_else(|_| panic!("BTH opcode in {r:?}"));
+        let op: u8 = r[1]
+            .parse()
+            .unwrap_or_else(|_| panic!("BTH opcode in {r:?}"));
         seen.insert(op);
         let need = |i: usize, what: &str| assert!(!r[i].is_empty(), "{what} decoded in {r:?}");
         let l = packet::layout(op).unwrap();
