@@ -62,3 +62,9 @@ ensure_vfu() {
     "$here/scripts/qemu-vfu.sh" >/dev/null || return 1
     "$here/scripts/linux-guest.sh" >/dev/null || return 1
 }
+
+# tshark dissects the fabric's packet captures in the sim tests; without it
+# those tests say loudly that they skipped the dissection.
+ensure_tshark() {
+    ensure_pkgs tshark:tshark || say "warning: tshark could not be installed; the capture tests will skip dissecting"
+}
