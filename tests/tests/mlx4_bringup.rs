@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use mlx4_common::*;
 use mlx4_core::Profile;
-use sim::{SimConfig, SimHca};
+use sim::SimHca;
 
 fn bring_up_and_check(hca: &SimHca, mode: &str) {
     let dma0 = hca.dma_pool().stats();
@@ -133,7 +133,7 @@ fn bring_up_sync_model() {
 
 #[test]
 fn bring_up_threaded_model() {
-    let hca = SimHca::new_threaded(SimConfig::default());
+    let hca = Model::threaded();
     bring_up_and_check(&hca, "threaded");
 }
 

@@ -66,7 +66,7 @@ fn thousands_of_objects_come_and_go() {
 
 #[test]
 fn thousands_of_objects_come_and_go_threaded_model() {
-    lifecycle(&sim::SimHca::new_threaded(sim::SimConfig::default()));
+    lifecycle(&Model::threaded());
 }
 
 fn lifecycle(hca: &sim::SimHca) {
@@ -294,7 +294,7 @@ fn ports_open_close_and_async_events_are_polled() {
 fn hundreds_of_port_events_wrap_the_async_eq() {
     for threaded in [false, true] {
         let hca = if threaded {
-            sim::SimHca::new_threaded(sim::SimConfig::default())
+            Model::threaded()
         } else {
             sync_hca()
         };
