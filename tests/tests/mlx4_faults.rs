@@ -87,7 +87,9 @@ fn every_bring_up_command_with_a_stuck_go_bit_times_out() {
         let hca = model(Duration::from_millis(1));
         let dma0 = hca.dma_pool().stats();
         hca.faults().set(sim::Opcode(op), OpcodeFault::stuck());
-        hca.expect_firmware_left_behind("GO never clears: the HCR stays busy, nothing can be closed");
+        hca.expect_firmware_left_behind(
+            "GO never clears: the HCR stays busy, nothing can be closed",
+        );
         let clock = hca.clock();
         let t0 = clock.now_ns();
         let r = bring_up(&hca, Profile::default());

@@ -50,7 +50,10 @@ fn a_violation_anywhere_fails_the_test_when_its_model_goes_away() {
         c.contains("1 unexpected protocol violation(s)") && c.contains("memory decoding disabled"),
         "{c}"
     );
-    assert!(c.contains("mlx4_harness.rs"), "names where the model was built: {c}");
+    assert!(
+        c.contains("mlx4_harness.rs"),
+        "names where the model was built: {c}"
+    );
 }
 
 #[test]
@@ -95,7 +98,9 @@ fn leaked_dma_memory_fails_the_test() {
     std::mem::forget(buf);
     let c = complaint(m).expect("the harness must fail the test");
     assert!(
-        c.contains("DMA pool not back to its baseline after teardown: 1 allocation(s) / 4096 bytes"),
+        c.contains(
+            "DMA pool not back to its baseline after teardown: 1 allocation(s) / 4096 bytes"
+        ),
         "{c}"
     );
     assert!(!c.contains("ICM"), "{c}");

@@ -280,13 +280,21 @@ fn ports_open_close_and_async_events_are_polled() {
     assert!(!dev.port_is_open(2));
     hca.clear_trace();
     dev.teardown();
-    let names: Vec<_> = hca.trace().iter().map(|e| (e.name, e.in_mod)).collect();
+    let names: Vec<_> = hca
+        .trace()
+        .iter()
+        .map(|e| (e.name, e.in_mod, e.op_mod))
+        .collect();
     assert_eq!(
         names.first(),
-        Some(&("CLOSE_PORT", 1)),
+        Some(&("CLOSE_PORT", 1, 0)),
         "teardown closes the open port first: {names:?}"
     );
-    assert!(!names.contains(&("CLOSE_PORT", 2)));
+    assert_eq!(
+        names.iter().filter(|n| n.0 == "CLOSE_PORT").count(),
+        1,
+        "port 2 was closed already: {names:?}"
+    );
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
 }
 
@@ -419,9 +427,26 @@ fn teardown_takes_back_what_a_client_leaked() {
     dev.qp_modify(&qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
         .unwrap();
     // Nothing is freed: teardown must still leave the HCA owning nothing.
+    // Each object goes back with its own number and the op_mod Linux uses
+    // (2RST_QP op_mod 2; HW2SW_SRQ/CQ/MPT op_mod 1: no output mailbox).
+    let mpt = ((mr.key << 24) | (mr.key >> 8)) & (dev.caps().num_mpts - 1);
+    let want = [
+        ("2RST_QP", qp.qpn, 2),
+        ("HW2SW_SRQ", srq.srqn, 1),
+        ("HW2SW_CQ", cq.cqn, 1),
+        ("HW2SW_MPT", mpt, 1),
+    ];
     drop((mr, cq, srq, qp, uar));
+    hca.clear_trace();
     dev.teardown();
     drop(pages);
+    let got: Vec<_> = hca
+        .trace()
+        .iter()
+        .filter(|e| ["2RST_QP", "HW2SW_SRQ", "HW2SW_CQ", "HW2SW_MPT"].contains(&e.name))
+        .map(|e| (e.name, e.in_mod, e.op_mod))
+        .collect();
+    assert_eq!(got, want, "reclaim at teardown: (name, object, op_mod)");
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
     assert!(!log_lines("reclaimed leaked objects: 1 QPs, 1 SRQs, 1 CQs, 1 MRs").is_empty());
     assert_eq!(hca.dma_pool().stats(), dma0);

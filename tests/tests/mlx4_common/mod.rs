@@ -411,9 +411,7 @@ impl Watchdog {
 
     fn expired(&self) -> Option<String> {
         let live = self.lock();
-        let (_, w) = live
-            .iter()
-            .find(|(_, w)| w.since.elapsed() >= w.limit)?;
+        let (_, w) = live.iter().find(|(_, w)| w.since.elapsed() >= w.limit)?;
         let mut r = format!(
             "\nmlx4 test watchdog: {} still holds its model after {:.1} s (limit {} s; set MLX4_WATCHDOG_SECS to change it): a poll loop without a deadline?\n",
             w.label,
@@ -432,7 +430,9 @@ impl Watchdog {
                 );
             }
             (None, true) => r += "  no firmware command was posted to this model\n",
-            (None, false) => r += "  the model's trace could not be read (its lock is held: the hang may be inside the model)\n",
+            (None, false) => {
+                r += "  the model's trace could not be read (its lock is held: the hang may be inside the model)\n"
+            }
         }
         r += "  ending the test process (status 101)\n";
         Some(r)
