@@ -429,7 +429,7 @@ fn teardown_takes_back_what_a_client_leaked() {
     // Nothing is freed: teardown must still leave the HCA owning nothing.
     // Each object goes back with its own number and the op_mod Linux uses
     // (2RST_QP op_mod 2; HW2SW_SRQ/CQ/MPT op_mod 1: no output mailbox).
-    let mpt = ((mr.key << 24) | (mr.key >> 8)) & (dev.caps().num_mpts - 1);
+    let mpt = mr.key.rotate_right(8) & (dev.caps().num_mpts - 1);
     let want = [
         ("2RST_QP", qp.qpn, 2),
         ("HW2SW_SRQ", srq.srqn, 1),
