@@ -85,6 +85,8 @@ impl FakeDev {
             (C_MPT_ENTRY_SZ, 64),
             (MTT_ENTRY_SZ, 8),
             (D_MPT_ENTRY_SZ, 64),
+            (MAX_DESC_SZ_SQ, 1008),
+            (MAX_DESC_SZ_RQ, 512),
         ] {
             put_be16(&mut o, off, v);
         }
