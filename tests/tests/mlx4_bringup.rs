@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use mlx4_common::*;
 use mlx4_core::Profile;
-use sim::SimHca;
+use sim::{SimConfig, SimHca};
 
 fn bring_up_and_check(hca: &SimHca, mode: &str) {
     let dma0 = hca.dma_pool().stats();
@@ -215,4 +215,79 @@ fn cq_timestamp_capability_adds_query_hca() {
     assert_eq!(collapsed(&hca), linux_order(true, c.num_ports));
     assert_eq!(c.hca_core_clock, hca.config().core_clock_mhz);
     dev.teardown();
+}
+
+#[test]
+fn a_profile_linux_would_refuse_is_refused_by_name_before_the_device_is_touched() {
+    use mlx4_core::{Error, Why};
+    let cases: [(Profile, &str, Why); 5] = [
+        (
+            Profile {
+                log_mgm_entry_size: 6,
+                ..Profile::research()
+            },
+            "log_mgm_entry_size",
+            Why::BelowMin(7),
+        ),
+        (
+            Profile {
+                log_mgm_entry_size: 13,
+                ..Profile::research()
+            },
+            "log_mgm_entry_size",
+            Why::AboveMax(12),
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 0,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::Zero,
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 24,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::NotPowerOfTwo,
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 256,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::AboveMax(128),
+        ),
+    ];
+    for (p, arg, why) in cases {
+        let hca = sync_hca();
+        match bring_up(&hca, p) {
+            Err(e @ Error::BadArg { arg: a, why: w, .. }) if a == arg && w == why => {
+                assert!(e.to_string().contains(arg), "{e}");
+                assert!(!log_lines(&format!("bad profile: {e}")).is_empty());
+            }
+            r => panic!("{arg}: {:?}", r.map(|_| ())),
+        }
+        assert_eq!(hca.trace_len(), 0, "{arg}: no command before the check");
+    }
+    // Above what this device's firmware serves per QP (2^2): refused once
+    // QUERY_DEV_CAP said so, and everything taken so far given back.
+    let hca = Model::new(SimConfig {
+        dev_cap: sim::layout::DevCap {
+            log_max_ra_res_qp: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    match bring_up(&hca, Profile::research()) {
+        Err(Error::BadArg {
+            arg: "rdmarc_per_qp",
+            value: 16,
+            why: Why::AboveMax(4),
+        }) => {}
+        r => panic!("{:?}", r.map(|_| ())),
+    }
 }
