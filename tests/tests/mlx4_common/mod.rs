@@ -71,9 +71,10 @@ pub fn log_lines(pat: &str) -> Vec<String> {
 }
 
 /// How long a test may keep one model before the watchdog calls it a hang.
-/// The slowest model-backed test keeps its model about 10 s alone and 50 s
-/// on a loaded 2-core machine in a debug build; a hang is reported within
-/// three minutes instead of never.
+/// A test keeps one model a few seconds in a debug build (the longest, the
+/// threaded lifecycle, about 4 s on a shared 2-core machine; the fault
+/// matrices take 30 s over dozens of models, each timed on its own), so
+/// this is generous; a hang is reported within three minutes, not never.
 pub const WATCHDOG_DEFAULT: Duration = Duration::from_secs(180);
 
 fn watchdog_limit() -> Duration {
