@@ -103,6 +103,9 @@ fi
 if [ "$nodes" -gt 1 ] && [ "$hca" = 0 ]; then
     bad_usage "--nodes needs the emulated HCA (not with --no-hca or --vfio)"
 fi
+if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
+    bad_usage "--emu-args needs the emulated HCA (not with --no-hca or --vfio)"
+fi
 if ! [[ "$timeout_s" =~ ^[1-9][0-9]{0,4}$ ]] || [ "$timeout_s" -gt 86400 ]; then
     bad_usage "--timeout takes whole seconds from 1 to 86400, not '$timeout_s'"
 fi
