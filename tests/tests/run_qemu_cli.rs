@@ -108,6 +108,10 @@ fn bad_option_values_are_refused_with_a_clear_message() {
             &["--nodes", "2", "--no-hca"],
             "--nodes needs the emulated HCA",
         ),
+        (
+            &["--no-hca", "--emu-args", "--fail RUN_FW"],
+            "--emu-args needs the emulated HCA",
+        ),
         (&["--vfio", "04:00"], "--vfio wants a full PCI address"),
         (&["--run", ""], "--run needs at least one command"),
         (&["--run", " ; "], "--run needs at least one command"),
