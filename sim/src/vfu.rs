@@ -130,8 +130,10 @@ pub fn regions() -> Vec<vfio_user::ServerRegion> {
         .collect()
 }
 
-/// The interrupts the server announces: INTx (maskable, automasked) and
-/// MSI-X (128 vectors); no MSI, no error or request interrupts.
+/// The interrupts the server announces: INTx (maskable, automasked), MSI-X
+/// (128 vectors), and one error and one request eventfd each, which the
+/// client sets up (QEMU warns "Could not enable error recovery" without
+/// them) and the function never raises (AER is not modelled); no MSI.
 pub fn irqs() -> Vec<vfio_user::IrqInfo> {
     (0..irq::COUNT)
         .map(|index| {
@@ -141,6 +143,7 @@ pub fn irqs() -> Vec<vfio_user::IrqInfo> {
                     IRQ_INFO_EVENTFD | IRQ_INFO_MASKABLE | IRQ_INFO_AUTOMASKED,
                 ),
                 irq::MSIX => (MSIX_VECTORS, IRQ_INFO_EVENTFD | IRQ_INFO_NORESIZE),
+                irq::ERR | irq::REQ => (1, IRQ_INFO_EVENTFD),
                 _ => (0, 0),
             };
             vfio_user::IrqInfo {
@@ -375,7 +378,13 @@ impl Interrupts {
             (irq::MSIX, IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK, _) => {
                 // Per-vector masking lives in the table the client emulates.
             }
-            (irq::ERR | irq::REQ, _, _) if count == 0 => {}
+            (
+                irq::ERR | irq::REQ,
+                IRQ_SET_ACTION_TRIGGER,
+                IRQ_SET_DATA_EVENTFD | IRQ_SET_DATA_NONE,
+            ) if start == 0 && count <= 1 => {
+                // Kept by the client's side only: never raised.
+            }
             _ => {
                 return Err(format!(
                     "SET_IRQS index {index} flags {flags:#x} start {start} count {count} not supported"
