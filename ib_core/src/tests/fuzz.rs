@@ -103,7 +103,12 @@ fn run(iterations: u64, seed: u64) {
         .core
         .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
+    let smi = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .unwrap();
     let tpl = templates(client.hi_tid);
+    let mut send_refused = 0u64;
     let mut rng = Rng(seed | 1);
     let mut delivered_to_agent = 0u64;
     for i in 0..iterations {
@@ -173,8 +178,37 @@ fn run(iterations: u64, seed: u64) {
             byte_len,
             wc_status,
         );
+        // Now and then the same MAD goes out through the send path instead:
+        // the SMI send rules and the QP checks see it, nothing panics.
+        if i % 8 == 0 {
+            let ag = if mad.mgmt_class() == class::SUBN_DIRECTED_ROUTE
+                || mad.mgmt_class() == class::SUBN_LID_ROUTED
+            {
+                smi
+            } else {
+                client
+            };
+            let dlid = [B_LID, IB_LID_PERMISSIVE, A_LID, rng.next() as u16][rng.below(4) as usize];
+            let mut buf = MadSendBuf::new(
+                mad.clone(),
+                AhAttr {
+                    dlid,
+                    port_num: 1,
+                    sl: rng.byte() & 15,
+                    ..AhAttr::default()
+                },
+                qpn,
+            );
+            buf.timeout_ms = rng.below(3) as u32;
+            buf.retries = rng.below(2) as u32;
+            if r.core.ib_post_send_mad(ag, buf).is_err() {
+                send_refused += 1;
+            }
+        }
         if i % 32 == 31 {
             r.core.poll();
+            while let Some(_e) = r.core.ib_mad_poll_agent(client) {}
+            while let Some(_e) = r.core.ib_mad_poll_agent(smi) {}
             while let Some(e) = r.core.ib_mad_poll_agent(server) {
                 if matches!(e, MadEvent::Recv(_)) {
                     delivered_to_agent += 1;
@@ -182,17 +216,25 @@ fn run(iterations: u64, seed: u64) {
             }
         }
     }
-    for _ in 0..10 {
+    // Let every outstanding request finish (timeouts of at most 2 ms, one
+    // retry).
+    for _ in 0..200 {
         r.core.poll();
+        r.clock.advance(Duration::from_millis(1));
     }
+    while r.core.ib_mad_poll_agent(client).is_some() {}
+    while r.core.ib_mad_poll_agent(smi).is_some() {}
     while r.core.ib_mad_poll_agent(server).is_some() {}
     let c = r.core.mad_counters(r.a, 1).unwrap();
-    eprintln!("fuzz {iterations}: {c:?}, to the agent {delivered_to_agent}");
+    eprintln!(
+        "fuzz {iterations}: {c:?}, to the agent {delivered_to_agent}, sends refused {send_refused}"
+    );
     // The receive path was exercised in every direction.
     if iterations >= 10_000 {
         assert!(c.drop_bad_version > 0 && c.drop_wrong_qp > 0 && c.drop_smi > 0);
         assert!(c.drop_short > 0 && c.recv_errors > 0 && c.drop_unmatched_response > 0);
         assert!(c.unsupported_replies > 0 && c.process_mad_replies > 0 && delivered_to_agent > 0);
+        assert!(send_refused > 0 && c.sent > 0 && c.local_smps > 0);
     }
     // No receive buffer was lost and no AH leaked.
     {
