@@ -1678,10 +1678,10 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
             pk_qk,
         ],
     );
-    // SQE (RC has no SQE state; Linux's table lists no RC column here)
+    // SQE (no RC column in Linux's table: an RC QP never enters SQE)
     tab[5][0] = VALID;
     tab[5][6] = VALID;
-    let mut sqe_rts = t(
+    tab[5][3] = t(
         [E; 5],
         [
             cur_qk,
@@ -1691,8 +1691,6 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
             cur_qk,
         ],
     );
-    sqe_rts.opt[2] = 0;
-    tab[5][3] = sqe_rts;
     // ERR
     tab[6][0] = VALID;
     tab[6][6] = VALID;
@@ -1725,8 +1723,7 @@ pub fn ib_modify_qp_is_ok(
             extra: QpAttrMask::CUR_STATE,
         });
     }
-    // SQE exists only for UD/UC/SMI/GSI: RC goes to ERR instead.
-    if !cell.valid || (next == QpState::Sqe) || (cur == QpState::Sqe && qp_type == QpType::Rc) {
+    if !cell.valid {
         return Err(Error::BadQpTransition { qp_type, cur, next });
     }
     let req = QpAttrMask(cell.req[qp_type as usize]);
@@ -2064,8 +2061,8 @@ mod tests {
         );
         // CUR_STATE only from RTR/RTS/SQD/SQE.
         assert!(ib_modify_qp_is_ok(Init, Init, QpType::Ud, A::STATE | A::CUR_STATE).is_err());
-        // RC never goes through SQE.
-        assert!(ib_modify_qp_is_ok(Sqe, Rts, QpType::Rc, A::STATE).is_err());
+        // Nothing enters SQE by modify_qp (the hardware puts a QP there).
+        assert!(ib_modify_qp_is_ok(Rts, Sqe, QpType::Ud, A::STATE).is_err());
         // Reset -> Err is not in the table.
         assert!(ib_modify_qp_is_ok(Reset, Err, QpType::Rc, A::STATE).is_err());
         // UD RESET->INIT without PORT.
