@@ -1128,7 +1128,18 @@ fn send_mad(
     }
     let mut local = false;
     if buf.mad.mgmt_class() == class::SUBN_DIRECTED_ROUTE {
-        if smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard {
+        // Directed-route handling starts only where the LID-routed part
+        // (the first of a request, the last of a response) is empty; at
+        // the start of a LID-routed part the hop pointer stays as it is
+        // (IBTA 14.2.2, Linux handle_outgoing_dr_smp).
+        let lid_part_empty = if buf.mad.smp_direction() {
+            buf.mad.dr_dlid()
+        } else {
+            buf.mad.dr_slid()
+        } == crate::verbs::IB_LID_PERMISSIVE;
+        if lid_part_empty
+            && smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard
+        {
             return Err(Error::Invalid(
                 "directed-route SMP refused by the SMI send rules (hop count/pointer or path)",
             ));
@@ -1191,7 +1202,7 @@ fn handle_outgoing_dr_smp(
     pd: Pd,
 ) -> Result<MadSendId> {
     let port = mp.port;
-    let wc = build_smp_wc(0, crate::verbs::IB_LID_PERMISSIVE, buf.pkey_index, port);
+    let wc = build_smp_wc(0, buf.mad.dr_slid(), buf.pkey_index, port);
     let mut out = Mad::default();
     let ret = dev
         .ops
@@ -1231,7 +1242,9 @@ fn handle_outgoing_dr_smp(
             );
         }
     } else if !ret.contains(MadResult::CONSUMED) {
-        // Treat like an incoming request: to whichever agent takes it.
+        // Treat like an incoming request: to whichever agent takes it. (Linux
+        // looks up and delivers the driver's untouched output buffer with the
+        // request's TID here; the request itself is what an agent can use.)
         if let Some(a) = mp.find_request_agent(&req, 0) {
             mp.deliver(
                 cfg,

@@ -720,3 +720,22 @@ fn modify_mad_extends_the_wait() {
     );
     assert_eq!(r.core.ib_modify_mad(ag, id, 5), Err(Error::NotFound));
 }
+
+#[test]
+fn a_dr_smp_starting_with_a_lid_routed_part_leaves_its_hop_pointer_alone() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .unwrap();
+    let mut m = dr_get(attr::NODE_INFO, &[1]);
+    m.set_dr_slid(A_LID);
+    // The wrong first hop would be refused if the rules ran.
+    m.set_initial_path(1, 9);
+    r.core
+        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 0))
+        .unwrap();
+    let w = lock(&r.world);
+    assert_eq!(w.wire.len(), 1);
+    assert_eq!(w.wire[0].mad.hop_ptr(), 0);
+}
