@@ -595,7 +595,7 @@ pub struct MadCounters {
     pub recv: u64,
     /// MADs sent (good send completions).
     pub sent: u64,
-    /// Receive completions in error (flushes included).
+    /// Receive completions in error (flushes counted apart).
     pub recv_errors: u64,
     /// Send completions in error.
     pub send_errors: u64,
@@ -627,6 +627,9 @@ pub struct MadCounters {
     pub retries: u64,
     /// Receive buffers that could not be re-posted.
     pub repost_failures: u64,
+    /// Receive buffers that came back flushed (the QP is in error); they
+    /// are not posted again.
+    pub recv_flushed: u64,
 }
 
 struct AgentPriv {
@@ -657,6 +660,9 @@ struct SendPriv {
     state: SendState,
     canceled: bool,
     got_response: bool,
+    /// In flight when the QP went to SQE: repost it when it comes back
+    /// flushed (Linux `mark_sends_for_retry`).
+    retry_on_flush: bool,
 }
 
 struct MadQp {
@@ -1178,6 +1184,7 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
         state: SendState::Queued,
         canceled: false,
         got_response: false,
+        retry_on_flush: false,
     };
     if let Some(i) = mp.free_sends.pop() {
         mp.sends[i as usize] = Some(s);
@@ -1296,6 +1303,13 @@ fn recv_done(
         return;
     };
     page.read_bytes(off, &mut raw);
+    if wc.status == WcStatus::WrFlushErr {
+        // The QP is in error and flushing: posting the buffer again would
+        // only have it flushed again, forever. The port is closed or
+        // restarted by its owner (Linux leaves the buffer too).
+        mp.counters.recv_flushed += 1;
+        return;
+    }
     if post_recv_slot(dev, mp, qpi, slot).is_err() {
         mp.counters.repost_failures += 1;
     }
@@ -1474,8 +1488,25 @@ fn send_done(
         Some(s) => (s.canceled, s.buf.timeout_ms, s.got_response),
         None => return,
     };
-    if wc.status != WcStatus::Success {
+    if wc.status == WcStatus::WrFlushErr
+        && mp.sends[idx as usize]
+            .as_ref()
+            .is_some_and(|s| s.retry_on_flush && !s.canceled)
+    {
+        // Flushed by the SQE of another send: post it again.
+        if let Some(s) = mp.sends[idx as usize].as_mut() {
+            s.retry_on_flush = false;
+        }
+        mp.counters.retries += 1;
+        if post_one(dev, mp, idx).is_err() {
+            mp.counters.send_errors += 1;
+            complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        }
+    } else if wc.status != WcStatus::Success {
         mp.counters.send_errors += 1;
+        if wc.status != WcStatus::WrFlushErr {
+            mad_error_recover(dev, mp, qpi);
+        }
         complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
     } else {
         mp.counters.sent += 1;
@@ -1492,6 +1523,34 @@ fn send_done(
         }
     }
     drain_overflow(dev, mp, cfg, qpi);
+}
+
+/// `mad_error_handler` for a send error: the error put the QP in SQE, so
+/// bring it back to RTS and mark the sends still in flight to be posted
+/// again when they come back flushed.
+fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
+    let Some(qp) = mp.qps[qpi].as_ref().map(|q| q.qp) else {
+        return;
+    };
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        cur_qp_state: QpState::Sqe,
+        ..QpAttr::default()
+    };
+    match dev.modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE) {
+        Ok(()) => {
+            for s in mp.sends.iter_mut().flatten() {
+                if s.qpi == qpi && matches!(s.state, SendState::OnWire(_)) {
+                    s.retry_on_flush = true;
+                }
+            }
+        }
+        Err(e) => log::error!(
+            "{}: port {}: mad_error_handler - ib_modify_qp to RTS: {e}",
+            dev.name(),
+            mp.port
+        ),
+    }
 }
 
 /// `timeout_sends`: retries or fails the requests whose response is late.

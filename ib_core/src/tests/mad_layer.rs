@@ -739,3 +739,107 @@ fn a_dr_smp_starting_with_a_lid_routed_part_leaves_its_hop_pointer_alone() {
     assert_eq!(w.wire.len(), 1);
     assert_eq!(w.wire[0].mad.hop_ptr(), 0);
 }
+
+#[test]
+fn a_send_error_is_reported_and_the_qp_is_brought_back_from_sqe() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    lock(&r.world).fail_sends = 1;
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let mut buf = MadSendBuf::new(m.clone(), to_lid(B_LID), 1);
+    buf.timeout_ms = 10;
+    let (done, _) = r.core.ib_send_mad_wait(ag, buf.clone(), WAIT).unwrap();
+    assert_eq!(done.status, WcStatus::LocQpOpErr);
+    assert_eq!(done.status.msg(), "local QP operation error");
+    assert_eq!(done.vendor_err, 0x68);
+    // SQE -> RTS with CUR_STATE, as mad_error_handler does.
+    {
+        let w = lock(&r.world);
+        let last = w.hcas[0].modify_log.last().copied().unwrap();
+        assert_eq!(
+            last,
+            (
+                QpType::Gsi,
+                QpState::Sqe,
+                QpState::Rts,
+                QpAttrMask::STATE | QpAttrMask::CUR_STATE
+            )
+        );
+    }
+    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    assert_eq!(done.status, WcStatus::Success);
+    assert!(resp.is_some());
+}
+
+#[test]
+fn flushed_receive_buffers_are_not_posted_again() {
+    let mut r = rig();
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    for _ in 0..3 {
+        lock(&r.world).deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::WrFlushErr);
+    }
+    r.core.poll();
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().recv_flushed, 3);
+    let w = lock(&r.world);
+    let gsi = w.hcas[0]
+        .qps
+        .iter()
+        .flatten()
+        .find(|q| q.qp_type == QpType::Gsi)
+        .unwrap();
+    assert_eq!(gsi.recv.len(), 509);
+}
+
+#[test]
+fn sends_flushed_by_another_sends_error_are_posted_again() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    lock(&r.world).hold_sends = true;
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let a = r
+        .core
+        .ib_post_send_mad(ag, MadSendBuf::new(m.clone(), to_lid(B_LID), 1))
+        .unwrap();
+    let b = r
+        .core
+        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
+        .unwrap();
+    // The first fails (the QP goes to SQE), the second comes back flushed.
+    {
+        let mut w = lock(&r.world);
+        w.hcas[0]
+            .qps
+            .iter_mut()
+            .flatten()
+            .filter(|q| q.qp_type == QpType::Gsi)
+            .for_each(|q| q.state = QpState::Sqe);
+        w.complete_held(0, 0, WcStatus::RemOpErr);
+        w.complete_held(0, 1, WcStatus::WrFlushErr);
+    }
+    r.core.poll();
+    match r.core.ib_mad_poll_agent(ag) {
+        Some(MadEvent::SendDone(s)) => {
+            assert_eq!((s.id, s.status), (a, WcStatus::RemOpErr));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(r.core.ib_mad_poll_agent(ag).is_none(), "b is not finished");
+    // b went out again on the recovered QP; complete it.
+    {
+        let mut w = lock(&r.world);
+        assert_eq!(w.held.len(), 3);
+        w.complete_held(0, 2, WcStatus::Success);
+    }
+    r.core.poll();
+    match r.core.ib_mad_poll_agent(ag) {
+        Some(MadEvent::SendDone(s)) => assert_eq!((s.id, s.status), (b, WcStatus::Success)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().retries, 1);
+}
