@@ -1065,8 +1065,9 @@ pub struct Wc {
     pub opcode: WcOpcode,
     /// Vendor error syndrome (errors only).
     pub vendor_err: u32,
-    /// Bytes received (receives; includes the 40 GRH bytes on UD QPs when a
-    /// GRH is present... the data lands after the 40-byte area either way).
+    /// Bytes received. On UD QPs and the special QPs it counts the 40-byte
+    /// GRH area at the front of the buffer whether or not a GRH arrived (as
+    /// IPoIB's `skb_pull(IB_GRH_BYTES)` relies on), so a MAD is 296.
     pub byte_len: u32,
     /// `ib_qp.qp_num` of the QP this completion belongs to (0/1 for the
     /// special QPs).
