@@ -27,7 +27,7 @@
 //! | [`mad_ifc`] | the firmware SMA/PMA behind MAD_IFC |
 //! | [`fw`] | the firmware command handlers, by area |
 //! | [`packet`] | InfiniBand packets: LRH/GRH/BTH/ETHs, MAD/SMP headers, ICRC/VCRC |
-//! | [`fabric`] | the wire: cables, packets in flight (switch, capture, packet faults to come) |
+//! | [`fabric`] | the wire: cables, switches (SMA, PMA, LFT, directed route), topologies, capture, packet faults |
 //! | [`faults`] | fault injection |
 //! | [`trace`] | the command trace |
 //! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |

@@ -944,6 +944,18 @@ pub fn check_crcs(b: &[u8]) -> Result<(), PacketError> {
     Ok(())
 }
 
+/// Checks only the VCRC (the link-level check every hop makes).
+pub fn check_vcrc(b: &[u8]) -> Result<(), PacketError> {
+    need(b, LRH_LEN + VCRC_LEN, "packet")?;
+    let n = b.len();
+    let found = u16::from_le_bytes([b[n - 2], b[n - 1]]);
+    let expected = vcrc(&b[..n - VCRC_LEN]);
+    if found != expected {
+        return Err(PacketError::BadVcrc { expected, found });
+    }
+    Ok(())
+}
+
 /// Parses and checks both CRCs.
 pub fn parse_checked(b: &[u8]) -> Result<Parsed, PacketError> {
     let p = parse(b)?;
