@@ -1038,6 +1038,7 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
             pkey_index: s.buf.pkey_index,
             port_num: mp.port,
         },
+        inline_data: &[],
     }];
     let qp = mq.qp;
     match dev.post_send(qp, &wr) {

@@ -1202,11 +1202,14 @@ pub enum WrDetail {
 }
 
 /// `struct ib_send_wr` (a slice element instead of a `next` list).
+///
+/// Build it with `..SendWr::default()` so fields added later do not break
+/// the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// Gather list.
+    /// Gather list (ignored with [`SendFlags::INLINE`]).
     pub sg_list: &'a [Sge],
     /// Operation.
     pub opcode: WrOpcode,
@@ -1216,6 +1219,25 @@ pub struct SendWr<'a> {
     pub imm_data: u32,
     /// Per-opcode fields.
     pub wr: WrDetail,
+    /// The payload of an [`SendFlags::INLINE`] send, copied into the WQE.
+    /// Linux reads it through the SGEs' kernel virtual addresses; a safe
+    /// port hands over the bytes themselves (and the provider refuses more
+    /// than its `max_inline_data`).
+    pub inline_data: &'a [u8],
+}
+
+impl Default for SendWr<'_> {
+    fn default() -> Self {
+        SendWr {
+            wr_id: 0,
+            sg_list: &[],
+            opcode: WrOpcode::Send,
+            send_flags: SendFlags::empty(),
+            imm_data: 0,
+            wr: WrDetail::None,
+            inline_data: &[],
+        }
+    }
 }
 
 /// `struct ib_recv_wr`.
