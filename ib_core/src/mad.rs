@@ -426,7 +426,7 @@ impl Grh {
 // The MAD layer (mad.c): per-port QP0/QP1, agents, sends, receives.
 
 use alloc::boxed::Box;
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::time::Duration;
 
@@ -700,6 +700,11 @@ pub(crate) struct MadPort {
     sends: Vec<Option<SendPriv>>,
     free_sends: Vec<u32>,
     next_gen: u32,
+    /// Agents' requests by (TID, send index), to match responses without a
+    /// scan of every send.
+    by_tid: BTreeSet<(u64, u32)>,
+    /// No response deadline falls before this (ns); `u64::MAX` if none.
+    next_deadline: u64,
     pub(crate) counters: MadCounters,
 }
 
@@ -729,6 +734,8 @@ pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> R
         sends: Vec::new(),
         free_sends: Vec::new(),
         next_gen: 1,
+        by_tid: BTreeSet::new(),
+        next_deadline: u64::MAX,
         counters: MadCounters::default(),
     };
     match port_open_inner(dev, &mut mp, cfg) {
@@ -925,18 +932,30 @@ impl MadPort {
             .agents
             .iter()
             .position(|a| a.as_ref().is_some_and(|a| a.hi_tid == hi))? as u32;
-        let send = self.sends.iter().position(|s| {
-            s.as_ref().is_some_and(|s| {
-                s.agent == Some(agent)
-                    && !s.canceled
-                    && !s.got_response
-                    && s.buf.timeout_ms > 0
-                    && s.buf.mad.tid() == mad.tid()
-                    && s.buf.mad.mgmt_class() == mad.mgmt_class()
-                    && !matches!(s.state, SendState::Queued)
-            })
-        })? as u32;
+        let tid = mad.tid();
+        let send = self
+            .by_tid
+            .range((tid, 0)..=(tid, u32::MAX))
+            .map(|&(_, i)| i)
+            .find(|&i| {
+                self.sends[i as usize].as_ref().is_some_and(|s| {
+                    s.agent == Some(agent)
+                        && !s.canceled
+                        && !s.got_response
+                        && s.buf.timeout_ms > 0
+                        && s.buf.mad.mgmt_class() == mad.mgmt_class()
+                        && !matches!(s.state, SendState::Queued)
+                })
+            })?;
         Some((agent, send))
+    }
+
+    /// Puts send `idx` on the wait list until `deadline`.
+    fn wait_resp(&mut self, idx: u32, deadline: u64) {
+        if let Some(s) = self.sends[idx as usize].as_mut() {
+            s.state = SendState::WaitResp(deadline);
+            self.next_deadline = self.next_deadline.min(deadline);
+        }
     }
 
     fn send_id(&self, idx: u32) -> MadSendId {
@@ -971,6 +990,7 @@ fn complete_send(
         return;
     };
     mp.free_sends.push(idx);
+    mp.by_tid.remove(&(s.buf.mad.tid(), idx));
     if let SendState::OnWire(slot) = s.state
         && let Some(mq) = mp.qps[s.qpi].as_mut()
     {
@@ -1165,7 +1185,9 @@ fn send_mad(
         Ok(_) => Ok(mp.send_id(idx)),
         Err(e) => {
             let _ = dev.destroy_ah(ah);
-            mp.sends[idx as usize] = None;
+            if let Some(s) = mp.sends[idx as usize].take() {
+                mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+            }
             mp.free_sends.push(idx);
             Err(e)
         }
@@ -1187,13 +1209,19 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
         got_response: false,
         retry_on_flush: false,
     };
-    if let Some(i) = mp.free_sends.pop() {
+    let tracked = s.agent.is_some() && !ib_response_mad(&s.buf.mad);
+    let tid = s.buf.mad.tid();
+    let i = if let Some(i) = mp.free_sends.pop() {
         mp.sends[i as usize] = Some(s);
         i
     } else {
         mp.sends.push(Some(s));
         (mp.sends.len() - 1) as u32
+    };
+    if tracked {
+        mp.by_tid.insert((tid, i));
     }
+    i
 }
 
 /// `handle_outgoing_dr_smp`: a DR SMP for this port's own SMA goes to
@@ -1268,16 +1296,11 @@ fn handle_outgoing_dr_smp(
         }
     }
     if expects && !answered {
-        let deadline = clock.now_ns().saturating_add(
-            u64::from(
-                mp.sends[idx as usize]
-                    .as_ref()
-                    .map_or(0, |s| s.buf.timeout_ms),
-            ) * 1_000_000,
-        );
-        if let Some(s) = mp.sends[idx as usize].as_mut() {
-            s.state = SendState::WaitResp(deadline);
-        }
+        let ms = mp.sends[idx as usize]
+            .as_ref()
+            .map_or(0, |s| s.buf.timeout_ms);
+        let deadline = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+        mp.wait_resp(idx, deadline);
     } else {
         complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
     }
@@ -1515,12 +1538,11 @@ fn send_done(
             complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
         } else if timeout_ms == 0 || got {
             complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends[idx as usize].as_mut() {
-            s.state = SendState::WaitResp(
-                clock
-                    .now_ns()
-                    .saturating_add(u64::from(timeout_ms) * 1_000_000),
-            );
+        } else {
+            let deadline = clock
+                .now_ns()
+                .saturating_add(u64::from(timeout_ms) * 1_000_000);
+            mp.wait_resp(idx, deadline);
         }
     }
     drain_overflow(dev, mp, cfg, qpi);
@@ -1557,7 +1579,11 @@ fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
 /// `timeout_sends`: retries or fails the requests whose response is late.
 fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &MadConfig) -> usize {
     let now = clock.now_ns();
+    if now < mp.next_deadline {
+        return 0;
+    }
     let mut work = 0;
+    let mut next = u64::MAX;
     for idx in 0..mp.sends.len() as u32 {
         let Some(s) = mp.sends[idx as usize].as_mut() else {
             continue;
@@ -1566,6 +1592,7 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
             continue;
         };
         if now < deadline {
+            next = next.min(deadline);
             continue;
         }
         work += 1;
@@ -1581,6 +1608,7 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
             complete_send(dev, mp, cfg, idx, WcStatus::RespTimeoutErr, 0);
         }
     }
+    mp.next_deadline = next;
     work
 }
 
@@ -1836,11 +1864,10 @@ impl IbCore {
             }
             s.buf.timeout_ms = timeout_ms;
             if let SendState::WaitResp(_) = s.state {
-                s.state = SendState::WaitResp(
-                    clock
-                        .now_ns()
-                        .saturating_add(u64::from(timeout_ms) * 1_000_000),
-                );
+                let deadline = clock
+                    .now_ns()
+                    .saturating_add(u64::from(timeout_ms) * 1_000_000);
+                mp.wait_resp(idx, deadline);
             }
             Ok(())
         })

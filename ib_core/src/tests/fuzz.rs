@@ -211,6 +211,8 @@ fn run(iterations: u64, seed: u64) {
             }
         }
         if i % 32 == 31 {
+            // Time moves on, so requests time out as they would.
+            r.clock.advance(Duration::from_micros(300));
             r.core.poll();
             while let Some(_e) = r.core.ib_mad_poll_agent(client) {}
             while let Some(_e) = r.core.ib_mad_poll_agent(smi) {}
