@@ -791,7 +791,8 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
         let send_per_page = PAGE / IB_MGMT_MAD_SIZE;
         let nrecv = cfg.recv_queue_size as usize;
         let nsend = cfg.send_queue_size as usize;
-        let mut mq = MadQp {
+        // Owned by the port from here on, so a failure below destroys it.
+        let mq = mp.qps[qpi].insert(MadQp {
             qp,
             recv_pages: Vec::new(),
             recv_per_page,
@@ -800,7 +801,7 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
             send_slot: alloc::vec![None; nsend],
             free_slots: (0..nsend as u32).rev().collect(),
             overflow: VecDeque::new(),
-        };
+        });
         let dma_err = |_| Error::NoMem;
         for _ in 0..nrecv.div_ceil(recv_per_page) {
             mq.recv_pages.push(pool.alloc(PAGE, PAGE).map_err(dma_err)?);
@@ -808,7 +809,6 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
         for _ in 0..nsend.div_ceil(send_per_page) {
             mq.send_pages.push(pool.alloc(PAGE, PAGE).map_err(dma_err)?);
         }
-        mp.qps[qpi] = Some(mq);
         // ib_mad_port_start: INIT (P_Key index of the default P_Key, the
         // well-known Q_Key), RTR, RTS.
         let pkey_index = dev.find_cached_pkey(port, 0xffff).unwrap_or(0);

@@ -338,4 +338,17 @@ fn a_port_whose_special_qps_cannot_be_created_has_no_mad_layer_but_the_device_re
     let wl = lock(&w);
     assert_eq!((wl.hcas[0].pds, wl.hcas[0].mrs), (0, 0));
     assert!(wl.hcas[0].cqs.iter().all(|c| c.is_none()));
+    drop(wl);
+
+    // Out of DMA memory after QP0 exists: QP0 is destroyed with the rest.
+    let w = super::fake::world_with_dma(64 << 10);
+    let dev = add_hca(&w, "mlx4_0", 0x10, 1, 1);
+    let mut core = IbCore::new(Arc::new(hal::fake::FakeClock::new()));
+    let id = core.ib_register_device(Box::new(dev)).unwrap();
+    assert!(!core.mad_port_open(id, 1));
+    let wl = lock(&w);
+    assert!(!wl.hcas[0].qps.is_empty(), "a QP was created");
+    assert!(wl.hcas[0].qps.iter().all(|q| q.is_none()), "and destroyed");
+    assert_eq!((wl.hcas[0].pds, wl.hcas[0].mrs), (0, 0));
+    assert_eq!(wl.pool.stats().allocations, 0, "every DMA page returned");
 }

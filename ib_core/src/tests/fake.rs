@@ -92,7 +92,12 @@ pub struct World {
 pub type SharedWorld = Arc<Mutex<World>>;
 
 pub fn world() -> SharedWorld {
-    let dma = Arc::new(ArenaDma::new(32 << 20));
+    world_with_dma(32 << 20)
+}
+
+/// A world whose DMA arena holds `len` bytes.
+pub fn world_with_dma(len: usize) -> SharedWorld {
+    let dma = Arc::new(ArenaDma::new(len));
     let pool = DmaPool::new(dma.clone());
     Arc::new(Mutex::new(World {
         dma,
