@@ -23,7 +23,9 @@
 //! provider and allocates nothing. MAD users register an agent
 //! ([`IbCore::ib_register_mad_agent`]), post with
 //! [`IbCore::ib_post_send_mad`] and read their mailbox with
-//! [`IbCore::ib_mad_poll_agent`].
+//! [`IbCore::ib_mad_poll_agent`]; a client without a thread of its own (the
+//! coming SA and CM) does that from [`IbClient::poll`], which every
+//! [`IbCore::poll`] calls.
 //!
 //! # Decisions
 //!
