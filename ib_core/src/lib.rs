@@ -1,4 +1,4 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents and the SMI rules; `sa_query`, `cm`, RMPP, redirection, multicast, sysfs and every user-space path are left out (SA and CM come later).
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules and RMPP reassembly; `sa_query`, `cm`, sending RMPP, redirection, multicast, sysfs and every user-space path are left out (SA and CM come later).
 //!
 //! There are no interrupts: one progress function, [`IbCore::poll`], polls
 //! every device's event queues (through [`verbs::IbDevice::poll_events`]),
@@ -10,7 +10,7 @@
 //! Files keep Linux's names: `device.rs` (registration, clients, events, the
 //! progress function), `verbs.rs` (`ib_verbs.h` + `verbs.c`: types, the
 //! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`ib_mad.h`,
-//! `ib_smi.h`, `mad.c`), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`.
+//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`.
 //!
 //! # Using it
 //!
@@ -54,6 +54,7 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod mad;
+pub mod mad_rmpp;
 pub mod packer;
 pub mod smi;
 pub mod ud_header;

@@ -1,4 +1,4 @@
-//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer; RMPP, redirection and vendor-class OUI tables are left out.
+//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer (RMPP reassembly in `mad_rmpp.rs`); sending RMPP transfers, redirection and vendor-class OUI tables are left out.
 
 use core::fmt;
 
@@ -561,6 +561,10 @@ pub struct MadRecvWc {
     pub port: u8,
     /// For a response: the request it answers.
     pub send_id: Option<MadSendId>,
+    /// For an RMPP transfer (agents registered with RMPP version 1): the
+    /// data of all its segments after the class header, padding removed;
+    /// `mad` is then the first segment.
+    pub rmpp_data: Option<Vec<u8>>,
 }
 
 /// `struct ib_mad_send_wc`.
@@ -630,10 +634,18 @@ pub struct MadCounters {
     /// Receive buffers that came back flushed (the QP is in error); they
     /// are not posted again.
     pub recv_flushed: u64,
+    /// RMPP segments received by RMPP agents.
+    pub rmpp_segments: u64,
+    /// RMPP transfers put together.
+    pub rmpp_completed: u64,
+    /// RMPP segments or transfers dropped (bad, out of order, aborted,
+    /// timed out).
+    pub rmpp_dropped: u64,
 }
 
 struct AgentPriv {
     qp_type: QpType,
+    rmpp_version: u8,
     reg: Option<MadRegReq>,
     hi_tid: u32,
     next_tid: u32,
@@ -705,6 +717,8 @@ pub(crate) struct MadPort {
     by_tid: BTreeSet<(u64, u32)>,
     /// No response deadline falls before this (ns); `u64::MAX` if none.
     next_deadline: u64,
+    /// RMPP transfers being received.
+    pub(crate) rmpp_recvs: Vec<crate::mad_rmpp::RmppRecv>,
     pub(crate) counters: MadCounters,
 }
 
@@ -736,6 +750,7 @@ pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> R
         next_gen: 1,
         by_tid: BTreeSet::new(),
         next_deadline: u64::MAX,
+        rmpp_recvs: Vec::new(),
         counters: MadCounters::default(),
     };
     match port_open_inner(dev, &mut mp, cfg) {
@@ -889,6 +904,13 @@ pub(crate) fn ib_mad_port_close(dev: &mut Device, mut mp: MadPort) {
 impl MadPort {
     pub(crate) fn port(&self) -> u8 {
         self.port
+    }
+
+    fn agent_rmpp(&self, idx: u32) -> bool {
+        self.agents
+            .get(idx as usize)
+            .and_then(|a| a.as_ref())
+            .is_some_and(|a| a.rmpp_version != 0)
     }
 
     fn agent(&mut self, idx: u32) -> Result<&mut AgentPriv> {
@@ -1274,6 +1296,7 @@ fn handle_outgoing_dr_smp(
                     mad: out,
                     port,
                     send_id: expects.then_some(id),
+                    rmpp_data: None,
                 })),
             );
         }
@@ -1291,6 +1314,7 @@ fn handle_outgoing_dr_smp(
                     mad: req,
                     port,
                     send_id: None,
+                    rmpp_data: None,
                 })),
             );
         }
@@ -1416,17 +1440,40 @@ fn ib_mad_recv_one(
             return;
         };
         let id = mp.send_id(send);
-        mp.deliver(
-            cfg,
-            agent,
-            MadEvent::Recv(Box::new(MadRecvWc {
-                wc: *wc,
-                grh,
-                mad: mad.clone(),
-                port,
-                send_id: Some(id),
-            })),
-        );
+        let mut rw = Box::new(MadRecvWc {
+            wc: *wc,
+            grh,
+            mad: mad.clone(),
+            port,
+            send_id: Some(id),
+            rmpp_data: None,
+        });
+        if mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
+            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, Some(id)) {
+                RmppResult::NotRmpp => {}
+                RmppResult::Complete(full) => rw = full,
+                RmppResult::Consumed => {
+                    // A transfer in progress keeps its request alive.
+                    let ms = mp.sends[send as usize]
+                        .as_ref()
+                        .and_then(|s| match s.state {
+                            SendState::WaitResp(_) => Some(s.buf.timeout_ms),
+                            _ => None,
+                        });
+                    if let Some(ms) = ms {
+                        let d = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+                        mp.wait_resp(send, d);
+                    }
+                    return;
+                }
+                RmppResult::Aborted => {
+                    complete_send(dev, mp, cfg, send, WcStatus::RemAbortErr, 0);
+                    return;
+                }
+            }
+        }
+        mp.deliver(cfg, agent, MadEvent::Recv(rw));
         let state = mp.sends[send as usize].as_ref().map(|s| s.state);
         if let Some(SendState::WaitResp(_)) = state {
             complete_send(dev, mp, cfg, send, WcStatus::Success, 0);
@@ -1437,17 +1484,23 @@ fn ib_mad_recv_one(
         return;
     }
     if let Some(agent) = mp.find_request_agent(mad, qpi) {
-        mp.deliver(
-            cfg,
-            agent,
-            MadEvent::Recv(Box::new(MadRecvWc {
-                wc: *wc,
-                grh,
-                mad: mad.clone(),
-                port,
-                send_id: None,
-            })),
-        );
+        let mut rw = Box::new(MadRecvWc {
+            wc: *wc,
+            grh,
+            mad: mad.clone(),
+            port,
+            send_id: None,
+            rmpp_data: None,
+        });
+        if mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
+            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, None) {
+                RmppResult::NotRmpp => {}
+                RmppResult::Complete(full) => rw = full,
+                RmppResult::Consumed | RmppResult::Aborted => return,
+            }
+        }
+        mp.deliver(cfg, agent, MadEvent::Recv(rw));
         return;
     }
     // generate_unmatched_resp: a Get or Set nobody takes is answered.
@@ -1663,7 +1716,12 @@ fn ib_mad_poll_port(
             break;
         }
     }
-    work + timeout_sends(dev, mp, clock, cfg)
+    let rmpp = if mp.rmpp_recvs.is_empty() {
+        0
+    } else {
+        crate::mad_rmpp::rmpp_timeouts(mp, clock.now_ns())
+    };
+    work + timeout_sends(dev, mp, clock, cfg) + rmpp
 }
 
 // ---------------------------------------------------------------------------
@@ -1708,8 +1766,11 @@ impl IbCore {
         rmpp_version: u8,
     ) -> Result<MadAgent> {
         let qpi = qp_index(qp_type).ok_or(Error::Invalid("MAD agents live on QP0 or QP1"))?;
-        if rmpp_version != 0 {
+        if rmpp_version > crate::mad_rmpp::IB_MGMT_RMPP_VERSION {
             return Err(Error::NotSupported);
+        }
+        if rmpp_version != 0 && qpi == 0 {
+            return Err(Error::Invalid("RMPP is for GSI classes"));
         }
         if let Some(r) = &reg_req {
             if r.mgmt_class_version >= MAX_MGMT_VERSION {
@@ -1730,6 +1791,9 @@ impl IbCore {
             );
             if smi != (qpi == 0) {
                 return Err(Error::Invalid("SM classes register on QP0, others on QP1"));
+            }
+            if rmpp_version != 0 && !crate::mad_rmpp::ib_is_mad_class_rmpp(r.mgmt_class) {
+                return Err(Error::Invalid("RMPP on a class that does not use it"));
             }
         }
         self.next_hi_tid = self.next_hi_tid.wrapping_add(1).max(1);
@@ -1752,6 +1816,7 @@ impl IbCore {
             }
             let a = AgentPriv {
                 qp_type,
+                rmpp_version,
                 reg: reg_req,
                 hi_tid,
                 next_tid: 0,
@@ -1801,6 +1866,7 @@ impl IbCore {
                 }
             }
             mp.agents[agent.idx as usize] = None;
+            crate::mad_rmpp::rmpp_forget_agent(mp, agent.idx);
             Ok(())
         })
     }

@@ -72,6 +72,21 @@ fn templates(hi_tid: u32) -> Vec<Mad> {
         0x10,
         0,
     ));
+    // An RMPP request (an SA GetTable in segments) for the RMPP agent.
+    for (seg, flags) in [(1u32, 3u8), (2, 1), (3, 5)] {
+        let mut m = Mad::new_request(class::SUBN_ADM, 2, method::GET_TABLE, 0x35, 0);
+        m.set_tid(0x77);
+        crate::mad_rmpp::RmppHdr {
+            version: 1,
+            rtype: crate::mad_rmpp::rmpp_type::DATA,
+            flags,
+            status: 0,
+            seg_num: seg,
+            paylen_newwin: 100,
+        }
+        .write(&mut m);
+        v.push(m);
+    }
     let mut resp = Mad::new_request(
         class::PERF_MGMT,
         1,
@@ -106,6 +121,16 @@ fn run(iterations: u64, seed: u64) {
     let smi = r
         .core
         .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .unwrap();
+    let rmpp = r
+        .core
+        .ib_register_mad_agent(
+            r.a,
+            1,
+            QpType::Gsi,
+            Some(MadRegReq::new(class::SUBN_ADM, 2, &[method::GET_TABLE])),
+            1,
+        )
         .unwrap();
     let tpl = templates(client.hi_tid);
     let mut send_refused = 0u64;
@@ -216,6 +241,7 @@ fn run(iterations: u64, seed: u64) {
             r.core.poll();
             while let Some(_e) = r.core.ib_mad_poll_agent(client) {}
             while let Some(_e) = r.core.ib_mad_poll_agent(smi) {}
+            while let Some(_e) = r.core.ib_mad_poll_agent(rmpp) {}
             while let Some(e) = r.core.ib_mad_poll_agent(server) {
                 if matches!(e, MadEvent::Recv(_)) {
                     delivered_to_agent += 1;
@@ -242,6 +268,7 @@ fn run(iterations: u64, seed: u64) {
         assert!(c.drop_short > 0 && c.recv_errors > 0 && c.drop_unmatched_response > 0);
         assert!(c.unsupported_replies > 0 && c.process_mad_replies > 0 && delivered_to_agent > 0);
         assert!(send_refused > 0 && c.sent > 0 && c.local_smps > 0);
+        assert!(c.rmpp_segments > 0 && c.rmpp_completed > 0 && c.rmpp_dropped > 0);
     }
     // No receive buffer was lost and no AH leaked.
     {

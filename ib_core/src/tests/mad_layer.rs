@@ -292,9 +292,25 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     );
     assert_eq!(
         r.core
-            .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 1)
+            .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 2)
             .unwrap_err(),
         Error::NotSupported
+    );
+    // RMPP only where the class uses it.
+    assert!(matches!(
+        r.core.ib_register_mad_agent(
+            r.a,
+            1,
+            QpType::Gsi,
+            Some(MadRegReq::new(class::PERF_MGMT, 1, &[method::GET])),
+            1
+        ),
+        Err(Error::Invalid(_))
+    ));
+    assert!(
+        r.core
+            .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 1)
+            .is_err()
     );
     assert_eq!(
         r.core

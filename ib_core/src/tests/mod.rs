@@ -5,6 +5,7 @@ mod clients;
 mod fake;
 mod fuzz;
 mod mad_layer;
+mod rmpp;
 
 use std::sync::Arc;
 use std::time::Duration;
