@@ -859,3 +859,47 @@ fn sends_flushed_by_another_sends_error_are_posted_again() {
     }
     assert_eq!(r.core.mad_counters(r.a, 1).unwrap().retries, 1);
 }
+
+#[test]
+fn each_port_of_a_two_port_hca_has_its_own_mad_layer() {
+    use super::fake::{add_hca, cable, world};
+    let w = world();
+    let two = add_hca(&w, "mlx4_0", 0x100, 2, 1); // LIDs 1 and 2
+    let x = add_hca(&w, "x", 0x200, 1, 30);
+    let y = add_hca(&w, "y", 0x300, 1, 40);
+    cable(&w, (0, 1), (1, 1));
+    cable(&w, (0, 2), (2, 1));
+    let clock = std::sync::Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
+    let mut core = IbCore::new(clock);
+    let d = core.ib_register_device(Box::new(two)).unwrap();
+    core.ib_register_device(Box::new(x)).unwrap();
+    core.ib_register_device(Box::new(y)).unwrap();
+    assert!(core.mad_port_open(d, 1) && core.mad_port_open(d, 2));
+    assert_ne!(
+        core.mad_qp(d, 1, QpType::Gsi),
+        core.mad_qp(d, 2, QpType::Gsi)
+    );
+    // Out of port 2, one hop: the HCA cabled there answers.
+    let m = core
+        .smp_query(d, 2, SmpRoute::Directed(&[2]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &0x300u64.to_be_bytes());
+    let m = core
+        .smp_query(d, 1, SmpRoute::Directed(&[1]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &0x200u64.to_be_bytes());
+    // The first hop must name the port it leaves from.
+    assert!(matches!(
+        core.smp_query(d, 1, SmpRoute::Directed(&[2]), attr::NODE_INFO, 0, WAIT),
+        Err(Error::Invalid(_))
+    ));
+    // The local port's SMA by an empty route, per port.
+    let m = core
+        .smp_query(d, 2, SmpRoute::Directed(&[]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(m.smp_data()[36], 2, "LocalPortNum");
+    assert_eq!(core.mad_counters(d, 2).unwrap().local_smps, 1);
+    assert_eq!(core.mad_counters(d, 1).unwrap().local_smps, 0);
+}
