@@ -379,7 +379,8 @@ impl IbClient for Responder {
                     ag.port,
                     &req.wc,
                     req.grh.as_ref(),
-                );
+                )
+                .unwrap();
                 core.ib_post_send_mad(ag, MadSendBuf::new(resp, ah, req.wc.src_qp))
                     .unwrap();
                 *self.answered.lock().unwrap() += 1;
