@@ -35,6 +35,11 @@
 //!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
 //!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
 //!   front end that wants them on time calls `advance(now)` each step.
+//! * Building a fabric for cx3-emu: [`FabricOptions::parse_arg`] for each
+//!   option, then [`FabricOptions::build`] with the node count; it returns
+//!   a [`Built`] whose `hcas[i]` gives node i's GUID and the [`PortId`]s of
+//!   its ports 1 and 2 (already attached; the HCA keeps them instead of
+//!   calling [`Fabric::attach_hca_port`]).
 //! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
 //!   (or out of a port a rule names); the capture records what crosses
 //!   each cable after the faults (a dropped packet never crossed).
@@ -44,11 +49,13 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod options;
 pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use options::FabricOptions;
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
 
