@@ -311,3 +311,23 @@ fn egress_not_active_is_a_discard() {
     assert!(n.drain(p1).is_empty());
     assert_eq!(n.f.switch(n.sw).unwrap().counters(2).xmit_discards, 1);
 }
+
+#[test]
+fn ingress_in_init_drops_data_but_passes_smps() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // Node 1's switch port back to Init; node 1 sends towards node 0,
+    // whose port stays Active.
+    let r = n.set_switch_port_info(2, |d| d[32] |= 1);
+    assert_eq!(r.data[32] & 0xf, 2);
+    assert!(n.send(p1, data_packet(2, 1, opcode::SEND_ONLY, 0x40, 0, b"x")));
+    assert!(
+        n.drain(p0).is_empty(),
+        "data does not enter through an Init port"
+    );
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).xmit_discards, 0);
+    // SMPs still do.
+    let r = n.dr(1, &[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert_eq!(r.data[36], 2, "LocalPortNum 2");
+}

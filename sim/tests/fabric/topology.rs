@@ -64,3 +64,26 @@ Hca 2 \"H2\"
     let s1p3 = f.switch_port(b.switches[0].1, 3).unwrap();
     assert_eq!(f.peer(s1p3), f.switch_port(b.switches[1].1, 3));
 }
+
+#[test]
+fn a_fabric_can_be_shared_between_threads() {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<sim::fabric::SharedFabric>();
+    let shared = Fabric::shared();
+    let b = Topology::back_to_back()
+        .build(&mut shared.lock().unwrap())
+        .unwrap();
+    let t = std::thread::spawn({
+        let s = shared.clone();
+        move || {
+            s.lock()
+                .unwrap()
+                .set_enabled(b.hca_port(1, 1).unwrap(), true)
+                .unwrap()
+        }
+    });
+    t.join().unwrap();
+    let mut f = shared.lock().unwrap();
+    f.set_enabled(b.hca_port(0, 1).unwrap(), true).unwrap();
+    assert!(f.link_up(b.hca_port(0, 1).unwrap()));
+}
