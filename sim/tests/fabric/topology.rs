@@ -73,17 +73,12 @@ fn a_fabric_can_be_shared_between_threads() {
     let b = Topology::back_to_back()
         .build(&mut shared.lock().unwrap())
         .unwrap();
-    let t = std::thread::spawn({
-        let s = shared.clone();
-        move || {
-            s.lock()
-                .unwrap()
-                .set_enabled(b.hca_port(1, 1).unwrap(), true)
-                .unwrap()
-        }
-    });
-    t.join().unwrap();
+    let (a, c) = (b.hca_port(0, 1).unwrap(), b.hca_port(1, 1).unwrap());
+    let s = shared.clone();
+    std::thread::spawn(move || s.lock().unwrap().set_enabled(c, true).unwrap())
+        .join()
+        .unwrap();
     let mut f = shared.lock().unwrap();
-    f.set_enabled(b.hca_port(0, 1).unwrap(), true).unwrap();
-    assert!(f.link_up(b.hca_port(0, 1).unwrap()));
+    f.set_enabled(a, true).unwrap();
+    assert!(f.link_up(a));
 }
