@@ -447,6 +447,11 @@ impl Fabric {
             .is_some_and(|fp| fp.inbound.len() >= MAX_INBOUND)
         {
             self.stats.queue_full += 1;
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.count_xmit_discard(port);
+            }
             return false;
         }
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));

@@ -23,12 +23,14 @@
 //!
 //! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet
 //! received (data in 4-byte words, LRH to ICRC), PortXmitPkts/Data for
-//! every packet sent; a bad VCRC or a malformed packet counts
-//! PortRcvErrors; an unknown or unroutable DLID counts
+//! every packet sent; a bad VCRC, a wrong LRH length, a VL15 packet that
+//! is not an SMP or a permissive DLID off VL15 counts PortRcvErrors (a
+//! switch reads only the LRH and VCRC of a packet it forwards, so other
+//! transport-level faults reach the receiving HCA); an unknown or unroutable DLID counts
 //! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards
 //! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
 //! VL15Dropped; a packet whose egress link is down or not Active counts
-//! PortXmitDiscards; a link going down counts LinkDownedCounter on the
+//! PortXmitDiscards (so does a full queue at the far end); a link going down counts LinkDownedCounter on the
 //! switch port.
 
 use super::Packet;
@@ -337,35 +339,43 @@ impl Switch {
             c.rcv_pkts += 1;
             c.rcv_data += words(pkt.bytes.len());
         }
-        // Link level: the VCRC is checked at every hop.
-        let parsed = match packet::parse(&pkt.bytes).and_then(|p| {
-            packet::check_vcrc(&pkt.bytes)?;
-            Ok(p)
-        }) {
-            Ok(p) => p,
+        // Link level, at every hop: LRH version, packet length, VCRC. A
+        // switch reads no further to forward a packet.
+        let lrh = match link_check(&pkt.bytes) {
+            Ok(l) => l,
             Err(_) => {
                 self.ingress(in_port).rcv_errors += 1;
-                return Action::Drop("malformed packet or bad VCRC");
+                return Action::Drop("malformed link packet or bad VCRC");
             }
         };
-        let h = parsed.hdr;
-        let smp = h.lrh.vl == 15;
-        if smp != (h.bth.dest_qp == 0) || (smp && h.deth.is_none()) {
-            // VL15 carries SMPs to QP0 only, and SMPs travel on VL15 only.
-            self.ingress(in_port).rcv_errors += 1;
-            return Action::Drop("VL15 and QP0 disagree");
-        }
-        if smp {
+        if lrh.vl == 15 {
+            // VL15 carries SMPs to QP0 only.
+            let parsed = match packet::parse(&pkt.bytes) {
+                Ok(p) if p.hdr.bth.dest_qp == 0 && p.hdr.deth.is_some() => p,
+                _ => {
+                    self.ingress(in_port).rcv_errors += 1;
+                    return Action::Drop("VL15 packet that is not an SMP");
+                }
+            };
             return self.receive_smp(in_port, &pkt.bytes, &parsed);
+        }
+        if lrh.dlid == PERMISSIVE_LID {
+            // The permissive LID is for SMPs on VL15 only.
+            self.ingress(in_port).rcv_errors += 1;
+            return Action::Drop("permissive DLID off VL15");
         }
         let st = self.ports[usize::from(in_port)].state;
         if !matches!(st, LogicalState::Armed | LogicalState::Active) {
             return Action::Drop("data packet on a port that is not Armed or Active");
         }
-        if self.is_own_lid(h.lrh.dlid) {
+        if self.is_own_lid(lrh.dlid) {
+            let Ok(parsed) = packet::parse(&pkt.bytes) else {
+                self.ingress(in_port).rcv_errors += 1;
+                return Action::Drop("malformed packet for the switch");
+            };
             return self.receive_gmp(in_port, &pkt.bytes, &parsed);
         }
-        match self.route(h.lrh.dlid) {
+        match self.route(lrh.dlid) {
             Some(0) | None => {
                 self.ingress(in_port).rcv_switch_relay_errors += 1;
                 Action::Drop("unknown DLID")
@@ -904,6 +914,24 @@ impl Switch {
             _ => mad_status::ATTR_UNSUPPORTED,
         }
     }
+}
+
+/// The link-level checks of a received packet: LRH LVer 0, PktLen equal
+/// to the bytes present, VCRC.
+fn link_check(b: &[u8]) -> Result<Lrh, packet::PacketError> {
+    let lrh = Lrh::parse(b)?;
+    if lrh.lver != 0 {
+        return Err(packet::PacketError::BadLver(lrh.lver));
+    }
+    let body = b.len().saturating_sub(packet::VCRC_LEN);
+    if usize::from(lrh.pkt_len) * 4 != body || b.len() > packet::MAX_PACKET {
+        return Err(packet::PacketError::BadPktLen {
+            words: lrh.pkt_len,
+            bytes: body,
+        });
+    }
+    packet::check_vcrc(b)?;
+    Ok(lrh)
 }
 
 fn words(len: usize) -> u64 {

@@ -331,3 +331,26 @@ fn ingress_in_init_drops_data_but_passes_smps() {
     let r = n.dr(1, &[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
     assert_eq!(r.data[36], 2, "LocalPortNum 2");
 }
+
+#[test]
+fn switch_forwards_by_the_lrh_alone() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // An RD opcode the model's HCA would refuse: the switch does not look.
+    let mut b = data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"reliable datagram?");
+    b[8] = 0x44;
+    packet::reseal(&mut b).unwrap();
+    assert!(n.send(p0, b.clone()));
+    assert_eq!(
+        n.drain(p1).into_iter().map(|p| p.bytes).collect::<Vec<_>>(),
+        [b]
+    );
+    // A wrong PktLen is a link error.
+    let mut b = data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"x");
+    b[5] += 1;
+    packet::reseal_vcrc(&mut b).unwrap();
+    assert!(n.send(p0, b));
+    assert!(n.drain(p1).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).rcv_errors, 1);
+}
