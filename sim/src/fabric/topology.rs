@@ -591,6 +591,37 @@ Hca	2 "H2"
         }
     }
 
+    /// What `ibnetdiscover` writes (ibsim reads the same).
+    #[test]
+    fn netfile_ibnetdiscover_output() {
+        let text = "\
+vendid=0x2c9
+devid=0xc738
+sysimgguid=0x2c90000000100
+switchguid=0x2c90000000100(2c90000000100)
+Switch\t8 \"S-0002c90000000100\"\t\t# \"Sw1\" base port 0 lid 2 lmc 0
+[1]\t\"H-0002c90300000010\"[1](2c90300000011) \t\t# \"H1\" lid 1 4xSDR
+
+vendid=0x2c9
+devid=0x1003
+sysimgguid=0x2c90300000010
+caguid=0x2c90300000010
+Ca\t1 \"H-0002c90300000010\"\t\t# \"H1\"
+[1](2c90300000011) \t\"S-0002c90000000100\"[1]\t\t# lid 1 lmc 0 \"Sw1\" lid 2 4xSDR
+";
+        let t = Topology::from_netfile(text).unwrap();
+        assert_eq!(t.nodes[0].node_guid, 0x2c9_0000_0001_00);
+        assert_eq!(t.nodes[1].node_guid, 0x2c9_0300_0000_10);
+        assert_eq!(t.nodes[1].device_id, 0x1003);
+        assert_eq!(
+            t.links,
+            [LinkSpec {
+                a: (0, 1),
+                b: (1, 1)
+            }]
+        );
+    }
+
     #[test]
     fn for_nodes_limits() {
         assert!(Topology::for_nodes(0).is_err());
