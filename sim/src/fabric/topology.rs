@@ -610,8 +610,8 @@ Ca\t1 \"H-0002c90300000010\"\t\t# \"H1\"
 [1](2c90300000011) \t\"S-0002c90000000100\"[1]\t\t# lid 1 lmc 0 \"Sw1\" lid 2 4xSDR
 ";
         let t = Topology::from_netfile(text).unwrap();
-        assert_eq!(t.nodes[0].node_guid, 0x2c9_0000_0001_00);
-        assert_eq!(t.nodes[1].node_guid, 0x2c9_0300_0000_10);
+        assert_eq!(t.nodes[0].node_guid, 0x0002_c900_0000_0100);
+        assert_eq!(t.nodes[1].node_guid, 0x0002_c903_0000_0010);
         assert_eq!(t.nodes[1].device_id, 0x1003);
         assert_eq!(
             t.links,
