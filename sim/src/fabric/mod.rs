@@ -490,7 +490,11 @@ impl Fabric {
             Direction::BtoA
         };
         let link = self.ports.get(&from).map_or(0, |fp| fp.link);
-        let name = format!("{} <-> {}", self.port_name(a), self.port_name(b));
+        let name = if self.capture.as_ref().is_some_and(|c| c.knows(link)) {
+            String::new()
+        } else {
+            format!("{} <-> {}", self.port_name(a), self.port_name(b))
+        };
         if let Some(c) = self.capture.as_mut() {
             c.record(link, &name, dir, now_ns, bytes);
         }

@@ -82,3 +82,55 @@ fn a_fabric_can_be_shared_between_threads() {
     f.set_enabled(a, true).unwrap();
     assert!(f.link_up(a));
 }
+
+#[test]
+fn directed_route_across_two_switches() {
+    use sim::packet::{self, Smp, attr, method};
+    let text = "\
+Switch 8 \"S1\"
+[1] \"H1\"[1]
+[3] \"S2\"[5]
+
+Switch 8 \"S2\"
+[5] \"S1\"[3]
+
+Hca 2 \"H1\"
+[1] \"S1\"[1]
+";
+    let mut f = Fabric::new();
+    let b = Topology::from_netfile(text).unwrap().build(&mut f).unwrap();
+    let h = b.hca_port(0, 1).unwrap();
+    f.set_enabled(h, true).unwrap();
+    // H1 port 1 -> S1, out of S1 port 3 -> S2 (arrives on its port 5).
+    let mut smp = Smp::dr_get(0x42, attr::NODE_INFO, 0, &[1, 3]).unwrap();
+    smp.hop_ptr = 1;
+    let hdr = packet::mad_headers(0xffff, 0xffff, 0, 0, 0xffff);
+    assert!(f.transmit(
+        h,
+        sim::fabric::Packet {
+            bytes: packet::build(&hdr, &smp.to_bytes()).unwrap()
+        },
+        0
+    ));
+    for t in 0..4 {
+        f.advance(t);
+    }
+    let got = f.receive(h, 4).expect("the answer came back over two hops");
+    let r = Smp::parse(
+        packet::parse_checked(&got.bytes)
+            .unwrap()
+            .payload(&got.bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        (r.hdr.method, r.direction, r.hop_ptr),
+        (method::GET_RESP, true, 1)
+    );
+    assert_eq!(&r.return_path[1..3], &[1, 5], "ingress ports of S1 and S2");
+    assert_eq!(
+        &r.data[12..20],
+        &sim::fabric::topology::switch_guid(1).to_be_bytes(),
+        "S2 answered"
+    );
+    assert_eq!(r.data[36], 5, "LocalPortNum at S2");
+}
