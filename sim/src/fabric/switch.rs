@@ -5,7 +5,8 @@
 //! SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9 and C14-13),
 //! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
 //! PortCounters, PortCountersExtended) per port; multicast forwarding,
-//! SL-to-VL mapping, VL arbitration, random forwarding tables, traps,
+//! SL-to-VL mapping and VL arbitration (their tables are kept and
+//! reported, not applied), random forwarding tables, traps,
 //! partition enforcement on external ports and the LID-routed parts of
 //! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
 //!
@@ -160,6 +161,10 @@ pub struct Switch {
     lft: Vec<u8>,
     lft_top: u16,
     pkeys: [u16; PKEY_CAP],
+    /// SLtoVLMappingTable per (input port, output port), as written.
+    sl2vl: std::collections::BTreeMap<(u8, u8), [u8; 8]>,
+    /// VLArbitrationTable blocks 1-4 per port, as written.
+    vlarb: std::collections::BTreeMap<(u8, u8), [u8; 64]>,
     port_state_change: bool,
     life_time: u8,
     // Port 0's subnet attributes.
@@ -193,6 +198,8 @@ impl Switch {
             lft: vec![LFT_NONE; LFT_CAP],
             lft_top: 0,
             pkeys,
+            sl2vl: std::collections::BTreeMap::new(),
+            vlarb: std::collections::BTreeMap::new(),
             port_state_change: false,
             life_time: 0x12,
             lid: 0,
@@ -644,6 +651,31 @@ impl Switch {
                 for (k, e) in self.pkeys.iter().enumerate() {
                     out[2 * k..2 * k + 2].copy_from_slice(&e.to_be_bytes());
                 }
+            }
+            (attr::SL_TO_VL_TABLE, _) => {
+                // Kept and reported; forwarding does not remap VLs.
+                let (inp, outp) = (((m >> 8) & 0xff) as u8, (m & 0xff) as u8);
+                if inp > self.nports() || outp > self.nports() || m >> 16 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                let e = self.sl2vl.entry((inp, outp)).or_insert([0; 8]);
+                if set {
+                    e.copy_from_slice(&d[..8]);
+                }
+                out.fill(0);
+                out[..8].copy_from_slice(e);
+            }
+            (attr::VL_ARB_TABLE, _) => {
+                // Kept and reported; there is no arbitration to apply.
+                let (block, port) = ((m >> 16) as u8, (m & 0xff) as u8);
+                if !(1..=4).contains(&block) || port > self.nports() {
+                    return mad_status::INVALID_FIELD;
+                }
+                let e = self.vlarb.entry((port, block)).or_insert([0; 64]);
+                if set {
+                    e.copy_from_slice(d);
+                }
+                out.copy_from_slice(e);
             }
             (attr::LINEAR_FORWARDING_TABLE, _) => {
                 let block = m as usize;

@@ -354,3 +354,97 @@ fn switch_forwards_by_the_lrh_alone() {
     assert!(n.drain(p1).is_empty());
     assert_eq!(n.f.switch(n.sw).unwrap().counters(1).rcv_errors, 1);
 }
+
+#[test]
+fn sl2vl_and_vlarb_tables_are_kept() {
+    let mut n = Net::star(2);
+    let mut d = [0u8; 64];
+    d[..8].copy_from_slice(&[0x01, 0x23, 0x45, 0x67, 0, 0, 0, 0]);
+    let r = n.dr(0, &[1], method::SET, attr::SL_TO_VL_TABLE, 1 << 8 | 2, &d);
+    assert_eq!((r.hdr.status, &r.data[..4]), (0, &d[..4]));
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::SL_TO_VL_TABLE,
+        1 << 8 | 2,
+        &[0; 64],
+    );
+    assert_eq!(&r.data[..4], &d[..4]);
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::SL_TO_VL_TABLE,
+        2 << 8 | 1,
+        &[0; 64],
+    );
+    assert_eq!(&r.data[..4], &[0; 4], "another port pair");
+    let r = n.dr(
+        0,
+        &[1],
+        method::SET,
+        attr::VL_ARB_TABLE,
+        1 << 16 | 2,
+        &[3; 64],
+    );
+    assert_eq!((r.hdr.status, r.data), (0, [3; 64]));
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::VL_ARB_TABLE,
+        5 << 16 | 2,
+        &[0; 64],
+    );
+    assert_eq!(r.hdr.status, mad_status::INVALID_FIELD, "blocks 1-4 only");
+}
+
+#[test]
+fn data_across_two_switches_of_a_net_file() {
+    use sim::fabric::{Fabric, Packet, Topology};
+    let text = "\
+Switch 8 \"S1\"
+[1] \"H1\"[1]
+[3] \"S2\"[5]
+
+Switch 8 \"S2\"
+[5] \"S1\"[3]
+[2] \"H2\"[1]
+
+Hca 2 \"H1\"
+[1] \"S1\"[1]
+
+Hca 2 \"H2\"
+[1] \"S2\"[2]
+";
+    let mut f = Fabric::new();
+    let b = Topology::from_netfile(text).unwrap().build(&mut f).unwrap();
+    let (h1, h2) = (b.hca_port(0, 1).unwrap(), b.hca_port(1, 1).unwrap());
+    f.set_enabled(h1, true).unwrap();
+    f.set_enabled(h2, true).unwrap();
+    let (s1, s2) = (b.switches[0].1, b.switches[1].1);
+    f.switch_mut(s1).unwrap().configure(3, &[(1, 1), (2, 3)]);
+    f.switch_mut(s2).unwrap().configure(4, &[(1, 5), (2, 2)]);
+    let bytes = data_packet(1, 2, opcode::RDMA_WRITE_ONLY, 0x40, 9, &[9; 100]);
+    assert!(f.transmit(
+        h1,
+        Packet {
+            bytes: bytes.clone()
+        },
+        0
+    ));
+    f.advance(10);
+    assert_eq!(f.receive(h2, 10).map(|p| p.bytes), Some(bytes));
+    let back = data_packet(2, 1, opcode::ACKNOWLEDGE, 0x41, 9, &[]);
+    assert!(f.transmit(
+        h2,
+        Packet {
+            bytes: back.clone()
+        },
+        20
+    ));
+    assert_eq!(f.receive(h1, 30).map(|p| p.bytes), Some(back));
+    assert_eq!(f.switch(s1).unwrap().counters(3).xmit_pkts, 1);
+    assert_eq!(f.switch(s2).unwrap().counters(5).rcv_pkts, 1);
+}
