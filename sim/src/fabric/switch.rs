@@ -858,9 +858,14 @@ impl Switch {
         rh.status = status;
         rh.write(&mut r);
         let dest = p.hdr.lrh.slid;
+        // The response goes where the LFT says, like every packet the
+        // switch sends by LID.
         let e = match self.route(dest) {
             Some(e) if e != 0 => e,
-            _ => in_port,
+            _ => {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                return Action::Drop("no route back to the requester");
+            }
         };
         let h = Headers {
             lrh: Lrh {
