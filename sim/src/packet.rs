@@ -19,10 +19,13 @@
 //! CRCs (IBTA 7.8):
 //! * ICRC: CRC-32 (the Ethernet polynomial 0x04C11DB7, reflected, initial
 //!   value all ones, result complemented) over LRH..payload+pad with the
-//!   variant fields replaced by ones: LRH VL, GRH TClass, FlowLabel and
-//!   HopLmt, BTH byte 4 (Resv8a, which holds FECN/BECN). Stored least
-//!   significant byte first (the same bytes zlib's `crc32` gives
-//!   little-endian).
+//!   variant fields replaced by ones: LRH VL in a local packet, the whole
+//!   LRH in a global one (a router rewrites it; this is why RoCE, which
+//!   has no LRH, takes 8 bytes of ones instead, and why Linux rxe starts
+//!   from 0xdebb20e3, the CRC state after those 8 bytes), GRH TClass,
+//!   FlowLabel and HopLmt, BTH byte 4 (Resv8a, which holds FECN/BECN).
+//!   Stored least significant byte first (the same bytes zlib's `crc32`
+//!   gives little-endian).
 //! * VCRC: CRC-16 (polynomial 0x100B, reflected, initial value all ones,
 //!   result complemented) over LRH..ICRC. Stored least significant byte
 //!   first like the ICRC; no tool here cross-checks its byte order (tshark
@@ -1087,7 +1090,10 @@ pub fn icrc(b: &[u8]) -> u32 {
     let global = b.len() >= 2 && b[1] & 3 == lnh::IBA_GLOBAL;
     let hlen = (LRH_LEN + if global { GRH_LEN } else { 0 } + BTH_LEN).min(b.len());
     h[..hlen].copy_from_slice(&b[..hlen]);
-    if hlen > 0 {
+    if global {
+        // The whole LRH is variant in a packet with a GRH.
+        h[..LRH_LEN.min(hlen)].fill(0xff);
+    } else if hlen > 0 {
         h[0] |= 0xf0; // VL
     }
     let bth = if global {
@@ -1563,6 +1569,39 @@ mod tests {
         assert_eq!(b.len(), 48 + 4 + 2);
     }
 
+    /// A global packet's ICRC equals the RoCE computation: Linux rxe
+    /// starts from 0xdebb20e3, the CRC-32 state after 8 bytes of ones
+    /// standing for the LRH, then takes the masked GRH and BTH.
+    #[test]
+    fn global_icrc_is_the_roce_one() {
+        assert_eq!(crc32_update(!0, &[0xff; 8]), 0xdebb_20e3);
+        let mut h = mad_headers(5, 6, 1, 1, 0xffff);
+        h.lrh.vl = 2;
+        h.lrh.sl = 3;
+        h.grh = Some(Grh {
+            ip_ver: 6,
+            tclass: 0x21,
+            flow_label: 0x12345,
+            nxt_hdr: GRH_NXT_HDR_IBA,
+            hop_lmt: 9,
+            sgid: [7; 16],
+            dgid: [8; 16],
+            ..Grh::default()
+        });
+        let b = build(&h, &[0x42u8; 256]).unwrap();
+        let end = b.len() - ICRC_LEN - VCRC_LEN;
+        let mut g = b[LRH_LEN..end].to_vec();
+        g[0] |= 0x0f;
+        g[1..4].fill(0xff);
+        g[7] = 0xff;
+        g[GRH_LEN + 4] = 0xff;
+        let roce = !crc32_update(0xdebb_20e3, &g);
+        assert_eq!(
+            u32::from_le_bytes(b[end..end + 4].try_into().unwrap()),
+            roce
+        );
+    }
+
     #[test]
     fn icrc_ignores_variant_fields_only() {
         let mut h = mad_headers(5, 6, 1, 1, 0xffff);
@@ -1575,6 +1614,8 @@ mod tests {
         let base = build(&h, &[0u8; 256]).unwrap();
         let mut v = base.clone();
         v[0] ^= 0xf0; // VL
+        v[1] ^= 0xf0; // SL: with a GRH the whole LRH is variant
+        v[3] ^= 0xff; // DLID
         v[8] ^= 0x0f; // TClass
         v[9] ^= 0xff; // TClass/FlowLabel
         v[15] ^= 0xff; // HopLmt
@@ -1583,13 +1624,28 @@ mod tests {
         assert!(matches!(check_crcs(&v), Err(PacketError::BadVcrc { .. })));
         reseal_vcrc(&mut v).unwrap();
         assert_eq!(check_crcs(&v), Ok(()));
-        for i in [1usize, 3, 7, 12, 20, 48, 60, 100] {
+        for i in [12usize, 20, 30, 48, 60, 100] {
             let mut w = base.clone();
             w[i] ^= 1;
             reseal_vcrc(&mut w).unwrap();
             assert!(
                 matches!(check_crcs(&w), Err(PacketError::BadIcrc { .. })),
                 "byte {i} is invariant"
+            );
+        }
+        // Without a GRH only the VL of the LRH is variant.
+        let local = build(&mad_headers(5, 6, 1, 1, 0xffff), &[0u8; 256]).unwrap();
+        let mut v = local.clone();
+        v[0] ^= 0xf0;
+        reseal_vcrc(&mut v).unwrap();
+        assert_eq!(check_crcs(&v), Ok(()), "VL");
+        for i in [1usize, 3, 5, 7] {
+            let mut w = local.clone();
+            w[i] ^= 1;
+            reseal_vcrc(&mut w).unwrap();
+            assert!(
+                matches!(check_crcs(&w), Err(PacketError::BadIcrc { .. })),
+                "LRH byte {i} is invariant in a local packet"
             );
         }
     }
