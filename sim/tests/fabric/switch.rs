@@ -448,3 +448,38 @@ Hca 2 \"H2\"
     assert_eq!(f.switch(s1).unwrap().counters(3).xmit_pkts, 1);
     assert_eq!(f.switch(s2).unwrap().counters(5).rcv_pkts, 1);
 }
+
+#[test]
+fn m_key_protects_the_switch_sma() {
+    let mut n = Net::star(1);
+    let p0 = n.port(0);
+    let r = n.set_switch_port_info(0, |d| {
+        d[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+        d[34] |= 2 << 6; // protect bits 2: Gets need the key too
+    });
+    assert_eq!(r.hdr.status, 0);
+    // Without the key: silently dropped.
+    let (_, bytes) = n.dr_packet(&[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert!(n.send(p0, bytes));
+    assert!(n.drain(p0).is_empty(), "no answer without the M_Key");
+    // With it: answered.
+    let (_, bytes) = n.dr_packet(&[1], method::GET, attr::PORT_INFO, 0, &[0; 64]);
+    let mut b = bytes;
+    let mad = 8 + 12 + 8;
+    b[mad + 24..mad + 32].copy_from_slice(&0x1234u64.to_be_bytes());
+    packet::reseal(&mut b).unwrap();
+    assert!(n.send(p0, b));
+    let got = n.drain(p0);
+    assert_eq!(got.len(), 1);
+    let r = Smp::parse(
+        packet::parse_checked(&got[0].bytes)
+            .unwrap()
+            .payload(&got[0].bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        u16::from_be_bytes([r.data[44], r.data[45]]),
+        1,
+        "M_KeyViolations counted"
+    );
+}
