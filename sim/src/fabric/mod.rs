@@ -535,26 +535,26 @@ impl Fabric {
         }
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
-            let Some(&sp) = self.switch_work.front() else {
+            // The first waiting switch port whose head packet is due (a
+            // packet delayed on one cable does not hold up the others);
+            // entries of emptied queues (a pulled cable) go too.
+            let ports = &self.ports;
+            let pos = self.switch_work.iter().position(|sp| {
+                ports
+                    .get(sp)
+                    .is_none_or(|fp| fp.inbound.front().is_none_or(|f| f.due <= now_ns))
+            });
+            let Some(sp) = pos.and_then(|i| self.switch_work.remove(i)) else {
                 break;
             };
-            let Some(fp) = self.ports.get_mut(&sp) else {
-                self.switch_work.pop_front();
+            let Some(f) = self
+                .ports
+                .get_mut(&sp)
+                .and_then(|fp| fp.inbound.pop_front())
+            else {
                 continue;
             };
-            let Some(front) = fp.inbound.front() else {
-                // Lost with a pulled cable.
-                self.switch_work.pop_front();
-                continue;
-            };
-            if front.due > now_ns {
-                break;
-            }
-            self.switch_work.pop_front();
             budget -= 1;
-            let Some(f) = fp.inbound.pop_front() else {
-                continue;
-            };
             let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
                 continue;
             };
