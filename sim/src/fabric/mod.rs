@@ -605,6 +605,83 @@ impl Fabric {
         }
     }
 
+    /// Programs every switch as an SM's min-hop routing would, without
+    /// SMPs: switch j gets LID `first_switch_lid + j`, every switch an LFT
+    /// entry for each `(HCA port, LID)` in `hca_lids` and for every switch
+    /// LID along a shortest path over links that are up, and its cabled
+    /// ports Active. A stand-in for tests and for running without an SM;
+    /// HCA ports are not touched (their SMA moves them). Returns the
+    /// switch LIDs.
+    pub fn route_min_hop(
+        &mut self,
+        hca_lids: &[(PortId, u16)],
+        first_switch_lid: u16,
+    ) -> Result<Vec<u16>, String> {
+        let nsw = self.switches.len();
+        let sw_lids: Vec<u16> = (0..nsw)
+            .map(|j| {
+                first_switch_lid
+                    .checked_add(j as u16)
+                    .filter(|l| *l != 0 && *l < 0xc000)
+            })
+            .collect::<Option<_>>()
+            .ok_or("switch LIDs out of the unicast range")?;
+        for (p, l) in hca_lids {
+            if *l == 0 || *l >= 0xc000 {
+                return Err(format!("LID {l:#x} of port {} is not unicast", p.0));
+            }
+            if sw_lids.contains(l) || hca_lids.iter().filter(|(_, m)| m == l).count() > 1 {
+                return Err(format!("LID {l} given twice"));
+            }
+        }
+        // Switch-to-switch cables that are up: (switch, its port) -> (switch, its port).
+        let peer_switch = |f: &Fabric, s: usize, port: u8| -> Option<(usize, u8)> {
+            let fp = f.switch_port(SwitchId(s), port)?;
+            if !f.link_up(fp) {
+                return None;
+            }
+            match f.owner(f.peer(fp)?)? {
+                Owner::Switch { switch, port } => Some((switch.0, port)),
+                Owner::Hca { .. } => None,
+            }
+        };
+        let mut routes: Vec<Vec<(u16, u8)>> = vec![Vec::new(); nsw];
+        // Destinations: (LID, the switch next to it, the port there).
+        let mut dests: Vec<(u16, usize, u8)> = Vec::new();
+        for &(p, l) in hca_lids {
+            if let Some(Owner::Switch { switch, port }) = self.peer(p).and_then(|q| self.owner(q))
+                && self.link_up(p)
+            {
+                dests.push((l, switch.0, port));
+            }
+        }
+        for (j, l) in sw_lids.iter().enumerate() {
+            dests.push((*l, j, 0));
+        }
+        for (lid, s0, port0) in dests {
+            let mut seen = vec![false; nsw];
+            seen[s0] = true;
+            routes[s0].push((lid, port0));
+            let mut q = VecDeque::from([s0]);
+            while let Some(s) = q.pop_front() {
+                let n = self.switches[s].0.nports();
+                for port in 1..=n {
+                    if let Some((t, tport)) = peer_switch(self, s, port)
+                        && !seen[t]
+                    {
+                        seen[t] = true;
+                        routes[t].push((lid, tport));
+                        q.push_back(t);
+                    }
+                }
+            }
+        }
+        for (j, r) in routes.iter().enumerate() {
+            self.switches[j].0.configure(sw_lids[j], r);
+        }
+        Ok(sw_lids)
+    }
+
     fn port_mut(&mut self, p: PortId) -> &mut FabPort {
         // Callers checked that `p` exists; a missing port is a model bug
         // that must not take the process down, so it gets a scratch port.

@@ -134,3 +134,78 @@ Hca 2 \"H1\"
     );
     assert_eq!(r.data[36], 5, "LocalPortNum at S2");
 }
+
+#[test]
+fn min_hop_routing_across_a_ring_of_switches() {
+    use sim::fabric::Packet;
+    use sim::packet::{self, Headers, opcode};
+    // Three switches in a ring, an HCA on each.
+    let text = "\
+Switch 8 \"A\"
+[1] \"H0\"[1]
+[2] \"B\"[3]
+[3] \"C\"[2]
+
+Switch 8 \"B\"
+[1] \"H1\"[1]
+[3] \"A\"[2]
+[2] \"C\"[3]
+
+Switch 8 \"C\"
+[1] \"H2\"[1]
+[2] \"A\"[3]
+[3] \"B\"[2]
+
+Hca 1 \"H0\"
+[1] \"A\"[1]
+Hca 1 \"H1\"
+[1] \"B\"[1]
+Hca 1 \"H2\"
+[1] \"C\"[1]
+";
+    let mut f = Fabric::new();
+    let b = Topology::from_netfile(text).unwrap().build(&mut f).unwrap();
+    let ports: Vec<_> = (0..3).map(|i| b.hca_port(i, 1).unwrap()).collect();
+    for p in &ports {
+        f.set_enabled(*p, true).unwrap();
+    }
+    let lids: Vec<_> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (*p, i as u16 + 1))
+        .collect();
+    let sw = f.route_min_hop(&lids, 100).unwrap();
+    assert_eq!(sw, [100, 101, 102]);
+    // One hop between any two switches: A sends LID 2 (H1, on B) to port 2.
+    assert_eq!(f.switch(b.switches[0].1).unwrap().lft(2), 2);
+    assert_eq!(
+        f.switch(b.switches[0].1).unwrap().lft(101),
+        2,
+        "to switch B"
+    );
+    assert_eq!(f.switch(b.switches[1].1).unwrap().lft(101), 0, "B itself");
+    for (from, to) in [(0usize, 1usize), (1, 2), (2, 0), (0, 2)] {
+        let mut h = Headers::for_opcode(opcode::SEND_ONLY).unwrap();
+        h.lrh.slid = from as u16 + 1;
+        h.lrh.dlid = to as u16 + 1;
+        let bytes = packet::build(&h, b"ring").unwrap();
+        assert!(f.transmit(
+            ports[from],
+            Packet {
+                bytes: bytes.clone()
+            },
+            0
+        ));
+        f.advance(1);
+        assert_eq!(
+            f.receive(ports[to], 1).map(|p| p.bytes),
+            Some(bytes),
+            "{from} -> {to}"
+        );
+    }
+    assert!(
+        f.route_min_hop(&[(ports[0], 1), (ports[1], 1)], 100)
+            .is_err(),
+        "LID twice"
+    );
+}
