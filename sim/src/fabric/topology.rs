@@ -217,16 +217,43 @@ impl Topology {
         self.nodes.iter().filter(|n| n.kind == NodeKind::Hca)
     }
 
-    /// Adds the nodes and cables to `fabric`.
+    /// Adds the nodes and cables to `fabric`, attaching both ports of every
+    /// HCA.
     pub fn build(&self, fabric: &mut Fabric) -> Result<Built, TopologyError> {
+        self.build_with(fabric, |f, _, n, port| {
+            Ok(f.attach_hca_port(n.node_guid, port))
+        })
+    }
+
+    /// The same, with the HCA ports given by `hca_port(fabric, HCA index,
+    /// node, port)`: for HCAs that attached their ports themselves
+    /// ([`Fabric::attach_hca_port`]) before the topology was laid.
+    pub fn build_with(
+        &self,
+        fabric: &mut Fabric,
+        mut hca_port: impl FnMut(&mut Fabric, usize, &NodeSpec, u8) -> Result<PortId, TopologyError>,
+    ) -> Result<Built, TopologyError> {
         let mut built = Built::default();
         // Fabric ports by node index: HCA ports 1,2 or switch ports.
         let mut where_: Vec<Result<usize, SwitchId>> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
             match n.kind {
                 NodeKind::Hca => {
-                    let p1 = fabric.attach_hca_port(n.node_guid, 1);
-                    let p2 = fabric.attach_hca_port(n.node_guid, 2);
+                    let i = built.hcas.len();
+                    let p1 = hca_port(fabric, i, n, 1)?;
+                    let p2 = hca_port(fabric, i, n, 2)?;
+                    for (p, want) in [(p1, 1), (p2, 2)] {
+                        match fabric.owner(p) {
+                            Some(super::Owner::Hca { node_guid, port })
+                                if node_guid == n.node_guid && port == want => {}
+                            _ => {
+                                return Err(TopologyError(format!(
+                                    "\"{}\" port {want}: fabric port {} is not port {want} of node GUID {:#018x}",
+                                    n.name, p.0, n.node_guid
+                                )));
+                            }
+                        }
+                    }
                     fabric.set_port_name(p1, &format!("{}/1", n.name));
                     fabric.set_port_name(p2, &format!("{}/2", n.name));
                     built.hcas.push(BuiltHca {

@@ -209,3 +209,29 @@ Hca 1 \"H2\"
         "LID twice"
     );
 }
+
+#[test]
+fn build_with_ports_the_hcas_attached_themselves() {
+    let t = Topology::for_nodes(2).unwrap();
+    let mut f = Fabric::new();
+    // The HCAs came first and attached their ports.
+    let mine: Vec<[sim::fabric::PortId; 2]> = t
+        .hcas()
+        .map(|h| {
+            [
+                f.attach_hca_port(h.node_guid, 1),
+                f.attach_hca_port(h.node_guid, 2),
+            ]
+        })
+        .collect();
+    let b = t
+        .build_with(&mut f, |_, i, _, port| Ok(mine[i][usize::from(port) - 1]))
+        .unwrap();
+    assert_eq!(b.hcas[1].ports, mine[1]);
+    assert!(f.peer(mine[1][0]).is_some());
+    // A port of the wrong node is refused.
+    let mut g = Fabric::new();
+    let stray = g.attach_hca_port(0x99, 1);
+    let e = t.build_with(&mut g, |_, _, _, _| Ok(stray)).unwrap_err();
+    assert!(e.0.contains("is not port"), "{e}");
+}
