@@ -1,0 +1,1 @@
+//! infiniband-diags (rdma-core): placeholder filled below.
