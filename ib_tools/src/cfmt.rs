@@ -62,8 +62,26 @@ mod tests {
         assert_eq!(format!("{}", AltHex { v: 0, width: 4 }), "0000");
         assert_eq!(format!("{}", AltHex { v: 3, width: 4 }), "0x03");
         assert_eq!(format!("{}", AltHex { v: 0x4a, width: 6 }), "0x004a");
-        assert_eq!(format!("{}", AltHex { v: 0x28004000, width: 8 }), "0x28004000");
-        assert_eq!(format!("{}", AltHex { v: 0x7f12_3456_7000, width: 16 }), "0x007f1234567000");
+        assert_eq!(
+            format!(
+                "{}",
+                AltHex {
+                    v: 0x28004000,
+                    width: 8
+                }
+            ),
+            "0x28004000"
+        );
+        assert_eq!(
+            format!(
+                "{}",
+                AltHex {
+                    v: 0x7f12_3456_7000,
+                    width: 16
+                }
+            ),
+            "0x007f1234567000"
+        );
     }
 
     #[test]

@@ -120,13 +120,55 @@ pub struct Tool {
 
 /// Every tool, by its command name.
 pub const TOOLS: [(&str, Tool); 7] = [
-    ("ib_write_bw", Tool { verb: Verb::Write, kind: TestKind::Bw }),
-    ("ib_write_lat", Tool { verb: Verb::Write, kind: TestKind::Lat }),
-    ("ib_read_bw", Tool { verb: Verb::Read, kind: TestKind::Bw }),
-    ("ib_read_lat", Tool { verb: Verb::Read, kind: TestKind::Lat }),
-    ("ib_send_bw", Tool { verb: Verb::Send, kind: TestKind::Bw }),
-    ("ib_send_lat", Tool { verb: Verb::Send, kind: TestKind::Lat }),
-    ("ib_atomic_lat", Tool { verb: Verb::Atomic, kind: TestKind::Lat }),
+    (
+        "ib_write_bw",
+        Tool {
+            verb: Verb::Write,
+            kind: TestKind::Bw,
+        },
+    ),
+    (
+        "ib_write_lat",
+        Tool {
+            verb: Verb::Write,
+            kind: TestKind::Lat,
+        },
+    ),
+    (
+        "ib_read_bw",
+        Tool {
+            verb: Verb::Read,
+            kind: TestKind::Bw,
+        },
+    ),
+    (
+        "ib_read_lat",
+        Tool {
+            verb: Verb::Read,
+            kind: TestKind::Lat,
+        },
+    ),
+    (
+        "ib_send_bw",
+        Tool {
+            verb: Verb::Send,
+            kind: TestKind::Bw,
+        },
+    ),
+    (
+        "ib_send_lat",
+        Tool {
+            verb: Verb::Send,
+            kind: TestKind::Lat,
+        },
+    ),
+    (
+        "ib_atomic_lat",
+        Tool {
+            verb: Verb::Atomic,
+            kind: TestKind::Lat,
+        },
+    ),
 ];
 
 impl Tool {
@@ -224,7 +266,11 @@ impl fmt::Display for ParseError {
             ParseError::Help => write!(f, "help requested"),
             ParseError::UnknownOption(o) => write!(f, "unknown option '{o}'"),
             ParseError::MissingValue(o) => write!(f, "option '{o}' needs a value"),
-            ParseError::BadValue { opt, given, allowed } => {
+            ParseError::BadValue {
+                opt,
+                given,
+                allowed,
+            } => {
                 write!(f, "bad value '{given}' for {opt} ({allowed})")
             }
             ParseError::Conflict(w) => write!(f, "{w}"),
@@ -235,7 +281,9 @@ impl fmt::Display for ParseError {
             ParseError::NotUnicastLid(l) => {
                 write!(f, "LID {l:#x} is not a unicast LID (1 to 0xBFFF)")
             }
-            ParseError::ExtraArgument(a) => write!(f, "unexpected argument '{a}' (one peer at most)"),
+            ParseError::ExtraArgument(a) => {
+                write!(f, "unexpected argument '{a}' (one peer at most)")
+            }
         }
     }
 }
@@ -339,7 +387,11 @@ impl Params {
             cq_mod: 100,
             atomic_type: AtomicType::FetchAndAdd,
             inline_size: 0,
-            out_reads: if matches!(tool.verb, Verb::Read | Verb::Atomic) { 16 } else { 1 },
+            out_reads: if matches!(tool.verb, Verb::Read | Verb::Atomic) {
+                16
+            } else {
+                1
+            },
         }
     }
 
@@ -407,7 +459,9 @@ impl Params {
                 allowed,
             };
             let num = |lo: u64, hi: u64, allowed: &'static str| {
-                parse_u64(val).filter(|v| (lo..=hi).contains(v)).ok_or_else(|| bad(allowed))
+                parse_u64(val)
+                    .filter(|v| (lo..=hi).contains(v))
+                    .ok_or_else(|| bad(allowed))
             };
             match opt {
                 "-s" => {
@@ -445,19 +499,27 @@ impl Params {
             }
         }
         if p.all_sizes && size_given {
-            return Err(ParseError::Conflict("-a runs every size: do not give -s as well"));
+            return Err(ParseError::Conflict(
+                "-a runs every size: do not give -s as well",
+            ));
         }
         if p.duration.is_some() && iters_given {
-            return Err(ParseError::Conflict("-D runs for a time: do not give -n as well"));
+            return Err(ParseError::Conflict(
+                "-D runs for a time: do not give -n as well",
+            ));
         }
         if p.duration.is_some() && p.all_sizes {
-            return Err(ParseError::Conflict("-D and -a do not go together (as in perftest)"));
+            return Err(ParseError::Conflict(
+                "-D and -a do not go together (as in perftest)",
+            ));
         }
         if p.tool.verb == Verb::Atomic && (size_given || p.all_sizes) && p.size != 8 {
             return Err(ParseError::Conflict("atomics move 8 bytes: -s must be 8"));
         }
         if p.tool.verb == Verb::Atomic && p.all_sizes {
-            return Err(ParseError::Conflict("atomics move 8 bytes: -a does not apply"));
+            return Err(ParseError::Conflict(
+                "atomics move 8 bytes: -a does not apply",
+            ));
         }
         if p.tool.kind == TestKind::Bw {
             // perftest: CQ moderation never exceeds the send queue depth.
@@ -473,7 +535,11 @@ impl Params {
 
     /// The message sizes of the run: `-s` alone, or 2, 4, ... 2^23 with `-a`.
     pub fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        let (lo, hi) = if self.all_sizes { (1u32, 23u32) } else { (0, 0) };
+        let (lo, hi) = if self.all_sizes {
+            (1u32, 23u32)
+        } else {
+            (0, 0)
+        };
         (lo..=hi).map(move |i| if self.all_sizes { 1u64 << i } else { self.size })
     }
 
@@ -506,7 +572,11 @@ pub fn print_test_info(out: &mut dyn Write, p: &Params, link: &LinkInfo) -> fmt:
         TestKind::Lat => write!(out, "Latency ")?,
     }
     writeln!(out, "Test")?;
-    writeln!(out, " Dual-port       : OFF\t\tDevice         : {}", link.ib_dev)?;
+    writeln!(
+        out,
+        " Dual-port       : OFF\t\tDevice         : {}",
+        link.ib_dev
+    )?;
     writeln!(out, " Number of qps   : 1\t\tTransport type : IB")?;
     writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF")?;
     if !p.is_server() {
@@ -556,19 +626,41 @@ pub fn print_pingpong_data(out: &mut dyn Write, remote: bool, verb: Verb, d: &De
         out,
         " {} address: LID {} QPN {} PSN {}",
         if remote { "remote" } else { "local" },
-        AltHex { v: d.lid.into(), width: 4 },
-        AltHex { v: d.qpn.into(), width: 6 },
-        AltHex { v: d.psn.into(), width: 6 },
+        AltHex {
+            v: d.lid.into(),
+            width: 4
+        },
+        AltHex {
+            v: d.qpn.into(),
+            width: 6
+        },
+        AltHex {
+            v: d.psn.into(),
+            width: 6
+        },
     )?;
     if verb == Verb::Read {
-        write!(out, " OUT {}", AltHex { v: d.out_reads.into(), width: 4 })?;
+        write!(
+            out,
+            " OUT {}",
+            AltHex {
+                v: d.out_reads.into(),
+                width: 4
+            }
+        )?;
     }
     if matches!(verb, Verb::Read | Verb::Write) {
         write!(
             out,
             " RKey {} VAddr {}",
-            AltHex { v: d.rkey.into(), width: 8 },
-            AltHex { v: d.vaddr, width: 16 }
+            AltHex {
+                v: d.rkey.into(),
+                width: 8
+            },
+            AltHex {
+                v: d.vaddr,
+                width: 16
+            }
         )?;
     }
     writeln!(out)
@@ -655,17 +747,17 @@ pub fn bw_report(
     }
     let m = cq_mod.max(1) as usize;
     let mut opt_delta = total;
-    for i in 0..n {
+    for (i, &t_post) in posted.iter().enumerate() {
         let first = (i + 1).div_ceil(m) * m - 1;
         let mut j = first;
         while j < n {
-            let t = completed[j].saturating_sub(posted[i]) / (j - i + 1) as u64;
+            let t = completed[j].saturating_sub(t_post) / (j - i + 1) as u64;
             opt_delta = opt_delta.min(t);
             j += m;
         }
-        if n % m != 0 {
+        if !n.is_multiple_of(m) {
             let j = n - 1;
-            let t = completed[j].saturating_sub(posted[i]) / (j - i + 1) as u64;
+            let t = completed[j].saturating_sub(t_post) / (j - i + 1) as u64;
             opt_delta = opt_delta.min(t);
         }
     }
@@ -763,7 +855,7 @@ pub fn lat_report(
     let q = ticks_per_sec as f64 / 1e6 * f64::from(verb.rtt_factor());
     let us = |t: u64| t as f64 / q;
     // perftest's get_median (on the kept samples, in integer ticks).
-    let median = if (n - 1) % 2 != 0 {
+    let median = if !(n - 1).is_multiple_of(2) {
         (samples[n / 2] + samples[n / 2 - 1]) / 2
     } else {
         samples[n / 2]
@@ -818,7 +910,11 @@ pub fn print_lat_duration_line(
     let secs = elapsed as f64 / ticks_per_sec as f64;
     let lat = secs * 1e6 / f64::from(verb.rtt_factor()) / iters as f64;
     let tps = iters as f64 / secs;
-    let _ = writeln!(out, " {:<7}       {}            {:<7.2}        {:<7.2}", size, iters, lat, tps);
+    let _ = writeln!(
+        out,
+        " {:<7}       {}            {:<7.2}        {:<7.2}",
+        size, iters, lat, tps
+    );
     Ok(())
 }
 

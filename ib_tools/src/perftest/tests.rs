@@ -22,10 +22,16 @@ fn every_tool_has_its_name_back() {
 fn server_without_peer_client_with_lid_or_guid() {
     let s = parse("ib_write_bw", "").unwrap();
     assert!(s.is_server());
-    assert_eq!((s.size, s.iters, s.tx_depth, s.cq_mod), (65536, 5000, 128, 100));
+    assert_eq!(
+        (s.size, s.iters, s.tx_depth, s.cq_mod),
+        (65536, 5000, 128, 100)
+    );
     let c = parse("ib_write_bw", "3").unwrap();
     assert_eq!(c.peer, Some(Peer::Lid(3)));
-    assert_eq!(parse("ib_read_lat", "0x1f").unwrap().peer, Some(Peer::Lid(0x1f)));
+    assert_eq!(
+        parse("ib_read_lat", "0x1f").unwrap().peer,
+        Some(Peer::Lid(0x1f))
+    );
     assert_eq!(
         parse("ib_send_bw", "0x0002c903000a1b2c").unwrap().peer,
         Some(Peer::Guid(0x0002_c903_000a_1b2c))
@@ -58,7 +64,9 @@ fn sizes_iterations_and_all() {
     // CQ moderation never exceeds the send queue depth.
     assert_eq!(parse("ib_write_bw", "-t 16").unwrap().cq_mod, 16);
     assert_eq!(
-        parse("ib_atomic_lat", "-A CMP_AND_SWAP").unwrap().atomic_type,
+        parse("ib_atomic_lat", "-A CMP_AND_SWAP")
+            .unwrap()
+            .atomic_type,
         AtomicType::CmpAndSwap
     );
 }
@@ -105,7 +113,10 @@ fn header_block_as_perftest_prints_it() {
     assert!(s.contains("                    Atomic FETCH_AND_ADD Latency Test\n"));
     assert!(s.contains(" Outstand reads  : 16\n"));
     assert!(!s.contains("TX depth"), "the server prints no TX depth");
-    assert!(!s.contains("CQ Moderation"), "latency tests print no CQ moderation");
+    assert!(
+        !s.contains("CQ Moderation"),
+        "latency tests print no CQ moderation"
+    );
 }
 
 #[test]
@@ -147,7 +158,10 @@ fn bandwidth_in_mebibytes_and_mpps() {
     assert!((r.msg_rate - 1.0).abs() < 1e-9);
     let mut s = String::new();
     print_bw_line(&mut s, &r).unwrap();
-    assert_eq!(s, " 65536      1000             62500.00            62500.00\t\t   1.000000\n");
+    assert_eq!(
+        s,
+        " 65536      1000             62500.00            62500.00\t\t   1.000000\n"
+    );
     assert_eq!(
         RESULT_FMT,
         " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
@@ -160,7 +174,11 @@ fn peak_is_the_best_window_ending_on_a_signalled_completion() {
     let mut posted = Vec::new();
     let mut completed = Vec::new();
     for i in 0..200u64 {
-        let t = if i < 100 { i * 1000 } else { 100_000 + (i - 100) * 2000 };
+        let t = if i < 100 {
+            i * 1000
+        } else {
+            100_000 + (i - 100) * 2000
+        };
         posted.push(t);
         completed.push(t + if i < 100 { 1000 } else { 2000 });
     }
@@ -172,7 +190,11 @@ fn peak_is_the_best_window_ending_on_a_signalled_completion() {
     // With one completion per 200 the fast half alone is no window: the
     // best is the whole run, 1.5 us per message.
     let r = bw_report(4096, &posted, &completed, 200, 1_000_000_000).unwrap();
-    assert!((r.bw_peak - 4096.0 / (1.5e-6 * 1_048_576.0)).abs() < 1e-6, "{}", r.bw_peak);
+    assert!(
+        (r.bw_peak - 4096.0 / (1.5e-6 * 1_048_576.0)).abs() < 1e-6,
+        "{}",
+        r.bw_peak
+    );
 }
 
 #[test]
@@ -181,8 +203,14 @@ fn bandwidth_refuses_what_it_cannot_measure() {
         bw_report(8, &[0, 1], &[5], 1, 1_000_000_000),
         Err(StatsError::TooFewSamples { have: 1, need: 2 })
     );
-    assert_eq!(bw_report(8, &[7], &[7], 1, 1_000_000_000), Err(StatsError::ZeroTime));
-    assert_eq!(bw_report(8, &[7], &[3], 1, 1_000_000_000), Err(StatsError::NonMonotonic));
+    assert_eq!(
+        bw_report(8, &[7], &[7], 1, 1_000_000_000),
+        Err(StatsError::ZeroTime)
+    );
+    assert_eq!(
+        bw_report(8, &[7], &[3], 1, 1_000_000_000),
+        Err(StatsError::NonMonotonic)
+    );
     assert_eq!(bw_report_duration(8, 10, 0, 1), Err(StatsError::ZeroTime));
     let d = bw_report_duration(65536, 16000, 1_000_000_000, 1_000_000_000).unwrap();
     assert_eq!(d.bw_peak, 0.0);
@@ -200,7 +228,11 @@ fn latency_median_percentiles_tail_as_perftest() {
     // 100 kept, (n-1) odd: the mean of the two middle samples.
     assert_eq!(r.t_typical, 50.5);
     assert!((r.t_avg - 50.5).abs() < 1e-12);
-    assert!((r.t_stdev - (833.25f64).sqrt()).abs() < 1e-9, "{}", r.t_stdev);
+    assert!(
+        (r.t_stdev - (833.25f64).sqrt()).abs() < 1e-9,
+        "{}",
+        r.t_stdev
+    );
     assert_eq!(r.p99, 100.0);
     assert_eq!(r.p99_9, 101.0);
 
@@ -230,9 +262,15 @@ fn latency_refuses_what_it_cannot_measure() {
         Err(StatsError::TooFewSamples { have: 2, need: 3 })
     );
     let mut s = vec![1u64, 2, 3];
-    assert_eq!(lat_report(2, 4, &mut s, Verb::Send, 0), Err(StatsError::ZeroTime));
+    assert_eq!(
+        lat_report(2, 4, &mut s, Verb::Send, 0),
+        Err(StatsError::ZeroTime)
+    );
     let mut out = String::new();
     print_lat_duration_line(&mut out, 2, 1000, 2_000_000, Verb::Write, 1_000_000_000).unwrap();
     // 1000 round trips in 2 ms: 1 usec one way, 500000 per second.
-    assert_eq!(out, " 2             1000            1.00           500000.00\n");
+    assert_eq!(
+        out,
+        " 2             1000            1.00           500000.00\n"
+    );
 }
