@@ -22,6 +22,9 @@ emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
                                         transcript, exit 0 only if all succeeded
   ./run-qemu.sh --nodes 2               two guests on one emulated fabric (node 0 on
                                         this terminal, the others logged to files)
+  ./run-qemu.sh --nodes 2 --run-on 0 "ib_write_bw" --run-on 1 "ib_write_bw 1"
+                                        a different script on each node; every
+                                        transcript printed, exit 0 only if all succeeded
   ./run-qemu.sh --no-hca                boot without an HCA
   ./run-qemu.sh --vfio 0000:04:00.0     pass a real ConnectX-3 through (vfio-pci)
   ./run-qemu.sh --iso [--run ...]       build a GRUB rescue ISO and boot it (bare-metal path)
@@ -33,6 +36,8 @@ emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
 
 Options:
   --run CMDS        console commands separated by ';' (no single quotes)
+  --run-on N CMDS   node N's own commands (instead of --run's, for that node);
+                    repeat for each node; every node then needs a script
   --nodes N         1 to 8 guests on one emulated fabric (default 1)
   --no-hca          no emulated HCA
   --vfio ADDR       pass a real ConnectX-3 through (implies --kvm)
@@ -66,6 +71,7 @@ bad_usage() { # message -> stderr, with the usage line; status 2
     exit 2
 }
 
+declare -A run_on=()
 vfu_mode=""; run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
 append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
 
@@ -78,6 +84,13 @@ while [ $# -gt 0 ]; do
     esac
     case "$opt" in
         --run) run=$val; run_set=1 ;;
+        --run-on)
+            [ $# -ge 3 ] || bad_usage "--run-on needs a node number and its commands"
+            [[ "$2" =~ ^[0-7]$ ]] || bad_usage "--run-on takes a node number 0 to 7, not '$2'"
+            [ -z "${run_on[$2]+x}" ] || bad_usage "--run-on $2 given twice"
+            [ -n "${3//[[:space:];]/}" ] || bad_usage "--run-on $2 needs at least one command"
+            case "$3" in *\'*|*\"*) bad_usage "--run-on commands cannot contain quotes" ;; esac
+            run_on[$2]=$3; shift 2 ;;
         --iso) iso=1 ;;
         --vfio) vfio=$val; hca=0; kvm=1 ;;
         --kvm) kvm=1 ;;
@@ -113,6 +126,18 @@ if [ "$nodes" -gt 1 ] && [ "$hca" = 0 ]; then
 fi
 if [ -n "$vfu_mode" ] && { [ "$nodes" != 1 ] || [ "$hca" = 0 ] || [ "$iso" = 1 ] || [ "$gdb" = 1 ] || [ "$kvm" = 1 ]; }; then
     bad_usage "$vfu_mode boots one guest under TCG (not with --nodes, --no-hca, --vfio, --iso, --gdb or --kvm)"
+fi
+if [ "${#run_on[@]}" -gt 0 ]; then
+    for k in "${!run_on[@]}"; do
+        [ "$k" -lt "$nodes" ] || bad_usage "--run-on $k: there are only $nodes node(s) (--nodes)"
+    done
+    for ((k = 0; k < nodes; k++)); do
+        [ -n "${run_on[$k]+x}" ] || [ -n "$run" ] ||
+            bad_usage "node $k has no script: give --run-on $k CMDS (or --run for every node)"
+    done
+    if [ -n "$vfu_mode" ] || [ "$iso" = 1 ]; then
+        bad_usage "--run-on boots nodes with -kernel on the emulated fabric (not with --linux, --vfu or --iso)"
+    fi
 fi
 if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
     bad_usage "--emu-args needs the emulated HCA (not with --no-hca or --vfio)"
@@ -150,6 +175,16 @@ fi
 
 cmdline="$append"
 [ -n "$run" ] && cmdline="${cmdline:+$cmdline }run=\"$run\""
+# Whether the guests run scripts (--run, or --run-on for each node).
+scripted=0
+{ [ -n "$run" ] || [ "${#run_on[@]}" -gt 0 ]; } && scripted=1
+node_cmdline() { # node -> its kernel command line (its --run-on script, else --run's)
+    if [ -n "${run_on[$1]+x}" ]; then
+        echo "${append:+$append }run=\"${run_on[$1]}\""
+    else
+        echo "$cmdline"
+    fi
+}
 
 if [ "$iso" = 1 ] && [ "$dry" = 0 ]; then
     ensure_iso_tools
@@ -214,7 +249,7 @@ qemu_cmd() { # node -> fills the array `q`
     if [ "$iso" = 1 ]; then
         q+=(-cdrom "$iso_file" -boot d)
     else
-        q+=(-kernel "$kernel" -append "$cmdline")
+        q+=(-kernel "$kernel" -append "$(node_cmdline "$n")")
     fi
     [ -n "$vfio" ] && q+=(-device "vfio-pci,host=$vfio")
     [ "$gdb" = 1 ] && [ "$n" = 0 ] && q+=(-s -S)
@@ -237,7 +272,7 @@ if [ "$dry" = 1 ]; then
     [ "$hca" = 1 ] && print_cmd "${emu_cmd[@]}"
     for ((i = 0; i < nodes; i++)); do
         qemu_cmd $i
-        if [ -n "$run" ] || [ "$i" -gt 0 ]; then q+=(-serial stdio); else q+=(-serial mon:stdio); fi
+        if [ "$scripted" = 1 ] || [ "$i" -gt 0 ]; then q+=(-serial stdio); else q+=(-serial mon:stdio); fi
         print_cmd "${q[@]}"
     done
     exit 0
@@ -305,7 +340,7 @@ status_of() { # QEMU exit status -> ours
 if [ "$nodes" = 1 ]; then
     qemu_cmd 0
     st=0
-    if [ -n "$run" ]; then
+    if [ "$scripted" = 1 ]; then
         q+=(-serial stdio)
         timeout -k 5 "$timeout_s" "${q[@]}" </dev/null &
     else
@@ -326,7 +361,7 @@ logdir="$here/target/nodes"
 mkdir -p "$logdir"
 for ((i = nodes - 1; i >= 0; i--)); do
     qemu_cmd $i
-    if [ -n "$run" ]; then
+    if [ "$scripted" = 1 ]; then
         q+=(-serial "file:$logdir/node$i.log")
         timeout -k 5 "$timeout_s" "${q[@]}" </dev/null &
     elif [ "$i" = 0 ]; then
@@ -340,13 +375,28 @@ for ((i = nodes - 1; i >= 0; i--)); do
     qemu_pids+=($!)
 done
 worst=0
+node_st=()
 for ((k = 0; k < nodes; k++)); do
     st=0
     wait "${qemu_pids[$k]}" || st=$?
     node=$((nodes - 1 - k))
     st=$(status_of "$st")
-    [ -n "$run" ] && { echo "===== node $node (exit $st) ====="; cat "$logdir/node$node.log" 2>/dev/null || true; }
+    node_st[node]=$st
     [ "$st" != 0 ] && [ "$worst" = 0 ] && worst=$st
 done
 qemu_pids=()
+# Every node's transcript, in node order, then which nodes failed.
+if [ "$scripted" = 1 ]; then
+    for ((i = 0; i < nodes; i++)); do
+        echo "===== node $i (exit ${node_st[i]}) ====="
+        cat "$logdir/node$i.log" 2>/dev/null || true
+    done
+    for ((i = 0; i < nodes; i++)); do
+        case ${node_st[i]} in
+            0) ;;
+            124) say "run-qemu.sh: node $i did not finish within ${timeout_s}s" ;;
+            *) say "run-qemu.sh: node $i failed (exit ${node_st[i]})" ;;
+        esac
+    done
+fi
 exit "$worst"
