@@ -58,7 +58,23 @@ impl EqState {
     }
 }
 
+/// Event type numbers as a readable list (`0x09 PORT_CHANGE, ...`).
+pub fn event_list(types: &[u8]) -> String {
+    types
+        .iter()
+        .map(|t| format!("{t:#04x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Hca {
+    /// Async event types mapped (MAP_EQ) to `eqn`, or to any EQ for `None`.
+    pub fn mapped_async_events(&self, eqn: Option<u32>) -> Vec<u8> {
+        (0u8..64)
+            .filter(|&t| self.async_map[usize::from(t)].is_some_and(|m| eqn.is_none_or(|e| e == m)))
+            .collect()
+    }
+
     /// Writes every EQE owner bit of a new EQ to "hardware owned".
     pub fn eq_init_owner_bits(&mut self, eq: &EqState) -> Result<(), Status> {
         for i in 0..eq.nent {

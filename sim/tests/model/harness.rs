@@ -11,6 +11,8 @@ use sim::layout::{InitHca, PageEntry, put64};
 use sim::{Opcode, SimConfig, SimHca, Status};
 
 pub const HCR: usize = 0x8_0680;
+/// The first PD above the firmware-reserved ones (QUERY_DEV_CAP reports 4).
+pub const PD: u32 = 4;
 pub const GO: u32 = 1 << 23;
 pub const T: u32 = 1 << 21;
 pub const E: u32 = 1 << 22;
@@ -600,7 +602,7 @@ pub fn rst2init(qpn: u32, st: u8, pd: u32, cqn: u32, mtt: u64, db: u64) -> QpMbo
 pub fn create_qp(r: &mut Raw, qpn: u32, st: u8, cqn: u32) -> R<Queue> {
     let q = queue(r, 2)?;
     let db = r.pages(1)[0];
-    let m = rst2init(qpn, st, 1, cqn, q.mtt, db);
+    let m = rst2init(qpn, st, PD, cqn, q.mtt, db);
     r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP)?;
     Ok(q)
 }
