@@ -131,6 +131,34 @@ impl Raw {
         Ok(u64::from(hi) << 32 | u64::from(lo))
     }
 
+    /// Posts seven raw dwords as given (dwords 0..5, then dword 6) and waits
+    /// for GO to clear; the status byte. The caller sets GO and T in `dw[6]`
+    /// (and flips `toggle` accordingly).
+    pub fn post_raw(&mut self, dw: [u32; 7]) -> R<u8> {
+        for (i, v) in dw.iter().enumerate() {
+            self.bar0.write_be32(HCR + 4 * i, *v);
+        }
+        self.toggle = dw[6] & T == 0;
+        let deadline = hal::Deadline::after(&*self.clock, self.timeout);
+        while self.pending() {
+            if deadline.expired(&*self.clock) {
+                return Err(CmdError::Timeout);
+            }
+            self.clock.relax();
+        }
+        Ok((self.bar0.read_be32(HCR + 0x18) >> 24) as u8)
+    }
+
+    /// The T bit the next post must carry.
+    pub fn next_t(&self) -> u32 {
+        if self.toggle { T } else { 0 }
+    }
+
+    /// True if a recorded violation contains `pat`.
+    pub fn violated(&self, pat: &str) -> bool {
+        self.sim.violations().iter().any(|v| v.contains(pat))
+    }
+
     /// A command without mailboxes.
     pub fn cmd(&mut self, in_param: u64, in_mod: u32, op_mod: u8, op: Opcode) -> R {
         self.post(in_param, 0, in_mod, op_mod, op).map(|_| ())
@@ -376,6 +404,22 @@ pub fn init_after_fw_pub(r: &mut Raw) -> R {
 }
 
 fn init_after_fw(r: &mut Raw) -> R {
+    init_before_hca(r)?;
+    let ih = init_hca_params().encode();
+    r.cmd_in(&ih, 0, 0, Opcode::INIT_HCA)?;
+    r.cmd_out(0, 0, Opcode::QUERY_ADAPTER)?;
+    Ok(())
+}
+
+/// Everything up to (not including) INIT_HCA, after a reset: QUERY_FW ..
+/// MAP_ICM.
+pub fn init_up_to_hca(r: &mut Raw) -> R {
+    load_fw(r)?;
+    init_before_hca(r)
+}
+
+/// Steps after RUN_FW up to MAP_ICM.
+fn init_before_hca(r: &mut Raw) -> R {
     use profile::*;
     let mut stat = vec![0u8; 0x100];
     stat[2] = 1;
@@ -410,9 +454,6 @@ fn init_after_fw(r: &mut Raw) -> R {
     r.map_icm(CQC, 4)?;
     r.map_icm(SRQC, 2)?;
     r.map_icm(MC, 4)?;
-    let ih = init_hca_params().encode();
-    r.cmd_in(&ih, 0, 0, Opcode::INIT_HCA)?;
-    r.cmd_out(0, 0, Opcode::QUERY_ADAPTER)?;
     Ok(())
 }
 
