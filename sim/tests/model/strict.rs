@@ -227,7 +227,8 @@ fn init_hca_refuses_reserved_bits_and_a_byte_swapped_flags_dword() {
     init_up_to_hca(&mut r).unwrap();
     let good = linux_init_hca();
     let flags = u32::from_be_bytes(good[0x14..0x18].try_into().unwrap());
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "byte-swapped flags",
             Box::new(move |b| put32(b, 0x14, flags.swap_bytes())),
