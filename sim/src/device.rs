@@ -79,6 +79,9 @@ pub struct HcrState {
     /// Dword 6 as the device last left it (raw; 0 after reset): what a
     /// dropped GO write leaves visible.
     pub idle_dw6: u32,
+    /// Polled front ends: GO was seen with memory decoding off on the last
+    /// pass.
+    pub go_decode_off: bool,
 }
 
 /// Runtime state of a CQ in hardware ownership.
@@ -924,14 +927,21 @@ impl Hca {
             }
             None if dw6 & bits::GO != 0 => {
                 if self.pci.memory_enabled() {
+                    self.hcr.go_decode_off = false;
                     let mut dw = [0u32; 7];
                     for (i, d) in dw.iter_mut().enumerate() {
                         *d = self.bar0.be(regs::HCR_BASE + 4 * i);
                     }
                     self.post(dw);
+                } else if !self.hcr.go_decode_off {
+                    // The memory-enable write may be racing in the config
+                    // image (cx3-emu syncs it after this poll): one more
+                    // pass before judging.
+                    self.hcr.go_decode_off = true;
                 } else {
                     // The synchronous front end drops a BAR write while
                     // decoding is off; here it already landed: undo it.
+                    self.hcr.go_decode_off = false;
                     self.violation(format!(
                         "HCR GO ({dw6:#010x}) written with memory decoding disabled (or during reset): dropped"
                     ));
