@@ -90,8 +90,18 @@ impl Hca {
         }
     }
 
-    /// Writes `ev` as the next EQE of `eqn`.
+    /// Writes `ev` as the next EQE of `eqn`. In the polled front ends the
+    /// EQ's doorbell word is consumed first, so that the room check sees
+    /// every consumer index the driver wrote before the event (as the card
+    /// would, its doorbells having landed), not only those the model thread
+    /// happened to poll already.
     pub fn post_event(&mut self, eqn: u32, ev: Event) {
+        if self.threaded && self.eqs.contains_key(&eqn) {
+            let raw = self.bar2.swap_raw(crate::regs::eq_doorbell(eqn), 0);
+            if raw != 0 {
+                self.eq_doorbell(eqn, u32::from_be(raw));
+            }
+        }
         let Some(eq) = self.eqs.get(&eqn).cloned() else {
             return;
         };
