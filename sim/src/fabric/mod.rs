@@ -1,0 +1,673 @@
+//! The wire between ports: cables joining two ports, the packets in flight
+//! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
+//! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
+//! back, ibsim net files), the capture ([`capture`]) and per-packet faults
+//! ([`faults`]); the subnet manager, SA and the ibsim server protocol are
+//! not here (yet). Packet formats are in [`crate::packet`].
+//!
+//! # The contract between the HCA engines and the fabric
+//!
+//! * A [`Packet`] is what crosses a cable: the bytes of one InfiniBand
+//!   packet from the first byte of the LRH to the last byte of the VCRC,
+//!   ICRC and VCRC included, computed by the sender (the HCA engine or the
+//!   switch). The fabric reads the LRH (VL, DLID, SLID, LNH, packet length)
+//!   and nothing it does not need.
+//! * Every port on the fabric (a port of an HCA, a port of a switch) is a
+//!   [`PortId`]. An HCA attaches each of its ports with
+//!   [`Fabric::attach_hca_port`] and keeps the id.
+//! * Enabling a port (INIT_PORT) and disabling it (CLOSE_PORT) is
+//!   [`Fabric::set_enabled`]; the physical link is up when both ends of a
+//!   cable are enabled ([`Fabric::link_up`]). Each change of a port's link
+//!   bumps [`Fabric::link_generation`], so an HCA notices a change (cable
+//!   pulled, partner closed) the next time it looks, without callbacks.
+//! * Sending is [`Fabric::transmit`]: counted, and queued for delivery at
+//!   the far end of the cable (later: through the switch, captured,
+//!   faulted). Delivery is pull-based: the receiving HCA takes its due
+//!   packets with [`Fabric::receive`] when its engines are stepped.
+//! * Lock order: an HCA's own lock first, then the fabric's. The fabric
+//!   never calls into an HCA, so two HCAs on one fabric cannot deadlock.
+//!   Whoever drives the engines (the front ends) steps every HCA on the
+//!   fabric until none makes progress; [`Fabric::next_due`] says when a
+//!   delayed packet will be ready.
+//! * Switches live inside the fabric. A packet sent to a switch port is
+//!   processed when it is due, during [`Fabric::advance`] (which
+//!   [`Fabric::receive`] and [`Fabric::transmit`] call first): forwarded
+//!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
+//!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
+//!   front end that wants them on time calls `advance(now)` each step.
+//! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
+//!   (or out of a port a rule names); the capture records what crosses
+//!   each cable after the faults (a dropped packet never crossed).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+pub mod capture;
+pub mod faults;
+pub mod switch;
+pub mod topology;
+
+pub use capture::{Capture, Direction};
+pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use switch::Switch;
+pub use topology::{Built, Topology, TopologyError};
+
+/// One packet on the wire: LRH through VCRC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// The bytes, LRH first, ICRC and VCRC last.
+    pub bytes: Vec<u8>,
+}
+
+impl Packet {
+    /// LRH virtual lane (bits 7:4 of byte 0).
+    pub fn vl(&self) -> Option<u8> {
+        self.bytes.first().map(|b| b >> 4)
+    }
+    /// LRH destination LID (bytes 2-3).
+    pub fn dlid(&self) -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *self.bytes.get(2)?,
+            *self.bytes.get(3)?,
+        ]))
+    }
+    /// LRH source LID (bytes 6-7).
+    pub fn slid(&self) -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *self.bytes.get(6)?,
+            *self.bytes.get(7)?,
+        ]))
+    }
+}
+
+/// A port on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortId(pub u32);
+
+/// A switch on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SwitchId(pub usize);
+
+/// What a fabric port belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// Port `port` (1-based) of the HCA with node GUID `node_guid`.
+    Hca {
+        /// Node GUID of the HCA.
+        node_guid: u64,
+        /// Port number on the HCA.
+        port: u8,
+    },
+    /// External port `port` of switch `switch`.
+    Switch {
+        /// The switch.
+        switch: SwitchId,
+        /// Port number on the switch (1-based).
+        port: u8,
+    },
+}
+
+/// Why a fabric operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricError {
+    /// No such port.
+    NoSuchPort(PortId),
+    /// The port already has a cable.
+    AlreadyCabled(PortId),
+    /// A cable from a port to itself.
+    SelfLoop(PortId),
+}
+
+impl core::fmt::Display for FabricError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FabricError::NoSuchPort(p) => write!(f, "no fabric port {}", p.0),
+            FabricError::AlreadyCabled(p) => write!(f, "fabric port {} already has a cable", p.0),
+            FabricError::SelfLoop(p) => write!(f, "a cable from fabric port {} to itself", p.0),
+        }
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+/// A packet waiting at a port.
+#[derive(Debug)]
+struct InFlight {
+    due: u64,
+    pkt: Packet,
+    /// Switch hops so far (a routing loop ends at [`MAX_HOPS`]).
+    hops: u8,
+}
+
+#[derive(Debug)]
+struct FabPort {
+    owner: Owner,
+    enabled: bool,
+    peer: Option<PortId>,
+    link_generation: u64,
+    /// Packets delivered to this port, with the time they become due.
+    inbound: VecDeque<InFlight>,
+    name: Option<String>,
+    /// The capture's number for the cable at this port.
+    link: u64,
+}
+
+impl FabPort {
+    fn new(owner: Owner) -> FabPort {
+        FabPort {
+            owner,
+            enabled: false,
+            peer: None,
+            link_generation: 0,
+            inbound: VecDeque::new(),
+            name: None,
+            link: 0,
+        }
+    }
+}
+
+/// Packets queued at one port before the receiver takes them; past this
+/// the port drops (and a later issue counts it as the card would).
+pub const MAX_INBOUND: usize = 4096;
+
+/// Switch hops after which a packet is taken to be looping and dropped.
+pub const MAX_HOPS: u8 = 64;
+
+/// Packets a single [`Fabric::advance`] processes at switches at most, so
+/// that a forwarding loop cannot hang a caller.
+pub const MAX_SWITCH_WORK: usize = 1 << 16;
+
+/// What happened on the wire, summed over the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    /// Packets queued for delivery by `transmit` (from HCAs and switches).
+    pub sent: u64,
+    /// Refused by `transmit`: link down.
+    pub link_down: u64,
+    /// Refused by `transmit`: the far port's queue was full.
+    pub queue_full: u64,
+    /// Lost with a pulled cable or a port going down.
+    pub lost_in_flight: u64,
+    /// Dropped by switches, by reason.
+    pub switch_drops: BTreeMap<&'static str, u64>,
+}
+
+/// A scheduled change of the cabling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Unplug(PortId),
+    Connect(PortId, PortId),
+}
+
+/// The fabric: ports, cables, switches and packets in flight.
+#[derive(Debug, Default)]
+pub struct Fabric {
+    ports: BTreeMap<PortId, FabPort>,
+    next_id: u32,
+    /// Wire latency added to every packet, in nanoseconds.
+    pub latency_ns: u64,
+    switches: Vec<(Switch, Vec<PortId>)>,
+    /// Switch ports with a packet waiting, in arrival order.
+    switch_work: VecDeque<PortId>,
+    /// Per-packet faults.
+    pub faults: PacketFaults,
+    capture: Option<Capture>,
+    events: Vec<(u64, Event)>,
+    next_link: u64,
+    stats: FabricStats,
+}
+
+/// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
+pub type SharedFabric = Arc<Mutex<Fabric>>;
+
+impl Fabric {
+    /// An empty fabric.
+    pub fn new() -> Fabric {
+        Fabric::default()
+    }
+
+    /// An empty fabric behind a shared handle.
+    pub fn shared() -> SharedFabric {
+        Arc::new(Mutex::new(Fabric::new()))
+    }
+
+    fn add_port(&mut self, owner: Owner) -> PortId {
+        let id = PortId(self.next_id);
+        self.next_id += 1;
+        self.ports.insert(id, FabPort::new(owner));
+        id
+    }
+
+    /// Adds port `port` of the HCA with node GUID `node_guid`; the port
+    /// starts disabled and uncabled.
+    pub fn attach_hca_port(&mut self, node_guid: u64, port: u8) -> PortId {
+        self.add_port(Owner::Hca { node_guid, port })
+    }
+
+    /// Adds a switch; its external ports are enabled (a switch is powered)
+    /// and uncabled.
+    pub fn add_switch(&mut self, sw: Switch) -> SwitchId {
+        let id = SwitchId(self.switches.len());
+        let mut ports = vec![PortId(u32::MAX)]; // port 0 is not on the wire
+        for p in 1..=sw.nports() {
+            let fp = self.add_port(Owner::Switch {
+                switch: id,
+                port: p,
+            });
+            if let Some(x) = self.ports.get_mut(&fp) {
+                x.enabled = true;
+            }
+            ports.push(fp);
+        }
+        self.switches.push((sw, ports));
+        id
+    }
+
+    /// The switch `id`.
+    pub fn switch(&self, id: SwitchId) -> Option<&Switch> {
+        self.switches.get(id.0).map(|(s, _)| s)
+    }
+
+    /// The switch `id`, to change (tests, or a front end standing in for an
+    /// SM through [`Switch::configure`]).
+    pub fn switch_mut(&mut self, id: SwitchId) -> Option<&mut Switch> {
+        self.switches.get_mut(id.0).map(|(s, _)| s)
+    }
+
+    /// The fabric port of external port `port` of switch `id`.
+    pub fn switch_port(&self, id: SwitchId, port: u8) -> Option<PortId> {
+        let (_, ports) = self.switches.get(id.0)?;
+        ports.get(usize::from(port)).copied().filter(|_| port != 0)
+    }
+
+    /// What port `p` belongs to.
+    pub fn owner(&self, p: PortId) -> Option<Owner> {
+        self.ports.get(&p).map(|fp| fp.owner)
+    }
+
+    /// Names port `p` for the capture (`"node0/1"`).
+    pub fn set_port_name(&mut self, p: PortId, name: &str) {
+        if let Some(fp) = self.ports.get_mut(&p) {
+            fp.name = Some(name.into());
+        }
+    }
+
+    /// The name of port `p` (`"port<N>"` if none was set).
+    pub fn port_name(&self, p: PortId) -> String {
+        self.ports
+            .get(&p)
+            .and_then(|fp| fp.name.clone())
+            .unwrap_or_else(|| format!("port{}", p.0))
+    }
+
+    /// Starts (or with `None` stops) capturing every packet on every cable.
+    pub fn set_capture(&mut self, c: Option<Capture>) -> Option<Capture> {
+        std::mem::replace(&mut self.capture, c)
+    }
+
+    /// The capture, if one is running.
+    pub fn capture_mut(&mut self) -> Option<&mut Capture> {
+        self.capture.as_mut()
+    }
+
+    /// Wire statistics.
+    pub fn stats(&self) -> &FabricStats {
+        &self.stats
+    }
+
+    /// Joins `a` and `b` with a cable.
+    pub fn connect(&mut self, a: PortId, b: PortId) -> Result<(), FabricError> {
+        if a == b {
+            return Err(FabricError::SelfLoop(a));
+        }
+        for p in [a, b] {
+            match self.ports.get(&p) {
+                None => return Err(FabricError::NoSuchPort(p)),
+                Some(fp) if fp.peer.is_some() => return Err(FabricError::AlreadyCabled(p)),
+                Some(_) => {}
+            }
+        }
+        let before = [self.link_up(a), self.link_up(b)];
+        self.next_link += 1;
+        let link = self.next_link;
+        for (p, q) in [(a, b), (b, a)] {
+            let fp = self.port_mut(p);
+            fp.peer = Some(q);
+            fp.link = link;
+        }
+        self.note_link_change(a, before[0]);
+        self.note_link_change(b, before[1]);
+        Ok(())
+    }
+
+    /// Pulls the cable at `p` (if any); packets in flight to either end
+    /// are lost.
+    pub fn unplug(&mut self, p: PortId) -> Result<(), FabricError> {
+        let Some(peer) = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?.peer else {
+            return Ok(());
+        };
+        let before = [self.link_up(p), self.link_up(peer)];
+        for (q, was) in [(p, before[0]), (peer, before[1])] {
+            let fp = self.port_mut(q);
+            fp.peer = None;
+            let lost = fp.inbound.len() as u64;
+            fp.inbound.clear();
+            self.stats.lost_in_flight += lost;
+            self.note_link_change(q, was);
+        }
+        Ok(())
+    }
+
+    /// Pulls the cable at `p` at time `at_ns` and, if `reinsert_at_ns` is
+    /// given, plugs the same cable back at that time. Happens during
+    /// [`Fabric::advance`].
+    pub fn schedule_unplug(
+        &mut self,
+        p: PortId,
+        at_ns: u64,
+        reinsert_at_ns: Option<u64>,
+    ) -> Result<(), FabricError> {
+        let fp = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?;
+        let peer = fp.peer;
+        self.events.push((at_ns, Event::Unplug(p)));
+        if let (Some(t), Some(q)) = (reinsert_at_ns, peer) {
+            self.events.push((t.max(at_ns), Event::Connect(p, q)));
+        }
+        self.events.sort_by_key(|(t, _)| *t);
+        Ok(())
+    }
+
+    /// The port at the other end of `p`'s cable.
+    pub fn peer(&self, p: PortId) -> Option<PortId> {
+        self.ports.get(&p)?.peer
+    }
+
+    /// Enables (INIT_PORT) or disables (CLOSE_PORT) port `p`.
+    pub fn set_enabled(&mut self, p: PortId, enabled: bool) -> Result<(), FabricError> {
+        let peer = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?.peer;
+        let before_p = self.link_up(p);
+        let before_peer = peer.map(|q| self.link_up(q));
+        self.port_mut(p).enabled = enabled;
+        self.note_link_change(p, before_p);
+        if let (Some(q), Some(was)) = (peer, before_peer) {
+            self.note_link_change(q, was);
+        }
+        Ok(())
+    }
+
+    /// The physical link at `p` is up: cabled, and both ends enabled.
+    pub fn link_up(&self, p: PortId) -> bool {
+        let Some(fp) = self.ports.get(&p) else {
+            return false;
+        };
+        fp.enabled
+            && fp
+                .peer
+                .and_then(|q| self.ports.get(&q))
+                .is_some_and(|peer| peer.enabled)
+    }
+
+    /// Bumped on every change of [`Fabric::link_up`] at `p`.
+    pub fn link_generation(&self, p: PortId) -> u64 {
+        self.ports.get(&p).map_or(0, |fp| fp.link_generation)
+    }
+
+    /// Sends `pkt` out of port `p` at time `now_ns`. A packet sent on a
+    /// link that is down, or to a full port, is dropped; the return value
+    /// says whether it went onto the wire (a packet a fault then loses
+    /// still counts as sent: the sender cannot tell).
+    pub fn transmit(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
+        self.advance(now_ns);
+        self.send(p, pkt, now_ns, 0)
+    }
+
+    fn send(&mut self, p: PortId, mut pkt: Packet, now_ns: u64, hops: u8) -> bool {
+        if !self.link_up(p) {
+            self.stats.link_down += 1;
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.count_xmit_discard(port);
+            }
+            return false;
+        }
+        let Some(peer) = self.ports.get(&p).and_then(|fp| fp.peer) else {
+            return false;
+        };
+        if self
+            .ports
+            .get(&peer)
+            .is_some_and(|fp| fp.inbound.len() >= MAX_INBOUND)
+        {
+            self.stats.queue_full += 1;
+            return false;
+        }
+        let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
+        let verdict = self.faults.apply(p, to_hca, &mut pkt.bytes);
+        if let Some(Owner::Switch { switch, port }) = self.owner(p)
+            && let Some((sw, _)) = self.switches.get_mut(switch.0)
+        {
+            sw.count_xmit(port, pkt.bytes.len());
+        }
+        self.stats.sent += 1;
+        if verdict.drop {
+            return true;
+        }
+        if self.capture.is_some() {
+            self.record(p, peer, now_ns, &pkt.bytes);
+        }
+        let latency = self.latency_ns;
+        let q = &mut self.port_mut(peer).inbound;
+        let floor = q.back().map_or(0, |f| f.due);
+        let due = now_ns
+            .saturating_add(latency)
+            .saturating_add(verdict.delay_ns)
+            .max(floor);
+        q.push_back(InFlight { due, pkt, hops });
+        if !to_hca {
+            self.switch_work.push_back(peer);
+        }
+        true
+    }
+
+    fn record(&mut self, from: PortId, to: PortId, now_ns: u64, bytes: &[u8]) {
+        let (a, b) = if from < to { (from, to) } else { (to, from) };
+        let dir = if from == a {
+            Direction::AtoB
+        } else {
+            Direction::BtoA
+        };
+        let link = self.ports.get(&from).map_or(0, |fp| fp.link);
+        let name = format!("{} <-> {}", self.port_name(a), self.port_name(b));
+        if let Some(c) = self.capture.as_mut() {
+            c.record(link, &name, dir, now_ns, bytes);
+        }
+    }
+
+    /// The next packet due at port `p` by `now_ns` (after the fabric has
+    /// advanced to `now_ns`).
+    pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        self.advance(now_ns);
+        let q = &mut self.ports.get_mut(&p)?.inbound;
+        if q.front().is_some_and(|f| f.due <= now_ns) {
+            q.pop_front().map(|f| f.pkt)
+        } else {
+            None
+        }
+    }
+
+    /// The earliest time a queued packet becomes due anywhere, or a
+    /// scheduled cable change happens.
+    pub fn next_due(&self) -> Option<u64> {
+        self.ports
+            .values()
+            .filter_map(|fp| fp.inbound.front().map(|f| f.due))
+            .chain(self.events.first().map(|(t, _)| *t))
+            .min()
+    }
+
+    /// Brings the fabric to time `now_ns`: scheduled cable changes happen
+    /// and switches process the packets due by then (bounded by
+    /// [`MAX_SWITCH_WORK`] per call).
+    pub fn advance(&mut self, now_ns: u64) {
+        while self.events.first().is_some_and(|(t, _)| *t <= now_ns) {
+            let (_, ev) = self.events.remove(0);
+            let _ = match ev {
+                Event::Unplug(p) => self.unplug(p),
+                Event::Connect(a, b) => self.connect(a, b),
+            };
+        }
+        let mut budget = MAX_SWITCH_WORK;
+        while budget > 0 {
+            let Some(&sp) = self.switch_work.front() else {
+                break;
+            };
+            let Some(fp) = self.ports.get_mut(&sp) else {
+                self.switch_work.pop_front();
+                continue;
+            };
+            let Some(front) = fp.inbound.front() else {
+                // Lost with a pulled cable.
+                self.switch_work.pop_front();
+                continue;
+            };
+            if front.due > now_ns {
+                break;
+            }
+            self.switch_work.pop_front();
+            budget -= 1;
+            let Some(f) = fp.inbound.pop_front() else {
+                continue;
+            };
+            let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
+                continue;
+            };
+            self.switch_step(switch, port, f);
+        }
+    }
+
+    fn switch_step(&mut self, id: SwitchId, in_port: u8, f: InFlight) {
+        let Some((sw, _)) = self.switches.get_mut(id.0) else {
+            return;
+        };
+        let smp = f.pkt.vl() == Some(15);
+        let action = if f.hops >= MAX_HOPS {
+            switch::Action::Drop("looping: too many switch hops")
+        } else {
+            sw.receive(in_port, f.pkt)
+        };
+        if smp {
+            self.sync_switch_enables(id);
+        }
+        match action {
+            switch::Action::Send(e, pkt) => {
+                if let Some(out) = self.switch_port(id, e) {
+                    self.send(out, pkt, f.due, f.hops.saturating_add(1));
+                }
+            }
+            switch::Action::Drop(why) => {
+                *self.stats.switch_drops.entry(why).or_default() += 1;
+            }
+        }
+    }
+
+    /// An SMP may have disabled or enabled switch ports (PortInfo
+    /// PortPhysicalState); the wire follows.
+    fn sync_switch_enables(&mut self, id: SwitchId) {
+        let Some((sw, ports)) = self.switches.get(id.0) else {
+            return;
+        };
+        let changes: Vec<(PortId, bool)> = (1..=sw.nports())
+            .filter_map(|p| {
+                let fp = *ports.get(usize::from(p))?;
+                let want = sw.port_enabled(p);
+                (self.ports.get(&fp)?.enabled != want).then_some((fp, want))
+            })
+            .collect();
+        for (fp, en) in changes {
+            let _ = self.set_enabled(fp, en);
+        }
+    }
+
+    fn port_mut(&mut self, p: PortId) -> &mut FabPort {
+        // Callers checked that `p` exists; a missing port is a model bug
+        // that must not take the process down, so it gets a scratch port.
+        self.ports.entry(p).or_insert_with(|| {
+            FabPort::new(Owner::Hca {
+                node_guid: 0,
+                port: 0,
+            })
+        })
+    }
+
+    fn note_link_change(&mut self, p: PortId, before: bool) {
+        let now = self.link_up(p);
+        if now != before {
+            let fp = self.port_mut(p);
+            fp.link_generation += 1;
+            if !now {
+                let lost = fp.inbound.len() as u64;
+                fp.inbound.clear();
+                self.stats.lost_in_flight += lost;
+            }
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.link_changed(port, now);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(dlid: u16) -> Packet {
+        let mut b = vec![0u8; 8 + 6];
+        b[2..4].copy_from_slice(&dlid.to_be_bytes());
+        Packet { bytes: b }
+    }
+
+    #[test]
+    fn link_needs_cable_and_both_ends_enabled() {
+        let mut f = Fabric::new();
+        let a = f.attach_hca_port(1, 1);
+        let b = f.attach_hca_port(2, 1);
+        assert!(!f.link_up(a));
+        f.set_enabled(a, true).unwrap();
+        f.set_enabled(b, true).unwrap();
+        assert!(!f.link_up(a), "no cable yet");
+        f.connect(a, b).unwrap();
+        assert!(f.link_up(a) && f.link_up(b));
+        assert_eq!(f.link_generation(a), 1);
+        f.set_enabled(b, false).unwrap();
+        assert!(!f.link_up(a), "partner closed its port");
+        assert_eq!(f.link_generation(a), 2);
+        assert_eq!(f.connect(a, a), Err(FabricError::SelfLoop(a)));
+        assert_eq!(f.connect(a, b), Err(FabricError::AlreadyCabled(a)));
+    }
+
+    #[test]
+    fn packets_cross_the_cable_in_order_and_not_on_a_dead_link() {
+        let mut f = Fabric::new();
+        let a = f.attach_hca_port(1, 1);
+        let b = f.attach_hca_port(2, 1);
+        f.connect(a, b).unwrap();
+        assert!(!f.transmit(a, pkt(1), 0), "link down: dropped");
+        f.set_enabled(a, true).unwrap();
+        f.set_enabled(b, true).unwrap();
+        f.latency_ns = 100;
+        assert!(f.transmit(a, pkt(7), 0));
+        assert!(f.transmit(a, pkt(8), 0));
+        assert_eq!(f.receive(b, 99), None, "not due yet");
+        assert_eq!(f.next_due(), Some(100));
+        assert_eq!(f.receive(b, 100).and_then(|p| p.dlid()), Some(7));
+        assert_eq!(f.receive(b, 100).and_then(|p| p.dlid()), Some(8));
+        assert_eq!(f.receive(a, 100), None);
+        f.transmit(b, pkt(9), 200);
+        f.unplug(a).unwrap();
+        assert_eq!(f.receive(a, 1000), None, "lost with the cable");
+        assert!(!f.link_up(b));
+    }
+}
