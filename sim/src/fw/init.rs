@@ -205,6 +205,15 @@ pub fn map_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if hca.icm.size.is_none() {
         return Err(Status::BAD_SYS_STATE);
     }
+    // The firmware keeps its ICM page tables in the aux pages:
+    // ICM_ERROR is "error in ICM mapping (e.g. not enough auxiliary pages)".
+    let (have, need_aux) = (hca.icm.aux.len() as u64, hca.icm.aux_needed());
+    if have < need_aux {
+        hca.violation(format!(
+            "MAP_ICM with {have} of the {need_aux} aux pages SET_ICM_SIZE asked for mapped"
+        ));
+        return Err(Status::ICM_ERROR);
+    }
     let entries = page_list(hca, cmd)?;
     total_pages(&entries, hca.icm.mapped_pages())?;
     let mut checked = Vec::new();
@@ -402,6 +411,25 @@ fn check_init_hca(hca: &Hca, h: &InitHca) -> Result<Geometry, Status> {
         g.base(Table::Cmpt(0)),
         4 * (g.entry_size(Table::Cmpt(0)) << 24),
     ));
+    // iPXE `hermonprm_qpcbaseaddr_st` / `hermonprm_tptparams_st`: the QPC,
+    // SRQC, CQC, dMPT and cMPT tables "must be aligned on [their] size"
+    // (Linux's profile gets this for free by placing power-of-two tables in
+    // decreasing size order); the others on their entry size (above).
+    for t in [
+        Table::Qpc,
+        Table::Srqc,
+        Table::Cqc,
+        Table::Dmpt,
+        Table::Cmpt(0),
+    ] {
+        let len = match t {
+            Table::Cmpt(_) => 4 * (g.entry_size(t) << 24),
+            _ => g.entry_size(t) * g.count(t).unwrap_or(1),
+        };
+        if len.is_power_of_two() && !g.base(t).is_multiple_of(len) {
+            return Err(Status::BAD_PARAM);
+        }
+    }
     if h.mc_base != 0 || h.log_mc_table_sz != 0 {
         spans.push((h.mc_base, (1u64 << h.log_mc_table_sz) << h.log_mc_entry_sz));
     }

@@ -341,6 +341,22 @@ fn init_hca_refuses_tables_no_bigger_than_their_reserved_part() {
 }
 
 #[test]
+fn init_hca_refuses_a_table_not_aligned_on_its_size() {
+    let mut r = Raw::new();
+    init_up_to_hca(&mut r).unwrap();
+    // The CQC table (256 x 64 B = 16 KiB) moved to a free spot aligned to
+    // its entries but not to its size.
+    let mut p = init_hca_params();
+    p.cqc_base = END + 0x2000;
+    let mut b = p.encode();
+    b[0x14..0x18].copy_from_slice(&linux_init_hca()[0x14..0x18]);
+    assert_eq!(r.cmd_in(&b, 0, 0, Opcode::INIT_HCA), st(Status::BAD_PARAM));
+    p.cqc_base = END;
+    let b = p.encode();
+    r.cmd_in(&b, 0, 0, Opcode::INIT_HCA).unwrap();
+}
+
+#[test]
 fn reserved_modifier_bits_are_refused_not_masked() {
     let mut r = Raw::new();
     init_full(&mut r).unwrap();
