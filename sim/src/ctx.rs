@@ -174,14 +174,14 @@ pub mod cqc {
     pub const DB_REC_ADDR: usize = 0x38;
     pub const SIZE: usize = 64;
     /// Reserved bits per dword (iPXE `hermonprm_completion_queue_context_st`,
-    /// Linux `mlx4_cq_context`): flags 27:20 and 16:12 (bit 19 is Linux's
-    /// timestamp enable, bit 18 collapsed, 17 overrun ignore; the delivery
-    /// state 11:8 is hardware's, so 11:0 must be zero), the second dword,
+    /// Linux `mlx4_cq_context`): flags 27:20, 16:12 and 7:0 (bit 19 is
+    /// Linux's timestamp enable, bit 18 collapsed, 17 overrun ignore, 11:8
+    /// the delivery state iPXE sets to "fired"), the second dword,
     /// page offset outside 11:5, log size 31:29, the EQN's 31:9, the
     /// neighbours of log page size and MTT high byte, MTT low 2:0, the
     /// doorbell record's 2:0.
     pub const RESERVED: &[(usize, u32)] = &[
-        (0x00, 0x0ff0_0000 | 0x0001_f000 | 0xfff),
+        (0x00, 0x0ff0_0000 | 0x0001_f000 | 0xff),
         (0x04, !0),
         (0x08, !0xfe0),
         (0x0c, 0xe000_0000),

@@ -43,6 +43,9 @@ pub struct EqState {
     pub overrun: bool,
     /// MSI-X vector.
     pub intr: u16,
+    /// Overrun ignore (EQC bit 17, set by iPXE): the EQ-full check is off
+    /// and unconsumed entries are overwritten.
+    pub oi: bool,
 }
 
 impl EqState {
@@ -105,7 +108,7 @@ impl Hca {
         let Some(eq) = self.eqs.get(&eqn).cloned() else {
             return;
         };
-        if eq.used() >= eq.nent {
+        if eq.used() >= eq.nent && !eq.oi {
             if !eq.overrun {
                 self.violation(format!(
                     "EQ {eqn} overrun: {} EQEs outstanding (consumer index {} not updated)",

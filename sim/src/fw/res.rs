@@ -90,9 +90,9 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let mut b = ctx_in(hca, cmd, eqc::SIZE)?;
     reserved_ctx(hca, cmd, eqn, &b, eqc::RESERVED)?;
     let c = EqCtx::decode(&b);
-    if c.oi || c.ec {
+    if c.ec {
         hca.violation(format!(
-            "SW2HW_EQ {eqn}: overrun-ignore / coalescing requested; not modelled (neither Linux nor iPXE sets them)"
+            "SW2HW_EQ {eqn}: event coalescing requested; not modelled (neither Linux nor iPXE sets it)"
         ));
         return Err(Status::BAD_PARAM);
     }
@@ -122,6 +122,7 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         doorbells: 0,
         overrun: false,
         intr: c.intr,
+        oi: c.oi,
     };
     hca.eq_init_owner_bits(&eq)?;
     put8(&mut b, eqc::FLAGS, 0); // status OK

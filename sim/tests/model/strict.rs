@@ -434,12 +434,12 @@ fn eq_and_cq_context_reserved_bits_are_refused() {
         assert!(r.violated("context dword"), "{what}");
     }
     let mut c = eq_ctx(6, q.mtt, 0);
-    c[1] |= 1 << 1; // OI
+    c[1] |= 1 << 2; // EC
     assert_eq!(
         r.cmd_in(&c, FIRST_EQ + 2, 0, Opcode::SW2HW_EQ),
         st(Status::BAD_PARAM)
     );
-    assert!(r.violated("overrun-ignore"));
+    assert!(r.violated("event coalescing"));
     let db = r.pages(1)[0];
     let mut c = cq_ctx(6, UAR, FIRST_EQ as u8, q.mtt, db);
     c[0x16] = 0x02; // EQN bit 9
@@ -447,8 +447,28 @@ fn eq_and_cq_context_reserved_bits_are_refused() {
         r.cmd_in(&c, FIRST_CQ, 0, Opcode::SW2HW_CQ),
         st(Status::BAD_PARAM)
     );
-    r.cmd_in(&eq_ctx(6, q.mtt, 0), FIRST_EQ + 2, 0, Opcode::SW2HW_EQ)
-        .unwrap();
+    // iPXE's CQ context: delivery state "fired" (0xa).
+    let mut c = cq_ctx(6, UAR, FIRST_EQ as u8, q.mtt, db);
+    c[2] = 0x0a;
+    r.cmd_in(&c, FIRST_CQ, 0, Opcode::SW2HW_CQ).unwrap();
+    // iPXE's EQ context: "fired" with overrun ignore; it never overruns.
+    let mut c = eq_ctx(6, q.mtt, 0);
+    c[1] |= 1 << 1;
+    c[2] = 0x0a;
+    r.cmd_in(&c, FIRST_EQ + 2, 0, Opcode::SW2HW_EQ).unwrap();
+    let cqn = FIRST_CQ + 1;
+    let q2 = queue(&mut r, 1).unwrap();
+    r.cmd_in(
+        &cq_ctx(6, UAR, (FIRST_EQ + 2) as u8, q2.mtt, db),
+        cqn,
+        0,
+        Opcode::SW2HW_CQ,
+    )
+    .unwrap();
+    for _ in 0..100 {
+        assert!(r.sim.inject_completion_event(cqn));
+    }
+    assert!(!r.violated("overrun"), "{:#?}", r.sim.violations());
 }
 
 #[test]
