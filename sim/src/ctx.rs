@@ -260,6 +260,9 @@ pub mod mpt {
     pub const STATUS_FREE: u32 = 0x3;
     /// Fast-register enable in pd_flags.
     pub const FAST_REG: u32 = 1 << 27;
+    /// Reserved bits per dword (Linux `mlx4_mpt_entry`, iPXE
+    /// `hermonprm_mpt_st`): bytes 0x28..0x2a, the MTT address above bit 39.
+    pub const RESERVED: &[(usize, u32)] = &[(0x28, 0xffff_ff00), (0x2c, 0xffff_ff00)];
 }
 
 /// Decoded dMPT entry.
@@ -334,6 +337,20 @@ pub mod srqc {
     pub const WQE_COUNTER: usize = 0x22;
     pub const DB_REC_ADDR: usize = 0x28;
     pub const SIZE: usize = 64;
+    /// Reserved bits per dword (Linux `mlx4_srq_context`): log stride's
+    /// 7:3 and `reserved1`, `reserved2`, the neighbours of log page size and
+    /// MTT high byte, MTT low 2:0, the PD's top byte, `reserved4`,
+    /// `reserved5`, the doorbell record's 1:0.
+    pub const RESERVED: &[(usize, u32)] = &[
+        (0x04, 0xf8ff_0000),
+        (0x0c, !0),
+        (0x10, 0xc0ff_ff00),
+        (0x14, 0x7),
+        (0x18, 0xff00_0000),
+        (0x20, 0xffff_0000),
+        (0x24, !0),
+        (0x2c, 0x3),
+    ];
 }
 
 /// Decoded SRQ context.

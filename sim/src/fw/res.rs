@@ -394,6 +394,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_RES_STATE);
     }
     let mut b = ctx_in(hca, cmd, mpt::SIZE)?;
+    reserved_ctx(hca, cmd, idx, &b, mpt::RESERVED)?;
     let m = MptEntry::decode(&b);
     let nmpt = hca.geo()?.count(Table::Dmpt).unwrap_or(1) as u32;
     let status = m.status();
@@ -525,6 +526,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     hca.ctx_va(Table::Cmpt(1), u64::from(srqn))?;
     let b = ctx_in(hca, cmd, ctx::srqc::SIZE)?;
+    reserved_ctx(hca, cmd, srqn, &b, ctx::srqc::RESERVED)?;
     let s = SrqCtx::decode(&b);
     if s.srqn != srqn
         || s.log_size > hca.caps().log_max_srq_sz

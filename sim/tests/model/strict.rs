@@ -544,3 +544,41 @@ fn hcr_reserved_bits_and_lost_command_events_are_recorded() {
     .unwrap();
     assert!(r.violated("reserved bits 20:16"));
 }
+
+#[test]
+fn srq_and_mpt_reserved_bits_are_refused() {
+    let mut r = Raw::new();
+    init_full(&mut r).unwrap();
+    let q = queue(&mut r, 1).unwrap();
+    let db = r.pages(1)[0];
+    for (what, off, v) in [("SRQ reserved2", 0x0cusize, 1u8), ("PD top byte", 0x18, 1)] {
+        let mut c = srq_ctx(FIRST_SRQ, 6, 2, PD, q.mtt, db);
+        c[off] = v;
+        assert_eq!(
+            r.cmd_in(&c, FIRST_SRQ, 0, Opcode::SW2HW_SRQ),
+            st(Status::BAD_PARAM),
+            "{what}"
+        );
+    }
+    let mut m = mpt_entry(FIRST_MPT, PD, true, 0, u64::MAX, 0);
+    m[0x29] = 1;
+    assert_eq!(
+        r.cmd_in(&m, FIRST_MPT, 0, Opcode::SW2HW_MPT),
+        st(Status::BAD_PARAM)
+    );
+    assert!(r.violated("SW2HW_MPT(0x00d) 0x10: context dword 0x28"));
+    r.cmd_in(
+        &srq_ctx(FIRST_SRQ, 6, 2, PD, q.mtt, db),
+        FIRST_SRQ,
+        0,
+        Opcode::SW2HW_SRQ,
+    )
+    .unwrap();
+    r.cmd_in(
+        &mpt_entry(FIRST_MPT, PD, true, 0, u64::MAX, 0),
+        FIRST_MPT,
+        0,
+        Opcode::SW2HW_MPT,
+    )
+    .unwrap();
+}
