@@ -24,9 +24,12 @@
 //!   Linux.
 //! * QUERY_DEV_CAP 0x68 (max counters) and 0x70 (ext flags): reserved in
 //!   iPXE.
-//! * INIT_HCA 0x0e (cache line), 0x58 (64-byte EQE/CQE), 0xf8 bit 7 (memory
-//!   windows): present in Linux, reserved in iPXE. INIT_HCA 0x14 bit 2: QoS in
-//!   Linux, reserved in iPXE.
+//! * INIT_HCA 0x0e (cache line; Linux 3.14+ also sets bit 4), 0x58
+//!   (64-byte EQE/CQE), 0x8a (Linux 3.19+ `num_sys_eqs`), 0xf8 bit 7
+//!   (memory windows): present in Linux, reserved in iPXE. INIT_HCA 0x14
+//!   bits 2, 4, 6, 13 (QoS, counters, flow steering, RSS of IP fragments):
+//!   Linux only, each behind a capability the model does not report except
+//!   QoS, which is accepted.
 //! * QUERY_PORT byte 0 bit 7: iPXE `link_state`, not read by Linux; byte 0
 //!   bits 3 and 4 (Linux: suggested type, default sense) are reserved in
 //!   iPXE; byte 4 (`ib_link_speed`) is read only by iPXE.

@@ -273,8 +273,11 @@ fn ilog2(v: u32) -> u8 {
 /// field by field in [`init_hca_fields`].
 fn init_hca_allowed(off: usize) -> u8 {
     match off {
-        0x00 => 0xff,                      // version
-        0x0e => 0xe0,                      // Linux: (log2 cache line - 4) << 5
+        0x00 => 0xff, // version
+        // Linux: (log2 cache line - 4) << 5, and since 3.14 also bit 4.
+        0x0e => 0xf0,
+        0x8a => 0x0f, // Linux 3.19+: num_sys_eqs (12 bits, 0 unless SYS_EQS)
+        0x8b => 0xff,
         0x14..=0x17 | 0x58..=0x5b => 0xff, // flags, 64-byte EQE/CQE
         0x30..=0x37 | 0x48..=0x4f | 0x50..=0x57 | 0x60..=0x67 | 0x70..=0x77 | 0x80..=0x87 => 0xff,
         0x90..=0x96 => 0xff,        // RDMARC base
