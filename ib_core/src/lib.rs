@@ -56,6 +56,7 @@ pub mod error;
 pub mod mad;
 pub mod mad_rmpp;
 pub mod packer;
+pub mod sa_query;
 pub mod smi;
 pub mod ud_header;
 pub mod verbs;

@@ -6,6 +6,7 @@ mod fake;
 mod fuzz;
 mod mad_layer;
 mod rmpp;
+mod sa;
 
 use std::sync::Arc;
 use std::time::Duration;
