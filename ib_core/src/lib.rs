@@ -51,6 +51,8 @@ extern crate alloc;
 
 pub mod agent;
 pub mod cache;
+pub mod cm;
+pub mod cm_msgs;
 pub mod device;
 pub mod error;
 pub mod mad;

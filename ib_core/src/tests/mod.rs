@@ -2,6 +2,7 @@
 
 mod bench;
 mod clients;
+mod cm;
 mod fake;
 mod fuzz;
 mod mad_layer;

@@ -1,0 +1,641 @@
+//! The CM end to end between the two fake HCAs (paths from the fake SA): connect, accept and disconnect with both RC QPs driven to RTS with the attributes the REQ and REP carry; REJ with reason and private data; unknown service; MRA; duplicate REQ (REP re-sent), stale REQ in time-wait, REP for an unknown ID; a silent peer and a lost DREQ ending in their timeouts; random CM MADs.
+
+use std::time::Duration;
+
+use hal::Clock;
+
+use super::fake::lock;
+use super::sa::{Rng, sa_rig};
+use super::*;
+use crate::cm::*;
+use crate::cm_msgs::*;
+use crate::device::ClientId;
+use crate::error::Error;
+use crate::mad::*;
+use crate::sa_query::*;
+use crate::verbs::*;
+
+const SID: u64 = 0x0000_0000_0001_0abc;
+const T: Duration = Duration::from_secs(10);
+
+struct CmRig {
+    r: Rig,
+    sa: ClientId,
+    cm: ClientId,
+    qp_a: Qp,
+    qp_b: Qp,
+}
+
+fn rc_qp(core: &mut IbCore, dev: DeviceId) -> Qp {
+    let d = core.device_mut(dev).unwrap();
+    let pd = d.alloc_pd().unwrap();
+    let (cq, _) = d
+        .create_cq(&CqInitAttr {
+            cqe: 16,
+            comp_vector: 0,
+        })
+        .unwrap();
+    d.create_qp(
+        pd,
+        &QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_type: SigType::AllWr,
+            qp_type: QpType::Rc,
+            port_num: 1,
+        },
+    )
+    .unwrap()
+    .0
+}
+
+fn cm_rig() -> CmRig {
+    let s = sa_rig();
+    let mut r = s.r;
+    let cm = ib_cm_init(&mut r.core);
+    r.core.poll();
+    let qp_a = rc_qp(&mut r.core, r.a);
+    let qp_b = rc_qp(&mut r.core, r.b);
+    CmRig {
+        r,
+        sa: s.sa,
+        cm,
+        qp_a,
+        qp_b,
+    }
+}
+
+impl CmRig {
+    fn path(&mut self) -> PathRecord {
+        sa_path_to_lid(&mut self.r.core, self.sa, self.r.a, 1, B_LID, T).unwrap()
+    }
+    fn req(&mut self) -> CmReqParam {
+        let path = self.path();
+        let mut p = CmReqParam::new(path, SID, self.qp_a);
+        p.starting_psn = 0x11_1111;
+        p.responder_resources = 4;
+        p.initiator_depth = 2;
+        p.retry_count = 6;
+        p.rnr_retry_count = 5;
+        p.private_data = b"hello from A".to_vec();
+        p
+    }
+    fn rep(&self) -> CmRepParam {
+        let mut p = CmRepParam::new(self.qp_b);
+        p.starting_psn = 0x22_2222;
+        p.responder_resources = 3;
+        p.initiator_depth = 4;
+        p.rnr_retry_count = 7;
+        p.private_data = b"welcome from B".to_vec();
+        p
+    }
+    fn wait(&mut self, id: CmId) -> CmEvent {
+        cm_wait_event(&mut self.r.core, self.cm, id, T).unwrap()
+    }
+    fn wait_req(&mut self, listen: CmId) -> CmId {
+        match self.wait(listen) {
+            CmEvent::ReqReceived { id, .. } => id,
+            e => panic!("expected a REQ, got {e:?}"),
+        }
+    }
+    fn qp_state(&self, hca: usize, qp: Qp) -> QpState {
+        lock(&self.r.world).hcas[hca].qps[qp.handle as usize]
+            .as_ref()
+            .unwrap()
+            .state
+    }
+    fn attrs(&self, hca: usize, qp: Qp, state: QpState) -> (QpAttr, QpAttrMask) {
+        lock(&self.r.world).hcas[hca]
+            .qp_attr_log
+            .iter()
+            .rev()
+            .find(|(h, a, m)| {
+                *h == qp.handle && a.qp_state == state && m.contains(QpAttrMask::STATE)
+            })
+            .map(|(_, a, m)| (*a, *m))
+            .unwrap()
+    }
+    /// CM MADs on the wire from `hca` with `attr`.
+    fn sent(&self, hca: usize, attr: u16) -> Vec<Mad> {
+        lock(&self.r.world)
+            .wire
+            .iter()
+            .filter(|p| {
+                p.from.0 == hca && p.mad.mgmt_class() == class::CM && p.mad.attr_id() == attr
+            })
+            .map(|p| p.mad.clone())
+            .collect()
+    }
+    fn connect(&mut self) -> (CmId, CmId, CmId) {
+        let listen = ib_cm_listen(&mut self.r.core, self.cm, self.r.b, SID).unwrap();
+        let p = self.req();
+        let a = ib_send_cm_req(&mut self.r.core, self.cm, self.r.a, 1, &p).unwrap();
+        let b = self.wait_req(listen);
+        let rp = self.rep();
+        ib_send_cm_rep(&mut self.r.core, self.cm, b, &rp).unwrap();
+        assert!(matches!(self.wait(a), CmEvent::Established { .. }));
+        assert!(matches!(self.wait(b), CmEvent::Established { .. }));
+        (listen, a, b)
+    }
+    /// Delivers `mad` to HCA `hca`'s QP1 as if from the other HCA's QP1.
+    fn inject(&mut self, hca: usize, mad: &Mad) {
+        let slid = if hca == 0 { B_LID } else { A_LID };
+        assert!(lock(&self.r.world).deliver(
+            hca,
+            1,
+            1,
+            None,
+            &mad.0,
+            1,
+            slid,
+            0,
+            None,
+            WcStatus::Success
+        ));
+    }
+}
+
+#[test]
+fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    assert_eq!(
+        ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap_err(),
+        Error::Conflict("service ID already listened to")
+    );
+    let p = c.req();
+    let path = p.path;
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    assert_eq!(c.qp_state(0, c.qp_a), QpState::Init);
+    let (b, pd, rqpn, guid, rlid) = match c.wait(listen) {
+        CmEvent::ReqReceived {
+            id,
+            private_data,
+            remote_qpn,
+            remote_ca_guid,
+            remote_lid,
+            ..
+        } => (id, private_data, remote_qpn, remote_ca_guid, remote_lid),
+        e => panic!("{e:?}"),
+    };
+    assert_eq!(&pd[..12], b"hello from A");
+    assert_eq!(pd.len(), 92);
+    assert_eq!((rqpn, guid, rlid), (c.qp_a.qp_num, A_GUID, A_LID));
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::ReqRcvd));
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::ReqSent));
+    let rp = c.rep();
+    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    assert_eq!(c.qp_state(1, c.qp_b), QpState::Rtr);
+    match c.wait(a) {
+        CmEvent::Established { private_data } => assert_eq!(&private_data[..14], b"welcome from B"),
+        e => panic!("{e:?}"),
+    }
+    assert!(matches!(c.wait(b), CmEvent::Established { .. }));
+    assert_eq!(c.qp_state(0, c.qp_a), QpState::Rts);
+    assert_eq!(c.qp_state(1, c.qp_b), QpState::Rts);
+    // Comm IDs cross.
+    let (ra, rqa) = cm_remote(&mut c.r.core, c.cm, a).unwrap();
+    let (rb, rqb) = cm_remote(&mut c.r.core, c.cm, b).unwrap();
+    assert_eq!((ra, rb), (b.local_id, a.local_id));
+    assert_eq!((rqa, rqb), (c.qp_b.qp_num, c.qp_a.qp_num));
+
+    // A's INIT/RTR/RTS.
+    let (init, m) = c.attrs(0, c.qp_a, QpState::Init);
+    assert_eq!(
+        m,
+        QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT
+    );
+    assert_eq!(init.port_num, 1);
+    assert!(
+        init.qp_access_flags
+            .contains(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+    );
+    let (rtr, _) = c.attrs(0, c.qp_a, QpState::Rtr);
+    assert_eq!(rtr.dest_qp_num, c.qp_b.qp_num);
+    assert_eq!(rtr.rq_psn, 0x22_2222, "A receives from B's starting PSN");
+    assert_eq!(rtr.path_mtu, Mtu::Mtu2048);
+    assert_eq!(rtr.ah_attr.dlid, B_LID);
+    assert_eq!(rtr.ah_attr.port_num, 1);
+    assert_eq!(rtr.ah_attr.static_rate, path.rate);
+    // A offered 4 responder resources, B initiates at most 4.
+    assert_eq!(rtr.max_dest_rd_atomic, 4);
+    let (rts, _) = c.attrs(0, c.qp_a, QpState::Rts);
+    assert_eq!(rts.sq_psn, 0x11_1111);
+    assert_eq!(rts.retry_cnt, 6);
+    assert_eq!(rts.rnr_retry, 7, "the RNR retry B asked for");
+    // A initiates at most min(2, B's 3 responder resources).
+    assert_eq!(rts.max_rd_atomic, 2);
+    // Local ACK timeout: packet life 14 + 1, CA ACK delay 0 -> 15.
+    assert_eq!(rts.timeout, 15);
+    // B's.
+    let (rtr, _) = c.attrs(1, c.qp_b, QpState::Rtr);
+    assert_eq!(rtr.dest_qp_num, c.qp_a.qp_num);
+    assert_eq!(rtr.rq_psn, 0x11_1111);
+    assert_eq!(rtr.path_mtu, Mtu::Mtu2048);
+    assert_eq!(rtr.ah_attr.dlid, A_LID);
+    assert_eq!(rtr.max_dest_rd_atomic, 2, "B serves A's initiator depth");
+    let (rts, m) = c.attrs(1, c.qp_b, QpState::Rts);
+    assert_eq!(
+        m,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC
+    );
+    assert_eq!(rts.sq_psn, 0x22_2222);
+    assert_eq!(rts.retry_cnt, 6);
+    assert_eq!(rts.rnr_retry, 5, "the RNR retry A asked for");
+    assert_eq!(
+        rts.max_rd_atomic, 4,
+        "B initiates up to A's responder resources"
+    );
+    assert_eq!(rts.timeout, 15);
+    // ib_cm_init_qp_attr agrees with what was applied.
+    let (x, _) = ib_cm_init_qp_attr(&mut c.r.core, c.cm, b, QpState::Rts).unwrap();
+    assert_eq!(x.sq_psn, 0x22_2222);
+
+    // The messages on the wire: one REQ, one REP, one RTU.
+    assert_eq!(c.sent(0, cm_attr::REQ).len(), 1);
+    assert_eq!(c.sent(1, cm_attr::REP).len(), 1);
+    assert_eq!(c.sent(0, cm_attr::RTU).len(), 1);
+    let req = CmReq::unpack(&c.sent(0, cm_attr::REQ)[0]);
+    assert_eq!(
+        (req.primary.local_lid, req.primary.remote_lid),
+        (A_LID, B_LID)
+    );
+    assert_eq!(
+        (req.service_id, req.local_qpn, req.path_mtu),
+        (SID, c.qp_a.qp_num, 4)
+    );
+
+    // Disconnect from A.
+    ib_send_cm_dreq(&mut c.r.core, c.cm, a, b"bye").unwrap();
+    match c.wait(b) {
+        CmEvent::Disconnected {
+            private_data,
+            by_peer,
+            dreq_timed_out,
+        } => {
+            assert_eq!(&private_data[..3], b"bye");
+            assert!(by_peer && !dreq_timed_out);
+        }
+        e => panic!("{e:?}"),
+    }
+    match c.wait(a) {
+        CmEvent::Disconnected {
+            by_peer,
+            dreq_timed_out,
+            ..
+        } => assert!(!by_peer && !dreq_timed_out),
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(c.qp_state(0, c.qp_a), QpState::Err);
+    assert_eq!(c.qp_state(1, c.qp_b), QpState::Err);
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
+    // Time-wait ends.
+    c.r.core
+        .poll_until(Duration::from_secs(2), |core| {
+            (cm_state(core, c.cm, a) == Some(CmState::Idle)).then_some(())
+        })
+        .unwrap();
+    for id in [a, b, listen] {
+        ib_destroy_cm_id(&mut c.r.core, c.cm, id).unwrap();
+    }
+}
+
+#[test]
+fn reject_with_reason_and_private_data() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let p = c.req();
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    ib_send_cm_rej(
+        &mut c.r.core,
+        c.cm,
+        b,
+        rej_reason::CONSUMER_DEFINED,
+        &[1, 2, 3],
+        b"go away",
+    )
+    .unwrap();
+    match c.wait(a) {
+        CmEvent::Rejected {
+            reason,
+            ari,
+            private_data,
+        } => {
+            assert_eq!(reason, rej_reason::CONSUMER_DEFINED);
+            assert_eq!(ari, vec![1, 2, 3]);
+            assert_eq!(&private_data[..7], b"go away");
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Idle));
+    // The REQ's retries stop: no second REQ after its timeout.
+    let _ = c.r.core.poll_until(Duration::from_secs(10), |_| None::<()>);
+    assert_eq!(c.sent(0, cm_attr::REQ).len(), 1);
+    // One-call connect reports the REJ as ECONNREFUSED.
+    let p = c.req();
+    let mut p2 = p.clone();
+    p2.service_id = SID + 1;
+    let e = cm_connect(&mut c.r.core, c.cm, c.r.a, 1, &p2, T).unwrap_err();
+    assert_eq!(e, Error::Errno(ECONNREFUSED));
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!(rej.reason, rej_reason::INVALID_SERVICE_ID);
+    assert_eq!(rej.msg_rejected, msg_response::REQ);
+}
+
+#[test]
+fn mra_keeps_the_active_side_waiting_past_its_timeout() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let mut p = c.req();
+    p.remote_cm_response_timeout = 16; // 256 ms
+    p.max_cm_retries = 1;
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    ib_send_cm_mra(&mut c.r.core, c.cm, b, 21, b"wait").unwrap(); // ~8.6 s
+    assert!(matches!(
+        c.wait(a),
+        CmEvent::MraReceived {
+            service_timeout: 21
+        }
+    ));
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
+    // Far beyond 2 * 256 ms (the REQ's own retries), still waiting.
+    let _ = c.r.core.poll_until(Duration::from_secs(3), |_| None::<()>);
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
+    assert!(ib_cm_get_event(&mut c.r.core, c.cm, a).is_none());
+    let rp = c.rep();
+    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    assert!(matches!(c.wait(a), CmEvent::Established { .. }));
+}
+
+#[test]
+fn duplicate_req_resends_the_rep_and_a_stale_one_is_rejected() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let p = c.req();
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    let req = c.sent(0, cm_attr::REQ)[0].clone();
+    // While B considers it: the duplicate is dropped (no new listener
+    // event, no answer).
+    c.inject(1, &req);
+    c.r.core.poll();
+    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+    assert_eq!(
+        c.sent(1, cm_attr::REP).len() + c.sent(1, cm_attr::REJ).len(),
+        0
+    );
+    // After the REP: the duplicate makes B send the REP again.
+    let rp = c.rep();
+    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    c.inject(1, &req);
+    assert!(matches!(c.wait(a), CmEvent::Established { .. }));
+    assert!(matches!(c.wait(b), CmEvent::Established { .. }));
+    let reps = c.sent(1, cm_attr::REP);
+    assert_eq!(reps.len(), 2);
+    assert_eq!(reps[0].0[24..], reps[1].0[24..]);
+    // A got the second REP while established: its RTU was lost, so the
+    // RTU goes again.
+    assert_eq!(c.sent(0, cm_attr::RTU).len(), 2);
+    let counters = cm_counters(&mut c.r.core, c.cm, c.r.b).unwrap();
+    assert_eq!(counters.duplicates, 2);
+    // Disconnect; in time-wait the old REQ is a stale connection.
+    ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+    assert!(matches!(c.wait(b), CmEvent::Disconnected { .. }));
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Timewait));
+    c.inject(1, &req);
+    c.r.core.poll();
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!(rej.reason, rej_reason::STALE_CONN);
+    assert_eq!(rej.remote_comm_id, a.local_id);
+    // A new REQ from the same QP (new comm ID) while B still holds it in
+    // time-wait: stale too.
+    let mut req2 = req.clone();
+    req2.0[24..28].copy_from_slice(&0x0bad_0001u32.to_be_bytes());
+    c.inject(1, &req2);
+    c.r.core.poll();
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id),
+        (rej_reason::STALE_CONN, 0x0bad_0001)
+    );
+    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+}
+
+#[test]
+fn rep_for_an_unknown_comm_id_is_rejected_with_invalid_comm_id() {
+    let mut c = cm_rig();
+    let rep = CmRep {
+        local_comm_id: 0x1234_5678,
+        remote_comm_id: 0xdead_beef,
+        local_qpn: 0x99,
+        local_ca_guid: B_GUID,
+        ..CmRep::default()
+    };
+    c.inject(0, &rep.pack().unwrap());
+    c.r.core.poll();
+    let rejs = c.sent(0, cm_attr::REJ);
+    assert_eq!(rejs.len(), 1);
+    let rej = CmRej::unpack(&rejs[0]);
+    assert_eq!(rej.reason, rej_reason::INVALID_COMM_ID);
+    assert_eq!(rej.msg_rejected, msg_response::REP);
+    assert_eq!(
+        (rej.local_comm_id, rej.remote_comm_id),
+        (0xdead_beef, 0x1234_5678)
+    );
+    assert_eq!(
+        cm_counters(&mut c.r.core, c.cm, c.r.a).unwrap().unknown_id,
+        1
+    );
+    // An RTU or DREP for nothing is dropped; a DREQ for nothing still gets
+    // a DREP.
+    let ids = CmIds {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        remote_qpn: 3,
+        private_data: vec![],
+    };
+    c.inject(0, &ids.pack(cm_attr::RTU).unwrap());
+    c.inject(0, &ids.pack(cm_attr::DREP).unwrap());
+    c.inject(0, &ids.pack(cm_attr::DREQ).unwrap());
+    c.r.core.poll();
+    assert_eq!(c.sent(0, cm_attr::DREP).len(), 1);
+    assert_eq!(c.sent(0, cm_attr::REJ).len(), 1);
+    // LAP is refused as unsupported.
+    let mut lap = cm_mad(cm_attr::LAP);
+    lap.0[24..28].copy_from_slice(&5u32.to_be_bytes());
+    c.inject(0, &lap);
+    c.r.core.poll();
+    let rej = CmRej::unpack(c.sent(0, cm_attr::REJ).last().unwrap());
+    assert_eq!(
+        (rej.reason, rej.msg_rejected),
+        (rej_reason::UNSUPPORTED, msg_response::OTHER)
+    );
+}
+
+#[test]
+fn a_peer_that_never_answers_times_out_after_its_retries() {
+    let mut c = cm_rig();
+    let mut p = c.req();
+    p.path.dlid = 99; // nobody
+    p.path.packet_life_time = 14; // 64 ms
+    p.remote_cm_response_timeout = 16; // 256 ms
+    p.max_cm_retries = 3;
+    let per_try = 2 * 64 + 256;
+    let t0 = c.r.clock.now_ns();
+    let e = cm_connect(&mut c.r.core, c.cm, c.r.a, 1, &p, T).unwrap_err();
+    let took = Duration::from_nanos(c.r.clock.now_ns() - t0);
+    assert_eq!(e, Error::TimedOut);
+    let budget = Duration::from_millis(4 * per_try);
+    assert!(took >= budget, "gave up early: {took:?}");
+    assert!(
+        took < budget + Duration::from_millis(50),
+        "too late: {took:?}"
+    );
+    assert_eq!(c.sent(0, cm_attr::REQ).len(), 4, "first try + 3 retries");
+    assert_eq!(cm_counters(&mut c.r.core, c.cm, c.r.a).unwrap().timeouts, 1);
+}
+
+#[test]
+fn a_lost_dreq_ends_in_the_drep_timeout() {
+    let mut c = cm_rig();
+    let (_, a, b) = c.connect();
+    lock(&c.r.world).drop_next = 1000;
+    c.r.clock.set_relax_step(Duration::from_millis(5));
+    let t0 = c.r.clock.now_ns();
+    ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+    // Each try waits 2 * 64 ms (packet life 14) + 4096 ms (the REQ's
+    // remote response timeout 20); 15 retries.
+    let budget = Duration::from_millis(16 * (2 * 64 + 4096));
+    let ev = cm_wait_event(&mut c.r.core, c.cm, a, budget + Duration::from_secs(1)).unwrap();
+    let took = Duration::from_nanos(c.r.clock.now_ns() - t0);
+    assert!(
+        took >= budget && took < budget + Duration::from_millis(100),
+        "{took:?}"
+    );
+    match ev {
+        CmEvent::Disconnected {
+            dreq_timed_out,
+            by_peer,
+            private_data,
+        } => {
+            assert!(dreq_timed_out && !by_peer);
+            assert!(private_data.is_empty());
+        }
+        e => panic!("{e:?}"),
+    }
+    // REQ's max CM retries (15) + 1 DREQs, all lost.
+    assert_eq!(c.sent(0, cm_attr::DREQ).len(), 16);
+    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
+    assert_eq!(c.qp_state(0, c.qp_a), QpState::Err);
+    // B never heard of it.
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Established));
+}
+
+#[test]
+fn destroying_an_established_id_sends_a_dreq() {
+    let mut c = cm_rig();
+    let (_, a, b) = c.connect();
+    ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
+    assert!(matches!(
+        c.wait(b),
+        CmEvent::Disconnected { by_peer: true, .. }
+    ));
+    assert_eq!(ib_cm_get_event(&mut c.r.core, c.cm, a), None);
+    assert_eq!(
+        ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap_err(),
+        Error::NotFound
+    );
+}
+
+#[test]
+fn fuzz_random_cm_mads_never_panic() {
+    let mut c = cm_rig();
+    let (listen, a, b) = c.connect();
+    let ids = [a.local_id, b.local_id, listen.local_id, 0, 0xffff_ffff];
+    let mut rng = Rng(0xc0ff_ee00_1234_5678);
+    let req = c.sent(0, cm_attr::REQ)[0].clone();
+    let templates: Vec<Mad> = vec![
+        req,
+        c.sent(1, cm_attr::REP)[0].clone(),
+        c.sent(0, cm_attr::RTU)[0].clone(),
+        CmIds::default().pack(cm_attr::DREQ).unwrap(),
+        CmIds::default().pack(cm_attr::DREP).unwrap(),
+        CmRej::default().pack().unwrap(),
+        CmMra::default().pack().unwrap(),
+        cm_mad(cm_attr::LAP),
+        cm_mad(cm_attr::SIDR_REQ),
+    ];
+    lock(&c.r.world).capture = false;
+    let n = 100_000;
+    for i in 0..n {
+        let mut m = templates[rng.below(templates.len() as u64) as usize].clone();
+        // Known IDs in the ID fields half the time, random bytes elsewhere.
+        if rng.below(2) == 0 {
+            let x = ids[rng.below(ids.len() as u64) as usize];
+            m.0[24..28].copy_from_slice(&x.to_be_bytes());
+        }
+        if rng.below(2) == 0 {
+            let x = ids[rng.below(ids.len() as u64) as usize];
+            m.0[28..32].copy_from_slice(&x.to_be_bytes());
+        }
+        for _ in 0..rng.below(6) {
+            let at = rng.below(256) as usize;
+            m.0[at] = rng.next() as u8;
+        }
+        let dev = if rng.below(2) == 0 { c.r.a } else { c.r.b };
+        let r = MadRecvWc {
+            wc: Wc {
+                slid: if dev == c.r.a { B_LID } else { A_LID },
+                src_qp: 1,
+                port_num: 1,
+                ..Wc::default()
+            },
+            grh: None,
+            mad: m,
+            port: 1,
+            send_id: None,
+            rmpp_data: None,
+        };
+        crate::cm::cm_inject_for_fuzz(&mut c.r.core, c.cm, dev, &r);
+        if i % 64 == 0 {
+            c.r.core.poll();
+            // Drain the events so queues stay small.
+            for id in [listen, a, b] {
+                while ib_cm_get_event(&mut c.r.core, c.cm, id).is_some() {}
+            }
+        }
+    }
+    // The CM still works: a fresh connection on new QPs.
+    lock(&c.r.world).capture = true;
+    lock(&c.r.world).wire.clear();
+    c.qp_a = rc_qp(&mut c.r.core, c.r.a);
+    c.qp_b = rc_qp(&mut c.r.core, c.r.b);
+    let l2 = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID + 7).unwrap();
+    let mut p = c.req();
+    p.service_id = SID + 7;
+    let a2 = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b2 = loop {
+        match c.wait(l2) {
+            CmEvent::ReqReceived { id, remote_qpn, .. } if remote_qpn == c.qp_a.qp_num => break id,
+            _ => continue,
+        }
+    };
+    let rp = c.rep();
+    ib_send_cm_rep(&mut c.r.core, c.cm, b2, &rp).unwrap();
+    assert!(matches!(c.wait(a2), CmEvent::Established { .. }));
+}
