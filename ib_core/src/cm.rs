@@ -365,7 +365,12 @@ impl IbClient for CmClient {
     fn remove(&mut self, _me: ClientId, _dev: &mut Device) {}
     fn poll(&mut self, me: ClientId, core: &mut IbCore) -> usize {
         let mut work = 0;
-        for dev in core.device_ids() {
+        // By index: the progress function allocates nothing here.
+        for i in 0..core.devices.len() {
+            let dev = DeviceId(i as u32);
+            if core.devices[i].is_none() {
+                continue;
+            }
             work +=
                 with_cm(core, me, dev, |core, cm| Ok(cm_poll_device(core, dev, cm))).unwrap_or(0);
         }

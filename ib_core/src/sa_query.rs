@@ -734,7 +734,12 @@ impl IbClient for SaClient {
     }
     fn poll(&mut self, me: ClientId, core: &mut IbCore) -> usize {
         let mut work = 0;
-        for dev in core.device_ids() {
+        // By index: the progress function allocates nothing here.
+        for i in 0..core.devices.len() {
+            let dev = DeviceId(i as u32);
+            if core.devices[i].is_none() {
+                continue;
+            }
             work +=
                 with_sa(core, me, dev, |core, sd| Ok(sa_poll_device(core, dev, sd))).unwrap_or(0);
         }

@@ -33,6 +33,8 @@ pub struct FakeSaState {
     pub portinfos: Vec<PortInfoRecord>,
     /// (GID, LID) of the ports it knows.
     pub lids: Vec<(Gid, u16)>,
+    /// RMPP segments of a multi-MAD answer, sent after `answer`.
+    pub segments: Vec<Mad>,
 }
 
 pub type SaState = Arc<Mutex<FakeSaState>>;
@@ -137,6 +139,42 @@ impl FakeSa {
                 let Some(first) = hits.first() else {
                     return no_records(resp);
                 };
+                if req.method() == sa_method::GET_TABLE && hits.len() > 1 {
+                    // Several records: an RMPP transfer of 200-byte
+                    // segments, the SA header in each.
+                    let data: Vec<u8> = hits.iter().flat_map(|n| n.pack()).collect();
+                    let chunks: Vec<&[u8]> = data.chunks(200).collect();
+                    let total = chunks.len();
+                    sa_set_attr_offset(&mut resp, 14);
+                    let mut segs = Vec::new();
+                    for (i, c) in chunks.iter().enumerate() {
+                        let mut m = resp.clone();
+                        m.0[56..].fill(0);
+                        m.0[56..56 + c.len()].copy_from_slice(c);
+                        m.0[24] = 1;
+                        m.0[25] = 1;
+                        let mut flags = 0x01;
+                        if i == 0 {
+                            flags |= 0x02;
+                        }
+                        if i + 1 == total {
+                            flags |= 0x04;
+                        }
+                        m.0[26] = flags;
+                        m.0[28..32].copy_from_slice(&(i as u32 + 1).to_be_bytes());
+                        let paylen = if i == 0 {
+                            (20 * total + data.len()) as u32
+                        } else if i + 1 == total {
+                            20 + c.len() as u32
+                        } else {
+                            0
+                        };
+                        m.0[32..36].copy_from_slice(&paylen.to_be_bytes());
+                        segs.push(m);
+                    }
+                    s.segments = segs;
+                    return None;
+                }
                 // One NodeRecord per MAD (112 of 200 bytes).
                 resp.0[56..168].copy_from_slice(&first.pack());
                 sa_set_attr_offset(&mut resp, 14);
@@ -209,7 +247,9 @@ impl IbClient for FakeSa {
         while let Some(ev) = core.ib_mad_poll_agent(agent) {
             work += 1;
             let MadEvent::Recv(r) = ev else { continue };
-            if let Some(resp) = self.answer(&r.mad) {
+            let mut out: Vec<Mad> = self.answer(&r.mad).into_iter().collect();
+            out.append(&mut st(&self.st).segments);
+            for resp in out {
                 let mut buf = MadSendBuf::new(
                     resp,
                     AhAttr {
@@ -508,7 +548,7 @@ fn node_and_portinfo_records() {
         }
     }
     let nodes = sa_node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
-    assert_eq!(nodes, vec![node]);
+    assert_eq!(nodes, vec![node.clone()]);
     assert_eq!(nodes[0].desc(), "fake_b 1");
     let req = st(&s.st).requests[0].clone();
     assert_eq!(req.method(), sa_method::GET_TABLE);
@@ -652,4 +692,34 @@ fn fuzz_record_parsers_on_random_bytes() {
         let _ = NodeRecord::unpack(&data);
         let _ = PortInfoRecord::unpack(&data);
     }
+}
+
+#[test]
+fn a_node_table_larger_than_one_mad_comes_through_rmpp() {
+    let mut s = sa_rig();
+    let nodes: Vec<NodeRecord> = (0..5u16)
+        .map(|i| {
+            let mut desc = [0u8; 64];
+            desc[..6].copy_from_slice(b"node 0");
+            desc[5] = b'0' + i as u8;
+            NodeRecord {
+                lid: 100 + i,
+                node_info: NodeInfo {
+                    node_type: 1,
+                    num_ports: 1,
+                    node_guid: 0x1000 + u64::from(i),
+                    ..NodeInfo::default()
+                },
+                node_desc: desc,
+            }
+        })
+        .collect();
+    st(&s.st).nodes = nodes.clone();
+    // 5 * 112 bytes = 560: three segments of 200, 200 and 160 bytes.
+    let got = sa_node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
+    assert_eq!(got, nodes);
+    assert_eq!(got[4].desc(), "node 4");
+    let c = s.r.core.mad_counters(s.r.a, 1).unwrap();
+    assert_eq!((c.rmpp_segments, c.rmpp_completed), (3, 1));
+    assert_eq!(requests(&s), 1);
 }
