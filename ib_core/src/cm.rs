@@ -908,7 +908,12 @@ pub fn ib_send_cm_rej(
             _ => return Err(Error::Invalid("nothing to reject in this CM state")),
         };
         let rej = CmRej {
-            local_comm_id: c.local_id,
+            // cm_format_rej: no local ID for a REQ not yet acknowledged.
+            local_comm_id: if c.state == CmState::ReqRcvd {
+                0
+            } else {
+                c.local_id
+            },
             remote_comm_id: c.remote_id,
             msg_rejected,
             reason,
@@ -997,6 +1002,7 @@ pub fn ib_destroy_cm_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()>
             .position(|c| c.local_id == id.local_id && !c.destroyed)
             .ok_or(Error::NotFound)?;
         cancel_msg(core, cd, ci);
+        let guid = cd.node_guid;
         let c = &cd.ids[ci];
         let reject = |reason, msg| CmRej {
             local_comm_id: c.local_id,
@@ -1008,7 +1014,11 @@ pub fn ib_destroy_cm_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()>
         };
         let farewell = match c.state {
             CmState::ReqSent | CmState::MraReqRcvd => {
-                reject(rej_reason::TIMEOUT, msg_response::REQ).pack().ok()
+                // cm_format_rej for a state with nothing received: "other",
+                // and the CA GUID in the ARI so the peer finds its ID.
+                let mut r = reject(rej_reason::TIMEOUT, msg_response::OTHER);
+                r.ari = guid.to_be_bytes().to_vec();
+                r.pack().ok()
             }
             CmState::ReqRcvd | CmState::MraReqSent => {
                 reject(rej_reason::CONSUMER_DEFINED, msg_response::REQ)
@@ -1538,12 +1548,25 @@ fn cm_rtu_handler(core: &mut IbCore, dev: DeviceId, cd: &mut CmDevice, r: &MadRe
 
 fn cm_rej_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {
     let rej = CmRej::unpack(&r.mad);
-    // cm_acquire_rejected_id: a REJ of our REQ names only our ID.
+    // cm_acquire_rejected_id: a timed-out active side names itself by its
+    // ID and CA GUID (in the ARI); a REJ of our REQ names only our ID;
+    // others name both.
+    let timeout_guid = (rej.reason == rej_reason::TIMEOUT && rej.ari.len() >= 8).then(|| {
+        let mut g = [0u8; 8];
+        g.copy_from_slice(&rej.ari[..8]);
+        u64::from_be_bytes(g)
+    });
     let Some(ci) = cd.ids.iter().position(|c| {
         !c.listen
             && !c.destroyed
-            && c.local_id == rej.remote_comm_id
-            && (rej.msg_rejected == msg_response::REQ || c.remote_id == rej.local_comm_id)
+            && match timeout_guid {
+                Some(g) => c.remote_ca_guid == g && c.remote_id == rej.local_comm_id,
+                None => {
+                    c.local_id == rej.remote_comm_id
+                        && (rej.msg_rejected == msg_response::REQ
+                            || c.remote_id == rej.local_comm_id)
+                }
+            }
     }) else {
         cd.counters.unknown_id += 1;
         return;
@@ -1556,14 +1579,19 @@ fn cm_rej_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {
         | CmState::MraRepRcvd
         | CmState::RepRcvd
         | CmState::MraRepSent
-        | CmState::Established => {}
+        | CmState::Established
+        | CmState::ReqRcvd
+        | CmState::MraReqSent => {}
         _ => {
             cd.counters.dropped += 1;
             return;
         }
     }
     cancel_msg(core, cd, ci);
-    let qp_used = !matches!(state, CmState::ReqSent | CmState::MraReqRcvd);
+    let qp_used = !matches!(
+        state,
+        CmState::ReqSent | CmState::MraReqRcvd | CmState::ReqRcvd | CmState::MraReqSent
+    );
     if qp_used || rej.reason == rej_reason::STALE_CONN {
         enter_timewait(core, cd, ci);
     } else {

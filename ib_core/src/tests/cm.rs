@@ -639,3 +639,41 @@ fn fuzz_random_cm_mads_never_panic() {
     ib_send_cm_rep(&mut c.r.core, c.cm, b2, &rp).unwrap();
     assert!(matches!(c.wait(a2), CmEvent::Established { .. }));
 }
+
+#[test]
+fn an_active_side_that_gives_up_rejects_with_timeout_and_its_guid() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let p = c.req();
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
+    match c.wait(b) {
+        CmEvent::Rejected { reason, ari, .. } => {
+            assert_eq!(reason, rej_reason::TIMEOUT);
+            assert_eq!(ari, A_GUID.to_be_bytes().to_vec());
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Idle));
+    let rej = CmRej::unpack(&c.sent(0, cm_attr::REJ)[0]);
+    assert_eq!(
+        (rej.local_comm_id, rej.msg_rejected),
+        (a.local_id, msg_response::OTHER)
+    );
+    // The passive side's own REJ of a REQ carries no local ID (as Linux).
+    let mut p2 = c.req();
+    p2.qp = rc_qp(&mut c.r.core, c.r.a);
+    let a2 = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p2).unwrap();
+    let b2 = c.wait_req(listen);
+    ib_send_cm_rej(&mut c.r.core, c.cm, b2, rej_reason::NO_QP, &[], &[]).unwrap();
+    assert!(matches!(
+        c.wait(a2),
+        CmEvent::Rejected {
+            reason: rej_reason::NO_QP,
+            ..
+        }
+    ));
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, a2.local_id));
+}
