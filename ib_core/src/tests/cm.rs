@@ -677,3 +677,59 @@ fn an_active_side_that_gives_up_rejects_with_timeout_and_its_guid() {
     let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
     assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, a2.local_id));
 }
+
+/// Figures, not a pass/fail: host time per SA PathRecord query and per CM
+/// connect + accept + disconnect over the fake (release build:
+/// `cargo test -p ib_core --release --lib bench_sa_and_cm -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn bench_sa_and_cm() {
+    let mut c = cm_rig();
+    lock(&c.r.world).capture = false;
+    let n = 2000u32;
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        let id = ib_sa_path_rec_get(
+            &mut c.r.core,
+            c.sa,
+            c.r.a,
+            1,
+            &PathRecord {
+                dlid: B_LID,
+                ..PathRecord::default()
+            },
+            path_comp::DLID,
+            T,
+        )
+        .unwrap();
+        ib_sa_wait(&mut c.r.core, c.sa, id, T).unwrap();
+    }
+    let sa = t0.elapsed() / n;
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let path = c.path();
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        let qa = rc_qp(&mut c.r.core, c.r.a);
+        let qb = rc_qp(&mut c.r.core, c.r.b);
+        let p = CmReqParam::new(path, SID, qa);
+        let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+        let b = c.wait_req(listen);
+        ib_send_cm_rep(&mut c.r.core, c.cm, b, &CmRepParam::new(qb)).unwrap();
+        assert!(matches!(c.wait(a), CmEvent::Established { .. }));
+        assert!(matches!(c.wait(b), CmEvent::Established { .. }));
+        ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+        assert!(matches!(c.wait(a), CmEvent::Disconnected { .. }));
+        assert!(matches!(c.wait(b), CmEvent::Disconnected { .. }));
+        ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
+        ib_destroy_cm_id(&mut c.r.core, c.cm, b).unwrap();
+        // The QPs are kept: a reused QPN would meet its old connection in
+        // time-wait and be refused as stale, as it should.
+    }
+    let cm = t0.elapsed() / n;
+    println!(
+        "SA PathRecord query (fake wire, one port to the other): {:.1} us; \
+         CM REQ/REP/RTU + DREQ/DREP with 4 QP transitions per side: {:.1} us",
+        sa.as_secs_f64() * 1e6,
+        cm.as_secs_f64() * 1e6
+    );
+}
