@@ -1078,7 +1078,15 @@ pub fn cm_wait_event(
     id: CmId,
     timeout: Duration,
 ) -> Result<CmEvent> {
-    core.poll_until(timeout, |core| ib_cm_get_event(core, cm, id))
+    core.poll_until(timeout, |core| {
+        match with_cm(core, cm, id.dev, |_, cd| {
+            Ok(cd.get(id.local_id)?.events.pop_front())
+        }) {
+            Ok(ev) => ev.map(Ok),
+            // The ID or its device is gone: nothing will come.
+            Err(e) => Some(Err(e)),
+        }
+    })?
 }
 
 /// The state of an ID.
@@ -1259,10 +1267,15 @@ fn cm_recv_handler(
         cm_attr::DREQ => cm_dreq_handler(core, dev, cd, agent, r),
         cm_attr::DREP => cm_drep_handler(core, cd, r),
         cm_attr::LAP => {
-            // No path migration: the IBTA answer to an unsupported LAP is
-            // a REJ of it.
+            // No path migration: an APR "unsupported" answers the LAP and
+            // leaves the connection as it is.
             cd.counters.dropped += 1;
-            cm_issue_rej(core, agent, r, rej_reason::UNSUPPORTED, msg_response::OTHER);
+            let (their_local, their_remote) = comm_ids(&r.mad);
+            let mut apr = cm_mad(cm_attr::APR);
+            apr.0[24..28].copy_from_slice(&their_remote.to_be_bytes());
+            apr.0[28..32].copy_from_slice(&their_local.to_be_bytes());
+            apr.0[33] = IB_CM_APR_UNSUPPORTED;
+            cm_send_response(core, agent, r, apr);
         }
         _ => cd.counters.dropped += 1,
     }

@@ -127,6 +127,10 @@ pub mod private_len {
     pub const DREP: usize = 224;
 }
 
+/// APR status "unsupported" (`IB_CM_APR_UNSUPPORTED`), the answer to a LAP
+/// by a CM without path migration; the APR's status byte is at offset 33.
+pub const IB_CM_APR_UNSUPPORTED: u8 = 2;
+
 /// Bytes of a REJ's additional rejection information.
 pub const IB_CM_REJ_ARI_LENGTH: usize = 72;
 

@@ -1208,6 +1208,9 @@ pub fn ib_sa_wait(
     timeout: Duration,
 ) -> Result<SaResponse> {
     let r = core.poll_until(timeout + Duration::from_millis(100), |core| {
+        if core.device(id.dev).is_none() {
+            return Some(Err(Error::NoDev));
+        }
         ib_sa_query_result(core, sa, id)
     });
     match r {

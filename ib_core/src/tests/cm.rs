@@ -475,16 +475,19 @@ fn rep_for_an_unknown_comm_id_is_rejected_with_invalid_comm_id() {
     c.r.core.poll();
     assert_eq!(c.sent(0, cm_attr::DREP).len(), 1);
     assert_eq!(c.sent(0, cm_attr::REJ).len(), 1);
-    // LAP is refused as unsupported.
+    // LAP is answered with APR "unsupported" (and no REJ).
     let mut lap = cm_mad(cm_attr::LAP);
     lap.0[24..28].copy_from_slice(&5u32.to_be_bytes());
+    lap.0[28..32].copy_from_slice(&6u32.to_be_bytes());
     c.inject(0, &lap);
     c.r.core.poll();
-    let rej = CmRej::unpack(c.sent(0, cm_attr::REJ).last().unwrap());
+    let apr = c.sent(0, cm_attr::APR);
+    assert_eq!(apr.len(), 1);
     assert_eq!(
-        (rej.reason, rej.msg_rejected),
-        (rej_reason::UNSUPPORTED, msg_response::OTHER)
+        &apr[0].0[24..34],
+        &[0, 0, 0, 6, 0, 0, 0, 5, 0, IB_CM_APR_UNSUPPORTED]
     );
+    assert_eq!(c.sent(0, cm_attr::REJ).len(), 1);
 }
 
 #[test]
@@ -558,6 +561,11 @@ fn destroying_an_established_id_sends_a_dreq() {
     assert_eq!(ib_cm_get_event(&mut c.r.core, c.cm, a), None);
     assert_eq!(
         ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap_err(),
+        Error::NotFound
+    );
+    // Waiting on a destroyed ID says so at once.
+    assert_eq!(
+        cm_wait_event(&mut c.r.core, c.cm, a, T).unwrap_err(),
         Error::NotFound
     );
 }
