@@ -138,7 +138,9 @@ pub struct CmReqParam {
     pub service_id: u64,
     /// The RC QP to connect (in RESET; the CM drives it to RTS).
     pub qp: Qp,
-    /// Starting PSN of our send queue (24 bits).
+    /// The PSN we expect first from the peer (24 bits): the REQ's starting
+    /// PSN, which becomes our RQ PSN and the passive side's SQ PSN (Linux's
+    /// reading of the field, which this port keeps for interoperation).
     pub starting_psn: u32,
     /// RDMA reads/atomics we accept at once.
     pub responder_resources: u8,
@@ -184,7 +186,8 @@ impl CmReqParam {
 pub struct CmRepParam {
     /// The RC QP for this connection (in RESET).
     pub qp: Qp,
-    /// Starting PSN of our send queue.
+    /// The PSN we expect first from the active side: the REP's starting
+    /// PSN, our RQ PSN and the active side's SQ PSN (as Linux).
     pub starting_psn: u32,
     /// RDMA reads/atomics we accept at once.
     pub responder_resources: u8,
@@ -783,7 +786,7 @@ pub fn ib_send_cm_req(
         c.ack_timeout = (param.path.packet_life_time + 1).min(31);
         c.path_mtu = mtu;
         c.pkey_index = pkey_index;
-        c.sq_psn = param.starting_psn & 0xff_ffff;
+        c.rq_psn = param.starting_psn & 0xff_ffff;
         c.responder_resources = param.responder_resources;
         c.initiator_depth = param.initiator_depth;
         c.retry_count = param.retry_count & 7;
@@ -803,7 +806,7 @@ pub fn ib_send_cm_req(
             remote_cm_response_timeout: param.remote_cm_response_timeout & 0x1f,
             transport_type: 0,
             flow_control: true,
-            starting_psn: c.sq_psn,
+            starting_psn: c.rq_psn,
             local_cm_response_timeout: param.local_cm_response_timeout & 0x1f,
             retry_count: c.retry_count,
             pkey: param.path.pkey,
@@ -857,7 +860,7 @@ pub fn ib_send_cm_rep(core: &mut IbCore, cm: ClientId, id: CmId, param: &CmRepPa
         }
         c.qp = Some(param.qp);
         c.local_qpn = param.qp.qp_num;
-        c.sq_psn = param.starting_psn & 0xff_ffff;
+        c.rq_psn = param.starting_psn & 0xff_ffff;
         // The consumer's values (as Linux), kept within what the REQ
         // offered (IBTA 12.7.20/21).
         c.responder_resources = param.responder_resources.min(c.responder_resources);
@@ -867,7 +870,7 @@ pub fn ib_send_cm_rep(core: &mut IbCore, cm: ClientId, id: CmId, param: &CmRepPa
             remote_comm_id: c.remote_id,
             local_qkey: 0,
             local_qpn: param.qp.qp_num & 0xff_ffff,
-            starting_psn: c.sq_psn,
+            starting_psn: c.rq_psn,
             responder_resources: c.responder_resources,
             initiator_depth: c.initiator_depth,
             target_ack_delay: ack_delay,
@@ -1400,7 +1403,7 @@ fn cm_req_handler(
     c.packet_life_time = p.local_ack_timeout.saturating_sub(1);
     c.path_mtu = mtu;
     c.pkey_index = pkey_index;
-    c.rq_psn = req.starting_psn;
+    c.sq_psn = req.starting_psn;
     // Our responder resources serve its initiator depth and back.
     c.responder_resources = req.initiator_depth;
     c.initiator_depth = req.responder_resources;
@@ -1483,7 +1486,7 @@ fn cm_rep_handler(
     c.remote_id = rep.local_comm_id;
     c.remote_ca_guid = rep.local_ca_guid;
     c.remote_qpn = rep.local_qpn;
-    c.rq_psn = rep.starting_psn;
+    c.sq_psn = rep.starting_psn;
     // As Linux: what it accepts bounds what we issue, and back.
     c.initiator_depth = c.initiator_depth.min(rep.responder_resources);
     c.responder_resources = c.responder_resources.min(rep.initiator_depth);

@@ -220,7 +220,10 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     );
     let (rtr, _) = c.attrs(0, c.qp_a, QpState::Rtr);
     assert_eq!(rtr.dest_qp_num, c.qp_b.qp_num);
-    assert_eq!(rtr.rq_psn, 0x22_2222, "A receives from B's starting PSN");
+    assert_eq!(
+        rtr.rq_psn, 0x11_1111,
+        "A expects the PSN its REQ named (Linux)"
+    );
     assert_eq!(rtr.path_mtu, Mtu::Mtu2048);
     assert_eq!(rtr.ah_attr.dlid, B_LID);
     assert_eq!(rtr.ah_attr.port_num, 1);
@@ -228,7 +231,7 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     // A offered 4 responder resources, B initiates at most 4.
     assert_eq!(rtr.max_dest_rd_atomic, 4);
     let (rts, _) = c.attrs(0, c.qp_a, QpState::Rts);
-    assert_eq!(rts.sq_psn, 0x11_1111);
+    assert_eq!(rts.sq_psn, 0x22_2222, "A sends from the PSN B's REP named");
     assert_eq!(rts.retry_cnt, 6);
     assert_eq!(rts.rnr_retry, 7, "the RNR retry B asked for");
     // A initiates at most min(2, B's 3 responder resources).
@@ -238,7 +241,7 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     // B's.
     let (rtr, _) = c.attrs(1, c.qp_b, QpState::Rtr);
     assert_eq!(rtr.dest_qp_num, c.qp_a.qp_num);
-    assert_eq!(rtr.rq_psn, 0x11_1111);
+    assert_eq!(rtr.rq_psn, 0x22_2222);
     assert_eq!(rtr.path_mtu, Mtu::Mtu2048);
     assert_eq!(rtr.ah_attr.dlid, A_LID);
     assert_eq!(rtr.max_dest_rd_atomic, 2, "B serves A's initiator depth");
@@ -252,7 +255,7 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
             | QpAttrMask::RNR_RETRY
             | QpAttrMask::MAX_QP_RD_ATOMIC
     );
-    assert_eq!(rts.sq_psn, 0x22_2222);
+    assert_eq!(rts.sq_psn, 0x11_1111);
     assert_eq!(rts.retry_cnt, 6);
     assert_eq!(rts.rnr_retry, 5, "the RNR retry A asked for");
     assert_eq!(
@@ -262,7 +265,7 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     assert_eq!(rts.timeout, 15);
     // ib_cm_init_qp_attr agrees with what was applied.
     let (x, _) = ib_cm_init_qp_attr(&mut c.r.core, c.cm, b, QpState::Rts).unwrap();
-    assert_eq!(x.sq_psn, 0x22_2222);
+    assert_eq!(x.sq_psn, 0x11_1111);
 
     // The messages on the wire: one REQ, one REP, one RTU.
     assert_eq!(c.sent(0, cm_attr::REQ).len(), 1);
