@@ -960,29 +960,34 @@ impl MadPort {
             .range((tid, 0)..=(tid, u32::MAX))
             .map(|&(_, i)| i)
             .find(|&i| {
-                self.sends[i as usize].as_ref().is_some_and(|s| {
-                    s.agent == Some(agent)
-                        && !s.canceled
-                        && !s.got_response
-                        && s.buf.timeout_ms > 0
-                        && s.buf.mad.mgmt_class() == mad.mgmt_class()
-                        && !matches!(s.state, SendState::Queued)
-                })
+                self.sends
+                    .get(i as usize)
+                    .and_then(|x| x.as_ref())
+                    .is_some_and(|s| {
+                        s.agent == Some(agent)
+                            && !s.canceled
+                            && !s.got_response
+                            && s.buf.timeout_ms > 0
+                            && s.buf.mad.mgmt_class() == mad.mgmt_class()
+                            && !matches!(s.state, SendState::Queued)
+                    })
             })?;
         Some((agent, send))
     }
 
     /// Puts send `idx` on the wait list until `deadline`.
     fn wait_resp(&mut self, idx: u32, deadline: u64) {
-        if let Some(s) = self.sends[idx as usize].as_mut() {
+        if let Some(s) = self.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
             s.state = SendState::WaitResp(deadline);
             self.next_deadline = self.next_deadline.min(deadline);
         }
     }
 
     fn send_id(&self, idx: u32) -> MadSendId {
-        let generation = self.sends[idx as usize]
-            .as_ref()
+        let generation = self
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
             .map_or(0, |s| s.generation);
         MadSendId((u64::from(generation) << 32) | u64::from(idx))
     }
@@ -1207,7 +1212,7 @@ fn send_mad(
         Ok(_) => Ok(mp.send_id(idx)),
         Err(e) => {
             let _ = dev.destroy_ah(ah);
-            if let Some(s) = mp.sends[idx as usize].take() {
+            if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
                 mp.by_tid.remove(&(s.buf.mad.tid(), idx));
             }
             mp.free_sends.push(idx);
@@ -1320,8 +1325,10 @@ fn handle_outgoing_dr_smp(
         }
     }
     if expects && !answered {
-        let ms = mp.sends[idx as usize]
-            .as_ref()
+        let ms = mp
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
             .map_or(0, |s| s.buf.timeout_ms);
         let deadline = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
         mp.wait_resp(idx, deadline);
@@ -1455,8 +1462,10 @@ fn ib_mad_recv_one(
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed => {
                     // A transfer in progress keeps its request alive.
-                    let ms = mp.sends[send as usize]
-                        .as_ref()
+                    let ms = mp
+                        .sends
+                        .get(send as usize)
+                        .and_then(|x| x.as_ref())
                         .and_then(|s| match s.state {
                             SendState::WaitResp(_) => Some(s.buf.timeout_ms),
                             _ => None,
@@ -1474,10 +1483,14 @@ fn ib_mad_recv_one(
             }
         }
         mp.deliver(cfg, agent, MadEvent::Recv(rw));
-        let state = mp.sends[send as usize].as_ref().map(|s| s.state);
+        let state = mp
+            .sends
+            .get(send as usize)
+            .and_then(|x| x.as_ref())
+            .map(|s| s.state);
         if let Some(SendState::WaitResp(_)) = state {
             complete_send(dev, mp, cfg, send, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends[send as usize].as_mut() {
+        } else if let Some(s) = mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
             // The response beat the send completion.
             s.got_response = true;
         }
@@ -1558,20 +1571,22 @@ fn send_done(
     };
     mq.send_slot[slot] = None;
     mq.free_slots.push(slot as u32);
-    if let Some(s) = mp.sends[idx as usize].as_mut() {
+    if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
         s.state = SendState::Queued;
     }
-    let (canceled, timeout_ms, got) = match mp.sends[idx as usize].as_ref() {
+    let (canceled, timeout_ms, got) = match mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
         Some(s) => (s.canceled, s.buf.timeout_ms, s.got_response),
         None => return,
     };
     if wc.status == WcStatus::WrFlushErr
-        && mp.sends[idx as usize]
-            .as_ref()
+        && mp
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
             .is_some_and(|s| s.retry_on_flush && !s.canceled)
     {
         // Flushed by the SQE of another send: post it again.
-        if let Some(s) = mp.sends[idx as usize].as_mut() {
+        if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
             s.retry_on_flush = false;
         }
         mp.counters.retries += 1;
@@ -1638,7 +1653,7 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
     let mut work = 0;
     let mut next = u64::MAX;
     for idx in 0..mp.sends.len() as u32 {
-        let Some(s) = mp.sends[idx as usize].as_mut() else {
+        let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
             continue;
         };
         let SendState::WaitResp(deadline) = s.state else {
@@ -1850,7 +1865,7 @@ impl IbCore {
                 return Err(Error::NotFound);
             }
             for idx in 0..mp.sends.len() as u32 {
-                let Some(s) = mp.sends[idx as usize].as_mut() else {
+                let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                     continue;
                 };
                 if s.agent != Some(agent.idx) {
@@ -1898,7 +1913,7 @@ impl IbCore {
         self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
             Self::check_agent(mp, &agent)?;
             let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends[idx as usize].as_mut() else {
+            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) {
@@ -1922,7 +1937,7 @@ impl IbCore {
         self.with_mad_port(agent.dev, agent.port, |_, mp, clock, _| {
             Self::check_agent(mp, &agent)?;
             let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends[idx as usize].as_mut() else {
+            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) || s.canceled {

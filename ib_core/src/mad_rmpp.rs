@@ -185,7 +185,10 @@ fn send_ack(
         paylen_newwin: newwin,
     }
     .write(&mut ack);
-    let ah = crate::agent::ib_init_ah_from_wc(dev, mp.port(), wc, grh);
+    let Ok(ah) = crate::agent::ib_init_ah_from_wc(dev, mp.port(), wc, grh) else {
+        mp.counters.send_errors += 1;
+        return;
+    };
     let mut buf = MadSendBuf::new(ack, ah, wc.src_qp);
     buf.remote_qkey = IB_QP_SET_QKEY;
     buf.pkey_index = wc.pkey_index;

@@ -500,7 +500,7 @@ c_flags! {
         const MEM_MGT_EXTENSIONS = 1 << 21 => "IB_DEVICE_MEM_MGT_EXTENSIONS";
         /// Block multicast loopback.
         const BLOCK_MULTICAST_LOOPBACK = 1 << 22 => "IB_DEVICE_BLOCK_MULTICAST_LOOPBACK";
-        /// Type 1 memory windows.
+        /// Type 2A memory windows.
         const MEM_WINDOW_TYPE_2A = 1 << 23 => "IB_DEVICE_MEM_WINDOW_TYPE_2A";
         /// Type 2B memory windows.
         const MEM_WINDOW_TYPE_2B = 1 << 24 => "IB_DEVICE_MEM_WINDOW_TYPE_2B";

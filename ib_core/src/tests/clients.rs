@@ -237,11 +237,22 @@ fn the_cache_holds_every_gid_and_pkey_and_finds_them() {
     // A limited member matches when no full member exists.
     assert_eq!(d.find_cached_pkey(1, 0x0001), Ok(1));
     assert_eq!(d.find_cached_pkey(1, 0x1234), Err(Error::NotFound));
+    // Full membership wins over a limited entry met first (later Linux;
+    // 3.11 took the first match and could put the MAD QPs on a limited key).
+    lock(&r.world).hcas[1].ports[0].pkeys = vec![0x7fff, 0xffff, 0x0005, 0];
+    let mut r = r;
+    lock(&r.world).hcas[1]
+        .events
+        .push_back(Event::port(EventType::PkeyChange, 1));
+    r.core.poll();
+    let d = r.core.device(r.b).unwrap();
+    assert_eq!(d.find_cached_pkey(1, 0xffff), Ok(1));
+    assert_eq!(d.find_cached_pkey(1, 0x7fff), Ok(1));
+    assert_eq!(d.find_cached_pkey(1, 0x8005), Ok(2), "only a limited one");
     assert!(d.get_cached_gid(1, 9).is_err());
     assert!(d.get_cached_gid(2, 0).is_err());
     assert_eq!(d.get_cached_lmc(1), Ok(0));
     // The owner reaches its driver through the core.
-    let mut r = r;
     let d = r.core.device_mut(r.b).unwrap();
     assert_eq!(
         d.provider_as::<super::fake::FakeDev>().map(|f| f.idx),
@@ -358,13 +369,16 @@ fn a_port_whose_special_qps_cannot_be_created_has_no_mad_layer_but_the_device_re
 struct Responder {
     agent: Option<crate::mad::MadAgent>,
     answered: Arc<Mutex<u32>>,
+    added: Arc<Mutex<u32>>,
 }
 
 impl IbClient for Responder {
     fn name(&self) -> &str {
         "responder"
     }
-    fn add(&mut self, _me: ClientId, _dev: &mut Device) {}
+    fn add(&mut self, _me: ClientId, _dev: &mut Device) {
+        *self.added.lock().unwrap() += 1;
+    }
     fn remove(&mut self, _me: ClientId, _dev: &mut Device) {}
     fn poll(&mut self, _me: ClientId, core: &mut IbCore) -> usize {
         use crate::mad::{MadEvent, MadSendBuf, method};
@@ -379,7 +393,8 @@ impl IbClient for Responder {
                     ag.port,
                     &req.wc,
                     req.grh.as_ref(),
-                );
+                )
+                .unwrap();
                 core.ib_post_send_mad(ag, MadSendBuf::new(resp, ah, req.wc.src_qp))
                     .unwrap();
                 *self.answered.lock().unwrap() += 1;
@@ -407,10 +422,17 @@ fn clients_answer_from_the_progress_function() {
             0,
         )
         .unwrap();
+    let added = Arc::new(Mutex::new(0));
     let c = r.core.ib_register_client(Box::new(Responder {
         agent: Some(agent),
         answered: answered.clone(),
+        added: added.clone(),
     }));
+    assert_eq!(
+        *added.lock().unwrap(),
+        2,
+        "a client takes every CA by default"
+    );
     let ag = r
         .core
         .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)

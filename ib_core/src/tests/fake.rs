@@ -69,6 +69,7 @@ pub struct Packet {
     pub dlid: u16,
     pub mad: Mad,
     pub dropped: bool,
+    pub grh: Option<GlobalRoute>,
 }
 
 pub struct World {
@@ -135,7 +136,7 @@ pub fn add_hca(w: &SharedWorld, name: &str, node_guid: u64, ports: u8, base_lid:
                 lmc: 0,
                 state: PortState::Active,
                 gids: (0..4)
-                    .map(|i| Gid::new(GID_PREFIX, node_guid + u64::from(p) + (i as u64) * 0x100))
+                    .map(|i| Gid::new(GID_PREFIX, node_guid + u64::from(p) + ((i as u64) << 40)))
                     .collect(),
                 pkeys: vec![0xffff, 0x8001, 0x7fff, 0],
                 link_layer: LinkLayer::Infiniband,
@@ -644,6 +645,7 @@ impl IbDevice for FakeDev {
                         dlid: av.dlid,
                         mad: Mad::from_bytes(&payload),
                         dropped: true,
+                        grh: av.grh,
                     });
                 }
                 continue;
@@ -683,6 +685,7 @@ impl IbDevice for FakeDev {
                     dlid: av.dlid,
                     mad: mad.clone(),
                     dropped,
+                    grh: av.grh,
                 });
             }
             if let (Some((th, tp)), false) = (to, dropped) {

@@ -190,7 +190,7 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     let mut resp = req.mad.clone();
     resp.set_method(method::GET_RESP);
     resp.data_mut()[0] = 0x42;
-    let ah = ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref());
+    let ah = ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref()).unwrap();
     assert_eq!(ah.dlid, A_LID);
     r.core
         .ib_post_send_mad(server, MadSendBuf::new(resp, ah, req.wc.src_qp))
@@ -902,4 +902,61 @@ fn each_port_of_a_two_port_hca_has_its_own_mad_layer() {
     assert_eq!(m.smp_data()[36], 2, "LocalPortNum");
     assert_eq!(core.mad_counters(d, 2).unwrap().local_smps, 1);
     assert_eq!(core.mad_counters(d, 1).unwrap().local_smps, 0);
+}
+
+#[test]
+fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
+    let mut r = rig();
+    let a_gid = r.core.device(r.a).unwrap().get_cached_gid(1, 2).unwrap();
+    let b_gid = r.core.device(r.b).unwrap().get_cached_gid(1, 0).unwrap();
+    let grh = |dgid: Gid| {
+        let mut g = [0u8; 40];
+        g[0..4].copy_from_slice(&(0x6000_0000u32 | (0x12 << 20) | 0xabcde).to_be_bytes());
+        g[6] = 0x1b;
+        g[7] = 9;
+        g[8..24].copy_from_slice(&b_gid.0);
+        g[24..40].copy_from_slice(&dgid.0);
+        g
+    };
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    lock(&r.world).deliver(
+        0,
+        1,
+        1,
+        Some(grh(a_gid)),
+        &m.0,
+        1,
+        B_LID,
+        3,
+        None,
+        WcStatus::Success,
+    );
+    r.core.poll();
+    {
+        let w = lock(&r.world);
+        assert_eq!(w.wire.len(), 1);
+        let g = w.wire[0].grh.expect("the answer carries a GRH");
+        assert_eq!(g.dgid, b_gid);
+        assert_eq!(g.sgid_index, 2, "the GID the request was sent to");
+        assert_eq!(
+            (g.flow_label, g.traffic_class, g.hop_limit),
+            (0xabcde, 0x12, 0xff)
+        );
+    }
+    // To a GID this port does not have: no answer, as in Linux.
+    lock(&r.world).deliver(
+        0,
+        1,
+        1,
+        Some(grh(b_gid)),
+        &m.0,
+        1,
+        B_LID,
+        3,
+        None,
+        WcStatus::Success,
+    );
+    r.core.poll();
+    assert_eq!(lock(&r.world).wire.len(), 1);
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().send_errors, 1);
 }

@@ -94,7 +94,8 @@ fn segment(req: &MadRecvWc, i: u32, n: u32, last_len: usize) -> Mad {
 }
 
 fn send_seg(r: &mut Rig, s: &Sa, req: &MadRecvWc, m: Mad) {
-    let ah = crate::agent::ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, None);
+    let ah =
+        crate::agent::ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, None).unwrap();
     r.core
         .ib_post_send_mad(s.server, MadSendBuf::new(m, ah, req.wc.src_qp))
         .unwrap();
