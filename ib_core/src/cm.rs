@@ -783,7 +783,7 @@ pub fn ib_send_cm_req(
         c.local_qpn = param.qp.qp_num;
         c.av = av;
         c.packet_life_time = param.path.packet_life_time;
-        c.ack_timeout = (param.path.packet_life_time + 1).min(31);
+        c.ack_timeout = param.path.packet_life_time.min(30) + 1;
         c.path_mtu = mtu;
         c.pkey_index = pkey_index;
         c.rq_psn = param.starting_psn & 0xff_ffff;

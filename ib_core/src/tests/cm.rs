@@ -744,3 +744,64 @@ fn bench_sa_and_cm() {
         cm.as_secs_f64() * 1e6
     );
 }
+
+#[test]
+fn bad_arguments_are_refused_with_clear_errors() {
+    let mut c = cm_rig();
+    let good = c.req();
+    let mut p = good.clone();
+    p.private_data = vec![0; 93];
+    assert_eq!(
+        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap_err(),
+        Error::MsgSize
+    );
+    let mut p = good.clone();
+    p.path.mtu = 0;
+    assert!(matches!(
+        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
+        Err(Error::Invalid(_))
+    ));
+    let mut p = good.clone();
+    p.path.pkey = 0x1234;
+    assert!(matches!(
+        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
+        Err(Error::Invalid(_))
+    ));
+    let mut p = good.clone();
+    p.path.packet_life_time = 255;
+    p.remote_cm_response_timeout = 255;
+    p.max_cm_retries = 255;
+    p.path.dlid = 99;
+    // Absurd values are cut to their field widths, never overflow.
+    let id = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    ib_destroy_cm_id(&mut c.r.core, c.cm, id).unwrap();
+    assert!(ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 9, &good).is_err());
+    // Calls in the wrong state.
+    let (_, a, _) = c.connect();
+    assert!(matches!(
+        ib_send_cm_rep(&mut c.r.core, c.cm, a, &CmRepParam::new(c.qp_a)),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        ib_send_cm_rej(&mut c.r.core, c.cm, a, rej_reason::NO_QP, &[], &[]),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        ib_send_cm_mra(&mut c.r.core, c.cm, a, 20, &[]),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        ib_cm_init_qp_attr(&mut c.r.core, c.cm, a, QpState::Sqd),
+        Err(Error::Invalid(_))
+    ));
+    let gone = CmId {
+        dev: c.r.a,
+        local_id: 0x7777,
+    };
+    assert_eq!(
+        ib_send_cm_dreq(&mut c.r.core, c.cm, gone, &[]).unwrap_err(),
+        Error::NotFound
+    );
+    // The SA refuses a port it does not have.
+    assert!(sa_path_to_lid(&mut c.r.core, c.sa, c.r.a, 3, B_LID, T).is_err());
+}
