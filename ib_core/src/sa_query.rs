@@ -672,6 +672,8 @@ struct SaSlot(Option<SaDevice>);
 
 /// Finished answers kept per port until collected.
 const MAX_DONE: usize = 256;
+/// Queries running per port; more are refused with `-EAGAIN`.
+const MAX_RUNNING: usize = 256;
 /// PathRecords cached per port.
 const MAX_CACHE: usize = 64;
 
@@ -1046,6 +1048,9 @@ fn start_query(
     with_sa(core, sa, dev, |core, sd| {
         let retry = sd.retry;
         let sp = port_of(sd, port)?;
+        if sp.queries.len() >= MAX_RUNNING {
+            return Err(Error::Again);
+        }
         let now = now_ns(core);
         let seq = sp.next_seq;
         sp.next_seq += 1;

@@ -723,3 +723,32 @@ fn a_node_table_larger_than_one_mad_comes_through_rmpp() {
     assert_eq!((c.rmpp_segments, c.rmpp_completed), (3, 1));
     assert_eq!(requests(&s), 1);
 }
+
+#[test]
+fn running_queries_are_bounded() {
+    let mut s = sa_rig();
+    st(&s.st).silent = true;
+    let rec = PathRecord {
+        dlid: B_LID,
+        ..PathRecord::default()
+    };
+    let t = Duration::from_millis(500);
+    let mut ids = Vec::new();
+    for _ in 0..256 {
+        ids.push(
+            ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).unwrap(),
+        );
+    }
+    assert_eq!(
+        ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).unwrap_err(),
+        Error::Again
+    );
+    // They all end by their deadline, and room comes back.
+    for id in ids {
+        assert_eq!(
+            ib_sa_wait(&mut s.r.core, s.sa, id, t).unwrap_err(),
+            Error::TimedOut
+        );
+    }
+    assert!(ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).is_ok());
+}
