@@ -1,4 +1,4 @@
-//! Port of Linux `drivers/infiniband/core/cm.c` (3.11; ported but never exercised in LegoOS), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines, REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries from the REQ's response timeouts and max CM retries, duplicate and stale message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr` computes (driven by the CM itself on the QP the caller hands over); LAP/APR (path migration) and SIDR are refused, UC/RD/XRC, alternate paths and the `ib_cm_notify` path are left out.
+//! Port of Linux `drivers/infiniband/core/cm.c` (3.11; ported but never exercised in LegoOS), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines, REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries from the REQ's response timeouts and max CM retries, duplicate and stale message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr` computes (driven by the CM itself on the QP the caller hands over); LAP/APR (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
 //!
 //! The CM is an [`IbClient`] whose state (one table of connection IDs per
 //! device, one MAD agent per port on QP1) lives in the device's client
@@ -264,6 +264,8 @@ struct CmIdPriv {
     /// The last REP or MRA sent, for duplicates.
     last_sent: Option<Mad>,
     timewait_until: u64,
+    /// IB_EVENT_COMM_EST seen on the QP while the RTU is awaited.
+    comm_est: bool,
     events: VecDeque<CmEvent>,
 }
 
@@ -297,6 +299,7 @@ impl CmIdPriv {
             msg: None,
             last_sent: None,
             timewait_until: 0,
+            comm_est: false,
             events: VecDeque::new(),
         }
     }
@@ -366,6 +369,26 @@ impl IbClient for CmClient {
         );
     }
     fn remove(&mut self, _me: ClientId, _dev: &mut Device) {}
+    fn event(&mut self, me: ClientId, dev: &mut Device, event: &crate::verbs::Event) {
+        // The first packet on a QP whose RTU was lost (`ib_cm_notify`,
+        // done for the consumer); finished by the next poll.
+        if event.event != crate::verbs::EventType::CommEst {
+            return;
+        }
+        let crate::verbs::EventElement::Qp(qp) = event.element else {
+            return;
+        };
+        let Some(CmSlot(Some(cd))) = dev.client_data::<CmSlot>(me) else {
+            return;
+        };
+        for c in cd.ids.iter_mut() {
+            if c.qp.map(|q| q.handle) == Some(qp.handle)
+                && matches!(c.state, CmState::RepSent | CmState::MraRepRcvd)
+            {
+                c.comm_est = true;
+            }
+        }
+    }
     fn poll(&mut self, me: ClientId, core: &mut IbCore) -> usize {
         let mut work = 0;
         // By index: the progress function allocates nothing here.
@@ -1064,6 +1087,20 @@ pub fn ib_destroy_cm_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()>
     })
 }
 
+/// `ib_cm_notify` with `IB_EVENT_COMM_EST`: data arrived on the QP before
+/// the RTU (which was lost), so the connection is established now. The CM
+/// does this itself when the provider reports the event on the QP.
+pub fn ib_cm_notify(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
+    with_cm(core, cm, id.dev, |core, cd| {
+        let ci = cd.find(id.local_id).ok_or(Error::NotFound)?;
+        if !matches!(cd.ids[ci].state, CmState::RepSent | CmState::MraRepRcvd) {
+            return Err(Error::Invalid("no RTU awaited in this CM state"));
+        }
+        cm_establish(core, id.dev, cd, ci, Vec::new());
+        Ok(())
+    })
+}
+
 /// The next event of an ID (does not poll).
 pub fn ib_cm_get_event(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmEvent> {
     with_cm(core, cm, id.dev, |_, cd| {
@@ -1160,6 +1197,16 @@ fn cm_poll_device(core: &mut IbCore, dev: DeviceId, cd: &mut CmDevice) -> usize 
                 MadEvent::Recv(r) => cm_recv_handler(core, dev, cd, agent, &r),
                 MadEvent::SendDone(s) => cm_send_handler(core, dev, cd, s.id, s.status),
             }
+        }
+    }
+    // Connections whose QP saw its first packet before the RTU.
+    for ci in 0..cd.ids.len() {
+        if cd.ids[ci].comm_est {
+            work += 1;
+            if matches!(cd.ids[ci].state, CmState::RepSent | CmState::MraRepRcvd) {
+                cm_establish(core, dev, cd, ci, Vec::new());
+            }
+            cd.ids[ci].comm_est = false;
         }
     }
     // Time-wait ends.
@@ -1549,17 +1596,28 @@ fn cm_rtu_handler(core: &mut IbCore, dev: DeviceId, cd: &mut CmDevice, r: &MadRe
         cd.counters.dropped += 1;
         return;
     }
+    cm_establish(core, dev, cd, ci, rtu.private_data);
+}
+
+/// The passive side's way into ESTABLISHED (an RTU, or the first packet):
+/// the REP stops, the QP goes to RTS.
+fn cm_establish(
+    core: &mut IbCore,
+    dev: DeviceId,
+    cd: &mut CmDevice,
+    ci: usize,
+    private_data: Vec<u8>,
+) {
     cancel_msg(core, cd, ci);
     cd.ids[ci].state = CmState::Established;
+    cd.ids[ci].comm_est = false;
     if let Err(e) = modify_qp(core, dev, cd, ci, QpState::Rts) {
         log::warn!(
             "cm: connection {:#x}: QP to RTS failed: {e}",
             cd.ids[ci].local_id
         );
     }
-    cd.ids[ci].push(CmEvent::Established {
-        private_data: rtu.private_data,
-    });
+    cd.ids[ci].push(CmEvent::Established { private_data });
 }
 
 fn cm_rej_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {

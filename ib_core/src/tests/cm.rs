@@ -805,3 +805,33 @@ fn bad_arguments_are_refused_with_clear_errors() {
     // The SA refuses a port it does not have.
     assert!(sa_path_to_lid(&mut c.r.core, c.sa, c.r.a, 3, B_LID, T).is_err());
 }
+
+#[test]
+fn a_lost_rtu_is_made_up_for_by_the_first_packet() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let p = c.req();
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    let rp = c.rep();
+    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    // The REP is on its way; the RTU that answers it is lost.
+    lock(&c.r.world).drop_next = 1;
+    assert!(matches!(c.wait(a), CmEvent::Established { .. }));
+    assert_eq!(c.sent(0, cm_attr::RTU).len(), 1);
+    c.r.core.poll();
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::RepSent));
+    assert_eq!(c.qp_state(1, c.qp_b), QpState::Rtr);
+    // The first data packet on B's QP: the provider reports COMM_EST.
+    lock(&c.r.world).hcas[1].events.push_back(Event {
+        event: EventType::CommEst,
+        element: EventElement::Qp(c.qp_b),
+    });
+    assert!(matches!(c.wait(b), CmEvent::Established { .. }));
+    assert_eq!(c.qp_state(1, c.qp_b), QpState::Rts);
+    // The REP is not re-sent any more.
+    let reps = c.sent(1, cm_attr::REP).len();
+    let _ = c.r.core.poll_until(Duration::from_secs(10), |_| None::<()>);
+    assert_eq!(c.sent(1, cm_attr::REP).len(), reps);
+    assert!(ib_cm_notify(&mut c.r.core, c.cm, b).is_err());
+}
