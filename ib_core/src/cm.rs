@@ -645,9 +645,11 @@ fn init_qp_attr(c: &CmIdPriv, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
     };
     match state {
         QpState::Init => {
+            // Idle: the active side's QP, before its REQ goes out.
             if !matches!(
                 c.state,
-                CmState::ReqSent
+                CmState::Idle
+                    | CmState::ReqSent
                     | CmState::MraReqRcvd
                     | CmState::ReqRcvd
                     | CmState::MraReqSent
@@ -656,8 +658,7 @@ fn init_qp_attr(c: &CmIdPriv, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
                     | CmState::RepSent
                     | CmState::MraRepRcvd
                     | CmState::Established
-            ) && c.state != CmState::Idle
-            {
+            ) {
                 return Err(Error::Invalid("CM state has no INIT attributes"));
             }
             a.qp_access_flags = AccessFlags::REMOTE_WRITE;
