@@ -1263,6 +1263,10 @@ fn cm_send_handler(
     }
 }
 
+fn p_is_zero(g: &crate::verbs::Gid) -> bool {
+    g.0.iter().all(|&b| b == 0)
+}
+
 fn comm_ids(m: &Mad) -> (u32, u32) {
     let b = &m.0;
     (
@@ -1399,17 +1403,35 @@ fn cm_req_handler(
         cm_issue_rej(core, agent, r, rej_reason::INVALID_MTU, msg_response::REQ);
         return;
     };
-    let pkey_index = core
-        .device(dev)
-        .and_then(|d| d.port_cache(r.port).ok()?.find_pkey(req.pkey).ok());
-    let Some(pkey_index) = pkey_index else {
-        cm_issue_rej(
-            core,
-            agent,
-            r,
-            rej_reason::INVALID_COMM_INSTANCE,
-            msg_response::REQ,
-        );
+    // cm_init_av_by_path: our GID (the REQ's remote GID; a zero GID is
+    // taken as "this port") and the P_Key must be this port's, or the REQ
+    // is refused "invalid GID" with our GID in the ARI, as Linux does.
+    let (sgid_index, pkey_index, our_gid) =
+        match core.device(dev).and_then(|d| d.port_cache(r.port).ok()) {
+            Some(pc) => (
+                if p_is_zero(&req.primary.remote_gid) {
+                    Some(0)
+                } else {
+                    pc.find_gid(&req.primary.remote_gid)
+                },
+                pc.find_pkey(req.pkey).ok(),
+                pc.get_gid(0).ok(),
+            ),
+            None => (None, None, None),
+        };
+    let (Some(sgid_index), Some(pkey_index)) = (sgid_index, pkey_index) else {
+        let (their_local, _) = comm_ids(&r.mad);
+        let rej = CmRej {
+            local_comm_id: 0,
+            remote_comm_id: their_local,
+            msg_rejected: msg_response::REQ,
+            reason: rej_reason::INVALID_GID,
+            ari: our_gid.map_or(Vec::new(), |g| g.0.to_vec()),
+            private_data: Vec::new(),
+        };
+        if let Ok(m) = rej.pack() {
+            cm_send_response(core, agent, r, m);
+        }
         return;
     };
     let Ok(ci) = cd.alloc_id(r.port) else {
@@ -1428,10 +1450,6 @@ fn cm_req_handler(
         grh: None,
     };
     if !p.subnet_local {
-        let sgid_index = core
-            .device(dev)
-            .and_then(|d| d.port_cache(r.port).ok()?.find_gid(&p.remote_gid))
-            .unwrap_or(0);
         av.grh = Some(GlobalRoute {
             dgid: p.local_gid,
             flow_label: p.flow_label,

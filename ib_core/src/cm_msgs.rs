@@ -61,6 +61,12 @@ pub mod rej_reason {
     pub const STALE_CONN: u16 = 10;
     /// RDC does not exist.
     pub const RDC_NOT_EXIST: u16 = 11;
+    /// Invalid GID.
+    pub const INVALID_GID: u16 = 12;
+    /// Invalid LID.
+    pub const INVALID_LID: u16 = 13;
+    /// Invalid SL.
+    pub const INVALID_SL: u16 = 14;
     /// Invalid MTU.
     pub const INVALID_MTU: u16 = 26;
     /// Insufficient responder resources.
@@ -89,6 +95,9 @@ pub fn rej_reason_str(r: u16) -> &'static str {
         9 => "IB_CM_REJ_INVALID_TRANSPORT_TYPE",
         10 => "IB_CM_REJ_STALE_CONN",
         11 => "IB_CM_REJ_RDC_NOT_EXIST",
+        12 => "IB_CM_REJ_INVALID_GID",
+        13 => "IB_CM_REJ_INVALID_LID",
+        14 => "IB_CM_REJ_INVALID_SL",
         26 => "IB_CM_REJ_INVALID_MTU",
         27 => "IB_CM_REJ_INSUFFICIENT_RESP_RESOURCES",
         28 => "IB_CM_REJ_CONSUMER_DEFINED",

@@ -838,3 +838,61 @@ fn a_lost_rtu_is_made_up_for_by_the_first_packet() {
     assert_eq!(c.sent(1, cm_attr::REP).len(), reps);
     assert!(ib_cm_notify(&mut c.r.core, c.cm, b).is_err());
 }
+
+#[test]
+fn a_req_for_a_gid_or_pkey_this_port_lacks_is_rejected_invalid_gid() {
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let p = c.req();
+    let mut req = CmReq::unpack(
+        &CmReq {
+            local_comm_id: 0x0101_0101,
+            service_id: SID,
+            local_ca_guid: A_GUID,
+            local_qpn: 0x77,
+            pkey: 0xffff,
+            path_mtu: 4,
+            primary: crate::cm_msgs::CmReqPath {
+                local_lid: A_LID,
+                remote_lid: B_LID,
+                local_gid: p.path.sgid,
+                remote_gid: Gid::new(1, 2),
+                subnet_local: true,
+                ..Default::default()
+            },
+            ..CmReq::default()
+        }
+        .pack()
+        .unwrap(),
+    );
+    c.inject(1, &req.pack().unwrap());
+    c.r.core.poll();
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!(rej.reason, rej_reason::INVALID_GID);
+    assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, 0x0101_0101));
+    assert_eq!(rej.ari, super::sa::b_gid().0.to_vec());
+    // The right GID but a P_Key the port lacks: the same.
+    req.primary.remote_gid = super::sa::b_gid();
+    req.pkey = 0x1234;
+    req.local_comm_id = 0x0202_0202;
+    c.inject(1, &req.pack().unwrap());
+    c.r.core.poll();
+    let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id),
+        (rej_reason::INVALID_GID, 0x0202_0202)
+    );
+    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+    // Both right: the listener hears of it.
+    req.pkey = 0xffff;
+    req.local_comm_id = 0x0303_0303;
+    c.inject(1, &req.pack().unwrap());
+    c.r.core.poll();
+    assert!(matches!(
+        ib_cm_get_event(&mut c.r.core, c.cm, listen),
+        Some(CmEvent::ReqReceived {
+            remote_qpn: 0x77,
+            ..
+        })
+    ));
+}
