@@ -1181,6 +1181,49 @@ pub fn cm_connect(
     }
 }
 
+/// Accept in one call (a server's side of [`cm_connect`]): waits on
+/// `listen` for the next REQ, answers it with `param` (its QP is driven to
+/// RTS) and waits for the RTU, all within `timeout`. Returns the
+/// connection and the REQ's private data (92 bytes). A REQ whose
+/// connection then fails is destroyed and the error returned.
+pub fn cm_accept(
+    core: &mut IbCore,
+    cm: ClientId,
+    listen: CmId,
+    param: &CmRepParam,
+    timeout: Duration,
+) -> Result<(CmId, Vec<u8>)> {
+    let deadline = hal::Deadline::after(core.clock(), timeout);
+    let left = |core: &IbCore| deadline.remaining(core.clock());
+    let (id, req_private) = loop {
+        match cm_wait_event(core, cm, listen, left(core))? {
+            CmEvent::ReqReceived {
+                id, private_data, ..
+            } => break (id, private_data),
+            _ => continue,
+        }
+    };
+    let r = ib_send_cm_rep(core, cm, id, param).and_then(|_| {
+        loop {
+            match cm_wait_event(core, cm, id, left(core))? {
+                CmEvent::Established { .. } => break Ok(()),
+                CmEvent::Rejected { .. } => {
+                    break Err(Error::Errno(ECONNREFUSED));
+                }
+                CmEvent::TimedOut => break Err(Error::TimedOut),
+                _ => continue,
+            }
+        }
+    });
+    match r {
+        Ok(()) => Ok((id, req_private)),
+        Err(e) => {
+            let _ = ib_destroy_cm_id(core, cm, id);
+            Err(e)
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The receive side (cm_recv_handler and the per-message handlers)
 

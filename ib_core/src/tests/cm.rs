@@ -896,3 +896,30 @@ fn a_req_for_a_gid_or_pkey_this_port_lacks_is_rejected_invalid_gid() {
         })
     ));
 }
+
+#[test]
+fn one_call_connect_and_accept_exchange_private_data() {
+    // The REQ goes out first; the server takes it and accepts in one call
+    // (perftest-style tools trade rkey and address this way).
+    let mut c = cm_rig();
+    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let mut p = c.req();
+    p.private_data = b"rkey=0x1234 addr=0x10000".to_vec();
+    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let mut rp = c.rep();
+    rp.private_data = b"rkey=0x5678 addr=0x20000".to_vec();
+    let (b, req_pd) = cm_accept(&mut c.r.core, c.cm, listen, &rp, T).unwrap();
+    assert_eq!(&req_pd[..24], b"rkey=0x1234 addr=0x10000");
+    match c.wait(a) {
+        CmEvent::Established { private_data } => {
+            assert_eq!(&private_data[..24], b"rkey=0x5678 addr=0x20000")
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Established));
+    // Nobody calls: accept gives up at its deadline.
+    let t0 = c.r.clock.now_ns();
+    let e = cm_accept(&mut c.r.core, c.cm, listen, &rp, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(e, Error::TimedOut);
+    assert!(c.r.clock.now_ns() - t0 < 1_100_000_000);
+}
