@@ -518,10 +518,46 @@ fn response_records(mad: &Mad, rmpp_data: Option<&[u8]>, min_len: usize) -> Resu
     Ok(out)
 }
 
-/// The record splitter, for the fuzz test.
+/// For the fuzz test: `m` as the answer to a query of `attr_id` (a cached
+/// PathRecord query when it is one), through the client's response handler
+/// and its bookkeeping. Returns what the query ended with (None: retried).
 #[cfg(test)]
-pub(crate) fn sa_query_parse_for_fuzz(m: &Mad, rmpp: Option<&[u8]>) -> Result<Vec<Vec<u8>>> {
-    response_records(m, rmpp, PATH_REC_SIZE)
+pub(crate) fn sa_query_parse_for_fuzz(
+    m: &Mad,
+    rmpp: Option<&[u8]>,
+    attr_id: u16,
+) -> Option<Result<SaResponse>> {
+    let min_len = match attr_id {
+        sa_attr::NODE_REC => 108,
+        sa_attr::PORT_INFO_REC => 68,
+        _ => PATH_REC_SIZE,
+    };
+    let mut sp = SaPort {
+        port: 1,
+        agent: None,
+        sm_ah: None,
+        queries: Vec::new(),
+        done: Vec::new(),
+        next_seq: 2,
+        cache: Vec::new(),
+        counters: SaCounters::default(),
+    };
+    sp.queries.push(SaQuery {
+        seq: 1,
+        mad: Mad::default(),
+        attr_id,
+        min_len,
+        deadline_ns: u64::MAX,
+        try_ms: 1,
+        backoff_ms: 1,
+        tries: 1,
+        state: QState::Backoff(0),
+        cache_key: (attr_id == sa_attr::PATH_REC).then_some(PathKey::Lid(1)),
+    });
+    let r = handle_response(&mut sp, 0, m, rmpp)?;
+    finish(&mut sp, 0, r);
+    let (_, r) = sp.done.pop()?;
+    Some(r)
 }
 
 // ---------------------------------------------------------------------------

@@ -680,18 +680,32 @@ fn fuzz_random_sa_answers_never_panic() {
 
 #[test]
 fn fuzz_record_parsers_on_random_bytes() {
-    // 10^5 random answers straight into the parsers.
+    // 10^5 random answers through the client's response handler (status,
+    // attribute, record splitting, the cache) and the record parsers.
     let mut rng = Rng(0x0bad_cafe_f00d_0001);
+    let mut answered = 0;
     for _ in 0..100_000 {
         let m = random_answer(&mut rng);
         let n = rng.below(400) as usize;
         let data: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
         let rmpp = (rng.below(2) == 0).then_some(&data[..]);
-        let _ = sa_query_parse_for_fuzz(&m, rmpp);
+        let attr =
+            [sa_attr::PATH_REC, sa_attr::NODE_REC, sa_attr::PORT_INFO_REC][rng.below(3) as usize];
+        if let Some(Ok(resp)) = sa_query_parse_for_fuzz(&m, rmpp, attr) {
+            // Whatever was accepted has at least one whole record.
+            assert!(!resp.records.is_empty());
+            match attr {
+                sa_attr::PATH_REC => assert!(resp.path_records().is_ok()),
+                sa_attr::NODE_REC => assert!(resp.node_records().is_ok()),
+                _ => assert!(resp.portinfo_records().is_ok()),
+            }
+            answered += 1;
+        }
         let _ = PathRecord::unpack(&m.0[56..]);
         let _ = NodeRecord::unpack(&data);
         let _ = PortInfoRecord::unpack(&data);
     }
+    assert!(answered > 1000, "only {answered} random answers were whole");
 }
 
 #[test]
