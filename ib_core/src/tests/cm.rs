@@ -923,3 +923,45 @@ fn one_call_connect_and_accept_exchange_private_data() {
     assert_eq!(e, Error::TimedOut);
     assert!(c.r.clock.now_ns() - t0 < 1_100_000_000);
 }
+
+#[test]
+fn clients_registered_before_the_devices_work_too() {
+    // Kernel order (as Linux's module load): SA and CM first, then the HCAs.
+    use std::sync::{Arc, Mutex};
+    let w = fake::world();
+    let da = fake::add_hca(&w, "fake_a", A_GUID, 1, A_LID);
+    let db = fake::add_hca(&w, "fake_b", B_GUID, 1, B_LID);
+    fake::cable(&w, (0, 1), (1, 1));
+    for h in lock(&w).hcas.iter_mut() {
+        h.ports[0].sm_lid = B_LID;
+    }
+    let clock = Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
+    let mut core = IbCore::new(clock);
+    let sa = ib_sa_init(&mut core);
+    let cm = ib_cm_init(&mut core);
+    let st = Arc::new(Mutex::new(super::sa::FakeSaState {
+        lids: vec![(super::sa::a_gid(), A_LID), (super::sa::b_gid(), B_LID)],
+        ..Default::default()
+    }));
+    core.ib_register_client(Box::new(super::sa::FakeSa {
+        dev: DeviceId(1),
+        port: 1,
+        agent: None,
+        st,
+    }));
+    let a = core.ib_register_device(Box::new(da)).unwrap();
+    let b = core.ib_register_device(Box::new(db)).unwrap();
+    core.poll();
+    let path = sa_path_to_lid(&mut core, sa, a, 1, B_LID, T).unwrap();
+    let listen = ib_cm_listen(&mut core, cm, b, SID).unwrap();
+    let qa = rc_qp(&mut core, a);
+    let qb = rc_qp(&mut core, b);
+    let id = ib_send_cm_req(&mut core, cm, a, 1, &CmReqParam::new(path, SID, qa)).unwrap();
+    let (_, _) = cm_accept(&mut core, cm, listen, &CmRepParam::new(qb), T).unwrap();
+    assert!(matches!(
+        cm_wait_event(&mut core, cm, id, T).unwrap(),
+        CmEvent::Established { .. }
+    ));
+}
