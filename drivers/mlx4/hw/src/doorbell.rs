@@ -75,10 +75,7 @@ mod tests {
             cq_arm_record(1, CQ_DB_REQ_NOT, 0x0100_0005).to_be_bytes(),
             [0x12, 0, 0, 5]
         );
-        assert_eq!(
-            cq_doorbell(5, CQ_DB_REQ_NOT_SOL, 0x81, 7),
-            (0x1100_0081, 7)
-        );
+        assert_eq!(cq_doorbell(5, CQ_DB_REQ_NOT_SOL, 0x81, 7), (0x1100_0081, 7));
         assert_eq!(cq_set_ci_record(0x0123_4567), 0x23_4567);
         assert_eq!(rq_db_record(0x1_0003), 3);
         assert_eq!(send_doorbell(0x48).to_be_bytes(), [0, 0, 0x48, 0]);

@@ -169,8 +169,8 @@ pub mod mlx {
     pub const SIZE_DS: usize = 0x07;
     /// BE32 flags.
     pub const FLAGS: usize = 0x08;
-    /// BE16 remote LID.
-    pub const RLID: usize = 0x0e;
+    /// BE16 remote LID (followed by 2 reserved bytes).
+    pub const RLID: usize = 0x0c;
     /// flags bit 17: send on VL15.
     pub const VL15: u32 = 1 << 17;
     /// flags bit 16: take the SLID from the header (permissive DLID).

@@ -1,0 +1,1 @@
+//! Golden-byte tests of the send and receive WQEs.
