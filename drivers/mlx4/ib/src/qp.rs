@@ -520,6 +520,7 @@ impl Mlx4IbQp {
                 bad_wr: 0,
             });
         }
+        self.check_send_state()?;
         let mut ind = self.sq_next_wqe;
         let mut nreq = 0u32;
         let mut stamp = 0;
@@ -545,6 +546,18 @@ impl Mlx4IbQp {
             self.ring_send_doorbell(nreq, stamp, ind);
         }
         res
+    }
+
+    /// Sends are an immediate error in RESET, INIT and RTR (IBTA 10.3.1).
+    #[inline]
+    fn check_send_state(&self) -> core::result::Result<(), PostError> {
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => Err(PostError {
+                err: Error::Inval("send posted to a QP not yet in RTS"),
+                bad_wr: 0,
+            }),
+            _ => Ok(()),
+        }
     }
 
     #[inline]
@@ -727,6 +740,7 @@ impl Mlx4IbQp {
         hdr: &mut dyn MlxHeader,
         wrs: &[SendWr<'_>],
     ) -> core::result::Result<(), PostError> {
+        self.check_send_state()?;
         let mut ind = self.sq_next_wqe;
         let mut nreq = 0u32;
         let mut stamp = 0;
@@ -871,6 +885,12 @@ impl Mlx4IbQp {
     /// segments plus the terminator when fewer than `max_gs`), then the RQ
     /// doorbell record after a barrier. No MMIO.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError {
+                err: Error::Inval("receive posted to a QP in RESET"),
+                bad_wr: 0,
+            });
+        }
         let Some(db) = &self.db else {
             return Err(PostError {
                 err: Error::Inval("QP receives through an SRQ"),
