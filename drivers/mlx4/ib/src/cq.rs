@@ -32,6 +32,9 @@ pub struct Mlx4IbCq {
     pub(crate) cqn: u32,
     /// The QP of the last CQE: (real QPN, table slot) (Linux `cur_qp`).
     cur_qp: Option<(u32, u32)>,
+    /// An error met after completions that were returned first; reported
+    /// by the next poll.
+    pending: Option<Error>,
     pub(crate) hw: Option<CqHw>,
 }
 
@@ -123,6 +126,7 @@ impl Mlx4IbCq {
             uar,
             cqn,
             cur_qp: None,
+            pending: None,
             hw: None,
         }
     }
@@ -159,7 +163,9 @@ impl Mlx4IbCq {
     /// Linux `mlx4_ib_poll_cq`: up to `wc.len()` completions; the `set_ci`
     /// record is written when any was consumed. A CQE the driver cannot
     /// account for (unknown QPN, NOP, resize, an empty queue) is consumed
-    /// and reported as an error after the completions before it.
+    /// and reported as an error: at once if it comes first, else by the
+    /// next poll, after the completions before it (Linux returns the error
+    /// and loses those).
     #[inline]
     pub fn poll(
         &mut self,
@@ -167,6 +173,9 @@ impl Mlx4IbCq {
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> Result<usize> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
         let mut n = 0;
         let mut err = None;
         while n < wc.len() {
@@ -184,7 +193,11 @@ impl Mlx4IbCq {
         }
         match err {
             Some(e) if n == 0 => Err(e),
-            _ => Ok(n),
+            Some(e) => {
+                self.pending = Some(e);
+                Ok(n)
+            }
+            None => Ok(n),
         }
     }
 

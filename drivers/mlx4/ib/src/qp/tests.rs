@@ -51,8 +51,17 @@ impl Bed {
     pub fn qp(&mut self, t: QpType, cap: QpCap, sig_all: bool) -> Mlx4IbQp {
         let db = self.dbs.alloc(&self.pool, 0).unwrap();
         let mut cap = cap;
-        Mlx4IbQp::detached(t, 0x48, &self.caps, &mut cap, sig_all, &self.pool, self.uar(), Some(db))
-            .unwrap()
+        Mlx4IbQp::detached(
+            t,
+            0x48,
+            &self.caps,
+            &mut cap,
+            sig_all,
+            &self.pool,
+            self.uar(),
+            Some(db),
+        )
+        .unwrap()
     }
 }
 
@@ -77,7 +86,10 @@ fn sq_geometry_follows_set_kernel_sq_size() {
     // = 17 spare; 100 + 17 -> 128 WQEs; max_send_wr = 111.
     let mut cap = rc_cap(1);
     let (sq, spare) = set_kernel_sq_size(&caps, &mut cap, QpType::Rc).unwrap();
-    assert_eq!((sq.wqe_shift, spare, sq.wqe_cnt, sq.max_post), (7, 17, 128, 111));
+    assert_eq!(
+        (sq.wqe_shift, spare, sq.wqe_cnt, sq.max_post),
+        (7, 17, 128, 111)
+    );
     assert_eq!(cap.max_send_wr, 111);
     assert_eq!(sq.max_gs, (128 - 64) / 16);
     // UC: 16 + 16 + 16 = 48 -> the 64-byte minimum, 33 spare.
@@ -104,7 +116,10 @@ fn sq_geometry_follows_set_kernel_sq_size() {
     assert!(set_kernel_sq_size(&caps, &mut cap, QpType::Rc).is_err());
     let mut cap = rc_cap(1);
     cap.max_recv_wr = 1;
-    assert!(set_rq_size(&caps, &mut cap, false).is_err(), "RQ sizes with an SRQ");
+    assert!(
+        set_rq_size(&caps, &mut cap, false).is_err(),
+        "RQ sizes with an SRQ"
+    );
 }
 
 #[test]
@@ -225,9 +240,17 @@ fn inline_send_splits_at_64_bytes() {
     let mut cap = rc_cap(1);
     cap.max_inline_data = 64;
     let db = b.dbs.alloc(&b.pool, 0).unwrap();
-    let mut qp =
-        Mlx4IbQp::detached(QpType::Rc, 0x48, &b.caps, &mut cap, true, &b.pool, b.uar(), Some(db))
-            .unwrap();
+    let mut qp = Mlx4IbQp::detached(
+        QpType::Rc,
+        0x48,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        b.uar(),
+        Some(db),
+    )
+    .unwrap();
     let data: Vec<u8> = (0..64u8).collect();
     let wr = SendWr {
         opcode: WrOpcode::Send,
@@ -355,7 +378,10 @@ fn bad_requests_and_a_full_queue_are_refused() {
         opcode: WrOpcode::RdmaWrite,
         ..Default::default()
     };
-    assert!(uc.post_send(&b.ahs, &[mismatch]).is_err(), "RDMA without raddr");
+    assert!(
+        uc.post_send(&b.ahs, &[mismatch]).is_err(),
+        "RDMA without raddr"
+    );
     assert_eq!(b.uar_mem.bytes(0x14, 4), [0; 4], "no doorbell for nothing");
     // Fill the queue: max_post WRs go, the next is QueueFull.
     let max = uc.sq.max_post as usize;
@@ -499,9 +525,17 @@ fn golden_mlx_segment_header_and_icrc() {
         max_inline_data: 0,
     };
     let db = b.dbs.alloc(&b.pool, 0).unwrap();
-    let mut qp0 =
-        Mlx4IbQp::detached(QpType::Smi, 0x40, &b.caps, &mut cap, true, &b.pool, b.uar(), Some(db))
-            .unwrap();
+    let mut qp0 = Mlx4IbQp::detached(
+        QpType::Smi,
+        0x40,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        b.uar(),
+        Some(db),
+    )
+    .unwrap();
     qp0.sqp = Some(Sqp::default());
     let sg = [Sge {
         addr: 0x5000,
