@@ -318,6 +318,7 @@ impl DmaBuf {
         &self.pool
     }
 
+    #[inline(always)]
     fn region(&self) -> &DmaRegion {
         // INVARIANT: `region` is only taken in `drop`.
         match &self.region {
