@@ -242,6 +242,12 @@ impl DmaPool {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn out_of_bounds(off: usize, width: usize, len: usize) -> ! {
+    panic!("DMA access at {off:#x} (width {width}) outside a {len:#x}-byte buffer")
+}
+
 /// A DMA buffer owned by the driver: CPU view plus bus address, freed on drop.
 ///
 /// All accessors are bounds-checked volatile accesses; multi-byte `_be`
@@ -330,11 +336,10 @@ impl DmaBuf {
     /// Checks `[off, off + width)` and natural alignment; returns the pointer.
     #[inline(always)]
     fn ptr(&self, off: usize, width: usize) -> *mut u8 {
-        assert!(
-            off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width),
-            "DMA access at {off:#x} (width {width}) outside a {:#x}-byte buffer",
-            self.len
-        );
+        if !(off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width)) {
+            // Out of line, so the hot path does not build panic arguments.
+            out_of_bounds(off, width, self.len);
+        }
         // SAFETY: `off + width <= len <= region.len`, so the result stays inside
         // the allocation.
         unsafe { self.region().cpu.as_ptr().add(off) }

@@ -43,6 +43,65 @@ impl Wq {
     }
 }
 
+/// `mlx4_ib_opcode[]`: the hardware opcode of each `enum ib_wr_opcode`.
+const HW_OPCODE: [u32; 16] = [
+    opcode::RDMA_WRITE,
+    opcode::RDMA_WRITE_IMM,
+    opcode::SEND,
+    opcode::SEND_IMM,
+    opcode::RDMA_READ,
+    opcode::ATOMIC_CS,
+    opcode::ATOMIC_FA,
+    opcode::NOP,
+    opcode::NOP,
+    opcode::SEND_INVAL,
+    opcode::NOP,
+    opcode::NOP,
+    opcode::MASKED_ATOMIC_CS,
+    opcode::MASKED_ATOMIC_FA,
+    opcode::NOP,
+    opcode::NOP,
+];
+
+const fn bit(op: WrOpcode) -> u32 {
+    1 << (op as u32)
+}
+/// Opcodes with a remote-address segment only.
+const RDMA_OPS: u32 =
+    bit(WrOpcode::RdmaWrite) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::RdmaRead);
+/// Opcodes with a remote-address and an atomic segment.
+const ATOMIC_OPS: u32 = bit(WrOpcode::AtomicCmpAndSwp)
+    | bit(WrOpcode::AtomicFetchAndAdd)
+    | bit(WrOpcode::MaskedAtomicCmpAndSwp)
+    | bit(WrOpcode::MaskedAtomicFetchAndAdd);
+/// Sends.
+const SEND_OPS: u32 = bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm) | bit(WrOpcode::SendWithInv);
+/// Opcodes whose `imm` field carries `imm_data` (or the rkey to invalidate).
+const IMM_OPS: u32 =
+    bit(WrOpcode::SendWithImm) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::SendWithInv);
+
+/// Opcodes each transport allows (UD and MLX: sends; UC: no READ, no atomics).
+const fn ops_allowed(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => RDMA_OPS | ATOMIC_OPS | SEND_OPS,
+        QpType::Uc => SEND_OPS | bit(WrOpcode::RdmaWrite) | bit(WrOpcode::RdmaWriteWithImm),
+        QpType::Ud | QpType::Smi | QpType::Gsi => bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm),
+    }
+}
+
+/// `srcrb_flags` by the low three `ib_send_flags` bits (fence, signalled,
+/// solicited).
+const SRCRB_FLAGS: [u32; 8] = [
+    0,
+    0,
+    ctrl::CQ_UPDATE,
+    ctrl::CQ_UPDATE,
+    ctrl::SOLICITED,
+    ctrl::SOLICITED,
+    ctrl::CQ_UPDATE | ctrl::SOLICITED,
+    ctrl::CQ_UPDATE | ctrl::SOLICITED,
+];
+
 /// Linux `send_wqe_overhead`: bytes of a send WQE before its data segments.
 pub const fn send_wqe_overhead(t: QpType) -> u32 {
     let c = ctrl::SIZE as u32;
@@ -194,6 +253,8 @@ pub struct Mlx4IbQp {
     /// `MLX4_WQE_CTRL_CQ_UPDATE` for `IB_SIGNAL_ALL_WR` QPs, else 0.
     pub(crate) sq_signal_bits: u32,
     pub(crate) max_inline_data: u32,
+    /// Bit `op` set for each `WrOpcode` the transport allows.
+    pub(crate) ops_allowed: u32,
     /// The UAR page (the device's `priv_uar`) the send doorbell goes to.
     pub(crate) uar: Bar,
     /// `qpn << 8`, stored big-endian at `UAR + 0x14`.
@@ -220,34 +281,6 @@ impl core::fmt::Debug for Mlx4IbQp {
             self.qp_type, self.qpn, self.state
         )
     }
-}
-
-/// Linux `mlx4_ib_opcode[]`: the hardware opcode of a work request, if the
-/// QP type allows it (UD and MLX: sends only; UC: no READ, no atomics).
-#[inline]
-fn hw_opcode(t: QpType, op: WrOpcode) -> Option<u32> {
-    use WrOpcode::*;
-    let hw = match op {
-        Send => opcode::SEND,
-        SendWithImm => opcode::SEND_IMM,
-        SendWithInv => opcode::SEND_INVAL,
-        RdmaWrite => opcode::RDMA_WRITE,
-        RdmaWriteWithImm => opcode::RDMA_WRITE_IMM,
-        RdmaRead => opcode::RDMA_READ,
-        AtomicCmpAndSwp => opcode::ATOMIC_CS,
-        AtomicFetchAndAdd => opcode::ATOMIC_FA,
-        MaskedAtomicCmpAndSwp => opcode::MASKED_ATOMIC_CS,
-        MaskedAtomicFetchAndAdd => opcode::MASKED_ATOMIC_FA,
-    };
-    let ok = match t {
-        QpType::Rc => true,
-        QpType::Uc => matches!(
-            op,
-            Send | SendWithImm | SendWithInv | RdmaWrite | RdmaWriteWithImm
-        ),
-        QpType::Ud | QpType::Smi | QpType::Gsi => matches!(op, Send | SendWithImm),
-    };
-    ok.then_some(hw)
 }
 
 /// A failed post: the error and the index of the first work request not
@@ -357,6 +390,7 @@ impl Mlx4IbQp {
             sq_next_wqe: 0,
             sq_signal_bits: if sig_all { ctrl::CQ_UPDATE } else { 0 },
             max_inline_data,
+            ops_allowed: ops_allowed(qp_type),
             uar,
             doorbell_qpn: mlx4_hw::doorbell::send_doorbell(qpn),
             db,
@@ -413,15 +447,15 @@ impl Mlx4IbQp {
     }
 
     /// Linux `stamp_send_wqe` (one WQE per WR): the first dword of every
-    /// 64-byte chunk after the first of WQE `n`, as far as its last use
-    /// reached, becomes 0xffffffff so the prefetcher never sees stale data
-    /// as valid.
-    #[inline]
+    /// 64-byte chunk after the first of WQE `n` becomes 0xffffffff so the
+    /// prefetcher never sees stale data as valid. Linux stamps only as far
+    /// as the WQE's last use reached (its `fence_size`); stamping the whole
+    /// stride is the same for the HCA and saves reading the WQE back.
+    #[inline(always)]
     fn stamp_send_wqe(&self, n: u32) {
         let base = self.send_wqe_offset(n);
-        let s = usize::from(self.buf.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
         let mut i = 64;
-        while i < s {
+        while i < (1 << self.sq.wqe_shift) {
             self.buf.write_be32(base + i, wqe::STAMP);
             i += 64;
         }
@@ -453,8 +487,9 @@ impl Mlx4IbQp {
     }
 
     /// Writes data segments `sg` at `off`, in reverse order, each byte count
-    /// behind a barrier (Linux `set_data_seg`); returns their length.
-    #[inline]
+    /// behind a barrier (Linux `set_data_seg`); returns the offset after
+    /// them.
+    #[inline(always)]
     fn write_data_segs(&self, off: usize, sg: &[crate::verbs::Sge]) -> usize {
         let mut i = sg.len();
         while i > 0 {
@@ -462,15 +497,16 @@ impl Mlx4IbQp {
             let s = &sg[i];
             let d = off + i * data::SIZE;
             self.buf.write_be64(d + data::ADDR, s.addr);
-            self.buf.write_be32(d + data::LKEY, s.lkey);
-            // The byte count must not be seen before the rest of the
-            // segment (it overwrites the chunk's stamp).
-            dma_wmb();
             // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
             let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
+            // The byte count must not be seen before the rest of the
+            // segment (it overwrites the chunk's stamp): lkey, barrier,
+            // then byte count, as one ordered pair of stores.
+            self.buf.write_be32(d + data::LKEY, s.lkey);
+            dma_wmb();
             self.buf.write_be32(d + data::BYTE_COUNT, bc);
         }
-        sg.len() * data::SIZE
+        off + sg.len() * data::SIZE
     }
 
     /// Copies inline data at `off` in segments that never cross 64 bytes
@@ -571,7 +607,7 @@ impl Mlx4IbQp {
     }
 
     /// One send WQE at producer index `ind` (the body of Linux's loop).
-    #[inline]
+    #[inline(always)]
     fn build_send_wqe(
         &mut self,
         ahs: &Slab<Mlx4IbAh>,
@@ -582,151 +618,122 @@ impl Mlx4IbQp {
         if self.sq.overflow(nreq) {
             return Err(Error::QueueFull);
         }
+        let opi = wr.opcode as u32;
+        if self.ops_allowed & (1 << opi) == 0 {
+            return Err(Error::Inval("opcode not valid for the QP type"));
+        }
+        let op = HW_OPCODE[opi as usize & 15];
         let inline = wr.send_flags & send_flags::INLINE != 0;
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(Error::Inval("more SGEs than max_send_sge"));
         }
-        let op = hw_opcode(self.qp_type, wr.opcode)
-            .ok_or(Error::Inval("opcode not valid for the QP type"))?;
         let base = self.send_wqe_offset(ind);
         let mut off = base + ctrl::SIZE;
-        match (self.qp_type, wr.wr) {
-            (QpType::Rc | QpType::Uc, WrDetail::Rdma { remote_addr, rkey })
-                if matches!(
-                    wr.opcode,
-                    WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead
-                ) =>
-            {
-                self.buf.write_be64(off + raddr::RADDR, remote_addr);
+        match &wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
+                self.buf.write_be64(off + raddr::RADDR, *remote_addr);
                 self.buf
-                    .write_be64(off + raddr::RKEY, u64::from(rkey) << 32);
+                    .write_be64(off + raddr::RKEY, u64::from(*rkey) << 32);
                 off += raddr::SIZE;
             }
-            (
-                QpType::Rc,
-                WrDetail::Atomic {
-                    remote_addr,
-                    compare_add,
-                    swap,
-                    compare_add_mask,
-                    swap_mask,
-                    rkey,
-                },
-            ) if matches!(
-                wr.opcode,
-                WrOpcode::AtomicCmpAndSwp
-                    | WrOpcode::AtomicFetchAndAdd
-                    | WrOpcode::MaskedAtomicCmpAndSwp
-                    | WrOpcode::MaskedAtomicFetchAndAdd
-            ) =>
-            {
-                self.buf.write_be64(off + raddr::RADDR, remote_addr);
+            WrDetail::None if SEND_OPS & (1 << opi) != 0 && self.qp_type != QpType::Ud => {}
+            WrDetail::Atomic {
+                remote_addr,
+                compare_add,
+                swap,
+                compare_add_mask,
+                swap_mask,
+                rkey,
+            } if ATOMIC_OPS & (1 << opi) != 0 => {
+                self.buf.write_be64(off + raddr::RADDR, *remote_addr);
                 self.buf
-                    .write_be64(off + raddr::RKEY, u64::from(rkey) << 32);
+                    .write_be64(off + raddr::RKEY, u64::from(*rkey) << 32);
                 off += raddr::SIZE;
                 match wr.opcode {
                     // set_atomic_seg: CAS carries swap and compare; FAA the
                     // addend in the first field.
                     WrOpcode::AtomicCmpAndSwp => {
-                        self.buf.write_be64(off + atomic::SWAP_ADD, swap);
-                        self.buf.write_be64(off + atomic::COMPARE, compare_add);
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *swap);
+                        self.buf.write_be64(off + atomic::COMPARE, *compare_add);
                         off += atomic::SIZE;
                     }
                     WrOpcode::AtomicFetchAndAdd => {
-                        self.buf.write_be64(off + atomic::SWAP_ADD, compare_add);
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *compare_add);
                         self.buf.write_be64(off + atomic::COMPARE, 0);
                         off += atomic::SIZE;
                     }
                     // set_masked_atomic_seg (CAS) and Linux's FAA variant,
                     // which sends add and add mask in a plain atomic segment.
                     WrOpcode::MaskedAtomicCmpAndSwp => {
-                        self.buf.write_be64(off + atomic::SWAP_ADD, swap);
-                        self.buf.write_be64(off + atomic::COMPARE, compare_add);
-                        self.buf.write_be64(off + atomic::SWAP_ADD_MASK, swap_mask);
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *swap);
+                        self.buf.write_be64(off + atomic::COMPARE, *compare_add);
+                        self.buf.write_be64(off + atomic::SWAP_ADD_MASK, *swap_mask);
                         self.buf
-                            .write_be64(off + atomic::COMPARE_MASK, compare_add_mask);
+                            .write_be64(off + atomic::COMPARE_MASK, *compare_add_mask);
                         off += atomic::MASKED_SIZE;
                     }
                     _ => {
-                        self.buf.write_be64(off + atomic::SWAP_ADD, compare_add);
-                        self.buf.write_be64(off + atomic::COMPARE, compare_add_mask);
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *compare_add);
+                        self.buf
+                            .write_be64(off + atomic::COMPARE, *compare_add_mask);
                         off += atomic::SIZE;
                     }
                 }
             }
-            (QpType::Rc | QpType::Uc, WrDetail::None)
-                if matches!(
-                    wr.opcode,
-                    WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv
-                ) => {}
-            (
-                QpType::Ud,
-                WrDetail::Ud {
-                    ah,
-                    remote_qpn,
-                    remote_qkey,
-                    ..
-                },
-            ) => {
+            WrDetail::Ud {
+                ah,
+                remote_qpn,
+                remote_qkey,
+                ..
+            } if self.qp_type == QpType::Ud => {
                 let ah = ahs
                     .get(ah.0)
                     .ok_or(Error::Inval("unknown address handle"))?;
                 self.buf.write_bytes(off + datagram::AV, &ah.av);
                 self.buf.write_be64(
                     off + datagram::DQPN,
-                    (u64::from(remote_qpn & 0xff_ffff) << 32) | u64::from(remote_qkey),
+                    (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
                 );
                 self.buf.write_be64(off + datagram::VLAN, 0);
                 off += datagram::SIZE;
             }
             _ => return Err(Error::Inval("work request fields do not match its opcode")),
         }
-        let len = if inline {
-            self.write_inline(off, wr.inline_data)?
+        let end = if inline {
+            let end = off + self.write_inline(off, wr.inline_data)?;
+            if end - base > (1 << self.sq.wqe_shift) {
+                return Err(Error::Inval("work request larger than a send WQE"));
+            }
+            end
         } else {
             self.write_data_segs(off, wr.sg_list)
         };
-        let size = (off - base + len).div_ceil(16);
-        if size > (1 << (self.sq.wqe_shift - 4)) {
-            return Err(Error::Inval("work request larger than a send WQE"));
-        }
+        let size = (end - base).div_ceil(16) as u32;
         let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
         if let Some(w) = self.sq.wrid.get_mut(slot) {
             *w = wr.wr_id;
         }
-        let mut srcrb = self.sq_signal_bits;
-        if wr.send_flags & send_flags::SIGNALED != 0 {
-            srcrb |= ctrl::CQ_UPDATE;
-        }
-        if wr.send_flags & send_flags::SOLICITED != 0 {
-            srcrb |= ctrl::SOLICITED;
-        }
-        let imm = match wr.opcode {
-            WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithInv => {
-                wr.imm_data
-            }
-            _ => 0,
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags & 7) as usize];
+        let fence = (wr.send_flags & send_flags::FENCE) << 6;
+        let imm = if IMM_OPS & (1 << opi) != 0 {
+            wr.imm_data
+        } else {
+            0
         };
         self.buf.write_be64(
             base + ctrl::SRCRB_FLAGS,
             (u64::from(srcrb) << 32) | u64::from(imm),
         );
-        let fence = if wr.send_flags & send_flags::FENCE != 0 {
-            ctrl::FENCE
-        } else {
-            0
-        };
-        // Linux writes the data segments, a barrier, fence_size, a barrier,
-        // then the owner/opcode dword that hands the WQE to the HCA.
+        // Linux writes the segments, a barrier, fence_size, a barrier, then
+        // the owner/opcode dword that hands the WQE to the HCA. One aligned
+        // 8-byte store of both after the barrier keeps that order: the HCA
+        // never sees the new owner bit with a stale size.
         dma_wmb();
-        self.buf.write_be32(base + 4, u32::from(fence | size as u8));
-        dma_wmb();
-        let owner = if ind & self.sq.wqe_cnt != 0 {
-            ctrl::OWNER
-        } else {
-            0
-        };
-        self.buf.write_be32(base + ctrl::OWNER_OPCODE, op | owner);
+        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
+        self.buf.write_be64(
+            base + ctrl::OWNER_OPCODE,
+            (u64::from(op | owner) << 32) | u64::from(fence | size),
+        );
         Ok(())
     }
 
@@ -778,8 +785,11 @@ impl Mlx4IbQp {
         if wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(Error::Inval("more SGEs than max_send_sge"));
         }
-        let op = hw_opcode(self.qp_type, wr.opcode)
-            .ok_or(Error::Inval("opcode not valid for the QP type"))?;
+        let opi = wr.opcode as u32;
+        if self.ops_allowed & (1 << opi) == 0 {
+            return Err(Error::Inval("opcode not valid for the QP type"));
+        }
+        let op = HW_OPCODE[opi as usize & 15];
         let WrDetail::Ud { ah, .. } = wr.wr else {
             return Err(Error::Inval("QP0/QP1 sends need an address handle"));
         };
@@ -808,7 +818,7 @@ impl Mlx4IbQp {
         self.buf.write_be32(icrc + 4, 0);
         dma_wmb();
         self.buf.write_be32(icrc, inline::SEG | 4);
-        off += self.write_data_segs(off, wr.sg_list) + data::SIZE;
+        off = self.write_data_segs(off, wr.sg_list) + data::SIZE;
         let size = (off - base).div_ceil(16);
         if size > (1 << (self.sq.wqe_shift - 4)) {
             return Err(Error::Inval("work request larger than a send WQE"));
