@@ -31,7 +31,7 @@ use mlx4_ib::cq::Mlx4IbCq;
 use mlx4_ib::doorbell::DbPool;
 use mlx4_ib::qp::Mlx4IbQp;
 use mlx4_ib::srq::Mlx4IbSrq;
-use mlx4_ib::verbs::{QpCap, QpType, RecvWr, SendWr, Sge, Wc, WrDetail, WrOpcode, send_flags};
+use mlx4_ib::verbs::{QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, Wc, WrDetail, WrOpcode};
 use mlx4_ib::{QpTable, Slab};
 
 /// The host-memory HCA: one RC QP (inline-capable), one CQ, and the CQE
@@ -135,7 +135,7 @@ fn op_post_write(r: &mut Rig, sg: &[Sge; 1]) {
     let wr = SendWr {
         wr_id: 1,
         opcode: WrOpcode::RdmaWrite,
-        send_flags: send_flags::SIGNALED,
+        send_flags: SendFlags::SIGNALED,
         sg_list: sg,
         inline_data: &[],
         imm_data: 0,
@@ -153,7 +153,7 @@ fn op_post_inline(r: &mut Rig) {
     let wr = SendWr {
         wr_id: 2,
         opcode: WrOpcode::Send,
-        send_flags: send_flags::SIGNALED | send_flags::INLINE,
+        send_flags: SendFlags::SIGNALED | SendFlags::INLINE,
         sg_list: &[],
         inline_data: &r.data,
         imm_data: 0,

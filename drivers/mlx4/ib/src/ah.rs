@@ -7,7 +7,7 @@
 use mlx4_core::Caps;
 use mlx4_hw::wqe::{Av, av};
 
-use crate::verbs::{AH_GRH, AhAttr};
+use crate::verbs::AhAttr;
 use crate::{Error, Result};
 
 /// `IB_RATE_2_5_GBPS`, the lowest `enum ib_rate` the HCA steps down to.
@@ -62,17 +62,16 @@ pub fn create_ib_ah(caps: &Caps, pdn: u32, attr: &AhAttr) -> Result<Mlx4IbAh> {
         sl_tclass_flowlabel: u32::from(attr.sl & 0xf) << 28,
         ..Default::default()
     };
-    if attr.ah_flags & AH_GRH != 0 {
+    if let Some(grh) = &attr.grh {
         let gid_len = caps.port[usize::from(attr.port_num)].gid_table_len;
-        if u32::from(attr.grh.sgid_index) >= gid_len.max(1) {
+        if u32::from(grh.sgid_index) >= gid_len.max(1) {
             return Err(Error::Inval("source GID index beyond the GID table"));
         }
         a.g_slid |= av::GRH;
-        a.gid_index = attr.grh.sgid_index;
-        a.hop_limit = attr.grh.hop_limit;
-        a.sl_tclass_flowlabel |=
-            (u32::from(attr.grh.traffic_class) << 20) | (attr.grh.flow_label & 0xf_ffff);
-        a.dgid = attr.grh.dgid;
+        a.gid_index = grh.sgid_index;
+        a.hop_limit = grh.hop_limit;
+        a.sl_tclass_flowlabel |= (u32::from(grh.traffic_class) << 20) | (grh.flow_label & 0xf_ffff);
+        a.dgid = grh.dgid.0;
     }
     Ok(Mlx4IbAh {
         av: a.to_bytes(),
@@ -83,7 +82,7 @@ pub fn create_ib_ah(caps: &Caps, pdn: u32, attr: &AhAttr) -> Result<Mlx4IbAh> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::GlobalRoute;
+    use crate::verbs::{Gid, GlobalRoute};
 
     fn caps() -> Caps {
         let mut c = Caps {
@@ -128,15 +127,14 @@ mod tests {
                 dlid: 7,
                 sl: 2,
                 port_num: 1,
-                ah_flags: AH_GRH,
                 static_rate: 3, // IB_RATE_10_GBPS
-                grh: GlobalRoute {
-                    dgid,
+                grh: Some(GlobalRoute {
+                    dgid: Gid(dgid),
                     flow_label: 0xabcde,
                     sgid_index: 1,
                     hop_limit: 0xff,
                     traffic_class: 0x12,
-                },
+                }),
                 ..Default::default()
             },
         )
@@ -168,11 +166,10 @@ mod tests {
         ));
         let bad_gid = AhAttr {
             port_num: 1,
-            ah_flags: AH_GRH,
-            grh: GlobalRoute {
+            grh: Some(GlobalRoute {
                 sgid_index: 200,
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         };
         assert!(matches!(

@@ -10,7 +10,7 @@ use mlx4_hw::wqe::opcode;
 use crate::doorbell::Db;
 use crate::srq::Mlx4IbSrq;
 use crate::table::{QpTable, Slab};
-use crate::verbs::{Wc, WcOpcode, WcStatus, wc_flags};
+use crate::verbs::{Wc, WcFlags, WcOpcode, WcStatus};
 use crate::{Error, Result};
 
 /// The hardware side of a CQ created through mlx4_core.
@@ -71,23 +71,23 @@ pub fn syndrome_to_status(s: u8) -> WcStatus {
 /// The completion opcode, flags and byte count of a successful send CQE
 /// (the send half of `mlx4_ib_poll_one`'s switch).
 #[inline]
-fn send_wc(op: u8) -> (WcOpcode, u32, Option<u32>) {
+fn send_wc(op: u8) -> (WcOpcode, WcFlags, Option<u32>) {
     match u32::from(op) {
-        opcode::RDMA_WRITE_IMM => (WcOpcode::RdmaWrite, wc_flags::WITH_IMM, None),
-        opcode::RDMA_WRITE => (WcOpcode::RdmaWrite, 0, None),
-        opcode::SEND_IMM => (WcOpcode::Send, wc_flags::WITH_IMM, None),
-        opcode::SEND | opcode::SEND_INVAL => (WcOpcode::Send, 0, None),
+        opcode::RDMA_WRITE_IMM => (WcOpcode::RdmaWrite, WcFlags::WITH_IMM, None),
+        opcode::RDMA_WRITE => (WcOpcode::RdmaWrite, WcFlags::empty(), None),
+        opcode::SEND_IMM => (WcOpcode::Send, WcFlags::WITH_IMM, None),
+        opcode::SEND | opcode::SEND_INVAL => (WcOpcode::Send, WcFlags::empty(), None),
         // RDMA READ reports the CQE's byte count.
-        opcode::RDMA_READ => (WcOpcode::RdmaRead, 0, Some(u32::MAX)),
-        opcode::ATOMIC_CS => (WcOpcode::CompSwap, 0, Some(8)),
-        opcode::ATOMIC_FA => (WcOpcode::FetchAdd, 0, Some(8)),
-        opcode::MASKED_ATOMIC_CS => (WcOpcode::MaskedCompSwap, 0, Some(8)),
-        opcode::MASKED_ATOMIC_FA => (WcOpcode::MaskedFetchAdd, 0, Some(8)),
-        opcode::BIND_MW => (WcOpcode::BindMw, 0, None),
-        opcode::LSO => (WcOpcode::Lso, 0, None),
-        opcode::FMR => (WcOpcode::FastRegMr, 0, None),
-        opcode::LOCAL_INVAL => (WcOpcode::LocalInv, 0, None),
-        _ => (WcOpcode::Send, 0, None),
+        opcode::RDMA_READ => (WcOpcode::RdmaRead, WcFlags::empty(), Some(u32::MAX)),
+        opcode::ATOMIC_CS => (WcOpcode::CompSwap, WcFlags::empty(), Some(8)),
+        opcode::ATOMIC_FA => (WcOpcode::FetchAdd, WcFlags::empty(), Some(8)),
+        opcode::MASKED_ATOMIC_CS => (WcOpcode::MaskedCompSwap, WcFlags::empty(), Some(8)),
+        opcode::MASKED_ATOMIC_FA => (WcOpcode::MaskedFetchAdd, WcFlags::empty(), Some(8)),
+        opcode::BIND_MW => (WcOpcode::BindMw, WcFlags::empty(), None),
+        opcode::LSO => (WcOpcode::Lso, WcFlags::empty(), None),
+        opcode::FMR => (WcOpcode::FastRegMr, WcFlags::empty(), None),
+        opcode::LOCAL_INVAL => (WcOpcode::LocalInv, WcFlags::empty(), None),
+        _ => (WcOpcode::Send, WcFlags::empty(), None),
     }
 }
 
@@ -333,17 +333,21 @@ impl Mlx4IbCq {
             let imm = head as u32;
             wc.byte_len = self.buf.read_be32(off + cqe::BYTE_CNT);
             let (opc, flags) = match op {
-                recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, wc_flags::WITH_IMM),
-                recv_opcode::SEND_INVAL => (WcOpcode::Recv, wc_flags::WITH_INVALIDATE),
-                recv_opcode::SEND_IMM => (WcOpcode::Recv, wc_flags::WITH_IMM),
-                _ => (WcOpcode::Recv, 0),
+                recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, WcFlags::WITH_IMM),
+                recv_opcode::SEND_INVAL => (WcOpcode::Recv, WcFlags::WITH_INVALIDATE),
+                recv_opcode::SEND_IMM => (WcOpcode::Recv, WcFlags::WITH_IMM),
+                _ => (WcOpcode::Recv, WcFlags::empty()),
             };
             wc.opcode = opc;
             wc.imm_data = imm;
             wc.slid = mid as u16;
             wc.src_qp = g & 0xff_ffff;
             wc.dlid_path_bits = ((g >> 24) & 0x7f) as u8;
-            wc.wc_flags = flags | if g & (1 << 31) != 0 { wc_flags::GRH } else { 0 };
+            wc.wc_flags = if g & (1 << 31) != 0 {
+                flags | WcFlags::GRH
+            } else {
+                flags
+            };
             wc.pkey_index = (imm & 0x7f) as u16;
             wc.sl = ((mid >> 16) as u16 >> 12) as u8;
         }

@@ -3,7 +3,7 @@
 use mlx4_core::Dev;
 use mlx4_hw::port::MAD_SIZE;
 
-use crate::verbs::{Wc, wc_flags};
+use crate::verbs::{Wc, WcFlags};
 use crate::{Error, Result};
 
 /// Management classes (`IB_MGMT_CLASS_*`, `MLX4_IB_VENDOR_CLASS*`).
@@ -132,7 +132,7 @@ pub fn mad_ifc(
             inb[ext::RQPN..ext::RQPN + 4].copy_from_slice(&wc.src_qp.to_be_bytes());
             inb[ext::SL] = (wc.sl & 0xf) << 4;
             inb[ext::G_PATH] = (wc.dlid_path_bits & 0x7f)
-                | if wc.wc_flags & wc_flags::GRH != 0 {
+                | if wc.wc_flags.contains(WcFlags::GRH) {
                     0x80
                 } else {
                     0

@@ -18,7 +18,7 @@ use crate::mad::{self, NodeInfo, PortAttr};
 use crate::mr::{Mlx4IbMr, REMOTE_ACCESS, convert_access};
 use crate::srq::{Mlx4IbSrq, SrqHw, srq_size};
 use crate::table::{AhId, CqId, MrId, PdId, QpTable, Slab, SrqId};
-use crate::verbs::{AhAttr, SrqAttr, Wc, srq_attr_mask};
+use crate::verbs::{AccessFlags, AhAttr, SrqAttr, SrqAttrMask, Wc};
 use crate::{Error, Result};
 
 /// A protection domain (Linux `struct mlx4_ib_pd`).
@@ -501,8 +501,8 @@ impl Mlx4IbDev {
     /// Linux `mlx4_ib_get_dma_mr`: an MR without translation covering all
     /// memory, for local access only (this port refuses remote rights on
     /// it: see the module doc of [`crate::mr`]).
-    pub fn get_dma_mr(&mut self, pd: PdId, acc: u32) -> Result<MrId> {
-        if acc & REMOTE_ACCESS != 0 {
+    pub fn get_dma_mr(&mut self, pd: PdId, acc: AccessFlags) -> Result<MrId> {
+        if acc.intersects(REMOTE_ACCESS) {
             return Err(Error::Inval(
                 "a DMA MR with remote access would expose all memory",
             ));
@@ -526,7 +526,7 @@ impl Mlx4IbDev {
         length: u64,
         page_shift: u32,
         pages: &[u64],
-        acc: u32,
+        acc: AccessFlags,
     ) -> Result<MrId> {
         let pdn = self.pdn(pd)?;
         if pages.is_empty() || !(12..=30).contains(&page_shift) || length == 0 {
@@ -709,12 +709,12 @@ impl Mlx4IbDev {
 
     /// Linux `mlx4_ib_modify_srq`: only the limit can change (resizing is
     /// refused, as Linux mlx4 does).
-    pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: u32) -> Result<()> {
-        if mask & srq_attr_mask::MAX_WR != 0 {
+    pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        if mask.contains(SrqAttrMask::MAX_WR) {
             return Err(Error::Inval("SRQ resize is not supported"));
         }
         let s = self.srqs.get_mut(srq.0).ok_or(Error::NoObject)?;
-        if mask & srq_attr_mask::LIMIT != 0 {
+        if mask.contains(SrqAttrMask::LIMIT) {
             if attr.srq_limit >= s.max {
                 return Err(Error::Inval("SRQ limit not below its size"));
             }

@@ -6,7 +6,7 @@
 
 use mlx4_hw::mr::flags;
 
-use crate::verbs::access;
+use crate::verbs::AccessFlags;
 
 /// A memory region (Linux `struct mlx4_ib_mr`).
 #[derive(Debug)]
@@ -32,25 +32,27 @@ impl Mlx4IbMr {
 
 /// Linux `convert_access`: IB access flags to `MLX4_PERM_*` (local read is
 /// always granted).
-pub fn convert_access(acc: u32) -> u32 {
+pub fn convert_access(acc: AccessFlags) -> u32 {
     let mut p = flags::PERM_LOCAL_READ;
-    if acc & access::REMOTE_ATOMIC != 0 {
+    if acc.contains(AccessFlags::REMOTE_ATOMIC) {
         p |= flags::PERM_ATOMIC;
     }
-    if acc & access::REMOTE_WRITE != 0 {
+    if acc.contains(AccessFlags::REMOTE_WRITE) {
         p |= flags::PERM_REMOTE_WRITE;
     }
-    if acc & access::REMOTE_READ != 0 {
+    if acc.contains(AccessFlags::REMOTE_READ) {
         p |= flags::PERM_REMOTE_READ;
     }
-    if acc & access::LOCAL_WRITE != 0 {
+    if acc.contains(AccessFlags::LOCAL_WRITE) {
         p |= flags::PERM_LOCAL_WRITE;
     }
     p
 }
 
 /// Access flags that expose memory to peers.
-pub const REMOTE_ACCESS: u32 = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+pub const REMOTE_ACCESS: AccessFlags = AccessFlags(
+    AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0,
+);
 
 #[cfg(test)]
 mod tests {
@@ -58,13 +60,13 @@ mod tests {
 
     #[test]
     fn access_bits_follow_linux() {
-        assert_eq!(convert_access(0), 1 << 10);
+        assert_eq!(convert_access(AccessFlags::empty()), 1 << 10);
         assert_eq!(
-            convert_access(access::LOCAL_WRITE | access::REMOTE_WRITE),
+            convert_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
             (1 << 10) | (1 << 11) | (1 << 13)
         );
         assert_eq!(
-            convert_access(access::REMOTE_READ | access::REMOTE_ATOMIC),
+            convert_access(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC),
             (1 << 10) | (1 << 12) | (1 << 14)
         );
     }

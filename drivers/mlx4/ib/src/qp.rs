@@ -13,7 +13,10 @@ use mlx4_hw::wqe::{self, atomic, ctrl, data, datagram, inline, mlx, opcode, radd
 use crate::ah::Mlx4IbAh;
 use crate::doorbell::Db;
 use crate::table::{CqId, PdId, Slab, SrqId};
-use crate::verbs::{QpCap, QpState, QpType, RecvWr, SendWr, WrDetail, WrOpcode, send_flags};
+use crate::verbs::{
+    AccessFlags, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, WrDetail,
+    WrOpcode,
+};
 use crate::{Error, Result};
 
 /// A work queue (Linux `struct mlx4_ib_wq`): ring geometry, producer and
@@ -263,7 +266,7 @@ pub struct Mlx4IbQp {
     pub(crate) db: Option<Db>,
     pub(crate) state: QpState,
     pub(crate) port: u8,
-    pub(crate) atomic_rd_en: u32,
+    pub(crate) atomic_rd_en: AccessFlags,
     pub(crate) resp_depth: u8,
     pub(crate) pd: PdId,
     pub(crate) send_cq: CqId,
@@ -396,7 +399,7 @@ impl Mlx4IbQp {
             db,
             state: QpState::Reset,
             port: 0,
-            atomic_rd_en: 0,
+            atomic_rd_en: AccessFlags::empty(),
             resp_depth: 0,
             pd: PdId(0),
             send_cq: CqId(0),
@@ -623,7 +626,7 @@ impl Mlx4IbQp {
             return Err(Error::Inval("opcode not valid for the QP type"));
         }
         let op = HW_OPCODE[opi as usize & 15];
-        let inline = wr.send_flags & send_flags::INLINE != 0;
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(Error::Inval("more SGEs than max_send_sge"));
         }
@@ -713,8 +716,8 @@ impl Mlx4IbQp {
         if let Some(w) = self.sq.wrid.get_mut(slot) {
             *w = wr.wr_id;
         }
-        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags & 7) as usize];
-        let fence = (wr.send_flags & send_flags::FENCE) << 6;
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
+        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
         let imm = if IMM_OPS & (1 << opi) != 0 {
             wr.imm_data
         } else {
@@ -846,14 +849,14 @@ impl Mlx4IbQp {
         base: usize,
         av: &wqe::Av,
         f: &MlxFields,
-        flags: u32,
+        flags: SendFlags,
         h: &[u8],
     ) -> usize {
         // Only the completion bits of the control flags survive; then VL15
         // for QP0, SLR for a permissive DLID, SL, loopback (Linux 3.11 sets
         // no static rate here).
         let mut mflags = self.sq_signal_bits;
-        if flags & send_flags::SIGNALED != 0 {
+        if flags.contains(SendFlags::SIGNALED) {
             mflags |= ctrl::CQ_UPDATE;
         }
         if self.qp_type == QpType::Smi {
@@ -1031,20 +1034,19 @@ fn mlx4_set_path(caps: &Caps, ah: &crate::verbs::AhAttr, port: u8) -> Result<mlx
         static_rate: crate::ah::static_rate(caps, ah.static_rate),
         ..Default::default()
     };
-    if ah.ah_flags & crate::verbs::AH_GRH != 0 {
+    if let Some(grh) = &ah.grh {
         let len = caps
             .port
             .get(usize::from(port))
             .map_or(0, |p| p.gid_table_len);
-        if u32::from(ah.grh.sgid_index) >= len {
+        if u32::from(grh.sgid_index) >= len {
             return Err(Error::Inval("sgid_index beyond the GID table"));
         }
         p.grh_mylmc |= 1 << 7;
-        p.mgid_index = ah.grh.sgid_index;
-        p.hop_limit = ah.grh.hop_limit;
-        p.tclass_flowlabel =
-            (u32::from(ah.grh.traffic_class) << 20) | (ah.grh.flow_label & 0xf_ffff);
-        p.rgid = ah.grh.dgid;
+        p.mgid_index = grh.sgid_index;
+        p.hop_limit = grh.hop_limit;
+        p.tclass_flowlabel = (u32::from(grh.traffic_class) << 20) | (grh.flow_label & 0xf_ffff);
+        p.rgid = grh.dgid.0;
     }
     p.sched_queue = DEFAULT_SCHED_QUEUE | ((port.wrapping_sub(1) & 1) << 6) | ((ah.sl & 0xf) << 2);
     Ok(p)
@@ -1182,27 +1184,26 @@ impl crate::Mlx4IbDev {
         &mut self,
         id: crate::QpId,
         attr: &crate::verbs::QpAttr,
-        mask: u32,
+        mask: M,
     ) -> Result<()> {
-        use crate::verbs::qp_attr_mask as m;
         let num_ports = self.num_ports();
         let qp = self.qps.slab.get(id.0).ok_or(Error::NoObject)?;
-        let cur = if mask & m::CUR_STATE != 0 {
+        let cur = if mask.contains(M::CUR_STATE) {
             attr.cur_qp_state
         } else {
             qp.state
         };
-        let new = if mask & m::STATE != 0 {
+        let new = if mask.contains(M::STATE) {
             attr.qp_state
         } else {
             cur
         };
         let caps = self.dev.caps();
-        if mask & m::PORT != 0 && (attr.port_num == 0 || attr.port_num > num_ports) {
+        if mask.contains(M::PORT) && (attr.port_num == 0 || attr.port_num > num_ports) {
             return Err(Error::Inval("no such port"));
         }
-        if mask & m::PKEY_INDEX != 0 {
-            let p = if mask & m::PORT != 0 {
+        if mask.contains(M::PKEY_INDEX) {
+            let p = if mask.contains(M::PORT) {
                 attr.port_num
             } else {
                 qp.port
@@ -1215,11 +1216,12 @@ impl crate::Mlx4IbDev {
                 return Err(Error::Inval("P_Key index beyond the table"));
             }
         }
-        if mask & m::MAX_QP_RD_ATOMIC != 0 && u32::from(attr.max_rd_atomic) > caps.max_qp_init_rdma
+        if mask.contains(M::MAX_QP_RD_ATOMIC)
+            && u32::from(attr.max_rd_atomic) > caps.max_qp_init_rdma
         {
             return Err(Error::Inval("max_rd_atomic above the device's limit"));
         }
-        if mask & m::MAX_DEST_RD_ATOMIC != 0
+        if mask.contains(M::MAX_DEST_RD_ATOMIC)
             && u32::from(attr.max_dest_rd_atomic) > caps.max_qp_dest_rdma
         {
             return Err(Error::Inval("max_dest_rd_atomic above the device's limit"));
@@ -1246,11 +1248,8 @@ impl crate::Mlx4IbDev {
         match t {
             QpType::Smi | QpType::Gsi => ctx.mtu_msgmax = (5 << 5) | 11,
             QpType::Ud => ctx.mtu_msgmax = (5 << 5) | 12,
-            _ if mask & m::PATH_MTU != 0 => {
-                if !(1..=5).contains(&attr.path_mtu) {
-                    return Err(Error::Inval("path MTU is invalid"));
-                }
-                ctx.mtu_msgmax = (attr.path_mtu << 5) | caps.max_msg_sz.max(1).ilog2() as u8;
+            _ if mask.contains(M::PATH_MTU) => {
+                ctx.mtu_msgmax = (attr.path_mtu.raw() << 5) | caps.max_msg_sz.max(1).ilog2() as u8;
             }
             _ => {}
         }
@@ -1260,10 +1259,10 @@ impl crate::Mlx4IbDev {
         ctx.rq_size_stride |= (qp.rq.wqe_shift.saturating_sub(4)) as u8;
         ctx.sq_size_stride = ((qp.sq.wqe_cnt.ilog2() << 3) | (qp.sq.wqe_shift - 4)) as u8;
         ctx.usr_page = self.priv_uar.index;
-        if mask & m::DEST_QPN != 0 {
+        if mask.contains(M::DEST_QPN) {
             ctx.remote_qpn = attr.dest_qp_num & 0xff_ffff;
         }
-        let port = if mask & m::PORT != 0 {
+        let port = if mask.contains(M::PORT) {
             attr.port_num
         } else {
             qp.port
@@ -1282,11 +1281,11 @@ impl crate::Mlx4IbDev {
                 None => ctx.pri_path.counter_index = 0xff,
             }
         }
-        if mask & m::PKEY_INDEX != 0 {
+        if mask.contains(M::PKEY_INDEX) {
             ctx.pri_path.pkey_index = attr.pkey_index as u8;
             opt |= optpar::PKEY_INDEX;
         }
-        if mask & m::AV != 0 {
+        if mask.contains(M::AV) {
             let pkey = ctx.pri_path.pkey_index;
             let counter = ctx.pri_path.counter_index;
             ctx.pri_path = mlx4_set_path(caps, &attr.ah_attr, port)?;
@@ -1294,7 +1293,7 @@ impl crate::Mlx4IbDev {
             ctx.pri_path.counter_index = counter;
             opt |= optpar::PRIMARY_ADDR_PATH | optpar::SCHED_QUEUE;
         }
-        if mask & m::TIMEOUT != 0 {
+        if mask.contains(M::TIMEOUT) {
             ctx.pri_path.ackto |= attr.timeout << 3;
             opt |= optpar::ACK_TIMEOUT;
         }
@@ -1305,47 +1304,47 @@ impl crate::Mlx4IbDev {
         ctx.cqn_recv = rcq;
         // Fast-register enabled for all kernel QPs.
         ctx.params1 = (ACK_REQ_FREQ << 28) | (1 << 11);
-        if mask & m::RNR_RETRY != 0 {
+        if mask.contains(M::RNR_RETRY) {
             ctx.params1 |= u32::from(attr.rnr_retry & 7) << 13;
             opt |= optpar::RNR_RETRY;
         }
-        if mask & m::RETRY_CNT != 0 {
+        if mask.contains(M::RETRY_CNT) {
             ctx.params1 |= u32::from(attr.retry_cnt & 7) << 16;
             opt |= optpar::RETRY_COUNT;
         }
-        if mask & m::MAX_QP_RD_ATOMIC != 0 {
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
             ctx.params1 |= fls_minus_one(attr.max_rd_atomic) << 21;
             opt |= optpar::SRA_MAX;
         }
-        if mask & m::SQ_PSN != 0 {
+        if mask.contains(M::SQ_PSN) {
             ctx.next_send_psn = attr.sq_psn & 0xff_ffff;
         }
-        if mask & m::MAX_DEST_RD_ATOMIC != 0 {
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
             ctx.params2 |= fls_minus_one(attr.max_dest_rd_atomic) << 21;
             opt |= optpar::RRA_MAX;
         }
-        if mask & (m::ACCESS_FLAGS | m::MAX_DEST_RD_ATOMIC) != 0 {
+        if mask.intersects(M::ACCESS_FLAGS | M::MAX_DEST_RD_ATOMIC) {
             // to_mlx4_access_flags
-            let depth = if mask & m::MAX_DEST_RD_ATOMIC != 0 {
+            let depth = if mask.contains(M::MAX_DEST_RD_ATOMIC) {
                 attr.max_dest_rd_atomic
             } else {
                 qp.resp_depth
             };
-            let mut acc = if mask & m::ACCESS_FLAGS != 0 {
+            let mut acc = if mask.contains(M::ACCESS_FLAGS) {
                 attr.qp_access_flags
             } else {
                 qp.atomic_rd_en
             };
             if depth == 0 {
-                acc &= crate::verbs::access::REMOTE_WRITE;
+                acc = acc.and(AccessFlags::REMOTE_WRITE);
             }
-            if acc & crate::verbs::access::REMOTE_READ != 0 {
+            if acc.contains(AccessFlags::REMOTE_READ) {
                 ctx.params2 |= BIT_RRE;
             }
-            if acc & crate::verbs::access::REMOTE_ATOMIC != 0 {
+            if acc.contains(AccessFlags::REMOTE_ATOMIC) {
                 ctx.params2 |= BIT_RAE;
             }
-            if acc & crate::verbs::access::REMOTE_WRITE != 0 {
+            if acc.contains(AccessFlags::REMOTE_WRITE) {
                 ctx.params2 |= BIT_RWE;
             }
             opt |= optpar::RWE | optpar::RRE | optpar::RAE;
@@ -1353,14 +1352,14 @@ impl crate::Mlx4IbDev {
         if qp.srq.is_some() {
             ctx.params2 |= BIT_RIC;
         }
-        if mask & m::MIN_RNR_TIMER != 0 {
+        if mask.contains(M::MIN_RNR_TIMER) {
             ctx.rnr_nextrecvpsn |= u32::from(attr.min_rnr_timer & 0x1f) << 24;
             opt |= optpar::RNR_TIMEOUT;
         }
-        if mask & m::RQ_PSN != 0 {
+        if mask.contains(M::RQ_PSN) {
             ctx.rnr_nextrecvpsn |= attr.rq_psn & 0xff_ffff;
         }
-        if mask & m::QKEY != 0 {
+        if mask.contains(M::QKEY) {
             ctx.qkey = attr.qkey;
             opt |= optpar::Q_KEY;
         }
@@ -1388,8 +1387,8 @@ impl crate::Mlx4IbDev {
         }
         let sqd_event = cur == QpState::Rts
             && new == QpState::Sqd
-            && mask & m::EN_SQD_ASYNC_NOTIFY != 0
-            && attr.en_sqd_async_notify;
+            && mask.contains(M::EN_SQD_ASYNC_NOTIFY)
+            && attr.en_sqd_async_notify != 0;
         let qp = self.qps.slab.get_mut(id.0).ok_or(Error::NoObject)?;
         // Before the HCA owns the SQ: owner bits and stamps.
         if cur == QpState::Reset && new == QpState::Init {
@@ -1406,24 +1405,24 @@ impl crate::Mlx4IbDev {
             sqd_event,
         )?;
         qp.state = new;
-        if mask & m::ACCESS_FLAGS != 0 {
+        if mask.contains(M::ACCESS_FLAGS) {
             qp.atomic_rd_en = attr.qp_access_flags;
         }
-        if mask & m::MAX_DEST_RD_ATOMIC != 0 {
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
             qp.resp_depth = attr.max_dest_rd_atomic;
         }
-        if mask & m::PORT != 0 {
+        if mask.contains(M::PORT) {
             qp.port = attr.port_num;
         }
         // store_sqp_attrs
         if let Some(s) = qp.sqp.as_mut() {
-            if mask & m::PKEY_INDEX != 0 {
+            if mask.contains(M::PKEY_INDEX) {
                 s.pkey_index = attr.pkey_index;
             }
-            if mask & m::QKEY != 0 {
+            if mask.contains(M::QKEY) {
                 s.qkey = attr.qkey;
             }
-            if mask & m::SQ_PSN != 0 {
+            if mask.contains(M::SQ_PSN) {
                 s.send_psn = attr.sq_psn & 0xff_ffff;
             }
         }
@@ -1484,25 +1483,25 @@ impl crate::Mlx4IbDev {
                 qp.state = a.qp_state;
                 a.cur_qp_state = a.qp_state;
             }
-            a.path_mtu = c.mtu_msgmax >> 5;
+            if let Some(m) = crate::verbs::Mtu::from_raw(c.mtu_msgmax >> 5) {
+                a.path_mtu = m;
+            }
             a.qkey = c.qkey;
             a.rq_psn = c.rnr_nextrecvpsn & 0xff_ffff;
             a.sq_psn = c.next_send_psn & 0xff_ffff;
             a.dest_qp_num = c.remote_qpn & 0xff_ffff;
             let p2 = c.params2;
-            a.qp_access_flags = (if p2 & BIT_RRE != 0 {
-                crate::verbs::access::REMOTE_READ
-            } else {
-                0
-            }) | (if p2 & BIT_RWE != 0 {
-                crate::verbs::access::REMOTE_WRITE
-            } else {
-                0
-            }) | (if p2 & BIT_RAE != 0 {
-                crate::verbs::access::REMOTE_ATOMIC
-            } else {
-                0
-            });
+            let mut acc = AccessFlags::empty();
+            for (bit, f) in [
+                (BIT_RRE, AccessFlags::REMOTE_READ),
+                (BIT_RWE, AccessFlags::REMOTE_WRITE),
+                (BIT_RAE, AccessFlags::REMOTE_ATOMIC),
+            ] {
+                if p2 & bit != 0 {
+                    acc |= f;
+                }
+            }
+            a.qp_access_flags = acc;
             if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
                 let p = &c.pri_path;
                 a.ah_attr = crate::verbs::AhAttr {
@@ -1512,19 +1511,14 @@ impl crate::Mlx4IbDev {
                     static_rate: p
                         .static_rate
                         .saturating_sub(mlx4_hw::wqe::av::STAT_RATE_OFFSET),
-                    ah_flags: if p.grh_mylmc & 0x80 != 0 {
-                        crate::verbs::AH_GRH
-                    } else {
-                        0
-                    },
                     port_num: ((p.sched_queue >> 6) & 1) + 1,
-                    grh: crate::verbs::GlobalRoute {
-                        dgid: p.rgid,
+                    grh: (p.grh_mylmc & 0x80 != 0).then_some(crate::verbs::GlobalRoute {
+                        dgid: crate::verbs::Gid(p.rgid),
                         flow_label: p.tclass_flowlabel & 0xf_ffff,
                         sgid_index: p.mgid_index,
                         hop_limit: p.hop_limit,
                         traffic_class: (p.tclass_flowlabel >> 20) as u8,
-                    },
+                    }),
                 };
             }
             a.pkey_index = u16::from(c.pri_path.pkey_index);

@@ -11,6 +11,7 @@ use super::*;
 use crate::ah::{Mlx4IbAh, create_ib_ah};
 use crate::doorbell::DbPool;
 use crate::verbs::{AhAttr, Sge, WrDetail};
+use ib_core::verbs::SendFlags;
 
 /// A host-memory stand-in for the HCA: DMA arena, a UAR page, doorbell
 /// records, device limits like a ConnectX-3's.
@@ -134,7 +135,7 @@ fn golden_rdma_write() {
     let wr = SendWr {
         wr_id: 7,
         opcode: WrOpcode::RdmaWrite,
-        send_flags: send_flags::SIGNALED | send_flags::FENCE,
+        send_flags: SendFlags::SIGNALED | SendFlags::FENCE,
         sg_list: &sg,
         wr: WrDetail::Rdma {
             remote_addr: 0xdead_beef_0000_1000,
@@ -189,7 +190,7 @@ fn golden_send_with_imm_atomics_and_read() {
         SendWr {
             wr_id: 1,
             opcode: WrOpcode::SendWithImm,
-            send_flags: send_flags::SOLICITED,
+            send_flags: SendFlags::SOLICITED,
             sg_list: &sg,
             imm_data: 0xcafe_f00d,
             ..Default::default()
@@ -254,7 +255,7 @@ fn inline_send_splits_at_64_bytes() {
     let data: Vec<u8> = (0..64u8).collect();
     let wr = SendWr {
         opcode: WrOpcode::Send,
-        send_flags: send_flags::INLINE,
+        send_flags: SendFlags::INLINE,
         inline_data: &data,
         ..Default::default()
     };
