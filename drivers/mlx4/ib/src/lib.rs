@@ -27,6 +27,7 @@ mod error;
 pub mod mad;
 pub mod main;
 pub mod mr;
+pub mod provider;
 pub mod qp;
 pub mod srq;
 mod table;

@@ -95,6 +95,8 @@ pub struct Mlx4IbDev {
     pub(crate) events: EventQueue,
     pub(crate) intf: Option<IntfId>,
     pub(crate) fatal: bool,
+    /// Events found by snooping SMPs, delivered by the next poll.
+    pub(crate) snooped: VecDeque<IbEvent>,
 }
 
 impl core::fmt::Debug for Mlx4IbDev {
@@ -218,6 +220,7 @@ impl Mlx4IbDev {
             events,
             intf: Some(intf),
             fatal: false,
+            snooped: VecDeque::new(),
         })
     }
 
