@@ -81,7 +81,8 @@ pub struct Mlx4IbDev {
     pub(crate) dev: Dev,
     pub(crate) name: String,
     pub(crate) priv_pdn: u32,
-    pub(crate) priv_uar: Uar,
+    /// `None` once removed.
+    pub(crate) priv_uar: Option<Uar>,
     pub(crate) dbs: DbPool,
     pub(crate) pds: Slab<Mlx4IbPd>,
     pub(crate) cqs: Slab<Mlx4IbCq>,
@@ -97,6 +98,12 @@ pub struct Mlx4IbDev {
     pub(crate) fatal: bool,
     /// Events found by snooping SMPs, delivered by the next poll.
     pub(crate) snooped: VecDeque<IbEvent>,
+}
+
+impl Drop for Mlx4IbDev {
+    fn drop(&mut self) {
+        self.remove();
+    }
 }
 
 impl core::fmt::Debug for Mlx4IbDev {
@@ -206,7 +213,7 @@ impl Mlx4IbDev {
             dev,
             name: String::from(name),
             priv_pdn,
-            priv_uar,
+            priv_uar: Some(priv_uar),
             dbs: DbPool::default(),
             pds: Slab::default(),
             cqs: Slab::default(),
@@ -225,9 +232,10 @@ impl Mlx4IbDev {
     }
 
     /// Linux `mlx4_ib_remove`: every object still alive is destroyed (QPs,
-    /// SRQs, CQs, MRs, AHs, PDs), then the counters, UAR and PD; the
-    /// mlx4_core device is handed back.
-    pub fn remove(mut self) -> Dev {
+    /// SRQs, CQs, MRs, AHs, PDs), then the counters, the interface, the UAR
+    /// and the PD. The mlx4_core device stays (it is torn down when this
+    /// device is dropped). Idempotent; dropping the device calls it.
+    pub fn remove(&mut self) {
         let qps: alloc::vec::Vec<u32> = self.qps.slab.ids().collect();
         for q in qps {
             let _ = self.destroy_qp(crate::QpId(q));
@@ -262,15 +270,10 @@ impl Mlx4IbDev {
         if let Some(id) = self.intf.take() {
             self.dev.unregister_interface(id);
         }
-        let Mlx4IbDev {
-            mut dev,
-            priv_uar,
-            priv_pdn,
-            ..
-        } = self;
-        dev.uar_free(priv_uar);
-        dev.pd_free(priv_pdn);
-        dev
+        if let Some(u) = self.priv_uar.take() {
+            self.dev.uar_free(u);
+            self.dev.pd_free(self.priv_pdn);
+        }
     }
 
     /// The device name (`mlx4_0`).
@@ -304,9 +307,9 @@ impl Mlx4IbDev {
     /// The UAR page of kernel QPs and CQs.
     pub(crate) fn uar_page(&self) -> Result<Bar> {
         self.priv_uar
-            .map
-            .slice(0, mlx4_hw::doorbell::UAR_PAGE_SIZE)
-            .ok_or(Error::NoMem)
+            .as_ref()
+            .and_then(|u| u.map.slice(0, mlx4_hw::doorbell::UAR_PAGE_SIZE))
+            .ok_or(Error::Fatal)
     }
 
     /// One pass of progress: mlx4_core's EQs and catastrophic-error buffer,
@@ -616,10 +619,15 @@ impl Mlx4IbDev {
                 return Err(e);
             }
         };
-        match self
-            .dev
-            .cq_alloc(nent, &mtt, &self.priv_uar, dbaddr, vector, false, false)
-        {
+        match self.dev.cq_alloc(
+            nent,
+            &mtt,
+            self.priv_uar.as_ref().ok_or(Error::Fatal)?,
+            dbaddr,
+            vector,
+            false,
+            false,
+        ) {
             Ok(mcq) => {
                 cq.cqn = mcq.cqn;
                 cq.hw = Some(CqHw { mcq, mtt });

@@ -1258,7 +1258,7 @@ impl crate::Mlx4IbDev {
         }
         ctx.rq_size_stride |= (qp.rq.wqe_shift.saturating_sub(4)) as u8;
         ctx.sq_size_stride = ((qp.sq.wqe_cnt.ilog2() << 3) | (qp.sq.wqe_shift - 4)) as u8;
-        ctx.usr_page = self.priv_uar.index;
+        ctx.usr_page = self.priv_uar.as_ref().ok_or(Error::Fatal)?.index;
         if mask.contains(M::DEST_QPN) {
             ctx.remote_qpn = attr.dest_qp_num & 0xff_ffff;
         }
