@@ -394,3 +394,39 @@ fn process_mad_answers_through_the_sma_and_snoops_sets() {
     }
     drop(ib);
 }
+
+#[test]
+fn a_catastrophic_error_is_device_fatal_and_the_device_is_removed() {
+    let hca = sync_hca();
+    let ib = add(&hca);
+    let mut core = core(&hca);
+    let id = core
+        .ib_register_device(Box::new(ib))
+        .map_err(|e| e.error)
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    core.ib_register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
+        .unwrap();
+    hca.raise_catastrophic_error();
+    core.poll_until(Duration::from_secs(1), |c| {
+        c.poll();
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.event == EventType::DeviceFatal)
+            .then_some(())
+    })
+    .expect("IB_EVENT_DEVICE_FATAL");
+    // The owner removes it: the MAD ports close and mlx4_ib_remove runs
+    // although every command now fails; nothing hangs, nothing panics.
+    let mut p = core.ib_unregister_device(id).unwrap();
+    let m = p
+        .as_any_mut()
+        .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
+        .unwrap();
+    assert!(m.is_fatal());
+    m.remove();
+    assert_eq!(m.live_objects(), [0; 7]);
+    assert!(core.devices().next().is_none());
+}
