@@ -355,6 +355,7 @@ impl DmaBuf {
     /// # Panics
     ///
     /// If the range does not fit (a driver bug).
+    #[inline]
     pub fn write_bytes(&self, off: usize, src: &[u8]) {
         if src.is_empty() {
             return;
@@ -375,6 +376,7 @@ impl DmaBuf {
     /// # Panics
     ///
     /// If the range does not fit (a driver bug).
+    #[inline]
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         if dst.is_empty() {
             return;

@@ -599,7 +599,7 @@ impl Mlx4IbQp {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn ring_send_doorbell(&mut self, nreq: u32, stamp: u32, ind: u32) {
         self.sq.head = self.sq.head.wrapping_add(nreq);
         // Descriptors before the doorbell.
@@ -631,6 +631,9 @@ impl Mlx4IbQp {
             return Err(Error::Inval("more SGEs than max_send_sge"));
         }
         let base = self.send_wqe_offset(ind);
+        if !inline && wr.sg_list.len() <= 4 {
+            return self.build_send_wqe_staged(ahs, wr, ind, nreq, base, opi, op);
+        }
         let mut off = base + ctrl::SIZE;
         match &wr.wr {
             WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
@@ -732,6 +735,137 @@ impl Mlx4IbQp {
         // 8-byte store of both after the barrier keeps that order: the HCA
         // never sees the new owner bit with a stale size.
         dma_wmb();
+        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
+        self.buf.write_be64(
+            base + ctrl::OWNER_OPCODE,
+            (u64::from(op | owner) << 32) | u64::from(fence | size),
+        );
+        Ok(())
+    }
+
+    /// The common case of [`Mlx4IbQp::build_send_wqe`] (no inline data, at
+    /// most 4 SGEs: at most 128 bytes): the WQE is assembled in a local
+    /// buffer and copied in one piece, then the first dword of its second
+    /// 64-byte chunk (left as the stamp by the copy) and the owner dword are
+    /// written, each behind a barrier, which keeps Linux's rule that no
+    /// chunk looks valid before its contents.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn build_send_wqe_staged(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wr: &SendWr<'_>,
+        ind: u32,
+        nreq: u32,
+        base: usize,
+        opi: u32,
+        op: u32,
+    ) -> Result<()> {
+        let mut st = [0u8; 128];
+        fn put64(st: &mut [u8; 128], o: usize, v: u64) {
+            if let Some(d) = st.get_mut(o..o + 8) {
+                d.copy_from_slice(&v.to_be_bytes());
+            }
+        }
+        let mut off = ctrl::SIZE;
+        match &wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
+                put64(&mut st, off, *remote_addr);
+                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+            }
+            WrDetail::None if SEND_OPS & (1 << opi) != 0 && self.qp_type != QpType::Ud => {}
+            WrDetail::Atomic {
+                remote_addr,
+                compare_add,
+                swap,
+                compare_add_mask,
+                swap_mask,
+                rkey,
+            } if ATOMIC_OPS & (1 << opi) != 0 => {
+                put64(&mut st, off, *remote_addr);
+                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+                let (a, b, masks) = match wr.opcode {
+                    WrOpcode::AtomicCmpAndSwp => (*swap, *compare_add, None),
+                    WrOpcode::AtomicFetchAndAdd => (*compare_add, 0, None),
+                    WrOpcode::MaskedAtomicCmpAndSwp => {
+                        (*swap, *compare_add, Some((*swap_mask, *compare_add_mask)))
+                    }
+                    _ => (*compare_add, *compare_add_mask, None),
+                };
+                put64(&mut st, off, a);
+                put64(&mut st, off + 8, b);
+                off += atomic::SIZE;
+                if let Some((sm, cm)) = masks {
+                    put64(&mut st, off, sm);
+                    put64(&mut st, off + 8, cm);
+                    off += atomic::SIZE;
+                }
+            }
+            WrDetail::Ud {
+                ah,
+                remote_qpn,
+                remote_qkey,
+                ..
+            } if self.qp_type == QpType::Ud => {
+                let ah = ahs
+                    .get(ah.0)
+                    .ok_or(Error::Inval("unknown address handle"))?;
+                if let Some(d) = st.get_mut(off..off + 32) {
+                    d.copy_from_slice(&ah.av);
+                }
+                put64(
+                    &mut st,
+                    off + datagram::DQPN,
+                    (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
+                );
+                off += datagram::SIZE;
+            }
+            _ => return Err(Error::Inval("work request fields do not match its opcode")),
+        }
+        for s in wr.sg_list {
+            // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
+            let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
+            put64(&mut st, off, (u64::from(bc) << 32) | u64::from(s.lkey));
+            put64(&mut st, off + 8, s.addr);
+            off += data::SIZE;
+        }
+        if off > (1 << self.sq.wqe_shift) || off > st.len() {
+            return Err(Error::Inval("work request larger than a send WQE"));
+        }
+        let size = (off / 16) as u32;
+        let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr.wr_id;
+        }
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
+        let imm = if IMM_OPS & (1 << opi) != 0 {
+            wr.imm_data
+        } else {
+            0
+        };
+        put64(
+            &mut st,
+            ctrl::SRCRB_FLAGS,
+            (u64::from(srcrb) << 32) | u64::from(imm),
+        );
+        // A second chunk keeps its stamp until the rest of it is in place.
+        let chunk1 = if off > 64 {
+            let mut d = [0u8; 4];
+            d.copy_from_slice(&st[64..68]);
+            st[64..68].copy_from_slice(&wqe::STAMP.to_be_bytes());
+            Some(u32::from_be_bytes(d))
+        } else {
+            None
+        };
+        self.buf.write_bytes(base + 8, &st[8..off]);
+        if let Some(d) = chunk1 {
+            dma_wmb();
+            self.buf.write_be32(base + 64, d);
+        }
+        dma_wmb();
+        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
         let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
         self.buf.write_be64(
             base + ctrl::OWNER_OPCODE,
