@@ -278,11 +278,18 @@ impl Mlx4IbCq {
         wc.port_num = qp.port;
         if is_send {
             let wq = &mut qp.sq;
+            let outstanding = wq.head.wrapping_sub(wq.tail);
             if qp.sq_signal_bits == 0 {
-                // Skip the unsignalled WRs before the completed one.
-                wq.tail = wq
-                    .tail
-                    .wrapping_add(u32::from(wqe_ctr.wrapping_sub(wq.tail as u16)));
+                // Skip the unsignalled WRs before the completed one; an
+                // index outside the posted window is the device's error
+                // and must not move the tail past the head.
+                let skip = u32::from(wqe_ctr.wrapping_sub(wq.tail as u16));
+                if skip >= outstanding {
+                    return Err(Error::Inval("send CQE for a WQE not posted"));
+                }
+                wq.tail = wq.tail.wrapping_add(skip);
+            } else if outstanding == 0 {
+                return Err(Error::Inval("send CQE for an empty send queue"));
             }
             wc.wr_id = wq
                 .wrid
