@@ -450,15 +450,16 @@ impl Mlx4IbQp {
     }
 
     /// Linux `stamp_send_wqe` (one WQE per WR): the first dword of every
-    /// 64-byte chunk after the first of WQE `n` becomes 0xffffffff so the
-    /// prefetcher never sees stale data as valid. Linux stamps only as far
-    /// as the WQE's last use reached (its `fence_size`); stamping the whole
-    /// stride is the same for the HCA and saves reading the WQE back.
+    /// 64-byte chunk after the first of WQE `n`, as far as its last use
+    /// reached (its DS count), becomes 0xffffffff so the prefetcher never
+    /// sees stale data as valid. Chunks beyond were stamped before that use
+    /// (RST->INIT stamps the whole stride).
     #[inline(always)]
     fn stamp_send_wqe(&self, n: u32) {
         let base = self.send_wqe_offset(n);
+        let s = usize::from(self.buf.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
         let mut i = 64;
-        while i < (1 << self.sq.wqe_shift) {
+        while i < s {
             self.buf.write_be32(base + i, wqe::STAMP);
             i += 64;
         }
