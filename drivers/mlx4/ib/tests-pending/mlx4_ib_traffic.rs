@@ -393,6 +393,36 @@ fn rc_send_write_read_and_atomics_move_the_data() {
     assert_eq!(a.buf.read_be64(0x3900), 105);
     assert_eq!(b.buf.read_be64(0x3800), 7, "CAS swapped");
 
+    // Many more WRITEs: the SQ and the CQ wrap several times (owner bits,
+    // stamps of reused WQEs, the unsignalled-skip on the CQ side).
+    for i in 0..300u64 {
+        let sg = sge(&a, 0x2000 + (i % 16) * 64, 64);
+        let signalled = i % 3 == 2;
+        a.ib.post_send(
+            qa,
+            &[SendWr {
+                wr_id: 1000 + i,
+                opcode: WrOpcode::RdmaWrite,
+                send_flags: if signalled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                },
+                sg_list: &sg,
+                wr: WrDetail::Rdma {
+                    remote_addr: IOVA + 0x3000 + (i % 16) * 64,
+                    rkey: rkey(&b),
+                },
+                ..Default::default()
+            }],
+        )
+        .unwrap();
+        if signalled {
+            let wc = wait(&w, &mut a, 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (1000 + i, WcStatus::Success));
+        }
+    }
+
     // A bad rkey: remote access error, then the QP flushes.
     a.ib.post_send(
         qa,
