@@ -303,6 +303,57 @@ macro_rules! accessors {
     };
 }
 
+/// A burst view of a [`DmaBuf`]: its CPU pointer and length copied into a
+/// small `Copy` value, so a run of accesses (building one WQE, reading one
+/// CQE) keeps them in registers instead of re-reading the buffer after each
+/// volatile access. Same bounds and alignment checks, same accessors; it
+/// borrows the buffer, which therefore outlives it.
+#[derive(Clone, Copy)]
+pub struct DmaWindow<'a> {
+    cpu: NonNull<u8>,
+    len: usize,
+    _buf: core::marker::PhantomData<&'a DmaBuf>,
+}
+
+impl DmaWindow<'_> {
+    /// Checks `[off, off + width)` and natural alignment; returns the pointer.
+    #[inline(always)]
+    fn ptr(&self, off: usize, width: usize) -> *mut u8 {
+        if !(off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width)) {
+            out_of_bounds(off, width, self.len);
+        }
+        // SAFETY: `off + width <= len`, the length of the live region the
+        // window borrows (see `DmaBuf::window`).
+        unsafe { self.cpu.as_ptr().add(off) }
+    }
+
+    accessors!(read_u8, write_u8, read_u8_be, write_u8_be, u8);
+    accessors!(read_u16, write_u16, read_be16, write_be16, u16);
+    accessors!(read_u32, write_u32, read_be32, write_be32, u32);
+    accessors!(read_u64, write_u64, read_be64, write_be64, u64);
+
+    /// Copies `src` into the buffer at `off`.
+    ///
+    /// # Panics
+    ///
+    /// If the range does not fit (a driver bug).
+    #[inline]
+    pub fn write_bytes(&self, off: usize, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        if off.checked_add(src.len()).is_none_or(|e| e > self.len) {
+            out_of_bounds(off, src.len(), self.len);
+        }
+        // SAFETY: the destination range is inside the region (checked above);
+        // `src` is ordinary memory that cannot overlap a DMA region.
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.as_ptr(), self.cpu.as_ptr().add(off), src.len())
+        };
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl DmaBuf {
     /// Length in bytes (as requested).
     pub fn len(&self) -> usize {
@@ -312,6 +363,16 @@ impl DmaBuf {
     /// True for an empty buffer (never: `alloc` refuses zero).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// A burst view for a run of accesses (see [`DmaWindow`]).
+    #[inline(always)]
+    pub fn window(&self) -> DmaWindow<'_> {
+        DmaWindow {
+            cpu: self.region().cpu,
+            len: self.len,
+            _buf: core::marker::PhantomData,
+        }
     }
 
     /// The bus address of byte 0.

@@ -156,7 +156,7 @@ impl Mlx4IbCq {
     #[inline(always)]
     fn sw_owned(&self, n: u32) -> bool {
         let off = ((n & (self.nent - 1)) as usize) * cqe::SIZE + cqe::OWNER_SR_OPCODE;
-        let owner = self.buf.read_u8(off) & cqe::OWNER_MASK != 0;
+        let owner = self.buf.window().read_u8(off) & cqe::OWNER_MASK != 0;
         owner == (n & self.nent != 0)
     }
 
@@ -225,7 +225,8 @@ impl Mlx4IbCq {
     ) -> Result<bool> {
         let n = self.cons_index;
         let off = ((n & (self.nent - 1)) as usize) * cqe::SIZE;
-        let osr = self.buf.read_u8(off + cqe::OWNER_SR_OPCODE);
+        let b = self.buf.window();
+        let osr = b.read_u8(off + cqe::OWNER_SR_OPCODE);
         if (osr & cqe::OWNER_MASK != 0) != (n & self.nent != 0) {
             return Ok(false);
         }
@@ -249,7 +250,7 @@ impl Mlx4IbCq {
             );
             return Err(Error::Inval("resize CQE"));
         }
-        let head = self.buf.read_be64(off);
+        let head = b.read_be64(off);
         let qpn = (head >> 32) as u32 & cqe::QPN_MASK;
         let slot = match self.cur_qp {
             Some((q, s)) if q == qpn => s,
@@ -272,7 +273,7 @@ impl Mlx4IbCq {
             self.cur_qp = None;
             return Err(Error::Inval("CQE for an unknown QP"));
         };
-        let tail = self.buf.read_be64(off + cqe::WQE_INDEX);
+        let tail = b.read_be64(off + cqe::WQE_INDEX);
         let wqe_ctr = (tail >> 48) as u16;
         wc.qp_num = qp.ibqp_num;
         wc.port_num = qp.port;
@@ -336,15 +337,15 @@ impl Mlx4IbCq {
             wc.opcode = opc;
             wc.wc_flags = flags;
             match len {
-                Some(u32::MAX) => wc.byte_len = self.buf.read_be32(off + cqe::BYTE_CNT),
+                Some(u32::MAX) => wc.byte_len = b.read_be32(off + cqe::BYTE_CNT),
                 Some(l) => wc.byte_len = l,
                 None => {}
             }
         } else {
-            let mid = self.buf.read_be64(off + cqe::G_MLPATH_RQPN);
+            let mid = b.read_be64(off + cqe::G_MLPATH_RQPN);
             let g = (mid >> 32) as u32;
             let imm = head as u32;
-            wc.byte_len = self.buf.read_be32(off + cqe::BYTE_CNT);
+            wc.byte_len = b.read_be32(off + cqe::BYTE_CNT);
             let (opc, flags) = match op {
                 recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, WcFlags::WITH_IMM),
                 recv_opcode::SEND_INVAL => (WcOpcode::Recv, WcFlags::WITH_INVALIDATE),

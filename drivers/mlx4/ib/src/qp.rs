@@ -457,10 +457,11 @@ impl Mlx4IbQp {
     #[inline(always)]
     fn stamp_send_wqe(&self, n: u32) {
         let base = self.send_wqe_offset(n);
-        let s = usize::from(self.buf.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
+        let b = self.buf.window();
+        let s = usize::from(b.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
         let mut i = 64;
         while i < s {
-            self.buf.write_be32(base + i, wqe::STAMP);
+            b.write_be32(base + i, wqe::STAMP);
             i += 64;
         }
     }
@@ -860,15 +861,16 @@ impl Mlx4IbQp {
         } else {
             None
         };
-        self.buf.write_bytes(base + 8, &st[8..off]);
+        let b = self.buf.window();
+        b.write_bytes(base + 8, &st[8..off]);
         if let Some(d) = chunk1 {
             dma_wmb();
-            self.buf.write_be32(base + 64, d);
+            b.write_be32(base + 64, d);
         }
         dma_wmb();
         let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
         let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
-        self.buf.write_be64(
+        b.write_be64(
             base + ctrl::OWNER_OPCODE,
             (u64::from(op | owner) << 32) | u64::from(fence | size),
         );
@@ -1046,6 +1048,7 @@ impl Mlx4IbQp {
             });
         };
         let mut ind = self.rq.head & (self.rq.wqe_cnt - 1);
+        let b = self.buf.window();
         let mut nreq = 0u32;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
@@ -1066,14 +1069,13 @@ impl Mlx4IbQp {
             let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
             for (k, s) in wr.sg_list.iter().enumerate() {
                 let d = base + k * data::SIZE;
-                self.buf
-                    .write_be64(d, (u64::from(s.length) << 32) | u64::from(s.lkey));
-                self.buf.write_be64(d + data::ADDR, s.addr);
+                b.write_be64(d, (u64::from(s.length) << 32) | u64::from(s.lkey));
+                b.write_be64(d + data::ADDR, s.addr);
             }
             if wr.sg_list.len() < self.rq.max_gs as usize {
                 let d = base + wr.sg_list.len() * data::SIZE;
-                self.buf.write_be64(d, u64::from(wqe::INVALID_LKEY));
-                self.buf.write_be64(d + data::ADDR, 0);
+                b.write_be64(d, u64::from(wqe::INVALID_LKEY));
+                b.write_be64(d + data::ADDR, 0);
             }
             if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
                 *w = wr.wr_id;
