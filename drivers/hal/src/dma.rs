@@ -706,6 +706,25 @@ mod tests {
     }
 
     #[test]
+    fn a_window_sees_the_same_bytes_and_the_same_bounds() {
+        let pool = DmaPool::new(Arc::new(ArenaDma::new(8192)));
+        let b = pool.alloc(64, 64).unwrap();
+        let w = b.window();
+        w.write_be64(8, 0x0102_0304_0506_0708);
+        w.write_bytes(16, &[9, 10]);
+        assert_eq!(b.read_be32(8), 0x0102_0304);
+        assert_eq!(w.read_u8(17), 10);
+        b.write_be16(32, 0xabcd);
+        assert_eq!(w.read_be16(32), 0xabcd);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.window().read_u32(64)));
+        assert!(r.is_err(), "past the end");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.window().write_bytes(60, &[0; 8])
+        }));
+        assert!(r.is_err(), "a copy past the end");
+    }
+
+    #[test]
     #[should_panic(expected = "outside")]
     fn out_of_bounds_access_is_caught() {
         let pool = DmaPool::new(Arc::new(ArenaDma::new(8192)));
