@@ -408,6 +408,7 @@ fn a_catastrophic_error_is_device_fatal_and_the_device_is_removed() {
     let s = seen.clone();
     core.ib_register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
         .unwrap();
+    hca.expect_firmware_left_behind("after a catastrophic error every command fails until a reset");
     hca.raise_catastrophic_error();
     core.poll_until(Duration::from_secs(1), |c| {
         c.poll();
