@@ -562,6 +562,18 @@ impl Mlx4IbQp {
             });
         }
         self.check_send_state()?;
+        // One request (the common case): no batch bookkeeping.
+        if let [wr] = wrs {
+            let ind = self.sq_next_wqe;
+            return match self.build_send_wqe(ahs, wr, ind, 0) {
+                Ok(()) => {
+                    let stamp = ind.wrapping_add(self.sq_spare_wqes);
+                    self.ring_send_doorbell(1, stamp, ind.wrapping_add(1));
+                    Ok(())
+                }
+                Err(err) => Err(PostError { err, bad_wr: 0 }),
+            };
+        }
         let mut ind = self.sq_next_wqe;
         let mut nreq = 0u32;
         let mut stamp = 0;
