@@ -273,15 +273,22 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     )
 }
 
-/// `mlx4 caps|catas`: mlx4_core's view, also of a device removed after a
-/// catastrophic error.
+/// `mlx4 caps|catas|bench [N]`: mlx4_core's view, also of a device removed
+/// after a catastrophic error.
 pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    let usage = || "usage: mlx4 caps|catas".to_string();
-    let sub = match args {
-        [s] => *s,
+    let usage = || "usage: mlx4 caps|catas|bench [N]".to_string();
+    let (sub, rounds) = match args {
+        [s] => (*s, 1000),
+        ["bench", n] => (
+            "bench",
+            n.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .ok_or_else(usage)?,
+        ),
         _ => return Err(usage()),
     };
-    if sub != "caps" && sub != "catas" {
+    if !matches!(sub, "caps" | "catas" | "bench") {
         return Err(usage());
     }
     hca::with(|ib| {
@@ -290,32 +297,36 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             return Err(NO_HCA.to_string());
         }
         for h in hcas.iter_mut() {
-            let (name, addr) = (h.name.clone(), h.pci.addr);
+            let (name, addr, pci) = (h.name.clone(), h.pci.addr, h.pci);
             let Some(m) = Ib::mlx4(core, h) else {
                 continue;
             };
-            if sub == "caps" {
-                let _ = writeln!(out, "{name} ({addr}): QUERY_DEV_CAP");
-                let _ = writeln!(out, "{:#?}", m.core().dev_cap());
-                continue;
-            }
-            let dev = m.core_mut();
-            let fw = *dev.fw_info();
-            let bad = dev.poll_catas();
-            let _ = writeln!(
-                out,
-                "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
-                name,
-                addr,
-                fw.catas_bar,
-                fw.catas_offset,
-                fw.catas_size,
-                if bad {
-                    "ERROR reported (see dmesg for the dump)"
-                } else {
-                    "clear"
+            match sub {
+                "caps" => {
+                    let _ = writeln!(out, "{name} ({addr}): QUERY_DEV_CAP");
+                    let _ = writeln!(out, "{:#?}", m.core().dev_cap());
                 }
-            );
+                "bench" => hca::bench(out, &name, &pci, m, rounds),
+                _ => {
+                    let dev = m.core_mut();
+                    let fw = *dev.fw_info();
+                    let bad = dev.poll_catas();
+                    let _ = writeln!(
+                        out,
+                        "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
+                        name,
+                        addr,
+                        fw.catas_bar,
+                        fw.catas_offset,
+                        fw.catas_size,
+                        if bad {
+                            "ERROR reported (see dmesg for the dump)"
+                        } else {
+                            "clear"
+                        }
+                    );
+                }
+            }
         }
         Ok(())
     })
