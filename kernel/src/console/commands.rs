@@ -82,6 +82,24 @@ static COMMANDS: &[Command] = &[
         run: super::ib::ibstat,
     },
     Command {
+        name: "perfquery",
+        usage: "perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]",
+        help: "port counters through the PMA, as infiniband-diags' tool",
+        run: super::diags::perfquery,
+    },
+    Command {
+        name: "smpquery",
+        usage: "smpquery [-D] [-C CA] [-P PORT] nodeinfo|nodedesc|portinfo|switchinfo [DEST [PORT]]",
+        help: "SMP queries, LID or directed route, as infiniband-diags' tool",
+        run: super::diags::smpquery,
+    },
+    Command {
+        name: "sminfo",
+        usage: "sminfo [-C CA] [-P PORT] [SM_LID]",
+        help: "the master subnet manager's SMInfo",
+        run: super::diags::sminfo,
+    },
+    Command {
         name: "mlx4",
         usage: "mlx4 caps|catas",
         help: "QUERY_DEV_CAP dump; internal-error buffer state",

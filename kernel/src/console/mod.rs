@@ -4,6 +4,7 @@
 //! exits with success only if every one of them succeeded.
 
 mod commands;
+mod diags;
 mod ib;
 mod lspci;
 
