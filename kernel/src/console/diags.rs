@@ -48,7 +48,9 @@ fn run(out: &mut dyn Write, args: &[&str], tool: Tool) -> CmdResult {
             .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
         tool(core, Src { dev, port }, &rest, out)
     })
-    .unwrap_or_else(|| Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string()))
+    .unwrap_or_else(|| {
+        Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
+    })
 }
 
 /// `perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]`.
