@@ -24,6 +24,8 @@ use core::fmt::{self, Write};
 
 use crate::cfmt::{self, AltHex};
 
+pub mod exchange;
+
 /// perftest's `RESULT_LINE`.
 pub const RESULT_LINE: &str =
     "---------------------------------------------------------------------------------------";
