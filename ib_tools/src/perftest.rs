@@ -25,6 +25,7 @@ use core::fmt::{self, Write};
 use crate::cfmt::{self, AltHex};
 
 pub mod exchange;
+pub mod run;
 
 /// perftest's `RESULT_LINE`.
 pub const RESULT_LINE: &str =

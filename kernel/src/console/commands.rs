@@ -82,6 +82,48 @@ static COMMANDS: &[Command] = &[
         run: super::ib::ibstat,
     },
     Command {
+        name: "ib_write_bw",
+        usage: "ib_write_bw [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RDMA WRITE bandwidth, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_write_bw,
+    },
+    Command {
+        name: "ib_write_lat",
+        usage: "ib_write_lat [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RDMA WRITE latency, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_write_lat,
+    },
+    Command {
+        name: "ib_read_bw",
+        usage: "ib_read_bw [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RDMA READ bandwidth, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_read_bw,
+    },
+    Command {
+        name: "ib_read_lat",
+        usage: "ib_read_lat [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RDMA READ latency, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_read_lat,
+    },
+    Command {
+        name: "ib_send_bw",
+        usage: "ib_send_bw [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "SEND bandwidth, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_send_bw,
+    },
+    Command {
+        name: "ib_send_lat",
+        usage: "ib_send_lat [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "SEND latency, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_send_lat,
+    },
+    Command {
+        name: "ib_atomic_lat",
+        usage: "ib_atomic_lat [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "atomic latency, as perftest (no peer: server; -h for the options)",
+        run: super::perftest::ib_atomic_lat,
+    },
+    Command {
         name: "perfquery",
         usage: "perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]",
         help: "port counters through the PMA, as infiniband-diags' tool",

@@ -7,6 +7,7 @@ mod commands;
 mod diags;
 mod ib;
 mod lspci;
+mod perftest;
 
 use alloc::string::String;
 use alloc::vec::Vec;

@@ -1,0 +1,936 @@
+//! The perftest runs over ib_core's verbs and CM (perftest's `run_iter_bw`, `run_iter_lat_write`, `run_iter_lat_send`, `run_iter_lat` for read/atomic): one RC QP connected through the IB CM with the path from the SA, busy-polled, every wait against a deadline and interruptible; perftest's events mode, post lists, multiple QPs, bidirectional runs and `-D` for latency tests are left out. NOT YET EXERCISED: written before the model's data path and an SM (for the SA path) were on main; its first model-backed and QEMU runs are still to come.
+//!
+//! Roles: the server (no peer) listens on [`PERFTEST_SERVICE_ID`], takes
+//! the client's parameters from the REQ ([`Hello`]) and answers with its
+//! buffer ([`Reply`]); the client then drives the test; a final SEND from
+//! the client tells the server each size is over (and, with `--check`,
+//! that the server may verify what it received).
+//!
+//! `--check`: the sender fills every message with its own pattern
+//! ([`fill`]) before posting it; receivers verify every SEND received,
+//! RDMA READ results are verified as they complete, and RDMA WRITE targets
+//! are verified slot by slot when the size ends (each slot holds the last
+//! message written to it). The figures of a `--check` run include the
+//! filling and verifying.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt::Write;
+use core::time::Duration;
+
+use hal::Deadline;
+use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
+use ib_core::sa_query;
+use ib_core::verbs::{
+    AccessFlags, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
+    SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
+};
+use ib_core::{ClientId, DeviceId, IbCore};
+
+use super::exchange::{Hello, PERFTEST_SERVICE_ID, Reply, fill, verify};
+use super::{
+    Dest, LinkInfo, Params, Peer, RESULT_LINE, TestKind, Verb, bw_report, lat_report,
+    print_bw_line, print_lat_line, print_pingpong_data, print_result_header, print_test_info,
+};
+
+/// How long the server waits for a client, and the client for the SA and
+/// the CM.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long any one completion may take before the run gives up.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often long waits look at the interrupt check.
+const SLICE: Duration = Duration::from_millis(50);
+/// Buffer slots at most (bandwidth tests spread messages over them).
+const MAX_SLOTS: u64 = 16;
+/// Bytes of buffer at most.
+const MAX_BUF: u64 = 16 << 20;
+
+/// Where the run happens and how it talks to the console.
+pub struct Env<'a> {
+    /// The core.
+    pub core: &'a mut IbCore,
+    /// The SA client (`ib_sa_init`).
+    pub sa: ClientId,
+    /// The CM client (`ib_cm_init`).
+    pub cm: ClientId,
+    /// The device.
+    pub dev: DeviceId,
+    /// Its name (for the header).
+    pub dev_name: &'a str,
+    /// Ctrl-C: true once the user asked to stop.
+    pub interrupted: &'a mut dyn FnMut() -> bool,
+}
+
+struct Res {
+    pd: Pd,
+    /// Send completions.
+    cq: Cq,
+    /// Receive completions.
+    rcq: Cq,
+    qp: Qp,
+    mr: Mr,
+    buf: hal::dma::DmaBuf,
+    slot: u64,
+    slots: u64,
+}
+
+fn e(what: &str, err: impl core::fmt::Display) -> String {
+    format!("{what}: {err}")
+}
+
+fn now(core: &IbCore) -> u64 {
+    core.clock().now_ns()
+}
+
+fn slots_for(p: &Params) -> (u64, u64) {
+    let size = p.max_size().max(8);
+    let slot = size.next_multiple_of(64);
+    let slots = if p.tool.kind == TestKind::Bw {
+        (MAX_BUF / slot).clamp(1, MAX_SLOTS)
+    } else {
+        2
+    };
+    (slot, slots)
+}
+
+fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, String> {
+    let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let pd = dev.alloc_pd().map_err(|x| e("alloc_pd", x))?;
+    let depth = p.tx_depth.max(p.rx_depth) * 2 + 4;
+    let (cq, _) = dev
+        .create_cq(&CqInitAttr {
+            cqe: depth,
+            comp_vector: 0,
+        })
+        .map_err(|x| e("create_cq", x))?;
+    let (rcq, _) = dev
+        .create_cq(&CqInitAttr {
+            cqe: depth,
+            comp_vector: 0,
+        })
+        .map_err(|x| e("create_cq", x))?;
+    let (qp, _) = dev
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: rcq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: p.tx_depth.max(2),
+                    max_recv_wr: p.rx_depth.max(2),
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: p.inline_size,
+                },
+                sq_sig_type: SigType::ReqWr,
+                qp_type: QpType::Rc,
+                port_num: p.ib_port,
+            },
+        )
+        .map_err(|x| e("create_qp", x))?;
+    let len = slot * slots;
+    let pages = len.div_ceil(4096);
+    let buf = dev
+        .provider()
+        .dma_pool()
+        .alloc_pages(pages as usize)
+        .map_err(|x| e("allocating the buffer", x))?;
+    let base = buf.bus_addr().0;
+    let list: Vec<u64> = (0..pages).map(|i| base + i * 4096).collect();
+    let mr = dev
+        .reg_mr(
+            pd,
+            &MrPages {
+                pages: &list,
+                page_shift: 12,
+                iova: base,
+                length: len,
+                access: AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_ATOMIC,
+            },
+        )
+        .map_err(|x| e("reg_mr", x))?;
+    Ok(Res {
+        pd,
+        cq,
+        rcq,
+        qp,
+        mr,
+        buf,
+        slot,
+        slots,
+    })
+}
+
+fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>) {
+    if let Some(id) = id {
+        let _ = cm::ib_send_cm_dreq(env.core, env.cm, id, &[]);
+        let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+    }
+    if let Some(dev) = env.core.device_mut(env.dev) {
+        let _ = dev.destroy_qp(r.qp);
+        let _ = dev.dereg_mr(r.mr);
+        let _ = dev.destroy_cq(r.cq);
+        let _ = dev.destroy_cq(r.rcq);
+        let _ = dev.dealloc_pd(r.pd);
+    }
+    drop(r.buf);
+}
+
+/// Runs one tool with `p` (server if `p.peer` is `None`), printing as
+/// perftest does.
+pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), String> {
+    let attr = env
+        .core
+        .device_mut(env.dev)
+        .ok_or("the device is gone")?
+        .query_port(p.ib_port)
+        .map_err(|x| e("query_port", x))?;
+    if p.duration.is_some() {
+        return Err(String::from(
+            "-D (timed runs) is not implemented by the runs yet: use -n",
+        ));
+    }
+    if attr.lid == 0 {
+        return Err(format!(
+            "port {} has no LID: it is not Active yet (is a subnet manager running?)",
+            p.ib_port
+        ));
+    }
+    let link = LinkInfo {
+        ib_dev: String::from(env.dev_name),
+        mtu: 128u32 << attr.active_mtu.raw(),
+        link_type: "IB",
+    };
+    // Both sides size their buffers from the same (the client's)
+    // parameters, so slot k is at the same offset on both.
+    let (res, r) = match p.peer {
+        None => server(env, p, &link, attr.lid, out),
+        Some(peer) => {
+            let (slot, slots) = slots_for(p);
+            let mut res = setup(env, p, slot, slots)?;
+            let r = client(env, p, &mut res, &link, attr.lid, peer, out);
+            (Some(res), r)
+        }
+    };
+    let (outcome, id) = match r {
+        Ok(id) => (Ok(()), Some(id)),
+        Err((msg, id)) => (Err(msg), id),
+    };
+    match res {
+        Some(res) => teardown(env, res, id),
+        None => {
+            if let Some(id) = id {
+                let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+            }
+        }
+    }
+    outcome
+}
+
+type Step<T> = Result<T, (String, Option<CmId>)>;
+
+fn wait_cm(env: &mut Env<'_>, id: CmId, what: &str, timeout: Duration) -> Result<CmEvent, String> {
+    let end = Deadline::after(env.core.clock(), timeout);
+    loop {
+        if (env.interrupted)() {
+            return Err(format!("interrupted while waiting for {what}"));
+        }
+        if end.expired(env.core.clock()) {
+            return Err(format!("no {what} within {} s", timeout.as_secs()));
+        }
+        match cm::cm_wait_event(env.core, env.cm, id, SLICE) {
+            Ok(ev) => return Ok(ev),
+            Err(ib_core::Error::TimedOut) => continue,
+            Err(x) => return Err(e(what, x)),
+        }
+    }
+}
+
+fn server(
+    env: &mut Env<'_>,
+    p: &Params,
+    link: &LinkInfo,
+    lid: u16,
+    out: &mut dyn Write,
+) -> (Option<Res>, Step<CmId>) {
+    let mut res = None;
+    let r = serve(env, p, link, lid, out, &mut res);
+    (res, r)
+}
+
+fn serve(
+    env: &mut Env<'_>,
+    p: &Params,
+    link: &LinkInfo,
+    lid: u16,
+    out: &mut dyn Write,
+    slot_res: &mut Option<Res>,
+) -> Step<CmId> {
+    let listen = cm::ib_cm_listen(env.core, env.cm, env.dev, PERFTEST_SERVICE_ID)
+        .map_err(|x| (e("listen", x), None))?;
+    let _ = writeln!(out, "{RESULT_LINE}");
+    let _ = writeln!(
+        out,
+        " Waiting for client to connect... (LID {lid}, up to {} s; Ctrl-C stops)",
+        CONNECT_TIMEOUT.as_secs()
+    );
+    let got = wait_cm(env, listen, "a client (CM REQ)", CONNECT_TIMEOUT);
+    let _ = cm::ib_destroy_cm_id(env.core, env.cm, listen);
+    let (id, private, remote_lid, remote_qpn) = match got {
+        Ok(CmEvent::ReqReceived {
+            id,
+            private_data,
+            remote_lid,
+            remote_qpn,
+            ..
+        }) => (id, private_data, remote_lid, remote_qpn),
+        Ok(_) => return Err((String::from("unexpected CM event on the listener"), None)),
+        Err(m) => return Err((m, None)),
+    };
+    let hello = match Hello::decode(&private).and_then(|h| {
+        h.accept(p.tool, 0)?;
+        Ok(h)
+    }) {
+        Ok(h) => h,
+        Err(x) => {
+            let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+            return Err((format!("refused the client: {x}"), Some(id)));
+        }
+    };
+    // The server runs with the client's parameters.
+    let mut q = p.clone();
+    q.size = hello.size;
+    q.iters = hello.iters;
+    q.all_sizes = hello.all_sizes;
+    q.check = hello.check;
+    q.atomic_type = hello.atomic_type;
+    q.duration = (hello.duration != 0).then_some(hello.duration);
+    let (slot, slots) = slots_for(&q);
+    let res = match setup(env, &q, slot, slots) {
+        Ok(r) => slot_res.insert(r),
+        Err(m) => {
+            let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+            return Err((m, Some(id)));
+        }
+    };
+    let mut rep = CmRepParam::new(res.qp);
+    rep.private_data = Reply {
+        status: 0,
+        vaddr: res.buf.bus_addr().0,
+        rkey: res.mr.rkey,
+        len: res.slot * res.slots,
+    }
+    .encode();
+    let psn = rep.starting_psn;
+    // Receives for the client's SENDs must be there before the RTU.
+    let recvs = if (q.tool.verb, q.tool.kind) == (Verb::Send, TestKind::Bw) {
+        u64::from(q.rx_depth).min(res.slots)
+    } else {
+        1
+    };
+    post_recvs(env, res, q.tool.kind, 0..recvs).map_err(|m| (m, Some(id)))?;
+    if q.tool.verb == Verb::Read {
+        // What the client's reads fetch (and --check verifies): pattern k in slot k.
+        for k in 0..res.slots {
+            fill_slot(res, k, res.slot, k);
+        }
+    }
+    cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
+    match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT) {
+        Ok(CmEvent::Established { .. }) => {}
+        Ok(CmEvent::Rejected { reason, .. }) => {
+            return Err((
+                format!("the client rejected the connection (reason {reason})"),
+                Some(id),
+            ));
+        }
+        Ok(_) => return Err((String::from("the connection failed"), Some(id))),
+        Err(m) => return Err((m, Some(id))),
+    }
+    let _ = print_test_info(out, &q, link);
+    let local = Dest {
+        lid,
+        qpn: res.qp.qp_num,
+        psn,
+        rkey: res.mr.rkey,
+        vaddr: res.buf.bus_addr().0,
+        out_reads: q.out_reads,
+    };
+    let remote = Dest {
+        lid: remote_lid,
+        qpn: remote_qpn,
+        psn: 0,
+        rkey: hello.rkey,
+        vaddr: hello.vaddr,
+        out_reads: q.out_reads,
+    };
+    let _ = print_pingpong_data(out, false, q.tool.verb, &local);
+    let _ = print_pingpong_data(out, true, q.tool.verb, &remote);
+    let _ = writeln!(out, "{RESULT_LINE}");
+    for size in q.sizes() {
+        serve_size(env, &q, res, size, &hello).map_err(|m| (m, Some(id)))?;
+    }
+    let _ = remote_qpn;
+    let _ = writeln!(out, "{RESULT_LINE}");
+    Ok(id)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    link: &LinkInfo,
+    lid: u16,
+    peer: Peer,
+    out: &mut dyn Write,
+) -> Step<CmId> {
+    let _ = writeln!(
+        out,
+        " Asking the SA for a path to {peer:?} (up to {} s)",
+        CONNECT_TIMEOUT.as_secs()
+    );
+    let path = match peer {
+        Peer::Lid(l) => {
+            sa_query::sa_path_to_lid(env.core, env.sa, env.dev, p.ib_port, l, CONNECT_TIMEOUT)
+        }
+        Peer::Guid(g) => {
+            let prefix = env
+                .core
+                .device_mut(env.dev)
+                .and_then(|d| d.query_gid(p.ib_port, 0).ok())
+                .map_or(0xfe80_0000_0000_0000, |g| g.subnet_prefix());
+            sa_query::sa_path_to_gid(
+                env.core,
+                env.sa,
+                env.dev,
+                p.ib_port,
+                Gid::new(prefix, g),
+                CONNECT_TIMEOUT,
+            )
+        }
+    }
+    .map_err(|x| (e("path record query", x), None))?;
+    let remote_lid = path.dlid;
+    let mut req = CmReqParam::new(path, PERFTEST_SERVICE_ID, res.qp);
+    // Interactive tools give up sooner than rdma_cm's defaults (over a minute).
+    req.remote_cm_response_timeout = 16;
+    req.local_cm_response_timeout = 16;
+    req.max_cm_retries = 5;
+    req.private_data =
+        Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
+    let psn = req.starting_psn;
+    if p.tool.verb == Verb::Send && p.tool.kind == TestKind::Lat {
+        // The server's pongs.
+        post_recvs(env, res, TestKind::Lat, 0..1).map_err(|m| (m, None))?;
+    }
+    let _ = writeln!(
+        out,
+        " Connecting to the server (CM REQ, service {PERFTEST_SERVICE_ID:#x})"
+    );
+    let (id, rep) = cm::cm_connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
+        .map_err(|x| (e("connecting (is the server running?)", x), None))?;
+    let reply =
+        Reply::decode(&rep, p.max_size()).map_err(|x| (e("server's answer", x), Some(id)))?;
+    let _ = print_test_info(out, p, link);
+    let local = Dest {
+        lid,
+        qpn: res.qp.qp_num,
+        psn,
+        rkey: res.mr.rkey,
+        vaddr: res.buf.bus_addr().0,
+        out_reads: p.out_reads,
+    };
+    let remote_qpn = cm::cm_remote(env.core, env.cm, id).map_or(0, |r| r.1);
+    let remote = Dest {
+        lid: remote_lid,
+        qpn: remote_qpn,
+        psn: 0,
+        rkey: reply.rkey,
+        vaddr: reply.vaddr,
+        out_reads: p.out_reads,
+    };
+    let _ = print_pingpong_data(out, false, p.tool.verb, &local);
+    let _ = print_pingpong_data(out, true, p.tool.verb, &remote);
+    let _ = print_result_header(out, p);
+    for size in p.sizes() {
+        drive_size(env, p, res, size, &reply, out).map_err(|m| (m, Some(id)))?;
+    }
+    let _ = writeln!(out, "{RESULT_LINE}");
+    Ok(id)
+}
+
+/// Posts receives with these ids; id `w` lands in slot `w % slots`, or in
+/// slot 1 (the incoming one) for latency tests.
+fn post_recvs(
+    env: &mut Env<'_>,
+    res: &Res,
+    kind: TestKind,
+    ids: core::ops::Range<u64>,
+) -> Result<(), String> {
+    let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    for w in ids {
+        let k = if kind == TestKind::Lat {
+            1
+        } else {
+            w % res.slots
+        };
+        let sge = [Sge {
+            addr: res.buf.bus_addr().0 + k * res.slot,
+            length: res.slot as u32,
+            lkey: res.mr.lkey,
+        }];
+        dev.post_recv(
+            res.qp,
+            &[RecvWr {
+                wr_id: w,
+                sg_list: &sge,
+            }],
+        )
+        .map_err(|x| e("post_recv", x))?;
+    }
+    Ok(())
+}
+
+/// Polls until `want` completions came (each handed to `on`), against
+/// [`OP_TIMEOUT`] of no progress, interruptible.
+fn poll(
+    env: &mut Env<'_>,
+    cq: Cq,
+    want: usize,
+    what: &str,
+    mut on: impl FnMut(&Wc, u64) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut wc = [Wc::default(); 16];
+    let mut got = 0;
+    let mut last = now(env.core);
+    let mut spins = 0u32;
+    while got < want {
+        let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+        let n = dev
+            .poll_cq(cq, &mut wc[..(want - got).min(16)])
+            .map_err(|x| e("poll_cq", x))?;
+        let t = now(env.core);
+        for w in &wc[..n] {
+            if w.status != WcStatus::Success {
+                return Err(format!(
+                    "Completion with error: status {} ({}) wr_id {} syndrom {:#x} (waiting for {what})",
+                    w.status.raw(),
+                    w.status.name(),
+                    w.wr_id,
+                    w.vendor_err
+                ));
+            }
+            on(w, t)?;
+        }
+        got += n;
+        if n > 0 {
+            last = t;
+            continue;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(1024) && (env.interrupted)() {
+            return Err(format!("interrupted while waiting for {what}"));
+        }
+        if t.saturating_sub(last) > OP_TIMEOUT.as_nanos() as u64 {
+            return Err(format!(
+                "no completion for {} s while waiting for {what}",
+                OP_TIMEOUT.as_secs()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn post(env: &mut Env<'_>, qp: Qp, wr: &SendWr<'_>) -> Result<(), String> {
+    env.core
+        .device_mut(env.dev)
+        .ok_or("the device is gone")?
+        .post_send(qp, core::slice::from_ref(wr))
+        .map_err(|x| e("post_send", x))
+}
+
+fn sge(res: &Res, k: u64, len: u64) -> [Sge; 1] {
+    [Sge {
+        addr: res.buf.bus_addr().0 + k * res.slot,
+        length: len as u32,
+        lkey: res.mr.lkey,
+    }]
+}
+
+fn fill_slot(res: &Res, k: u64, len: u64, seq: u64) {
+    let mut m = vec![0u8; len as usize];
+    fill(&mut m, seq);
+    res.buf.write_bytes((k * res.slot) as usize, &m);
+}
+
+fn check_slot(res: &Res, k: u64, len: u64, seq: u64) -> Result<(), String> {
+    let mut m = vec![0u8; len as usize];
+    res.buf.read_bytes((k * res.slot) as usize, &mut m);
+    verify(&m, seq).map_err(|x| format!("{x}"))
+}
+
+/// The server's side of one size: answer ping-pongs, receive SENDs, or
+/// wait for the client's final SEND; then check what arrived.
+fn serve_size(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    size: u64,
+    hello: &Hello,
+) -> Result<(), String> {
+    let iters = p.iters;
+    match (p.tool.verb, p.tool.kind) {
+        (Verb::Send, TestKind::Bw) => {
+            // `iters` SENDs, then the final one; each receive reposted as
+            // it lands (after its check), so as many stay posted.
+            let rcq = res.rcq;
+            for seq in 0..=iters {
+                let mut id = 0;
+                poll(env, rcq, 1, "the client's SENDs", |w, _| {
+                    id = w.wr_id;
+                    Ok(())
+                })?;
+                if p.check && seq < iters {
+                    check_slot(res, id % res.slots, size, seq)?;
+                }
+                post_recvs(env, res, TestKind::Bw, id..id + 1)?;
+            }
+            Ok(())
+        }
+        (Verb::Send, TestKind::Lat) | (Verb::Write, TestKind::Lat) => {
+            pong(env, p, res, size, hello, iters)
+        }
+        _ => {
+            // RDMA WRITE/READ/atomics: the client works alone until its
+            // final SEND.
+            let rcq = res.rcq;
+            poll(env, rcq, 1, "the client's end-of-size SEND", |_, _| Ok(()))?;
+            if p.check && p.tool.verb == Verb::Write && p.tool.kind == TestKind::Bw {
+                // Slot k holds the last message written to it.
+                for k in 0..res.slots.min(iters) {
+                    let last = k + (iters - 1 - k) / res.slots * res.slots;
+                    check_slot(res, k, size, last)?;
+                }
+            }
+            post_recvs(env, res, p.tool.kind, 0..1)
+        }
+    }
+}
+
+/// The passive half of a ping-pong (write or send latency).
+fn pong(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    size: u64,
+    hello: &Hello,
+    iters: u64,
+) -> Result<(), String> {
+    for i in 0..iters {
+        wait_ping(env, p, res, size, i)?;
+        send_ping(env, p, res, size, hello.vaddr, hello.rkey, i)?;
+    }
+    // The client's final SEND.
+    let rcq = res.rcq;
+    poll(env, rcq, 1, "the client's end-of-size SEND", |_, _| Ok(()))?;
+    post_recvs(env, res, TestKind::Lat, 0..1)
+}
+
+/// The last byte of ping `i`: never 0 (fresh memory), never the previous
+/// ping's.
+fn marker(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+fn send_ping(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &Res,
+    size: u64,
+    raddr: u64,
+    rkey: u32,
+    i: u64,
+) -> Result<(), String> {
+    if p.check {
+        fill_slot(res, 0, size, i);
+    }
+    let last = (size - 1) as usize;
+    res.buf.write_u8(last, marker(i));
+    // Into the peer's incoming slot (1).
+    let raddr = raddr + res.slot;
+    let s = sge(res, 0, size);
+    let wr = match p.tool.verb {
+        Verb::Write => SendWr {
+            wr_id: i,
+            sg_list: &s,
+            opcode: WrOpcode::RdmaWrite,
+            send_flags: SendFlags::SIGNALED,
+            wr: WrDetail::Rdma {
+                remote_addr: raddr,
+                rkey,
+            },
+            ..SendWr::default()
+        },
+        _ => SendWr {
+            wr_id: i,
+            sg_list: &s,
+            opcode: WrOpcode::Send,
+            send_flags: SendFlags::SIGNALED,
+            ..SendWr::default()
+        },
+    };
+    post(env, res.qp, &wr)?;
+    let cq = res.cq;
+    poll(env, cq, 1, "our ping's completion", |_, _| Ok(()))
+}
+
+fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Result<(), String> {
+    let last = (size - 1) as usize;
+    let inc = res.slot as usize;
+    let want = marker(i);
+    if p.tool.verb == Verb::Write {
+        // perftest's write_lat polls the buffer's last byte.
+        let start = now(env.core);
+        let mut spins = 0u32;
+        while res.buf.read_u8(inc + last) != want {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                if (env.interrupted)() {
+                    return Err(String::from(
+                        "interrupted while waiting for the peer's write",
+                    ));
+                }
+                if now(env.core).saturating_sub(start) > OP_TIMEOUT.as_nanos() as u64 {
+                    return Err(format!(
+                        "the peer's write {i} did not come within {} s",
+                        OP_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+        }
+    } else {
+        let rcq = res.rcq;
+        poll(env, rcq, 1, "the peer's SEND", |_, _| Ok(()))?;
+        if p.check {
+            check_ping(res, size, i)?;
+        }
+        post_recvs(env, res, TestKind::Lat, 0..1)?;
+        return Ok(());
+    }
+    if p.check {
+        check_ping(res, size, i)?;
+    }
+    Ok(())
+}
+
+/// The incoming ping `i`: its pattern, the marker in its last byte.
+fn check_ping(res: &Res, size: u64, i: u64) -> Result<(), String> {
+    let last = (size - 1) as usize;
+    {
+        let mut m = vec![0u8; size as usize];
+        res.buf.read_bytes(res.slot as usize, &mut m);
+        m[last] = super::exchange::pattern_byte(i, last);
+        verify(&m, i).map_err(|x| format!("{x}"))?;
+    }
+    Ok(())
+}
+
+/// The client's side of one size: the measured loop and the report line.
+fn drive_size(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    size: u64,
+    reply: &Reply,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let iters = p.iters as usize;
+    let tps = 1_000_000_000;
+    match p.tool.kind {
+        TestKind::Bw => {
+            let mut posted = vec![0u64; iters];
+            let mut completed = vec![0u64; iters];
+            // With --check a slot is not refilled while a message from it
+            // may still be in flight: at most `slots` outstanding, each
+            // window of them signalled.
+            let depth = if p.check {
+                (p.tx_depth as usize).min(res.slots as usize)
+            } else {
+                p.tx_depth as usize
+            };
+            let cq_mod_eff = p.cq_mod.max(1).min(depth as u32);
+            let cq_mod = u64::from(cq_mod_eff);
+            let (mut sent, mut done) = (0usize, 0usize);
+            while done < iters {
+                while sent < iters && sent - done < depth {
+                    let k = sent as u64 % res.slots;
+                    if p.check && p.tool.verb != Verb::Read {
+                        fill_slot(res, k, size, sent as u64);
+                    }
+                    let s = sge(res, k, size);
+                    let signaled = (sent as u64 + 1).is_multiple_of(cq_mod) || sent + 1 == iters;
+                    let remote = reply.vaddr + k * res.slot;
+                    let (opcode, wr) = match p.tool.verb {
+                        Verb::Write => (
+                            WrOpcode::RdmaWrite,
+                            WrDetail::Rdma {
+                                remote_addr: remote,
+                                rkey: reply.rkey,
+                            },
+                        ),
+                        Verb::Read => (
+                            WrOpcode::RdmaRead,
+                            WrDetail::Rdma {
+                                remote_addr: remote,
+                                rkey: reply.rkey,
+                            },
+                        ),
+                        _ => (WrOpcode::Send, WrDetail::None),
+                    };
+                    let w = SendWr {
+                        wr_id: sent as u64,
+                        sg_list: &s,
+                        opcode,
+                        send_flags: if signaled {
+                            SendFlags::SIGNALED
+                        } else {
+                            SendFlags::empty()
+                        },
+                        wr,
+                        ..SendWr::default()
+                    };
+                    posted[sent] = now(env.core);
+                    post(env, res.qp, &w)?;
+                    sent += 1;
+                }
+                let cq = res.cq;
+                let check_read = p.check && p.tool.verb == Verb::Read;
+                let slots = res.slots;
+                let mut upto = done;
+                poll(env, cq, 1, "a send completion", |w, t| {
+                    let last = w.wr_id as usize;
+                    for c in completed.iter_mut().take(last + 1).skip(upto) {
+                        *c = t;
+                    }
+                    upto = last + 1;
+                    Ok(())
+                })?;
+                if check_read {
+                    for j in done..upto {
+                        let k = j as u64 % slots;
+                        // The server's slot k holds pattern k.
+                        check_slot(res, k, size, k)?;
+                    }
+                }
+                done = upto;
+            }
+            finish_size(env, res)?;
+            let r = bw_report(size, &posted, &completed, cq_mod_eff, tps)
+                .map_err(|x| format!("{x}"))?;
+            let _ = print_bw_line(out, &r);
+        }
+        TestKind::Lat => {
+            let mut stamps = Vec::with_capacity(iters + 1);
+            for i in 0..iters as u64 {
+                stamps.push(now(env.core));
+                match p.tool.verb {
+                    Verb::Write | Verb::Send => {
+                        send_ping(env, p, res, size, reply.vaddr, reply.rkey, i)?;
+                        wait_ping(env, p, res, size, i)?;
+                    }
+                    Verb::Read | Verb::Atomic => one_op(env, p, res, size, reply, i)?,
+                }
+            }
+            stamps.push(now(env.core));
+            finish_size(env, res)?;
+            let mut samples: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
+            let r = lat_report(size, p.iters, &mut samples, p.tool.verb, tps)
+                .map_err(|x| format!("{x}"))?;
+            let _ = print_lat_line(out, &r);
+        }
+    }
+    Ok(())
+}
+
+fn one_op(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &Res,
+    size: u64,
+    reply: &Reply,
+    i: u64,
+) -> Result<(), String> {
+    let s = sge(res, 0, if p.tool.verb == Verb::Atomic { 8 } else { size });
+    let wr = if p.tool.verb == Verb::Atomic {
+        let (opcode, compare_add, swap) = match p.atomic_type {
+            super::AtomicType::FetchAndAdd => (WrOpcode::AtomicFetchAndAdd, 1, 0),
+            super::AtomicType::CmpAndSwap => (WrOpcode::AtomicCmpAndSwp, i, i + 1),
+        };
+        SendWr {
+            wr_id: i,
+            sg_list: &s,
+            opcode,
+            send_flags: SendFlags::SIGNALED,
+            wr: WrDetail::Atomic {
+                remote_addr: reply.vaddr,
+                compare_add,
+                swap,
+                rkey: reply.rkey,
+            },
+            ..SendWr::default()
+        }
+    } else {
+        SendWr {
+            wr_id: i,
+            sg_list: &s,
+            opcode: WrOpcode::RdmaRead,
+            send_flags: SendFlags::SIGNALED,
+            wr: WrDetail::Rdma {
+                remote_addr: reply.vaddr,
+                rkey: reply.rkey,
+            },
+            ..SendWr::default()
+        }
+    };
+    post(env, res.qp, &wr)?;
+    let cq = res.cq;
+    poll(env, cq, 1, "the operation's completion", |_, _| Ok(()))?;
+    if p.check {
+        if p.tool.verb == Verb::Atomic {
+            // Fetch-and-add by 1 from 0 / compare-and-swap i -> i+1: the
+            // old value is the iteration number (read in either byte order:
+            // the returned word is the responder's memory as it was).
+            let got = res.buf.read_u64(0);
+            if got != i && u64::from_be(got) != i {
+                return Err(format!("data check failed: atomic {i} returned {got:#x}"));
+            }
+        } else {
+            check_slot(res, 0, size, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// The client's end-of-size SEND (the server's cue).
+fn finish_size(env: &mut Env<'_>, res: &Res) -> Result<(), String> {
+    let s = sge(res, 0, 1);
+    let wr = SendWr {
+        wr_id: u64::MAX,
+        sg_list: &s,
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::SIGNALED,
+        ..SendWr::default()
+    };
+    post(env, res.qp, &wr)?;
+    let cq = res.cq;
+    poll(env, cq, 1, "the end-of-size SEND's completion", |_, _| {
+        Ok(())
+    })
+}

@@ -1,0 +1,95 @@
+//! perftest in the shell: `ib_write_bw`, `ib_write_lat`, `ib_read_bw`, `ib_read_lat`, `ib_send_bw`, `ib_send_lat`, `ib_atomic_lat`, run by `ib_tools::perftest::run` on the chosen HCA (`-d`, default the first registered) with the SA and CM clients registered on first use; Ctrl-C stops any wait. `ibv_rc_pingpong`/`ibv_ud_pingpong` are not here yet.
+
+use alloc::string::{String, ToString};
+use core::fmt::Write;
+
+use ib_core::ClientId;
+use ib_tools::perftest::{self, Params, ParseError, Tool, run::Env};
+
+use crate::console::CmdResult;
+use crate::hca::{self, Ib};
+
+/// The SA and CM clients, registered once.
+static CLIENTS: spin::Mutex<Option<(ClientId, ClientId)>> = spin::Mutex::new(None);
+
+fn clients(ib: &mut Ib) -> (ClientId, ClientId) {
+    let mut c = CLIENTS.lock();
+    *c.get_or_insert_with(|| {
+        (
+            ib_core::sa_query::ib_sa_init(&mut ib.core),
+            ib_core::cm::ib_cm_init(&mut ib.core),
+        )
+    })
+}
+
+fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    let t = Tool::from_name(name).ok_or("unknown tool")?;
+    let p = match Params::parse(t, args) {
+        Ok(p) => p,
+        Err(ParseError::Help) => {
+            let _ = writeln!(out, "{}", perftest::usage(t));
+            return Ok(());
+        }
+        Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", name)),
+    };
+    hca::with(|ib| {
+        let (sa, cm) = clients(ib);
+        let Ib { core, hcas } = ib;
+        let h = match &p.ib_dev {
+            Some(n) => hcas
+                .iter()
+                .find(|h| &h.name == n)
+                .ok_or_else(|| alloc::format!("IB device {n} not found"))?,
+            None => hcas
+                .iter()
+                .find(|h| h.id.is_some())
+                .ok_or("no registered HCA (see dmesg)")?,
+        };
+        let dev = h
+            .id
+            .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
+        let name: String = h.name.clone();
+        let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+        let mut env = Env {
+            core,
+            sa,
+            cm,
+            dev,
+            dev_name: &name,
+            interrupted: &mut ctrl_c,
+        };
+        perftest::run::run(&mut env, &p, out)
+    })
+    .unwrap_or_else(|| {
+        Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
+    })
+}
+
+/// `ib_write_bw`.
+pub fn ib_write_bw(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_write_bw", out, args)
+}
+/// `ib_write_lat`.
+pub fn ib_write_lat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_write_lat", out, args)
+}
+/// `ib_read_bw`.
+pub fn ib_read_bw(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_read_bw", out, args)
+}
+/// `ib_read_lat`.
+pub fn ib_read_lat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_read_lat", out, args)
+}
+/// `ib_send_bw`.
+pub fn ib_send_bw(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_send_bw", out, args)
+}
+/// `ib_send_lat`.
+pub fn ib_send_lat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_send_lat", out, args)
+}
+/// `ib_atomic_lat`.
+pub fn ib_atomic_lat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    tool("ib_atomic_lat", out, args)
+}
