@@ -44,11 +44,15 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod host_node;
+pub mod ibsim;
 pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use host_node::HostNode;
+pub use ibsim::IbsimServer;
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
 

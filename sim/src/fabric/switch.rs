@@ -916,7 +916,7 @@ fn sat(v: u64, max: u64) -> u64 {
 
 /// PortCounters (IBTA 16.1.3.5) data, 32-bit data counters and narrower
 /// error counters saturating.
-fn encode(c: &PortCounters, d: &mut [u8]) {
+pub(crate) fn encode(c: &PortCounters, d: &mut [u8]) {
     d[4..6].copy_from_slice(&(sat(c.symbol_errors, 0xffff) as u16).to_be_bytes());
     d[7] = sat(c.link_downed, 0xff) as u8;
     d[8..10].copy_from_slice(&(sat(c.rcv_errors, 0xffff) as u16).to_be_bytes());
@@ -930,7 +930,7 @@ fn encode(c: &PortCounters, d: &mut [u8]) {
 }
 
 /// PortCountersExtended (IBTA 16.1.4.11): 64-bit data and packet counters.
-fn encode_ext(c: &PortCounters, d: &mut [u8]) {
+pub(crate) fn encode_ext(c: &PortCounters, d: &mut [u8]) {
     d[8..16].copy_from_slice(&c.xmit_data.to_be_bytes());
     d[16..24].copy_from_slice(&c.rcv_data.to_be_bytes());
     d[24..32].copy_from_slice(&c.xmit_pkts.to_be_bytes());
@@ -941,7 +941,7 @@ fn encode_ext(c: &PortCounters, d: &mut [u8]) {
 }
 
 /// PortCounters CounterSelect bits (IBTA table 247).
-fn clear(c: &mut PortCounters, sel: u16) {
+pub(crate) fn clear(c: &mut PortCounters, sel: u16) {
     let bits: [(u16, &mut u64); 9] = [
         (0x0001, &mut c.symbol_errors),
         (0x0004, &mut c.link_downed),
@@ -964,7 +964,7 @@ fn clear(c: &mut PortCounters, sel: u16) {
 }
 
 /// PortCountersExtended CounterSelect bits.
-fn clear_ext(c: &mut PortCounters, sel: u16) {
+pub(crate) fn clear_ext(c: &mut PortCounters, sel: u16) {
     if sel & 0x01 != 0 {
         c.xmit_data = 0;
     }

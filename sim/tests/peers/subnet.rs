@@ -1,0 +1,117 @@
+//! OpenSM brings the subnet up; the diags see it.
+
+use std::time::Duration;
+
+use sim::LogicalState;
+
+use crate::rig::{NET_SMALL, Rig, tools_present};
+
+const UP_LIMIT: Duration = Duration::from_secs(30);
+const DIAG_LIMIT: Duration = Duration::from_secs(20);
+
+/// (name, LID, state) of every host node.
+fn ports(rig: &Rig) -> Vec<(String, u16, LogicalState, u16)> {
+    let w = rig.world();
+    w.server
+        .nodes()
+        .iter()
+        .map(|n| (n.name.clone(), n.lid(), n.state(), n.sm_lid()))
+        .collect()
+}
+
+fn up(rig: &mut Rig) -> Duration {
+    rig.start_opensm("H1", &[]);
+    let Some(t) = rig.wait_subnet_up(1, UP_LIMIT) else {
+        panic!("no SUBNET UP within {UP_LIMIT:?}; log:\n{}", rig.opensm_log());
+    };
+    t
+}
+
+#[test]
+fn opensm_brings_the_subnet_up() {
+    if !tools_present("opensm_brings_the_subnet_up") {
+        return;
+    }
+    let mut rig = Rig::start("up", NET_SMALL);
+    let t = up(&mut rig);
+    let smps = rig.world().server.stats().client_smps;
+    let p = ports(&rig);
+    eprintln!("SUBNET UP after {t:?} (opensm exec to the log line), {smps} SMPs; ports {p:?}");
+    let sm_lid = p[0].1;
+    assert_ne!(sm_lid, 0, "the SM's own port got a LID: {p:?}");
+    let mut lids: Vec<u16> = p.iter().map(|x| x.1).collect();
+    lids.sort_unstable();
+    lids.dedup();
+    assert_eq!(lids.len(), 3, "distinct LIDs: {p:?}");
+    for (name, lid, state, smlid) in &p {
+        assert_eq!(*state, LogicalState::Active, "{name} Active: {p:?}");
+        assert_ne!(*lid, 0, "{name} has a LID");
+        assert_eq!(*smlid, sm_lid, "{name} knows the SM's LID");
+    }
+    let log = rig.opensm_log();
+    assert!(
+        !log.contains("ERR 3120"),
+        "no SMP timed out during the sweep:\n{log}"
+    );
+}
+
+#[test]
+fn diags_query_the_fabric() {
+    if !tools_present("diags_query_the_fabric") {
+        return;
+    }
+    let mut rig = Rig::start("diags", NET_SMALL);
+    up(&mut rig);
+    let p = ports(&rig);
+    let h3 = p[2].1.to_string();
+
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/ibnetdiscover", &[], DIAG_LIMIT);
+    assert!(ok, "ibnetdiscover:\n{out}");
+    for want in ["Switch\t8 \"S-0002c90000000100\"", "# \"Sw1\"", "\"H1\"", "\"H2\"", "\"H3\"", "caguid=0x2c90300000030"] {
+        assert!(out.contains(want), "ibnetdiscover shows {want:?}:\n{out}");
+    }
+
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/smpquery", &["nodeinfo", &h3], DIAG_LIMIT);
+    assert!(ok, "smpquery nodeinfo:\n{out}");
+    assert!(out.contains("PortGuid:.......................0x0002c90300000031"), "{out}");
+    assert!(out.contains("NodeType:.......................Channel Adapter"), "{out}");
+    let (ok, out, _) = rig.diag("H2", "/usr/sbin/smpquery", &["nodedesc", &h3], DIAG_LIMIT);
+    assert!(ok && out.contains("H3"), "smpquery nodedesc from H2:\n{out}");
+
+    let xmit = |out: &str| -> u64 {
+        out.lines()
+            .find(|l| l.starts_with("PortXmitPkts:"))
+            .and_then(|l| l.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+            .unwrap_or_else(|| panic!("no PortXmitPkts in\n{out}"))
+    };
+    let (ok, out1, _) = rig.diag("H1", "/usr/sbin/perfquery", &[&h3, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery:\n{out1}");
+    let (ok, out2, _) = rig.diag("H1", "/usr/sbin/perfquery", &[&h3, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery:\n{out2}");
+    let (a, b) = (xmit(&out1), xmit(&out2));
+    assert!(a > 0 && b > a, "H3's PortXmitPkts grow with traffic: {a} then {b}");
+
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/sminfo", &[], DIAG_LIMIT);
+    assert!(ok, "sminfo:\n{out}");
+    assert!(
+        out.contains(&format!("sminfo: sm lid {} ", p[0].1)) && out.contains("SMINFO_MASTER"),
+        "sminfo names the master SM:\n{out}"
+    );
+
+    let src_dst = format!("{}:{}", p[1].1, p[2].1);
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/saquery", &["-p", "--src-to-dst", &src_dst], DIAG_LIMIT);
+    assert!(ok, "saquery -p:\n{out}");
+    assert!(
+        out.contains(&format!("dlid....................{}", p[2].1))
+            && out.contains(&format!("slid....................{}", p[1].1)),
+        "saquery -p returns the path H2 -> H3:\n{out}"
+    );
+
+    let sw_lid = rig.world().fabric.switch(sim::fabric::SwitchId(0)).map(|s| s.lid()).unwrap_or(0);
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/ibroute", &[&sw_lid.to_string()], DIAG_LIMIT);
+    assert!(ok, "ibroute:\n{out}");
+    assert!(
+        out.contains(&format!("0x{:04x} 003 : (Channel Adapter portguid 0x0002c90300000031: 'H3')", p[2].1)),
+        "ibroute shows the switch's LFT entry for H3:\n{out}"
+    );
+}
