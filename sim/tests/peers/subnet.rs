@@ -19,6 +19,18 @@ fn ports(rig: &Rig) -> Vec<(String, u16, LogicalState, u16)> {
         .collect()
 }
 
+/// The value of a `Name:.....value` line of the diags.
+fn field(out: &str, name: &str) -> String {
+    out.lines()
+        .map(str::trim)
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            rest.starts_with([':', '.'])
+                .then(|| rest.trim_start_matches([':', '.']).trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 fn up(rig: &mut Rig) -> Duration {
     rig.start_opensm("H1", &[]);
     let Some(t) = rig.wait_subnet_up(1, UP_LIMIT) else {
@@ -73,16 +85,16 @@ fn diags_query_the_fabric() {
 
     let (ok, out, _) = rig.diag("H1", "/usr/sbin/smpquery", &["nodeinfo", &h3], DIAG_LIMIT);
     assert!(ok, "smpquery nodeinfo:\n{out}");
-    assert!(out.contains("PortGuid:.......................0x0002c90300000031"), "{out}");
-    assert!(out.contains("NodeType:.......................Channel Adapter"), "{out}");
+    assert_eq!(field(&out, "PortGuid"), "0x0002c90300000031", "{out}");
+    assert_eq!(field(&out, "NodeType"), "Channel Adapter", "{out}");
+    assert_eq!(field(&out, "DevId"), "0x1003", "{out}");
     let (ok, out, _) = rig.diag("H2", "/usr/sbin/smpquery", &["nodedesc", &h3], DIAG_LIMIT);
     assert!(ok && out.contains("H3"), "smpquery nodedesc from H2:\n{out}");
 
     let xmit = |out: &str| -> u64 {
-        out.lines()
-            .find(|l| l.starts_with("PortXmitPkts:"))
-            .and_then(|l| l.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok())
-            .unwrap_or_else(|| panic!("no PortXmitPkts in\n{out}"))
+        field(out, "PortXmitPkts")
+            .parse()
+            .unwrap_or_else(|_| panic!("no PortXmitPkts in\n{out}"))
     };
     let (ok, out1, _) = rig.diag("H1", "/usr/sbin/perfquery", &[&h3, "1"], DIAG_LIMIT);
     assert!(ok, "perfquery:\n{out1}");
@@ -102,8 +114,7 @@ fn diags_query_the_fabric() {
     let (ok, out, _) = rig.diag("H1", "/usr/sbin/saquery", &["-p", "--src-to-dst", &src_dst], DIAG_LIMIT);
     assert!(ok, "saquery -p:\n{out}");
     assert!(
-        out.contains(&format!("dlid....................{}", p[2].1))
-            && out.contains(&format!("slid....................{}", p[1].1)),
+        field(&out, "dlid") == p[2].1.to_string() && field(&out, "slid") == p[1].1.to_string(),
         "saquery -p returns the path H2 -> H3:\n{out}"
     );
 
