@@ -347,11 +347,15 @@ impl HostNode {
         Ok(())
     }
 
-    /// The SMA: the response to an SMP for this node, or `None` for an
-    /// attribute that is not the SMA's (SMInfo: the SM client's).
+    /// The SMA: the response to an SMP for this node, or `None` for what
+    /// is the SM client's (SMInfo, traps, reports, responses).
     fn sma(&mut self, smp: &Smp) -> Option<Smp> {
         let meth = smp.hdr.method;
-        if smp.hdr.attr_id == attr::SM_INFO || meth & 0x80 != 0 {
+        if smp.hdr.attr_id == attr::SM_INFO
+            || meth & 0x80 != 0
+            || meth == method::TRAP
+            || meth == method::REPORT
+        {
             return None;
         }
         let mut r = smp.clone();

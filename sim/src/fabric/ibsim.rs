@@ -80,6 +80,8 @@ pub struct ServerStats {
     pub client_smps: u64,
     /// MADs sent to clients (answers, forwarded requests, bounces).
     pub to_clients: u64,
+    /// Traps (SubnTrap) handed to an SM client.
+    pub traps_to_sm: u64,
     /// Requests returned with status 110 after the timeout.
     pub timeouts: u64,
     /// Requests returned with status 110 at once (no route, nobody to
@@ -590,6 +592,9 @@ impl IbsimServer {
                 };
                 match target {
                     Some(t) => {
+                        if m.hdr().method == method::TRAP {
+                            self.stats.traps_to_sm += 1;
+                        }
                         if !self.to_client(t, &m, 0) && local {
                             self.bounce(node, m.tid());
                         }

@@ -521,6 +521,7 @@ impl Fabric {
                 Event::Connect(a, b) => self.connect(a, b),
             };
         }
+        self.send_traps(now_ns);
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
             let Some(&sp) = self.switch_work.front() else {
@@ -547,6 +548,17 @@ impl Fabric {
                 continue;
             };
             self.switch_step(switch, port, f);
+        }
+    }
+
+    /// Switches whose ports changed state send their SM Trap 128.
+    fn send_traps(&mut self, now_ns: u64) {
+        for j in 0..self.switches.len() {
+            if let Some((e, pkt)) = self.switches[j].0.take_trap()
+                && let Some(out) = self.switch_port(SwitchId(j), e)
+            {
+                self.send(out, pkt, now_ns, 0);
+            }
         }
     }
 

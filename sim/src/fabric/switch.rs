@@ -5,7 +5,8 @@
 //! SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9 and C14-13),
 //! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
 //! PortCounters, PortCountersExtended) per port; multicast forwarding,
-//! SL-to-VL mapping, VL arbitration, random forwarding tables, traps,
+//! SL-to-VL mapping, VL arbitration, random forwarding tables, traps other than
+//! Trap 128 (sent once per port state change, not repeated),
 //! partition enforcement on external ports and the LID-routed parts of
 //! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
 //!
@@ -37,6 +38,9 @@ use crate::packet::{
     mad_status, method, mgmt_class,
 };
 use crate::port::{LogicalState, PhysicalState};
+
+/// The Notice attribute (traps).
+const ATTR_NOTICE: u16 = 0x0002;
 
 /// Mellanox's OUI (NodeInfo VendorID).
 pub const VENDOR_MELLANOX: u32 = 0x0002c9;
@@ -159,6 +163,9 @@ pub struct Switch {
     lft_top: u16,
     pkeys: [u16; PKEY_CAP],
     port_state_change: bool,
+    /// A port changed state since the last trap (Trap 128 owed to the SM).
+    trap_owed: bool,
+    trap_tid: u64,
     life_time: u8,
     // Port 0's subnet attributes.
     lid: u16,
@@ -192,6 +199,8 @@ impl Switch {
             lft_top: 0,
             pkeys,
             port_state_change: false,
+            trap_owed: false,
+            trap_tid: 0,
             life_time: 0x12,
             lid: 0,
             lmc: 0,
@@ -273,6 +282,32 @@ impl Switch {
         }
         if before != sp.state {
             self.port_state_change = true;
+            self.trap_owed = true;
+        }
+    }
+
+    /// The Trap 128 (PortStateChange, IBTA 14.2.5.1 table 118) this
+    /// switch owes its SM after a port's link went up or down: a
+    /// LID-routed SubnTrap(Notice) from the switch's LID to the SM's LID,
+    /// and the port it leaves by. Sent once; there is no repeat until
+    /// TrapRepress. `None` while the switch has no LID, SM LID or route.
+    pub(crate) fn take_trap(&mut self) -> Option<(u8, Packet)> {
+        if !std::mem::take(&mut self.trap_owed) || self.lid == 0 || self.sm_lid == 0 {
+            return None;
+        }
+        let e = self.route(self.sm_lid).filter(|&e| e != 0 && self.link_up(e))?;
+        self.trap_tid = self.trap_tid.wrapping_add(1);
+        let mut smp = Smp::lid_routed(self.trap_tid, method::TRAP, ATTR_NOTICE, 0);
+        let d = &mut smp.data;
+        d[0] = 0x80 | 1; // IsGeneric, Type 1 (urgent)
+        d[1..4].copy_from_slice(&[0, 0, 2]); // ProducerType: switch
+        d[4..6].copy_from_slice(&128u16.to_be_bytes()); // TrapNumber
+        d[6..8].copy_from_slice(&self.lid.to_be_bytes()); // IssuerLID
+        d[10..12].copy_from_slice(&self.lid.to_be_bytes()); // DataDetails: LIDADDR
+        let h = packet::mad_headers(self.sm_lid, self.lid, 0, 0, packet::DEFAULT_PKEY);
+        match self.emit(e, &h, &smp.to_bytes()) {
+            Action::Send(e, p) => Some((e, p)),
+            Action::Drop(_) => None,
         }
     }
 

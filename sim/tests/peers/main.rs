@@ -6,3 +6,4 @@
 
 mod rig;
 mod subnet;
+mod sweep;
