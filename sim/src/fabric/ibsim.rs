@@ -322,12 +322,18 @@ impl IbsimServer {
 
     fn handle_ctl(&mut self, msg: &[u8], from: &SocketAddr) {
         self.stats.ctl += 1;
+        let mut r = [0u8; CTL_LEN];
+        let n = msg.len().min(CTL_LEN);
+        r[..n].copy_from_slice(&msg[..n]);
         if msg.len() != CTL_LEN || le32(msg, 0) != SIM_MAGIC {
-            self.drop_for("bad control message");
+            // ibsim ignores these; an ERROR reply keeps a client that
+            // waits for one from hanging.
+            self.drop_for("bad control message (size or magic)");
+            r[0..4].copy_from_slice(&SIM_MAGIC.to_le_bytes());
+            r[8..12].copy_from_slice(&ctl::ERROR.to_le_bytes());
+            let _ = self.ctl.send_to_addr(&r, from);
             return;
         }
-        let mut r = [0u8; CTL_LEN];
-        r.copy_from_slice(msg);
         let slot = le32(msg, 4) as usize;
         let ty = le32(msg, 8);
         let ok = if ty == ctl::CONNECT {
@@ -384,6 +390,9 @@ impl IbsimServer {
             qp,
             issm,
         });
+        if issm {
+            self.nodes[node].set_is_sm(true);
+        }
         let d = &mut r[16..];
         d[0..4].copy_from_slice(&(slot as u32).to_le_bytes());
         d[12..44].fill(0);
