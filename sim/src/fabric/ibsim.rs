@@ -42,6 +42,8 @@ pub const ETIMEDOUT: u32 = 110;
 pub const MAX_PENDING: usize = 4096;
 /// Messages taken from one socket per poll, at most.
 const BATCH: usize = 64;
+/// Passes over the host nodes per poll, at most.
+const ROUNDS: usize = 8;
 
 /// `sim_ctl.type` values.
 pub mod ctl {
@@ -294,16 +296,25 @@ impl IbsimServer {
                 self.from_client(fabric, now_ns, slot, &req);
             }
         }
-        for i in 0..self.nodes.len() {
-            for _ in 0..BATCH {
-                let Some(r) = self.nodes[i].receive(fabric, now_ns) else {
-                    break;
-                };
-                work += 1;
-                match r {
-                    Ok(m) => self.arrive(fabric, now_ns, i, m, false),
-                    Err(why) => self.drop_for(why),
+        // Host nodes answer each other within one poll (a request and its
+        // response cross the fabric in a few rounds), bounded.
+        for _ in 0..ROUNDS {
+            let mut round = 0;
+            for i in 0..self.nodes.len() {
+                for _ in 0..BATCH {
+                    let Some(r) = self.nodes[i].receive(fabric, now_ns) else {
+                        break;
+                    };
+                    round += 1;
+                    match r {
+                        Ok(m) => self.arrive(fabric, now_ns, i, m, false),
+                        Err(why) => self.drop_for(why),
+                    }
                 }
+            }
+            work += round;
+            if round == 0 {
+                break;
             }
         }
         let now = Instant::now();

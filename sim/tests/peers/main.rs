@@ -4,6 +4,7 @@
 //! fabric of one switch and three host nodes, and we check what they
 //! report against the model. Skipped loudly when the packages are absent.
 
+mod bench;
 mod protocol;
 mod rig;
 mod subnet;

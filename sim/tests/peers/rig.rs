@@ -127,6 +127,7 @@ impl Rig {
             let stop = stop.clone();
             let busy = busy.clone();
             std::thread::spawn(move || {
+                let mut last_work = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     let work = {
                         let mut g = world.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,10 +136,14 @@ impl Rig {
                         w.fabric.advance(now);
                         w.server.poll(&mut w.fabric, now)
                     };
-                    if work == 0 {
-                        std::thread::sleep(Duration::from_micros(50));
-                    } else {
+                    if work > 0 {
                         busy.fetch_add(1, Ordering::Relaxed);
+                        last_work = Instant::now();
+                    } else if last_work.elapsed() < Duration::from_millis(2) {
+                        // In a burst (a sweep): stay close.
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(50));
                     }
                 }
             })
