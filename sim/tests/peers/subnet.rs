@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use sim::LogicalState;
+use sim::fabric::Capture;
 
 use crate::rig::{NET_SMALL, Rig, tools_present};
 
@@ -45,6 +46,10 @@ fn opensm_brings_the_subnet_up() {
         return;
     }
     let mut rig = Rig::start("up", NET_SMALL);
+    let pcap = rig.dir.join("up.pcapng");
+    rig.world()
+        .fabric
+        .set_capture(Some(Capture::create(&pcap).expect("capture file")));
     let t = up(&mut rig);
     let smps = rig.world().server.stats().client_smps;
     let p = ports(&rig);
@@ -59,6 +64,33 @@ fn opensm_brings_the_subnet_up() {
         assert_eq!(*state, LogicalState::Active, "{name} Active: {p:?}");
         assert_ne!(*lid, 0, "{name} has a LID");
         assert_eq!(*smlid, sm_lid, "{name} knows the SM's LID");
+    }
+    // Every SMP crossed the wire: each non-local one is a request and a
+    // response on one or two cables.
+    let captured = {
+        let mut w = rig.world();
+        let c = w.fabric.capture_mut().expect("capture");
+        c.flush().expect("capture written");
+        c.packets()
+    };
+    assert!(captured >= 2 * smps, "{captured} packets captured for {smps} SMPs");
+    if std::path::Path::new("/usr/bin/tshark").exists() {
+        let out = std::process::Command::new("/usr/bin/tshark")
+            .arg("-r")
+            .arg(&pcap)
+            .args(["-Y", "infiniband.mad.mgmtclass == 0x81 && infiniband.mad.attributeid == 0x0011"])
+            .args(["-T", "fields", "-e", "infiniband.lrh.vl", "-e", "infiniband.bth.destqp"])
+            .output()
+            .expect("tshark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() >= 6, "DR NodeInfo SMPs dissected:\n{text}");
+        assert!(
+            lines.iter().all(|l| *l == "0x0f\t0x000000" || *l == "15\t0"),
+            "every SMP on VL15 to QP0:\n{text}"
+        );
+    } else {
+        eprintln!("!!!!! tshark missing: the capture was counted, not dissected");
     }
     let log = rig.opensm_log();
     assert!(
