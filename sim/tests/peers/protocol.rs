@@ -251,3 +251,34 @@ fn a_client_that_dies_loses_its_slot() {
     );
     assert!(connect(&rig.base, 75002, "H1", false).is_ok());
 }
+
+#[test]
+fn the_host_command_runs_a_diag_on_the_fabric() {
+    if !crate::rig::tools_present("the_host_command_runs_a_diag_on_the_fabric") {
+        return;
+    }
+    let rig = Rig::start("hostcmd", NET_SMALL);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ib-host.sh");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(script)
+            .args(args)
+            .env_remove("IBSIM_SOCKNAME")
+            .output()
+            .expect("run scripts/ib-host.sh");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    // Zero hops (the node itself) and one hop (the switch): no SM needed.
+    let (rc, out) = run(&["--sock", &rig.base, "--host", "H2", "--timeout", "20", "smpquery", "-D", "nodedesc", "0"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("H2"), "{out}");
+    let (rc, out) = run(&["--sock", &rig.base, "--timeout", "20", "smpquery", "-D", "nodedesc", "0,1"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("Sw1"), "{out}");
+    // No fabric under that name: a clear error, not a hang.
+    let (rc, out) = run(&["--sock", "no-such-fabric", "sminfo"]);
+    assert_eq!(rc, Some(2), "{out}");
+    assert!(out.contains("no fabric is serving socket 'no-such-fabric'"), "{out}");
+}
