@@ -557,7 +557,12 @@ impl HostNode {
     /// source-side SMI first (a request leaves by InitialPath[1], a
     /// response by ReturnPath[HopCount]); the packet gets LRH, BTH and
     /// DETH (VL15 and Q_Key 0 for SMPs, VL0 and the GSI Q_Key otherwise).
-    pub fn transmit(&mut self, fabric: &mut Fabric, now_ns: u64, m: &Mad) -> Result<(), &'static str> {
+    pub fn transmit(
+        &mut self,
+        fabric: &mut Fabric,
+        now_ns: u64,
+        m: &Mad,
+    ) -> Result<(), &'static str> {
         self.sync_link(fabric);
         let mut data = m.data;
         let h = m.hdr();
@@ -629,7 +634,11 @@ impl HostNode {
     /// Q_Key for QP1, a P_Key in the table) and the SMI's destination
     /// processing of directed-route SMPs. `Some(Err)` is a packet dropped
     /// (and counted).
-    pub fn receive(&mut self, fabric: &mut Fabric, now_ns: u64) -> Option<Result<Mad, &'static str>> {
+    pub fn receive(
+        &mut self,
+        fabric: &mut Fabric,
+        now_ns: u64,
+    ) -> Option<Result<Mad, &'static str>> {
         self.sync_link(fabric);
         let pkt = fabric.receive(self.port, now_ns)?;
         self.counters.rcv_pkts += 1;

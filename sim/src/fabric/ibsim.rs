@@ -293,7 +293,7 @@ impl IbsimServer {
                 }
                 let mut req = [0u8; REQ_LEN];
                 req.copy_from_slice(&buf[..REQ_LEN]);
-                self.from_client(fabric, now_ns, slot, &req);
+                self.client_mad(fabric, now_ns, slot, &req);
             }
         }
         // Host nodes answer each other within one poll (a request and its
@@ -485,7 +485,7 @@ impl IbsimServer {
     }
 
     /// Sends `m` to client `slot`; a client that is gone loses its slot.
-    fn to_client(&mut self, slot: usize, m: &Mad, status: u32) -> bool {
+    fn send_to_client(&mut self, slot: usize, m: &Mad, status: u32) -> bool {
         let msg = encode_request(m, status);
         match self.outs[slot].send(&msg) {
             Ok(_) => {
@@ -507,7 +507,7 @@ impl IbsimServer {
     fn bounce_pending(&mut self, p: Pending) {
         let mut m = p.req;
         m.set_tid(p.orig_tid);
-        self.to_client(p.slot, &m, ETIMEDOUT);
+        self.send_to_client(p.slot, &m, ETIMEDOUT);
     }
 
     /// Returns the request (`node`, `tid`) to its sender with status 110.
@@ -523,7 +523,7 @@ impl IbsimServer {
         }
     }
 
-    fn from_client(&mut self, fabric: &mut Fabric, now_ns: u64, slot: usize, req: &[u8; REQ_LEN]) {
+    fn client_mad(&mut self, fabric: &mut Fabric, now_ns: u64, slot: usize, req: &[u8; REQ_LEN]) {
         let Some(node) = self.clients[slot].as_ref().map(|c| c.node) else {
             return;
         };
@@ -549,7 +549,7 @@ impl IbsimServer {
                     self.stats.bounced += 1;
                     let mut b = m.clone();
                     b.set_tid(tid);
-                    self.to_client(slot, &b, ETIMEDOUT);
+                    self.send_to_client(slot, &b, ETIMEDOUT);
                     return;
                 }
                 self.pending.push(Pending {
@@ -603,10 +603,9 @@ impl IbsimServer {
             }
             Handled::Up(m) => {
                 let target = if m.dqp > 1 {
-                    self.clients.iter().position(|c| {
-                        c.as_ref()
-                            .is_some_and(|c| c.node == node && c.qp == m.dqp)
-                    })
+                    self.clients
+                        .iter()
+                        .position(|c| c.as_ref().is_some_and(|c| c.node == node && c.qp == m.dqp))
                 } else {
                     self.sm_client(node)
                 };
@@ -615,7 +614,7 @@ impl IbsimServer {
                         if m.hdr().method == method::TRAP {
                             self.stats.traps_to_sm += 1;
                         }
-                        if !self.to_client(t, &m, 0) && local {
+                        if !self.send_to_client(t, &m, 0) && local {
                             self.bounce(node, m.tid());
                         }
                     }
@@ -649,6 +648,76 @@ impl IbsimServer {
         };
         let p = self.pending.swap_remove(k);
         m.set_tid(p.orig_tid);
-        self.to_client(p.slot, &m, 0);
+        self.send_to_client(p.slot, &m, 0);
     }
 }
+
+/// Where a running emulator records its socket name, relative to the
+/// repository (read by `scripts/ib-host.sh`).
+pub const SOCKNAME_FILE: &str = "target/fabric/ibsim-sockname";
+
+/// The node GUID of the SM host [`attach_sm_host`] adds by default.
+pub const SM_HOST_GUID: u64 = 0x0002_c903_0000_0f00;
+
+/// Adds the host node where OpenSM and the diags attach (`name`, e.g.
+/// `"smhost"`): a one-port CA cabled to the highest-numbered free port of
+/// switch `sw` (guests keep ports 1..N), or, with no switch, to `peer`
+/// directly. The caller serves it with [`IbsimServer::bind`].
+pub fn attach_sm_host(
+    fabric: &mut Fabric,
+    sw: Option<super::SwitchId>,
+    peer: Option<super::PortId>,
+    name: &str,
+    node_guid: u64,
+) -> Result<HostNode, String> {
+    let far = match (sw, peer) {
+        (Some(id), _) => {
+            let n = fabric
+                .switch(id)
+                .ok_or_else(|| format!("no switch {}", id.0))?
+                .nports();
+            (1..=n)
+                .rev()
+                .filter_map(|p| fabric.switch_port(id, p))
+                .find(|fp| fabric.peer(*fp).is_none())
+                .ok_or_else(|| format!("switch {} has no free port for {name}", id.0))?
+        }
+        (None, Some(p)) => p,
+        (None, None) => return Err("attach_sm_host: a switch or a port to cable to".into()),
+    };
+    let port = fabric.attach_hca_port(node_guid, 1);
+    fabric.set_port_name(port, &format!("{name}/1"));
+    fabric.connect(port, far).map_err(|e| e.to_string())?;
+    Ok(HostNode::new(fabric, name, node_guid, port))
+}
+
+/// The command that starts OpenSM on host node `host` of the fabric
+/// served under socket name `base`: Debian's opensm under the umad2sim
+/// preload, its log (flushed at every line) at `dir/opensm.log`, its
+/// cache and dump files in `dir` (a fresh directory gives fresh LIDs).
+/// The caller spawns it, keeps the pid, and ends it before the server
+/// (its exit waits for the server's DISCONNECT reply).
+pub fn opensm_command(base: &str, host: &str, dir: &std::path::Path) -> std::process::Command {
+    let prog = if std::path::Path::new("/usr/sbin/opensm").exists() {
+        "/usr/sbin/opensm"
+    } else {
+        "opensm"
+    };
+    let mut c = std::process::Command::new(prog);
+    c.env("LD_PRELOAD", UMAD2SIM)
+        .env("IBSIM_SOCKNAME", base)
+        .env("SIM_HOST", host)
+        .env("OSM_TMP_DIR", dir)
+        .env("OSM_CACHE_DIR", dir)
+        .current_dir(dir)
+        .arg("-d2")
+        .arg("-e")
+        .arg("-f")
+        .arg(dir.join("opensm.log"))
+        .arg("--dump_files_dir")
+        .arg(dir);
+    c
+}
+
+/// The umad2sim preload library of Debian's libumad2sim0.
+pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";

@@ -2,7 +2,9 @@
 //! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
 //! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
 //! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]); the subnet manager, SA and the ibsim server protocol are
+//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself)
+//! and ibsim's server protocol ([`ibsim`]: real OpenSM and
+//! infiniband-diags attach through it); the subnet manager and SA are
 //! not here (yet). Packet formats are in [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric

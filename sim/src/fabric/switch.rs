@@ -304,7 +304,9 @@ impl Switch {
         if !std::mem::take(&mut self.trap_owed) || self.lid == 0 || self.sm_lid == 0 {
             return None;
         }
-        let e = self.route(self.sm_lid).filter(|&e| e != 0 && self.link_up(e))?;
+        let e = self
+            .route(self.sm_lid)
+            .filter(|&e| e != 0 && self.link_up(e))?;
         self.trap_tid = self.trap_tid.wrapping_add(1);
         let mut smp = Smp::lid_routed(self.trap_tid, method::TRAP, ATTR_NOTICE, 0);
         let d = &mut smp.data;

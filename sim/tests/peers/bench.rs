@@ -13,7 +13,11 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// Microseconds of the day of an OpenSM log line ("Nov 23 03:42:27 368958 ...").
 fn log_us(line: &str) -> Option<u64> {
     let mut w = line.split_whitespace().skip(2);
-    let hms: Vec<u64> = w.next()?.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let hms: Vec<u64> = w
+        .next()?
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
     let us: u64 = w.next()?.parse().ok()?;
     Some(((hms.first()? * 60 + hms.get(1)?) * 60 + hms.get(2)?) * 1_000_000 + us)
 }
@@ -21,8 +25,14 @@ fn log_us(line: &str) -> Option<u64> {
 /// (first log line to SUBNET UP, DISCOVERING to SUBNET UP), from the log.
 fn log_times(log: &str) -> Option<(Duration, Duration)> {
     let first = log.lines().find_map(log_us)?;
-    let disc = log.lines().find(|l| l.contains("Entering DISCOVERING")).and_then(log_us)?;
-    let up = log.lines().find(|l| l.contains("SUBNET UP")).and_then(log_us)?;
+    let disc = log
+        .lines()
+        .find(|l| l.contains("Entering DISCOVERING"))
+        .and_then(log_us)?;
+    let up = log
+        .lines()
+        .find(|l| l.contains("SUBNET UP"))
+        .and_then(log_us)?;
     Some((
         Duration::from_micros(up.checked_sub(first)?),
         Duration::from_micros(up.checked_sub(disc)?),
@@ -49,7 +59,9 @@ fn report(what: &str, exec: Vec<Duration>, logged: Vec<(Duration, Duration)>) {
 #[test]
 #[ignore = "benchmark: prints figures"]
 fn subnet_up_time_beside_ibsim() {
-    if !tools_present("subnet_up_time_beside_ibsim") || !std::path::Path::new("/usr/bin/ibsim").exists() {
+    if !tools_present("subnet_up_time_beside_ibsim")
+        || !std::path::Path::new("/usr/bin/ibsim").exists()
+    {
         eprintln!("!!!!! SKIPPED subnet_up_time_beside_ibsim: needs ibsim-utils too");
         return;
     }
@@ -133,5 +145,8 @@ fn subnet_up_time_beside_ibsim() {
     let a = rig.world().server.stats().client_smps;
     std::thread::sleep(Duration::from_secs(4));
     let b = rig.world().server.stats().client_smps;
-    eprintln!("light sweeps: {} SMPs in 4 s at one sweep per second", b - a);
+    eprintln!(
+        "light sweeps: {} SMPs in 4 s at one sweep per second",
+        b - a
+    );
 }

@@ -34,7 +34,8 @@ fn ty(r: &[u8]) -> u32 {
 /// Binds and connects like umad2sim; `Err` carries the CONNECT reply.
 fn connect(base: &str, id: u32, node: &str, issm: bool) -> Result<RawClient, [u8; CTL_LEN]> {
     let c = UnixDatagram::bind_addr(&abstract_addr(&format!("{base}:ctl{id}")).unwrap()).unwrap();
-    c.connect_addr(&abstract_addr(&format!("{base}:ctl")).unwrap()).unwrap();
+    c.connect_addr(&abstract_addr(&format!("{base}:ctl")).unwrap())
+        .unwrap();
     c.set_read_timeout(Some(WAIT)).unwrap();
     let d = UnixDatagram::bind_addr(&abstract_addr(&format!("{base}:in{id}")).unwrap()).unwrap();
     d.set_read_timeout(Some(WAIT)).unwrap();
@@ -49,8 +50,13 @@ fn connect(base: &str, id: u32, node: &str, issm: bool) -> Result<RawClient, [u8
         return Err(r);
     }
     let slot = u32::from_le_bytes([r[16], r[17], r[18], r[19]]);
-    d.connect_addr(&abstract_addr(&format!("{base}:out{slot}")).unwrap()).unwrap();
-    Ok(RawClient { ctl: c, data: d, slot })
+    d.connect_addr(&abstract_addr(&format!("{base}:out{slot}")).unwrap())
+        .unwrap();
+    Ok(RawClient {
+        ctl: c,
+        data: d,
+        slot,
+    })
 }
 
 impl RawClient {
@@ -112,19 +118,33 @@ fn control_messages_describe_the_node() {
     assert_eq!(ty(&r), ctl::GET_NODEINFO);
     let ni = &r[16..];
     assert_eq!(ni[2], 1, "a CA");
-    assert_eq!(&ni[12..20], &0x0002_c903_0000_0020u64.to_be_bytes(), "node GUID");
-    assert_eq!(&ni[20..28], &0x0002_c903_0000_0021u64.to_be_bytes(), "port GUID");
+    assert_eq!(
+        &ni[12..20],
+        &0x0002_c903_0000_0020u64.to_be_bytes(),
+        "node GUID"
+    );
+    assert_eq!(
+        &ni[20..28],
+        &0x0002_c903_0000_0021u64.to_be_bytes(),
+        "port GUID"
+    );
     let r = c.ctl(ctl::GET_PORTINFO, &[0; 64]);
     assert_eq!(r[16 + 28], 1, "LocalPortNum");
     assert_eq!(r[16 + 32] & 0xf, 2, "Init: the link is up, no SM yet");
     let r = c.ctl(ctl::GET_PKEYS, &[0; 64]);
     assert_eq!(&r[16..18], &[0xff, 0xff], "P_Key 0 is the default");
     let r = c.ctl(ctl::GET_VENDOR, &[0; 24]);
-    assert_eq!(&r[16..24], &[0xc9, 0x02, 0, 0, 0x03, 0x10, 0, 0], "vendor, part (host order)");
+    assert_eq!(
+        &r[16..24],
+        &[0xc9, 0x02, 0, 0, 0x03, 0x10, 0, 0],
+        "vendor, part (host order)"
+    );
     let r = c.ctl(ctl::GET_PORT, &[0; 4]);
     assert_eq!((r[16], r[17], r[18]), (0, 0, 2), "LID 0, Init");
 
-    let e = connect(&rig.base, 70002, "nowhere", false).err().expect("unknown node refused");
+    let e = connect(&rig.base, 70002, "nowhere", false)
+        .err()
+        .expect("unknown node refused");
     assert_eq!(ty(&e), ctl::ERROR);
     // A control message with a bad magic gets an ERROR reply, not silence.
     let mut bad = ctl_msg(c.slot, ctl::GET_PORT, &[]);
@@ -144,15 +164,27 @@ fn control_messages_describe_the_node() {
 fn one_sm_per_node() {
     let rig = Rig::start("issm", NET_SMALL);
     let a = connect(&rig.base, 71001, "H1", true).expect("first SM");
-    assert_eq!(ty(&connect(&rig.base, 71002, "H1", true).err().expect("second SM refused")), ctl::ERROR);
+    assert_eq!(
+        ty(&connect(&rig.base, 71002, "H1", true)
+            .err()
+            .expect("second SM refused")),
+        ctl::ERROR
+    );
     let b = connect(&rig.base, 71003, "H1", false).expect("a diag may attach beside it");
-    assert_eq!(ty(&b.ctl(ctl::SET_ISSM, &1u32.to_le_bytes())), ctl::ERROR, "SET_ISSM refused too");
+    assert_eq!(
+        ty(&b.ctl(ctl::SET_ISSM, &1u32.to_le_bytes())),
+        ctl::ERROR,
+        "SET_ISSM refused too"
+    );
     let pi = a.ctl(ctl::GET_PORTINFO, &[0; 64]);
     assert_ne!(pi[16 + 23] & 0x02, 0, "IsSM set in the CapabilityMask");
     a.ctl(ctl::DISCONNECT, &[]);
     let pi = b.ctl(ctl::GET_PORTINFO, &[0; 64]);
     assert_eq!(pi[16 + 23] & 0x02, 0, "IsSM cleared when the SM left");
-    assert_eq!(ty(&b.ctl(ctl::SET_ISSM, &1u32.to_le_bytes())), ctl::SET_ISSM);
+    assert_eq!(
+        ty(&b.ctl(ctl::SET_ISSM, &1u32.to_le_bytes())),
+        ctl::SET_ISSM
+    );
 }
 
 #[test]
@@ -166,18 +198,29 @@ fn smps_are_answered_across_the_fabric_with_the_callers_tid() {
     assert_eq!(st, 0);
     assert_eq!((m[3], m[4] & 0x80), (0x81, 0x80), "GetResp with the D bit");
     assert_eq!(tid_of(&m), tid, "the caller's TID, all 64 bits");
-    assert_eq!(&m[64 + 12..64 + 20], &0x0002_c903_0000_0010u64.to_be_bytes());
+    assert_eq!(
+        &m[64 + 12..64 + 20],
+        &0x0002_c903_0000_0010u64.to_be_bytes()
+    );
 
     c.send(0xffff, 0, &dr_smp(1, 7, 0x11, 0, &[1], &[]));
     let (st, m) = c.recv().expect("NodeInfo of the switch");
-    assert_eq!((st, m[64 + 2], m[64 + 36]), (0, 2, 1), "a switch, reached on its port 1");
+    assert_eq!(
+        (st, m[64 + 2], m[64 + 36]),
+        (0, 2, 1),
+        "a switch, reached on its port 1"
+    );
     assert_eq!(m[6], 0, "delivered with hop pointer 0, as ibsim does");
 
     c.send(0xffff, 0, &dr_smp(1, 8, 0x10, 0, &[1, 3], &[]));
     let (st, m) = c.recv().expect("NodeDescription two hops away");
     assert_eq!(st, 0);
     assert_eq!(&m[64..66], b"H3");
-    assert_eq!(m[192 + 1], 1, "return path filled at the switch (in on port 1)");
+    assert_eq!(
+        m[192 + 1],
+        1,
+        "return path filled at the switch (in on port 1)"
+    );
     assert_eq!(tid_of(&m), 8);
     let s = rig.world().server.stats().clone();
     assert_eq!(s.client_smps, 3);
@@ -194,18 +237,30 @@ fn port_info_set_walks_the_state_machine() {
     pi[32] = 4; // Active straight from Init: refused
     c.send(0xffff, 0, &dr_smp(2, 1, 0x15, 1, &[], &pi));
     let (_, m) = c.recv().unwrap();
-    assert_eq!(u16::from_be_bytes([m[4], m[5]]) & 0x7fff, 0x001c, "invalid field");
+    assert_eq!(
+        u16::from_be_bytes([m[4], m[5]]) & 0x7fff,
+        0x001c,
+        "invalid field"
+    );
     assert_eq!(m[64 + 32] & 0xf, 2, "still Init");
     assert_eq!(&m[64 + 16..64 + 18], &[0, 0], "and nothing else changed");
     for (state, want) in [(3u8, 3u8), (4, 4)] {
         pi[32] = state;
         c.send(0xffff, 0, &dr_smp(2, 2, 0x15, 0x8000_0001, &[], &pi));
         let (_, m) = c.recv().unwrap();
-        assert_eq!(u16::from_be_bytes([m[4], m[5]]) & 0x7fff, 0, "state {state} accepted");
+        assert_eq!(
+            u16::from_be_bytes([m[4], m[5]]) & 0x7fff,
+            0,
+            "state {state} accepted"
+        );
         assert_eq!(m[64 + 32] & 0xf, want);
     }
     let r = c.ctl(ctl::GET_PORT, &[0; 4]);
-    assert_eq!((u16::from_le_bytes([r[16], r[17]]), r[18]), (5, 4), "LID 5, Active");
+    assert_eq!(
+        (u16::from_le_bytes([r[16], r[17]]), r[18]),
+        (5, 4),
+        "LID 5, Active"
+    );
 }
 
 #[test]
@@ -220,7 +275,10 @@ fn requests_nobody_answers_come_back_with_status_110() {
     assert_eq!(st, ETIMEDOUT);
     assert_eq!(tid_of(&m), 0xabc, "the original request, TID as sent");
     assert_eq!(m[3], 1, "still the request");
-    assert!(t.elapsed() >= Duration::from_millis(50), "after the timeout");
+    assert!(
+        t.elapsed() >= Duration::from_millis(50),
+        "after the timeout"
+    );
     assert_eq!(rig.world().server.stats().timeouts, 1);
     // Not routable from here at all (initial path names port 2 of a
     // one-port CA): at once.
@@ -234,7 +292,12 @@ fn requests_nobody_answers_come_back_with_status_110() {
     assert_eq!(c.recv().map(|x| x.0), Some(ETIMEDOUT));
     // A message of the wrong size is dropped and counted.
     c.data.send(&[0u8; 100]).unwrap();
-    assert!(rig.wait_for(WAIT, |w| w.server.stats().dropped.contains_key("client message not 288 bytes")));
+    assert!(rig.wait_for(WAIT, |w| {
+        w.server
+            .stats()
+            .dropped
+            .contains_key("client message not 288 bytes")
+    }));
     assert_eq!(rig.world().server.pending(), 0);
 }
 
@@ -267,18 +330,42 @@ fn the_host_command_runs_a_diag_on_the_fabric() {
             .expect("run scripts/ib-host.sh");
         (
             out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
         )
     };
     // Zero hops (the node itself) and one hop (the switch): no SM needed.
-    let (rc, out) = run(&["--sock", &rig.base, "--host", "H2", "--timeout", "20", "smpquery", "-D", "nodedesc", "0"]);
+    let (rc, out) = run(&[
+        "--sock",
+        &rig.base,
+        "--host",
+        "H2",
+        "--timeout",
+        "20",
+        "smpquery",
+        "-D",
+        "nodedesc",
+        "0",
+    ]);
     assert_eq!(rc, Some(0), "{out}");
     assert!(out.contains("H2"), "{out}");
-    let (rc, out) = run(&["--sock", &rig.base, "--timeout", "20", "smpquery", "-D", "nodedesc", "0,1"]);
+    let (rc, out) = run(&[
+        "--sock",
+        &rig.base,
+        "--timeout",
+        "20",
+        "smpquery",
+        "-D",
+        "nodedesc",
+        "0,1",
+    ]);
     assert_eq!(rc, Some(0), "{out}");
     assert!(out.contains("Sw1"), "{out}");
     // No fabric under that name: a clear error, not a hang.
     let (rc, out) = run(&["--sock", "no-such-fabric", "sminfo"]);
     assert_eq!(rc, Some(2), "{out}");
-    assert!(out.contains("no fabric is serving socket 'no-such-fabric'"), "{out}");
+    assert!(
+        out.contains("no fabric is serving socket 'no-such-fabric'"),
+        "{out}"
+    );
 }

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use sim::fabric::{Fabric, HostNode, IbsimServer, Topology};
 
-/// The preload library of Debian's libumad2sim0.
-pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+pub use sim::fabric::ibsim::UMAD2SIM;
 
 /// 1 switch and 3 CAs, as real-peers.md measured ibsim with (H1 is where
 /// the SM and the diags attach).
@@ -91,10 +90,6 @@ pub struct Rig {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     children: Vec<Child>,
-    /// Polls that found work (for the idle figure).
-    pub busy_polls: Arc<AtomicUsize>,
-    /// The fabric's time zero.
-    pub t0: Instant,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -102,30 +97,40 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 impl Rig {
     /// Builds `net` (every CA a host node) and starts serving.
     pub fn start(test: &str, net: &str) -> Rig {
+        let net = net.to_string();
+        Rig::start_with(test, move |fabric| {
+            let topo = Topology::from_netfile(&net).expect("net file");
+            let built = topo.build(fabric).expect("build");
+            built
+                .hcas
+                .iter()
+                .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
+                .collect()
+        })
+    }
+
+    /// Builds the fabric with `build` (which returns the host nodes) and
+    /// starts serving.
+    pub fn start_with(test: &str, build: impl FnOnce(&mut Fabric) -> Vec<HostNode>) -> Rig {
         let base = format!(
             "lego-{test}-{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peers").join(&base);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("peers")
+            .join(&base);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let mut fabric = Fabric::new();
-        let topo = Topology::from_netfile(net).expect("net file");
-        let built = topo.build(&mut fabric).expect("build");
-        let mut nodes = Vec::new();
-        for h in &built.hcas {
-            nodes.push(HostNode::new(&mut fabric, &h.name, h.node_guid, h.ports[0]));
-        }
+        let nodes = build(&mut fabric);
         let server = IbsimServer::bind(&base, nodes).expect("bind the ibsim sockets");
         let world = Arc::new(Mutex::new(World { fabric, server }));
         let stop = Arc::new(AtomicBool::new(false));
-        let busy = Arc::new(AtomicUsize::new(0));
         let t0 = Instant::now();
         let thread = {
             let world = world.clone();
             let stop = stop.clone();
-            let busy = busy.clone();
             std::thread::spawn(move || {
                 let mut last_work = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
@@ -137,7 +142,6 @@ impl Rig {
                         w.server.poll(&mut w.fabric, now)
                     };
                     if work > 0 {
-                        busy.fetch_add(1, Ordering::Relaxed);
                         last_work = Instant::now();
                     } else if last_work.elapsed() < Duration::from_millis(2) {
                         // In a burst (a sweep): stay close.
@@ -155,19 +159,12 @@ impl Rig {
             stop,
             thread: Some(thread),
             children: Vec::new(),
-            busy_polls: busy,
-            t0,
         }
     }
 
     /// The fabric and server, locked.
     pub fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The fabric's current time.
-    pub fn now_ns(&self) -> u64 {
-        self.t0.elapsed().as_nanos() as u64
     }
 
     fn command(&self, prog: &str, host: &str) -> Command {
@@ -185,17 +182,10 @@ impl Rig {
     /// Starts OpenSM on `host` with `extra` arguments; its log is
     /// `opensm.log` in the scratch directory. Returns its pid.
     pub fn start_opensm(&mut self, host: &str, extra: &[&str]) -> u32 {
-        let log = self.dir.join("opensm.log");
-        let _ = std::fs::remove_file(&log);
-        let child = self
-            .command("/usr/sbin/opensm", host)
-            .arg("-d2")
-            .arg("-e")
-            .arg("-f")
-            .arg(&log)
-            .arg("--dump_files_dir")
-            .arg(&self.dir)
+        let _ = std::fs::remove_file(self.dir.join("opensm.log"));
+        let child = sim::fabric::ibsim::opensm_command(&self.base, host, &self.dir)
             .args(extra)
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -247,7 +237,13 @@ impl Rig {
 
     /// Runs an infiniband-diags tool on `host` with a deadline; returns
     /// (exit success, stdout + stderr, how long it ran).
-    pub fn diag(&self, host: &str, prog: &str, args: &[&str], limit: Duration) -> (bool, String, Duration) {
+    pub fn diag(
+        &self,
+        host: &str,
+        prog: &str,
+        args: &[&str],
+        limit: Duration,
+    ) -> (bool, String, Duration) {
         let t = Instant::now();
         let mut child = self
             .command(prog, host)

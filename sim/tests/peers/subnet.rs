@@ -35,7 +35,10 @@ fn field(out: &str, name: &str) -> String {
 fn up(rig: &mut Rig) -> Duration {
     rig.start_opensm("H1", &[]);
     let Some(t) = rig.wait_subnet_up(1, UP_LIMIT) else {
-        panic!("no SUBNET UP within {UP_LIMIT:?}; log:\n{}", rig.opensm_log());
+        panic!(
+            "no SUBNET UP within {UP_LIMIT:?}; log:\n{}",
+            rig.opensm_log()
+        );
     };
     t
 }
@@ -73,20 +76,35 @@ fn opensm_brings_the_subnet_up() {
         c.flush().expect("capture written");
         c.packets()
     };
-    assert!(captured >= 2 * smps, "{captured} packets captured for {smps} SMPs");
+    assert!(
+        captured >= 2 * smps,
+        "{captured} packets captured for {smps} SMPs"
+    );
     if std::path::Path::new("/usr/bin/tshark").exists() {
         let out = std::process::Command::new("/usr/bin/tshark")
             .arg("-r")
             .arg(&pcap)
-            .args(["-Y", "infiniband.mad.mgmtclass == 0x81 && infiniband.mad.attributeid == 0x0011"])
-            .args(["-T", "fields", "-e", "infiniband.lrh.vl", "-e", "infiniband.bth.destqp"])
+            .args([
+                "-Y",
+                "infiniband.mad.mgmtclass == 0x81 && infiniband.mad.attributeid == 0x0011",
+            ])
+            .args([
+                "-T",
+                "fields",
+                "-e",
+                "infiniband.lrh.vl",
+                "-e",
+                "infiniband.bth.destqp",
+            ])
             .output()
             .expect("tshark");
         let text = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines.len() >= 6, "DR NodeInfo SMPs dissected:\n{text}");
         assert!(
-            lines.iter().all(|l| *l == "0x0f\t0x000000" || *l == "15\t0"),
+            lines
+                .iter()
+                .all(|l| *l == "0x0f\t0x000000" || *l == "15\t0"),
             "every SMP on VL15 to QP0:\n{text}"
         );
     } else {
@@ -111,7 +129,14 @@ fn diags_query_the_fabric() {
 
     let (ok, out, _) = rig.diag("H1", "/usr/sbin/ibnetdiscover", &[], DIAG_LIMIT);
     assert!(ok, "ibnetdiscover:\n{out}");
-    for want in ["Switch\t8 \"S-0002c90000000100\"", "# \"Sw1\"", "\"H1\"", "\"H2\"", "\"H3\"", "caguid=0x2c90300000030"] {
+    for want in [
+        "Switch\t8 \"S-0002c90000000100\"",
+        "# \"Sw1\"",
+        "\"H1\"",
+        "\"H2\"",
+        "\"H3\"",
+        "caguid=0x2c90300000030",
+    ] {
         assert!(out.contains(want), "ibnetdiscover shows {want:?}:\n{out}");
     }
 
@@ -121,7 +146,10 @@ fn diags_query_the_fabric() {
     assert_eq!(field(&out, "NodeType"), "Channel Adapter", "{out}");
     assert_eq!(field(&out, "DevId"), "0x1003", "{out}");
     let (ok, out, _) = rig.diag("H2", "/usr/sbin/smpquery", &["nodedesc", &h3], DIAG_LIMIT);
-    assert!(ok && out.contains("H3"), "smpquery nodedesc from H2:\n{out}");
+    assert!(
+        ok && out.contains("H3"),
+        "smpquery nodedesc from H2:\n{out}"
+    );
 
     let xmit = |out: &str| -> u64 {
         field(out, "PortXmitPkts")
@@ -133,7 +161,10 @@ fn diags_query_the_fabric() {
     let (ok, out2, _) = rig.diag("H1", "/usr/sbin/perfquery", &[&h3, "1"], DIAG_LIMIT);
     assert!(ok, "perfquery:\n{out2}");
     let (a, b) = (xmit(&out1), xmit(&out2));
-    assert!(a > 0 && b > a, "H3's PortXmitPkts grow with traffic: {a} then {b}");
+    assert!(
+        a > 0 && b > a,
+        "H3's PortXmitPkts grow with traffic: {a} then {b}"
+    );
 
     let (ok, out, _) = rig.diag("H1", "/usr/sbin/sminfo", &[], DIAG_LIMIT);
     assert!(ok, "sminfo:\n{out}");
@@ -143,18 +174,96 @@ fn diags_query_the_fabric() {
     );
 
     let src_dst = format!("{}:{}", p[1].1, p[2].1);
-    let (ok, out, _) = rig.diag("H1", "/usr/sbin/saquery", &["-p", "--src-to-dst", &src_dst], DIAG_LIMIT);
+    let (ok, out, _) = rig.diag(
+        "H1",
+        "/usr/sbin/saquery",
+        &["-p", "--src-to-dst", &src_dst],
+        DIAG_LIMIT,
+    );
     assert!(ok, "saquery -p:\n{out}");
     assert!(
         field(&out, "dlid") == p[2].1.to_string() && field(&out, "slid") == p[1].1.to_string(),
         "saquery -p returns the path H2 -> H3:\n{out}"
     );
 
-    let sw_lid = rig.world().fabric.switch(sim::fabric::SwitchId(0)).map(|s| s.lid()).unwrap_or(0);
-    let (ok, out, _) = rig.diag("H1", "/usr/sbin/ibroute", &[&sw_lid.to_string()], DIAG_LIMIT);
+    let sw_lid = rig
+        .world()
+        .fabric
+        .switch(sim::fabric::SwitchId(0))
+        .map(|s| s.lid())
+        .unwrap_or(0);
+    let (ok, out, _) = rig.diag(
+        "H1",
+        "/usr/sbin/ibroute",
+        &[&sw_lid.to_string()],
+        DIAG_LIMIT,
+    );
     assert!(ok, "ibroute:\n{out}");
     assert!(
-        out.contains(&format!("0x{:04x} 003 : (Channel Adapter portguid 0x0002c90300000031: 'H3')", p[2].1)),
+        out.contains(&format!(
+            "0x{:04x} 003 : (Channel Adapter portguid 0x0002c90300000031: 'H3')",
+            p[2].1
+        )),
         "ibroute shows the switch's LFT entry for H3:\n{out}"
+    );
+}
+
+/// The `--nodes N` fabric of cx3-emu (one 36-port switch, node i on port
+/// i+1) with the SM host on the switch's last port, as the emulator wires
+/// it; host nodes stand in for the guests' HCAs.
+#[test]
+fn opensm_on_the_nodes_topology_with_the_sm_host() {
+    if !tools_present("opensm_on_the_nodes_topology_with_the_sm_host") {
+        return;
+    }
+    let mut rig = Rig::start_with("nodes", |fabric| {
+        let built = sim::fabric::Topology::for_nodes(2)
+            .expect("topology")
+            .build(fabric)
+            .expect("build");
+        let sw = built.switches.first().map(|s| s.1);
+        let sm = sim::fabric::ibsim::attach_sm_host(
+            fabric,
+            sw,
+            None,
+            "smhost",
+            sim::fabric::ibsim::SM_HOST_GUID,
+        )
+        .expect("SM host");
+        let mut nodes = vec![sm];
+        for h in &built.hcas {
+            nodes.push(sim::fabric::HostNode::new(
+                fabric,
+                &h.name,
+                h.node_guid,
+                h.ports[0],
+            ));
+        }
+        nodes
+    });
+    rig.start_opensm("smhost", &[]);
+    assert!(
+        rig.wait_subnet_up(1, UP_LIMIT).is_some(),
+        "{}",
+        rig.opensm_log()
+    );
+    let p = ports(&rig);
+    for (name, lid, state, smlid) in &p {
+        assert_eq!(
+            (*state, *smlid),
+            (LogicalState::Active, p[0].1),
+            "{name} {lid}: {p:?}"
+        );
+    }
+    let w = rig.world();
+    let sm_port = w.server.node("smhost").expect("smhost").port;
+    let far = w.fabric.peer(sm_port).and_then(|q| w.fabric.owner(q));
+    assert_eq!(
+        far,
+        Some(sim::fabric::Owner::Switch {
+            switch: sim::fabric::SwitchId(0),
+            port: 36
+        }),
+        "the SM host takes the switch's last port"
     );
 }
