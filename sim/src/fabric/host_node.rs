@@ -602,6 +602,8 @@ impl HostNode {
             }
         } else if m.dqp == 0 {
             return Err("a GMP addressed to QP0");
+        } else {
+            rmpp_single_segment(&mut data, m.len);
         }
         if self.phys != PhysicalState::LinkUp {
             return Err("link down");
@@ -708,6 +710,9 @@ impl HostNode {
         } else if !smi && !self.owns_lid(m.dlid) {
             return Err("GMP for another LID");
         }
+        if !smi && let Some(len) = rmpp_single_length(&m.data) {
+            m.len = len;
+        }
         Ok(m)
     }
 
@@ -719,4 +724,48 @@ impl HostNode {
             self.cap_mask &= !CAP_IS_SM;
         }
     }
+}
+
+/// RMPP header fields (IBTA 13.6.2.1): in MAD bytes 24..36.
+const RMPP_ACTIVE: u8 = 0x01;
+const RMPP_FIRST: u8 = 0x02;
+const RMPP_LAST: u8 = 0x04;
+const RMPP_TYPE_DATA: u8 = 1;
+/// MAD header plus RMPP header.
+const RMPP_HDR_END: usize = 36;
+
+/// What a kernel's RMPP layer does for a one-segment transfer that a
+/// client (which, under umad2sim, has no kernel) leaves to it: a MAD with
+/// RMPP active and `len` bytes gets RMPPVersion 1, type DATA, First and
+/// Last, segment 1 and the payload length, so the receiver knows where
+/// the data ends.
+fn rmpp_single_segment(data: &mut [u8; MAD_LEN], len: usize) {
+    if data[26] & RMPP_ACTIVE == 0 || len < RMPP_HDR_END {
+        return;
+    }
+    if data[24] == 0 {
+        data[24] = 1;
+    }
+    if data[25] == 0 {
+        data[25] = RMPP_TYPE_DATA;
+    }
+    if data[25] != RMPP_TYPE_DATA {
+        return;
+    }
+    data[26] |= RMPP_FIRST | RMPP_LAST;
+    data[28..32].copy_from_slice(&1u32.to_be_bytes());
+    data[32..36].copy_from_slice(&((len - RMPP_HDR_END) as u32).to_be_bytes());
+}
+
+/// The MAD length a one-segment RMPP DATA transfer says it has.
+fn rmpp_single_length(data: &[u8; MAD_LEN]) -> Option<usize> {
+    let f = data[26];
+    if f & RMPP_ACTIVE == 0
+        || data[25] != RMPP_TYPE_DATA
+        || f & (RMPP_FIRST | RMPP_LAST) != (RMPP_FIRST | RMPP_LAST)
+    {
+        return None;
+    }
+    let pay = u32::from_be_bytes(data[32..36].try_into().ok()?) as usize;
+    Some((RMPP_HDR_END + pay).min(MAD_LEN))
 }

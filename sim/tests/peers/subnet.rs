@@ -185,6 +185,20 @@ fn diags_query_the_fabric() {
         field(&out, "dlid") == p[2].1.to_string() && field(&out, "slid") == p[1].1.to_string(),
         "saquery -p returns the path H2 -> H3:\n{out}"
     );
+    // From H2 the SA's answer crosses the fabric: still one record.
+    let (ok, out, _) = rig.diag(
+        "H2",
+        "/usr/sbin/saquery",
+        &["-p", "--src-to-dst", &src_dst],
+        DIAG_LIMIT,
+    );
+    assert!(ok, "saquery -p from H2:\n{out}");
+    assert_eq!(
+        out.matches("PathRecord dump:").count(),
+        1,
+        "one record:\n{out}"
+    );
+    assert_eq!(field(&out, "dlid"), p[2].1.to_string(), "{out}");
 
     let sw_lid = rig
         .world()
