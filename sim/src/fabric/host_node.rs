@@ -690,6 +690,9 @@ impl HostNode {
         if smi && m.hdr().mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE {
             let mut smp = Smp::parse(&m.data).map_err(|_| "short SMP")?;
             let (ptr, cnt) = (smp.hop_ptr, smp.hop_cnt);
+            if cnt >= 64 {
+                return Err("hop count above 63");
+            }
             if !smp.direction {
                 if cnt == 0 || ptr != cnt {
                     return Err("directed-route SMP not at its end here (CA, C14-9)");
@@ -768,4 +771,101 @@ fn rmpp_single_length(data: &[u8; MAD_LEN]) -> Option<usize> {
     }
     let pay = u32::from_be_bytes(data[32..36].try_into().ok()?) as usize;
     Some((RMPP_HDR_END + pay).min(MAD_LEN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    fn pair() -> (Fabric, HostNode, PortId) {
+        let mut f = Fabric::new();
+        let a = f.attach_hca_port(0x10, 1);
+        let b = f.attach_hca_port(0x20, 1);
+        f.connect(a, b).unwrap();
+        f.set_enabled(b, true).unwrap();
+        let n = HostNode::new(&mut f, "n", 0x10, a);
+        (f, n, b)
+    }
+
+    #[test]
+    fn answers_a_directed_route_node_info_from_its_neighbour() {
+        let (mut f, mut n, b) = pair();
+        assert_eq!(n.state(), LogicalState::Init, "link up, no SM");
+        let smp = Smp::dr_get(9, attr::NODE_INFO, 0, &[1]).unwrap();
+        let mut s = smp.clone();
+        s.hop_ptr = 1; // as the neighbour's SMI sends it
+        let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, 0xffff);
+        let bytes = packet::build(&h, &s.to_bytes()).unwrap();
+        assert!(f.transmit(b, Packet { bytes }, 0));
+        let m = n.receive(&mut f, 0).unwrap().unwrap();
+        let Handled::Reply(r) = n.handle(&m) else {
+            panic!("the SMA answers NodeInfo");
+        };
+        n.transmit(&mut f, 0, &r).unwrap();
+        let back = f.receive(b, 0).expect("the response crossed back");
+        let p = packet::parse_checked(&back.bytes).unwrap();
+        let resp = Smp::parse(p.payload(&back.bytes)).unwrap();
+        assert!(resp.direction && resp.hdr.method == method::GET_RESP);
+        assert_eq!(resp.hop_ptr, 1, "leaves by ReturnPath[HopCount]");
+        assert_eq!(resp.return_path[1], 1);
+        assert_eq!(&resp.data[12..20], &0x10u64.to_be_bytes());
+        assert_eq!(p.hdr.lrh.vl, 15);
+    }
+
+    #[test]
+    fn random_packets_are_refused_without_panic() {
+        let (mut f, mut n, b) = pair();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut accepted = 0;
+        for i in 0..20_000u64 {
+            let mut mad = [0u8; MAD_LEN];
+            for w in mad.chunks_mut(8) {
+                let r = rng(&mut seed).to_le_bytes();
+                w.copy_from_slice(&r[..w.len()]);
+            }
+            // Mostly plausible headers, so the checks past parsing run.
+            mad[0] = if i % 7 == 0 { 2 } else { 1 };
+            mad[1] = [0x01, 0x81, 0x04, 0x03][(i % 4) as usize];
+            mad[2] = 1;
+            let dqp = if mad[1] & 0x7f == 1 { 0 } else { 1 };
+            let mut h = packet::mad_headers(
+                if i % 3 == 0 {
+                    PERMISSIVE_LID
+                } else {
+                    (i % 5) as u16
+                },
+                1,
+                dqp,
+                0,
+                0xffff,
+            );
+            if i % 11 == 0 {
+                h.lrh.vl = 0;
+            }
+            let mut bytes = packet::build(&h, &mad).unwrap();
+            if i % 13 == 0 {
+                let k = (rng(&mut seed) as usize) % bytes.len();
+                bytes[k] ^= 0x40; // a CRC error somewhere
+            }
+            f.transmit(b, Packet { bytes }, 0);
+            while let Some(r) = n.receive(&mut f, 0) {
+                if let Ok(m) = r {
+                    accepted += 1;
+                    if let Handled::Reply(r) = n.handle(&m) {
+                        let _ = n.transmit(&mut f, 0, &r);
+                    }
+                }
+            }
+            while f.receive(b, 0).is_some() {}
+        }
+        assert!(accepted > 100, "some reached the SMA/PMA: {accepted}");
+        assert!(n.counters().rcv_errors > 100, "and many were refused");
+    }
 }

@@ -76,7 +76,16 @@ impl RawClient {
         b[12..16].copy_from_slice(&dqp.min(1).to_be_bytes());
         b[24..32].copy_from_slice(&256u64.to_be_bytes());
         b[32..].copy_from_slice(mad);
-        self.data.send(&b).unwrap();
+        let t = Instant::now();
+        loop {
+            match self.data.send(&b) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && t.elapsed() < WAIT => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("send to the server: {e}"),
+            }
+        }
     }
     /// (status, MAD) of the next message, or `None` after the wait.
     fn recv(&self) -> Option<(u32, [u8; 256])> {
@@ -368,4 +377,70 @@ fn the_host_command_runs_a_diag_on_the_fabric() {
         out.contains("no fabric is serving socket 'no-such-fabric'"),
         "{out}"
     );
+}
+
+#[test]
+fn garbage_from_clients_leaves_the_server_serving() {
+    let rig = Rig::start("garbage", NET_SMALL);
+    rig.world().server.timeout = Duration::from_millis(20);
+    let c = connect(&rig.base, 76001, "H1", false).unwrap();
+    c.data.set_nonblocking(true).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for i in 0..3000u64 {
+        let mut mad = [0u8; 256];
+        for b in mad.iter_mut() {
+            *b = next() as u8;
+        }
+        mad[0] = 1;
+        mad[1] = [0x01, 0x81, 0x04, 0x03, 0x07][(i % 5) as usize];
+        mad[2] = (i % 3) as u8;
+        let dlid = if i % 2 == 0 {
+            0xffff
+        } else {
+            (next() % 8) as u16
+        };
+        c.send(dlid, (next() % 3) as u32, &mad);
+        let mut sink = [0u8; 512];
+        while c.data.recv(&mut sink).is_ok() {}
+    }
+    // Control garbage from a socket that never connected.
+    let stray = UnixDatagram::unbound().unwrap();
+    stray
+        .connect_addr(&abstract_addr(&format!("{}:ctl", rig.base)).unwrap())
+        .unwrap();
+    for i in 0..200u64 {
+        let mut m = [0u8; CTL_LEN];
+        for b in m.iter_mut() {
+            *b = next() as u8;
+        }
+        if i % 2 == 0 {
+            m[0..4].copy_from_slice(&SIM_MAGIC.to_le_bytes());
+            m[8..12].copy_from_slice(&((i % 12) as u32).to_le_bytes());
+        }
+        let _ = stray.send(&m[..(i as usize % CTL_LEN) + 1]);
+    }
+    assert!(
+        rig.wait_for(WAIT, |w| w.server.pending() == 0),
+        "every request answered or timed out"
+    );
+    // Still serving: a plain zero-hop NodeInfo.
+    c.data.set_nonblocking(false).unwrap();
+    let mut sink = [0u8; 512];
+    c.data
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    while c.data.recv(&mut sink).is_ok() {}
+    c.data.set_read_timeout(Some(WAIT)).unwrap();
+    c.send(0xffff, 0, &dr_smp(1, 0x5151, 0x11, 0, &[], &[]));
+    let (st, m) = c.recv().expect("answered after the garbage");
+    assert_eq!((st, tid_of(&m)), (0, 0x5151));
+    let s = rig.world().server.stats().clone();
+    assert!(s.from_clients >= 3000, "{s:?}");
+    eprintln!("after 3000 random MADs: {s:?}");
 }
