@@ -195,6 +195,14 @@ impl Rig {
         pid
     }
 
+    /// Spawns `c`; the rig ends it (by pid) when it is dropped.
+    pub fn spawn(&mut self, mut c: Command) -> u32 {
+        let child = c.spawn().expect("spawn");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
     /// The OpenSM log so far.
     pub fn opensm_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("opensm.log")).unwrap_or_default()

@@ -156,3 +156,47 @@ fn unanswered_requests_come_back_timed_out() {
     assert_eq!(rig.world().server.pending(), 0, "nothing left waiting");
     eprintln!("unanswered smpquery gave up after {took:?} (LID) and {took2:?} (DR)");
 }
+
+#[test]
+fn a_second_opensm_becomes_standby() {
+    if !tools_present("a_second_opensm_becomes_standby") {
+        return;
+    }
+    let mut rig = Rig::start("standby", NET_SMALL);
+    rig.start_opensm("H1", &["-p", "10"]);
+    assert!(
+        rig.wait_subnet_up(1, LIMIT).is_some(),
+        "{}",
+        rig.opensm_log()
+    );
+    // A second SM on H2 (its own log and cache), lower priority: it finds
+    // the master through SMInfo, which only the SM clients answer.
+    let dir2 = rig.dir.join("sm2");
+    std::fs::create_dir_all(&dir2).expect("dir");
+    let mut c = sim::fabric::ibsim::opensm_command(&rig.base, "H2", &dir2);
+    c.args(["-p", "1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    rig.spawn(c);
+    let log2 = dir2.join("opensm.log");
+    let t = Instant::now();
+    let mut text = String::new();
+    while t.elapsed() < LIMIT {
+        text = std::fs::read_to_string(&log2).unwrap_or_default();
+        if text.contains("Entering STANDBY state") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        text.contains("Entering STANDBY state"),
+        "second SM log:\n{text}"
+    );
+    assert!(
+        !text.contains("SUBNET UP"),
+        "the standby does not take over:\n{text}"
+    );
+    let (ok, out, _) = rig.diag("H3", "/usr/sbin/sminfo", &[], Duration::from_secs(20));
+    assert!(ok && out.contains("SMINFO_MASTER"), "{out}");
+}
