@@ -2,7 +2,8 @@
 # Runs every test of the project on a fresh machine: installs what it needs
 # (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools, tshark, opensm,
 # infiniband-diags, libumad2sim0, ibsim-utils with apt-get
-# when root), then formatting, clippy on the host crates and on the kernel,
+# when root; a QEMU with the vfio-user client and the Linux guest, cached
+# under target/), then formatting, clippy on the host crates and on the kernel,
 # the host unit and model-backed tests, and the QEMU end-to-end tests.
 set -euo pipefail
 
@@ -20,6 +21,7 @@ ensure_qemu
 ensure_iso_tools
 ensure_tshark
 ensure_ib_peers
+ensure_vfu
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

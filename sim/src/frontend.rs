@@ -283,6 +283,9 @@ enum Backing {
     Sync,
     /// Threaded mode, own registers, arena memory.
     Threaded,
+    /// Synchronous (trapped) register semantics over a caller's host memory,
+    /// on real monotonic time, no thread: the vfio-user front end.
+    Trapped { mem: Arc<dyn HostMemory> },
     /// Threaded mode over a caller's memory and register windows; with
     /// `own_thread` false the caller polls ([`SimHca::poll`]).
     External {
@@ -295,17 +298,19 @@ enum Backing {
 
 impl SimHca {
     fn build(cfg: SimConfig, backing: Backing) -> SimHca {
-        let threaded = !matches!(backing, Backing::Sync);
+        let threaded = !matches!(backing, Backing::Sync | Backing::Trapped { .. });
+        let real_time = !matches!(backing, Backing::Sync);
         let spawn = !matches!(
             backing,
             Backing::Sync
+                | Backing::Trapped { .. }
                 | Backing::External {
                     own_thread: false,
                     ..
                 }
         );
         let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
-        let (clock, fake_clock): (Arc<dyn Clock>, _) = if threaded {
+        let (clock, fake_clock): (Arc<dyn Clock>, _) = if real_time {
             (Arc::new(MonoClock(Instant::now())), None)
         } else {
             let c = Arc::new(FakeClock::with_relax_step(cfg.relax_step));
@@ -316,6 +321,7 @@ impl SimHca {
             Backing::External {
                 mem, bar0, bar2, ..
             } => Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2),
+            Backing::Trapped { mem } => Hca::new(cfg, mem, clock.clone(), false),
             _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
         };
         let pci = hca.pci.clone();
@@ -415,6 +421,55 @@ impl SimHca {
                 own_thread: false,
             },
         )
+    }
+
+    /// A model whose registers are trapped access by access (every read and
+    /// write is a model call, as in [`SimHca::new`]) over a caller's host
+    /// memory, on real monotonic time and without a thread: the vfio-user
+    /// front end (`cx3-vfu`, [`crate::vfu`]). Set `cfg.hcr_polls` to 0 for a
+    /// driver that waits for command-completion events instead of polling
+    /// GO; a nonzero `cfg.hcr_delay` completes on [`SimHca::tick`].
+    pub fn new_trapped(cfg: SimConfig, mem: Arc<dyn HostMemory>) -> SimHca {
+        Self::build(cfg, Backing::Trapped { mem })
+    }
+
+    /// The register file of BAR `bar` (0 or 2) as its accesses reach the
+    /// model: trapped calls in synchronous and trapped mode, shared memory
+    /// otherwise.
+    pub fn registers(&self, bar: u8) -> Option<Arc<dyn RegisterBackend>> {
+        match bar {
+            0 => Some(self.inner.bar0.clone()),
+            2 => Some(self.inner.bar2.clone()),
+            _ => None,
+        }
+    }
+
+    /// A function-level reset (what vfio's device reset asks for): the
+    /// device back to power-on, the ownership semaphore released, and the
+    /// config space back at once with its power-on values (command register
+    /// and BARs cleared; the caller restores them).
+    pub fn function_reset(&self) {
+        let mut h = self.hca();
+        h.reset();
+        h.owned = false;
+        h.pci.reset(0);
+    }
+
+    /// Completes an in-flight command whose time has come (trapped mode
+    /// with a nonzero `hcr_delay`: nothing else polls it).
+    pub fn tick(&self) {
+        self.hca().try_complete();
+    }
+
+    /// Every EQ in hardware ownership as (EQN, interrupt vector from its
+    /// context, interrupts raised so far): a front end that delivers
+    /// interrupts raises the vector of every EQ whose count moved.
+    pub fn eq_interrupts(&self) -> Vec<(u32, u16, u32)> {
+        self.hca()
+            .eqs
+            .iter()
+            .map(|(n, e)| (*n, e.intr, e.interrupts))
+            .collect()
     }
 
     /// One polling pass over the shared registers (HCR GO, reset,
