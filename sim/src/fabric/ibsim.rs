@@ -721,3 +721,151 @@ pub fn opensm_command(base: &str, host: &str, dir: &std::path::Path) -> std::pro
 
 /// The umad2sim preload library of Debian's libumad2sim0.
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+
+/// What [`SmService::start`] sets up.
+#[derive(Debug, Clone)]
+pub struct SmOptions {
+    /// Socket base name (unique per run, e.g. `lego-<pid>`).
+    pub base: String,
+    /// The switch the SM host is cabled to (its last free port) ...
+    pub switch: Option<super::SwitchId>,
+    /// ... or, without a switch, the port it is cabled to.
+    pub peer: Option<super::PortId>,
+    /// Start OpenSM on the SM host (`--sm opensm`); otherwise only the
+    /// server runs (`--sm none`, or diags only).
+    pub opensm: bool,
+    /// Extra OpenSM arguments (e.g. `-s 1` to sweep every second).
+    pub opensm_args: Vec<String>,
+    /// OpenSM's log, cache and dump directory (created; e.g.
+    /// `target/fabric/opensm`).
+    pub dir: std::path::PathBuf,
+    /// Where to record the socket name for `scripts/ib-host.sh` (e.g.
+    /// [`SOCKNAME_FILE`] under the repository); removed by
+    /// [`SmService::stop`].
+    pub sockname_file: Option<std::path::PathBuf>,
+    /// The server's request timeout.
+    pub timeout: Duration,
+}
+
+/// The ibsim server of a running emulator with its SM host and, if asked
+/// for, OpenSM: one thing to start, poll and stop from a single-threaded
+/// main loop. Stopping keeps serving the control socket while OpenSM
+/// exits (its exit waits for the DISCONNECT reply), then ends it by pid.
+#[derive(Debug)]
+pub struct SmService {
+    /// The server.
+    pub server: IbsimServer,
+    opensm: Option<std::process::Child>,
+    dir: std::path::PathBuf,
+    sockname_file: Option<std::path::PathBuf>,
+}
+
+impl SmService {
+    /// Adds the SM host ("smhost") to `fabric`, binds the server for it
+    /// and `extra` host nodes, records the socket name, and starts OpenSM
+    /// if asked.
+    pub fn start(
+        fabric: &mut Fabric,
+        opts: &SmOptions,
+        extra: Vec<HostNode>,
+    ) -> Result<SmService, String> {
+        let sm = attach_sm_host(fabric, opts.switch, opts.peer, "smhost", SM_HOST_GUID)?;
+        let mut nodes = vec![sm];
+        nodes.extend(extra);
+        let mut server = IbsimServer::bind(&opts.base, nodes)
+            .map_err(|e| format!("ibsim sockets '{}': {e}", opts.base))?;
+        server.timeout = opts.timeout;
+        std::fs::create_dir_all(&opts.dir).map_err(|e| format!("{}: {e}", opts.dir.display()))?;
+        if let Some(f) = &opts.sockname_file {
+            if let Some(d) = f.parent() {
+                let _ = std::fs::create_dir_all(d);
+            }
+            std::fs::write(f, format!("{}\n", opts.base))
+                .map_err(|e| format!("{}: {e}", f.display()))?;
+        }
+        let mut svc = SmService {
+            server,
+            opensm: None,
+            dir: opts.dir.clone(),
+            sockname_file: opts.sockname_file.clone(),
+        };
+        if opts.opensm {
+            let _ = std::fs::remove_file(opts.dir.join("opensm.log"));
+            let child = opensm_command(&opts.base, "smhost", &opts.dir)
+                .args(&opts.opensm_args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("starting OpenSM (package opensm): {e}"))?;
+            svc.opensm = Some(child);
+        }
+        Ok(svc)
+    }
+
+    /// OpenSM's pid, while it runs.
+    pub fn opensm_pid(&self) -> Option<u32> {
+        self.opensm.as_ref().map(|c| c.id())
+    }
+
+    /// OpenSM's log file.
+    pub fn opensm_log(&self) -> std::path::PathBuf {
+        self.dir.join("opensm.log")
+    }
+
+    /// Serves (see [`IbsimServer::poll`]); also notices OpenSM exiting on
+    /// its own.
+    pub fn poll(&mut self, fabric: &mut Fabric, now_ns: u64) -> usize {
+        if let Some(c) = self.opensm.as_mut()
+            && let Ok(Some(_)) = c.try_wait()
+        {
+            self.opensm = None;
+        }
+        self.server.poll(fabric, now_ns)
+    }
+
+    /// Ends OpenSM (SIGTERM, serving its DISCONNECT for up to 2 s, then
+    /// SIGKILL) and removes the socket-name file and OpenSM's fake sysfs.
+    pub fn stop(&mut self, fabric: &mut Fabric, now_ns: u64) {
+        if let Some(mut c) = self.opensm.take() {
+            let pid = c.id();
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(2) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if self.server.poll(fabric, now_ns) == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+            let _ = std::fs::remove_dir_all(self.dir.join(format!("sys-{pid}")));
+        }
+        if let Some(f) = self.sockname_file.take() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+impl Drop for SmService {
+    fn drop(&mut self) {
+        // Without the fabric OpenSM cannot be served while it exits: end
+        // it at once. Call `stop` first for a clean exit.
+        if let Some(mut c) = self.opensm.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(f) = self.sockname_file.take() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}

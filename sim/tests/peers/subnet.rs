@@ -281,3 +281,97 @@ fn opensm_on_the_nodes_topology_with_the_sm_host() {
         "the SM host takes the switch's last port"
     );
 }
+
+/// What cx3-emu's single-threaded loop would do: the service started on
+/// the `--nodes 2` fabric, polled in this thread until every port is
+/// Active, then stopped (OpenSM ended, the socket-name file gone).
+#[test]
+fn sm_service_in_a_single_threaded_loop() {
+    if !tools_present("sm_service_in_a_single_threaded_loop") {
+        return;
+    }
+    use sim::fabric::ibsim::{SmOptions, SmService};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("peers")
+        .join(format!("svc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut fabric = sim::fabric::Fabric::new();
+    let built = sim::fabric::Topology::for_nodes(2)
+        .expect("topology")
+        .build(&mut fabric)
+        .expect("build");
+    let guests: Vec<_> = built
+        .hcas
+        .iter()
+        .map(|h| sim::fabric::HostNode::new(&mut fabric, &h.name, h.node_guid, h.ports[0]))
+        .collect();
+    let opts = SmOptions {
+        base: format!("lego-svc-{}", std::process::id()),
+        switch: built.switches.first().map(|s| s.1),
+        peer: None,
+        opensm: true,
+        opensm_args: vec![],
+        dir: dir.join("opensm"),
+        sockname_file: Some(dir.join("ibsim-sockname")),
+        timeout: Duration::from_millis(200),
+    };
+    let mut svc = SmService::start(&mut fabric, &opts, guests).expect("start");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("ibsim-sockname"))
+            .unwrap_or_default()
+            .trim(),
+        opts.base
+    );
+    let pid = svc.opensm_pid().expect("OpenSM runs");
+    let t0 = std::time::Instant::now();
+    let mut all_active = false;
+    while t0.elapsed() < UP_LIMIT {
+        let now = t0.elapsed().as_nanos() as u64;
+        fabric.advance(now);
+        if svc.poll(&mut fabric, now) == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if svc
+            .server
+            .nodes()
+            .iter()
+            .all(|n| n.state() == LogicalState::Active)
+        {
+            all_active = true;
+            break;
+        }
+    }
+    assert!(
+        all_active,
+        "every port Active: {:?}\n{}",
+        svc.server
+            .nodes()
+            .iter()
+            .map(|n| (n.name.clone(), n.state()))
+            .collect::<Vec<_>>(),
+        std::fs::read_to_string(svc.opensm_log()).unwrap_or_default()
+    );
+    eprintln!(
+        "smhost + 2 nodes Active {:?} after the service started",
+        t0.elapsed()
+    );
+    let now = t0.elapsed().as_nanos() as u64;
+    svc.stop(&mut fabric, now);
+    assert!(svc.opensm_pid().is_none());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "OpenSM ended"
+    );
+    assert!(
+        !dir.join("ibsim-sockname").exists(),
+        "socket-name file removed"
+    );
+    assert!(
+        svc.server.clients().is_empty(),
+        "OpenSM said DISCONNECT and got its reply"
+    );
+    drop(svc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
