@@ -318,7 +318,14 @@ impl IbsimServer {
             }
         }
         let now = Instant::now();
-        while let Some(k) = self.pending.iter().position(|p| p.deadline <= now) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            if self.pending[k].deadline > now {
+                k += 1;
+                continue;
+            }
+            // (A bounce to a client that is gone drops its other pending
+            // requests; the bound check above copes.)
             let p = self.pending.swap_remove(k);
             self.stats.timeouts += 1;
             self.bounce_pending(p);
