@@ -127,6 +127,18 @@ fn diags_query_the_fabric() {
     let p = ports(&rig);
     let h3 = p[2].1.to_string();
 
+    let (ok, out, _) = rig.diag("H2", "/usr/sbin/ibstat", &[], DIAG_LIMIT);
+    assert!(ok, "ibstat:\n{out}");
+    for want in [
+        "State: Active".to_string(),
+        "Physical state: LinkUp".to_string(),
+        format!("Base lid: {}", p[1].1),
+        format!("SM lid: {}", p[0].1),
+        "Port GUID: 0x0002c90300000021".to_string(),
+    ] {
+        assert!(out.contains(&want), "ibstat on H2 shows {want:?}:\n{out}");
+    }
+
     let (ok, out, _) = rig.diag("H1", "/usr/sbin/ibnetdiscover", &[], DIAG_LIMIT);
     assert!(ok, "ibnetdiscover:\n{out}");
     for want in [
