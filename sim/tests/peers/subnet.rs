@@ -218,6 +218,12 @@ fn diags_query_the_fabric() {
         .switch(sim::fabric::SwitchId(0))
         .map(|s| s.lid())
         .unwrap_or(0);
+    // The switch's PMA, port 3 (H3's cable), extended counters too.
+    let sw = sw_lid.to_string();
+    let (ok, out, _) = rig.diag("H1", "/usr/sbin/perfquery", &["-x", &sw, "3"], DIAG_LIMIT);
+    assert!(ok, "perfquery -x of the switch:\n{out}");
+    let pkts: u64 = field(&out, "PortXmitPkts").parse().unwrap_or(0);
+    assert!(pkts > 0, "switch port 3 sent packets to H3:\n{out}");
     let (ok, out, _) = rig.diag(
         "H1",
         "/usr/sbin/ibroute",
