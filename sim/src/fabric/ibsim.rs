@@ -876,3 +876,55 @@ impl Drop for SmService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_layout_golden() {
+        // As umad2sim writes a DR SubnGet: dlid 0xffff, slid 0xffff, QP0,
+        // length 256 (real-peers.md section 2).
+        let mut data = [0u8; MAD_LEN];
+        data[0] = 1;
+        data[1] = 0x81;
+        let m = Mad {
+            dlid: 0xffff,
+            slid: 0xffff,
+            dqp: 0,
+            sqp: 1,
+            sl: 0,
+            pkey: 0xffff,
+            len: 120,
+            data,
+        };
+        let b = encode_request(&m, ETIMEDOUT);
+        assert_eq!(&b[0..8], &[0xff, 0xff, 0, 0, 0xff, 0xff, 0, 0]);
+        assert_eq!(&b[12..16], &[0, 0, 0, 1], "sqp big-endian");
+        assert_eq!(&b[16..20], &[0, 0, 0, 110], "status big-endian");
+        assert_eq!(&b[24..32], &[0, 0, 0, 0, 0, 0, 0, 120], "length big-endian");
+        assert_eq!(b[33], 0x81);
+        let (back, st) = decode_request(&b);
+        assert_eq!((back, st), (m, ETIMEDOUT));
+        let mut z = b;
+        z[24..32].fill(0);
+        assert_eq!(
+            decode_request(&z).0.len,
+            MAD_LEN,
+            "length 0 reads as a whole MAD"
+        );
+        z[24..32].copy_from_slice(&1000u64.to_be_bytes());
+        assert_eq!(
+            decode_request(&z).0.len,
+            MAD_LEN,
+            "and so does one past 256"
+        );
+    }
+
+    #[test]
+    fn service_types_are_send() {
+        fn send<T: Send>() {}
+        send::<IbsimServer>();
+        send::<SmService>();
+    }
+}
