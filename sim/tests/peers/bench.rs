@@ -150,3 +150,35 @@ fn subnet_up_time_beside_ibsim() {
         b - a
     );
 }
+
+/// What an idle server costs an emulator loop per poll (no clients, no
+/// packets): 11 non-blocking receives and a look at each host node.
+#[test]
+#[ignore = "benchmark: prints figures"]
+fn idle_poll_cost() {
+    use sim::fabric::{Fabric, HostNode, IbsimServer, Topology};
+    let mut fabric = Fabric::new();
+    let built = Topology::from_netfile(NET_SMALL)
+        .expect("net")
+        .build(&mut fabric)
+        .expect("build");
+    let nodes = built
+        .hcas
+        .iter()
+        .map(|h| HostNode::new(&mut fabric, &h.name, h.node_guid, h.ports[0]))
+        .collect();
+    let mut s =
+        IbsimServer::bind(&format!("lego-idle-{}", std::process::id()), nodes).expect("bind");
+    let n = 200_000u32;
+    let t = Instant::now();
+    let mut work = 0;
+    for i in 0..n {
+        work += s.poll(&mut fabric, u64::from(i));
+    }
+    let el = t.elapsed();
+    assert_eq!(work, 0);
+    eprintln!(
+        "idle poll: {:.0} ns per poll ({n} polls in {el:?}; 1 switch, 3 host nodes, no clients)",
+        el.as_nanos() as f64 / f64::from(n)
+    );
+}
