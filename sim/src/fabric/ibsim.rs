@@ -729,6 +729,23 @@ pub fn opensm_command(base: &str, host: &str, dir: &std::path::Path) -> std::pro
 /// The umad2sim preload library of Debian's libumad2sim0.
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 
+/// Host nodes for the CAs of a topology that no guest drives: HCA `i`
+/// of `built` for `i >= guests` (a net file naming more CAs than
+/// `--nodes`), each on its port 1, named as in the file so `SIM_HOST`
+/// can name it. Pass them to [`SmService::start`] as `extra`.
+pub fn host_nodes_beyond(
+    fabric: &mut Fabric,
+    built: &super::Built,
+    guests: usize,
+) -> Vec<HostNode> {
+    built
+        .hcas
+        .iter()
+        .skip(guests)
+        .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
+        .collect()
+}
+
 /// What [`SmService::start`] sets up.
 #[derive(Debug, Clone)]
 pub struct SmOptions {
@@ -919,6 +936,24 @@ mod tests {
             MAD_LEN,
             "and so does one past 256"
         );
+    }
+
+    #[test]
+    fn spare_cas_of_a_topology_become_host_nodes() {
+        let mut f = Fabric::new();
+        let built = super::super::Topology::for_nodes(3)
+            .unwrap()
+            .build(&mut f)
+            .unwrap();
+        let spare = host_nodes_beyond(&mut f, &built, 2);
+        assert_eq!(spare.len(), 1);
+        assert_eq!(spare[0].name, "node2");
+        assert_eq!(spare[0].port, built.hcas[2].ports[0]);
+        assert!(
+            f.link_up(spare[0].port),
+            "enabled, and the switch end is up"
+        );
+        assert!(host_nodes_beyond(&mut f, &built, 3).is_empty());
     }
 
     #[test]
