@@ -47,6 +47,15 @@ pub const IB_PM_EXT_WIDTH_NOIETF_SUP: u16 = 1 << 10;
 /// ... PortXmitWait is counted (`IB_PM_PC_XMIT_WAIT_SUP`).
 pub const IB_PM_PC_XMIT_WAIT_SUP: u16 = 1 << 12;
 
+/// The attribute data zero-padded to 192 bytes (the most a PMA attribute
+/// holds), so a short slice from a caller reads as zeros, never panics.
+fn pad(d: &[u8]) -> [u8; 192] {
+    let mut b = [0u8; 192];
+    let n = d.len().min(192);
+    b[..n].copy_from_slice(&d[..n]);
+    b
+}
+
 fn be16(d: &[u8], o: usize) -> u16 {
     u16::from_be_bytes([d[o], d[o + 1]])
 }
@@ -152,6 +161,7 @@ impl Display for PortId {
 /// libibmad `mad_dump_perfcounters`: PortCounters (`d` is the attribute
 /// data, MAD bytes 64 on).
 pub fn dump_perfcounters(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
+    let d = &pad(d);
     dump_field(out, "PortSelect", d[1])?;
     dump_field(out, "CounterSelect", Hex(be16(d, 2).into(), 2))?;
     dump_field(out, "SymbolErrorCounter", be16(d, 4))?;
@@ -177,6 +187,7 @@ pub fn dump_perfcounters(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
 /// perfquery's extended dump: PortCountersExtended, the unicast/multicast
 /// counters only when the PMA says it has them.
 pub fn dump_perfcounters_ext(out: &mut dyn Write, d: &[u8], cap_mask: u16) -> fmt::Result {
+    let d = &pad(d);
     dump_field(out, "PortSelect", d[1])?;
     dump_field(out, "CounterSelect", Hex(be16(d, 2).into(), 2))?;
     dump_field(out, "PortXmitData", be64(d, 8))?;
@@ -204,6 +215,7 @@ fn node_type_str(t: u8) -> String {
 
 /// libibmad `mad_dump_nodeinfo` (`d`: the 64 bytes of SMP data).
 pub fn dump_nodeinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
+    let d = &pad(d);
     dump_field(out, "BaseVers", d[0])?;
     dump_field(out, "ClassVers", d[1])?;
     dump_field(out, "NodeType", node_type_str(d[2]))?;
@@ -312,6 +324,7 @@ fn vl_cap(v: u8) -> String {
 /// state, width, speed, MTU, VLs, violations, timers); the "enabled" and
 /// "supported" sets print as numbers.
 pub fn dump_portinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
+    let d = &pad(d);
     dump_field(out, "Mkey", Hex(be64(d, 0), 8))?;
     dump_field(out, "GidPrefix", Hex(be64(d, 8), 8))?;
     dump_field(out, "Lid", be16(d, 16))?;
@@ -363,6 +376,7 @@ pub fn dump_portinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
 
 /// libibmad `mad_dump_switchinfo`.
 pub fn dump_switchinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
+    let d = &pad(d);
     dump_field(out, "LinearFdbCap", be16(d, 0))?;
     dump_field(out, "RandomFdbCap", be16(d, 2))?;
     dump_field(out, "McastFdbCap", be16(d, 4))?;
@@ -397,6 +411,7 @@ pub fn sm_state_str(s: u8) -> &'static str {
 /// sminfo's one line: `sminfo: sm lid 1 sm guid 0x..., activity count 5
 /// priority 0 state 3 SMINFO_MASTER`.
 pub fn print_sminfo(out: &mut dyn Write, sm_lid: u16, d: &[u8]) -> fmt::Result {
+    let d = &pad(d);
     let state = d[20] & 0xf;
     writeln!(
         out,

@@ -421,7 +421,10 @@ impl Params {
                     None => (long, None),
                 }
             } else if a.len() > 2 {
-                (&a[1..2], Some(&a[2..]))
+                match (a.get(1..2), a.get(2..)) {
+                    (Some(k), Some(v)) => (k, Some(v)),
+                    _ => return Err(ParseError::UnknownOption(String::from(a))),
+                }
             } else {
                 (&a[1..], None)
             };

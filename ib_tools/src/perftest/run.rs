@@ -600,7 +600,7 @@ fn serve_size(
                 if p.check && seq < iters {
                     check_slot(res, id % res.slots, size, seq)?;
                 }
-                post_recvs(env, res, TestKind::Bw, id..id + 1)?;
+                post_recvs(env, res, TestKind::Bw, id..id.saturating_add(1))?;
             }
             Ok(())
         }
@@ -815,11 +815,15 @@ fn drive_size(
                 let slots = res.slots;
                 let mut upto = done;
                 poll(env, cq, 1, "a send completion", |w, t| {
-                    let last = w.wr_id as usize;
+                    // wr_id is the index of the signalled message; one
+                    // from nowhere (beyond the run) cannot move us past it.
+                    let last = usize::try_from(w.wr_id)
+                        .unwrap_or(usize::MAX)
+                        .min(iters - 1);
                     for c in completed.iter_mut().take(last + 1).skip(upto) {
                         *c = t;
                     }
-                    upto = last + 1;
+                    upto = upto.max(last + 1);
                     Ok(())
                 })?;
                 if check_read {
