@@ -2,8 +2,9 @@
 //! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
 //! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
 //! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]); the subnet manager, SA and the ibsim server protocol are
-//! not here (yet). Packet formats are in [`crate::packet`].
+//! ([`faults`]), an embedded subnet manager ([`sm`]) and its SA ([`sa`]);
+//! the ibsim server protocol is not here (yet). Packet formats are in
+//! [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!
@@ -35,6 +36,10 @@
 //!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
 //!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
 //!   front end that wants them on time calls `advance(now)` each step.
+//! * The embedded SM ([`Fabric::add_sm`]) sits on a port of its own, like
+//!   any fabric-modelled node, and is polled from [`Fabric::advance`] (so
+//!   whoever steps the fabric drives it); its SMPs and SA answers are
+//!   packets on the wire like everyone else's.
 //! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
 //!   (or out of a port a rule names); the capture records what crosses
 //!   each cable after the faults (a dropped packet never crossed).
@@ -44,11 +49,14 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod sa;
+pub mod sm;
 pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use sm::{SmConfig, SubnetManager};
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
 
@@ -215,6 +223,7 @@ pub struct Fabric {
     events: Vec<(u64, Event)>,
     next_link: u64,
     stats: FabricStats,
+    sm: Option<Box<SubnetManager>>,
 }
 
 /// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
@@ -261,6 +270,86 @@ impl Fabric {
         }
         self.switches.push((sw, ports));
         id
+    }
+
+    /// Adds the embedded subnet manager on a node of its own (one port,
+    /// enabled, uncabled; node GUID `cfg.node_guid`) and returns its port.
+    /// It replaces an SM added before.
+    pub fn add_sm(&mut self, cfg: SmConfig) -> PortId {
+        let p = self.attach_hca_port(cfg.node_guid, 1);
+        self.set_port_name(p, "sm/1");
+        let _ = self.set_enabled(p, true);
+        self.sm = Some(Box::new(SubnetManager::new(cfg, p)));
+        p
+    }
+
+    /// [`Fabric::add_sm`] with the SM's port cabled to port `port` of
+    /// switch `sw` (like the SM inside a managed switch).
+    pub fn add_sm_on_switch(
+        &mut self,
+        cfg: SmConfig,
+        sw: SwitchId,
+        port: u8,
+    ) -> Result<PortId, FabricError> {
+        let q = self
+            .switch_port(sw, port)
+            .ok_or(FabricError::NoSuchPort(PortId(u32::MAX)))?;
+        if self.peer(q).is_some() {
+            return Err(FabricError::AlreadyCabled(q));
+        }
+        let p = self.add_sm(cfg);
+        self.connect(p, q)?;
+        Ok(p)
+    }
+
+    /// The embedded SM, if there is one.
+    pub fn sm(&self) -> Option<&SubnetManager> {
+        self.sm.as_deref()
+    }
+
+    /// The embedded SM, to change.
+    pub fn sm_mut(&mut self) -> Option<&mut SubnetManager> {
+        self.sm.as_deref_mut()
+    }
+
+    /// Restarts the embedded SM: it forgets everything
+    /// ([`SubnetManager::restarted`]) and sweeps again.
+    pub fn restart_sm(&mut self) {
+        if let Some(sm) = self.sm.as_mut() {
+            **sm = sm.restarted();
+        }
+    }
+
+    /// Removes the embedded SM (its port stays, dark to SMPs).
+    pub fn remove_sm(&mut self) -> Option<SubnetManager> {
+        self.sm.take().map(|b| *b)
+    }
+
+    fn poll_sm(&mut self, now_ns: u64) -> bool {
+        let Some(mut sm) = self.sm.take() else {
+            return false;
+        };
+        let did = sm.poll(self, now_ns);
+        if self.sm.is_none() {
+            self.sm = Some(sm);
+        }
+        did
+    }
+
+    /// For a node the fabric models itself (the SM): the next packet due at
+    /// `p`, without advancing the fabric.
+    pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        let q = &mut self.ports.get_mut(&p)?.inbound;
+        if q.front().is_some_and(|f| f.due <= now_ns) {
+            q.pop_front().map(|f| f.pkt)
+        } else {
+            None
+        }
+    }
+
+    /// For a node the fabric models itself: sends without advancing.
+    pub(crate) fn send_from(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
+        self.send(p, pkt, now_ns, 0)
     }
 
     /// The switch `id`.
@@ -503,11 +592,13 @@ impl Fabric {
             .values()
             .filter_map(|fp| fp.inbound.front().map(|f| f.due))
             .chain(self.events.first().map(|(t, _)| *t))
+            .chain(self.sm.as_ref().and_then(|s| s.next_due()))
             .min()
     }
 
-    /// Brings the fabric to time `now_ns`: scheduled cable changes happen
-    /// and switches process the packets due by then (bounded by
+    /// Brings the fabric to time `now_ns`: scheduled cable changes happen,
+    /// the embedded SM is polled (before and after the switches), and
+    /// switches process the packets due by then (bounded by
     /// [`MAX_SWITCH_WORK`] per call).
     pub fn advance(&mut self, now_ns: u64) {
         while self.events.first().is_some_and(|(t, _)| *t <= now_ns) {
@@ -517,6 +608,12 @@ impl Fabric {
                 Event::Connect(a, b) => self.connect(a, b),
             };
         }
+        self.poll_sm(now_ns);
+        self.switch_work_until(now_ns);
+        self.poll_sm(now_ns);
+    }
+
+    fn switch_work_until(&mut self, now_ns: u64) {
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
             let Some(&sp) = self.switch_work.front() else {

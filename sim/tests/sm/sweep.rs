@@ -1,0 +1,280 @@
+//! Sweeps: discovery, LIDs, LFTs, Armed/Active, re-sweeps, restarts.
+
+use sim::fabric::sm::sm_state;
+use sim::packet::{self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, method, mgmt_class};
+
+use crate::net::{Net, SM_GUID};
+
+const SEC: u64 = 1_000_000_000;
+
+fn up(n: usize) -> Net {
+    let mut net = Net::star(n);
+    assert!(
+        net.run_until(5 * SEC, |n| n.sm_master()),
+        "SUBNET UP: {:#?}",
+        net.f.sm().map(|s| s.log())
+    );
+    net
+}
+
+#[test]
+fn two_cas_come_up_active_with_distinct_lids_and_routes() {
+    let mut net = up(2);
+    let sm = net.f.sm().unwrap();
+    let st = sm.stats().clone();
+    println!(
+        "embedded SM, 1 switch + 2 CAs: first heavy sweep {} SMPs in {} µs model time",
+        st.smps_last_heavy,
+        st.last_heavy_ns / 1000
+    );
+    for l in sm.log() {
+        println!("  {l}");
+    }
+    let sm_lid = sm.lid();
+    assert_ne!(sm_lid, 0);
+    assert_eq!(sm.sm_state(), sm_state::MASTER);
+    let (a, b) = (&net.cas[0], &net.cas[1]);
+    assert_eq!((a.state, b.state), (4, 4), "both CA ports Active");
+    assert!(a.lid != 0 && b.lid != 0 && a.lid != b.lid && a.lid != sm_lid && b.lid != sm_lid);
+    assert_eq!((a.sm_lid, b.sm_lid), (sm_lid, sm_lid));
+    assert_eq!(a.prefix, 0xfe80_0000_0000_0000);
+    assert_eq!(a.subnet_timeout, 18);
+    assert_eq!(
+        a.nmtu, 4,
+        "NeighborMTU: the smaller MTUCap of the link (2048)"
+    );
+    assert_eq!(sm.lid_of(a.port_guid()), Some(a.lid));
+    let sw = net.f.switch(net.sw).unwrap();
+    assert_ne!(sw.lid(), 0);
+    assert!(![a.lid, b.lid, sm_lid].contains(&sw.lid()));
+    // The LFT as the SM wrote it through SMPs.
+    assert_eq!(sw.lft(a.lid), 1);
+    assert_eq!(sw.lft(b.lid), 2);
+    assert_eq!(sw.lft(sm_lid), 3);
+    assert_eq!(sw.lft(sw.lid()), 0);
+    assert!(sw.lft_top() >= a.lid.max(b.lid).max(sm_lid));
+    for p in 1..=3 {
+        assert_eq!(
+            sw.port(p).unwrap().state,
+            sim::port::LogicalState::Active,
+            "switch port {p}"
+        );
+    }
+    assert_eq!(sw.port(4).unwrap().state, sim::port::LogicalState::Down);
+    // Every SMP crossed a cable: the capture holds them and their answers.
+    let captured = net.f.capture_mut().unwrap().packets();
+    assert!(
+        captured >= 2 * st.smps_sent,
+        "captured {captured} < 2 x {} SMPs",
+        st.smps_sent
+    );
+    // LID routing works: a GMP from CA 0 reaches CA 1.
+    let mut mad = [0u8; MAD_LEN];
+    MadHdr {
+        base_version: 1,
+        mgmt_class: 0x09,
+        class_version: 1,
+        method: method::GET,
+        tid: 77,
+        ..MadHdr::default()
+    }
+    .write(&mut mad);
+    let dlid = net.cas[1].lid;
+    assert!(net.send_gmp(0, dlid, &mad));
+    net.run_for(10_000);
+    let got = net.take_mads(1);
+    assert_eq!(got.len(), 1, "CA 1 got the GMP by LID");
+    assert_eq!(got[0].0.hdr.lrh.slid, net.cas[0].lid);
+}
+
+#[test]
+fn a_ca_that_never_answers_is_reported_and_skipped() {
+    let mut net = Net::star(3);
+    net.cas[1].mute = true;
+    assert!(
+        net.run_until(10 * SEC, |n| n.sm_master()),
+        "the sweep ended"
+    );
+    let sm = net.f.sm().unwrap();
+    assert_eq!((net.cas[0].state, net.cas[2].state), (4, 4));
+    assert_eq!(net.cas[1].state, 2, "the mute CA stays Init");
+    assert_eq!(net.cas[1].smps, 4, "NodeInfo tried 1 + 3 times");
+    assert!(
+        sm.log()
+            .iter()
+            .any(|l| l.contains("no answer") && l.contains("[1, 2]")),
+        "{:#?}",
+        sm.log()
+    );
+    assert_eq!(sm.subnet().len(), 4, "SM, switch, 2 CAs");
+    // Its switch port is left in Init (no one to talk to).
+    let sw = net.f.switch(net.sw).unwrap();
+    assert_eq!(sw.port(2).unwrap().state, sim::port::LogicalState::Init);
+    // The SM tries again on a later sweep; when the CA speaks up it joins.
+    net.cas[1].mute = false;
+    assert!(
+        net.run_until(30 * SEC, |n| n.cas[1].state == 4),
+        "{:#?}",
+        net.f.sm().unwrap().log()
+    );
+    let lids: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
+    assert!(lids[1] != 0 && lids[1] != lids[0] && lids[1] != lids[2]);
+}
+
+#[test]
+fn cable_pulled_and_reinserted_comes_back_active_with_its_lid() {
+    let mut net = up(2);
+    let lid = net.cas[0].lid;
+    let sweeps = net.f.sm().unwrap().stats().heavy_sweeps;
+    let p = net.cas[0].port;
+    let now = net.now;
+    net.f
+        .schedule_unplug(p, now + SEC, Some(now + 2 * SEC))
+        .unwrap();
+    assert!(net.run_until(3 * SEC, |n| n.cas[0].state == 1 && n.now > now + SEC));
+    assert_eq!(net.cas[0].lid, lid, "the port keeps its LID while down");
+    assert!(
+        net.run_until(30 * SEC, |n| n.cas[0].state == 4 && n.sm_master()),
+        "{:#?}",
+        net.f.sm().unwrap().log()
+    );
+    assert_eq!(net.cas[0].lid, lid, "same LID after the cable is back");
+    let sm = net.f.sm().unwrap();
+    assert!(
+        sm.stats().heavy_sweeps > sweeps,
+        "a heavy sweep followed the change"
+    );
+    assert!(sm.log().iter().any(|l| l.contains("port state change")));
+    println!(
+        "light sweep {} SMPs; heavy re-sweep {} SMPs",
+        sm.stats().smps_last_light,
+        sm.stats().smps_last_heavy
+    );
+    // The re-sweep wrote no LFT block (nothing moved).
+    let lft_writes = sm.log().iter().filter(|l| l.contains("LFT blocks")).count();
+    assert_eq!(lft_writes, 1, "only the first sweep programs the LFT");
+}
+
+#[test]
+fn sm_restart_keeps_every_lid() {
+    let mut net = up(3);
+    let before: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
+    let sm_lid = net.f.sm().unwrap().lid();
+    let sw_lid = net.f.switch(net.sw).unwrap().lid();
+    net.f.restart_sm();
+    assert!(
+        net.f.sm().unwrap().lid_map().is_empty(),
+        "a new SM knows nothing"
+    );
+    assert!(net.run_until(5 * SEC, |n| n.sm_master()));
+    let sm = net.f.sm().unwrap();
+    let after: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
+    assert_eq!(before, after);
+    assert_eq!(sm.lid(), sm_lid);
+    assert_eq!(net.f.switch(net.sw).unwrap().lid(), sw_lid);
+    assert!(net.cas.iter().all(|c| c.state == 4));
+    println!(
+        "restarted SM: heavy sweep {} SMPs (all LFT blocks written again)",
+        sm.stats().smps_last_heavy
+    );
+}
+
+#[test]
+fn light_sweeps_run_on_the_model_clock_and_cost_one_smp_per_switch() {
+    let mut net = up(2);
+    let st0 = net.f.sm().unwrap().stats().clone();
+    net.run_for(35 * SEC);
+    let st = net.f.sm().unwrap().stats().clone();
+    assert_eq!(st.heavy_sweeps, st0.heavy_sweeps, "nothing changed");
+    assert_eq!(st.light_sweeps - st0.light_sweeps, 3, "every 10 s");
+    assert_eq!(st.smps_last_light, 1, "one SwitchInfo");
+}
+
+#[test]
+fn trap_128_starts_a_heavy_sweep_at_once_and_is_repressed() {
+    let mut net = up(2);
+    let sweeps = net.f.sm().unwrap().stats().heavy_sweeps;
+    let sm_lid = net.f.sm().unwrap().lid();
+    let mut smp = Smp::lid_routed(0x4242, method::TRAP, 0x0002, 0);
+    smp.data[0] = 0x80 | 1; // generic, urgent
+    smp.data[4..6].copy_from_slice(&128u16.to_be_bytes());
+    let issuer = net.cas[0].lid;
+    smp.data[6..8].copy_from_slice(&issuer.to_be_bytes());
+    let h = packet::mad_headers(sm_lid, issuer, 0, 0, 0xffff);
+    let bytes = packet::build(&h, &smp.to_bytes()).unwrap();
+    let p = net.cas[0].port;
+    assert!(net.f.transmit(p, sim::fabric::Packet { bytes }, net.now));
+    assert!(
+        net.run_until(SEC, |n| n.f.sm().unwrap().stats().heavy_sweeps > sweeps
+            && n.sm_master())
+    );
+    assert!(net.now < 11 * SEC, "not the periodic sweep");
+    let got = net.take_mads(0);
+    let rep = got
+        .iter()
+        .filter_map(|(_, m)| Smp::parse(m).ok())
+        .find(|s| s.hdr.method == method::TRAP_REPRESS)
+        .expect("TrapRepress");
+    assert_eq!(rep.hdr.tid, 0x4242);
+    assert_eq!(net.f.sm().unwrap().stats().traps, 1);
+}
+
+#[test]
+fn sminfo_and_the_sm_nodes_sma_answer_directed_route() {
+    let mut net = up(2);
+    let sm_port_on_switch = 3u8;
+    let ask = |net: &mut Net, attr_id: u16, tid: u64| {
+        let mut smp = Smp::dr_get(tid, attr_id, 0, &[1, sm_port_on_switch]).unwrap();
+        smp.hop_ptr = 1;
+        let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, 0xffff);
+        let bytes = packet::build(&h, &smp.to_bytes()).unwrap();
+        let p = net.cas[0].port;
+        net.f.transmit(p, sim::fabric::Packet { bytes }, net.now);
+        net.run_for(10_000);
+        net.take_mads(0)
+            .into_iter()
+            .filter_map(|(_, m)| Smp::parse(&m).ok())
+            .find(|s| s.hdr.tid == tid)
+            .expect("an answer")
+    };
+    let r = ask(&mut net, attr::SM_INFO, 1);
+    assert_eq!(r.hdr.status, 0);
+    assert!(r.direction);
+    assert_eq!(r.hdr.method, method::GET_RESP);
+    assert_eq!(
+        &r.data[0..8],
+        &(SM_GUID + 1).to_be_bytes(),
+        "SMInfo GUID: the SM's port GUID"
+    );
+    assert_eq!(r.data[20] & 0xf, sm_state::MASTER);
+    assert_eq!(r.data[20] >> 4, 15, "priority");
+    let r = ask(&mut net, attr::NODE_INFO, 2);
+    assert_eq!(r.data[2], 1, "a CA");
+    assert_eq!(&r.data[12..20], &SM_GUID.to_be_bytes());
+    let r = ask(&mut net, attr::PORT_INFO, 3);
+    let sm_lid = net.f.sm().unwrap().lid();
+    assert_eq!(&r.data[16..18], &sm_lid.to_be_bytes());
+    assert_eq!(r.data[32] & 0xf, 4, "Active");
+    assert_eq!(r.data[23] & 0x02, 0x02, "CapabilityMask IsSM");
+    let r = ask(&mut net, 0x0099, 4);
+    assert_eq!(r.hdr.status, packet::mad_status::ATTR_UNSUPPORTED);
+    // A GMP of a class the SM's node does not serve: "bad version/class".
+    let mut mad = [0u8; MAD_LEN];
+    MadHdr {
+        base_version: 1,
+        mgmt_class: mgmt_class::CM,
+        class_version: 2,
+        method: method::GET,
+        tid: 9,
+        ..MadHdr::default()
+    }
+    .write(&mut mad);
+    assert!(net.send_gmp(0, sm_lid, &mad));
+    net.run_for(10_000);
+    let got = net.take_mads(0);
+    let h = MadHdr::parse(&got[0].1).unwrap();
+    assert_eq!(
+        (h.method, h.status, h.tid),
+        (method::GET_RESP, packet::mad_status::BAD_VERSION, 9)
+    );
+}
