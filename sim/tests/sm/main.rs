@@ -5,5 +5,6 @@
 
 mod ca;
 mod net;
+mod sa;
 
 mod sweep;

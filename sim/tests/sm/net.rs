@@ -1,6 +1,6 @@
 //! A star: one switch, `n` test CAs on ports 1..=n, the SM on port n+1.
 
-use sim::fabric::{Capture, Fabric, Packet, SmConfig, SwitchId, Topology};
+use sim::fabric::{Capture, Fabric, Packet, PortId, SmConfig, SwitchId, Topology};
 use sim::packet::{self, MadHdr};
 
 use crate::ca::Ca;
@@ -10,6 +10,8 @@ pub struct Net {
     pub cas: Vec<Ca>,
     pub sw: SwitchId,
     pub now: u64,
+    /// Ports of dead nodes whose packets are thrown away.
+    pub sinks: Vec<PortId>,
 }
 
 pub const SM_GUID: u64 = 0x0002_c903_00ff_0000;
@@ -36,13 +38,22 @@ impl Net {
             ..SmConfig::default()
         };
         f.add_sm_on_switch(cfg, sw, n as u8 + 1).unwrap();
-        Net { f, cas, sw, now: 0 }
+        Net {
+            f,
+            cas,
+            sw,
+            now: 0,
+            sinks: Vec::new(),
+        }
     }
 
     /// One step: the fabric (and the SM) and every CA.
     fn step(&mut self) -> bool {
         self.f.advance(self.now);
         let mut did = false;
+        for &p in &self.sinks {
+            while self.f.receive(p, self.now).is_some() {}
+        }
         for c in &mut self.cas {
             did |= c.poll(&mut self.f, self.now);
         }

@@ -278,3 +278,27 @@ fn sminfo_and_the_sm_nodes_sma_answer_directed_route() {
         (method::GET_RESP, packet::mad_status::BAD_VERSION, 9)
     );
 }
+
+#[test]
+fn a_new_sm_elsewhere_keeps_the_lids_the_ports_hold() {
+    let mut net = up(2);
+    let before: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
+    let old = net.f.remove_sm().unwrap();
+    net.sinks.push(old.port());
+    // Another SM node, on switch port 4, that would number from 0x40.
+    let cfg = sim::fabric::SmConfig {
+        node_guid: SM_GUID + 0x100,
+        first_lid: 0x40,
+        ..sim::fabric::SmConfig::default()
+    };
+    net.f.add_sm_on_switch(cfg, net.sw, 4).unwrap();
+    assert!(net.run_until(10 * SEC, |n| n.sm_master()));
+    let sm = net.f.sm().unwrap();
+    let after: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
+    assert_eq!(before, after, "LIDs the ports report are kept");
+    assert_eq!(sm.lid(), 0x40, "the new SM's own port gets a new LID");
+    assert!(net.cas.iter().all(|c| c.sm_lid == 0x40 && c.state == 4));
+    // The old SM's node no longer answers: reported, not a hang.
+    assert!(sm.log().iter().any(|l| l.contains("no answer")));
+    assert_ne!(old.lid(), 0);
+}
