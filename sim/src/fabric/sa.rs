@@ -2,11 +2,11 @@
 //! SubnAdmGet and SubnAdmGetTable of PathRecord (by DGID/SGID or
 //! DLID/SLID, with MTU, rate and packet-lifetime selectors, SL and P_Key),
 //! NodeRecord and PortInfoRecord, and ClassPortInfo, answered from the last
-//! heavy sweep; a GetTable answer carries what fits in one MAD (200 bytes
-//! of records, flagged RMPP active, first and last segment) and the rest is
-//! left out and counted: multi-segment RMPP sending, ServiceRecord,
-//! MCMemberRecord, InformInfo, SA Set/Delete and SM_Key checks are not
-//! here.
+//! heavy sweep; a GetTable answer is the records as one RMPP message,
+//! which the SM ([`super::sm`]) sends as segments of 200 bytes under the
+//! receiver's window (IBTA 13.6: DATA segments, ACKs, resends on timeout,
+//! STOP/ABORT). ServiceRecord, MCMemberRecord, InformInfo, SA Set/Delete,
+//! SM_Key checks and multi-segment requests are not here.
 //!
 //! Layouts are the IBTA's (vol. 1, 15.2.1 SA MAD: RMPP header at byte 24,
 //! SM_Key at 36, AttributeOffset at 44, ComponentMask at 48, data at 56;
@@ -80,12 +80,52 @@ pub struct View<'a> {
 /// The SA's answer to one MAD.
 #[derive(Debug)]
 pub struct Answer {
-    /// The response MAD.
+    /// The response MAD (for a GetTable answer: its headers, the RMPP
+    /// header and data left for the sender to fill in per segment).
     pub mad: [u8; MAD_LEN],
-    /// A GetTable answer left records out.
-    pub truncated: bool,
+    /// A GetTable answer: every record, each padded to AttributeOffset
+    /// 8-byte words, to be sent as RMPP segments.
+    pub table: Option<Vec<u8>>,
     /// The status is an error.
     pub status_error: bool,
+}
+
+/// RMPP header fields of one DATA segment `seg` (1-based) of `nsegs`
+/// for a message of `total` data bytes, written into `mad` with the
+/// segment's 200 bytes of `data` (IBTA 13.6.2: PayloadLength in the first
+/// segment is the whole message after the RMPP header, in the last the
+/// bytes it carries after the RMPP header, 0 in between).
+pub fn write_segment(mad: &mut [u8; MAD_LEN], data: &[u8], seg: u32, nsegs: u32) {
+    let total = data.len();
+    let off = (seg as usize - 1) * SA_DATA_LEN;
+    let chunk = data.get(off..total.min(off + SA_DATA_LEN)).unwrap_or(&[]);
+    mad[24] = 1; // RMPPVersion
+    mad[25] = 1; // DATA
+    let mut flags = 0x01; // active
+    if seg == 1 {
+        flags |= 0x02;
+    }
+    if seg == nsegs {
+        flags |= 0x04;
+    }
+    mad[26] = 0x1f << 3 | flags; // no response time
+    mad[27] = 0;
+    mad[28..32].copy_from_slice(&seg.to_be_bytes());
+    let paylen = if seg == 1 {
+        20 + total
+    } else if seg == nsegs {
+        20 + chunk.len()
+    } else {
+        0
+    };
+    mad[32..36].copy_from_slice(&(paylen as u32).to_be_bytes());
+    mad[SA_DATA..].fill(0);
+    mad[SA_DATA..SA_DATA + chunk.len()].copy_from_slice(chunk);
+}
+
+/// Segments a message of `len` data bytes takes (at least 1).
+pub fn segments(len: usize) -> u32 {
+    len.div_ceil(SA_DATA_LEN).max(1) as u32
 }
 
 fn be16(b: &[u8], o: usize) -> u16 {
@@ -111,7 +151,7 @@ pub fn answer(v: &View, req: &[u8; MAD_LEN], requester_lid: u16) -> Answer {
     };
     r[24..36].fill(0); // RMPP header
     r[SA_DATA..].fill(0);
-    let mut truncated = false;
+    let mut table_data = None;
     let status = if hdr.base_version != 1 || hdr.class_version != SA_CLASS_VERSION {
         mad_status::BAD_VERSION
     } else if !get && !table {
@@ -129,7 +169,7 @@ pub fn answer(v: &View, req: &[u8; MAD_LEN], requester_lid: u16) -> Answer {
                 h.write(&mut r);
                 return Answer {
                     mad: r,
-                    truncated: false,
+                    table: None,
                     status_error: false,
                 };
             }
@@ -155,20 +195,11 @@ pub fn answer(v: &View, req: &[u8; MAD_LEN], requester_lid: u16) -> Answer {
                         _ => sa_status::TOO_MANY_RECORDS,
                     }
                 } else {
-                    let fit = SA_DATA_LEN / step;
-                    truncated = recs.len() > fit;
-                    let n = recs.len().min(fit);
-                    for (i, rec) in recs.iter().take(n).enumerate() {
-                        let o = SA_DATA + i * step;
-                        r[o..o + len].copy_from_slice(&rec[..len]);
+                    let mut data = vec![0u8; recs.len() * step];
+                    for (i, rec) in recs.iter().enumerate() {
+                        data[i * step..i * step + len].copy_from_slice(&rec[..len]);
                     }
-                    // One RMPP segment: active, first and last, no
-                    // response time; PayloadLength counts the SA header.
-                    r[24] = 1;
-                    r[25] = 1;
-                    r[26] = 0x1f << 3 | 0x07;
-                    r[28..32].copy_from_slice(&1u32.to_be_bytes());
-                    r[32..36].copy_from_slice(&((20 + n * step) as u32).to_be_bytes());
+                    table_data = Some(data);
                     0
                 }
             }
@@ -178,7 +209,7 @@ pub fn answer(v: &View, req: &[u8; MAD_LEN], requester_lid: u16) -> Answer {
     h.write(&mut r);
     Answer {
         mad: r,
-        truncated,
+        table: table_data,
         status_error: status != 0,
     }
 }

@@ -115,8 +115,11 @@ pub struct SmStats {
     pub traps: u64,
     /// SA requests answered.
     pub sa_answered: u64,
-    /// SA GetTable answers cut to what fits in one MAD.
-    pub sa_truncated: u64,
+    /// SA GetTable answers sent as RMPP transfers of several segments.
+    pub sa_rmpp_transfers: u64,
+    /// RMPP transfers given up (no ACK after the resends) or stopped by
+    /// the receiver.
+    pub sa_rmpp_aborted: u64,
     /// MADs refused with an error status or dropped as malformed.
     pub bad_mads: u64,
 }
@@ -248,6 +251,31 @@ struct Pending {
     tries: u8,
 }
 
+/// An SA answer going out as RMPP DATA segments (IBTA 13.6.5 sender).
+#[derive(Debug)]
+struct RmppSend {
+    tid: u64,
+    dlid: u16,
+    dqp: u32,
+    pkey: u16,
+    sl: u8,
+    /// Headers of every segment (MAD and SA headers).
+    mad: [u8; MAD_LEN],
+    data: Vec<u8>,
+    nsegs: u32,
+    /// Last segment acknowledged.
+    acked: u32,
+    /// Last segment the receiver's window takes.
+    window_last: u32,
+    /// Last segment sent.
+    sent: u32,
+    deadline: u64,
+    tries: u8,
+}
+
+/// RMPP transfers under way at once; more requests get "no resources".
+pub const RMPP_MAX_SENDS: usize = 16;
+
 /// Sweep stages; each waits for every answer of the one before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
@@ -292,6 +320,7 @@ pub struct SubnetManager {
     lfts: BTreeMap<u64, Vec<u8>>,
     links: BTreeMap<(u64, u8), (u64, u8)>,
     port_infos: BTreeMap<(u64, u8), [u8; 64]>,
+    rmpp: Vec<RmppSend>,
     log: Vec<String>,
     stats: SmStats,
 }
@@ -340,6 +369,7 @@ impl SubnetManager {
             lfts: BTreeMap::new(),
             links: BTreeMap::new(),
             port_infos: BTreeMap::new(),
+            rmpp: Vec::new(),
             log: Vec::new(),
             stats: SmStats::default(),
         }
@@ -434,7 +464,12 @@ impl SubnetManager {
 
     /// When the SM next needs a poll (a timeout or a sweep), if ever.
     pub fn next_due(&self) -> Option<u64> {
-        let t = self.pending.iter().map(|p| p.deadline).min();
+        let t = self
+            .pending
+            .iter()
+            .map(|p| p.deadline)
+            .chain(self.rmpp.iter().map(|r| r.deadline))
+            .min();
         match self.stage {
             Stage::Idle => Some(t.map_or(self.next_sweep, |t| t.min(self.next_sweep))),
             _ => t,
@@ -498,8 +533,104 @@ impl SubnetManager {
                 self.timed_out(now, p.req);
             }
         }
+        did |= self.rmpp_timeouts(f, now);
         did |= self.pump(f, now);
         did
+    }
+
+    /// Resends the unacknowledged window of a stalled RMPP transfer, or
+    /// gives it up.
+    fn rmpp_timeouts(&mut self, f: &mut Fabric, now: u64) -> bool {
+        let mut did = false;
+        let mut i = 0;
+        while i < self.rmpp.len() {
+            if self.rmpp[i].deadline > now {
+                i += 1;
+                continue;
+            }
+            did = true;
+            if self.rmpp[i].tries > self.cfg.smp_retries {
+                let r = self.rmpp.swap_remove(i);
+                self.stats.sa_rmpp_aborted += 1;
+                self.note(
+                    now,
+                    format!(
+                        "SA: RMPP transfer to LID {} unacknowledged: dropped",
+                        r.dlid
+                    ),
+                );
+                continue;
+            }
+            let r = &mut self.rmpp[i];
+            r.tries += 1;
+            r.sent = r.acked;
+            self.rmpp_send_window(f, now, i);
+            i += 1;
+        }
+        did
+    }
+
+    /// Sends the segments of transfer `i` up to its window.
+    fn rmpp_send_window(&mut self, f: &mut Fabric, now: u64, i: usize) {
+        let timeout = self.rmpp_timeout();
+        let lid = self.lid;
+        let Some(r) = self.rmpp.get_mut(i) else {
+            return;
+        };
+        let last = r.window_last.min(r.nsegs);
+        while r.sent < last {
+            r.sent += 1;
+            let mut m = r.mad;
+            super::sa::write_segment(&mut m, &r.data, r.sent, r.nsegs);
+            let mut h = packet::mad_headers(r.dlid, lid, r.dqp, 1, r.pkey);
+            h.lrh.sl = r.sl;
+            if let Ok(bytes) = packet::build(&h, &m) {
+                f.send_from(self.port, Packet { bytes }, now);
+            }
+        }
+        r.deadline = now.saturating_add(timeout);
+    }
+
+    fn rmpp_timeout(&self) -> u64 {
+        self.cfg.smp_timeout_ns.saturating_mul(5)
+    }
+
+    /// An RMPP ACK, STOP or ABORT from the receiver of one of our
+    /// transfers.
+    fn rmpp_control(&mut self, f: &mut Fabric, now: u64, slid: u16, mad: &[u8]) {
+        let tid = be64(mad, 8);
+        let Some(i) = self
+            .rmpp
+            .iter()
+            .position(|r| r.tid == tid && r.dlid == slid)
+        else {
+            return;
+        };
+        match mad[25] {
+            2 => {
+                let seg = u32::from_be_bytes([mad[28], mad[29], mad[30], mad[31]]);
+                let newwin = u32::from_be_bytes([mad[32], mad[33], mad[34], mad[35]]);
+                let r = &mut self.rmpp[i];
+                if seg > r.sent || seg < r.acked || newwin < seg {
+                    // Not a sane ACK: ignored (the timer resends).
+                    self.stats.bad_mads += 1;
+                    return;
+                }
+                r.acked = seg;
+                r.tries = 0;
+                r.window_last = r.window_last.max(newwin);
+                if r.acked >= r.nsegs {
+                    self.rmpp.swap_remove(i);
+                    return;
+                }
+                self.rmpp_send_window(f, now, i);
+            }
+            _ => {
+                // STOP or ABORT: the receiver wants no more.
+                self.rmpp.swap_remove(i);
+                self.stats.sa_rmpp_aborted += 1;
+            }
+        }
     }
 
     /// Sends queued SMPs while the window allows; moves to the next stage
@@ -922,6 +1053,18 @@ impl SubnetManager {
                 // The SA answers once the subnet is up (as OpenSM).
                 return;
             }
+            // RMPP: an ACK/STOP/ABORT of one of our transfers; a request
+            // in several segments is not taken.
+            if req[24] == 1 && req[26] & 0x01 != 0 {
+                if req[25] != 1 {
+                    self.rmpp_control(f, now, p.hdr.lrh.slid, &req);
+                    return;
+                }
+                if req[26] & 0x06 != 0x06 {
+                    self.stats.bad_mads += 1;
+                    return;
+                }
+            }
             let view = super::sa::View {
                 ports: &self.subnet,
                 lfts: &self.lfts,
@@ -931,15 +1074,52 @@ impl SubnetManager {
                 sm_lid: self.lid,
             };
             let a = super::sa::answer(&view, &req, p.hdr.lrh.slid);
-            if a.truncated {
-                self.stats.sa_truncated += 1;
-            }
             if a.status_error {
                 self.stats.bad_mads += 1;
             } else {
                 self.stats.sa_answered += 1;
             }
-            a.mad
+            match a.table {
+                None => a.mad,
+                Some(data) if data.len() <= super::sa::SA_DATA_LEN => {
+                    let mut m = a.mad;
+                    super::sa::write_segment(&mut m, &data, 1, 1);
+                    m
+                }
+                Some(data) => {
+                    let (slid, tid) = (p.hdr.lrh.slid, hdr.tid);
+                    // A repeated request restarts its transfer.
+                    self.rmpp.retain(|r| !(r.tid == tid && r.dlid == slid));
+                    if self.rmpp.len() >= RMPP_MAX_SENDS {
+                        let mut m = a.mad;
+                        let mut h = hdr;
+                        h.method = super::sa::GET_TABLE_RESP;
+                        h.status = super::sa::sa_status::NO_RESOURCES;
+                        h.write(&mut m);
+                        m
+                    } else {
+                        self.stats.sa_rmpp_transfers += 1;
+                        self.rmpp.push(RmppSend {
+                            tid,
+                            dlid: slid,
+                            dqp: src_qp,
+                            pkey: p.hdr.bth.pkey,
+                            sl: p.hdr.lrh.sl,
+                            mad: a.mad,
+                            nsegs: super::sa::segments(data.len()),
+                            data,
+                            acked: 0,
+                            window_last: 1,
+                            sent: 0,
+                            deadline: 0,
+                            tries: 0,
+                        });
+                        let i = self.rmpp.len() - 1;
+                        self.rmpp_send_window(f, now, i);
+                        return;
+                    }
+                }
+            }
         } else {
             // No other class lives here: "class not supported".
             self.stats.bad_mads += 1;

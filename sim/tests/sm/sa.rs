@@ -168,9 +168,71 @@ fn path_record_refusals_carry_the_sa_status() {
     assert_eq!(status(&r), 0x000c);
 }
 
+/// Sends an RMPP ACK (or with `rtype` 3/4 a STOP/ABORT) for `seg` of
+/// transfer `tid`, as a receiver does (IBTA 13.6.4: the DATA header with
+/// the response bit cleared).
+fn rmpp_ack(net: &mut Net, data_mad: &[u8], seg: u32, newwin: u32, rtype: u8) {
+    let mut m = [0u8; MAD_LEN];
+    m[..56].copy_from_slice(&data_mad[..56]);
+    m[3] ^= 0x80;
+    m[24] = 1;
+    m[25] = rtype;
+    m[26] = 0x01;
+    m[27] = 0;
+    m[28..32].copy_from_slice(&seg.to_be_bytes());
+    m[32..36].copy_from_slice(&newwin.to_be_bytes());
+    let sm_lid = net.f.sm().unwrap().lid();
+    assert!(net.send_gmp(0, sm_lid, &m));
+    net.run_for(10_000);
+}
+
+fn segs(net: &mut Net) -> Vec<Vec<u8>> {
+    net.take_mads(0).into_iter().map(|(_, m)| m).collect()
+}
+
+/// Receives a whole RMPP transfer whose first segment is `first`, with a
+/// window of `w` segments; returns the data (SA data of every segment,
+/// cut to the last segment's PayloadLength).
+fn rmpp_receive(net: &mut Net, first: &[u8], w: u32) -> Vec<u8> {
+    let be32 = |m: &[u8], o: usize| u32::from_be_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+    assert_eq!(first[26] & 0x03, 0x03, "active, first");
+    assert_eq!(be32(first, 28), 1);
+    let total = be32(first, 32) as usize - 20;
+    let mut data = first[56..].to_vec();
+    let mut last = first[26] & 0x04 != 0;
+    let mut seg = 1;
+    while !last {
+        rmpp_ack(net, first, seg, seg + w, 2);
+        let got = segs(net);
+        assert!(
+            !got.is_empty() && got.len() as u32 <= w,
+            "{} segments in a window of {w}",
+            got.len()
+        );
+        for m in got {
+            seg += 1;
+            assert_eq!(be32(&m, 28), seg, "in order");
+            assert_eq!(m[26] & 0x02, 0, "only the first is first");
+            let paylen = be32(&m, 32) as usize;
+            last = m[26] & 0x04 != 0;
+            if last {
+                data.extend_from_slice(&m[56..56 + paylen - 20]);
+            } else {
+                assert_eq!(paylen, 0, "middle segments carry no PayloadLength");
+                data.extend_from_slice(&m[56..]);
+            }
+        }
+    }
+    rmpp_ack(net, first, seg, seg, 2);
+    assert!(segs(net).is_empty(), "nothing after the last ACK");
+    assert_eq!(data.len(), total, "PayloadLength of the first = the data");
+    data
+}
+
 #[test]
-fn path_record_get_table_answers_every_destination_that_fits() {
+fn get_tables_come_as_rmpp_transfers_under_the_receivers_window() {
     let mut net = up();
+    // Paths from CA 0 to all 4 end ports: 256 bytes, two segments.
     let r = query(&mut net, 0x12, 0x35, 0, &[0u8; 64], 2);
     assert_eq!(r[3], 0x92, "GetTableResp");
     assert_eq!(status(&r), 0);
@@ -179,24 +241,78 @@ fn path_record_get_table_answers_every_destination_that_fits() {
         8,
         "AttributeOffset: 64 bytes"
     );
-    assert_eq!(
-        &r[24..28],
-        &[1, 1, 0xff, 0],
-        "RMPP v1 DATA, active, first, last"
-    );
-    assert_eq!(&r[28..32], &1u32.to_be_bytes(), "segment 1");
-    // 4 end ports (SM, switch, 2 CAs); 3 records fit in 200 bytes.
-    assert_eq!(&r[32..36], &(20u32 + 3 * 64).to_be_bytes(), "PayloadLength");
-    assert_eq!(
-        net.f.sm().unwrap().stats().sa_truncated,
-        1,
-        "the 4th left out, counted"
-    );
+    assert_eq!(&r[24..26], &[1, 1], "RMPP v1 DATA");
+    assert_eq!(r[26] >> 3, 0x1f, "no response time");
+    assert_eq!(&r[32..36], &(20u32 + 4 * 64).to_be_bytes(), "PayloadLength");
+    let data = rmpp_receive(&mut net, &r, 1);
     let a = net.cas[0].lid;
-    for i in 0..3 {
-        let rec = &r[56 + 64 * i..56 + 64 * (i + 1)];
-        assert_eq!(&rec[42..44], &a.to_be_bytes(), "all from the requester");
+    let mut dlids: Vec<u16> = data
+        .chunks(64)
+        .map(|rec| {
+            assert_eq!(&rec[42..44], &a.to_be_bytes(), "all from the requester");
+            u16::from_be_bytes([rec[40], rec[41]])
+        })
+        .collect();
+    dlids.sort();
+    let mut want: Vec<u16> = net.f.sm().unwrap().subnet().iter().map(|e| e.lid).collect();
+    want.sort();
+    assert_eq!(dlids, want);
+    // NodeRecords of the 4 nodes (112 bytes each): 3 segments, window 2.
+    let r = query(&mut net, 0x12, 0x11, 0, &[0u8; 108], 2);
+    let data = rmpp_receive(&mut net, &r, 2);
+    assert_eq!(data.len(), 4 * 112);
+    let descs: Vec<String> = data
+        .chunks(112)
+        .map(|c| {
+            String::from_utf8_lossy(&c[44..108])
+                .trim_end_matches('\0')
+                .to_string()
+        })
+        .collect();
+    assert!(
+        descs.contains(&"node1 HCA-1".to_string()) && descs.contains(&"embedded SM".to_string()),
+        "{descs:?}"
+    );
+    // The switch's 37 PortInfoRecords (72 bytes each), window 5.
+    let sw_lid = net.f.switch(net.sw).unwrap().lid();
+    let mut d = [0u8; 72];
+    d[0..2].copy_from_slice(&sw_lid.to_be_bytes());
+    let r = query(&mut net, 0x12, 0x12, 1, &d, 2);
+    let data = rmpp_receive(&mut net, &r, 5);
+    assert_eq!(data.len(), 37 * 72);
+    for (i, rec) in data.chunks(72).enumerate() {
+        assert_eq!(rec[2] as usize, i, "PortNum");
     }
+    let st = net.f.sm().unwrap().stats().clone();
+    assert_eq!((st.sa_rmpp_transfers, st.sa_rmpp_aborted), (3, 0));
+}
+
+#[test]
+fn an_unacknowledged_transfer_is_resent_then_dropped_and_stop_ends_one() {
+    let mut net = up();
+    let r = query(&mut net, 0x12, 0x11, 0, &[0u8; 108], 2);
+    assert_eq!(r[26] & 0x07, 0x03);
+    // No ACK: segment 1 again after the RMPP timeout (1 s), 3 times.
+    net.run_for(1_100_000_000);
+    let again = segs(&mut net);
+    assert_eq!(again.len(), 1);
+    assert_eq!(&again[0][28..32], &1u32.to_be_bytes());
+    net.run_for(5 * SEC);
+    assert_eq!(segs(&mut net).len(), 3, "resent up to the retry count");
+    assert_eq!(net.f.sm().unwrap().stats().sa_rmpp_aborted, 1);
+    // A STOP after the first segment ends the transfer at once.
+    let r = query(&mut net, 0x12, 0x11, 0, &[0u8; 108], 2);
+    rmpp_ack(&mut net, &r, 1, 1, 3);
+    net.run_for(5 * SEC);
+    assert!(segs(&mut net).is_empty());
+    assert_eq!(net.f.sm().unwrap().stats().sa_rmpp_aborted, 2);
+    // A small table still fits one MAD: one segment, first and last.
+    let b = net.cas[1].lid;
+    let mut d = [0u8; 64];
+    d[40..42].copy_from_slice(&b.to_be_bytes());
+    let r = query(&mut net, 0x12, 0x35, 1 << 4, &d, 2);
+    assert_eq!(r[26] & 0x07, 0x07);
+    assert_eq!(&r[32..36], &(20u32 + 64).to_be_bytes());
 }
 
 #[test]
@@ -277,10 +393,6 @@ fn port_info_record_of_a_ca_and_of_a_switch_port() {
     assert_eq!(status(&r), 0);
     assert_eq!(r[56 + 2], 2);
     assert_eq!(r[56 + 4 + 32] & 0xf, 4, "switch port 2 Active");
-    // The switch's 37 ports as a table: what fits (2 of 72 bytes).
-    let r = query(&mut net, 0x12, 0x12, 1, &d, 2);
-    assert_eq!(status(&r), 0);
-    assert_eq!(&r[32..36], &(20u32 + 2 * 72).to_be_bytes());
 }
 
 #[test]
