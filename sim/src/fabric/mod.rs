@@ -309,6 +309,23 @@ impl Fabric {
         Ok(p)
     }
 
+    /// [`Fabric::add_sm_on_switch`] on the first switch port without a
+    /// cable (the lowest-numbered switch first): where `--sm embedded`
+    /// puts the SM on a topology that did not place it.
+    pub fn add_sm_on_free_port(&mut self, cfg: SmConfig) -> Result<PortId, FabricError> {
+        for (j, (sw, _)) in self.switches.iter().enumerate() {
+            for port in 1..=sw.nports() {
+                let Some(q) = self.switch_port(SwitchId(j), port) else {
+                    continue;
+                };
+                if self.peer(q).is_none() {
+                    return self.add_sm_on_switch(cfg, SwitchId(j), port);
+                }
+            }
+        }
+        Err(FabricError::NoSuchPort(PortId(u32::MAX)))
+    }
+
     /// The embedded SM, if there is one.
     pub fn sm(&self) -> Option<&SubnetManager> {
         self.sm.as_deref()

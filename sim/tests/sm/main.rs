@@ -4,6 +4,7 @@
 //! fake model clock.
 
 mod ca;
+mod fuzz;
 mod net;
 mod sa;
 

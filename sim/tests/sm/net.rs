@@ -9,6 +9,7 @@ pub struct Net {
     pub f: Fabric,
     pub cas: Vec<Ca>,
     pub sw: SwitchId,
+    pub switches: Vec<SwitchId>,
     pub now: u64,
     /// Ports of dead nodes whose packets are thrown away.
     pub sinks: Vec<PortId>,
@@ -18,9 +19,16 @@ pub const SM_GUID: u64 = 0x0002_c903_00ff_0000;
 
 impl Net {
     pub fn star(n: usize) -> Net {
+        Net::build(&Topology::for_nodes(n).unwrap())
+    }
+
+    /// The HCAs of `t` as test CAs (port 1), the SM on the first free
+    /// switch port.
+    pub fn build(t: &Topology) -> Net {
         let mut f = Fabric::new();
-        let built = Topology::for_nodes(n).unwrap().build(&mut f).unwrap();
+        let built = t.build(&mut f).unwrap();
         let sw = built.switches[0].1;
+        let switches = built.switches.iter().map(|(_, s)| *s).collect();
         let mut cas = Vec::new();
         for (i, h) in built.hcas.iter().enumerate() {
             f.set_enabled(h.ports[0], true).unwrap();
@@ -37,11 +45,12 @@ impl Net {
             node_guid: SM_GUID,
             ..SmConfig::default()
         };
-        f.add_sm_on_switch(cfg, sw, n as u8 + 1).unwrap();
+        f.add_sm_on_free_port(cfg).unwrap();
         Net {
             f,
             cas,
             sw,
+            switches,
             now: 0,
             sinks: Vec::new(),
         }
@@ -88,6 +97,10 @@ impl Net {
     /// Runs for `ns` of model time.
     pub fn run_for(&mut self, ns: u64) {
         self.run_until(ns, |_| false);
+    }
+
+    pub fn built_switch(&self, j: usize) -> SwitchId {
+        self.switches[j]
     }
 
     pub fn sm_master(&self) -> bool {

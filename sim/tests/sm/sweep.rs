@@ -302,3 +302,95 @@ fn a_new_sm_elsewhere_keeps_the_lids_the_ports_hold() {
     assert!(sm.log().iter().any(|l| l.contains("no answer")));
     assert_ne!(old.lid(), 0);
 }
+
+/// Sends a GMP from CA `i` to CA `j` by LID and says whether it arrived.
+fn gmp_crosses(net: &mut Net, i: usize, j: usize) -> bool {
+    let mut mad = [0u8; MAD_LEN];
+    MadHdr {
+        base_version: 1,
+        mgmt_class: 0x09,
+        class_version: 1,
+        method: method::GET,
+        tid: 1000 + j as u64,
+        ..MadHdr::default()
+    }
+    .write(&mut mad);
+    let dlid = net.cas[j].lid;
+    net.send_gmp(i, dlid, &mad);
+    net.run_for(10_000);
+    net.take_mads(j).iter().any(|(p, m)| {
+        p.hdr.lrh.slid == net.cas[i].lid && MadHdr::parse(m).unwrap().tid == 1000 + j as u64
+    })
+}
+
+#[test]
+fn two_switches_in_a_line_directed_routes_of_three_hops() {
+    let t = sim::fabric::Topology::from_netfile(
+        "Switch 8 \"S1\"\n[1] \"H1\"[1]\n[7] \"S2\"[7]\n\n\
+         Switch 8 \"S2\"\n[1] \"H2\"[1]\n[7] \"S1\"[7]\n\n\
+         Hca 1 \"H1\"\n[1] \"S1\"[1]\n\nHca 1 \"H2\"\n[1] \"S2\"[1]\n",
+    )
+    .unwrap();
+    let mut net = Net::build(&t);
+    assert!(
+        net.run_until(5 * SEC, |n| n.sm_master()),
+        "{:#?}",
+        net.f.sm().unwrap().log()
+    );
+    assert!(net.cas.iter().all(|c| c.state == 4 && c.lid != 0));
+    let sm = net.f.sm().unwrap();
+    println!(
+        "2 switches + 2 CAs: {} SMPs in the first heavy sweep",
+        sm.stats().smps_last_heavy
+    );
+    assert_eq!(sm.subnet().len(), 5, "SM, 2 switches, 2 CAs");
+    // The SM took S1's first free port (2); S2 reaches it over port 7.
+    let (s1, s2) = (net.built_switch(0), net.built_switch(1));
+    let sm_lid = sm.lid();
+    let (h1, h2) = (net.cas[0].lid, net.cas[1].lid);
+    let f = &net.f;
+    assert_eq!(f.switch(s1).unwrap().lft(h1), 1);
+    assert_eq!(f.switch(s1).unwrap().lft(h2), 7);
+    assert_eq!(f.switch(s1).unwrap().lft(sm_lid), 2);
+    assert_eq!(f.switch(s2).unwrap().lft(h2), 1);
+    assert_eq!(f.switch(s2).unwrap().lft(h1), 7);
+    assert_eq!(f.switch(s2).unwrap().lft(sm_lid), 7);
+    let l1 = f.switch(s1).unwrap().lid();
+    assert_eq!(f.switch(s2).unwrap().lft(l1), 7);
+    assert!(gmp_crosses(&mut net, 0, 1) && gmp_crosses(&mut net, 1, 0));
+}
+
+#[test]
+fn a_ring_of_three_switches_gets_min_hop_routes_without_looping() {
+    let t = sim::fabric::Topology::from_netfile(
+        "Switch 8 \"S1\"\n[1] \"H1\"[1]\n[5] \"S2\"[6]\n[6] \"S3\"[5]\n\n\
+         Switch 8 \"S2\"\n[1] \"H2\"[1]\n[5] \"S3\"[6]\n[6] \"S1\"[5]\n\n\
+         Switch 8 \"S3\"\n[1] \"H3\"[1]\n[5] \"S1\"[6]\n[6] \"S2\"[5]\n\n\
+         Hca 1 \"H1\"\n[1] \"S1\"[1]\n\nHca 1 \"H2\"\n[1] \"S2\"[1]\n\nHca 1 \"H3\"\n[1] \"S3\"[1]\n",
+    )
+    .unwrap();
+    let mut net = Net::build(&t);
+    assert!(
+        net.run_until(5 * SEC, |n| n.sm_master()),
+        "{:#?}",
+        net.f.sm().unwrap().log()
+    );
+    assert!(net.cas.iter().all(|c| c.state == 4));
+    let sm = net.f.sm().unwrap();
+    assert_eq!(sm.subnet().len(), 7);
+    // Every CA is one switch-to-switch hop from every other: the direct link.
+    let s3 = net.built_switch(2);
+    let (h1, h2) = (net.cas[0].lid, net.cas[1].lid);
+    assert_eq!(net.f.switch(s3).unwrap().lft(h1), 5, "S3 -> S1 directly");
+    assert_eq!(net.f.switch(s3).unwrap().lft(h2), 6, "S3 -> S2 directly");
+    for (i, j) in [(0, 1), (1, 2), (2, 0), (0, 2)] {
+        assert!(gmp_crosses(&mut net, i, j), "{i} -> {j}");
+    }
+    assert_eq!(
+        net.f
+            .stats()
+            .switch_drops
+            .get("looping: too many switch hops"),
+        None
+    );
+}
