@@ -76,7 +76,7 @@ fn mutated_mads_to_the_sm_never_panic_it() {
             let o = (rng.next() % MAD_LEN as u64) as usize;
             mad[o] = rng.next() as u8;
         }
-        let len = if rng.next() % 10 == 0 {
+        let len = if rng.next().is_multiple_of(10) {
             (rng.next() % MAD_LEN as u64) as usize
         } else {
             MAD_LEN
