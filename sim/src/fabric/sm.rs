@@ -1344,6 +1344,10 @@ impl SubnetManager {
                 ends.push((n.guid, p, pr.guid, reported));
             }
         }
+        // The SM's own port first (it takes LID 1 on a fresh subnet, as
+        // OpenSM does), then by node GUID and port.
+        let me = self.port_guid();
+        ends.sort_by_key(|e| (e.2 != me, e.0, e.1));
         let mut used: BTreeSet<u16> = BTreeSet::new();
         let mut want: BTreeMap<u64, u16> = BTreeMap::new();
         // Known LIDs first.
