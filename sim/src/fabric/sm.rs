@@ -6,7 +6,7 @@
 //! GUID across sweeps, and across SM restarts by keeping the LIDs the ports
 //! already report; LMC 0), min-hop LFT programming (SubnSet SwitchInfo
 //! LinearFDBTop and LinearForwardingTable blocks), ports through Armed to
-//! Active, SMInfo answered, a light sweep (SwitchInfo PortStateChange) on
+//! Active (ClientReregister on the SM's first sweep), SMInfo answered, a light sweep (SwitchInfo PortStateChange) on
 //! the model clock and a heavy sweep on a change or on a trap; the SA on
 //! the same port is [`super::sa`]. Left out: multicast (MFTs, MCMember),
 //! P_Key tables, SL-to-VL and VL arbitration programming, M_Key
@@ -321,9 +321,14 @@ pub struct SubnetManager {
     links: BTreeMap<(u64, u8), (u64, u8)>,
     port_infos: BTreeMap<(u64, u8), [u8; 64]>,
     rmpp: Vec<RmppSend>,
+    /// A heavy sweep completed: ports were told to re-register.
+    rereg_done: bool,
     log: Vec<String>,
     stats: SmStats,
 }
+
+/// PortInfo CapabilityMask IsClientReregistrationSupported (bit 25).
+pub const CAP_CLIENT_REREG: u32 = 1 << 25;
 
 /// Lines of the SM log kept (oldest dropped first).
 const LOG_CAP: usize = 256;
@@ -370,6 +375,7 @@ impl SubnetManager {
             links: BTreeMap::new(),
             port_infos: BTreeMap::new(),
             rmpp: Vec::new(),
+            rereg_done: false,
             log: Vec::new(),
             stats: SmStats::default(),
         }
@@ -471,7 +477,10 @@ impl SubnetManager {
             .chain(self.rmpp.iter().map(|r| r.deadline))
             .min();
         match self.stage {
-            Stage::Idle => Some(t.map_or(self.next_sweep, |t| t.min(self.next_sweep))),
+            // With its link down the SM waits for the link, not a time.
+            Stage::Idle if self.port_state != 1 => {
+                Some(t.map_or(self.next_sweep, |t| t.min(self.next_sweep)))
+            }
             _ => t,
         }
     }
@@ -786,6 +795,7 @@ impl SubnetManager {
 
     fn finish_heavy(&mut self, now: u64) {
         self.stage = Stage::Idle;
+        self.rereg_done = true;
         self.stats.heavy_sweeps += 1;
         self.stats.smps_last_heavy = self.stats.smps_sent - self.smps_at_start;
         self.stats.last_heavy_ns = now - self.sweep_start;
@@ -1554,8 +1564,19 @@ impl SubnetManager {
                 d[36] = mtu << 4 | (self.cfg.sm_sl & 0xf);
                 d[43] = vls << 4;
                 d[51] = self.cfg.subnet_timeout & 0x1f;
+                // The first sweep of this SM asks every port that can
+                // (CapabilityMask IsClientReregistrationSupported) to
+                // re-register with the SA, as OpenSM does.
+                let rereg = !self.rereg_done
+                    && u32::from_be_bytes([info[20], info[21], info[22], info[23]])
+                        & CAP_CLIENT_REREG
+                        != 0;
+                if rereg {
+                    d[51] |= 0x80;
+                }
                 let cur = |o: usize| info[o];
-                let same = info[8..20] == d[8..20]
+                let same = !rereg
+                    && info[8..20] == d[8..20]
                     && cur(34) & 7 == 0
                     && cur(36) & 0xf == self.cfg.sm_sl & 0xf
                     && (mtu == 0 || cur(36) >> 4 == mtu)

@@ -21,6 +21,10 @@ pub struct Ca {
     pub mute: bool,
     pub smps: u64,
     pub sets: u64,
+    /// Advertises IsClientReregistrationSupported.
+    pub rereg_cap: bool,
+    /// SubnSet PortInfo with ClientReregister seen.
+    pub reregs: u64,
     pub inbox: Vec<Packet>,
     link_gen: u64,
 }
@@ -40,6 +44,8 @@ impl Ca {
             mute: false,
             smps: 0,
             sets: 0,
+            rereg_cap: false,
+            reregs: 0,
             inbox: Vec::new(),
             link_gen: 0,
         }
@@ -54,6 +60,9 @@ impl Ca {
         o[8..16].copy_from_slice(&self.prefix.to_be_bytes());
         o[16..18].copy_from_slice(&self.lid.to_be_bytes());
         o[18..20].copy_from_slice(&self.sm_lid.to_be_bytes());
+        if self.rereg_cap {
+            o[20..24].copy_from_slice(&(1u32 << 25).to_be_bytes());
+        }
         o[28] = 1;
         o[31] = 2; // 4x
         o[32] = 0x10 | self.state;
@@ -155,6 +164,9 @@ impl Ca {
                         self.nmtu = (d[36] >> 4).min(4);
                     }
                     self.subnet_timeout = d[51] & 0x1f;
+                    if d[51] & 0x80 != 0 {
+                        self.reregs += 1;
+                    }
                     if want != 0 {
                         self.state = want;
                     }

@@ -394,3 +394,24 @@ fn a_ring_of_three_switches_gets_min_hop_routes_without_looping() {
         None
     );
 }
+
+#[test]
+fn the_first_sweep_of_an_sm_asks_ports_that_can_to_reregister() {
+    let mut net = Net::star(2);
+    net.cas[0].rereg_cap = true;
+    assert!(net.run_until(5 * SEC, |n| n.sm_master()));
+    assert_eq!((net.cas[0].reregs, net.cas[1].reregs), (1, 0));
+    // Later sweeps do not; a restarted SM does again.
+    let p = net.cas[1].port;
+    let now = net.now;
+    net.f
+        .schedule_unplug(p, now + SEC, Some(now + 2 * SEC))
+        .unwrap();
+    net.run_for(30 * SEC);
+    assert!(net.f.sm().unwrap().stats().heavy_sweeps >= 2);
+    assert_eq!(net.cas[0].reregs, 1);
+    net.f.restart_sm();
+    assert!(net.run_until(5 * SEC, |n| n.sm_master()));
+    assert_eq!(net.cas[0].reregs, 2);
+    assert!(net.cas.iter().all(|c| c.state == 4));
+}
