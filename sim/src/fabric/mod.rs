@@ -350,6 +350,18 @@ impl Fabric {
     }
 
     fn poll_sm(&mut self, now_ns: u64) -> bool {
+        let Some(s) = self.sm.as_deref() else {
+            return false;
+        };
+        let (gen_, due) = self.ports.get(&s.port()).map_or((0, false), |fp| {
+            (
+                fp.link_generation,
+                fp.inbound.front().is_some_and(|f| f.due <= now_ns),
+            )
+        });
+        if !s.wants_poll(now_ns, gen_, due) {
+            return false;
+        }
         let Some(mut sm) = self.sm.take() else {
             return false;
         };
@@ -642,11 +654,14 @@ impl Fabric {
             };
         }
         self.poll_sm(now_ns);
-        self.switch_work_until(now_ns);
-        self.poll_sm(now_ns);
+        if self.switch_work_until(now_ns) {
+            // The switches may have answered the SM.
+            self.poll_sm(now_ns);
+        }
     }
 
-    fn switch_work_until(&mut self, now_ns: u64) {
+    /// Processes the switch packets due; says whether there were any.
+    fn switch_work_until(&mut self, now_ns: u64) -> bool {
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
             // The first waiting switch port whose head packet is due (a
@@ -674,6 +689,7 @@ impl Fabric {
             };
             self.switch_step(switch, port, f);
         }
+        budget != MAX_SWITCH_WORK
     }
 
     fn switch_step(&mut self, id: SwitchId, in_port: u8, f: InFlight) {

@@ -485,6 +485,16 @@ impl SubnetManager {
         }
     }
 
+    /// Whether a poll at `now` has anything to do, given the SM port's
+    /// link generation and whether a packet is due there (the fabric
+    /// asks before every poll, so an idle SM costs little).
+    pub fn wants_poll(&self, now: u64, link_gen: u64, packet_due: bool) -> bool {
+        packet_due
+            || link_gen != self.link_gen
+            || !self.queue.is_empty()
+            || self.next_due().is_some_and(|t| t <= now)
+    }
+
     fn note(&mut self, now: u64, s: String) {
         if self.log.len() >= LOG_CAP {
             self.log.remove(0);

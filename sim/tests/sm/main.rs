@@ -3,6 +3,7 @@
 //! written from the IBTA), and the SM on a port of the switch, all on the
 //! fake model clock.
 
+mod bench;
 mod ca;
 mod fuzz;
 mod net;
