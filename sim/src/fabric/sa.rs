@@ -12,7 +12,9 @@
 //! SM_Key at 36, AttributeOffset at 44, ComponentMask at 48, data at 56;
 //! 15.2.5.16 PathRecord, 15.2.5.2 NodeRecord, 15.2.5.3 PortInfoRecord),
 //! with OpenSM's answers as facts (selectors 2 "exactly" in responses,
-//! HopLimit 0 inside the subnet, unknown GIDs answered "no records").
+//! HopLimit 0 inside the subnet, Reversible with NumbPath 0, PacketLifeTime
+//! 0 on a loopback path, an unknown port GUID answered "no records" as
+//! OpenSM 3.3.23 was seen to do; newer OpenSM says "invalid GID").
 
 use std::collections::BTreeMap;
 
@@ -367,7 +369,8 @@ fn path_records(
         return Ok(Vec::new());
     }
     if cm & pcm::NUMB_PATH != 0 && d[49] & 0x7f == 0 {
-        return Err(sa_status::REQ_INVALID);
+        // NumbPath 0 asks for no path (OpenSM answers none).
+        return Ok(Vec::new());
     }
     let pkey = if cm & pcm::PKEY != 0 {
         let k = be16(d, 50);
@@ -409,7 +412,12 @@ fn path_records(
                     continue;
                 }
             }
-            let plt = v.cfg.packet_life_time & 0x3f;
+            // A loopback path has PacketLifeTime 0 (IBTA table 205).
+            let plt = if s.port_guid == t.port_guid {
+                0
+            } else {
+                v.cfg.packet_life_time & 0x3f
+            };
             if cm & pcm::PLT != 0 {
                 let sel = if cm & pcm::PLT_SELECTOR != 0 {
                     d[56] >> 6
@@ -433,7 +441,7 @@ fn path_records(
             rec[42..44].copy_from_slice(&s.lid.to_be_bytes());
             // RawTraffic 0, FlowLabel 0, HopLimit 0 (inside the subnet).
             rec[48] = 0; // TClass
-            rec[49] = 0x80 | 1; // Reversible, NumbPath 1
+            rec[49] = 0x80; // Reversible; NumbPath 0 in answers (as OpenSM)
             rec[50..52].copy_from_slice(&pkey.to_be_bytes());
             rec[52..54].copy_from_slice(&u16::from(sl).to_be_bytes());
             rec[54] = 2 << 6 | mtu;

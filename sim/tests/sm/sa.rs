@@ -92,7 +92,7 @@ fn path_record_by_lids_and_by_gids() {
         &[0, 0, 0, 0],
         "RawTraffic 0, FlowLabel 0, HopLimit 0"
     );
-    assert_eq!(rec[49] & 0x80, 0x80, "reversible");
+    assert_eq!(rec[49], 0x80, "reversible, NumbPath 0");
     assert_eq!(&rec[50..52], &[0xff, 0xff], "P_Key");
     assert_eq!(u16::from_be_bytes([rec[52], rec[53]]) & 0xf, 0, "SL 0");
     assert_eq!(rec[54], 0x80 | 4, "MTU exactly 2048: the CAs' MTUCap");
@@ -125,6 +125,12 @@ fn path_record_by_lids_and_by_gids() {
         &net.f.sm().unwrap().lid().to_be_bytes()
     );
     assert_eq!(r[56 + 55], 0x80 | 3);
+    // Loopback: to the requester's own port, PacketLifeTime 0.
+    let mut d = [0u8; 64];
+    d[40..42].copy_from_slice(&a.to_be_bytes());
+    let r = query(&mut net, method::GET, 0x35, DLID, &d, 2);
+    assert_eq!(status(&r), 0);
+    assert_eq!(r[56 + 56], 0x80, "loopback PacketLifeTime 0");
 }
 
 #[test]
