@@ -64,6 +64,9 @@ pub struct SmConfig {
     pub max_outstanding: usize,
     /// Time between light sweeps.
     pub sweep_interval_ns: u64,
+    /// Time before a heavy sweep again after one that met errors (a node
+    /// that did not answer yet: a driver still loading).
+    pub error_resweep_ns: u64,
 }
 
 impl Default for SmConfig {
@@ -81,6 +84,7 @@ impl Default for SmConfig {
             smp_retries: 3,
             max_outstanding: 4,
             sweep_interval_ns: 10_000_000_000,
+            error_resweep_ns: 1_000_000_000,
         }
     }
 }
@@ -835,7 +839,12 @@ impl SubnetManager {
             })
             .collect();
         self.act_count = self.act_count.wrapping_add(1);
-        self.next_sweep = now.saturating_add(self.cfg.sweep_interval_ns);
+        let wait = if self.sweep_errors {
+            self.cfg.error_resweep_ns.min(self.cfg.sweep_interval_ns)
+        } else {
+            self.cfg.sweep_interval_ns
+        };
+        self.next_sweep = now.saturating_add(wait);
         let msg = format!(
             "SUBNET UP: {} nodes, {} end ports, {} SMPs, {} ms{}",
             self.nodes.len(),

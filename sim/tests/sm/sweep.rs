@@ -110,12 +110,19 @@ fn a_ca_that_never_answers_is_reported_and_skipped() {
     // Its switch port is left in Init (no one to talk to).
     let sw = net.f.switch(net.sw).unwrap();
     assert_eq!(sw.port(2).unwrap().state, sim::port::LogicalState::Init);
-    // The SM tries again on a later sweep; when the CA speaks up it joins.
+    // The SM tries again a second after a sweep with errors (not at the
+    // 10 s light sweep): when the CA speaks up it joins.
     net.cas[1].mute = false;
+    let t0 = net.now;
     assert!(
         net.run_until(30 * SEC, |n| n.cas[1].state == 4),
         "{:#?}",
         net.f.sm().unwrap().log()
+    );
+    assert!(
+        net.now - t0 < 2 * SEC,
+        "joined {} ms later",
+        (net.now - t0) / 1_000_000
     );
     let lids: Vec<u16> = net.cas.iter().map(|c| c.lid).collect();
     assert!(lids[1] != 0 && lids[1] != lids[0] && lids[1] != lids[2]);
