@@ -65,7 +65,8 @@ pub struct SmConfig {
     /// Time between light sweeps.
     pub sweep_interval_ns: u64,
     /// Time before a heavy sweep again after one that met errors (a node
-    /// that did not answer yet: a driver still loading).
+    /// that did not answer yet: a driver still loading); doubled after
+    /// each further sweep with errors, up to `sweep_interval_ns`.
     pub error_resweep_ns: u64,
 }
 
@@ -327,6 +328,8 @@ pub struct SubnetManager {
     rmpp: Vec<RmppSend>,
     /// A heavy sweep completed: ports were told to re-register.
     rereg_done: bool,
+    /// Heavy sweeps in a row that met errors.
+    error_sweeps: u32,
     log: Vec<String>,
     stats: SmStats,
 }
@@ -380,6 +383,7 @@ impl SubnetManager {
             port_infos: BTreeMap::new(),
             rmpp: Vec::new(),
             rereg_done: false,
+            error_sweeps: 0,
             log: Vec::new(),
             stats: SmStats::default(),
         }
@@ -839,9 +843,17 @@ impl SubnetManager {
             })
             .collect();
         self.act_count = self.act_count.wrapping_add(1);
+        // After errors: again soon, then backing off (doubling) to the
+        // light-sweep interval while the errors persist.
         let wait = if self.sweep_errors {
-            self.cfg.error_resweep_ns.min(self.cfg.sweep_interval_ns)
+            let n = self.error_sweeps.min(16);
+            self.error_sweeps += 1;
+            self.cfg
+                .error_resweep_ns
+                .saturating_mul(1 << n)
+                .min(self.cfg.sweep_interval_ns)
         } else {
+            self.error_sweeps = 0;
             self.cfg.sweep_interval_ns
         };
         self.next_sweep = now.saturating_add(wait);

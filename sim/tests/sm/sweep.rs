@@ -422,3 +422,19 @@ fn the_first_sweep_of_an_sm_asks_ports_that_can_to_reregister() {
     assert_eq!(net.cas[0].reregs, 2);
     assert!(net.cas.iter().all(|c| c.state == 4));
 }
+
+#[test]
+fn a_ca_silent_for_good_costs_a_backed_off_sweep_not_a_storm() {
+    let mut net = Net::star(2);
+    net.cas[1].mute = true;
+    net.run_for(60 * SEC);
+    let st = net.f.sm().unwrap().stats().clone();
+    // Sweeps after 1, 2, 4, 8, then every 10 s (plus the time each takes):
+    // about 8 in a minute, not 30.
+    assert!(
+        (6..=10).contains(&st.heavy_sweeps),
+        "{} heavy sweeps in 60 s",
+        st.heavy_sweeps
+    );
+    assert_eq!(net.cas[0].state, 4, "the other CA is up all along");
+}
