@@ -82,6 +82,10 @@ impl Net {
                 return false;
             }
             let busy = self.step();
+            if cond(self) {
+                // `now` stays the time it became true.
+                return true;
+            }
             self.now = if busy {
                 self.now + 1_000
             } else {

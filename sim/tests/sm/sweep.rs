@@ -450,3 +450,32 @@ fn a_ca_silent_for_good_costs_a_backed_off_sweep_not_a_storm() {
     );
     assert_eq!(net.cas[0].state, 4, "the other CA is up all along");
 }
+
+#[test]
+fn the_sms_own_cable_pulled_and_back_resumes_without_a_new_lid() {
+    let mut net = up(2);
+    let sm_port = net.f.sm().unwrap().port();
+    let sm_lid = net.f.sm().unwrap().lid();
+    let sweeps = net.f.sm().unwrap().stats().heavy_sweeps;
+    let now = net.now;
+    net.f
+        .schedule_unplug(sm_port, now + SEC, Some(now + 3 * SEC))
+        .unwrap();
+    net.run_for(2 * SEC);
+    assert!(!net.f.sm().unwrap().sweeping(), "no sweep without a link");
+    assert!(net.run_until(5 * SEC, |n| {
+        let sm = n.f.sm().unwrap();
+        sm.stats().heavy_sweeps > sweeps && !sm.sweeping()
+    }));
+    let sm = net.f.sm().unwrap();
+    assert_eq!(sm.lid(), sm_lid);
+    assert!(
+        net.now < now + 4 * SEC,
+        "swept as soon as the link was back: {} ms",
+        (net.now - now) / 1_000_000
+    );
+    let sw = net.f.switch(net.sw).unwrap();
+    assert_eq!(sw.port(3).unwrap().state, sim::port::LogicalState::Active);
+    assert!(sm.log().iter().any(|l| l.contains("SM port link down")));
+    assert!(gmp_crosses(&mut net, 0, 1));
+}
