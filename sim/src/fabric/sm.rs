@@ -978,19 +978,28 @@ impl SubnetManager {
         if smp.hdr.method == method::TRAP_REPRESS {
             return;
         }
-        // A request for the SM node's SMA.
+        // A request for the SM node's SMA. A directed-route one must end
+        // here: hop count 0..63 (C14-6), hop pointer at the end of the
+        // path, permissive DrDLID (no LID-routed part).
+        if smp.is_dr()
+            && (smp.direction
+                || smp.hop_cnt >= 64
+                || smp.hop_ptr != smp.hop_cnt
+                || smp.dr_dlid != PERMISSIVE_LID)
+        {
+            self.stats.bad_mads += 1;
+            return;
+        }
         let mut r = smp.clone();
         r.hdr.method = method::GET_RESP;
         r.hdr.status = self.local_sma(&smp, &mut r.data);
         if smp.is_dr() {
-            if smp.direction || smp.hop_ptr != smp.hop_cnt || smp.dr_dlid != PERMISSIVE_LID {
-                self.stats.bad_mads += 1;
-                return;
-            }
             // C14-9:3 on receipt, then C14-13:1 on the way back.
             r.direction = true;
-            if smp.hop_cnt != 0 {
-                r.return_path[usize::from(smp.hop_cnt)] = 1;
+            if let Some(e) = r.return_path.get_mut(usize::from(smp.hop_cnt))
+                && smp.hop_cnt != 0
+            {
+                *e = 1;
             }
             r.hop_ptr = smp.hop_cnt;
             let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, p.hdr.bth.pkey);

@@ -96,6 +96,22 @@ fn mutated_mads_to_the_sm_never_panic_it() {
         net.run_for(2_000);
         net.take_mads(0);
     }
+    // Directed-route SMPs whose hop pointer and count agree but are out of
+    // range (C14-6: at most 63 hops) are dropped, not followed.
+    for cnt in [63u8, 64, 200, 255] {
+        let mut s = Smp::dr_get(7, attr::NODE_INFO, 0, &[1, 3]).unwrap();
+        let mut m = s.to_bytes();
+        m[6] = cnt;
+        m[7] = cnt;
+        s = Smp::parse(&m).unwrap();
+        let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, 0xffff);
+        let bytes = packet::build(&h, &s.to_bytes()).unwrap();
+        let sm_port = net.f.sm().unwrap().port();
+        // Straight onto the SM's cable (from the switch's side).
+        let sw_port = net.f.peer(sm_port).unwrap();
+        net.f.transmit(sw_port, Packet { bytes }, net.now);
+        net.run_for(2_000);
+    }
     // Still the SM and SA it was: a PathRecord Get is answered.
     let mut m = [0u8; MAD_LEN];
     MadHdr {
