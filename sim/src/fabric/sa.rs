@@ -99,7 +99,7 @@ pub struct Answer {
 /// bytes it carries after the RMPP header, 0 in between).
 pub fn write_segment(mad: &mut [u8; MAD_LEN], data: &[u8], seg: u32, nsegs: u32) {
     let total = data.len();
-    let off = (seg as usize - 1) * SA_DATA_LEN;
+    let off = (seg as usize).saturating_sub(1) * SA_DATA_LEN;
     let chunk = data.get(off..total.min(off + SA_DATA_LEN)).unwrap_or(&[]);
     mad[24] = 1; // RMPPVersion
     mad[25] = 1; // DATA

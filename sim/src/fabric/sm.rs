@@ -728,7 +728,8 @@ impl SubnetManager {
                 true
             }
             Stage::Light => {
-                self.stats.smps_last_light = self.stats.smps_sent - self.smps_at_start;
+                self.stats.smps_last_light =
+                    self.stats.smps_sent.saturating_sub(self.smps_at_start);
                 if self.heavy_requested {
                     self.start_heavy(now);
                 } else {
@@ -815,8 +816,8 @@ impl SubnetManager {
         self.stage = Stage::Idle;
         self.rereg_done = true;
         self.stats.heavy_sweeps += 1;
-        self.stats.smps_last_heavy = self.stats.smps_sent - self.smps_at_start;
-        self.stats.last_heavy_ns = now - self.sweep_start;
+        self.stats.smps_last_heavy = self.stats.smps_sent.saturating_sub(self.smps_at_start);
+        self.stats.last_heavy_ns = now.saturating_sub(self.sweep_start);
         if self.port_state == 4 {
             if self.sm_state != sm_state::MASTER {
                 self.note(now, "SM state: MASTER".into());
@@ -1645,7 +1646,7 @@ impl SubnetManager {
     /// activates Armed ones (switch external ports whose far end answered,
     /// switch port 0, CA ports that took their LID).
     fn enqueue_state(&mut self, to: u8) {
-        let from = to - 1;
+        let from = to.saturating_sub(1);
         // Our own port, locally.
         if self.port_state == from && self.lid != 0 {
             self.port_state = to;
