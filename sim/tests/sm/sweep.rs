@@ -479,3 +479,35 @@ fn the_sms_own_cable_pulled_and_back_resumes_without_a_new_lid() {
     assert!(sm.log().iter().any(|l| l.contains("SM port link down")));
     assert!(gmp_crosses(&mut net, 0, 1));
 }
+
+#[test]
+fn sminfo_by_lid_as_the_sminfo_tool_asks() {
+    let mut net = up(2);
+    let sm_lid = net.f.sm().unwrap().lid();
+    let me = net.cas[0].lid;
+    let smp = Smp::lid_routed(0x51, method::GET, attr::SM_INFO, 0);
+    let h = packet::mad_headers(sm_lid, me, 0, 0, 0xffff);
+    let bytes = packet::build(&h, &smp.to_bytes()).unwrap();
+    let p = net.cas[0].port;
+    assert!(net.f.transmit(p, sim::fabric::Packet { bytes }, net.now));
+    net.run_for(10_000);
+    let got = net.take_mads(0);
+    let (pk, m) = got.first().expect("an answer by LID");
+    assert_eq!(
+        (pk.hdr.lrh.slid, pk.hdr.lrh.dlid, pk.hdr.lrh.vl),
+        (sm_lid, me, 15)
+    );
+    let r = Smp::parse(m).unwrap();
+    assert_eq!(
+        (r.hdr.method, r.hdr.status, r.hdr.tid),
+        (method::GET_RESP, 0, 0x51)
+    );
+    assert_eq!(&r.data[0..8], &(SM_GUID + 1).to_be_bytes());
+    assert_eq!(r.data[20], 15 << 4 | sm_state::MASTER);
+    // The same to a LID nobody has: the switch drops it, no answer.
+    let h = packet::mad_headers(0x300, me, 0, 0, 0xffff);
+    let bytes = packet::build(&h, &smp.to_bytes()).unwrap();
+    net.f.transmit(p, sim::fabric::Packet { bytes }, net.now);
+    net.run_for(10_000);
+    assert!(net.take_mads(0).is_empty());
+}
