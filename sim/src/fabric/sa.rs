@@ -297,7 +297,11 @@ fn rate_value(code: u8) -> u32 {
 /// lead nowhere.
 fn path_props(v: &View, src: &EndPort, dst: &EndPort) -> Option<(u8, u8)> {
     let mut mtu = (src.port_info[41] & 0xf).min(dst.port_info[41] & 0xf);
+    // Both end links count (each end reports its own link's speed).
     let mut rate = link_rate(&src.port_info);
+    if rate_value(link_rate(&dst.port_info)) < rate_value(rate) {
+        rate = link_rate(&dst.port_info);
+    }
     if src.port_guid == dst.port_guid {
         return Some((mtu, rate));
     }
