@@ -2,9 +2,10 @@
 //! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
 //! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
 //! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]), an embedded subnet manager ([`sm`]) and its SA ([`sa`]);
-//! the ibsim server protocol is not here (yet). Packet formats are in
-//! [`crate::packet`].
+//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself),
+//! ibsim's server protocol ([`ibsim`]: real OpenSM and infiniband-diags
+//! attach through it), and an embedded subnet manager ([`sm`]) with its
+//! SA ([`sa`]). Packet formats are in [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!
@@ -54,6 +55,8 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod host_node;
+pub mod ibsim;
 pub mod options;
 pub mod sa;
 pub mod sm;
@@ -62,6 +65,8 @@ pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use host_node::HostNode;
+pub use ibsim::IbsimServer;
 pub use options::FabricOptions;
 pub use sm::{SmConfig, SubnetManager};
 pub use switch::Switch;
@@ -653,6 +658,7 @@ impl Fabric {
                 Event::Connect(a, b) => self.connect(a, b),
             };
         }
+        self.send_traps(now_ns);
         self.poll_sm(now_ns);
         if self.switch_work_until(now_ns) {
             // The switches may have answered the SM.
@@ -690,6 +696,17 @@ impl Fabric {
             self.switch_step(switch, port, f);
         }
         budget != MAX_SWITCH_WORK
+    }
+
+    /// Switches whose ports changed state send their SM Trap 128.
+    fn send_traps(&mut self, now_ns: u64) {
+        for j in 0..self.switches.len() {
+            if let Some((e, pkt)) = self.switches[j].0.take_trap()
+                && let Some(out) = self.switch_port(SwitchId(j), e)
+            {
+                self.send(out, pkt, now_ns, 0);
+            }
+        }
     }
 
     fn switch_step(&mut self, id: SwitchId, in_port: u8, f: InFlight) {
