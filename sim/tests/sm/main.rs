@@ -6,6 +6,7 @@
 mod bench;
 mod ca;
 mod fuzz;
+mod host_nodes;
 mod net;
 mod sa;
 
