@@ -8,6 +8,7 @@ mod ca;
 mod fuzz;
 mod host_nodes;
 mod net;
+mod real_diags;
 mod sa;
 
 mod sweep;
