@@ -635,8 +635,10 @@ impl Fabric {
         }
     }
 
-    /// The earliest time a queued packet becomes due anywhere, or a
-    /// scheduled cable change happens.
+    /// The earliest time a queued packet becomes due anywhere, a
+    /// scheduled cable change happens, or the embedded SM has a timer (an
+    /// SMP timeout, its next sweep: with an SM on a live link there is
+    /// always one).
     pub fn next_due(&self) -> Option<u64> {
         self.ports
             .values()
