@@ -46,6 +46,11 @@ pub struct SmConfig {
     pub description: String,
     /// SMInfo priority (0..15).
     pub priority: u8,
+    /// SM_Key, reported in SMInfo (without M_Key protection there is
+    /// nothing to hide it from). OpenSM's default, 1: an OpenSM ignores an
+    /// SM whose key differs from its own, and stands by for one with the
+    /// same key and a higher priority.
+    pub sm_key: u64,
     /// Subnet prefix given to every port.
     pub subnet_prefix: u64,
     /// PortInfo SubnetTimeOut given to every port (4.096 µs * 2^n).
@@ -76,6 +81,7 @@ impl Default for SmConfig {
             node_guid: 0x0002_c903_00ff_0000,
             description: "embedded SM".into(),
             priority: 15,
+            sm_key: 1,
             subnet_prefix: 0xfe80_0000_0000_0000,
             subnet_timeout: 18,
             packet_life_time: 18,
@@ -1047,7 +1053,7 @@ impl SubnetManager {
             }
             (ATTR_SM_INFO, false) => {
                 out[0..8].copy_from_slice(&self.port_guid().to_be_bytes());
-                // SM_Key: not shown (there is no authentication here).
+                out[8..16].copy_from_slice(&self.cfg.sm_key.to_be_bytes());
                 out[16..20].copy_from_slice(&self.act_count.to_be_bytes());
                 out[20] = (self.cfg.priority & 0xf) << 4 | (self.sm_state & 0xf);
             }

@@ -120,3 +120,46 @@ fn diags_read_the_embedded_sm_and_its_sa() {
         assert!(out.contains(want), "ibnetdiscover shows {want}:\n{out}");
     }
 }
+
+#[test]
+fn opensm_started_beside_the_embedded_sm_stands_by() {
+    if !tools_present("opensm_started_beside_the_embedded_sm_stands_by") {
+        return;
+    }
+    let mut rig = Rig::start_with("embsm-osm", |fabric| {
+        let topo = Topology::from_netfile(NET_SMALL).expect("net file");
+        let built = topo.build(fabric).expect("build");
+        let nodes = built
+            .hcas
+            .iter()
+            .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
+            .collect();
+        fabric
+            .add_sm_on_free_port(SmConfig::default())
+            .expect("a free switch port");
+        nodes
+    });
+    assert!(rig.wait_for(Duration::from_secs(10), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.is_master() && !s.sweeping())
+    }));
+    let lids: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
+    // OpenSM (priority 0) finds our SM (priority 15, MASTER) by SMInfo and
+    // yields, leaving the LIDs alone.
+    rig.start_opensm("H1", &[]);
+    let t = Instant::now();
+    let mut log = String::new();
+    while t.elapsed() < Duration::from_secs(20) {
+        log = rig.opensm_log();
+        if log.contains("STANDBY") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(log.contains("STANDBY"), "OpenSM stands by:\n{log}");
+    assert!(!log.contains("SUBNET UP"), "and does not take over:\n{log}");
+    std::thread::sleep(Duration::from_millis(200));
+    let after: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
+    assert_eq!(lids, after);
+}
