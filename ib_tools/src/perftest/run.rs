@@ -38,6 +38,8 @@ use super::{
 /// How long the server waits for a client, and the client for the SA and
 /// the CM.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a tool waits for its port to become Active.
+pub const PORT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long any one completion may take before the run gives up.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often long waits look at the interrupt check.
@@ -196,12 +198,17 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
             "-D (timed runs) is not implemented by the runs yet: use -n",
         ));
     }
-    if attr.lid == 0 {
-        return Err(format!(
-            "port {} has no LID: it is not Active yet (is a subnet manager running?)",
-            p.ib_port
-        ));
-    }
+    let attr = if attr.lid == 0 || attr.state != ib_core::verbs::PortState::Active {
+        let _ = writeln!(
+            out,
+            " Waiting for port {} to become Active (up to {} s; Ctrl-C stops)",
+            p.ib_port,
+            PORT_TIMEOUT.as_secs()
+        );
+        wait_port_active(env, p.ib_port)?
+    } else {
+        attr
+    };
     let link = LinkInfo {
         ib_dev: String::from(env.dev_name),
         mtu: 128u32 << attr.active_mtu.raw(),
@@ -233,6 +240,36 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     outcome
 }
 
+/// Polls the core until the port is Active with a LID (an SM configured
+/// it), at most [`PORT_TIMEOUT`], interruptible.
+fn wait_port_active(env: &mut Env<'_>, port: u8) -> Result<ib_core::verbs::PortAttr, String> {
+    let end = Deadline::after(env.core.clock(), PORT_TIMEOUT);
+    loop {
+        env.core.poll();
+        let a = env
+            .core
+            .device_mut(env.dev)
+            .ok_or("the device is gone")?
+            .query_port(port)
+            .map_err(|x| e("query_port", x))?;
+        if a.lid != 0 && a.state == ib_core::verbs::PortState::Active {
+            return Ok(a);
+        }
+        if (env.interrupted)() {
+            return Err(format!(
+                "interrupted while waiting for port {port} to become Active"
+            ));
+        }
+        if end.expired(env.core.clock()) {
+            return Err(format!(
+                "port {port} is not Active after {} s (is a subnet manager running?)",
+                PORT_TIMEOUT.as_secs()
+            ));
+        }
+        env.core.clock().delay(Duration::from_millis(20));
+    }
+}
+
 type Step<T> = Result<T, (String, Option<CmId>)>;
 
 fn wait_cm(env: &mut Env<'_>, id: CmId, what: &str, timeout: Duration) -> Result<CmEvent, String> {
@@ -242,7 +279,10 @@ fn wait_cm(env: &mut Env<'_>, id: CmId, what: &str, timeout: Duration) -> Result
             return Err(format!("interrupted while waiting for {what}"));
         }
         if end.expired(env.core.clock()) {
-            return Err(format!("no {what} within {} s", timeout.as_secs()));
+            return Err(format!(
+                "waited {} s for {what}; none came",
+                timeout.as_secs()
+            ));
         }
         match cm::cm_wait_event(env.core, env.cm, id, SLICE) {
             Ok(ev) => return Ok(ev),
@@ -280,7 +320,7 @@ fn serve(
         " Waiting for client to connect... (LID {lid}, up to {} s; Ctrl-C stops)",
         CONNECT_TIMEOUT.as_secs()
     );
-    let got = wait_cm(env, listen, "a client (CM REQ)", CONNECT_TIMEOUT);
+    let got = wait_cm(env, listen, "a client's CM REQ", CONNECT_TIMEOUT);
     let _ = cm::ib_destroy_cm_id(env.core, env.cm, listen);
     let (id, private, remote_lid, remote_qpn) = match got {
         Ok(CmEvent::ReqReceived {
@@ -328,7 +368,9 @@ fn serve(
     }
     .encode();
     let psn = rep.starting_psn;
-    // Receives for the client's SENDs must be there before the RTU.
+    cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
+    // Receives for the client's SENDs: the REP took the QP out of RESET;
+    // the client sends nothing before our RTU arrives.
     let recvs = if (q.tool.verb, q.tool.kind) == (Verb::Send, TestKind::Bw) {
         u64::from(q.rx_depth).min(res.slots)
     } else {
@@ -341,7 +383,6 @@ fn serve(
             fill_slot(res, k, res.slot, k);
         }
     }
-    cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
     match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT) {
         Ok(CmEvent::Established { .. }) => {}
         Ok(CmEvent::Rejected { reason, .. }) => {
@@ -391,9 +432,13 @@ fn client(
     peer: Peer,
     out: &mut dyn Write,
 ) -> Step<CmId> {
+    let whom = match peer {
+        Peer::Lid(l) => format!("LID {l}"),
+        Peer::Guid(g) => format!("port GUID {g:#018x}"),
+    };
     let _ = writeln!(
         out,
-        " Asking the SA for a path to {peer:?} (up to {} s)",
+        " Asking the SA for a path to {whom} (up to {} s)",
         CONNECT_TIMEOUT.as_secs()
     );
     let path = match peer {
@@ -426,18 +471,26 @@ fn client(
     req.private_data =
         Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
     let psn = req.starting_psn;
-    if p.tool.verb == Verb::Send && p.tool.kind == TestKind::Lat {
-        // The server's pongs.
-        post_recvs(env, res, TestKind::Lat, 0..1).map_err(|m| (m, None))?;
-    }
     let _ = writeln!(
         out,
         " Connecting to the server (CM REQ, service {PERFTEST_SERVICE_ID:#x})"
     );
     let (id, rep) = cm::cm_connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
-        .map_err(|x| (e("connecting (is the server running?)", x), None))?;
+        .map_err(|x| {
+            let why = match x {
+                ib_core::Error::Errno(cm::ECONNREFUSED) => String::from(
+                    "the peer rejected the connection (is the server running the same tool there?)",
+                ),
+                other => format!("{other}"),
+            };
+            (format!("connecting to {whom}: {why}"), None)
+        })?;
     let reply =
         Reply::decode(&rep, p.max_size()).map_err(|x| (e("server's answer", x), Some(id)))?;
+    if p.tool.verb == Verb::Send && p.tool.kind == TestKind::Lat {
+        // For the server's pongs (the first comes only after our first ping).
+        post_recvs(env, res, TestKind::Lat, 0..1).map_err(|m| (m, Some(id)))?;
+    }
     let _ = print_test_info(out, p, link);
     let local = Dest {
         lid,
