@@ -210,6 +210,8 @@ pub struct Hca {
     /// Doorbells seen that the (later) engines will consume: (BAR2 offset,
     /// value).
     pub pending_doorbells: Vec<(usize, u32)>,
+    /// The data-path engines' state.
+    pub engine: crate::engine::Engine,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -272,6 +274,7 @@ impl Hca {
             catastrophic: false,
             clr_int_writes: 0,
             pending_doorbells: Vec::new(),
+            engine: crate::engine::Engine::default(),
             cfg,
         }
     }
@@ -480,6 +483,7 @@ impl Hca {
         self.special_qp_base = 0;
         self.catastrophic = false;
         self.pending_doorbells.clear();
+        self.engine = crate::engine::Engine::default();
     }
 
     // ---------------------------------------------------------------
@@ -633,7 +637,7 @@ impl Hca {
                 self.doorbell_pair(off - 4, dw0, v);
                 return;
             }
-            regs::UAR_SEND_DB => self.send_doorbell(v),
+            regs::UAR_SEND_DB => self.send_doorbell(page as u32, v),
             _ => {}
         }
         if self.pending_doorbells.len() < MAX_LOG {
@@ -643,7 +647,7 @@ impl Hca {
 
     /// The CQ doorbell pair at BAR2 offset `off` (the first dword).
     fn doorbell_pair(&mut self, off: usize, dw0: u32, ci: u32) {
-        self.cq_doorbell((off / regs::UAR_PAGE) as u32, dw0);
+        self.cq_doorbell((off / regs::UAR_PAGE) as u32, dw0, ci);
         if self.pending_doorbells.len() + 1 < MAX_LOG {
             self.pending_doorbells.push((off, dw0));
             self.pending_doorbells.push((off + 4, ci));
@@ -651,7 +655,7 @@ impl Hca {
     }
 
     /// CQ arm doorbell `[sn << 28 | cmd << 24 | cqn]`, `[ci]` on UAR `uar`.
-    fn cq_doorbell(&mut self, uar: u32, dw0: u32) {
+    fn cq_doorbell(&mut self, uar: u32, dw0: u32, ci: u32) {
         let cqn = dw0 & 0xff_ffff;
         let cmd = (dw0 >> 24) & 7;
         let Some(cq) = self.cqs.get_mut(&cqn) else {
@@ -671,16 +675,23 @@ impl Hca {
         }
         if cmd != 1 && cmd != 2 {
             self.violation(format!("CQ {cqn:#x} doorbell with unknown command {cmd}"));
+            return;
+        }
+        if ctx_uar == uar {
+            crate::engine::cq_doorbell(self, cqn, cmd, (dw0 >> 28) as u8 & 3, ci);
         }
     }
 
-    /// Send doorbell `qpn << 8`: the QP must have left RESET.
-    fn send_doorbell(&mut self, v: u32) {
+    /// Send doorbell `qpn << 8` on UAR page `uar`: the QP must have left
+    /// RESET; the send engine runs its queue.
+    fn send_doorbell(&mut self, uar: u32, v: u32) {
         let qpn = v >> 8;
         let state = self.qps.get(&qpn).map(|q| q.state);
         if matches!(state, None | Some(QpState::Rst)) {
             self.violation(format!("send doorbell for QP {qpn:#x} in RESET"));
+            return;
         }
+        crate::engine::send_doorbell(self, qpn, uar);
     }
 
     // ---------------------------------------------------------------
@@ -876,6 +887,7 @@ impl Hca {
                 active = true;
             }
         }
+        active |= crate::engine::step(self);
         active
     }
 

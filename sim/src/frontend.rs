@@ -164,6 +164,38 @@ impl RegisterBackend for SharedBar {
 }
 
 /// Real monotonic time (threaded mode).
+/// Synchronous mode's clock as the driver sees it: the fake clock, and on
+/// every `relax`/`delay` a step of the data-path engines, so RNR and retry
+/// timers fire on fake time while the driver polls.
+struct SteppingClock {
+    fake: Arc<FakeClock>,
+    hca: std::sync::Weak<Mutex<Hca>>,
+}
+
+impl SteppingClock {
+    fn step(&self) {
+        if let Some(h) = self.hca.upgrade()
+            && let Ok(mut g) = h.try_lock()
+        {
+            crate::engine::step(&mut g);
+        }
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now_ns(&self) -> u64 {
+        self.fake.now_ns()
+    }
+    fn relax(&self) {
+        self.fake.relax();
+        self.step();
+    }
+    fn delay(&self, d: Duration) {
+        self.fake.delay(d);
+        self.step();
+    }
+}
+
 struct MonoClock(Instant);
 impl Clock for MonoClock {
     fn now_ns(&self) -> u64 {
@@ -321,6 +353,13 @@ impl SimHca {
         let pci = hca.pci.clone();
         let (r0, r2) = (hca.bar0.clone(), hca.bar2.clone());
         let hca = Arc::new(Mutex::new(hca));
+        let clock: Arc<dyn Clock> = match &fake_clock {
+            Some(f) => Arc::new(SteppingClock {
+                fake: f.clone(),
+                hca: Arc::downgrade(&hca),
+            }),
+            None => clock,
+        };
         let (bar0, bar2): (Arc<dyn RegisterBackend>, Arc<dyn RegisterBackend>) = if threaded {
             (Arc::new(SharedBar(r0)), Arc::new(SharedBar(r2)))
         } else {

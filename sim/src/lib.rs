@@ -112,6 +112,7 @@
 #![warn(missing_docs)]
 
 pub mod ctx;
+pub mod engine;
 pub mod eq;
 pub mod fabric;
 pub mod faults;

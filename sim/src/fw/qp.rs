@@ -235,6 +235,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         if let Some(q) = hca.qps.get_mut(&qpn) {
             q.state = QpState::Rst;
         }
+        crate::engine::qp_modified(hca, qpn, cmd.opcode, QpState::Rst);
         return Ok(Outcome::OK);
     }
     let mbox = hca.read_mailbox(cmd.in_param, qpc::MAILBOX_CTX + qpc::SIZE)?;
@@ -314,6 +315,14 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     set_state(&mut ctx, to);
     hca.icm_write(va, &ctx)?;
     hca.qps.insert(qpn, next);
+    crate::engine::qp_modified(hca, qpn, cmd.opcode, to);
+    if cmd.opcode == Opcode::RTS2SQD_QP && cmd.in_mod >> 31 != 0 {
+        // Nothing is in flight between doorbells: the SQ is drained at once.
+        hca.post_async(crate::ctx::Event::Qp {
+            kind: crate::ctx::eqe::SQ_DRAINED,
+            qpn,
+        });
+    }
     Ok(Outcome::OK)
 }
 

@@ -203,6 +203,7 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             arms: 0,
         },
     );
+    crate::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -243,6 +244,9 @@ pub fn modify_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         _ => return Err(Status::BAD_OP),
     }
     hca.icm_write(va, &cur)?;
+    if cmd.op_mod == 0 {
+        crate::engine::cq_changed(hca, cqn, true);
+    }
     Ok(Outcome::OK)
 }
 
@@ -276,6 +280,7 @@ pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, cqc::SIZE)?;
     }
     hca.cqs.remove(&cqn);
+    crate::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -353,6 +358,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
             free,
         },
     );
+    crate::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -364,6 +370,7 @@ pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, mpt::SIZE)?;
     }
     hca.mpts.remove(&idx);
+    crate::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -440,6 +447,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             limit: 0,
         },
     );
+    crate::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 
@@ -454,6 +462,7 @@ pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
     }
     hca.srqs.remove(&srqn);
+    crate::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 
