@@ -1,0 +1,1 @@
+//! Each completion-with-error syndrome from its real cause.
