@@ -96,6 +96,8 @@ pub struct Cq {
     pub buf: DmaBuf,
     pub db: DmaBuf,
     pub ci: u32,
+    /// CQEs polled but not yet looked at.
+    pub stash: Vec<Cqe>,
 }
 
 impl Cq {
@@ -115,7 +117,7 @@ impl Cq {
     }
     /// Every CQE available now.
     pub fn drain(&mut self) -> Vec<Cqe> {
-        let mut v = Vec::new();
+        let mut v = core::mem::take(&mut self.stash);
         while let Some(c) = self.poll() {
             v.push(c);
         }
@@ -366,6 +368,7 @@ impl Hca {
             buf,
             db,
             ci: 0,
+            stash: Vec::new(),
         }
     }
 
