@@ -346,6 +346,9 @@ fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcom
     let Some(q) = hca.engine.qps.get(&qpn).cloned() else {
         return Outcome::Fail(Syndrome::LocalQpOp);
     };
+    if ctrl.opcode == op::BIND_MW && matches!(q.st, st::RC | st::UC) {
+        return bind_mw(hca, &q, wqe);
+    }
     if !opcode_ok(q.st, ctrl.opcode) {
         return Outcome::Fail(Syndrome::LocalQpOp);
     }
@@ -492,6 +495,30 @@ fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcom
         qm.pkts_sent += u64::from(npkts);
     }
     finish(hca, qpn, &q, &msg, resp, &segs[..nseg])
+}
+
+/// BIND_MW (bind segment: flags, new R_Key, L_Key of the MR, address,
+/// length; Linux `mlx4_wqe_bind_seg`): the MR must be valid for the QP and
+/// carry the bind-enable right (dMPT bit 15), or the bind fails with the
+/// memory-window bind error. Windows themselves are not modelled, so a
+/// bind that passes these checks is refused as an unsupported operation.
+fn bind_mw(hca: &mut Hca, q: &QpEng, wqe: &[u8]) -> Outcome {
+    if wqe.len() < 16 + 32 {
+        return Outcome::Fail(Syndrome::LocalQpOp);
+    }
+    let lkey = get32(wqe, 16 + 12);
+    let addr = get64(wqe, 16 + 16);
+    let len = get64(wqe, 16 + 24);
+    let ok = xlate::check(hca, lkey, q.pd, Access::LocalRead, addr, len, false).is_ok()
+        && xlate::bind_enabled(hca, lkey);
+    if !ok {
+        return Outcome::Fail(Syndrome::MwBind);
+    }
+    hca.violation(format!(
+        "QP {:#x}: memory window binding is not modelled",
+        q.qpn
+    ));
+    Outcome::Fail(Syndrome::LocalQpOp)
 }
 
 /// The requester's side of a response.

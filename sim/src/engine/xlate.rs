@@ -147,6 +147,18 @@ pub fn check(
     })
 }
 
+/// The MR `key` names grants memory-window binding (dMPT bit 15).
+pub fn bind_enabled(hca: &mut Hca, key: u32) -> bool {
+    let nmpt = hca
+        .geo()
+        .ok()
+        .and_then(|g| g.count(Table::Dmpt))
+        .unwrap_or(1)
+        .max(1);
+    let idx = (key.rotate_left(24) as u64 & (nmpt - 1)) as u32;
+    mpt_entry(hca, idx).is_some_and(|m| m.flags & 1 << 15 != 0)
+}
+
 /// Drops cached MPT `idx` (SW2HW/HW2SW).
 pub fn forget_mpt(hca: &mut Hca, idx: u32) {
     hca.engine.mpts.remove(&idx);

@@ -666,12 +666,21 @@ impl Qp {
     pub fn put(&mut self, opcode: u8, fence: bool, wqe: &[u8]) -> u32 {
         let idx = self.sq_pi;
         let stride = 1usize << self.sq_shift;
-        assert!(wqe.len() <= stride, "WQE of {} bytes in a {stride}-byte stride", wqe.len());
+        assert!(
+            wqe.len() <= stride,
+            "WQE of {} bytes in a {stride}-byte stride",
+            wqe.len()
+        );
         let base = self.sq_off + ((idx & (self.sq_cnt - 1)) as usize) * stride;
         self.buf.write_bytes(base + 4, &wqe[4..]);
         let ds = wqe.len().div_ceil(16) as u8;
-        self.buf.write_u8(base + 7, ds | if fence { 0x40 } else { 0 });
-        let owner = if idx & self.sq_cnt != 0 { 0x8000_0000u32 } else { 0 };
+        self.buf
+            .write_u8(base + 7, ds | if fence { 0x40 } else { 0 });
+        let owner = if idx & self.sq_cnt != 0 {
+            0x8000_0000u32
+        } else {
+            0
+        };
         hal::barrier::wmb();
         self.buf.write_be32(base, owner | u32::from(opcode));
         self.sq_pi = self.sq_pi.wrapping_add(1);
