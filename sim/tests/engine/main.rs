@@ -9,3 +9,4 @@ mod poster;
 
 mod errors;
 mod loopback;
+mod rings;
