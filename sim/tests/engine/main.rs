@@ -9,4 +9,5 @@ mod poster;
 
 mod errors;
 mod loopback;
+mod mlx;
 mod rings;

@@ -209,6 +209,8 @@ pub struct Wr {
     pub raw: Option<Vec<u8>>,
     /// Raw MLX flags dword (control segment dword 2) for QP0/QP1.
     pub mlx_flags: Option<(u32, u16)>,
+    /// Raw bytes after the data segments (the MLX ICRC segment).
+    pub tail: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -657,6 +659,9 @@ impl Qp {
             b.extend_from_slice(&s.len.to_be_bytes());
             b.extend_from_slice(&s.lkey.to_be_bytes());
             b.extend_from_slice(&s.addr.to_be_bytes());
+        }
+        if let Some(t) = &w.tail {
+            b.extend_from_slice(t);
         }
         b
     }
