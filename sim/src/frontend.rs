@@ -718,6 +718,11 @@ impl SimHca {
         self.hca().cfg.clone()
     }
 
+    /// What the data-path engines have done so far.
+    pub fn engine_stats(&self) -> crate::engine::Stats {
+        self.hca().engine.stats
+    }
+
     /// The catastrophic-error buffer's first dword (0 = healthy).
     pub fn catas_syndrome(&self) -> u32 {
         self.hca().bar0.be(crate::regs::CATAS_BASE)

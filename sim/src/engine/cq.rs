@@ -288,6 +288,7 @@ pub fn push(hca: &mut Hca, cqn: u32, cqe: &Cqe) -> bool {
         hca.violation(format!("CQ {cqn:#x}: CQE write to {addr:#x} failed"));
         return false;
     }
+    hca.engine.stats.cqes += 1;
     if fire {
         hca.post_event(eqn, Event::Completion { cqn });
     }

@@ -228,6 +228,9 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             }
             execute(hca, qpn, idx, &ctrl, &wqe[..size])
         };
+        if !matches!(outcome, Outcome::Stall | Outcome::Wait(..)) {
+            hca.engine.stats.executed += 1;
+        }
         match outcome {
             Outcome::Stall => return,
             Outcome::Wait(kind, until_ns) => {
@@ -1008,6 +1011,7 @@ fn receive(hca: &mut Hca, d: &QpEng, m: &Msg, src: &[Seg], inline: &[u8], mad: b
         );
     }
     rq_commit(hca, d.qpn, &r);
+    hca.engine.stats.received += 1;
     let pkey_index = if datagram {
         hca.port_index(u32::from(d.port))
             .and_then(|i| {
@@ -1403,6 +1407,7 @@ pub fn flush_sq(hca: &mut Hca, qpn: u32) -> u32 {
         cq::push(hca, scq, &c);
         n += 1;
     }
+    hca.engine.stats.flushed += u64::from(n);
     n
 }
 
@@ -1432,5 +1437,6 @@ pub fn flush_rq(hca: &mut Hca, qpn: u32) -> u32 {
     if let Some(qm) = hca.engine.qps.get_mut(&qpn) {
         qm.rq_ci = q.rq_ci.wrapping_add(pending);
     }
+    hca.engine.stats.flushed += u64::from(pending);
     u32::from(pending)
 }

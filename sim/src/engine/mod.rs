@@ -194,9 +194,24 @@ pub struct SrqEng {
     pub consumed: u16,
 }
 
+/// What the engines have done (for tests and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Send WQEs executed (completed, in error or not).
+    pub executed: u64,
+    /// Send and receive WQEs flushed.
+    pub flushed: u64,
+    /// Messages delivered to a receive queue.
+    pub received: u64,
+    /// CQEs written.
+    pub cqes: u64,
+}
+
 /// All engine state of one HCA.
 #[derive(Debug, Default)]
 pub struct Engine {
+    /// Counters.
+    pub stats: Stats,
     /// QPs that have left RESET.
     pub qps: BTreeMap<u32, QpEng>,
     /// CQs in use.

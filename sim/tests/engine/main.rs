@@ -8,6 +8,7 @@ mod harness;
 mod poster;
 
 mod errors;
+mod fuzz;
 mod loopback;
 mod mlx;
 mod rings;

@@ -8,7 +8,17 @@ use crate::poster::*;
 
 /// LRH + BTH + DETH for a UD SEND-only of `payload` bytes, as an inline
 /// segment (4-byte header + 28 bytes, padded to 16).
-pub fn ud_header(vl: u8, sl: u8, dlid: u16, slid: u16, pkey: u16, dqpn: u32, qkey: u32, sqpn: u32, payload: usize) -> Vec<u8> {
+pub fn ud_header(
+    vl: u8,
+    sl: u8,
+    dlid: u16,
+    slid: u16,
+    pkey: u16,
+    dqpn: u32,
+    qkey: u32,
+    sqpn: u32,
+    payload: usize,
+) -> Vec<u8> {
     let pad = (4 - payload % 4) % 4;
     let words = (8 + 12 + 8 + payload + pad + 4) / 4;
     let mut h = Vec::new();
@@ -70,14 +80,22 @@ fn qp1_mad_loops_back_after_the_grh_area() {
     let m = h.mr(0x10_0000, 8192, acc::ALL);
     let g = mad(0x03); // SA class
     m.write(0, &g);
-    qp1.post_recv(&[Sge { addr: m.addr(4096), len: 296, lkey: m.key }]);
+    qp1.post_recv(&[Sge {
+        addr: m.addr(4096),
+        len: 296,
+        lkey: m.key,
+    }]);
     let lid = h.lid;
     let w = Wr {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((2 << 8, lid)),
         raw: Some(ud_header(0, 2, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)),
-        sges: vec![Sge { addr: m.addr(0), len: 256, lkey: m.key }],
+        sges: vec![Sge {
+            addr: m.addr(0),
+            len: 256,
+            lkey: m.key,
+        }],
         tail: Some(icrc_seg()),
         ..Wr::default()
     };
@@ -91,7 +109,11 @@ fn qp1_mad_loops_back_after_the_grh_area() {
     );
     assert_eq!(m.read(4096 + 40, 256), g);
     assert!(one(&mut cq, true).ok());
-    assert!(h.r.sim.violations().is_empty(), "{:?}", h.r.sim.violations());
+    assert!(
+        h.r.sim.violations().is_empty(),
+        "{:?}",
+        h.r.sim.violations()
+    );
 }
 
 #[test]
@@ -103,24 +125,80 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
     m.write(0, &mad(0x01));
     m.write(512, &mad(0x81));
     let lid = h.lid;
-    let body = |off| vec![Sge { addr: m.addr(off), len: 256, lkey: m.key }];
+    let body = |off| {
+        vec![Sge {
+            addr: m.addr(off),
+            len: 256,
+            lkey: m.key,
+        }]
+    };
     let cases: Vec<(&str, bool, Wr)> = vec![
-        ("GMP on VL15", false, Wr { mlx_flags: Some((1 << 17, lid)), raw: Some(ud_header(15, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)), ..Wr::default() }),
-        ("QP1 Q_Key", false, Wr { mlx_flags: Some((0, lid)), raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x1234, 1, 256)), ..Wr::default() }),
-        ("packet length", false, Wr { mlx_flags: Some((0, lid)), raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 252)), ..Wr::default() }),
-        ("SMP off VL15", true, Wr { mlx_flags: Some((0, lid)), raw: Some(ud_header(0, 0, lid, 0, 0xffff, 0, 0, 0, 256)), ..Wr::default() }),
-        ("permissive LID, LID-routed SMP", true, Wr { mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)), raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)), ..Wr::default() }),
+        (
+            "GMP on VL15",
+            false,
+            Wr {
+                mlx_flags: Some((1 << 17, lid)),
+                raw: Some(ud_header(15, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)),
+                ..Wr::default()
+            },
+        ),
+        (
+            "QP1 Q_Key",
+            false,
+            Wr {
+                mlx_flags: Some((0, lid)),
+                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x1234, 1, 256)),
+                ..Wr::default()
+            },
+        ),
+        (
+            "packet length",
+            false,
+            Wr {
+                mlx_flags: Some((0, lid)),
+                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 252)),
+                ..Wr::default()
+            },
+        ),
+        (
+            "SMP off VL15",
+            true,
+            Wr {
+                mlx_flags: Some((0, lid)),
+                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 0, 0, 0, 256)),
+                ..Wr::default()
+            },
+        ),
+        (
+            "permissive LID, LID-routed SMP",
+            true,
+            Wr {
+                mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
+                raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)),
+                ..Wr::default()
+            },
+        ),
     ];
     for (what, on_qp0, mut w) in cases {
         w.opcode = op::SEND;
         w.signalled = true;
         w.sges = body(0);
         w.tail = Some(icrc_seg());
-        let (q, qpn) = if on_qp0 { (&mut qp0, BASE_SQPN) } else { (&mut qp1, BASE_SQPN + 2) };
+        let (q, qpn) = if on_qp0 {
+            (&mut qp0, BASE_SQPN)
+        } else {
+            (&mut qp1, BASE_SQPN + 2)
+        };
         q.post(&h, &w);
         let c = one(&mut cq, true);
         assert_eq!((c.opcode, c.syndrome), (0x1e, 0x02), "{what}: {c:?}");
-        assert!(h.r.sim.violations().iter().any(|v| v.contains(&format!("QP {qpn:#x} MLX"))), "{what}");
+        assert!(
+            h.r.sim
+                .violations()
+                .iter()
+                .any(|v| v.contains(&format!("QP {qpn:#x} MLX"))),
+            "{what}"
+        );
         // Back to RTS for the next case (SQE -> RTS).
         let m = crate::harness::QpMbox::new(3, MLX);
         h.r.cmd_in(&m.0, qpn, 0, sim::Opcode::SQERR2RTS_QP).unwrap();
@@ -128,15 +206,18 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
     }
     // A directed-route SMP with the permissive DLID is fine (it leaves the
     // port; nothing is cabled, so it is not seen again).
-    qp0.post(&h, &Wr {
-        opcode: op::SEND,
-        signalled: true,
-        mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
-        raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)),
-        sges: body(512),
-        tail: Some(icrc_seg()),
-        ..Wr::default()
-    });
+    qp0.post(
+        &h,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
+            raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)),
+            sges: body(512),
+            tail: Some(icrc_seg()),
+            ..Wr::default()
+        },
+    );
     assert!(one(&mut cq, true).ok(), "{:?}", h.r.sim.violations());
 }
 
@@ -158,7 +239,11 @@ fn smps_to_a_qp0_that_is_not_ready_are_dropped_and_counted() {
         signalled: true,
         mlx_flags: Some((1 << 17, lid)),
         raw: Some(ud_header(15, 0, lid, 0, 0xffff, 0, 0, 0, 256)),
-        sges: vec![Sge { addr: m.addr(0), len: 256, lkey: m.key }],
+        sges: vec![Sge {
+            addr: m.addr(0),
+            len: 256,
+            lkey: m.key,
+        }],
         tail: Some(icrc_seg()),
         ..Wr::default()
     };
@@ -166,9 +251,17 @@ fn smps_to_a_qp0_that_is_not_ready_are_dropped_and_counted() {
     qp0.post(&h, &smp);
     assert!(one(&mut cq, true).ok());
     let pc = h.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
-    assert_eq!(u16::from_be_bytes([pc[0x40 + 22], pc[0x40 + 23]]), 1, "VL15Dropped");
+    assert_eq!(
+        u16::from_be_bytes([pc[0x40 + 22], pc[0x40 + 23]]),
+        1,
+        "VL15Dropped"
+    );
     // With a receive WQE it arrives.
-    qp0.post_recv(&[Sge { addr: m.addr(4096), len: 296, lkey: m.key }]);
+    qp0.post_recv(&[Sge {
+        addr: m.addr(4096),
+        len: 296,
+        lkey: m.key,
+    }]);
     qp0.post(&h, &smp);
     let r = one(&mut cq, false);
     assert_eq!((r.byte_cnt, r.rqpn, r.slid), (296, 0, lid));

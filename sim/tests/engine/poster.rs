@@ -239,6 +239,8 @@ pub struct Qp {
     pub sq_pi: u32,
     pub rq_pi: u16,
     pub srq: Option<u32>,
+    pub mtt: u64,
+    pub spec: QpSpec,
 }
 
 /// QP creation parameters.
@@ -496,7 +498,50 @@ impl Hca {
             sq_pi: 0,
             rq_pi: 0,
             srq: s.srq,
+            mtt,
+            spec: s,
         }
+    }
+
+    /// 2RST, then the software reset of the queues (counters to 0, the SQ
+    /// pre-stamped again) and RST2INIT over the same buffer.
+    pub fn reinit(&mut self, q: &mut Qp) {
+        self.r.cmd(0, q.qpn, 2, Opcode::RST_QP).unwrap();
+        let len = q.buf.len();
+        q.buf.fill(0, len, 0);
+        for i in 0..q.sq_cnt as usize {
+            q.buf.write_be32(q.sq_off + (i << q.sq_shift), 0x8000_0000);
+        }
+        q.db.fill(0, 64, 0);
+        q.sq_pi = 0;
+        q.rq_pi = 0;
+        let s = q.spec;
+        let rq_ss = if q.rq_cnt > 0 {
+            s.rq_log << 3 | (s.rq_shift - 4)
+        } else {
+            0
+        };
+        let msgmax = if s.st == UD || s.st == MLX { 12 } else { 31 };
+        let m = QpMbox::new(1, s.st)
+            .u32(0x04, s.pd)
+            .u8(0x08, 5 << 5 | msgmax)
+            .u8(0x09, rq_ss)
+            .u8(0x0a, s.sq_log << 3 | (s.sq_shift - 4))
+            .u8(0x0b, 1 << 4)
+            .u32(0x0c, UAR)
+            .u32(0x10, q.qpn)
+            .u8(0x18 + 3, s.pkey_index)
+            .u8(0x18 + 0x20, (s.port - 1) << 6 | 0x83)
+            .u32(0x7c, s.scq)
+            .u32(0x90, s.access)
+            .u32(0x9c, s.rcq)
+            .u64(0xa0, q.db.bus_addr().0)
+            .u32(0xa8, s.qkey)
+            .u32(0xac, s.srq.map_or(0, |n| 1 << 24 | n))
+            .u8(0xcb, ((q.mtt * 8) >> 32) as u8)
+            .u32(0xcc, (q.mtt * 8) as u32)
+            .optpar(1 << 4 | 1 << 5);
+        self.r.cmd_in(&m.0, q.qpn, 0, Opcode::RST2INIT_QP).unwrap();
     }
 
     /// INIT2RTR and RTR2RTS, connected to `dqpn` at `dlid` (RC/UC).
