@@ -112,6 +112,29 @@ enum Resp {
     Silent,
 }
 
+/// Per-WQE scratch arrays, kept by the engine between WQEs so the hot
+/// path neither allocates nor clears kilobytes of stack.
+#[derive(Debug)]
+pub struct Scratch {
+    sges: [Sge; MAX_SEGS],
+    segs: [Seg; MAX_SEGS],
+    rbuf: [u8; RWQE_MAX],
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            sges: [Sge::None; MAX_SEGS],
+            segs: [Seg::default(); MAX_SEGS],
+            rbuf: [0; RWQE_MAX],
+        }
+    }
+}
+
+fn take_scratch(slot: &mut Option<Box<Scratch>>) -> Box<Scratch> {
+    slot.take().unwrap_or_default()
+}
+
 /// How one WQE ended.
 enum Outcome {
     /// Completed (a CQE if signalled).
@@ -346,6 +369,20 @@ fn opcode_ok(st: u8, opcode: u8) -> bool {
 
 /// Executes one WQE of QP `qpn`.
 fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
+    let mut sc = take_scratch(&mut hca.engine.tx_scratch);
+    let r = execute_in(hca, qpn, idx, ctrl, wqe, &mut sc);
+    hca.engine.tx_scratch = Some(sc);
+    r
+}
+
+fn execute_in(
+    hca: &mut Hca,
+    qpn: u32,
+    idx: u32,
+    ctrl: &Ctrl,
+    wqe: &[u8],
+    sc: &mut Scratch,
+) -> Outcome {
     let Some(q) = hca.engine.qps.get(&qpn).cloned() else {
         return Outcome::Fail(Syndrome::LocalQpOp);
     };
@@ -391,8 +428,8 @@ fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcom
             off += 16;
         }
     }
-    let mut sges = [Sge::None; MAX_SEGS];
-    let n = match wqe::parse_gather(wqe, off, wqe.len(), &mut sges) {
+    let Scratch { sges, segs, .. } = sc;
+    let n = match wqe::parse_gather(wqe, off, wqe.len(), sges) {
         Ok(n) => n,
         Err(e) => {
             hca.violation(format!("QP {qpn:#x} SQ WQE {idx}: malformed ({e:?})"));
@@ -404,8 +441,7 @@ fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcom
     } else {
         Access::LocalRead
     };
-    let mut segs = [Seg::default(); MAX_SEGS];
-    let (nseg, len) = match check_list(hca, &q, &sges[..n], local_access, &mut segs) {
+    let (nseg, len) = match check_list(hca, &q, &sges[..n], local_access, segs) {
         Ok(v) => v,
         Err(s) => return Outcome::Fail(s),
     };
@@ -586,16 +622,18 @@ fn finish(hca: &mut Hca, qpn: u32, q: &QpEng, msg: &Msg, resp: Resp, local: &[Se
 struct Rwqe {
     /// RQ counter or SRQ index (the CQE's WQE counter).
     counter: u16,
-    sges: [Sge; MAX_SEGS],
+    /// Scatter entries (in the caller's scratch).
     n: usize,
     /// SRQ: index of the next free WQE.
     srq_next: Option<u16>,
 }
 
-/// Peeks at the next receive WQE of `q` (its RQ or SRQ).
-fn rq_peek(hca: &mut Hca, q: &QpEng) -> Option<Rwqe> {
-    let mut buf = [0u8; RWQE_MAX];
-    let mut sges = [Sge::None; MAX_SEGS];
+/// Peeks at the next receive WQE of `q` (its RQ or SRQ); its scatter list
+/// lands in `sc.sges`.
+fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe> {
+    let Scratch {
+        sges, rbuf: buf, ..
+    } = sc;
     if let Some(srqn) = q.srq {
         let s = srq_get(hca, srqn)?;
         let (db, consumed, head, shift, cnt) = (s.db_rec, s.consumed, s.head, s.shift, s.cnt);
@@ -610,11 +648,10 @@ fn rq_peek(hca: &mut Hca, q: &QpEng) -> Option<Rwqe> {
         let off = u64::from(u32::from(head) & (cnt - 1)) << shift;
         let pa = pages.get((off >> page_shift) as usize)? + (off & ((1 << page_shift) - 1));
         hca.dma_read(pa, &mut buf[..stride]).ok()?;
-        let next = get16(&buf, 2);
-        let n = wqe::parse_scatter(&buf[16..stride], &mut sges);
+        let next = get16(&buf[..], 2);
+        let n = wqe::parse_scatter(&buf[16..stride], sges);
         return Some(Rwqe {
             counter: head,
-            sges,
             n,
             srq_next: Some(next),
         });
@@ -631,10 +668,9 @@ fn rq_peek(hca: &mut Hca, q: &QpEng) -> Option<Rwqe> {
     let stride = (1usize << q.rq_shift).min(RWQE_MAX);
     let pa = q.rq_wqe(u32::from(q.rq_ci))?;
     hca.dma_read(pa, &mut buf[..stride]).ok()?;
-    let n = wqe::parse_scatter(&buf[..stride], &mut sges);
+    let n = wqe::parse_scatter(&buf[..stride], sges);
     Some(Rwqe {
         counter: q.rq_ci,
-        sges,
         n,
         srq_next: None,
     })
@@ -686,7 +722,8 @@ fn srq_get(hca: &mut Hca, srqn: u32) -> Option<&mut super::SrqEng> {
         let cnt = 1u32 << s.log_size;
         let pages = hca
             .mtt_pages(c.mtt_base, c.log_page_size, u64::from(cnt) << shift)
-            .ok()?;
+            .ok()?
+            .into();
         hca.engine.srqs.insert(
             srqn,
             super::SrqEng {
@@ -777,7 +814,10 @@ fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
                 );
             }
             let r = if m.imm.is_some() {
-                match rq_peek(hca, &d) {
+                let mut sc = take_scratch(&mut hca.engine.rx_scratch);
+                let r = rq_peek(hca, &d, &mut sc);
+                hca.engine.rx_scratch = Some(sc);
+                match r {
                     Some(r) => Some(r),
                     None => return rnr(&d),
                 }
@@ -935,7 +975,22 @@ fn rnr(d: &QpEng) -> Resp {
 
 /// A SEND (or a MAD on QP0/QP1) arriving at `d`.
 fn receive(hca: &mut Hca, d: &QpEng, m: &Msg, src: &[Seg], inline: &[u8], mad: bool) -> Resp {
-    let Some(r) = rq_peek(hca, d) else {
+    let mut sc = take_scratch(&mut hca.engine.rx_scratch);
+    let r = receive_in(hca, d, m, src, inline, mad, &mut sc);
+    hca.engine.rx_scratch = Some(sc);
+    r
+}
+
+fn receive_in(
+    hca: &mut Hca,
+    d: &QpEng,
+    m: &Msg,
+    src: &[Seg],
+    inline: &[u8],
+    mad: bool,
+    sc: &mut Scratch,
+) -> Resp {
+    let Some(r) = rq_peek(hca, d, sc) else {
         return rnr(d);
     };
     let pd = match d.srq {
@@ -947,11 +1002,11 @@ fn receive(hca: &mut Hca, d: &QpEng, m: &Msg, src: &[Seg], inline: &[u8], mad: b
     let skip = if datagram { 40u64 } else { 0 };
     let need = skip + m.len;
     // The scatter list is checked over the bytes the message uses.
-    let mut segs = [Seg::default(); MAX_SEGS];
+    let Scratch { sges, segs, .. } = sc;
     let mut room = 0u64;
     let mut n = 0;
     let mut bad = false;
-    for s in &r.sges[..r.n] {
+    for s in &sges[..r.n] {
         let Sge::Ptr { len, lkey, addr } = *s else {
             continue;
         };

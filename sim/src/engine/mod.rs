@@ -67,7 +67,7 @@ pub struct QpEng {
     /// Port (1-based; 0 before INIT2RTR).
     pub port: u8,
     /// QP buffer pages.
-    pub pages: Vec<u64>,
+    pub pages: std::sync::Arc<[u64]>,
     /// QP buffer page shift.
     pub page_shift: u32,
     /// SQ offset in the buffer, WQEs, log stride.
@@ -181,7 +181,7 @@ pub struct SrqEng {
     /// log2 stride.
     pub shift: u32,
     /// Buffer pages.
-    pub pages: Vec<u64>,
+    pub pages: std::sync::Arc<[u64]>,
     /// Page shift.
     pub page_shift: u32,
     /// Doorbell record (BE32 WQE counter).
@@ -222,6 +222,16 @@ pub struct Engine {
     pub mpts: BTreeMap<u32, MptEntry>,
     /// Bounce buffer for copies.
     pub bounce: Vec<u8>,
+    /// Scratch of the send side.
+    pub tx_scratch: Option<Box<exec::Scratch>>,
+    /// Scratch of the receive side.
+    pub rx_scratch: Option<Box<exec::Scratch>>,
+    /// Number of dMPT entries (0 until first use).
+    pub nmpt: u64,
+    /// A direct-mapped cache of MTT entries read for MR translation:
+    /// (MTT index, page bus address); cleared by every command that can
+    /// change MTTs or MPTs (the card's TPT cache is refreshed the same way).
+    pub mtt_cache: Vec<(u64, u64)>,
     /// QPs with a timer pending or in the error state (checked by `step`).
     pub watch: Vec<u32>,
 }
@@ -260,7 +270,8 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
         Some(p) if !p.pages.is_empty() => p.pages.clone(),
         _ => hca
             .mtt_pages(c.mtt_base, c.log_page_size, rq_bytes + sq_bytes)
-            .ok()?,
+            .ok()?
+            .into(),
     };
     let p = qpc::PRI_PATH;
     let params1 = get32(&b, qpc::PARAMS1);

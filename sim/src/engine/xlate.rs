@@ -77,6 +77,18 @@ pub struct Seg {
     pub xl: Option<Xl>,
 }
 
+fn nmpt(hca: &mut Hca) -> u64 {
+    if hca.engine.nmpt == 0 {
+        hca.engine.nmpt = hca
+            .geo()
+            .ok()
+            .and_then(|g| g.count(Table::Dmpt))
+            .unwrap_or(1)
+            .max(1);
+    }
+    hca.engine.nmpt
+}
+
 fn mpt_entry(hca: &mut Hca, idx: u32) -> Option<MptEntry> {
     if let Some(m) = hca.engine.mpts.get(&idx) {
         return Some(*m);
@@ -107,13 +119,7 @@ pub fn check(
             ..Xl::default()
         });
     }
-    let nmpt = hca
-        .geo()
-        .ok()
-        .and_then(|g| g.count(Table::Dmpt))
-        .unwrap_or(1)
-        .max(1);
-    let idx = (key.rotate_left(24) as u64 & (nmpt - 1)) as u32;
+    let idx = (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32;
     let Some(st) = hca.mpts.get(&idx).copied() else {
         return Err(KeyError::BadKey);
     };
@@ -149,19 +155,36 @@ pub fn check(
 
 /// The MR `key` names grants memory-window binding (dMPT bit 15).
 pub fn bind_enabled(hca: &mut Hca, key: u32) -> bool {
-    let nmpt = hca
-        .geo()
-        .ok()
-        .and_then(|g| g.count(Table::Dmpt))
-        .unwrap_or(1)
-        .max(1);
-    let idx = (key.rotate_left(24) as u64 & (nmpt - 1)) as u32;
+    let idx = (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32;
     mpt_entry(hca, idx).is_some_and(|m| m.flags & 1 << 15 != 0)
 }
 
-/// Drops cached MPT `idx` (SW2HW/HW2SW).
+/// Drops cached MPT `idx` (SW2HW/HW2SW) and the MTT cache.
 pub fn forget_mpt(hca: &mut Hca, idx: u32) {
     hca.engine.mpts.remove(&idx);
+    forget_mtts(hca);
+}
+
+/// Drops the MTT cache (WRITE_MTT, SW2HW/HW2SW_MPT).
+pub fn forget_mtts(hca: &mut Hca) {
+    hca.engine.mtt_cache.clear();
+}
+
+const MTT_CACHE: usize = 1024;
+
+fn mtt(hca: &mut Hca, index: u64) -> Option<u64> {
+    let slot = (index as usize) & (MTT_CACHE - 1);
+    if let Some(&(i, pa)) = hca.engine.mtt_cache.get(slot)
+        && i == index
+    {
+        return Some(pa);
+    }
+    let pa = hca.mtt_lookup(index).ok()?;
+    if hca.engine.mtt_cache.len() != MTT_CACHE {
+        hca.engine.mtt_cache = vec![(u64::MAX, 0); MTT_CACHE];
+    }
+    hca.engine.mtt_cache[slot] = (index, pa);
+    Some(pa)
 }
 
 /// Bus address of `addr` and the bytes left in its page.
@@ -171,7 +194,7 @@ fn bus(hca: &mut Hca, xl: &Xl, addr: u64) -> Option<(u64, u64)> {
     }
     let page = 1u64 << xl.shift;
     let idx = (addr - xl.base) >> xl.shift;
-    let pa = hca.mtt_lookup(xl.mtt + idx).ok()?;
+    let pa = mtt(hca, xl.mtt + idx)?;
     Some((pa + (addr & (page - 1)), page - (addr & (page - 1))))
 }
 
@@ -261,7 +284,7 @@ pub fn scatter(hca: &mut Hca, segs: &[Seg], mut skip: u64, buf: &[u8]) -> Result
 }
 
 /// Chunk of the engine's bounce buffer.
-pub const CHUNK: usize = 64 << 10;
+pub const CHUNK: usize = 16 << 10;
 
 /// Copies `len` bytes from `src` (with inline runs from `inline`) to `dst`
 /// starting `dst_skip` bytes in, through the engine's bounce buffer.

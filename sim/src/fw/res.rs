@@ -408,6 +408,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::ICM_ERROR);
     }
     hca.icm_write(va, &b[16..])?;
+    crate::engine::xlate::forget_mtts(hca);
     Ok(Outcome::OK)
 }
 

@@ -7,6 +7,7 @@
 mod harness;
 mod poster;
 
+mod bench;
 mod errors;
 mod fuzz;
 mod loopback;
