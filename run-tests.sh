@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: installs what it needs
-# (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools with apt-get
+# (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools, tshark with apt-get
 # when root), then formatting, clippy on the host crates and on the kernel,
 # the host unit and model-backed tests, and the QEMU end-to-end tests.
 set -euo pipefail
@@ -17,6 +17,7 @@ step "dependencies"
 ensure_rust
 ensure_qemu
 ensure_iso_tools
+ensure_tshark
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

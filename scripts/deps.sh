@@ -51,3 +51,9 @@ ensure_iso_tools() {
     # grub-mkrescue needs the BIOS platform files from grub-pc-bin.
     [ -d /usr/lib/grub/i386-pc ] || apt_install grub-pc-bin
 }
+
+# tshark dissects the fabric's packet captures in the sim tests; without it
+# those tests say loudly that they skipped the dissection.
+ensure_tshark() {
+    ensure_pkgs tshark:tshark || say "warning: tshark could not be installed; the capture tests will skip dissecting"
+}

@@ -26,7 +26,8 @@
 //! | [`port`] | the two IB ports: physical/logical state, LID, SM, P_Key and GUID tables |
 //! | [`mad_ifc`] | the firmware SMA/PMA behind MAD_IFC |
 //! | [`fw`] | the firmware command handlers, by area |
-//! | [`fabric`] | the wire: cables, packets in flight (switch, capture, packet faults to come) |
+//! | [`packet`] | InfiniBand packets: LRH/GRH/BTH/ETHs, MAD/SMP headers, ICRC/VCRC |
+//! | [`fabric`] | the wire: cables, switches (SMA, PMA, LFT, directed route), topologies, capture, packet faults |
 //! | [`faults`] | fault injection |
 //! | [`trace`] | the command trace |
 //! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
@@ -124,6 +125,7 @@ pub mod ivshmem;
 pub mod layout;
 pub mod mad_ifc;
 pub mod mem;
+pub mod packet;
 pub mod pci;
 pub mod port;
 pub mod regs;

@@ -1,7 +1,9 @@
 //! The wire between ports: cables joining two ports, the packets in flight
-//! and their delivery; the switch, its SMA/PMA, LID routing, directed-route
-//! processing, the capture and per-packet faults grow here (see the issue
-//! "sim: the data path").
+//! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
+//! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
+//! back, ibsim net files), the capture ([`capture`]) and per-packet faults
+//! ([`faults`]); the subnet manager, SA and the ibsim server protocol are
+//! not here (yet). Packet formats are in [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!
@@ -27,9 +29,28 @@
 //!   Whoever drives the engines (the front ends) steps every HCA on the
 //!   fabric until none makes progress; [`Fabric::next_due`] says when a
 //!   delayed packet will be ready.
+//! * Switches live inside the fabric. A packet sent to a switch port is
+//!   processed when it is due, during [`Fabric::advance`] (which
+//!   [`Fabric::receive`] and [`Fabric::transmit`] call first): forwarded
+//!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
+//!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
+//!   front end that wants them on time calls `advance(now)` each step.
+//! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
+//!   (or out of a port a rule names); the capture records what crosses
+//!   each cable after the faults (a dropped packet never crossed).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
+
+pub mod capture;
+pub mod faults;
+pub mod switch;
+pub mod topology;
+
+pub use capture::{Capture, Direction};
+pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use switch::Switch;
+pub use topology::{Built, Topology, TopologyError};
 
 /// One packet on the wire: LRH through VCRC.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +84,10 @@ impl Packet {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PortId(pub u32);
 
+/// A switch on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SwitchId(pub usize);
+
 /// What a fabric port belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
@@ -71,6 +96,13 @@ pub enum Owner {
         /// Node GUID of the HCA.
         node_guid: u64,
         /// Port number on the HCA.
+        port: u8,
+    },
+    /// External port `port` of switch `switch`.
+    Switch {
+        /// The switch.
+        switch: SwitchId,
+        /// Port number on the switch (1-based).
         port: u8,
     },
 }
@@ -98,6 +130,15 @@ impl core::fmt::Display for FabricError {
 
 impl std::error::Error for FabricError {}
 
+/// A packet waiting at a port.
+#[derive(Debug)]
+struct InFlight {
+    due: u64,
+    pkt: Packet,
+    /// Switch hops so far (a routing loop ends at [`MAX_HOPS`]).
+    hops: u8,
+}
+
 #[derive(Debug)]
 struct FabPort {
     owner: Owner,
@@ -105,20 +146,75 @@ struct FabPort {
     peer: Option<PortId>,
     link_generation: u64,
     /// Packets delivered to this port, with the time they become due.
-    inbound: VecDeque<(u64, Packet)>,
+    inbound: VecDeque<InFlight>,
+    name: Option<String>,
+    /// The capture's number for the cable at this port.
+    link: u64,
+}
+
+impl FabPort {
+    fn new(owner: Owner) -> FabPort {
+        FabPort {
+            owner,
+            enabled: false,
+            peer: None,
+            link_generation: 0,
+            inbound: VecDeque::new(),
+            name: None,
+            link: 0,
+        }
+    }
 }
 
 /// Packets queued at one port before the receiver takes them; past this
 /// the port drops (and a later issue counts it as the card would).
 pub const MAX_INBOUND: usize = 4096;
 
-/// The fabric: ports, cables and packets in flight.
+/// Switch hops after which a packet is taken to be looping and dropped.
+pub const MAX_HOPS: u8 = 64;
+
+/// Packets a single [`Fabric::advance`] processes at switches at most, so
+/// that a forwarding loop cannot hang a caller.
+pub const MAX_SWITCH_WORK: usize = 1 << 16;
+
+/// What happened on the wire, summed over the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    /// Packets queued for delivery by `transmit` (from HCAs and switches).
+    pub sent: u64,
+    /// Refused by `transmit`: link down.
+    pub link_down: u64,
+    /// Refused by `transmit`: the far port's queue was full.
+    pub queue_full: u64,
+    /// Lost with a pulled cable or a port going down.
+    pub lost_in_flight: u64,
+    /// Dropped by switches, by reason.
+    pub switch_drops: BTreeMap<&'static str, u64>,
+}
+
+/// A scheduled change of the cabling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Unplug(PortId),
+    Connect(PortId, PortId),
+}
+
+/// The fabric: ports, cables, switches and packets in flight.
 #[derive(Debug, Default)]
 pub struct Fabric {
     ports: BTreeMap<PortId, FabPort>,
     next_id: u32,
     /// Wire latency added to every packet, in nanoseconds.
     pub latency_ns: u64,
+    switches: Vec<(Switch, Vec<PortId>)>,
+    /// Switch ports with a packet waiting, in arrival order.
+    switch_work: VecDeque<PortId>,
+    /// Per-packet faults.
+    pub faults: PacketFaults,
+    capture: Option<Capture>,
+    events: Vec<(u64, Event)>,
+    next_link: u64,
+    stats: FabricStats,
 }
 
 /// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
@@ -135,27 +231,88 @@ impl Fabric {
         Arc::new(Mutex::new(Fabric::new()))
     }
 
+    fn add_port(&mut self, owner: Owner) -> PortId {
+        let id = PortId(self.next_id);
+        self.next_id += 1;
+        self.ports.insert(id, FabPort::new(owner));
+        id
+    }
+
     /// Adds port `port` of the HCA with node GUID `node_guid`; the port
     /// starts disabled and uncabled.
     pub fn attach_hca_port(&mut self, node_guid: u64, port: u8) -> PortId {
-        let id = PortId(self.next_id);
-        self.next_id += 1;
-        self.ports.insert(
-            id,
-            FabPort {
-                owner: Owner::Hca { node_guid, port },
-                enabled: false,
-                peer: None,
-                link_generation: 0,
-                inbound: VecDeque::new(),
-            },
-        );
+        self.add_port(Owner::Hca { node_guid, port })
+    }
+
+    /// Adds a switch; its external ports are enabled (a switch is powered)
+    /// and uncabled.
+    pub fn add_switch(&mut self, sw: Switch) -> SwitchId {
+        let id = SwitchId(self.switches.len());
+        let mut ports = vec![PortId(u32::MAX)]; // port 0 is not on the wire
+        for p in 1..=sw.nports() {
+            let fp = self.add_port(Owner::Switch {
+                switch: id,
+                port: p,
+            });
+            if let Some(x) = self.ports.get_mut(&fp) {
+                x.enabled = true;
+            }
+            ports.push(fp);
+        }
+        self.switches.push((sw, ports));
         id
+    }
+
+    /// The switch `id`.
+    pub fn switch(&self, id: SwitchId) -> Option<&Switch> {
+        self.switches.get(id.0).map(|(s, _)| s)
+    }
+
+    /// The switch `id`, to change (tests, or a front end standing in for an
+    /// SM through [`Switch::configure`]).
+    pub fn switch_mut(&mut self, id: SwitchId) -> Option<&mut Switch> {
+        self.switches.get_mut(id.0).map(|(s, _)| s)
+    }
+
+    /// The fabric port of external port `port` of switch `id`.
+    pub fn switch_port(&self, id: SwitchId, port: u8) -> Option<PortId> {
+        let (_, ports) = self.switches.get(id.0)?;
+        ports.get(usize::from(port)).copied().filter(|_| port != 0)
     }
 
     /// What port `p` belongs to.
     pub fn owner(&self, p: PortId) -> Option<Owner> {
         self.ports.get(&p).map(|fp| fp.owner)
+    }
+
+    /// Names port `p` for the capture (`"node0/1"`).
+    pub fn set_port_name(&mut self, p: PortId, name: &str) {
+        if let Some(fp) = self.ports.get_mut(&p) {
+            fp.name = Some(name.into());
+        }
+    }
+
+    /// The name of port `p` (`"port<N>"` if none was set).
+    pub fn port_name(&self, p: PortId) -> String {
+        self.ports
+            .get(&p)
+            .and_then(|fp| fp.name.clone())
+            .unwrap_or_else(|| format!("port{}", p.0))
+    }
+
+    /// Starts (or with `None` stops) capturing every packet on every cable.
+    pub fn set_capture(&mut self, c: Option<Capture>) -> Option<Capture> {
+        std::mem::replace(&mut self.capture, c)
+    }
+
+    /// The capture, if one is running.
+    pub fn capture_mut(&mut self) -> Option<&mut Capture> {
+        self.capture.as_mut()
+    }
+
+    /// Wire statistics.
+    pub fn stats(&self) -> &FabricStats {
+        &self.stats
     }
 
     /// Joins `a` and `b` with a cable.
@@ -171,8 +328,13 @@ impl Fabric {
             }
         }
         let before = [self.link_up(a), self.link_up(b)];
-        self.port_mut(a).peer = Some(b);
-        self.port_mut(b).peer = Some(a);
+        self.next_link += 1;
+        let link = self.next_link;
+        for (p, q) in [(a, b), (b, a)] {
+            let fp = self.port_mut(p);
+            fp.peer = Some(q);
+            fp.link = link;
+        }
         self.note_link_change(a, before[0]);
         self.note_link_change(b, before[1]);
         Ok(())
@@ -188,9 +350,30 @@ impl Fabric {
         for (q, was) in [(p, before[0]), (peer, before[1])] {
             let fp = self.port_mut(q);
             fp.peer = None;
+            let lost = fp.inbound.len() as u64;
             fp.inbound.clear();
+            self.stats.lost_in_flight += lost;
             self.note_link_change(q, was);
         }
+        Ok(())
+    }
+
+    /// Pulls the cable at `p` at time `at_ns` and, if `reinsert_at_ns` is
+    /// given, plugs the same cable back at that time. Happens during
+    /// [`Fabric::advance`].
+    pub fn schedule_unplug(
+        &mut self,
+        p: PortId,
+        at_ns: u64,
+        reinsert_at_ns: Option<u64>,
+    ) -> Result<(), FabricError> {
+        let fp = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?;
+        let peer = fp.peer;
+        self.events.push((at_ns, Event::Unplug(p)));
+        if let (Some(t), Some(q)) = (reinsert_at_ns, peer) {
+            self.events.push((t.max(at_ns), Event::Connect(p, q)));
+        }
+        self.events.sort_by_key(|(t, _)| *t);
         Ok(())
     }
 
@@ -231,60 +414,207 @@ impl Fabric {
 
     /// Sends `pkt` out of port `p` at time `now_ns`. A packet sent on a
     /// link that is down, or to a full port, is dropped; the return value
-    /// says whether it was queued for delivery.
+    /// says whether it went onto the wire (a packet a fault then loses
+    /// still counts as sent: the sender cannot tell).
     pub fn transmit(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
+        self.advance(now_ns);
+        self.send(p, pkt, now_ns, 0)
+    }
+
+    fn send(&mut self, p: PortId, mut pkt: Packet, now_ns: u64, hops: u8) -> bool {
         if !self.link_up(p) {
+            self.stats.link_down += 1;
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.count_xmit_discard(port);
+            }
             return false;
         }
         let Some(peer) = self.ports.get(&p).and_then(|fp| fp.peer) else {
             return false;
         };
-        let due = now_ns.saturating_add(self.latency_ns);
-        let q = &mut self.port_mut(peer).inbound;
-        if q.len() >= MAX_INBOUND {
+        if self
+            .ports
+            .get(&peer)
+            .is_some_and(|fp| fp.inbound.len() >= MAX_INBOUND)
+        {
+            self.stats.queue_full += 1;
             return false;
         }
-        q.push_back((due, pkt));
+        let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
+        let verdict = self.faults.apply(p, to_hca, &mut pkt.bytes);
+        if let Some(Owner::Switch { switch, port }) = self.owner(p)
+            && let Some((sw, _)) = self.switches.get_mut(switch.0)
+        {
+            sw.count_xmit(port, pkt.bytes.len());
+        }
+        self.stats.sent += 1;
+        if verdict.drop {
+            return true;
+        }
+        if self.capture.is_some() {
+            self.record(p, peer, now_ns, &pkt.bytes);
+        }
+        let latency = self.latency_ns;
+        let q = &mut self.port_mut(peer).inbound;
+        let floor = q.back().map_or(0, |f| f.due);
+        let due = now_ns
+            .saturating_add(latency)
+            .saturating_add(verdict.delay_ns)
+            .max(floor);
+        q.push_back(InFlight { due, pkt, hops });
+        if !to_hca {
+            self.switch_work.push_back(peer);
+        }
         true
     }
 
-    /// The next packet due at port `p` by `now_ns`.
+    fn record(&mut self, from: PortId, to: PortId, now_ns: u64, bytes: &[u8]) {
+        let (a, b) = if from < to { (from, to) } else { (to, from) };
+        let dir = if from == a {
+            Direction::AtoB
+        } else {
+            Direction::BtoA
+        };
+        let link = self.ports.get(&from).map_or(0, |fp| fp.link);
+        let name = format!("{} <-> {}", self.port_name(a), self.port_name(b));
+        if let Some(c) = self.capture.as_mut() {
+            c.record(link, &name, dir, now_ns, bytes);
+        }
+    }
+
+    /// The next packet due at port `p` by `now_ns` (after the fabric has
+    /// advanced to `now_ns`).
     pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        self.advance(now_ns);
         let q = &mut self.ports.get_mut(&p)?.inbound;
-        if q.front().is_some_and(|(due, _)| *due <= now_ns) {
-            q.pop_front().map(|(_, pkt)| pkt)
+        if q.front().is_some_and(|f| f.due <= now_ns) {
+            q.pop_front().map(|f| f.pkt)
         } else {
             None
         }
     }
 
-    /// The earliest time a queued packet becomes due anywhere.
+    /// The earliest time a queued packet becomes due anywhere, or a
+    /// scheduled cable change happens.
     pub fn next_due(&self) -> Option<u64> {
         self.ports
             .values()
-            .filter_map(|fp| fp.inbound.front().map(|(due, _)| *due))
+            .filter_map(|fp| fp.inbound.front().map(|f| f.due))
+            .chain(self.events.first().map(|(t, _)| *t))
             .min()
+    }
+
+    /// Brings the fabric to time `now_ns`: scheduled cable changes happen
+    /// and switches process the packets due by then (bounded by
+    /// [`MAX_SWITCH_WORK`] per call).
+    pub fn advance(&mut self, now_ns: u64) {
+        while self.events.first().is_some_and(|(t, _)| *t <= now_ns) {
+            let (_, ev) = self.events.remove(0);
+            let _ = match ev {
+                Event::Unplug(p) => self.unplug(p),
+                Event::Connect(a, b) => self.connect(a, b),
+            };
+        }
+        let mut budget = MAX_SWITCH_WORK;
+        while budget > 0 {
+            let Some(&sp) = self.switch_work.front() else {
+                break;
+            };
+            let Some(fp) = self.ports.get_mut(&sp) else {
+                self.switch_work.pop_front();
+                continue;
+            };
+            let Some(front) = fp.inbound.front() else {
+                // Lost with a pulled cable.
+                self.switch_work.pop_front();
+                continue;
+            };
+            if front.due > now_ns {
+                break;
+            }
+            self.switch_work.pop_front();
+            budget -= 1;
+            let Some(f) = fp.inbound.pop_front() else {
+                continue;
+            };
+            let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
+                continue;
+            };
+            self.switch_step(switch, port, f);
+        }
+    }
+
+    fn switch_step(&mut self, id: SwitchId, in_port: u8, f: InFlight) {
+        let Some((sw, _)) = self.switches.get_mut(id.0) else {
+            return;
+        };
+        let smp = f.pkt.vl() == Some(15);
+        let action = if f.hops >= MAX_HOPS {
+            switch::Action::Drop("looping: too many switch hops")
+        } else {
+            sw.receive(in_port, f.pkt)
+        };
+        if smp {
+            self.sync_switch_enables(id);
+        }
+        match action {
+            switch::Action::Send(e, pkt) => {
+                if let Some(out) = self.switch_port(id, e) {
+                    self.send(out, pkt, f.due, f.hops.saturating_add(1));
+                }
+            }
+            switch::Action::Drop(why) => {
+                *self.stats.switch_drops.entry(why).or_default() += 1;
+            }
+        }
+    }
+
+    /// An SMP may have disabled or enabled switch ports (PortInfo
+    /// PortPhysicalState); the wire follows.
+    fn sync_switch_enables(&mut self, id: SwitchId) {
+        let Some((sw, ports)) = self.switches.get(id.0) else {
+            return;
+        };
+        let changes: Vec<(PortId, bool)> = (1..=sw.nports())
+            .filter_map(|p| {
+                let fp = *ports.get(usize::from(p))?;
+                let want = sw.port_enabled(p);
+                (self.ports.get(&fp)?.enabled != want).then_some((fp, want))
+            })
+            .collect();
+        for (fp, en) in changes {
+            let _ = self.set_enabled(fp, en);
+        }
     }
 
     fn port_mut(&mut self, p: PortId) -> &mut FabPort {
         // Callers checked that `p` exists; a missing port is a model bug
         // that must not take the process down, so it gets a scratch port.
-        self.ports.entry(p).or_insert_with(|| FabPort {
-            owner: Owner::Hca {
+        self.ports.entry(p).or_insert_with(|| {
+            FabPort::new(Owner::Hca {
                 node_guid: 0,
                 port: 0,
-            },
-            enabled: false,
-            peer: None,
-            link_generation: 0,
-            inbound: VecDeque::new(),
+            })
         })
     }
 
     fn note_link_change(&mut self, p: PortId, before: bool) {
-        if self.link_up(p) != before {
+        let now = self.link_up(p);
+        if now != before {
             let fp = self.port_mut(p);
             fp.link_generation += 1;
+            if !now {
+                let lost = fp.inbound.len() as u64;
+                fp.inbound.clear();
+                self.stats.lost_in_flight += lost;
+            }
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.link_changed(port, now);
+            }
         }
     }
 }

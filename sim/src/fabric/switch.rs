@@ -1,0 +1,1023 @@
+//! A SwitchX-class InfiniBand switch (vendor 0x02c9, device 0xc738, as
+//! ibsim's examples use; 36 ports by default): its SMA on port 0
+//! (NodeInfo, NodeDescription, SwitchInfo, PortInfo of every port,
+//! P_KeyTable of port 0, LinearForwardingTable get/set), directed-route
+//! SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9 and C14-13),
+//! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
+//! PortCounters, PortCountersExtended) per port; multicast forwarding,
+//! SL-to-VL mapping, VL arbitration, random forwarding tables, traps,
+//! partition enforcement on external ports and the LID-routed parts of
+//! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
+//!
+//! Written from the IBTA attribute layouts (14.2.5 and 16.1.3), with
+//! ibsim and OpenSM as facts; the directed-route rules follow the spec's
+//! numbered compliance statements, which Linux's `smi.c` implements for
+//! the same purpose.
+//!
+//! Port states: an external port is Down while its physical link is down
+//! and becomes Init when the link comes up; only an SMP (SubnSet
+//! PortInfo) moves it to Armed and Active, as on a real switch. SMPs
+//! (VL15) cross ports in any state with the link up; other packets enter
+//! only through Armed or Active ports and leave only through Active ones
+//! (else PortXmitDiscards on the egress port).
+//!
+//! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet
+//! received (data in 4-byte words, LRH to ICRC), PortXmitPkts/Data for
+//! every packet sent; a bad VCRC or a malformed packet counts
+//! PortRcvErrors; an unknown or unroutable DLID counts
+//! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards
+//! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
+//! VL15Dropped; a packet whose egress link is down or not Active counts
+//! PortXmitDiscards; a link going down counts LinkDownedCounter on the
+//! switch port.
+
+use super::Packet;
+use crate::packet::{
+    self, Bth, Deth, GSI_QKEY, Headers, Lrh, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr,
+    mad_status, method, mgmt_class,
+};
+use crate::port::{LogicalState, PhysicalState};
+
+/// Mellanox's OUI (NodeInfo VendorID).
+pub const VENDOR_MELLANOX: u32 = 0x0002c9;
+/// SwitchX device id (as ibsim's examples).
+pub const DEVICE_SWITCHX: u16 = 0xc738;
+/// Ports of a SwitchX.
+pub const SWITCHX_PORTS: u8 = 36;
+/// Linear forwarding table capacity (unicast LIDs).
+pub const LFT_CAP: usize = 0xc000;
+/// P_Key table entries of port 0.
+pub const PKEY_CAP: usize = 32;
+/// An LFT entry with no port.
+pub const LFT_NONE: u8 = 0xff;
+
+/// PMA PortCounters and PortCountersExtended of one switch port. Kept
+/// 64-bit; PortCounters reports them saturated at their field widths.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// SymbolErrorCounter.
+    pub symbol_errors: u64,
+    /// LinkDownedCounter.
+    pub link_downed: u64,
+    /// PortRcvErrors.
+    pub rcv_errors: u64,
+    /// PortRcvSwitchRelayErrors.
+    pub rcv_switch_relay_errors: u64,
+    /// PortXmitDiscards.
+    pub xmit_discards: u64,
+    /// VL15Dropped.
+    pub vl15_dropped: u64,
+    /// PortXmitData (4-byte words).
+    pub xmit_data: u64,
+    /// PortRcvData (4-byte words).
+    pub rcv_data: u64,
+    /// PortXmitPkts.
+    pub xmit_pkts: u64,
+    /// PortRcvPkts.
+    pub rcv_pkts: u64,
+}
+
+impl PortCounters {
+    fn add(&mut self, o: &PortCounters) {
+        self.symbol_errors += o.symbol_errors;
+        self.link_downed += o.link_downed;
+        self.rcv_errors += o.rcv_errors;
+        self.rcv_switch_relay_errors += o.rcv_switch_relay_errors;
+        self.xmit_discards += o.xmit_discards;
+        self.vl15_dropped += o.vl15_dropped;
+        self.xmit_data += o.xmit_data;
+        self.rcv_data += o.rcv_data;
+        self.xmit_pkts += o.xmit_pkts;
+        self.rcv_pkts += o.rcv_pkts;
+    }
+}
+
+/// One port of the switch (port 0 is the management port).
+#[derive(Debug, Clone)]
+pub struct SwitchPort {
+    /// Logical state.
+    pub state: LogicalState,
+    /// Physical state.
+    pub phys: PhysicalState,
+    /// Disabled by SubnSet PortInfo (PortPhysicalState 3).
+    pub disabled: bool,
+    /// Neighbor MTU (PortInfo encoding).
+    pub neighbor_mtu: u8,
+    /// Operational VLs.
+    pub op_vls: u8,
+    /// Counters.
+    pub counters: PortCounters,
+}
+
+impl SwitchPort {
+    fn new(port0: bool) -> SwitchPort {
+        SwitchPort {
+            state: if port0 {
+                LogicalState::Init
+            } else {
+                LogicalState::Down
+            },
+            phys: if port0 {
+                PhysicalState::LinkUp
+            } else {
+                PhysicalState::Polling
+            },
+            disabled: false,
+            neighbor_mtu: 5,
+            op_vls: 4,
+            counters: PortCounters::default(),
+        }
+    }
+}
+
+/// What the switch does with a packet it received.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send this packet out of this port.
+    Send(u8, Packet),
+    /// Dropped (counted), for this reason.
+    Drop(&'static str),
+}
+
+/// A switch.
+#[derive(Debug, Clone)]
+pub struct Switch {
+    /// NodeDescription.
+    pub description: String,
+    /// NodeGUID (also the port GUID of port 0).
+    pub node_guid: u64,
+    /// SystemImageGUID.
+    pub sys_image_guid: u64,
+    /// NodeInfo VendorID.
+    pub vendor_id: u32,
+    /// NodeInfo DeviceID.
+    pub device_id: u16,
+    /// NodeInfo Revision.
+    pub revision: u32,
+    ports: Vec<SwitchPort>,
+    lft: Vec<u8>,
+    lft_top: u16,
+    pkeys: [u16; PKEY_CAP],
+    port_state_change: bool,
+    life_time: u8,
+    // Port 0's subnet attributes.
+    lid: u16,
+    lmc: u8,
+    sm_lid: u16,
+    sm_sl: u8,
+    mkey: u64,
+    mkey_protect: u8,
+    mkey_lease: u16,
+    gid_prefix: u64,
+    subnet_timeout: u8,
+    mkey_violations: u16,
+}
+
+impl Switch {
+    /// A switch with `nports` external ports (1..=254), all Down, an empty
+    /// LFT, LID 0 and P_Key table entry 0 = 0xFFFF.
+    pub fn new(description: &str, node_guid: u64, nports: u8) -> Switch {
+        let n = nports.clamp(1, 254);
+        let mut pkeys = [0u16; PKEY_CAP];
+        pkeys[0] = 0xffff;
+        Switch {
+            description: description.into(),
+            node_guid,
+            sys_image_guid: node_guid,
+            vendor_id: VENDOR_MELLANOX,
+            device_id: DEVICE_SWITCHX,
+            revision: 0xa1,
+            ports: (0..=n).map(|i| SwitchPort::new(i == 0)).collect(),
+            lft: vec![LFT_NONE; LFT_CAP],
+            lft_top: 0,
+            pkeys,
+            port_state_change: false,
+            life_time: 0x12,
+            lid: 0,
+            lmc: 0,
+            sm_lid: 0,
+            sm_sl: 0,
+            mkey: 0,
+            mkey_protect: 0,
+            mkey_lease: 0,
+            gid_prefix: 0xfe80_0000_0000_0000,
+            subnet_timeout: 0,
+            mkey_violations: 0,
+        }
+    }
+
+    /// Number of external ports.
+    pub fn nports(&self) -> u8 {
+        (self.ports.len() - 1) as u8
+    }
+
+    /// Port `p` (0 = management port).
+    pub fn port(&self, p: u8) -> Option<&SwitchPort> {
+        self.ports.get(usize::from(p))
+    }
+
+    /// The counters of port `p`.
+    pub fn counters(&self, p: u8) -> PortCounters {
+        self.port(p).map(|sp| sp.counters).unwrap_or_default()
+    }
+
+    /// The switch's LID (PortInfo of port 0).
+    pub fn lid(&self) -> u16 {
+        self.lid
+    }
+
+    /// The LFT entry for `lid` ([`LFT_NONE`] if unset).
+    pub fn lft(&self, lid: u16) -> u8 {
+        self.lft.get(usize::from(lid)).copied().unwrap_or(LFT_NONE)
+    }
+
+    /// LinearFDBTop.
+    pub fn lft_top(&self) -> u16 {
+        self.lft_top
+    }
+
+    /// Whether the physical link of port `p` is up.
+    pub fn link_up(&self, p: u8) -> bool {
+        self.port(p)
+            .is_some_and(|sp| sp.phys == PhysicalState::LinkUp)
+    }
+
+    /// Whether port `p` is enabled (not disabled by an SMP).
+    pub fn port_enabled(&self, p: u8) -> bool {
+        self.port(p).is_some_and(|sp| !sp.disabled)
+    }
+
+    /// The fabric tells the switch that the physical link of port `p` went
+    /// up or down.
+    pub(crate) fn link_changed(&mut self, p: u8, up: bool) {
+        let Some(sp) = self.ports.get_mut(usize::from(p)) else {
+            return;
+        };
+        if p == 0 {
+            return;
+        }
+        let before = sp.state;
+        if up {
+            sp.phys = PhysicalState::LinkUp;
+            sp.state = LogicalState::Init;
+        } else {
+            if sp.phys == PhysicalState::LinkUp {
+                sp.counters.link_downed += 1;
+            }
+            sp.phys = if sp.disabled {
+                PhysicalState::Disabled
+            } else {
+                PhysicalState::Polling
+            };
+            sp.state = LogicalState::Down;
+        }
+        if before != sp.state {
+            self.port_state_change = true;
+        }
+    }
+
+    /// Counts a packet of `len` bytes (LRH..VCRC) sent out of port `p`.
+    pub(crate) fn count_xmit(&mut self, p: u8, len: usize) {
+        if let Some(sp) = self.ports.get_mut(usize::from(p)) {
+            sp.counters.xmit_pkts += 1;
+            sp.counters.xmit_data += words(len);
+        }
+    }
+
+    /// Counts a packet dropped at egress port `p`.
+    pub(crate) fn count_xmit_discard(&mut self, p: u8) {
+        if let Some(sp) = self.ports.get_mut(usize::from(p)) {
+            sp.counters.xmit_discards += 1;
+        }
+    }
+
+    /// A test and front-end helper standing in for what a subnet manager
+    /// sets through SMPs: the switch LID, LFT entries and every port with
+    /// its link up made Active. Tests of the SMA itself use SMPs instead.
+    pub fn configure(&mut self, lid: u16, routes: &[(u16, u8)]) {
+        self.lid = lid;
+        for &(dlid, port) in routes {
+            if let Some(e) = self.lft.get_mut(usize::from(dlid)) {
+                *e = port;
+                self.lft_top = self.lft_top.max(dlid);
+            }
+        }
+        for sp in &mut self.ports {
+            if sp.phys == PhysicalState::LinkUp {
+                sp.state = LogicalState::Active;
+            }
+        }
+    }
+
+    fn is_own_lid(&self, dlid: u16) -> bool {
+        self.lid != 0 && dlid >= self.lid && u32::from(dlid) < u32::from(self.lid) + (1 << self.lmc)
+    }
+
+    /// The egress port for a LID-routed packet, if the LFT has one.
+    fn route(&self, dlid: u16) -> Option<u8> {
+        if dlid == 0 || dlid >= 0xc000 || dlid > self.lft_top {
+            return None;
+        }
+        let e = self.lft(dlid);
+        (e == 0 || (e != LFT_NONE && e <= self.nports())).then_some(e)
+    }
+
+    fn ingress(&mut self, p: u8) -> &mut PortCounters {
+        let i = usize::from(p).min(self.ports.len() - 1);
+        &mut self.ports[i].counters
+    }
+
+    /// Processes a packet received on external port `in_port`.
+    pub fn receive(&mut self, in_port: u8, pkt: Packet) -> Action {
+        if in_port == 0 || in_port > self.nports() {
+            return Action::Drop("no such ingress port");
+        }
+        {
+            let c = self.ingress(in_port);
+            c.rcv_pkts += 1;
+            c.rcv_data += words(pkt.bytes.len());
+        }
+        // Link level: the VCRC is checked at every hop.
+        let parsed = match packet::parse(&pkt.bytes).and_then(|p| {
+            packet::check_vcrc(&pkt.bytes)?;
+            Ok(p)
+        }) {
+            Ok(p) => p,
+            Err(_) => {
+                self.ingress(in_port).rcv_errors += 1;
+                return Action::Drop("malformed packet or bad VCRC");
+            }
+        };
+        let h = parsed.hdr;
+        let smp = h.lrh.vl == 15;
+        if smp != (h.bth.dest_qp == 0) || (smp && h.deth.is_none()) {
+            // VL15 carries SMPs to QP0 only, and SMPs travel on VL15 only.
+            self.ingress(in_port).rcv_errors += 1;
+            return Action::Drop("VL15 and QP0 disagree");
+        }
+        if smp {
+            return self.receive_smp(in_port, &pkt.bytes, &parsed);
+        }
+        let st = self.ports[usize::from(in_port)].state;
+        if !matches!(st, LogicalState::Armed | LogicalState::Active) {
+            return Action::Drop("data packet on a port that is not Armed or Active");
+        }
+        if self.is_own_lid(h.lrh.dlid) {
+            return self.receive_gmp(in_port, &pkt.bytes, &parsed);
+        }
+        match self.route(h.lrh.dlid) {
+            Some(0) | None => {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                Action::Drop("unknown DLID")
+            }
+            Some(e) if e == in_port => {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                Action::Drop("LFT points back to the ingress port")
+            }
+            Some(e) => {
+                if self.ports[usize::from(e)].state != LogicalState::Active {
+                    self.count_xmit_discard(e);
+                    return Action::Drop("egress port not Active");
+                }
+                Action::Send(e, pkt)
+            }
+        }
+    }
+
+    fn receive_smp(&mut self, in_port: u8, bytes: &[u8], p: &packet::Parsed) -> Action {
+        let mad = p.payload(bytes);
+        let smp = match Smp::parse(mad) {
+            Ok(s) if s.hdr.base_version == 1 && s.hdr.class_version == 1 => s,
+            _ => {
+                self.ingress(in_port).vl15_dropped += 1;
+                return Action::Drop("not an SMP this SMA takes");
+            }
+        };
+        if smp.is_dr() {
+            return self.receive_dr(in_port, p, smp);
+        }
+        // LID routed.
+        let dlid = p.hdr.lrh.dlid;
+        if dlid == PERMISSIVE_LID || self.is_own_lid(dlid) {
+            if smp.hdr.method & 0x80 != 0 {
+                self.ingress(in_port).vl15_dropped += 1;
+                return Action::Drop("a response for the switch's SM (there is none)");
+            }
+            let Some(resp) = self.sma(in_port, smp) else {
+                self.ingress(in_port).vl15_dropped += 1;
+                return Action::Drop("SMP refused by the SMA (M_Key)");
+            };
+            let dest = p.hdr.lrh.slid;
+            let out = if dlid == PERMISSIVE_LID {
+                Some(in_port)
+            } else {
+                self.route(dest).filter(|&e| e != 0)
+            };
+            let Some(e) = out else {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                return Action::Drop("no route back to the requester");
+            };
+            let mut h = packet::mad_headers(dest, self.lid, 0, 0, p.hdr.bth.pkey);
+            h.lrh.sl = p.hdr.lrh.sl;
+            return self.emit(e, &h, &resp.to_bytes());
+        }
+        match self.route(dlid) {
+            Some(e) if e != 0 && e != in_port => {
+                if !self.link_up(e) {
+                    self.count_xmit_discard(e);
+                    return Action::Drop("egress link down");
+                }
+                Action::Send(
+                    e,
+                    Packet {
+                        bytes: bytes.to_vec(),
+                    },
+                )
+            }
+            _ => {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                Action::Drop("unknown DLID")
+            }
+        }
+    }
+
+    /// Directed-route SMP processing (IBTA 14.2.2.2 C14-9, 14.2.2.4
+    /// C14-13) at this switch.
+    fn receive_dr(&mut self, in_port: u8, p: &packet::Parsed, mut smp: Smp) -> Action {
+        let drop = |sw: &mut Switch, why| {
+            sw.ingress(in_port).vl15_dropped += 1;
+            Action::Drop(why)
+        };
+        let cnt = smp.hop_cnt;
+        if cnt >= 64 {
+            return drop(self, "hop count above 63");
+        }
+        let ptr = smp.hop_ptr;
+        let n = self.nports();
+        if !smp.direction {
+            if cnt != 0 && ptr == 0 {
+                return drop(self, "outgoing SMP with hop pointer 0 (C14-9:1)");
+            }
+            if ptr != 0 && ptr < cnt {
+                // C14-9:2: an intermediate hop.
+                smp.return_path[usize::from(ptr)] = in_port;
+                smp.hop_ptr = ptr + 1;
+                let e = smp.initial_path[usize::from(ptr) + 1];
+                if e == 0 || e > n {
+                    return drop(self, "initial path names no port");
+                }
+                return self.forward_smp(e, p, &smp);
+            }
+            if ptr == cnt {
+                // C14-9:3: the end of the directed part.
+                if cnt != 0 {
+                    smp.return_path[usize::from(ptr)] = in_port;
+                }
+                smp.hop_ptr = ptr + 1;
+                if smp.dr_dlid != PERMISSIVE_LID {
+                    return drop(self, "LID-routed end of a DR SMP (not modelled)");
+                }
+                return self.answer_dr(in_port, p, smp);
+            }
+            if u16::from(ptr) == u16::from(cnt) + 1 {
+                // C14-9:4: delivered here by LID routing.
+                return self.answer_dr(in_port, p, smp);
+            }
+            return drop(self, "unreasonable hop pointer (C14-9:5)");
+        }
+        // Returning (D = 1).
+        if (2..=cnt).contains(&ptr) {
+            // C14-13:2: an intermediate hop.
+            smp.hop_ptr = ptr - 1;
+            let e = smp.return_path[usize::from(ptr) - 1];
+            if e == 0 || e > n {
+                return drop(self, "return path names no port");
+            }
+            return self.forward_smp(e, p, &smp);
+        }
+        drop(
+            self,
+            "returning SMP ends at a switch (no SM here; LID-routed parts not modelled)",
+        )
+    }
+
+    /// Answers a DR SMP that reached this switch and sends the response
+    /// back along the return path (C14-13:1).
+    fn answer_dr(&mut self, in_port: u8, p: &packet::Parsed, smp: Smp) -> Action {
+        if smp.hdr.method & 0x80 != 0 {
+            self.ingress(in_port).vl15_dropped += 1;
+            return Action::Drop("a response for the switch's SM (there is none)");
+        }
+        let Some(mut resp) = self.sma(in_port, smp) else {
+            self.ingress(in_port).vl15_dropped += 1;
+            return Action::Drop("SMP refused by the SMA (M_Key)");
+        };
+        resp.direction = true;
+        let cnt = resp.hop_cnt;
+        if cnt == 0 {
+            // A zero-hop SMP addressed to the switch by its neighbour.
+            let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, p.hdr.bth.pkey);
+            return self.emit(in_port, &h, &resp.to_bytes());
+        }
+        resp.hop_ptr = cnt;
+        let e = resp.return_path[usize::from(cnt)];
+        if e == 0 || e > self.nports() {
+            self.ingress(in_port).vl15_dropped += 1;
+            return Action::Drop("return path names no port");
+        }
+        let mut h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, p.hdr.bth.pkey);
+        h.lrh.sl = p.hdr.lrh.sl;
+        self.emit(e, &h, &resp.to_bytes())
+    }
+
+    fn forward_smp(&mut self, e: u8, p: &packet::Parsed, smp: &Smp) -> Action {
+        if !self.link_up(e) {
+            self.count_xmit_discard(e);
+            return Action::Drop("egress link down");
+        }
+        let h = Headers {
+            lrh: p.hdr.lrh,
+            bth: p.hdr.bth,
+            deth: p.hdr.deth,
+            grh: p.hdr.grh,
+            ..Headers::default()
+        };
+        self.emit(e, &h, &smp.to_bytes())
+    }
+
+    fn emit(&mut self, e: u8, h: &Headers, payload: &[u8]) -> Action {
+        match packet::build(h, payload) {
+            Ok(bytes) => Action::Send(e, Packet { bytes }),
+            Err(_) => Action::Drop("response does not build"),
+        }
+    }
+
+    /// The SMA: answers one SMP (Get/Set); `None` when the M_Key check
+    /// says to drop it silently.
+    fn sma(&mut self, in_port: u8, smp: Smp) -> Option<Smp> {
+        let meth = smp.hdr.method;
+        if self.mkey != 0
+            && smp.mkey != self.mkey
+            && (meth == method::SET || self.mkey_protect >= 2)
+        {
+            self.mkey_violations = self.mkey_violations.saturating_add(1);
+            return None;
+        }
+        let mut r = smp.clone();
+        r.hdr.method = method::GET_RESP;
+        let status = if meth == method::GET || meth == method::SET {
+            self.attribute(in_port, meth == method::SET, &smp, &mut r.data)
+        } else {
+            mad_status::METHOD_UNSUPPORTED
+        };
+        r.hdr.status = status;
+        Some(r)
+    }
+
+    fn attribute(&mut self, in_port: u8, set: bool, smp: &Smp, out: &mut [u8; 64]) -> u16 {
+        let m = smp.hdr.attr_mod;
+        let d = &smp.data;
+        match (smp.hdr.attr_id, set) {
+            (attr::NODE_DESC, false) => {
+                out.fill(0);
+                for (o, c) in out.iter_mut().zip(self.description.bytes()) {
+                    *o = c;
+                }
+            }
+            (attr::NODE_INFO, false) => {
+                out.fill(0);
+                out[0] = 1; // BaseVersion
+                out[1] = 1; // ClassVersion
+                out[2] = 2; // NodeType: switch
+                out[3] = self.nports();
+                out[4..12].copy_from_slice(&self.sys_image_guid.to_be_bytes());
+                out[12..20].copy_from_slice(&self.node_guid.to_be_bytes());
+                out[20..28].copy_from_slice(&self.node_guid.to_be_bytes());
+                out[28..30].copy_from_slice(&(PKEY_CAP as u16).to_be_bytes());
+                out[30..32].copy_from_slice(&self.device_id.to_be_bytes());
+                out[32..36].copy_from_slice(&self.revision.to_be_bytes());
+                let w = u32::from(in_port) << 24 | (self.vendor_id & 0xff_ffff);
+                out[36..40].copy_from_slice(&w.to_be_bytes());
+            }
+            (attr::SWITCH_INFO, _) => {
+                if set {
+                    self.lft_top = u16::from_be_bytes([d[6], d[7]]).min((LFT_CAP - 1) as u16);
+                    if d[11] & 0x04 != 0 {
+                        self.port_state_change = false;
+                    }
+                    self.life_time = d[11] >> 3;
+                }
+                self.encode_switch_info(out);
+            }
+            (attr::PORT_INFO, _) => {
+                let port = (m & 0xff) as u8;
+                if port > self.nports() {
+                    return mad_status::INVALID_FIELD;
+                }
+                if set && let Err(s) = self.port_info_set(port, d) {
+                    self.encode_port_info(port, in_port, out);
+                    return s;
+                }
+                self.encode_port_info(port, in_port, out);
+            }
+            (attr::PKEY_TABLE, _) => {
+                let port = (m >> 16) as u8;
+                let block = (m & 0xffff) as usize;
+                if port != 0 || block != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                if set {
+                    for (k, e) in self.pkeys.iter_mut().enumerate() {
+                        *e = u16::from_be_bytes([d[2 * k], d[2 * k + 1]]);
+                    }
+                }
+                for (k, e) in self.pkeys.iter().enumerate() {
+                    out[2 * k..2 * k + 2].copy_from_slice(&e.to_be_bytes());
+                }
+            }
+            (attr::LINEAR_FORWARDING_TABLE, _) => {
+                let block = m as usize;
+                if block >= LFT_CAP / 64 {
+                    return mad_status::INVALID_FIELD;
+                }
+                let t = &mut self.lft[block * 64..block * 64 + 64];
+                if set {
+                    t.copy_from_slice(d);
+                }
+                out.copy_from_slice(t);
+            }
+            _ => return mad_status::ATTR_UNSUPPORTED,
+        }
+        0
+    }
+
+    fn encode_switch_info(&self, out: &mut [u8; 64]) {
+        out.fill(0);
+        out[0..2].copy_from_slice(&(LFT_CAP as u16).to_be_bytes()); // LinearFDBCap
+        out[2..4].copy_from_slice(&0u16.to_be_bytes()); // RandomFDBCap
+        out[4..6].copy_from_slice(&0u16.to_be_bytes()); // MulticastFDBCap
+        out[6..8].copy_from_slice(&self.lft_top.to_be_bytes());
+        out[8] = 0; // DefaultPort
+        out[9] = 0xff;
+        out[10] = 0xff;
+        out[11] = (self.life_time & 0x1f) << 3 | u8::from(self.port_state_change) << 2;
+        out[12..14].copy_from_slice(&0u16.to_be_bytes()); // LIDsPerPort
+        out[14..16].copy_from_slice(&0u16.to_be_bytes()); // PartitionEnforcementCap
+    }
+
+    fn encode_port_info(&self, port: u8, in_port: u8, out: &mut [u8; 64]) {
+        out.fill(0);
+        let sp = &self.ports[usize::from(port)];
+        out[0..8].copy_from_slice(&self.mkey.to_be_bytes());
+        out[8..16].copy_from_slice(&self.gid_prefix.to_be_bytes());
+        out[16..18].copy_from_slice(&self.lid.to_be_bytes());
+        out[18..20].copy_from_slice(&self.sm_lid.to_be_bytes());
+        out[26..28].copy_from_slice(&self.mkey_lease.to_be_bytes());
+        out[28] = in_port; // LocalPortNum: where the SMP came in
+        out[29] = 0x03; // LinkWidthEnabled 1x, 4x
+        out[30] = 0x03; // LinkWidthSupported
+        out[31] = 0x02; // LinkWidthActive 4x
+        out[32] = 0x70 | sp.state as u8; // speeds SDR/DDR/QDR | PortState
+        out[33] = (sp.phys as u8) << 4 | 2; // PhysState | LinkDownDefault Polling
+        out[34] = self.mkey_protect << 6 | (self.lmc & 7);
+        out[35] = 0x40 | 0x07; // active QDR | enabled SDR/DDR/QDR
+        out[36] = sp.neighbor_mtu << 4 | (self.sm_sl & 0xf);
+        out[37] = 4 << 4; // VLCap VL0-7
+        out[39] = 8;
+        out[40] = 8;
+        out[41] = 5; // MTUCap 4096
+        out[42] = 0x1f; // HOQLife
+        out[43] = sp.op_vls << 4;
+        out[44..46].copy_from_slice(&self.mkey_violations.to_be_bytes());
+        out[50] = 1; // GUIDCap
+        out[51] = self.subnet_timeout & 0x1f;
+        out[52] = 0x10;
+    }
+
+    /// SubnSet(PortInfo) of port `port`: port 0 takes the subnet
+    /// attributes (LID, LMC, SM LID/SL, M_Key, timeouts); every port takes
+    /// PortState, PortPhysicalState (3 disables, 2 enables), NeighborMTU
+    /// and OperationalVLs. An invalid state change leaves everything as it
+    /// was and answers "invalid field".
+    fn port_info_set(&mut self, port: u8, d: &[u8; 64]) -> Result<(), u16> {
+        let sp = &self.ports[usize::from(port)];
+        let req = d[32] & 0xf;
+        let new_state = match req {
+            0 => None,
+            1 => Some(LogicalState::Down),
+            3 if matches!(sp.state, LogicalState::Init | LogicalState::Armed) => {
+                Some(LogicalState::Armed)
+            }
+            4 if matches!(sp.state, LogicalState::Armed | LogicalState::Active) => {
+                Some(LogicalState::Active)
+            }
+            _ => return Err(mad_status::INVALID_FIELD),
+        };
+        let phys_req = d[33] >> 4;
+        if !matches!(phys_req, 0 | 2 | 3) || (port == 0 && phys_req != 0) {
+            return Err(mad_status::INVALID_FIELD);
+        }
+        if port == 0 {
+            let lid = u16::from_be_bytes([d[16], d[17]]);
+            if lid >= 0xc000 {
+                return Err(mad_status::INVALID_FIELD);
+            }
+            self.mkey = u64::from_be_bytes(d[0..8].try_into().unwrap_or([0; 8]));
+            self.gid_prefix = u64::from_be_bytes(d[8..16].try_into().unwrap_or([0; 8]));
+            self.lid = lid;
+            self.sm_lid = u16::from_be_bytes([d[18], d[19]]);
+            self.mkey_lease = u16::from_be_bytes([d[26], d[27]]);
+            self.mkey_protect = d[34] >> 6;
+            self.lmc = d[34] & 7;
+            self.sm_sl = d[36] & 0xf;
+            self.subnet_timeout = d[51] & 0x1f;
+        }
+        let sp = &mut self.ports[usize::from(port)];
+        let nmtu = d[36] >> 4;
+        if (1..=5).contains(&nmtu) {
+            sp.neighbor_mtu = nmtu;
+        }
+        let vls = d[43] >> 4;
+        if (1..=4).contains(&vls) {
+            sp.op_vls = vls;
+        }
+        match phys_req {
+            3 if port != 0 && !sp.disabled => {
+                // Down at once; the fabric takes the cable's link down
+                // right after this SMP.
+                sp.disabled = true;
+                if sp.phys == PhysicalState::LinkUp {
+                    sp.counters.link_downed += 1;
+                }
+                sp.phys = PhysicalState::Disabled;
+                if sp.state != LogicalState::Down {
+                    sp.state = LogicalState::Down;
+                    self.port_state_change = true;
+                }
+                return Ok(());
+            }
+            2 if sp.disabled => {
+                // Polling until the fabric brings the link up.
+                sp.disabled = false;
+                sp.phys = PhysicalState::Polling;
+                return Ok(());
+            }
+            _ => {}
+        }
+        match new_state {
+            Some(LogicalState::Down) if port != 0 => {
+                // The link retrains: Down, then Init again while it is up.
+                sp.state = if sp.phys == PhysicalState::LinkUp && !sp.disabled {
+                    LogicalState::Init
+                } else {
+                    LogicalState::Down
+                };
+            }
+            Some(LogicalState::Down) => sp.state = LogicalState::Init,
+            Some(s) => sp.state = s,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// A GMP addressed to the switch (its LID): the PMA answers, other
+    /// classes are dropped.
+    fn receive_gmp(&mut self, in_port: u8, bytes: &[u8], p: &packet::Parsed) -> Action {
+        let Some(deth) = p.hdr.deth else {
+            return Action::Drop("no DETH: not a datagram for the switch");
+        };
+        if p.hdr.bth.dest_qp != 1 || deth.qkey != GSI_QKEY {
+            return Action::Drop("not a GMP for QP1 with the GSI Q_Key");
+        }
+        let pk = p.hdr.bth.pkey & 0x7fff;
+        if !self.pkeys.iter().any(|&k| k != 0 && k & 0x7fff == pk) {
+            return Action::Drop("P_Key not in the switch's table");
+        }
+        let mad = p.payload(bytes);
+        let Ok(hdr) = MadHdr::parse(mad) else {
+            return Action::Drop("short MAD");
+        };
+        if mad.len() < MAD_LEN
+            || hdr.base_version != 1
+            || hdr.mgmt_class != mgmt_class::PERF_MGMT
+            || hdr.method & 0x80 != 0
+        {
+            return Action::Drop("not a PMA request");
+        }
+        let mut r = [0u8; MAD_LEN];
+        r.copy_from_slice(&mad[..MAD_LEN]);
+        let status = if hdr.class_version != 1 {
+            mad_status::BAD_VERSION
+        } else {
+            self.pma(hdr, &mut r)
+        };
+        let mut rh = hdr;
+        rh.method = method::GET_RESP;
+        rh.status = status;
+        rh.write(&mut r);
+        let dest = p.hdr.lrh.slid;
+        let e = match self.route(dest) {
+            Some(e) if e != 0 => e,
+            _ => in_port,
+        };
+        let h = Headers {
+            lrh: Lrh {
+                vl: p.hdr.lrh.vl,
+                sl: p.hdr.lrh.sl,
+                dlid: dest,
+                slid: self.lid,
+                ..Lrh::default()
+            },
+            bth: Bth {
+                opcode: packet::opcode::UD_SEND_ONLY,
+                pkey: p.hdr.bth.pkey,
+                dest_qp: deth.src_qp,
+                ..Bth::default()
+            },
+            deth: Some(Deth {
+                qkey: GSI_QKEY,
+                src_qp: 1,
+            }),
+            ..Headers::default()
+        };
+        if self.ports[usize::from(e)].state != LogicalState::Active {
+            self.count_xmit_discard(e);
+            return Action::Drop("egress port not Active");
+        }
+        self.emit(e, &h, &r)
+    }
+
+    fn pma(&mut self, hdr: MadHdr, r: &mut [u8; MAD_LEN]) -> u16 {
+        const D: usize = packet::PMA_DATA;
+        let set = match hdr.method {
+            method::GET => false,
+            method::SET => true,
+            _ => return mad_status::METHOD_UNSUPPORTED,
+        };
+        match (hdr.attr_id, set) {
+            (attr::CLASS_PORT_INFO, false) => {
+                r[D..].fill(0);
+                r[D] = 1; // BaseVersion
+                r[D + 1] = 1; // ClassVersion
+                // CapabilityMask: AllPortSelect (bit 8), extended counters
+                // (bit 9).
+                r[D + 2..D + 4].copy_from_slice(&0x0300u16.to_be_bytes());
+                r[D + 4..D + 8].copy_from_slice(&0x12u32.to_be_bytes());
+                0
+            }
+            (attr::PORT_COUNTERS | attr::PORT_COUNTERS_EXT, _) => {
+                let sel_port = r[D + 1];
+                let select = u16::from_be_bytes([r[D + 2], r[D + 3]]);
+                let n = self.nports();
+                let range = if sel_port == 0xff {
+                    1..=n
+                } else if sel_port <= n {
+                    sel_port..=sel_port
+                } else {
+                    return mad_status::INVALID_FIELD;
+                };
+                let ext = hdr.attr_id == attr::PORT_COUNTERS_EXT;
+                if set {
+                    for p in range.clone() {
+                        let c = &mut self.ports[usize::from(p)].counters;
+                        if ext {
+                            clear_ext(c, select);
+                        } else {
+                            clear(c, select);
+                        }
+                    }
+                }
+                let mut c = PortCounters::default();
+                for p in range {
+                    c.add(&self.ports[usize::from(p)].counters);
+                }
+                r[D..].fill(0);
+                r[D + 1] = sel_port;
+                r[D + 2..D + 4].copy_from_slice(&select.to_be_bytes());
+                if ext {
+                    encode_ext(&c, &mut r[D..]);
+                } else {
+                    encode(&c, &mut r[D..]);
+                }
+                0
+            }
+            _ => mad_status::ATTR_UNSUPPORTED,
+        }
+    }
+}
+
+fn words(len: usize) -> u64 {
+    (len.saturating_sub(packet::VCRC_LEN) / 4) as u64
+}
+
+fn sat(v: u64, max: u64) -> u64 {
+    v.min(max)
+}
+
+/// PortCounters (IBTA 16.1.3.5) data, 32-bit data counters and narrower
+/// error counters saturating.
+fn encode(c: &PortCounters, d: &mut [u8]) {
+    d[4..6].copy_from_slice(&(sat(c.symbol_errors, 0xffff) as u16).to_be_bytes());
+    d[7] = sat(c.link_downed, 0xff) as u8;
+    d[8..10].copy_from_slice(&(sat(c.rcv_errors, 0xffff) as u16).to_be_bytes());
+    d[12..14].copy_from_slice(&(sat(c.rcv_switch_relay_errors, 0xffff) as u16).to_be_bytes());
+    d[14..16].copy_from_slice(&(sat(c.xmit_discards, 0xffff) as u16).to_be_bytes());
+    d[22..24].copy_from_slice(&(sat(c.vl15_dropped, 0xffff) as u16).to_be_bytes());
+    d[24..28].copy_from_slice(&(sat(c.xmit_data, 0xffff_ffff) as u32).to_be_bytes());
+    d[28..32].copy_from_slice(&(sat(c.rcv_data, 0xffff_ffff) as u32).to_be_bytes());
+    d[32..36].copy_from_slice(&(sat(c.xmit_pkts, 0xffff_ffff) as u32).to_be_bytes());
+    d[36..40].copy_from_slice(&(sat(c.rcv_pkts, 0xffff_ffff) as u32).to_be_bytes());
+}
+
+/// PortCountersExtended (IBTA 16.1.4.11): 64-bit data and packet counters.
+fn encode_ext(c: &PortCounters, d: &mut [u8]) {
+    d[8..16].copy_from_slice(&c.xmit_data.to_be_bytes());
+    d[16..24].copy_from_slice(&c.rcv_data.to_be_bytes());
+    d[24..32].copy_from_slice(&c.xmit_pkts.to_be_bytes());
+    d[32..40].copy_from_slice(&c.rcv_pkts.to_be_bytes());
+    // Everything here is unicast.
+    d[40..48].copy_from_slice(&c.xmit_pkts.to_be_bytes());
+    d[48..56].copy_from_slice(&c.rcv_pkts.to_be_bytes());
+}
+
+/// PortCounters CounterSelect bits (IBTA table 247).
+fn clear(c: &mut PortCounters, sel: u16) {
+    let bits: [(u16, &mut u64); 9] = [
+        (0x0001, &mut c.symbol_errors),
+        (0x0004, &mut c.link_downed),
+        (0x0008, &mut c.rcv_errors),
+        (0x0020, &mut c.rcv_switch_relay_errors),
+        (0x0040, &mut c.xmit_discards),
+        (0x0800, &mut c.vl15_dropped),
+        (0x1000, &mut c.xmit_data),
+        (0x2000, &mut c.rcv_data),
+        (0x4000, &mut c.xmit_pkts),
+    ];
+    for (b, v) in bits {
+        if sel & b != 0 {
+            *v = 0;
+        }
+    }
+    if sel & 0x8000 != 0 {
+        c.rcv_pkts = 0;
+    }
+}
+
+/// PortCountersExtended CounterSelect bits.
+fn clear_ext(c: &mut PortCounters, sel: u16) {
+    if sel & 0x01 != 0 {
+        c.xmit_data = 0;
+    }
+    if sel & 0x02 != 0 {
+        c.rcv_data = 0;
+    }
+    if sel & 0x04 != 0 {
+        c.xmit_pkts = 0;
+    }
+    if sel & 0x08 != 0 {
+        c.rcv_pkts = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switch_info_and_node_info_golden() {
+        let mut sw = Switch::new("sw", 0x0002_c900_0000_0100, 36);
+        let mut out = [0u8; 64];
+        let smp = Smp::dr_get(1, attr::NODE_INFO, 0, &[1]).unwrap();
+        assert_eq!(sw.attribute(7, false, &smp, &mut out), 0);
+        assert_eq!(&out[0..4], &[1, 1, 2, 36]);
+        assert_eq!(&out[12..20], &0x0002_c900_0000_0100u64.to_be_bytes());
+        assert_eq!(&out[30..32], &[0xc7, 0x38], "device id");
+        assert_eq!(&out[36..40], &[7, 0x00, 0x02, 0xc9], "local port, vendor");
+        sw.lft_top = 0x20;
+        sw.port_state_change = true;
+        sw.encode_switch_info(&mut out);
+        assert_eq!(&out[0..2], &[0xc0, 0x00], "LinearFDBCap");
+        assert_eq!(&out[6..8], &[0x00, 0x20], "LinearFDBTop");
+        assert_eq!(out[11] & 0x04, 0x04, "PortStateChange");
+    }
+
+    #[test]
+    fn counter_select_bits() {
+        let mut c = PortCounters {
+            xmit_discards: 5,
+            xmit_pkts: 9,
+            rcv_pkts: 3,
+            ..PortCounters::default()
+        };
+        clear(&mut c, 0x0040);
+        assert_eq!((c.xmit_discards, c.xmit_pkts, c.rcv_pkts), (0, 9, 3));
+        clear(&mut c, 0x8000);
+        assert_eq!(c.rcv_pkts, 0);
+        let mut d = [0u8; 64];
+        c.xmit_data = 1 << 40;
+        encode(&c, &mut d);
+        assert_eq!(&d[24..28], &[0xff; 4], "32-bit PortXmitData saturates");
+        encode_ext(&c, &mut d);
+        assert_eq!(&d[8..16], &(1u64 << 40).to_be_bytes());
+    }
+}

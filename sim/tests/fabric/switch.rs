@@ -1,0 +1,313 @@
+//! The switch: its SMA through directed-route SMPs, LFT routing set up by
+//! SMPs, unknown DLIDs, the PMA counters, port states.
+
+use crate::common::{Net, data_packet, port_counters};
+use sim::packet::{self, Smp, attr, mad_status, method, opcode};
+
+#[test]
+fn dr_nodeinfo_one_hop_answered_by_the_switch_sma() {
+    let mut n = Net::star(3);
+    // From node 2, which sits on switch port 3.
+    let r = n.dr(2, &[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert_eq!(r.hdr.status & 0x7fff, 0);
+    assert_eq!(
+        (r.hop_cnt, r.hop_ptr),
+        (1, 1),
+        "hop pointer back at 1 on arrival"
+    );
+    assert_eq!(
+        r.return_path[1], 3,
+        "return path: the switch port it came in on"
+    );
+    let d = r.data;
+    assert_eq!(
+        &d[0..4],
+        &[1, 1, 2, 36],
+        "versions, NodeType switch, 36 ports"
+    );
+    assert_eq!(
+        &d[12..20],
+        &sim::fabric::topology::switch_guid(0).to_be_bytes()
+    );
+    assert_eq!(&d[30..32], &[0xc7, 0x38], "DeviceID SwitchX");
+    assert_eq!(
+        &d[36..40],
+        &[3, 0x00, 0x02, 0xc9],
+        "LocalPortNum 3, VendorID"
+    );
+    let desc = n.dr(2, &[1], method::GET, attr::NODE_DESC, 0, &[0; 64]);
+    assert!(desc.data.starts_with(b"sw0"));
+}
+
+#[test]
+fn dr_smp_two_hops_forwarded_and_returned_by_the_spec() {
+    let mut n = Net::star(2);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // SM on node 0 asks node 1 (switch port 2) for NodeInfo.
+    let (tid, bytes) = n.dr_packet(&[1, 2], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert!(n.send(p0, bytes));
+    let got = n.drain(p1);
+    assert_eq!(got.len(), 1, "forwarded to node 1");
+    let parsed = packet::parse_checked(&got[0].bytes).expect("switch resealed the CRCs");
+    let mut smp = Smp::parse(parsed.payload(&got[0].bytes)).unwrap();
+    assert_eq!(
+        (smp.hop_ptr, smp.hop_cnt, smp.direction),
+        (2, 2, false),
+        "C14-9:2 moved the pointer"
+    );
+    assert_eq!(smp.return_path[1], 1, "switch wrote its ingress port");
+    // Node 1 answers as an HCA's SMA does (C14-9:3 then C14-13:1).
+    smp.return_path[2] = 1;
+    smp.direction = true;
+    smp.hdr.method = method::GET_RESP;
+    smp.hop_ptr = 2;
+    smp.data[2] = 1; // NodeType CA
+    let h = packet::mad_headers(0xffff, 0xffff, 0, 0, 0xffff);
+    assert!(n.send(p1, packet::build(&h, &smp.to_bytes()).unwrap()));
+    let back = n.drain(p0);
+    assert_eq!(back.len(), 1, "returned along the return path");
+    let r = Smp::parse(
+        packet::parse_checked(&back[0].bytes)
+            .unwrap()
+            .payload(&back[0].bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        (r.hdr.tid, r.hop_ptr, r.direction, r.data[2]),
+        (tid, 1, true, 1),
+        "C14-13:2"
+    );
+}
+
+#[test]
+fn dr_smp_with_a_bad_path_is_dropped_and_counted() {
+    let mut n = Net::star(2);
+    let p0 = n.port(0);
+    // Port 40 does not exist on a 36-port switch.
+    let (_, bytes) = n.dr_packet(&[1, 40], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert!(n.send(p0, bytes));
+    assert!(n.drain(p0).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).vl15_dropped, 1);
+    // Hop pointer 0 on the wire (the sender did not do C14-9:1).
+    let (_, mut bytes) = n.dr_packet(&[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    bytes[8 + 12 + 8 + 6] = 0;
+    packet::reseal(&mut bytes).unwrap();
+    assert!(n.send(p0, bytes));
+    assert!(n.drain(p0).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).vl15_dropped, 2);
+    // An SMP on VL 0 is malformed.
+    let (_, mut bytes) = n.dr_packet(&[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    bytes[0] &= 0x0f;
+    packet::reseal(&mut bytes).unwrap();
+    assert!(n.send(p0, bytes));
+    assert!(n.drain(p0).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).rcv_errors, 1);
+}
+
+#[test]
+fn sma_refuses_what_a_switch_refuses() {
+    let mut n = Net::star(1);
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 37, &[0; 64]);
+    assert_eq!(r.hdr.status, mad_status::INVALID_FIELD, "no port 37");
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::LINEAR_FORWARDING_TABLE,
+        768,
+        &[0; 64],
+    );
+    assert_eq!(
+        r.hdr.status,
+        mad_status::INVALID_FIELD,
+        "LFT block beyond LinearFDBCap"
+    );
+    let r = n.dr(0, &[1], method::GET, 0x0099, 0, &[0; 64]);
+    assert_eq!(r.hdr.status, mad_status::ATTR_UNSUPPORTED);
+    let r = n.dr(0, &[1], 0x05, attr::NODE_INFO, 0, &[0; 64]);
+    assert_eq!(r.hdr.status, mad_status::METHOD_UNSUPPORTED);
+    // Active straight from Init is an invalid transition.
+    let r = n.set_switch_port_info(1, |d| d[32] |= 4);
+    assert_eq!(r.hdr.status, mad_status::INVALID_FIELD);
+    assert_eq!(r.data[32] & 0xf, 2, "still Init");
+    let pk = n.dr(0, &[1], method::GET, attr::PKEY_TABLE, 0, &[0; 64]);
+    assert_eq!(
+        &pk.data[0..4],
+        &[0xff, 0xff, 0, 0],
+        "P_Key table: full default member"
+    );
+}
+
+#[test]
+fn port_info_reports_link_state_of_every_port() {
+    let mut n = Net::star(3);
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 2, &[0; 64]);
+    assert_eq!(
+        (r.data[32] & 0xf, r.data[33] >> 4),
+        (2, 5),
+        "cabled port: Init, LinkUp"
+    );
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 4, &[0; 64]);
+    assert_eq!(
+        (r.data[32] & 0xf, r.data[33] >> 4),
+        (1, 2),
+        "empty port: Down, Polling"
+    );
+    assert_eq!(r.data[28], 1, "LocalPortNum: the port the SMP came in on");
+    // Node 1 closes its port: the switch port goes Down and says so in
+    // SwitchInfo.PortStateChange.
+    let p1 = n.port(1);
+    n.f.set_enabled(p1, false).unwrap();
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 2, &[0; 64]);
+    assert_eq!(r.data[32] & 0xf, 1);
+    let si = n.dr(0, &[1], method::GET, attr::SWITCH_INFO, 0, &[0; 64]);
+    assert_eq!(si.data[11] & 4, 4, "PortStateChange");
+    let mut d = si.data;
+    d[11] |= 4;
+    let si = n.dr(0, &[1], method::SET, attr::SWITCH_INFO, 0, &d);
+    assert_eq!(si.data[11] & 4, 0, "cleared by writing 1");
+    // Disabling a port by PortPhysicalState takes the link down.
+    let p2 = n.port(2);
+    let g = n.f.link_generation(p2);
+    let r = n.set_switch_port_info(3, |d| d[33] |= 3 << 4);
+    assert_eq!(r.data[33] >> 4, 3, "Disabled");
+    assert!(!n.f.link_up(p2));
+    assert_eq!(n.f.link_generation(p2), g + 1);
+    let r = n.set_switch_port_info(3, |d| d[33] |= 2 << 4);
+    assert_eq!(r.data[33] >> 4, 2, "enabled again: Polling");
+    assert!(n.f.link_up(p2));
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 3, &[0; 64]);
+    assert_eq!(
+        (r.data[32] & 0xf, r.data[33] >> 4),
+        (2, 5),
+        "trained: Init, LinkUp"
+    );
+}
+
+#[test]
+fn lft_set_by_smps_then_lid_routing() {
+    let mut n = Net::star(3);
+    let (p0, p1, p2) = (n.port(0), n.port(1), n.port(2));
+    // Before the SM: data does not cross (ports Init).
+    assert!(n.send(p0, data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"early")));
+    assert!(n.drain(p1).is_empty(), "no data through Init ports");
+    n.sm_bring_up(3, 10);
+    let lft = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::LINEAR_FORWARDING_TABLE,
+        0,
+        &[0; 64],
+    );
+    assert_eq!(&lft.data[0..4], &[0xff, 1, 2, 3]);
+    for (from, to, dlid) in [(p0, p1, 2u16), (p1, p0, 1), (p2, p0, 1), (p0, p2, 3)] {
+        let bytes = data_packet(0, dlid, opcode::SEND_ONLY, 0x40, 7, b"routed by the LFT");
+        assert!(n.send(from, bytes.clone()));
+        let got = n.drain(to);
+        assert_eq!(got.len(), 1, "to DLID {dlid}");
+        assert_eq!(got[0].bytes, bytes, "forwarded unchanged");
+        for other in [p0, p1, p2] {
+            if other != to {
+                assert!(n.drain(other).is_empty());
+            }
+        }
+    }
+    // A LID-routed SMP to the switch LID is answered by its SMA.
+    let mut smp = Smp::lid_routed(0x77, method::GET, attr::NODE_INFO, 0);
+    smp.hdr.tid = 0x77;
+    let h = packet::mad_headers(10, 1, 0, 0, 0xffff);
+    assert!(n.send(p0, packet::build(&h, &smp.to_bytes()).unwrap()));
+    let got = n.drain(p0);
+    assert_eq!(got.len(), 1);
+    let p = packet::parse_checked(&got[0].bytes).unwrap();
+    assert_eq!((p.hdr.lrh.dlid, p.hdr.lrh.slid), (1, 10));
+    let r = Smp::parse(p.payload(&got[0].bytes)).unwrap();
+    assert_eq!(
+        (r.hdr.method, r.data[2], r.data[39]),
+        (method::GET_RESP, 2, 0xc9)
+    );
+}
+
+#[test]
+fn unknown_dlid_dropped_and_counted() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    for dlid in [77u16, 0, 0xc001] {
+        assert!(n.send(
+            p0,
+            data_packet(1, dlid, opcode::SEND_ONLY, 0x40, 0, b"nowhere")
+        ));
+    }
+    assert!(n.drain(p1).is_empty() && n.drain(p0).is_empty());
+    let r = n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 1, 0xffff);
+    assert_eq!(
+        port_counters(&r).relay_errors,
+        3,
+        "PortRcvSwitchRelayErrors on the ingress port"
+    );
+    assert_eq!(n.f.stats().switch_drops.get("unknown DLID"), Some(&3));
+}
+
+#[test]
+fn counters_in_words_and_packets_and_cleared_by_set() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    let before = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 2, 0));
+    let mut words = 0u32;
+    for (i, len) in [0usize, 1, 255, 256, 1000].into_iter().enumerate() {
+        let b = data_packet(1, 2, opcode::SEND_ONLY, 0x40, i as u32, &vec![0xab; len]);
+        words += ((b.len() - 2) / 4) as u32;
+        assert!(n.send(p0, b));
+    }
+    assert_eq!(n.drain(p1).len(), 5);
+    let r = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 2, 0));
+    assert_eq!(
+        r.xmit_pkts - before.xmit_pkts,
+        5,
+        "PortXmitPkts on the egress port"
+    );
+    assert_eq!(
+        r.xmit_data - before.xmit_data,
+        words,
+        "PortXmitData in words, LRH..ICRC"
+    );
+    let r1 = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 1, 0));
+    assert!(r1.rcv_pkts >= 5 && r1.rcv_data >= words);
+    // Extended counters: 64-bit at their offsets.
+    let x = n.pma(0, 10, method::GET, attr::PORT_COUNTERS_EXT, 2, 0);
+    let xd = u64::from_be_bytes(x[64 + 8..64 + 16].try_into().unwrap());
+    let xp = u64::from_be_bytes(x[64 + 24..64 + 32].try_into().unwrap());
+    assert!(xd >= u64::from(words) && xp >= 5);
+    // AllPortSelect sums; Set with CounterSelect clears.
+    let all = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 0xff, 0));
+    assert!(all.rcv_pkts > r1.rcv_pkts);
+    n.pma(0, 10, method::SET, attr::PORT_COUNTERS, 1, 0x1000 | 0x4000);
+    let r = port_counters(&n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 1, 0));
+    assert_eq!(
+        r.xmit_pkts, 1,
+        "cleared XmitPkts: only the Set's own response since"
+    );
+    assert_eq!(r.xmit_data, 72, "and its 288 bytes");
+    assert!(r.rcv_pkts >= r1.rcv_pkts, "RcvPkts not selected, kept");
+    let bad = n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 40, 0);
+    assert_eq!(
+        u16::from_be_bytes([bad[4], bad[5]]),
+        mad_status::INVALID_FIELD
+    );
+}
+
+#[test]
+fn egress_not_active_is_a_discard() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // SM takes switch port 2 back Down: it retrains to Init.
+    let r = n.set_switch_port_info(2, |d| d[32] |= 1);
+    assert_eq!(r.data[32] & 0xf, 2);
+    assert!(n.send(p0, data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"x")));
+    assert!(n.drain(p1).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(2).xmit_discards, 1);
+}
