@@ -212,6 +212,8 @@ pub struct Hca {
     pub pending_doorbells: Vec<(usize, u32)>,
     /// The data-path engines' state.
     pub engine: crate::engine::Engine,
+    /// The fabric the ports are cabled to, if any.
+    pub fabric: Option<crate::engine::wire::FabricLink>,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -275,6 +277,7 @@ impl Hca {
             clr_int_writes: 0,
             pending_doorbells: Vec::new(),
             engine: crate::engine::Engine::default(),
+            fabric: None,
             cfg,
         }
     }

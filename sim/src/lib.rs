@@ -134,7 +134,7 @@ pub mod trace;
 mod device;
 
 pub use faults::{FaultPlan, OpcodeFault};
-pub use frontend::{SimConfig, SimHca};
+pub use frontend::{SimConfig, SimHca, Wire};
 pub use hcr::{Opcode, Status};
 pub use mem::{DmaFault, HostMemory};
 pub use port::{LogicalState, PhysicalState};

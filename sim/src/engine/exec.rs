@@ -69,7 +69,7 @@ pub fn ack_ns(t: u8) -> Option<u64> {
 
 /// What a message asks of the responder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Send,
     Write,
     Read,
@@ -79,31 +79,31 @@ enum Kind {
 
 /// A message between requester and responder.
 #[derive(Debug, Clone, Copy)]
-struct Msg {
-    kind: Kind,
-    st: u8,
-    src_qpn: u32,
-    dst_qpn: u32,
-    port: u8,
-    len: u64,
-    imm: Option<u32>,
-    se: bool,
-    raddr: u64,
-    rkey: u32,
-    swap: u64,
-    cmp: u64,
-    slid: u16,
-    dlid: u16,
-    sl: u8,
-    pkey: u16,
-    qkey: u32,
-    grh: Option<[u8; 40]>,
-    npkts: u32,
+pub(super) struct Msg {
+    pub(super) kind: Kind,
+    pub(super) st: u8,
+    pub(super) src_qpn: u32,
+    pub(super) dst_qpn: u32,
+    pub(super) port: u8,
+    pub(super) len: u64,
+    pub(super) imm: Option<u32>,
+    pub(super) se: bool,
+    pub(super) raddr: u64,
+    pub(super) rkey: u32,
+    pub(super) swap: u64,
+    pub(super) cmp: u64,
+    pub(super) slid: u16,
+    pub(super) dlid: u16,
+    pub(super) sl: u8,
+    pub(super) pkey: u16,
+    pub(super) qkey: u32,
+    pub(super) grh: Option<[u8; 40]>,
+    pub(super) npkts: u32,
 }
 
 /// The responder's answer.
 #[derive(Debug, Clone, Copy)]
-enum Resp {
+pub(super) enum Resp {
     Ack,
     Read(Seg),
     Atomic(u64),
@@ -116,8 +116,8 @@ enum Resp {
 /// path neither allocates nor clears kilobytes of stack.
 #[derive(Debug)]
 pub struct Scratch {
-    sges: [Sge; MAX_SEGS],
-    segs: [Seg; MAX_SEGS],
+    pub(super) sges: [Sge; MAX_SEGS],
+    pub(super) segs: [Seg; MAX_SEGS],
     rbuf: [u8; RWQE_MAX],
 }
 
@@ -131,12 +131,12 @@ impl Default for Scratch {
     }
 }
 
-fn take_scratch(slot: &mut Option<Box<Scratch>>) -> Box<Scratch> {
+pub(super) fn take_scratch(slot: &mut Option<Box<Scratch>>) -> Box<Scratch> {
     slot.take().unwrap_or_default()
 }
 
 /// How one WQE ended.
-enum Outcome {
+pub(super) enum Outcome {
     /// Completed (a CQE if signalled).
     Done { byte_cnt: u32 },
     /// Stopped until a timer fires.
@@ -147,7 +147,7 @@ enum Outcome {
     Stall,
 }
 
-fn pkey_at(hca: &Hca, port: u8, index: u8) -> u16 {
+pub(super) fn pkey_at(hca: &Hca, port: u8, index: u8) -> u16 {
     hca.port_index(u32::from(port))
         .and_then(|i| hca.ports[i].pkeys.get(usize::from(index)).copied())
         .unwrap_or(0)
@@ -159,25 +159,25 @@ pub fn pkey_match(a: u16, b: u16) -> bool {
     a & 0x7fff != 0 && a & 0x7fff == b & 0x7fff && (a | b) & 0x8000 != 0
 }
 
-fn port_state(hca: &Hca, port: u8) -> Option<(LogicalState, u16, u8)> {
+pub(super) fn port_state(hca: &Hca, port: u8) -> Option<(LogicalState, u16, u8)> {
     let i = hca.port_index(u32::from(port))?;
     let p = &hca.ports[i];
     Some((p.state, p.lid, p.lmc))
 }
 
 /// The destination is this port (LID match under the LMC mask).
-fn is_local(hca: &Hca, port: u8, dlid: u16) -> bool {
+pub(super) fn is_local(hca: &Hca, port: u8, dlid: u16) -> bool {
     port_state(hca, port).is_some_and(|(_, lid, lmc)| {
         let mask = !((1u16 << lmc.min(7)) - 1);
         lid != 0 && dlid & mask == lid & mask
     })
 }
 
-fn qp_state(hca: &Hca, qpn: u32) -> Option<QpState> {
+pub(super) fn qp_state(hca: &Hca, qpn: u32) -> Option<QpState> {
     hca.qps.get(&qpn).map(|r| r.state)
 }
 
-fn watch(hca: &mut Hca, qpn: u32) {
+pub(super) fn watch(hca: &mut Hca, qpn: u32) {
     if !hca.engine.watch.contains(&qpn) {
         hca.engine.watch.push(qpn);
     }
@@ -207,11 +207,21 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
         let Some(q) = hca.engine.qps.get_mut(&qpn) else {
             return;
         };
+        let mut expired_ack = false;
         if let Some(w) = q.wait {
             if w.until_ns > now {
                 return;
             }
             q.wait = None;
+            expired_ack = w.kind == WaitKind::Ack;
+            // A retransmission reuses the message's first PSN.
+            if let Some(tx) = q.tx.take() {
+                q.sq_psn = tx.first_psn;
+            }
+        }
+        let exhausted = expired_ack && q.retry_left == 0;
+        if expired_ack && !exhausted {
+            q.retry_left -= 1;
         }
         let idx = q.sq_ci;
         let stride = 1usize << q.sq_shift;
@@ -225,7 +235,9 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             return;
         }
         let size = usize::from(ctrl.ds) * 16;
-        let outcome = if ctrl.ds == 0 || size > stride.min(WQE_MAX) {
+        let outcome = if exhausted {
+            Outcome::Fail(Syndrome::RetryExceeded)
+        } else if ctrl.ds == 0 || size > stride.min(WQE_MAX) {
             hca.violation(format!(
                 "QP {qpn:#x} SQ WQE {idx}: DS count {} does not fit the {stride}-byte stride",
                 ctrl.ds
@@ -295,7 +307,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
 }
 
 /// Moves past the WQE at the consumer counter; returns the send CQ.
-fn advance(hca: &mut Hca, qpn: u32) -> u32 {
+pub(super) fn advance(hca: &mut Hca, qpn: u32) -> u32 {
     let Some(q) = hca.engine.qps.get_mut(&qpn) else {
         return 0;
     };
@@ -521,6 +533,19 @@ fn execute_in(
     let active = port_state(hca, port).is_some_and(|(s, _, _)| s == LogicalState::Active);
     let resp = if active && (force || is_local(hca, port, dlid)) {
         respond(hca, &msg, &segs[..nseg], wqe)
+    } else if active && super::wire::attached(hca, port) {
+        let mtu_w = if q.st == st::UD { mtu.max(len) } else { mtu };
+        return super::wire::send(
+            hca,
+            &q,
+            &msg,
+            &segs[..nseg],
+            wqe,
+            idx,
+            ctrl.opcode,
+            ctrl.signalled(),
+            mtu_w,
+        );
     } else {
         // Off the HCA: no fabric is attached yet, the packet is lost.
         if !active && let Some(i) = hca.port_index(u32::from(port)) {
@@ -597,40 +622,37 @@ fn finish(hca: &mut Hca, qpn: u32, q: &QpEng, msg: &Msg, resp: Resp, local: &[Se
         Resp::Rnr(_) => Outcome::Done {
             byte_cnt: msg.len as u32,
         },
-        Resp::Silent if q.st == st::RC => {
-            let Some(qm) = hca.engine.qps.get_mut(&qpn) else {
-                return Outcome::Fail(Syndrome::RetryExceeded);
-            };
-            match ack_ns(qm.ack_timeout) {
-                None => Outcome::Wait(WaitKind::Ack, u64::MAX),
-                Some(_) if qm.retry_left == 0 => Outcome::Fail(Syndrome::RetryExceeded),
-                Some(t) => {
-                    qm.retry_left -= 1;
-                    Outcome::Wait(WaitKind::Ack, now.saturating_add(t))
-                }
-            }
-        }
+        Resp::Silent if q.st == st::RC => ack_wait(q, now),
         Resp::Silent => Outcome::Done {
             byte_cnt: msg.len as u32,
         },
     }
 }
 
+/// An RC request went out and no answer came (yet): wait the local ACK
+/// timeout (for ever if it is 0). Retries are counted when it expires.
+pub(super) fn ack_wait(q: &QpEng, now: u64) -> Outcome {
+    match ack_ns(q.ack_timeout) {
+        None => Outcome::Wait(WaitKind::Ack, u64::MAX),
+        Some(t) => Outcome::Wait(WaitKind::Ack, now.saturating_add(t)),
+    }
+}
+
 // ------------------------------------------------------------------ responder
 
 /// A receive WQE taken (not yet consumed).
-struct Rwqe {
+pub(super) struct Rwqe {
     /// RQ counter or SRQ index (the CQE's WQE counter).
-    counter: u16,
+    pub(super) counter: u16,
     /// Scatter entries (in the caller's scratch).
-    n: usize,
+    pub(super) n: usize,
     /// SRQ: index of the next free WQE.
-    srq_next: Option<u16>,
+    pub(super) srq_next: Option<u16>,
 }
 
 /// Peeks at the next receive WQE of `q` (its RQ or SRQ); its scatter list
 /// lands in `sc.sges`.
-fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe> {
+pub(super) fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe> {
     let Scratch {
         sges, rbuf: buf, ..
     } = sc;
@@ -677,7 +699,7 @@ fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe> {
 }
 
 /// Consumes the receive WQE `r` peeked from `qpn`'s queue.
-fn rq_commit(hca: &mut Hca, qpn: u32, r: &Rwqe) {
+pub(super) fn rq_commit(hca: &mut Hca, qpn: u32, r: &Rwqe) {
     let Some(q) = hca.engine.qps.get_mut(&qpn) else {
         return;
     };
@@ -743,7 +765,7 @@ fn srq_get(hca: &mut Hca, srqn: u32) -> Option<&mut super::SrqEng> {
 
 /// Responder-side failure: the responder QP's receive WQE (if any) gets
 /// `local` and the QP goes to ERR with `event`; an RC requester gets `nak`.
-fn responder_error(
+pub(super) fn responder_error(
     hca: &mut Hca,
     d: &QpEng,
     r: Option<&Rwqe>,
@@ -774,7 +796,7 @@ fn responder_error(
 }
 
 /// Delivers `m` to its destination QP on this HCA.
-fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
+pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
     let Some(d) = hca.engine.qps.get(&m.dst_qpn).cloned() else {
         return Resp::Silent;
     };
@@ -965,7 +987,7 @@ fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
     }
 }
 
-fn rnr(d: &QpEng) -> Resp {
+pub(super) fn rnr(d: &QpEng) -> Resp {
     if d.st == st::RC {
         Resp::Rnr(d.min_rnr_timer)
     } else {
@@ -1106,7 +1128,7 @@ fn receive_in(
     Resp::Ack
 }
 
-fn lmc_mask(hca: &Hca, port: u8) -> u8 {
+pub(super) fn lmc_mask(hca: &Hca, port: u8) -> u8 {
     port_state(hca, port).map_or(0, |(_, _, lmc)| ((1u16 << lmc.min(7)) - 1) as u8)
 }
 
@@ -1368,7 +1390,7 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
 
 /// A MAD arriving at QP0/QP1 `m.dst_qpn`: dropped unless that QP is ready
 /// (VL15Dropped counts dropped SMPs).
-fn mad_deliver(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8], smp: bool) {
+pub(super) fn mad_deliver(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8], smp: bool) {
     let ready = matches!(
         qp_state(hca, m.dst_qpn),
         Some(QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqer)

@@ -25,6 +25,7 @@
 
 pub mod cq;
 pub mod exec;
+pub mod wire;
 pub mod wqe;
 pub mod xlate;
 
@@ -147,6 +148,13 @@ pub struct QpEng {
     /// A send doorbell came while the SQ could not run (before RTS, SQD):
     /// the SQ runs when the QP reaches RTS.
     pub db_pending: bool,
+    /// The RC request on the wire waiting for its response.
+    pub tx: Option<wire::TxMsg>,
+    /// The multi-packet message being received.
+    pub rx: Option<wire::RxMsg>,
+    /// The last atomic executed as a responder: (PSN, original value), for
+    /// a duplicate request.
+    pub last_atomic: Option<(u32, u64)>,
 }
 
 impl QpEng {
@@ -407,13 +415,18 @@ pub fn send_doorbell(hca: &mut Hca, qpn: u32, uar: u32) {
     exec::process_sq(hca, qpn);
 }
 
-/// One pass over timers and error-state queues; true if anything moved.
+/// One pass over the wire, timers and error-state queues; true if
+/// anything moved.
 pub fn step(hca: &mut Hca) -> bool {
+    let mut active = false;
+    if hca.fabric.is_some() {
+        active |= wire::sync_ports(hca);
+        active |= wire::poll_rx(hca);
+    }
     if hca.engine.watch.is_empty() {
-        return false;
+        return active;
     }
     let now = hca.clock.now_ns();
-    let mut active = false;
     let watch = hca.engine.watch.clone();
     for qpn in watch {
         let Some(q) = hca.engine.qps.get(&qpn) else {

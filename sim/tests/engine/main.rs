@@ -9,6 +9,7 @@ mod poster;
 
 mod bench;
 mod errors;
+mod fabric;
 mod fuzz;
 mod loopback;
 mod mlx;

@@ -317,9 +317,17 @@ impl Hca {
     }
 
     pub fn with(sim: SimHca) -> Hca {
+        let mut h = Self::bare(sim);
+        h.port_up(1, 0x11).unwrap();
+        h
+    }
+
+    /// Brought up to the ports (EQs, CONF_SPECIAL_QP, SET_PORT), ports
+    /// still closed.
+    pub fn bare(sim: SimHca) -> Hca {
         let mut r = Raw::with(sim);
         let (comp, asy) = harness::init_full(&mut r).unwrap();
-        let mut h = Hca {
+        Hca {
             r,
             comp,
             asy,
@@ -328,15 +336,19 @@ impl Hca {
             async_ci: 0,
             comp_ci: 0,
             lid: 0,
-        };
-        h.port_up(1, 0x11).unwrap();
-        h
+        }
     }
 
     /// INIT_PORT, then the SM's job done by SMPs through MAD_IFC:
     /// LID + Armed, then Active.
     pub fn port_up(&mut self, port: u8, lid: u16) -> R {
         self.r.cmd(0, u32::from(port), 0, Opcode::INIT_PORT)?;
+        self.activate(port, lid)
+    }
+
+    /// The SM's part: SubnSet(PortInfo) with the LID and Armed, then Active,
+    /// through the firmware SMA (MAD_IFC).
+    pub fn activate(&mut self, port: u8, lid: u16) -> R {
         let get = harness::smp_get(0x0015, u32::from(port));
         let mut pi = self.r.cmd_box(&get, u32::from(port), 3, Opcode::MAD_IFC)?;
         pi.truncate(256);
@@ -570,7 +582,7 @@ impl Hca {
                 u32::from(s.retry_cnt) << 16 | u32::from(s.rnr_retry) << 13,
             )
             .u8(p + 8, s.ack_timeout << 3)
-            .u32(0x78, 0x200);
+            .u32(0x78, 0x100);
         self.r.cmd_in(&rts.0, q.qpn, 0, Opcode::RTR2RTS_QP)
     }
 
