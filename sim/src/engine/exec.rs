@@ -1147,6 +1147,7 @@ struct UdHeader {
     pad: u8,
     pkey: u16,
     dqpn: u32,
+    psn: u32,
     qkey: u32,
     sqpn: u32,
     imm: Option<u32>,
@@ -1204,6 +1205,7 @@ fn parse_ud_header(h: &[u8]) -> Result<UdHeader, &'static str> {
         pad: (bth[1] >> 4) & 3,
         pkey: get16(bth, 2),
         dqpn: get32(bth, 4) & 0xff_ffff,
+        psn: get32(bth, 8) & 0xff_ffff,
         qkey: get32(deth, 0),
         sqpn: get32(deth, 4) & 0xff_ffff,
         imm,
@@ -1381,6 +1383,46 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
             npkts: 1,
         };
         mad_deliver(hca, &m, &segs[..ns], &hdr_inline, is_qp0);
+    } else if up && super::wire::attached(hca, port) {
+        let mut body = vec![0u8; payload as usize];
+        if xlate::gather(hca, &segs[..ns], &hdr_inline, 0, &mut body).is_err() {
+            return Outcome::Fail(Syndrome::LocalProt);
+        }
+        let grh = h.grh.and_then(|g| crate::packet::Grh::parse(&g).ok());
+        let hd = crate::packet::Headers {
+            lrh: crate::packet::Lrh {
+                vl: h.vl,
+                sl: h.sl,
+                dlid: h.dlid,
+                slid,
+                ..Default::default()
+            },
+            grh,
+            bth: crate::packet::Bth {
+                opcode: if h.imm.is_some() {
+                    crate::packet::opcode::UD_SEND_ONLY_IMM
+                } else {
+                    crate::packet::opcode::UD_SEND_ONLY
+                },
+                se: h.se,
+                pkey: h.pkey,
+                dest_qp: h.dqpn,
+                psn: h.psn,
+                ..Default::default()
+            },
+            deth: Some(crate::packet::Deth {
+                qkey: h.qkey,
+                src_qp: h.sqpn,
+            }),
+            imm: h.imm,
+            ..Default::default()
+        };
+        match crate::packet::build(&hd, &body) {
+            Ok(b) => {
+                super::wire::transmit(hca, port, b);
+            }
+            Err(e) => return bad(hca, &format!("the header does not make a packet: {e}")),
+        }
     }
     let _ = ctrl;
     Outcome::Done {

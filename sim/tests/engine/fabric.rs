@@ -223,3 +223,379 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
         b.r.sim.violations()
     );
 }
+
+#[test]
+fn ud_uc_and_rnr_across_the_wire() {
+    let (mut a, mut b, _w) = b2b();
+    let mut ca = a.cq(6);
+    let mut cb = b.cq(6);
+    let la = a.mr(0x1_0000, 16_384, acc::ALL);
+    let rb = b.mr(0x2_0000, 16_384, acc::ALL);
+    // UD: source LID/QP, SL, the GRH area, Q_Key rule.
+    let su = QpSpec::new(UD, ca.cqn);
+    let ua = a.qp(0xa0, su);
+    a.connect(&ua, su, 0, 0).unwrap();
+    let sb = QpSpec::new(UD, cb.cqn);
+    let mut ub = b.qp(0xa4, sb);
+    b.connect(&ub, sb, 0, 0).unwrap();
+    let mut ua = ua;
+    let data = Rng(5).bytes(3000);
+    la.write(0, &data);
+    ub.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 4136,
+        lkey: rb.key,
+    }]);
+    let av = Av {
+        port: 1,
+        dlid: b.lid,
+        dqpn: 0xa4,
+        qkey: 0x8000_0000,
+        sl: 5,
+        ..Av::default()
+    };
+    ua.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            ud: Some(av),
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 3000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut ca, true).ok());
+    let r = one(&mut cb, false);
+    assert_eq!(
+        (r.byte_cnt, r.rqpn, r.slid, r.sl, r.qpn),
+        (3040, 0xa0, a.lid, 5, 0xa4),
+        "{r:?}"
+    );
+    assert_eq!(rb.read(40, 3000), data);
+    // UC: a WRITE of two packets.
+    let sa = QpSpec::new(UC, ca.cqn);
+    let sb2 = QpSpec::new(UC, cb.cqn);
+    let mut xa = a.qp(0xb0, sa);
+    let xb = b.qp(0xb4, sb2);
+    a.connect(&xa, sa, 0xb4, b.lid).unwrap();
+    b.connect(&xb, sb2, 0xb0, a.lid).unwrap();
+    xa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_WRITE,
+            signalled: true,
+            raddr: rb.addr(8000),
+            rkey: rb.key,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 3000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut ca, true).ok());
+    assert_eq!(rb.read(8000, 3000), data);
+    // RC SEND without a receive: RNR NAKs until one is posted.
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 100,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    wait_steps(&a.r, Duration::from_millis(5));
+    assert!(ca.drain().is_empty(), "RNR: waiting");
+    qb.post_recv(&[Sge {
+        addr: rb.addr(12_000),
+        len: 100,
+        lkey: rb.key,
+    }]);
+    wait_steps(&a.r, Duration::from_millis(1));
+    assert!(one(&mut ca, true).ok());
+    assert_eq!(one(&mut cb, false).byte_cnt, 100);
+}
+
+#[test]
+fn links_follow_close_port_and_cables_and_rc_retries_run_out() {
+    let (mut a, mut b, w) = b2b();
+    a.async_events();
+    // The partner closes its port: A's link goes down, Active -> Down with
+    // PORT_CHANGE and LinkDowned.
+    b.r.cmd(0, 1, 0, sim::Opcode::CLOSE_PORT).unwrap();
+    assert_eq!(
+        a.r.sim.port_state(1),
+        Some((sim::LogicalState::Down, sim::PhysicalState::Polling))
+    );
+    assert!(
+        a.async_events().iter().any(|e| e.0 == 0x09),
+        "PORT_CHANGE down"
+    );
+    let pc = a.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
+    assert_eq!(pc[0x40 + 7], 1, "LinkDownedCounter");
+    // Back: link up, logical Init until the SM acts again.
+    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    assert_eq!(
+        a.r.sim.port_state(1),
+        Some((sim::LogicalState::Init, sim::PhysicalState::LinkUp))
+    );
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    // A pulled cable takes both ends down.
+    let pa = a.r.sim.fabric_port(1).unwrap();
+    w.fabric().lock().unwrap().unplug(pa).unwrap();
+    wait_steps(&a.r, Duration::from_micros(2));
+    assert_eq!(
+        b.r.sim.port_state(1).map(|s| s.1),
+        Some(sim::PhysicalState::Polling)
+    );
+    // Cable back in, SM again; then B closes and an RC SEND runs out of
+    // retries on A.
+    let pb = b.r.sim.fabric_port(1).unwrap();
+    w.fabric().lock().unwrap().connect(pa, pb).unwrap();
+    wait_steps(&a.r, Duration::from_micros(2));
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    let mut ca = a.cq(6);
+    let cb = b.cq(6);
+    let mut s = QpSpec::new(RC, ca.cqn);
+    s.retry_cnt = 2;
+    s.ack_timeout = 10; // 4.2 ms
+    let mut qa = a.qp(0x80, s);
+    a.connect(&qa, s, 0x90, 2).unwrap();
+    let _ = cb;
+    let la = a.mr(0x1_0000, 4096, acc::ALL);
+    // B has no QP 0x90: requests vanish; A retries twice, then gives up.
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 8,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    wait_steps(&a.r, Duration::from_millis(12));
+    assert!(ca.drain().is_empty());
+    wait_steps(&a.r, Duration::from_millis(2));
+    let e = one(&mut ca, true);
+    assert_eq!((e.syndrome, e.vendor), (0x15, 0x81), "{e:?}");
+    let (x, _, p, _) = counters(&mut a);
+    assert!(p >= 3 && x > 0, "three attempts on the wire: {p} packets");
+}
+
+#[test]
+fn dropped_and_corrupted_packets_are_recovered_or_counted() {
+    let (mut a, mut b, w) = b2b();
+    let mut ca = a.cq(6);
+    let mut cb = b.cq(6);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let la = a.mr(0x1_0000, 32_768, acc::ALL);
+    let rb = b.mr(0x2_0000, 32_768, acc::ALL);
+    let data = Rng(11).bytes(12_000);
+    la.write(0, &data);
+    // Drop the second packet of the message once: a retransmission
+    // (after the ACK timeout, PSN sequence NAK at once) fixes it.
+    w.fabric().lock().unwrap().faults.add(
+        sim::fabric::FaultRule::new(sim::fabric::FaultKind::Drop)
+            .qpn(0x90)
+            .every(2)
+            .times(1),
+    );
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 16_000,
+        lkey: rb.key,
+    }]);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 12_000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    wait_steps(&a.r, Duration::from_millis(10));
+    assert!(one(&mut ca, true).ok());
+    assert_eq!(one(&mut cb, false).byte_cnt, 12_000);
+    assert_eq!(rb.read(0, 12_000), data);
+    // A corrupted packet: the receiver drops it and counts PortRcvErrors.
+    w.fabric().lock().unwrap().faults.clear();
+    w.fabric().lock().unwrap().faults.add(
+        sim::fabric::FaultRule::new(sim::fabric::FaultKind::Corrupt)
+            .qpn(0x90)
+            .times(1),
+    );
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 16_000,
+        lkey: rb.key,
+    }]);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 100,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    wait_steps(&a.r, Duration::from_millis(10));
+    assert!(one(&mut ca, true).ok(), "recovered by retransmission");
+    let pc = b.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
+    assert_eq!(
+        u16::from_be_bytes([pc[0x40 + 8], pc[0x40 + 9]]),
+        1,
+        "PortRcvErrors"
+    );
+}
+
+/// Two HCAs through one 36-port switch (the `--nodes 2` topology), the
+/// switch's LFT set by its SM stand-in.
+#[test]
+fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
+    let mut f = sim::fabric::Fabric::new();
+    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(f));
+    let w = Wire::over(shared.clone(), Duration::from_micros(1));
+    let mk = |i: usize| {
+        let h = &built.hcas[i];
+        SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
+    };
+    let mut a = Hca::bare(mk(0));
+    let mut b = Hca::bare(mk(1));
+    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    assert_eq!(
+        a.r.sim.port_state(1).map(|s| s.1),
+        Some(sim::PhysicalState::LinkUp),
+        "cabled to a powered switch"
+    );
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    let sw = built.switches[0].1;
+    shared
+        .lock()
+        .unwrap()
+        .switch_mut(sw)
+        .unwrap()
+        .configure(0x10, &[(1, 1), (2, 2)]);
+    let mut ca = a.cq(6);
+    let mut cb = b.cq(6);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let la = a.mr(0x1_0000, 16_384, acc::ALL);
+    let rb = b.mr(0x2_0000, 16_384, acc::ALL);
+    let data = Rng(77).bytes(9000);
+    la.write(0, &data);
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 9000,
+        lkey: rb.key,
+    }]);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 9000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut ca, true).ok());
+    assert_eq!(one(&mut cb, false).byte_cnt, 9000);
+    assert_eq!(rb.read(0, 9000), data);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_READ,
+            signalled: true,
+            raddr: rb.addr(0),
+            rkey: rb.key,
+            sges: vec![Sge {
+                addr: la.addr(10_000),
+                len: 5000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut ca, true).ok());
+    assert_eq!(la.read(10_000, 5000), data[..5000]);
+    // A directed-route SubnGet(NodeInfo) from A's QP0, one hop out of
+    // port 1: the switch's SMA answers, back to A's QP0.
+    let (mut qp0, _qp1) = crate::mlx::special_qps(&mut a, &ca);
+    let m = a.mr(0x40_0000, 8192, acc::ALL);
+    let mut smp = sim::packet::Smp::dr_get(0x1234, 0x0011, 0, &[1]).unwrap();
+    // The sender's own step of the route (IBTA C14-9; Linux does it in
+    // ib_mad's smi_handle_dr_smp_send, not the HCA).
+    smp.hop_ptr = 1;
+    m.write(0, &smp.to_bytes());
+    qp0.post_recv(&[Sge {
+        addr: m.addr(4096),
+        len: 296,
+        lkey: m.key,
+    }]);
+    qp0.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
+            raw: Some(crate::mlx::ud_header(
+                15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256,
+            )),
+            sges: vec![Sge {
+                addr: m.addr(0),
+                len: 256,
+                lkey: m.key,
+            }],
+            tail: Some(crate::mlx::icrc_seg()),
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut ca, true).ok(), "{:?}", a.r.sim.violations());
+    let r = one(&mut ca, false);
+    assert_eq!((r.byte_cnt, r.rqpn), (296, 0), "{r:?}");
+    let resp = m.read(4096 + 40, 256);
+    assert_eq!(resp[3], 0x81, "GetResp");
+    let ni = &resp[0x40..];
+    assert_eq!(ni[2], 2, "NodeType switch");
+    assert_eq!(
+        u16::from_be_bytes([ni[30], ni[31]]),
+        0xc738,
+        "SwitchX device id"
+    );
+    assert!(
+        a.r.sim.violations().is_empty(),
+        "{:?}",
+        a.r.sim.violations()
+    );
+}
