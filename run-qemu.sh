@@ -1,68 +1,127 @@
 #!/usr/bin/env bash
-# Builds the kernel image and boots it under QEMU (q35; KVM if usable, else
-# TCG) with the serial console on this terminal and, by default, an emulated
-# ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
-#
-#   ./run-qemu.sh                         boot with the emulated HCA; Ctrl-A X quits
-#   ./run-qemu.sh --run "lspci; ibstat"   run console commands unattended, print the
-#                                         transcript, exit 0 only if all succeeded
-#   ./run-qemu.sh --nodes 2               two guests on one emulated fabric (node 0 on
-#                                         this terminal, the others logged to files)
-#   ./run-qemu.sh --no-hca                boot without an HCA
-#   ./run-qemu.sh --vfio 0000:04:00.0     pass a real ConnectX-3 through (vfio-pci)
-#   ./run-qemu.sh --iso [--run ...]       build a GRUB rescue ISO and boot it (bare-metal path)
-#   ./run-qemu.sh --gdb                   wait for gdb on :1234
-#   ./run-qemu.sh -- -smp 2               anything after -- goes to QEMU
-#
-# More: --kvm (use KVM; --vfio implies it; TCG otherwise),
-# --emu-args "--fail RUN_FW" (cx3-emu options, e.g. fault injection),
-# --append "log=debug" (kernel command line), --memory 512M, --timeout SEC
-# (deadline for --run, default 120), --dry-run (print the commands and exit),
-# --build-only, --no-build.
+# Builds the kernel image and boots it under QEMU with an emulated ConnectX-3
+# (cx3-emu over ivshmem, docs/ivshmem.md). `./run-qemu.sh --help` for usage.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
 
-run=""; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
+usage_line="Usage: ./run-qemu.sh [options] [-- QEMU options]"
+
+usage() {
+    cat <<'USAGE'
+Usage: ./run-qemu.sh [options] [-- QEMU options]
+
+Builds the kernel image and boots it under QEMU (q35, TCG by default; --kvm
+for KVM) with the serial console on this terminal and, by default, an
+emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
+
+  ./run-qemu.sh                         boot with the emulated HCA; Ctrl-A X quits
+  ./run-qemu.sh --run "lspci; ibstat"   run console commands unattended, print the
+                                        transcript, exit 0 only if all succeeded
+  ./run-qemu.sh --nodes 2               two guests on one emulated fabric (node 0 on
+                                        this terminal, the others logged to files)
+  ./run-qemu.sh --no-hca                boot without an HCA
+  ./run-qemu.sh --vfio 0000:04:00.0     pass a real ConnectX-3 through (vfio-pci)
+  ./run-qemu.sh --iso [--run ...]       build a GRUB rescue ISO and boot it (bare-metal path)
+  ./run-qemu.sh --gdb                   wait for gdb on :1234
+  ./run-qemu.sh -- -smp 2               anything after -- goes to QEMU
+
+Options:
+  --run CMDS        console commands separated by ';' (no single quotes)
+  --nodes N         1 to 8 guests on one emulated fabric (default 1)
+  --no-hca          no emulated HCA
+  --vfio ADDR       pass a real ConnectX-3 through (implies --kvm)
+  --kvm             use KVM (default: TCG, faster under nested virtualisation)
+  --emu-args OPTS   cx3-emu options, e.g. "--fail RUN_FW" (cx3-emu --help);
+                    if cx3-emu refuses them, nothing boots
+  --append TEXT     kernel command line, e.g. "log=debug"
+  --memory SIZE     guest RAM: a number with an optional M or G suffix
+                    (no suffix: MiB, as QEMU's -m), 64M to 64G (default 512M)
+  --timeout SEC     deadline for --run, 1 to 86400 seconds (default 120)
+  --iso             boot a GRUB rescue ISO instead of -kernel
+  --gdb             wait for gdb on :1234
+  --dry-run         print the commands and exit
+  --build-only      build and exit
+  --no-build        use the image built last time
+  -h, --help        this text
+
+Exit status: 0 success (with --run: every command succeeded), 1 failure or
+crash (or cx3-emu failed to start), 2 bad usage, 124 the --timeout passed.
+USAGE
+}
+
+bad_usage() { # message -> stderr, with the usage line; status 2
+    say "run-qemu.sh: $1"
+    say "$usage_line"
+    say "(./run-qemu.sh --help for the options)"
+    exit 2
+}
+
+run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
 append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
-
 while [ $# -gt 0 ]; do
-    case "$1" in
-        --run) run=${2?--run needs commands}; shift ;;
+    opt=$1
+    case "$opt" in
+        --run|--vfio|--nodes|--emu-args|--append|--memory|--timeout)
+            [ $# -ge 2 ] || bad_usage "$opt needs an argument"
+            val=$2; shift ;;
+    esac
+    case "$opt" in
+        --run) run=$val; run_set=1 ;;
         --iso) iso=1 ;;
-        --vfio) vfio=${2?--vfio needs a PCI address}; shift; hca=0; kvm=1 ;;
+        --vfio) vfio=$val; hca=0; kvm=1 ;;
         --kvm) kvm=1 ;;
         --no-hca) hca=0 ;;
-        --nodes) nodes=${2?--nodes needs a number}; shift ;;
-        --emu-args) emu_args=${2?--emu-args needs options}; shift ;;
+        --nodes) nodes=$val ;;
+        --emu-args) emu_args=$val ;;
         --gdb) gdb=1 ;;
         --dry-run) dry=1 ;;
-        --append) append=${2?--append needs text}; shift ;;
-        --memory) memory=${2?--memory needs a size}; shift ;;
-        --timeout) timeout_s=${2?--timeout needs seconds}; shift ;;
+        --append) append=$val ;;
+        --memory) memory=$val ;;
+        --timeout) timeout_s=$val ;;
         --no-build) build=0 ;;
         --build-only) build_only=1 ;;
-        -h|--help) usage 0 ;;
+        -h|--help) usage; exit 0 ;;
         --) shift; qemu_extra=("$@"); break ;;
-        *) say "run-qemu.sh: unknown option '$1'"; usage 2 ;;
+        *) say "run-qemu.sh: unknown option '$opt'"; usage >&2; exit 2 ;;
     esac
     shift
 done
 
-case "$run" in *\'*) say "run-qemu.sh: --run commands cannot contain single quotes"; exit 2 ;; esac
+[ "$run_set" = 1 ] && [ -z "${run//[[:space:];]/}" ] && bad_usage "--run needs at least one command"
+case "$run" in *\'*) bad_usage "--run commands cannot contain single quotes" ;; esac
+case "$append" in *\"*|*\'*) bad_usage "--append text cannot contain quotes" ;; esac
 if [ -n "$vfio" ] && ! [[ "$vfio" =~ ^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$ ]]; then
-    say "run-qemu.sh: --vfio wants a full PCI address such as 0000:04:00.0"; exit 2
+    bad_usage "--vfio wants a full PCI address such as 0000:04:00.0"
 fi
 if ! [[ "$nodes" =~ ^[1-8]$ ]]; then
-    say "run-qemu.sh: --nodes takes 1 to 8"; exit 2
+    bad_usage "--nodes takes 1 to 8, not '$nodes'"
 fi
 if [ "$nodes" -gt 1 ] && [ "$hca" = 0 ]; then
-    say "run-qemu.sh: --nodes needs the emulated HCA (not with --no-hca or --vfio)"; exit 2
+    bad_usage "--nodes needs the emulated HCA (not with --no-hca or --vfio)"
 fi
+if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
+    bad_usage "--emu-args needs the emulated HCA (not with --no-hca or --vfio)"
+fi
+if ! [[ "$timeout_s" =~ ^[1-9][0-9]{0,4}$ ]] || [ "$timeout_s" -gt 86400 ]; then
+    bad_usage "--timeout takes whole seconds from 1 to 86400, not '$timeout_s'"
+fi
+# Guest RAM in MiB: QEMU reads a bare number as MiB; the shared RAM file and
+# cx3-emu get the same size in bytes.
+if [[ "$memory" =~ ^([1-9][0-9]{0,5})([MmGg]?)$ ]]; then
+    mem_mib=${BASH_REMATCH[1]}
+    case "${BASH_REMATCH[2]}" in [Gg]) mem_mib=$((mem_mib * 1024)) ;; esac
+else
+    mem_mib=0
+fi
+if [ "$mem_mib" -lt 64 ] || [ "$mem_mib" -gt 65536 ]; then
+    bad_usage "--memory takes 64M to 64G (a number with an optional M or G suffix; no suffix means MiB), not '$memory'"
+fi
+memory="${mem_mib}M"
+mem_bytes=$((mem_mib << 20))
 
 kernel_dir="$here/target/kernel"
 kernel="$kernel_dir/x86_64-target/release/kernel"
@@ -107,7 +166,7 @@ run_id="$$"
 # Shared files in /dev/shm when it has room (containers often give it 64 MiB),
 # else on disk under target/shm; QEMU maps either with share=on.
 shm=/dev/shm
-need=$(( ( $(numfmt --from=iec "$memory" 2>/dev/null || echo 0) + (16 << 20) ) * nodes ))
+need=$(( (mem_bytes + (16 << 20)) * nodes ))
 avail=$(df --output=avail -B1 "$shm" 2>/dev/null | tail -n 1 || echo 0)
 if [ "$hca" = 1 ] && { [ ! -d "$shm" ] || [ "${avail:-0}" -lt "$need" ]; }; then
     shm="$here/target/shm"
@@ -180,13 +239,38 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# cx3-emu publishes each window's magic last (docs/ivshmem.md); until then no
+# guest may boot. An emulator that exits first (bad --emu-args, unusable
+# files) ends the run with its own message above and status 1.
+wait_for_emulator() {
+    local i f magic st deadline=$((SECONDS + 10))
+    for ((i = 0; i < nodes; i++)); do
+        f=$(win "$i")
+        while :; do
+            magic=$(od -An -tx4 -N4 "$f" 2>/dev/null | tr -d ' ')
+            [ "$magic" = 45335843 ] && break
+            if ! kill -0 "$emu_pid" 2>/dev/null; then
+                st=0; wait "$emu_pid" || st=$?; emu_pid=""
+                say "run-qemu.sh: cx3-emu exited (status $st) before serving the guests; not booting without the emulated HCA"
+                exit 1
+            fi
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                say "run-qemu.sh: cx3-emu did not publish $f within 10 s; not booting"
+                exit 1
+            fi
+            sleep 0.05
+        done
+    done
+}
+
 if [ "$hca" = 1 ]; then
     for ((i = 0; i < nodes; i++)); do
         truncate -s 16M "$(win $i)"
-        truncate -s "$memory" "$(ram $i)"
+        truncate -s "$mem_bytes" "$(ram $i)"
     done
     "${emu_cmd[@]}" &
     emu_pid=$!
+    wait_for_emulator
 fi
 [ "$gdb" = 1 ] && say "QEMU waits for gdb: gdb $kernel -ex 'target remote :1234'"
 

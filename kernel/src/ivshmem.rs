@@ -137,18 +137,47 @@ impl ConfigSpace for ImageConfig {
     }
 }
 
+/// Why an ivshmem function carries no emulated HCA.
+#[derive(Debug, Clone, Copy)]
+pub enum ProbeError {
+    /// The window is where an emulator should answer, but none did in time.
+    NoEmulator {
+        /// Bus address of the window.
+        bus: u64,
+        /// How long the kernel waited.
+        waited: Duration,
+    },
+    /// Anything else (not an HCA window, mapping failed, wrong contract).
+    Other(&'static str),
+}
+
+impl core::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ProbeError::NoEmulator { bus, waited } => write!(
+                f,
+                "cx3-emu: no emulator answers in the ivshmem window at {bus:#x} after {} s; is cx3-emu running?",
+                waited.as_secs_f32()
+            ),
+            ProbeError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
 /// Checks an ivshmem function's BAR2 for the emulated HCA. `bar` is its
 /// BAR2 `(address, size)`. Waits up to `wait` for the emulator's magic.
-pub fn probe(bar: (u64, u64), wait: Duration) -> Result<Window, &'static str> {
+pub fn probe(bar: (u64, u64), wait: Duration) -> Result<Window, ProbeError> {
     let (bus, size) = bar;
     if size != WINDOW_LEN {
-        return Err("ivshmem window is not 16 MiB: not an emulated HCA");
+        return Err(ProbeError::Other(
+            "ivshmem window is not 16 MiB: not an emulated HCA",
+        ));
     }
-    let base = crate::mm::paging::map_mmio(bus, size)?;
+    let base = crate::mm::paging::map_mmio(bus, size).map_err(ProbeError::Other)?;
     let deadline = Deadline::after(&TscClock, wait);
     while read32(base, 0) != MAGIC {
         if deadline.expired(&TscClock) {
-            return Err("no emulator answered in the ivshmem window (is cx3-emu running?)");
+            return Err(ProbeError::NoEmulator { bus, waited: wait });
         }
         core::hint::spin_loop();
     }
@@ -166,7 +195,9 @@ pub fn probe(bar: (u64, u64), wait: Duration) -> Result<Window, &'static str> {
             log::error!(
                 "ivshmem: emulator header {name} is {got:#x}, this kernel speaks {want:#x}"
             );
-            return Err("emulator header does not match the contract");
+            return Err(ProbeError::Other(
+                "emulator header does not match the contract",
+            ));
         }
     }
     let w = Window {

@@ -244,6 +244,8 @@ fn adopt_emulated(d: &mut Device, wait: core::time::Duration) {
                 backing: Backing::Emulated(w),
             };
         }
+        // One line that says what to do, not a chain of consequences.
+        Err(e @ crate::ivshmem::ProbeError::NoEmulator { .. }) => log::error!("{e}"),
         Err(e) => log::warn!("pci {}: ivshmem function left alone: {e}", d.addr),
     }
 }

@@ -51,6 +51,8 @@ pub struct Run {
     pub status: i32,
     /// Everything the guest printed on the serial console.
     pub transcript: String,
+    /// What `run-qemu.sh`, `cx3-emu` and QEMU printed on stderr.
+    pub stderr: String,
 }
 
 impl Run {
@@ -94,8 +96,19 @@ pub fn run(cmds: &str, opts: &[&str], deadline: Duration) -> Run {
     Run {
         status: out.status.code().unwrap_or(-1),
         transcript: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Console lines after which no awaited output can come: a wait stops at
+/// the first of them instead of running into its deadline.
+pub const FATAL: [&str; 5] = [
+    "bring-up failed",
+    "Kernel panic",
+    "CPU exception",
+    "System halted",
+    "no emulator answers in the ivshmem window",
+];
 
 /// An interactive console session: QEMU with the serial port on pipes.
 pub struct Console {
@@ -137,22 +150,64 @@ impl Console {
     }
 
     /// Waits until `needle` has been printed (after everything consumed so
-    /// far); returns what was printed up to and including it.
+    /// far); returns what was printed up to and including it. Panics at
+    /// once on a [`FATAL`] line, when QEMU ends, or at the session deadline.
     pub fn wait_for(&mut self, needle: &str) -> String {
+        self.try_wait_for(needle).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Console::wait_for`], but returns why the wait ended without
+    /// `needle`: a [`FATAL`] line (found as soon as it is printed, complete
+    /// with its line), the end of QEMU's output, or the deadline.
+    pub fn try_wait_for(&mut self, needle: &str) -> Result<String, String> {
         loop {
             if let Some(i) = self.seen.find(needle) {
                 let upto: String = self.seen.drain(..i + needle.len()).collect();
-                return upto;
+                return Ok(upto);
+            }
+            if let Some(end) = self.fatal_line_end(needle) {
+                // Consumed with the line, so that a later wait goes on after it.
+                let upto: String = self.seen.drain(..end).collect();
+                let line = upto.lines().last().unwrap_or_default().trim_end();
+                return Err(format!(
+                    "stopped waiting for {needle:?}: the guest printed {line:?}; console so far:\n{upto}"
+                ));
             }
             let left = self.deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(bytes) => self.seen.push_str(&String::from_utf8_lossy(&bytes)),
-                Err(_) => panic!(
-                    "timed out waiting for {needle:?}; console so far:\n{}",
-                    self.seen
-                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "QEMU's output ended while waiting for {needle:?}; console so far:\n{}",
+                        self.seen
+                    ));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "timed out waiting for {needle:?}; console so far:\n{}",
+                        self.seen
+                    ));
+                }
             }
         }
+    }
+
+    /// Where the first complete line of unconsumed output holding a
+    /// [`FATAL`] marker that `needle` itself does not mention ends.
+    fn fatal_line_end(&self, needle: &str) -> Option<usize> {
+        let mut start = 0;
+        while let Some(n) = self.seen[start..].find('\n') {
+            let end = start + n + 1;
+            let line = &self.seen[start..end];
+            if FATAL
+                .iter()
+                .any(|f| line.contains(f) && !needle.contains(f))
+            {
+                return Some(end);
+            }
+            start = end;
+        }
+        None
     }
 
     /// The pid of `run-qemu.sh` (its shared files are named after it).

@@ -80,32 +80,26 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
         dev.layout().total_size
     );
     let before = hca.trace().len();
+    let comp_eqn = dev.comp_eqn(0).expect("completion EQ");
+    let async_eqn = dev.async_eqn().expect("async EQ");
     dev.teardown();
-    // Linux's mlx4_remove_one order: QP table, EQ table (MAP_EQ unmap, then
-    // the EQs), CLOSE_HCA, the ICM tables, aux, FW area.
-    let tail: Vec<&str> =
-        hca.trace()[before..]
-            .iter()
-            .map(|e| e.name)
-            .fold(Vec::new(), |mut v, n| {
-                if v.last() != Some(&n) {
-                    v.push(n);
-                }
-                v
-            });
-    assert_eq!(
-        tail,
-        [
-            "CONF_SPECIAL_QP",
-            "MAP_EQ",
-            "HW2SW_EQ",
-            "CLOSE_HCA",
-            "UNMAP_ICM",
-            "UNMAP_ICM_AUX",
-            "UNMAP_FA"
-        ],
-        "{mode}"
-    );
+    // Linux's mlx4_remove_one order: QP table (special QPs off), EQ table
+    // (MAP_EQ with the unmap bit 31 for the async EQ, then HW2SW_EQ of each
+    // EQ, completion EQs first), CLOSE_HCA (op_mod 0: not a panic close),
+    // the ICM tables, aux, FW area. Modifiers are compared where they carry
+    // meaning; repeats (UNMAP_ICM of each chunk) are collapsed.
+    let tail = teardown_tail(&hca.trace()[before..]);
+    let want: Vec<Cmd> = vec![
+        ("CONF_SPECIAL_QP", Some(0), Some(0)),
+        ("MAP_EQ", Some((1 << 31) | async_eqn), Some(0)),
+        ("HW2SW_EQ", Some(comp_eqn), Some(0)),
+        ("HW2SW_EQ", Some(async_eqn), Some(0)),
+        ("CLOSE_HCA", Some(0), Some(0)),
+        ("UNMAP_ICM", None, Some(0)),
+        ("UNMAP_ICM_AUX", Some(0), Some(0)),
+        ("UNMAP_FA", Some(0), Some(0)),
+    ];
+    assert_eq!(tail, want, "{mode}: teardown (name, in_mod, op_mod)");
     assert!(
         hca.violations().is_empty(),
         "{mode} teardown: {:#?}",
@@ -121,6 +115,26 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
     assert!(bad.is_empty(), "{mode}: failed commands {bad:#?}");
 }
 
+/// (command, in_mod, op_mod); `None` where the value is not compared.
+type Cmd = (&'static str, Option<u32>, Option<u8>);
+
+/// The teardown commands as (name, in_mod, op_mod), with the modifiers of
+/// UNMAP_ICM (ICM address and page count of each chunk) left out and its
+/// repeats collapsed.
+fn teardown_tail(trace: &[sim::trace::TraceEntry]) -> Vec<Cmd> {
+    let mut v: Vec<Cmd> = Vec::new();
+    for e in trace {
+        let c = match e.name {
+            "UNMAP_ICM" => (e.name, None, Some(e.op_mod)),
+            n => (n, Some(e.in_mod), Some(e.op_mod)),
+        };
+        if v.last() != Some(&c) {
+            v.push(c);
+        }
+    }
+    v
+}
+
 #[test]
 fn bring_up_sync_model() {
     let hca = sync_hca();
@@ -133,7 +147,7 @@ fn bring_up_sync_model() {
 
 #[test]
 fn bring_up_threaded_model() {
-    let hca = SimHca::new_threaded(SimConfig::default());
+    let hca = Model::threaded();
     bring_up_and_check(&hca, "threaded");
 }
 
@@ -201,4 +215,79 @@ fn cq_timestamp_capability_adds_query_hca() {
     assert_eq!(collapsed(&hca), linux_order(true, c.num_ports));
     assert_eq!(c.hca_core_clock, hca.config().core_clock_mhz);
     dev.teardown();
+}
+
+#[test]
+fn a_profile_linux_would_refuse_is_refused_by_name_before_the_device_is_touched() {
+    use mlx4_core::{Error, Why};
+    let cases: [(Profile, &str, Why); 5] = [
+        (
+            Profile {
+                log_mgm_entry_size: 6,
+                ..Profile::research()
+            },
+            "log_mgm_entry_size",
+            Why::BelowMin(7),
+        ),
+        (
+            Profile {
+                log_mgm_entry_size: 13,
+                ..Profile::research()
+            },
+            "log_mgm_entry_size",
+            Why::AboveMax(12),
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 0,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::Zero,
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 24,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::NotPowerOfTwo,
+        ),
+        (
+            Profile {
+                rdmarc_per_qp: 256,
+                ..Profile::research()
+            },
+            "rdmarc_per_qp",
+            Why::AboveMax(128),
+        ),
+    ];
+    for (p, arg, why) in cases {
+        let hca = sync_hca();
+        match bring_up(&hca, p) {
+            Err(e @ Error::BadArg { arg: a, why: w, .. }) if a == arg && w == why => {
+                assert!(e.to_string().contains(arg), "{e}");
+                assert!(!log_lines(&format!("bad profile: {e}")).is_empty());
+            }
+            r => panic!("{arg}: {:?}", r.map(|_| ())),
+        }
+        assert_eq!(hca.trace_len(), 0, "{arg}: no command before the check");
+    }
+    // Above what this device's firmware serves per QP (2^2): refused once
+    // QUERY_DEV_CAP said so, and everything taken so far given back.
+    let hca = Model::new(SimConfig {
+        dev_cap: sim::layout::DevCap {
+            log_max_ra_res_qp: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    match bring_up(&hca, Profile::research()) {
+        Err(Error::BadArg {
+            arg: "rdmarc_per_qp",
+            value: 16,
+            why: Why::AboveMax(4),
+        }) => {}
+        r => panic!("{:?}", r.map(|_| ())),
+    }
 }

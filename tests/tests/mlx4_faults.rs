@@ -9,7 +9,7 @@ use mlx4_common::*;
 use mlx4_core::hw::cmd::Opcode;
 use mlx4_core::{Caps, Error, Event, Interface, Profile};
 use sim::faults::BadCap;
-use sim::{OpcodeFault, SimConfig, SimHca, Status};
+use sim::{OpcodeFault, SimConfig, Status};
 
 /// Commands whose failure Linux only warns about.
 fn optional(op: u16) -> bool {
@@ -29,8 +29,8 @@ fn bring_up_opcodes() -> Vec<u16> {
     ops
 }
 
-fn model(relax: Duration) -> SimHca {
-    SimHca::new(SimConfig {
+fn model(relax: Duration) -> Model {
+    Model::new(SimConfig {
         relax_step: relax,
         ..SimConfig::default()
     })
@@ -87,6 +87,9 @@ fn every_bring_up_command_with_a_stuck_go_bit_times_out() {
         let hca = model(Duration::from_millis(1));
         let dma0 = hca.dma_pool().stats();
         hca.faults().set(sim::Opcode(op), OpcodeFault::stuck());
+        hca.expect_firmware_left_behind(
+            "GO never clears: the HCR stays busy, nothing can be closed",
+        );
         let clock = hca.clock();
         let t0 = clock.now_ns();
         let r = bring_up(&hca, Profile::default());
@@ -146,10 +149,13 @@ impl Interface for Recorder {
 fn catastrophic_error_while_idle_is_reported_within_one_poll() {
     for threaded in [false, true] {
         let hca = if threaded {
-            SimHca::new_threaded(SimConfig::default())
+            Model::threaded()
         } else {
             sync_hca()
         };
+        hca.expect_firmware_left_behind(
+            "after a catastrophic error every command fails until the next reset",
+        );
         let dma0 = hca.dma_pool().stats();
         let mut dev = bring_up(&hca, Profile::default()).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -194,6 +200,11 @@ fn slow_commands_complete_within_their_class_deadline() {
         let hca = model(Duration::from_micros(100));
         let dma0 = hca.dma_pool().stats();
         hca.faults().set(op, OpcodeFault::delay(0, delay).times(1));
+        if expect_timeout.is_some() {
+            hca.expect_firmware_left_behind(
+                "a command past its deadline keeps the HCR busy while teardown runs",
+            );
+        }
         match (bring_up(&hca, Profile::default()), expect_timeout) {
             (Ok(dev), None) => drop(dev.teardown()),
             (Err(e), Some(t)) => assert_eq!(e, Error::CmdTimeout { op: t }),
@@ -224,7 +235,7 @@ fn a_second_function_does_not_steal_an_owned_hca() {
 #[test]
 fn running_out_of_dma_memory_is_an_error_not_a_leak() {
     for size in [64 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20] {
-        let hca = SimHca::new(SimConfig {
+        let hca = Model::new(SimConfig {
             dma_size: size,
             ..SimConfig::default()
         });

@@ -8,7 +8,7 @@ use hal::DmaBuf;
 use mlx4_common::*;
 use mlx4_core::hw::mr::flags as mrf;
 use mlx4_core::hw::qp::{QpContext, QpPath, QpState, st};
-use mlx4_core::{Caps, Dev, Event, Interface, Profile};
+use mlx4_core::{Caps, Dev, Error, Event, Interface, Profile, Why};
 
 struct Baseline {
     dma: hal::DmaStats,
@@ -66,7 +66,7 @@ fn thousands_of_objects_come_and_go() {
 
 #[test]
 fn thousands_of_objects_come_and_go_threaded_model() {
-    lifecycle(&sim::SimHca::new_threaded(sim::SimConfig::default()));
+    lifecycle(&Model::threaded());
 }
 
 fn lifecycle(hca: &sim::SimHca) {
@@ -280,13 +280,21 @@ fn ports_open_close_and_async_events_are_polled() {
     assert!(!dev.port_is_open(2));
     hca.clear_trace();
     dev.teardown();
-    let names: Vec<_> = hca.trace().iter().map(|e| (e.name, e.in_mod)).collect();
+    let names: Vec<_> = hca
+        .trace()
+        .iter()
+        .map(|e| (e.name, e.in_mod, e.op_mod))
+        .collect();
     assert_eq!(
         names.first(),
-        Some(&("CLOSE_PORT", 1)),
+        Some(&("CLOSE_PORT", 1, 0)),
         "teardown closes the open port first: {names:?}"
     );
-    assert!(!names.contains(&("CLOSE_PORT", 2)));
+    assert_eq!(
+        names.iter().filter(|n| n.0 == "CLOSE_PORT").count(),
+        1,
+        "port 2 was closed already: {names:?}"
+    );
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
 }
 
@@ -294,7 +302,7 @@ fn ports_open_close_and_async_events_are_polled() {
 fn hundreds_of_port_events_wrap_the_async_eq() {
     for threaded in [false, true] {
         let hca = if threaded {
-            sim::SimHca::new_threaded(sim::SimConfig::default())
+            Model::threaded()
         } else {
             sync_hca()
         };
@@ -419,11 +427,518 @@ fn teardown_takes_back_what_a_client_leaked() {
     dev.qp_modify(&qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
         .unwrap();
     // Nothing is freed: teardown must still leave the HCA owning nothing.
+    // Each object goes back with its own number and the op_mod Linux uses
+    // (2RST_QP op_mod 2; HW2SW_SRQ/CQ/MPT op_mod 1: no output mailbox).
+    let mpt = mr.key.rotate_right(8) & (dev.caps().num_mpts - 1);
+    let want = [
+        ("2RST_QP", qp.qpn, 2),
+        ("HW2SW_SRQ", srq.srqn, 1),
+        ("HW2SW_CQ", cq.cqn, 1),
+        ("HW2SW_MPT", mpt, 1),
+    ];
     drop((mr, cq, srq, qp, uar));
+    hca.clear_trace();
     dev.teardown();
     drop(pages);
+    let got: Vec<_> = hca
+        .trace()
+        .iter()
+        .filter(|e| ["2RST_QP", "HW2SW_SRQ", "HW2SW_CQ", "HW2SW_MPT"].contains(&e.name))
+        .map(|e| (e.name, e.in_mod, e.op_mod))
+        .collect();
+    assert_eq!(got, want, "reclaim at teardown: (name, object, op_mod)");
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
     assert!(!log_lines("reclaimed leaked objects: 1 QPs, 1 SRQs, 1 CQs, 1 MRs").is_empty());
     assert_eq!(hca.dma_pool().stats(), dma0);
     assert_eq!(hca.icm_mapped_pages(), 0);
+}
+
+/// What a refused call must report: the argument's name and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Zero,
+    NotPow2,
+    Above,
+    Below,
+    Misaligned,
+    Other,
+}
+
+fn kind(w: Why) -> Kind {
+    match w {
+        Why::Zero => Kind::Zero,
+        Why::NotPowerOfTwo => Kind::NotPow2,
+        Why::AboveMax(_) => Kind::Above,
+        Why::BelowMin(_) => Kind::Below,
+        Why::Misaligned(_) => Kind::Misaligned,
+        Why::Other(_) => Kind::Other,
+    }
+}
+
+#[test]
+fn every_size_and_count_argument_is_refused_by_name() {
+    let hca = sync_hca();
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    let b = baseline(&dev);
+    let c = dev.caps().clone();
+    let uar = dev.uar_alloc().unwrap();
+    let pd = dev.pd_alloc().unwrap();
+    let (pages, addrs) = scattered_pages(&dev, 2);
+    let one = dev.mtt_init(1, 12).unwrap();
+    dev.write_mtt(&one, 0, &addrs[..1]).unwrap();
+    let two = dev.mtt_init(2, 12).unwrap();
+    dev.write_mtt(&two, 0, &addrs).unwrap();
+    let none = dev.mtt_init(0, 12).unwrap();
+    let db = dev.db_alloc(1).unwrap().dma;
+    let cq = dev.cq_alloc(64, &one, &uar, db, 0, false, false).unwrap();
+    let srq = dev.srq_alloc(pd, cq.cqn, 0, &one, db, 64, 5).unwrap();
+    let qpn = dev.qp_reserve_range(1, 1).unwrap();
+    let qp = dev.qp_alloc(qpn).unwrap();
+    let ud = |rq: u8, sq: u8, srqn: u32| QpContext {
+        flags: ((QpState::Init as u32) << 28) | (st::UD << 16) | (3 << 11),
+        pd,
+        mtu_msgmax: (5 << 5) | 12,
+        rq_size_stride: rq,
+        sq_size_stride: sq,
+        usr_page: uar.index,
+        cqn_send: cq.cqn,
+        cqn_recv: cq.cqn,
+        srqn,
+        db_rec_addr: db,
+        pri_path: QpPath {
+            sched_queue: 0x83,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let max_cq = u64::from(c.max_cqes) + 1;
+    let cmds = hca.trace_len();
+
+    type Case<'a> = (
+        &'a str,
+        Box<dyn Fn(&mut Dev) -> mlx4_core::Result<()> + 'a>,
+        &'a str,
+        Kind,
+    );
+    let cases: Vec<Case> = vec![
+        // CQ entries: Linux's mlx4_cq_alloc takes a power of two; the CQ
+        // context holds its log2, so 100 must not become 64.
+        (
+            "CQ of 0",
+            Box::new(|d| d.cq_alloc(0, &two, &uar, db, 0, false, false).map(drop)),
+            "nent",
+            Kind::Zero,
+        ),
+        (
+            "CQ of 100",
+            Box::new(|d| d.cq_alloc(100, &two, &uar, db, 0, false, false).map(drop)),
+            "nent",
+            Kind::NotPow2,
+        ),
+        (
+            "CQ of 255",
+            Box::new(|d| d.cq_alloc(255, &two, &uar, db, 0, false, false).map(drop)),
+            "nent",
+            Kind::NotPow2,
+        ),
+        (
+            "CQ above max_cqes",
+            Box::new(|d| {
+                d.cq_alloc((max_cq * 2) as u32, &two, &uar, db, 0, false, false)
+                    .map(drop)
+            }),
+            "nent",
+            Kind::Above,
+        ),
+        (
+            "CQ larger than its MTT",
+            Box::new(|d| d.cq_alloc(256, &one, &uar, db, 0, false, false).map(drop)),
+            "nent",
+            Kind::Other,
+        ),
+        (
+            "CQ without MTT",
+            Box::new(|d| d.cq_alloc(64, &none, &uar, db, 0, false, false).map(drop)),
+            "mtt",
+            Kind::Other,
+        ),
+        (
+            "CQ on a missing vector",
+            Box::new(|d| {
+                d.cq_alloc(64, &two, &uar, db, c.num_comp_vectors, false, false)
+                    .map(drop)
+            }),
+            "vector",
+            Kind::Above,
+        ),
+        (
+            "CQ doorbell misaligned",
+            Box::new(|d| {
+                d.cq_alloc(64, &two, &uar, db + 4, 0, false, false)
+                    .map(drop)
+            }),
+            "db_rec",
+            Kind::Misaligned,
+        ),
+        // SRQ sizes and strides.
+        (
+            "SRQ of 0",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &two, db, 0, 5).map(drop)),
+            "max",
+            Kind::Zero,
+        ),
+        (
+            "SRQ of 100",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &two, db, 100, 5).map(drop)),
+            "max",
+            Kind::NotPow2,
+        ),
+        (
+            "SRQ above max_srq_wqes",
+            Box::new(|d| {
+                d.srq_alloc(pd, cq.cqn, 0, &two, db, c.max_srq_wqes * 2, 5)
+                    .map(drop)
+            }),
+            "max",
+            Kind::Above,
+        ),
+        (
+            "SRQ stride 16",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &two, db, 64, 4).map(drop)),
+            "wqe_shift",
+            Kind::Below,
+        ),
+        (
+            "SRQ stride above max_rq_desc_sz",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &two, db, 4, 12).map(drop)),
+            "wqe_shift",
+            Kind::Above,
+        ),
+        (
+            "SRQ larger than its MTT",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &one, db, 256, 5).map(drop)),
+            "max",
+            Kind::Other,
+        ),
+        (
+            "SRQ without MTT",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &none, db, 64, 5).map(drop)),
+            "mtt",
+            Kind::Other,
+        ),
+        (
+            "SRQ doorbell misaligned",
+            Box::new(|d| d.srq_alloc(pd, cq.cqn, 0, &two, db + 2, 64, 5).map(drop)),
+            "db_rec",
+            Kind::Misaligned,
+        ),
+        (
+            "SRQ limit at its size",
+            Box::new(|d| d.srq_arm(&srq, 64)),
+            "limit_watermark",
+            Kind::Above,
+        ),
+        // QP numbers and ranges.
+        (
+            "0 QPNs",
+            Box::new(|d| d.qp_reserve_range(0, 1).map(drop)),
+            "cnt",
+            Kind::Zero,
+        ),
+        (
+            "more QPNs than the table",
+            Box::new(|d| d.qp_reserve_range(c.num_qps + 1, 1).map(drop)),
+            "cnt",
+            Kind::Above,
+        ),
+        (
+            "QPN alignment 0",
+            Box::new(|d| d.qp_reserve_range(8, 0).map(drop)),
+            "align",
+            Kind::Zero,
+        ),
+        (
+            "QPN alignment 3",
+            Box::new(|d| d.qp_reserve_range(8, 3).map(drop)),
+            "align",
+            Kind::NotPow2,
+        ),
+        (
+            "QPN 0",
+            Box::new(|d| d.qp_alloc(0).map(drop)),
+            "qpn",
+            Kind::Zero,
+        ),
+        (
+            "QPN of 25 bits",
+            Box::new(|d| d.qp_alloc(1 << 24).map(drop)),
+            "qpn",
+            Kind::Above,
+        ),
+        // QP work queues at RST->INIT (2 pages: 8 KiB).
+        (
+            "SQ above max_wqes",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6 << 3, (15 << 3) | 2, 0),
+                    0,
+                    false,
+                )
+            }),
+            "sq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "SQ stride 16",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6 << 3, 6 << 3, 0),
+                    0,
+                    false,
+                )
+            }),
+            "sq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "SQ stride above max_sq_desc_sz",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6 << 3, 6, 0),
+                    0,
+                    false,
+                )
+            }),
+            "sq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "RQ above max_wqes",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(15 << 3, (6 << 3) | 2, 0),
+                    0,
+                    false,
+                )
+            }),
+            "rq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "RQ stride above max_rq_desc_sz",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6, (6 << 3) | 2, 0),
+                    0,
+                    false,
+                )
+            }),
+            "rq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "QP larger than its MTT",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&two),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6 << 3, (7 << 3) | 2, 0),
+                    0,
+                    false,
+                )
+            }),
+            "sq_size_stride",
+            Kind::Other,
+        ),
+        (
+            "QP without MTT",
+            Box::new(|d| {
+                d.qp_modify(
+                    &qp,
+                    Some(&none),
+                    QpState::Rst,
+                    QpState::Init,
+                    &ud(6 << 3, (6 << 3) | 2, 0),
+                    0,
+                    false,
+                )
+            }),
+            "mtt",
+            Kind::Other,
+        ),
+        // MTT orders and page shifts, MTT writes, MRs.
+        (
+            "MTT page shift 11",
+            Box::new(|d| d.mtt_init(1, 11).map(drop)),
+            "page_shift",
+            Kind::Below,
+        ),
+        (
+            "MTT page shift 64",
+            Box::new(|d| d.mtt_init(1, 64).map(drop)),
+            "page_shift",
+            Kind::Above,
+        ),
+        (
+            "MTT above the table",
+            Box::new(|d| d.mtt_init(c.num_mtts + 1, 12).map(drop)),
+            "npages",
+            Kind::Above,
+        ),
+        (
+            "MTT write past its end",
+            Box::new(|d| d.write_mtt(&two, 1, &addrs)),
+            "start + pages.len()",
+            Kind::Above,
+        ),
+        (
+            "MTT write of a misaligned page",
+            Box::new(|d| d.write_mtt(&two, 0, &[addrs[0] + 512])),
+            "pages[]",
+            Kind::Misaligned,
+        ),
+        (
+            "MTT write without translation",
+            Box::new(|d| d.write_mtt(&none, 0, &addrs[..1])),
+            "mtt",
+            Kind::Other,
+        ),
+        (
+            "MR longer than its pages",
+            Box::new(|d| {
+                d.mr_alloc(pd, 0x1800, 2 * 4096, mrf::PERM_LOCAL_READ, 2, 12)
+                    .map(drop)
+            }),
+            "size",
+            Kind::Other,
+        ),
+        (
+            "MR of a bad page shift",
+            Box::new(|d| {
+                d.mr_alloc(pd, 0, 4096, mrf::PERM_LOCAL_READ, 1, 8)
+                    .map(drop)
+            }),
+            "page_shift",
+            Kind::Below,
+        ),
+        // Buffers and doorbell records.
+        (
+            "buffer of 0 bytes",
+            Box::new(|d| d.buf_alloc(0, 8192).map(drop)),
+            "size",
+            Kind::Zero,
+        ),
+        (
+            "buffer beyond an MTT",
+            Box::new(|d| d.buf_alloc(1 << 44, 8192).map(drop)),
+            "size",
+            Kind::Above,
+        ),
+        (
+            "doorbell of 4 dwords",
+            Box::new(|d| d.db_alloc(2).map(drop)),
+            "order",
+            Kind::Above,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (what, call, arg, k) in &cases {
+        match call(&mut dev) {
+            Err(e @ Error::BadArg { arg: a, why, .. }) if a == *arg && kind(why) == *k => {
+                assert_eq!(e.to_errno(), -22, "{what}");
+                assert!(e.to_string().contains(arg), "{what}: {e}");
+            }
+            r => wrong.push(format!("{what}: want {arg} {k:?}, got {r:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_eq!(hca.trace_len(), cmds, "refused before any firmware command");
+
+    // A QP on an SRQ has no RQ of its own (rq_size_stride 0).
+    let on_srq = ud(0, (6 << 3) | 2, (1 << 24) | srq.srqn);
+    dev.qp_modify(
+        &qp,
+        Some(&two),
+        QpState::Rst,
+        QpState::Init,
+        &on_srq,
+        0,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("QP on an SRQ: {e}"));
+    dev.qp_modify(&qp, None, QpState::Init, QpState::Rst, &on_srq, 0, false)
+        .unwrap();
+
+    drop(cases);
+    dev.qp_free(qp);
+    dev.qp_release_range(qpn, 1);
+    dev.srq_free(srq).unwrap();
+    dev.cq_free(cq).unwrap();
+    for m in [one, two, none] {
+        dev.mtt_cleanup(&m);
+    }
+    dev.pd_free(pd);
+    dev.uar_free(uar);
+    drop(pages);
+    let _ = b;
+    dev.teardown();
+}
+
+#[test]
+fn the_largest_cq_the_device_allows_is_accepted_and_one_more_is_not() {
+    // A device with CQs of at most 2^10 entries (32 KiB of CQEs).
+    let hca = Model::new(sim::SimConfig {
+        dev_cap: sim::layout::DevCap {
+            log_max_cq_sz: 10,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let mut dev = bring_up(&hca, Profile::default()).unwrap();
+    assert_eq!(dev.caps().max_cqes, 1023);
+    let uar = dev.uar_alloc().unwrap();
+    let (pages, addrs) = scattered_pages(&dev, 16);
+    let mtt = dev.mtt_init(16, 12).unwrap();
+    dev.write_mtt(&mtt, 0, &addrs).unwrap();
+    let db = dev.db_alloc(1).unwrap();
+    // Linux's mlx4_ib asks for roundup_pow_of_two(max_cqes + 1) entries.
+    let cq = dev
+        .cq_alloc(1024, &mtt, &uar, db.dma, 0, false, false)
+        .unwrap_or_else(|e| panic!("largest CQ: {e}: {:#?}", hca.violations()));
+    match dev.cq_alloc(2048, &mtt, &uar, db.dma, 0, false, false) {
+        Err(Error::BadArg {
+            arg: "nent",
+            why: Why::AboveMax(1024),
+            ..
+        }) => {}
+        r => panic!("CQ of 2048 on a 1024 device: {r:?}"),
+    }
+    dev.cq_free(cq).unwrap();
+    dev.mtt_cleanup(&mtt);
+    dev.db_free(db);
+    dev.uar_free(uar);
+    drop(pages);
+    dev.teardown();
 }

@@ -5,7 +5,8 @@
 use std::time::Duration;
 use tests::qemu::{self, Console};
 
-const DEADLINE: Duration = Duration::from_secs(120);
+/// A run takes seconds; the deadline only bounds a hang.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 #[test]
 fn one_guest_brings_the_hca_up_and_ibv_devinfo_shows_it() {
@@ -159,4 +160,74 @@ fn line_after<'a>(text: &'a str, prefix: &str) -> &'a str {
     text.lines()
         .find_map(|l| l.strip_prefix(prefix))
         .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{text}"))
+}
+
+#[test]
+fn an_emulator_that_fails_to_start_stops_the_run_before_any_guest_boots() {
+    let r = qemu::run("uptime", &["--emu-args", "--bogus"], DEADLINE);
+    assert_eq!(
+        r.status, 1,
+        "stderr:\n{}\nconsole:\n{}",
+        r.stderr, r.transcript
+    );
+    assert_eq!(r.transcript, "", "no guest may boot without its emulator");
+    // cx3-emu's own message, then the script's verdict.
+    assert!(r.stderr.contains("cx3-emu: "), "{}", r.stderr);
+    assert!(r.stderr.contains("--bogus"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(
+            "run-qemu.sh: cx3-emu exited (status 2) before serving the guests; not booting without the emulated HCA"
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn an_ivshmem_window_without_an_emulator_is_one_log_line() {
+    // An ivshmem window of the emulator's size that nobody serves.
+    let r = qemu::run(
+        "uptime",
+        &[
+            "--no-hca",
+            "--",
+            "-object",
+            "memory-backend-memfd,id=lonely,size=16M,share=on",
+            "-device",
+            "ivshmem-plain,memdev=lonely",
+        ],
+        DEADLINE,
+    );
+    assert_eq!(r.status, 0, "{}", r.transcript);
+    let lines: Vec<&str> = r
+        .transcript
+        .lines()
+        .filter(|l| l.contains("ivshmem") || l.contains("cx3-emu"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line about the window: {lines:#?}");
+    assert!(
+        lines[0].contains("cx3-emu: no emulator answers in the ivshmem window at 0x")
+            && lines[0].ends_with(" after 5 s; is cx3-emu running?"),
+        "{}",
+        lines[0]
+    );
+    r.expect("since kernel entry");
+}
+
+#[test]
+fn a_console_wait_ends_at_the_first_bring_up_failure() {
+    // The failure is on the console within seconds of boot; the wait must
+    // end there, not at the session deadline.
+    let mut c = Console::boot(&["--emu-args", "--fail RUN_FW"], DEADLINE);
+    match c.try_wait_for("mlx4_0: mlx4_core ready in") {
+        Ok(s) => panic!("bring-up succeeded with a failing RUN_FW:\n{s}"),
+        Err(e) => assert!(
+            e.starts_with("stopped waiting for \"mlx4_0: mlx4_core ready in\": the guest printed ")
+                && e.contains("bring-up failed: command RUN_FW"),
+            "{e}"
+        ),
+    }
+    c.send("poweroff\r");
+    c.wait_for("Power down.");
+    assert_eq!(c.wait_exit(), 0);
 }

@@ -125,6 +125,12 @@ impl Capture {
         self.out = None;
     }
 
+    /// Whether link `link` already has its interface (pcapng), so its name
+    /// is not needed again.
+    pub fn knows(&self, link: u64) -> bool {
+        !self.pcapng || self.interfaces.contains(&link)
+    }
+
     /// Records one packet crossing link `link` (a number the fabric gives
     /// each cable, named `name` the first time) at fabric time `now_ns`.
     pub fn record(&mut self, link: u64, name: &str, dir: Direction, now_ns: u64, pkt: &[u8]) {

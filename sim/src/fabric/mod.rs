@@ -35,6 +35,11 @@
 //!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
 //!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
 //!   front end that wants them on time calls `advance(now)` each step.
+//! * Building a fabric for cx3-emu: [`FabricOptions::parse_arg`] for each
+//!   option, then [`FabricOptions::build`] with the node count; it returns
+//!   a [`Built`] whose `hcas[i]` gives node i's GUID and the [`PortId`]s of
+//!   its ports 1 and 2 (already attached; the HCA keeps them instead of
+//!   calling [`Fabric::attach_hca_port`]).
 //! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
 //!   (or out of a port a rule names); the capture records what crosses
 //!   each cable after the faults (a dropped packet never crossed).
@@ -44,11 +49,13 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod options;
 pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use options::FabricOptions;
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
 
@@ -440,6 +447,11 @@ impl Fabric {
             .is_some_and(|fp| fp.inbound.len() >= MAX_INBOUND)
         {
             self.stats.queue_full += 1;
+            if let Some(Owner::Switch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.switches.get_mut(switch.0)
+            {
+                sw.count_xmit_discard(port);
+            }
             return false;
         }
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
@@ -478,7 +490,11 @@ impl Fabric {
             Direction::BtoA
         };
         let link = self.ports.get(&from).map_or(0, |fp| fp.link);
-        let name = format!("{} <-> {}", self.port_name(a), self.port_name(b));
+        let name = if self.capture.as_ref().is_some_and(|c| c.knows(link)) {
+            String::new()
+        } else {
+            format!("{} <-> {}", self.port_name(a), self.port_name(b))
+        };
         if let Some(c) = self.capture.as_mut() {
             c.record(link, &name, dir, now_ns, bytes);
         }
@@ -519,26 +535,26 @@ impl Fabric {
         }
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
-            let Some(&sp) = self.switch_work.front() else {
+            // The first waiting switch port whose head packet is due (a
+            // packet delayed on one cable does not hold up the others);
+            // entries of emptied queues (a pulled cable) go too.
+            let ports = &self.ports;
+            let pos = self.switch_work.iter().position(|sp| {
+                ports
+                    .get(sp)
+                    .is_none_or(|fp| fp.inbound.front().is_none_or(|f| f.due <= now_ns))
+            });
+            let Some(sp) = pos.and_then(|i| self.switch_work.remove(i)) else {
                 break;
             };
-            let Some(fp) = self.ports.get_mut(&sp) else {
-                self.switch_work.pop_front();
+            let Some(f) = self
+                .ports
+                .get_mut(&sp)
+                .and_then(|fp| fp.inbound.pop_front())
+            else {
                 continue;
             };
-            let Some(front) = fp.inbound.front() else {
-                // Lost with a pulled cable.
-                self.switch_work.pop_front();
-                continue;
-            };
-            if front.due > now_ns {
-                break;
-            }
-            self.switch_work.pop_front();
             budget -= 1;
-            let Some(f) = fp.inbound.pop_front() else {
-                continue;
-            };
             let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
                 continue;
             };
@@ -587,6 +603,83 @@ impl Fabric {
         for (fp, en) in changes {
             let _ = self.set_enabled(fp, en);
         }
+    }
+
+    /// Programs every switch as an SM's min-hop routing would, without
+    /// SMPs: switch j gets LID `first_switch_lid + j`, every switch an LFT
+    /// entry for each `(HCA port, LID)` in `hca_lids` and for every switch
+    /// LID along a shortest path over links that are up, and its cabled
+    /// ports Active. A stand-in for tests and for running without an SM;
+    /// HCA ports are not touched (their SMA moves them). Returns the
+    /// switch LIDs.
+    pub fn route_min_hop(
+        &mut self,
+        hca_lids: &[(PortId, u16)],
+        first_switch_lid: u16,
+    ) -> Result<Vec<u16>, String> {
+        let nsw = self.switches.len();
+        let sw_lids: Vec<u16> = (0..nsw)
+            .map(|j| {
+                first_switch_lid
+                    .checked_add(j as u16)
+                    .filter(|l| *l != 0 && *l < 0xc000)
+            })
+            .collect::<Option<_>>()
+            .ok_or("switch LIDs out of the unicast range")?;
+        for (p, l) in hca_lids {
+            if *l == 0 || *l >= 0xc000 {
+                return Err(format!("LID {l:#x} of port {} is not unicast", p.0));
+            }
+            if sw_lids.contains(l) || hca_lids.iter().filter(|(_, m)| m == l).count() > 1 {
+                return Err(format!("LID {l} given twice"));
+            }
+        }
+        // Switch-to-switch cables that are up: (switch, its port) -> (switch, its port).
+        let peer_switch = |f: &Fabric, s: usize, port: u8| -> Option<(usize, u8)> {
+            let fp = f.switch_port(SwitchId(s), port)?;
+            if !f.link_up(fp) {
+                return None;
+            }
+            match f.owner(f.peer(fp)?)? {
+                Owner::Switch { switch, port } => Some((switch.0, port)),
+                Owner::Hca { .. } => None,
+            }
+        };
+        let mut routes: Vec<Vec<(u16, u8)>> = vec![Vec::new(); nsw];
+        // Destinations: (LID, the switch next to it, the port there).
+        let mut dests: Vec<(u16, usize, u8)> = Vec::new();
+        for &(p, l) in hca_lids {
+            if let Some(Owner::Switch { switch, port }) = self.peer(p).and_then(|q| self.owner(q))
+                && self.link_up(p)
+            {
+                dests.push((l, switch.0, port));
+            }
+        }
+        for (j, l) in sw_lids.iter().enumerate() {
+            dests.push((*l, j, 0));
+        }
+        for (lid, s0, port0) in dests {
+            let mut seen = vec![false; nsw];
+            seen[s0] = true;
+            routes[s0].push((lid, port0));
+            let mut q = VecDeque::from([s0]);
+            while let Some(s) = q.pop_front() {
+                let n = self.switches[s].0.nports();
+                for port in 1..=n {
+                    if let Some((t, tport)) = peer_switch(self, s, port)
+                        && !seen[t]
+                    {
+                        seen[t] = true;
+                        routes[t].push((lid, tport));
+                        q.push_back(t);
+                    }
+                }
+            }
+        }
+        for (j, r) in routes.iter().enumerate() {
+            self.switches[j].0.configure(sw_lids[j], r);
+        }
+        Ok(sw_lids)
     }
 
     fn port_mut(&mut self, p: PortId) -> &mut FabPort {

@@ -5,7 +5,8 @@
 //! SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9 and C14-13),
 //! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
 //! PortCounters, PortCountersExtended) per port; multicast forwarding,
-//! SL-to-VL mapping, VL arbitration, random forwarding tables, traps,
+//! SL-to-VL mapping and VL arbitration (their tables are kept and
+//! reported, not applied), random forwarding tables, traps,
 //! partition enforcement on external ports and the LID-routed parts of
 //! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
 //!
@@ -23,12 +24,14 @@
 //!
 //! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet
 //! received (data in 4-byte words, LRH to ICRC), PortXmitPkts/Data for
-//! every packet sent; a bad VCRC or a malformed packet counts
-//! PortRcvErrors; an unknown or unroutable DLID counts
+//! every packet sent; a bad VCRC, a wrong LRH length, a VL15 packet that
+//! is not an SMP or a permissive DLID off VL15 counts PortRcvErrors (a
+//! switch reads only the LRH and VCRC of a packet it forwards, so other
+//! transport-level faults reach the receiving HCA); an unknown or unroutable DLID counts
 //! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards
 //! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
 //! VL15Dropped; a packet whose egress link is down or not Active counts
-//! PortXmitDiscards; a link going down counts LinkDownedCounter on the
+//! PortXmitDiscards (so does a full queue at the far end); a link going down counts LinkDownedCounter on the
 //! switch port.
 
 use super::Packet;
@@ -158,6 +161,10 @@ pub struct Switch {
     lft: Vec<u8>,
     lft_top: u16,
     pkeys: [u16; PKEY_CAP],
+    /// SLtoVLMappingTable per (input port, output port), as written.
+    sl2vl: std::collections::BTreeMap<(u8, u8), [u8; 8]>,
+    /// VLArbitrationTable blocks 1-4 per port, as written.
+    vlarb: std::collections::BTreeMap<(u8, u8), [u8; 64]>,
     port_state_change: bool,
     life_time: u8,
     // Port 0's subnet attributes.
@@ -191,6 +198,8 @@ impl Switch {
             lft: vec![LFT_NONE; LFT_CAP],
             lft_top: 0,
             pkeys,
+            sl2vl: std::collections::BTreeMap::new(),
+            vlarb: std::collections::BTreeMap::new(),
             port_state_change: false,
             life_time: 0x12,
             lid: 0,
@@ -337,35 +346,43 @@ impl Switch {
             c.rcv_pkts += 1;
             c.rcv_data += words(pkt.bytes.len());
         }
-        // Link level: the VCRC is checked at every hop.
-        let parsed = match packet::parse(&pkt.bytes).and_then(|p| {
-            packet::check_vcrc(&pkt.bytes)?;
-            Ok(p)
-        }) {
-            Ok(p) => p,
+        // Link level, at every hop: LRH version, packet length, VCRC. A
+        // switch reads no further to forward a packet.
+        let lrh = match link_check(&pkt.bytes) {
+            Ok(l) => l,
             Err(_) => {
                 self.ingress(in_port).rcv_errors += 1;
-                return Action::Drop("malformed packet or bad VCRC");
+                return Action::Drop("malformed link packet or bad VCRC");
             }
         };
-        let h = parsed.hdr;
-        let smp = h.lrh.vl == 15;
-        if smp != (h.bth.dest_qp == 0) || (smp && h.deth.is_none()) {
-            // VL15 carries SMPs to QP0 only, and SMPs travel on VL15 only.
-            self.ingress(in_port).rcv_errors += 1;
-            return Action::Drop("VL15 and QP0 disagree");
-        }
-        if smp {
+        if lrh.vl == 15 {
+            // VL15 carries SMPs to QP0 only.
+            let parsed = match packet::parse(&pkt.bytes) {
+                Ok(p) if p.hdr.bth.dest_qp == 0 && p.hdr.deth.is_some() => p,
+                _ => {
+                    self.ingress(in_port).rcv_errors += 1;
+                    return Action::Drop("VL15 packet that is not an SMP");
+                }
+            };
             return self.receive_smp(in_port, &pkt.bytes, &parsed);
+        }
+        if lrh.dlid == PERMISSIVE_LID {
+            // The permissive LID is for SMPs on VL15 only.
+            self.ingress(in_port).rcv_errors += 1;
+            return Action::Drop("permissive DLID off VL15");
         }
         let st = self.ports[usize::from(in_port)].state;
         if !matches!(st, LogicalState::Armed | LogicalState::Active) {
             return Action::Drop("data packet on a port that is not Armed or Active");
         }
-        if self.is_own_lid(h.lrh.dlid) {
+        if self.is_own_lid(lrh.dlid) {
+            let Ok(parsed) = packet::parse(&pkt.bytes) else {
+                self.ingress(in_port).rcv_errors += 1;
+                return Action::Drop("malformed packet for the switch");
+            };
             return self.receive_gmp(in_port, &pkt.bytes, &parsed);
         }
-        match self.route(h.lrh.dlid) {
+        match self.route(lrh.dlid) {
             Some(0) | None => {
                 self.ingress(in_port).rcv_switch_relay_errors += 1;
                 Action::Drop("unknown DLID")
@@ -635,6 +652,31 @@ impl Switch {
                     out[2 * k..2 * k + 2].copy_from_slice(&e.to_be_bytes());
                 }
             }
+            (attr::SL_TO_VL_TABLE, _) => {
+                // Kept and reported; forwarding does not remap VLs.
+                let (inp, outp) = (((m >> 8) & 0xff) as u8, (m & 0xff) as u8);
+                if inp > self.nports() || outp > self.nports() || m >> 16 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                let e = self.sl2vl.entry((inp, outp)).or_insert([0; 8]);
+                if set {
+                    e.copy_from_slice(&d[..8]);
+                }
+                out.fill(0);
+                out[..8].copy_from_slice(e);
+            }
+            (attr::VL_ARB_TABLE, _) => {
+                // Kept and reported; there is no arbitration to apply.
+                let (block, port) = ((m >> 16) as u8, (m & 0xff) as u8);
+                if !(1..=4).contains(&block) || port > self.nports() {
+                    return mad_status::INVALID_FIELD;
+                }
+                let e = self.vlarb.entry((port, block)).or_insert([0; 64]);
+                if set {
+                    e.copy_from_slice(d);
+                }
+                out.copy_from_slice(e);
+            }
             (attr::LINEAR_FORWARDING_TABLE, _) => {
                 let block = m as usize;
                 if block >= LFT_CAP / 64 {
@@ -816,9 +858,14 @@ impl Switch {
         rh.status = status;
         rh.write(&mut r);
         let dest = p.hdr.lrh.slid;
+        // The response goes where the LFT says, like every packet the
+        // switch sends by LID.
         let e = match self.route(dest) {
             Some(e) if e != 0 => e,
-            _ => in_port,
+            _ => {
+                self.ingress(in_port).rcv_switch_relay_errors += 1;
+                return Action::Drop("no route back to the requester");
+            }
         };
         let h = Headers {
             lrh: Lrh {
@@ -904,6 +951,24 @@ impl Switch {
             _ => mad_status::ATTR_UNSUPPORTED,
         }
     }
+}
+
+/// The link-level checks of a received packet: LRH LVer 0, PktLen equal
+/// to the bytes present, VCRC.
+fn link_check(b: &[u8]) -> Result<Lrh, packet::PacketError> {
+    let lrh = Lrh::parse(b)?;
+    if lrh.lver != 0 {
+        return Err(packet::PacketError::BadLver(lrh.lver));
+    }
+    let body = b.len().saturating_sub(packet::VCRC_LEN);
+    if usize::from(lrh.pkt_len) * 4 != body || b.len() > packet::MAX_PACKET {
+        return Err(packet::PacketError::BadPktLen {
+            words: lrh.pkt_len,
+            bytes: body,
+        });
+    }
+    packet::check_vcrc(b)?;
+    Ok(lrh)
 }
 
 fn words(len: usize) -> u64 {

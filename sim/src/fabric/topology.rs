@@ -217,16 +217,43 @@ impl Topology {
         self.nodes.iter().filter(|n| n.kind == NodeKind::Hca)
     }
 
-    /// Adds the nodes and cables to `fabric`.
+    /// Adds the nodes and cables to `fabric`, attaching both ports of every
+    /// HCA.
     pub fn build(&self, fabric: &mut Fabric) -> Result<Built, TopologyError> {
+        self.build_with(fabric, |f, _, n, port| {
+            Ok(f.attach_hca_port(n.node_guid, port))
+        })
+    }
+
+    /// The same, with the HCA ports given by `hca_port(fabric, HCA index,
+    /// node, port)`: for HCAs that attached their ports themselves
+    /// ([`Fabric::attach_hca_port`]) before the topology was laid.
+    pub fn build_with(
+        &self,
+        fabric: &mut Fabric,
+        mut hca_port: impl FnMut(&mut Fabric, usize, &NodeSpec, u8) -> Result<PortId, TopologyError>,
+    ) -> Result<Built, TopologyError> {
         let mut built = Built::default();
         // Fabric ports by node index: HCA ports 1,2 or switch ports.
         let mut where_: Vec<Result<usize, SwitchId>> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
             match n.kind {
                 NodeKind::Hca => {
-                    let p1 = fabric.attach_hca_port(n.node_guid, 1);
-                    let p2 = fabric.attach_hca_port(n.node_guid, 2);
+                    let i = built.hcas.len();
+                    let p1 = hca_port(fabric, i, n, 1)?;
+                    let p2 = hca_port(fabric, i, n, 2)?;
+                    for (p, want) in [(p1, 1), (p2, 2)] {
+                        match fabric.owner(p) {
+                            Some(super::Owner::Hca { node_guid, port })
+                                if node_guid == n.node_guid && port == want => {}
+                            _ => {
+                                return Err(TopologyError(format!(
+                                    "\"{}\" port {want}: fabric port {} is not port {want} of node GUID {:#018x}",
+                                    n.name, p.0, n.node_guid
+                                )));
+                            }
+                        }
+                    }
                     fabric.set_port_name(p1, &format!("{}/1", n.name));
                     fabric.set_port_name(p2, &format!("{}/2", n.name));
                     built.hcas.push(BuiltHca {
@@ -589,6 +616,37 @@ Hca	2 "H2"
             let e = Topology::from_netfile(text).unwrap_err().0;
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    /// What `ibnetdiscover` writes (ibsim reads the same).
+    #[test]
+    fn netfile_ibnetdiscover_output() {
+        let text = "\
+vendid=0x2c9
+devid=0xc738
+sysimgguid=0x2c90000000100
+switchguid=0x2c90000000100(2c90000000100)
+Switch\t8 \"S-0002c90000000100\"\t\t# \"Sw1\" base port 0 lid 2 lmc 0
+[1]\t\"H-0002c90300000010\"[1](2c90300000011) \t\t# \"H1\" lid 1 4xSDR
+
+vendid=0x2c9
+devid=0x1003
+sysimgguid=0x2c90300000010
+caguid=0x2c90300000010
+Ca\t1 \"H-0002c90300000010\"\t\t# \"H1\"
+[1](2c90300000011) \t\"S-0002c90000000100\"[1]\t\t# lid 1 lmc 0 \"Sw1\" lid 2 4xSDR
+";
+        let t = Topology::from_netfile(text).unwrap();
+        assert_eq!(t.nodes[0].node_guid, 0x0002_c900_0000_0100);
+        assert_eq!(t.nodes[1].node_guid, 0x0002_c903_0000_0010);
+        assert_eq!(t.nodes[1].device_id, 0x1003);
+        assert_eq!(
+            t.links,
+            [LinkSpec {
+                a: (0, 1),
+                b: (1, 1)
+            }]
+        );
     }
 
     #[test]

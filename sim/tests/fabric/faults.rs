@@ -207,3 +207,25 @@ fn cx3_emu_options_resolve_against_the_topology() {
             .contains("no node named")
     );
 }
+
+#[test]
+fn a_delay_on_one_cable_does_not_hold_up_another() {
+    let mut n = Net::star(3);
+    n.sm_bring_up(3, 10);
+    let (p0, p1, p2) = (n.port(0), n.port(1), n.port(2));
+    // Node 0's packets towards the switch wait 1 ms; node 2's do not.
+    n.f.faults
+        .add(FaultRule::new(FaultKind::Delay(1_000_000)).port(p0));
+    assert!(n.send(p0, data_packet(1, 2, opcode::SEND_ONLY, 0x40, 1, b"slow")));
+    assert!(n.send(p2, data_packet(3, 2, opcode::SEND_ONLY, 0x40, 2, b"fast")));
+    let got = n.drain(p1);
+    assert_eq!(got.len(), 1, "the undelayed packet crossed the switch");
+    assert_eq!(packet::parse(&got[0].bytes).unwrap().hdr.bth.psn, 2);
+    n.now += 1_000_000;
+    let got = n.drain(p1);
+    assert_eq!(
+        packet::parse(&got[0].bytes).unwrap().hdr.bth.psn,
+        1,
+        "then the delayed one"
+    );
+}

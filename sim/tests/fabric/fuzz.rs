@@ -56,6 +56,18 @@ fn fuzz(count: u64) {
     n.tick();
     while n.f.receive(p0, n.now).is_some() {}
     while n.f.receive(p1, n.now).is_some() {}
+    let st = n.f.stats();
+    println!(
+        "fuzz: {count} packets, {} sent on by the fabric; switch drops by reason:",
+        st.sent
+    );
+    for (why, k) in &st.switch_drops {
+        println!("  {k:>8}  {why}");
+    }
+    assert!(
+        st.switch_drops.len() >= 5,
+        "the fuzz reaches several checks"
+    );
     // Random SMPs may have changed port states or the LFT; the SMA must
     // still answer correctly.
     let r = n.dr(0, &[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);

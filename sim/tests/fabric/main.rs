@@ -3,6 +3,7 @@
 //! written from the IBTA layouts with `sim::packet`, drive the switch,
 //! the capture and the faults through the public fabric API.
 
+mod bench;
 mod capture;
 mod common;
 mod faults;

@@ -311,3 +311,175 @@ fn egress_not_active_is_a_discard() {
     assert!(n.drain(p1).is_empty());
     assert_eq!(n.f.switch(n.sw).unwrap().counters(2).xmit_discards, 1);
 }
+
+#[test]
+fn ingress_in_init_drops_data_but_passes_smps() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // Node 1's switch port back to Init; node 1 sends towards node 0,
+    // whose port stays Active.
+    let r = n.set_switch_port_info(2, |d| d[32] |= 1);
+    assert_eq!(r.data[32] & 0xf, 2);
+    assert!(n.send(p1, data_packet(2, 1, opcode::SEND_ONLY, 0x40, 0, b"x")));
+    assert!(
+        n.drain(p0).is_empty(),
+        "data does not enter through an Init port"
+    );
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).xmit_discards, 0);
+    // SMPs still do.
+    let r = n.dr(1, &[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert_eq!(r.data[36], 2, "LocalPortNum 2");
+}
+
+#[test]
+fn switch_forwards_by_the_lrh_alone() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let (p0, p1) = (n.port(0), n.port(1));
+    // An RD opcode the model's HCA would refuse: the switch does not look.
+    let mut b = data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"reliable datagram?");
+    b[8] = 0x44;
+    packet::reseal(&mut b).unwrap();
+    assert!(n.send(p0, b.clone()));
+    assert_eq!(
+        n.drain(p1).into_iter().map(|p| p.bytes).collect::<Vec<_>>(),
+        [b]
+    );
+    // A wrong PktLen is a link error.
+    let mut b = data_packet(1, 2, opcode::SEND_ONLY, 0x40, 0, b"x");
+    b[5] += 1;
+    packet::reseal_vcrc(&mut b).unwrap();
+    assert!(n.send(p0, b));
+    assert!(n.drain(p1).is_empty());
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(1).rcv_errors, 1);
+}
+
+#[test]
+fn sl2vl_and_vlarb_tables_are_kept() {
+    let mut n = Net::star(2);
+    let mut d = [0u8; 64];
+    d[..8].copy_from_slice(&[0x01, 0x23, 0x45, 0x67, 0, 0, 0, 0]);
+    let r = n.dr(0, &[1], method::SET, attr::SL_TO_VL_TABLE, 1 << 8 | 2, &d);
+    assert_eq!((r.hdr.status, &r.data[..4]), (0, &d[..4]));
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::SL_TO_VL_TABLE,
+        1 << 8 | 2,
+        &[0; 64],
+    );
+    assert_eq!(&r.data[..4], &d[..4]);
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::SL_TO_VL_TABLE,
+        2 << 8 | 1,
+        &[0; 64],
+    );
+    assert_eq!(&r.data[..4], &[0; 4], "another port pair");
+    let r = n.dr(
+        0,
+        &[1],
+        method::SET,
+        attr::VL_ARB_TABLE,
+        1 << 16 | 2,
+        &[3; 64],
+    );
+    assert_eq!((r.hdr.status, r.data), (0, [3; 64]));
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::VL_ARB_TABLE,
+        5 << 16 | 2,
+        &[0; 64],
+    );
+    assert_eq!(r.hdr.status, mad_status::INVALID_FIELD, "blocks 1-4 only");
+}
+
+#[test]
+fn data_across_two_switches_of_a_net_file() {
+    use sim::fabric::{Fabric, Packet, Topology};
+    let text = "\
+Switch 8 \"S1\"
+[1] \"H1\"[1]
+[3] \"S2\"[5]
+
+Switch 8 \"S2\"
+[5] \"S1\"[3]
+[2] \"H2\"[1]
+
+Hca 2 \"H1\"
+[1] \"S1\"[1]
+
+Hca 2 \"H2\"
+[1] \"S2\"[2]
+";
+    let mut f = Fabric::new();
+    let b = Topology::from_netfile(text).unwrap().build(&mut f).unwrap();
+    let (h1, h2) = (b.hca_port(0, 1).unwrap(), b.hca_port(1, 1).unwrap());
+    f.set_enabled(h1, true).unwrap();
+    f.set_enabled(h2, true).unwrap();
+    let (s1, s2) = (b.switches[0].1, b.switches[1].1);
+    f.switch_mut(s1).unwrap().configure(3, &[(1, 1), (2, 3)]);
+    f.switch_mut(s2).unwrap().configure(4, &[(1, 5), (2, 2)]);
+    let bytes = data_packet(1, 2, opcode::RDMA_WRITE_ONLY, 0x40, 9, &[9; 100]);
+    assert!(f.transmit(
+        h1,
+        Packet {
+            bytes: bytes.clone()
+        },
+        0
+    ));
+    f.advance(10);
+    assert_eq!(f.receive(h2, 10).map(|p| p.bytes), Some(bytes));
+    let back = data_packet(2, 1, opcode::ACKNOWLEDGE, 0x41, 9, &[]);
+    assert!(f.transmit(
+        h2,
+        Packet {
+            bytes: back.clone()
+        },
+        20
+    ));
+    assert_eq!(f.receive(h1, 30).map(|p| p.bytes), Some(back));
+    assert_eq!(f.switch(s1).unwrap().counters(3).xmit_pkts, 1);
+    assert_eq!(f.switch(s2).unwrap().counters(5).rcv_pkts, 1);
+}
+
+#[test]
+fn m_key_protects_the_switch_sma() {
+    let mut n = Net::star(1);
+    let p0 = n.port(0);
+    let r = n.set_switch_port_info(0, |d| {
+        d[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+        d[34] |= 2 << 6; // protect bits 2: Gets need the key too
+    });
+    assert_eq!(r.hdr.status, 0);
+    // Without the key: silently dropped.
+    let (_, bytes) = n.dr_packet(&[1], method::GET, attr::NODE_INFO, 0, &[0; 64]);
+    assert!(n.send(p0, bytes));
+    assert!(n.drain(p0).is_empty(), "no answer without the M_Key");
+    // With it: answered.
+    let (_, bytes) = n.dr_packet(&[1], method::GET, attr::PORT_INFO, 0, &[0; 64]);
+    let mut b = bytes;
+    let mad = 8 + 12 + 8;
+    b[mad + 24..mad + 32].copy_from_slice(&0x1234u64.to_be_bytes());
+    packet::reseal(&mut b).unwrap();
+    assert!(n.send(p0, b));
+    let got = n.drain(p0);
+    assert_eq!(got.len(), 1);
+    let r = Smp::parse(
+        packet::parse_checked(&got[0].bytes)
+            .unwrap()
+            .payload(&got[0].bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        u16::from_be_bytes([r.data[44], r.data[45]]),
+        1,
+        "M_KeyViolations counted"
+    );
+}

@@ -286,9 +286,8 @@ impl Buf {
 /// (page size lowered until the block's bus address is aligned to it), else
 /// 4 KiB pages.
 pub fn buf_alloc(pool: &DmaPool, size: usize, max_direct: usize) -> Result<Buf> {
-    if size == 0 {
-        return Err(Error::InvalidArg);
-    }
+    // An MTT describes at most 2^31 pages.
+    Error::check_range("size", size as u64, 1, 1 << 43)?;
     if size <= max_direct {
         let len = size.next_power_of_two().max(4096);
         let b = pool.alloc(len, 4096)?;
@@ -348,9 +347,8 @@ impl Dev {
     /// Linux `mlx4_db_alloc`: `2^order` zeroed, aligned doorbell dwords.
     #[doc(alias = "mlx4_db_alloc")]
     pub fn db_alloc(&mut self, order: u32) -> Result<Db> {
-        if order > 1 {
-            return Err(Error::InvalidArg);
-        }
+        // One dword (RQ/SRQ) or two (CQ: set_ci and arm).
+        Error::check_range("order", order.into(), 0, 1)?;
         let n = 1usize << order;
         let find = |p: &DbPage| {
             (0..DB_PER_PAGE)

@@ -11,7 +11,7 @@ use crate::cmd::Mailbox;
 use crate::main::Dev;
 use crate::mr::Mtt;
 use crate::pd::Uar;
-use crate::{Error, Result};
+use crate::{Error, Result, Why};
 
 /// Linux `struct mlx4_cq_table`.
 pub struct CqTable {
@@ -44,6 +44,11 @@ impl Dev {
     /// Linux `mlx4_cq_alloc`: `nent` entries (a power of two) described by
     /// `mtt`, doorbells through `uar`, doorbell record at bus address
     /// `db_rec`, completion events to vector `vector`.
+    ///
+    /// Refused with [`Error::BadArg`] naming the argument: `nent` zero, not
+    /// a power of two or above the device's `max_cqes + 1`; a `vector`
+    /// without an EQ; an `mtt` without translation or smaller than `nent`
+    /// CQEs; a `db_rec` not 8-byte aligned (two doorbell dwords).
     #[doc(alias = "mlx4_cq_alloc")]
     #[expect(clippy::too_many_arguments)]
     pub fn cq_alloc(
@@ -56,10 +61,21 @@ impl Dev {
         collapsed: bool,
         timestamp_en: bool,
     ) -> Result<Cq> {
-        if !nent.is_power_of_two() || nent > self.caps.max_cqes + 1 {
-            return Err(Error::InvalidArg);
+        Error::check_pow2("nent", nent.into(), u64::from(self.caps.max_cqes) + 1)?;
+        let eqn = self.comp_eqn(vector).ok_or(Error::bad_arg(
+            "vector",
+            vector.into(),
+            Why::AboveMax(u64::from(self.caps.num_comp_vectors.saturating_sub(1))),
+        ))?;
+        Dev::check_queue_mtt(
+            mtt,
+            "nent",
+            nent.into(),
+            u64::from(nent) * mlx4_hw::cq::CQE_SIZE as u64,
+        )?;
+        if !db_rec.is_multiple_of(8) {
+            return Err(Error::bad_arg("db_rec", db_rec, Why::Misaligned(8)));
         }
-        let eqn = self.comp_eqn(vector).ok_or(Error::InvalidArg)?;
         let t = self.cq_table.as_mut().ok_or(Error::InvalidArg)?;
         let cqn = t.bitmap.alloc()?;
         let r = self.cq_alloc_icm(cqn).and_then(|()| {

@@ -30,8 +30,20 @@ pub enum Error {
     NoMem,
     /// The DMA pool refused an allocation.
     Dma(hal::Error),
-    /// An argument out of range (Linux `-EINVAL`).
+    /// An argument out of range (Linux `-EINVAL`) where no single argument
+    /// is to blame (e.g. a table that does not exist yet).
     InvalidArg,
+    /// A size, count or address argument of the API that the card or Linux
+    /// would refuse (Linux `-EINVAL`), named.
+    BadArg {
+        /// The argument, as the function names it (`nent`, `wqe_shift`,
+        /// `sq_size_stride`, ...).
+        arg: &'static str,
+        /// The value given.
+        value: u64,
+        /// What is wrong with it.
+        why: Why,
+    },
     /// The device reported a capability that is absurd or inconsistent.
     BadCaps {
         /// Linux's name of the field (`max_qps`, `uar_size`, ...).
@@ -72,7 +84,7 @@ impl Error {
             Error::CmdBusy { .. } => -EAGAIN,
             Error::NoMem | Error::ProfileTooBig { .. } => -ENOMEM,
             Error::Dma(_) => -ENOMEM,
-            Error::InvalidArg => -EINVAL,
+            Error::InvalidArg | Error::BadArg { .. } => -EINVAL,
             Error::BadCaps { .. } | Error::NoDevice => -ENODEV,
             Error::Unsupported => -EOPNOTSUPP,
             Error::NotOwner => -EINVAL,
@@ -121,6 +133,9 @@ impl fmt::Display for Error {
             Error::NoMem => f.write_str("out of resources"),
             Error::Dma(e) => write!(f, "DMA allocation failed: {e}"),
             Error::InvalidArg => f.write_str("invalid argument"),
+            Error::BadArg { arg, value, why } => {
+                write!(f, "invalid argument {arg} = {value} ({value:#x}): {why}")
+            }
             Error::BadCaps { field, value } => {
                 write!(
                     f,
@@ -141,6 +156,75 @@ impl fmt::Display for Error {
             Error::Catastrophic => f.write_str("internal (catastrophic) error"),
             Error::Busy => f.write_str("resource busy"),
         }
+    }
+}
+
+/// What is wrong with a [`Error::BadArg`] argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Zero where at least one is needed.
+    Zero,
+    /// Not a power of two (the context holds its log2: rounding would
+    /// silently change what the caller asked for).
+    NotPowerOfTwo,
+    /// Above the largest value allowed (the device's or the field's).
+    AboveMax(u64),
+    /// Below the smallest value allowed.
+    BelowMin(u64),
+    /// Not aligned to this many bytes.
+    Misaligned(u64),
+    /// Anything else.
+    Other(&'static str),
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Zero => f.write_str("must not be zero"),
+            Why::NotPowerOfTwo => f.write_str("must be a power of two"),
+            Why::AboveMax(m) => write!(f, "above the maximum {m}"),
+            Why::BelowMin(m) => write!(f, "below the minimum {m}"),
+            Why::Misaligned(a) => write!(f, "not aligned to {a} bytes"),
+            Why::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+impl Error {
+    /// A [`Error::BadArg`].
+    pub const fn bad_arg(arg: &'static str, value: u64, why: Why) -> Error {
+        Error::BadArg { arg, value, why }
+    }
+
+    /// `Ok` if `value` is a non-zero power of two no larger than `max`, else
+    /// the [`Error::BadArg`] naming `arg`.
+    pub fn check_pow2(arg: &'static str, value: u64, max: u64) -> Result<()> {
+        let why = if value == 0 {
+            Why::Zero
+        } else if !value.is_power_of_two() {
+            Why::NotPowerOfTwo
+        } else if value > max {
+            Why::AboveMax(max)
+        } else {
+            return Ok(());
+        };
+        Err(Error::BadArg { arg, value, why })
+    }
+
+    /// `Ok` if `min <= value <= max`, else the [`Error::BadArg`].
+    pub fn check_range(arg: &'static str, value: u64, min: u64, max: u64) -> Result<()> {
+        let why = if value < min {
+            if min == 1 {
+                Why::Zero
+            } else {
+                Why::BelowMin(min)
+            }
+        } else if value > max {
+            Why::AboveMax(max)
+        } else {
+            return Ok(());
+        };
+        Err(Error::BadArg { arg, value, why })
     }
 }
 

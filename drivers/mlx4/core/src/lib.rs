@@ -44,7 +44,7 @@ pub mod srq;
 #[cfg(test)]
 mod tests;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, Why};
 pub use intf::{Event, Interface, IntfId};
 pub use main::{Caps, Dev, MAX_PORTS, PortCaps, PortType, probe};
 pub use profile::Profile;

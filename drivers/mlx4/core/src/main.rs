@@ -283,6 +283,9 @@ pub fn probe(
         return Err(Error::NoDevice);
     }
     info!("mlx4_core: Initializing {pci}");
+    profile
+        .validate()
+        .inspect_err(|e| error!("mlx4_core {pci}: bad profile: {e}"))?;
     // pci_enable_device is reference counted in Linux; here: only undo what
     // this probe turned on.
     let cmd_bits = hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY;
@@ -433,7 +436,7 @@ impl Dev {
         self.init_dev_cap()?;
         self.choose_steering_mode();
         let mut p = self.profile;
-        self.clamp_profile(&mut p);
+        self.clamp_profile(&mut p)?;
         let layout = profile::make_profile(&p, &self.dev_cap, &pci)?;
         self.layout = layout;
         self.apply_layout();
@@ -566,8 +569,9 @@ impl Dev {
     }
 
     /// Keeps the requested counts within what the device supports (each a
-    /// power of two), warning when it has to shrink one.
-    fn clamp_profile(&self, p: &mut Profile) {
+    /// power of two), warning when it has to shrink one; RDMA responder
+    /// resources above the device's are refused (INIT_HCA would be).
+    fn clamp_profile(&self, p: &mut Profile) -> Result<()> {
         let d = &self.dev_cap;
         let clamp = |name: &str, v: &mut u32, max: u64| {
             if u64::from(*v) > max {
@@ -619,8 +623,12 @@ impl Dev {
             d.reserved_mtts.div_ceil(8),
         );
         raise("MCG entries", &mut p.num_mcg, 1);
-        p.rdmarc_per_qp = p.rdmarc_per_qp.clamp(1, 1 << 16);
-        p.log_mgm_entry_size = p.log_mgm_entry_size.clamp(6, 12);
+        Error::check_pow2(
+            "rdmarc_per_qp",
+            p.rdmarc_per_qp.into(),
+            d.max_responder_per_qp.min(128),
+        )
+        .inspect_err(|e| error!("mlx4_core {}: bad profile: {e}", self.pci))
     }
 
     fn apply_layout(&mut self) {

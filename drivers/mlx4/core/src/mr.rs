@@ -8,7 +8,7 @@ use mlx4_hw::mr::{self as hw, LOG_MTTS_PER_SEG, MptEntry, flags};
 use crate::bitmap::{Bitmap, Buddy};
 use crate::cmd::Mailbox;
 use crate::main::Dev;
-use crate::{Error, Result};
+use crate::{Error, Result, Why};
 
 /// Linux `struct mlx4_mr_table` (native part).
 pub struct MrTable {
@@ -134,12 +134,17 @@ impl Dev {
                 page_shift: mlx4_hw::icm::ICM_PAGE_SHIFT,
             });
         }
-        if !(12..64).contains(&page_shift) {
-            return Err(Error::InvalidArg);
-        }
+        // 4 KiB pages at least (the ICM page); the contexts' log_page_size
+        // field holds page_shift - 12 in 6 bits.
+        Error::check_range("page_shift", page_shift.into(), 12, 63)?;
+        Error::check_range("npages", npages.into(), 1, self.caps.num_mtts.into())?;
         let order = npages
             .checked_next_power_of_two()
-            .ok_or(Error::InvalidArg)?
+            .ok_or(Error::bad_arg(
+                "npages",
+                npages.into(),
+                Why::AboveMax(1 << 31),
+            ))?
             .ilog2();
         let offset = self.alloc_mtt_range(order)?;
         Ok(Mtt {
@@ -147,6 +152,40 @@ impl Dev {
             order: Some(order),
             page_shift,
         })
+    }
+
+    /// Bytes the pages of `mtt` hold (0 for no translation).
+    pub fn mtt_bytes(mtt: &Mtt) -> u64 {
+        mtt.order.map_or(0, |o| {
+            (1u64 << o).saturating_mul(1u64 << mtt.page_shift.min(63))
+        })
+    }
+
+    /// `Ok` if `mtt` translates a queue buffer of `need` bytes (`arg` names
+    /// the size argument to blame): a queue without an MTT would point its
+    /// context at MTT entry 0, which the firmware reserves, and one larger
+    /// than its pages makes the HCA read past them.
+    pub(crate) fn check_queue_mtt(
+        mtt: &Mtt,
+        arg: &'static str,
+        value: u64,
+        need: u64,
+    ) -> Result<()> {
+        if mtt.order.is_none() {
+            return Err(Error::bad_arg(
+                "mtt",
+                0,
+                Why::Other("a queue buffer needs an MTT (this one has no translation)"),
+            ));
+        }
+        if need > Self::mtt_bytes(mtt) {
+            return Err(Error::bad_arg(
+                arg,
+                value,
+                Why::Other("the queue is larger than the pages its MTT describes"),
+            ));
+        }
+        Ok(())
     }
 
     /// Linux `mlx4_mtt_cleanup`.
@@ -169,16 +208,27 @@ impl Dev {
     /// the present bit.
     #[doc(alias = "mlx4_write_mtt")]
     pub fn write_mtt(&mut self, mtt: &Mtt, start: u32, pages: &[u64]) -> Result<()> {
-        let order = mtt.order.ok_or(Error::InvalidArg)?;
-        let n = u32::try_from(pages.len()).map_err(|_| Error::InvalidArg)?;
-        if start.checked_add(n).is_none_or(|e| e > 1 << order) {
-            return Err(Error::InvalidArg);
+        let order = mtt.order.ok_or(Error::bad_arg(
+            "mtt",
+            0,
+            Why::Other("no translation: there are no entries to write"),
+        ))?;
+        let n = u32::try_from(pages.len())
+            .map_err(|_| Error::bad_arg("pages", pages.len() as u64, Why::AboveMax(1 << order)))?;
+        let end = u64::from(start) + u64::from(n);
+        if end > 1 << order {
+            return Err(Error::bad_arg(
+                "start + pages.len()",
+                end,
+                Why::AboveMax(1 << order),
+            ));
         }
         let tab = self.icm.mtt.as_ref().ok_or(Error::InvalidArg)?;
+        let page = 1u64 << mtt.page_shift.min(63);
+        if let Some(&p) = pages.iter().find(|&&p| p & (page - 1) != 0) {
+            return Err(Error::bad_arg("pages[]", p, Why::Misaligned(page)));
+        }
         for (i, &p) in pages.iter().enumerate() {
-            if p & ((1u64 << mtt.page_shift) - 1) != 0 {
-                return Err(Error::InvalidArg);
-            }
             let (buf, off) = tab
                 .find(mtt.offset + start + i as u32)
                 .ok_or(Error::InvalidArg)?;
@@ -207,6 +257,19 @@ impl Dev {
         npages: u32,
         page_shift: u32,
     ) -> Result<Mr> {
+        if npages > 0 {
+            // The region must fit in its pages, counting the offset of
+            // `iova` in the first one.
+            let page = 1u64 << page_shift.clamp(12, 63);
+            let room = u64::from(npages).saturating_mul(page);
+            if (iova & (page - 1)).saturating_add(size) > room {
+                return Err(Error::bad_arg(
+                    "size",
+                    size,
+                    Why::Other("longer than npages pages of 2^page_shift bytes hold"),
+                ));
+            }
+        }
         let t = self.mr_table.as_mut().ok_or(Error::InvalidArg)?;
         let index = t.mpt_bitmap.alloc()?;
         let mtt = match self.mtt_init(npages, page_shift) {

@@ -80,6 +80,21 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// What Linux's `mlx4_verify_params` and INIT_HCA refuse, checked
+    /// before the device is touched: `log_mgm_entry_size` outside 7..=12
+    /// (`MLX4_MIN/MAX_MGM_LOG_ENTRY_SIZE`), `rdmarc_per_qp` not a power of
+    /// two or above 128 (INIT_HCA's `log_rd_per_qp` has 3 bits). Counts are
+    /// not refused: too small ones are raised above the firmware's reserved
+    /// entries and too large ones lowered to the device's limits, both with
+    /// a warning, and each table is rounded up to a power of two as Linux
+    /// does.
+    pub fn validate(&self) -> Result<()> {
+        Error::check_range("log_mgm_entry_size", self.log_mgm_entry_size.into(), 7, 12)?;
+        Error::check_pow2("rdmarc_per_qp", self.rdmarc_per_qp.into(), 128)
+    }
+}
+
 impl Default for Profile {
     fn default() -> Self {
         Profile::research()
@@ -132,7 +147,8 @@ pub fn make_profile(p: &Profile, dc: &DevCap, pci: &hal::PciAddress) -> Result<L
         need,
         max: dc.max_icm_sz,
     };
-    let mgm_entry = 1u64 << p.log_mgm_entry_size.min(12);
+    p.validate()?;
+    let mgm_entry = 1u64 << p.log_mgm_entry_size;
     let num_eqs = dc.max_eqs.min(MAX_MSIX);
     let mtt_entries = u64::from(p.num_mtt_segs) << mlx4_hw::mr::LOG_MTTS_PER_SEG;
     let mut res: [(u64, u64, usize, u64, u32); 11] = [

@@ -10,7 +10,7 @@ use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
 use crate::main::Dev;
 use crate::mr::Mtt;
-use crate::{Error, Result};
+use crate::{Error, Result, Why};
 
 /// QP regions (`enum mlx4_qp_region`): firmware, Ethernet MAC, FC address,
 /// FC exchange.
@@ -106,7 +106,13 @@ impl Dev {
 
     /// Linux `mlx4_qp_reserve_range`: `cnt` QPNs aligned to `align`.
     #[doc(alias = "mlx4_qp_reserve_range")]
+    ///
+    /// `cnt` must be 1 to `num_qps`, `align` a power of two no larger than
+    /// `num_qps` ([`Error::BadArg`] otherwise).
     pub fn qp_reserve_range(&mut self, cnt: u32, align: u32) -> Result<u32> {
+        let n = u64::from(self.caps.num_qps);
+        Error::check_range("cnt", cnt.into(), 1, n)?;
+        Error::check_pow2("align", align.into(), n)?;
         let t = self.qp_table.as_mut().ok_or(Error::InvalidArg)?;
         t.bitmap.alloc_range(cnt, align).map(|q| q & 0x7f_ffff)
     }
@@ -160,9 +166,7 @@ impl Dev {
     pub fn qp_alloc(&mut self, qpn: u32) -> Result<Qp> {
         // QPNs carry the bitmap's rotating high bits (Linux); the context
         // index is the QPN modulo the table size.
-        if qpn == 0 || qpn >= 1 << 24 {
-            return Err(Error::InvalidArg);
-        }
+        Error::check_range("qpn", qpn.into(), 1, (1 << 24) - 1)?;
         if self
             .qp_table
             .as_ref()
@@ -206,6 +210,9 @@ impl Dev {
         sqd_event: bool,
     ) -> Result<()> {
         let op = transition(cur, new).ok_or(Error::InvalidArg)?;
+        if cur == QpState::Rst && new == QpState::Init {
+            self.check_qp_sizes(context, mtt)?;
+        }
         let r = self.qp_modify_cmd(qp, op, mtt, cur, new, context, optpar, sqd_event);
         if r.is_ok()
             && let Some(s) = self.qp_table.as_mut().and_then(|t| t.live.get_mut(&qp.qpn))
@@ -213,6 +220,75 @@ impl Dev {
             *s = new;
         }
         r
+    }
+
+    /// The work-queue geometry of a RST->INIT context, as Linux's mlx4_ib
+    /// (`set_rq_size`, `set_kernel_sq_size`) and the card bound it: each
+    /// queue at most `max_wqes` WQEs; SQ stride 64 bytes (one WQE basic
+    /// block, `MLX4_IB_SQ_MIN_WQE_SHIFT`) to `max_sq_desc_sz`; RQ stride 16
+    /// bytes (one scatter entry) to `max_rq_desc_sz`, or `rq_size_stride`
+    /// 0 (or an SRQ) for a QP without its own RQ; both queues inside the pages of `mtt`.
+    fn check_qp_sizes(&self, ctx: &QpContext, mtt: Option<&Mtt>) -> Result<()> {
+        let c = &self.caps;
+        let log_max_wqes = u64::from(c.max_wqes.max(1).ilog2());
+        let sq = ctx.sq_size_stride;
+        let rq = ctx.rq_size_stride;
+        let field = |v: u8| (u64::from(v >> 3), u64::from(v & 7) + 4);
+        let (sq_log, sq_shift) = field(sq);
+        let (rq_log, rq_shift) = field(rq);
+        let log_desc = |d: u32| u64::from(d.max(1).ilog2());
+        let bad = |arg, why| {
+            Err(Error::bad_arg(
+                arg,
+                u64::from(if arg == "sq_size_stride" { sq } else { rq }),
+                why,
+            ))
+        };
+        if sq_log > log_max_wqes {
+            return bad(
+                "sq_size_stride",
+                Why::Other("more SQ WQEs than the device's max_wqes"),
+            );
+        }
+        if sq_shift < 6 {
+            return bad(
+                "sq_size_stride",
+                Why::Other("SQ stride below 64 bytes (one WQE basic block)"),
+            );
+        }
+        if sq_shift > log_desc(c.max_sq_desc_sz) {
+            return bad(
+                "sq_size_stride",
+                Why::Other("SQ stride above the device's max_sq_desc_sz"),
+            );
+        }
+        // A QP on an SRQ (srqn bit 24) has no RQ of its own; Linux leaves
+        // junk in its rq_size_stride.
+        let own_rq = rq != 0 && ctx.srqn & (1 << 24) == 0;
+        if own_rq {
+            if rq_log > log_max_wqes {
+                return bad(
+                    "rq_size_stride",
+                    Why::Other("more RQ WQEs than the device's max_wqes"),
+                );
+            }
+            if rq_shift > log_desc(c.max_rq_desc_sz) {
+                return bad(
+                    "rq_size_stride",
+                    Why::Other("RQ stride above the device's max_rq_desc_sz"),
+                );
+            }
+        }
+        if let Some(m) = mtt {
+            let rq_bytes = if own_rq {
+                1u64 << (rq_log + rq_shift)
+            } else {
+                0
+            };
+            let need = rq_bytes + (1u64 << (sq_log + sq_shift));
+            Dev::check_queue_mtt(m, "sq_size_stride", u64::from(sq), need)?;
+        }
+        Ok(())
     }
 
     #[expect(clippy::too_many_arguments)]

@@ -8,7 +8,7 @@ use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
 use crate::main::Dev;
 use crate::mr::Mtt;
-use crate::{Error, Result};
+use crate::{Error, Result, Why};
 
 /// Linux `struct mlx4_srq_table`.
 pub struct SrqTable {
@@ -59,6 +59,12 @@ impl Dev {
 
     /// Linux `mlx4_srq_alloc`: `max` WQEs (a power of two) of `2^wqe_shift`
     /// bytes in `mtt`, completions to `cqn`, doorbell record at `db_rec`.
+    ///
+    /// Refused with [`Error::BadArg`]: `max` zero, not a power of two or
+    /// above the device's `max_srq_wqes`; `wqe_shift` below 5 (Linux's
+    /// smallest SRQ WQE: next segment and one scatter entry, 32 bytes) or
+    /// above the device's `max_rq_desc_sz`; an `mtt` without translation or
+    /// smaller than the queue; a `db_rec` not 4-byte aligned.
     #[doc(alias = "mlx4_srq_alloc")]
     #[expect(clippy::too_many_arguments)]
     pub fn srq_alloc(
@@ -71,9 +77,12 @@ impl Dev {
         max: u32,
         wqe_shift: u32,
     ) -> Result<Srq> {
-        if !max.is_power_of_two() || max > self.caps.max_srq_wqes || !(4..=20).contains(&wqe_shift)
-        {
-            return Err(Error::InvalidArg);
+        Error::check_pow2("max", max.into(), self.caps.max_srq_wqes.into())?;
+        let max_shift = self.caps.max_rq_desc_sz.max(1).ilog2().min(11);
+        Error::check_range("wqe_shift", wqe_shift.into(), 5, max_shift.into())?;
+        Dev::check_queue_mtt(mtt, "max", max.into(), u64::from(max) << wqe_shift)?;
+        if !db_rec.is_multiple_of(4) {
+            return Err(Error::bad_arg("db_rec", db_rec, Why::Misaligned(4)));
         }
         let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
         let srqn = t.bitmap.alloc()?;
@@ -138,7 +147,16 @@ impl Dev {
 
     /// Linux `mlx4_srq_arm`: limit-watermark event when fewer WQEs remain.
     #[doc(alias = "mlx4_srq_arm")]
+    /// A watermark of `srq.max` or more is refused (Linux
+    /// `mlx4_ib_modify_srq`: the event could never fire).
     pub fn srq_arm(&mut self, srq: &Srq, limit_watermark: u32) -> Result<()> {
+        if limit_watermark >= srq.max {
+            return Err(Error::bad_arg(
+                "limit_watermark",
+                limit_watermark.into(),
+                Why::AboveMax(u64::from(srq.max.saturating_sub(1))),
+            ));
+        }
         self.cmd.cmd(
             u64::from(limit_watermark),
             srq.srqn,

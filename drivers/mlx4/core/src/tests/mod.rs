@@ -284,7 +284,13 @@ fn resource_lifecycle_returns_to_baseline() {
             .unwrap();
         let qpn = dev.qp_reserve_range(1, 1).unwrap();
         let qp = dev.qp_alloc(qpn).unwrap();
-        let ctx = QpContext::default();
+        let ctx = QpContext {
+            // 64 RQ WQEs of 16 bytes, 64 SQ WQEs of 64 bytes: 5 KiB of the
+            // 8 KiB the MTT describes.
+            rq_size_stride: 6 << 3,
+            sq_size_stride: (6 << 3) | 2,
+            ..QpContext::default()
+        };
         dev.qp_modify(&qp, Some(&mtt), QpState::Rst, QpState::Init, &ctx, 0, false)
             .unwrap();
         assert_eq!(

@@ -74,6 +74,8 @@ impl FakeDev {
         o[MAX_SG_SQ] = 32;
         o[RSVD_PD] = 4 << 4;
         o[MAX_PD] = 17;
+        o[MAX_REQ_QP] = 4;
+        o[MAX_RES_QP] = 4;
         for (off, v) in [
             (RDMARC_ENTRY_SZ, 32u16),
             (QPC_ENTRY_SZ, 256),
@@ -85,6 +87,8 @@ impl FakeDev {
             (C_MPT_ENTRY_SZ, 64),
             (MTT_ENTRY_SZ, 8),
             (D_MPT_ENTRY_SZ, 64),
+            (MAX_DESC_SZ_SQ, 1008),
+            (MAX_DESC_SZ_RQ, 512),
         ] {
             put_be16(&mut o, off, v);
         }

@@ -1,0 +1,156 @@
+//! `run-qemu.sh`'s command line as a newcomer meets it, without booting anything: `--help` and unknown options print exactly the usage text, missing and bad option values end with a clear message and status 2, sizes are converted the way QEMU reads them.
+
+use std::process::{Command, Output};
+
+use tests::qemu::root;
+
+fn script(args: &[&str]) -> Output {
+    Command::new(root().join("run-qemu.sh"))
+        .args(args)
+        .output()
+        .expect("run-qemu.sh runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The usage text as the script holds it (its heredoc).
+fn usage_text() -> String {
+    let src = std::fs::read_to_string(root().join("run-qemu.sh")).unwrap();
+    let start = src.find("<<'USAGE'\n").expect("the usage is a heredoc") + "<<'USAGE'\n".len();
+    let len = src[start..].find("\nUSAGE\n").expect("end of the heredoc") + 1;
+    src[start..start + len].to_string()
+}
+
+const USAGE_LINE: &str = "Usage: ./run-qemu.sh [options] [-- QEMU options]";
+
+/// Bash's own complaints a user must never see.
+fn assert_no_bash_noise(s: &str) {
+    for noise in [
+        "parameter null or not set",
+        "unbound variable",
+        "set -euo pipefail",
+        "here=",
+        "line ",
+        "syntax error",
+    ] {
+        assert!(!s.contains(noise), "{noise:?} in:\n{s}");
+    }
+}
+
+#[test]
+fn help_prints_exactly_the_usage_text() {
+    let u = usage_text();
+    assert!(u.starts_with(USAGE_LINE), "{u}");
+    assert!(u.contains("TCG by default"), "{u}");
+    assert!(!u.contains("KVM if usable"), "{u}");
+    for flag in ["--help", "-h"] {
+        let o = script(&[flag]);
+        assert_eq!(o.status.code(), Some(0), "{flag}");
+        assert_eq!(text(&o.stdout), u, "{flag}");
+        assert_eq!(text(&o.stderr), "", "{flag}");
+    }
+}
+
+#[test]
+fn an_unknown_option_prints_its_name_and_the_usage_text() {
+    let o = script(&["--bogus", "--dry-run"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(text(&o.stdout), "");
+    assert_eq!(
+        text(&o.stderr),
+        format!("run-qemu.sh: unknown option '--bogus'\n{}", usage_text())
+    );
+}
+
+#[test]
+fn an_option_without_its_argument_prints_the_usage_line() {
+    for opt in [
+        "--run",
+        "--vfio",
+        "--nodes",
+        "--emu-args",
+        "--append",
+        "--memory",
+        "--timeout",
+    ] {
+        let o = script(&[opt]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{opt}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "run-qemu.sh: {opt} needs an argument\n{USAGE_LINE}\n"
+            )),
+            "{opt}: {err}"
+        );
+        assert_no_bash_noise(&err);
+        assert_eq!(text(&o.stdout), "", "{opt}");
+    }
+}
+
+#[test]
+fn bad_option_values_are_refused_with_a_clear_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--memory", "10"], "--memory takes 64M to 64G"),
+        (&["--memory", "10K"], "--memory takes 64M to 64G"),
+        (&["--memory", "lots"], "--memory takes 64M to 64G"),
+        (&["--memory", "65G"], "--memory takes 64M to 64G"),
+        (&["--memory", ""], "--memory takes 64M to 64G"),
+        (&["--timeout", "0"], "--timeout takes whole seconds"),
+        (&["--timeout", "-5"], "--timeout takes whole seconds"),
+        (&["--timeout", "1.5"], "--timeout takes whole seconds"),
+        (&["--timeout", "100000"], "--timeout takes whole seconds"),
+        (&["--nodes", "0"], "--nodes takes 1 to 8"),
+        (&["--nodes", "9"], "--nodes takes 1 to 8"),
+        (&["--nodes", "two"], "--nodes takes 1 to 8"),
+        (
+            &["--nodes", "2", "--no-hca"],
+            "--nodes needs the emulated HCA",
+        ),
+        (
+            &["--no-hca", "--emu-args", "--fail RUN_FW"],
+            "--emu-args needs the emulated HCA",
+        ),
+        (&["--vfio", "04:00"], "--vfio wants a full PCI address"),
+        (&["--run", ""], "--run needs at least one command"),
+        (&["--run", " ; "], "--run needs at least one command"),
+        (
+            &["--run", "echo 'x'"],
+            "--run commands cannot contain single quotes",
+        ),
+        (
+            &["--append", "log=\"debug\""],
+            "--append text cannot contain quotes",
+        ),
+    ];
+    for (args, msg) in cases {
+        let mut a = args.to_vec();
+        a.push("--dry-run");
+        let o = script(&a);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("run-qemu.sh: {msg}")),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains(USAGE_LINE), "{args:?}: {err}");
+        assert_no_bash_noise(&err);
+        assert_eq!(text(&o.stdout), "", "{args:?}: nothing may start");
+    }
+}
+
+#[test]
+fn memory_sizes_reach_qemu_and_the_shared_ram_file_alike() {
+    // QEMU reads a bare number as MiB; so does the script.
+    for (given, mib) in [("512", 512), ("64M", 64), ("1G", 1024), ("2g", 2048)] {
+        let o = script(&["--memory", given, "--dry-run"]);
+        let out = text(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{given}: {}", text(&o.stderr));
+        assert!(out.contains(&format!(" -m {mib}M ")), "{given}: {out}");
+        assert!(
+            out.contains(&format!("memory-backend-file,id=ram0,size={mib}M,")),
+            "{given}: {out}"
+        );
+    }
+}
