@@ -214,6 +214,8 @@ pub struct Hca {
     pub engine: crate::engine::Engine,
     /// The fabric the ports are cabled to, if any.
     pub fabric: Option<crate::engine::wire::FabricLink>,
+    /// Scratch list of the threaded polling round.
+    pub poll_scratch: Vec<u32>,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -278,6 +280,7 @@ impl Hca {
             pending_doorbells: Vec::new(),
             engine: crate::engine::Engine::default(),
             fabric: None,
+            poll_scratch: Vec::new(),
             cfg,
         }
     }
@@ -864,19 +867,24 @@ impl Hca {
         // Doorbells are consumed by atomic swap with 0, a value no doorbell
         // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
         // consumer index 0 without re-arm, changes nothing after SW2HW).
-        let eqns: Vec<u32> = self.eqs.keys().copied().collect();
-        for eqn in eqns {
+        // One scratch list for the EQ numbers and UAR pages (no allocation
+        // per round once it has grown).
+        let mut list = core::mem::take(&mut self.poll_scratch);
+        list.clear();
+        list.extend(self.eqs.keys().copied());
+        for &eqn in &list {
             let raw = self.bar2.swap_raw(regs::eq_doorbell(eqn), 0);
             if raw != 0 {
                 self.eq_doorbell(eqn, be_dw(raw));
                 active = true;
             }
         }
-        let mut uars: Vec<u32> = self.cqs.values().map(|c| c.uar).collect();
-        uars.extend(self.qps.values().map(|q| q.uar));
-        uars.sort_unstable();
-        uars.dedup();
-        for uar in uars {
+        list.clear();
+        list.extend(self.cqs.values().map(|c| c.uar));
+        list.extend(self.qps.values().map(|q| q.uar));
+        list.sort_unstable();
+        list.dedup();
+        for &uar in &list {
             let page = uar as usize * regs::UAR_PAGE;
             let cq0 = self.bar2.swap_raw(page + regs::UAR_CQ_DB, 0);
             if cq0 != 0 {
@@ -890,6 +898,7 @@ impl Hca {
                 active = true;
             }
         }
+        self.poll_scratch = list;
         active |= crate::engine::step(self);
         active
     }

@@ -439,6 +439,8 @@ enum Backing {
     Sync,
     /// Threaded mode, own registers, arena memory.
     Threaded,
+    /// As `Threaded`, without a model thread: the caller polls.
+    ThreadedPolled,
     /// Threaded mode over a caller's memory and register windows; with
     /// `own_thread` false the caller polls ([`SimHca::poll`]).
     External {
@@ -467,6 +469,7 @@ impl SimHca {
         let spawn = !matches!(
             backing,
             Backing::Sync
+                | Backing::ThreadedPolled
                 | Backing::External {
                     own_thread: false,
                     ..
@@ -564,6 +567,14 @@ impl SimHca {
     /// A model in synchronous deterministic mode.
     pub fn new(cfg: SimConfig) -> SimHca {
         Self::build(cfg, Backing::Sync)
+    }
+
+    /// A model over its own shared-memory registers and arena, like
+    /// [`SimHca::new_threaded`] but without a model thread: the caller
+    /// polls with [`SimHca::poll`], as `cx3-emu`'s loop does (benchmarks of
+    /// that loop without the ivshmem files).
+    pub fn new_polled_local(cfg: SimConfig) -> SimHca {
+        Self::build(cfg, Backing::ThreadedPolled)
     }
 
     /// A model whose two ports are attached to `wire`'s fabric (uncabled:

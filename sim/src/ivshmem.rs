@@ -1006,14 +1006,14 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
             || matches!(
                 flag.as_str(),
                 "--node"
-                | "--fail"
-                | "--catas-after"
-                | "--spin-us"
-                | "--sleep-us"
-                | "--idle-after-ms"
-                | "--idle-sleep-us"
-                | "--watch-pid"
-        );
+                    | "--fail"
+                    | "--catas-after"
+                    | "--spin-us"
+                    | "--sleep-us"
+                    | "--idle-after-ms"
+                    | "--idle-sleep-us"
+                    | "--watch-pid"
+            );
         let value = if takes_value {
             match inline {
                 Some(v) => v,

@@ -129,3 +129,77 @@ fn bench_rdma_write_throughput_and_rate() {
         assert_eq!(dst.read(0, 8), src.read(0, 8));
     }
 }
+
+/// Doorbell-to-CQE latency of the polled front end `cx3-emu` runs: the
+/// model's registers are shared memory, one thread spins on
+/// `SimHca::poll` (cx3-emu's loop while busy), the host-side poster
+/// writes a WQE, rings the send doorbell and spins on the CQ. (The ivshmem
+/// files are left out: the same `poll_shared` round reads the same kind
+/// of shared register words.)
+#[test]
+#[ignore]
+fn bench_polled_doorbell_to_cqe_latency() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = sim::SimHca::new_polled_local(sim::SimConfig::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (s, stop) = (sim.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                s.poll();
+            }
+        })
+    };
+    let mut h = Hca::with(sim);
+    let mut cq = h.cq(10);
+    let s = QpSpec::new(RC, cq.cqn);
+    let mut a = h.qp(0x80, s);
+    let b = h.qp(0x81, s);
+    let lid = h.lid;
+    h.connect(&a, s, 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let src = h.mr(0x1000, 4096, acc::ALL);
+    let dst = h.mr(0x9000, 4096, acc::ALL);
+    let w = Wr {
+        opcode: op::RDMA_WRITE,
+        signalled: true,
+        raddr: dst.addr(0),
+        rkey: dst.key,
+        sges: vec![Sge {
+            addr: src.addr(0),
+            len: 8,
+            lkey: src.key,
+        }],
+        ..Wr::default()
+    };
+    let bytes = a.build(&w);
+    let n = 20_000;
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        a.put(op::RDMA_WRITE, false, &bytes);
+        h.ring_send(a.qpn);
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            if let Some(c) = cq.poll() {
+                assert!(c.ok(), "{c:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "no CQE within 5 s");
+            std::hint::spin_loop();
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    stop.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    lat.sort_unstable();
+    let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)] as f64 / 1000.0;
+    println!(
+        "polled front end, doorbell to CQE (8-byte RDMA WRITE, loopback), {n} samples: median {:.2} us, p90 {:.2} us, p99 {:.2} us, min {:.2} us",
+        pct(50),
+        pct(90),
+        pct(99),
+        lat[0] as f64 / 1000.0
+    );
+}
