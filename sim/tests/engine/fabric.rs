@@ -599,3 +599,48 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
         a.r.sim.violations()
     );
 }
+
+/// The threaded front end on a fabric: each HCA's own model thread steps
+/// it on a shared monotonic clock.
+#[test]
+fn threaded_hcas_back_to_back() {
+    let w = Wire::threaded(sim::fabric::Fabric::shared());
+    let x = SimHca::new_on(cfg(0x0002_c903_0000_3000), &w);
+    let y = SimHca::new_on(cfg(0x0002_c903_0000_4000), &w);
+    w.fabric()
+        .lock()
+        .unwrap()
+        .connect(x.fabric_port(1).unwrap(), y.fabric_port(1).unwrap())
+        .unwrap();
+    let mut a = Hca::bare(x);
+    let mut b = Hca::bare(y);
+    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.r.sim.port_state(1).map(|s| s.1) != Some(sim::PhysicalState::LinkUp) {
+        assert!(std::time::Instant::now() < deadline, "link never came up");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    let mut ca = a.cq(6);
+    let mut cb = b.cq(6);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let la = a.mr(0x1_0000, 16_384, acc::ALL);
+    let rb = b.mr(0x2_0000, 16_384, acc::ALL);
+    let data = Rng(9).bytes(10_000);
+    la.write(0, &data);
+    qb.post_recv(&[Sge { addr: rb.addr(0), len: 10_000, lkey: rb.key }]);
+    qa.post(&a, &Wr { opcode: op::SEND, signalled: true, sges: vec![Sge { addr: la.addr(0), len: 10_000, lkey: la.key }], ..Wr::default() });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (mut s, mut r) = (None, None);
+    while s.is_none() || r.is_none() {
+        assert!(std::time::Instant::now() < deadline, "no completion: {s:?} {r:?}");
+        s = s.or_else(|| ca.poll());
+        r = r.or_else(|| cb.poll());
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert!(s.unwrap().ok());
+    assert_eq!(r.unwrap().byte_cnt, 10_000);
+    assert_eq!(rb.read(0, 10_000), data);
+}
