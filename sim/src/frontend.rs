@@ -813,8 +813,10 @@ impl SimHca {
         self.hca().raise_catastrophic(1);
     }
 
-    /// Plugs (link up) or unplugs (link down) port `port`'s cable. An active
-    /// port going down raises PORT_CHANGE.
+    /// Test-only cable of an HCA that is not on a fabric (on a [`Wire`],
+    /// cables are the fabric's: `Fabric::connect`/`unplug`): plugs (link
+    /// up) or unplugs (link down) port `port`'s cable. An active port going
+    /// down raises PORT_CHANGE.
     pub fn set_link(&self, port: u8, up: bool) -> bool {
         let mut h = self.hca();
         match h.port_index(u32::from(port)) {
@@ -841,8 +843,10 @@ impl SimHca {
         true
     }
 
-    /// Sets the logical state as an SM would (Armed, Active, ...). Fails if
-    /// the link is not up. Entering or leaving Active raises PORT_CHANGE.
+    /// Test-only stand-in for an SM (not how a port becomes Active on a
+    /// fabric: there the SM's SMPs go through the firmware SMA, MAD_IFC or
+    /// QP0): sets the logical state (Armed, Active, ...). Fails if the link
+    /// is not up. Entering or leaving Active raises PORT_CHANGE.
     pub fn set_port_logical_state(&self, port: u8, s: LogicalState) -> bool {
         let mut h = self.hca();
         match h.port_index(u32::from(port)) {
@@ -851,7 +855,9 @@ impl SimHca {
         }
     }
 
-    /// SM stand-in: assigns LID and SM LID and makes the port Active.
+    /// Test-only SM stand-in (driver tests without a fabric; engine and
+    /// fabric tests bring ports up with SubnSet(PortInfo) through MAD_IFC):
+    /// assigns LID and SM LID and makes the port Active.
     pub fn activate_port(&self, port: u8, lid: u16, sm_lid: u16) -> bool {
         let mut h = self.hca();
         let Some(i) = h.port_index(u32::from(port)) else {

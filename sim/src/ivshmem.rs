@@ -386,7 +386,7 @@ pub struct Options {
     pub stats: bool,
     /// The fabric every node's ports are cabled to (topology, capture,
     /// latency, packet faults).
-    pub fabric: crate::fabric::options::FabricOptions,
+    pub fabric: Box<crate::fabric::options::FabricOptions>,
 }
 
 impl Default for Options {

@@ -940,7 +940,7 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
                     Syndrome::RemoteAccess,
                 );
             }
-            if m.raddr % 8 != 0 {
+            if !m.raddr.is_multiple_of(8) {
                 return responder_error(
                     hca,
                     &d,
@@ -1314,7 +1314,7 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
         return bad(hca, "a GMP to QP1 without the Q_Key 0x80010000");
     }
     if u64::from(h.pkt_words) * 4 != h.len as u64 + payload + u64::from(h.pad) + 4
-        || (payload + u64::from(h.pad)) % 4 != 0
+        || !(payload + u64::from(h.pad)).is_multiple_of(4)
     {
         return bad(
             hca,

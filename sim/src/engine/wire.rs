@@ -676,6 +676,7 @@ fn complete(hca: &mut Hca, qpn: u32, tx: &TxMsg, r: Result<u32, Syndrome>) {
 // ------------------------------------------------------------------ responder
 
 /// Builds and sends a response packet from responder QP `d`.
+#[allow(clippy::too_many_arguments)]
 fn reply(
     hca: &mut Hca,
     d: &QpEng,
@@ -831,10 +832,8 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
         }
         return;
     }
-    if !rc {
-        if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
-            qm.rq_psn = psn;
-        }
+    if !rc && let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
+        qm.rq_psn = psn;
     }
     let is = |o: &[u8]| o.contains(&op);
     let only = is(&[
@@ -1043,9 +1042,10 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
             );
             return;
         }
-    } else if let Some(t) = rx.target {
-        if rx.off + payload.len() as u64 > t.len
-            || xlate::scatter(hca, &[t], rx.off, payload).is_err()
+    } else if let Some(t) = rx.target
+        && (rx.off + payload.len() as u64 > t.len
+            || xlate::scatter(hca, &[t], rx.off, payload).is_err())
+    {
         {
             fail(
                 hca,

@@ -43,6 +43,7 @@ fn cpu_secs() -> f64 {
 
 /// Posts `n` RDMA WRITEs of `len` bytes, `batch` per doorbell, every
 /// `batch`-th signalled; returns (wall, CPU) seconds.
+#[allow(clippy::too_many_arguments)]
 fn run(
     h: &Hca,
     cq: &mut Cq,

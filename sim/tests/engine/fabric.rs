@@ -630,12 +630,31 @@ fn threaded_hcas_back_to_back() {
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     let data = Rng(9).bytes(10_000);
     la.write(0, &data);
-    qb.post_recv(&[Sge { addr: rb.addr(0), len: 10_000, lkey: rb.key }]);
-    qa.post(&a, &Wr { opcode: op::SEND, signalled: true, sges: vec![Sge { addr: la.addr(0), len: 10_000, lkey: la.key }], ..Wr::default() });
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 10_000,
+        lkey: rb.key,
+    }]);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 10_000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (mut s, mut r) = (None, None);
     while s.is_none() || r.is_none() {
-        assert!(std::time::Instant::now() < deadline, "no completion: {s:?} {r:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no completion: {s:?} {r:?}"
+        );
         s = s.or_else(|| ca.poll());
         r = r.or_else(|| cb.poll());
         std::thread::sleep(Duration::from_micros(100));

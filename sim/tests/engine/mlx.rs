@@ -8,6 +8,7 @@ use crate::poster::*;
 
 /// LRH + BTH + DETH for a UD SEND-only of `payload` bytes, as an inline
 /// segment (4-byte header + 28 bytes, padded to 16).
+#[allow(clippy::too_many_arguments)]
 pub fn ud_header(
     vl: u8,
     sl: u8,
@@ -36,7 +37,7 @@ pub fn ud_header(
     h.extend_from_slice(&sqpn.to_be_bytes());
     let mut seg = (0x8000_0000u32 | h.len() as u32).to_be_bytes().to_vec();
     seg.extend_from_slice(&h);
-    while seg.len() % 16 != 0 {
+    while !seg.len().is_multiple_of(16) {
         seg.push(0);
     }
     seg

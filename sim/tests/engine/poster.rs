@@ -703,7 +703,7 @@ impl Qp {
                 let n = rest.len().min(room);
                 b.extend_from_slice(&(0x8000_0000u32 | n as u32).to_be_bytes());
                 b.extend_from_slice(&rest[..n]);
-                while b.len() % 16 != 0 {
+                while !b.len().is_multiple_of(16) {
                     b.push(0);
                 }
                 rest = &rest[n..];
