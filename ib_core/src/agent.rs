@@ -3,38 +3,42 @@
 use hal::Clock;
 
 use crate::device::{Device, MadConfig};
+use crate::error::{Error, Result};
 use crate::mad::{Grh, Mad, MadPort, MadSendBuf, send_response};
 use crate::verbs::{AhAttr, GlobalRoute, IB_QP_SET_QKEY, Wc, WcFlags};
 
 /// `ib_init_ah_from_wc`: the address vector that answers the sender of a
 /// received packet: its LID, SL and path bits, and with a GRH the reverse
-/// route (source GID index looked up in the cache; hop limit 0xff).
-pub fn ib_init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> AhAttr {
-    let grh = if wc.wc_flags.contains(WcFlags::GRH) {
-        grh.map(|g| {
-            let sgid_index = dev
+/// route (hop limit 0xff) from the GID index of the GID the packet was sent
+/// to; a GRH to a GID this port does not have is an error, as in Linux.
+pub fn ib_init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> Result<AhAttr> {
+    let grh = match (wc.wc_flags.contains(WcFlags::GRH), grh) {
+        (true, Some(g)) => {
+            let (p, i) = dev
                 .find_cached_gid(&g.dgid())
-                .filter(|(p, _)| *p == port)
-                .map_or(0, |(_, i)| i as u8);
-            GlobalRoute {
+                .ok_or(Error::Invalid("GRH to a GID this device does not have"))?;
+            if p != port {
+                return Err(Error::Invalid("GRH to a GID of another port"));
+            }
+            Some(GlobalRoute {
                 dgid: g.sgid(),
                 flow_label: g.flow_label(),
-                sgid_index,
+                sgid_index: u8::try_from(i).map_err(|_| Error::Invalid("GID index above 255"))?,
                 hop_limit: 0xff,
                 traffic_class: g.traffic_class(),
-            }
-        })
-    } else {
-        None
+            })
+        }
+        (true, None) => return Err(Error::Invalid("completion flags a GRH but none was given")),
+        (false, _) => None,
     };
-    AhAttr {
+    Ok(AhAttr {
         grh,
         dlid: wc.slid,
         sl: wc.sl,
         src_path_bits: wc.dlid_path_bits,
         static_rate: 0,
         port_num: port,
-    }
+    })
 }
 
 /// `agent_send_response`: sends `mad` back to where `wc` came from, on the
@@ -53,7 +57,14 @@ pub(crate) fn agent_send_response(
     qpi: usize,
 ) {
     let port = mp.port();
-    let ah_attr = ib_init_ah_from_wc(dev, port, wc, grh);
+    let ah_attr = match ib_init_ah_from_wc(dev, port, wc, grh) {
+        Ok(a) => a,
+        Err(e) => {
+            mp.counters.send_errors += 1;
+            log::debug!("{}: port {port}: agent_send_response: {e}", dev.name());
+            return;
+        }
+    };
     let mut buf = MadSendBuf::new(mad.clone(), ah_attr, wc.src_qp);
     buf.remote_qkey = IB_QP_SET_QKEY;
     buf.pkey_index = wc.pkey_index;

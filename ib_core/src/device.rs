@@ -44,6 +44,14 @@ pub trait IbClient: Send {
     /// An asynchronous event on an accepted device (after the cache was
     /// refreshed and the registered handlers ran).
     fn event(&mut self, _me: ClientId, _dev: &mut Device, _event: &Event) {}
+    /// Called by every [`IbCore::poll`], after the devices were polled, with
+    /// the whole core: where a client without a thread of its own (SA, CM,
+    /// a MAD responder) reads its agents' mailboxes and answers. Returns the
+    /// work done. The client is out of the core while this runs, so it is
+    /// not polled again if it calls [`IbCore::poll`] itself.
+    fn poll(&mut self, _me: ClientId, _core: &mut IbCore) -> usize {
+        0
+    }
 }
 
 /// An event handler (`ib_register_event_handler`'s callback).
@@ -746,6 +754,15 @@ impl IbCore {
                 && !dev.fatal
             {
                 work += crate::mad::ib_mad_poll_device(dev, &*self.clock, &self.mad_config);
+            }
+        }
+        for ci in 0..self.clients.len() {
+            let Some(mut slot) = self.clients.get_mut(ci).and_then(|s| s.take()) else {
+                continue;
+            };
+            work += slot.client.poll(ClientId(ci as u32), self);
+            if let Some(s @ None) = self.clients.get_mut(ci) {
+                *s = Some(slot);
             }
         }
         work

@@ -1,11 +1,48 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents and the SMI rules; `sa_query`, `cm`, RMPP, multicast, sysfs and every user-space path are left out (SA and CM come later).
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules and RMPP reassembly; `sa_query`, `cm`, sending RMPP, redirection, multicast, sysfs and every user-space path are left out (SA and CM come later).
 //!
-//! There are no interrupts: one progress function polls every device's
-//! event queues, the QP0/QP1 completion queues and the MAD timeouts, and every
-//! blocking helper calls it while it waits against a deadline.
+//! There are no interrupts: one progress function, [`IbCore::poll`], polls
+//! every device's event queues (through [`verbs::IbDevice::poll_events`]),
+//! the QP0/QP1 completion queues (the MAD completion handler) and the MAD
+//! timeouts, and every blocking helper ([`IbCore::poll_until`],
+//! [`IbCore::ib_send_mad_wait`], [`IbCore::smp_query`], [`IbCore::pma_query`])
+//! calls it while it waits against a [`hal::Deadline`].
 //!
-//! Files keep Linux's names: `verbs.rs` (`ib_verbs.h` + `verbs.c`), `mad.rs`
-//! (`ib_mad.h`, `ib_smi.h`).
+//! Files keep Linux's names: `device.rs` (registration, clients, events, the
+//! progress function), `verbs.rs` (`ib_verbs.h` + `verbs.c`: types, the
+//! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`ib_mad.h`,
+//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`.
+//!
+//! # Using it
+//!
+//! A driver implements [`verbs::IbDevice`] (Linux's `struct ib_device`
+//! ops) and hands it to [`IbCore::ib_register_device`]; the core reads the
+//! port tables, fills the cache, opens QP0/QP1 on every port and tells the
+//! clients. The kernel keeps one [`IbCore`] and calls [`IbCore::poll`] from
+//! its idle loop. Verbs go through [`Device`] ([`IbCore::device_mut`]); the
+//! hot path (`post_send`, `post_recv`, `poll_cq`) is a direct call into the
+//! provider and allocates nothing. MAD users register an agent
+//! ([`IbCore::ib_register_mad_agent`]), post with
+//! [`IbCore::ib_post_send_mad`] and read their mailbox with
+//! [`IbCore::ib_mad_poll_agent`]; a client without a thread of its own (the
+//! coming SA and CM) does that from [`IbClient::poll`], which every
+//! [`IbCore::poll`] calls.
+//!
+//! # Decisions
+//!
+//! * The core is one value owned by its caller, not a set of globals
+//!   guarded by locks; providers are `Box<dyn IbDevice>`; verbs objects are
+//!   small `Copy` handles the provider chooses.
+//! * MAD agents receive their MADs and send completions in a bounded
+//!   mailbox they poll, instead of Linux's `recv_handler`/`send_handler`
+//!   callbacks: an agent can send from anywhere without re-entering the
+//!   core, which suits a busy-polled kernel. Receives beyond the bound are a
+//!   counted drop; send completions are never dropped.
+//! * Requests get the agent's `hi_tid` in the upper half of their TID from
+//!   the core (Linux leaves that to each caller).
+//! * The cache is refreshed synchronously in the event's dispatch (LegoOS),
+//!   before handlers and clients see the event, so they see fresh values.
+//! * MAD send buffers are one 256-byte SGE (Linux uses two, header and
+//!   data, for RMPP); receive buffers are the 40-byte GRH area plus the MAD.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -17,6 +54,7 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod mad;
+pub mod mad_rmpp;
 pub mod packer;
 pub mod smi;
 pub mod ud_header;

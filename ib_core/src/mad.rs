@@ -1,4 +1,4 @@
-//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer; RMPP, redirection and vendor-class OUI tables are left out.
+//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer (RMPP reassembly in `mad_rmpp.rs`); sending RMPP transfers, redirection and vendor-class OUI tables are left out.
 
 use core::fmt;
 
@@ -426,7 +426,7 @@ impl Grh {
 // The MAD layer (mad.c): per-port QP0/QP1, agents, sends, receives.
 
 use alloc::boxed::Box;
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::time::Duration;
 
@@ -561,6 +561,10 @@ pub struct MadRecvWc {
     pub port: u8,
     /// For a response: the request it answers.
     pub send_id: Option<MadSendId>,
+    /// For an RMPP transfer (agents registered with RMPP version 1): the
+    /// data of all its segments after the class header, padding removed;
+    /// `mad` is then the first segment.
+    pub rmpp_data: Option<Vec<u8>>,
 }
 
 /// `struct ib_mad_send_wc`.
@@ -595,7 +599,7 @@ pub struct MadCounters {
     pub recv: u64,
     /// MADs sent (good send completions).
     pub sent: u64,
-    /// Receive completions in error (flushes included).
+    /// Receive completions in error (flushes counted apart).
     pub recv_errors: u64,
     /// Send completions in error.
     pub send_errors: u64,
@@ -627,10 +631,21 @@ pub struct MadCounters {
     pub retries: u64,
     /// Receive buffers that could not be re-posted.
     pub repost_failures: u64,
+    /// Receive buffers that came back flushed (the QP is in error); they
+    /// are not posted again.
+    pub recv_flushed: u64,
+    /// RMPP segments received by RMPP agents.
+    pub rmpp_segments: u64,
+    /// RMPP transfers put together.
+    pub rmpp_completed: u64,
+    /// RMPP segments or transfers dropped (bad, out of order, aborted,
+    /// timed out).
+    pub rmpp_dropped: u64,
 }
 
 struct AgentPriv {
     qp_type: QpType,
+    rmpp_version: u8,
     reg: Option<MadRegReq>,
     hi_tid: u32,
     next_tid: u32,
@@ -657,6 +672,9 @@ struct SendPriv {
     state: SendState,
     canceled: bool,
     got_response: bool,
+    /// In flight when the QP went to SQE: repost it when it comes back
+    /// flushed (Linux `mark_sends_for_retry`).
+    retry_on_flush: bool,
 }
 
 struct MadQp {
@@ -694,6 +712,13 @@ pub(crate) struct MadPort {
     sends: Vec<Option<SendPriv>>,
     free_sends: Vec<u32>,
     next_gen: u32,
+    /// Agents' requests by (TID, send index), to match responses without a
+    /// scan of every send.
+    by_tid: BTreeSet<(u64, u32)>,
+    /// No response deadline falls before this (ns); `u64::MAX` if none.
+    next_deadline: u64,
+    /// RMPP transfers being received.
+    pub(crate) rmpp_recvs: Vec<crate::mad_rmpp::RmppRecv>,
     pub(crate) counters: MadCounters,
 }
 
@@ -723,6 +748,9 @@ pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> R
         sends: Vec::new(),
         free_sends: Vec::new(),
         next_gen: 1,
+        by_tid: BTreeSet::new(),
+        next_deadline: u64::MAX,
+        rmpp_recvs: Vec::new(),
         counters: MadCounters::default(),
     };
     match port_open_inner(dev, &mut mp, cfg) {
@@ -778,7 +806,8 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
         let send_per_page = PAGE / IB_MGMT_MAD_SIZE;
         let nrecv = cfg.recv_queue_size as usize;
         let nsend = cfg.send_queue_size as usize;
-        let mut mq = MadQp {
+        // Owned by the port from here on, so a failure below destroys it.
+        let mq = mp.qps[qpi].insert(MadQp {
             qp,
             recv_pages: Vec::new(),
             recv_per_page,
@@ -787,7 +816,7 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
             send_slot: alloc::vec![None; nsend],
             free_slots: (0..nsend as u32).rev().collect(),
             overflow: VecDeque::new(),
-        };
+        });
         let dma_err = |_| Error::NoMem;
         for _ in 0..nrecv.div_ceil(recv_per_page) {
             mq.recv_pages.push(pool.alloc(PAGE, PAGE).map_err(dma_err)?);
@@ -795,7 +824,6 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
         for _ in 0..nsend.div_ceil(send_per_page) {
             mq.send_pages.push(pool.alloc(PAGE, PAGE).map_err(dma_err)?);
         }
-        mp.qps[qpi] = Some(mq);
         // ib_mad_port_start: INIT (P_Key index of the default P_Key, the
         // well-known Q_Key), RTR, RTS.
         let pkey_index = dev.find_cached_pkey(port, 0xffff).unwrap_or(0);
@@ -878,6 +906,13 @@ impl MadPort {
         self.port
     }
 
+    fn agent_rmpp(&self, idx: u32) -> bool {
+        self.agents
+            .get(idx as usize)
+            .and_then(|a| a.as_ref())
+            .is_some_and(|a| a.rmpp_version != 0)
+    }
+
     fn agent(&mut self, idx: u32) -> Result<&mut AgentPriv> {
         self.agents
             .get_mut(idx as usize)
@@ -919,23 +954,40 @@ impl MadPort {
             .agents
             .iter()
             .position(|a| a.as_ref().is_some_and(|a| a.hi_tid == hi))? as u32;
-        let send = self.sends.iter().position(|s| {
-            s.as_ref().is_some_and(|s| {
-                s.agent == Some(agent)
-                    && !s.canceled
-                    && !s.got_response
-                    && s.buf.timeout_ms > 0
-                    && s.buf.mad.tid() == mad.tid()
-                    && s.buf.mad.mgmt_class() == mad.mgmt_class()
-                    && !matches!(s.state, SendState::Queued)
-            })
-        })? as u32;
+        let tid = mad.tid();
+        let send = self
+            .by_tid
+            .range((tid, 0)..=(tid, u32::MAX))
+            .map(|&(_, i)| i)
+            .find(|&i| {
+                self.sends
+                    .get(i as usize)
+                    .and_then(|x| x.as_ref())
+                    .is_some_and(|s| {
+                        s.agent == Some(agent)
+                            && !s.canceled
+                            && !s.got_response
+                            && s.buf.timeout_ms > 0
+                            && s.buf.mad.mgmt_class() == mad.mgmt_class()
+                            && !matches!(s.state, SendState::Queued)
+                    })
+            })?;
         Some((agent, send))
     }
 
+    /// Puts send `idx` on the wait list until `deadline`.
+    fn wait_resp(&mut self, idx: u32, deadline: u64) {
+        if let Some(s) = self.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+            s.state = SendState::WaitResp(deadline);
+            self.next_deadline = self.next_deadline.min(deadline);
+        }
+    }
+
     fn send_id(&self, idx: u32) -> MadSendId {
-        let generation = self.sends[idx as usize]
-            .as_ref()
+        let generation = self
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
             .map_or(0, |s| s.generation);
         MadSendId((u64::from(generation) << 32) | u64::from(idx))
     }
@@ -965,6 +1017,7 @@ fn complete_send(
         return;
     };
     mp.free_sends.push(idx);
+    mp.by_tid.remove(&(s.buf.mad.tid(), idx));
     if let SendState::OnWire(slot) = s.state
         && let Some(mq) = mp.qps[s.qpi].as_mut()
     {
@@ -1032,6 +1085,7 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
             pkey_index: s.buf.pkey_index,
             port_num: mp.port,
         },
+        inline_data: &[],
     }];
     let qp = mq.qp;
     match dev.post_send(qp, &wr) {
@@ -1128,7 +1182,18 @@ fn send_mad(
     }
     let mut local = false;
     if buf.mad.mgmt_class() == class::SUBN_DIRECTED_ROUTE {
-        if smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard {
+        // Directed-route handling starts only where the LID-routed part
+        // (the first of a request, the last of a response) is empty; at
+        // the start of a LID-routed part the hop pointer stays as it is
+        // (IBTA 14.2.2, Linux handle_outgoing_dr_smp).
+        let lid_part_empty = if buf.mad.smp_direction() {
+            buf.mad.dr_dlid()
+        } else {
+            buf.mad.dr_slid()
+        } == crate::verbs::IB_LID_PERMISSIVE;
+        if lid_part_empty
+            && smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard
+        {
             return Err(Error::Invalid(
                 "directed-route SMP refused by the SMI send rules (hop count/pointer or path)",
             ));
@@ -1147,7 +1212,9 @@ fn send_mad(
         Ok(_) => Ok(mp.send_id(idx)),
         Err(e) => {
             let _ = dev.destroy_ah(ah);
-            mp.sends[idx as usize] = None;
+            if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
+                mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+            }
             mp.free_sends.push(idx);
             Err(e)
         }
@@ -1167,14 +1234,21 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
         state: SendState::Queued,
         canceled: false,
         got_response: false,
+        retry_on_flush: false,
     };
-    if let Some(i) = mp.free_sends.pop() {
+    let tracked = s.agent.is_some() && !ib_response_mad(&s.buf.mad);
+    let tid = s.buf.mad.tid();
+    let i = if let Some(i) = mp.free_sends.pop() {
         mp.sends[i as usize] = Some(s);
         i
     } else {
         mp.sends.push(Some(s));
         (mp.sends.len() - 1) as u32
+    };
+    if tracked {
+        mp.by_tid.insert((tid, i));
     }
+    i
 }
 
 /// `handle_outgoing_dr_smp`: a DR SMP for this port's own SMA goes to
@@ -1191,7 +1265,7 @@ fn handle_outgoing_dr_smp(
     pd: Pd,
 ) -> Result<MadSendId> {
     let port = mp.port;
-    let wc = build_smp_wc(0, crate::verbs::IB_LID_PERMISSIVE, buf.pkey_index, port);
+    let wc = build_smp_wc(0, buf.mad.dr_slid(), buf.pkey_index, port);
     let mut out = Mad::default();
     let ret = dev
         .ops
@@ -1227,11 +1301,14 @@ fn handle_outgoing_dr_smp(
                     mad: out,
                     port,
                     send_id: expects.then_some(id),
+                    rmpp_data: None,
                 })),
             );
         }
     } else if !ret.contains(MadResult::CONSUMED) {
-        // Treat like an incoming request: to whichever agent takes it.
+        // Treat like an incoming request: to whichever agent takes it. (Linux
+        // looks up and delivers the driver's untouched output buffer with the
+        // request's TID here; the request itself is what an agent can use.)
         if let Some(a) = mp.find_request_agent(&req, 0) {
             mp.deliver(
                 cfg,
@@ -1242,21 +1319,19 @@ fn handle_outgoing_dr_smp(
                     mad: req,
                     port,
                     send_id: None,
+                    rmpp_data: None,
                 })),
             );
         }
     }
     if expects && !answered {
-        let deadline = clock.now_ns().saturating_add(
-            u64::from(
-                mp.sends[idx as usize]
-                    .as_ref()
-                    .map_or(0, |s| s.buf.timeout_ms),
-            ) * 1_000_000,
-        );
-        if let Some(s) = mp.sends[idx as usize].as_mut() {
-            s.state = SendState::WaitResp(deadline);
-        }
+        let ms = mp
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
+            .map_or(0, |s| s.buf.timeout_ms);
+        let deadline = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+        mp.wait_resp(idx, deadline);
     } else {
         complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
     }
@@ -1283,6 +1358,13 @@ fn recv_done(
         return;
     };
     page.read_bytes(off, &mut raw);
+    if wc.status == WcStatus::WrFlushErr {
+        // The QP is in error and flushing: posting the buffer again would
+        // only have it flushed again, forever. The port is closed or
+        // restarted by its owner (Linux leaves the buffer too).
+        mp.counters.recv_flushed += 1;
+        return;
+    }
     if post_recv_slot(dev, mp, qpi, slot).is_err() {
         mp.counters.repost_failures += 1;
     }
@@ -1365,38 +1447,73 @@ fn ib_mad_recv_one(
             return;
         };
         let id = mp.send_id(send);
-        mp.deliver(
-            cfg,
-            agent,
-            MadEvent::Recv(Box::new(MadRecvWc {
-                wc: *wc,
-                grh,
-                mad: mad.clone(),
-                port,
-                send_id: Some(id),
-            })),
-        );
-        let state = mp.sends[send as usize].as_ref().map(|s| s.state);
+        let mut rw = Box::new(MadRecvWc {
+            wc: *wc,
+            grh,
+            mad: mad.clone(),
+            port,
+            send_id: Some(id),
+            rmpp_data: None,
+        });
+        if mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
+            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, Some(id)) {
+                RmppResult::NotRmpp => {}
+                RmppResult::Complete(full) => rw = full,
+                RmppResult::Consumed => {
+                    // A transfer in progress keeps its request alive.
+                    let ms = mp
+                        .sends
+                        .get(send as usize)
+                        .and_then(|x| x.as_ref())
+                        .and_then(|s| match s.state {
+                            SendState::WaitResp(_) => Some(s.buf.timeout_ms),
+                            _ => None,
+                        });
+                    if let Some(ms) = ms {
+                        let d = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+                        mp.wait_resp(send, d);
+                    }
+                    return;
+                }
+                RmppResult::Aborted => {
+                    complete_send(dev, mp, cfg, send, WcStatus::RemAbortErr, 0);
+                    return;
+                }
+            }
+        }
+        mp.deliver(cfg, agent, MadEvent::Recv(rw));
+        let state = mp
+            .sends
+            .get(send as usize)
+            .and_then(|x| x.as_ref())
+            .map(|s| s.state);
         if let Some(SendState::WaitResp(_)) = state {
             complete_send(dev, mp, cfg, send, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends[send as usize].as_mut() {
+        } else if let Some(s) = mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
             // The response beat the send completion.
             s.got_response = true;
         }
         return;
     }
     if let Some(agent) = mp.find_request_agent(mad, qpi) {
-        mp.deliver(
-            cfg,
-            agent,
-            MadEvent::Recv(Box::new(MadRecvWc {
-                wc: *wc,
-                grh,
-                mad: mad.clone(),
-                port,
-                send_id: None,
-            })),
-        );
+        let mut rw = Box::new(MadRecvWc {
+            wc: *wc,
+            grh,
+            mad: mad.clone(),
+            port,
+            send_id: None,
+            rmpp_data: None,
+        });
+        if mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
+            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, None) {
+                RmppResult::NotRmpp => {}
+                RmppResult::Complete(full) => rw = full,
+                RmppResult::Consumed | RmppResult::Aborted => return,
+            }
+        }
+        mp.deliver(cfg, agent, MadEvent::Recv(rw));
         return;
     }
     // generate_unmatched_resp: a Get or Set nobody takes is answered.
@@ -1454,15 +1571,34 @@ fn send_done(
     };
     mq.send_slot[slot] = None;
     mq.free_slots.push(slot as u32);
-    if let Some(s) = mp.sends[idx as usize].as_mut() {
+    if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
         s.state = SendState::Queued;
     }
-    let (canceled, timeout_ms, got) = match mp.sends[idx as usize].as_ref() {
+    let (canceled, timeout_ms, got) = match mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
         Some(s) => (s.canceled, s.buf.timeout_ms, s.got_response),
         None => return,
     };
-    if wc.status != WcStatus::Success {
+    if wc.status == WcStatus::WrFlushErr
+        && mp
+            .sends
+            .get(idx as usize)
+            .and_then(|x| x.as_ref())
+            .is_some_and(|s| s.retry_on_flush && !s.canceled)
+    {
+        // Flushed by the SQE of another send: post it again.
+        if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+            s.retry_on_flush = false;
+        }
+        mp.counters.retries += 1;
+        if post_one(dev, mp, idx).is_err() {
+            mp.counters.send_errors += 1;
+            complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        }
+    } else if wc.status != WcStatus::Success {
         mp.counters.send_errors += 1;
+        if wc.status != WcStatus::WrFlushErr {
+            mad_error_recover(dev, mp, qpi);
+        }
         complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
     } else {
         mp.counters.sent += 1;
@@ -1470,29 +1606,61 @@ fn send_done(
             complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
         } else if timeout_ms == 0 || got {
             complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends[idx as usize].as_mut() {
-            s.state = SendState::WaitResp(
-                clock
-                    .now_ns()
-                    .saturating_add(u64::from(timeout_ms) * 1_000_000),
-            );
+        } else {
+            let deadline = clock
+                .now_ns()
+                .saturating_add(u64::from(timeout_ms) * 1_000_000);
+            mp.wait_resp(idx, deadline);
         }
     }
     drain_overflow(dev, mp, cfg, qpi);
 }
 
+/// `mad_error_handler` for a send error: the error put the QP in SQE, so
+/// bring it back to RTS and mark the sends still in flight to be posted
+/// again when they come back flushed.
+fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
+    let Some(qp) = mp.qps[qpi].as_ref().map(|q| q.qp) else {
+        return;
+    };
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        cur_qp_state: QpState::Sqe,
+        ..QpAttr::default()
+    };
+    match dev.modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE) {
+        Ok(()) => {
+            for s in mp.sends.iter_mut().flatten() {
+                if s.qpi == qpi && matches!(s.state, SendState::OnWire(_)) {
+                    s.retry_on_flush = true;
+                }
+            }
+        }
+        Err(e) => log::error!(
+            "{}: port {}: mad_error_handler - ib_modify_qp to RTS: {e}",
+            dev.name(),
+            mp.port
+        ),
+    }
+}
+
 /// `timeout_sends`: retries or fails the requests whose response is late.
 fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &MadConfig) -> usize {
     let now = clock.now_ns();
+    if now < mp.next_deadline {
+        return 0;
+    }
     let mut work = 0;
+    let mut next = u64::MAX;
     for idx in 0..mp.sends.len() as u32 {
-        let Some(s) = mp.sends[idx as usize].as_mut() else {
+        let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
             continue;
         };
         let SendState::WaitResp(deadline) = s.state else {
             continue;
         };
         if now < deadline {
+            next = next.min(deadline);
             continue;
         }
         work += 1;
@@ -1508,6 +1676,7 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
             complete_send(dev, mp, cfg, idx, WcStatus::RespTimeoutErr, 0);
         }
     }
+    mp.next_deadline = next;
     work
 }
 
@@ -1562,7 +1731,12 @@ fn ib_mad_poll_port(
             break;
         }
     }
-    work + timeout_sends(dev, mp, clock, cfg)
+    let rmpp = if mp.rmpp_recvs.is_empty() {
+        0
+    } else {
+        crate::mad_rmpp::rmpp_timeouts(mp, clock.now_ns())
+    };
+    work + timeout_sends(dev, mp, clock, cfg) + rmpp
 }
 
 // ---------------------------------------------------------------------------
@@ -1607,8 +1781,11 @@ impl IbCore {
         rmpp_version: u8,
     ) -> Result<MadAgent> {
         let qpi = qp_index(qp_type).ok_or(Error::Invalid("MAD agents live on QP0 or QP1"))?;
-        if rmpp_version != 0 {
+        if rmpp_version > crate::mad_rmpp::IB_MGMT_RMPP_VERSION {
             return Err(Error::NotSupported);
+        }
+        if rmpp_version != 0 && qpi == 0 {
+            return Err(Error::Invalid("RMPP is for GSI classes"));
         }
         if let Some(r) = &reg_req {
             if r.mgmt_class_version >= MAX_MGMT_VERSION {
@@ -1629,6 +1806,9 @@ impl IbCore {
             );
             if smi != (qpi == 0) {
                 return Err(Error::Invalid("SM classes register on QP0, others on QP1"));
+            }
+            if rmpp_version != 0 && !crate::mad_rmpp::ib_is_mad_class_rmpp(r.mgmt_class) {
+                return Err(Error::Invalid("RMPP on a class that does not use it"));
             }
         }
         self.next_hi_tid = self.next_hi_tid.wrapping_add(1).max(1);
@@ -1651,6 +1831,7 @@ impl IbCore {
             }
             let a = AgentPriv {
                 qp_type,
+                rmpp_version,
                 reg: reg_req,
                 hi_tid,
                 next_tid: 0,
@@ -1684,7 +1865,7 @@ impl IbCore {
                 return Err(Error::NotFound);
             }
             for idx in 0..mp.sends.len() as u32 {
-                let Some(s) = mp.sends[idx as usize].as_mut() else {
+                let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                     continue;
                 };
                 if s.agent != Some(agent.idx) {
@@ -1700,6 +1881,7 @@ impl IbCore {
                 }
             }
             mp.agents[agent.idx as usize] = None;
+            crate::mad_rmpp::rmpp_forget_agent(mp, agent.idx);
             Ok(())
         })
     }
@@ -1731,7 +1913,7 @@ impl IbCore {
         self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
             Self::check_agent(mp, &agent)?;
             let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends[idx as usize].as_mut() else {
+            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) {
@@ -1755,7 +1937,7 @@ impl IbCore {
         self.with_mad_port(agent.dev, agent.port, |_, mp, clock, _| {
             Self::check_agent(mp, &agent)?;
             let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends[idx as usize].as_mut() else {
+            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) || s.canceled {
@@ -1763,11 +1945,10 @@ impl IbCore {
             }
             s.buf.timeout_ms = timeout_ms;
             if let SendState::WaitResp(_) = s.state {
-                s.state = SendState::WaitResp(
-                    clock
-                        .now_ns()
-                        .saturating_add(u64::from(timeout_ms) * 1_000_000),
-                );
+                let deadline = clock
+                    .now_ns()
+                    .saturating_add(u64::from(timeout_ms) * 1_000_000);
+                mp.wait_resp(idx, deadline);
             }
             Ok(())
         })

@@ -123,9 +123,11 @@ pub fn smi_handle_dr_smp_recv(
         // C14-9:4/5
         verdict(u16::from(hop_ptr) == u16::from(hop_cnt) + 1)
     } else {
-        // C14-13:1 -- the sender should have decremented the hop pointer.
+        // C14-13:1 -- as Linux has it on receive too: step back and require
+        // the return path to name the port it came in on.
         if hop_cnt != 0 && u16::from(hop_ptr) == u16::from(hop_cnt) + 1 {
-            return SmiAction::Discard;
+            smp.set_hop_ptr(hop_ptr - 1);
+            return verdict(smp.return_path(hop_ptr - 1) == port_num);
         }
         // C14-13:2 -- intermediate hop.
         if 2 <= hop_ptr && hop_ptr <= hop_cnt {
@@ -299,9 +301,14 @@ mod tests {
         let mut m = dr(1, 1, false);
         m.set_dr_dlid(5);
         assert_eq!(smi_handle_dr_smp_recv(&mut m, ca, 1, 2), SmiAction::Discard);
-        // Returning, hop_ptr == hop_cnt + 1 received: sender did not decrement.
+        // Returning, hop_ptr == hop_cnt + 1 received: Linux steps back and
+        // wants the return path to name the arrival port.
         let mut m = dr(1, 2, true);
         assert_eq!(smi_handle_dr_smp_recv(&mut m, ca, 1, 2), SmiAction::Discard);
+        assert_eq!(m.hop_ptr(), 1);
+        let mut m = dr(1, 2, true);
+        m.set_return_path(1, 1);
+        assert_eq!(smi_handle_dr_smp_recv(&mut m, ca, 1, 2), SmiAction::Handle);
         // Switch next hop beyond its ports.
         let mut m = dr(2, 1, false);
         m.set_initial_path(2, 40);

@@ -500,7 +500,7 @@ c_flags! {
         const MEM_MGT_EXTENSIONS = 1 << 21 => "IB_DEVICE_MEM_MGT_EXTENSIONS";
         /// Block multicast loopback.
         const BLOCK_MULTICAST_LOOPBACK = 1 << 22 => "IB_DEVICE_BLOCK_MULTICAST_LOOPBACK";
-        /// Type 1 memory windows.
+        /// Type 2A memory windows.
         const MEM_WINDOW_TYPE_2A = 1 << 23 => "IB_DEVICE_MEM_WINDOW_TYPE_2A";
         /// Type 2B memory windows.
         const MEM_WINDOW_TYPE_2B = 1 << 24 => "IB_DEVICE_MEM_WINDOW_TYPE_2B";
@@ -1065,8 +1065,9 @@ pub struct Wc {
     pub opcode: WcOpcode,
     /// Vendor error syndrome (errors only).
     pub vendor_err: u32,
-    /// Bytes received (receives; includes the 40 GRH bytes on UD QPs when a
-    /// GRH is present... the data lands after the 40-byte area either way).
+    /// Bytes received. On UD QPs and the special QPs it counts the 40-byte
+    /// GRH area at the front of the buffer whether or not a GRH arrived (as
+    /// IPoIB's `skb_pull(IB_GRH_BYTES)` relies on), so a MAD is 296.
     pub byte_len: u32,
     /// `ib_qp.qp_num` of the QP this completion belongs to (0/1 for the
     /// special QPs).
@@ -1201,11 +1202,14 @@ pub enum WrDetail {
 }
 
 /// `struct ib_send_wr` (a slice element instead of a `next` list).
+///
+/// Build it with `..SendWr::default()` so fields added later do not break
+/// the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// Gather list.
+    /// Gather list (ignored with [`SendFlags::INLINE`]).
     pub sg_list: &'a [Sge],
     /// Operation.
     pub opcode: WrOpcode,
@@ -1215,6 +1219,25 @@ pub struct SendWr<'a> {
     pub imm_data: u32,
     /// Per-opcode fields.
     pub wr: WrDetail,
+    /// The payload of an [`SendFlags::INLINE`] send, copied into the WQE.
+    /// Linux reads it through the SGEs' kernel virtual addresses; a safe
+    /// port hands over the bytes themselves (and the provider refuses more
+    /// than its `max_inline_data`).
+    pub inline_data: &'a [u8],
+}
+
+impl Default for SendWr<'_> {
+    fn default() -> Self {
+        SendWr {
+            wr_id: 0,
+            sg_list: &[],
+            opcode: WrOpcode::Send,
+            send_flags: SendFlags::empty(),
+            imm_data: 0,
+            wr: WrDetail::None,
+            inline_data: &[],
+        }
+    }
 }
 
 /// `struct ib_recv_wr`.
@@ -1678,10 +1701,10 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
             pk_qk,
         ],
     );
-    // SQE (RC has no SQE state; Linux's table lists no RC column here)
+    // SQE (no RC column in Linux's table: an RC QP never enters SQE)
     tab[5][0] = VALID;
     tab[5][6] = VALID;
-    let mut sqe_rts = t(
+    tab[5][3] = t(
         [E; 5],
         [
             cur_qk,
@@ -1691,8 +1714,6 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
             cur_qk,
         ],
     );
-    sqe_rts.opt[2] = 0;
-    tab[5][3] = sqe_rts;
     // ERR
     tab[6][0] = VALID;
     tab[6][6] = VALID;
@@ -1725,8 +1746,7 @@ pub fn ib_modify_qp_is_ok(
             extra: QpAttrMask::CUR_STATE,
         });
     }
-    // SQE exists only for UD/UC/SMI/GSI: RC goes to ERR instead.
-    if !cell.valid || (next == QpState::Sqe) || (cur == QpState::Sqe && qp_type == QpType::Rc) {
+    if !cell.valid {
         return Err(Error::BadQpTransition { qp_type, cur, next });
     }
     let req = QpAttrMask(cell.req[qp_type as usize]);
@@ -2064,8 +2084,8 @@ mod tests {
         );
         // CUR_STATE only from RTR/RTS/SQD/SQE.
         assert!(ib_modify_qp_is_ok(Init, Init, QpType::Ud, A::STATE | A::CUR_STATE).is_err());
-        // RC never goes through SQE.
-        assert!(ib_modify_qp_is_ok(Sqe, Rts, QpType::Rc, A::STATE).is_err());
+        // Nothing enters SQE by modify_qp (the hardware puts a QP there).
+        assert!(ib_modify_qp_is_ok(Rts, Sqe, QpType::Ud, A::STATE).is_err());
         // Reset -> Err is not in the table.
         assert!(ib_modify_qp_is_ok(Reset, Err, QpType::Rc, A::STATE).is_err());
         // UD RESET->INIT without PORT.

@@ -67,6 +67,7 @@ pub struct Packet {
     pub dlid: u16,
     pub mad: Mad,
     pub dropped: bool,
+    pub grh: Option<GlobalRoute>,
 }
 
 pub struct World {
@@ -78,6 +79,13 @@ pub struct World {
     pub drop_next: usize,
     /// Drop every packet whose MAD matches (method).
     pub drop_method: Option<u8>,
+    /// Fail this many of the next sends with a local QP operation error,
+    /// putting the QP in SQE as hardware does.
+    pub fail_sends: usize,
+    /// Keep sends on the "send queue" (no delivery, no completion) and
+    /// record (send CQ, wr_id, qp_num) so a test can complete them itself.
+    pub hold_sends: bool,
+    pub held: Vec<(Cq, u64, u32)>,
     pub wire: Vec<Packet>,
     pub capture: bool,
 }
@@ -85,7 +93,12 @@ pub struct World {
 pub type SharedWorld = Arc<Mutex<World>>;
 
 pub fn world() -> SharedWorld {
-    let dma = Arc::new(ArenaDma::new(32 << 20));
+    world_with_dma(32 << 20)
+}
+
+/// A world whose DMA arena holds `len` bytes.
+pub fn world_with_dma(len: usize) -> SharedWorld {
+    let dma = Arc::new(ArenaDma::new(len));
     let pool = DmaPool::new(dma.clone());
     Arc::new(Mutex::new(World {
         dma,
@@ -94,6 +107,9 @@ pub fn world() -> SharedWorld {
         links: Vec::new(),
         drop_next: 0,
         drop_method: None,
+        fail_sends: 0,
+        hold_sends: false,
+        held: Vec::new(),
         wire: Vec::new(),
         capture: true,
     }))
@@ -118,7 +134,7 @@ pub fn add_hca(w: &SharedWorld, name: &str, node_guid: u64, ports: u8, base_lid:
                 lmc: 0,
                 state: PortState::Active,
                 gids: (0..4)
-                    .map(|i| Gid::new(GID_PREFIX, node_guid + u64::from(p) + (i as u64) * 0x100))
+                    .map(|i| Gid::new(GID_PREFIX, node_guid + u64::from(p) + ((i as u64) << 40)))
                     .collect(),
                 pkeys: vec![0xffff, 0x8001, 0x7fff, 0],
                 link_layer: LinkLayer::Infiniband,
@@ -151,6 +167,20 @@ pub struct FakeDev {
 }
 
 impl World {
+    /// Completes a held send with `status` on `hca`'s CQ.
+    pub fn complete_held(&mut self, hca: usize, i: usize, status: WcStatus) {
+        let (cq, wr_id, qp_num) = self.held[i];
+        if let Some(Some(c)) = self.hcas[hca].cqs.get_mut(cq.0 as usize) {
+            c.push_back(Wc {
+                wr_id,
+                status,
+                opcode: WcOpcode::Send,
+                qp_num,
+                ..Wc::default()
+            });
+        }
+    }
+
     fn hca(&mut self, i: usize) -> &mut FakeHca {
         &mut self.hcas[i]
     }
@@ -601,6 +631,39 @@ impl IbDevice for FakeDev {
                     av.dlid >= l && av.dlid < l + (1 << w.hcas[h].ports[usize::from(p) - 1].lmc)
                 })
             };
+            if w.hold_sends {
+                w.held.push((q.send_cq, wr.wr_id, q.qp_num));
+                if w.capture {
+                    w.wire.push(Packet {
+                        from: (self.idx, q.port),
+                        to: None,
+                        dest_qpn: remote_qpn,
+                        dlid: av.dlid,
+                        mad: Mad::from_bytes(&payload),
+                        dropped: true,
+                        grh: av.grh,
+                    });
+                }
+                continue;
+            }
+            if w.fail_sends > 0 {
+                w.fail_sends -= 1;
+                let h = w.hca(self.idx);
+                if let Some(Some(qq)) = h.qps.get_mut(qp.handle as usize) {
+                    qq.state = QpState::Sqe;
+                }
+                if let Some(Some(c)) = h.cqs.get_mut(q.send_cq.0 as usize) {
+                    c.push_back(Wc {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::LocQpOpErr,
+                        opcode: WcOpcode::Send,
+                        qp_num: q.qp_num,
+                        vendor_err: 0x68,
+                        ..Wc::default()
+                    });
+                }
+                continue;
+            }
             let mad = Mad::from_bytes(&payload);
             let mut dropped = false;
             if w.drop_next > 0 {
@@ -618,6 +681,7 @@ impl IbDevice for FakeDev {
                     dlid: av.dlid,
                     mad: mad.clone(),
                     dropped,
+                    grh: av.grh,
                 });
             }
             if let (Some((th, tp)), false) = (to, dropped) {

@@ -190,7 +190,7 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     let mut resp = req.mad.clone();
     resp.set_method(method::GET_RESP);
     resp.data_mut()[0] = 0x42;
-    let ah = ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref());
+    let ah = ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref()).unwrap();
     assert_eq!(ah.dlid, A_LID);
     r.core
         .ib_post_send_mad(server, MadSendBuf::new(resp, ah, req.wc.src_qp))
@@ -292,9 +292,25 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     );
     assert_eq!(
         r.core
-            .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 1)
+            .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 2)
             .unwrap_err(),
         Error::NotSupported
+    );
+    // RMPP only where the class uses it.
+    assert!(matches!(
+        r.core.ib_register_mad_agent(
+            r.a,
+            1,
+            QpType::Gsi,
+            Some(MadRegReq::new(class::PERF_MGMT, 1, &[method::GET])),
+            1
+        ),
+        Err(Error::Invalid(_))
+    ));
+    assert!(
+        r.core
+            .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 1)
+            .is_err()
     );
     assert_eq!(
         r.core
@@ -719,4 +735,228 @@ fn modify_mad_extends_the_wait() {
         "waited the new timeout"
     );
     assert_eq!(r.core.ib_modify_mad(ag, id, 5), Err(Error::NotFound));
+}
+
+#[test]
+fn a_dr_smp_starting_with_a_lid_routed_part_leaves_its_hop_pointer_alone() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .unwrap();
+    let mut m = dr_get(attr::NODE_INFO, &[1]);
+    m.set_dr_slid(A_LID);
+    // The wrong first hop would be refused if the rules ran.
+    m.set_initial_path(1, 9);
+    r.core
+        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 0))
+        .unwrap();
+    let w = lock(&r.world);
+    assert_eq!(w.wire.len(), 1);
+    assert_eq!(w.wire[0].mad.hop_ptr(), 0);
+}
+
+#[test]
+fn a_send_error_is_reported_and_the_qp_is_brought_back_from_sqe() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    lock(&r.world).fail_sends = 1;
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let mut buf = MadSendBuf::new(m.clone(), to_lid(B_LID), 1);
+    buf.timeout_ms = 10;
+    let (done, _) = r.core.ib_send_mad_wait(ag, buf.clone(), WAIT).unwrap();
+    assert_eq!(done.status, WcStatus::LocQpOpErr);
+    assert_eq!(done.status.msg(), "local QP operation error");
+    assert_eq!(done.vendor_err, 0x68);
+    // SQE -> RTS with CUR_STATE, as mad_error_handler does.
+    {
+        let w = lock(&r.world);
+        let last = w.hcas[0].modify_log.last().copied().unwrap();
+        assert_eq!(
+            last,
+            (
+                QpType::Gsi,
+                QpState::Sqe,
+                QpState::Rts,
+                QpAttrMask::STATE | QpAttrMask::CUR_STATE
+            )
+        );
+    }
+    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    assert_eq!(done.status, WcStatus::Success);
+    assert!(resp.is_some());
+}
+
+#[test]
+fn flushed_receive_buffers_are_not_posted_again() {
+    let mut r = rig();
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    for _ in 0..3 {
+        lock(&r.world).deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::WrFlushErr);
+    }
+    r.core.poll();
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().recv_flushed, 3);
+    let w = lock(&r.world);
+    let gsi = w.hcas[0]
+        .qps
+        .iter()
+        .flatten()
+        .find(|q| q.qp_type == QpType::Gsi)
+        .unwrap();
+    assert_eq!(gsi.recv.len(), 509);
+}
+
+#[test]
+fn sends_flushed_by_another_sends_error_are_posted_again() {
+    let mut r = rig();
+    let ag = r
+        .core
+        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    lock(&r.world).hold_sends = true;
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let a = r
+        .core
+        .ib_post_send_mad(ag, MadSendBuf::new(m.clone(), to_lid(B_LID), 1))
+        .unwrap();
+    let b = r
+        .core
+        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
+        .unwrap();
+    // The first fails (the QP goes to SQE), the second comes back flushed.
+    {
+        let mut w = lock(&r.world);
+        w.hcas[0]
+            .qps
+            .iter_mut()
+            .flatten()
+            .filter(|q| q.qp_type == QpType::Gsi)
+            .for_each(|q| q.state = QpState::Sqe);
+        w.complete_held(0, 0, WcStatus::RemOpErr);
+        w.complete_held(0, 1, WcStatus::WrFlushErr);
+    }
+    r.core.poll();
+    match r.core.ib_mad_poll_agent(ag) {
+        Some(MadEvent::SendDone(s)) => {
+            assert_eq!((s.id, s.status), (a, WcStatus::RemOpErr));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(r.core.ib_mad_poll_agent(ag).is_none(), "b is not finished");
+    // b went out again on the recovered QP; complete it.
+    {
+        let mut w = lock(&r.world);
+        assert_eq!(w.held.len(), 3);
+        w.complete_held(0, 2, WcStatus::Success);
+    }
+    r.core.poll();
+    match r.core.ib_mad_poll_agent(ag) {
+        Some(MadEvent::SendDone(s)) => assert_eq!((s.id, s.status), (b, WcStatus::Success)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().retries, 1);
+}
+
+#[test]
+fn each_port_of_a_two_port_hca_has_its_own_mad_layer() {
+    use super::fake::{add_hca, cable, world};
+    let w = world();
+    let two = add_hca(&w, "mlx4_0", 0x100, 2, 1); // LIDs 1 and 2
+    let x = add_hca(&w, "x", 0x200, 1, 30);
+    let y = add_hca(&w, "y", 0x300, 1, 40);
+    cable(&w, (0, 1), (1, 1));
+    cable(&w, (0, 2), (2, 1));
+    let clock = std::sync::Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
+    let mut core = IbCore::new(clock);
+    let d = core.ib_register_device(Box::new(two)).unwrap();
+    core.ib_register_device(Box::new(x)).unwrap();
+    core.ib_register_device(Box::new(y)).unwrap();
+    assert!(core.mad_port_open(d, 1) && core.mad_port_open(d, 2));
+    assert_ne!(
+        core.mad_qp(d, 1, QpType::Gsi),
+        core.mad_qp(d, 2, QpType::Gsi)
+    );
+    // Out of port 2, one hop: the HCA cabled there answers.
+    let m = core
+        .smp_query(d, 2, SmpRoute::Directed(&[2]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &0x300u64.to_be_bytes());
+    let m = core
+        .smp_query(d, 1, SmpRoute::Directed(&[1]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(&m.smp_data()[12..20], &0x200u64.to_be_bytes());
+    // The first hop must name the port it leaves from.
+    assert!(matches!(
+        core.smp_query(d, 1, SmpRoute::Directed(&[2]), attr::NODE_INFO, 0, WAIT),
+        Err(Error::Invalid(_))
+    ));
+    // The local port's SMA by an empty route, per port.
+    let m = core
+        .smp_query(d, 2, SmpRoute::Directed(&[]), attr::NODE_INFO, 0, WAIT)
+        .unwrap();
+    assert_eq!(m.smp_data()[36], 2, "LocalPortNum");
+    assert_eq!(core.mad_counters(d, 2).unwrap().local_smps, 1);
+    assert_eq!(core.mad_counters(d, 1).unwrap().local_smps, 0);
+}
+
+#[test]
+fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
+    let mut r = rig();
+    let a_gid = r.core.device(r.a).unwrap().get_cached_gid(1, 2).unwrap();
+    let b_gid = r.core.device(r.b).unwrap().get_cached_gid(1, 0).unwrap();
+    let grh = |dgid: Gid| {
+        let mut g = [0u8; 40];
+        g[0..4].copy_from_slice(&(0x6000_0000u32 | (0x12 << 20) | 0xabcde).to_be_bytes());
+        g[6] = 0x1b;
+        g[7] = 9;
+        g[8..24].copy_from_slice(&b_gid.0);
+        g[24..40].copy_from_slice(&dgid.0);
+        g
+    };
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    lock(&r.world).deliver(
+        0,
+        1,
+        1,
+        Some(grh(a_gid)),
+        &m.0,
+        1,
+        B_LID,
+        3,
+        None,
+        WcStatus::Success,
+    );
+    r.core.poll();
+    {
+        let w = lock(&r.world);
+        assert_eq!(w.wire.len(), 1);
+        let g = w.wire[0].grh.expect("the answer carries a GRH");
+        assert_eq!(g.dgid, b_gid);
+        assert_eq!(g.sgid_index, 2, "the GID the request was sent to");
+        assert_eq!(
+            (g.flow_label, g.traffic_class, g.hop_limit),
+            (0xabcde, 0x12, 0xff)
+        );
+    }
+    // To a GID this port does not have: no answer, as in Linux.
+    lock(&r.world).deliver(
+        0,
+        1,
+        1,
+        Some(grh(b_gid)),
+        &m.0,
+        1,
+        B_LID,
+        3,
+        None,
+        WcStatus::Success,
+    );
+    r.core.poll();
+    assert_eq!(lock(&r.world).wire.len(), 1);
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().send_errors, 1);
 }

@@ -1,9 +1,11 @@
 //! ib_core's tests against a fake provider (two software HCAs cabled back to back): registration and clients, events and the cache, the MAD layer end to end, bad input and the fuzz run.
 
+mod bench;
 mod clients;
 mod fake;
 mod fuzz;
 mod mad_layer;
+mod rmpp;
 
 use std::sync::Arc;
 use std::time::Duration;
