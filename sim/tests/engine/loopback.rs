@@ -637,3 +637,37 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
     let e = one(&mut cq, true);
     assert_eq!(e.syndrome, 0x01, "{e:?}");
 }
+
+#[test]
+fn query_qp_reports_the_psns_the_engines_reached() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(6);
+    let (mut a, mut b, _) = pair(&mut h, RC, &cq);
+    let la = h.mr(0x10_0000, 65_536, acc::ALL);
+    b.post_recv(&[Sge {
+        addr: la.addr(0),
+        len: 65_536,
+        lkey: la.key,
+    }]);
+    // 10 000 bytes at MTU 4096: three packets.
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 10_000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    cq.drain();
+    let psn = |h: &mut Hca, q: u32, off: usize| {
+        let o = h.r.cmd_out(q, 0, sim::Opcode::QUERY_QP).unwrap();
+        u32::from_be_bytes(o[8 + off..12 + off].try_into().unwrap()) & 0xff_ffff
+    };
+    assert_eq!(psn(&mut h, a.qpn, 0x78), 0x100 + 3, "next send PSN");
+    assert_eq!(psn(&mut h, b.qpn, 0x94), 0x100 + 3, "expected receive PSN");
+}
