@@ -663,3 +663,267 @@ fn threaded_hcas_back_to_back() {
     assert_eq!(r.unwrap().byte_cnt, 10_000);
     assert_eq!(rb.read(0, 10_000), data);
 }
+
+/// The engines' own packets (UD, RC SEND/WRITE segmented over several
+/// MTUs, READ with its responses, atomics, ACK, RNR NAK and a remote
+/// access NAK, a GMP between the QP1s) captured and dissected by
+/// `tshark -V`: every frame decodes, no "Malformed", no expert info.
+#[test]
+fn the_engines_packets_dissect_cleanly_in_tshark() {
+    let (mut a, mut b, w) = b2b();
+    let path = std::env::temp_dir().join(format!("engine-capture-{}.pcap", std::process::id()));
+    w.fabric()
+        .lock()
+        .unwrap()
+        .set_capture(Some(sim::fabric::Capture::create(&path).unwrap()));
+    let mut ca = a.cq(8);
+    let mut cb = b.cq(8);
+    let la = a.mr(0x1_0000, 65_536, acc::ALL);
+    let rb = b.mr(0x2_0000, 65_536, acc::ALL);
+    // UD.
+    let su = QpSpec::new(UD, ca.cqn);
+    let mut ua = a.qp(0xa0, su);
+    a.connect(&ua, su, 0, 0).unwrap();
+    let sbu = QpSpec::new(UD, cb.cqn);
+    let mut ub = b.qp(0xa4, sbu);
+    b.connect(&ub, sbu, 0, 0).unwrap();
+    ub.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 4136,
+        lkey: rb.key,
+    }]);
+    ua.post(
+        &a,
+        &Wr {
+            opcode: op::SEND_IMM,
+            imm: 1,
+            signalled: true,
+            ud: Some(Av {
+                port: 1,
+                dlid: b.lid,
+                dqpn: 0xa4,
+                qkey: sbu.qkey,
+                ..Av::default()
+            }),
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 1000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    // RC: RNR NAK first, then SEND over 3 MTUs, WRITE over 3, READ of 3,
+    // atomics, a remote access NAK.
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 10_000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 10_000,
+        lkey: rb.key,
+    }]);
+    wait_steps(&a.r, Duration::from_millis(1));
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_WRITE_IMM,
+            imm: 2,
+            signalled: true,
+            raddr: rb.addr(20_000),
+            rkey: rb.key,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 9000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    qb.post_recv(&[Sge {
+        addr: rb.addr(0),
+        len: 8,
+        lkey: rb.key,
+    }]);
+    wait_steps(&a.r, Duration::from_millis(1));
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_READ,
+            signalled: true,
+            raddr: rb.addr(0),
+            rkey: rb.key,
+            sges: vec![Sge {
+                addr: la.addr(30_000),
+                len: 9000,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::ATOMIC_FA,
+            signalled: true,
+            raddr: rb.addr(64),
+            rkey: rb.key,
+            swap: 5,
+            sges: vec![Sge {
+                addr: la.addr(8),
+                len: 8,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::ATOMIC_CS,
+            signalled: true,
+            raddr: rb.addr(64),
+            rkey: rb.key,
+            swap: 5,
+            cmp: 5,
+            sges: vec![Sge {
+                addr: la.addr(8),
+                len: 8,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_WRITE,
+            signalled: true,
+            raddr: rb.addr(0),
+            rkey: 0x5555_5500,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 8,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    // A GMP from A's QP1 to B's QP1.
+    let (_a0, mut a1) = crate::mlx::special_qps(&mut a, &ca);
+    let (_b0, mut b1) = crate::mlx::special_qps(&mut b, &cb);
+    let m = a.mr(0x40_0000, 4096, acc::ALL);
+    let mut gmp = vec![0u8; 256];
+    gmp[0] = 1;
+    gmp[1] = 0x04; // PerfMgt
+    gmp[2] = 1;
+    gmp[3] = 1;
+    gmp[0x10..0x12].copy_from_slice(&0x0012u16.to_be_bytes());
+    m.write(0, &gmp);
+    let mb = b.mr(0x40_0000, 4096, acc::ALL);
+    b1.post_recv(&[Sge {
+        addr: mb.addr(0),
+        len: 296,
+        lkey: mb.key,
+    }]);
+    let blid = b.lid;
+    a1.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            mlx_flags: Some((0, blid)),
+            raw: Some(crate::mlx::ud_header(
+                0,
+                0,
+                blid,
+                0,
+                0xffff,
+                1,
+                0x8001_0000,
+                1,
+                256,
+            )),
+            sges: vec![Sge {
+                addr: m.addr(0),
+                len: 256,
+                lkey: m.key,
+            }],
+            tail: Some(crate::mlx::icrc_seg()),
+            ..Wr::default()
+        },
+    );
+    wait_steps(&a.r, Duration::from_millis(1));
+    let sent: Vec<Cqe> = ca.drain();
+    assert!(
+        sent.iter().filter(|c| c.send && c.ok()).count() >= 7,
+        "{sent:?}"
+    );
+    assert!(
+        cb.drain()
+            .iter()
+            .any(|c| c.qpn == 64 + 2 && c.byte_cnt == 296),
+        "the GMP arrived"
+    );
+    let mut c = w.fabric().lock().unwrap().set_capture(None).unwrap();
+    c.flush().unwrap();
+    let frames = c.packets();
+    drop(c);
+    assert!(frames >= 20, "{frames} frames");
+    let Some(ts) = ["/usr/bin/tshark", "/usr/local/bin/tshark"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        eprintln!("*** SKIPPED: tshark is not installed (scripts/deps.sh ensure_tshark) ***");
+        let _ = std::fs::remove_file(&path);
+        return;
+    };
+    let out = std::process::Command::new(ts)
+        .args(["-r", path.to_str().unwrap(), "-V"])
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(!v.contains("Malformed"), "a malformed frame:\n{v}");
+    assert!(!v.contains("Expert Info"), "expert info:\n{v}");
+    assert_eq!(
+        v.matches("\nFrame ").count() + usize::from(v.starts_with("Frame ")),
+        frames as usize
+    );
+    for what in [
+        "(RC) - SEND First (0)",
+        "(RC) - SEND Middle (1)",
+        "(RC) - SEND Last (2)",
+        "(RC) - RDMA WRITE First (6)",
+        "(RC) - RDMA WRITE Last with Immediate (9)",
+        "(RC) - RDMA READ Request (12)",
+        "(RC) - RDMA READ response First (13)",
+        "(RC) - RDMA READ response Last (15)",
+        "(RC) - Acknowledge (17)",
+        "(RC) - ATOMIC Acknowledge (18)",
+        "(RC) - CmpSwap (19)",
+        "(RC) - FetchAdd (20)",
+        "(UD) - SEND only (100)",
+        "(UD) - SEND only with Immediate (101)",
+    ] {
+        assert!(v.contains(what), "no {what} in the capture");
+    }
+}
