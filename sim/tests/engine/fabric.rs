@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use hal::Clock;
 use sim::fabric::Topology;
 use sim::{SimConfig, SimHca, Wire};
 
@@ -926,4 +927,69 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     ] {
         assert!(v.contains(what), "no {what} in the capture");
     }
+}
+
+/// A response the requester did not ask for (an atomic ACK while a SEND
+/// waits for its ACK) completes the WQE with "bad response".
+#[test]
+fn an_unexpected_response_is_a_bad_response_error() {
+    let (mut a, b, w) = b2b();
+    let mut ca = a.cq(6);
+    let s = QpSpec::new(RC, ca.cqn);
+    let mut qa = a.qp(0x80, s);
+    a.connect(&qa, s, 0x99, b.lid).unwrap();
+    let la = a.mr(0x1_0000, 4096, acc::ALL);
+    // B has no QP 0x99: A's SEND waits for an ACK.
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges: vec![Sge {
+                addr: la.addr(0),
+                len: 8,
+                lkey: la.key,
+            }],
+            ..Wr::default()
+        },
+    );
+    assert!(ca.drain().is_empty());
+    // Forge B -> A: RC ATOMIC Acknowledge for QP 0x80 at PSN 0x100.
+    use sim::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
+    let hd = Headers {
+        lrh: Lrh {
+            dlid: a.lid,
+            slid: b.lid,
+            ..Lrh::default()
+        },
+        bth: Bth {
+            opcode: opcode::RC | opcode::ATOMIC_ACKNOWLEDGE,
+            pkey: 0xffff,
+            dest_qp: 0x80,
+            psn: 0x100,
+            ..Bth::default()
+        },
+        aeth: Some(Aeth {
+            syndrome: 0x1f,
+            msn: 0,
+        }),
+        atomic_ack: Some(7),
+        ..Headers::default()
+    };
+    let pkt = build(&hd, &[]).unwrap();
+    let pb = b.r.sim.fabric_port(1).unwrap();
+    let now = w.fake_clock().unwrap().now_ns();
+    assert!(
+        w.fabric()
+            .lock()
+            .unwrap()
+            .transmit(pb, sim::fabric::Packet { bytes: pkt }, now)
+    );
+    wait_steps(&a.r, Duration::from_micros(2));
+    let e = one(&mut ca, true);
+    assert_eq!(
+        (e.opcode, e.syndrome, e.vendor),
+        (0x1e, 0x10, 0x90),
+        "{e:?}"
+    );
 }
