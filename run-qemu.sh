@@ -25,6 +25,9 @@ emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
   ./run-qemu.sh --no-hca                boot without an HCA
   ./run-qemu.sh --vfio 0000:04:00.0     pass a real ConnectX-3 through (vfio-pci)
   ./run-qemu.sh --iso [--run ...]       build a GRUB rescue ISO and boot it (bare-metal path)
+  ./run-qemu.sh --linux [--run ...]     Debian's Linux 6.1 (its own mlx4 stack, rdma-core)
+                                        against the model over vfio-user (docs/vfio-user.md)
+  ./run-qemu.sh --vfu [--run ...]       our kernel against the model over vfio-user
   ./run-qemu.sh --gdb                   wait for gdb on :1234
   ./run-qemu.sh -- -smp 2               anything after -- goes to QEMU
 
@@ -41,6 +44,10 @@ Options:
                     (no suffix: MiB, as QEMU's -m), 64M to 64G (default 512M)
   --timeout SEC     deadline for --run, 1 to 86400 seconds (default 120)
   --iso             boot a GRUB rescue ISO instead of -kernel
+  --linux, --vfu    the model as a PCI function over vfio-user (cx3-vfu; with
+                    --run, --timeout, --memory, --append, --emu-args: cx3-vfu
+                    options); the Linux guest and a QEMU >= 10.1 are fetched
+                    once into target/ (scripts/vfu-run.sh)
   --gdb             wait for gdb on :1234
   --dry-run         print the commands and exit
   --build-only      build and exit
@@ -59,7 +66,7 @@ bad_usage() { # message -> stderr, with the usage line; status 2
     exit 2
 }
 
-run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
+vfu_mode=""; run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
 append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
 
 while [ $# -gt 0 ]; do
@@ -77,6 +84,7 @@ while [ $# -gt 0 ]; do
         --no-hca) hca=0 ;;
         --nodes) nodes=$val ;;
         --emu-args) emu_args=$val ;;
+        --linux|--vfu) vfu_mode=$opt ;;
         --gdb) gdb=1 ;;
         --dry-run) dry=1 ;;
         --append) append=$val ;;
@@ -102,6 +110,9 @@ if ! [[ "$nodes" =~ ^[1-8]$ ]]; then
 fi
 if [ "$nodes" -gt 1 ] && [ "$hca" = 0 ]; then
     bad_usage "--nodes needs the emulated HCA (not with --no-hca or --vfio)"
+fi
+if [ -n "$vfu_mode" ] && { [ "$nodes" != 1 ] || [ "$hca" = 0 ] || [ "$iso" = 1 ] || [ "$gdb" = 1 ] || [ "$kvm" = 1 ]; }; then
+    bad_usage "$vfu_mode boots one guest under TCG (not with --nodes, --no-hca, --vfio, --iso, --gdb or --kvm)"
 fi
 if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
     bad_usage "--emu-args needs the emulated HCA (not with --no-hca or --vfio)"
@@ -160,6 +171,17 @@ CFG
     rm -rf "$stage"
 fi
 [ "$build_only" = 1 ] && exit 0
+
+# --linux / --vfu: the model as a PCI function over vfio-user (scripts/vfu-run.sh).
+if [ -n "$vfu_mode" ]; then
+    vfu_args=("$vfu_mode" --timeout "$timeout_s" --memory "$memory")
+    [ -n "$run" ] && vfu_args+=(--run "$run")
+    [ -n "$append" ] && vfu_args+=(--append "$append")
+    [ -n "$emu_args" ] && vfu_args+=(--emu-args "$emu_args")
+    [ "$dry" = 1 ] && vfu_args+=(--dry-run)
+    [ "$build" = 0 ] && vfu_args+=(--no-build)
+    exec "$here/scripts/vfu-run.sh" "${vfu_args[@]}" -- "${qemu_extra[@]}"
+fi
 
 # --- per-node QEMU command lines --------------------------------------------
 run_id="$$"

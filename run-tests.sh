@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: installs what it needs
 # (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools, tshark with apt-get
-# when root), then formatting, clippy on the host crates and on the kernel,
+# when root; a QEMU with the vfio-user client and the Linux guest, cached
+# under target/), then formatting, clippy on the host crates and on the kernel,
 # the host unit and model-backed tests, and the QEMU end-to-end tests.
 set -euo pipefail
 
@@ -18,6 +19,7 @@ ensure_rust
 ensure_qemu
 ensure_iso_tools
 ensure_tshark
+ensure_vfu
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

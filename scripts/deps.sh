@@ -52,6 +52,17 @@ ensure_iso_tools() {
     [ -d /usr/lib/grub/i386-pc ] || apt_install grub-pc-bin
 }
 
+# ensure_vfu fetches what the vfio-user QEMU tests need (docs/vfio-user.md):
+# a QEMU with the vfio-user client and the Linux guest initramfs, both cached
+# under target/ (about 130 MB of Debian packages on the first run, then
+# nothing).
+ensure_vfu() {
+    local here
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    "$here/scripts/qemu-vfu.sh" >/dev/null || return 1
+    "$here/scripts/linux-guest.sh" >/dev/null || return 1
+}
+
 # tshark dissects the fabric's packet captures in the sim tests; without it
 # those tests say loudly that they skipped the dissection.
 ensure_tshark() {

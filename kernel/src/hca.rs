@@ -311,3 +311,70 @@ pub fn write_caps(out: &mut dyn Write, h: &Hca) {
     let _ = writeln!(out, "{} ({}): QUERY_DEV_CAP", h.name, h.pci.addr);
     let _ = writeln!(out, "{:#?}", h.dev.dev_cap());
 }
+
+/// `mlx4 bench [N]`: what the transport to the HCA costs, seen from the
+/// driver, averaged over `n` rounds each: a firmware command round trip
+/// (MAD_IFC NodeInfo: inbox and outbox DMA, seven HCR stores, GO, polls
+/// until it clears), an uncached register read (BAR0's HCR status dword:
+/// non-posted, so a socket round trip over vfio-user), and a posted
+/// register store (BAR2, UAR page 0 offset 0, where no doorbell lives: the
+/// cost of a doorbell store without its side effects). The registers are
+/// reached through a second view of the function's BARs
+/// ([`pci::function`]), used for nothing else.
+pub fn bench(out: &mut dyn Write, h: &mut Hca, n: u32) {
+    use crate::arch::rdtsc;
+    let n = n.max(1);
+    let per = |t0: u64| crate::time::tsc_to_ns(rdtsc().saturating_sub(t0)) / u64::from(n);
+    let t0 = rdtsc();
+    for _ in 0..n {
+        if let Err(e) = query(&mut h.dev, 1, 0x0011, 0) {
+            let _ = writeln!(out, "mlx4 bench: {}: MAD_IFC failed: {e}", h.name);
+            return;
+        }
+    }
+    let cmd_ns = per(t0);
+    let f = match pci::function(&h.pci) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = writeln!(out, "mlx4 bench: {}: cannot map the BARs: {e}", h.name);
+            return;
+        }
+    };
+    let (Ok(bar0), Ok(bar2)) = (f.take_bar(0), f.take_bar(2)) else {
+        let _ = writeln!(out, "mlx4 bench: {}: BAR0/BAR2 missing", h.name);
+        return;
+    };
+    const HCR_STATUS: usize = 0x8_0698;
+    let t0 = rdtsc();
+    let mut acc = 0u32;
+    for _ in 0..n {
+        acc ^= bar0.read32(HCR_STATUS);
+    }
+    let read_ns = per(t0);
+    let t0 = rdtsc();
+    for _ in 0..n {
+        bar2.write32(0, 0);
+    }
+    let write_ns = per(t0);
+    let _ = writeln!(
+        out,
+        "{} ({}): {n} rounds: firmware command (MAD_IFC) {}.{:03} us, register read {}.{:03} us, \
+         doorbell store {}.{:03} us{}",
+        h.name,
+        match h.pci.backing {
+            Backing::Port => "PCI function",
+            Backing::Emulated(_) => "ivshmem window",
+        },
+        cmd_ns / 1000,
+        cmd_ns % 1000,
+        read_ns / 1000,
+        read_ns % 1000,
+        write_ns / 1000,
+        write_ns % 1000,
+        if acc == u32::MAX {
+            " (status reads all ones)"
+        } else {
+            ""
+        }
+    );
+}

@@ -441,6 +441,9 @@ enum Backing {
     Threaded,
     /// As `Threaded`, without a model thread: the caller polls.
     ThreadedPolled,
+    /// Synchronous (trapped) register semantics over a caller's host memory,
+    /// on real monotonic time, no thread: the vfio-user front end.
+    Trapped { mem: Arc<dyn HostMemory> },
     /// Threaded mode over a caller's memory and register windows; with
     /// `own_thread` false the caller polls ([`SimHca::poll`]).
     External {
@@ -465,18 +468,20 @@ impl SimHca {
             // The cables are the fabric's.
             cfg.cable_plugged = false;
         }
-        let threaded = !matches!(backing, Backing::Sync);
+        let threaded = !matches!(backing, Backing::Sync | Backing::Trapped { .. });
+        let real_time = !matches!(backing, Backing::Sync);
         let spawn = !matches!(
             backing,
             Backing::Sync
                 | Backing::ThreadedPolled
+                | Backing::Trapped { .. }
                 | Backing::External {
                     own_thread: false,
                     ..
                 }
         );
         let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
-        let (clock, fake_clock): (Arc<dyn Clock>, _) = match (threaded, wire) {
+        let (clock, fake_clock): (Arc<dyn Clock>, _) = match (real_time, wire) {
             (true, Some((w, _))) => (w.mono.clone(), None),
             (true, None) => (Arc::new(MonoClock(Instant::now())), None),
             (false, Some((w, _))) if w.fake.is_some() => {
@@ -493,6 +498,7 @@ impl SimHca {
             Backing::External {
                 mem, bar0, bar2, ..
             } => Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2),
+            Backing::Trapped { mem } => Hca::new(cfg, mem, clock.clone(), false),
             _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
         };
         let mut hca = hca;
@@ -694,6 +700,58 @@ impl SimHca {
                 own_thread: false,
             },
         )
+    }
+
+    /// A model whose registers are trapped access by access (every read and
+    /// write is a model call, as in [`SimHca::new`]) over a caller's host
+    /// memory, on real monotonic time and without a thread: the vfio-user
+    /// front end (`cx3-vfu`, [`crate::vfu`]). Set `cfg.hcr_polls` to 0 for a
+    /// driver that waits for command-completion events instead of polling
+    /// GO; a nonzero `cfg.hcr_delay` completes on [`SimHca::tick`].
+    pub fn new_trapped(cfg: SimConfig, mem: Arc<dyn HostMemory>) -> SimHca {
+        Self::build(cfg, Backing::Trapped { mem })
+    }
+
+    /// The register file of BAR `bar` (0 or 2) as its accesses reach the
+    /// model: trapped calls in synchronous and trapped mode, shared memory
+    /// otherwise.
+    pub fn registers(&self, bar: u8) -> Option<Arc<dyn RegisterBackend>> {
+        match bar {
+            0 => Some(self.inner.bar0.clone()),
+            2 => Some(self.inner.bar2.clone()),
+            _ => None,
+        }
+    }
+
+    /// A function-level reset (what vfio's device reset asks for): the
+    /// device back to power-on, the ownership semaphore released, and the
+    /// config space back at once with its power-on values (command register
+    /// and BARs cleared; the caller restores them).
+    pub fn function_reset(&self) {
+        let mut h = self.hca();
+        h.reset();
+        h.owned = false;
+        h.pci.reset(0);
+    }
+
+    /// Completes an in-flight command whose time has come (trapped mode
+    /// with a nonzero `hcr_delay`: nothing else polls it), and steps the
+    /// data-path engines (RNR and retry timers, the fabric).
+    pub fn tick(&self) {
+        let mut h = self.hca();
+        h.try_complete();
+        crate::engine::step(&mut h);
+    }
+
+    /// Every EQ in hardware ownership as (EQN, interrupt vector from its
+    /// context, interrupts raised so far): a front end that delivers
+    /// interrupts raises the vector of every EQ whose count moved.
+    pub fn eq_interrupts(&self) -> Vec<(u32, u16, u32)> {
+        self.hca()
+            .eqs
+            .iter()
+            .map(|(n, e)| (*n, e.intr, e.interrupts))
+            .collect()
     }
 
     /// One polling pass over the shared registers (HCR GO, reset,

@@ -6,7 +6,8 @@
 //!
 //! ICM pages are 4 KiB. A page-list entry maps a naturally aligned chunk of
 //! 2^n pages; the model records every 4 KiB page, refuses misaligned chunks,
-//! chunks past the ICM size and pages that are already mapped, and never
+//! chunks past what the auxiliary table for the ICM size can describe
+//! ([`Icm::reach`]) and pages that are already mapped, and never
 //! resolves an unmapped ICM address to anything (the caller gets
 //! `ICM_ERROR`).
 
@@ -80,7 +81,8 @@ impl Icm {
         let size = self.size.ok_or(Status::BAD_SYS_STATE)?;
         let pages = chunk_pages(e)?;
         let bytes = e.bytes();
-        if !e.va.is_multiple_of(bytes) || e.va.checked_add(bytes).is_none_or(|end| end > size) {
+        let reach = Icm::reach(size);
+        if !e.va.is_multiple_of(bytes) || e.va.checked_add(bytes).is_none_or(|end| end > reach) {
             return Err(Status::BAD_PARAM);
         }
         if self.map.len() + pages.len() > MAX_MAPPED_PAGES {
@@ -99,15 +101,16 @@ impl Icm {
         }
     }
 
-    /// UNMAP_ICM: `npages` pages from `va`, all of which must be mapped.
+    /// UNMAP_ICM: `npages` pages from `va`; pages that are not mapped are
+    /// skipped. Linux (3.11 and 6.1 alike) unmaps every table chunk with the
+    /// full 256 KiB chunk size (`mlx4_cleanup_icm_table`), also for tables
+    /// it mapped smaller (the EQ context and EQ cMPT tables), and real cards
+    /// unload without a failed UNMAP_ICM.
     pub fn unmap(&mut self, va: u64, npages: u32) -> Result<(), Status> {
         if !va.is_multiple_of(ICM_PAGE) || npages == 0 {
             return Err(Status::BAD_PARAM);
         }
         let first = va / ICM_PAGE;
-        if (0..u64::from(npages)).any(|i| !self.map.contains_key(&(first + i))) {
-            return Err(Status::BAD_PARAM);
-        }
         for i in 0..u64::from(npages) {
             self.map.remove(&(first + i));
         }
@@ -117,6 +120,19 @@ impl Icm {
     /// Forgets every ICM mapping (CLOSE_HCA does not; reset does).
     pub fn clear_map(&mut self) {
         self.map.clear();
+    }
+
+    /// The ICM addresses MAP_ICM accepts for an ICM size: everything the
+    /// auxiliary pages SET_ICM_SIZE asked for can describe (each aux page
+    /// covers 1024 ICM pages), not just the size in bytes. Linux since its
+    /// SYS_EQS rework maps the EQ context table for 1024 EQs while its
+    /// profile (and so the ICM size) holds 128; the EQ table is the last
+    /// and smallest section, so that mapping ends up to 56 KiB past the
+    /// size, and it works on cards with firmware that lacks SYS_EQS.
+    pub fn reach(size: u64) -> u64 {
+        aux_pages_for(size)
+            .saturating_mul(ICM_PAGES_PER_AUX_PAGE)
+            .saturating_mul(ICM_PAGE)
     }
 
     /// Aux pages required by the current ICM size.
@@ -261,8 +277,11 @@ mod tests {
                 .unwrap_err(),
             Status::RESOURCE_BUSY
         );
-        assert_eq!(icm.unmap(0x4_0000, 5), Err(Status::BAD_PARAM));
-        icm.unmap(0x4_0000, 4).unwrap();
+        assert_eq!(icm.unmap(0x4_0800, 4), Err(Status::BAD_PARAM));
+        assert_eq!(icm.unmap(0x4_0000, 0), Err(Status::BAD_PARAM));
+        // A range larger than what is mapped (Linux's 256 KiB chunk over a
+        // 16 KiB mapping) unmaps what is there.
+        icm.unmap(0x4_0000, 64).unwrap();
         assert_eq!(icm.mapped_pages(), 0);
     }
 

@@ -32,6 +32,7 @@
 //! | [`trace`] | the command trace |
 //! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
 //! | [`ivshmem`] | the `cx3-emu` front end: the model served to QEMU guests over ivshmem |
+//! | [`vfu`] | the `cx3-vfu` front end: the model as a PCI function over vfio-user |
 //!
 //! # Where the two readings of a layout differ
 //!
@@ -126,6 +127,7 @@ pub mod pci;
 pub mod port;
 pub mod regs;
 pub mod trace;
+pub mod vfu;
 
 mod device;
 

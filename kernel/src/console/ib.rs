@@ -235,11 +235,18 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     )
 }
 
-/// `mlx4 caps|catas`.
+/// `mlx4 caps|catas|bench [N]`.
 pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    let usage = || "usage: mlx4 caps|catas".to_string();
-    let sub = match args {
-        [s] => *s,
+    let usage = || "usage: mlx4 caps|catas|bench [N]".to_string();
+    let (sub, rounds) = match args {
+        [s] => (*s, 1000),
+        ["bench", n] => (
+            "bench",
+            n.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .ok_or_else(usage)?,
+        ),
         _ => return Err(usage()),
     };
     for_hcas(
@@ -248,6 +255,7 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         |h| {
             match sub {
                 "caps" => hca::write_caps(out, h),
+                "bench" => hca::bench(out, h, rounds),
                 "catas" => {
                     let fw = *h.dev.fw_info();
                     let bad = h.dev.poll_catas();

@@ -1,7 +1,7 @@
 //! The firmware: one handler per command opcode, grouped by area, each
 //! validating the device state and its inputs and answering with the status
 //! the card uses; multicast (READ/WRITE_MCG, MGID_HASH), SR-IOV, Ethernet,
-//! DDR/LAM and diagnostic commands answer BAD_OP.
+//! DDR/LAM and the other diagnostic commands answer BAD_OP.
 //!
 //! | module | commands |
 //! |---|---|
@@ -9,12 +9,14 @@
 //! | [`res`] | SW2HW/HW2SW/QUERY for EQ, CQ, MPT, SRQ; MAP_EQ; MODIFY_CQ; WRITE_MTT; ARM_SRQ |
 //! | [`qp`] | RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, RTS2SQD, SQD2RTS, SQD2SQD, 2ERR, 2RST, QUERY_QP, CONF_SPECIAL_QP |
 //! | [`port`] | QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
+//! | [`diag`] | DIAG_RPRT (transport/CI error counters) |
 //!
 //! State gates (the card's behaviour as the PRM describes it): before RUN_FW
 //! only QUERY_FW and MAP_FA work; between RUN_FW and INIT_HCA the
 //! configuration commands; after INIT_HCA the resource commands. Anything
 //! else is BAD_SYS_STATE.
 
+pub mod diag;
 pub mod init;
 pub mod port;
 pub mod qp;
@@ -120,6 +122,7 @@ pub fn execute(hca: &mut Hca, cmd: &Command) -> Outcome {
         Opcode::CLOSE_PORT => port::close_port(hca, cmd),
         Opcode::SET_PORT => port::set_port(hca, cmd),
         Opcode::MAD_IFC => port::mad_ifc(hca, cmd),
+        Opcode::DIAG_RPRT => diag::diag_rprt(hca, cmd),
         _ => Err(Status::BAD_OP),
     };
     r.unwrap_or_else(Outcome::status)

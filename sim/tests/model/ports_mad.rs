@@ -151,10 +151,10 @@ fn port_trains_after_init_port_and_the_sm_path_activates_it() {
     r.cmd(0, 1, 0, Opcode::CLOSE_PORT).unwrap();
     let e = eqe(&r, &asy, 512, 1);
     assert_eq!((e[1], e[3]), (0x09, 1));
-    assert_eq!(
-        r.cmd(0, 1, 0, Opcode::CLOSE_PORT),
-        st(Status::BAD_RES_STATE)
-    );
+    // Closing it again is a no-op (Linux does it on every unload): no
+    // second PORT_CHANGE.
+    r.cmd(0, 1, 0, Opcode::CLOSE_PORT).unwrap();
+    assert_eq!(r.sim.eq(async_eqn).unwrap().prod, 2);
     assert_eq!(r.cmd(0, 3, 0, Opcode::INIT_PORT), st(Status::BAD_PARAM));
 }
 

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Builds the Linux guest that drives the model over vfio-user: Debian 12's
+# 6.1 kernel with its own, unmodified mlx4_core/mlx4_ib/ib_core/ib_uverbs/
+# ib_umad modules, busybox, and rdma-core's userspace (ibverbs-utils,
+# ibverbs-providers with libmlx4, infiniband-diags, perftest, pciutils) with
+# their libraries, packed into an initramfs. Prints the directory holding
+# `vmlinuz` and `initrd.cpio.gz`.
+#
+#   scripts/linux-guest.sh            build if needed, print the directory
+#   scripts/linux-guest.sh --check    exit 0 if built, print nothing
+#
+# Packages come from bookworm (and bookworm-security for the kernel) through a
+# private apt configuration; the system's apt state is not touched. Cached
+# under target/linux-guest; rebuilt only when this script changes.
+#
+# The guest's /init (written below) mounts proc, sys and devtmpfs, loads the
+# stack (`mlx4_core mlx4_ib ib_umad ib_uverbs`; `autoload=0` on the kernel
+# command line skips it), then either runs `run="cmd; cmd"` from the command
+# line (each `;`-separated command through `sh -c`, echoed as `# cmd`, then
+# `run: N of M commands failed`) and leaves through isa-debug-exit at port
+# 0xf4 (QEMU status 33 when all succeeded, 35 otherwise: the same contract as
+# our kernel's), or starts a shell on the console.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+top="$here/target/linux-guest"
+out="$top/image"
+check=0
+[ "${1:-}" = --check ] && check=1
+
+say() { printf '%s\n' "$*" >&2; }
+
+stamp=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+if [ -f "$out/.ok" ] && [ "$(cat "$out/.ok")" = "$stamp" ] && [ -f "$out/initrd.cpio.gz" ]; then
+    [ "$check" = 1 ] || echo "$out"
+    exit 0
+fi
+[ "$check" = 1 ] && exit 1
+
+if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    say "linux-guest.sh: needs apt-get and dpkg-deb (Debian/Ubuntu)"; exit 1
+fi
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+[ -f "$keyring" ] || { say "linux-guest.sh: $keyring missing (apt-get install debian-archive-keyring)"; exit 1; }
+
+apt_dir="$top/apt"
+debs="$top/debs"
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$debs"
+cat > "$apt_dir/sources.list" <<EOF
+deb [signed-by=$keyring] http://deb.debian.org/debian bookworm main
+deb [signed-by=$keyring] http://deb.debian.org/debian-security bookworm-security main
+EOF
+: > "$apt_dir/status"
+O=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+   -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+   -o "Dir::State::status=$apt_dir/status" -o Debug::NoLocking=1
+   -o APT::Sandbox::User=root -o Acquire::Retries=3)
+
+apt-get "${O[@]}" -q update >/dev/null
+# The kernel: whatever linux-image-amd64 points at (6.1.0-N), pinned by the
+# first build through the cached .deb.
+kpkg=$(find "$debs" -maxdepth 1 -name 'linux-image-6.1.0-*-amd64_*.deb' -printf '%f\n' | sed -n 's/^\(linux-image-6\.1\.0-[0-9]*-amd64\)_.*/\1/p' | head -n 1)
+if [ -z "$kpkg" ]; then
+    deps=$(apt-cache "${O[@]}" depends linux-image-amd64)
+    kpkg=$(sed -n 's/.*Depends: \(linux-image-6\.1\.0-[0-9]*-amd64\)$/\1/p' <<<"$deps" | head -n 1)
+fi
+[ -n "$kpkg" ] || { say "linux-guest.sh: cannot find the 6.1 kernel package"; exit 1; }
+kver=${kpkg#linux-image-}
+
+pkgs=("$kpkg" busybox-static kmod libkmod2 liblzma5 libzstd1 libssl3
+      ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 perftest
+      infiniband-diags libibumad3 libibmad5 libibnetdisc5
+      libnl-3-200 libnl-route-3-200 libc6 libgcc-s1 pciutils libpci3 pci.ids
+      zlib1g libudev1)
+missing=()
+for p in "${pkgs[@]}"; do
+    compgen -G "$debs/${p}_*.deb" >/dev/null || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "linux-guest.sh: downloading ${#missing[@]} Debian packages (about 90 MB, once)"
+    (cd "$debs" && apt-get "${O[@]}" -q download "${missing[@]}" >/dev/null)
+fi
+
+work="$top/work"
+rm -rf "$work"
+mkdir -p "$work/x" "$work/root"
+for p in "${pkgs[@]}"; do
+    for d in "$debs/${p}"_*.deb; do dpkg-deb -x "$d" "$work/x"; done
+done
+x="$work/x"
+r="$work/root"
+
+# Userspace: binaries and the libraries they need (no perl: ibstat and
+# friends are C programs; the perl scripts of infiniband-diags are left out).
+mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64,etc,proc,sys,dev,tmp,run,root}
+cp -a "$x/bin/busybox" "$r/bin/busybox"
+for b in ibv_devinfo ibv_devices ibv_rc_pingpong ibv_ud_pingpong ibstat ibstatus ibaddr ibportstate \
+         perfquery smpquery sminfo ibping ibnetdiscover ibroute saquery \
+         ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat; do
+    for d in usr/bin usr/sbin sbin bin; do
+        if [ -e "$x/$d/$b" ]; then cp -a "$x/$d/$b" "$r/usr/bin/"; break; fi
+    done
+done
+for d in bin sbin usr/bin usr/sbin; do
+    [ -e "$x/$d/lspci" ] && cp -a "$x/$d/lspci" "$r/usr/bin/lspci"
+done
+cp -a "$x/usr/lib/x86_64-linux-gnu/." "$r/usr/lib/x86_64-linux-gnu/"
+[ -d "$x/lib/x86_64-linux-gnu" ] && cp -a "$x/lib/x86_64-linux-gnu/." "$r/usr/lib/x86_64-linux-gnu/"
+ln -sf ../usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$r/lib64/ld-linux-x86-64.so.2"
+ln -s usr/lib "$r/lib"
+# Drop what the guest never uses.
+rm -rf "$r/usr/lib/x86_64-linux-gnu/"{gconv,engines-3,ossl-modules,audit} \
+       "$r/usr/lib/x86_64-linux-gnu/"libssl*
+mkdir -p "$r/etc/libibverbs.d" "$r/usr/share/misc"
+cp -a "$x/etc/libibverbs.d/." "$r/etc/libibverbs.d/"
+[ -e "$x/usr/share/misc/pci.ids" ] && cp -a "$x/usr/share/misc/pci.ids" "$r/usr/share/misc/"
+echo "root:x:0:0:root:/root:/bin/sh" > "$r/etc/passwd"
+echo "root:x:0:" > "$r/etc/group"
+
+# Kernel and modules: only the InfiniBand stack, mlx4, and what they need.
+cp "$x/boot/vmlinuz-$kver" "$out.vmlinuz.tmp" 2>/dev/null || { mkdir -p "$out"; cp "$x/boot/vmlinuz-$kver" "$out.vmlinuz.tmp"; }
+km="$x/lib/modules/$kver"
+mkdir -p "$r/lib/modules/$kver"
+cp -a "$km/modules.order" "$km/modules.builtin" "$km/modules.builtin.modinfo" "$r/lib/modules/$kver/" 2>/dev/null || true
+(cd "$km" && find kernel/drivers/infiniband kernel/drivers/net/ethernet/mellanox/mlx4 \
+     kernel/fs/configfs -name '*.ko') > "$work/mods"
+while read -r m; do
+    mkdir -p "$r/lib/modules/$kver/$(dirname "$m")"
+    cp -a "$km/$m" "$r/lib/modules/$kver/$m"
+done < "$work/mods"
+# kmod's depmod from the same packages, run on the host against the tree.
+ln -sf kmod "$x/bin/depmod"
+LD_LIBRARY_PATH="$x/usr/lib/x86_64-linux-gnu:$x/lib/x86_64-linux-gnu" "$x/bin/depmod" -b "$r" "$kver"
+# Every module named in modules.dep must be in the tree.
+while read -r line; do
+    for m in ${line#*:} ${line%%:*}; do
+        [ -e "$r/lib/modules/$kver/$m" ] || { say "linux-guest.sh: $m is needed but not copied"; exit 1; }
+    done
+done < "$r/lib/modules/$kver/modules.dep"
+
+for a in sh mount umount mkdir cat echo ls dmesg modprobe rmmod insmod lsmod poweroff sleep \
+         grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid; do
+    ln -sf busybox "$r/bin/$a"
+done
+
+cat > "$r/init" <<'INIT'
+#!/bin/sh
+# The guest's init (scripts/linux-guest.sh).
+export PATH=/usr/bin:/usr/sbin:/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+# Kernel messages at warning and above reach the console; `dmesg` has the rest.
+echo 4 > /proc/sys/kernel/printk
+leave() { # status -> QEMU exits 33 (0) or 35 (else) through isa-debug-exit
+    if [ "$1" = 0 ]; then v='\020'; else v='\021'; fi
+    printf "$v" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+    poweroff -f
+}
+if [ "${autoload:-1}" != 0 ]; then
+    for m in mlx4_core mlx4_ib ib_umad ib_uverbs; do
+        modprobe "$m" || echo "init: modprobe $m failed"
+    done
+fi
+echo "linux-guest: up ($(uname -r))"
+if [ -n "${run:-}" ]; then
+    total=0; failed=0
+    rest="$run"
+    while [ -n "$rest" ]; do
+        case "$rest" in
+            *\;*) cmd=${rest%%;*}; rest=${rest#*;} ;;
+            *) cmd=$rest; rest="" ;;
+        esac
+        cmd=$(echo "$cmd" | sed 's/^ *//; s/ *$//')
+        [ -z "$cmd" ] && continue
+        total=$((total + 1))
+        echo "# $cmd"
+        sh -c "$cmd" </dev/null 2>&1 || { echo "(exit status $?)"; failed=$((failed + 1)); }
+    done
+    echo "run: $failed of $total commands failed"
+    leave "$failed"
+fi
+echo "linux-guest: shell on the console; 'poweroff -f' ends it"
+setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1'
+leave 0
+INIT
+chmod +x "$r/init"
+
+# The host has no cpio: busybox (the static one from the packages) packs it.
+mkdir -p "$out"
+(cd "$r" && find . | LC_ALL=C sort | "$x/bin/busybox" cpio -o -H newc 2>/dev/null | gzip -6) > "$out/initrd.cpio.gz.tmp"
+mv "$out/initrd.cpio.gz.tmp" "$out/initrd.cpio.gz"
+mv "$out.vmlinuz.tmp" "$out/vmlinuz"
+echo "$kver" > "$out/kernel-version"
+rm -rf "$work"
+echo "$stamp" > "$out/.ok"
+say "linux-guest.sh: $kver guest, initramfs $(du -h "$out/initrd.cpio.gz" | cut -f1)"
+echo "$out"

@@ -1,0 +1,1226 @@
+//! The vfio-user front end behind `cx3-vfu`: serves the model as a real PCI
+//! function 15b3:1003 to QEMU's `vfio-user-pci` client (protocol from the
+//! rust-vmm `vfio_user` crate); sparse-mmapped BARs, vfio-user DMA
+//! read/write messages (guest RAM must be shared), migration, dirty-page
+//! tracking and several functions per server are not provided.
+//!
+//! A thin adapter over [`SimHca::new_trapped`]:
+//!
+//! * **config space** (region 7) is the model's [`PciConfig`] (all ones
+//!   while a reset is in progress); sub-dword writes are read-modify-write
+//!   with the status register's write-one-to-clear bits left alone;
+//! * **BAR0** and **BAR2** (regions 0 and 2) are trapped access by access,
+//!   so every read is seen (ownership and reset semaphores, the HCR status
+//!   dword) and the HCR protocol is checked exactly; 64-bit stores go to the
+//!   model as one store (`bar0_write64`: a 64-bit store into the HCR is a
+//!   violation), 1- and 2-byte accesses, which the card's registers do not
+//!   take, are logged and dropped (reads return all ones);
+//! * **DMA**: every `dma_map` maps the client's file (guest RAM, which must be
+//!   `share=on`) and [`GuestMemory`] serves the model's accesses by I/O
+//!   virtual address, which is guest-physical (no vIOMMU); anything outside a
+//!   mapping is a DMA fault recorded by the model, never a crash;
+//! * **reset** (`VFIO_DEVICE_RESET`, a function-level reset) puts the model
+//!   back to power-on, ownership semaphore included;
+//! * **interrupts**: INTx (one eventfd, automasked until the client unmasks
+//!   it, as vfio's INTx is) and MSI-X with the capability's 128 vectors (the
+//!   client emulates the table in BAR0 and hands one eventfd per vector).
+//!   After each access the front end looks at every EQ's interrupt count
+//!   ([`SimHca::eq_interrupts`]: the model counts an interrupt when it writes
+//!   an EQE to an armed EQ) and raises the EQ's vector (its context's `intr`
+//!   field) over MSI-X when the client has enabled it, else INTx.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use hal::{ConfigSpace, RegisterBackend};
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::frontend::{SimConfig, SimHca};
+use crate::hcr::{Opcode, Status};
+use crate::ivshmem::{Log, parse_opcode, parse_status, pid_alive};
+use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
+
+/// vfio region indices of a PCI device.
+pub mod region {
+    /// BAR0.
+    pub const BAR0: u32 = 0;
+    /// BAR2.
+    pub const BAR2: u32 = 2;
+    /// Expansion ROM.
+    pub const ROM: u32 = 6;
+    /// Config space.
+    pub const CONFIG: u32 = 7;
+    /// VGA.
+    pub const VGA: u32 = 8;
+    /// Number of regions.
+    pub const COUNT: u32 = 9;
+}
+
+/// vfio interrupt indices of a PCI device.
+pub mod irq {
+    /// Legacy INTx.
+    pub const INTX: u32 = 0;
+    /// MSI.
+    pub const MSI: u32 = 1;
+    /// MSI-X.
+    pub const MSIX: u32 = 2;
+    /// Error reporting.
+    pub const ERR: u32 = 3;
+    /// Device request.
+    pub const REQ: u32 = 4;
+    /// Number of indices.
+    pub const COUNT: u32 = 5;
+}
+
+/// MSI-X vectors of the function (the capability's table size + 1).
+pub const MSIX_VECTORS: u32 = 128;
+/// Config space size served (PCIe: 4 KiB; nothing lives above 0x100).
+pub const CONFIG_SIZE: u64 = 4096;
+
+// vfio ABI values (linux/vfio.h), spelled here so the front end's tests need
+// no bindings.
+const REGION_FLAG_READ: u32 = 1 << 0;
+const REGION_FLAG_WRITE: u32 = 1 << 1;
+const IRQ_INFO_EVENTFD: u32 = 1 << 0;
+const IRQ_INFO_MASKABLE: u32 = 1 << 1;
+const IRQ_INFO_AUTOMASKED: u32 = 1 << 2;
+const IRQ_INFO_NORESIZE: u32 = 1 << 3;
+const IRQ_SET_DATA_NONE: u32 = 1 << 0;
+const IRQ_SET_DATA_BOOL: u32 = 1 << 1;
+const IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+const IRQ_SET_ACTION_MASK: u32 = 1 << 3;
+const IRQ_SET_ACTION_UNMASK: u32 = 1 << 4;
+const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+
+/// The regions the server announces: config, BAR0, BAR2, read/write and
+/// trapped; the others are empty.
+pub fn regions() -> Vec<vfio_user::ServerRegion> {
+    (0..region::COUNT)
+        .map(|index| {
+            let size = match index {
+                region::CONFIG => CONFIG_SIZE,
+                region::BAR0 => BAR0_SIZE,
+                region::BAR2 => BAR2_SIZE,
+                _ => 0,
+            };
+            let info = vfio_bindings::bindings::vfio::vfio_region_info {
+                argsz: core::mem::size_of::<vfio_bindings::bindings::vfio::vfio_region_info>()
+                    as u32,
+                flags: if size > 0 {
+                    REGION_FLAG_READ | REGION_FLAG_WRITE
+                } else {
+                    0
+                },
+                index,
+                cap_offset: 0,
+                size,
+                offset: 0,
+            };
+            vfio_user::ServerRegion {
+                region_info: info,
+                sparse_areas: Vec::new(),
+                mmap_fd: None,
+            }
+        })
+        .collect()
+}
+
+/// The interrupts the server announces: INTx (maskable, automasked), MSI-X
+/// (128 vectors), and one error and one request eventfd each, which the
+/// client sets up (QEMU warns "Could not enable error recovery" without
+/// them) and the function never raises (AER is not modelled); no MSI.
+pub fn irqs() -> Vec<vfio_user::IrqInfo> {
+    (0..irq::COUNT)
+        .map(|index| {
+            let (count, flags) = match index {
+                irq::INTX => (
+                    1,
+                    IRQ_INFO_EVENTFD | IRQ_INFO_MASKABLE | IRQ_INFO_AUTOMASKED,
+                ),
+                irq::MSIX => (MSIX_VECTORS, IRQ_INFO_EVENTFD | IRQ_INFO_NORESIZE),
+                irq::ERR | irq::REQ => (1, IRQ_INFO_EVENTFD),
+                _ => (0, 0),
+            };
+            vfio_user::IrqInfo {
+                index,
+                flags,
+                count,
+            }
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Guest memory
+
+/// One `dma_map`: `[iova, iova + len)` is the client's file from `offset`.
+struct DmaRegion {
+    iova: u64,
+    len: u64,
+    map: MmapRaw,
+}
+
+/// Guest RAM as the device reaches it: the client's DMA mappings, by I/O
+/// virtual address (= guest-physical); an address outside every mapping is
+/// a DMA fault.
+#[derive(Default)]
+pub struct GuestMemory {
+    regions: RwLock<Vec<DmaRegion>>,
+}
+
+fn fault(bus: u64, len: usize, write: bool) -> DmaFault {
+    DmaFault {
+        bus,
+        len,
+        write,
+        kind: DmaFaultKind::OutOfRange,
+    }
+}
+
+impl GuestMemory {
+    /// Maps `len` bytes of `file` from `offset` at `iova`. Overlapping an
+    /// existing mapping is refused.
+    pub fn map(&self, iova: u64, len: u64, file: &File, offset: u64) -> Result<(), String> {
+        let end = iova
+            .checked_add(len)
+            .ok_or_else(|| format!("DMA map {iova:#x}+{len:#x} wraps"))?;
+        if len == 0 {
+            return Err("DMA map of zero bytes".into());
+        }
+        let n = usize::try_from(len).map_err(|_| format!("DMA map of {len:#x} bytes"))?;
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(n)
+            .map_raw(file)
+            .map_err(|e| format!("DMA map {iova:#x}+{len:#x}: mmap failed: {e}"))?;
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if r.iter().any(|x| iova < x.iova + x.len && x.iova < end) {
+            return Err(format!("DMA map {iova:#x}+{len:#x} overlaps a mapping"));
+        }
+        r.push(DmaRegion { iova, len, map });
+        r.sort_by_key(|x| x.iova);
+        Ok(())
+    }
+
+    /// Removes every mapping inside `[iova, iova + len)`; the number removed.
+    pub fn unmap(&self, iova: u64, len: u64) -> usize {
+        let end = iova.saturating_add(len);
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let before = r.len();
+        r.retain(|x| !(x.iova >= iova && x.iova + x.len <= end));
+        before - r.len()
+    }
+
+    /// The mapped ranges as (iova, len).
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        let r = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        r.iter().map(|x| (x.iova, x.len)).collect()
+    }
+
+    /// Visits `[bus, bus + len)` piece by piece across adjacent mappings:
+    /// `f(pointer, offset in the access, bytes)`; a hole is a fault.
+    fn walk(
+        &self,
+        bus: u64,
+        len: usize,
+        write: bool,
+        mut f: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), DmaFault> {
+        let r = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        bus.checked_add(len as u64).ok_or(fault(bus, len, write))?;
+        let mut done = 0usize;
+        while done < len {
+            let at = bus + done as u64;
+            let i = r.partition_point(|x| x.iova + x.len <= at);
+            let Some(reg) = r.get(i).filter(|x| x.iova <= at) else {
+                return Err(fault(bus, len, write));
+            };
+            let off = (at - reg.iova) as usize;
+            let n = (reg.len as usize - off).min(len - done);
+            f(reg.map.as_mut_ptr().wrapping_add(off), done, n);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl HostMemory for GuestMemory {
+    fn read(&self, bus: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let dst = buf.as_mut_ptr();
+        let len = buf.len();
+        // Check first, copy second: a faulting access copies nothing.
+        self.walk(bus, len, false, |_, _, _| {})?;
+        self.walk(bus, len, false, |p, at, n| {
+            // SAFETY: `p..p+n` lies inside a live mapping (walk holds the
+            // read lock, so no unmap can race), `dst + at..+n` inside `buf`;
+            // guest RAM is another party's memory, never a Rust reference.
+            unsafe { core::ptr::copy_nonoverlapping(p, dst.add(at), n) }
+        })?;
+        fence(Ordering::Acquire);
+        Ok(())
+    }
+
+    fn write(&self, bus: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        self.walk(bus, buf.len(), true, |_, _, _| {})?;
+        fence(Ordering::Release);
+        self.walk(bus, buf.len(), true, |p, at, n| {
+            // SAFETY: as in `read`, the other direction.
+            unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr().add(at), p, n) }
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Interrupts
+
+/// The eventfds the client handed over and INTx's mask state.
+#[derive(Default)]
+pub struct Interrupts {
+    intx: Option<File>,
+    intx_masked: bool,
+    intx_pending: bool,
+    msix: Vec<Option<File>>,
+    /// Interrupts delivered (INTx, MSI-X).
+    pub delivered: (u64, u64),
+    /// Interrupts of a vector with no eventfd (lost, as on a card whose
+    /// vector the OS has not set up).
+    pub lost: u64,
+}
+
+fn kick(f: &File) -> bool {
+    let mut f = f;
+    f.write_all(&1u64.to_ne_bytes()).is_ok()
+}
+
+impl Interrupts {
+    fn msix_enabled(&self) -> bool {
+        self.msix.iter().any(Option::is_some)
+    }
+
+    /// Raises vector `v`: over MSI-X when the client has enabled it, else
+    /// INTx (automasked until unmasked).
+    pub fn raise(&mut self, v: u16) {
+        if self.msix_enabled() {
+            match self.msix.get(usize::from(v)).and_then(Option::as_ref) {
+                Some(f) if kick(f) => self.delivered.1 += 1,
+                _ => self.lost += 1,
+            }
+            return;
+        }
+        let Some(f) = &self.intx else {
+            self.lost += 1;
+            return;
+        };
+        if self.intx_masked {
+            self.intx_pending = true;
+        } else if kick(f) {
+            self.intx_masked = true;
+            self.delivered.0 += 1;
+        } else {
+            self.lost += 1;
+        }
+    }
+
+    /// SET_IRQS; `Err` for what the function does not support.
+    pub fn set(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        mut fds: Vec<File>,
+    ) -> Result<(), String> {
+        let action = flags & (IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK | IRQ_SET_ACTION_TRIGGER);
+        let data = flags & (IRQ_SET_DATA_NONE | IRQ_SET_DATA_BOOL | IRQ_SET_DATA_EVENTFD);
+        match (index, action, data) {
+            (irq::INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) if start == 0 => {
+                self.intx = if count == 0 { None } else { fds.pop() };
+                self.intx_masked = false;
+                self.intx_pending = false;
+            }
+            (irq::INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE) if count == 0 => {
+                self.intx = None;
+            }
+            (irq::INTX, IRQ_SET_ACTION_MASK, IRQ_SET_DATA_NONE) => self.intx_masked = true,
+            (irq::INTX, IRQ_SET_ACTION_UNMASK, IRQ_SET_DATA_NONE) => {
+                self.intx_masked = false;
+                if core::mem::take(&mut self.intx_pending) {
+                    self.raise_intx_now();
+                }
+            }
+            (irq::INTX, IRQ_SET_ACTION_UNMASK | IRQ_SET_ACTION_MASK, IRQ_SET_DATA_EVENTFD) => {
+                // An unmask eventfd (irqfd resampling): the client unmasks
+                // with messages too; nothing to keep.
+            }
+            (irq::MSIX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
+                let end = start
+                    .checked_add(count)
+                    .filter(|e| *e <= MSIX_VECTORS)
+                    .ok_or(format!(
+                        "MSI-X vectors {start}+{count} beyond {MSIX_VECTORS}"
+                    ))?;
+                if self.msix.len() < MSIX_VECTORS as usize {
+                    self.msix.resize_with(MSIX_VECTORS as usize, || None);
+                }
+                let mut fds = fds.into_iter();
+                for v in start..end {
+                    self.msix[v as usize] = fds.next();
+                }
+            }
+            (irq::MSIX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE) if count == 0 => {
+                self.msix.clear();
+            }
+            (irq::MSIX, IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK, _) => {
+                // Per-vector masking lives in the table the client emulates.
+            }
+            (
+                irq::ERR | irq::REQ,
+                IRQ_SET_ACTION_TRIGGER,
+                IRQ_SET_DATA_EVENTFD | IRQ_SET_DATA_NONE,
+            ) if start == 0 && count <= 1 => {
+                // Kept by the client's side only: never raised.
+            }
+            _ => {
+                return Err(format!(
+                    "SET_IRQS index {index} flags {flags:#x} start {start} count {count} not supported"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn raise_intx_now(&mut self) {
+        if let Some(f) = &self.intx
+            && kick(f)
+        {
+            self.intx_masked = true;
+            self.delivered.0 += 1;
+        }
+    }
+
+    /// The device was reset: every interrupt is disabled.
+    pub fn reset(&mut self) {
+        self.intx = None;
+        self.intx_masked = false;
+        self.intx_pending = false;
+        self.msix.clear();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Options and the command line
+
+/// How the server runs.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Every command with this opcode completes with this status.
+    pub fail: Vec<(Opcode, Status)>,
+    /// Raise a catastrophic error this long after the first INIT_HCA.
+    pub catas_after: Option<Duration>,
+    /// Print every command on stderr.
+    pub trace: bool,
+    /// Exit when the parent process is gone.
+    pub exit_with_parent: bool,
+    /// Exit when all of these processes are gone.
+    pub watch_pids: Vec<u32>,
+    /// Print statistics at exit.
+    pub stats: bool,
+    /// Model-clock time before GO clears (default 0: at once).
+    pub hcr_delay: Duration,
+}
+
+/// A parsed command line.
+#[derive(Debug, Clone)]
+pub enum Cli {
+    /// `-h`/`--help`.
+    Help,
+    /// Serve one function on `socket`.
+    Run {
+        /// The UNIX socket to listen on (must not exist).
+        socket: std::path::PathBuf,
+        /// Node id (GUIDs as cx3-emu's node N).
+        node: u32,
+        /// Everything else.
+        opts: Options,
+    },
+}
+
+/// The `--help` text.
+pub const USAGE: &str = "\
+usage: cx3-vfu [OPTIONS] --socket PATH
+
+Serves the ConnectX-3 model as a PCI function (15b3:1003) to one QEMU
+vfio-user-pci client (docs/vfio-user.md):
+  -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
+with guest RAM shared (memory-backend-memfd or -file, share=on).
+
+  --socket PATH         the UNIX socket to listen on (must not exist)
+  --node N              node id: GUIDs as cx3-emu's node N (default 0)
+  --fail CMD[=STATUS]   every command CMD (name such as RUN_FW or an opcode
+                        such as 0xff6) completes with STATUS (a CMD_STAT name
+                        or a number; default INTERNAL_ERR); repeatable
+  --catas-after SECS    raise a catastrophic error SECS seconds after the
+                        first successful INIT_HCA
+  --hcr-delay-us N      GO stays set N µs after a post (default 0)
+  --trace               print every firmware command on stderr
+  --exit-with-parent    exit when the parent process is gone
+  --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
+  --stats               at exit, print counts (commands, violations, DMA
+                        faults, accesses, interrupts) and CPU time
+  -h, --help            this text
+
+Exits 0 when the client disconnects, on SIGINT/SIGTERM/SIGHUP, or when the
+watched processes (or the parent) are gone; 2 on a usage error or when the
+socket cannot be created. Violations, DMA faults and the trace go to stderr,
+prefixed node<N>:.
+";
+
+fn parse_num(s: &str) -> Option<u64> {
+    let s = s.trim();
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// Parses the command line (without the program name).
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
+    let mut socket = None;
+    let mut node = 0u32;
+    let mut opts = Options::default();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let takes_value = matches!(
+            flag.as_str(),
+            "--socket" | "--node" | "--fail" | "--catas-after" | "--watch-pid" | "--hcr-delay-us"
+        );
+        let value = if takes_value {
+            match inline {
+                Some(v) => v,
+                None => it.next().ok_or(format!("{flag} needs a value"))?,
+            }
+        } else {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            String::new()
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Cli::Help),
+            "--socket" => {
+                if value.is_empty() {
+                    return Err("--socket wants a path".into());
+                }
+                socket = Some(std::path::PathBuf::from(value));
+            }
+            "--node" => {
+                node = parse_num(&value)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n < 256)
+                    .ok_or(format!("--node wants 0..=255, got {value:?}"))?;
+            }
+            "--fail" => {
+                let (c, st) = match value.split_once('=') {
+                    Some((c, st)) => (c, Some(st)),
+                    None => (value.as_str(), None),
+                };
+                let op = parse_opcode(c).ok_or(format!("--fail: unknown command {c:?}"))?;
+                let st = match st {
+                    Some(st) => parse_status(st).ok_or(format!("--fail: unknown status {st:?}"))?,
+                    None => Status::INTERNAL_ERR,
+                };
+                opts.fail.push((op, st));
+            }
+            "--catas-after" => {
+                let secs: f64 = value
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s < 1e9)
+                    .ok_or(format!("--catas-after wants seconds, got {value:?}"))?;
+                opts.catas_after = Some(Duration::from_secs_f64(secs));
+            }
+            "--hcr-delay-us" => {
+                let n = parse_num(&value)
+                    .filter(|n| *n <= 10_000_000)
+                    .ok_or(format!("--hcr-delay-us wants 0..=10000000, got {value:?}"))?;
+                opts.hcr_delay = Duration::from_micros(n);
+            }
+            "--trace" => opts.trace = true,
+            "--stats" => opts.stats = true,
+            "--exit-with-parent" => opts.exit_with_parent = true,
+            "--watch-pid" => {
+                let p = value
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or(format!("--watch-pid wants a process id, got {value:?}"))?;
+                opts.watch_pids.push(p);
+            }
+            _ => return Err(format!("unknown argument {a:?} (try --help)")),
+        }
+    }
+    let socket = socket.ok_or("--socket PATH is required (try --help)")?;
+    Ok(Cli::Run { socket, node, opts })
+}
+
+// ---------------------------------------------------------------------------
+// The function
+
+/// Counters for `--stats` and the tests.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Config-space accesses.
+    pub config: AtomicU64,
+    /// BAR0 accesses.
+    pub bar0: AtomicU64,
+    /// BAR2 accesses.
+    pub bar2: AtomicU64,
+    /// Accesses the function does not take (size, region).
+    pub refused: AtomicU64,
+    /// DMA maps that came without a file (not guest RAM: ROM, VGA memory);
+    /// the device cannot reach them.
+    pub unshared_maps: AtomicU64,
+}
+
+/// What the server thread and the main thread share.
+pub struct Function {
+    id: u32,
+    hca: SimHca,
+    pci: Arc<PciConfig>,
+    bar0: Arc<dyn RegisterBackend>,
+    bar2: Arc<dyn RegisterBackend>,
+    mem: Arc<GuestMemory>,
+    /// Interrupt state.
+    pub irqs: Mutex<Interrupts>,
+    report: Mutex<Report>,
+    opts: Options,
+    /// Access counters.
+    pub counters: Counters,
+    started: Instant,
+}
+
+#[derive(Default)]
+struct Report {
+    log: Log,
+    trace_next: usize,
+    commands: u64,
+    violations: u64,
+    dma_faults: u64,
+    init_at: Option<Instant>,
+    catas_done: bool,
+    eq_seen: BTreeMap<u32, u32>,
+}
+
+/// The model configuration for a vfio-user function: cx3-emu's node GUIDs,
+/// GO cleared at once (a driver in event mode waits for the EQE, not GO).
+pub fn function_config(node: u32, opts: &Options) -> SimConfig {
+    SimConfig {
+        hcr_polls: 0,
+        hcr_delay: opts.hcr_delay,
+        ..crate::ivshmem::node_config(node)
+    }
+}
+
+impl Function {
+    /// A powered-on function for node `id`.
+    pub fn new(id: u32, opts: Options, log: Log) -> Arc<Function> {
+        let mem = Arc::new(GuestMemory::default());
+        let hca = SimHca::new_trapped(function_config(id, &opts), mem.clone());
+        for (op, st) in &opts.fail {
+            hca.faults()
+                .set(*op, crate::faults::OpcodeFault::status(*st));
+        }
+        let (Some(bar0), Some(bar2)) = (hca.registers(0), hca.registers(2)) else {
+            unreachable!("BAR0 and BAR2 exist")
+        };
+        Arc::new(Function {
+            id,
+            pci: hca.config_space(),
+            hca,
+            bar0,
+            bar2,
+            mem,
+            irqs: Mutex::new(Interrupts::default()),
+            report: Mutex::new(Report {
+                log,
+                ..Report::default()
+            }),
+            opts,
+            counters: Counters::default(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The model.
+    pub fn hca(&self) -> &SimHca {
+        &self.hca
+    }
+
+    /// Guest memory as mapped by the client.
+    pub fn memory(&self) -> &GuestMemory {
+        &self.mem
+    }
+
+    /// A config read of `data.len()` bytes at `off`.
+    pub fn config_read(&self, off: u64, data: &mut [u8]) -> Result<(), String> {
+        self.counters.config.fetch_add(1, Ordering::Relaxed);
+        for (i, b) in data.iter_mut().enumerate() {
+            let o = off + i as u64;
+            if o >= CONFIG_SIZE {
+                return Err(format!("config read beyond {CONFIG_SIZE:#x}"));
+            }
+            let dw = self.pci.read32((o & !3) as u16);
+            *b = (dw >> (8 * (o & 3))) as u8;
+        }
+        Ok(())
+    }
+
+    /// A config write; sub-dword writes merge with the current value (the
+    /// status register's write-one-to-clear bits are not written back).
+    pub fn config_write(&self, off: u64, data: &[u8]) -> Result<(), String> {
+        self.counters.config.fetch_add(1, Ordering::Relaxed);
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= CONFIG_SIZE)
+            .ok_or(format!("config write beyond {CONFIG_SIZE:#x}"))?;
+        let mut o = off;
+        while o < end {
+            let base = o & !3;
+            let mut dw = self.pci.read32(base as u16);
+            if base == 4 {
+                dw &= 0x0000_ffff;
+            }
+            let mut written = false;
+            while o < end && o < base + 4 {
+                let sh = 8 * (o & 3);
+                dw = (dw & !(0xff << sh)) | u32::from(data[(o - off) as usize]) << sh;
+                o += 1;
+                written = true;
+            }
+            if written {
+                self.pci.write32(base as u16, dw);
+            }
+        }
+        Ok(())
+    }
+
+    /// A BAR access of 4 or 8 bytes at `off` (other sizes are refused).
+    fn bar_access(&self, bar: u32, off: u64, data: BarData<'_>) -> Result<(), String> {
+        let (regs, size, counter) = match bar {
+            region::BAR0 => (&self.bar0, BAR0_SIZE, &self.counters.bar0),
+            region::BAR2 => (&self.bar2, BAR2_SIZE, &self.counters.bar2),
+            _ => return Err(format!("region {bar} has no registers")),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let len = match &data {
+            BarData::Read(d) => d.len(),
+            BarData::Write(d) => d.len(),
+        } as u64;
+        let in_bar = off.checked_add(len).is_some_and(|e| e <= size);
+        let aligned = (len == 4 || len == 8) && off.is_multiple_of(len);
+        if !in_bar || !aligned {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.note(format!(
+                "BAR{bar} {} of {len} bytes at {off:#x} dropped: the registers take aligned 4- and 8-byte accesses",
+                if matches!(data, BarData::Read(_)) {
+                    "read"
+                } else {
+                    "write"
+                }
+            ));
+            if let BarData::Read(d) = data {
+                d.fill(0xff);
+            }
+            return Ok(());
+        }
+        let o = off as usize;
+        match data {
+            BarData::Read(d) => {
+                for (k, chunk) in d.chunks_exact_mut(4).enumerate() {
+                    chunk.copy_from_slice(&regs.read32(o + 4 * k).to_ne_bytes());
+                }
+            }
+            BarData::Write(d) if d.len() == 8 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(d);
+                regs.write64(o, u64::from_ne_bytes(b));
+            }
+            BarData::Write(d) => {
+                let mut b = [0u8; 4];
+                b.copy_from_slice(d);
+                regs.write32(o, u32::from_ne_bytes(b));
+            }
+        }
+        self.service();
+        Ok(())
+    }
+
+    fn note(&self, s: String) {
+        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        r.violations += 1;
+        let id = self.id;
+        r.log.line(format!("node{id}: violation: {s}"));
+    }
+
+    /// After every access (and periodically): deliver interrupts the model
+    /// raised, stream the trace, violations and DMA faults, complete a
+    /// delayed command, raise a planned catastrophic error.
+    pub fn service(&self) {
+        if !self.opts.hcr_delay.is_zero() {
+            self.hca.tick();
+        }
+        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        let eqs = self.hca.eq_interrupts();
+        let mut raise = Vec::new();
+        for (eqn, vector, count) in &eqs {
+            let seen = r.eq_seen.insert(*eqn, *count).unwrap_or(0);
+            if *count != seen && *count > 0 {
+                raise.push(*vector);
+            }
+        }
+        if r.eq_seen.len() != eqs.len() {
+            r.eq_seen.retain(|n, _| eqs.iter().any(|(e, _, _)| e == n));
+        }
+        if !raise.is_empty() {
+            let mut irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
+            for v in raise {
+                irqs.raise(v);
+            }
+        }
+        self.report_locked(&mut r);
+        if let (Some(after), Some(at)) = (self.opts.catas_after, r.init_at)
+            && !r.catas_done
+            && at.elapsed() >= after
+        {
+            r.catas_done = true;
+            self.hca.raise_catastrophic_error();
+            let id = self.id;
+            r.log.line(format!(
+                "node{id}: catastrophic error raised ({after:?} after INIT_HCA)"
+            ));
+            drop(r);
+            self.service();
+        }
+    }
+
+    fn report_locked(&self, r: &mut Report) {
+        let id = self.id;
+        let len = self.hca.trace_len();
+        if len > r.trace_next {
+            let entries = self.hca.trace_since(r.trace_next);
+            let n = entries.len();
+            for (k, e) in entries.into_iter().enumerate() {
+                if e.duration.is_none() && k + 1 == n {
+                    break;
+                }
+                r.trace_next += 1;
+                r.commands += 1;
+                if self.opts.trace {
+                    r.log.line(format!("node{id}: {e}"));
+                }
+                if e.op() == Opcode::INIT_HCA && e.ok() && r.init_at.is_none() {
+                    r.init_at = Some(Instant::now());
+                }
+            }
+            if r.trace_next == len && len >= 4096 {
+                self.hca.clear_trace();
+                r.trace_next = 0;
+            }
+        }
+        for v in self.hca.take_violations() {
+            r.violations += 1;
+            r.log.line(format!("node{id}: violation: {v}"));
+        }
+        for f in self.hca.take_dma_faults() {
+            r.dma_faults += 1;
+            r.log.line(format!("node{id}: DMA fault: {f}"));
+        }
+    }
+
+    /// Commands served, violations and DMA faults seen.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        (r.commands, r.violations, r.dma_faults)
+    }
+
+    /// Lines logged so far (with [`Log::capture`]).
+    pub fn log_lines(&self) -> Vec<String> {
+        let r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        r.log.lines().to_vec()
+    }
+
+    /// A function-level reset: the model back to power-on (registers,
+    /// firmware, objects, ownership), config space restored at once, every
+    /// interrupt disabled.
+    pub fn reset(&self) {
+        self.hca.function_reset();
+        self.irqs.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        r.eq_seen.clear();
+        self.report_locked(&mut r);
+    }
+
+    /// The `--stats` text.
+    pub fn stats(&self) -> String {
+        let (c, v, d) = self.counts();
+        let irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
+        let wall = self.started.elapsed().as_secs_f64();
+        let cpu = crate::ivshmem::process_cpu_time().as_secs_f64();
+        let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
+        format!(
+            "node{}: commands {c}, violations {v}, DMA faults {d}\n\
+             node{}: accesses: config {}, BAR0 {}, BAR2 {}, refused {}; interrupts: INTx {}, MSI-X {}, lost {}\n\
+             total: CPU {cpu:.3} s over {wall:.3} s wall ({pct:.1}%)\n",
+            self.id,
+            self.id,
+            self.counters.config.load(Ordering::Relaxed),
+            self.counters.bar0.load(Ordering::Relaxed),
+            self.counters.bar2.load(Ordering::Relaxed),
+            self.counters.refused.load(Ordering::Relaxed),
+            irqs.delivered.0,
+            irqs.delivered.1,
+            irqs.lost,
+        )
+    }
+}
+
+enum BarData<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// The [`vfio_user::ServerBackend`] over a [`Function`].
+pub struct Backend(pub Arc<Function>);
+
+fn io_err(s: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, s)
+}
+
+impl vfio_user::ServerBackend for Backend {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> std::io::Result<()> {
+        match region {
+            region::CONFIG => self.0.config_read(offset, data),
+            region::BAR0 | region::BAR2 => self.0.bar_access(region, offset, BarData::Read(data)),
+            _ => Err(format!("read of empty region {region}")),
+        }
+        .map_err(io_err)
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        match region {
+            region::CONFIG => self.0.config_write(offset, data),
+            region::BAR0 | region::BAR2 => self.0.bar_access(region, offset, BarData::Write(data)),
+            _ => Err(format!("write to empty region {region}")),
+        }
+        .map_err(io_err)
+    }
+
+    fn dma_map(
+        &mut self,
+        _flags: vfio_user::DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> std::io::Result<()> {
+        let Some(fd) = fd else {
+            // Memory the client cannot share (ROM, VGA RAM, ...): never a
+            // DMA target of this function; an access there stays a fault.
+            self.0
+                .counters
+                .unshared_maps
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        self.0.mem.map(address, size, &fd, offset).map_err(|e| {
+            self.0.note(e.clone());
+            io_err(e)
+        })
+    }
+
+    fn dma_unmap(
+        &mut self,
+        _flags: vfio_user::DmaUnmapFlags,
+        address: u64,
+        size: u64,
+    ) -> std::io::Result<()> {
+        self.0.mem.unmap(address, size);
+        Ok(())
+    }
+
+    fn reset(&mut self) -> std::io::Result<()> {
+        self.0.reset();
+        Ok(())
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> std::io::Result<()> {
+        let r = self
+            .0
+            .irqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set(index, flags, start, count, fds);
+        r.map_err(|e| {
+            self.0.note(e.clone());
+            io_err(e)
+        })?;
+        // An interrupt that arrived before its vector was set up is not
+        // replayed (the card's would be lost too), but a pending INTx is.
+        self.0.service();
+        Ok(())
+    }
+}
+
+/// Why [`serve`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The client disconnected (or the connection failed).
+    ClientGone,
+    /// The stop flag was set (a signal).
+    Stopped,
+    /// The parent process is gone.
+    ParentGone,
+    /// Every watched process is gone.
+    PidsGone,
+}
+
+/// Serves `f` on `server` until the client goes, `stop` is set, or the
+/// watched processes are gone. The connection runs on its own thread; this
+/// one watches and services the function every 10 ms.
+pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) -> Exit {
+    let done = Arc::new(AtomicBool::new(false));
+    let (f2, d2) = (f.clone(), done.clone());
+    let id = f.id;
+    let spawned = std::thread::Builder::new()
+        .name("cx3-vfu".into())
+        .spawn(move || {
+            let mut backend = Backend(f2.clone());
+            if let Err(e) = server.run(&mut backend) {
+                let mut r = f2.report.lock().unwrap_or_else(|e| e.into_inner());
+                r.log
+                    .line(format!("node{id}: vfio-user connection ended: {e}"));
+            }
+            d2.store(true, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        let mut r = f.report.lock().unwrap_or_else(|e| e.into_inner());
+        r.log
+            .line(format!("node{id}: cannot start the server thread: {e}"));
+        return Exit::ClientGone;
+    }
+    let parent = std::os::unix::process::parent_id();
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return Exit::Stopped;
+        }
+        if done.load(Ordering::Acquire) {
+            f.service();
+            return Exit::ClientGone;
+        }
+        if f.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+            return Exit::ParentGone;
+        }
+        if !f.opts.watch_pids.is_empty() && f.opts.watch_pids.iter().all(|p| !pid_alive(*p)) {
+            return Exit::PidsGone;
+        }
+        f.service();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    fn memfd(len: u64) -> File {
+        // SAFETY: a fresh anonymous file; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c"vfu-test".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is ours and open.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn guest_memory_spans_adjacent_mappings_and_faults_in_holes() {
+        let m = GuestMemory::default();
+        let f = memfd(0x30_0000);
+        // Like QEMU's q35 layout: [0, 0xa0000) and [0x100000, 0x300000)
+        // from one RAM file, split at 2 MiB into two maps.
+        m.map(0, 0xa_0000, &f, 0).unwrap();
+        m.map(0x10_0000, 0x10_0000, &f, 0x10_0000).unwrap();
+        m.map(0x20_0000, 0x10_0000, &f, 0x20_0000).unwrap();
+        assert!(m.map(0x1f_f000, 0x2000, &f, 0).is_err(), "overlap refused");
+        let data: Vec<u8> = (0..64u8).collect();
+        m.write(0x1f_ffe0, &data).unwrap();
+        let mut back = [0u8; 64];
+        m.read(0x1f_ffe0, &mut back).unwrap();
+        assert_eq!(&back[..], &data[..]);
+        let e = m.read(0x9_fffc, &mut back[..8]).unwrap_err();
+        assert_eq!((e.bus, e.len, e.write), (0x9_fffc, 8, false));
+        assert!(m.write(0x30_0000 - 4, &[0; 8]).is_err(), "beyond the end");
+        assert!(m.write(u64::MAX - 2, &[0; 8]).is_err(), "wraps");
+        // A faulting write copies nothing.
+        m.write(0x2f_fff8, &[7; 8]).unwrap();
+        assert!(m.write(0x2f_fff8, &[9; 16]).is_err());
+        m.read(0x2f_fff8, &mut back[..8]).unwrap();
+        assert_eq!(back[..8], [7; 8]);
+        assert_eq!(m.unmap(0x20_0000, 0x10_0000), 1);
+        assert!(m.read(0x20_0000, &mut back[..4]).is_err());
+    }
+
+    #[test]
+    fn intx_is_automasked_until_unmasked_and_msix_goes_by_vector() {
+        let mut irqs = Interrupts::default();
+        let efd = |n| {
+            // SAFETY: creates a new eventfd.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+            assert!(fd >= 0, "{n}");
+            // SAFETY: ours.
+            unsafe { File::from_raw_fd(fd) }
+        };
+        let read = |f: &File| {
+            let mut b = [0u8; 8];
+            use std::io::Read;
+            let mut f = f;
+            f.read(&mut b).map(|_| u64::from_ne_bytes(b)).unwrap_or(0)
+        };
+        let intx = efd(0);
+        irqs.set(
+            irq::INTX,
+            IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+            0,
+            1,
+            vec![intx.try_clone().unwrap()],
+        )
+        .unwrap();
+        irqs.raise(0);
+        irqs.raise(0);
+        assert_eq!(read(&intx), 1, "second raise waits for the unmask");
+        irqs.set(
+            irq::INTX,
+            IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE,
+            0,
+            1,
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(read(&intx), 1, "pending INTx delivered at unmask");
+        let (v0, v3) = (efd(1), efd(2));
+        let fds = vec![
+            v0.try_clone().unwrap(),
+            efd(3),
+            efd(4),
+            v3.try_clone().unwrap(),
+        ];
+        irqs.set(
+            irq::MSIX,
+            IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+            0,
+            4,
+            fds,
+        )
+        .unwrap();
+        irqs.raise(3);
+        irqs.raise(3);
+        irqs.raise(9);
+        assert_eq!(read(&v3), 2);
+        assert_eq!(read(&v0), 0);
+        assert_eq!(read(&intx), 0, "MSI-X enabled: no INTx");
+        assert_eq!(irqs.lost, 1, "vector 9 has no eventfd");
+        assert!(
+            irqs.set(
+                irq::MSIX,
+                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+                120,
+                9,
+                vec![]
+            )
+            .is_err()
+        );
+        assert!(
+            irqs.set(
+                irq::MSI,
+                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
+                0,
+                1,
+                vec![]
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn config_space_bytes_and_rmw_keep_status_bits() {
+        let f = Function::new(0, Options::default(), Log::capture());
+        let mut b = [0u8; 2];
+        f.config_read(0, &mut b).unwrap();
+        assert_eq!(u16::from_le_bytes(b), 0x15b3);
+        f.config_read(2, &mut b).unwrap();
+        assert_eq!(u16::from_le_bytes(b), 0x1003);
+        let mut one = [0u8; 1];
+        f.config_read(0x34, &mut one).unwrap();
+        assert_eq!(one[0], 0x40, "capability list");
+        // A 2-byte command write enables memory and bus mastering.
+        f.config_write(4, &6u16.to_le_bytes()).unwrap();
+        assert!(f.pci.memory_enabled() && f.pci.bus_master());
+        assert!(f.config_read(0xfff, &mut b).is_err());
+        assert!(f.config_write(0xfff, &b).is_err());
+        // Odd-sized BAR accesses are refused and logged.
+        let mut three = [0u8; 2];
+        f.bar_access(region::BAR0, 0x8_069c, BarData::Read(&mut three))
+            .unwrap();
+        assert_eq!(three, [0xff, 0xff]);
+        assert_eq!(f.counters.refused.load(Ordering::Relaxed), 1);
+        assert!(f.log_lines().iter().any(|l| l.contains("dropped")));
+    }
+
+    #[test]
+    fn command_line() {
+        let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
+        let Ok(Cli::Run { socket, node, opts }) = args(
+            "--socket /tmp/x.sock --node 2 --fail RUN_FW --fail 0x3=BAD_PARAM --trace --stats \
+             --exit-with-parent --watch-pid 7 --catas-after 0.5 --hcr-delay-us=100",
+        ) else {
+            panic!("parses");
+        };
+        assert_eq!(socket, std::path::PathBuf::from("/tmp/x.sock"));
+        assert_eq!(node, 2);
+        assert_eq!(opts.fail.len(), 2);
+        assert!(opts.trace && opts.stats && opts.exit_with_parent);
+        assert_eq!(opts.watch_pids, vec![7]);
+        assert_eq!(opts.hcr_delay, Duration::from_micros(100));
+        assert!(matches!(args("--help"), Ok(Cli::Help)));
+        for bad in [
+            "",
+            "--socket",
+            "--socket x --node 300",
+            "--socket x --fail NOPE",
+            "--socket x --bogus",
+            "--socket x --trace=1",
+            "--socket x --watch-pid 0",
+        ] {
+            assert!(args(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+}
