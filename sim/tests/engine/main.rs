@@ -8,6 +8,7 @@ mod harness;
 mod poster;
 
 mod bench;
+mod emu_fabric;
 mod errors;
 mod fabric;
 mod fuzz;
