@@ -48,12 +48,21 @@ fn one_fabric_spans_every_node() {
     // --back-to-back with a capture file: node 0 port 1 to node 1 port 1.
     let (dir2, mut args) = files("b2b", 2);
     let cap = dir2.join("wire.pcap");
-    args.extend(["--back-to-back".to_string(), "--capture".to_string(), cap.display().to_string(), "--latency".to_string(), "2us".to_string()]);
+    args.extend([
+        "--back-to-back".to_string(),
+        "--capture".to_string(),
+        cap.display().to_string(),
+        "--latency".to_string(),
+        "2us".to_string(),
+    ]);
     let Ok(Cli::Run { nodes, opts }) = parse_args(args) else {
         panic!("arguments refused")
     };
     let emu = Emulator::open(&nodes, opts, Log::capture()).unwrap();
-    let (a, b) = (emu.nodes()[0].hca().fabric_port(1).unwrap(), emu.nodes()[1].hca().fabric_port(1).unwrap());
+    let (a, b) = (
+        emu.nodes()[0].hca().fabric_port(1).unwrap(),
+        emu.nodes()[1].hca().fabric_port(1).unwrap(),
+    );
     assert_eq!(emu.fabric().lock().unwrap().peer(a), Some(b));
     assert_eq!(emu.fabric().lock().unwrap().latency_ns, 2000);
     assert!(cap.exists(), "capture file created");
