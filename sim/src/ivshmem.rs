@@ -408,11 +408,11 @@ impl Default for Options {
 }
 
 /// The model configuration for node `id`: distinct node and system-image
-/// GUIDs per node (the fabric's topology names the node GUID it gives
-/// HCA `id`, [`crate::fabric::topology::hca_guid`], which the emulator
-/// uses).
+/// GUIDs per node. (`cx3-emu` replaces the node GUID with the one its
+/// fabric's topology gives HCA `id`; the vfio-user front end keeps this
+/// one.)
 pub fn node_config(id: u32) -> SimConfig {
-    let guid = crate::fabric::topology::hca_guid(id as usize);
+    let guid = 0x0002_c903_00a1_b2c0 + (u64::from(id) << 8);
     SimConfig {
         node_guid: guid,
         sys_image_guid: guid + 3,
