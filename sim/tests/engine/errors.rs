@@ -35,7 +35,7 @@ fn err(c: &Cqe) -> (u8, u8) {
 fn local_protection_bad_lkey_pd_and_bounds_then_flush() {
     for case in 0..3 {
         let (mut h, mut cq, mut a, _b, la, rb) = setup();
-        let other_pd = h.mr_pd(0x40_0000, 4096, acc::ALL, 2);
+        let other_pd = h.mr_pd(0x40_0000, 4096, acc::ALL, PD + 1);
         let bad = match case {
             0 => Sge {
                 lkey: la.key ^ 0x01,

@@ -17,7 +17,7 @@ pub const UC: u8 = 1;
 pub const UD: u8 = 3;
 pub const MLX: u8 = 7;
 
-pub const PD: u32 = 1;
+pub const PD: u32 = 4;
 pub const COMP_EQ: u32 = FIRST_EQ;
 pub const ASYNC_EQ: u32 = FIRST_EQ + 1;
 
