@@ -1,4 +1,4 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules and RMPP reassembly; `sa_query`, `cm`, sending RMPP, redirection, multicast, sysfs and every user-space path are left out (SA and CM come later).
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules, RMPP reassembly, the SA client (`sa_query`) and the CM (`cm`, `cm_msgs`); sending RMPP, redirection, multicast, sysfs and every user-space path are left out.
 //!
 //! There are no interrupts: one progress function, [`IbCore::poll`], polls
 //! every device's event queues (through [`verbs::IbDevice::poll_events`]),
@@ -10,7 +10,7 @@
 //! Files keep Linux's names: `device.rs` (registration, clients, events, the
 //! progress function), `verbs.rs` (`ib_verbs.h` + `verbs.c`: types, the
 //! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`ib_mad.h`,
-//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`.
+//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`, `cm.rs` + `cm_msgs.rs`.
 //!
 //! # Using it
 //!
@@ -24,8 +24,15 @@
 //! ([`IbCore::ib_register_mad_agent`]), post with
 //! [`IbCore::ib_post_send_mad`] and read their mailbox with
 //! [`IbCore::ib_mad_poll_agent`]; a client without a thread of its own (the
-//! coming SA and CM) does that from [`IbClient::poll`], which every
+//! SA and the CM) does that from [`IbClient::poll`], which every
 //! [`IbCore::poll`] calls.
+//!
+//! Paths come from the SA client ([`sa_query::ib_sa_init`] once, then
+//! [`sa_query::sa_path_to_lid`] / [`sa_query::sa_path_to_gid`], cached per
+//! port); RC connections from the CM ([`cm::ib_cm_init`] once, then
+//! [`cm::ib_cm_listen`] + [`cm::ib_send_cm_rep`] on the passive side,
+//! [`cm::ib_send_cm_req`] or [`cm::cm_connect`] on the active side, events
+//! taken with [`cm::cm_wait_event`] against a deadline).
 //!
 //! # Decisions
 //!
@@ -51,11 +58,14 @@ extern crate alloc;
 
 pub mod agent;
 pub mod cache;
+pub mod cm;
+pub mod cm_msgs;
 pub mod device;
 pub mod error;
 pub mod mad;
 pub mod mad_rmpp;
 pub mod packer;
+pub mod sa_query;
 pub mod smi;
 pub mod ud_header;
 pub mod verbs;

@@ -49,6 +49,15 @@ fn mtt_addr(b: &[u8], hi: usize, lo: usize) -> u64 {
     u64::from(get8(b, hi)) << 32 | u64::from(get32(b, lo))
 }
 
+/// The first dword of `b` (at the offsets `masks` names) with a bit set
+/// that its mask marks reserved: `(offset, offending bits)`.
+pub fn reserved_bits(b: &[u8], masks: &[(usize, u32)]) -> Option<(usize, u32)> {
+    masks
+        .iter()
+        .map(|&(off, m)| (off, get32(b, off) & m))
+        .find(|&(_, bad)| bad != 0)
+}
+
 /// An EQ context (64 bytes).
 pub mod eqc {
     #![allow(missing_docs)]
@@ -74,6 +83,28 @@ pub mod eqc {
     pub const OI: u32 = 1 << 17;
     /// Event coalescing.
     pub const EC: u32 = 1 << 18;
+    /// Reserved bits per dword (iPXE `hermonprm_eqc_st`; Linux
+    /// `mlx4_eq_context` agrees): flags 27:19, 16:12 and 7:0; page offset
+    /// outside 11:5; log size 31:29; intr 31:10; log page size and MTT
+    /// high byte's neighbours; MTT low 2:0; the counters' top bytes; the
+    /// reserved dwords.
+    pub const RESERVED: &[(usize, u32)] = &[
+        (0x00, 0x0ff8_0000 | 0x0001_f000 | 0xff),
+        (0x04, !0),
+        (0x08, !0xfe0),
+        (0x0c, 0xe0ff_ffff),
+        (0x14, 0xffff_fc00),
+        (0x18, 0xc0ff_ff00),
+        (0x1c, 0x7),
+        (0x20, !0),
+        (0x24, !0),
+        (0x28, 0xff00_0000),
+        (0x2c, 0xff00_0000),
+        (0x30, !0),
+        (0x34, !0),
+        (0x38, !0),
+        (0x3c, !0),
+    ];
 }
 
 /// Decoded EQ context.
@@ -142,6 +173,23 @@ pub mod cqc {
     pub const PROD_INDEX: usize = 0x2c;
     pub const DB_REC_ADDR: usize = 0x38;
     pub const SIZE: usize = 64;
+    /// Reserved bits per dword (iPXE `hermonprm_completion_queue_context_st`,
+    /// Linux `mlx4_cq_context`): flags 27:20, 16:12 and 7:0 (bit 19 is
+    /// Linux's timestamp enable, bit 18 collapsed, 17 overrun ignore, 11:8
+    /// the delivery state iPXE sets to "fired"), the second dword,
+    /// page offset outside 11:5, log size 31:29, the EQN's 31:9, the
+    /// neighbours of log page size and MTT high byte, MTT low 2:0, the
+    /// doorbell record's 2:0.
+    pub const RESERVED: &[(usize, u32)] = &[
+        (0x00, 0x0ff0_0000 | 0x0001_f000 | 0xff),
+        (0x04, !0),
+        (0x08, !0xfe0),
+        (0x0c, 0xe000_0000),
+        (0x14, 0xffff_fe00),
+        (0x18, 0xc0ff_ff00),
+        (0x1c, 0x7),
+        (0x3c, 0x7),
+    ];
 }
 
 /// Decoded CQ context.
@@ -212,6 +260,9 @@ pub mod mpt {
     pub const STATUS_FREE: u32 = 0x3;
     /// Fast-register enable in pd_flags.
     pub const FAST_REG: u32 = 1 << 27;
+    /// Reserved bits per dword (Linux `mlx4_mpt_entry`, iPXE
+    /// `hermonprm_mpt_st`): bytes 0x28..0x2a, the MTT address above bit 39.
+    pub const RESERVED: &[(usize, u32)] = &[(0x28, 0xffff_ff00), (0x2c, 0xffff_ff00)];
 }
 
 /// Decoded dMPT entry.
@@ -286,6 +337,20 @@ pub mod srqc {
     pub const WQE_COUNTER: usize = 0x22;
     pub const DB_REC_ADDR: usize = 0x28;
     pub const SIZE: usize = 64;
+    /// Reserved bits per dword (Linux `mlx4_srq_context`): log stride's
+    /// 7:3 and `reserved1`, `reserved2`, the neighbours of log page size and
+    /// MTT high byte, MTT low 2:0, the PD's top byte, `reserved4`,
+    /// `reserved5`, the doorbell record's 1:0.
+    pub const RESERVED: &[(usize, u32)] = &[
+        (0x04, 0xf8ff_0000),
+        (0x0c, !0),
+        (0x10, 0xc0ff_ff00),
+        (0x14, 0x7),
+        (0x18, 0xff00_0000),
+        (0x20, 0xffff_0000),
+        (0x24, !0),
+        (0x2c, 0x3),
+    ];
 }
 
 /// Decoded SRQ context.

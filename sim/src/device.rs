@@ -25,6 +25,9 @@ use crate::trace::TraceEntry;
 /// host's memory).
 const MAX_LOG: usize = 10_000;
 
+/// Alignment of command mailboxes.
+pub const MAILBOX_ALIGN: u64 = 4096;
+
 /// Firmware life cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FwState {
@@ -59,6 +62,9 @@ pub struct Busy {
     pub event: bool,
     /// Token.
     pub token: u16,
+    /// Dwords 0..5 as the model read them at GO (raw), to see them change
+    /// while the command is in flight (polled front ends).
+    pub params: [u32; 6],
 }
 
 /// HCR protocol state.
@@ -70,6 +76,12 @@ pub struct HcrState {
     pub busy: Option<Busy>,
     /// T of the last post (false after reset).
     pub last_t: bool,
+    /// Dword 6 as the device last left it (raw; 0 after reset): what a
+    /// dropped GO write leaves visible.
+    pub idle_dw6: u32,
+    /// Polled front ends: GO was seen with memory decoding off on the last
+    /// pass.
+    pub go_decode_off: bool,
 }
 
 /// Runtime state of a CQ in hardware ownership.
@@ -345,11 +357,32 @@ impl Hca {
         r.map_err(|f| self.fault(f))
     }
 
-    /// Reads `len` bytes of an input mailbox.
+    /// A mailbox address must be 4 KiB aligned (Linux allocates mailboxes
+    /// from a pool aligned to `MLX4_MAILBOX_SIZE`, iPXE aligns them to
+    /// `HERMON_MBOX_ALIGN` = 4096); anything else is a recorded BAD_PARAM.
+    fn mailbox_check(&mut self, bus: u64, what: &str) -> Result<(), Status> {
+        if bus.is_multiple_of(MAILBOX_ALIGN) {
+            Ok(())
+        } else {
+            self.violation(format!(
+                "{what} mailbox at {bus:#x} is not {MAILBOX_ALIGN}-byte aligned"
+            ));
+            Err(Status::BAD_PARAM)
+        }
+    }
+
+    /// Reads `len` bytes of an input mailbox (4 KiB aligned).
     pub fn read_mailbox(&mut self, bus: u64, len: usize) -> Result<Vec<u8>, Status> {
+        self.mailbox_check(bus, "input")?;
         let mut b = vec![0u8; len];
         self.dma_read(bus, &mut b)?;
         Ok(b)
+    }
+
+    /// Writes an output mailbox (4 KiB aligned).
+    pub fn write_mailbox(&mut self, bus: u64, bytes: &[u8]) -> Result<(), Status> {
+        self.mailbox_check(bus, "output")?;
+        self.dma_write(bus, bytes)
     }
 
     /// Reads ICM; an unmapped page is `ICM_ERROR` and a recorded violation.
@@ -408,15 +441,40 @@ impl Hca {
         Ok(va)
     }
 
+    /// Refuses MTT indices `[first, first + n)` that reach into the
+    /// firmware-reserved entries (the first `2^log_rsvd_mtts`, QUERY_DEV_CAP
+    /// 0x20): `BAD_RESOURCE` ("reserved or unallocated resource", as for
+    /// reserved EQ/CQ/QP/SRQ/MPT numbers), recorded with `what`.
+    pub fn mtt_reserved_check(&mut self, first: u64, n: u64, what: &str) -> Result<(), Status> {
+        let rsvd = u64::from(self.caps().rsvd_mtts());
+        if first < rsvd && n > 0 {
+            self.violation(format!(
+                "{what}: MTT entries {first:#x}..{:#x} reach into the {rsvd} firmware-reserved MTT entries",
+                first.saturating_add(n)
+            ));
+            return Err(Status::BAD_RESOURCE);
+        }
+        Ok(())
+    }
+
     /// Reads MTT entry `index` (relative to the MTT table) from ICM; a clear
-    /// present bit is `BAD_PARAM`.
+    /// present bit or a set reserved bit (2:1) is `BAD_PARAM`, a
+    /// firmware-reserved entry `BAD_RESOURCE`.
     pub fn mtt_lookup(&mut self, index: u64) -> Result<u64, Status> {
         let g = self.geo()?;
         if index >= crate::layout::pow2(self.caps().log_max_mtts) {
             return Err(Status::BAD_PARAM);
         }
+        self.mtt_reserved_check(index, 1, "MTT lookup")?;
         let mut b = [0u8; 8];
         self.icm_read(g.va(Table::Mtt, index), &mut b)?;
+        if b[7] & 0x6 != 0 {
+            self.violation(format!(
+                "MTT entry {index:#x} has reserved bits 2:1 set ({:#018x})",
+                u64::from_be_bytes(b)
+            ));
+            return Err(Status::BAD_PARAM);
+        }
         match crate::ctx::mtt_decode(&b) {
             Some(pa) => Ok(pa),
             None => {
@@ -445,6 +503,7 @@ impl Hca {
             return Err(Status::BAD_PARAM);
         }
         let first = mtt_base / 8;
+        self.mtt_reserved_check(first, n, "context MTT base")?;
         let mut out = Vec::with_capacity(n as usize);
         for i in 0..n {
             let pa = self.mtt_lookup(first + i)?;
@@ -471,6 +530,9 @@ impl Hca {
         self.bar0.clear(regs::HCR_BASE, regs::HCR_LEN);
         self.bar0.clear(regs::CATAS_BASE, regs::CATAS_DWORDS * 4);
         self.bar0.set_raw(regs::RESET, 0);
+        // The reset frees the semaphore (in the polled front ends it lives
+        // in the register word itself).
+        self.bar0.set_raw(regs::RESET_SEMAPHORE, 0);
         self.reset_sem = false;
         self.fw = FwState::Off;
         self.icm = Icm::default();
@@ -735,6 +797,24 @@ impl Hca {
     /// Executes a posted command and leaves it busy until it completes.
     pub fn post(&mut self, dw: [u32; 7]) {
         let cmd = Command::decode(dw);
+        if dw[5] & 0xffff != 0 {
+            self.violation(format!(
+                "{}: HCR dword 5 reserved bits 15:0 set ({:#010x}; only the token, bits 31:16, is defined)",
+                cmd.opcode, dw[5]
+            ));
+        }
+        if dw[6] & (0xff << bits::STATUS_SHIFT | 0x1f << 16) != 0 {
+            self.violation(format!(
+                "{}: HCR dword 6 {:#010x} has status or reserved bits 20:16 set",
+                cmd.opcode, dw[6]
+            ));
+        }
+        if cmd.event && self.async_map[usize::from(crate::ctx::eqe::CMD)].is_none() {
+            self.violation(format!(
+                "{} posted in event mode (E bit) while no EQ is mapped for command-completion events: its completion EQE is lost",
+                cmd.opcode
+            ));
+        }
         if cmd.toggle == self.hcr.last_t {
             self.violation(format!(
                 "HCR toggle not flipped: {} posted with T={}",
@@ -771,8 +851,10 @@ impl Hca {
             posted: dw[6],
             status,
             imm_out: outcome.imm_out,
+            // Polled front ends keep GO up for one more pass, in which they
+            // compare dwords 0..5 with what was read at GO.
             polls_left: if self.threaded {
-                0
+                1
             } else {
                 self.cfg.hcr_polls.saturating_add(fault.extra_polls)
             },
@@ -782,6 +864,7 @@ impl Hca {
             start_ns,
             event: cmd.event,
             token: cmd.token,
+            params: [dw[0], dw[1], dw[2], dw[3], dw[4], dw[5]],
         });
         self.try_complete();
     }
@@ -812,6 +895,7 @@ impl Hca {
         let word = (b.posted & !(bits::GO | 0xff << bits::STATUS_SHIFT))
             | u32::from(b.status) << bits::STATUS_SHIFT;
         self.bar0.set_be(regs::HCR_STATUS, word);
+        self.hcr.idle_dw6 = word.to_be();
         if let Some(e) = self.trace.get_mut(b.trace_idx) {
             e.duration = Some(core::time::Duration::from_nanos(
                 now.saturating_sub(b.start_ns),
@@ -851,15 +935,35 @@ impl Hca {
                     // Keep showing the in-flight command.
                     self.bar0.set_be(regs::HCR_STATUS, posted);
                 }
+                self.hcr_params_unchanged();
+                if let Some(b) = &mut self.hcr.busy {
+                    b.polls_left = b.polls_left.saturating_sub(1);
+                }
                 self.try_complete();
                 active = true;
             }
-            None if dw6 & bits::GO != 0 && self.pci.memory_enabled() => {
-                let mut dw = [0u32; 7];
-                for (i, d) in dw.iter_mut().enumerate() {
-                    *d = self.bar0.be(regs::HCR_BASE + 4 * i);
+            None if dw6 & bits::GO != 0 => {
+                if self.pci.memory_enabled() {
+                    self.hcr.go_decode_off = false;
+                    let mut dw = [0u32; 7];
+                    for (i, d) in dw.iter_mut().enumerate() {
+                        *d = self.bar0.be(regs::HCR_BASE + 4 * i);
+                    }
+                    self.post(dw);
+                } else if !self.hcr.go_decode_off {
+                    // The memory-enable write may be racing in the config
+                    // image (cx3-emu syncs it after this poll): one more
+                    // pass before judging.
+                    self.hcr.go_decode_off = true;
+                } else {
+                    // The synchronous front end drops a BAR write while
+                    // decoding is off; here it already landed: undo it.
+                    self.hcr.go_decode_off = false;
+                    self.violation(format!(
+                        "HCR GO ({dw6:#010x}) written with memory decoding disabled (or during reset): dropped"
+                    ));
+                    self.bar0.set_raw(regs::HCR_STATUS, self.hcr.idle_dw6);
                 }
-                self.post(dw);
                 active = true;
             }
             None => {}
@@ -901,6 +1005,31 @@ impl Hca {
         self.poll_scratch = list;
         active |= crate::engine::step(self);
         active
+    }
+
+    /// Polled front ends: dwords 0..5 must not change while a command is in
+    /// flight (a write after GO, or a late write that GO overtook).
+    fn hcr_params_unchanged(&mut self) {
+        let Some(b) = &self.hcr.busy else { return };
+        let (mut params, op) = (b.params, Opcode((b.posted & bits::OPCODE_MASK) as u16));
+        let mut changed = Vec::new();
+        for (i, p) in params.iter_mut().enumerate() {
+            let now = self.bar0.be(regs::HCR_BASE + 4 * i);
+            if now != *p {
+                changed.push(format!("dword {i} {:#010x} -> {now:#010x}", *p));
+                *p = now;
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        if let Some(b) = &mut self.hcr.busy {
+            b.params = params;
+        }
+        self.violation(format!(
+            "HCR parameters changed while {op} was in flight (written after GO?): {}",
+            changed.join(", ")
+        ));
     }
 
     /// Raises a catastrophic error: the error buffer gets a syndrome, a

@@ -43,6 +43,9 @@ pub struct EqState {
     pub overrun: bool,
     /// MSI-X vector.
     pub intr: u16,
+    /// Overrun ignore (EQC bit 17, set by iPXE): the EQ-full check is off
+    /// and unconsumed entries are overwritten.
+    pub oi: bool,
 }
 
 impl EqState {
@@ -58,7 +61,23 @@ impl EqState {
     }
 }
 
+/// Event type numbers as a readable list (`0x09 PORT_CHANGE, ...`).
+pub fn event_list(types: &[u8]) -> String {
+    types
+        .iter()
+        .map(|t| format!("{t:#04x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Hca {
+    /// Async event types mapped (MAP_EQ) to `eqn`, or to any EQ for `None`.
+    pub fn mapped_async_events(&self, eqn: Option<u32>) -> Vec<u8> {
+        (0u8..64)
+            .filter(|&t| self.async_map[usize::from(t)].is_some_and(|m| eqn.is_none_or(|e| e == m)))
+            .collect()
+    }
+
     /// Writes every EQE owner bit of a new EQ to "hardware owned".
     pub fn eq_init_owner_bits(&mut self, eq: &EqState) -> Result<(), Status> {
         for i in 0..eq.nent {
@@ -74,12 +93,22 @@ impl Hca {
         }
     }
 
-    /// Writes `ev` as the next EQE of `eqn`.
+    /// Writes `ev` as the next EQE of `eqn`. In the polled front ends the
+    /// EQ's doorbell word is consumed first, so that the room check sees
+    /// every consumer index the driver wrote before the event (as the card
+    /// would, its doorbells having landed), not only those the model thread
+    /// happened to poll already.
     pub fn post_event(&mut self, eqn: u32, ev: Event) {
+        if self.threaded && self.eqs.contains_key(&eqn) {
+            let raw = self.bar2.swap_raw(crate::regs::eq_doorbell(eqn), 0);
+            if raw != 0 {
+                self.eq_doorbell(eqn, u32::from_be(raw));
+            }
+        }
         let Some(eq) = self.eqs.get(&eqn).cloned() else {
             return;
         };
-        if eq.used() >= eq.nent {
+        if eq.used() >= eq.nent && !eq.oi {
             if !eq.overrun {
                 self.violation(format!(
                     "EQ {eqn} overrun: {} EQEs outstanding (consumer index {} not updated)",

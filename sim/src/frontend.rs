@@ -18,14 +18,20 @@
 //!   [`SimConfig::poll_interval`] while busy, backing off to 1 ms when idle
 //!   (HCR GO, software reset, and the doorbells of EQs, CQs and QPs in
 //!   hardware ownership, consumed by atomic swap with 0 so that repeated
-//!   equal writes all count). Register reads are invisible to the model, so
-//!   read-to-claim semaphores read 0 and only what memory shows can be
-//!   checked (e.g. a second GO while busy is seen only if it changes dword
-//!   6; the CQ doorbell's second dword may be read before it lands). The
-//!   clock is real monotonic time. The thread stops when the last `SimHca`
-//!   clone is dropped.
+//!   equal writes all count). In [`SimHca::new_threaded`] the driver's
+//!   accesses still pass through this module, which makes the synchronous
+//!   mode's HCR and semaphore checks on the caller's thread (write order,
+//!   writes while busy, 64-bit stores, decoding off, read-to-claim
+//!   semaphores, reset without the semaphore). The polling side adds what
+//!   memory alone shows, the only checks left when the window is plain
+//!   shared RAM (`cx3-emu`, `docs/ivshmem.md`): GO stays up for one more
+//!   poll pass, during which dwords 0..5 must not change; dword 6 must not
+//!   change while busy; T must flip; GO with decoding off is undone. The CQ
+//!   doorbell's second dword may be read before it lands. The clock is real
+//!   monotonic time. The thread stops when the last `SimHca` clone is
+//!   dropped.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,12 +43,12 @@ use crate::device::{FwState, Hca};
 use crate::eq::EqState;
 use crate::fabric::SharedFabric;
 use crate::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
-use crate::hcr::Opcode;
+use crate::hcr::{Opcode, bits};
 use crate::layout::DevCap;
 use crate::mem::{DmaFault, HostMemory};
 use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
 use crate::port::{LogicalState, PhysicalState};
-use crate::regs::RegFile;
+use crate::regs::{self, RegFile};
 use crate::trace::TraceEntry;
 
 /// Model configuration.
@@ -269,14 +275,144 @@ impl Wire {
     }
 }
 
-/// A BAR that is shared memory (threaded mode).
-struct SharedBar(Arc<RegFile>);
-impl RegisterBackend for SharedBar {
-    fn read32(&self, offset: usize) -> u32 {
-        self.0.raw(offset)
+/// BAR0 in threaded mode: shared memory the model thread polls, with the
+/// protocol checks of the synchronous front end made here, on the caller's
+/// thread, since every access still passes through this code: accesses
+/// with memory decoding off (dropped), HCR dwords 0..5 written while GO is
+/// up (dropped), dword 6 without GO or while GO is up (dropped), GO before
+/// all of dwords 0..5, 64-bit stores into the HCR, writes to the
+/// catastrophic-error buffer (dropped), a software reset without the reset
+/// semaphore. The ownership and reset semaphores are read-to-claim as on
+/// the card (the semaphore word itself holds the state; a reset frees it).
+/// The T bit is checked by the model when it picks the command up.
+struct SharedBar0 {
+    regs: Arc<RegFile>,
+    hca: Arc<Mutex<Hca>>,
+    pci: Arc<PciConfig>,
+    strict_reset: bool,
+    /// HCR dwords 0..5 written since the last GO (bit n = dword n).
+    written: AtomicU8,
+}
+
+impl SharedBar0 {
+    fn record(&self, msg: String) {
+        lock(&self.hca).violation(msg);
     }
-    fn write32(&self, offset: usize, value: u32) {
-        self.0.set_raw(offset, value)
+    fn busy(&self) -> bool {
+        self.regs.be(regs::HCR_STATUS) & bits::GO != 0
+    }
+}
+
+impl RegisterBackend for SharedBar0 {
+    fn read32(&self, off: usize) -> u32 {
+        if !self.pci.memory_enabled() {
+            self.record(format!(
+                "BAR0 read at {off:#x} with memory decoding disabled (or during reset)"
+            ));
+            return u32::MAX;
+        }
+        match off {
+            regs::OWNERSHIP | regs::RESET_SEMAPHORE => self.regs.swap_raw(off, 1u32.to_be()),
+            _ => self.regs.raw(off),
+        }
+    }
+
+    fn write32(&self, off: usize, raw: u32) {
+        let v = u32::from_be(raw);
+        if !self.pci.memory_enabled() {
+            self.record(format!(
+                "BAR0 write {v:#010x} at {off:#x} with memory decoding disabled (or during reset)"
+            ));
+            return;
+        }
+        match off {
+            o if (regs::HCR_BASE..regs::HCR_STATUS).contains(&o) => {
+                let n = (o - regs::HCR_BASE) / 4;
+                if self.busy() {
+                    self.record(format!(
+                        "HCR dword {n} written while a command is in flight"
+                    ));
+                    return;
+                }
+                self.regs.set_raw(o, raw);
+                self.written.fetch_or(1 << n, Ordering::AcqRel);
+            }
+            regs::HCR_STATUS => {
+                if v & bits::GO == 0 {
+                    self.record(format!("HCR dword 6 written without GO: {v:#010x}"));
+                    return;
+                }
+                if self.busy() {
+                    self.record(format!(
+                        "GO written while the HCR is busy (opcode {})",
+                        Opcode((v & bits::OPCODE_MASK) as u16)
+                    ));
+                    return;
+                }
+                let w = self.written.swap(0, Ordering::AcqRel);
+                if w & 0x3f != 0x3f {
+                    self.record(format!(
+                        "HCR dword 6 (GO) written before dwords 0..5 (written mask {w:#04x})"
+                    ));
+                }
+                self.regs.set_raw(off, raw);
+            }
+            regs::RESET => {
+                if v & 1 != 0 {
+                    if self.strict_reset && self.regs.raw(regs::RESET_SEMAPHORE) == 0 {
+                        self.record(
+                            "software reset without holding the reset semaphore".to_string(),
+                        );
+                    }
+                    self.written.store(0, Ordering::Release);
+                }
+                self.regs.set_raw(off, raw);
+            }
+            o if (regs::CATAS_BASE..regs::CATAS_BASE + regs::CATAS_DWORDS * 4).contains(&o) => {
+                self.record(format!(
+                    "write to the read-only catastrophic buffer at {o:#x}"
+                ));
+            }
+            _ => self.regs.set_raw(off, raw),
+        }
+    }
+
+    fn write64(&self, off: usize, raw: u64) {
+        if off + 8 > regs::HCR_BASE && off < regs::HCR_BASE + regs::HCR_LEN {
+            self.record(format!("64-bit store into the HCR at {off:#x}"));
+        }
+        self.write32(off, raw as u32);
+        self.write32(off + 4, (raw >> 32) as u32);
+    }
+}
+
+/// BAR2 in threaded mode: shared memory (doorbells are consumed by the
+/// model thread); accesses with memory decoding off are dropped and
+/// recorded.
+struct SharedBar2 {
+    regs: Arc<RegFile>,
+    hca: Arc<Mutex<Hca>>,
+    pci: Arc<PciConfig>,
+}
+
+impl RegisterBackend for SharedBar2 {
+    fn read32(&self, off: usize) -> u32 {
+        if !self.pci.memory_enabled() {
+            lock(&self.hca).violation(format!(
+                "BAR2 read at {off:#x} with memory decoding disabled"
+            ));
+            return u32::MAX;
+        }
+        self.regs.raw(off)
+    }
+    fn write32(&self, off: usize, raw: u32) {
+        if !self.pci.memory_enabled() {
+            lock(&self.hca).violation(format!(
+                "BAR2 write at {off:#x} with memory decoding disabled"
+            ));
+            return;
+        }
+        self.regs.set_raw(off, raw)
     }
 }
 
@@ -494,6 +630,7 @@ impl SimHca {
             }
         };
         let poll = cfg.poll_interval;
+        let strict_reset = cfg.strict_reset_semaphore;
         let hca = match backing {
             Backing::External {
                 mem, bar0, bar2, ..
@@ -526,7 +663,20 @@ impl SimHca {
             None => clock,
         };
         let (bar0, bar2): (Arc<dyn RegisterBackend>, Arc<dyn RegisterBackend>) = if threaded {
-            (Arc::new(SharedBar(r0)), Arc::new(SharedBar(r2)))
+            (
+                Arc::new(SharedBar0 {
+                    regs: r0,
+                    hca: hca.clone(),
+                    pci: pci.clone(),
+                    strict_reset,
+                    written: AtomicU8::new(0),
+                }),
+                Arc::new(SharedBar2 {
+                    regs: r2,
+                    hca: hca.clone(),
+                    pci: pci.clone(),
+                }),
+            )
         } else {
             (
                 Arc::new(SyncBar0(hca.clone(), wire.clone())),

@@ -13,7 +13,10 @@
 //! while GO is set or T still equals its next toggle). The model records as
 //! violations: GO written while a command is in flight, a write to dwords
 //! 0..5 while busy, dword 6 written before all of dwords 0..5, a 64-bit store
-//! into the HCR, and a T bit that did not flip.
+//! into the HCR, a T bit that did not flip, reserved bits of dwords 5 and 6,
+//! and an event-mode post while no EQ takes command completions. The
+//! synchronous and threaded front ends see every access; the ivshmem window
+//! sees only memory (`docs/ivshmem.md` lists what it cannot check).
 
 use core::fmt;
 

@@ -24,9 +24,12 @@
 //!   Linux.
 //! * QUERY_DEV_CAP 0x68 (max counters) and 0x70 (ext flags): reserved in
 //!   iPXE.
-//! * INIT_HCA 0x0e (cache line), 0x58 (64-byte EQE/CQE), 0xf8 bit 7 (memory
-//!   windows): present in Linux, reserved in iPXE. INIT_HCA 0x14 bit 2: QoS in
-//!   Linux, reserved in iPXE.
+//! * INIT_HCA 0x0e (cache line; Linux 3.14+ also sets bit 4), 0x58
+//!   (64-byte EQE/CQE), 0x8a (Linux 3.19+ `num_sys_eqs`), 0xf8 bit 7
+//!   (memory windows): present in Linux, reserved in iPXE. INIT_HCA 0x14
+//!   bits 2, 4, 6, 13 (QoS, counters, flow steering, RSS of IP fragments):
+//!   Linux only, each behind a capability the model does not report except
+//!   QoS, which is accepted.
 //! * QUERY_PORT byte 0 bit 7: iPXE `link_state`, not read by Linux; byte 0
 //!   bits 3 and 4 (Linux: suggested type, default sense) are reserved in
 //!   iPXE; byte 4 (`ib_link_speed`) is read only by iPXE.
@@ -361,6 +364,9 @@ pub mod cap_flags {
     pub const RAW_MCAST: u64 = 1 << 19;
     pub const UD_AV_PORT: u64 = 1 << 20;
     pub const UD_MCAST: u64 = 1 << 21;
+    pub const VEP_UC_STEER: u64 = 1 << 41;
+    pub const VEP_MC_STEER: u64 = 1 << 42;
+    pub const COUNTERS: u64 = 1 << 48;
     pub const PORT_MNG_CHG_EV: u64 = 1 << 59;
     pub const EQE_64B: u64 = 1 << 61;
     pub const CQE_64B: u64 = 1 << 62;
@@ -530,6 +536,12 @@ impl DevCap {
     pub fn rsvd_mrws(&self) -> u32 {
         pow2(self.log_rsvd_mrws).min(u64::from(u32::MAX)) as u32
     }
+    /// Firmware-reserved MTT entries (count; a driver's MTT allocator
+    /// starts above them: Linux `mlx4_init_mr_table`, iPXE
+    /// `hermon_alloc_mtt`).
+    pub fn rsvd_mtts(&self) -> u32 {
+        pow2(self.log_rsvd_mtts).min(u64::from(u32::MAX)) as u32
+    }
     /// Number of UAR pages in BAR2.
     pub fn num_uars(&self) -> u32 {
         (pow2(self.uar_sz.saturating_add(20)) >> 12).min(u64::from(u32::MAX)) as u32
@@ -649,8 +661,18 @@ pub mod init_hca {
     pub const LEN: usize = 0x200;
     /// The only version the model accepts.
     pub const VERSION_2: u8 = 2;
-    /// Flags bit 1: host is big-endian.
+    /// Flags bit 0: check the port of UD address vectors (iPXE `udp`).
+    pub const FLAG_UD_PORT_CHECK: u32 = 1 << 0;
+    /// Flags bit 1: host is big-endian (iPXE `he`).
     pub const FLAG_HOST_BE: u32 = 1 << 1;
+    /// Flags bit 2: QoS (Linux `enable_qos`; reserved in iPXE).
+    pub const FLAG_QOS: u32 = 1 << 2;
+    /// Flags bit 3: IPoIB checksum (iPXE `ce`).
+    pub const FLAG_IPOIB_CSUM: u32 = 1 << 3;
+    /// Flags bit 4: counters (Linux; reserved in iPXE).
+    pub const FLAG_COUNTERS: u32 = 1 << 4;
+    /// Flags bit 6: device-managed flow steering (Linux; reserved in iPXE).
+    pub const FLAG_FLOW_STEERING: u32 = 1 << 6;
     /// 0x58 bit 29: 64-byte EQEs.
     pub const EQE_64: u32 = 1 << 29;
     /// 0x58 bit 30: 64-byte CQEs.

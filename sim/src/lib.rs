@@ -75,9 +75,25 @@
 //! * Enable memory decoding and bus mastering: without them register
 //!   accesses are dropped (violation) and every DMA fails (INTERNAL_ERR).
 //! * Post commands with 32-bit stores, dwords 0..5 first, dword 6 last, T
-//!   flipped each time, and only while the HCR is idle.
+//!   flipped each time, and only while the HCR is idle; reserved HCR bits
+//!   (dword 5 15:0, dword 6 20:16) clear; event mode (E) only once an EQ
+//!   takes command completions. Mailboxes are 4 KiB aligned.
+//! * Input modifiers carry nothing but their fields: object numbers in
+//!   23:0 (bits 31:24 set is BAD_PARAM, never masked), MAP_EQ's unmap flag
+//!   in bit 31, RTS2SQD's SQ-drained request in bit 31; opcode modifiers
+//!   are the documented ones (HW2SW_* 0/1, 2RST 0..3, CLOSE_HCA 0/1, else
+//!   0), or BAD_OP.
 //! * MAP_FA at least QUERY_FW's `fw_pages`; SET_ICM_SIZE, then MAP_ICM_AUX
-//!   at least the returned page count before INIT_HCA.
+//!   at least the returned page count before MAP_ICM and INIT_HCA.
+//! * INIT_HCA: version 2, every reserved bit of the 0x200 bytes clear, flags
+//!   limited to what QUERY_DEV_CAP reported (a byte-swapped flags dword is
+//!   refused), each table larger than its reserved part, QPC/SRQC/CQC/dMPT/
+//!   cMPT aligned on their size. QUERY_HCA returns the accepted mailbox
+//!   plus the core clock.
+//! * Teardown undoes what bring-up did before CLOSE_HCA: MAP_EQ with the
+//!   unmap bit before HW2SW_EQ, CLOSE_PORT for every port INIT_PORT opened,
+//!   every object back from hardware ownership (each left over is a
+//!   recorded violation).
 //! * MAP_ICM every ICM page a context or MTT entry lives in *before* the
 //!   command that uses it: SW2HW_EQ needs the EQC and cMPT-EQ entries,
 //!   SW2HW_CQ the CQC and cMPT-CQ, SW2HW_SRQ the SRQC and cMPT-SRQ,
@@ -87,13 +103,18 @@
 //! * MTT entries: BE64 `page_bus_address | 1` at `mtt_base + index * 8` in
 //!   ICM, written directly or with WRITE_MTT; a context's MTT field is
 //!   `index * 8` (relative); pages must be aligned to the context's page
-//!   size. A clear present bit is BAD_PARAM.
+//!   size. A clear present bit or a set reserved bit (2:1) is BAD_PARAM;
+//!   the first 2^`log_rsvd_mtts` entries (16) belong to the firmware:
+//!   WRITE_MTT there, or a context or MPT pointing there, is BAD_RESOURCE.
 //! * CQ/EQ entries are 32 bytes (64-byte entries are refused at INIT_HCA);
 //!   the model marks every entry hardware-owned at SW2HW; owner of entry
 //!   `i` = `(i & nent) != 0`. Ring the EQ doorbell (consumer index) before
 //!   the EQ fills up, or it overruns (violation, EQ_OVERFLOW event).
 //! * Reserved numbers (QUERY_DEV_CAP) are BAD_RESOURCE: EQs < 32, CQs < 128,
-//!   QPs < 64, SRQs < 64, MPTs < 16; UAR indices < 8 in contexts are refused.
+//!   QPs < 64, SRQs < 64, MPTs < 16, PDs < 4, MTT entries < 16; UAR indices
+//!   < 8 in contexts are refused. EQ and CQ contexts must have their
+//!   reserved bits clear; EQ event coalescing is refused (not modelled),
+//!   overrun-ignore is honoured.
 //!
 //! # How the pieces fit
 //!

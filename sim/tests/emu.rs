@@ -214,6 +214,93 @@ fn in_process_guest_session() {
 }
 
 #[test]
+fn the_window_records_what_memory_shows_of_the_hcr_protocol() {
+    let f = Files::new("order");
+    let (w, r) = f.node(0);
+    let mut emu = Emulator::open(
+        &[(w.clone(), r.clone())],
+        Options::default(),
+        Log::capture(),
+    )
+    .unwrap();
+    let mut g = Guest::open(&w, &r);
+    g.set_cfg(4, 6);
+    emu.poll_round();
+    let log = |e: &Emulator| e.log().lines().join("\n");
+    // A parameter written after GO, while the command is in flight: the
+    // model took GO on one pass and compares dwords 0..5 on the next.
+    g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+    emu.poll_round();
+    assert_ne!(g.hcr(6) & GO, 0, "GO stays up for one more pass");
+    g.win.store32(HCR + 8, 0x55u32.to_be());
+    assert_eq!(
+        g.wait(|| {
+            emu.poll_round();
+        }),
+        Some(0)
+    );
+    assert!(
+        log(&emu).contains(
+            "HCR parameters changed while QUERY_FW(0x004) was in flight (written after GO?): dword 2 0x00000000 -> 0x00000055"
+        ),
+        "{}",
+        log(&emu)
+    );
+    // GO with T not flipped.
+    g.toggle = !g.toggle;
+    g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+    assert_eq!(
+        g.wait(|| {
+            emu.poll_round();
+        }),
+        Some(0)
+    );
+    emu.poll_round();
+    assert!(
+        log(&emu).contains("HCR toggle not flipped"),
+        "{}",
+        log(&emu)
+    );
+    // Dword 6 rewritten while busy.
+    g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+    emu.poll_round();
+    g.win
+        .store32(HCR + 0x18, (GO | u32::from(Opcode::NOP.0)).to_be());
+    assert_eq!(
+        g.wait(|| {
+            emu.poll_round();
+        }),
+        Some(0)
+    );
+    emu.poll_round();
+    assert!(
+        log(&emu).contains("HCR dword 6 rewritten while busy"),
+        "{}",
+        log(&emu)
+    );
+    // GO with memory decoding off: undone once the config sync confirms
+    // decoding is still off (one pass of grace for a racing enable).
+    g.set_cfg(4, 4); // bus master only
+    emu.poll_round();
+    let before = g.hcr(6);
+    g.post(Opcode::QUERY_FW, 0, 0, OUTBOX);
+    emu.poll_round();
+    emu.poll_round();
+    assert_eq!(
+        g.hcr(6),
+        before,
+        "GO undone, the last completion shows again"
+    );
+    assert!(
+        log(&emu).contains("written with memory decoding disabled"),
+        "{}",
+        log(&emu)
+    );
+    let (commands, violations, _) = emu.nodes()[0].counts();
+    assert_eq!((commands, violations), (3, 4), "{}", log(&emu));
+}
+
+#[test]
 fn injected_status() {
     let f = Files::new("fail");
     let (w, r) = f.node(0);
@@ -251,6 +338,31 @@ fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitSt
     }
 }
 
+/// Kills and reaps a spawned emulator if the test fails before it exits.
+struct Reaper(Child);
+
+impl std::ops::Deref for Reaper {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaper {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn emu_bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cx3-emu"))
 }
@@ -271,6 +383,7 @@ fn binary_serves_two_nodes_until_both_guests_shut_down() {
         .arg(Files::arg(&w1, &r1))
         .stderr(Stdio::piped())
         .spawn()
+        .map(Reaper)
         .unwrap();
     let g0 = Guest::open(&w0, &r0);
     let mut g1 = Guest::open(&w1, &r1);
@@ -313,6 +426,7 @@ fn binary_exits_on_sigterm_and_when_a_watched_pid_is_gone() {
         .args(["--node", &Files::arg(&w, &r)])
         .stderr(Stdio::null())
         .spawn()
+        .map(Reaper)
         .unwrap();
     assert!(Guest::open(&w, &r).wait_magic(Duration::from_secs(5)));
     let kill = Command::new("kill")
@@ -331,6 +445,7 @@ fn binary_exits_on_sigterm_and_when_a_watched_pid_is_gone() {
         .args(["--watch-pid", &long.id().to_string()])
         .stderr(Stdio::null())
         .spawn()
+        .map(Reaper)
         .unwrap();
     // The sleepers turn into unreaped zombies: that counts as gone.
     std::thread::sleep(Duration::from_millis(250));
@@ -392,6 +507,7 @@ fn bench_round_trips() {
         .args(["--stats", "--node", &Files::arg(&w, &r)])
         .stderr(Stdio::piped())
         .spawn()
+        .map(Reaper)
         .unwrap();
     let mut g = Guest::open(&w, &r);
     assert!(g.wait_magic(Duration::from_secs(5)));

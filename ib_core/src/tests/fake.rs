@@ -53,6 +53,8 @@ pub struct FakeHca {
     pub has_sma: bool,
     pub process_mad_calls: u32,
     pub modify_log: Vec<(QpType, QpState, QpState, QpAttrMask)>,
+    /// Every accepted modify_qp: (QP handle, attributes, mask).
+    pub qp_attr_log: Vec<(u32, QpAttr, QpAttrMask)>,
     /// Fail create_qp (to test a port that cannot open).
     pub fail_create_qp: bool,
 }
@@ -149,6 +151,7 @@ pub fn add_hca(w: &SharedWorld, name: &str, node_guid: u64, ports: u8, base_lid:
         events: VecDeque::new(),
         process_mad_calls: 0,
         modify_log: Vec::new(),
+        qp_attr_log: Vec::new(),
         fail_create_qp: false,
     });
     FakeDev {
@@ -542,6 +545,7 @@ impl IbDevice for FakeDev {
         }
         q.state = next;
         h.modify_log.push((t, cur, next, mask));
+        h.qp_attr_log.push((qp.handle, *attr, mask));
         Ok(())
     }
 

@@ -2,10 +2,12 @@
 
 mod bench;
 mod clients;
+mod cm;
 mod fake;
 mod fuzz;
 mod mad_layer;
 mod rmpp;
+mod sa;
 
 use std::sync::Arc;
 use std::time::Duration;

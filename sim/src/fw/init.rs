@@ -16,7 +16,7 @@ use FwState::*;
 
 /// Writes an output mailbox.
 fn out(hca: &mut Hca, cmd: &Command, bytes: &[u8]) -> CmdResult {
-    hca.dma_write(cmd.out_param, bytes)?;
+    hca.write_mailbox(cmd.out_param, bytes)?;
     Ok(Outcome::OK)
 }
 
@@ -26,13 +26,27 @@ pub fn query_fw(hca: &mut Hca, cmd: &Command) -> CmdResult {
     out(hca, cmd, &b)
 }
 
-/// Reads and checks a page list of `in_mod` entries (1..=256).
+/// Reads and checks a page list of `in_mod` entries (1..=256): bits 11:6
+/// of each address dword are reserved, and MAP_FA / MAP_ICM_AUX entries
+/// carry no virtual address (Linux `mlx4_map_cmd` with `virt == -1` and iPXE
+/// `hermon_map_vpm` with va 0 leave it zero).
 fn page_list(hca: &mut Hca, cmd: &Command) -> Result<Vec<PageEntry>, Status> {
     let n = cmd.in_mod;
     if n == 0 || n > icm::MAX_ENTRIES {
         return Err(Status::BAD_PARAM);
     }
     let b = hca.read_mailbox(cmd.in_param, n as usize * 16)?;
+    let virt = cmd.opcode == crate::hcr::Opcode::MAP_ICM;
+    for i in 0..n as usize {
+        let (va, pa) = (layout::get64(&b, i * 16), layout::get64(&b, i * 16 + 8));
+        if pa & 0xfc0 != 0 || (!virt && va != 0) {
+            hca.violation(format!(
+                "{} entry {i}: reserved bits set (va {va:#x}, pa|log_size {pa:#x})",
+                cmd.opcode
+            ));
+            return Err(Status::BAD_PARAM);
+        }
+    }
     Ok((0..n as usize).map(|i| PageEntry::decode(&b, i)).collect())
 }
 
@@ -108,6 +122,9 @@ pub fn mod_stat_cfg(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_OP);
     }
     let b = hca.read_mailbox(cmd.in_param, 0x100)?;
+    if layout::get8(&b, mod_stat_cfg::PG_SZ_M) & !1 != 0 {
+        return Err(Status::BAD_PARAM);
+    }
     if layout::get8(&b, mod_stat_cfg::PG_SZ_M) & 1 != 0
         && layout::get8(&b, mod_stat_cfg::PG_SZ) != 0
     {
@@ -188,6 +205,15 @@ pub fn map_icm(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if hca.icm.size.is_none() {
         return Err(Status::BAD_SYS_STATE);
     }
+    // The firmware keeps its ICM page tables in the aux pages:
+    // ICM_ERROR is "error in ICM mapping (e.g. not enough auxiliary pages)".
+    let (have, need_aux) = (hca.icm.aux.len() as u64, hca.icm.aux_needed());
+    if have < need_aux {
+        hca.violation(format!(
+            "MAP_ICM with {have} of the {need_aux} aux pages SET_ICM_SIZE asked for mapped"
+        ));
+        return Err(Status::ICM_ERROR);
+    }
     let entries = page_list(hca, cmd)?;
     total_pages(&entries, hca.icm.mapped_pages())?;
     let mut checked = Vec::new();
@@ -240,6 +266,88 @@ fn ilog2(v: u32) -> u8 {
     31 - v.max(1).leading_zeros() as u8
 }
 
+/// Bits of INIT_HCA byte `off` that may be set (iPXE
+/// `hermonprm_init_hca_st` and its sub-blocks, plus the Linux-only fields
+/// listed in [`crate::layout`]); every other bit of the 0x200 bytes is
+/// reserved. The flags dword and the 64-byte-entry dword are checked
+/// field by field in [`init_hca_fields`].
+fn init_hca_allowed(off: usize) -> u8 {
+    match off {
+        0x00 => 0xff, // version
+        // Linux: (log2 cache line - 4) << 5, and since 3.14 also bit 4.
+        0x0e => 0xf0,
+        0x8a => 0x0f, // Linux 3.19+: num_sys_eqs (12 bits, 0 unless SYS_EQS)
+        0x8b => 0xff,
+        0x14..=0x17 | 0x58..=0x5b => 0xff, // flags, 64-byte EQE/CQE
+        0x30..=0x37 | 0x48..=0x4f | 0x50..=0x57 | 0x60..=0x67 | 0x70..=0x77 | 0x80..=0x87 => 0xff,
+        0x90..=0x96 => 0xff,        // RDMARC base
+        0x97 => 0xe7,               // base bits 7:5, log RDMARC per QP 2:0
+        0xc0..=0xc7 => 0xff,        // MC base
+        0xd3 | 0xd7 | 0xdb => 0x1f, // log MC entry / hash / table size
+        0xd8 => 0x08,               // uc_group_steering (mc_hash_fn 0 only)
+        0xf0..=0xf7 => 0xff,        // dMPT base
+        0xf8 => 0x80,               // Linux: memory windows enable
+        0xfa => 0x1f,               // iPXE: pfto
+        0xfb => 0x3f,               // log dMPT size
+        0x100..=0x10f => 0xff,      // MTT and cMPT bases
+        0x12a => 0x0f,              // log max UARs
+        0x12b => 0xff,              // UAR page size
+        _ => 0,
+    }
+}
+
+/// The first reserved bit set in an INIT_HCA mailbox, then the flag bits
+/// the device cannot honour; `Err` carries the recorded message.
+fn init_hca_fields(b: &[u8], c: &crate::layout::DevCap) -> Result<(), String> {
+    use crate::layout::cap_flags;
+    use init_hca::*;
+    if let Some((off, v)) = b
+        .iter()
+        .enumerate()
+        .take(init_hca::LEN)
+        .map(|(i, &v)| (i, v & !init_hca_allowed(i)))
+        .find(|&(_, v)| v != 0)
+    {
+        return Err(format!(
+            "INIT_HCA byte {off:#05x} has reserved bits {v:#04x} set"
+        ));
+    }
+    let flags = layout::get32(b, FLAGS);
+    let mut allowed = FLAG_UD_PORT_CHECK | FLAG_QOS;
+    if c.flags & cap_flags::IPOIB_CSUM != 0 {
+        allowed |= FLAG_IPOIB_CSUM;
+    }
+    if c.flags & cap_flags::COUNTERS != 0 {
+        allowed |= FLAG_COUNTERS;
+    }
+    if flags & FLAG_HOST_BE != 0 {
+        return Err(format!(
+            "INIT_HCA flags {flags:#010x}: host big-endian bit (1) set; the hosts this model serves are little-endian (Linux clears it on x86)"
+        ));
+    }
+    if flags & !allowed != 0 {
+        return Err(format!(
+            "INIT_HCA flags {flags:#010x}: bits {:#010x} are reserved or name a capability QUERY_DEV_CAP did not report (a byte-swapped flags dword?)",
+            flags & !allowed
+        ));
+    }
+    let e = layout::get32(b, EQE_CQE_64);
+    if e & !(EQE_64 | CQE_64) != 0 {
+        return Err(format!("INIT_HCA dword 0x58 {e:#010x}: reserved bits set"));
+    }
+    if layout::get8(b, UC_STEERING) != 0
+        && c.flags & (cap_flags::VEP_UC_STEER | cap_flags::VEP_MC_STEER) == 0
+    {
+        return Err(
+            "INIT_HCA: unicast steering enabled without the VEP steering capabilities".into(),
+        );
+    }
+    if layout::get8(b, MW_ENABLE) != 0 && c.flags & cap_flags::MEM_WINDOW == 0 {
+        return Err("INIT_HCA: memory windows enabled without the capability".into());
+    }
+    Ok(())
+}
+
 /// Checks INIT_HCA parameters against the limits and the ICM size.
 fn check_init_hca(hca: &Hca, h: &InitHca) -> Result<Geometry, Status> {
     let c = hca.caps();
@@ -260,7 +368,21 @@ fn check_init_hca(hca: &Hca, h: &InitHca) -> Result<Geometry, Status> {
     {
         return Err(Status::EXCEED_LIM);
     }
-    if h.log_num_qps < c.log_rsvd_qps || h.log_num_cqs < c.log_rsvd_cqs {
+    // Every table must hold more than the firmware's reserved entries.
+    if h.log_num_qps <= c.log_rsvd_qps
+        || h.log_num_cqs <= c.log_rsvd_cqs
+        || h.log_num_srqs < c.log_rsvd_srqs
+        || h.log_mpt_sz <= c.log_rsvd_mrws
+        || layout::pow2(h.log_num_eqs) <= u64::from(c.rsvd_eqs)
+        || layout::pow2(h.log_uars) <= u64::from(c.rsvd_uars)
+    {
+        return Err(Status::BAD_PARAM);
+    }
+    // An MGM entry holds its control and GID sections (iPXE: "must be
+    // greater than 5"); the hash part cannot exceed the table.
+    if (h.mc_base != 0 || h.log_mc_table_sz != 0)
+        && (h.log_mc_entry_sz <= 5 || h.log_mc_hash_sz > h.log_mc_table_sz)
+    {
         return Err(Status::BAD_PARAM);
     }
     if h.uar_page_sz != 0 {
@@ -292,6 +414,25 @@ fn check_init_hca(hca: &Hca, h: &InitHca) -> Result<Geometry, Status> {
         g.base(Table::Cmpt(0)),
         4 * (g.entry_size(Table::Cmpt(0)) << 24),
     ));
+    // iPXE `hermonprm_qpcbaseaddr_st` / `hermonprm_tptparams_st`: the QPC,
+    // SRQC, CQC, dMPT and cMPT tables "must be aligned on [their] size"
+    // (Linux's profile gets this for free by placing power-of-two tables in
+    // decreasing size order); the others on their entry size (above).
+    for t in [
+        Table::Qpc,
+        Table::Srqc,
+        Table::Cqc,
+        Table::Dmpt,
+        Table::Cmpt(0),
+    ] {
+        let len = match t {
+            Table::Cmpt(_) => 4 * (g.entry_size(t) << 24),
+            _ => g.entry_size(t) * g.count(t).unwrap_or(1),
+        };
+        if len.is_power_of_two() && !g.base(t).is_multiple_of(len) {
+            return Err(Status::BAD_PARAM);
+        }
+    }
     if h.mc_base != 0 || h.log_mc_table_sz != 0 {
         spans.push((h.mc_base, (1u64 << h.log_mc_table_sz) << h.log_mc_entry_sz));
     }
@@ -317,6 +458,10 @@ pub fn init_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::ICM_ERROR);
     }
     let b = hca.read_mailbox(cmd.in_param, init_hca::LEN)?;
+    if let Err(msg) = init_hca_fields(&b, hca.caps()) {
+        hca.violation(msg);
+        return Err(Status::BAD_PARAM);
+    }
     let h = InitHca::decode(&b);
     let g = check_init_hca(hca, &h)?;
     hca.geo = Some(g);
@@ -325,11 +470,19 @@ pub fn init_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// CLOSE_HCA: drops every object (objects still in hardware ownership are a
-/// recorded violation: software returns them first); ICM mappings stay until
-/// UNMAP_ICM.
-pub fn close_hca(hca: &mut Hca, _cmd: &Command) -> CmdResult {
+/// CLOSE_HCA (op_mod 0, or 1 = Linux's "panic" teardown): drops every
+/// object; ICM mappings stay until UNMAP_ICM. Recorded as violations, the
+/// state a correct teardown has already undone (Linux `mlx4_remove_one` and
+/// iPXE `hermon_stop`/`hermon_ib_close` both do): objects still in hardware
+/// ownership, async events still mapped to an EQ (MAP_EQ without the unmap
+/// bit), ports still open (INIT_PORT without CLOSE_PORT, e.g. CLOSE_PORT
+/// with a wrong port number). The command itself succeeds: the card tears
+/// down regardless.
+pub fn close_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[Initialized])?;
+    if cmd.op_mod > 1 {
+        return Err(Status::BAD_OP);
+    }
     let live_qps = hca
         .qps
         .values()
@@ -351,6 +504,25 @@ pub fn close_hca(hca: &mut Hca, _cmd: &Command) -> CmdResult {
         hca.violation(format!(
             "CLOSE_HCA with {} still in hardware ownership",
             left.join(", ")
+        ));
+    }
+    let mapped = hca.mapped_async_events(None);
+    if !mapped.is_empty() {
+        hca.violation(format!(
+            "CLOSE_HCA with async events {} still mapped to an EQ (MAP_EQ unmap, in_mod bit 31, not done)",
+            crate::eq::event_list(&mapped)
+        ));
+    }
+    let open: Vec<String> = hca
+        .ports
+        .iter()
+        .filter(|p| p.initialized)
+        .map(|p| p.num.to_string())
+        .collect();
+    if !open.is_empty() {
+        hca.violation(format!(
+            "CLOSE_HCA with port {} still open (INIT_PORT without CLOSE_PORT)",
+            open.join(", ")
         ));
     }
     hca.eqs.clear();

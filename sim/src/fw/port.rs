@@ -7,8 +7,21 @@ use crate::device::{FwState, Hca};
 use crate::hcr::{Command, Status};
 use crate::layout::{PortCap, get8, get16, get32, get64, set_port_ib};
 
-fn port_of(hca: &Hca, in_mod: u32) -> Result<usize, Status> {
-    hca.port_index(in_mod & 0xff).ok_or(Status::BAD_PARAM)
+fn port_of(hca: &mut Hca, cmd: &Command) -> Result<usize, Status> {
+    port_in(hca, cmd, cmd.in_mod)
+}
+
+/// The port named by `v` (bits 7:0 of an input modifier whose other bits
+/// the caller has checked).
+fn port_in(hca: &mut Hca, cmd: &Command, v: u32) -> Result<usize, Status> {
+    if v >> 8 != 0 {
+        hca.violation(format!(
+            "{}: input modifier {:#010x} has reserved bits set (the port is 7:0)",
+            cmd.opcode, cmd.in_mod
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    hca.port_index(v).ok_or(Status::BAD_PARAM)
 }
 
 /// IB VLCap encoding of a number of data VLs.
@@ -24,7 +37,7 @@ fn vl_enum(n: u8) -> u8 {
 /// QUERY_PORT: in_mod = port.
 pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Running, FwState::Initialized])?;
-    let i = port_of(hca, cmd.in_mod)?;
+    let i = port_of(hca, cmd)?;
     let p = &hca.ports[i];
     let mut b = PortCap {
         ib_mtu: p.mtu_cap,
@@ -40,7 +53,7 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
         b[0] |= 0x80;
     }
     b[4] = 0x07;
-    hca.dma_write(cmd.out_param, &b)?;
+    hca.write_mailbox(cmd.out_param, &b)?;
     Ok(Outcome::OK)
 }
 
@@ -50,14 +63,14 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// read it from HCR dwords 3..4.
 pub fn sense_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    port_of(hca, cmd.in_mod)?;
+    port_of(hca, cmd)?;
     Ok(Outcome::imm(1))
 }
 
 /// INIT_PORT: enables the port; the link trains if the cable is plugged.
 pub fn init_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let i = port_of(hca, cmd.in_mod)?;
+    let i = port_of(hca, cmd)?;
     let before = hca.ports[i].state;
     hca.ports[i].initialized = true;
     hca.ports[i].retrain();
@@ -72,7 +85,7 @@ pub fn init_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// and real cards do not fail it (no "command 0xa failed" on unload).
 pub fn close_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let i = port_of(hca, cmd.in_mod)?;
+    let i = port_of(hca, cmd)?;
     if !hca.ports[i].initialized {
         return Ok(Outcome::OK);
     }
@@ -92,7 +105,7 @@ pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if cmd.op_mod != 0 {
         return Err(Status::BAD_OP);
     }
-    let i = port_of(hca, cmd.in_mod)?;
+    let i = port_of(hca, cmd)?;
     let b = hca.read_mailbox(cmd.in_param, 0x100)?;
     let flags = get32(&b, FLAGS);
     let mtu = ((flags >> MTU_SHIFT) & 0xf) as u8;
@@ -143,10 +156,10 @@ pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
 pub fn mad_ifc(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
     // Bits 7:0 port; bit 8 is iPXE/PRM's "extended info valid" (Linux uses
-    // op_mod bit 2 instead); bits 31:16 the source LID.
-    let i = port_of(hca, cmd.in_mod)?;
+    // op_mod bit 2 instead); bits 31:16 the source LID; 15:9 reserved.
+    let i = port_in(hca, cmd, cmd.in_mod & 0xfeff)?;
     let mad = hca.read_mailbox(cmd.in_param, crate::mad_ifc::MAD_SIZE)?;
     let resp = crate::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
-    hca.dma_write(cmd.out_param, &resp)?;
+    hca.write_mailbox(cmd.out_param, &resp)?;
     Ok(Outcome::OK)
 }

@@ -143,7 +143,7 @@ fn set_state(ctx: &mut [u8], s: QpState) {
     put32(ctx, qpc::FLAGS, f);
 }
 
-fn check_rst2init(hca: &mut Hca, qpn: u32, c: &QpCtx) -> Result<(), Status> {
+fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(), Status> {
     let caps = hca.caps().clone();
     let is_special = special(hca, qpn).is_some();
     let st_ok = match c.st {
@@ -153,6 +153,7 @@ fn check_rst2init(hca: &mut Hca, qpn: u32, c: &QpCtx) -> Result<(), Status> {
     };
     if !st_ok
         || c.local_qpn != qpn
+        || c.msgmax > caps.log_max_msg
         || u64::from(c.pd) >= crate::layout::pow2(caps.log_max_pd)
         || c.usr_page >= caps.num_uars()
         || c.usr_page < u32::from(caps.rsvd_uars)
@@ -162,6 +163,7 @@ fn check_rst2init(hca: &mut Hca, qpn: u32, c: &QpCtx) -> Result<(), Status> {
     {
         return Err(Status::BAD_PARAM);
     }
+    super::res::pd_check(hca, cmd, qpn, c.pd)?;
     for cqn in [c.cqn_send, c.cqn_recv] {
         if !hca.cqs.contains_key(&cqn) {
             hca.violation(format!(
@@ -215,9 +217,28 @@ fn check_init2rtr(hca: &mut Hca, qpn: u32, cur: &QpCtx, new: &QpCtx) -> Result<u
     Ok(port)
 }
 
-/// Any QP state transition.
+/// Any QP state transition. The input modifier is the QPN (23:0) and, for
+/// RTS2SQD only, the SQ-drained event request in bit 31 (Linux
+/// `__mlx4_qp_modify`); bits 30:24 are reserved. The opcode modifier is 0,
+/// except for 2RST (Linux 2, iPXE 3: no output mailbox).
 pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
+    let sqd_event = cmd.in_mod >> 31 != 0;
+    if cmd.in_mod & 0x7f00_0000 != 0 || (sqd_event && cmd.opcode != Opcode::RTS2SQD_QP) {
+        hca.violation(format!(
+            "{}: input modifier {:#010x} has reserved bits set (QPN 23:0; bit 31 only for RTS2SQD)",
+            cmd.opcode, cmd.in_mod
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    let op_mod_ok = if cmd.opcode == Opcode::RST_QP {
+        cmd.op_mod <= 3
+    } else {
+        cmd.op_mod == 0
+    };
+    if !op_mod_ok {
+        return Err(Status::BAD_OP);
+    }
     let qpn = cmd.in_mod & 0xff_ffff;
     let va = hca.ctx_va(Table::Qpc, u64::from(qpn))?;
     if qpn < hca.caps().rsvd_qps() {
@@ -264,7 +285,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     });
     match cmd.opcode {
         Opcode::RST2INIT_QP => {
-            check_rst2init(hca, qpn, &new)?;
+            check_rst2init(hca, cmd, qpn, &new)?;
             ctx = new_raw.to_vec();
             next = QpRt {
                 state: to,
@@ -332,7 +353,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// QUERY_QP: optpar 0, 4 reserved bytes, then the context from ICM.
 pub fn query_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let qpn = cmd.in_mod & 0xff_ffff;
+    let qpn = super::res::index(hca, cmd)?;
     let va = hca.ctx_va(Table::Qpc, u64::from(qpn))?;
     let state = hca.qps.get(&qpn).map_or(QpState::Rst, |q| q.state);
     let mut out = vec![0u8; qpc::MAILBOX_CTX + qpc::SIZE];
@@ -345,14 +366,23 @@ pub fn query_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
         let rnr = get32(c, qpc::RNR_NEXTRECVPSN) & 0xff00_0000;
         put32(c, qpc::RNR_NEXTRECVPSN, rnr | (q.rq_psn & 0xff_ffff));
     }
-    hca.dma_write(cmd.out_param, &out)?;
+    hca.write_mailbox(cmd.out_param, &out)?;
     Ok(Outcome::OK)
 }
 
-/// CONF_SPECIAL_QP: in_mod = base of the 8 special QPNs (0 = none).
+/// CONF_SPECIAL_QP: in_mod = base of the 8 special QPNs (0 = none); op_mod
+/// 0 (QP0/QP1; Linux and iPXE use nothing else, the other internal-QP
+/// flavours are not modelled: BAD_OP).
+///
+/// A teardown without `CONF_SPECIAL_QP(0)` is not recorded: Linux sends it
+/// (`mlx4_cleanup_qp_table`), but iPXE goes straight to CLOSE_HCA on real
+/// cards, so CLOSE_HCA evidently drops the configuration.
 pub fn conf_special_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let base = cmd.in_mod & 0xff_ffff;
+    if cmd.op_mod != 0 {
+        return Err(Status::BAD_OP);
+    }
+    let base = super::res::index(hca, cmd)?;
     let live = |h: &Hca| {
         let b = h.special_qp_base;
         b != 0

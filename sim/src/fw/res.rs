@@ -26,11 +26,51 @@ fn ctx_in(hca: &mut Hca, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
 fn ctx_out(hca: &mut Hca, cmd: &Command, va: u64, len: usize) -> Result<(), Status> {
     let mut b = vec![0u8; len];
     hca.icm_read(va, &mut b)?;
-    hca.dma_write(cmd.out_param, &b)
+    hca.write_mailbox(cmd.out_param, &b)
 }
 
-fn index(cmd: &Command) -> u32 {
-    cmd.in_mod & 0xff_ffff
+/// The object number an input modifier names (bits 23:0); a set bit in
+/// 31:24 is a reserved-bit violation (BAD_PARAM), never silently masked.
+pub(crate) fn index(hca: &mut Hca, cmd: &Command) -> Result<u32, Status> {
+    if cmd.in_mod >> 24 != 0 {
+        hca.violation(format!(
+            "{}: input modifier {:#010x} has reserved bits 31:24 set (the object number is 23:0)",
+            cmd.opcode, cmd.in_mod
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    Ok(cmd.in_mod)
+}
+
+/// HW2SW_* opcode modifier: 0 returns the context in the output mailbox, 1
+/// returns nothing (Linux `mlx4_HW2SW_*` with a NULL mailbox); anything else
+/// is BAD_OP.
+fn hw2sw_mailbox(cmd: &Command) -> Result<bool, Status> {
+    match cmd.op_mod {
+        0 => Ok(true),
+        1 => Ok(false),
+        _ => Err(Status::BAD_OP),
+    }
+}
+
+/// Records and refuses (BAD_PARAM) a context with a reserved bit set.
+fn reserved_ctx(
+    hca: &mut Hca,
+    cmd: &Command,
+    n: u32,
+    b: &[u8],
+    masks: &[(usize, u32)],
+) -> Result<(), Status> {
+    match ctx::reserved_bits(b, masks) {
+        None => Ok(()),
+        Some((off, bad)) => {
+            hca.violation(format!(
+                "{} {n:#x}: context dword {off:#04x} has reserved bits {bad:#010x} set",
+                cmd.opcode
+            ));
+            Err(Status::BAD_PARAM)
+        }
+    }
 }
 
 // ------------------------------------------------------------------ EQ
@@ -38,7 +78,7 @@ fn index(cmd: &Command) -> u32 {
 /// SW2HW_EQ: in_mod = EQN.
 pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let eqn = cmd.in_mod & 0x3ff;
+    let eqn = index(hca, cmd)?;
     let va = hca.ctx_va(Table::Eqc, u64::from(eqn))?;
     if eqn < u32::from(hca.caps().rsvd_eqs) {
         return Err(Status::BAD_RESOURCE);
@@ -48,7 +88,14 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     hca.ctx_va(Table::Cmpt(3), u64::from(eqn))?;
     let mut b = ctx_in(hca, cmd, eqc::SIZE)?;
+    reserved_ctx(hca, cmd, eqn, &b, eqc::RESERVED)?;
     let c = EqCtx::decode(&b);
+    if c.ec {
+        hca.violation(format!(
+            "SW2HW_EQ {eqn}: event coalescing requested; not modelled (neither Linux nor iPXE sets it)"
+        ));
+        return Err(Status::BAD_PARAM);
+    }
     if c.status != 0
         || !matches!(c.st, eqc::ST_ARMED | eqc::ST_FIRED | eqc::ST_ALWAYS_ARMED)
         || c.log_eq_size > hca.caps().log_max_eq_sz
@@ -75,6 +122,7 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         doorbells: 0,
         overrun: false,
         intr: c.intr,
+        oi: c.oi,
     };
     hca.eq_init_owner_bits(&eq)?;
     put8(&mut b, eqc::FLAGS, 0); // status OK
@@ -87,7 +135,7 @@ pub fn sw2hw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 fn owned_eq(hca: &mut Hca, cmd: &Command) -> Result<(u32, u64), Status> {
     need(hca, &[FwState::Initialized])?;
-    let eqn = cmd.in_mod & 0x3ff;
+    let eqn = index(hca, cmd)?;
     let g = hca.geo()?;
     if g.count(Table::Eqc).is_some_and(|n| u64::from(eqn) >= n) {
         return Err(Status::BAD_INDEX);
@@ -98,14 +146,27 @@ fn owned_eq(hca: &mut Hca, cmd: &Command) -> Result<(u32, u64), Status> {
     Ok((eqn, g.va(Table::Eqc, u64::from(eqn))))
 }
 
-/// HW2SW_EQ: refused while a CQ still reports to the EQ.
+/// HW2SW_EQ: refused while a CQ still reports to the EQ. Async event types
+/// still mapped to it (a teardown that skipped MAP_EQ with the unmap bit, or
+/// sent it with a wrong modifier) are a recorded violation: Linux
+/// (`mlx4_cleanup_eq_table`) and iPXE (`hermon_destroy_eq`, "HCA may die")
+/// both unmap first. The command still succeeds (no source shows the card
+/// refusing it) and the mappings go with the EQ.
 pub fn hw2sw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let (eqn, va) = owned_eq(hca, cmd)?;
+    let with_mailbox = hw2sw_mailbox(cmd)?;
     if hca.cqs.values().any(|c| c.eqn == eqn) {
         return Err(Status::RESOURCE_BUSY);
     }
-    if cmd.op_mod == 0 {
+    if with_mailbox {
         ctx_out(hca, cmd, va, eqc::SIZE)?;
+    }
+    let still = hca.mapped_async_events(Some(eqn));
+    if !still.is_empty() {
+        hca.violation(format!(
+            "HW2SW_EQ {eqn} while async events {} are still mapped to it (MAP_EQ with the unmap bit, in_mod bit 31, not done)",
+            crate::eq::event_list(&still)
+        ));
     }
     hca.eqs.remove(&eqn);
     for m in hca.async_map.iter_mut() {
@@ -123,11 +184,26 @@ pub fn query_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// MAP_EQ: in_param = event mask, in_mod = EQN | unmap << 31.
+/// MAP_EQ: in_param = event mask, in_mod = EQN | unmap << 31 (Linux
+/// `mlx4_MAP_EQ`, iPXE `HERMON_UNMAP_EQ`); bits 30:24 are reserved.
 pub fn map_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let eqn = cmd.in_mod & 0x3ff;
     let unmap = cmd.in_mod >> 31 != 0;
+    if cmd.in_mod & 0x7f00_0000 != 0 {
+        hca.violation(format!(
+            "MAP_EQ input modifier {:#010x}: reserved bits 30:24 set (unmap is bit 31, the EQN 23:0)",
+            cmd.in_mod
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    let eqn = cmd.in_mod & 0xff_ffff;
+    if hca
+        .geo()?
+        .count(Table::Eqc)
+        .is_some_and(|n| u64::from(eqn) >= n)
+    {
+        return Err(Status::BAD_INDEX);
+    }
     if !hca.eqs.contains_key(&eqn) {
         return Err(Status::BAD_RES_STATE);
     }
@@ -152,7 +228,7 @@ pub fn map_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// SW2HW_CQ: in_mod = CQN; the completion EQ must be in hardware ownership.
 pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let cqn = index(cmd);
+    let cqn = index(hca, cmd)?;
     let va = hca.ctx_va(Table::Cqc, u64::from(cqn))?;
     if cqn < hca.caps().rsvd_cqs() {
         return Err(Status::BAD_RESOURCE);
@@ -162,6 +238,7 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     hca.ctx_va(Table::Cmpt(2), u64::from(cqn))?;
     let b = ctx_in(hca, cmd, cqc::SIZE)?;
+    reserved_ctx(hca, cmd, cqn, &b, cqc::RESERVED)?;
     let c = CqCtx::decode(&b);
     let caps = hca.caps();
     if c.log_size > caps.log_max_cq_sz
@@ -211,7 +288,7 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// EQ stay), op_mod 1 sets moderation (count and period). With no CQ engine
 /// yet nothing is outstanding, so BAD_SIZE cannot arise.
 pub fn modify_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let cqn = index(cmd);
+    let cqn = index(hca, cmd)?;
     let (cq, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
     let b = ctx_in(hca, cmd, cqc::SIZE)?;
     let mut cur = vec![0u8; cqc::SIZE];
@@ -265,18 +342,33 @@ fn owned<T>(
     Ok((v, g.va(t, u64::from(idx))))
 }
 
+/// PDs below QUERY_DEV_CAP's reserved count belong to the firmware (Linux
+/// and iPXE start their PD allocators above them): BAD_RESOURCE, recorded.
+pub(crate) fn pd_check(hca: &mut Hca, cmd: &Command, n: u32, pd: u32) -> Result<(), Status> {
+    let rsvd = u32::from(hca.caps().rsvd_pds);
+    if pd < rsvd {
+        hca.violation(format!(
+            "{} {n:#x}: PD {pd} is one of the {rsvd} firmware-reserved PDs",
+            cmd.opcode
+        ));
+        return Err(Status::BAD_RESOURCE);
+    }
+    Ok(())
+}
+
 fn qp_uses(hca: &Hca, f: impl Fn(&crate::device::QpRt) -> bool) -> bool {
     hca.qps.values().any(|q| q.state != QpState::Rst && f(q))
 }
 
 /// HW2SW_CQ: refused while a live QP uses the CQ; op_mod 1 = no mailbox.
 pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let cqn = index(cmd);
+    let cqn = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
+    let with_mailbox = hw2sw_mailbox(cmd)?;
     if qp_uses(hca, |q| q.scq == cqn || q.rcq == cqn) {
         return Err(Status::RESOURCE_BUSY);
     }
-    if cmd.op_mod == 0 {
+    if with_mailbox {
         ctx_out(hca, cmd, va, cqc::SIZE)?;
     }
     hca.cqs.remove(&cqn);
@@ -286,7 +378,7 @@ pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 /// QUERY_CQ.
 pub fn query_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let cqn = index(cmd);
+    let cqn = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Cqc, cqn, |h| h.cqs.get(&cqn).copied())?;
     ctx_out(hca, cmd, va, cqc::SIZE)?;
     Ok(Outcome::OK)
@@ -298,7 +390,7 @@ pub fn query_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// name the same index.
 pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let idx = index(cmd);
+    let idx = index(hca, cmd)?;
     let va = hca.ctx_va(Table::Dmpt, u64::from(idx))?;
     if idx < hca.caps().rsvd_mrws() {
         return Err(Status::BAD_RESOURCE);
@@ -307,6 +399,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_RES_STATE);
     }
     let mut b = ctx_in(hca, cmd, mpt::SIZE)?;
+    reserved_ctx(hca, cmd, idx, &b, mpt::RESERVED)?;
     let m = MptEntry::decode(&b);
     let nmpt = hca.geo()?.count(Table::Dmpt).unwrap_or(1) as u32;
     let status = m.status();
@@ -327,6 +420,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     {
         return Err(Status::BAD_PARAM);
     }
+    pd_check(hca, cmd, idx, m.pd)?;
     let physical = m.flags & mpt::FLAG_PHYSICAL != 0;
     let free = status == mpt::STATUS_FREE;
     if !region {
@@ -335,6 +429,11 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         // Fast-register MR: the MTT range must be mapped ICM.
         let g = hca.geo()?;
         let va_mtt = g.va(Table::Mtt, m.mtt_addr / 8);
+        hca.mtt_reserved_check(
+            m.mtt_addr / 8,
+            u64::from(m.mtt_sz.max(1)),
+            "SW2HW_MPT (fast register)",
+        )?;
         if !m.mtt_addr.is_multiple_of(8)
             || !hca.icm.is_mapped(va_mtt, u64::from(m.mtt_sz.max(1)) * 8)
         {
@@ -364,9 +463,9 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 /// HW2SW_MPT: op_mod 1 = no mailbox.
 pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let idx = index(cmd);
+    let idx = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
-    if cmd.op_mod == 0 {
+    if hw2sw_mailbox(cmd)? {
         ctx_out(hca, cmd, va, mpt::SIZE)?;
     }
     hca.mpts.remove(&idx);
@@ -376,7 +475,7 @@ pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 /// QUERY_MPT.
 pub fn query_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let idx = index(cmd);
+    let idx = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
     ctx_out(hca, cmd, va, mpt::SIZE)?;
     Ok(Outcome::OK)
@@ -395,6 +494,14 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     let b = hca.read_mailbox(cmd.in_param, 16 + n as usize * 8)?;
     let first = get64(&b, 0);
+    if get64(&b, 8) != 0 {
+        hca.violation(format!(
+            "WRITE_MTT: reserved mailbox bytes 8..16 are {:#018x}, not zero",
+            get64(&b, 8)
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    hca.mtt_reserved_check(first, u64::from(n), "WRITE_MTT")?;
     if first
         .checked_add(u64::from(n))
         .is_none_or(|e| e > crate::layout::pow2(hca.caps().log_max_mtts))
@@ -417,7 +524,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// SW2HW_SRQ: in_mod = SRQN (also in the context).
 pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
-    let srqn = index(cmd);
+    let srqn = index(hca, cmd)?;
     let va = hca.ctx_va(Table::Srqc, u64::from(srqn))?;
     if srqn < hca.caps().rsvd_srqs() {
         return Err(Status::BAD_RESOURCE);
@@ -427,6 +534,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     hca.ctx_va(Table::Cmpt(1), u64::from(srqn))?;
     let b = ctx_in(hca, cmd, ctx::srqc::SIZE)?;
+    reserved_ctx(hca, cmd, srqn, &b, ctx::srqc::RESERVED)?;
     let s = SrqCtx::decode(&b);
     if s.srqn != srqn
         || s.log_size > hca.caps().log_max_srq_sz
@@ -435,6 +543,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     {
         return Err(Status::BAD_PARAM);
     }
+    pd_check(hca, cmd, srqn, s.pd)?;
     let bytes = (1u64 << s.log_size) << (s.log_stride + 4);
     hca.mtt_pages(s.mtt_base, s.log_page_size, bytes)?;
     let mut db = [0u8; 4];
@@ -454,12 +563,13 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 /// HW2SW_SRQ: refused while a live QP uses the SRQ; op_mod 1 = no mailbox.
 pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let srqn = index(cmd);
+    let srqn = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
+    let with_mailbox = hw2sw_mailbox(cmd)?;
     if qp_uses(hca, |q| q.srq == Some(srqn)) {
         return Err(Status::RESOURCE_BUSY);
     }
-    if cmd.op_mod == 0 {
+    if with_mailbox {
         ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
     }
     hca.srqs.remove(&srqn);
@@ -469,7 +579,7 @@ pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 
 /// QUERY_SRQ.
 pub fn query_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let srqn = index(cmd);
+    let srqn = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
     ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
     Ok(Outcome::OK)
@@ -479,7 +589,7 @@ pub fn query_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
 /// lands in the context in ICM too (BE16 at 0x1c), where QUERY_SRQ reports
 /// it (Linux `mlx4_srq_query` reads `limit_watermark` there).
 pub fn arm_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    let srqn = index(cmd);
+    let srqn = index(hca, cmd)?;
     let (s, va) = owned(hca, Table::Srqc, srqn, |h| h.srqs.get(&srqn).copied())?;
     if cmd.in_param >= 1u64 << s.log_size {
         return Err(Status::BAD_PARAM);

@@ -46,7 +46,7 @@ fn port_start(r: &mut Raw, port: u32, cq: u32) {
         let q = queue(r, 2).unwrap();
         let db = r.pages(1)[0];
         r.cmd_in(
-            &rst2init(qpn, st, 1, cq, q.mtt, db).0,
+            &rst2init(qpn, st, PD, cq, q.mtt, db).0,
             qpn,
             0,
             Opcode::RST2INIT_QP,
@@ -70,7 +70,7 @@ fn full_bring_up_and_teardown_in_linux_order_run_clean() {
     let (_, asy) = init_full(&mut r).unwrap();
     // mlx4_ib: DMA MR, MAD CQ, QP0/QP1 per port.
     r.cmd_in(
-        &mpt_entry(FIRST_MPT, 1, true, 0, u64::MAX, 0),
+        &mpt_entry(FIRST_MPT, PD, true, 0, u64::MAX, 0),
         FIRST_MPT,
         0,
         Opcode::SW2HW_MPT,

@@ -90,7 +90,7 @@ fn every_command_succeeds_and_is_refused_at_least_once() {
     r.cmd_out(0, 0, Opcode::QUERY_HCA).unwrap();
     create_cq(&mut r, FIRST_CQ, 8, FIRST_EQ as u8).unwrap();
     r.cmd_in(
-        &mpt_entry(FIRST_MPT, 1, true, 0, u64::MAX, 0),
+        &mpt_entry(FIRST_MPT, PD, true, 0, u64::MAX, 0),
         FIRST_MPT,
         0,
         Opcode::SW2HW_MPT,
@@ -99,7 +99,7 @@ fn every_command_succeeds_and_is_refused_at_least_once() {
     let sq = queue(&mut r, 1).unwrap();
     let db = r.pages(1)[0];
     r.cmd_in(
-        &srq_ctx(FIRST_SRQ, 6, 2, 1, sq.mtt, db),
+        &srq_ctx(FIRST_SRQ, 6, 2, PD, sq.mtt, db),
         FIRST_SRQ,
         0,
         Opcode::SW2HW_SRQ,

@@ -193,6 +193,14 @@ fn icm_size_aux_and_map_rules() {
     // INIT_HCA without the aux pages.
     let ih = init_hca_params().encode();
     assert_eq!(r.cmd_in(&ih, 0, 0, Opcode::INIT_HCA), st(Status::ICM_ERROR));
+    // MAP_ICM before the aux pages: the firmware has nowhere to keep the map.
+    assert_eq!(r.map_icm(CMPT, 1), st(Status::ICM_ERROR));
+    assert!(
+        r.violated("0 of the 1025 aux pages"),
+        "{:?}",
+        r.sim.violations()
+    );
+    r.sim.take_violations();
     let pas = r.pages(aux as usize);
     let e: Vec<_> = pas
         .iter()

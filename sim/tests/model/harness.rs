@@ -11,6 +11,8 @@ use sim::layout::{InitHca, PageEntry, put64};
 use sim::{Opcode, SimConfig, SimHca, Status};
 
 pub const HCR: usize = 0x8_0680;
+/// The first PD above the firmware-reserved ones (QUERY_DEV_CAP reports 4).
+pub const PD: u32 = 4;
 pub const GO: u32 = 1 << 23;
 pub const T: u32 = 1 << 21;
 pub const E: u32 = 1 << 22;
@@ -127,6 +129,34 @@ impl Raw {
         let hi = self.bar0.read_be32(HCR + 0xc);
         let lo = self.bar0.read_be32(HCR + 0x10);
         Ok(u64::from(hi) << 32 | u64::from(lo))
+    }
+
+    /// Posts seven raw dwords as given (dwords 0..5, then dword 6) and waits
+    /// for GO to clear; the status byte. The caller sets GO and T in `dw[6]`
+    /// (and flips `toggle` accordingly).
+    pub fn post_raw(&mut self, dw: [u32; 7]) -> R<u8> {
+        for (i, v) in dw.iter().enumerate() {
+            self.bar0.write_be32(HCR + 4 * i, *v);
+        }
+        self.toggle = dw[6] & T == 0;
+        let deadline = hal::Deadline::after(&*self.clock, self.timeout);
+        while self.pending() {
+            if deadline.expired(&*self.clock) {
+                return Err(CmdError::Timeout);
+            }
+            self.clock.relax();
+        }
+        Ok((self.bar0.read_be32(HCR + 0x18) >> 24) as u8)
+    }
+
+    /// The T bit the next post must carry.
+    pub fn next_t(&self) -> u32 {
+        if self.toggle { T } else { 0 }
+    }
+
+    /// True if a recorded violation contains `pat`.
+    pub fn violated(&self, pat: &str) -> bool {
+        self.sim.violations().iter().any(|v| v.contains(pat))
     }
 
     /// A command without mailboxes.
@@ -251,12 +281,12 @@ pub mod profile {
     pub const ALTC: u64 = 0x1_0001_4000;
     pub const RDMARC: u64 = 0x1_0002_0000;
     pub const SRQC: u64 = 0x1_0004_0000;
-    pub const CQC: u64 = 0x1_0004_2000;
-    pub const EQC: u64 = 0x1_0004_6000;
-    pub const DMPT: u64 = 0x1_0004_7000;
-    pub const MTT: u64 = 0x1_0004_b000;
-    pub const MC: u64 = 0x1_0005_3000;
-    pub const END: u64 = 0x1_0005_7000;
+    pub const EQC: u64 = 0x1_0004_2000;
+    pub const CQC: u64 = 0x1_0004_4000;
+    pub const DMPT: u64 = 0x1_0004_8000;
+    pub const MTT: u64 = 0x1_0004_c000;
+    pub const MC: u64 = 0x1_0005_4000;
+    pub const END: u64 = 0x1_0005_8000;
     pub const ICM_SIZE: u64 = 0x1_0010_0000;
     pub const LOG_QPS: u8 = 8;
     pub const LOG_SRQS: u8 = 7;
@@ -374,6 +404,22 @@ pub fn init_after_fw_pub(r: &mut Raw) -> R {
 }
 
 fn init_after_fw(r: &mut Raw) -> R {
+    init_before_hca(r)?;
+    let ih = init_hca_params().encode();
+    r.cmd_in(&ih, 0, 0, Opcode::INIT_HCA)?;
+    r.cmd_out(0, 0, Opcode::QUERY_ADAPTER)?;
+    Ok(())
+}
+
+/// Everything up to (not including) INIT_HCA, after a reset: QUERY_FW ..
+/// MAP_ICM.
+pub fn init_up_to_hca(r: &mut Raw) -> R {
+    load_fw(r)?;
+    init_before_hca(r)
+}
+
+/// Steps after RUN_FW up to MAP_ICM.
+fn init_before_hca(r: &mut Raw) -> R {
     use profile::*;
     let mut stat = vec![0u8; 0x100];
     stat[2] = 1;
@@ -408,9 +454,6 @@ fn init_after_fw(r: &mut Raw) -> R {
     r.map_icm(CQC, 4)?;
     r.map_icm(SRQC, 2)?;
     r.map_icm(MC, 4)?;
-    let ih = init_hca_params().encode();
-    r.cmd_in(&ih, 0, 0, Opcode::INIT_HCA)?;
-    r.cmd_out(0, 0, Opcode::QUERY_ADAPTER)?;
     Ok(())
 }
 
@@ -600,7 +643,7 @@ pub fn rst2init(qpn: u32, st: u8, pd: u32, cqn: u32, mtt: u64, db: u64) -> QpMbo
 pub fn create_qp(r: &mut Raw, qpn: u32, st: u8, cqn: u32) -> R<Queue> {
     let q = queue(r, 2)?;
     let db = r.pages(1)[0];
-    let m = rst2init(qpn, st, 1, cqn, q.mtt, db);
+    let m = rst2init(qpn, st, PD, cqn, q.mtt, db);
     r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP)?;
     Ok(q)
 }

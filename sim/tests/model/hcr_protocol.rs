@@ -337,3 +337,62 @@ fn trace_entries_carry_their_start_time_and_can_be_streamed() {
     assert_eq!(r.sim.trace_since(1), t[1..].to_vec());
     assert!(r.sim.trace_since(5).is_empty());
 }
+
+/// Polls `cond` for up to 10 s of real time.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn threaded_mode_enforces_the_hcr_write_order_and_the_reset_semaphore() {
+    // A 30 ms command keeps the HCR busy long enough to write into it.
+    let sim = SimHca::new_threaded(SimConfig {
+        hcr_delay: Duration::from_millis(30),
+        reset_duration: Duration::from_millis(20),
+        ..Default::default()
+    });
+    let r = Raw::with(sim);
+    let v = || r.sim.violations().join("\n");
+    // GO before the parameters.
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x031);
+    eventually("NOP done", || r.bar0.read_be32(HCR + 0x18) & GO == 0);
+    assert!(v().contains("GO) written before dwords 0..5"), "{}", v());
+    // Parameters, GO, then a parameter and a second GO while busy: both
+    // dropped, the first command runs with what it was posted with.
+    for off in [0, 4, 8, 0xc, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 0x18, GO | 0x031);
+    r.bar0.write_be32(HCR + 8, 0x1f);
+    r.bar0.write_be32(HCR + 0x18, GO | T | 0x031);
+    assert!(v().contains("dword 2 written while a command is in flight"));
+    assert!(v().contains("GO written while the HCR is busy"));
+    eventually("second NOP done", || r.bar0.read_be32(HCR + 0x18) & GO == 0);
+    assert_eq!(r.bar0.read_be32(HCR + 8), 0, "late parameter dropped");
+    assert_eq!(r.sim.trace().len(), 2, "the second GO did not post");
+    // T not flipped (the model checks it when it takes the command).
+    for off in [0, 4, 8, 0xc, 0x10, 0x14] {
+        r.bar0.write_be32(HCR + off, 0);
+    }
+    r.bar0.write_be32(HCR + 0x18, GO | 0x031);
+    eventually("third NOP done", || r.bar0.read_be32(HCR + 0x18) & GO == 0);
+    assert!(v().contains("toggle not flipped"), "{}", v());
+    // A 64-bit store into the HCR.
+    r.bar0.write64(HCR, 0);
+    assert!(v().contains("64-bit store into the HCR"));
+    // Semaphores are read-to-claim; a reset without it is recorded.
+    assert_eq!(r.bar0.read32(0xf_03fc), 0, "semaphore taken");
+    assert_ne!(r.bar0.read32(0xf_03fc), 0, "already held");
+    r.bar0.write32(0xf_03fc, 0);
+    r.sim.take_violations();
+    r.bar0.write_be32(0xf_0010, 1);
+    assert!(
+        v().contains("software reset without holding the reset semaphore"),
+        "{}",
+        v()
+    );
+}

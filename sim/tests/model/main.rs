@@ -13,3 +13,4 @@ mod hcr_protocol;
 mod ports_mad;
 mod qp;
 mod resources;
+mod strict;

@@ -63,7 +63,7 @@ fn ud_qp_walks_rst_init_rtr_rts_err_rst() {
     );
     assert_eq!(
         u32::from_be_bytes(out[8 + 4..8 + 8].try_into().unwrap()),
-        1,
+        PD,
         "PD untouched"
     );
     r.cmd_in(&QpMbox::new(6, UD).0, qpn, 0, Opcode::ERR_QP)
@@ -100,7 +100,7 @@ fn transitions_from_the_wrong_state_are_bad_qp_state() {
     );
     create_qp(&mut r, qpn, UD, cq).unwrap();
     let q2 = queue(&mut r, 2).unwrap();
-    let again = rst2init(qpn, UD, 1, cq, q2.mtt, r.pages(1)[0]);
+    let again = rst2init(qpn, UD, PD, cq, q2.mtt, r.pages(1)[0]);
     assert_eq!(
         r.cmd_in(&again.0, qpn, 0, Opcode::RST2INIT_QP),
         st(Status::BAD_QP_STATE)
@@ -128,30 +128,30 @@ fn rst2init_checks_the_context() {
     let q = queue(&mut r, 2).unwrap();
     let db = r.pages(1)[0];
     let qpn = 82;
-    let ok = || rst2init(qpn, UD, 1, cq, q.mtt, db);
+    let ok = || rst2init(qpn, UD, PD, cq, q.mtt, db);
     let cases = [
         (
             "reserved QPN",
-            rst2init(8, UD, 1, cq, q.mtt, db),
+            rst2init(8, UD, PD, cq, q.mtt, db),
             8,
             Status::BAD_RESOURCE,
         ),
         (
             "QPN past the table",
-            rst2init(300, UD, 1, cq, q.mtt, db),
+            rst2init(300, UD, PD, cq, q.mtt, db),
             300,
             Status::BAD_INDEX,
         ),
         ("local QPN", ok().u32(0x10, qpn + 1), qpn, Status::BAD_PARAM),
         (
             "MLX on a normal QPN",
-            rst2init(qpn, MLX, 1, cq, q.mtt, db),
+            rst2init(qpn, MLX, PD, cq, q.mtt, db),
             qpn,
             Status::BAD_PARAM,
         ),
         (
             "RD",
-            rst2init(qpn, 2, 1, cq, q.mtt, db),
+            rst2init(qpn, 2, PD, cq, q.mtt, db),
             qpn,
             Status::BAD_PARAM,
         ),
@@ -198,7 +198,7 @@ fn rst2init_checks_the_context() {
     // unmap it and try again.
     r.cmd(QPC + 15 * 4096, 1, 0, Opcode::UNMAP_ICM).unwrap();
     let q3 = queue(&mut r, 2).unwrap();
-    let m = rst2init(250, UD, 1, cq, q3.mtt, db);
+    let m = rst2init(250, UD, PD, cq, q3.mtt, db);
     assert_eq!(
         r.cmd_in(&m.0, 250, 0, Opcode::RST2INIT_QP),
         st(Status::ICM_ERROR)
@@ -248,7 +248,7 @@ fn special_qps_need_conf_special_qp_and_their_own_port() {
     let qp0 = BASE_SQPN; // port 1
     let q = queue(&mut r, 2).unwrap();
     let db = r.pages(1)[0];
-    let m = rst2init(qp0, MLX, 1, FIRST_CQ, q.mtt, db);
+    let m = rst2init(qp0, MLX, PD, FIRST_CQ, q.mtt, db);
     assert_eq!(
         r.cmd_in(&m.0, qp0, 0, Opcode::RST2INIT_QP),
         st(Status::BAD_PARAM),
@@ -270,7 +270,7 @@ fn special_qps_need_conf_special_qp_and_their_own_port() {
         "past the table"
     );
     r.cmd(0, BASE_SQPN, 0, Opcode::CONF_SPECIAL_QP).unwrap();
-    let ud = rst2init(qp0, UD, 1, FIRST_CQ, q.mtt, db);
+    let ud = rst2init(qp0, UD, PD, FIRST_CQ, q.mtt, db);
     assert_eq!(
         r.cmd_in(&ud.0, qp0, 0, Opcode::RST2INIT_QP),
         st(Status::BAD_PARAM),

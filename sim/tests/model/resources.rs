@@ -199,7 +199,7 @@ fn mpt_physical_and_mtt_backed_regions() {
     init(&mut r).unwrap();
     // DMA MR: physical, no MTT.
     r.cmd_in(
-        &mpt_entry(FIRST_MPT, 1, true, 0, u64::MAX, 0),
+        &mpt_entry(FIRST_MPT, PD, true, 0, u64::MAX, 0),
         FIRST_MPT,
         0,
         Opcode::SW2HW_MPT,
@@ -209,7 +209,7 @@ fn mpt_physical_and_mtt_backed_regions() {
     assert_eq!(icm[0] >> 4, 0, "status: hardware owned");
     assert_eq!(
         r.cmd_in(
-            &mpt_entry(FIRST_MPT, 1, true, 0, 1, 0),
+            &mpt_entry(FIRST_MPT, PD, true, 0, 1, 0),
             FIRST_MPT,
             0,
             Opcode::SW2HW_MPT
@@ -224,7 +224,7 @@ fn mpt_physical_and_mtt_backed_regions() {
     }
     let idx = FIRST_MPT + 1;
     r.cmd_in(
-        &mpt_entry(idx, 1, false, 0x1000_0000, 3 * 4096, mtt),
+        &mpt_entry(idx, PD, false, 0x1000_0000, 3 * 4096, mtt),
         idx,
         0,
         Opcode::SW2HW_MPT,
@@ -239,7 +239,7 @@ fn mpt_physical_and_mtt_backed_regions() {
     // One page too long: the fourth MTT entry is not present.
     assert_eq!(
         r.cmd_in(
-            &mpt_entry(idx, 1, false, 0x1000_0000, 4 * 4096, mtt),
+            &mpt_entry(idx, PD, false, 0x1000_0000, 4 * 4096, mtt),
             idx,
             0,
             Opcode::SW2HW_MPT
@@ -249,7 +249,7 @@ fn mpt_physical_and_mtt_backed_regions() {
     // Key naming another index, reserved index, non-zero lkey, no local read.
     assert_eq!(
         r.cmd_in(
-            &mpt_entry(idx + 1, 1, true, 0, 1, 0),
+            &mpt_entry(idx + 1, PD, true, 0, 1, 0),
             idx,
             0,
             Opcode::SW2HW_MPT
@@ -257,16 +257,16 @@ fn mpt_physical_and_mtt_backed_regions() {
         st(Status::BAD_PARAM)
     );
     assert_eq!(
-        r.cmd_in(&mpt_entry(2, 1, true, 0, 1, 0), 2, 0, Opcode::SW2HW_MPT),
+        r.cmd_in(&mpt_entry(2, PD, true, 0, 1, 0), 2, 0, Opcode::SW2HW_MPT),
         st(Status::BAD_RESOURCE)
     );
-    let mut bad = mpt_entry(idx, 1, true, 0, 1, 0);
+    let mut bad = mpt_entry(idx, PD, true, 0, 1, 0);
     bad[0x20] = 1;
     assert_eq!(
         r.cmd_in(&bad, idx, 0, Opcode::SW2HW_MPT),
         st(Status::BAD_PARAM)
     );
-    let mut bad = mpt_entry(idx, 1, true, 0, 1, 0);
+    let mut bad = mpt_entry(idx, PD, true, 0, 1, 0);
     bad[2] &= !0x04;
     assert_eq!(
         r.cmd_in(&bad, idx, 0, Opcode::SW2HW_MPT),
@@ -314,19 +314,19 @@ fn srq_lifecycle_and_arm() {
     init(&mut r).unwrap();
     let q = queue(&mut r, 1).unwrap();
     let db = r.pages(1)[0];
-    let ctx = srq_ctx(FIRST_SRQ, 6, 2, 1, q.mtt, db);
+    let ctx = srq_ctx(FIRST_SRQ, 6, 2, PD, q.mtt, db);
     assert_eq!(
         r.cmd_in(&ctx, FIRST_SRQ + 1, 0, Opcode::SW2HW_SRQ),
         st(Status::BAD_PARAM),
         "SRQN mismatch"
     );
     assert_eq!(
-        r.cmd_in(&srq_ctx(3, 6, 2, 1, q.mtt, db), 3, 0, Opcode::SW2HW_SRQ),
+        r.cmd_in(&srq_ctx(3, 6, 2, PD, q.mtt, db), 3, 0, Opcode::SW2HW_SRQ),
         st(Status::BAD_RESOURCE)
     );
     assert_eq!(
         r.cmd_in(
-            &srq_ctx(FIRST_SRQ, 15, 2, 1, q.mtt, db),
+            &srq_ctx(FIRST_SRQ, 15, 2, PD, q.mtt, db),
             FIRST_SRQ,
             0,
             Opcode::SW2HW_SRQ
@@ -426,7 +426,7 @@ fn memory_windows_are_accepted_the_way_linux_writes_them() {
     // mlx4_mw_enable, type 1: key and PD only.
     let mut w = vec![0u8; 64];
     w[0x08..0x0c].copy_from_slice(&(FIRST_MPT + 2).to_be_bytes());
-    w[0x0c..0x10].copy_from_slice(&1u32.to_be_bytes());
+    w[0x0c..0x10].copy_from_slice(&PD.to_be_bytes());
     r.cmd_in(&w, FIRST_MPT + 2, 0, Opcode::SW2HW_MPT).unwrap();
     // A window claiming "SW owns" is not something Linux sends.
     w[0] = 0xf0;
