@@ -1,10 +1,13 @@
 //! The host channel adapters this kernel drives: every ConnectX-3 found on
-//! PCI, real or emulated, is brought up with `mlx4_core` at boot, polled from
-//! the shell's idle loop (event queues, catastrophic-error buffer), and
-//! described to the console in the words of `ibv_devinfo` and `ibstat`.
+//! PCI, real or emulated, is brought up with `mlx4_core`, gets `mlx4_ib`
+//! (`mlx4_ib_add`) and is registered with `ib_core`, which opens the MAD
+//! ports (QP0/QP1). The shell's idle loop runs ib_core's progress function
+//! (event queues, the catastrophic-error buffer, MAD completions and
+//! timeouts), and the console reads devices and ports through ib_core, as
+//! rdma-core's and infiniband-diags' tools read them through verbs.
 //!
-//! Leaves out: mlx4_ib and ib_core (later), so port attributes come straight
-//! from the firmware SMA through MAD_IFC, as `mlx4_ib_query_port` reads them.
+//! Leaves out: hot-plug, and restarting a device after a catastrophic error
+//! (it is unregistered from ib_core and kept only for `mlx4 catas`).
 
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -12,7 +15,11 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::fmt::Write;
 
-use mlx4_core::{Caps, Dev, Event, Interface, Profile};
+use ib_core::IbCore;
+use ib_core::device::DeviceId;
+use ib_core::verbs::{Event, EventElement, EventType, IbDevice};
+use mlx4_core::Profile;
+use mlx4_ib::Mlx4IbDev;
 
 use crate::pci::{self, Backing};
 use crate::time::TscClock;
@@ -21,38 +28,66 @@ use crate::time::TscClock;
 pub struct Hca {
     /// `mlx4_0`, `mlx4_1`, ...
     pub name: String,
-    /// The running device.
-    pub dev: Dev,
+    /// Its ib_core device, while registered.
+    pub id: Option<DeviceId>,
+    /// The provider taken back from ib_core after a catastrophic error
+    /// (mlx4_core still answers `mlx4 caps|catas`).
+    pub dead: Option<Box<dyn IbDevice>>,
     /// Where enumeration found it.
     pub pci: pci::Device,
 }
 
-static HCAS: spin::Mutex<Vec<Hca>> = spin::Mutex::new(Vec::new());
-
-/// Logs the events mlx4_core reports, in Linux's words.
-struct EventLog {
-    name: String,
+/// ib_core and the adapters registered with it.
+pub struct Ib {
+    /// The core: devices, clients, MAD layer.
+    pub core: IbCore,
+    /// Adapters in probe order.
+    pub hcas: Vec<Hca>,
 }
 
-impl Interface for EventLog {
-    fn event(&mut self, _caps: &Caps, event: Event) {
-        match event {
-            Event::CatastrophicError => {
-                log::error!("{}: catastrophic error: the HCA needs a reset", self.name)
-            }
-            Event::PortUp { port } => log::info!("{}: port {port} up", self.name),
-            Event::PortDown { port } => log::info!("{}: port {port} down", self.name),
-            other => log::debug!("{}: event {other:?}", self.name),
+impl Ib {
+    /// The mlx4_ib device of `h`, live or dead.
+    pub fn mlx4<'a>(core: &'a mut IbCore, h: &'a mut Hca) -> Option<&'a mut Mlx4IbDev> {
+        match h.id {
+            Some(id) => core.device_mut(id)?.provider_as::<Mlx4IbDev>(),
+            None => h.dead.as_mut()?.as_any_mut()?.downcast_mut::<Mlx4IbDev>(),
         }
     }
 }
 
-/// Probes every ConnectX-3 / ConnectX-3 Pro. A failure is logged and leaves
-/// the shell usable.
+static IB: spin::Mutex<Option<Ib>> = spin::Mutex::new(None);
+
+/// Devices that reported IB_EVENT_DEVICE_FATAL, removed by the next poll.
+static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
+
+/// Logs the events ib_core dispatches, in Linux's words.
+fn log_event(name: &str, id: DeviceId, e: &Event) {
+    match (e.event, e.element) {
+        (EventType::PortActive, EventElement::Port(p)) => {
+            log::info!("{name}: port {p} state changed to ACTIVE")
+        }
+        (EventType::PortErr, EventElement::Port(p)) => {
+            log::info!("{name}: port {p} state changed to DOWN")
+        }
+        (EventType::DeviceFatal, _) => {
+            log::error!("{name}: catastrophic error: the HCA needs a reset");
+            FATAL.lock().push(id);
+        }
+        (ev, EventElement::Port(p)) => log::info!("{name}: port {p}: {}", ev.name()),
+        (ev, el) => log::debug!("{name}: {} on {el:?}", ev.name()),
+    }
+}
+
+/// Probes every ConnectX-3 / ConnectX-3 Pro and registers it with ib_core.
+/// A failure is logged and leaves the shell usable.
 pub fn init() {
     let Some(pool) = crate::mm::dma::pool() else {
         log::error!("mlx4: no DMA pool; HCAs left alone");
         return;
+    };
+    let mut ib = Ib {
+        core: IbCore::new(Arc::new(TscClock)),
+        hcas: Vec::new(),
     };
     for d in pci::devices()
         .iter()
@@ -66,31 +101,60 @@ pub fn init() {
             }
         };
         let t0 = crate::time::uptime_us();
-        match mlx4_core::probe(pdev, pool.clone(), Arc::new(TscClock), Profile::research()) {
-            Ok(mut dev) => {
-                let mut hcas = HCAS.lock();
-                let name = alloc::format!("mlx4_{}", hcas.len());
-                dev.register_interface(Box::new(EventLog { name: name.clone() }));
-                let us = crate::time::uptime_us();
-                log::info!(
-                    "{name}: mlx4_core ready in {}.{:03} ms ({} firmware commands, {} KiB ICM), {} since kernel entry",
-                    (us - t0) / 1000,
-                    (us - t0) % 1000,
-                    dev.commands_issued(),
-                    dev.icm_mapped_bytes() / 1024,
-                    Ms(us)
-                );
-                if let Backing::Emulated(w) = d.backing {
-                    w.set_guest_state(crate::ivshmem::GuestState::DriverUp);
+        let dev =
+            match mlx4_core::probe(pdev, pool.clone(), Arc::new(TscClock), Profile::research()) {
+                Ok(dev) => dev,
+                Err(e) => {
+                    log::error!(
+                        "mlx4 {}: HCA left unusable ({e}); the shell carries on without it",
+                        d.addr
+                    );
+                    continue;
                 }
-                hcas.push(Hca { name, dev, pci: *d });
+            };
+        let name = alloc::format!("mlx4_{}", ib.hcas.len());
+        let us = crate::time::uptime_us();
+        log::info!(
+            "{name}: mlx4_core ready in {}.{:03} ms ({} firmware commands, {} KiB ICM), {} since kernel entry",
+            (us - t0) / 1000,
+            (us - t0) % 1000,
+            dev.commands_issued(),
+            dev.icm_mapped_bytes() / 1024,
+            Ms(us)
+        );
+        let mlx4ib = match Mlx4IbDev::add(dev, &name) {
+            Ok(m) => m,
+            Err(e) => {
+                log::error!("mlx4_ib: {name}: mlx4_ib_add failed: {}", e.err);
+                continue;
             }
-            Err(e) => log::error!(
-                "mlx4 {}: HCA left unusable ({e}); the shell carries on without it",
-                d.addr
-            ),
+        };
+        let id = match ib.core.ib_register_device(Box::new(mlx4ib)) {
+            Ok(id) => id,
+            Err(e) => {
+                log::error!("mlx4_ib: {name}: ib_register_device failed: {}", e.error);
+                continue;
+            }
+        };
+        let n = name.clone();
+        let _ = ib
+            .core
+            .ib_register_event_handler(id, Box::new(move |id, e| log_event(&n, id, e)));
+        log::info!(
+            "{name}: registered with ib_core in {}",
+            Ms(crate::time::uptime_us() - us)
+        );
+        if let Backing::Emulated(w) = d.backing {
+            w.set_guest_state(crate::ivshmem::GuestState::DriverUp);
         }
+        ib.hcas.push(Hca {
+            name,
+            id: Some(id),
+            dead: None,
+            pci: *d,
+        });
     }
+    *IB.lock() = Some(ib);
 }
 
 struct Ms(u64);
@@ -101,128 +165,42 @@ impl core::fmt::Display for Ms {
     }
 }
 
-/// One pass of the progress loop over every HCA (never blocks: skipped if a
-/// console command holds the adapters).
+/// One pass of the progress loop: ib_core's progress function, then the
+/// removal of devices that had a catastrophic error (never blocks: skipped
+/// if a console command holds the adapters).
 pub fn poll() {
-    if let Some(mut hcas) = HCAS.try_lock() {
-        for h in hcas.iter_mut() {
-            h.dev.poll();
+    let Some(mut g) = IB.try_lock() else {
+        return;
+    };
+    let Some(ib) = g.as_mut() else {
+        return;
+    };
+    ib.core.poll();
+    let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
+    for id in fatal {
+        let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {
+            continue;
+        };
+        match ib.core.ib_unregister_device(id) {
+            Ok(mut p) => {
+                if let Some(m) = p.as_any_mut().and_then(|a| a.downcast_mut::<Mlx4IbDev>()) {
+                    m.remove();
+                }
+                log::warn!(
+                    "{}: removed from ib_core after a catastrophic error",
+                    h.name
+                );
+                h.id = None;
+                h.dead = Some(p);
+            }
+            Err(e) => log::error!("{}: ib_unregister_device failed: {e}", h.name),
         }
     }
 }
 
-/// Runs `f` on the adapters.
-pub fn with<R>(f: impl FnOnce(&mut [Hca]) -> R) -> R {
-    f(&mut HCAS.lock())
-}
-
-/// Attributes of one port as the firmware SMA reports them.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PortAttr {
-    /// PortState (1 Down .. 4 Active).
-    pub state: u8,
-    /// PortPhysicalState (1 Sleep .. 5 LinkUp).
-    pub phys_state: u8,
-    /// Base LID.
-    pub lid: u16,
-    /// LMC.
-    pub lmc: u8,
-    /// Master SM LID.
-    pub sm_lid: u16,
-    /// Master SM SL.
-    pub sm_sl: u8,
-    /// Capability mask.
-    pub cap_mask: u32,
-    /// MTUCap (1 256 .. 5 4096).
-    pub max_mtu: u8,
-    /// NeighborMTU.
-    pub active_mtu: u8,
-    /// LinkWidthActive (1 1x, 2 4x, 4 8x, 8 12x).
-    pub width: u8,
-    /// LinkSpeedActive (1 2.5, 2 5, 4 10 Gb/s per lane).
-    pub speed: u8,
-    /// GUID 0 of the port.
-    pub port_guid: u64,
-}
-
-/// NodeInfo from the firmware SMA.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NodeAttr {
-    /// Node GUID.
-    pub node_guid: u64,
-    /// System image GUID.
-    pub sys_image_guid: u64,
-    /// Device revision.
-    pub revision: u32,
-    /// IEEE OUI of the vendor.
-    pub vendor_id: u32,
-}
-
-/// A SubnGet() SMP for `attr` (LID-routed, management class 0x01).
-fn smp_get(attr: u16, attr_mod: u32) -> [u8; 256] {
-    let mut m = [0u8; 256];
-    m[0] = 1; // base version
-    m[1] = 0x01; // class: subnet management, LID routed
-    m[2] = 1; // class version
-    m[3] = 0x01; // method Get
-    m[16..18].copy_from_slice(&attr.to_be_bytes());
-    m[20..24].copy_from_slice(&attr_mod.to_be_bytes());
-    m
-}
-
-const MAD_IFC_IGNORE_KEYS: u8 = 0x3;
-const SMP_DATA: usize = 64;
-
-fn be16(b: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([b[o], b[o + 1]])
-}
-fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn be64(b: &[u8], o: usize) -> u64 {
-    (u64::from(be32(b, o)) << 32) | u64::from(be32(b, o + 4))
-}
-
-fn query(dev: &mut Dev, port: u8, attr: u16, attr_mod: u32) -> Result<[u8; 256], mlx4_core::Error> {
-    let out = dev.mad_ifc(port, MAD_IFC_IGNORE_KEYS, 0, &smp_get(attr, attr_mod))?;
-    // MAD status (bytes 4..6): a non-zero status means the SMA refused.
-    if be16(&out, 4) & 0x7fff != 0 {
-        return Err(mlx4_core::Error::InvalidArg);
-    }
-    Ok(out)
-}
-
-/// NodeInfo (Linux `mlx4_ib_query_device` / `init_node_data`).
-pub fn node_attr(dev: &mut Dev) -> Result<NodeAttr, mlx4_core::Error> {
-    let m = query(dev, 1, 0x0011, 0)?;
-    let d = &m[SMP_DATA..];
-    Ok(NodeAttr {
-        sys_image_guid: be64(d, 4),
-        node_guid: be64(d, 12),
-        revision: be32(d, 32),
-        vendor_id: be32(d, 36) & 0xff_ffff,
-    })
-}
-
-/// PortInfo plus GUID 0 (Linux `mlx4_ib_query_port`).
-pub fn port_attr(dev: &mut Dev, port: u8) -> Result<PortAttr, mlx4_core::Error> {
-    let m = query(dev, port, 0x0015, u32::from(port))?;
-    let d = &m[SMP_DATA..];
-    let g = query(dev, port, 0x0014, 0)?;
-    Ok(PortAttr {
-        lid: be16(d, 16),
-        sm_lid: be16(d, 18),
-        cap_mask: be32(d, 20),
-        width: d[31] & 0xf,
-        state: d[32] & 0xf,
-        phys_state: d[33] >> 4,
-        lmc: d[34] & 0x7,
-        speed: d[35] >> 4,
-        active_mtu: d[36] >> 4,
-        sm_sl: d[36] & 0xf,
-        max_mtu: d[41] & 0xf,
-        port_guid: be64(&g, SMP_DATA),
-    })
+/// Runs `f` on ib_core and the adapters; `None` if nothing was probed.
+pub fn with<R>(f: impl FnOnce(&mut Ib) -> R) -> Option<R> {
+    IB.lock().as_mut().map(f)
 }
 
 /// `0002:c903:0010:a1b0`, as ibv_devinfo prints GUIDs.
@@ -242,16 +220,9 @@ impl core::fmt::Display for Guid {
     }
 }
 
-/// ibv_devinfo's port state words.
-pub fn port_state_name(s: u8) -> &'static str {
-    match s {
-        1 => "PORT_DOWN",
-        2 => "PORT_INIT",
-        3 => "PORT_ARMED",
-        4 => "PORT_ACTIVE",
-        5 => "PORT_ACTIVE_DEFER",
-        _ => "PORT_NOP",
-    }
+/// mlx4_ib's firmware version string (`show_fw_ver`: major.minor.subminor).
+pub fn fw_ver(v: u64) -> String {
+    alloc::format!("{}.{}.{}", v >> 32, (v >> 16) & 0xffff, v & 0xffff)
 }
 
 /// ibstat's state words.
@@ -279,14 +250,6 @@ pub fn phys_state_name(s: u8) -> &'static str {
     }
 }
 
-/// MTU code to bytes.
-pub fn mtu_bytes(code: u8) -> u32 {
-    match code {
-        1..=5 => 128 << code,
-        _ => 0,
-    }
-}
-
 /// Link rate in Gb/s (ibstat's "Rate"), as `(whole, tenths)`.
 pub fn rate(width: u8, speed: u8) -> (u32, u32) {
     let lanes = match width {
@@ -299,17 +262,13 @@ pub fn rate(width: u8, speed: u8) -> (u32, u32) {
     let tenths_per_lane = match speed {
         1 => 25,
         2 => 50,
-        4 => 100,
+        4 | 8 => 100,
+        16 => 140,
+        32 => 250,
         _ => 0,
     };
     let t = lanes * tenths_per_lane;
     (t / 10, t % 10)
-}
-
-/// Writes `mlx4 caps` output: the QUERY_DEV_CAP result.
-pub fn write_caps(out: &mut dyn Write, h: &Hca) {
-    let _ = writeln!(out, "{} ({}): QUERY_DEV_CAP", h.name, h.pci.addr);
-    let _ = writeln!(out, "{:#?}", h.dev.dev_cap());
 }
 
 /// `mlx4 bench [N]`: what the transport to the HCA costs, seen from the
@@ -321,27 +280,27 @@ pub fn write_caps(out: &mut dyn Write, h: &Hca) {
 /// cost of a doorbell store without its side effects). The registers are
 /// reached through a second view of the function's BARs
 /// ([`pci::function`]), used for nothing else.
-pub fn bench(out: &mut dyn Write, h: &mut Hca, n: u32) {
+pub fn bench(out: &mut dyn Write, name: &str, dev: &pci::Device, m: &mut Mlx4IbDev, n: u32) {
     use crate::arch::rdtsc;
     let n = n.max(1);
     let per = |t0: u64| crate::time::tsc_to_ns(rdtsc().saturating_sub(t0)) / u64::from(n);
     let t0 = rdtsc();
     for _ in 0..n {
-        if let Err(e) = query(&mut h.dev, 1, 0x0011, 0) {
-            let _ = writeln!(out, "mlx4 bench: {}: MAD_IFC failed: {e}", h.name);
+        if let Err(e) = mlx4_ib::mad::query(m.core_mut(), 1, 0x0011, 0) {
+            let _ = writeln!(out, "mlx4 bench: {}: MAD_IFC failed: {e}", name);
             return;
         }
     }
     let cmd_ns = per(t0);
-    let f = match pci::function(&h.pci) {
+    let f = match pci::function(dev) {
         Ok(f) => f,
         Err(e) => {
-            let _ = writeln!(out, "mlx4 bench: {}: cannot map the BARs: {e}", h.name);
+            let _ = writeln!(out, "mlx4 bench: {}: cannot map the BARs: {e}", name);
             return;
         }
     };
     let (Ok(bar0), Ok(bar2)) = (f.take_bar(0), f.take_bar(2)) else {
-        let _ = writeln!(out, "mlx4 bench: {}: BAR0/BAR2 missing", h.name);
+        let _ = writeln!(out, "mlx4 bench: {}: BAR0/BAR2 missing", name);
         return;
     };
     const HCR_STATUS: usize = 0x8_0698;
@@ -360,8 +319,8 @@ pub fn bench(out: &mut dyn Write, h: &mut Hca, n: u32) {
         out,
         "{} ({}): {n} rounds: firmware command (MAD_IFC) {}.{:03} us, register read {}.{:03} us, \
          doorbell store {}.{:03} us{}",
-        h.name,
-        match h.pci.backing {
+        name,
+        match dev.backing {
             Backing::Port => "PCI function",
             Backing::Emulated(_) => "ivshmem window",
         },

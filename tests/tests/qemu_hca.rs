@@ -10,11 +10,16 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 #[test]
 fn one_guest_brings_the_hca_up_and_ibv_devinfo_shows_it() {
-    let r = qemu::run("lspci; ibv_devinfo; ibstat", &[], DEADLINE);
+    let r = qemu::run("lspci; ibv_devices; ibv_devinfo; ibstat", &[], DEADLINE);
     assert_eq!(r.status, 0, "{}", r.transcript);
     r.expect("ivshmem: emulated HCA 15b3:1003, node 0 of 1")
         .expect("mlx4_core 00:03.0: ConnectX-3 ready: fw_ver 2.42.5000")
         .expect("mlx4_0: mlx4_core ready in")
+        .expect("mlx4_0: registered with ib_core in")
+        // ibv_devices, as rdma-core prints it
+        .expect("    device          \t   node GUID")
+        .expect("    ------          \t----------------")
+        .expect("    mlx4_0          \t0002c903")
         .expect("00:03.0 Network controller: Mellanox Technologies MT27500 Family [ConnectX-3]")
         // ibv_devinfo, field by field as rdma-core prints them
         .expect("hca_id:\tmlx4_0")
@@ -34,8 +39,10 @@ fn one_guest_brings_the_hca_up_and_ibv_devinfo_shows_it() {
         .expect("\t\tLink layer: InfiniBand")
         .reject("DMA fault")
         .reject("violation");
-    // Before mlx4_ib issues INIT_PORT the ports are down.
-    r.expect("\t\t\tstate:\t\t\tPORT_DOWN (1)");
+    // mlx4_ib's QP0 reaching RTR issued INIT_PORT: the links are up, and
+    // without a subnet manager the ports stay in INIT.
+    r.expect("\t\t\tstate:\t\t\tPORT_INIT (2)")
+        .expect("\t\tState: Initializing");
     // node_guid and the port GUID are printed in their tools' formats.
     let guid = line_after(&r.transcript, "\tnode_guid:\t\t\t");
     assert_eq!(guid.len(), 19, "node_guid {guid:?}");

@@ -242,6 +242,12 @@ impl DmaPool {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn out_of_bounds(off: usize, width: usize, len: usize) -> ! {
+    panic!("DMA access at {off:#x} (width {width}) outside a {len:#x}-byte buffer")
+}
+
 /// A DMA buffer owned by the driver: CPU view plus bus address, freed on drop.
 ///
 /// All accessors are bounds-checked volatile accesses; multi-byte `_be`
@@ -297,6 +303,57 @@ macro_rules! accessors {
     };
 }
 
+/// A burst view of a [`DmaBuf`]: its CPU pointer and length copied into a
+/// small `Copy` value, so a run of accesses (building one WQE, reading one
+/// CQE) keeps them in registers instead of re-reading the buffer after each
+/// volatile access. Same bounds and alignment checks, same accessors; it
+/// borrows the buffer, which therefore outlives it.
+#[derive(Clone, Copy)]
+pub struct DmaWindow<'a> {
+    cpu: NonNull<u8>,
+    len: usize,
+    _buf: core::marker::PhantomData<&'a DmaBuf>,
+}
+
+impl DmaWindow<'_> {
+    /// Checks `[off, off + width)` and natural alignment; returns the pointer.
+    #[inline(always)]
+    fn ptr(&self, off: usize, width: usize) -> *mut u8 {
+        if !(off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width)) {
+            out_of_bounds(off, width, self.len);
+        }
+        // SAFETY: `off + width <= len`, the length of the live region the
+        // window borrows (see `DmaBuf::window`).
+        unsafe { self.cpu.as_ptr().add(off) }
+    }
+
+    accessors!(read_u8, write_u8, read_u8_be, write_u8_be, u8);
+    accessors!(read_u16, write_u16, read_be16, write_be16, u16);
+    accessors!(read_u32, write_u32, read_be32, write_be32, u32);
+    accessors!(read_u64, write_u64, read_be64, write_be64, u64);
+
+    /// Copies `src` into the buffer at `off`.
+    ///
+    /// # Panics
+    ///
+    /// If the range does not fit (a driver bug).
+    #[inline]
+    pub fn write_bytes(&self, off: usize, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        if off.checked_add(src.len()).is_none_or(|e| e > self.len) {
+            out_of_bounds(off, src.len(), self.len);
+        }
+        // SAFETY: the destination range is inside the region (checked above);
+        // `src` is ordinary memory that cannot overlap a DMA region.
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.as_ptr(), self.cpu.as_ptr().add(off), src.len())
+        };
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl DmaBuf {
     /// Length in bytes (as requested).
     pub fn len(&self) -> usize {
@@ -306,6 +363,16 @@ impl DmaBuf {
     /// True for an empty buffer (never: `alloc` refuses zero).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// A burst view for a run of accesses (see [`DmaWindow`]).
+    #[inline(always)]
+    pub fn window(&self) -> DmaWindow<'_> {
+        DmaWindow {
+            cpu: self.region().cpu,
+            len: self.len,
+            _buf: core::marker::PhantomData,
+        }
     }
 
     /// The bus address of byte 0.
@@ -318,6 +385,7 @@ impl DmaBuf {
         &self.pool
     }
 
+    #[inline(always)]
     fn region(&self) -> &DmaRegion {
         // INVARIANT: `region` is only taken in `drop`.
         match &self.region {
@@ -329,11 +397,10 @@ impl DmaBuf {
     /// Checks `[off, off + width)` and natural alignment; returns the pointer.
     #[inline(always)]
     fn ptr(&self, off: usize, width: usize) -> *mut u8 {
-        assert!(
-            off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width),
-            "DMA access at {off:#x} (width {width}) outside a {:#x}-byte buffer",
-            self.len
-        );
+        if !(off.checked_add(width).is_some_and(|e| e <= self.len) && off.is_multiple_of(width)) {
+            // Out of line, so the hot path does not build panic arguments.
+            out_of_bounds(off, width, self.len);
+        }
         // SAFETY: `off + width <= len <= region.len`, so the result stays inside
         // the allocation.
         unsafe { self.region().cpu.as_ptr().add(off) }
@@ -349,6 +416,7 @@ impl DmaBuf {
     /// # Panics
     ///
     /// If the range does not fit (a driver bug).
+    #[inline]
     pub fn write_bytes(&self, off: usize, src: &[u8]) {
         if src.is_empty() {
             return;
@@ -369,6 +437,7 @@ impl DmaBuf {
     /// # Panics
     ///
     /// If the range does not fit (a driver bug).
+    #[inline]
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         if dst.is_empty() {
             return;
@@ -634,6 +703,25 @@ mod tests {
         assert_eq!(pool.alloc(8, 3).err(), Some(Error::BadRequest));
         let _a = pool.alloc_pages(2).unwrap();
         assert_eq!(pool.alloc(1, 1).err(), Some(Error::NoMemory));
+    }
+
+    #[test]
+    fn a_window_sees_the_same_bytes_and_the_same_bounds() {
+        let pool = DmaPool::new(Arc::new(ArenaDma::new(8192)));
+        let b = pool.alloc(64, 64).unwrap();
+        let w = b.window();
+        w.write_be64(8, 0x0102_0304_0506_0708);
+        w.write_bytes(16, &[9, 10]);
+        assert_eq!(b.read_be32(8), 0x0102_0304);
+        assert_eq!(w.read_u8(17), 10);
+        b.write_be16(32, 0xabcd);
+        assert_eq!(w.read_be16(32), 0xabcd);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.window().read_u32(64)));
+        assert!(r.is_err(), "past the end");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.window().write_bytes(60, &[0; 8])
+        }));
+        assert!(r.is_err(), "a copy past the end");
     }
 
     #[test]

@@ -26,7 +26,9 @@ pub mod time;
 pub mod fake;
 
 pub use be::{Be16, Be32, Be64};
-pub use dma::{BusAddr, DmaAllocator, DmaBuf, DmaPool, DmaRegion, DmaStats, RangeAllocator};
+pub use dma::{
+    BusAddr, DmaAllocator, DmaBuf, DmaPool, DmaRegion, DmaStats, DmaWindow, RangeAllocator,
+};
 pub use mmio::{Bar, RegisterBackend};
 pub use pci::{BarInfo, BarKind, ConfigSpace, PciAddress, PciFunction};
 pub use time::{Clock, Deadline};

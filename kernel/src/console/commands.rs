@@ -64,6 +64,12 @@ static COMMANDS: &[Command] = &[
         run: sleep,
     },
     Command {
+        name: "ibv_devices",
+        usage: "ibv_devices",
+        help: "RDMA devices and their node GUIDs, as rdma-core's tool",
+        run: super::ib::ibv_devices,
+    },
+    Command {
         name: "ibv_devinfo",
         usage: "ibv_devinfo [-v] [-d DEVICE]",
         help: "HCA and port attributes, as rdma-core's tool",

@@ -1,144 +1,152 @@
-//! The InfiniBand commands of the shell: `ibv_devinfo`, `ibstat`, `mlx4`,
-//! `fwtrace`. Field names, words and numbers follow the Linux tools
-//! (rdma-core's `ibv_devinfo`, infiniband-diags' `ibstat`).
+//! The InfiniBand commands of the shell: `ibv_devices`, `ibv_devinfo`,
+//! `ibstat`, `mlx4`, `fwtrace`. Devices and ports are read through ib_core's
+//! verbs (query_device, query_port, query_gid), as the Linux tools read them
+//! through libibverbs and libibumad; field names, words and numbers follow
+//! rdma-core's `ibv_devices`/`ibv_devinfo` and infiniband-diags' `ibstat`.
 
 use alloc::string::{String, ToString};
 use core::fmt::Write;
 
-use crate::console::CmdResult;
-use crate::hca::{self, Guid, Hca};
+use ib_core::Device;
+use ib_core::verbs::{DeviceAttr, PortAttr};
+use mlx4_ib::Mlx4IbDev;
 
-/// Runs `f` on every HCA, or only on the one named `only`; no HCA at all,
-/// or no HCA of that name, is an error (`missing` words the latter).
-fn for_hcas(
+use crate::console::CmdResult;
+use crate::hca::{self, Guid, Hca, Ib};
+
+const NO_HCA: &str = "no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)";
+
+/// Runs `f` on every registered HCA, or only on the one named `only`; no
+/// HCA at all, or no HCA of that name, is an error (`missing` words the
+/// latter).
+fn for_devices(
     only: Option<&str>,
     missing: impl FnOnce(&str) -> String,
-    mut f: impl FnMut(&mut Hca) -> CmdResult,
+    mut f: impl FnMut(&Hca, &mut Device) -> CmdResult,
 ) -> CmdResult {
-    hca::with(|hcas| {
-        if hcas.is_empty() {
-            return Err(
-                "no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string(),
-            );
-        }
+    hca::with(|ib| {
+        let Ib { core, hcas } = ib;
         let mut found = false;
-        for h in hcas.iter_mut().filter(|h| only.is_none_or(|n| n == h.name)) {
+        let mut any = false;
+        for h in hcas.iter() {
+            let Some(dev) = h.id.and_then(|id| core.device_mut(id)) else {
+                continue;
+            };
+            any = true;
+            if only.is_some_and(|n| n != h.name) {
+                continue;
+            }
             found = true;
-            f(h)?;
+            f(h, dev)?;
+        }
+        if !any {
+            return Err(NO_HCA.to_string());
         }
         match only {
             Some(name) if !found => Err(missing(name)),
             _ => Ok(()),
         }
     })
+    .unwrap_or_else(|| Err(NO_HCA.to_string()))
 }
 
-/// NodeInfo, with a console-ready error.
-fn node(h: &mut Hca) -> Result<hca::NodeAttr, String> {
-    hca::node_attr(&mut h.dev).map_err(|e| alloc::format!("{}: NodeInfo query failed: {e}", h.name))
+fn device_attr(h: &Hca, dev: &mut Device) -> Result<DeviceAttr, String> {
+    dev.query_device()
+        .map_err(|e| alloc::format!("{}: query_device failed: {e}", h.name))
 }
 
-/// PortInfo, with a console-ready error.
-fn port(h: &mut Hca, port: u8) -> Result<hca::PortAttr, String> {
-    hca::port_attr(&mut h.dev, port)
-        .map_err(|e| alloc::format!("{}: PortInfo query failed: {e}", h.name))
+fn port_attr(h: &Hca, dev: &mut Device, port: u8) -> Result<PortAttr, String> {
+    dev.query_port(port)
+        .map_err(|e| alloc::format!("{}: query_port failed: {e}", h.name))
 }
 
-fn devinfo(out: &mut dyn Write, h: &mut Hca, verbose: bool) -> CmdResult {
-    let node = node(h)?;
-    let caps = h.dev.caps().clone();
+/// GUID 0 of the port (the low half of GID 0).
+fn port_guid(h: &Hca, dev: &mut Device, port: u8) -> Result<u64, String> {
+    let g = dev
+        .query_gid(port, 0)
+        .map_err(|e| alloc::format!("{}: query_gid failed: {e}", h.name))?;
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&g.0[8..]);
+    Ok(u64::from_be_bytes(b))
+}
+
+fn board_id(dev: &mut Device) -> String {
+    dev.provider_as::<Mlx4IbDev>()
+        .map(|m| m.core().board_id().to_string())
+        .unwrap_or_default()
+}
+
+fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> CmdResult {
+    let a = device_attr(h, dev)?;
+    let node_guid = dev.info().node_guid;
+    let nports = dev.phys_port_cnt();
     let _ = writeln!(out, "hca_id:\t{}", h.name);
     let _ = writeln!(out, "\ttransport:\t\t\tInfiniBand (0)");
-    let _ = writeln!(out, "\tfw_ver:\t\t\t\t{}", h.dev.fw_ver_string());
-    let _ = writeln!(out, "\tnode_guid:\t\t\t{}", Guid(node.node_guid));
-    let _ = writeln!(out, "\tsys_image_guid:\t\t\t{}", Guid(node.sys_image_guid));
-    let _ = writeln!(out, "\tvendor_id:\t\t\t{:#06x}", node.vendor_id);
+    let _ = writeln!(out, "\tfw_ver:\t\t\t\t{}", hca::fw_ver(a.fw_ver));
+    let _ = writeln!(out, "\tnode_guid:\t\t\t{}", Guid(node_guid));
+    let _ = writeln!(out, "\tsys_image_guid:\t\t\t{}", Guid(a.sys_image_guid));
+    let _ = writeln!(out, "\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
     let _ = writeln!(out, "\tvendor_part_id:\t\t\t{}", h.pci.device);
-    let _ = writeln!(out, "\thw_ver:\t\t\t\t{:#x}", node.revision);
-    let _ = writeln!(out, "\tboard_id:\t\t\t{}", h.dev.board_id());
-    let _ = writeln!(out, "\tphys_port_cnt:\t\t\t{}", caps.num_ports);
+    let _ = writeln!(out, "\thw_ver:\t\t\t\t{:#x}", a.hw_ver);
+    let _ = writeln!(out, "\tboard_id:\t\t\t{}", board_id(dev));
+    let _ = writeln!(out, "\tphys_port_cnt:\t\t\t{nports}");
     if verbose {
-        let _ = writeln!(out, "\tmax_mr_size:\t\t\t0xffffffffffffffff");
-        let _ = writeln!(out, "\tpage_size_cap:\t\t\t{:#x}", caps.page_size_cap);
-        let _ = writeln!(
-            out,
-            "\tmax_qp:\t\t\t\t{}",
-            caps.num_qps.saturating_sub(caps.reserved_qps)
-        );
-        let _ = writeln!(out, "\tmax_qp_wr:\t\t\t{}", caps.max_wqes);
-        let _ = writeln!(
-            out,
-            "\tmax_sge:\t\t\t{}",
-            caps.max_sq_sg.min(caps.max_rq_sg)
-        );
-        let _ = writeln!(
-            out,
-            "\tmax_cq:\t\t\t\t{}",
-            caps.num_cqs.saturating_sub(caps.reserved_cqs)
-        );
-        let _ = writeln!(out, "\tmax_cqe:\t\t\t{}", caps.max_cqes);
-        let _ = writeln!(
-            out,
-            "\tmax_mr:\t\t\t\t{}",
-            caps.num_mpts.saturating_sub(caps.reserved_mrws)
-        );
-        let _ = writeln!(
-            out,
-            "\tmax_pd:\t\t\t\t{}",
-            caps.num_pds.saturating_sub(caps.reserved_pds)
-        );
-        let _ = writeln!(out, "\tmax_qp_rd_atom:\t\t\t{}", caps.max_qp_dest_rdma);
-        let _ = writeln!(out, "\tmax_qp_init_rd_atom:\t\t{}", caps.max_qp_init_rdma);
-        let _ = writeln!(
-            out,
-            "\tmax_srq:\t\t\t{}",
-            caps.num_srqs.saturating_sub(caps.reserved_srqs)
-        );
-        let _ = writeln!(
-            out,
-            "\tmax_srq_wr:\t\t\t{}",
-            caps.max_srq_wqes.saturating_sub(1)
-        );
-        let _ = writeln!(out, "\tmax_srq_sge:\t\t\t{}", caps.max_srq_sge);
-        let _ = writeln!(out, "\tmax_pkeys:\t\t\t{}", caps.port[1].pkey_table_len);
-        let _ = writeln!(out, "\tlocal_ca_ack_delay:\t\t{}", caps.local_ca_ack_delay);
+        let _ = writeln!(out, "\tmax_mr_size:\t\t\t{:#x}", a.max_mr_size);
+        let _ = writeln!(out, "\tpage_size_cap:\t\t\t{:#x}", a.page_size_cap);
+        let _ = writeln!(out, "\tmax_qp:\t\t\t\t{}", a.max_qp);
+        let _ = writeln!(out, "\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
+        let _ = writeln!(out, "\tmax_sge:\t\t\t{}", a.max_sge);
+        let _ = writeln!(out, "\tmax_cq:\t\t\t\t{}", a.max_cq);
+        let _ = writeln!(out, "\tmax_cqe:\t\t\t{}", a.max_cqe);
+        let _ = writeln!(out, "\tmax_mr:\t\t\t\t{}", a.max_mr);
+        let _ = writeln!(out, "\tmax_pd:\t\t\t\t{}", a.max_pd);
+        let _ = writeln!(out, "\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+        let _ = writeln!(out, "\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+        let _ = writeln!(out, "\tmax_srq:\t\t\t{}", a.max_srq);
+        let _ = writeln!(out, "\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
+        let _ = writeln!(out, "\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
+        let _ = writeln!(out, "\tmax_pkeys:\t\t\t{}", a.max_pkeys);
+        let _ = writeln!(out, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
     }
-    for port_num in 1..=caps.num_ports {
-        let p = port(h, port_num)?;
+    for port_num in 1..=nports {
+        let p = port_attr(h, dev, port_num)?;
         let _ = writeln!(out, "\t\tport:\t{port_num}");
         let _ = writeln!(
             out,
             "\t\t\tstate:\t\t\t{} ({})",
-            hca::port_state_name(p.state),
-            p.state
+            p.state.ibv_str(),
+            p.state.raw()
         );
         let _ = writeln!(
             out,
             "\t\t\tmax_mtu:\t\t{} ({})",
-            hca::mtu_bytes(p.max_mtu),
-            p.max_mtu
+            p.max_mtu.bytes(),
+            p.max_mtu.raw()
         );
         let _ = writeln!(
             out,
             "\t\t\tactive_mtu:\t\t{} ({})",
-            hca::mtu_bytes(p.active_mtu),
-            p.active_mtu
+            p.active_mtu.bytes(),
+            p.active_mtu.raw()
         );
         let _ = writeln!(out, "\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         let _ = writeln!(out, "\t\t\tport_lid:\t\t{}", p.lid);
         let _ = writeln!(out, "\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
         let _ = writeln!(out, "\t\t\tlink_layer:\t\tInfiniBand");
         if verbose {
-            let pc = caps.port[usize::from(port_num)];
-            let _ = writeln!(out, "\t\t\tmax_msg_sz:\t\t{:#x}", caps.max_msg_sz);
-            let _ = writeln!(out, "\t\t\tport_cap_flags:\t\t{:#010x}", p.cap_mask);
-            let _ = writeln!(out, "\t\t\tmax_vl_num:\t\t{}", pc.vl_cap);
+            let _ = writeln!(out, "\t\t\tmax_msg_sz:\t\t{:#x}", p.max_msg_sz);
+            let _ = writeln!(
+                out,
+                "\t\t\tport_cap_flags:\t\t{:#010x}",
+                p.port_cap_flags.bits()
+            );
+            let _ = writeln!(out, "\t\t\tmax_vl_num:\t\t{}", p.max_vl_num);
             let _ = writeln!(out, "\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
-            let _ = writeln!(out, "\t\t\tgid_tbl_len:\t\t{}", pc.gid_table_len);
-            let _ = writeln!(out, "\t\t\tpkey_tbl_len:\t\t{}", pc.pkey_table_len);
-            let (g, t) = hca::rate(p.width, p.speed);
-            let _ = writeln!(out, "\t\t\tactive_width:\t\t{}", width_name(p.width));
-            let _ = writeln!(out, "\t\t\tactive_speed:\t\t{}", speed_name(p.speed));
+            let _ = writeln!(out, "\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+            let _ = writeln!(out, "\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+            let (g, t) = hca::rate(p.active_width, p.active_speed);
+            let _ = writeln!(out, "\t\t\tactive_width:\t\t{}", width_name(p.active_width));
+            let _ = writeln!(out, "\t\t\tactive_speed:\t\t{}", speed_name(p.active_speed));
             let _ = writeln!(
                 out,
                 "\t\t\tphys_state:\t\t{} ({})",
@@ -167,7 +175,32 @@ fn speed_name(s: u8) -> &'static str {
         1 => "2.5 Gbps (1)",
         2 => "5.0 Gbps (2)",
         4 => "10.0 Gbps (4)",
+        8 => "10.0 Gbps (8)",
+        16 => "14.0 Gbps (16)",
+        32 => "25.0 Gbps (32)",
         _ => "invalid speed",
+    }
+}
+
+/// `ibv_devices`: every device with its node GUID.
+pub fn ibv_devices(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    if !args.is_empty() {
+        return Err("usage: ibv_devices".to_string());
+    }
+    let _ = writeln!(out, "    {:<16}\t   node GUID", "device");
+    let _ = writeln!(out, "    {:<16}\t----------------", "------");
+    let r = for_devices(
+        None,
+        |n: &str| String::from(n),
+        |h, dev| {
+            let _ = writeln!(out, "    {:<16}\t{:016x}", h.name, dev.info().node_guid);
+            Ok(())
+        },
+    );
+    match r {
+        // No device is an empty list, as rdma-core prints it.
+        Err(e) if e == NO_HCA => Ok(()),
+        r => r,
     }
 }
 
@@ -183,10 +216,10 @@ pub fn ibv_devinfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             _ => return Err("usage: ibv_devinfo [-v] [-d DEVICE]".to_string()),
         }
     }
-    for_hcas(
+    for_devices(
         only,
         |n| alloc::format!("no device {n}"),
-        |h| devinfo(out, h, verbose),
+        |h, dev| devinfo(out, h, dev, verbose),
     )
 }
 
@@ -195,24 +228,25 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     if args.len() > 1 {
         return Err("usage: ibstat [CA_NAME]".to_string());
     }
-    for_hcas(
+    for_devices(
         args.first().copied(),
         |n| alloc::format!("CA '{n}' not found"),
-        |h| {
-            let node = node(h)?;
-            let n = h.dev.caps().num_ports;
+        |h, dev| {
+            let a = device_attr(h, dev)?;
+            let n = dev.phys_port_cnt();
             let _ = writeln!(out, "CA '{}'", h.name);
             let _ = writeln!(out, "\tCA type: MT{}", h.pci.device);
             let _ = writeln!(out, "\tNumber of ports: {n}");
-            let _ = writeln!(out, "\tFirmware version: {}", h.dev.fw_ver_string());
-            let _ = writeln!(out, "\tHardware version: {:x}", node.revision);
-            let _ = writeln!(out, "\tNode GUID: {:#018x}", node.node_guid);
-            let _ = writeln!(out, "\tSystem image GUID: {:#018x}", node.sys_image_guid);
+            let _ = writeln!(out, "\tFirmware version: {}", hca::fw_ver(a.fw_ver));
+            let _ = writeln!(out, "\tHardware version: {:x}", a.hw_ver);
+            let _ = writeln!(out, "\tNode GUID: {:#018x}", dev.info().node_guid);
+            let _ = writeln!(out, "\tSystem image GUID: {:#018x}", a.sys_image_guid);
             for port_num in 1..=n {
-                let p = port(h, port_num)?;
-                let (g, t) = hca::rate(p.width, p.speed);
+                let p = port_attr(h, dev, port_num)?;
+                let guid = port_guid(h, dev, port_num)?;
+                let (g, t) = hca::rate(p.active_width, p.active_speed);
                 let _ = writeln!(out, "\tPort {port_num}:");
-                let _ = writeln!(out, "\t\tState: {}", hca::ibstat_state(p.state));
+                let _ = writeln!(out, "\t\tState: {}", hca::ibstat_state(p.state.raw()));
                 let _ = writeln!(
                     out,
                     "\t\tPhysical state: {}",
@@ -226,8 +260,12 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let _ = writeln!(out, "\t\tBase lid: {}", p.lid);
                 let _ = writeln!(out, "\t\tLMC: {}", p.lmc);
                 let _ = writeln!(out, "\t\tSM lid: {}", p.sm_lid);
-                let _ = writeln!(out, "\t\tCapability mask: {:#010x}", p.cap_mask);
-                let _ = writeln!(out, "\t\tPort GUID: {:#018x}", p.port_guid);
+                let _ = writeln!(
+                    out,
+                    "\t\tCapability mask: {:#010x}",
+                    p.port_cap_flags.bits()
+                );
+                let _ = writeln!(out, "\t\tPort GUID: {guid:#018x}");
                 let _ = writeln!(out, "\t\tLink layer: InfiniBand");
             }
             Ok(())
@@ -235,7 +273,8 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     )
 }
 
-/// `mlx4 caps|catas|bench [N]`.
+/// `mlx4 caps|catas|bench [N]`: mlx4_core's view, also of a device removed
+/// after a catastrophic error.
 pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     let usage = || "usage: mlx4 caps|catas|bench [N]".to_string();
     let (sub, rounds) = match args {
@@ -249,21 +288,34 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         ),
         _ => return Err(usage()),
     };
-    for_hcas(
-        None,
-        |n| String::from(n),
-        |h| {
+    if !matches!(sub, "caps" | "catas" | "bench") {
+        return Err(usage());
+    }
+    hca::with(|ib| {
+        let Ib { core, hcas } = ib;
+        if hcas.is_empty() {
+            return Err(NO_HCA.to_string());
+        }
+        for h in hcas.iter_mut() {
+            let (name, addr, pci) = (h.name.clone(), h.pci.addr, h.pci);
+            let Some(m) = Ib::mlx4(core, h) else {
+                continue;
+            };
             match sub {
-                "caps" => hca::write_caps(out, h),
-                "bench" => hca::bench(out, h, rounds),
-                "catas" => {
-                    let fw = *h.dev.fw_info();
-                    let bad = h.dev.poll_catas();
+                "caps" => {
+                    let _ = writeln!(out, "{name} ({addr}): QUERY_DEV_CAP");
+                    let _ = writeln!(out, "{:#?}", m.core().dev_cap());
+                }
+                "bench" => hca::bench(out, &name, &pci, m, rounds),
+                _ => {
+                    let dev = m.core_mut();
+                    let fw = *dev.fw_info();
+                    let bad = dev.poll_catas();
                     let _ = writeln!(
                         out,
                         "{} ({}): internal error buffer at BAR{} + {:#x}, {} dwords: {}",
-                        h.name,
-                        h.pci.addr,
+                        name,
+                        addr,
                         fw.catas_bar,
                         fw.catas_offset,
                         fw.catas_size,
@@ -274,11 +326,11 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                         }
                     );
                 }
-                _ => return Err(usage()),
             }
-            Ok(())
-        },
-    )
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|| Err(NO_HCA.to_string()))
 }
 
 /// `fwtrace on|off`: log every firmware command (mlx4_core::cmd at debug).

@@ -18,6 +18,7 @@
 
 pub mod cmd;
 pub mod cq;
+pub mod cqe;
 pub mod doorbell;
 pub mod eq;
 pub mod fw;
@@ -29,3 +30,4 @@ pub mod port;
 pub mod qp;
 pub mod srq;
 pub mod wire;
+pub mod wqe;

@@ -1,0 +1,180 @@
+//! Address handles (Linux `ah.c`: `mlx4_ib_create_ah`, `create_ib_ah`, `mlx4_ib_query_ah`, `mlx4_ib_destroy_ah`): the 32-byte address vector copied into every UD WQE; the Ethernet (RoCE) form is left out.
+//!
+//! Linux 3.11 `create_ib_ah` stores the SL word after OR-ing in the traffic
+//! class and flow label, wiping them; LegoOS moved the SL first. We keep all
+//! three (LegoOS's fix).
+
+use mlx4_core::Caps;
+use mlx4_hw::wqe::{Av, av};
+
+use crate::verbs::AhAttr;
+use crate::{Error, Result};
+
+/// `IB_RATE_2_5_GBPS`, the lowest `enum ib_rate` the HCA steps down to.
+const IB_RATE_2_5_GBPS: u8 = 2;
+
+/// An address handle (Linux `struct mlx4_ib_ah`).
+#[derive(Debug, Clone)]
+pub struct Mlx4IbAh {
+    /// The address vector as it goes on the wire.
+    pub(crate) av: [u8; av::SIZE],
+    /// What it was created from (`mlx4_ib_query_ah`).
+    pub(crate) attr: AhAttr,
+}
+
+impl Mlx4IbAh {
+    /// The address vector bytes.
+    pub fn av(&self) -> &[u8; av::SIZE] {
+        &self.av
+    }
+    /// The attributes (Linux `mlx4_ib_query_ah`).
+    pub fn attr(&self) -> &AhAttr {
+        &self.attr
+    }
+}
+
+/// Linux `mlx4_ib_static_rate` as `create_ib_ah` and `mlx4_set_path` do it:
+/// the rate plus 5, stepped down until the device supports it.
+pub fn static_rate(caps: &Caps, rate: u8) -> u8 {
+    if rate == 0 {
+        return 0;
+    }
+    let mut r = rate.saturating_add(av::STAT_RATE_OFFSET);
+    while r > IB_RATE_2_5_GBPS + av::STAT_RATE_OFFSET
+        && (r >= 16 || caps.stat_rate_support & (1 << r) == 0)
+    {
+        r -= 1;
+    }
+    r
+}
+
+/// Linux `create_ib_ah`: the address vector of `attr` in protection domain
+/// `pdn`.
+pub fn create_ib_ah(caps: &Caps, pdn: u32, attr: &AhAttr) -> Result<Mlx4IbAh> {
+    if attr.port_num == 0 || attr.port_num > caps.num_ports {
+        return Err(Error::Inval("address handle names no port of the HCA"));
+    }
+    let mut a = Av {
+        port_pd: pdn | (u32::from(attr.port_num) << 24),
+        g_slid: attr.src_path_bits & 0x7f,
+        dlid: attr.dlid,
+        stat_rate: static_rate(caps, attr.static_rate),
+        sl_tclass_flowlabel: u32::from(attr.sl & 0xf) << 28,
+        ..Default::default()
+    };
+    if let Some(grh) = &attr.grh {
+        let gid_len = caps.port[usize::from(attr.port_num)].gid_table_len;
+        if u32::from(grh.sgid_index) >= gid_len.max(1) {
+            return Err(Error::Inval("source GID index beyond the GID table"));
+        }
+        a.g_slid |= av::GRH;
+        a.gid_index = grh.sgid_index;
+        a.hop_limit = grh.hop_limit;
+        a.sl_tclass_flowlabel |= (u32::from(grh.traffic_class) << 20) | (grh.flow_label & 0xf_ffff);
+        a.dgid = grh.dgid.0;
+    }
+    Ok(Mlx4IbAh {
+        av: a.to_bytes(),
+        attr: *attr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{Gid, GlobalRoute};
+
+    fn caps() -> Caps {
+        let mut c = Caps {
+            num_ports: 2,
+            // Rates 2.5 (7), 10 (8), 30 (9)... as a CX-3 reports: bits 7..=12.
+            stat_rate_support: 0x1f80,
+            ..Default::default()
+        };
+        c.port[1].gid_table_len = 128;
+        c
+    }
+
+    #[test]
+    fn golden_av_without_and_with_grh() {
+        let c = caps();
+        let ah = create_ib_ah(
+            &c,
+            0x21,
+            &AhAttr {
+                dlid: 0x0005,
+                sl: 3,
+                src_path_bits: 1,
+                port_num: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut g = [0u8; 32];
+        g[0..4].copy_from_slice(&[1, 0, 0, 0x21]);
+        g[5] = 1;
+        g[6..8].copy_from_slice(&[0, 5]);
+        g[12] = 0x30;
+        assert_eq!(ah.av, g);
+
+        let dgid = [
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 3, 0, 0x10, 0xa1, 0xb1,
+        ];
+        let ah = create_ib_ah(
+            &c,
+            0x21,
+            &AhAttr {
+                dlid: 7,
+                sl: 2,
+                port_num: 1,
+                static_rate: 3, // IB_RATE_10_GBPS
+                grh: Some(GlobalRoute {
+                    dgid: Gid(dgid),
+                    flow_label: 0xabcde,
+                    sgid_index: 1,
+                    hop_limit: 0xff,
+                    traffic_class: 0x12,
+                }),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(ah.av[5], 0x80, "GRH bit");
+        assert_eq!(ah.av[9], 1, "GID index");
+        assert_eq!(ah.av[10], 8, "10 Gb/s = 3 + 5");
+        assert_eq!(ah.av[11], 0xff);
+        // SL, traffic class and flow label all kept (Linux 3.11 lost the
+        // latter two).
+        assert_eq!(ah.av[12..16], [0x21, 0x2a, 0xbc, 0xde]);
+        assert_eq!(ah.av[16..32], dgid);
+    }
+
+    #[test]
+    fn unsupported_rates_step_down_and_bad_attrs_are_refused() {
+        let mut c = caps();
+        c.stat_rate_support = 1 << 7; // 2.5 Gb/s only
+        assert_eq!(static_rate(&c, 3), 7);
+        assert_eq!(static_rate(&c, 0), 0);
+        assert_eq!(static_rate(&c, 200), 7, "absurd rates do not overflow");
+        let bad_port = AhAttr {
+            port_num: 3,
+            ..Default::default()
+        };
+        assert!(matches!(
+            create_ib_ah(&c, 1, &bad_port),
+            Err(Error::Inval(_))
+        ));
+        let bad_gid = AhAttr {
+            port_num: 1,
+            grh: Some(GlobalRoute {
+                sgid_index: 200,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            create_ib_ah(&c, 1, &bad_gid),
+            Err(Error::Inval(_))
+        ));
+    }
+}

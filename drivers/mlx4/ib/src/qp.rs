@@ -1,0 +1,1813 @@
+//! Queue pairs (Linux `qp.c`): SQ/RQ geometry (`set_rq_size`, `set_kernel_sq_size`, `send_wqe_overhead`), WQE building for every opcode of RC, UC and UD with owner bits, fence/solicited/signalled flags, reverse-order data segments, inline segments, stamping (`stamp_send_wqe`) and the send doorbell (`mlx4_ib_post_send`), receive WQEs with the scatter terminator (`mlx4_ib_post_recv`), the MLX segment of QP0/QP1 sends, and create/modify/query/destroy (`create_qp_common`, `__mlx4_ib_modify_qp`, `mlx4_ib_query_qp`, `destroy_qp_common`); WQE shrinking, LSO, BlueFlame, XRC, RoCE, alternate paths and SR-IOV proxy/tunnel QPs are left out.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use hal::barrier::{dma_wmb, wmb};
+use hal::{Bar, DmaBuf};
+use mlx4_core::Caps;
+use mlx4_core::mr::Mtt;
+use mlx4_hw::doorbell::SEND_DOORBELL;
+use mlx4_hw::wqe::{self, atomic, ctrl, data, datagram, inline, mlx, opcode, raddr};
+
+use crate::ah::Mlx4IbAh;
+use crate::doorbell::Db;
+use crate::table::{CqId, PdId, Slab, SrqId};
+use crate::verbs::{
+    AccessFlags, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, WrDetail,
+    WrOpcode,
+};
+use crate::{Error, Result};
+
+/// A work queue (Linux `struct mlx4_ib_wq`): ring geometry, producer and
+/// consumer counters, and the work-request ids by slot.
+#[derive(Debug, Default)]
+pub struct Wq {
+    pub(crate) wrid: Vec<u64>,
+    pub(crate) wqe_cnt: u32,
+    pub(crate) max_post: u32,
+    pub(crate) max_gs: u32,
+    pub(crate) offset: usize,
+    pub(crate) wqe_shift: u32,
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+}
+
+impl Wq {
+    /// Linux `mlx4_wq_overflow`: would `nreq` more requests overrun it?
+    #[inline]
+    fn overflow(&self, nreq: u32) -> bool {
+        self.head.wrapping_sub(self.tail).wrapping_add(nreq) >= self.max_post
+    }
+
+    /// Requests posted and not yet completed.
+    pub fn outstanding(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+}
+
+/// `mlx4_ib_opcode[]`: the hardware opcode of each `enum ib_wr_opcode`.
+const HW_OPCODE: [u32; 16] = [
+    opcode::RDMA_WRITE,
+    opcode::RDMA_WRITE_IMM,
+    opcode::SEND,
+    opcode::SEND_IMM,
+    opcode::RDMA_READ,
+    opcode::ATOMIC_CS,
+    opcode::ATOMIC_FA,
+    opcode::NOP,
+    opcode::NOP,
+    opcode::SEND_INVAL,
+    opcode::NOP,
+    opcode::NOP,
+    opcode::MASKED_ATOMIC_CS,
+    opcode::MASKED_ATOMIC_FA,
+    opcode::NOP,
+    opcode::NOP,
+];
+
+const fn bit(op: WrOpcode) -> u32 {
+    1 << (op as u32)
+}
+/// Opcodes with a remote-address segment only.
+const RDMA_OPS: u32 =
+    bit(WrOpcode::RdmaWrite) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::RdmaRead);
+/// Opcodes with a remote-address and an atomic segment.
+const ATOMIC_OPS: u32 = bit(WrOpcode::AtomicCmpAndSwp)
+    | bit(WrOpcode::AtomicFetchAndAdd)
+    | bit(WrOpcode::MaskedAtomicCmpAndSwp)
+    | bit(WrOpcode::MaskedAtomicFetchAndAdd);
+/// Sends.
+const SEND_OPS: u32 = bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm) | bit(WrOpcode::SendWithInv);
+/// Opcodes whose `imm` field carries `imm_data` (or the rkey to invalidate).
+const IMM_OPS: u32 =
+    bit(WrOpcode::SendWithImm) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::SendWithInv);
+
+/// Opcodes each transport allows (UD and MLX: sends; UC: no READ, no atomics).
+const fn ops_allowed(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => RDMA_OPS | ATOMIC_OPS | SEND_OPS,
+        QpType::Uc => SEND_OPS | bit(WrOpcode::RdmaWrite) | bit(WrOpcode::RdmaWriteWithImm),
+        QpType::Ud | QpType::Smi | QpType::Gsi => bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm),
+    }
+}
+
+/// `srcrb_flags` by the low three `ib_send_flags` bits (fence, signalled,
+/// solicited).
+const SRCRB_FLAGS: [u32; 8] = [
+    0,
+    0,
+    ctrl::CQ_UPDATE,
+    ctrl::CQ_UPDATE,
+    ctrl::SOLICITED,
+    ctrl::SOLICITED,
+    ctrl::CQ_UPDATE | ctrl::SOLICITED,
+    ctrl::CQ_UPDATE | ctrl::SOLICITED,
+];
+
+/// Linux `send_wqe_overhead`: bytes of a send WQE before its data segments.
+pub const fn send_wqe_overhead(t: QpType) -> u32 {
+    let c = ctrl::SIZE as u32;
+    match t {
+        QpType::Ud => c + datagram::SIZE as u32,
+        QpType::Uc => c + raddr::SIZE as u32,
+        QpType::Rc => c + atomic::MASKED_SIZE as u32 + raddr::SIZE as u32,
+        // MLX: the UD header (82 bytes at most) in inline segments that may
+        // not cross 64 bytes, padded to 16, plus the 4-byte ICRC segment.
+        QpType::Smi | QpType::Gsi => {
+            let hdr = UD_HEADER_SIZE + UD_HEADER_SIZE.div_ceil(inline::ALIGN as u32) * 4;
+            c + hdr.next_multiple_of(16) + (4 + inline::SIZE as u32).next_multiple_of(16)
+        }
+    }
+}
+
+/// Largest packed UD header: LRH 8 + GRH 40 + BTH 12 + DETH 8 + immediate 4
+/// + VLAN/Ethernet room Linux reserves (`MLX4_IB_UD_HEADER_SIZE`).
+pub const UD_HEADER_SIZE: u32 = 82;
+
+/// libmlx4 `num_inline_segs`: inline headers needed for `data` bytes, with
+/// the worst-case start offset of the first segment in its 64-byte chunk.
+fn num_inline_segs(data: u32, t: QpType) -> u32 {
+    let lead = match t {
+        QpType::Ud => (ctrl::SIZE + datagram::SIZE) % inline::ALIGN,
+        _ => (ctrl::SIZE + raddr::SIZE) % inline::ALIGN,
+    } as u32;
+    let per = (inline::ALIGN - inline::SIZE) as u32;
+    (data + lead).div_ceil(per)
+}
+
+/// Linux `set_rq_size` (kernel QPs): RQ geometry, with `cap` updated to what
+/// was granted.
+pub fn set_rq_size(caps: &Caps, cap: &mut QpCap, has_rq: bool) -> Result<Wq> {
+    let max_sg = caps.max_sq_sg.min(caps.max_rq_sg);
+    if cap.max_recv_wr > caps.max_wqes.saturating_sub(wqe::SQ_MAX_SPARE)
+        || cap.max_recv_sge > max_sg
+    {
+        return Err(Error::Inval("receive queue larger than the device allows"));
+    }
+    let mut rq = Wq::default();
+    if !has_rq {
+        if cap.max_recv_wr != 0 {
+            return Err(Error::Inval("max_recv_wr on a QP attached to an SRQ"));
+        }
+    } else {
+        rq.wqe_cnt = cap.max_recv_wr.max(1).next_power_of_two();
+        rq.max_gs = cap.max_recv_sge.max(1).next_power_of_two();
+        rq.wqe_shift = (rq.max_gs * data::SIZE as u32).ilog2();
+    }
+    rq.max_post = caps
+        .max_wqes
+        .saturating_sub(wqe::SQ_MAX_SPARE)
+        .min(rq.wqe_cnt);
+    cap.max_recv_wr = rq.max_post;
+    cap.max_recv_sge = rq.max_gs.min(max_sg);
+    Ok(rq)
+}
+
+/// Linux `set_kernel_sq_size` without WQE shrinking: SQ geometry and the
+/// spare (prefetch headroom) WQEs; `cap` is updated to what was granted.
+/// Inline data (not in the 3.11 kernel driver) is sized as libmlx4 does.
+pub fn set_kernel_sq_size(caps: &Caps, cap: &mut QpCap, t: QpType) -> Result<(Wq, u32)> {
+    let overhead = send_wqe_overhead(t);
+    let max_sg = caps.max_sq_sg.min(caps.max_rq_sg);
+    if cap.max_send_wr > caps.max_wqes.saturating_sub(wqe::SQ_MAX_SPARE)
+        || cap.max_send_sge > max_sg
+        || cap.max_inline_data + overhead + inline::SIZE as u32 > caps.max_sq_desc_sz
+    {
+        return Err(Error::Inval("send queue larger than the device allows"));
+    }
+    if matches!(t, QpType::Smi | QpType::Gsi) && cap.max_send_sge + 2 > caps.max_sq_sg {
+        return Err(Error::Inval("too many send SGEs for a special QP"));
+    }
+    if matches!(t, QpType::Smi | QpType::Gsi) && cap.max_inline_data != 0 {
+        return Err(Error::Inval("inline data on a special QP"));
+    }
+    let mut s = cap.max_send_sge * data::SIZE as u32;
+    if cap.max_inline_data != 0 {
+        let inl =
+            num_inline_segs(cap.max_inline_data, t) * inline::SIZE as u32 + cap.max_inline_data;
+        s = s.max(inl);
+    }
+    s += overhead;
+    let mut sq = Wq {
+        wqe_shift: s.next_power_of_two().ilog2().max(wqe::SQ_MIN_WQE_SHIFT),
+        ..Default::default()
+    };
+    let max_wqes_per_wr = 1;
+    let spare = (wqe::MAX_HEADROOM >> sq.wqe_shift) + max_wqes_per_wr;
+    sq.wqe_cnt = (cap.max_send_wr * max_wqes_per_wr + spare).next_power_of_two();
+    if sq.wqe_cnt > caps.max_wqes.max(1).next_power_of_two() {
+        return Err(Error::Inval("send queue larger than the device allows"));
+    }
+    sq.max_gs = (caps.max_sq_desc_sz.min(1 << sq.wqe_shift) - overhead) / data::SIZE as u32;
+    sq.max_post = (sq.wqe_cnt - spare) / max_wqes_per_wr;
+    cap.max_send_wr = sq.max_post;
+    cap.max_send_sge = sq.max_gs.min(max_sg);
+    Ok((sq, spare))
+}
+
+/// Places the queues in one buffer, the larger stride first (Linux
+/// `set_kernel_sq_size`), and allocates it.
+pub fn alloc_qp_buf(pool: &hal::DmaPool, sq: &mut Wq, rq: &mut Wq) -> Result<DmaBuf> {
+    let rq_bytes = (rq.wqe_cnt as usize) << rq.wqe_shift;
+    let sq_bytes = (sq.wqe_cnt as usize) << sq.wqe_shift;
+    if rq.wqe_shift > sq.wqe_shift {
+        rq.offset = 0;
+        sq.offset = rq_bytes;
+    } else {
+        sq.offset = 0;
+        rq.offset = sq_bytes;
+    }
+    Ok(pool.alloc((rq_bytes + sq_bytes).next_multiple_of(4096), 4096)?)
+}
+
+/// QP0/QP1 state Linux keeps in `struct mlx4_ib_sqp`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sqp {
+    /// P_Key index of QP0 sends.
+    pub pkey_index: u16,
+    /// The QP's Q_Key (substituted when a WR's Q_Key has bit 31 set).
+    pub qkey: u32,
+    /// PSN of the next send (24 bits).
+    pub send_psn: u32,
+}
+
+/// The hardware side of a QP created through mlx4_core.
+#[derive(Debug)]
+pub(crate) struct QpHw {
+    pub(crate) mqp: mlx4_core::qp::Qp,
+    pub(crate) mtt: Mtt,
+    /// True if the QPN came from `mlx4_qp_reserve_range` (not special).
+    pub(crate) reserved: bool,
+}
+
+/// A queue pair (Linux `struct mlx4_ib_qp`).
+pub struct Mlx4IbQp {
+    pub(crate) qp_type: QpType,
+    /// Real QPN (CQEs carry it).
+    pub(crate) qpn: u32,
+    /// QPN as verbs report it (0/1 for QP0/QP1).
+    pub(crate) ibqp_num: u32,
+    pub(crate) buf: DmaBuf,
+    pub(crate) sq: Wq,
+    pub(crate) rq: Wq,
+    pub(crate) sq_spare_wqes: u32,
+    pub(crate) sq_next_wqe: u32,
+    /// `MLX4_WQE_CTRL_CQ_UPDATE` for `IB_SIGNAL_ALL_WR` QPs, else 0.
+    pub(crate) sq_signal_bits: u32,
+    pub(crate) max_inline_data: u32,
+    /// Bit `op` set for each `WrOpcode` the transport allows.
+    pub(crate) ops_allowed: u32,
+    /// The UAR page (the device's `priv_uar`) the send doorbell goes to.
+    pub(crate) uar: Bar,
+    /// `qpn << 8`, stored big-endian at `UAR + 0x14`.
+    pub(crate) doorbell_qpn: u32,
+    /// RQ doorbell record (absent with an SRQ).
+    pub(crate) db: Option<Db>,
+    pub(crate) state: QpState,
+    pub(crate) port: u8,
+    pub(crate) atomic_rd_en: AccessFlags,
+    pub(crate) resp_depth: u8,
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) srq: Option<SrqId>,
+    pub(crate) sqp: Option<Sqp>,
+    pub(crate) hw: Option<QpHw>,
+}
+
+impl core::fmt::Debug for Mlx4IbQp {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "Mlx4IbQp({:?} {:#x}, {:?})",
+            self.qp_type, self.qpn, self.state
+        )
+    }
+}
+
+/// A failed post: the error and the index of the first work request not
+/// posted (Linux's `*bad_wr`); the ones before it were posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostError {
+    /// Why.
+    pub err: Error,
+    /// Index of the first request not posted.
+    pub bad_wr: usize,
+}
+
+/// Builds the UD header of an MLX (QP0/QP1) send into a buffer; supplied by
+/// ib_core's `ud_header` (Linux `build_mlx_header` calls `ib_ud_header_init`
+/// and `ib_ud_header_pack`).
+pub trait MlxHeader {
+    /// Packs the LRH/GRH/BTH/DETH(/immediate) for `wr` sent on `qp` into
+    /// `out`; returns the length and the LRH fields the MLX segment repeats.
+    fn build(&mut self, qp: &MlxSendInfo, wr: &SendWr<'_>, out: &mut [u8]) -> Result<MlxFields>;
+}
+
+/// What `build_mlx_header` knows about the sending special QP.
+#[derive(Debug, Clone, Copy)]
+pub struct MlxSendInfo {
+    /// True for QP0 (VL15, source QPN 0).
+    pub is_qp0: bool,
+    /// Port of the QP.
+    pub port: u8,
+    /// QP state for special QPs (pkey index, qkey, next PSN).
+    pub sqp: Sqp,
+    /// The address vector of the WR's AH.
+    pub av: wqe::Av,
+}
+
+/// LRH fields the MLX segment needs besides the packed header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MlxFields {
+    /// Header length in bytes.
+    pub len: usize,
+    /// LRH DLID.
+    pub dlid: u16,
+    /// LRH SL.
+    pub sl: u8,
+}
+
+impl Mlx4IbQp {
+    /// A QP's queues over a buffer the caller provides, without an HCA
+    /// behind it: for tests and the fast-path benchmark, which play the
+    /// hardware themselves. `buf` must hold both queues.
+    #[allow(clippy::too_many_arguments)]
+    pub fn detached(
+        qp_type: QpType,
+        qpn: u32,
+        caps: &Caps,
+        cap: &mut QpCap,
+        sig_all: bool,
+        buf_pool: &hal::DmaPool,
+        uar: Bar,
+        db: Option<Db>,
+    ) -> Result<Mlx4IbQp> {
+        let mut rq = set_rq_size(caps, cap, db.is_some())?;
+        let (mut sq, spare) = set_kernel_sq_size(caps, cap, qp_type)?;
+        let buf = alloc_qp_buf(buf_pool, &mut sq, &mut rq)?;
+        let mut qp = Mlx4IbQp::assemble(
+            qp_type,
+            qpn,
+            qpn,
+            sq,
+            rq,
+            spare,
+            sig_all,
+            cap.max_inline_data,
+            buf,
+            uar,
+            db,
+        );
+        qp.stamp_all();
+        qp.state = QpState::Rts;
+        Ok(qp)
+    }
+
+    /// The QP over `buf` (from [`alloc_qp_buf`]), with its wrid arrays.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn assemble(
+        qp_type: QpType,
+        qpn: u32,
+        ibqp_num: u32,
+        mut sq: Wq,
+        mut rq: Wq,
+        spare: u32,
+        sig_all: bool,
+        max_inline_data: u32,
+        buf: DmaBuf,
+        uar: Bar,
+        db: Option<Db>,
+    ) -> Mlx4IbQp {
+        sq.wrid = vec![0; sq.wqe_cnt as usize];
+        rq.wrid = vec![0; rq.wqe_cnt as usize];
+        Mlx4IbQp {
+            qp_type,
+            qpn,
+            ibqp_num,
+            buf,
+            sq,
+            rq,
+            sq_spare_wqes: spare,
+            sq_next_wqe: 0,
+            sq_signal_bits: if sig_all { ctrl::CQ_UPDATE } else { 0 },
+            max_inline_data,
+            ops_allowed: ops_allowed(qp_type),
+            uar,
+            doorbell_qpn: mlx4_hw::doorbell::send_doorbell(qpn),
+            db,
+            state: QpState::Reset,
+            port: 0,
+            atomic_rd_en: AccessFlags::empty(),
+            resp_depth: 0,
+            pd: PdId(0),
+            send_cq: CqId(0),
+            recv_cq: CqId(0),
+            srq: None,
+            sqp: None,
+            hw: None,
+        }
+    }
+
+    /// The real QPN.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    /// The QP number verbs report (0/1 for special QPs).
+    pub fn qp_num(&self) -> u32 {
+        self.ibqp_num
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// The send queue (geometry, counters).
+    pub fn sq(&self) -> &Wq {
+        &self.sq
+    }
+    /// The receive queue.
+    pub fn rq(&self) -> &Wq {
+        &self.rq
+    }
+    /// Spare WQEs kept as prefetch headroom.
+    pub fn sq_spare_wqes(&self) -> u32 {
+        self.sq_spare_wqes
+    }
+    /// The queue buffer (tests read WQEs from it).
+    pub fn buf(&self) -> &DmaBuf {
+        &self.buf
+    }
+    /// Byte offset of send WQE `n` (modulo the ring) in the buffer.
+    #[inline]
+    pub fn send_wqe_offset(&self, n: u32) -> usize {
+        self.sq.offset + (((n & (self.sq.wqe_cnt - 1)) as usize) << self.sq.wqe_shift)
+    }
+    /// Byte offset of receive WQE `n` in the buffer.
+    #[inline]
+    pub fn recv_wqe_offset(&self, n: u32) -> usize {
+        self.rq.offset + (((n & (self.rq.wqe_cnt - 1)) as usize) << self.rq.wqe_shift)
+    }
+
+    /// Linux `stamp_send_wqe` (one WQE per WR): the first dword of every
+    /// 64-byte chunk after the first of WQE `n`, as far as its last use
+    /// reached (its DS count), becomes 0xffffffff so the prefetcher never
+    /// sees stale data as valid. Chunks beyond were stamped before that use
+    /// (RST->INIT stamps the whole stride).
+    #[inline(always)]
+    fn stamp_send_wqe(&self, n: u32) {
+        let base = self.send_wqe_offset(n);
+        let b = self.buf.window();
+        let s = usize::from(b.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
+        let mut i = 64;
+        while i < s {
+            b.write_be32(base + i, wqe::STAMP);
+            i += 64;
+        }
+    }
+
+    /// The RST->INIT preparation of `__mlx4_ib_modify_qp`: every send WQE
+    /// gets an owner bit that is invalid in pass 0, the full DS count, and
+    /// its stamps.
+    pub(crate) fn stamp_all(&mut self) {
+        let ds = (1u32 << (self.sq.wqe_shift - 4)) as u8;
+        for i in 0..self.sq.wqe_cnt {
+            let base = self.send_wqe_offset(i);
+            self.buf.write_be32(base + ctrl::OWNER_OPCODE, ctrl::OWNER);
+            self.buf.write_be32(base + 4, u32::from(ds));
+            self.stamp_send_wqe(i);
+        }
+    }
+
+    /// Resets the rings (a kernel QP moved to RESET).
+    pub(crate) fn reset_rings(&mut self) {
+        self.sq.head = 0;
+        self.sq.tail = 0;
+        self.rq.head = 0;
+        self.rq.tail = 0;
+        self.sq_next_wqe = 0;
+        if let Some(db) = &self.db {
+            db.write(0, 0);
+        }
+    }
+
+    /// Writes data segments `sg` at `off`, in reverse order, each byte count
+    /// behind a barrier (Linux `set_data_seg`); returns the offset after
+    /// them.
+    #[inline(always)]
+    fn write_data_segs(&self, off: usize, sg: &[crate::verbs::Sge]) -> usize {
+        let mut i = sg.len();
+        while i > 0 {
+            i -= 1;
+            let s = &sg[i];
+            let d = off + i * data::SIZE;
+            self.buf.write_be64(d + data::ADDR, s.addr);
+            // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
+            let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
+            // The byte count must not be seen before the rest of the
+            // segment (it overwrites the chunk's stamp): lkey, barrier,
+            // then byte count, as one ordered pair of stores.
+            self.buf.write_be32(d + data::LKEY, s.lkey);
+            dma_wmb();
+            self.buf.write_be32(d + data::BYTE_COUNT, bc);
+        }
+        off + sg.len() * data::SIZE
+    }
+
+    /// Copies inline data at `off` in segments that never cross 64 bytes
+    /// (libmlx4's inline path); returns the bytes used, headers included.
+    fn write_inline(&self, off: usize, src: &[u8]) -> Result<usize> {
+        if src.len() > self.max_inline_data as usize {
+            return Err(Error::Inval("inline data longer than max_inline_data"));
+        }
+        let mut seg = off;
+        let mut pos = off + inline::SIZE;
+        let mut rest = src;
+        let mut nseg = 0usize;
+        loop {
+            let room = inline::ALIGN - (pos % inline::ALIGN);
+            if rest.len() < room {
+                break;
+            }
+            let (now, later) = rest.split_at(room);
+            self.buf.write_bytes(pos, now);
+            dma_wmb();
+            self.buf.write_be32(seg, inline::SEG | (now.len() as u32));
+            nseg += 1;
+            rest = later;
+            seg = pos + room;
+            pos = seg + inline::SIZE;
+        }
+        if !rest.is_empty() {
+            self.buf.write_bytes(pos, rest);
+            dma_wmb();
+            self.buf.write_be32(seg, inline::SEG | (rest.len() as u32));
+            nseg += 1;
+        }
+        Ok(src.len() + nseg * inline::SIZE)
+    }
+
+    /// Linux `mlx4_ib_post_send` for RC, UC and UD QPs (QP0/QP1 go through
+    /// [`Mlx4IbQp::post_send_mlx`]). Stops at the first bad request; the
+    /// ones before it are posted and the doorbell rung for them.
+    pub fn post_send(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wrs: &[SendWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        if matches!(self.qp_type, QpType::Smi | QpType::Gsi) {
+            return Err(PostError {
+                err: Error::Inval("QP0/QP1 sends need a UD header (post_send_mlx)"),
+                bad_wr: 0,
+            });
+        }
+        self.check_send_state()?;
+        // One request (the common case): no batch bookkeeping.
+        if let [wr] = wrs {
+            let ind = self.sq_next_wqe;
+            return match self.build_send_wqe(ahs, wr, ind, 0) {
+                Ok(()) => {
+                    let stamp = ind.wrapping_add(self.sq_spare_wqes);
+                    self.ring_send_doorbell(1, stamp, ind.wrapping_add(1));
+                    Ok(())
+                }
+                Err(err) => Err(PostError { err, bad_wr: 0 }),
+            };
+        }
+        let mut ind = self.sq_next_wqe;
+        let mut nreq = 0u32;
+        let mut stamp = 0;
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            match self.build_send_wqe(ahs, wr, ind, nreq) {
+                Ok(()) => {}
+                Err(err) => {
+                    res = Err(PostError { err, bad_wr: i });
+                    break;
+                }
+            }
+            stamp = ind.wrapping_add(self.sq_spare_wqes);
+            ind = ind.wrapping_add(1);
+            nreq += 1;
+            // Stamp now unless this is the last WQE: that one waits until
+            // after the doorbell (latency).
+            if i + 1 < wrs.len() {
+                self.stamp_send_wqe(stamp);
+            }
+        }
+        if nreq > 0 {
+            self.ring_send_doorbell(nreq, stamp, ind);
+        }
+        res
+    }
+
+    /// Sends are an immediate error in RESET, INIT and RTR (IBTA 10.3.1).
+    #[inline]
+    fn check_send_state(&self) -> core::result::Result<(), PostError> {
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => Err(PostError {
+                err: Error::Inval("send posted to a QP not yet in RTS"),
+                bad_wr: 0,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    #[inline(always)]
+    fn ring_send_doorbell(&mut self, nreq: u32, stamp: u32, ind: u32) {
+        self.sq.head = self.sq.head.wrapping_add(nreq);
+        // Descriptors before the doorbell.
+        wmb();
+        self.uar.write_be32(SEND_DOORBELL, self.doorbell_qpn);
+        self.stamp_send_wqe(stamp);
+        self.sq_next_wqe = ind;
+    }
+
+    /// One send WQE at producer index `ind` (the body of Linux's loop).
+    #[inline(always)]
+    fn build_send_wqe(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wr: &SendWr<'_>,
+        ind: u32,
+        nreq: u32,
+    ) -> Result<()> {
+        if self.sq.overflow(nreq) {
+            return Err(Error::QueueFull);
+        }
+        let opi = wr.opcode as u32;
+        if self.ops_allowed & (1 << opi) == 0 {
+            return Err(Error::Inval("opcode not valid for the QP type"));
+        }
+        let op = HW_OPCODE[opi as usize & 15];
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
+        if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
+            return Err(Error::Inval("more SGEs than max_send_sge"));
+        }
+        let base = self.send_wqe_offset(ind);
+        if !inline && wr.sg_list.len() <= 4 {
+            return self.build_send_wqe_staged(ahs, wr, ind, nreq, base, opi, op);
+        }
+        let mut off = base + ctrl::SIZE;
+        match &wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
+                self.buf.write_be64(off + raddr::RADDR, *remote_addr);
+                self.buf
+                    .write_be64(off + raddr::RKEY, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+            }
+            WrDetail::None if SEND_OPS & (1 << opi) != 0 && self.qp_type != QpType::Ud => {}
+            WrDetail::Atomic {
+                remote_addr,
+                compare_add,
+                swap,
+                compare_add_mask,
+                swap_mask,
+                rkey,
+            } if ATOMIC_OPS & (1 << opi) != 0 => {
+                self.buf.write_be64(off + raddr::RADDR, *remote_addr);
+                self.buf
+                    .write_be64(off + raddr::RKEY, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+                match wr.opcode {
+                    // set_atomic_seg: CAS carries swap and compare; FAA the
+                    // addend in the first field.
+                    WrOpcode::AtomicCmpAndSwp => {
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *swap);
+                        self.buf.write_be64(off + atomic::COMPARE, *compare_add);
+                        off += atomic::SIZE;
+                    }
+                    WrOpcode::AtomicFetchAndAdd => {
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *compare_add);
+                        self.buf.write_be64(off + atomic::COMPARE, 0);
+                        off += atomic::SIZE;
+                    }
+                    // set_masked_atomic_seg (CAS) and Linux's FAA variant,
+                    // which sends add and add mask in a plain atomic segment.
+                    WrOpcode::MaskedAtomicCmpAndSwp => {
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *swap);
+                        self.buf.write_be64(off + atomic::COMPARE, *compare_add);
+                        self.buf.write_be64(off + atomic::SWAP_ADD_MASK, *swap_mask);
+                        self.buf
+                            .write_be64(off + atomic::COMPARE_MASK, *compare_add_mask);
+                        off += atomic::MASKED_SIZE;
+                    }
+                    _ => {
+                        self.buf.write_be64(off + atomic::SWAP_ADD, *compare_add);
+                        self.buf
+                            .write_be64(off + atomic::COMPARE, *compare_add_mask);
+                        off += atomic::SIZE;
+                    }
+                }
+            }
+            WrDetail::Ud {
+                ah,
+                remote_qpn,
+                remote_qkey,
+                ..
+            } if self.qp_type == QpType::Ud => {
+                let ah = ahs
+                    .get(ah.0)
+                    .ok_or(Error::Inval("unknown address handle"))?;
+                self.buf.write_bytes(off + datagram::AV, &ah.av);
+                self.buf.write_be64(
+                    off + datagram::DQPN,
+                    (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
+                );
+                self.buf.write_be64(off + datagram::VLAN, 0);
+                off += datagram::SIZE;
+            }
+            _ => return Err(Error::Inval("work request fields do not match its opcode")),
+        }
+        let end = if inline {
+            let end = off + self.write_inline(off, wr.inline_data)?;
+            if end - base > (1 << self.sq.wqe_shift) {
+                return Err(Error::Inval("work request larger than a send WQE"));
+            }
+            end
+        } else {
+            self.write_data_segs(off, wr.sg_list)
+        };
+        let size = (end - base).div_ceil(16) as u32;
+        let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr.wr_id;
+        }
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
+        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
+        let imm = if IMM_OPS & (1 << opi) != 0 {
+            wr.imm_data
+        } else {
+            0
+        };
+        self.buf.write_be64(
+            base + ctrl::SRCRB_FLAGS,
+            (u64::from(srcrb) << 32) | u64::from(imm),
+        );
+        // Linux writes the segments, a barrier, fence_size, a barrier, then
+        // the owner/opcode dword that hands the WQE to the HCA. One aligned
+        // 8-byte store of both after the barrier keeps that order: the HCA
+        // never sees the new owner bit with a stale size.
+        dma_wmb();
+        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
+        self.buf.write_be64(
+            base + ctrl::OWNER_OPCODE,
+            (u64::from(op | owner) << 32) | u64::from(fence | size),
+        );
+        Ok(())
+    }
+
+    /// The common case of [`Mlx4IbQp::build_send_wqe`] (no inline data, at
+    /// most 4 SGEs: at most 128 bytes): the WQE is assembled in a local
+    /// buffer and copied in one piece, then the first dword of its second
+    /// 64-byte chunk (left as the stamp by the copy) and the owner dword are
+    /// written, each behind a barrier, which keeps Linux's rule that no
+    /// chunk looks valid before its contents.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn build_send_wqe_staged(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wr: &SendWr<'_>,
+        ind: u32,
+        nreq: u32,
+        base: usize,
+        opi: u32,
+        op: u32,
+    ) -> Result<()> {
+        let mut st = [0u8; 128];
+        fn put64(st: &mut [u8; 128], o: usize, v: u64) {
+            if let Some(d) = st.get_mut(o..o + 8) {
+                d.copy_from_slice(&v.to_be_bytes());
+            }
+        }
+        let mut off = ctrl::SIZE;
+        match &wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
+                put64(&mut st, off, *remote_addr);
+                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+            }
+            WrDetail::None if SEND_OPS & (1 << opi) != 0 && self.qp_type != QpType::Ud => {}
+            WrDetail::Atomic {
+                remote_addr,
+                compare_add,
+                swap,
+                compare_add_mask,
+                swap_mask,
+                rkey,
+            } if ATOMIC_OPS & (1 << opi) != 0 => {
+                put64(&mut st, off, *remote_addr);
+                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                off += raddr::SIZE;
+                let (a, b, masks) = match wr.opcode {
+                    WrOpcode::AtomicCmpAndSwp => (*swap, *compare_add, None),
+                    WrOpcode::AtomicFetchAndAdd => (*compare_add, 0, None),
+                    WrOpcode::MaskedAtomicCmpAndSwp => {
+                        (*swap, *compare_add, Some((*swap_mask, *compare_add_mask)))
+                    }
+                    _ => (*compare_add, *compare_add_mask, None),
+                };
+                put64(&mut st, off, a);
+                put64(&mut st, off + 8, b);
+                off += atomic::SIZE;
+                if let Some((sm, cm)) = masks {
+                    put64(&mut st, off, sm);
+                    put64(&mut st, off + 8, cm);
+                    off += atomic::SIZE;
+                }
+            }
+            WrDetail::Ud {
+                ah,
+                remote_qpn,
+                remote_qkey,
+                ..
+            } if self.qp_type == QpType::Ud => {
+                let ah = ahs
+                    .get(ah.0)
+                    .ok_or(Error::Inval("unknown address handle"))?;
+                if let Some(d) = st.get_mut(off..off + 32) {
+                    d.copy_from_slice(&ah.av);
+                }
+                put64(
+                    &mut st,
+                    off + datagram::DQPN,
+                    (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
+                );
+                off += datagram::SIZE;
+            }
+            _ => return Err(Error::Inval("work request fields do not match its opcode")),
+        }
+        for s in wr.sg_list {
+            // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
+            let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
+            put64(&mut st, off, (u64::from(bc) << 32) | u64::from(s.lkey));
+            put64(&mut st, off + 8, s.addr);
+            off += data::SIZE;
+        }
+        if off > (1 << self.sq.wqe_shift) || off > st.len() {
+            return Err(Error::Inval("work request larger than a send WQE"));
+        }
+        let size = (off / 16) as u32;
+        let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr.wr_id;
+        }
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
+        let imm = if IMM_OPS & (1 << opi) != 0 {
+            wr.imm_data
+        } else {
+            0
+        };
+        put64(
+            &mut st,
+            ctrl::SRCRB_FLAGS,
+            (u64::from(srcrb) << 32) | u64::from(imm),
+        );
+        // A second chunk keeps its stamp until the rest of it is in place.
+        let chunk1 = if off > 64 {
+            let mut d = [0u8; 4];
+            d.copy_from_slice(&st[64..68]);
+            st[64..68].copy_from_slice(&wqe::STAMP.to_be_bytes());
+            Some(u32::from_be_bytes(d))
+        } else {
+            None
+        };
+        let b = self.buf.window();
+        b.write_bytes(base + 8, &st[8..off]);
+        if let Some(d) = chunk1 {
+            dma_wmb();
+            b.write_be32(base + 64, d);
+        }
+        dma_wmb();
+        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
+        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
+        b.write_be64(
+            base + ctrl::OWNER_OPCODE,
+            (u64::from(op | owner) << 32) | u64::from(fence | size),
+        );
+        Ok(())
+    }
+
+    /// Linux `mlx4_ib_post_send` for QP0/QP1 (`build_mlx_header`): the MLX
+    /// segment overlaying the control segment, the UD header from `hdr` in
+    /// inline segments split at 64 bytes, the data segments, and the 4-byte
+    /// ICRC inline segment.
+    pub fn post_send_mlx(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        hdr: &mut dyn MlxHeader,
+        wrs: &[SendWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        self.check_send_state()?;
+        let mut ind = self.sq_next_wqe;
+        let mut nreq = 0u32;
+        let mut stamp = 0;
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(err) = self.build_mlx_wqe(ahs, hdr, wr, ind, nreq) {
+                res = Err(PostError { err, bad_wr: i });
+                break;
+            }
+            stamp = ind.wrapping_add(self.sq_spare_wqes);
+            ind = ind.wrapping_add(1);
+            nreq += 1;
+            if i + 1 < wrs.len() {
+                self.stamp_send_wqe(stamp);
+            }
+        }
+        if nreq > 0 {
+            self.ring_send_doorbell(nreq, stamp, ind);
+        }
+        res
+    }
+
+    fn build_mlx_wqe(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        hdr: &mut dyn MlxHeader,
+        wr: &SendWr<'_>,
+        ind: u32,
+        nreq: u32,
+    ) -> Result<()> {
+        let sqp = self.sqp.ok_or(Error::Inval("not a special QP"))?;
+        if self.sq.overflow(nreq) {
+            return Err(Error::QueueFull);
+        }
+        if wr.sg_list.len() > self.sq.max_gs as usize {
+            return Err(Error::Inval("more SGEs than max_send_sge"));
+        }
+        let opi = wr.opcode as u32;
+        if self.ops_allowed & (1 << opi) == 0 {
+            return Err(Error::Inval("opcode not valid for the QP type"));
+        }
+        let op = HW_OPCODE[opi as usize & 15];
+        let WrDetail::Ud { ah, .. } = wr.wr else {
+            return Err(Error::Inval("QP0/QP1 sends need an address handle"));
+        };
+        let ah = ahs
+            .get(ah.0)
+            .ok_or(Error::Inval("unknown address handle"))?;
+        let av = wqe::Av::from_bytes(&ah.av);
+        let info = MlxSendInfo {
+            is_qp0: self.qp_type == QpType::Smi,
+            port: self.port,
+            sqp,
+            av,
+        };
+        let mut h = [0u8; UD_HEADER_SIZE as usize];
+        let f = hdr.build(&info, wr, &mut h)?;
+        let h = h.get(..f.len).ok_or(Error::Inval("UD header too long"))?;
+        if let Some(s) = self.sqp.as_mut() {
+            s.send_psn = s.send_psn.wrapping_add(1) & 0xff_ffff;
+        }
+        let base = self.send_wqe_offset(ind);
+        let seglen = self.write_mlx_header(base, &av, &f, wr.send_flags, h);
+        let mut off = base + mlx::SIZE + seglen;
+        // Data segments, then the ICRC segment after them (written first,
+        // as Linux does, so the reverse order holds).
+        let icrc = off + wr.sg_list.len() * data::SIZE;
+        self.buf.write_be32(icrc + 4, 0);
+        dma_wmb();
+        self.buf.write_be32(icrc, inline::SEG | 4);
+        off = self.write_data_segs(off, wr.sg_list) + data::SIZE;
+        let size = (off - base).div_ceil(16);
+        if size > (1 << (self.sq.wqe_shift - 4)) {
+            return Err(Error::Inval("work request larger than a send WQE"));
+        }
+        let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr.wr_id;
+        }
+        dma_wmb();
+        self.buf.write_be32(base + 4, size as u32);
+        dma_wmb();
+        let owner = if ind & self.sq.wqe_cnt != 0 {
+            ctrl::OWNER
+        } else {
+            0
+        };
+        self.buf.write_be32(base + ctrl::OWNER_OPCODE, op | owner);
+        Ok(())
+    }
+
+    /// The MLX segment and the header's inline segments at `base`; returns
+    /// the bytes after the MLX segment, padded to 16.
+    fn write_mlx_header(
+        &self,
+        base: usize,
+        av: &wqe::Av,
+        f: &MlxFields,
+        flags: SendFlags,
+        h: &[u8],
+    ) -> usize {
+        // Only the completion bits of the control flags survive; then VL15
+        // for QP0, SLR for a permissive DLID, SL, loopback (Linux 3.11 sets
+        // no static rate here).
+        let mut mflags = self.sq_signal_bits;
+        if flags.contains(SendFlags::SIGNALED) {
+            mflags |= ctrl::CQ_UPDATE;
+        }
+        if self.qp_type == QpType::Smi {
+            mflags |= mlx::VL15;
+        }
+        if f.dlid == 0xffff {
+            mflags |= mlx::SLR;
+        }
+        mflags |= u32::from(f.sl & 0xf) << mlx::SL_SHIFT;
+        if av.port_pd & (1 << 31) != 0 {
+            mflags |= ctrl::FORCE_LOOPBACK;
+        }
+        self.buf.write_be32(base + mlx::FLAGS, mflags);
+        self.buf
+            .write_be32(base + mlx::RLID, u32::from(f.dlid) << 16);
+        // The header in inline segments; the first may hold at most what
+        // fits before the 64-byte boundary after its 4-byte header.
+        let first = base + mlx::SIZE;
+        let room = inline::ALIGN - (first % inline::ALIGN) - inline::SIZE;
+        if h.len() <= room {
+            self.buf.write_bytes(first + inline::SIZE, h);
+            dma_wmb();
+            self.buf.write_be32(first, inline::SEG | h.len() as u32);
+            (inline::SIZE + h.len()).next_multiple_of(16)
+        } else {
+            let (a, b) = h.split_at(room);
+            let second = first + inline::SIZE + room;
+            self.buf.write_bytes(first + inline::SIZE, a);
+            self.buf.write_bytes(second + inline::SIZE, b);
+            dma_wmb();
+            self.buf.write_be32(second, inline::SEG | b.len() as u32);
+            dma_wmb();
+            self.buf.write_be32(first, inline::SEG | a.len() as u32);
+            (2 * inline::SIZE + h.len()).next_multiple_of(16)
+        }
+    }
+
+    /// Linux `mlx4_ib_post_recv`: one receive WQE per request (data
+    /// segments plus the terminator when fewer than `max_gs`), then the RQ
+    /// doorbell record after a barrier. No MMIO.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError {
+                err: Error::Inval("receive posted to a QP in RESET"),
+                bad_wr: 0,
+            });
+        }
+        let Some(db) = &self.db else {
+            return Err(PostError {
+                err: Error::Inval("QP receives through an SRQ"),
+                bad_wr: 0,
+            });
+        };
+        let mut ind = self.rq.head & (self.rq.wqe_cnt - 1);
+        let b = self.buf.window();
+        let mut nreq = 0u32;
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if self.rq.overflow(nreq) {
+                res = Err(PostError {
+                    err: Error::QueueFull,
+                    bad_wr: i,
+                });
+                break;
+            }
+            if wr.sg_list.len() > self.rq.max_gs as usize {
+                res = Err(PostError {
+                    err: Error::Inval("more SGEs than max_recv_sge"),
+                    bad_wr: i,
+                });
+                break;
+            }
+            let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
+            for (k, s) in wr.sg_list.iter().enumerate() {
+                let d = base + k * data::SIZE;
+                b.write_be64(d, (u64::from(s.length) << 32) | u64::from(s.lkey));
+                b.write_be64(d + data::ADDR, s.addr);
+            }
+            if wr.sg_list.len() < self.rq.max_gs as usize {
+                let d = base + wr.sg_list.len() * data::SIZE;
+                b.write_be64(d, u64::from(wqe::INVALID_LKEY));
+                b.write_be64(d + data::ADDR, 0);
+            }
+            if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
+                *w = wr.wr_id;
+            }
+            ind = (ind + 1) & (self.rq.wqe_cnt - 1);
+            nreq += 1;
+        }
+        if nreq > 0 {
+            self.rq.head = self.rq.head.wrapping_add(nreq);
+            // WQEs before the doorbell record.
+            dma_wmb();
+            db.write(0, mlx4_hw::doorbell::rq_db_record(self.rq.head));
+        }
+        res
+    }
+}
+
+/// `MLX4_QP_OPTPAR_*`: the fields of a modify the firmware should take.
+pub mod optpar {
+    #![allow(missing_docs)]
+    pub const ALT_ADDR_PATH: u32 = 1 << 0;
+    pub const RRE: u32 = 1 << 1;
+    pub const RAE: u32 = 1 << 2;
+    pub const RWE: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const Q_KEY: u32 = 1 << 5;
+    pub const RNR_TIMEOUT: u32 = 1 << 6;
+    pub const PRIMARY_ADDR_PATH: u32 = 1 << 7;
+    pub const SRA_MAX: u32 = 1 << 8;
+    pub const RRA_MAX: u32 = 1 << 9;
+    pub const PM_STATE: u32 = 1 << 10;
+    pub const RETRY_COUNT: u32 = 1 << 12;
+    pub const RNR_RETRY: u32 = 1 << 13;
+    pub const ACK_TIMEOUT: u32 = 1 << 14;
+    pub const SCHED_QUEUE: u32 = 1 << 16;
+    pub const COUNTER_INDEX: u32 = 1 << 20;
+}
+
+/// `MLX4_IB_DEFAULT_SCHED_QUEUE`.
+const DEFAULT_SCHED_QUEUE: u8 = 0x83;
+/// `MLX4_IB_DEFAULT_QP0_SCHED_QUEUE`.
+const DEFAULT_QP0_SCHED_QUEUE: u8 = 0x3f;
+/// `MLX4_IB_ACK_REQ_FREQ`.
+const ACK_REQ_FREQ: u32 = 8;
+/// `MLX4_QP_PM_MIGRATED`.
+const PM_MIGRATED: u32 = 3;
+/// QP context params2 bits (`MLX4_QP_BIT_*`).
+const BIT_RRE: u32 = 1 << 15;
+const BIT_RWE: u32 = 1 << 14;
+const BIT_RAE: u32 = 1 << 13;
+const BIT_RIC: u32 = 1 << 4;
+
+fn to_mlx4_state(s: QpState) -> mlx4_hw::qp::QpState {
+    use mlx4_hw::qp::QpState as H;
+    match s {
+        QpState::Reset => H::Rst,
+        QpState::Init => H::Init,
+        QpState::Rtr => H::Rtr,
+        QpState::Rts => H::Rts,
+        QpState::Sqd => H::Sqd,
+        QpState::Sqe => H::Sqer,
+        QpState::Err => H::Err,
+    }
+}
+
+fn to_ib_state(s: mlx4_hw::qp::QpState) -> QpState {
+    use mlx4_hw::qp::QpState as H;
+    match s {
+        H::Rst => QpState::Reset,
+        H::Init => QpState::Init,
+        H::Rtr => QpState::Rtr,
+        H::Rts => QpState::Rts,
+        H::Sqd => QpState::Sqd,
+        H::Sqer => QpState::Sqe,
+        H::Err => QpState::Err,
+    }
+}
+
+/// `fls(x - 1)`: the log2 encoding of an RDMA-atomic depth.
+fn fls_minus_one(x: u8) -> u32 {
+    if x <= 1 {
+        0
+    } else {
+        u32::BITS - u32::from(x - 1).leading_zeros()
+    }
+}
+
+/// Linux `mlx4_set_path` (IB): the address path of `ah` through `port`.
+fn mlx4_set_path(caps: &Caps, ah: &crate::verbs::AhAttr, port: u8) -> Result<mlx4_hw::qp::QpPath> {
+    let mut p = mlx4_hw::qp::QpPath {
+        grh_mylmc: ah.src_path_bits & 0x7f,
+        rlid: ah.dlid,
+        static_rate: crate::ah::static_rate(caps, ah.static_rate),
+        ..Default::default()
+    };
+    if let Some(grh) = &ah.grh {
+        let len = caps
+            .port
+            .get(usize::from(port))
+            .map_or(0, |p| p.gid_table_len);
+        if u32::from(grh.sgid_index) >= len {
+            return Err(Error::Inval("sgid_index beyond the GID table"));
+        }
+        p.grh_mylmc |= 1 << 7;
+        p.mgid_index = grh.sgid_index;
+        p.hop_limit = grh.hop_limit;
+        p.tclass_flowlabel = (u32::from(grh.traffic_class) << 20) | (grh.flow_label & 0xf_ffff);
+        p.rgid = grh.dgid.0;
+    }
+    p.sched_queue = DEFAULT_SCHED_QUEUE | ((port.wrapping_sub(1) & 1) << 6) | ((ah.sl & 0xf) << 2);
+    Ok(p)
+}
+
+impl crate::Mlx4IbDev {
+    /// Linux `mlx4_ib_create_qp` / `create_qp_common` (kernel QPs): RC, UC,
+    /// UD, and QP0/QP1 of `init.port_num` on their reserved QPNs. `init.cap`
+    /// is updated to what was granted.
+    pub fn create_qp(
+        &mut self,
+        pd: PdId,
+        init: &mut crate::verbs::QpInitAttr,
+    ) -> Result<crate::QpId> {
+        self.pdn(pd)?;
+        if self.fatal {
+            return Err(Error::Fatal);
+        }
+        self.cqs.get(init.send_cq.0).ok_or(Error::NoObject)?;
+        self.cqs.get(init.recv_cq.0).ok_or(Error::NoObject)?;
+        if let Some(s) = init.srq {
+            self.srqs.get(s.0).ok_or(Error::NoObject)?;
+        }
+        let t = init.qp_type;
+        let special = matches!(t, QpType::Smi | QpType::Gsi);
+        let (qpn, reserved) = if special {
+            if init.port_num == 0 || init.port_num > self.num_ports() {
+                return Err(Error::Inval("special QP on no port of the HCA"));
+            }
+            if init.srq.is_some() {
+                return Err(Error::Inval("special QPs do not use an SRQ"));
+            }
+            let qpn = self.dev.special_qpn(init.port_num, t == QpType::Gsi);
+            if self.qps.lookup(qpn).is_some() {
+                return Err(Error::Busy);
+            }
+            // Linux adds a scatter entry for tunnelling, even natively.
+            init.cap.max_recv_sge += 1;
+            (qpn, false)
+        } else {
+            (self.dev.qp_reserve_range(1, 1)?, true)
+        };
+        let release = |dev: &mut mlx4_core::Dev| {
+            if reserved {
+                dev.qp_release_range(qpn, 1);
+            }
+        };
+        let caps = self.dev.caps();
+        let geo = set_rq_size(caps, &mut init.cap, init.srq.is_none())
+            .and_then(|rq| Ok((rq, set_kernel_sq_size(caps, &mut init.cap, t)?)));
+        let (mut rq, (mut sq, spare)) = match geo {
+            Ok(g) => g,
+            Err(e) => {
+                release(&mut self.dev);
+                return Err(e);
+            }
+        };
+        let bufs = self
+            .uar_page()
+            .and_then(|u| Ok((u, alloc_qp_buf(self.dev.dma_pool(), &mut sq, &mut rq)?)));
+        let (uar, buf) = match bufs {
+            Ok(b) => b,
+            Err(e) => {
+                release(&mut self.dev);
+                return Err(e);
+            }
+        };
+        let db = if init.srq.is_none() {
+            match self.dbs.alloc(self.dev.dma_pool(), 0) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    release(&mut self.dev);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let ibqp_num = match t {
+            QpType::Smi => 0,
+            QpType::Gsi => 1,
+            _ => qpn,
+        };
+        let mut qp = Mlx4IbQp::assemble(
+            t,
+            qpn,
+            ibqp_num,
+            sq,
+            rq,
+            spare,
+            init.sq_sig_type == crate::verbs::SigType::AllWr,
+            init.cap.max_inline_data,
+            buf,
+            uar,
+            db,
+        );
+        let mtt = match write_mtt_for(&mut self.dev, &qp.buf) {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(d) = qp.db.take() {
+                    self.dbs.free(d);
+                }
+                release(&mut self.dev);
+                return Err(e);
+            }
+        };
+        let mqp = match self.dev.qp_alloc(qpn) {
+            Ok(m) => m,
+            Err(e) => {
+                self.dev.mtt_cleanup(&mtt);
+                if let Some(d) = qp.db.take() {
+                    self.dbs.free(d);
+                }
+                release(&mut self.dev);
+                return Err(e.into());
+            }
+        };
+        qp.pd = pd;
+        qp.send_cq = init.send_cq;
+        qp.recv_cq = init.recv_cq;
+        qp.srq = init.srq;
+        if special {
+            qp.port = init.port_num;
+            qp.sqp = Some(Sqp::default());
+        }
+        qp.hw = Some(QpHw { mqp, mtt, reserved });
+        Ok(self.qps.insert(qp))
+    }
+
+    /// Linux `mlx4_ib_modify_qp` / `__mlx4_ib_modify_qp`: the context fields
+    /// Linux writes for the transition and `mask`, the firmware command,
+    /// and the side effects (SQ stamping at RST->INIT, INIT_PORT when QP0
+    /// reaches RTR, CLOSE_PORT when it leaves, CQ cleaning at ->RESET).
+    pub fn modify_qp(
+        &mut self,
+        id: crate::QpId,
+        attr: &crate::verbs::QpAttr,
+        mask: M,
+    ) -> Result<()> {
+        let num_ports = self.num_ports();
+        let qp = self.qps.slab.get(id.0).ok_or(Error::NoObject)?;
+        let cur = if mask.contains(M::CUR_STATE) {
+            attr.cur_qp_state
+        } else {
+            qp.state
+        };
+        let new = if mask.contains(M::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        let caps = self.dev.caps();
+        if mask.contains(M::PORT) && (attr.port_num == 0 || attr.port_num > num_ports) {
+            return Err(Error::Inval("no such port"));
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            let p = if mask.contains(M::PORT) {
+                attr.port_num
+            } else {
+                qp.port
+            };
+            let len = caps
+                .port
+                .get(usize::from(p))
+                .map_or(0, |p| p.pkey_table_len);
+            if u32::from(attr.pkey_index) >= len.max(1) {
+                return Err(Error::Inval("P_Key index beyond the table"));
+            }
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC)
+            && u32::from(attr.max_rd_atomic) > caps.max_qp_init_rdma
+        {
+            return Err(Error::Inval("max_rd_atomic above the device's limit"));
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC)
+            && u32::from(attr.max_dest_rd_atomic) > caps.max_qp_dest_rdma
+        {
+            return Err(Error::Inval("max_dest_rd_atomic above the device's limit"));
+        }
+        if mlx4_hw::qp::transition(to_mlx4_state(cur), to_mlx4_state(new)).is_none() {
+            return Err(Error::Inval("QP state transition not allowed"));
+        }
+        if cur == new && cur == QpState::Reset {
+            return Ok(());
+        }
+        let t = qp.qp_type;
+        let mut ctx = mlx4_hw::qp::QpContext {
+            flags: ((to_mlx4_state(new) as u32) << 28)
+                | (match t {
+                    QpType::Rc => mlx4_hw::qp::st::RC,
+                    QpType::Uc => mlx4_hw::qp::st::UC,
+                    QpType::Ud => mlx4_hw::qp::st::UD,
+                    QpType::Smi | QpType::Gsi => mlx4_hw::qp::st::MLX,
+                } << 16)
+                | (PM_MIGRATED << 11),
+            ..Default::default()
+        };
+        let mut opt = 0u32;
+        match t {
+            QpType::Smi | QpType::Gsi => ctx.mtu_msgmax = (5 << 5) | 11,
+            QpType::Ud => ctx.mtu_msgmax = (5 << 5) | 12,
+            _ if mask.contains(M::PATH_MTU) => {
+                ctx.mtu_msgmax = (attr.path_mtu.raw() << 5) | caps.max_msg_sz.max(1).ilog2() as u8;
+            }
+            _ => {}
+        }
+        if qp.rq.wqe_cnt != 0 {
+            ctx.rq_size_stride = (qp.rq.wqe_cnt.ilog2() << 3) as u8;
+        }
+        ctx.rq_size_stride |= (qp.rq.wqe_shift.saturating_sub(4)) as u8;
+        ctx.sq_size_stride = ((qp.sq.wqe_cnt.ilog2() << 3) | (qp.sq.wqe_shift - 4)) as u8;
+        ctx.usr_page = self.priv_uar.as_ref().ok_or(Error::Fatal)?.index;
+        if mask.contains(M::DEST_QPN) {
+            ctx.remote_qpn = attr.dest_qp_num & 0xff_ffff;
+        }
+        let port = if mask.contains(M::PORT) {
+            attr.port_num
+        } else {
+            qp.port
+        };
+        if cur == QpState::Init && new == QpState::Rtr {
+            match self
+                .counters
+                .get(usize::from(port.wrapping_sub(1)))
+                .copied()
+                .flatten()
+            {
+                Some(c) => {
+                    ctx.pri_path.counter_index = c as u8;
+                    opt |= optpar::COUNTER_INDEX;
+                }
+                None => ctx.pri_path.counter_index = 0xff,
+            }
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            ctx.pri_path.pkey_index = attr.pkey_index as u8;
+            opt |= optpar::PKEY_INDEX;
+        }
+        if mask.contains(M::AV) {
+            let pkey = ctx.pri_path.pkey_index;
+            let counter = ctx.pri_path.counter_index;
+            ctx.pri_path = mlx4_set_path(caps, &attr.ah_attr, port)?;
+            ctx.pri_path.pkey_index = pkey;
+            ctx.pri_path.counter_index = counter;
+            opt |= optpar::PRIMARY_ADDR_PATH | optpar::SCHED_QUEUE;
+        }
+        if mask.contains(M::TIMEOUT) {
+            ctx.pri_path.ackto |= attr.timeout << 3;
+            opt |= optpar::ACK_TIMEOUT;
+        }
+        let scq = self.cqs.get(qp.send_cq.0).ok_or(Error::NoObject)?.cqn;
+        let rcq = self.cqs.get(qp.recv_cq.0).ok_or(Error::NoObject)?.cqn;
+        ctx.pd = self.pds.get(qp.pd.0).ok_or(Error::NoObject)?.pdn;
+        ctx.cqn_send = scq;
+        ctx.cqn_recv = rcq;
+        // Fast-register enabled for all kernel QPs.
+        ctx.params1 = (ACK_REQ_FREQ << 28) | (1 << 11);
+        if mask.contains(M::RNR_RETRY) {
+            ctx.params1 |= u32::from(attr.rnr_retry & 7) << 13;
+            opt |= optpar::RNR_RETRY;
+        }
+        if mask.contains(M::RETRY_CNT) {
+            ctx.params1 |= u32::from(attr.retry_cnt & 7) << 16;
+            opt |= optpar::RETRY_COUNT;
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
+            ctx.params1 |= fls_minus_one(attr.max_rd_atomic) << 21;
+            opt |= optpar::SRA_MAX;
+        }
+        if mask.contains(M::SQ_PSN) {
+            ctx.next_send_psn = attr.sq_psn & 0xff_ffff;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            ctx.params2 |= fls_minus_one(attr.max_dest_rd_atomic) << 21;
+            opt |= optpar::RRA_MAX;
+        }
+        if mask.intersects(M::ACCESS_FLAGS | M::MAX_DEST_RD_ATOMIC) {
+            // to_mlx4_access_flags
+            let depth = if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+                attr.max_dest_rd_atomic
+            } else {
+                qp.resp_depth
+            };
+            let mut acc = if mask.contains(M::ACCESS_FLAGS) {
+                attr.qp_access_flags
+            } else {
+                qp.atomic_rd_en
+            };
+            if depth == 0 {
+                acc = acc.and(AccessFlags::REMOTE_WRITE);
+            }
+            if acc.contains(AccessFlags::REMOTE_READ) {
+                ctx.params2 |= BIT_RRE;
+            }
+            if acc.contains(AccessFlags::REMOTE_ATOMIC) {
+                ctx.params2 |= BIT_RAE;
+            }
+            if acc.contains(AccessFlags::REMOTE_WRITE) {
+                ctx.params2 |= BIT_RWE;
+            }
+            opt |= optpar::RWE | optpar::RRE | optpar::RAE;
+        }
+        if qp.srq.is_some() {
+            ctx.params2 |= BIT_RIC;
+        }
+        if mask.contains(M::MIN_RNR_TIMER) {
+            ctx.rnr_nextrecvpsn |= u32::from(attr.min_rnr_timer & 0x1f) << 24;
+            opt |= optpar::RNR_TIMEOUT;
+        }
+        if mask.contains(M::RQ_PSN) {
+            ctx.rnr_nextrecvpsn |= attr.rq_psn & 0xff_ffff;
+        }
+        if mask.contains(M::QKEY) {
+            ctx.qkey = attr.qkey;
+            opt |= optpar::Q_KEY;
+        }
+        if let Some(s) = qp.srq {
+            let srqn = self.srqs.get(s.0).ok_or(Error::NoObject)?.srqn();
+            ctx.srqn = (1 << 24) | srqn;
+        }
+        if cur == QpState::Reset && new == QpState::Init {
+            if let Some(db) = &qp.db {
+                ctx.db_rec_addr = db.dma();
+            }
+            // Kernel QPs may use the reserved L_Key.
+            ctx.rlkey |= 1 << 4;
+        }
+        if cur == QpState::Init
+            && new == QpState::Rtr
+            && matches!(t, QpType::Smi | QpType::Gsi | QpType::Ud)
+        {
+            ctx.pri_path.sched_queue = (port.wrapping_sub(1) & 1) << 6;
+            ctx.pri_path.sched_queue |= if t == QpType::Smi {
+                DEFAULT_QP0_SCHED_QUEUE
+            } else {
+                DEFAULT_SCHED_QUEUE
+            };
+        }
+        let sqd_event = cur == QpState::Rts
+            && new == QpState::Sqd
+            && mask.contains(M::EN_SQD_ASYNC_NOTIFY)
+            && attr.en_sqd_async_notify != 0;
+        let qp = self.qps.slab.get_mut(id.0).ok_or(Error::NoObject)?;
+        // Before the HCA owns the SQ: owner bits and stamps.
+        if cur == QpState::Reset && new == QpState::Init {
+            qp.stamp_all();
+        }
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        self.dev.qp_modify(
+            &hw.mqp,
+            Some(&hw.mtt),
+            to_mlx4_state(cur),
+            to_mlx4_state(new),
+            &ctx,
+            opt,
+            sqd_event,
+        )?;
+        qp.state = new;
+        if mask.contains(M::ACCESS_FLAGS) {
+            qp.atomic_rd_en = attr.qp_access_flags;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            qp.resp_depth = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(M::PORT) {
+            qp.port = attr.port_num;
+        }
+        // store_sqp_attrs
+        if let Some(s) = qp.sqp.as_mut() {
+            if mask.contains(M::PKEY_INDEX) {
+                s.pkey_index = attr.pkey_index;
+            }
+            if mask.contains(M::QKEY) {
+                s.qkey = attr.qkey;
+            }
+            if mask.contains(M::SQ_PSN) {
+                s.send_psn = attr.sq_psn & 0xff_ffff;
+            }
+        }
+        let (qp_port, is_qp0) = (qp.port, qp.qp_type == QpType::Smi);
+        let (qpn, srq, send_cq, recv_cq) = (qp.qpn, qp.srq, qp.send_cq, qp.recv_cq);
+        if new == QpState::Reset {
+            qp.reset_rings();
+        }
+        if is_qp0 {
+            if cur != QpState::Rtr && new == QpState::Rtr && self.dev.init_port(qp_port).is_err() {
+                log::warn!("{}: INIT_PORT failed for port {qp_port}", self.name);
+            }
+            if cur != QpState::Reset
+                && cur != QpState::Err
+                && matches!(new, QpState::Reset | QpState::Err)
+            {
+                let _ = self.dev.close_port(qp_port);
+            }
+        }
+        if new == QpState::Reset {
+            self.clean_cqs(qpn, srq, send_cq, recv_cq);
+        }
+        Ok(())
+    }
+
+    fn clean_cqs(&mut self, qpn: u32, srq: Option<SrqId>, send_cq: CqId, recv_cq: CqId) {
+        let srq = srq.and_then(|s| self.srqs.get_mut(s.0));
+        if let Some(c) = self.cqs.get_mut(recv_cq.0) {
+            c.clean(qpn, srq);
+        }
+        if send_cq != recv_cq
+            && let Some(c) = self.cqs.get_mut(send_cq.0)
+        {
+            c.clean(qpn, None);
+        }
+    }
+
+    /// Linux `mlx4_ib_query_qp`: the attributes as the HCA holds them.
+    pub fn query_qp(
+        &mut self,
+        id: crate::QpId,
+    ) -> Result<(crate::verbs::QpAttr, crate::verbs::QpInitAttr)> {
+        let qp = self.qps.slab.get_mut(id.0).ok_or(Error::NoObject)?;
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        let c = if qp.state == QpState::Reset {
+            None
+        } else {
+            Some(self.dev.qp_query(&hw.mqp)?)
+        };
+        let mut a = crate::verbs::QpAttr {
+            qp_state: qp.state,
+            cur_qp_state: qp.state,
+            ..Default::default()
+        };
+        if let Some(c) = c {
+            if let Some(s) = c.state() {
+                a.qp_state = to_ib_state(s);
+                qp.state = a.qp_state;
+                a.cur_qp_state = a.qp_state;
+            }
+            if let Some(m) = crate::verbs::Mtu::from_raw(c.mtu_msgmax >> 5) {
+                a.path_mtu = m;
+            }
+            a.qkey = c.qkey;
+            a.rq_psn = c.rnr_nextrecvpsn & 0xff_ffff;
+            a.sq_psn = c.next_send_psn & 0xff_ffff;
+            a.dest_qp_num = c.remote_qpn & 0xff_ffff;
+            let p2 = c.params2;
+            let mut acc = AccessFlags::empty();
+            for (bit, f) in [
+                (BIT_RRE, AccessFlags::REMOTE_READ),
+                (BIT_RWE, AccessFlags::REMOTE_WRITE),
+                (BIT_RAE, AccessFlags::REMOTE_ATOMIC),
+            ] {
+                if p2 & bit != 0 {
+                    acc |= f;
+                }
+            }
+            a.qp_access_flags = acc;
+            if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+                let p = &c.pri_path;
+                a.ah_attr = crate::verbs::AhAttr {
+                    dlid: p.rlid,
+                    sl: (p.sched_queue >> 2) & 0xf,
+                    src_path_bits: p.grh_mylmc & 0x7f,
+                    static_rate: p
+                        .static_rate
+                        .saturating_sub(mlx4_hw::wqe::av::STAT_RATE_OFFSET),
+                    port_num: ((p.sched_queue >> 6) & 1) + 1,
+                    grh: (p.grh_mylmc & 0x80 != 0).then_some(crate::verbs::GlobalRoute {
+                        dgid: crate::verbs::Gid(p.rgid),
+                        flow_label: p.tclass_flowlabel & 0xf_ffff,
+                        sgid_index: p.mgid_index,
+                        hop_limit: p.hop_limit,
+                        traffic_class: (p.tclass_flowlabel >> 20) as u8,
+                    }),
+                };
+            }
+            a.pkey_index = u16::from(c.pri_path.pkey_index);
+            a.port_num = if qp.port != 0 {
+                qp.port
+            } else {
+                ((c.pri_path.sched_queue >> 6) & 1) + 1
+            };
+            a.max_rd_atomic = 1 << ((c.params1 >> 21) & 7);
+            a.max_dest_rd_atomic = 1 << ((p2 >> 21) & 7);
+            a.min_rnr_timer = ((c.rnr_nextrecvpsn >> 24) & 0x1f) as u8;
+            a.timeout = c.pri_path.ackto >> 3;
+            a.retry_cnt = ((c.params1 >> 16) & 7) as u8;
+            a.rnr_retry = ((c.params1 >> 13) & 7) as u8;
+        }
+        a.cap = QpCap {
+            max_send_wr: qp.sq.max_post,
+            max_recv_wr: qp.rq.max_post,
+            max_send_sge: qp.sq.max_gs,
+            max_recv_sge: qp.rq.max_gs,
+            max_inline_data: qp.max_inline_data,
+        };
+        let init = crate::verbs::QpInitAttr {
+            send_cq: qp.send_cq,
+            recv_cq: qp.recv_cq,
+            srq: qp.srq,
+            cap: a.cap,
+            sq_sig_type: if qp.sq_signal_bits != 0 {
+                crate::verbs::SigType::AllWr
+            } else {
+                crate::verbs::SigType::ReqWr
+            },
+            qp_type: qp.qp_type,
+            port_num: qp.port,
+        };
+        Ok((a, init))
+    }
+
+    /// Linux `mlx4_ib_destroy_qp` / `destroy_qp_common`: CLOSE_PORT for
+    /// QP0, the QP to RESET, its CQEs cleaned, then its resources.
+    pub fn destroy_qp(&mut self, id: crate::QpId) -> Result<()> {
+        let qp = self.qps.slab.get(id.0).ok_or(Error::NoObject)?;
+        if qp.qp_type == QpType::Smi && qp.state != QpState::Reset {
+            let _ = self.dev.close_port(qp.port);
+        }
+        let (qpn, srq, scq, rcq, state) = (qp.qpn, qp.srq, qp.send_cq, qp.recv_cq, qp.state);
+        if state != QpState::Reset
+            && let Some(hw) = qp.hw.as_ref()
+            && self
+                .dev
+                .qp_modify(
+                    &hw.mqp,
+                    None,
+                    to_mlx4_state(state),
+                    mlx4_hw::qp::QpState::Rst,
+                    &Default::default(),
+                    0,
+                    false,
+                )
+                .is_err()
+        {
+            log::warn!("{}: modify QP {qpn:06x} to RESET failed.", self.name);
+        }
+        self.clean_cqs(qpn, srq, scq, rcq);
+        for c in [scq, rcq] {
+            if let Some(c) = self.cqs.get_mut(c.0) {
+                c.forget_qp(id.0);
+            }
+        }
+        let mut qp = self.qps.remove(id).ok_or(Error::NoObject)?;
+        if let Some(hw) = qp.hw.take() {
+            self.dev.qp_free(hw.mqp);
+            if hw.reserved {
+                self.dev.qp_release_range(qpn, 1);
+            }
+            self.dev.mtt_cleanup(&hw.mtt);
+        }
+        if let Some(d) = qp.db.take() {
+            self.dbs.free(d);
+        }
+        Ok(())
+    }
+
+    /// A QP by handle.
+    pub fn qp(&self, id: crate::QpId) -> Result<&Mlx4IbQp> {
+        self.qps.get(id).ok_or(Error::NoObject)
+    }
+
+    /// Linux `mlx4_ib_post_send` (RC, UC, UD).
+    #[inline]
+    pub fn post_send(
+        &mut self,
+        id: crate::QpId,
+        wrs: &[SendWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        match self.qps.slab.get_mut(id.0) {
+            Some(qp) => qp.post_send(&self.ahs, wrs),
+            None => Err(PostError {
+                err: Error::NoObject,
+                bad_wr: 0,
+            }),
+        }
+    }
+
+    /// Linux `mlx4_ib_post_send` for QP0/QP1, with ib_core's UD header.
+    pub fn post_send_mlx(
+        &mut self,
+        id: crate::QpId,
+        hdr: &mut dyn MlxHeader,
+        wrs: &[SendWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        match self.qps.slab.get_mut(id.0) {
+            Some(qp) => qp.post_send_mlx(&self.ahs, hdr, wrs),
+            None => Err(PostError {
+                err: Error::NoObject,
+                bad_wr: 0,
+            }),
+        }
+    }
+
+    /// Linux `mlx4_ib_post_recv`.
+    #[inline]
+    pub fn post_recv(
+        &mut self,
+        id: crate::QpId,
+        wrs: &[RecvWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        match self.qps.slab.get_mut(id.0) {
+            Some(qp) => qp.post_recv(wrs),
+            None => Err(PostError {
+                err: Error::NoObject,
+                bad_wr: 0,
+            }),
+        }
+    }
+}
+
+fn write_mtt_for(dev: &mut mlx4_core::Dev, buf: &DmaBuf) -> Result<Mtt> {
+    crate::buf::write_buf_mtt(dev, buf)
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

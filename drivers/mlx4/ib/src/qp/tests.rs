@@ -1,0 +1,585 @@
+//! Golden-byte tests of send and receive WQEs built by the real posting code over host memory, pinned to the documented segment offsets (porting map 6.1-6.5).
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+use hal::fake::{ArenaDma, MemBar};
+use hal::{Bar, DmaPool};
+use mlx4_core::Caps;
+
+use super::*;
+use crate::ah::{Mlx4IbAh, create_ib_ah};
+use crate::doorbell::DbPool;
+use crate::verbs::{AhAttr, Sge, WrDetail};
+use ib_core::verbs::SendFlags;
+
+/// A host-memory stand-in for the HCA: DMA arena, a UAR page, doorbell
+/// records, device limits like a ConnectX-3's.
+pub(crate) struct Bed {
+    pub pool: DmaPool,
+    pub uar_mem: Arc<MemBar>,
+    pub dbs: DbPool,
+    pub caps: Caps,
+    pub ahs: Slab<Mlx4IbAh>,
+}
+
+impl Bed {
+    pub fn new() -> Bed {
+        let mut caps = Caps {
+            num_ports: 2,
+            max_wqes: 16384,
+            max_sq_sg: 32,
+            max_rq_sg: 32,
+            max_sq_desc_sz: 1008,
+            stat_rate_support: 0x1f80,
+            ..Default::default()
+        };
+        caps.port[1].gid_table_len = 128;
+        caps.port[1].pkey_table_len = 128;
+        Bed {
+            pool: DmaPool::new(Arc::new(ArenaDma::new(8 << 20))),
+            uar_mem: Arc::new(MemBar::new(4096)),
+            dbs: DbPool::default(),
+            caps,
+            ahs: Slab::default(),
+        }
+    }
+
+    pub fn uar(&self) -> Bar {
+        Bar::from_backend(self.uar_mem.clone(), 4096)
+    }
+
+    pub fn qp(&mut self, t: QpType, cap: QpCap, sig_all: bool) -> Mlx4IbQp {
+        let db = self.dbs.alloc(&self.pool, 0).unwrap();
+        let mut cap = cap;
+        Mlx4IbQp::detached(
+            t,
+            0x48,
+            &self.caps,
+            &mut cap,
+            sig_all,
+            &self.pool,
+            self.uar(),
+            Some(db),
+        )
+        .unwrap()
+    }
+}
+
+fn rc_cap(sge: u32) -> QpCap {
+    QpCap {
+        max_send_wr: 100,
+        max_recv_wr: 16,
+        max_send_sge: sge,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    }
+}
+
+fn dw(qp: &Mlx4IbQp, off: usize) -> u32 {
+    qp.buf.read_be32(off)
+}
+
+#[test]
+fn sq_geometry_follows_set_kernel_sq_size() {
+    let caps = Bed::new().caps;
+    // RC, 1 SGE: 16 + 32 + 16 + 16 = 80 -> 128-byte stride; 2048/128 + 1
+    // = 17 spare; 100 + 17 -> 128 WQEs; max_send_wr = 111.
+    let mut cap = rc_cap(1);
+    let (sq, spare) = set_kernel_sq_size(&caps, &mut cap, QpType::Rc).unwrap();
+    assert_eq!(
+        (sq.wqe_shift, spare, sq.wqe_cnt, sq.max_post),
+        (7, 17, 128, 111)
+    );
+    assert_eq!(cap.max_send_wr, 111);
+    assert_eq!(sq.max_gs, (128 - 64) / 16);
+    // UC: 16 + 16 + 16 = 48 -> the 64-byte minimum, 33 spare.
+    let mut cap = rc_cap(1);
+    let (sq, spare) = set_kernel_sq_size(&caps, &mut cap, QpType::Uc).unwrap();
+    assert_eq!((sq.wqe_shift, spare), (6, 33));
+    // QP1 as ib_mad creates it (2 SGEs): 128 + 32 -> 256 bytes.
+    let mut cap = QpCap {
+        max_send_wr: 128,
+        max_recv_wr: 512,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    assert_eq!(send_wqe_overhead(QpType::Gsi), 128);
+    let (sq, _) = set_kernel_sq_size(&caps, &mut cap, QpType::Gsi).unwrap();
+    assert_eq!(sq.wqe_shift, 8);
+    // RQ: 2 SGEs -> 32-byte WQEs; 16 WRs.
+    let mut cap = rc_cap(1);
+    let rq = set_rq_size(&caps, &mut cap, true).unwrap();
+    assert_eq!((rq.wqe_cnt, rq.max_gs, rq.wqe_shift), (16, 2, 5));
+    // Limits.
+    let mut cap = rc_cap(33);
+    assert!(set_kernel_sq_size(&caps, &mut cap, QpType::Rc).is_err());
+    let mut cap = rc_cap(1);
+    cap.max_recv_wr = 1;
+    assert!(
+        set_rq_size(&caps, &mut cap, false).is_err(),
+        "RQ sizes with an SRQ"
+    );
+}
+
+#[test]
+fn golden_rdma_write() {
+    let mut b = Bed::new();
+    let mut qp = b.qp(QpType::Rc, rc_cap(1), false);
+    let sg = [Sge {
+        addr: 0x1122_3344_5566_7788,
+        length: 0x1000,
+        lkey: 0xabcd,
+    }];
+    let wr = SendWr {
+        wr_id: 7,
+        opcode: WrOpcode::RdmaWrite,
+        send_flags: SendFlags::SIGNALED | SendFlags::FENCE,
+        sg_list: &sg,
+        wr: WrDetail::Rdma {
+            remote_addr: 0xdead_beef_0000_1000,
+            rkey: 0x0102_0304,
+        },
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[wr]).unwrap();
+    let w = qp.send_wqe_offset(0);
+    // ctrl: owner 0 (pass 0) | RDMA_WRITE; fence | 3 DS; CQ update; imm 0.
+    assert_eq!(dw(&qp, w), 0x0000_0008);
+    assert_eq!(dw(&qp, w + 4), 0x0000_0043);
+    assert_eq!(dw(&qp, w + 8), 0x0000_000c);
+    assert_eq!(dw(&qp, w + 12), 0);
+    // raddr seg.
+    assert_eq!(qp.buf.read_be64(w + 16), 0xdead_beef_0000_1000);
+    assert_eq!(dw(&qp, w + 24), 0x0102_0304);
+    // data seg: byte count, lkey, address.
+    assert_eq!(dw(&qp, w + 32), 0x1000);
+    assert_eq!(dw(&qp, w + 36), 0xabcd);
+    assert_eq!(qp.buf.read_be64(w + 40), 0x1122_3344_5566_7788);
+    // Send doorbell: BE (qpn << 8) at UAR + 0x14.
+    assert_eq!(b.uar_mem.bytes(0x14, 4), [0, 0, 0x48, 0]);
+    assert_eq!(qp.sq.head, 1);
+    assert_eq!(qp.sq.wrid[0], 7);
+}
+
+#[test]
+fn golden_send_with_imm_atomics_and_read() {
+    let mut b = Bed::new();
+    let mut qp = b.qp(QpType::Rc, rc_cap(1), true);
+    let sg = [Sge {
+        addr: 0x2000,
+        length: 8,
+        lkey: 5,
+    }];
+    let atomic = |op, compare_add, swap| SendWr {
+        wr_id: 1,
+        opcode: op,
+        sg_list: &sg,
+        wr: WrDetail::Atomic {
+            remote_addr: 0x9000,
+            compare_add,
+            swap,
+            compare_add_mask: 0,
+            swap_mask: 0,
+            rkey: 0x77,
+        },
+        ..Default::default()
+    };
+    let wrs = [
+        SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::SendWithImm,
+            send_flags: SendFlags::SOLICITED,
+            sg_list: &sg,
+            imm_data: 0xcafe_f00d,
+            ..Default::default()
+        },
+        atomic(WrOpcode::AtomicCmpAndSwp, 11, 22),
+        atomic(WrOpcode::AtomicFetchAndAdd, 5, 0),
+        SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::RdmaRead,
+            sg_list: &sg,
+            wr: WrDetail::Rdma {
+                remote_addr: 0x4000,
+                rkey: 9,
+            },
+            ..Default::default()
+        },
+    ];
+    qp.post_send(&b.ahs, &wrs).unwrap();
+    // SEND_IMM: signalled by the QP (ALL_WR) and solicited; 2 DS; imm.
+    let w = qp.send_wqe_offset(0);
+    assert_eq!(dw(&qp, w), 0x0b);
+    assert_eq!(dw(&qp, w + 4), 2);
+    assert_eq!(dw(&qp, w + 8), 0x0c | 0x02);
+    assert_eq!(dw(&qp, w + 12), 0xcafe_f00d);
+    assert_eq!(dw(&qp, w + 16), 8);
+    // CAS: raddr, then swap, compare; 4 DS.
+    let w = qp.send_wqe_offset(1);
+    assert_eq!(dw(&qp, w), 0x11);
+    assert_eq!(dw(&qp, w + 4), 4);
+    assert_eq!(qp.buf.read_be64(w + 16), 0x9000);
+    assert_eq!(dw(&qp, w + 24), 0x77);
+    assert_eq!(qp.buf.read_be64(w + 32), 22, "swap first");
+    assert_eq!(qp.buf.read_be64(w + 40), 11, "then compare");
+    assert_eq!(dw(&qp, w + 48), 8);
+    // FAA: the addend in the first field.
+    let w = qp.send_wqe_offset(2);
+    assert_eq!(dw(&qp, w), 0x12);
+    assert_eq!(qp.buf.read_be64(w + 32), 5);
+    // READ.
+    let w = qp.send_wqe_offset(3);
+    assert_eq!(dw(&qp, w), 0x10);
+    assert_eq!(dw(&qp, w + 4), 3);
+}
+
+#[test]
+fn inline_send_splits_at_64_bytes() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(1);
+    cap.max_inline_data = 64;
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut qp = Mlx4IbQp::detached(
+        QpType::Rc,
+        0x48,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        b.uar(),
+        Some(db),
+    )
+    .unwrap();
+    let data: Vec<u8> = (0..64u8).collect();
+    let wr = SendWr {
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::INLINE,
+        inline_data: &data,
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[wr]).unwrap();
+    let w = qp.send_wqe_offset(0);
+    assert_eq!(dw(&qp, w), 0x0a);
+    // ctrl 16 + (4 + 44) + (4 + 20) = 88 bytes -> 6 DS.
+    assert_eq!(dw(&qp, w + 4), 6);
+    assert_eq!(dw(&qp, w + 16), 0x8000_0000 | 44);
+    let mut got = [0u8; 44];
+    qp.buf.read_bytes(w + 20, &mut got);
+    assert_eq!(got[..], data[..44]);
+    assert_eq!(dw(&qp, w + 64), 0x8000_0000 | 20);
+    let mut got = [0u8; 20];
+    qp.buf.read_bytes(w + 68, &mut got);
+    assert_eq!(got[..], data[44..]);
+    // Longer than max_inline_data: refused, nothing posted.
+    let long = [0u8; 65];
+    let e = qp
+        .post_send(
+            &b.ahs,
+            &[SendWr {
+                inline_data: &long,
+                ..wr
+            }],
+        )
+        .unwrap_err();
+    assert!(matches!(e.err, Error::Inval(_)));
+    assert_eq!(qp.sq.head, 1);
+}
+
+#[test]
+fn golden_ud_send_with_address_vector() {
+    let mut b = Bed::new();
+    let ah = create_ib_ah(
+        &b.caps,
+        0x11,
+        &AhAttr {
+            dlid: 0x22,
+            sl: 1,
+            port_num: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let av = ah.av;
+    let ah = crate::AhId(b.ahs.insert(ah));
+    let mut cap = rc_cap(1);
+    cap.max_recv_wr = 1;
+    let mut qp = b.qp(QpType::Ud, cap, true);
+    let sg = [Sge {
+        addr: 0x3000,
+        length: 256,
+        lkey: 1,
+    }];
+    let wr = SendWr {
+        opcode: WrOpcode::Send,
+        sg_list: &sg,
+        wr: WrDetail::Ud {
+            ah,
+            remote_qpn: 0x123456,
+            remote_qkey: 0x8001_0000,
+            pkey_index: 0,
+        },
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[wr]).unwrap();
+    let w = qp.send_wqe_offset(0);
+    assert_eq!(dw(&qp, w + 4), 5, "ctrl + 48-byte datagram + data = 5 DS");
+    let mut got = [0u8; 32];
+    qp.buf.read_bytes(w + 16, &mut got);
+    assert_eq!(got, av);
+    assert_eq!(dw(&qp, w + 48), 0x123456);
+    assert_eq!(dw(&qp, w + 52), 0x8001_0000);
+    assert_eq!(dw(&qp, w + 64), 256);
+    // A UD QP refuses RDMA; an unknown AH is refused.
+    let bad = SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        ..wr
+    };
+    assert_eq!(
+        qp.post_send(&b.ahs, &[wr, bad]).unwrap_err(),
+        PostError {
+            err: Error::Inval("opcode not valid for the QP type"),
+            bad_wr: 1
+        }
+    );
+    assert_eq!(qp.sq.head, 2, "the good WR before the bad one was posted");
+    let gone = SendWr {
+        wr: WrDetail::Ud {
+            ah: crate::AhId(9),
+            remote_qpn: 1,
+            remote_qkey: 1,
+            pkey_index: 0,
+        },
+        ..wr
+    };
+    assert!(qp.post_send(&b.ahs, &[gone]).is_err());
+}
+
+#[test]
+fn bad_requests_and_a_full_queue_are_refused() {
+    let mut b = Bed::new();
+    let mut uc = b.qp(QpType::Uc, rc_cap(1), true);
+    let sg = [Sge::default(); 3];
+    let read = SendWr {
+        opcode: WrOpcode::RdmaRead,
+        wr: WrDetail::Rdma {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        ..Default::default()
+    };
+    assert!(uc.post_send(&b.ahs, &[read]).is_err(), "UC has no READ");
+    let too_many = SendWr {
+        sg_list: &sg,
+        ..Default::default()
+    };
+    assert!(uc.post_send(&b.ahs, &[too_many]).is_err());
+    let mismatch = SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        ..Default::default()
+    };
+    assert!(
+        uc.post_send(&b.ahs, &[mismatch]).is_err(),
+        "RDMA without raddr"
+    );
+    assert_eq!(b.uar_mem.bytes(0x14, 4), [0; 4], "no doorbell for nothing");
+    // Fill the queue: max_post WRs go, the next is QueueFull.
+    let max = uc.sq.max_post as usize;
+    let wrs: Vec<SendWr> = (0..max + 1)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            ..Default::default()
+        })
+        .collect();
+    let e = uc.post_send(&b.ahs, &wrs).unwrap_err();
+    assert_eq!(
+        e,
+        PostError {
+            err: Error::QueueFull,
+            bad_wr: max
+        }
+    );
+    assert_eq!(uc.sq.head as usize, max);
+}
+
+#[test]
+fn owner_bit_flips_each_pass_and_freed_wqes_are_stamped() {
+    let mut b = Bed::new();
+    let mut qp = b.qp(QpType::Rc, rc_cap(4), true);
+    let cnt = qp.sq.wqe_cnt;
+    let spare = qp.sq_spare_wqes;
+    assert_eq!((cnt, qp.sq.wqe_shift), (128, 7));
+    // At RST->INIT every WQE is owner 1 (invalid in pass 0), 8 DS, and
+    // its second 64-byte chunk is stamped.
+    for i in 0..cnt {
+        let w = qp.send_wqe_offset(i);
+        assert_eq!(dw(&qp, w), 0x8000_0000);
+        assert_eq!(dw(&qp, w + 64), 0xffff_ffff);
+    }
+    // A 4-SGE send fills WQE 0 up to byte 80: its chunk at 64 holds data.
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 1,
+        lkey: 1,
+    }; 4];
+    let big = SendWr {
+        sg_list: &sg,
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[big]).unwrap();
+    assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 4), 5);
+    assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 64), 1, "a byte count");
+    // Post until the stamp index (ind + spare) wraps onto WQE 0 again.
+    let small = SendWr::default();
+    for ind in 1..=(cnt - spare) {
+        qp.sq.tail = qp.sq.head; // the HCA completed everything
+        qp.post_send(&b.ahs, &[small]).unwrap();
+        if ind < cnt - spare {
+            assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 64), 1, "ind {ind}");
+        }
+    }
+    assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 64), 0xffff_ffff, "stamped");
+    // Through the wrap: pass 1 WQEs carry the owner bit.
+    while qp.sq_next_wqe < cnt + 2 {
+        qp.sq.tail = qp.sq.head;
+        qp.post_send(&b.ahs, &[small]).unwrap();
+    }
+    assert_eq!(dw(&qp, qp.send_wqe_offset(cnt - 1)), 0x0a, "pass 0");
+    assert_eq!(dw(&qp, qp.send_wqe_offset(cnt)), 0x8000_000a, "pass 1");
+    assert_eq!(dw(&qp, qp.send_wqe_offset(cnt + 1)), 0x8000_000a);
+}
+
+#[test]
+fn receive_wqes_carry_the_terminator_and_ring_the_record() {
+    let mut b = Bed::new();
+    let mut qp = b.qp(QpType::Rc, rc_cap(1), true);
+    let sg = [Sge {
+        addr: 0xabc0,
+        length: 296,
+        lkey: 0x42,
+    }];
+    let wrs = [
+        RecvWr {
+            wr_id: 1,
+            sg_list: &sg,
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: &[sg[0], sg[0]],
+        },
+    ];
+    qp.post_recv(&wrs).unwrap();
+    let r = qp.recv_wqe_offset(0);
+    assert_eq!(qp.rq.wqe_shift, 5);
+    assert_eq!(dw(&qp, r), 296);
+    assert_eq!(dw(&qp, r + 4), 0x42);
+    assert_eq!(qp.buf.read_be64(r + 8), 0xabc0);
+    assert_eq!(dw(&qp, r + 16), 0, "terminator byte count");
+    assert_eq!(dw(&qp, r + 20), 0x100, "MLX4_INVALID_LKEY");
+    assert_eq!(qp.buf.read_be64(r + 24), 0);
+    let r = qp.recv_wqe_offset(1);
+    assert_eq!(dw(&qp, r + 20), 0x42, "full WQE: no terminator");
+    assert_eq!(qp.db.as_ref().unwrap().read(0), 2, "RQ record = head");
+    let three = [sg[0]; 3];
+    assert!(
+        qp.post_recv(&[RecvWr {
+            wr_id: 3,
+            sg_list: &three
+        }])
+        .is_err()
+    );
+}
+
+struct FixedHeader(Vec<u8>);
+
+impl MlxHeader for FixedHeader {
+    fn build(&mut self, qp: &MlxSendInfo, _wr: &SendWr<'_>, out: &mut [u8]) -> Result<MlxFields> {
+        out[..self.0.len()].copy_from_slice(&self.0);
+        Ok(MlxFields {
+            len: self.0.len(),
+            dlid: if qp.is_qp0 { 0xffff } else { 7 },
+            sl: 2,
+        })
+    }
+}
+
+#[test]
+fn golden_mlx_segment_header_and_icrc() {
+    let mut b = Bed::new();
+    let ah = create_ib_ah(
+        &b.caps,
+        1,
+        &AhAttr {
+            dlid: 0xffff,
+            port_num: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ah = crate::AhId(b.ahs.insert(ah));
+    let mut cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut qp0 = Mlx4IbQp::detached(
+        QpType::Smi,
+        0x40,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        b.uar(),
+        Some(db),
+    )
+    .unwrap();
+    qp0.sqp = Some(Sqp::default());
+    let sg = [Sge {
+        addr: 0x5000,
+        length: 256,
+        lkey: 3,
+    }];
+    let wr = SendWr {
+        sg_list: &sg,
+        wr: WrDetail::Ud {
+            ah,
+            remote_qpn: 0,
+            remote_qkey: 0,
+            pkey_index: 0,
+        },
+        ..Default::default()
+    };
+    // LRH + BTH + DETH = 28 bytes: one inline segment.
+    let mut h = FixedHeader((1..=28).collect());
+    qp0.post_send_mlx(&b.ahs, &mut h, &[wr]).unwrap();
+    let w = qp0.send_wqe_offset(0);
+    assert_eq!(dw(&qp0, w), 0x0a, "SEND, owner 0");
+    // MLX flags: CQ update (ALL_WR) | VL15 | SLR (permissive DLID) | SL 2.
+    assert_eq!(dw(&qp0, w + 8), 0x0c | (1 << 17) | (1 << 16) | (2 << 8));
+    assert_eq!(dw(&qp0, w + 12), 0xffff_0000, "RLID then reserved");
+    assert_eq!(dw(&qp0, w + 16), 0x8000_0000 | 28);
+    assert_eq!(qp0.buf.read_u8(w + 20), 1);
+    // 4 + 28 = 32 bytes -> data seg at 48, then the ICRC segment.
+    assert_eq!(dw(&qp0, w + 48), 256);
+    assert_eq!(dw(&qp0, w + 64), 0x8000_0004);
+    assert_eq!(dw(&qp0, w + 68), 0);
+    assert_eq!(dw(&qp0, w + 4), 5, "16 + 32 + 16 + 16 = 80 bytes");
+    assert_eq!(qp0.sqp.unwrap().send_psn, 1, "PSN advances");
+    // With a GRH the header (68 bytes) takes two segments split at 64.
+    let mut h = FixedHeader((1..=68).collect());
+    qp0.post_send_mlx(&b.ahs, &mut h, &[wr]).unwrap();
+    let w = qp0.send_wqe_offset(1);
+    assert_eq!(dw(&qp0, w + 16), 0x8000_0000 | 44);
+    assert_eq!(dw(&qp0, w + 64), 0x8000_0000 | 24);
+    assert_eq!(qp0.buf.read_u8(w + 68), 45);
+    // 16 + ALIGN(8 + 68, 16) = 96: data at 96, ICRC at 112.
+    assert_eq!(dw(&qp0, w + 96), 256);
+    assert_eq!(dw(&qp0, w + 112), 0x8000_0004);
+    assert_eq!(dw(&qp0, w + 4), 8);
+    // Ordinary posting is refused on a special QP.
+    assert!(qp0.post_send(&b.ahs, &[wr]).is_err());
+}
