@@ -148,7 +148,7 @@ impl Server {
             .collect();
         // The region's own key: MTT-translated, bounded to [iova, iova+size),
         // remote read/write (never an all-memory key).
-        let mr = d.reg_mr(
+        let mr = match d.reg_mr(
             pd,
             &MrPages {
                 pages: &list,
@@ -159,13 +159,50 @@ impl Server {
                     | AccessFlags::REMOTE_READ
                     | AccessFlags::REMOTE_WRITE,
             },
-        )?;
-        let lmr = d.get_dma_mr(pd, AccessFlags::LOCAL_WRITE)?;
-        let (cq, _) = d.create_cq(&CqInitAttr {
+        ) {
+            Ok(mr) => mr,
+            Err(e) => {
+                let _ = d.dealloc_pd(pd);
+                return Err(e.into());
+            }
+        };
+        // Everything made so far is undone if a later step fails.
+        let undo = |core: &mut IbCore, lmr: Option<Mr>, cq: Option<Cq>| {
+            if let Some(d) = core.device_mut(dev_id) {
+                if let Some(cq) = cq {
+                    let _ = d.destroy_cq(cq);
+                }
+                if let Some(lmr) = lmr {
+                    let _ = d.dereg_mr(lmr);
+                }
+                let _ = d.dereg_mr(mr);
+                let _ = d.dealloc_pd(pd);
+            }
+        };
+        let lmr = match d.get_dma_mr(pd, AccessFlags::LOCAL_WRITE) {
+            Ok(m) => m,
+            Err(e) => {
+                undo(core, None, None);
+                return Err(e.into());
+            }
+        };
+        let cq = match d.create_cq(&CqInitAttr {
             cqe: (cfg.max_clients * (RX_DEPTH + 1)) as u32,
             comp_vector: 0,
-        })?;
-        let listen = cm::ib_cm_listen(core, cm, dev_id, cfg.service_id)?;
+        }) {
+            Ok((cq, _)) => cq,
+            Err(e) => {
+                undo(core, Some(lmr), None);
+                return Err(e.into());
+            }
+        };
+        let listen = match cm::ib_cm_listen(core, cm, dev_id, cfg.service_id) {
+            Ok(l) => l,
+            Err(e) => {
+                undo(core, Some(lmr), Some(cq));
+                return Err(e.into());
+            }
+        };
         log::info!(
             "rmem: exporting {} KiB at {:#x} rkey {:#x}",
             size / 1024,
