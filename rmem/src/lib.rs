@@ -18,6 +18,7 @@
 
 extern crate alloc;
 
+pub mod bench;
 pub mod chunks;
 pub mod client;
 pub mod proto;
