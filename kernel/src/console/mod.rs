@@ -6,6 +6,7 @@
 mod commands;
 mod ib;
 mod lspci;
+mod rmem;
 
 use alloc::string::String;
 use alloc::vec::Vec;
