@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: installs what it needs
-# (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools, tshark with apt-get
+# (Rust components; qemu-system-x86, grub-pc-bin, xorriso, mtools, tshark, opensm,
+# infiniband-diags, libumad2sim0, ibsim-utils with apt-get
 # when root; a QEMU with the vfio-user client and the Linux guest, cached
 # under target/), then formatting, clippy on the host crates and on the kernel,
 # the host unit and model-backed tests, and the QEMU end-to-end tests.
@@ -19,6 +20,7 @@ ensure_rust
 ensure_qemu
 ensure_iso_tools
 ensure_tshark
+ensure_ib_peers
 ensure_vfu
 
 step "cargo fmt --check"

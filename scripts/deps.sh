@@ -68,3 +68,17 @@ ensure_vfu() {
 ensure_tshark() {
     ensure_pkgs tshark:tshark || say "warning: tshark could not be installed; the capture tests will skip dissecting"
 }
+
+# Real InfiniBand peers for the fabric: OpenSM, infiniband-diags, the
+# umad2sim preload (a package of its own) and ibsim (the reference the
+# peers tests measure against). Without them the peers tests say loudly
+# that they skipped, and run-qemu.sh cannot start OpenSM.
+ensure_ib_peers() {
+    local missing=()
+    command -v opensm >/dev/null 2>&1 || [ -x /usr/sbin/opensm ] || missing+=(opensm)
+    command -v ibnetdiscover >/dev/null 2>&1 || [ -x /usr/sbin/ibnetdiscover ] || missing+=(infiniband-diags)
+    [ -e /usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so ] || missing+=(libumad2sim0)
+    command -v ibsim >/dev/null 2>&1 || missing+=(ibsim-utils)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    apt_install "${missing[@]}" || say "warning: ${missing[*]} could not be installed; the OpenSM and diags tests will skip"
+}

@@ -2,7 +2,9 @@
 //! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
 //! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
 //! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]); the subnet manager, SA and the ibsim server protocol are
+//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself)
+//! and ibsim's server protocol ([`ibsim`]: real OpenSM and
+//! infiniband-diags attach through it); the subnet manager and SA are
 //! not here (yet). Packet formats are in [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric
@@ -49,12 +51,16 @@ use std::sync::{Arc, Mutex};
 
 pub mod capture;
 pub mod faults;
+pub mod host_node;
+pub mod ibsim;
 pub mod options;
 pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
+pub use host_node::HostNode;
+pub use ibsim::IbsimServer;
 pub use options::FabricOptions;
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
@@ -533,6 +539,7 @@ impl Fabric {
                 Event::Connect(a, b) => self.connect(a, b),
             };
         }
+        self.send_traps(now_ns);
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
             // The first waiting switch port whose head packet is due (a
@@ -559,6 +566,17 @@ impl Fabric {
                 continue;
             };
             self.switch_step(switch, port, f);
+        }
+    }
+
+    /// Switches whose ports changed state send their SM Trap 128.
+    fn send_traps(&mut self, now_ns: u64) {
+        for j in 0..self.switches.len() {
+            if let Some((e, pkt)) = self.switches[j].0.take_trap()
+                && let Some(out) = self.switch_port(SwitchId(j), e)
+            {
+                self.send(out, pkt, now_ns, 0);
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
 //! PortCounters, PortCountersExtended) per port; multicast forwarding,
 //! SL-to-VL mapping and VL arbitration (their tables are kept and
-//! reported, not applied), random forwarding tables, traps,
+//! reported, not applied), random forwarding tables, traps other than
+//! Trap 128 (sent once per port state change, not repeated),
 //! partition enforcement on external ports and the LID-routed parts of
 //! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
 //!
@@ -40,6 +41,9 @@ use crate::packet::{
     mad_status, method, mgmt_class,
 };
 use crate::port::{LogicalState, PhysicalState};
+
+/// The Notice attribute (traps).
+const ATTR_NOTICE: u16 = 0x0002;
 
 /// Mellanox's OUI (NodeInfo VendorID).
 pub const VENDOR_MELLANOX: u32 = 0x0002c9;
@@ -166,6 +170,9 @@ pub struct Switch {
     /// VLArbitrationTable blocks 1-4 per port, as written.
     vlarb: std::collections::BTreeMap<(u8, u8), [u8; 64]>,
     port_state_change: bool,
+    /// A port changed state since the last trap (Trap 128 owed to the SM).
+    trap_owed: bool,
+    trap_tid: u64,
     life_time: u8,
     // Port 0's subnet attributes.
     lid: u16,
@@ -201,6 +208,8 @@ impl Switch {
             sl2vl: std::collections::BTreeMap::new(),
             vlarb: std::collections::BTreeMap::new(),
             port_state_change: false,
+            trap_owed: false,
+            trap_tid: 0,
             life_time: 0x12,
             lid: 0,
             lmc: 0,
@@ -282,6 +291,34 @@ impl Switch {
         }
         if before != sp.state {
             self.port_state_change = true;
+            self.trap_owed = true;
+        }
+    }
+
+    /// The Trap 128 (PortStateChange, IBTA 14.2.5.1 table 118) this
+    /// switch owes its SM after a port's link went up or down: a
+    /// LID-routed SubnTrap(Notice) from the switch's LID to the SM's LID,
+    /// and the port it leaves by. Sent once; there is no repeat until
+    /// TrapRepress. `None` while the switch has no LID, SM LID or route.
+    pub(crate) fn take_trap(&mut self) -> Option<(u8, Packet)> {
+        if !std::mem::take(&mut self.trap_owed) || self.lid == 0 || self.sm_lid == 0 {
+            return None;
+        }
+        let e = self
+            .route(self.sm_lid)
+            .filter(|&e| e != 0 && self.link_up(e))?;
+        self.trap_tid = self.trap_tid.wrapping_add(1);
+        let mut smp = Smp::lid_routed(self.trap_tid, method::TRAP, ATTR_NOTICE, 0);
+        let d = &mut smp.data;
+        d[0] = 0x80 | 1; // IsGeneric, Type 1 (urgent)
+        d[1..4].copy_from_slice(&[0, 0, 2]); // ProducerType: switch
+        d[4..6].copy_from_slice(&128u16.to_be_bytes()); // TrapNumber
+        d[6..8].copy_from_slice(&self.lid.to_be_bytes()); // IssuerLID
+        d[10..12].copy_from_slice(&self.lid.to_be_bytes()); // DataDetails: LIDADDR
+        let h = packet::mad_headers(self.sm_lid, self.lid, 0, 0, packet::DEFAULT_PKEY);
+        match self.emit(e, &h, &smp.to_bytes()) {
+            Action::Send(e, p) => Some((e, p)),
+            Action::Drop(_) => None,
         }
     }
 
@@ -981,7 +1018,7 @@ fn sat(v: u64, max: u64) -> u64 {
 
 /// PortCounters (IBTA 16.1.3.5) data, 32-bit data counters and narrower
 /// error counters saturating.
-fn encode(c: &PortCounters, d: &mut [u8]) {
+pub(crate) fn encode(c: &PortCounters, d: &mut [u8]) {
     d[4..6].copy_from_slice(&(sat(c.symbol_errors, 0xffff) as u16).to_be_bytes());
     d[7] = sat(c.link_downed, 0xff) as u8;
     d[8..10].copy_from_slice(&(sat(c.rcv_errors, 0xffff) as u16).to_be_bytes());
@@ -995,7 +1032,7 @@ fn encode(c: &PortCounters, d: &mut [u8]) {
 }
 
 /// PortCountersExtended (IBTA 16.1.4.11): 64-bit data and packet counters.
-fn encode_ext(c: &PortCounters, d: &mut [u8]) {
+pub(crate) fn encode_ext(c: &PortCounters, d: &mut [u8]) {
     d[8..16].copy_from_slice(&c.xmit_data.to_be_bytes());
     d[16..24].copy_from_slice(&c.rcv_data.to_be_bytes());
     d[24..32].copy_from_slice(&c.xmit_pkts.to_be_bytes());
@@ -1006,7 +1043,7 @@ fn encode_ext(c: &PortCounters, d: &mut [u8]) {
 }
 
 /// PortCounters CounterSelect bits (IBTA table 247).
-fn clear(c: &mut PortCounters, sel: u16) {
+pub(crate) fn clear(c: &mut PortCounters, sel: u16) {
     let bits: [(u16, &mut u64); 9] = [
         (0x0001, &mut c.symbol_errors),
         (0x0004, &mut c.link_downed),
@@ -1029,7 +1066,7 @@ fn clear(c: &mut PortCounters, sel: u16) {
 }
 
 /// PortCountersExtended CounterSelect bits.
-fn clear_ext(c: &mut PortCounters, sel: u16) {
+pub(crate) fn clear_ext(c: &mut PortCounters, sel: u16) {
     if sel & 0x01 != 0 {
         c.xmit_data = 0;
     }
