@@ -235,12 +235,15 @@ fn measure(
             posted += 1;
         }
         core.poll();
-        c.poll(core, |d| {
+        let n = c.poll(core, |d| {
             done += 1;
             if let Err(e) = d.result {
                 err.get_or_insert(e);
             }
         })?;
+        if n == 0 {
+            core.clock().relax();
+        }
         if let Some(e) = err {
             let _ = c.drain(core, |_| {});
             return Err(e);

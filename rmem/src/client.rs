@@ -15,11 +15,12 @@ use hal::{Deadline, DmaBuf};
 use ib_core::cm::{self, CmId, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
+    AccessFlags, Cq, CqInitAttr, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
     QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
+use crate::conn::{Peer, RcParams, rc_connect};
 use crate::proto::{self, MSG_LEN, Msg, Op};
 use crate::stats::Stats;
 use crate::{Error, Result};
@@ -47,6 +48,10 @@ pub struct ClientConfig {
     pub op_timeout: Duration,
     /// Transport retry count (3 bits) and RNR retry count of the connection.
     pub retry_count: u8,
+    /// Local ACK timeout of connections made without the CM (4.096 us *
+    /// 2^x; with `retry_count` it bounds how long a gone memory node takes
+    /// to be noticed: (retry_count + 1) * 4.096 us * 2^x).
+    pub ack_timeout: u8,
     /// Latencies kept for the exact percentiles.
     pub sample: usize,
 }
@@ -61,6 +66,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(2),
             retry_count: 7,
+            ack_timeout: 14,
             sample: crate::stats::DEFAULT_SAMPLE,
         }
     }
@@ -126,8 +132,7 @@ pub struct Completion {
 /// A connection to a memory node.
 pub struct Client {
     dev: DeviceId,
-    cm: ClientId,
-    id: CmId,
+    id: Option<(ClientId, CmId)>,
     pd: Pd,
     scq: Cq,
     rcq: Cq,
@@ -178,7 +183,7 @@ impl Client {
         Self::connect_path(core, cm, dev_id, path, cfg)
     }
 
-    /// Connects over a known path.
+    /// Connects over a known path (the CM drives the QP to RTS).
     pub fn connect_path(
         core: &mut IbCore,
         cm: ClientId,
@@ -186,28 +191,78 @@ impl Client {
         path: PathRecord,
         cfg: ClientConfig,
     ) -> Result<Client> {
-        if cfg.window == 0 || cfg.window > 1 << 15 || cfg.slot_len == 0 {
+        let mut c = Self::create(core, dev_id, cfg)?;
+        let mut p = CmReqParam::new(path, cfg.service_id, c.qp);
+        p.retry_count = cfg.retry_count.min(7);
+        p.rnr_retry_count = cfg.retry_count.min(7);
+        // Interactive: a silent memory node fails the connect within
+        // `connect_timeout`, not after Linux's minute of CM retries.
+        p.max_cm_retries = 3;
+        p.remote_cm_response_timeout = 16;
+        p.local_cm_response_timeout = 16;
+        match cm::cm_connect(core, cm, dev_id, cfg.port, &p, cfg.connect_timeout) {
+            Ok((id, _)) => c.id = Some((cm, id)),
+            Err(e) => {
+                c.destroy(core);
+                return Err(Error::Connect(e));
+            }
+        }
+        c.finish(core)
+    }
+
+    /// A client whose QP is still in RESET, for a connection made without
+    /// the CM: give [`Client::qpn`] and [`Client::sq_psn`] to the memory
+    /// node, then [`Client::connect_peer`] with its answer.
+    pub fn create(core: &mut IbCore, dev_id: DeviceId, cfg: ClientConfig) -> Result<Client> {
+        if cfg.window == 0 || cfg.window > 1 << 15 || cfg.slot_len == 0 || cfg.port == 0 {
             return Err(Error::BadLength);
         }
         let d = dev(core, dev_id)?;
         let pool = d.provider().dma_pool();
+        let nomem = |_| Error::Verbs(ib_core::Error::NoMem);
         let frames = pool
             .alloc(cfg.window * cfg.slot_len, crate::PAGE_SIZE)
-            .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
-        let rpc = pool
-            .alloc((RX_DEPTH + 1) * MSG_LEN, 64)
-            .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
+            .map_err(nomem)?;
+        let rpc = pool.alloc((RX_DEPTH + 1) * MSG_LEN, 64).map_err(nomem)?;
         let pd = d.alloc_pd()?;
-        let lmr = d.get_dma_mr(pd, AccessFlags::LOCAL_WRITE)?;
-        let (scq, _) = d.create_cq(&CqInitAttr {
+        // What was made is undone if a later step fails.
+        let undo = |d: &mut ib_core::Device, lmr: Option<Mr>, cqs: &[Cq]| {
+            for &cq in cqs {
+                let _ = d.destroy_cq(cq);
+            }
+            if let Some(m) = lmr {
+                let _ = d.dereg_mr(m);
+            }
+            let _ = d.dealloc_pd(pd);
+        };
+        let lmr = match d.get_dma_mr(pd, AccessFlags::LOCAL_WRITE) {
+            Ok(m) => m,
+            Err(e) => {
+                undo(d, None, &[]);
+                return Err(e.into());
+            }
+        };
+        let scq = match d.create_cq(&CqInitAttr {
             cqe: cfg.window as u32 + 2,
             comp_vector: 0,
-        })?;
-        let (rcq, _) = d.create_cq(&CqInitAttr {
+        }) {
+            Ok((cq, _)) => cq,
+            Err(e) => {
+                undo(d, Some(lmr), &[]);
+                return Err(e.into());
+            }
+        };
+        let rcq = match d.create_cq(&CqInitAttr {
             cqe: RX_DEPTH as u32 + 1,
             comp_vector: 0,
-        })?;
-        let (qp, _) = d.create_qp(
+        }) {
+            Ok((cq, _)) => cq,
+            Err(e) => {
+                undo(d, Some(lmr), &[scq]);
+                return Err(e.into());
+            }
+        };
+        let qp = match d.create_qp(
             pd,
             &QpInitAttr {
                 send_cq: scq,
@@ -224,21 +279,16 @@ impl Client {
                 qp_type: QpType::Rc,
                 port_num: cfg.port,
             },
-        )?;
-        let mut p = CmReqParam::new(path, cfg.service_id, qp);
-        p.retry_count = cfg.retry_count.min(7);
-        p.rnr_retry_count = cfg.retry_count.min(7);
-        // Interactive: a silent memory node fails the connect within
-        // `connect_timeout`, not after Linux's minute of CM retries.
-        p.max_cm_retries = 3;
-        p.remote_cm_response_timeout = 16;
-        p.local_cm_response_timeout = 16;
-        let (id, _) = cm::cm_connect(core, cm, dev_id, cfg.port, &p, cfg.connect_timeout)
-            .map_err(Error::Connect)?;
-        let mut c = Client {
+        ) {
+            Ok((qp, _)) => qp,
+            Err(e) => {
+                undo(d, Some(lmr), &[scq, rcq]);
+                return Err(e.into());
+            }
+        };
+        Ok(Client {
             dev: dev_id,
-            cm,
-            id,
+            id: None,
             pd,
             scq,
             rcq,
@@ -269,17 +319,74 @@ impl Client {
             stats: Stats::new(cfg.sample),
             wc: [Wc::default(); 16],
             broken: None,
+        })
+    }
+
+    /// This client's QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qp_num
+    }
+
+    /// The first PSN this client sends.
+    pub fn sq_psn(&self) -> u32 {
+        self.qp.qp_num.wrapping_mul(0x9e37) & 0xff_ffff
+    }
+
+    /// Connects a [`Client::create`]d client to `peer` without the CM
+    /// (INIT, RTR, RTS here), says hello and learns the region.
+    pub fn connect_peer(self, core: &mut IbCore, peer: Peer) -> Result<Client> {
+        let p = RcParams {
+            port: self.cfg.port,
+            sq_psn: self.sq_psn(),
+            access: AccessFlags::empty(),
+            timeout: self.cfg.ack_timeout,
+            retry_cnt: self.cfg.retry_count,
+            rnr_retry: self.cfg.retry_count,
+            mtu: Mtu::Mtu1024,
         };
-        for i in 0..RX_DEPTH {
-            c.post_rpc_recv(core, i)?;
+        let r = dev(core, self.dev).and_then(|d| rc_connect(d, self.qp, &p, peer));
+        match r {
+            Ok(()) => self.finish(core),
+            Err(e) => {
+                self.destroy(core);
+                Err(e)
+            }
         }
-        let hello = c.rpc(core, Op::Hello, 0, 0)?;
-        c.region = Region {
-            base: hello.addr,
-            len: hello.len,
-            rkey: hello.rkey,
-        };
-        Ok(c)
+    }
+
+    /// Posts the RPC receives and says hello (the QP is in RTS).
+    fn finish(mut self, core: &mut IbCore) -> Result<Client> {
+        let r = (0..RX_DEPTH)
+            .try_for_each(|i| self.post_rpc_recv(core, i))
+            .and_then(|()| self.rpc(core, Op::Hello, 0, 0));
+        match r {
+            Ok(hello) => {
+                self.region = Region {
+                    base: hello.addr,
+                    len: hello.len,
+                    rkey: hello.rkey,
+                };
+                Ok(self)
+            }
+            Err(e) => {
+                self.destroy(core);
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees the verbs objects (after a failure or at close).
+    fn destroy(self, core: &mut IbCore) {
+        if let Some((cm, id)) = self.id {
+            let _ = cm::ib_destroy_cm_id(core, cm, id);
+        }
+        if let Some(d) = core.device_mut(self.dev) {
+            let _ = d.destroy_qp(self.qp);
+            let _ = d.destroy_cq(self.scq);
+            let _ = d.destroy_cq(self.rcq);
+            let _ = d.dereg_mr(self.lmr);
+            let _ = d.dealloc_pd(self.pd);
+        }
     }
 
     /// The memory node's region.
@@ -636,7 +743,9 @@ impl Client {
                 return Err(Error::TimedOut("requests in flight"));
             }
             core.poll();
-            self.poll(core, &mut done)?;
+            if self.poll(core, &mut done)? == 0 {
+                core.clock().relax();
+            }
         }
         Ok(())
     }
@@ -684,12 +793,15 @@ impl Client {
             core.poll();
             let mut comps = [None::<Completion>; 16];
             let mut k = 0;
-            self.poll(core, |c| {
+            let n = self.poll(core, |c| {
                 if k < comps.len() {
                     comps[k] = Some(*c);
                     k += 1;
                 }
             })?;
+            if n == 0 && k == 0 {
+                core.clock().relax();
+            }
             for c in comps.iter().take(k).flatten() {
                 finished += 1;
                 match c.result {
@@ -738,18 +850,15 @@ impl Client {
         self.blocking(core, Kind::Write, addr, src.len(), None, Some(src))
     }
 
-    /// Disconnects (DREQ) and frees the verbs objects; the memory node frees
-    /// this connection's chunks.
+    /// Disconnects (DREQ, when connected by the CM) and frees the verbs
+    /// objects; the memory node frees this connection's chunks.
     pub fn close(self, core: &mut IbCore) -> Result<()> {
-        let _ = cm::ib_send_cm_dreq(core, self.cm, self.id, &[]);
-        let _ = cm::cm_wait_event(core, self.cm, self.id, Duration::from_millis(500));
-        let _ = cm::ib_destroy_cm_id(core, self.cm, self.id);
-        let d = dev(core, self.dev)?;
-        d.destroy_qp(self.qp)?;
-        d.destroy_cq(self.scq)?;
-        d.destroy_cq(self.rcq)?;
-        d.dereg_mr(self.lmr)?;
-        d.dealloc_pd(self.pd)?;
+        if let Some((cm, id)) = self.id {
+            let _ = cm::ib_send_cm_dreq(core, cm, id, &[]);
+            let _ = cm::cm_wait_event(core, cm, id, Duration::from_millis(500));
+        }
+        dev(core, self.dev)?;
+        self.destroy(core);
         Ok(())
     }
 }

@@ -21,6 +21,7 @@ extern crate alloc;
 pub mod bench;
 pub mod chunks;
 pub mod client;
+pub mod conn;
 pub mod proto;
 pub mod server;
 pub mod stats;

@@ -15,12 +15,13 @@ use hal::DmaBuf;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::cm_msgs::rej_reason;
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags,
-    SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
+    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
 use crate::chunks::Chunks;
+use crate::conn::{Peer, RcParams, rc_connect};
 use crate::proto::{self, MSG_LEN, Msg, Op, Status};
 use crate::{Error, Result};
 
@@ -73,7 +74,7 @@ pub struct ServerStats {
 
 #[derive(Debug)]
 struct Conn {
-    id: CmId,
+    id: Option<CmId>,
     qp: Qp,
     owner: u32,
     dead: bool,
@@ -284,25 +285,9 @@ impl Server {
             let _ = cm::ib_send_cm_rej(core, self.cm, id, rej_reason::NO_RESOURCES, &[], &[]);
             return Ok(());
         };
+        let init = self.qp_init();
         let d = dev(core, self.dev)?;
-        let (qp, _) = d.create_qp(
-            self.pd,
-            &QpInitAttr {
-                send_cq: self.cq,
-                recv_cq: self.cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 2,
-                    max_recv_wr: RX_DEPTH as u32,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_type: SigType::ReqWr,
-                qp_type: QpType::Rc,
-                port_num: self.cfg.port,
-            },
-        )?;
+        let (qp, _) = d.create_qp(self.pd, &init)?;
         if let Err(e) = cm::ib_send_cm_rep(core, self.cm, id, &CmRepParam::new(qp)) {
             let _ = dev(core, self.dev)?.destroy_qp(qp);
             return Err(e.into());
@@ -310,7 +295,7 @@ impl Server {
         let owner = self.next_owner;
         self.next_owner = self.next_owner.wrapping_add(1).max(1);
         self.conns[c] = Some(Conn {
-            id,
+            id: Some(id),
             qp,
             owner,
             dead: false,
@@ -323,11 +308,91 @@ impl Server {
         Ok(())
     }
 
+    /// Accepts a compute node without the CM: a QP driven to RTS towards
+    /// `peer` here; returns what the compute node needs
+    /// ([`crate::Client::connect_peer`]): our LID, QPN and first PSN.
+    pub fn accept_peer(&mut self, core: &mut IbCore, peer: Peer) -> Result<Peer> {
+        let Some(c) = self.conns.iter().position(Option::is_none) else {
+            self.stats.refused += 1;
+            return Err(Error::Verbs(ib_core::Error::NoMem));
+        };
+        let d = dev(core, self.dev)?;
+        let lid = d.query_port(self.cfg.port)?.lid;
+        let (qp, _) = d.create_qp(self.pd, &self.qp_init())?;
+        let psn = qp.qp_num.wrapping_mul(0x7f4a) & 0xff_ffff;
+        let p = RcParams {
+            port: self.cfg.port,
+            sq_psn: psn,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            mtu: Mtu::Mtu1024,
+        };
+        if let Err(e) = rc_connect(d, qp, &p, peer) {
+            let _ = d.destroy_qp(qp);
+            return Err(e);
+        }
+        let owner = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1).max(1);
+        self.conns[c] = Some(Conn {
+            id: None,
+            qp,
+            owner,
+            dead: false,
+        });
+        for i in 0..RX_DEPTH {
+            self.post_recv(core, c, i)?;
+        }
+        self.stats.connects += 1;
+        Ok(Peer {
+            lid,
+            qpn: qp.qp_num,
+            psn,
+        })
+    }
+
+    /// Drops the connection whose QP is `qpn` (its chunks are freed), as
+    /// a disconnect does; for connections made without the CM.
+    pub fn disconnect_qpn(&mut self, core: &mut IbCore, qpn: u32) -> bool {
+        match self
+            .conns
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.qp.qp_num == qpn))
+        {
+            Some(c) => {
+                self.drop_conn(core, c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn qp_init(&self) -> QpInitAttr {
+        QpInitAttr {
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 2,
+                max_recv_wr: RX_DEPTH as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_type: SigType::ReqWr,
+            qp_type: QpType::Rc,
+            port_num: self.cfg.port,
+        }
+    }
+
     fn drop_conn(&mut self, core: &mut IbCore, c: usize) {
         if let Some(conn) = self.conns.get_mut(c).and_then(Option::take) {
             let freed = self.chunks.free_owner(conn.owner);
             log::info!("rmem: client {} gone, {freed} chunks freed", conn.owner);
-            let _ = cm::ib_destroy_cm_id(core, self.cm, conn.id);
+            if let Some(id) = conn.id {
+                let _ = cm::ib_destroy_cm_id(core, self.cm, id);
+            }
             if let Some(d) = core.device_mut(self.dev) {
                 let _ = d.destroy_qp(conn.qp);
             }
@@ -422,9 +487,8 @@ impl Server {
         for c in 0..self.conns.len() {
             let Some(conn) = &self.conns[c] else { continue };
             let id = conn.id;
-            let dead = conn.dead;
-            let mut gone = dead;
-            while let Some(ev) = cm::ib_cm_get_event(core, self.cm, id) {
+            let mut gone = conn.dead;
+            while let Some(ev) = id.and_then(|id| cm::ib_cm_get_event(core, self.cm, id)) {
                 n += 1;
                 match ev {
                     CmEvent::Disconnected { .. } | CmEvent::Rejected { .. } | CmEvent::TimedOut => {
