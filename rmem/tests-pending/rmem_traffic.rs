@@ -24,9 +24,23 @@ struct Node {
 }
 
 fn node(hca: SimHca) -> Node {
+    let clock = hca.clock();
+    node_with(hca, clock)
+}
+
+/// Host time, for the benchmark (the model keeps its own fake clock).
+struct WallClock(Instant);
+
+impl hal::Clock for WallClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+fn node_with(hca: SimHca, clock: Arc<dyn hal::Clock>) -> Node {
     let d = bring_up(&hca, Profile::default()).expect("mlx4_core");
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
-    let mut core = IbCore::new(hca.clock());
+    let mut core = IbCore::new(clock);
     let dev = core
         .ib_register_device(Box::new(ib))
         .map_err(|e| e.error)
@@ -370,4 +384,44 @@ fn rmem_two_compute_nodes_share_one_memory_node() {
     drop(g);
     teardown(mem.finish());
     teardown(Arc::try_unwrap(cn).ok().unwrap().into_inner().unwrap());
+}
+
+/// Page-fetch figures on the host model (release build:
+/// `cargo test --release -p tests --test rmem_traffic -- --ignored --nocapture
+/// rmem_bench`). The compute node's core runs on host time, so the
+/// latencies printed are what the host spends per fetch in the stack and
+/// the synchronous model together (the model executes the READ inside the
+/// doorbell write).
+#[test]
+#[ignore]
+fn rmem_bench_page_fetch_on_the_model() {
+    let (a, b, w) = SimHca::back_to_back(SimConfig::default(), SimConfig::default());
+    init_logger();
+    let m = node(a);
+    let mut cn = node_with(b, Arc::new(WallClock(Instant::now())));
+    activate(&w, &[(&m.hca, 1), (&cn.hca, 2)]);
+    let mem = mem_node(m);
+    let mut c = connect(&mut cn, &mem, 1, ClientConfig { window: 16, ..cfg() });
+    for (pattern, window) in [
+        (rmem::bench::Pattern::Random, 1),
+        (rmem::bench::Pattern::Random, 16),
+        (rmem::bench::Pattern::Sequential, 16),
+    ] {
+        let bc = rmem::bench::BenchConfig {
+            pages: 32,
+            iters: 5000,
+            window,
+            pattern,
+        };
+        let r = rmem::bench::run(&mut cn.core, &mut c, bc).expect("bench");
+        let mut s = String::new();
+        r.write_report(&mut s).unwrap();
+        print!("{s}");
+        let mut csv = String::new();
+        r.write_csv(&mut csv).unwrap();
+        print!("{}\n{csv}", rmem::bench::BenchResult::CSV_HEADER);
+    }
+    c.close(&mut cn.core).expect("closed");
+    teardown(mem.finish());
+    teardown(cn);
 }
