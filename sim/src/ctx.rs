@@ -561,6 +561,10 @@ pub mod eqe {
     pub const PORT_MNG_CHG: u8 = 0x1d;
     pub const PORT_DOWN: u8 = 1;
     pub const PORT_ACTIVE: u8 = 4;
+    pub const WQ_INVAL_REQ_ERROR: u8 = 0x10;
+    pub const WQ_ACCESS_ERROR: u8 = 0x11;
+    pub const SRQ_QP_LAST_WQE: u8 = 0x13;
+    pub const SRQ_LIMIT: u8 = 0x14;
     pub const CQ_ERR_OVERRUN: u8 = 1;
     pub const CQ_ERR_ACCESS: u8 = 2;
 }
@@ -603,6 +607,20 @@ pub enum Event {
         /// The EQ that overran.
         eqn: u32,
     },
+    /// A QP-affiliated event (COMM_EST, SQ_DRAINED, WQ_*_ERROR, ...).
+    Qp {
+        /// EQE type.
+        kind: u8,
+        /// QPN.
+        qpn: u32,
+    },
+    /// An SRQ-affiliated event (SRQ_LIMIT, SRQ_CATAS_ERROR).
+    Srq {
+        /// EQE type.
+        kind: u8,
+        /// SRQN.
+        srqn: u32,
+    },
 }
 
 impl Event {
@@ -615,6 +633,7 @@ impl Event {
             Event::LocalCatas => eqe::LOCAL_CATAS_ERROR,
             Event::Cmd { .. } => eqe::CMD,
             Event::EqOverflow { .. } => eqe::EQ_OVERFLOW,
+            Event::Qp { kind, .. } | Event::Srq { kind, .. } => *kind,
         }
     }
 
@@ -645,6 +664,8 @@ impl Event {
                 crate::layout::put64(&mut b, 0x10, out_param);
             }
             Event::EqOverflow { eqn } => put32(&mut b, DATA, eqn),
+            Event::Qp { qpn, .. } => put32(&mut b, DATA, qpn & 0xff_ffff),
+            Event::Srq { srqn, .. } => put32(&mut b, DATA, srqn & 0xff_ffff),
         }
         put8(&mut b, OWNER, if owner { OWNER_BIT } else { 0 });
         b

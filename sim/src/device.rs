@@ -222,6 +222,12 @@ pub struct Hca {
     /// Doorbells seen that the (later) engines will consume: (BAR2 offset,
     /// value).
     pub pending_doorbells: Vec<(usize, u32)>,
+    /// The data-path engines' state.
+    pub engine: crate::engine::Engine,
+    /// The fabric the ports are cabled to, if any.
+    pub fabric: Option<crate::engine::wire::FabricLink>,
+    /// Scratch list of the threaded polling round.
+    pub poll_scratch: Vec<u32>,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -284,6 +290,9 @@ impl Hca {
             catastrophic: false,
             clr_int_writes: 0,
             pending_doorbells: Vec::new(),
+            engine: crate::engine::Engine::default(),
+            fabric: None,
+            poll_scratch: Vec::new(),
             cfg,
         }
     }
@@ -542,6 +551,7 @@ impl Hca {
         self.special_qp_base = 0;
         self.catastrophic = false;
         self.pending_doorbells.clear();
+        self.engine = crate::engine::Engine::default();
     }
 
     // ---------------------------------------------------------------
@@ -695,7 +705,7 @@ impl Hca {
                 self.doorbell_pair(off - 4, dw0, v);
                 return;
             }
-            regs::UAR_SEND_DB => self.send_doorbell(v),
+            regs::UAR_SEND_DB => self.send_doorbell(page as u32, v),
             _ => {}
         }
         if self.pending_doorbells.len() < MAX_LOG {
@@ -705,7 +715,7 @@ impl Hca {
 
     /// The CQ doorbell pair at BAR2 offset `off` (the first dword).
     fn doorbell_pair(&mut self, off: usize, dw0: u32, ci: u32) {
-        self.cq_doorbell((off / regs::UAR_PAGE) as u32, dw0);
+        self.cq_doorbell((off / regs::UAR_PAGE) as u32, dw0, ci);
         if self.pending_doorbells.len() + 1 < MAX_LOG {
             self.pending_doorbells.push((off, dw0));
             self.pending_doorbells.push((off + 4, ci));
@@ -713,7 +723,7 @@ impl Hca {
     }
 
     /// CQ arm doorbell `[sn << 28 | cmd << 24 | cqn]`, `[ci]` on UAR `uar`.
-    fn cq_doorbell(&mut self, uar: u32, dw0: u32) {
+    fn cq_doorbell(&mut self, uar: u32, dw0: u32, ci: u32) {
         let cqn = dw0 & 0xff_ffff;
         let cmd = (dw0 >> 24) & 7;
         let Some(cq) = self.cqs.get_mut(&cqn) else {
@@ -733,16 +743,23 @@ impl Hca {
         }
         if cmd != 1 && cmd != 2 {
             self.violation(format!("CQ {cqn:#x} doorbell with unknown command {cmd}"));
+            return;
+        }
+        if ctx_uar == uar {
+            crate::engine::cq_doorbell(self, cqn, cmd, (dw0 >> 28) as u8 & 3, ci);
         }
     }
 
-    /// Send doorbell `qpn << 8`: the QP must have left RESET.
-    fn send_doorbell(&mut self, v: u32) {
+    /// Send doorbell `qpn << 8` on UAR page `uar`: the QP must have left
+    /// RESET; the send engine runs its queue.
+    fn send_doorbell(&mut self, uar: u32, v: u32) {
         let qpn = v >> 8;
         let state = self.qps.get(&qpn).map(|q| q.state);
         if matches!(state, None | Some(QpState::Rst)) {
             self.violation(format!("send doorbell for QP {qpn:#x} in RESET"));
+            return;
         }
+        crate::engine::send_doorbell(self, qpn, uar);
     }
 
     // ---------------------------------------------------------------
@@ -954,19 +971,24 @@ impl Hca {
         // Doorbells are consumed by atomic swap with 0, a value no doorbell
         // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
         // consumer index 0 without re-arm, changes nothing after SW2HW).
-        let eqns: Vec<u32> = self.eqs.keys().copied().collect();
-        for eqn in eqns {
+        // One scratch list for the EQ numbers and UAR pages (no allocation
+        // per round once it has grown).
+        let mut list = core::mem::take(&mut self.poll_scratch);
+        list.clear();
+        list.extend(self.eqs.keys().copied());
+        for &eqn in &list {
             let raw = self.bar2.swap_raw(regs::eq_doorbell(eqn), 0);
             if raw != 0 {
                 self.eq_doorbell(eqn, be_dw(raw));
                 active = true;
             }
         }
-        let mut uars: Vec<u32> = self.cqs.values().map(|c| c.uar).collect();
-        uars.extend(self.qps.values().map(|q| q.uar));
-        uars.sort_unstable();
-        uars.dedup();
-        for uar in uars {
+        list.clear();
+        list.extend(self.cqs.values().map(|c| c.uar));
+        list.extend(self.qps.values().map(|q| q.uar));
+        list.sort_unstable();
+        list.dedup();
+        for &uar in &list {
             let page = uar as usize * regs::UAR_PAGE;
             let cq0 = self.bar2.swap_raw(page + regs::UAR_CQ_DB, 0);
             if cq0 != 0 {
@@ -980,6 +1002,8 @@ impl Hca {
                 active = true;
             }
         }
+        self.poll_scratch = list;
+        active |= crate::engine::step(self);
         active
     }
 

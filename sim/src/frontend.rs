@@ -41,6 +41,7 @@ use hal::{Bar, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBac
 
 use crate::device::{FwState, Hca};
 use crate::eq::EqState;
+use crate::fabric::SharedFabric;
 use crate::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
 use crate::hcr::{Opcode, bits};
 use crate::layout::DevCap;
@@ -133,28 +134,144 @@ fn lock(m: &Mutex<Hca>) -> MutexGuard<'_, Hca> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// BAR0 in synchronous mode: every access is a model call.
-struct SyncBar0(Arc<Mutex<Hca>>);
+/// BAR0 in synchronous mode: every access is a model call; after a
+/// write, every HCA on the same wire is stepped until quiet.
+struct SyncBar0(Arc<Mutex<Hca>>, Option<Wire>);
 impl RegisterBackend for SyncBar0 {
     fn read32(&self, offset: usize) -> u32 {
         lock(&self.0).bar0_read(offset)
     }
     fn write32(&self, offset: usize, value: u32) {
-        lock(&self.0).bar0_write(offset, value)
+        lock(&self.0).bar0_write(offset, value);
+        if let Some(w) = &self.1 {
+            w.settle();
+        }
     }
     fn write64(&self, offset: usize, value: u64) {
-        lock(&self.0).bar0_write64(offset, value)
+        lock(&self.0).bar0_write64(offset, value);
+        if let Some(w) = &self.1 {
+            w.settle();
+        }
     }
 }
 
 /// BAR2 in synchronous mode.
-struct SyncBar2(Arc<Mutex<Hca>>);
+struct SyncBar2(Arc<Mutex<Hca>>, Option<Wire>);
 impl RegisterBackend for SyncBar2 {
     fn read32(&self, offset: usize) -> u32 {
         lock(&self.0).bar2_read(offset)
     }
     fn write32(&self, offset: usize, value: u32) {
-        lock(&self.0).bar2_write(offset, value)
+        lock(&self.0).bar2_write(offset, value);
+        if let Some(w) = &self.1 {
+            w.settle();
+        }
+    }
+}
+
+/// HCAs cabled to one fabric and the clock they share, stepped together:
+/// in synchronous mode after every register write of any of them and on
+/// every `relax` of the (shared) fake clock, until no HCA makes progress;
+/// in threaded mode each HCA's own thread steps it, on a shared monotonic
+/// clock. The lock order is one HCA at a time, then the fabric.
+#[derive(Clone)]
+pub struct Wire {
+    fabric: SharedFabric,
+    members: Arc<Mutex<Vec<std::sync::Weak<Mutex<Hca>>>>>,
+    fake: Option<Arc<FakeClock>>,
+    mono: Arc<MonoClock>,
+}
+
+impl core::fmt::Debug for Wire {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "Wire({} HCAs)",
+            self.members.lock().map_or(0, |m| m.len())
+        )
+    }
+}
+
+/// Rounds of [`Wire::settle`] at most (a chatty fabric cannot hang a
+/// register write).
+const SETTLE_ROUNDS: usize = 256;
+
+impl Wire {
+    /// A synchronous wire over a new empty fabric, with one fake clock for
+    /// every HCA on it (advancing `relax_step` per `relax`).
+    pub fn new(relax_step: Duration) -> Wire {
+        Self::over(crate::fabric::Fabric::shared(), relax_step)
+    }
+
+    /// A synchronous wire over `fabric` (a topology already built).
+    pub fn over(fabric: SharedFabric, relax_step: Duration) -> Wire {
+        Wire {
+            fabric,
+            members: Arc::default(),
+            fake: Some(Arc::new(FakeClock::with_relax_step(relax_step))),
+            mono: Arc::new(MonoClock(Instant::now())),
+        }
+    }
+
+    /// A wire for threaded (and polled) HCAs over `fabric`: real time on one
+    /// monotonic clock.
+    pub fn threaded(fabric: SharedFabric) -> Wire {
+        Wire {
+            fabric,
+            members: Arc::default(),
+            fake: None,
+            mono: Arc::new(MonoClock(Instant::now())),
+        }
+    }
+
+    /// The fabric.
+    pub fn fabric(&self) -> SharedFabric {
+        self.fabric.clone()
+    }
+
+    /// The fake clock every HCA on a synchronous wire shares.
+    pub fn fake_clock(&self) -> Option<Arc<FakeClock>> {
+        self.fake.clone()
+    }
+
+    fn join(&self, h: &Arc<Mutex<Hca>>) {
+        if let Ok(mut m) = self.members.lock() {
+            m.retain(|w| w.strong_count() > 0);
+            m.push(Arc::downgrade(h));
+        }
+    }
+
+    fn members(&self) -> Vec<Arc<Mutex<Hca>>> {
+        self.members
+            .lock()
+            .map(|m| m.iter().filter_map(|w| w.upgrade()).collect())
+            .unwrap_or_default()
+    }
+
+    /// One step of every HCA on the wire; true if any made progress.
+    /// `blocking`: wait for each HCA's lock (else skip a busy one).
+    pub fn step(&self, blocking: bool) -> bool {
+        let mut any = false;
+        for h in self.members() {
+            let g = if blocking {
+                Some(lock(&h))
+            } else {
+                h.try_lock().ok()
+            };
+            if let Some(mut g) = g {
+                any |= crate::engine::step(&mut g);
+            }
+        }
+        any
+    }
+
+    /// Steps every HCA until none makes progress (bounded).
+    pub fn settle(&self) {
+        for _ in 0..SETTLE_ROUNDS {
+            if !self.step(true) {
+                break;
+            }
+        }
     }
 }
 
@@ -299,6 +416,45 @@ impl RegisterBackend for SharedBar2 {
     }
 }
 
+/// Synchronous mode's clock as the driver sees it: the fake clock, and on
+/// every `relax`/`delay` a step of the data-path engines, so RNR and retry
+/// timers fire on fake time while the driver polls.
+struct SteppingClock {
+    fake: Arc<FakeClock>,
+    hca: std::sync::Weak<Mutex<Hca>>,
+    wire: Option<Wire>,
+}
+
+impl SteppingClock {
+    fn step(&self) {
+        if let Some(w) = &self.wire {
+            for _ in 0..SETTLE_ROUNDS {
+                if !w.step(false) {
+                    break;
+                }
+            }
+        } else if let Some(h) = self.hca.upgrade()
+            && let Ok(mut g) = h.try_lock()
+        {
+            crate::engine::step(&mut g);
+        }
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now_ns(&self) -> u64 {
+        self.fake.now_ns()
+    }
+    fn relax(&self) {
+        self.fake.relax();
+        self.step();
+    }
+    fn delay(&self, d: Duration) {
+        self.fake.delay(d);
+        self.step();
+    }
+}
+
 /// Real monotonic time (threaded mode).
 struct MonoClock(Instant);
 impl Clock for MonoClock {
@@ -419,6 +575,8 @@ enum Backing {
     Sync,
     /// Threaded mode, own registers, arena memory.
     Threaded,
+    /// As `Threaded`, without a model thread: the caller polls.
+    ThreadedPolled,
     /// Synchronous (trapped) register semantics over a caller's host memory,
     /// on real monotonic time, no thread: the vfio-user front end.
     Trapped { mem: Arc<dyn HostMemory> },
@@ -434,11 +592,24 @@ enum Backing {
 
 impl SimHca {
     fn build(cfg: SimConfig, backing: Backing) -> SimHca {
+        Self::build_on(cfg, backing, None)
+    }
+
+    fn build_on(
+        mut cfg: SimConfig,
+        backing: Backing,
+        wire: Option<(&Wire, [Option<crate::fabric::PortId>; 2])>,
+    ) -> SimHca {
+        if wire.is_some() {
+            // The cables are the fabric's.
+            cfg.cable_plugged = false;
+        }
         let threaded = !matches!(backing, Backing::Sync | Backing::Trapped { .. });
         let real_time = !matches!(backing, Backing::Sync);
         let spawn = !matches!(
             backing,
             Backing::Sync
+                | Backing::ThreadedPolled
                 | Backing::Trapped { .. }
                 | Backing::External {
                     own_thread: false,
@@ -446,11 +617,17 @@ impl SimHca {
                 }
         );
         let arena = Arc::new(ArenaDma::with_bus_base(cfg.dma_size, cfg.dma_bus_base));
-        let (clock, fake_clock): (Arc<dyn Clock>, _) = if real_time {
-            (Arc::new(MonoClock(Instant::now())), None)
-        } else {
-            let c = Arc::new(FakeClock::with_relax_step(cfg.relax_step));
-            (c.clone(), Some(c))
+        let (clock, fake_clock): (Arc<dyn Clock>, _) = match (real_time, wire) {
+            (true, Some((w, _))) => (w.mono.clone(), None),
+            (true, None) => (Arc::new(MonoClock(Instant::now())), None),
+            (false, Some((w, _))) if w.fake.is_some() => {
+                let c = w.fake.clone().unwrap_or_default();
+                (c.clone(), Some(c))
+            }
+            (false, _) => {
+                let c = Arc::new(FakeClock::with_relax_step(cfg.relax_step));
+                (c.clone(), Some(c))
+            }
         };
         let poll = cfg.poll_interval;
         let strict_reset = cfg.strict_reset_semaphore;
@@ -461,9 +638,30 @@ impl SimHca {
             Backing::Trapped { mem } => Hca::new(cfg, mem, clock.clone(), false),
             _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
         };
+        let mut hca = hca;
+        if let Some((w, ports)) = wire {
+            hca.fabric = Some(crate::engine::wire::FabricLink {
+                fabric: w.fabric.clone(),
+                ports,
+                enabled: [false; 2],
+                generation: [0; 2],
+            });
+        }
         let pci = hca.pci.clone();
         let (r0, r2) = (hca.bar0.clone(), hca.bar2.clone());
         let hca = Arc::new(Mutex::new(hca));
+        let wire = wire.map(|(w, _)| w.clone());
+        if let Some(w) = &wire {
+            w.join(&hca);
+        }
+        let clock: Arc<dyn Clock> = match &fake_clock {
+            Some(f) => Arc::new(SteppingClock {
+                fake: f.clone(),
+                hca: Arc::downgrade(&hca),
+                wire: wire.clone(),
+            }),
+            None => clock,
+        };
         let (bar0, bar2): (Arc<dyn RegisterBackend>, Arc<dyn RegisterBackend>) = if threaded {
             (
                 Arc::new(SharedBar0 {
@@ -481,8 +679,8 @@ impl SimHca {
             )
         } else {
             (
-                Arc::new(SyncBar0(hca.clone())),
-                Arc::new(SyncBar2(hca.clone())),
+                Arc::new(SyncBar0(hca.clone(), wire.clone())),
+                Arc::new(SyncBar2(hca.clone(), wire.clone())),
             )
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -525,6 +723,87 @@ impl SimHca {
     /// A model in synchronous deterministic mode.
     pub fn new(cfg: SimConfig) -> SimHca {
         Self::build(cfg, Backing::Sync)
+    }
+
+    /// A model over its own shared-memory registers and arena, like
+    /// [`SimHca::new_threaded`] but without a model thread: the caller
+    /// polls with [`SimHca::poll`], as `cx3-emu`'s loop does (benchmarks of
+    /// that loop without the ivshmem files).
+    pub fn new_polled_local(cfg: SimConfig) -> SimHca {
+        Self::build(cfg, Backing::ThreadedPolled)
+    }
+
+    /// A model whose two ports are attached to `wire`'s fabric (uncabled:
+    /// cable them with [`SimHca::fabric_port`] and `Fabric::connect`, or
+    /// use [`SimHca::back_to_back`]). Synchronous on a synchronous wire,
+    /// threaded (own model thread) on a threaded one.
+    pub fn new_on(cfg: SimConfig, wire: &Wire) -> SimHca {
+        let ports = {
+            let mut f = wire.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            [
+                Some(f.attach_hca_port(cfg.node_guid, 1)),
+                Some(f.attach_hca_port(cfg.node_guid, 2)),
+            ]
+        };
+        Self::new_on_ports(cfg, wire, ports)
+    }
+
+    /// Like [`SimHca::new_on`] with fabric ports attached already (a
+    /// topology's `BuiltHca::ports`).
+    pub fn new_on_ports(
+        cfg: SimConfig,
+        wire: &Wire,
+        ports: [Option<crate::fabric::PortId>; 2],
+    ) -> SimHca {
+        let backing = if wire.fake.is_some() {
+            Backing::Sync
+        } else {
+            Backing::Threaded
+        };
+        Self::build_on(cfg, backing, Some((wire, ports)))
+    }
+
+    /// A polled model ([`SimHca::new_polled`]) on `wire` with the given
+    /// fabric ports (cx3-emu: one fabric spanning every node).
+    pub fn new_polled_on(
+        cfg: SimConfig,
+        mem: Arc<dyn HostMemory>,
+        bar0: Arc<RegFile>,
+        bar2: Arc<RegFile>,
+        wire: &Wire,
+        ports: [Option<crate::fabric::PortId>; 2],
+    ) -> SimHca {
+        Self::build_on(
+            cfg,
+            Backing::External {
+                mem,
+                bar0,
+                bar2,
+                own_thread: false,
+            },
+            Some((wire, ports)),
+        )
+    }
+
+    /// Two synchronous models on one new wire, port 1 cabled to port 1
+    /// (node GUIDs `a.node_guid` and `b.node_guid` must differ).
+    pub fn back_to_back(a: SimConfig, b: SimConfig) -> (SimHca, SimHca, Wire) {
+        let w = Wire::new(a.relax_step);
+        let x = SimHca::new_on(a, &w);
+        let y = SimHca::new_on(b, &w);
+        if let (Some(p), Some(q)) = (x.fabric_port(1), y.fabric_port(1)) {
+            let _ = w
+                .fabric
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .connect(p, q);
+        }
+        (x, y, w)
+    }
+
+    /// The fabric port of HCA port `port`, if the HCA is on a fabric.
+    pub fn fabric_port(&self, port: u8) -> Option<crate::fabric::PortId> {
+        crate::engine::wire::fabric_port(&self.hca(), port)
     }
 
     /// A model served by its own thread polling shared register memory.
@@ -606,9 +885,12 @@ impl SimHca {
     }
 
     /// Completes an in-flight command whose time has come (trapped mode
-    /// with a nonzero `hcr_delay`: nothing else polls it).
+    /// with a nonzero `hcr_delay`: nothing else polls it), and steps the
+    /// data-path engines (RNR and retry timers, the fabric).
     pub fn tick(&self) {
-        self.hca().try_complete();
+        let mut h = self.hca();
+        h.try_complete();
+        crate::engine::step(&mut h);
     }
 
     /// Every EQ in hardware ownership as (EQN, interrupt vector from its
@@ -739,8 +1021,10 @@ impl SimHca {
         self.hca().raise_catastrophic(1);
     }
 
-    /// Plugs (link up) or unplugs (link down) port `port`'s cable. An active
-    /// port going down raises PORT_CHANGE.
+    /// Test-only cable of an HCA that is not on a fabric (on a [`Wire`],
+    /// cables are the fabric's: `Fabric::connect`/`unplug`): plugs (link
+    /// up) or unplugs (link down) port `port`'s cable. An active port going
+    /// down raises PORT_CHANGE.
     pub fn set_link(&self, port: u8, up: bool) -> bool {
         let mut h = self.hca();
         match h.port_index(u32::from(port)) {
@@ -767,8 +1051,10 @@ impl SimHca {
         true
     }
 
-    /// Sets the logical state as an SM would (Armed, Active, ...). Fails if
-    /// the link is not up. Entering or leaving Active raises PORT_CHANGE.
+    /// Test-only stand-in for an SM (not how a port becomes Active on a
+    /// fabric: there the SM's SMPs go through the firmware SMA, MAD_IFC or
+    /// QP0): sets the logical state (Armed, Active, ...). Fails if the link
+    /// is not up. Entering or leaving Active raises PORT_CHANGE.
     pub fn set_port_logical_state(&self, port: u8, s: LogicalState) -> bool {
         let mut h = self.hca();
         match h.port_index(u32::from(port)) {
@@ -777,7 +1063,9 @@ impl SimHca {
         }
     }
 
-    /// SM stand-in: assigns LID and SM LID and makes the port Active.
+    /// Test-only SM stand-in (driver tests without a fabric; engine and
+    /// fabric tests bring ports up with SubnSet(PortInfo) through MAD_IFC):
+    /// assigns LID and SM LID and makes the port Active.
     pub fn activate_port(&self, port: u8, lid: u16, sm_lid: u16) -> bool {
         let mut h = self.hca();
         let Some(i) = h.port_index(u32::from(port)) else {
@@ -882,6 +1170,11 @@ impl SimHca {
     /// The configuration in use.
     pub fn config(&self) -> SimConfig {
         self.hca().cfg.clone()
+    }
+
+    /// What the data-path engines have done so far.
+    pub fn engine_stats(&self) -> crate::engine::Stats {
+        self.hca().engine.stats
     }
 
     /// The catastrophic-error buffer's first dword (0 = healthy).

@@ -384,6 +384,9 @@ pub struct Options {
     pub watch_pids: Vec<u32>,
     /// Print statistics at exit.
     pub stats: bool,
+    /// The fabric every node's ports are cabled to (topology, capture,
+    /// latency, packet faults).
+    pub fabric: Box<crate::fabric::options::FabricOptions>,
 }
 
 impl Default for Options {
@@ -399,12 +402,15 @@ impl Default for Options {
             exit_with_parent: false,
             watch_pids: Vec::new(),
             stats: false,
+            fabric: Default::default(),
         }
     }
 }
 
 /// The model configuration for node `id`: distinct node and system-image
-/// GUIDs per node.
+/// GUIDs per node. (`cx3-emu` replaces the node GUID with the one its
+/// fabric's topology gives HCA `id`; the vfio-user front end keeps this
+/// one.)
 pub fn node_config(id: u32) -> SimConfig {
     let guid = 0x0002_c903_00a1_b2c0 + (u64::from(id) << 8);
     SimConfig {
@@ -436,7 +442,14 @@ pub struct Node {
 impl Node {
     /// Maps the files, builds the model over them and publishes the window
     /// (magic last).
-    fn open(id: u32, nodes: u32, window: &Path, ram: &Path) -> Result<Node, EmuError> {
+    fn open(
+        id: u32,
+        nodes: u32,
+        window: &Path,
+        ram: &Path,
+        wire: &crate::Wire,
+        at: &crate::fabric::topology::BuiltHca,
+    ) -> Result<Node, EmuError> {
         let w = SharedFile::open(window)?;
         if w.len() != WINDOW_LEN {
             return Err(EmuError(format!(
@@ -455,7 +468,19 @@ impl Node {
         ) else {
             return Err(EmuError("window too small for the BARs".into()));
         };
-        let hca = SimHca::new_polled(node_config(id), ram, Arc::new(bar0), Arc::new(bar2));
+        let cfg = SimConfig {
+            node_guid: at.node_guid,
+            sys_image_guid: at.node_guid + 3,
+            ..node_config(id)
+        };
+        let hca = SimHca::new_polled_on(
+            cfg,
+            ram,
+            Arc::new(bar0),
+            Arc::new(bar2),
+            wire,
+            [Some(at.ports[0]), Some(at.ports[1])],
+        );
         let pci = hca.config_space();
         let header32 = [
             (hdr::VERSION, VERSION),
@@ -678,6 +703,7 @@ pub struct Emulator {
     opts: Options,
     log: Log,
     started: Instant,
+    wire: crate::Wire,
 }
 
 impl Emulator {
@@ -702,9 +728,20 @@ impl Emulator {
             }
         }
         let n = u32::try_from(specs.len()).map_err(|_| EmuError("too many nodes".into()))?;
+        // One fabric spans every node: the topology's HCA i is node i.
+        let mut fabric = crate::fabric::Fabric::new();
+        let built = opts
+            .fabric
+            .build(&mut fabric, specs.len())
+            .map_err(EmuError)?;
+        let wire = crate::Wire::threaded(std::sync::Arc::new(std::sync::Mutex::new(fabric)));
         let mut nodes = Vec::with_capacity(specs.len());
         for (id, (w, r)) in (0..n).zip(specs) {
-            let node = Node::open(id, n, w, r)?;
+            let at = built
+                .hcas
+                .get(id as usize)
+                .ok_or_else(|| EmuError(format!("the topology has no HCA for node {id}")))?;
+            let node = Node::open(id, n, w, r, &wire, at)?;
             for (op, st) in &opts.fail {
                 node.hca
                     .faults()
@@ -717,7 +754,13 @@ impl Emulator {
             opts,
             log,
             started: Instant::now(),
+            wire,
         })
+    }
+
+    /// The fabric the nodes are cabled to.
+    pub fn fabric(&self) -> crate::fabric::SharedFabric {
+        self.wire.fabric()
     }
 
     /// The nodes.
@@ -807,6 +850,9 @@ impl Emulator {
             v += nv;
             d += nd;
         }
+        if let Ok(f) = self.wire.fabric().lock() {
+            let _ = writeln!(s, "fabric: {:?}", f.stats());
+        }
         let wall = self.started.elapsed().as_secs_f64();
         let cpu = process_cpu_time().as_secs_f64();
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
@@ -891,6 +937,19 @@ Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
   --exit-with-parent    exit when the parent process is gone
   --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
   --stats               at exit, print per-node and total counts and CPU time
+Fabric (one fabric spans every node; node i is HCA i of the topology, port 1
+cabled, port 2 uncabled unless a topology file says otherwise):
+  --back-to-back        two nodes, port 1 to port 1 (default: one 36-port
+                        switch with every node's port 1)
+  --topology FILE       an ibsim net file (Switch/Ca entries, GUIDs, links)
+  --capture FILE        every packet on every cable to FILE (pcapng, or
+                        classic pcap with ERF records for a .pcap name)
+  --latency TIME        wire latency per cable (e.g. 2us)
+  --drop SPEC, --corrupt SPEC, --delay SPEC
+                        packet faults (rate=P, every=N, qpn=, opcode=,
+                        port=NODE/PORT, times=N; see docs/fabric.md)
+  --pull NODE/PORT@T[+D] pull a cable at T, put it back D later
+  --fault-seed N        seed of the fault RNG
   -h, --help            this text
 
 Exits 0 when every guest has written state 3, on SIGINT/SIGTERM/SIGHUP, or
@@ -942,17 +1001,19 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
-        let takes_value = matches!(
-            flag.as_str(),
-            "--node"
-                | "--fail"
-                | "--catas-after"
-                | "--spin-us"
-                | "--sleep-us"
-                | "--idle-after-ms"
-                | "--idle-sleep-us"
-                | "--watch-pid"
-        );
+        let takes_value = crate::fabric::options::FabricOptions::VALUE_FLAGS
+            .contains(&flag.as_str())
+            || matches!(
+                flag.as_str(),
+                "--node"
+                    | "--fail"
+                    | "--catas-after"
+                    | "--spin-us"
+                    | "--sleep-us"
+                    | "--idle-after-ms"
+                    | "--idle-sleep-us"
+                    | "--watch-pid"
+            );
         let value = if takes_value {
             match inline {
                 Some(v) => v,
@@ -1032,7 +1093,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     .ok_or(format!("--watch-pid wants a process id, got {value:?}"))?;
                 opts.watch_pids.push(p);
             }
-            _ => return Err(format!("unknown argument {a:?} (try --help)")),
+            f => {
+                let v = takes_value.then_some(value.as_str());
+                if !opts.fabric.parse_arg(f, v)? {
+                    return Err(format!("unknown argument {a:?} (try --help)"));
+                }
+            }
         }
     }
     if nodes.is_empty() {

@@ -1,7 +1,7 @@
 //! A strict software model of the Mellanox ConnectX-3 HCA (MT27500, PCI
-//! 15b3:1003) as the Linux `mlx4_core` driver sees it; the data-path engines
-//! (SQ/RQ/CQ processing), the fabric and the subnet manager are not modelled
-//! yet.
+//! 15b3:1003) as the Linux `mlx4_core` driver sees it, with its data-path
+//! engines and the fabric its ports are cabled to; the subnet manager and SA
+//! are not modelled yet.
 //!
 //! The model is a *checker*: it answers firmware commands with the status the
 //! card would use, refuses out-of-order or malformed requests, records
@@ -116,25 +116,22 @@
 //!   reserved bits clear; EQ event coalescing is refused (not modelled),
 //!   overrun-ignore is honoured.
 //!
-//! # Where the later pieces go
+//! # How the pieces fit
 //!
-//! The data-path engines will consume what the model already records: UAR
-//! doorbells not handled here land in `pending_doorbells` (send doorbells
-//! with their QPN, CQ arm requests counted per CQ), QPs carry their state,
-//! service type, CQs, SRQ, PD and port (`device::QpRt`), CQs their EQ and
-//! UAR, MPTs their PD and translation mode, and every context sits in ICM
-//! where an engine reads it through the device core's helpers (`icm_read`,
-//! `mtt_pages`). Completion events already have their writer
-//! (`post_event`). The engines belong in an `engine` module (SQ/RQ/SRQ
-//! processing, CQE writing, MLX transport for QP0/QP1 handing SMPs to
-//! [`mad_ifc`]); the fabric (links, switch, SM/SA, capture) in a `fabric`
-//! module that owns several [`SimHca`]s. The ivshmem front end
-//! ([`ivshmem`], binary `cx3-emu`) implements [`HostMemory`] over the
-//! guest-RAM file and polls the shared BAR windows the way the threaded
-//! front end does.
+//! The device core (`device`, private) owns all state behind one lock and
+//! hands doorbells to the data-path engines ([`engine`]): the send engine
+//! runs a QP's send queue on its doorbell, messages to this HCA's own LID
+//! run requester and responder together (the card's loopback), messages
+//! to anyone else become packets on the fabric ([`fabric`], [`packet`]).
+//! A [`Wire`] groups the HCAs on one fabric: synchronous HCAs are stepped
+//! together after every register write and on every `relax` of their
+//! shared fake clock (RNR and retry timers run on fake time), threaded
+//! ones by their own model threads, `cx3-emu`'s by its poll loop. Lock
+//! order: one HCA, then the fabric; the fabric never calls an HCA.
 #![warn(missing_docs)]
 
 pub mod ctx;
+pub mod engine;
 pub mod eq;
 pub mod fabric;
 pub mod faults;
@@ -156,7 +153,7 @@ pub mod vfu;
 mod device;
 
 pub use faults::{FaultPlan, OpcodeFault};
-pub use frontend::{SimConfig, SimHca};
+pub use frontend::{SimConfig, SimHca, Wire};
 pub use hcr::{Opcode, Status};
 pub use mem::{DmaFault, HostMemory};
 pub use port::{LogicalState, PhysicalState};

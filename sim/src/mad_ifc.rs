@@ -1,7 +1,8 @@
 //! The firmware's subnet-management and performance-management agents behind
 //! MAD_IFC: SubnGet/SubnSet of NodeDescription, NodeInfo, PortInfo,
 //! GUIDInfo, PKeyTable (LID-routed and directed-route SMPs, processed
-//! locally), and PMA ClassPortInfo / PortCounters; SMInfo, SL-to-VL and VL
+//! locally), and PMA ClassPortInfo / PortCounters / PortCountersExtended
+//! (the counters the data-path engines keep); SMInfo, SL-to-VL and VL
 //! arbitration tables, traps, B_Key checks and directed-route forwarding are
 //! not modelled.
 //!
@@ -52,6 +53,7 @@ pub mod attr {
     pub const PKEY_TABLE: u16 = 0x0016;
     pub const SM_INFO: u16 = 0x0020;
     pub const PORT_COUNTERS: u16 = 0x0012;
+    pub const PORT_COUNTERS_EXT: u16 = 0x001d;
     pub const VENDOR_EXT_PORT_INFO: u16 = 0xff90;
 }
 
@@ -301,14 +303,50 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
     if meth != method::GET && meth != method::SET {
         return Ok(mad_status::METHOD_UNSUPPORTED);
     }
-    let out = &mut r[DATA..DATA + 64];
+    let out = &mut r[DATA..DATA + 192];
     match (id, meth) {
         (attr::CLASS_PORT_INFO, method::GET) => {
             out.fill(0);
             put8(out, 0, 1);
             put8(out, 1, 1);
-            put16(out, 2, 1 << 8); // CapabilityMask: AllPortSelect
+            // CapabilityMask: AllPortSelect (bit 8), PortCountersExtended
+            // supported (IsExtendedWidthSupported is bit 9: set, the
+            // 64-bit data/packet counters are there).
+            put16(out, 2, 1 << 8 | 1 << 9);
             put32(out, 4, 0x12); // RespTimeValue
+        }
+        (attr::PORT_COUNTERS_EXT, _) => {
+            // IBA 16.1.4.11: PortSelect at 1, CounterSelect at 2, the
+            // 64-bit counters from 8: XmitData, RcvData, XmitPkts,
+            // RcvPkts, Unicast Xmit/Rcv, Multicast Xmit/Rcv.
+            let select = get16(mad, DATA + 2);
+            let c = &mut hca.ports[pi].counters;
+            if meth == method::SET {
+                if select & 1 != 0 {
+                    c.ext_xmit_data = 0;
+                }
+                if select & 2 != 0 {
+                    c.ext_rcv_data = 0;
+                }
+                if select & 4 != 0 {
+                    c.ext_xmit_pkts = 0;
+                }
+                if select & 8 != 0 {
+                    c.ext_rcv_pkts = 0;
+                }
+            }
+            let c = *c;
+            let port_select = get8(mad, DATA + 1);
+            out.fill(0);
+            put8(out, 1, port_select);
+            put16(out, 2, select);
+            put64(out, 8, c.ext_xmit_data);
+            put64(out, 16, c.ext_rcv_data);
+            put64(out, 24, c.ext_xmit_pkts);
+            put64(out, 32, c.ext_rcv_pkts);
+            // Every packet is unicast (multicast is not modelled).
+            put64(out, 40, c.ext_xmit_pkts);
+            put64(out, 48, c.ext_rcv_pkts);
         }
         (attr::PORT_COUNTERS, _) => {
             let select = get16(mad, DATA + 2);

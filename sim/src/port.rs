@@ -81,6 +81,14 @@ pub struct Counters {
     pub xmit_pkts: u32,
     /// PortRcvPkts.
     pub rcv_pkts: u32,
+    /// PortXmitData, 64 bits (PortCountersExtended).
+    pub ext_xmit_data: u64,
+    /// PortRcvData, 64 bits.
+    pub ext_rcv_data: u64,
+    /// PortXmitPkts, 64 bits.
+    pub ext_xmit_pkts: u64,
+    /// PortRcvPkts, 64 bits.
+    pub ext_rcv_pkts: u64,
 }
 
 /// One port.

@@ -2,10 +2,10 @@
 //! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
 //! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
 //! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself)
-//! and ibsim's server protocol ([`ibsim`]: real OpenSM and
-//! infiniband-diags attach through it); the subnet manager and SA are
-//! not here (yet). Packet formats are in [`crate::packet`].
+//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself),
+//! ibsim's server protocol ([`ibsim`]: real OpenSM and infiniband-diags
+//! attach through it), and an embedded subnet manager ([`sm`]) with its
+//! SA ([`sa`]). Packet formats are in [`crate::packet`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!
@@ -37,6 +37,10 @@
 //!   by the LFT, answered by the switch's SMA/PMA, or dropped and counted.
 //!   Scheduled cable pulls and reinsertions also happen in `advance`, so a
 //!   front end that wants them on time calls `advance(now)` each step.
+//! * The embedded SM ([`Fabric::add_sm`]) sits on a port of its own, like
+//!   any fabric-modelled node, and is polled from [`Fabric::advance`] (so
+//!   whoever steps the fabric drives it); its SMPs and SA answers are
+//!   packets on the wire like everyone else's.
 //! * Building a fabric for cx3-emu: [`FabricOptions::parse_arg`] for each
 //!   option, then [`FabricOptions::build`] with the node count; it returns
 //!   a [`Built`] whose `hcas[i]` gives node i's GUID and the [`PortId`]s of
@@ -54,6 +58,8 @@ pub mod faults;
 pub mod host_node;
 pub mod ibsim;
 pub mod options;
+pub mod sa;
+pub mod sm;
 pub mod switch;
 pub mod topology;
 
@@ -62,6 +68,7 @@ pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
 pub use host_node::HostNode;
 pub use ibsim::IbsimServer;
 pub use options::FabricOptions;
+pub use sm::{SmConfig, SubnetManager};
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
 
@@ -228,6 +235,7 @@ pub struct Fabric {
     events: Vec<(u64, Event)>,
     next_link: u64,
     stats: FabricStats,
+    sm: Option<Box<SubnetManager>>,
 }
 
 /// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
@@ -274,6 +282,115 @@ impl Fabric {
         }
         self.switches.push((sw, ports));
         id
+    }
+
+    /// Adds the embedded subnet manager on a node of its own (one port,
+    /// enabled, uncabled; node GUID `cfg.node_guid`) and returns its port.
+    /// It replaces an SM added before.
+    pub fn add_sm(&mut self, cfg: SmConfig) -> PortId {
+        let p = self.attach_hca_port(cfg.node_guid, 1);
+        self.set_port_name(p, "sm/1");
+        let _ = self.set_enabled(p, true);
+        self.sm = Some(Box::new(SubnetManager::new(cfg, p)));
+        p
+    }
+
+    /// [`Fabric::add_sm`] with the SM's port cabled to port `port` of
+    /// switch `sw` (like the SM inside a managed switch).
+    pub fn add_sm_on_switch(
+        &mut self,
+        cfg: SmConfig,
+        sw: SwitchId,
+        port: u8,
+    ) -> Result<PortId, FabricError> {
+        let q = self
+            .switch_port(sw, port)
+            .ok_or(FabricError::NoSuchPort(PortId(u32::MAX)))?;
+        if self.peer(q).is_some() {
+            return Err(FabricError::AlreadyCabled(q));
+        }
+        let p = self.add_sm(cfg);
+        self.connect(p, q)?;
+        Ok(p)
+    }
+
+    /// [`Fabric::add_sm_on_switch`] on the first switch port without a
+    /// cable (the lowest-numbered switch first): where `--sm embedded`
+    /// puts the SM on a topology that did not place it.
+    pub fn add_sm_on_free_port(&mut self, cfg: SmConfig) -> Result<PortId, FabricError> {
+        for (j, (sw, _)) in self.switches.iter().enumerate() {
+            for port in 1..=sw.nports() {
+                let Some(q) = self.switch_port(SwitchId(j), port) else {
+                    continue;
+                };
+                if self.peer(q).is_none() {
+                    return self.add_sm_on_switch(cfg, SwitchId(j), port);
+                }
+            }
+        }
+        Err(FabricError::NoSuchPort(PortId(u32::MAX)))
+    }
+
+    /// The embedded SM, if there is one.
+    pub fn sm(&self) -> Option<&SubnetManager> {
+        self.sm.as_deref()
+    }
+
+    /// The embedded SM, to change.
+    pub fn sm_mut(&mut self) -> Option<&mut SubnetManager> {
+        self.sm.as_deref_mut()
+    }
+
+    /// Restarts the embedded SM: it forgets everything
+    /// ([`SubnetManager::restarted`]) and sweeps again.
+    pub fn restart_sm(&mut self) {
+        if let Some(sm) = self.sm.as_mut() {
+            **sm = sm.restarted();
+        }
+    }
+
+    /// Removes the embedded SM (its port stays, dark to SMPs).
+    pub fn remove_sm(&mut self) -> Option<SubnetManager> {
+        self.sm.take().map(|b| *b)
+    }
+
+    fn poll_sm(&mut self, now_ns: u64) -> bool {
+        let Some(s) = self.sm.as_deref() else {
+            return false;
+        };
+        let (gen_, due) = self.ports.get(&s.port()).map_or((0, false), |fp| {
+            (
+                fp.link_generation,
+                fp.inbound.front().is_some_and(|f| f.due <= now_ns),
+            )
+        });
+        if !s.wants_poll(now_ns, gen_, due) {
+            return false;
+        }
+        let Some(mut sm) = self.sm.take() else {
+            return false;
+        };
+        let did = sm.poll(self, now_ns);
+        if self.sm.is_none() {
+            self.sm = Some(sm);
+        }
+        did
+    }
+
+    /// For a node the fabric models itself (the SM): the next packet due at
+    /// `p`, without advancing the fabric.
+    pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        let q = &mut self.ports.get_mut(&p)?.inbound;
+        if q.front().is_some_and(|f| f.due <= now_ns) {
+            q.pop_front().map(|f| f.pkt)
+        } else {
+            None
+        }
+    }
+
+    /// For a node the fabric models itself: sends without advancing.
+    pub(crate) fn send_from(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
+        self.send(p, pkt, now_ns, 0)
     }
 
     /// The switch `id`.
@@ -518,18 +635,22 @@ impl Fabric {
         }
     }
 
-    /// The earliest time a queued packet becomes due anywhere, or a
-    /// scheduled cable change happens.
+    /// The earliest time a queued packet becomes due anywhere, a
+    /// scheduled cable change happens, or the embedded SM has a timer (an
+    /// SMP timeout, its next sweep: with an SM on a live link there is
+    /// always one).
     pub fn next_due(&self) -> Option<u64> {
         self.ports
             .values()
             .filter_map(|fp| fp.inbound.front().map(|f| f.due))
             .chain(self.events.first().map(|(t, _)| *t))
+            .chain(self.sm.as_ref().and_then(|s| s.next_due()))
             .min()
     }
 
-    /// Brings the fabric to time `now_ns`: scheduled cable changes happen
-    /// and switches process the packets due by then (bounded by
+    /// Brings the fabric to time `now_ns`: scheduled cable changes happen,
+    /// the embedded SM is polled (before and after the switches), and
+    /// switches process the packets due by then (bounded by
     /// [`MAX_SWITCH_WORK`] per call).
     pub fn advance(&mut self, now_ns: u64) {
         while self.events.first().is_some_and(|(t, _)| *t <= now_ns) {
@@ -540,6 +661,15 @@ impl Fabric {
             };
         }
         self.send_traps(now_ns);
+        self.poll_sm(now_ns);
+        if self.switch_work_until(now_ns) {
+            // The switches may have answered the SM.
+            self.poll_sm(now_ns);
+        }
+    }
+
+    /// Processes the switch packets due; says whether there were any.
+    fn switch_work_until(&mut self, now_ns: u64) -> bool {
         let mut budget = MAX_SWITCH_WORK;
         while budget > 0 {
             // The first waiting switch port whose head packet is due (a
@@ -567,6 +697,7 @@ impl Fabric {
             };
             self.switch_step(switch, port, f);
         }
+        budget != MAX_SWITCH_WORK
     }
 
     /// Switches whose ports changed state send their SM Trap 128.

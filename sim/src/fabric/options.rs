@@ -3,7 +3,9 @@
 //! `--back-to-back`; otherwise one switch for the nodes), `--capture
 //! FILE` (pcapng, or classic pcap for a `.pcap` name), `--latency TIME`,
 //! and the packet faults (`--drop`, `--corrupt`, `--delay`, `--pull`,
-//! `--fault-seed`, see [`super::faults::FaultOptions`]). The CLI itself
+//! `--fault-seed`, see [`super::faults::FaultOptions`]), and
+//! `--embedded-sm` (the fabric's own SM, [`super::sm`], on the first free
+//! switch port: what `run-qemu.sh --sm embedded` asks for). The CLI itself
 //! belongs to the front end; this only parses values and builds the
 //! fabric from them.
 //!
@@ -41,6 +43,8 @@ pub struct FabricOptions {
     pub latency_ns: Option<u64>,
     /// Packet faults and cable pulls.
     pub faults: FaultOptions,
+    /// Put the embedded SM on the fabric.
+    pub embedded_sm: bool,
 }
 
 impl FabricOptions {
@@ -56,7 +60,7 @@ impl FabricOptions {
         "--fault-seed",
     ];
     /// Flags without a value.
-    pub const BARE_FLAGS: [&'static str; 1] = ["--back-to-back"];
+    pub const BARE_FLAGS: [&'static str; 2] = ["--back-to-back", "--embedded-sm"];
 
     /// Takes one option (`value` is `None` for a bare flag). `Ok(false)`:
     /// not a fabric option.
@@ -66,6 +70,13 @@ impl FabricOptions {
                 return Err("--back-to-back takes no value".into());
             }
             self.topology = TopologyChoice::BackToBack;
+            return Ok(true);
+        }
+        if flag == "--embedded-sm" {
+            if value.is_some() {
+                return Err("--embedded-sm takes no value".into());
+            }
+            self.embedded_sm = true;
             return Ok(true);
         }
         if !Self::VALUE_FLAGS.contains(&flag) {
@@ -142,6 +153,13 @@ impl FabricOptions {
                 .schedule_unplug(p, pull.at_ns, back)
                 .map_err(|e| e.to_string())?;
         }
+        if self.embedded_sm {
+            fabric
+                .add_sm_on_free_port(super::SmConfig::default())
+                .map_err(|_| {
+                    "--embedded-sm: no switch port without a cable for the SM".to_string()
+                })?;
+        }
         if let Some(path) = &self.capture {
             let c =
                 Capture::create(path).map_err(|e| format!("--capture {}: {e}", path.display()))?;
@@ -180,6 +198,18 @@ mod tests {
             o.build(&mut Fabric::new(), 2)
                 .unwrap_err()
                 .contains("no cable")
+        );
+        let mut o = FabricOptions::default();
+        assert_eq!(o.parse_arg("--embedded-sm", None), Ok(true));
+        let mut f = Fabric::new();
+        o.build(&mut f, 2).unwrap();
+        let p = f.sm().unwrap().port();
+        assert_eq!(f.port_name(f.peer(p).unwrap()), "sw0/3");
+        o.topology = TopologyChoice::BackToBack;
+        assert!(
+            o.build(&mut Fabric::new(), 2)
+                .unwrap_err()
+                .contains("--embedded-sm")
         );
         let mut o = FabricOptions::default();
         o.parse_arg("--topology", Some("/nonexistent/net")).unwrap();

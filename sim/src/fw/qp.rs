@@ -1,6 +1,9 @@
 //! QP commands: the state-transition commands with the QP state machine,
-//! QUERY_QP and CONF_SPECIAL_QP; the send/receive engines, SQ draining and
-//! async QP events come with the data path.
+//! QUERY_QP (with the PSNs the engines have reached) and CONF_SPECIAL_QP;
+//! each transition hands the QP to the data-path engines
+//! ([`crate::engine::qp_modified`]), which flush on entering ERR; RTS2SQD
+//! with the SQD event bit reports SQ_DRAINED at once (nothing is in flight
+//! between doorbells).
 //!
 //! Transitions (PRM, Linux `__mlx4_qp_modify`): RST2INIT from RST;
 //! INIT2INIT and INIT2RTR from INIT; RTR2RTS from RTR; RTS2RTS and RTS2SQD
@@ -256,6 +259,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         if let Some(q) = hca.qps.get_mut(&qpn) {
             q.state = QpState::Rst;
         }
+        crate::engine::qp_modified(hca, qpn, cmd.opcode, QpState::Rst);
         return Ok(Outcome::OK);
     }
     let mbox = hca.read_mailbox(cmd.in_param, qpc::MAILBOX_CTX + qpc::SIZE)?;
@@ -335,6 +339,14 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     set_state(&mut ctx, to);
     hca.icm_write(va, &ctx)?;
     hca.qps.insert(qpn, next);
+    crate::engine::qp_modified(hca, qpn, cmd.opcode, to);
+    if cmd.opcode == Opcode::RTS2SQD_QP && cmd.in_mod >> 31 != 0 {
+        // Nothing is in flight between doorbells: the SQ is drained at once.
+        hca.post_async(crate::ctx::Event::Qp {
+            kind: crate::ctx::eqe::SQ_DRAINED,
+            qpn,
+        });
+    }
     Ok(Outcome::OK)
 }
 
@@ -347,6 +359,13 @@ pub fn query_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let mut out = vec![0u8; qpc::MAILBOX_CTX + qpc::SIZE];
     hca.icm_read(va, &mut out[qpc::MAILBOX_CTX..])?;
     set_state(&mut out[qpc::MAILBOX_CTX..], state);
+    // The PSNs the engines have reached, not the ones the driver wrote.
+    if let Some(q) = hca.engine.qps.get(&qpn) {
+        let c = &mut out[qpc::MAILBOX_CTX..];
+        put32(c, qpc::NEXT_SEND_PSN, q.sq_psn & 0xff_ffff);
+        let rnr = get32(c, qpc::RNR_NEXTRECVPSN) & 0xff00_0000;
+        put32(c, qpc::RNR_NEXTRECVPSN, rnr | (q.rq_psn & 0xff_ffff));
+    }
     hca.write_mailbox(cmd.out_param, &out)?;
     Ok(Outcome::OK)
 }

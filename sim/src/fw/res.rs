@@ -280,6 +280,7 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             arms: 0,
         },
     );
+    crate::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -320,6 +321,9 @@ pub fn modify_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         _ => return Err(Status::BAD_OP),
     }
     hca.icm_write(va, &cur)?;
+    if cmd.op_mod == 0 {
+        crate::engine::cq_changed(hca, cqn, true);
+    }
     Ok(Outcome::OK)
 }
 
@@ -368,6 +372,7 @@ pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, cqc::SIZE)?;
     }
     hca.cqs.remove(&cqn);
+    crate::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -452,6 +457,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
             free,
         },
     );
+    crate::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -463,6 +469,7 @@ pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, mpt::SIZE)?;
     }
     hca.mpts.remove(&idx);
+    crate::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -508,6 +515,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::ICM_ERROR);
     }
     hca.icm_write(va, &b[16..])?;
+    crate::engine::xlate::forget_mtts(hca);
     Ok(Outcome::OK)
 }
 
@@ -549,6 +557,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             limit: 0,
         },
     );
+    crate::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 
@@ -564,6 +573,7 @@ pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
     }
     hca.srqs.remove(&srqn);
+    crate::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 

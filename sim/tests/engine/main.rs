@@ -1,0 +1,17 @@
+//! The data-path engines driven by our own raw WQE poster (no driver
+//! crate): bytes moved and verified, completions and errors as the card
+//! writes them, owner bits over several wraps, timers on the fake clock,
+//! the fuzz run.
+
+#[path = "../model/harness.rs"]
+mod harness;
+mod poster;
+
+mod bench;
+mod emu_fabric;
+mod errors;
+mod fabric;
+mod fuzz;
+mod loopback;
+mod mlx;
+mod rings;

@@ -1,0 +1,294 @@
+//! Owner bits over several wraps of the SQ, RQ and CQ; CQ overrun; CQ
+//! arming and completion events; stamped (unfinished) WQEs never run;
+//! SRQ free lists and the limit event.
+
+use crate::loopback::{one, pair};
+use crate::poster::*;
+
+#[test]
+fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(4); // 16 CQEs
+    let mut s = QpSpec::new(RC, cq.cqn);
+    s.sq_log = 3; // 8 WQEs
+    s.rq_log = 2; // 4 WQEs
+    let mut a = h.qp(0x80, s);
+    let mut b = h.qp(0x81, s);
+    let lid = h.lid;
+    h.connect(&a, s, 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let la = h.mr(0x10_0000, 4096, acc::ALL);
+    let rb = h.mr(0x20_0000, 4096, acc::ALL);
+    let mut seen = 0u32;
+    for i in 0..40u32 {
+        la.write(0, &i.to_be_bytes());
+        b.post_recv(&[Sge {
+            addr: rb.addr(u64::from(i % 4) * 8),
+            len: 8,
+            lkey: rb.key,
+        }]);
+        a.post(
+            &h,
+            &Wr {
+                opcode: op::SEND,
+                signalled: true,
+                sges: vec![Sge {
+                    addr: la.addr(0),
+                    len: 4,
+                    lkey: la.key,
+                }],
+                ..Wr::default()
+            },
+        );
+        let r = one(&mut cq, false);
+        let sc = one(&mut cq, true);
+        assert!(r.ok() && sc.ok(), "{r:?} {sc:?}");
+        assert_eq!(r.wqe_counter, i as u16, "RQ counter");
+        assert_eq!(sc.wqe_counter, i as u16, "SQ counter");
+        assert_eq!(rb.read(u64::from(i % 4) * 8, 4), i.to_be_bytes());
+        seen += 2;
+    }
+    assert!(seen / 16 >= 3, "CQ wrapped {} times", seen / 16);
+    // 40 WRs: 5 wraps of the 8-WQE SQ, 10 of the 4-WQE RQ.
+    // A WQE left over from an earlier pass (owner bit of the old parity)
+    // is never executed: ring without posting.
+    h.ring_send(a.qpn);
+    assert!(cq.drain().is_empty(), "stale WQE ran");
+    assert!(
+        h.r.sim.violations().is_empty(),
+        "{:?}",
+        h.r.sim.violations()
+    );
+}
+
+#[test]
+fn cq_overrun_raises_cq_error_and_stops_the_cq() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(2); // 4 CQEs
+    let (mut a, _b, _) = pair(&mut h, RC, &cq);
+    h.async_events();
+    for _ in 0..4 {
+        a.post(
+            &h,
+            &Wr {
+                opcode: op::NOP,
+                signalled: true,
+                ..Wr::default()
+            },
+        );
+    }
+    assert!(h.async_events().is_empty());
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::NOP,
+            signalled: true,
+            ..Wr::default()
+        },
+    );
+    let ev = h.async_events();
+    assert!(ev.contains(&(0x04, cq.cqn)), "CQ_ERROR: {ev:?}");
+    assert!(h.r.sim.violations().iter().any(|v| v.contains("overrun")));
+    assert_eq!(cq.drain().len(), 4, "the four before the overrun");
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::NOP,
+            signalled: true,
+            ..Wr::default()
+        },
+    );
+    assert!(cq.drain().is_empty(), "a CQ in error stays stopped");
+}
+
+#[test]
+fn armed_cq_raises_one_completion_event() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(4);
+    let (mut a, mut b, _) = pair(&mut h, RC, &cq);
+    let la = h.mr(0x10_0000, 4096, acc::ALL);
+    h.comp_events();
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::NOP,
+            signalled: true,
+            ..Wr::default()
+        },
+    );
+    assert!(h.comp_events().is_empty(), "not armed: no event");
+    cq.drain();
+    cq.arm(&h.r, 2, 1);
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::NOP,
+            signalled: true,
+            ..Wr::default()
+        },
+    );
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::NOP,
+            signalled: true,
+            ..Wr::default()
+        },
+    );
+    assert_eq!(h.comp_events(), vec![cq.cqn], "one event per arm");
+    // Arming with CQEs still unconsumed fires at once.
+    cq.arm(&h.r, 2, 2);
+    assert_eq!(h.comp_events(), vec![cq.cqn]);
+    cq.drain();
+    // Solicited-only: an unsolicited receive does not fire, a solicited
+    // one does.
+    cq.arm(&h.r, 1, 3);
+    b.post_recv(&[Sge {
+        addr: la.addr(0),
+        len: 64,
+        lkey: la.key,
+    }]);
+    b.post_recv(&[Sge {
+        addr: la.addr(0),
+        len: 64,
+        lkey: la.key,
+    }]);
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::SEND,
+            ..Wr::default()
+        },
+    );
+    assert!(h.comp_events().is_empty());
+    a.post(
+        &h,
+        &Wr {
+            opcode: op::SEND,
+            solicited: true,
+            ..Wr::default()
+        },
+    );
+    assert_eq!(h.comp_events(), vec![cq.cqn]);
+}
+
+#[test]
+fn a_stamped_chunk_stops_the_sq_until_the_wqe_is_written() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(4);
+    let (mut a, _b, _) = pair(&mut h, RC, &cq);
+    let la = h.mr(0x10_0000, 4096, acc::ALL);
+    let rb = h.mr(0x20_0000, 4096, acc::ALL);
+    la.write(0, b"0123456789abcdef0123456789abcdef");
+    let w = Wr {
+        opcode: op::RDMA_WRITE,
+        signalled: true,
+        raddr: rb.addr(0),
+        rkey: rb.key,
+        sges: (0..4)
+            .map(|i| Sge {
+                addr: la.addr(i * 8),
+                len: 8,
+                lkey: la.key,
+            })
+            .collect(),
+        ..Wr::default()
+    };
+    let mut bytes = a.build(&w); // 16 + 16 + 4 x 16 = 96: two 64-byte chunks
+    let good = bytes[64..68].to_vec();
+    bytes[64..68].copy_from_slice(&[0xff; 4]);
+    a.put(w.opcode, false, &bytes);
+    h.ring_send(a.qpn);
+    assert!(cq.drain().is_empty());
+    assert!(
+        h.r.sim.violations().iter().any(|v| v.contains("stamp")),
+        "{:?}",
+        h.r.sim.violations()
+    );
+    // The driver finishes the WQE and rings again.
+    a.buf.write_bytes(a.sq_off + 64, &good);
+    h.ring_send(a.qpn);
+    assert!(one(&mut cq, true).ok());
+    assert_eq!(rb.read(0, 32), la.read(0, 32));
+}
+
+#[test]
+fn srq_free_list_and_limit_event() {
+    let mut h = Hca::new();
+    let mut cq = h.cq(6);
+    let mut srq = h.srq(FIRST_SRQ_N, 3, 5); // 8 WQEs of 32 bytes
+    let mut s = QpSpec::new(RC, cq.cqn);
+    s.srq = Some(FIRST_SRQ_N);
+    let mut a = h.qp(0x80, QpSpec::new(RC, cq.cqn));
+    let b = h.qp(0x81, s);
+    let lid = h.lid;
+    h.connect(&a, QpSpec::new(RC, cq.cqn), 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let la = h.mr(0x10_0000, 4096, acc::ALL);
+    let rb = h.mr(0x20_0000, 4096, acc::ALL);
+    for i in 0..6u64 {
+        srq.post(&[Sge {
+            addr: rb.addr(i * 16),
+            len: 16,
+            lkey: rb.key,
+        }]);
+    }
+    // ARM_SRQ with watermark 3: the event comes when fewer than 3 remain.
+    h.r.cmd(3, FIRST_SRQ_N, 0, sim::Opcode::ARM_SRQ).unwrap();
+    let mut used = Vec::new();
+    for i in 0..4u32 {
+        la.write(0, &i.to_be_bytes());
+        a.post(
+            &h,
+            &Wr {
+                opcode: op::SEND,
+                signalled: true,
+                sges: vec![Sge {
+                    addr: la.addr(0),
+                    len: 4,
+                    lkey: la.key,
+                }],
+                ..Wr::default()
+            },
+        );
+        let r = one(&mut cq, false);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(rb.read(u64::from(r.wqe_counter) * 16, 4), i.to_be_bytes());
+        used.push(r.wqe_counter);
+        one(&mut cq, true);
+    }
+    assert_eq!(used, vec![0, 1, 2, 3], "taken along the free list");
+    let ev = h.async_events();
+    assert!(ev.contains(&(0x14, FIRST_SRQ_N)), "SRQ_LIMIT: {ev:?}");
+    // Free WQE 1 back to the tail; the list goes 4, 5, then 1 ... after
+    // the driver re-posts.
+    srq.free(used[1]);
+    for i in 0..3u64 {
+        srq.post(&[Sge {
+            addr: rb.addr(200 + i * 16),
+            len: 16,
+            lkey: rb.key,
+        }]);
+    }
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        a.post(
+            &h,
+            &Wr {
+                opcode: op::SEND,
+                signalled: true,
+                ..Wr::default()
+            },
+        );
+        order.push(one(&mut cq, false).wqe_counter);
+        one(&mut cq, true);
+    }
+    assert_eq!(order, vec![4, 5, 6, 7, 1]);
+    assert!(
+        h.r.sim.violations().is_empty(),
+        "{:?}",
+        h.r.sim.violations()
+    );
+}
+
+const FIRST_SRQ_N: u32 = crate::harness::profile::FIRST_SRQ;
