@@ -429,12 +429,7 @@ fn rmem_bench_page_fetch_on_the_model() {
 /// Three HCAs behind a model switch (routed as a min-hop SM would): one
 /// memory node, two compute nodes with their own stacks, interleaved
 /// requests in flight on both, each reading back only its own data.
-/// NOT PASSING yet: the first RPC through the switch ends in "transport
-/// retry counter exceeded" (packets do not reach the memory node); not
-/// investigated (time ran out): the switch setup here or the synchronous
-/// wire's stepping of switches.
 #[test]
-#[ignore]
 fn rmem_two_compute_nodes_behind_a_switch() {
     // The `--nodes 3` topology: three HCAs on one switch, LID i+1 behind
     // switch port i+1 (the switch's LFT set as its SM stand-in does).
@@ -460,12 +455,6 @@ fn rmem_two_compute_nodes_behind_a_switch() {
         })
         .collect();
     init_logger();
-    shared
-        .lock()
-        .unwrap()
-        .switch_mut(built.switches[0].1)
-        .unwrap()
-        .configure(0x10, &[(1, 1), (2, 2), (3, 3)]);
     let mut it = hcas.into_iter();
     let (m, a, b) = (
         node(it.next().unwrap()),
@@ -473,6 +462,13 @@ fn rmem_two_compute_nodes_behind_a_switch() {
         node(it.next().unwrap()),
     );
     activate(&w, &[(&m.hca, 1), (&a.hca, 2), (&b.hca, 3)]);
+    // Set once the links are up (the switch makes its trained ports Active).
+    shared
+        .lock()
+        .unwrap()
+        .switch_mut(built.switches[0].1)
+        .unwrap()
+        .configure(0x10, &[(1, 1), (2, 2), (3, 3)]);
     let mem = mem_node(m);
     let (mut a, mut b) = (a, b);
     let mut c1 = connect(&mut a, &mem, 1, cfg());
