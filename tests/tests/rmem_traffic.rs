@@ -18,7 +18,7 @@ use rmem::{Client, ClientConfig, Error, Server, ServerConfig};
 use sim::{SimConfig, SimHca, Wire};
 
 struct Node {
-    hca: SimHca,
+    hca: Model,
     core: IbCore,
     dev: DeviceId,
 }
@@ -38,6 +38,8 @@ impl hal::Clock for WallClock {
 }
 
 fn node_with(hca: SimHca, clock: Arc<dyn hal::Clock>) -> Node {
+    // The fixture checks the harness invariants when the node goes away.
+    let hca = Model::wrap(hca, "on a wire");
     let d = bring_up(&hca, Profile::default()).expect("mlx4_core");
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(clock);
@@ -401,7 +403,15 @@ fn rmem_bench_page_fetch_on_the_model() {
     let mut cn = node_with(b, Arc::new(WallClock(Instant::now())));
     activate(&w, &[(&m.hca, 1), (&cn.hca, 2)]);
     let mem = mem_node(m);
-    let mut c = connect(&mut cn, &mem, 1, ClientConfig { window: 16, ..cfg() });
+    let mut c = connect(
+        &mut cn,
+        &mem,
+        1,
+        ClientConfig {
+            window: 16,
+            ..cfg()
+        },
+    );
     for (pattern, window) in [
         (rmem::bench::Pattern::Random, 1),
         (rmem::bench::Pattern::Random, 16),
