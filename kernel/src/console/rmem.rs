@@ -303,13 +303,29 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
     with_state(|core, dev, st| {
         if st.server.is_none() {
             let s =
-                Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(err)?;
+                Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(|e| {
+                    match e {
+                        rmem::Error::Verbs(ib_core::Error::NoMem) => alloc::format!(
+                            "cannot export {} KiB: the DMA pool has no room for it \
+                         (see meminfo; the pool is 1/8 of RAM, at most 128 MiB)",
+                            bytes / 1024
+                        ),
+                        e => err(e),
+                    }
+                })?;
             st.server = Some(s);
         }
         let Some(s) = st.server.as_mut() else {
             return Err("no region".into());
         };
         let r = s.region();
+        if r.len != bytes.div_ceil(4096) * 4096 {
+            let _ = writeln!(
+                out,
+                "rmem: already exporting {} KiB (rmem close first to change the size)",
+                r.len / 1024
+            );
+        }
         let lid = core
             .device_mut(dev)
             .and_then(|d| d.query_port(1).ok())
