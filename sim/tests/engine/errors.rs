@@ -35,13 +35,13 @@ fn err(c: &Cqe) -> (u8, u8) {
 fn local_protection_bad_lkey_pd_and_bounds_then_flush() {
     for case in 0..3 {
         let (mut h, mut cq, mut a, _b, la, rb) = setup();
-        let other_pd = h.mr_pd(0x40_0000, 4096, acc::ALL, PD + 1);
+        let other_pd = h.mr_pd(0x40_0000, 4096, acc::ALL, OTHER_PD);
         let bad = match case {
             0 => Sge {
                 lkey: la.key ^ 0x01,
                 ..sge(&la, 0, 64)
             }, // key byte differs
-            1 => sge(&other_pd, 0, 64),  // PD of the MR is 2
+            1 => sge(&other_pd, 0, 64),  // the MR is in another PD
             _ => sge(&la, 16_000, 1000), // runs past the end
         };
         a.post(

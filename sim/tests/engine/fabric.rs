@@ -1010,7 +1010,7 @@ fn random_packets_at_the_port_then_well_formed_traffic() {
     a.connect(&ua, su, 0, 0).unwrap();
     let (mut a0, mut a1) = crate::mlx::special_qps(&mut a, &ca);
     let mr = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let guard = a.mr_pd(0x80_0000, 16 << 10, acc::ALL, PD + 1);
+    let guard = a.mr_pd(0x80_0000, 16 << 10, acc::ALL, OTHER_PD);
     let pattern: Vec<u8> = (0..16 << 10).map(|i| (i * 7 % 253) as u8).collect();
     guard.write(0, &pattern);
     for _ in 0..8 {

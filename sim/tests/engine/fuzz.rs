@@ -39,7 +39,7 @@ fn run(wqes: u64) {
     h.connect(&u0, us, 0, 0).unwrap();
     h.connect(&u1, us, 0, 0).unwrap();
     let mr = h.mr(0x10_0000, 64 << 10, acc::ALL);
-    let guard = h.mr_pd(0x80_0000, 16 << 10, acc::ALL, PD + 1);
+    let guard = h.mr_pd(0x80_0000, 16 << 10, acc::ALL, OTHER_PD);
     let pattern: Vec<u8> = (0..16 << 10).map(|i| (i * 31 % 251) as u8).collect();
     guard.write(0, &pattern);
     let keys = [mr.key, guard.key, mr.key ^ 1, 0x100, 0x500, 0];

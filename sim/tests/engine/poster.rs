@@ -17,7 +17,9 @@ pub const UC: u8 = 1;
 pub const UD: u8 = 3;
 pub const MLX: u8 = 7;
 
-pub const PD: u32 = 4;
+pub const PD: u32 = 8;
+/// A second PD (memory the QPs of PD must not reach).
+pub const OTHER_PD: u32 = 9;
 pub const COMP_EQ: u32 = FIRST_EQ;
 pub const ASYNC_EQ: u32 = FIRST_EQ + 1;
 

@@ -1059,8 +1059,33 @@ impl Mlx4IbQp {
                 bad_wr: 0,
             });
         };
-        let mut ind = self.rq.head & (self.rq.wqe_cnt - 1);
         let b = self.buf.window();
+        // One request with at most one SGE (the common case): straight line.
+        if let [wr] = wrs
+            && wr.sg_list.len() <= 1
+            && !self.rq.overflow(0)
+        {
+            let ind = self.rq.head & (self.rq.wqe_cnt - 1);
+            let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
+            let (w0, w1) = match wr.sg_list.first() {
+                Some(s) => ((u64::from(s.length) << 32) | u64::from(s.lkey), s.addr),
+                None => (u64::from(wqe::INVALID_LKEY), 0),
+            };
+            b.write_be64(base, w0);
+            b.write_be64(base + data::ADDR, w1);
+            if wr.sg_list.len() == 1 && self.rq.max_gs > 1 {
+                b.write_be64(base + data::SIZE, u64::from(wqe::INVALID_LKEY));
+                b.write_be64(base + data::SIZE + data::ADDR, 0);
+            }
+            if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
+                *w = wr.wr_id;
+            }
+            self.rq.head = self.rq.head.wrapping_add(1);
+            dma_wmb();
+            db.write(0, mlx4_hw::doorbell::rq_db_record(self.rq.head));
+            return Ok(());
+        }
+        let mut ind = self.rq.head & (self.rq.wqe_cnt - 1);
         let mut nreq = 0u32;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {

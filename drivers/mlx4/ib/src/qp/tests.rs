@@ -481,6 +481,29 @@ fn receive_wqes_carry_the_terminator_and_ring_the_record() {
     let r = qp.recv_wqe_offset(1);
     assert_eq!(dw(&qp, r + 20), 0x42, "full WQE: no terminator");
     assert_eq!(qp.db.as_ref().unwrap().read(0), 2, "RQ record = head");
+    // One request alone takes the straight-line path: same WQE.
+    qp.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &sg,
+    }])
+    .unwrap();
+    let r = qp.recv_wqe_offset(2);
+    assert_eq!((dw(&qp, r), dw(&qp, r + 4)), (296, 0x42));
+    assert_eq!(qp.buf.read_be64(r + 8), 0xabc0);
+    assert_eq!((dw(&qp, r + 16), dw(&qp, r + 20)), (0, 0x100), "terminator");
+    assert_eq!(qp.rq.wrid[2], 9);
+    qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sg_list: &[],
+    }])
+    .unwrap();
+    let r = qp.recv_wqe_offset(3);
+    assert_eq!(
+        (dw(&qp, r), dw(&qp, r + 4)),
+        (0, 0x100),
+        "no SGE: terminator first"
+    );
+    assert_eq!(qp.db.as_ref().unwrap().read(0), 4);
     let three = [sg[0]; 3];
     assert!(
         qp.post_recv(&[RecvWr {

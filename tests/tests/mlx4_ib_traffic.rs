@@ -525,7 +525,7 @@ fn ud_with_and_without_grh_and_an_srq() {
         }
         assert_eq!(r.slid, a.lid);
         let mut got = vec![0u8; 128];
-        b.buf.read_bytes(0x1000 * (i as usize + 1) + 40, &mut got);
+        b.buf.read_bytes(0x1000 * (i + 1) + 40, &mut got);
         assert_eq!(got, payload);
     }
     clean(&a);
