@@ -154,6 +154,12 @@ static COMMANDS: &[Command] = &[
         run: super::ib::fwtrace,
     },
     Command {
+        name: "rmem",
+        usage: "rmem serve|connect|alloc|free|read|write|bench|stats|close ...",
+        help: "remote memory: export a region, or connect and read/write/bench it",
+        run: super::rmem::rmem,
+    },
+    Command {
         name: "poweroff",
         usage: "poweroff",
         help: "power the machine off",

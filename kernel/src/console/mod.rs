@@ -8,6 +8,7 @@ mod diags;
 mod ib;
 mod lspci;
 mod perftest;
+mod rmem;
 
 use alloc::string::String;
 use alloc::vec::Vec;

@@ -137,8 +137,10 @@ impl Model {
         Model::threaded_with(SimConfig::default())
     }
 
+    /// Wraps a model built on a fabric wire (`SimHca::back_to_back`,
+    /// `SimHca::new_on_ports`), which the constructors above cannot build.
     #[track_caller]
-    fn wrap(hca: SimHca, mode: &str) -> Model {
+    pub fn wrap(hca: SimHca, mode: &str) -> Model {
         init_logger();
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);

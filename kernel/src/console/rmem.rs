@@ -1,0 +1,368 @@
+//! The `rmem` shell command: the rmem crate's memory node and compute node
+//! from the console (`rmem serve SIZE`, `rmem connect LID`, `rmem
+//! alloc|free|read|write`, `rmem bench [--csv]`, `rmem stats`, `rmem
+//! close`); leaves out several connections per node (one client and one
+//! server per kernel).
+//!
+//! The CM and SA clients are registered with ib_core on first use. While a
+//! command runs it holds the adapters and polls ib_core itself; `rmem
+//! serve` serves until its time is up or Ctrl-C.
+
+use alloc::string::String;
+use alloc::vec;
+use core::fmt::Write;
+use core::time::Duration;
+
+use ib_core::{ClientId, DeviceId, IbCore};
+use rmem::bench::{BenchConfig, BenchResult, Pattern};
+use rmem::{Client, ClientConfig, Server, ServerConfig};
+
+use crate::console::CmdResult;
+use crate::hca::{self, Ib};
+use crate::time::TscClock;
+
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] | connect LID [-k K] | alloc LEN | \
+free ADDR | read ADDR LEN [--check] | write ADDR LEN [BYTE] | \
+bench [-n PAGES] [-k K] [--iters N] [--seq|--rand] [--csv] | stats | close";
+
+struct State {
+    cm: ClientId,
+    sa: ClientId,
+    server: Option<Server>,
+    client: Option<Client>,
+}
+
+static STATE: spin::Mutex<Option<State>> = spin::Mutex::new(None);
+
+fn num(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| alloc::format!("not a number: {s}"))
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    let (n, mul) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num(n)?
+        .checked_mul(mul)
+        .ok_or_else(|| alloc::format!("too large: {s}"))
+}
+
+/// The byte `rmem write` puts at remote address `a` (and `read --check`
+/// expects): differs from page to page and within a page.
+fn pattern(a: u64) -> u8 {
+    (a ^ (a >> 8) ^ (a >> 16) ^ 0xa5) as u8
+}
+
+fn first_dev(ib: &Ib) -> Result<DeviceId, String> {
+    ib.hcas
+        .iter()
+        .find_map(|h| h.id)
+        .ok_or_else(|| String::from("no HCA (see dmesg)"))
+}
+
+/// Runs `f` with ib_core, the first HCA and the rmem state.
+fn with_state(f: impl FnOnce(&mut IbCore, DeviceId, &mut State) -> CmdResult) -> CmdResult {
+    hca::with(|ib| {
+        let dev = first_dev(ib)?;
+        let mut g = STATE.lock();
+        let st = g.get_or_insert_with(|| State {
+            sa: ib_core::sa_query::ib_sa_init(&mut ib.core),
+            cm: ib_core::cm::ib_cm_init(&mut ib.core),
+            server: None,
+            client: None,
+        });
+        f(&mut ib.core, dev, st)
+    })
+    .unwrap_or_else(|| Err(String::from("no HCA (see dmesg)")))
+}
+
+fn err(e: rmem::Error) -> String {
+    alloc::format!("{e}")
+}
+
+fn client(st: &mut State) -> Result<&mut Client, String> {
+    st.client
+        .as_mut()
+        .ok_or_else(|| String::from("not connected (rmem connect LID)"))
+}
+
+/// `rmem ...`.
+pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    let Some((&sub, rest)) = args.split_first() else {
+        return Err(USAGE.into());
+    };
+    match (sub, rest) {
+        ("serve", [sz, more @ ..]) => {
+            let bytes = size(sz)?;
+            let secs = match more {
+                [] => None,
+                [s] => Some(num(s)?),
+                _ => return Err(USAGE.into()),
+            };
+            serve(out, bytes, secs)
+        }
+        ("connect", [lid, more @ ..]) => {
+            let lid = u16::try_from(num(lid)?).map_err(|_| String::from("LID out of range"))?;
+            let mut cfg = ClientConfig::default();
+            match more {
+                [] => {}
+                ["-k", k] => cfg.window = num(k)?.clamp(1, 1024) as usize,
+                _ => return Err(USAGE.into()),
+            }
+            with_state(|core, dev, st| {
+                if st.client.is_some() {
+                    return Err("already connected (rmem close first)".into());
+                }
+                let c = Client::connect(core, st.cm, st.sa, dev, lid, cfg).map_err(err)?;
+                let r = c.region();
+                let _ = writeln!(
+                    out,
+                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight",
+                    r.base,
+                    r.base + r.len,
+                    r.len / 1024,
+                    r.rkey,
+                    cfg.window
+                );
+                st.client = Some(c);
+                Ok(())
+            })
+        }
+        ("alloc", [len]) => {
+            let len = size(len)?;
+            with_state(|core, _, st| {
+                let ch = client(st)?.alloc(core, len).map_err(err)?;
+                let _ = writeln!(out, "{:#x} {}", ch.addr, ch.len);
+                Ok(())
+            })
+        }
+        ("free", [addr]) => {
+            let addr = num(addr)?;
+            with_state(|core, _, st| {
+                client(st)?
+                    .free(core, rmem::client::RemoteChunk { addr, len: 0 })
+                    .map_err(err)
+            })
+        }
+        ("write", [addr, len, more @ ..]) => {
+            let (addr, len) = (num(addr)?, size(len)?);
+            if len == 0 || len > 16 << 20 {
+                return Err("LEN must be 1 byte to 16 MiB".into());
+            }
+            let fill = match more {
+                [] => None,
+                [b] => Some(u8::try_from(num(b)?).map_err(|_| String::from("BYTE > 0xff"))?),
+                _ => return Err(USAGE.into()),
+            };
+            let data: alloc::vec::Vec<u8> = (0..len)
+                .map(|i| fill.unwrap_or_else(|| pattern(addr + i)))
+                .collect();
+            with_state(|core, _, st| {
+                let t0 = crate::time::uptime_us();
+                client(st)?.write(core, addr, &data).map_err(err)?;
+                let us = crate::time::uptime_us() - t0;
+                let _ = writeln!(out, "wrote {len} bytes at {addr:#x} in {us} us");
+                Ok(())
+            })
+        }
+        ("read", [addr, len, more @ ..]) => {
+            let (addr, len) = (num(addr)?, size(len)?);
+            if len == 0 || len > 16 << 20 {
+                return Err("LEN must be 1 byte to 16 MiB".into());
+            }
+            let check = match more {
+                [] => false,
+                ["--check"] => true,
+                _ => return Err(USAGE.into()),
+            };
+            let mut data = vec![0u8; len as usize];
+            with_state(|core, _, st| {
+                let t0 = crate::time::uptime_us();
+                client(st)?.read(core, addr, &mut data).map_err(err)?;
+                let us = crate::time::uptime_us() - t0;
+                if check {
+                    if let Some(i) = (0..len).find(|&i| data[i as usize] != pattern(addr + i)) {
+                        return Err(alloc::format!(
+                            "data check failed at {:#x}: {:#04x}, expected {:#04x}",
+                            addr + i,
+                            data[i as usize],
+                            pattern(addr + i)
+                        ));
+                    }
+                    let _ = writeln!(out, "read {len} bytes at {addr:#x} in {us} us: pattern ok");
+                } else {
+                    for (row, chunk) in data.chunks(16).take(64).enumerate() {
+                        let _ = write!(out, "{:016x}:", addr + row as u64 * 16);
+                        for b in chunk {
+                            let _ = write!(out, " {b:02x}");
+                        }
+                        let _ = writeln!(out);
+                    }
+                    if len > 1024 {
+                        let _ = writeln!(out, "... ({len} bytes in {us} us)");
+                    }
+                }
+                Ok(())
+            })
+        }
+        ("bench", opts) => {
+            let mut cfg = BenchConfig::default();
+            let mut csv = false;
+            let mut it = opts.iter();
+            while let Some(&o) = it.next() {
+                let mut val = || {
+                    it.next()
+                        .ok_or_else(|| String::from(USAGE))
+                        .and_then(|v| num(v))
+                };
+                match o {
+                    "-n" => cfg.pages = val()?.max(1),
+                    "-k" => cfg.window = val()?.clamp(1, 1024) as usize,
+                    "--iters" => cfg.iters = val()?.clamp(1, 10_000_000),
+                    "--seq" => cfg.pattern = Pattern::Sequential,
+                    "--rand" => cfg.pattern = Pattern::Random,
+                    "--csv" => csv = true,
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            with_state(|core, _, st| {
+                let r = rmem::bench::run(core, client(st)?, cfg).map_err(err)?;
+                if csv {
+                    let _ = writeln!(out, "{}", BenchResult::CSV_HEADER);
+                    let _ = r.write_csv(out);
+                } else {
+                    let _ = r.write_report(out);
+                }
+                Ok(())
+            })
+        }
+        ("stats", []) => with_state(|_, _, st| {
+            if let Some(s) = &st.server {
+                let t = s.stats();
+                let _ = writeln!(
+                    out,
+                    "memory node: {} clients, {} KiB allocated; connects {} refused {} disconnects {} rpcs {} rpc_errors {} errors {}",
+                    s.clients(),
+                    s.used_bytes() / 1024,
+                    t.connects,
+                    t.refused,
+                    t.disconnects,
+                    t.rpcs,
+                    t.rpc_errors,
+                    t.errors
+                );
+            }
+            if let Some(c) = &st.client {
+                let s = c.stats();
+                let p = s.percentiles();
+                let _ = writeln!(
+                    out,
+                    "compute node: reads {} ({} bytes) writes {} ({} bytes) rpcs {} retries {} errors {}",
+                    s.reads, s.bytes_read, s.writes, s.bytes_written, s.rpcs, s.retries, s.errors
+                );
+                let _ = writeln!(
+                    out,
+                    "latency ns: min {} median {} 99% {} 99.9% {} max {} (of {})",
+                    p.min, p.median, p.p99, p.p999, p.max, p.count
+                );
+                let _ = write!(out, "histogram (log2 ns):");
+                for (i, n) in s.hist.iter().enumerate().filter(|(_, n)| **n > 0) {
+                    let _ = write!(out, " [{}]={n}", 1u64 << i);
+                }
+                let _ = writeln!(out);
+                if let Some(e) = c.broken() {
+                    let _ = writeln!(out, "connection failed: {e}");
+                }
+            }
+            if st.server.is_none() && st.client.is_none() {
+                let _ = writeln!(out, "rmem: neither serving nor connected");
+            }
+            Ok(())
+        }),
+        ("close", []) => with_state(|core, _, st| {
+            if let Some(c) = st.client.take() {
+                c.close(core).map_err(err)?;
+            }
+            if let Some(s) = st.server.take() {
+                s.close(core).map_err(err)?;
+            }
+            Ok(())
+        }),
+        _ => Err(USAGE.into()),
+    }
+}
+
+fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
+    with_state(|core, dev, st| {
+        if st.server.is_none() {
+            let s =
+                Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(|e| {
+                    match e {
+                        rmem::Error::Verbs(ib_core::Error::NoMem) => alloc::format!(
+                            "cannot export {} KiB: the DMA pool has no room for it \
+                         (see meminfo; the pool is 1/8 of RAM, at most 128 MiB)",
+                            bytes / 1024
+                        ),
+                        e => err(e),
+                    }
+                })?;
+            st.server = Some(s);
+        }
+        let Some(s) = st.server.as_mut() else {
+            return Err("no region".into());
+        };
+        let r = s.region();
+        if r.len != bytes.div_ceil(4096) * 4096 {
+            let _ = writeln!(
+                out,
+                "rmem: already exporting {} KiB (rmem close first to change the size)",
+                r.len / 1024
+            );
+        }
+        let lid = core
+            .device_mut(dev)
+            .and_then(|d| d.query_port(1).ok())
+            .map_or(0, |a| a.lid);
+        let _ = writeln!(
+            out,
+            "rmem: serving {} KiB at {:#x} rkey {:#x} on LID {lid}; {}",
+            r.len / 1024,
+            r.base,
+            r.rkey,
+            match secs {
+                Some(n) => alloc::format!("for {n} s (Ctrl-C stops)"),
+                None => String::from("Ctrl-C stops"),
+            }
+        );
+        let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
+        loop {
+            core.poll();
+            s.poll(core).map_err(err)?;
+            if end.is_some_and(|e| e.expired(&TscClock)) {
+                break;
+            }
+            if crate::serial::try_read() == Some(0x03) {
+                let _ = writeln!(out, "^C");
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        let t = s.stats();
+        let _ = writeln!(
+            out,
+            "rmem: {} clients served, {} RPCs ({} refused as malformed or failed), {} KiB allocated",
+            t.connects,
+            t.rpcs,
+            t.rpc_errors,
+            s.used_bytes() / 1024
+        );
+        Ok(())
+    })
+}

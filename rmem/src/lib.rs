@@ -1,0 +1,123 @@
+//! Remote memory for disaggregated-memory experiments, a kernel service over
+//! ib_core's verbs in the spirit of LegoOS's FIT (kernel RPC over RDMA) and
+//! LITE: a memory node ([`Server`]) exports one region registered through
+//! MTTs with an rkey scoped to it; compute nodes ([`Client`]) connect with
+//! the CM, allocate and free chunks over a small RPC ([`proto`]) and read
+//! and write them with RDMA READ/WRITE, many requests in flight, completions
+//! busy-polled. Leaves out: paging integration (who maps the fetched page),
+//! replication, multiple regions per node, memory windows.
+//!
+//! Errors a user meets are worded for them ([`Error`]'s `Display`): a card
+//! refusing an access outside the region is "remote access error", a node
+//! gone or a cable pulled "memory node unreachable (transport retry counter
+//! exceeded)", each within the connection's deadline.
+
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+pub mod bench;
+pub mod chunks;
+pub mod client;
+pub mod conn;
+pub mod proto;
+pub mod server;
+pub mod stats;
+
+pub use client::{Client, ClientConfig, Completion, Token};
+pub use server::{Server, ServerConfig, ServerStats};
+pub use stats::{Percentiles, Stats};
+
+use core::fmt;
+
+use ib_core::verbs::WcStatus;
+
+/// Our service ID on the CM ("LEGORMEM" folded into 64 bits; IBTA's
+/// locally administered range has the top byte 0x02... we use a private
+/// value as ib_srp/ib_ipoib do for theirs).
+pub const SERVICE_ID: u64 = 0x0000_4c45_474f_524d;
+
+/// Bytes in a page (page-granular accesses and chunk rounding).
+pub const PAGE_SIZE: usize = 4096;
+
+/// An rmem error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// A verb failed.
+    Verbs(ib_core::Error),
+    /// The memory node's card refused the access (`IB_WC_REM_ACCESS_ERR`):
+    /// outside its exported region or without the right.
+    RemoteAccess {
+        /// Remote address of the refused access.
+        addr: u64,
+        /// Its length.
+        len: u32,
+    },
+    /// The memory node stopped answering: transport (or RNR) retries
+    /// exceeded. A node gone or a cable pulled ends here.
+    Unreachable(WcStatus),
+    /// Another completion error.
+    Completion(WcStatus),
+    /// The memory node answered an RPC with an error.
+    Rpc(proto::Status),
+    /// A reply we could not make sense of.
+    Protocol(&'static str),
+    /// An operation did not complete within the deadline.
+    TimedOut(&'static str),
+    /// The connection failed earlier (the first error is kept in
+    /// [`Client::broken`]); it must be closed and made again.
+    Broken,
+    /// A length of zero or more than a slot holds.
+    BadLength,
+    /// All `window` slots are in flight; poll first.
+    WindowFull,
+    /// A blocking call while asynchronous operations are in flight.
+    Busy,
+    /// The CM connection could not be made (refused or timed out).
+    Connect(ib_core::Error),
+}
+
+impl From<ib_core::Error> for Error {
+    fn from(e: ib_core::Error) -> Self {
+        Error::Verbs(e)
+    }
+}
+
+impl Error {
+    /// The error of a failed completion of an access at `addr`/`len`.
+    pub fn from_wc(status: WcStatus, addr: u64, len: u32) -> Error {
+        match status {
+            WcStatus::RemAccessErr => Error::RemoteAccess { addr, len },
+            WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr => Error::Unreachable(status),
+            s => Error::Completion(s),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Verbs(e) => write!(f, "verbs error: {e}"),
+            Error::RemoteAccess { addr, len } => write!(
+                f,
+                "remote access error: the memory node refused {len} bytes at {addr:#x} \
+                 (outside its exported region)"
+            ),
+            Error::Unreachable(s) => write!(f, "memory node unreachable: {}", s.msg()),
+            Error::Completion(s) => write!(f, "completion error: {}", s.msg()),
+            Error::Rpc(s) => write!(f, "memory node refused the request: {s}"),
+            Error::Protocol(w) => write!(f, "protocol error: {w}"),
+            Error::TimedOut(w) => write!(f, "timed out waiting for {w}"),
+            Error::Broken => f.write_str("connection failed earlier; reconnect"),
+            Error::BadLength => f.write_str("bad length"),
+            Error::WindowFull => f.write_str("all requests in flight; poll first"),
+            Error::Busy => f.write_str("asynchronous requests in flight"),
+            Error::Connect(e) => write!(f, "cannot connect to the memory node: {e}"),
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = core::result::Result<T, Error>;

@@ -1,0 +1,579 @@
+//! The memory node's side: one exported region (DMA memory registered
+//! through MTTs with an rkey scoped to it, remote read and write only), a CM
+//! listener, and a poll loop answering hello/alloc/free RPCs (LegoOS FIT's
+//! RPC server in spirit); leaves out several regions, memory windows and
+//! per-chunk keys.
+//!
+//! Data accesses never reach this code: the compute nodes' RDMA READ/WRITE
+//! are served by the card, which refuses any address outside the region's
+//! MPT bounds with a remote access error.
+
+use alloc::vec::Vec;
+use core::time::Duration;
+
+use hal::DmaBuf;
+use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
+use ib_core::cm_msgs::rej_reason;
+use ib_core::verbs::{
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
+    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
+use ib_core::{ClientId, DeviceId, IbCore};
+
+use crate::chunks::Chunks;
+use crate::conn::{Peer, RcParams, rc_connect};
+use crate::proto::{self, MSG_LEN, Msg, Op, Status};
+use crate::{Error, Result};
+
+const RX_DEPTH: usize = 8;
+
+/// What the memory node exports and how many it serves.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Port to listen on.
+    pub port: u8,
+    /// The CM service ID.
+    pub service_id: u64,
+    /// Compute nodes connected at once.
+    pub max_clients: usize,
+    /// Chunks allocated at once.
+    pub max_chunks: usize,
+    /// The remote address of the region's first byte (its I/O virtual
+    /// address in the MPT).
+    pub iova: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            port: 1,
+            service_id: crate::SERVICE_ID,
+            max_clients: 8,
+            max_chunks: 4096,
+            iova: 1 << 40,
+        }
+    }
+}
+
+/// What the memory node counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub connects: u64,
+    /// Connections refused (table full).
+    pub refused: u64,
+    /// Connections closed.
+    pub disconnects: u64,
+    /// RPCs answered successfully.
+    pub rpcs: u64,
+    /// RPCs answered with an error status (malformed, no space...).
+    pub rpc_errors: u64,
+    /// Completion errors seen on connections.
+    pub errors: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    id: Option<CmId>,
+    qp: Qp,
+    owner: u32,
+    dead: bool,
+}
+
+/// An exported region and its listener.
+pub struct Server {
+    dev: DeviceId,
+    cm: ClientId,
+    listen: CmId,
+    pd: Pd,
+    cq: Cq,
+    mr: Mr,
+    lmr: Mr,
+    cfg: ServerConfig,
+    region: DmaBuf,
+    size: u64,
+    chunks: Chunks,
+    conns: Vec<Option<Conn>>,
+    bufs: DmaBuf,
+    next_owner: u32,
+    stats: ServerStats,
+    wc: [Wc; 16],
+}
+
+impl core::fmt::Debug for Server {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Server")
+            .field("iova", &self.cfg.iova)
+            .field("size", &self.size)
+            .field("rkey", &self.mr.rkey)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut ib_core::Device> {
+    core.device_mut(id)
+        .ok_or(Error::Verbs(ib_core::Error::NoDev))
+}
+
+// Per connection: RX_DEPTH receive buffers and one send buffer.
+const PER_CONN: usize = (RX_DEPTH + 1) * MSG_LEN;
+
+impl Server {
+    /// Exports `size` bytes (rounded up to pages) of zeroed DMA memory and
+    /// listens for compute nodes.
+    pub fn export(
+        core: &mut IbCore,
+        cm: ClientId,
+        dev_id: DeviceId,
+        size: u64,
+        cfg: ServerConfig,
+    ) -> Result<Server> {
+        let pages = size.div_ceil(crate::PAGE_SIZE as u64);
+        if pages == 0 || cfg.max_clients == 0 || cfg.max_clients > 1 << 16 {
+            return Err(Error::BadLength);
+        }
+        let size = pages * crate::PAGE_SIZE as u64;
+        let d = dev(core, dev_id)?;
+        let pool = d.provider().dma_pool();
+        let region = pool
+            .alloc_pages(usize::try_from(pages).map_err(|_| Error::BadLength)?)
+            .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
+        let bufs = pool
+            .alloc(cfg.max_clients * PER_CONN, 64)
+            .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
+        let pd = d.alloc_pd()?;
+        let base = region.bus_addr().0;
+        let list: Vec<u64> = (0..pages)
+            .map(|i| base + i * crate::PAGE_SIZE as u64)
+            .collect();
+        // The region's own key: MTT-translated, bounded to [iova, iova+size),
+        // remote read/write (never an all-memory key).
+        let mr = match d.reg_mr(
+            pd,
+            &MrPages {
+                pages: &list,
+                page_shift: 12,
+                iova: cfg.iova,
+                length: size,
+                access: AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE,
+            },
+        ) {
+            Ok(mr) => mr,
+            Err(e) => {
+                let _ = d.dealloc_pd(pd);
+                return Err(e.into());
+            }
+        };
+        // Everything made so far is undone if a later step fails.
+        let undo = |core: &mut IbCore, lmr: Option<Mr>, cq: Option<Cq>| {
+            if let Some(d) = core.device_mut(dev_id) {
+                if let Some(cq) = cq {
+                    let _ = d.destroy_cq(cq);
+                }
+                if let Some(lmr) = lmr {
+                    let _ = d.dereg_mr(lmr);
+                }
+                let _ = d.dereg_mr(mr);
+                let _ = d.dealloc_pd(pd);
+            }
+        };
+        let lmr = match d.get_dma_mr(pd, AccessFlags::LOCAL_WRITE) {
+            Ok(m) => m,
+            Err(e) => {
+                undo(core, None, None);
+                return Err(e.into());
+            }
+        };
+        let cq = match d.create_cq(&CqInitAttr {
+            cqe: (cfg.max_clients * (RX_DEPTH + 1)) as u32,
+            comp_vector: 0,
+        }) {
+            Ok((cq, _)) => cq,
+            Err(e) => {
+                undo(core, Some(lmr), None);
+                return Err(e.into());
+            }
+        };
+        let listen = match cm::ib_cm_listen(core, cm, dev_id, cfg.service_id) {
+            Ok(l) => l,
+            Err(e) => {
+                undo(core, Some(lmr), Some(cq));
+                return Err(e.into());
+            }
+        };
+        log::info!(
+            "rmem: exporting {} KiB at {:#x} rkey {:#x}",
+            size / 1024,
+            cfg.iova,
+            mr.rkey
+        );
+        Ok(Server {
+            dev: dev_id,
+            cm,
+            listen,
+            pd,
+            cq,
+            mr,
+            lmr,
+            cfg,
+            region,
+            size,
+            chunks: Chunks::new(size, cfg.max_chunks),
+            conns: (0..cfg.max_clients).map(|_| None).collect(),
+            bufs,
+            next_owner: 1,
+            stats: ServerStats::default(),
+            wc: [Wc::default(); 16],
+        })
+    }
+
+    /// The region's remote address, length and rkey.
+    pub fn region(&self) -> crate::client::Region {
+        crate::client::Region {
+            base: self.cfg.iova,
+            len: self.size,
+            rkey: self.mr.rkey,
+        }
+    }
+
+    /// The exported memory itself (the memory node's own view).
+    pub fn memory(&self) -> &DmaBuf {
+        &self.region
+    }
+
+    /// What the memory node counted.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+
+    /// Connected compute nodes.
+    pub fn clients(&self) -> usize {
+        self.conns.iter().flatten().filter(|c| !c.dead).count()
+    }
+
+    /// Bytes allocated to compute nodes.
+    pub fn used_bytes(&self) -> u64 {
+        self.chunks.used_bytes()
+    }
+
+    fn post_recv(&self, core: &mut IbCore, c: usize, i: usize) -> Result<()> {
+        let Some(Some(conn)) = self.conns.get(c) else {
+            return Ok(());
+        };
+        let sge = [Sge {
+            addr: self.bufs.bus_addr().0 + (c * PER_CONN + (i + 1) * MSG_LEN) as u64,
+            length: MSG_LEN as u32,
+            lkey: self.lmr.lkey,
+        }];
+        dev(core, self.dev)?
+            .post_recv(
+                conn.qp,
+                &[RecvWr {
+                    wr_id: ((c as u64) << 8) | i as u64,
+                    sg_list: &sge,
+                }],
+            )
+            .map_err(|e| Error::Verbs(e.error))
+    }
+
+    fn accept(&mut self, core: &mut IbCore, id: CmId) -> Result<()> {
+        let Some(c) = self.conns.iter().position(Option::is_none) else {
+            self.stats.refused += 1;
+            let _ = cm::ib_send_cm_rej(core, self.cm, id, rej_reason::NO_RESOURCES, &[], &[]);
+            return Ok(());
+        };
+        let init = self.qp_init();
+        let d = dev(core, self.dev)?;
+        let (qp, _) = d.create_qp(self.pd, &init)?;
+        if let Err(e) = cm::ib_send_cm_rep(core, self.cm, id, &CmRepParam::new(qp)) {
+            let _ = dev(core, self.dev)?.destroy_qp(qp);
+            return Err(e.into());
+        }
+        let owner = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1).max(1);
+        self.conns[c] = Some(Conn {
+            id: Some(id),
+            qp,
+            owner,
+            dead: false,
+        });
+        // The QP is in RTR once the REP went out: receives may be posted.
+        for i in 0..RX_DEPTH {
+            self.post_recv(core, c, i)?;
+        }
+        self.stats.connects += 1;
+        Ok(())
+    }
+
+    /// Accepts a compute node without the CM: a QP driven to RTS towards
+    /// `peer` here; returns what the compute node needs
+    /// ([`crate::Client::connect_peer`]): our LID, QPN and first PSN.
+    pub fn accept_peer(&mut self, core: &mut IbCore, peer: Peer) -> Result<Peer> {
+        let Some(c) = self.conns.iter().position(Option::is_none) else {
+            self.stats.refused += 1;
+            return Err(Error::Verbs(ib_core::Error::NoMem));
+        };
+        let d = dev(core, self.dev)?;
+        let lid = d.query_port(self.cfg.port)?.lid;
+        let (qp, _) = d.create_qp(self.pd, &self.qp_init())?;
+        let psn = qp.qp_num.wrapping_mul(0x7f4a) & 0xff_ffff;
+        let p = RcParams {
+            port: self.cfg.port,
+            sq_psn: psn,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            mtu: Mtu::Mtu1024,
+        };
+        if let Err(e) = rc_connect(d, qp, &p, peer) {
+            let _ = d.destroy_qp(qp);
+            return Err(e);
+        }
+        let owner = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1).max(1);
+        self.conns[c] = Some(Conn {
+            id: None,
+            qp,
+            owner,
+            dead: false,
+        });
+        for i in 0..RX_DEPTH {
+            self.post_recv(core, c, i)?;
+        }
+        self.stats.connects += 1;
+        Ok(Peer {
+            lid,
+            qpn: qp.qp_num,
+            psn,
+        })
+    }
+
+    /// Drops the connection whose QP is `qpn` (its chunks are freed), as
+    /// a disconnect does; for connections made without the CM.
+    pub fn disconnect_qpn(&mut self, core: &mut IbCore, qpn: u32) -> bool {
+        match self
+            .conns
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.qp.qp_num == qpn))
+        {
+            Some(c) => {
+                self.drop_conn(core, c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn qp_init(&self) -> QpInitAttr {
+        QpInitAttr {
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 2,
+                max_recv_wr: RX_DEPTH as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_type: SigType::ReqWr,
+            qp_type: QpType::Rc,
+            port_num: self.cfg.port,
+        }
+    }
+
+    fn drop_conn(&mut self, core: &mut IbCore, c: usize) {
+        if let Some(conn) = self.conns.get_mut(c).and_then(Option::take) {
+            let freed = self.chunks.free_owner(conn.owner);
+            log::info!("rmem: client {} gone, {freed} chunks freed", conn.owner);
+            if let Some(id) = conn.id {
+                let _ = cm::ib_destroy_cm_id(core, self.cm, id);
+            }
+            if let Some(d) = core.device_mut(self.dev) {
+                let _ = d.destroy_qp(conn.qp);
+            }
+            self.stats.disconnects += 1;
+        }
+    }
+
+    fn answer(&mut self, owner: u32, req: &Msg) -> Msg {
+        let mut r = Msg {
+            reply: true,
+            rkey: self.mr.rkey,
+            addr: 0,
+            len: 0,
+            ..*req
+        };
+        match req.op {
+            Op::Hello => {
+                r.addr = self.cfg.iova;
+                r.len = self.size;
+            }
+            Op::Alloc => match self.chunks.alloc(req.len, owner) {
+                Ok((off, len)) => {
+                    r.addr = self.cfg.iova + off;
+                    r.len = len;
+                }
+                Err(s) => r.status = s,
+            },
+            Op::Free => {
+                let off = req.addr.wrapping_sub(self.cfg.iova);
+                match self.chunks.free(off, owner) {
+                    Ok(len) => {
+                        r.addr = req.addr;
+                        r.len = len;
+                    }
+                    Err(s) => r.status = s,
+                }
+            }
+        }
+        if r.status != Status::Ok {
+            r.rkey = 0;
+        }
+        r
+    }
+
+    fn reply(&mut self, core: &mut IbCore, c: usize, msg: &Msg) -> Result<()> {
+        let Some(Some(conn)) = self.conns.get(c) else {
+            return Ok(());
+        };
+        let qp = conn.qp;
+        let mut b = [0u8; MSG_LEN];
+        let imm = msg.encode(&mut b);
+        self.bufs.write_bytes(c * PER_CONN, &b);
+        let sge = [Sge {
+            addr: self.bufs.bus_addr().0 + (c * PER_CONN) as u64,
+            length: MSG_LEN as u32,
+            lkey: self.lmr.lkey,
+        }];
+        if msg.status == Status::Ok {
+            self.stats.rpcs += 1;
+        } else {
+            self.stats.rpc_errors += 1;
+        }
+        dev(core, self.dev)?
+            .post_send(
+                qp,
+                &[SendWr {
+                    wr_id: (1 << 63) | ((c as u64) << 8),
+                    sg_list: &sge,
+                    opcode: WrOpcode::SendWithImm,
+                    send_flags: SendFlags::SIGNALED,
+                    imm_data: imm,
+                    ..SendWr::default()
+                }],
+            )
+            .map_err(|e| Error::Verbs(e.error))
+    }
+
+    /// One round of service: new connections, disconnections, RPCs. Call it
+    /// from the idle loop (it does not poll the core itself); returns how
+    /// many things happened.
+    pub fn poll(&mut self, core: &mut IbCore) -> Result<usize> {
+        let mut n = 0;
+        while let Some(ev) = cm::ib_cm_get_event(core, self.cm, self.listen) {
+            if let CmEvent::ReqReceived { id, .. } = ev {
+                n += 1;
+                if let Err(e) = self.accept(core, id) {
+                    log::warn!("rmem: accepting a client failed: {e}");
+                    let _ = cm::ib_destroy_cm_id(core, self.cm, id);
+                }
+            }
+        }
+        for c in 0..self.conns.len() {
+            let Some(conn) = &self.conns[c] else { continue };
+            let id = conn.id;
+            let mut gone = conn.dead;
+            while let Some(ev) = id.and_then(|id| cm::ib_cm_get_event(core, self.cm, id)) {
+                n += 1;
+                match ev {
+                    CmEvent::Disconnected { .. } | CmEvent::Rejected { .. } | CmEvent::TimedOut => {
+                        gone = true;
+                    }
+                    _ => {}
+                }
+            }
+            if gone {
+                self.drop_conn(core, c);
+            }
+        }
+        let cnt = dev(core, self.dev)?.poll_cq(self.cq, &mut self.wc)?;
+        for k in 0..cnt {
+            let w = self.wc[k];
+            n += 1;
+            let c = ((w.wr_id >> 8) & 0xffff) as usize;
+            let i = (w.wr_id & 0xff) as usize;
+            if w.status != WcStatus::Success {
+                self.stats.errors += 1;
+                if let Some(Some(conn)) = self.conns.get_mut(c) {
+                    conn.dead = true;
+                }
+                continue;
+            }
+            if w.opcode != WcOpcode::Recv || w.wr_id & (1 << 63) != 0 || i >= RX_DEPTH {
+                continue;
+            }
+            let Some(Some(conn)) = self.conns.get(c) else {
+                continue;
+            };
+            let owner = conn.owner;
+            let len = (w.byte_len as usize).min(MSG_LEN);
+            let mut b = [0u8; MSG_LEN];
+            self.bufs
+                .read_bytes(c * PER_CONN + (i + 1) * MSG_LEN, &mut b[..len]);
+            let imm = w.wc_flags.contains(WcFlags::WITH_IMM).then_some(w.imm_data);
+            let bytes: &[u8] = if w.byte_len as usize > MSG_LEN {
+                // Longer than a message cannot fit the buffer; the card
+                // would have failed it, but say so rather than trust it.
+                &[0u8; MSG_LEN + 1]
+            } else {
+                &b[..len]
+            };
+            let reply = match proto::decode(bytes, imm) {
+                Ok(m) if !m.reply => self.answer(owner, &m),
+                Ok(m) => proto::error_reply(&proto::DecodeError {
+                    status: Status::Malformed,
+                    seq: m.seq,
+                    op_byte: m.op as u8,
+                    what: "a reply sent as a request",
+                }),
+                Err(e) => {
+                    log::warn!("rmem: client {owner}: {e}");
+                    proto::error_reply(&e)
+                }
+            };
+            self.post_recv(core, c, i)?;
+            self.reply(core, c, &reply)?;
+        }
+        Ok(n)
+    }
+
+    /// Serves for `time` (polling the core), for tests and the console.
+    pub fn serve_for(&mut self, core: &mut IbCore, time: Duration) -> Result<()> {
+        let deadline = hal::Deadline::after(core.clock(), time);
+        while !deadline.expired(core.clock()) {
+            core.poll();
+            self.poll(core)?;
+            core.clock().relax();
+        }
+        Ok(())
+    }
+
+    /// Stops listening, drops every connection and unregisters the region.
+    pub fn close(mut self, core: &mut IbCore) -> Result<()> {
+        for c in 0..self.conns.len() {
+            self.drop_conn(core, c);
+        }
+        let _ = cm::ib_destroy_cm_id(core, self.cm, self.listen);
+        let d = dev(core, self.dev)?;
+        d.destroy_cq(self.cq)?;
+        d.dereg_mr(self.mr)?;
+        d.dereg_mr(self.lmr)?;
+        d.dealloc_pd(self.pd)?;
+        Ok(())
+    }
+}
