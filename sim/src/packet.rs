@@ -1039,8 +1039,7 @@ static CRC16: [[u16; 256]; SLICES] = crc16_tables();
 /// carry-less multiplication where the CPU has it, tables otherwise.
 fn crc32_update(c: u32, data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= clmul::MIN_LEN && clmul::available() {
-        let (folded, tail) = clmul::fold(u128::from(c), data, &clmul::CRC32);
+    if let Some((folded, tail)) = clmul::fold(u128::from(c), data, &clmul::CRC32) {
         return crc32_table_update(crc32_table_update(0, &folded), tail);
     }
     crc32_table_update(c, data)
@@ -1049,8 +1048,7 @@ fn crc32_update(c: u32, data: &[u8]) -> u32 {
 /// The same for the 16-bit VCRC.
 fn crc16_update(c: u16, data: &[u8]) -> u16 {
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= clmul::MIN_LEN && clmul::available() {
-        let (folded, tail) = clmul::fold(u128::from(c), data, &clmul::CRC16);
+    if let Some((folded, tail)) = clmul::fold(u128::from(c), data, &clmul::CRC16) {
         return crc16_table_update(crc16_table_update(0, &folded), tail);
     }
     crc16_table_update(c, data)
@@ -1162,10 +1160,14 @@ mod clmul {
             && std::arch::is_x86_feature_detected!("sse2")
     }
 
-    /// Folds `data` (at least 64 bytes) with the CRC state `state`
-    /// (not complemented) into 16 bytes whose CRC from state 0, continued
-    /// over the returned tail, is the CRC of `data` from `state`.
-    pub fn fold<'a>(state: u128, data: &'a [u8], k: &Consts) -> ([u8; 16], &'a [u8]) {
+    /// Folds `data` with the CRC state `state` (not complemented) into 16
+    /// bytes whose CRC from state 0, continued over the returned tail, is
+    /// the CRC of `data` from `state`; `None` (use the tables) for fewer
+    /// than [`MIN_LEN`] bytes or a CPU without carry-less multiplication.
+    pub fn fold<'a>(state: u128, data: &'a [u8], k: &Consts) -> Option<([u8; 16], &'a [u8])> {
+        if data.len() < MIN_LEN || !available() {
+            return None;
+        }
         let mut first = [0u8; 64];
         first.copy_from_slice(&data[..64]);
         // A state is the same as zero state with it XORed into the first
@@ -1178,18 +1180,18 @@ mod clmul {
         let rest = &data[64 + quads * 64..];
         let singles = rest.len() / 16;
         let (tail16, tail) = rest.split_at(singles * 16);
-        // SAFETY: `available()` was checked by the caller, so the CPU has
+        // SAFETY: `available()` was checked above, so the CPU has
         // PCLMULQDQ and SSE2, which is all `fold_blocks` is compiled for.
         let out = unsafe { fold_blocks(&first, body, tail16, k) };
-        (out, tail)
+        Some((out, tail))
     }
 
     #[target_feature(enable = "pclmulqdq,sse2")]
     fn fold_blocks(first: &[u8; 64], body: &[u8], singles: &[u8], k: &Consts) -> [u8; 16] {
         let load = |b: &[u8]| {
-            debug_assert!(b.len() >= 16);
-            // SAFETY: callers pass at least 16 bytes; the load is
-            // unaligned.
+            let b = &b[..16];
+            // SAFETY: `b` is exactly 16 readable bytes (sliced above); the
+            // load is unaligned.
             unsafe { _mm_loadu_si128(b.as_ptr().cast::<__m128i>()) }
         };
         let k128 = _mm_set_epi64x(k.k128.0 as i64, k.k128.1 as i64);
