@@ -957,7 +957,44 @@ when the watched processes (or the parent) are gone; 2 on a usage or file
 error. Violations, DMA faults and the trace go to stderr, prefixed node<N>:.
 ";
 
-fn parse_num(s: &str) -> Option<u64> {
+/// `--fail CMD[=STATUS]` of both front ends (the status defaults to
+/// INTERNAL_ERR).
+pub(crate) fn parse_fail(value: &str) -> Result<(Opcode, Status), String> {
+    let (c, st) = match value.split_once('=') {
+        Some((c, st)) => (c, Some(st)),
+        None => (value, None),
+    };
+    let op = parse_opcode(c).ok_or(format!("--fail: unknown command {c:?}"))?;
+    let st = match st {
+        Some(st) => parse_status(st).ok_or(format!("--fail: unknown status {st:?}"))?,
+        None => Status::INTERNAL_ERR,
+    };
+    Ok((op, st))
+}
+
+/// `--catas-after SECONDS` of both front ends.
+pub(crate) fn parse_catas_after(value: &str) -> Result<Duration, String> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or(format!("--catas-after wants seconds, got {value:?}"))
+}
+
+/// `--watch-pid PID` of both front ends.
+pub(crate) fn parse_watch_pid(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or(format!("--watch-pid wants a process id, got {value:?}"))
+}
+
+/// A decimal or `0x` hexadecimal number.
+pub(crate) fn parse_num(s: &str) -> Option<u64> {
     let s = s.trim();
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16).ok(),
@@ -1034,27 +1071,8 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     .ok_or(format!("--node wants WINDOW_FILE,RAM_FILE, got {value:?}"))?;
                 nodes.push((PathBuf::from(w), PathBuf::from(r)));
             }
-            "--fail" => {
-                let (c, st) = match value.split_once('=') {
-                    Some((c, st)) => (c, Some(st)),
-                    None => (value.as_str(), None),
-                };
-                let op = parse_opcode(c).ok_or(format!("--fail: unknown command {c:?}"))?;
-                let st = match st {
-                    Some(st) => parse_status(st).ok_or(format!("--fail: unknown status {st:?}"))?,
-                    None => Status::INTERNAL_ERR,
-                };
-                opts.fail.push((op, st));
-            }
-            "--catas-after" => {
-                let secs: f64 = value
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s < 1e9)
-                    .ok_or(format!("--catas-after wants seconds, got {value:?}"))?;
-                opts.catas_after = Some(Duration::from_secs_f64(secs));
-            }
+            "--fail" => opts.fail.push(parse_fail(&value)?),
+            "--catas-after" => opts.catas_after = Some(parse_catas_after(&value)?),
             "--trace" => opts.trace = true,
             "--stats" => opts.stats = true,
             "--exit-with-parent" => opts.exit_with_parent = true,
@@ -1084,15 +1102,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                 ))?;
                 opts.idle_sleep = Duration::from_micros(n);
             }
-            "--watch-pid" => {
-                let p = value
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or(format!("--watch-pid wants a process id, got {value:?}"))?;
-                opts.watch_pids.push(p);
-            }
+            "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
             f => {
                 let v = takes_value.then_some(value.as_str());
                 if !opts.fabric.parse_arg(f, v)? {

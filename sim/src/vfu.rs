@@ -41,7 +41,7 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::frontend::{SimConfig, SimHca};
 use crate::hcr::{Opcode, Status};
-use crate::ivshmem::{Log, parse_opcode, parse_status, pid_alive};
+use crate::ivshmem::{Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive};
 use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
 use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
 
@@ -480,14 +480,6 @@ socket cannot be created. Violations, DMA faults and the trace go to stderr,
 prefixed node<N>:.
 ";
 
-fn parse_num(s: &str) -> Option<u64> {
-    let s = s.trim();
-    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => s.parse().ok(),
-    }
-}
-
 /// Parses the command line (without the program name).
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
     let mut socket = None;
@@ -528,27 +520,8 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     .filter(|n| *n < 256)
                     .ok_or(format!("--node wants 0..=255, got {value:?}"))?;
             }
-            "--fail" => {
-                let (c, st) = match value.split_once('=') {
-                    Some((c, st)) => (c, Some(st)),
-                    None => (value.as_str(), None),
-                };
-                let op = parse_opcode(c).ok_or(format!("--fail: unknown command {c:?}"))?;
-                let st = match st {
-                    Some(st) => parse_status(st).ok_or(format!("--fail: unknown status {st:?}"))?,
-                    None => Status::INTERNAL_ERR,
-                };
-                opts.fail.push((op, st));
-            }
-            "--catas-after" => {
-                let secs: f64 = value
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s >= 0.0 && *s < 1e9)
-                    .ok_or(format!("--catas-after wants seconds, got {value:?}"))?;
-                opts.catas_after = Some(Duration::from_secs_f64(secs));
-            }
+            "--fail" => opts.fail.push(parse_fail(&value)?),
+            "--catas-after" => opts.catas_after = Some(parse_catas_after(&value)?),
             "--hcr-delay-us" => {
                 let n = parse_num(&value)
                     .filter(|n| *n <= 10_000_000)
@@ -558,15 +531,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
             "--trace" => opts.trace = true,
             "--stats" => opts.stats = true,
             "--exit-with-parent" => opts.exit_with_parent = true,
-            "--watch-pid" => {
-                let p = value
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or(format!("--watch-pid wants a process id, got {value:?}"))?;
-                opts.watch_pids.push(p);
-            }
+            "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
             _ => return Err(format!("unknown argument {a:?} (try --help)")),
         }
     }
