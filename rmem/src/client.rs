@@ -29,6 +29,8 @@ use crate::{Error, Result};
 const RX_DEPTH: usize = 4;
 /// `wr_id` bit marking RPC work requests.
 const RPC_WRID: u64 = 1 << 63;
+/// Pause between two attempts of [`Client::connect`].
+pub const CONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 /// How a client connects and what it may have in flight.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +43,8 @@ pub struct ClientConfig {
     pub slot_len: usize,
     /// The CM service ID.
     pub service_id: u64,
-    /// Time allowed to find a path and connect.
+    /// Time allowed to find a path and connect, attempts repeated within it
+    /// ([`Client::connect`]).
     pub connect_timeout: Duration,
     /// Time allowed for one operation (RPC or RDMA) before the connection
     /// is declared failed (a backstop behind the transport's own retries).
@@ -169,7 +172,12 @@ fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut ib_core::Device> {
 
 impl Client {
     /// Connects to the memory node at `dlid` (path from the SA), says hello
-    /// and learns its region.
+    /// and learns its region. An attempt that fails because the memory
+    /// node is not there yet (no path from the SA: the SM has not swept;
+    /// the CM's REQ rejected: nothing listens on the service; or
+    /// unanswered) is made again after [`CONNECT_PAUSE`] until
+    /// `connect_timeout` is spent; the repeats are the new client's
+    /// [`Stats::retries`]. The last attempt's error is returned.
     pub fn connect(
         core: &mut IbCore,
         cm: ClientId,
@@ -178,9 +186,37 @@ impl Client {
         dlid: u16,
         cfg: ClientConfig,
     ) -> Result<Client> {
-        let path = sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, dlid, cfg.connect_timeout)
-            .map_err(Error::Connect)?;
-        Self::connect_path(core, cm, dev_id, path, cfg)
+        let deadline = Deadline::after(core.clock(), cfg.connect_timeout);
+        let mut retries = 0u64;
+        loop {
+            let left = deadline.remaining(core.clock());
+            let r = sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, dlid, left)
+                .map_err(Error::Connect)
+                .and_then(|path| {
+                    let left = deadline.remaining(core.clock());
+                    let cfg = ClientConfig {
+                        connect_timeout: left,
+                        ..cfg
+                    };
+                    Self::connect_path(core, cm, dev_id, path, cfg)
+                });
+            match r {
+                Ok(mut c) => {
+                    c.stats.retries = retries;
+                    return Ok(c);
+                }
+                Err(Error::Connect(e)) if deadline.remaining(core.clock()) > CONNECT_PAUSE => {
+                    log::debug!("rmem: connecting to LID {dlid}: {e}; trying again");
+                    retries += 1;
+                    let pause = Deadline::after(core.clock(), CONNECT_PAUSE);
+                    while !pause.expired(core.clock()) {
+                        core.poll();
+                        core.clock().relax();
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Connects over a known path (the CM drives the QP to RTS).

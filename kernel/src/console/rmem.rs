@@ -21,7 +21,7 @@ use crate::console::CmdResult;
 use crate::hca::{self, Ib};
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] | connect LID [-k K] | alloc LEN | \
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check] | write ADDR LEN [BYTE] | \
 bench [-n PAGES] [-k K] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
@@ -111,10 +111,14 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         ("connect", [lid, more @ ..]) => {
             let lid = u16::try_from(num(lid)?).map_err(|_| String::from("LID out of range"))?;
             let mut cfg = ClientConfig::default();
-            match more {
-                [] => {}
-                ["-k", k] => cfg.window = num(k)?.clamp(1, 1024) as usize,
-                _ => return Err(USAGE.into()),
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                let v = it.next().ok_or_else(|| String::from(USAGE))?;
+                match o {
+                    "-k" => cfg.window = num(v)?.clamp(1, 1024) as usize,
+                    "-t" => cfg.connect_timeout = Duration::from_secs(num(v)?.clamp(1, 3600)),
+                    _ => return Err(USAGE.into()),
+                }
             }
             with_state(|core, dev, st| {
                 if st.client.is_some() {
@@ -124,12 +128,16 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let r = c.region();
                 let _ = writeln!(
                     out,
-                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight",
+                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight{}",
                     r.base,
                     r.base + r.len,
                     r.len / 1024,
                     r.rkey,
-                    cfg.window
+                    cfg.window,
+                    match c.stats().retries {
+                        0 => String::new(),
+                        n => alloc::format!(" ({n} retries)"),
+                    }
                 );
                 st.client = Some(c);
                 Ok(())
@@ -306,8 +314,8 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
                 Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(|e| {
                     match e {
                         rmem::Error::Verbs(ib_core::Error::NoMem) => alloc::format!(
-                            "cannot export {} KiB: the DMA pool has no room for it \
-                         (see meminfo; the pool is 1/8 of RAM, at most 128 MiB)",
+                            "cannot export {} KiB: no contiguous RAM left for it \
+                         (see meminfo; give the guest more, e.g. run-qemu.sh --memory 1G)",
                             bytes / 1024
                         ),
                         e => err(e),
