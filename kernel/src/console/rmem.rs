@@ -21,9 +21,9 @@ use crate::console::CmdResult;
 use crate::hca::{self, Ib};
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check] | write ADDR LEN [BYTE] | \
-bench [-n PAGES] [-k K] [--iters N] [--seq|--rand] [--csv] | stats | close";
+bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
 struct State {
     cm: ClientId,
@@ -101,12 +101,20 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     match (sub, rest) {
         ("serve", [sz, more @ ..]) => {
             let bytes = size(sz)?;
-            let secs = match more {
-                [] => None,
-                [s] => Some(num(s)?),
-                _ => return Err(USAGE.into()),
-            };
-            serve(out, bytes, secs)
+            let mut secs = None;
+            let mut clients = None;
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                match o {
+                    "--clients" => {
+                        let n = it.next().ok_or_else(|| String::from(USAGE))?;
+                        clients = Some(num(n)?.max(1));
+                    }
+                    s if secs.is_none() => secs = Some(num(s)?),
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            serve(out, bytes, secs, clients)
         }
         ("connect", [lid, more @ ..]) => {
             let lid = u16::try_from(num(lid)?).map_err(|_| String::from("LID out of range"))?;
@@ -222,6 +230,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         }
         ("bench", opts) => {
             let mut cfg = BenchConfig::default();
+            let mut ks = vec![cfg.window];
             let mut csv = false;
             let mut it = opts.iter();
             while let Some(&o) = it.next() {
@@ -232,7 +241,16 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 };
                 match o {
                     "-n" => cfg.pages = val()?.max(1),
-                    "-k" => cfg.window = val()?.clamp(1, 1024) as usize,
+                    "-k" => {
+                        let v = it.next().ok_or_else(|| String::from(USAGE))?;
+                        ks = v
+                            .split(',')
+                            .map(|k| num(k).map(|k| k.clamp(1, 1024) as usize))
+                            .collect::<Result<_, _>>()?;
+                        if ks.is_empty() || ks.len() > 16 {
+                            return Err("-k takes 1 to 16 values, e.g. -k 1,4,16".into());
+                        }
+                    }
                     "--iters" => cfg.iters = val()?.clamp(1, 10_000_000),
                     "--seq" => cfg.pattern = Pattern::Sequential,
                     "--rand" => cfg.pattern = Pattern::Random,
@@ -241,12 +259,32 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 }
             }
             with_state(|core, _, st| {
-                let r = rmem::bench::run(core, client(st)?, cfg).map_err(err)?;
+                let c = client(st)?;
+                if let Some(&k) = ks.iter().find(|&&k| k > c.config().window) {
+                    return Err(alloc::format!(
+                        "-k {k}: the connection has {} requests in flight at most (rmem connect LID -k {k})",
+                        c.config().window
+                    ));
+                }
+                // One run per K; with --csv the rows form one block that
+                // run-qemu.sh collects (--- csv begin/end ---).
+                let mut rows = vec![];
+                for &k in &ks {
+                    let r =
+                        rmem::bench::run(core, c, BenchConfig { window: k, ..cfg }).map_err(err)?;
+                    if csv {
+                        rows.push(r);
+                    } else {
+                        let _ = r.write_report(out);
+                    }
+                }
                 if csv {
+                    let _ = writeln!(out, "--- csv begin rmem-bench ---");
                     let _ = writeln!(out, "{}", BenchResult::CSV_HEADER);
-                    let _ = r.write_csv(out);
-                } else {
-                    let _ = r.write_report(out);
+                    for r in &rows {
+                        let _ = r.write_csv(out);
+                    }
+                    let _ = writeln!(out, "--- csv end ---");
                 }
                 Ok(())
             })
@@ -307,7 +345,9 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     }
 }
 
-fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
+/// Serves until `secs` pass, `clients` compute nodes have come and all
+/// gone, or Ctrl-C.
+fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64>) -> CmdResult {
     with_state(|core, dev, st| {
         if st.server.is_none() {
             let s =
@@ -340,20 +380,32 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
             .map_or(0, |a| a.lid);
         let _ = writeln!(
             out,
-            "rmem: serving {} KiB at {:#x} rkey {:#x} on LID {lid}; {}",
+            "rmem: serving {} KiB at {:#x} rkey {:#x} on {}; {}{}",
             r.len / 1024,
             r.base,
             r.rkey,
+            match lid {
+                0 => String::from("port 1 (no LID yet: the SM assigns it)"),
+                l => alloc::format!("LID {l}"),
+            },
+            match clients {
+                Some(n) => alloc::format!("until {n} compute node(s) have come and gone, "),
+                None => String::new(),
+            },
             match secs {
-                Some(n) => alloc::format!("for {n} s (Ctrl-C stops)"),
+                Some(n) => alloc::format!("for at most {n} s (Ctrl-C stops)"),
                 None => String::from("Ctrl-C stops"),
             }
         );
+        let before = s.stats().connects;
         let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
         loop {
             core.poll();
             s.poll(core).map_err(err)?;
             if end.is_some_and(|e| e.expired(&TscClock)) {
+                break;
+            }
+            if clients.is_some_and(|n| s.stats().connects - before >= n && s.clients() == 0) {
                 break;
             }
             if crate::serial::try_read() == Some(0x03) {
