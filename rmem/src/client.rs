@@ -187,6 +187,9 @@ impl Client {
         cfg: ClientConfig,
     ) -> Result<Client> {
         let deadline = Deadline::after(core.clock(), cfg.connect_timeout);
+        // One QP for every attempt (moved back to RESET between them): a
+        // failed attempt costs no verbs objects.
+        let mut c = Self::create(core, dev_id, cfg)?;
         let mut retries = 0u64;
         loop {
             let left = deadline.remaining(core.clock());
@@ -194,16 +197,12 @@ impl Client {
                 .map_err(Error::Connect)
                 .and_then(|path| {
                     let left = deadline.remaining(core.clock());
-                    let cfg = ClientConfig {
-                        connect_timeout: left,
-                        ..cfg
-                    };
-                    Self::connect_path(core, cm, dev_id, path, cfg)
+                    c.cm_connect(core, cm, path, left)
                 });
             match r {
-                Ok(mut c) => {
+                Ok(()) => {
                     c.stats.retries = retries;
-                    return Ok(c);
+                    return c.finish(core);
                 }
                 Err(Error::Connect(e)) if deadline.remaining(core.clock()) > CONNECT_PAUSE => {
                     log::debug!("rmem: connecting to LID {dlid}: {e}; trying again");
@@ -213,10 +212,48 @@ impl Client {
                         core.poll();
                         core.clock().relax();
                     }
+                    let reset = QpAttr {
+                        qp_state: QpState::Reset,
+                        ..QpAttr::default()
+                    };
+                    if let Err(e) = dev(core, dev_id).and_then(|d| {
+                        d.modify_qp(c.qp, &reset, QpAttrMask::STATE)
+                            .map_err(Error::from)
+                    }) {
+                        c.destroy(core);
+                        return Err(e);
+                    }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    c.destroy(core);
+                    return Err(e);
+                }
             }
         }
+    }
+
+    /// The CM's active side on this client's QP (in RESET): REQ, REP, RTU
+    /// within `timeout`; the CM drives the QP to RTS.
+    fn cm_connect(
+        &mut self,
+        core: &mut IbCore,
+        cm: ClientId,
+        path: PathRecord,
+        timeout: Duration,
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        let mut p = CmReqParam::new(path, cfg.service_id, self.qp);
+        p.retry_count = cfg.retry_count.min(7);
+        p.rnr_retry_count = cfg.retry_count.min(7);
+        // Interactive: a silent memory node fails the connect within
+        // `connect_timeout`, not after Linux's minute of CM retries.
+        p.max_cm_retries = 3;
+        p.remote_cm_response_timeout = 16;
+        p.local_cm_response_timeout = 16;
+        let (id, _) =
+            cm::cm_connect(core, cm, self.dev, cfg.port, &p, timeout).map_err(Error::Connect)?;
+        self.id = Some((cm, id));
+        Ok(())
     }
 
     /// Connects over a known path (the CM drives the QP to RTS).
@@ -228,20 +265,9 @@ impl Client {
         cfg: ClientConfig,
     ) -> Result<Client> {
         let mut c = Self::create(core, dev_id, cfg)?;
-        let mut p = CmReqParam::new(path, cfg.service_id, c.qp);
-        p.retry_count = cfg.retry_count.min(7);
-        p.rnr_retry_count = cfg.retry_count.min(7);
-        // Interactive: a silent memory node fails the connect within
-        // `connect_timeout`, not after Linux's minute of CM retries.
-        p.max_cm_retries = 3;
-        p.remote_cm_response_timeout = 16;
-        p.local_cm_response_timeout = 16;
-        match cm::cm_connect(core, cm, dev_id, cfg.port, &p, cfg.connect_timeout) {
-            Ok((id, _)) => c.id = Some((cm, id)),
-            Err(e) => {
-                c.destroy(core);
-                return Err(Error::Connect(e));
-            }
+        if let Err(e) = c.cm_connect(core, cm, path, cfg.connect_timeout) {
+            c.destroy(core);
+            return Err(e);
         }
         c.finish(core)
     }
