@@ -11,7 +11,7 @@ use mlx4_common::*;
 use mlx4_core::Profile;
 use mlx4_ib::Mlx4IbDev;
 use sim::fabric::{FaultKind, FaultRule, SharedFabric, SwitchId};
-use sim::{SimConfig, SimHca, Wire};
+use sim::{SimConfig, Wire};
 
 /// LID of the switch (its SMA and PMA).
 const SWITCH_LID: u16 = 0x10;
@@ -38,8 +38,7 @@ struct Net {
     switch: SwitchId,
 }
 
-fn node(hca: SimHca, lid: u16) -> Node {
-    let hca = Model::wrap(hca, "behind a switch");
+fn node(hca: Model, lid: u16) -> Node {
     let d = bring_up(&hca, Profile::default()).expect("mlx4_core");
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let guid = ib.node_guid();
@@ -66,7 +65,7 @@ fn net() -> Net {
     let fabric = Arc::new(Mutex::new(f));
     let wire = Wire::over(fabric.clone(), SimConfig::default().relax_step);
     let mut hcas = built.hcas.iter().map(|h| {
-        SimHca::new_on_ports(
+        Model::on_ports(
             SimConfig {
                 node_guid: h.node_guid,
                 ..SimConfig::default()
