@@ -1143,6 +1143,10 @@ c_enum! {
         AtomicCmpAndSwp = 5 => "IB_WR_ATOMIC_CMP_AND_SWP",
         /// Atomic fetch and add.
         AtomicFetchAndAdd = 6 => "IB_WR_ATOMIC_FETCH_AND_ADD",
+        /// SEND with invalidate (the rkey to invalidate in `imm_data`, as
+        /// Linux's `ex.invalidate_rkey`). 8 in the kernel's enum; libibverbs
+        /// numbers it 9.
+        SendWithInv = 8 => "IB_WR_SEND_WITH_INV",
     }
 }
 

@@ -46,8 +46,11 @@ impl Wq {
     }
 }
 
-/// `mlx4_ib_opcode[]`: the hardware opcode of each `enum ib_wr_opcode`.
-const HW_OPCODE: [u32; 16] = [
+/// `mlx4_ib_opcode[]`: the hardware opcode (`MLX4_OPCODE_*` of
+/// `include/linux/mlx4/qp.h`) of each `enum ib_wr_opcode` value; the ones
+/// this port does not post (LSO 7, RDMA_READ_WITH_INV 9, LOCAL_INV 10,
+/// FAST_REG_MR 11, BIND_MW 14) are refused before the table is read.
+pub(crate) const HW_OPCODE: [u32; 16] = [
     opcode::RDMA_WRITE,
     opcode::RDMA_WRITE_IMM,
     opcode::SEND,
@@ -56,8 +59,8 @@ const HW_OPCODE: [u32; 16] = [
     opcode::ATOMIC_CS,
     opcode::ATOMIC_FA,
     opcode::NOP,
-    opcode::NOP,
     opcode::SEND_INVAL,
+    opcode::NOP,
     opcode::NOP,
     opcode::NOP,
     opcode::MASKED_ATOMIC_CS,

@@ -11,8 +11,10 @@ pub use ib_core::verbs::{
 
 use crate::table::AhId;
 
-/// Send opcodes (`enum ib_wr_opcode`, Linux values, including the ones
-/// ib_core does not name yet).
+/// Send opcodes (`enum ib_wr_opcode` of the 3.11 kernel's `ib_verbs.h`,
+/// including the ones ib_core does not name yet). The kernel's values, not
+/// libibverbs' `enum ibv_wr_opcode` (where SEND_WITH_INV is 9): LSO is 7,
+/// SEND_WITH_INV 8, RDMA_READ_WITH_INV 9, LOCAL_INV 10, FAST_REG_MR 11.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 #[allow(missing_docs)]
@@ -24,7 +26,7 @@ pub enum WrOpcode {
     RdmaRead = 4,
     AtomicCmpAndSwp = 5,
     AtomicFetchAndAdd = 6,
-    SendWithInv = 9,
+    SendWithInv = 8,
     MaskedAtomicCmpAndSwp = 12,
     MaskedAtomicFetchAndAdd = 13,
 }
@@ -123,6 +125,7 @@ pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>>
         O::RdmaRead => WrOpcode::RdmaRead,
         O::AtomicCmpAndSwp => WrOpcode::AtomicCmpAndSwp,
         O::AtomicFetchAndAdd => WrOpcode::AtomicFetchAndAdd,
+        O::SendWithInv => WrOpcode::SendWithInv,
     };
     let wr = match w.wr {
         W::None => WrDetail::None,
