@@ -446,3 +446,223 @@ fn a_dropped_response_is_retried_and_all_dropped_times_out_within_the_deadline()
     n.fabric.lock().unwrap().faults.clear();
     n.finish();
 }
+
+/// A UD QP in RTS through ib_core's verbs (P_Key index 0, port 1).
+fn ud_qp(
+    d: &mut ib_core::Device,
+    pd: ib_core::verbs::Pd,
+    cq: ib_core::verbs::Cq,
+    qkey: u32,
+    max_inline: u32,
+) -> (ib_core::verbs::Qp, ib_core::verbs::QpCap) {
+    use ib_core::verbs::{QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, SigType};
+    let (qp, cap) = d
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: max_inline,
+                },
+                sq_sig_type: SigType::AllWr,
+                qp_type: QpType::Ud,
+                port_num: 1,
+            },
+        )
+        .expect("UD QP");
+    for (a, m) in [
+        (
+            QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                pkey_index: 0,
+                qkey,
+                ..Default::default()
+            },
+            M::STATE | M::PORT | M::PKEY_INDEX | M::QKEY,
+        ),
+        (
+            QpAttr {
+                qp_state: QpState::Rtr,
+                ..Default::default()
+            },
+            M::STATE,
+        ),
+        (
+            QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 0x42,
+                ..Default::default()
+            },
+            M::STATE | M::SQ_PSN,
+        ),
+    ] {
+        d.modify_qp(qp, &a, m).expect("UD QP to RTS");
+    }
+    (qp, cap)
+}
+
+fn poll_one(n: &mut Net, on_a: bool, cq: ib_core::verbs::Cq) -> ib_core::verbs::Wc {
+    let mut wc = [ib_core::verbs::Wc::default()];
+    for _ in 0..100_000 {
+        let node = if on_a { &mut n.a } else { &mut n.b };
+        let got = node.core.device_mut(node.dev).unwrap().poll_cq(cq, &mut wc);
+        if got.expect("poll_cq") == 1 {
+            return wc[0];
+        }
+        n.round();
+    }
+    panic!("no completion");
+}
+
+#[test]
+fn inline_sends_through_ib_core_cross_the_switch() {
+    use ib_core::verbs::{
+        AccessFlags, CqInitAttr, MrPages, RecvWr, SendFlags, SendWr, Sge, WrDetail, WrOpcode,
+    };
+    let mut n = net();
+    let pool = n.b.hca.dma_pool();
+    let page = pool.alloc_pages(1).unwrap();
+    let bus = page.bus_addr().0;
+    // B: a UD QP with a receive buffer behind an MR.
+    let (bq, bcq, bpd, mr) = {
+        let d = n.b.core.device_mut(n.b.dev).unwrap();
+        let pd = d.alloc_pd().unwrap();
+        let (cq, _) = d
+            .create_cq(&CqInitAttr {
+                cqe: 64,
+                comp_vector: 0,
+            })
+            .unwrap();
+        let (qp, _) = ud_qp(d, pd, cq, 0x1234, 0);
+        let mr = d
+            .reg_mr(
+                pd,
+                &MrPages {
+                    pages: &[bus],
+                    page_shift: 12,
+                    iova: bus,
+                    length: 4096,
+                    access: AccessFlags::LOCAL_WRITE,
+                },
+            )
+            .unwrap();
+        let sg = [Sge {
+            addr: bus,
+            length: 40 + 256,
+            lkey: mr.lkey,
+        }];
+        d.post_recv(
+            qp,
+            &[RecvWr {
+                wr_id: 77,
+                sg_list: &sg,
+            }],
+        )
+        .unwrap();
+        (qp, cq, pd, mr)
+    };
+    let bqpn = bq.qp_num;
+    // A: a UD QP with room for 128 inline bytes.
+    let d = n.a.core.device_mut(n.a.dev).unwrap();
+    let pd = d.alloc_pd().unwrap();
+    let (acq, _) = d
+        .create_cq(&CqInitAttr {
+            cqe: 64,
+            comp_vector: 0,
+        })
+        .unwrap();
+    let (aq, cap) = ud_qp(d, pd, acq, 0x5678, 128);
+    assert!(cap.max_inline_data >= 128, "granted {cap:?}");
+    let ah = d
+        .create_ah(
+            pd,
+            &AhAttr {
+                dlid: 2,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let payload: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(7) ^ 0x5a).collect();
+    let wr = SendWr {
+        wr_id: 9,
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+        wr: WrDetail::Ud {
+            ah,
+            remote_qpn: bqpn,
+            remote_qkey: 0x1234,
+            pkey_index: 0,
+            port_num: 1,
+        },
+        inline_data: &payload,
+        ..SendWr::default()
+    };
+    // Longer than the QP's max_inline_data: ENOMEM, nothing posted.
+    let long = vec![0u8; cap.max_inline_data as usize + 1];
+    let e = d
+        .post_send(
+            aq,
+            &[SendWr {
+                inline_data: &long,
+                ..wr
+            }],
+        )
+        .unwrap_err();
+    assert_eq!((e.index, e.error.to_errno()), (0, -12), "ENOMEM: {e}");
+    // The inline flag with a gather list but no bytes: refused.
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 4,
+        lkey: 1,
+    }];
+    let e = d
+        .post_send(
+            aq,
+            &[SendWr {
+                inline_data: &[],
+                sg_list: &sg,
+                ..wr
+            }],
+        )
+        .unwrap_err();
+    assert_eq!(e.error.to_errno(), -22, "EINVAL: {e}");
+    // No gather entry at all: the bytes can only travel in the WQE.
+    d.post_send(aq, &[wr]).expect("inline send posted");
+    let ib = d.provider_as::<Mlx4IbDev>().unwrap();
+    let q = ib.qp(mlx4_ib::QpId::from_index(aq.handle)).unwrap();
+    let w = q.send_wqe_offset(0);
+    // ctrl 16 + datagram 48: the first inline segment starts a chunk and
+    // holds 60 bytes, the second the other 40.
+    assert_eq!(q.buf().read_be32(w + 64), 0x8000_0000 | 60);
+    assert_eq!(q.buf().read_be32(w + 128), 0x8000_0000 | 40);
+    let wc = poll_one(&mut n, true, acq);
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success), "{wc:?}");
+    let wc = poll_one(&mut n, false, bcq);
+    assert_eq!((wc.wr_id, wc.status), (77, WcStatus::Success), "{wc:?}");
+    assert_eq!(wc.byte_len, 40 + 100);
+    assert_eq!(wc.slid, 1);
+    let mut got = vec![0u8; 100];
+    page.read_bytes(40, &mut got);
+    assert_eq!(got, payload, "the inline bytes arrived at B");
+    // Tear down the verbs objects before the stacks.
+    let d = n.a.core.device_mut(n.a.dev).unwrap();
+    d.destroy_ah(ah).unwrap();
+    d.destroy_qp(aq).unwrap();
+    d.destroy_cq(acq).unwrap();
+    d.dealloc_pd(pd).unwrap();
+    let d = n.b.core.device_mut(n.b.dev).unwrap();
+    d.destroy_qp(bq).unwrap();
+    d.dereg_mr(mr).unwrap();
+    d.destroy_cq(bcq).unwrap();
+    d.dealloc_pd(bpd).unwrap();
+    drop(page);
+    n.finish();
+}

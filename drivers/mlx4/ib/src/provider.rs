@@ -397,7 +397,7 @@ impl IbDevice for Mlx4IbDev {
                 return Err(IbPostError {
                     index: i,
                     error: IbError::Invalid(
-                        "inline sends carry their bytes only in mlx4_ib's own work request",
+                        "an inline send carries its bytes in inline_data (the driver cannot read them through the SGEs)",
                     ),
                 });
             };

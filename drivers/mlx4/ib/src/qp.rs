@@ -519,9 +519,11 @@ impl Mlx4IbQp {
 
     /// Copies inline data at `off` in segments that never cross 64 bytes
     /// (libmlx4's inline path); returns the bytes used, headers included.
+    /// More than the QP's `max_inline_data` is `-ENOMEM` (libmlx4's and
+    /// kernel mlx5's answer).
     fn write_inline(&self, off: usize, src: &[u8]) -> Result<usize> {
         if src.len() > self.max_inline_data as usize {
-            return Err(Error::Inval("inline data longer than max_inline_data"));
+            return Err(Error::NoMem);
         }
         let mut seg = off;
         let mut pos = off + inline::SIZE;
@@ -646,6 +648,10 @@ impl Mlx4IbQp {
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(Error::Inval("more SGEs than max_send_sge"));
+        }
+        // Refused before a byte of the WQE is written.
+        if inline && wr.inline_data.len() > self.max_inline_data as usize {
+            return Err(Error::NoMem);
         }
         let base = self.send_wqe_offset(ind);
         if !inline && wr.sg_list.len() <= 4 {

@@ -109,12 +109,18 @@ impl Default for SendWr<'_> {
     }
 }
 
-/// ib_core's send work request as this driver's (no data is copied). Inline
-/// sends through ib_core are refused: its work request carries no bytes.
+/// ib_core's send work request as this driver's (no data is copied). An
+/// `IB_SEND_INLINE` request carries its bytes in `inline_data` (ib_core's
+/// safe stand-in for Linux reading them through the SGEs' kernel
+/// addresses); one with the flag and no bytes but a gather list is refused
+/// (`None`): the driver cannot read memory through bus addresses. Whether
+/// the bytes fit the QP's `max_inline_data` is checked when the WQE is
+/// built (`-ENOMEM`, as libmlx4 and kernel mlx5 answer).
 pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>> {
     use ib_core::verbs::WrDetail as W;
     use ib_core::verbs::WrOpcode as O;
-    if w.send_flags.contains(SendFlags::INLINE) {
+    let inline = w.send_flags.contains(SendFlags::INLINE);
+    if inline && w.inline_data.is_empty() && !w.sg_list.is_empty() {
         return None;
     }
     let opcode = match w.opcode {
@@ -161,7 +167,7 @@ pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>>
         opcode,
         send_flags: w.send_flags,
         sg_list: w.sg_list,
-        inline_data: &[],
+        inline_data: if inline { w.inline_data } else { &[] },
         imm_data: w.imm_data,
         wr,
     })

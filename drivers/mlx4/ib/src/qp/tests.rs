@@ -283,7 +283,8 @@ fn inline_send_splits_at_64_bytes() {
             }],
         )
         .unwrap_err();
-    assert!(matches!(e.err, Error::Inval(_)));
+    assert_eq!(e.err, Error::NoMem);
+    assert_eq!(e.err.to_errno(), -12, "ENOMEM, as libmlx4");
     assert_eq!(qp.sq.head, 1);
 }
 
