@@ -1946,6 +1946,14 @@ pub trait IbDevice: Send {
     ) -> Result<MadResult> {
         Err(Error::NoSys)
     }
+
+    /// The core's cache of `port` was refreshed (`ib_cache_update`, at
+    /// registration and on the port events). Linux's providers read
+    /// `ib_get_cached_pkey`/`ib_get_cached_gid` while they build the UD
+    /// header of a QP0/QP1 send; a provider here cannot call back into the
+    /// core from its `post_send`, so it keeps what it needs of this copy.
+    /// Never called on the data path.
+    fn cache_updated(&mut self, _port: u8, _cache: &crate::cache::PortCache) {}
 }
 
 #[cfg(test)]

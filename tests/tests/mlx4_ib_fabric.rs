@@ -666,3 +666,54 @@ fn inline_sends_through_ib_core_cross_the_switch() {
     drop(page);
     n.finish();
 }
+
+fn mad_ifcs(h: &Model) -> usize {
+    h.trace().iter().filter(|e| e.name == "MAD_IFC").count()
+}
+
+#[test]
+fn a_burst_of_mads_reads_the_pkey_from_the_cache_not_through_mad_ifc() {
+    let mut n = net();
+    let ag = agent(&mut n.a, QpType::Gsi);
+    let before = mad_ifcs(&n.a.hca);
+    for _ in 0..16 {
+        let (st, resp, _) = n.request(true, ag, pma_get(SWITCH_LID), 1_000_000_000);
+        assert_eq!(st, WcStatus::Success);
+        assert!(resp.is_some());
+    }
+    assert_eq!(
+        mad_ifcs(&n.a.hca) - before,
+        0,
+        "16 QP1 sends (and their responses) cost no MAD_IFC: the P_Key comes from the cache"
+    );
+    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    // The cache follows the events: a Set(PKeyTable) to our own SMA is
+    // snooped, the P_Key change event refreshes ib_core's cache and the
+    // driver's copy.
+    let seen = |n: &mut Net| {
+        let d = n.a.core.device_mut(n.a.dev).unwrap();
+        let core_updates = d.port_cache(1).unwrap().updates;
+        let c = d.provider_as::<Mlx4IbDev>().unwrap().sqp_cache(1).unwrap();
+        (core_updates, c.updates, c.pkeys.first().copied())
+    };
+    let (u0, d0, pkey) = seen(&mut n);
+    assert_eq!(pkey, Some(0xffff), "the default P_Key cached");
+    assert!(u0 >= 1 && d0 >= 1);
+    let sm = agent(&mut n.a, QpType::Smi);
+    let mut b = dr_get(&[]);
+    b.mad.set_method(method::SET);
+    b.mad.set_attr_id(0x0016);
+    b.mad.smp_data_mut()[..2].copy_from_slice(&0xffffu16.to_be_bytes());
+    let (st, resp, _) = n.request(true, sm, b, 1_000_000_000);
+    assert_eq!(st, WcStatus::Success);
+    assert!(resp.is_some(), "our own SMA answered");
+    n.pump_for(1_000_000);
+    let (u1, d1, _) = seen(&mut n);
+    assert!(
+        u1 > u0,
+        "ib_core refreshed its cache on the P_Key change event"
+    );
+    assert_eq!(d1 - d0, u1 - u0, "and handed each refresh to the driver");
+    n.a.core.ib_unregister_mad_agent(sm).unwrap();
+    n.finish();
+}
