@@ -133,7 +133,7 @@ pub fn pump_until(
             work += g.core.poll();
         }
         round += 1;
-        if round % every.max(1) == 0 && done(guests) {
+        if round.is_multiple_of(every.max(1)) && done(guests) {
             return true;
         }
         if t.elapsed() > limit {
@@ -170,4 +170,267 @@ pub fn sync_guests(
     let a = g.next().expect("two HCAs in the topology");
     let b = g.next().expect("two HCAs in the topology");
     (a, b)
+}
+
+// --- the real OpenSM and the diags ----------------------------------------
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sim::fabric::ibsim::{SmOptions, SmService, UMAD2SIM};
+
+/// The Debian programs the OpenSM tests run.
+pub const PEER_PROGRAMS: [&str; 6] = [
+    "/usr/sbin/opensm",
+    "/usr/sbin/ibnetdiscover",
+    "/usr/sbin/perfquery",
+    "/usr/sbin/saquery",
+    "/usr/sbin/smpquery",
+    UMAD2SIM,
+];
+
+/// Whether OpenSM, the diags and the preload are installed; if not, says
+/// so loudly (the caller then skips the test).
+pub fn peers_present(test: &str) -> bool {
+    let missing: Vec<&str> = PEER_PROGRAMS
+        .iter()
+        .copied()
+        .filter(|p| !Path::new(p).exists())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    eprintln!(
+        "\n!!!!! SKIPPED {test}: missing {missing:?}; install opensm infiniband-diags libumad2sim0 ibsim-utils (scripts/deps.sh ensure_ib_peers) !!!!!\n"
+    );
+    false
+}
+
+/// The ibsim server with OpenSM on the SM host ("smhost", the switch's
+/// last port), served from the test's thread together with the guests: one
+/// loop runs every guest's progress function and the server, on the
+/// guests' fake clock pulled along with wall time (OpenSM and the diags
+/// are real processes with real timeouts).
+pub struct OpenSm {
+    pub fabric: Arc<Mutex<sim::fabric::Fabric>>,
+    pub svc: SmService,
+    pub dir: PathBuf,
+    pub base: String,
+    t0: Instant,
+    started: Instant,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl OpenSm {
+    /// Adds the SM host to `fabric` (cabled to switch `sw`'s last free
+    /// port), binds the server and starts OpenSM with `args` (`opensm:
+    /// false` for the server alone).
+    pub fn start(
+        test: &str,
+        fabric: &Arc<Mutex<sim::fabric::Fabric>>,
+        sw: sim::fabric::SwitchId,
+        opensm: bool,
+        args: &[&str],
+    ) -> OpenSm {
+        let base = format!(
+            "lego-{test}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("subnet")
+            .join(&base);
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = SmOptions {
+            base: base.clone(),
+            switch: Some(sw),
+            peer: None,
+            opensm,
+            opensm_args: args.iter().map(|s| s.to_string()).collect(),
+            dir: dir.clone(),
+            sockname_file: None,
+            timeout: Duration::from_millis(200),
+        };
+        let svc = {
+            let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+            SmService::start(&mut f, &opts, Vec::new()).expect("ibsim server and OpenSM")
+        };
+        OpenSm {
+            fabric: fabric.clone(),
+            svc,
+            dir,
+            base,
+            t0: Instant::now(),
+            started: Instant::now(),
+        }
+    }
+
+    /// One round: every guest's progress function, the server; the shared
+    /// fake clock is moved up to the wall time since the start when it is
+    /// behind (a packet a host node sends is due at the fabric's `now`,
+    /// which must be the guests' clock). Returns the work done.
+    pub fn round(&mut self, guests: &mut [&mut Guest]) -> usize {
+        let mut work = 0;
+        for g in guests.iter_mut() {
+            work += g.core.poll();
+        }
+        let Some(clock) = guests.first().map(|g| g.hca.clock()) else {
+            return work;
+        };
+        let wall = self.t0.elapsed().as_nanos() as u64;
+        let now = clock.now_ns();
+        if wall > now {
+            clock.delay(Duration::from_nanos(wall - now));
+        }
+        let now = clock.now_ns();
+        {
+            let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            f.advance(now);
+            work += self.svc.poll(&mut f, now);
+        }
+        if work == 0 {
+            clock.relax();
+        }
+        work
+    }
+
+    /// Rounds until `done` (asked every `every` rounds) or `limit`.
+    pub fn pump_until(
+        &mut self,
+        guests: &mut [&mut Guest],
+        limit: Duration,
+        every: u64,
+        mut done: impl FnMut(&mut OpenSm, &mut [&mut Guest]) -> bool,
+    ) -> bool {
+        let t = Instant::now();
+        let mut n = 0u64;
+        let mut idle = 0u32;
+        loop {
+            if self.round(guests) == 0 {
+                idle += 1;
+                if idle > 64 {
+                    // Nothing for a while: let OpenSM (another process on
+                    // this 2-core machine) run.
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            } else {
+                idle = 0;
+            }
+            n += 1;
+            if n.is_multiple_of(every.max(1)) && done(self, guests) {
+                return true;
+            }
+            if t.elapsed() > limit {
+                return false;
+            }
+        }
+    }
+
+    /// OpenSM's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.svc.opensm_log()).unwrap_or_default()
+    }
+
+    /// Lines of OpenSM's log with "SUBNET UP".
+    pub fn subnet_ups(&self) -> usize {
+        self.log().matches("SUBNET UP").count()
+    }
+
+    /// When OpenSM was started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Runs an infiniband-diags tool on the SM host under the preload while
+    /// the guests and the server are served; returns (exit success, stdout
+    /// and stderr). Killed after `limit`.
+    pub fn diag(
+        &mut self,
+        guests: &mut [&mut Guest],
+        prog: &str,
+        args: &[&str],
+        limit: Duration,
+    ) -> (bool, String) {
+        let mut child = Command::new(prog)
+            .args(args)
+            .env("LD_PRELOAD", UMAD2SIM)
+            .env("IBSIM_SOCKNAME", &self.base)
+            .env("SIM_HOST", "smhost")
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+        let pid = child.id();
+        let t = Instant::now();
+        let mut ok = None;
+        while t.elapsed() < limit {
+            self.round(guests);
+            match child.try_wait() {
+                Ok(Some(st)) => {
+                    ok = Some(st.success());
+                    break;
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+        if ok.is_none() {
+            end_child(&mut child, &mut || {
+                self.round(guests);
+            });
+        }
+        // Serve the DISCONNECT of an exiting tool, then collect.
+        let mut text = String::new();
+        if let Ok(o) = child.wait_with_output() {
+            text.push_str(&String::from_utf8_lossy(&o.stdout));
+            text.push_str(&String::from_utf8_lossy(&o.stderr));
+        }
+        if ok.is_none() {
+            text.push_str(&format!("\n[{prog} killed after {limit:?}]"));
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join(format!("sys-{pid}")));
+        (ok.unwrap_or(false), text)
+    }
+
+    /// Ends OpenSM (serving its DISCONNECT) and removes the scratch
+    /// directory unless the test failed or `KEEP_SUBNET_SCRATCH` is set.
+    pub fn stop(mut self) {
+        let now = self
+            .fabric
+            .lock()
+            .map(|f| f.next_due().unwrap_or(0))
+            .unwrap_or(0);
+        {
+            let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            self.svc.stop(&mut f, now);
+        }
+        if std::env::var_os("KEEP_SUBNET_SCRATCH").is_none() && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Ends a child we spawned and have not reaped (SIGTERM, then SIGKILL
+/// after 3 s), running `serve` meanwhile.
+fn end_child(c: &mut Child, serve: &mut dyn FnMut()) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(c.id().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        serve();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
 }

@@ -1,0 +1,201 @@
+//! The real OpenSM (Debian's, under the umad2sim preload, attached through the fabric's ibsim server as the SM host on the switch's last port) brings driver-run HCAs to Active: two model HCAs with the real mlx4_core + mlx4_ib + ib_core on the `--nodes 2` topology, every SMP OpenSM sends to them crossing the fabric into their QP0 and answered by ib_core's agent and mlx4_ib (MAD_IFC). The real diags query them. Skipped loudly without the packages (`scripts/deps.sh ensure_ib_peers`).
+
+mod mlx4_common;
+mod subnet_common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ib_core::verbs::{EventType, PortState};
+use sim::fabric::{Capture, Fabric, Topology};
+use subnet_common::*;
+
+const UP_LIMIT: Duration = Duration::from_secs(20);
+
+struct Net {
+    fabric: Arc<Mutex<Fabric>>,
+    a: Guest,
+    b: Guest,
+    sm: OpenSm,
+    /// Port GUIDs of the guests' port 1.
+    guids: [u64; 2],
+}
+
+fn net(test: &str, args: &[&str]) -> Net {
+    let mut f = Fabric::new();
+    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+    let fabric = Arc::new(Mutex::new(f));
+    let (a, b) = sync_guests(&fabric, &built);
+    let sm = OpenSm::start(test, &fabric, built.switches[0].1, true, args);
+    // Every packet on every cable, from OpenSM's first SMP on (the
+    // service is polled only by the test's rounds, none has run yet).
+    let cap = Capture::create(&sm.dir.join("subnet.pcapng")).expect("capture file");
+    fabric.lock().unwrap().set_capture(Some(cap));
+    let guids = [built.hcas[0].node_guid + 1, built.hcas[1].node_guid + 1];
+    Net {
+        fabric,
+        a,
+        b,
+        sm,
+        guids,
+    }
+}
+
+fn up(n: &mut Net) -> Duration {
+    let t = Instant::now();
+    let ok =
+        n.sm.pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 256, |sm, g| {
+            sm.subnet_ups() >= 1 && g.iter_mut().all(|g| g.active())
+        });
+    assert!(
+        ok,
+        "SUBNET UP and both ports Active within {UP_LIMIT:?}; OpenSM log:\n{}",
+        n.sm.log()
+    );
+    t.elapsed()
+}
+
+/// OpenSM's LID of each port GUID, from its `guid2lid` cache file.
+fn guid2lid(sm: &OpenSm) -> Vec<(u64, u16)> {
+    let text = std::fs::read_to_string(sm.dir.join("guid2lid")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let g = u64::from_str_radix(w.next()?.trim_start_matches("0x"), 16).ok()?;
+            let lid = u16::from_str_radix(w.next()?.trim_start_matches("0x"), 16).ok()?;
+            Some((g, lid))
+        })
+        .collect()
+}
+
+/// The LID OpenSM gave port GUID `g`: its cache file is written at the
+/// end of a sweep, so wait for it a little (serving).
+fn opensm_lid(n: &mut Net, g: u64) -> u16 {
+    let mut lid = 0;
+    n.sm.pump_until(
+        &mut [&mut n.a, &mut n.b],
+        Duration::from_secs(5),
+        64,
+        |sm, _| {
+            lid = guid2lid(sm)
+                .iter()
+                .find(|(x, _)| *x == g)
+                .map_or(0, |x| x.1);
+            lid != 0
+        },
+    );
+    lid
+}
+
+#[test]
+fn opensm_brings_two_driver_run_hcas_to_active() {
+    if !peers_present("opensm_brings_two_driver_run_hcas_to_active") {
+        return;
+    }
+    let mut n = net("up", &[]);
+    let t = up(&mut n);
+    let smps = n.sm.svc.server.stats().client_smps;
+    let sm_lid = n.sm.svc.server.node("smhost").expect("SM host").lid();
+    eprintln!(
+        "OpenSM: both driver-run ports Active {t:?} after exec; {smps} SMPs from OpenSM so far"
+    );
+    assert_ne!(sm_lid, 0, "OpenSM's own port has a LID");
+    let guids = [n.guids[0], n.guids[1]];
+    let want = [opensm_lid(&mut n, guids[0]), opensm_lid(&mut n, guids[1])];
+    let log = n.sm.log();
+    for (k, g) in [&mut n.a, &mut n.b].into_iter().enumerate() {
+        let name = g.name.clone();
+        let p = g.port(1);
+        assert_eq!(p.state, PortState::Active, "{name}: {p:?}");
+        assert_ne!(want[k], 0, "{name}: OpenSM assigned a LID (guid2lid)");
+        assert_eq!(p.lid, want[k], "{name}: query_port shows OpenSM's LID");
+        assert_eq!(p.sm_lid, sm_lid, "{name}: SM LID is OpenSM's port");
+        let c = g.core.device(g.dev).unwrap().port_cache(1).unwrap();
+        assert_eq!((c.lid, c.sm_lid), (p.lid, sm_lid), "{name}: port cache");
+        let ev = g.events();
+        for e in [EventType::LidChange, EventType::PortActive] {
+            assert!(
+                ev.contains(&(e, 1)),
+                "{name}: {e:?} reached the client: {ev:?}"
+            );
+        }
+        // OpenSM's SMPs really reached this guest's QP0: its MAD layer
+        // handed them to mlx4_ib's process_mad (MAD_IFC) and sent the
+        // answers; nothing was dropped on the way in.
+        let m = g.core.mad_counters(g.dev, 1).expect("MAD port 1");
+        assert!(
+            m.process_mad_replies >= 10,
+            "{name}: SMPs answered through MAD_IFC: {m:?}"
+        );
+        assert_eq!(
+            (m.drop_smi, m.drop_wrong_qp, m.drop_no_agent, m.send_errors),
+            (0, 0, 0, 0),
+            "{name}: {m:?}"
+        );
+        eprintln!(
+            "{name}: LID {} events {ev:?}; {} SMPs answered",
+            p.lid, m.process_mad_replies
+        );
+    }
+    assert_ne!(want[0], want[1], "distinct LIDs");
+    // The SMPs crossed the guests' cables as packets (VL15, QP0), and
+    // tshark reads them so.
+    let answered = [
+        n.a.core
+            .mad_counters(n.a.dev, 1)
+            .unwrap()
+            .process_mad_replies,
+        n.b.core
+            .mad_counters(n.b.dev, 1)
+            .unwrap()
+            .process_mad_replies,
+    ];
+    let pcap = n.sm.dir.join("subnet.pcapng");
+    n.fabric
+        .lock()
+        .unwrap()
+        .capture_mut()
+        .expect("capture")
+        .flush()
+        .expect("capture written");
+    if Path::new("/usr/bin/tshark").exists() {
+        let out = Command::new("/usr/bin/tshark")
+            .arg("-r")
+            .arg(&pcap)
+            .args(["-Y", "infiniband.mad.mgmtclass == 0x81"])
+            .args(["-T", "fields", "-e", "frame.interface_name"])
+            .args(["-e", "infiniband.lrh.vl", "-e", "infiniband.bth.destqp"])
+            .output()
+            .expect("tshark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for (k, node) in ["node0/1", "node1/1"].into_iter().enumerate() {
+            let smps: Vec<&str> = text.lines().filter(|l| l.contains(node)).collect();
+            assert!(
+                smps.len() as u64 >= 2 * answered[k],
+                "{node}: each of the {} answered SMPs crossed its cable twice: {} captured",
+                answered[k],
+                smps.len()
+            );
+            assert!(
+                smps.iter()
+                    .all(|l| l.ends_with("\t15\t0") || l.ends_with("\t0x0f\t0x000000")),
+                "{node}: VL15 to QP0:\n{}",
+                smps.join("\n")
+            );
+        }
+    } else {
+        eprintln!("!!!!! tshark missing: the capture was not dissected");
+    }
+    for bad in ["ERR 0F10", "ERR 3120"] {
+        assert!(
+            !log.contains(bad),
+            "OpenSM logged no {bad} (refused SubnSet / timed-out SMP):\n{log}"
+        );
+    }
+    let Net { a, b, sm, .. } = n;
+    sm.stop();
+    a.teardown();
+    b.teardown();
+}
