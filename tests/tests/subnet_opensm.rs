@@ -199,3 +199,208 @@ fn opensm_brings_two_driver_run_hcas_to_active() {
     a.teardown();
     b.teardown();
 }
+
+/// The value of a `Name:.....value` line of the diags.
+fn field(out: &str, name: &str) -> String {
+    out.lines()
+        .map(str::trim)
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            rest.starts_with([':', '.'])
+                .then(|| rest.trim_start_matches([':', '.']).trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn counter(out: &str, name: &str) -> u64 {
+    field(out, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("no {name} in\n{out}"))
+}
+
+const DIAG_LIMIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn diags_and_the_sa_query_driver_run_guests() {
+    if !peers_present("diags_and_the_sa_query_driver_run_guests") {
+        return;
+    }
+    let mut n = net("diags", &[]);
+    up(&mut n);
+    let (la, lb) = (n.a.port(1).lid, n.b.port(1).lid);
+    let descs = [
+        ib_tools::diags::node_desc_string(n.a.ib().node_desc()),
+        ib_tools::diags::node_desc_string(n.b.ib().node_desc()),
+    ];
+    let Net { a, b, sm, .. } = &mut n;
+    let mut g = [a, b];
+
+    // ibnetdiscover walks the fabric by directed route: the switch, both
+    // guests (NodeInfo and NodeDescription answered by their drivers) and
+    // the SM host.
+    let (ok, out) = sm.diag(&mut g, "/usr/sbin/ibnetdiscover", &[], DIAG_LIMIT);
+    assert!(ok, "ibnetdiscover:\n{out}");
+    for want in [
+        "Switch\t36 \"S-0002c90000000100\"".to_string(),
+        "caguid=0x2c90300000010".to_string(),
+        "caguid=0x2c90300000020".to_string(),
+        format!("# \"{}\"", descs[0]),
+        format!("# \"{}\"", descs[1]),
+        format!("lid {la} "),
+        format!("lid {lb} "),
+    ] {
+        assert!(out.contains(&want), "ibnetdiscover shows {want:?}:\n{out}");
+    }
+    assert_eq!(
+        descs,
+        ["node0 HCA-1", "node1 HCA-1"],
+        "the drivers' node_desc"
+    );
+
+    // perfquery from the host: guest a's PMA (its ib_core agent on QP1,
+    // mlx4_ib's process_mad, the firmware PMA through MAD_IFC) answers;
+    // the counters grow by what an RC WRITE stream to guest b moved.
+    let la_s = la.to_string();
+    let lb_s = lb.to_string();
+    let (ok, before) = sm.diag(&mut g, "/usr/sbin/perfquery", &[&la_s, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery {la} 1:\n{before}");
+    assert_eq!(field(&before, "PortSelect"), "1", "{before}");
+    let (ok, before_b) = sm.diag(&mut g, "/usr/sbin/perfquery", &[&lb_s, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery {lb} 1:\n{before_b}");
+    let pma_replies = g[0]
+        .core
+        .mad_counters(g[0].dev, 1)
+        .unwrap()
+        .process_mad_replies;
+    let [ga, gb] = &mut g;
+    let bytes = rc_write(ga, gb, 64, 8192, &mut |a, b| {
+        sm.round(&mut [a, b]);
+    });
+    let (ok, after) = sm.diag(&mut g, "/usr/sbin/perfquery", &[&la_s, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery {la} 1:\n{after}");
+    let (ok, after_b) = sm.diag(&mut g, "/usr/sbin/perfquery", &[&lb_s, "1"], DIAG_LIMIT);
+    assert!(ok, "perfquery {lb} 1:\n{after_b}");
+    let grew = |o1: &str, o2: &str, name: &str| counter(o2, name) - counter(o1, name);
+    // PortXmitData counts 4-byte words of LRH..ICRC: the payload alone
+    // is bytes / 4.
+    let (xd, xp) = (
+        grew(&before, &after, "PortXmitData"),
+        grew(&before, &after, "PortXmitPkts"),
+    );
+    let (rd, rp) = (
+        grew(&before_b, &after_b, "PortRcvData"),
+        grew(&before_b, &after_b, "PortRcvPkts"),
+    );
+    eprintln!(
+        "RC WRITE {bytes} bytes: guest a XmitData +{xd} words, XmitPkts +{xp}; guest b RcvData +{rd}, RcvPkts +{rp}"
+    );
+    assert!(
+        xd >= bytes / 4 && rd >= bytes / 4,
+        "data counters grew by the payload at least"
+    );
+    assert!(
+        xp >= 64 * 4 && rp >= 64 * 4,
+        "8 KiB at MTU 2048: 4 packets a WRITE"
+    );
+    assert!(
+        g[0].core
+            .mad_counters(g[0].dev, 1)
+            .unwrap()
+            .process_mad_replies
+            > pma_replies,
+        "the second perfquery was answered by guest a's own agent"
+    );
+
+    // saquery -p (OpenSM's SA) from the SM host: the path a -> b.
+    let src_dst = format!("{la}:{lb}");
+    let (ok, out) = sm.diag(
+        &mut g,
+        "/usr/sbin/saquery",
+        &["-p", "--src-to-dst", &src_dst],
+        DIAG_LIMIT,
+    );
+    assert!(ok, "saquery -p:\n{out}");
+    assert_eq!(field(&out, "slid"), la_s, "{out}");
+    assert_eq!(field(&out, "dlid"), lb_s, "{out}");
+    assert_eq!(
+        field(&out, "mtu"),
+        "0x85",
+        "exactly 4096 (both ends' MTUCap):\n{out}"
+    );
+    assert_eq!(
+        field(&out, "rate"),
+        "0x87",
+        "exactly 40 Gb/s (4x QDR):\n{out}"
+    );
+    assert_eq!(
+        field(&out, "sgid"),
+        "fe80::2:c903:0:11",
+        "guest a's port GID:\n{out}"
+    );
+
+    // The guest's own SA client asks OpenSM's SA (QP1 to the SM LID the
+    // port cache holds) for the path to guest b.
+    let (dev, sa) = (g[0].dev, g[0].sa);
+    let rec = ib_core::sa_query::PathRecord {
+        sgid: g[0].core.device(dev).unwrap().get_cached_gid(1, 0).unwrap(),
+        slid: la,
+        dlid: lb,
+        pkey: 0xffff,
+        numb_path: 1,
+        reversible: true,
+        ..Default::default()
+    };
+    use ib_core::sa_query::path_comp as pc;
+    let mask = pc::SGID | pc::SLID | pc::DLID | pc::PKEY | pc::NUMB_PATH | pc::REVERSIBLE;
+    let q = ib_core::sa_query::ib_sa_path_rec_get(
+        &mut g[0].core,
+        sa,
+        dev,
+        1,
+        &rec,
+        mask,
+        Duration::from_secs(10),
+    )
+    .expect("PathRecord query started");
+    let mut got = None;
+    sm.pump_until(&mut g, Duration::from_secs(15), 1, |_, g| {
+        got = ib_core::sa_query::ib_sa_query_result(&mut g[0].core, sa, q);
+        got.is_some()
+    });
+    let resp = got
+        .expect("the SA answered within 15 s")
+        .expect("PathRecord");
+    let paths = resp.path_records().expect("parsed");
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    let p = &paths[0];
+    eprintln!("guest a's PathRecord to LID {lb}: {p:?}");
+    assert_eq!((p.slid, p.dlid), (la, lb));
+    assert_eq!(p.sgid, rec.sgid);
+    assert_eq!(
+        p.dgid,
+        g[1].core
+            .device(g[1].dev)
+            .unwrap()
+            .get_cached_gid(1, 0)
+            .unwrap()
+    );
+    assert_eq!((p.mtu_selector, p.mtu), (2, 5), "exactly 4096");
+    assert_eq!((p.rate_selector, p.rate), (2, 7), "exactly 40 Gb/s");
+    assert_eq!(p.pkey, 0xffff);
+    assert!(p.reversible);
+    // ib_init_ah_from_path turns it into an address vector to guest b.
+    let ah = ib_core::sa_query::ib_init_ah_from_path(g[0].core.device(dev).unwrap(), 1, p)
+        .expect("AH from the path");
+    assert_eq!((ah.dlid, ah.port_num), (lb, 1));
+    let sac = ib_core::sa_query::sa_counters(&mut g[0].core, sa, dev, 1).unwrap();
+    assert_eq!(
+        (sac.answered, sac.timeouts, sac.errors),
+        (1, 0, 0),
+        "{sac:?}"
+    );
+
+    let Net { a, b, sm, .. } = n;
+    sm.stop();
+    a.teardown();
+    b.teardown();
+}

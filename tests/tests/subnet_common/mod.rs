@@ -41,6 +41,8 @@ pub struct Guest {
     pub core: IbCore,
     pub dev: DeviceId,
     pub events: EventLog,
+    /// ib_core's SA client (Linux's `ib_sa` module, loaded with the core).
+    pub sa: ClientId,
 }
 
 /// Brings the whole stack up on `hca` (probe, mlx4_ib add, ib_core
@@ -55,6 +57,7 @@ pub fn guest(hca: SimHca, name: &str) -> Guest {
     let mut core = IbCore::new(clock);
     let events = EventLog::default();
     core.ib_register_client(Box::new(PortEvents(events.clone())));
+    let sa = ib_core::sa_query::ib_sa_init(&mut core);
     let dev = core
         .ib_register_device(Box::new(ib))
         .map_err(|e| e.error)
@@ -65,6 +68,7 @@ pub fn guest(hca: SimHca, name: &str) -> Guest {
         core,
         dev,
         events,
+        sa,
     }
 }
 
@@ -149,6 +153,20 @@ pub fn pump_until(
     }
 }
 
+/// The model of guest HCA `h`: its node GUID from the topology, a system
+/// image GUID of its own (node GUID + 3, as on a ConnectX-3; two guests are
+/// two systems) and a host-style NodeDescription in the firmware ("node0
+/// HCA-1", what OFED's init script or rdma-ndd would set on a Linux host),
+/// which mlx4_ib reads at add time and answers SMPs with.
+pub fn guest_config(h: &sim::fabric::topology::BuiltHca) -> sim::SimConfig {
+    sim::SimConfig {
+        node_guid: h.node_guid,
+        sys_image_guid: h.node_guid + 3,
+        node_description: format!("{} HCA-1", h.name),
+        ..sim::SimConfig::default()
+    }
+}
+
 /// Two synchronous guests on `fabric` (one fake clock, stepped together),
 /// on the first two HCAs of `built`, brought up one after the other.
 pub fn sync_guests(
@@ -157,14 +175,8 @@ pub fn sync_guests(
 ) -> (Guest, Guest) {
     let wire = sim::Wire::over(fabric.clone(), sim::SimConfig::default().relax_step);
     let mut g = built.hcas.iter().take(2).map(|h| {
-        let hca = SimHca::new_on_ports(
-            sim::SimConfig {
-                node_guid: h.node_guid,
-                ..sim::SimConfig::default()
-            },
-            &wire,
-            [Some(h.ports[0]), Some(h.ports[1])],
-        );
+        let hca =
+            SimHca::new_on_ports(guest_config(h), &wire, [Some(h.ports[0]), Some(h.ports[1])]);
         guest(hca, &h.name)
     });
     let a = g.next().expect("two HCAs in the topology");
@@ -433,4 +445,225 @@ fn end_child(c: &mut Child, serve: &mut dyn FnMut()) {
     }
     let _ = c.kill();
     let _ = c.wait();
+}
+
+// --- RC traffic between two guests -----------------------------------------
+
+use ib_core::verbs::{
+    AccessFlags, AhAttr, CqInitAttr, Mr, MrPages, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
+    QpState, QpType, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
+};
+use ib_core::verbs::{Cq, Pd, Qp};
+
+/// One end of an RC connection made with plain verbs (no CM).
+pub struct RcEnd {
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+    buf: hal::DmaBuf,
+    pub qpn: u32,
+}
+
+/// Size of each end's registered buffer.
+pub const RC_BUF: usize = 64 * 1024;
+const RC_IOVA: u64 = 0x4000_0000;
+
+fn rc_end(g: &mut Guest) -> RcEnd {
+    let pool = g.hca.dma_pool();
+    let d = g.core.device_mut(g.dev).expect("device");
+    let pd = d.alloc_pd().expect("PD");
+    let (cq, _) = d
+        .create_cq(&CqInitAttr {
+            cqe: 128,
+            comp_vector: 0,
+        })
+        .expect("CQ");
+    let (qp, _) = d
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 64,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_type: SigType::AllWr,
+                qp_type: QpType::Rc,
+                port_num: 1,
+            },
+        )
+        .expect("RC QP");
+    let buf = pool.alloc_pages(RC_BUF / 4096).expect("DMA buffer");
+    let pages: Vec<u64> = (0..(RC_BUF / 4096) as u64)
+        .map(|i| buf.bus_addr().0 + i * 4096)
+        .collect();
+    let mr = d
+        .reg_mr(
+            pd,
+            &MrPages {
+                pages: &pages,
+                page_shift: 12,
+                iova: RC_IOVA,
+                length: RC_BUF as u64,
+                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            },
+        )
+        .expect("MR");
+    RcEnd {
+        pd,
+        cq,
+        qpn: qp.qp_num,
+        qp,
+        mr,
+        buf,
+    }
+}
+
+fn rc_connect(g: &mut Guest, e: &RcEnd, dlid: u16, dqpn: u32) {
+    let d = g.core.device_mut(g.dev).expect("device");
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        pkey_index: 0,
+        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        ..Default::default()
+    };
+    d.modify_qp(
+        e.qp,
+        &a,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    let a = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: Mtu::Mtu2048,
+        dest_qp_num: dqpn,
+        rq_psn: 0,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: AhAttr {
+            dlid,
+            port_num: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    d.modify_qp(
+        e.qp,
+        &a,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .expect("RTR");
+    let a = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 0,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    d.modify_qp(
+        e.qp,
+        &a,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .expect("RTS");
+}
+
+fn rc_free(g: &mut Guest, e: RcEnd) {
+    let d = g.core.device_mut(g.dev).expect("device");
+    d.destroy_qp(e.qp).expect("destroy QP");
+    d.dereg_mr(e.mr).expect("dereg MR");
+    d.destroy_cq(e.cq).expect("destroy CQ");
+    d.dealloc_pd(e.pd).expect("dealloc PD");
+    drop(e.buf);
+}
+
+/// `count` RDMA WRITEs of `size` bytes from `a` into `b`'s buffer over an
+/// RC connection made with verbs between the LIDs the SM gave them (the
+/// switch forwards by the LFT the SM programmed), the data checked;
+/// `serve` runs between polls (the SM's server). Returns the bytes moved.
+pub fn rc_write(
+    a: &mut Guest,
+    b: &mut Guest,
+    count: usize,
+    size: usize,
+    serve: &mut dyn FnMut(&mut Guest, &mut Guest),
+) -> u64 {
+    assert!(size <= RC_BUF);
+    let (la, lb) = (a.port(1).lid, b.port(1).lid);
+    let ea = rc_end(a);
+    let eb = rc_end(b);
+    rc_connect(a, &ea, lb, eb.qpn);
+    rc_connect(b, &eb, la, ea.qpn);
+    let pattern: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    ea.buf.write_bytes(0, &pattern);
+    let rkey = eb.mr.rkey;
+    let t = Instant::now();
+    let mut done = 0;
+    let mut posted = 0;
+    let mut wc = [Wc::default(); 16];
+    while done < count {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "RC WRITEs stuck: {done} of {count} done"
+        );
+        while posted < count && posted - done < 32 {
+            let sge = [Sge {
+                addr: RC_IOVA,
+                length: size as u32,
+                lkey: ea.mr.lkey,
+            }];
+            let wr = SendWr {
+                wr_id: posted as u64,
+                sg_list: &sge,
+                opcode: WrOpcode::RdmaWrite,
+                send_flags: SendFlags::SIGNALED,
+                wr: WrDetail::Rdma {
+                    remote_addr: RC_IOVA,
+                    rkey,
+                },
+                ..Default::default()
+            };
+            a.core
+                .device_mut(a.dev)
+                .expect("device")
+                .post_send(ea.qp, &[wr])
+                .expect("post RDMA WRITE");
+            posted += 1;
+        }
+        let n = a
+            .core
+            .device_mut(a.dev)
+            .expect("device")
+            .poll_cq(ea.cq, &mut wc)
+            .expect("poll CQ");
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        }
+        done += n;
+        serve(a, b);
+        if n == 0 {
+            a.core.clock().relax();
+        }
+    }
+    let mut back = vec![0u8; size];
+    eb.buf.read_bytes(0, &mut back);
+    assert_eq!(back, pattern, "the data landed in the peer's buffer");
+    rc_free(a, ea);
+    rc_free(b, eb);
+    (count * size) as u64
 }
