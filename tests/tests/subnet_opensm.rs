@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ib_core::verbs::{EventType, PortState};
-use sim::fabric::{Capture, Fabric, Topology};
+use sim::fabric::{Capture, Fabric, PortId, Topology};
 use subnet_common::*;
 
 const UP_LIMIT: Duration = Duration::from_secs(20);
@@ -21,6 +21,8 @@ struct Net {
     sm: OpenSm,
     /// Port GUIDs of the guests' port 1.
     guids: [u64; 2],
+    /// Fabric ports of the guests' port 1.
+    ports: [PortId; 2],
 }
 
 fn net(test: &str, args: &[&str]) -> Net {
@@ -34,7 +36,9 @@ fn net(test: &str, args: &[&str]) -> Net {
     let cap = Capture::create(&sm.dir.join("subnet.pcapng")).expect("capture file");
     fabric.lock().unwrap().set_capture(Some(cap));
     let guids = [built.hcas[0].node_guid + 1, built.hcas[1].node_guid + 1];
+    let ports = [built.hcas[0].ports[0], built.hcas[1].ports[0]];
     Net {
+        ports,
         fabric,
         a,
         b,
@@ -399,6 +403,113 @@ fn diags_and_the_sa_query_driver_run_guests() {
         "{sac:?}"
     );
 
+    let Net { a, b, sm, .. } = n;
+    sm.stop();
+    a.teardown();
+    b.teardown();
+}
+
+/// Guest `k`'s fabric port and the switch port its cable goes to.
+fn cable(n: &Net, k: usize) -> (PortId, PortId) {
+    let f = n.fabric.lock().unwrap();
+    let mine = n.ports[k];
+    (mine, f.peer(mine).expect("cabled"))
+}
+
+#[test]
+fn a_pulled_cable_comes_back_active_with_its_lid_by_the_trap_alone() {
+    if !peers_present("a_pulled_cable_comes_back_active_with_its_lid_by_the_trap_alone") {
+        return;
+    }
+    // No periodic sweep: only the switch's Trap 128 can make OpenSM look.
+    let mut n = net("cable", &["-s", "0"]);
+    up(&mut n);
+    let lid = n.a.port(1).lid;
+    let ups = n.sm.subnet_ups();
+    let (mine, sw_port) = cable(&n, 0);
+    n.fabric.lock().unwrap().unplug(mine).expect("pulled");
+    let down = n.sm.pump_until(
+        &mut [&mut n.a, &mut n.b],
+        Duration::from_secs(5),
+        16,
+        |_, g| g[0].port(1).state == PortState::Down,
+    );
+    assert!(down, "guest a's port went Down: {:?}", n.a.port(1));
+    assert!(
+        n.a.events().contains(&(EventType::PortErr, 1)),
+        "IB_EVENT_PORT_ERR reached the client: {:?}",
+        n.a.events()
+    );
+    let t = Instant::now();
+    n.fabric
+        .lock()
+        .unwrap()
+        .connect(mine, sw_port)
+        .expect("plugged back");
+    let back = n.sm.pump_until(
+        &mut [&mut n.a, &mut n.b],
+        Duration::from_secs(15),
+        64,
+        |_, g| g[0].active(),
+    );
+    let log = n.sm.log();
+    assert!(
+        back,
+        "Active again after the cable came back; OpenSM log:\n{log}"
+    );
+    eprintln!("cable back -> Active in {:?}", t.elapsed());
+    let p = n.a.port(1);
+    assert_eq!(p.lid, lid, "the same LID");
+    assert!(n.sm.subnet_ups() > ups, "OpenSM swept again (trap 128)");
+    assert!(
+        log.contains("Trap") || log.contains("trap"),
+        "OpenSM logged the trap:\n{log}"
+    );
+    // The other guest never noticed.
+    assert!(n.b.active());
+    assert!(!n.b.events().contains(&(EventType::PortErr, 1)));
+    let Net { a, b, sm, .. } = n;
+    sm.stop();
+    a.teardown();
+    b.teardown();
+}
+
+#[test]
+fn an_opensm_restart_keeps_the_lids() {
+    if !peers_present("an_opensm_restart_keeps_the_lids") {
+        return;
+    }
+    let mut n = net("restart", &["-s", "1"]);
+    up(&mut n);
+    let lids = [n.a.port(1).lid, n.b.port(1).lid];
+    let sm_lid = n.sm.svc.server.node("smhost").unwrap().lid();
+    let before = [n.a.events().len(), n.b.events().len()];
+    n.sm.restart(&mut [&mut n.a, &mut n.b], &["-s", "1"]);
+    let ok =
+        n.sm.pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 256, |sm, _| {
+            sm.subnet_ups() >= 1
+        });
+    assert!(
+        ok,
+        "the new OpenSM brought the subnet up:\n{}",
+        n.sm.current_log()
+    );
+    let log = n.sm.current_log();
+    for bad in ["ERR 0F10", "ERR 3120"] {
+        assert!(!log.contains(bad), "no {bad} after the restart:\n{log}");
+    }
+    for (k, g) in [&mut n.a, &mut n.b].into_iter().enumerate() {
+        let p = g.port(1);
+        assert_eq!(p.state, PortState::Active);
+        assert_eq!(p.lid, lids[k], "{}: LID kept across the SM restart", g.name);
+        assert_eq!(p.sm_lid, sm_lid, "{}: same SM LID", g.name);
+        let ev = g.events()[before[k]..].to_vec();
+        assert!(
+            !ev.contains(&(EventType::LidChange, 1)) && !ev.contains(&(EventType::PortErr, 1)),
+            "{}: no LID change, no port error: {ev:?}",
+            g.name
+        );
+    }
     let Net { a, b, sm, .. } = n;
     sm.stop();
     a.teardown();

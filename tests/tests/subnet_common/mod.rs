@@ -231,6 +231,9 @@ pub struct OpenSm {
     pub base: String,
     t0: Instant,
     started: Instant,
+    /// An OpenSM started again by [`OpenSm::restart`] (the service's own
+    /// child was ended by then).
+    restarted: Option<Child>,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -276,6 +279,7 @@ impl OpenSm {
             base,
             t0: Instant::now(),
             started: Instant::now(),
+            restarted: None,
         }
     }
 
@@ -345,9 +349,9 @@ impl OpenSm {
         std::fs::read_to_string(self.svc.opensm_log()).unwrap_or_default()
     }
 
-    /// Lines of OpenSM's log with "SUBNET UP".
+    /// Lines of the running OpenSM's log with "SUBNET UP".
     pub fn subnet_ups(&self) -> usize {
-        self.log().matches("SUBNET UP").count()
+        self.current_log().matches("SUBNET UP").count()
     }
 
     /// When OpenSM was started.
@@ -408,6 +412,50 @@ impl OpenSm {
         (ok.unwrap_or(false), text)
     }
 
+    /// Ends OpenSM (SIGTERM, its DISCONNECT served) and starts it again
+    /// on the SM host with `args`, its log, cache and dump files in a new
+    /// directory (`<dir>/restart`): an SM that knows nothing of the LIDs
+    /// given before except what the ports report.
+    pub fn restart(&mut self, guests: &mut [&mut Guest], args: &[&str]) {
+        let now = guests.first().map_or(0, |g| g.hca.clock().now_ns());
+        {
+            let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            self.svc.stop(&mut f, now);
+        }
+        self.end_restarted();
+        let dir = self.dir.join("restart");
+        let _ = std::fs::create_dir_all(&dir);
+        let child = sim::fabric::ibsim::opensm_command(&self.base, "smhost", &dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("OpenSM started again");
+        self.restarted = Some(child);
+        self.started = Instant::now();
+    }
+
+    /// The log of the OpenSM running now.
+    pub fn current_log(&self) -> String {
+        if self.restarted.is_some() {
+            std::fs::read_to_string(self.dir.join("restart").join("opensm.log")).unwrap_or_default()
+        } else {
+            self.log()
+        }
+    }
+
+    fn end_restarted(&mut self) {
+        if let Some(mut c) = self.restarted.take() {
+            let (fabric, svc) = (&self.fabric, &mut self.svc);
+            end_child(&mut c, &mut || {
+                let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+                let now = f.next_due().unwrap_or(0);
+                svc.poll(&mut f, now);
+            });
+        }
+    }
+
     /// Ends OpenSM (serving its DISCONNECT) and removes the scratch
     /// directory unless the test failed or `KEEP_SUBNET_SCRATCH` is set.
     pub fn stop(mut self) {
@@ -416,6 +464,7 @@ impl OpenSm {
             .lock()
             .map(|f| f.next_due().unwrap_or(0))
             .unwrap_or(0);
+        self.end_restarted();
         {
             let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
             self.svc.stop(&mut f, now);
@@ -666,4 +715,15 @@ pub fn rc_write(
     rc_free(a, ea);
     rc_free(b, eb);
     (count * size) as u64
+}
+
+impl Drop for OpenSm {
+    fn drop(&mut self) {
+        // A failed test: end a restarted OpenSM at once (the service ends
+        // its own child when it is dropped).
+        if let Some(mut c) = self.restarted.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
