@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ib_core::verbs::{EventType, PortState};
-use sim::fabric::{Fabric, SmConfig, Topology};
+use sim::fabric::{Fabric, PortId, SmConfig, Topology};
 use subnet_common::*;
 
 /// Wall time the SM may take (debug build, shared machine); a run takes
@@ -20,6 +20,8 @@ struct Subnet {
     b: Guest,
     /// Port GUIDs of the guests' port 1.
     guids: [u64; 2],
+    /// Fabric ports of the guests' port 1.
+    ports: [PortId; 2],
 }
 
 fn subnet() -> Subnet {
@@ -30,11 +32,13 @@ fn subnet() -> Subnet {
     let fabric = Arc::new(Mutex::new(f));
     let (a, b) = sync_guests(&fabric, &built);
     let guids = [built.hcas[0].node_guid + 1, built.hcas[1].node_guid + 1];
+    let ports = [built.hcas[0].ports[0], built.hcas[1].ports[0]];
     Subnet {
         fabric,
         a,
         b,
         guids,
+        ports,
     }
 }
 
@@ -45,6 +49,7 @@ fn embedded_sm_brings_two_driver_run_hcas_to_active() {
         mut a,
         mut b,
         guids,
+        ..
     } = subnet();
     let up = pump_until(&mut [&mut a, &mut b], UP_LIMIT, 64, |g| {
         g.iter_mut().all(|g| g.active())
@@ -104,6 +109,77 @@ fn embedded_sm_brings_two_driver_run_hcas_to_active() {
             assert_eq!(e.state(), 4, "Active in the SM's view");
         }
     }
+    a.teardown();
+    b.teardown();
+}
+
+fn up(s: &mut Subnet) {
+    let ok = pump_until(&mut [&mut s.a, &mut s.b], UP_LIMIT, 64, |g| {
+        g.iter_mut().all(|g| g.active())
+    });
+    let log = s.fabric.lock().unwrap().sm().unwrap().log().join("\n");
+    assert!(ok, "both ports Active; SM log:\n{log}");
+}
+
+#[test]
+fn embedded_sm_cable_pull_and_sm_restart_keep_the_lids() {
+    let mut s = subnet();
+    up(&mut s);
+    let lids = [s.a.port(1).lid, s.b.port(1).lid];
+    // Pull guest a's cable: Down, IB_EVENT_PORT_ERR.
+    let mine = s.ports[0];
+    let sw_port = s.fabric.lock().unwrap().peer(mine).expect("cabled");
+    s.fabric.lock().unwrap().unplug(mine).unwrap();
+    let down = pump_until(&mut [&mut s.a, &mut s.b], UP_LIMIT, 16, |g| {
+        g[0].port(1).state == PortState::Down
+    });
+    assert!(down, "{:?}", s.a.port(1));
+    assert!(s.a.events().contains(&(EventType::PortErr, 1)));
+    // Back in: the switch's Trap 128 makes the SM sweep at once.
+    let heavy = s.fabric.lock().unwrap().sm().unwrap().stats().heavy_sweeps;
+    let t0 = s.a.hca.clock().now_ns();
+    s.fabric.lock().unwrap().connect(mine, sw_port).unwrap();
+    up(&mut s);
+    let took_ms = (s.a.hca.clock().now_ns() - t0) / 1_000_000;
+    let st = s.fabric.lock().unwrap().sm().unwrap().stats().clone();
+    assert!(st.heavy_sweeps > heavy && st.traps >= 1, "{st:?}");
+    assert!(
+        took_ms < 1000,
+        "back within a second of model time (trap-driven, not the 10 s sweep): {took_ms} ms"
+    );
+    assert_eq!(
+        s.a.port(1).lid,
+        lids[0],
+        "same LID after the cable came back"
+    );
+    // Restart the SM: it forgets everything, keeps what the ports report.
+    let before = [s.a.events().len(), s.b.events().len()];
+    s.fabric.lock().unwrap().restart_sm();
+    let swept = pump_until(&mut [&mut s.a, &mut s.b], UP_LIMIT, 64, |_| {
+        s.fabric.lock().unwrap().sm().unwrap().stats().heavy_sweeps >= 1
+    });
+    assert!(swept);
+    for (k, g) in [&mut s.a, &mut s.b].into_iter().enumerate() {
+        assert!(g.active(), "{}", g.name);
+        assert_eq!(
+            g.port(1).lid,
+            lids[k],
+            "{}: LID kept across the SM restart",
+            g.name
+        );
+        let ev = g.events()[before[k]..].to_vec();
+        assert!(
+            !ev.contains(&(EventType::LidChange, 1)) && !ev.contains(&(EventType::PortErr, 1)),
+            "{}: {ev:?}",
+            g.name
+        );
+        assert!(
+            ev.contains(&(EventType::ClientReregister, 1)),
+            "{}: the new SM's first sweep asks clients to re-register: {ev:?}",
+            g.name
+        );
+    }
+    let Subnet { a, b, .. } = s;
     a.teardown();
     b.teardown();
 }
