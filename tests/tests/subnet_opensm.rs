@@ -515,3 +515,140 @@ fn an_opensm_restart_keeps_the_lids() {
     a.teardown();
     b.teardown();
 }
+
+/// Seconds of the day of an OpenSM log line ("Nov 23 05:52:03 942366 ...").
+fn log_time(line: &str) -> Option<f64> {
+    let mut w = line.split_whitespace().skip(2);
+    let hms: Vec<f64> = w
+        .next()?
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let us: f64 = w.next()?.parse().ok()?;
+    (hms.len() == 3).then(|| hms[0] * 3600.0 + hms[1] * 60.0 + hms[2] + us / 1e6)
+}
+
+/// From OpenSM's log: (first line -> SUBNET UP, DISCOVERING -> SUBNET UP),
+/// in ms.
+fn log_spans(log: &str) -> Option<(f64, f64)> {
+    let first = log_time(log.lines().next()?)?;
+    let disc = log_time(log.lines().find(|l| l.contains("Entering DISCOVERING"))?)?;
+    let up = log_time(log.lines().find(|l| l.contains("SUBNET UP"))?)?;
+    Some(((up - first) * 1e3, (up - disc) * 1e3))
+}
+
+/// 1 switch of 8 ports, two CAs on ports 1 and 2 (the SM host goes on
+/// port 8): the shape of real-peers.md's measurement (1 switch, 3 CAs).
+const NET_TWO: &str = r#"
+vendid=0x02c9
+devid=0xc738
+switchguid=0x0002c90000000100
+Switch	8 "Sw1"
+[1]	"H1"[1]
+[2]	"H2"[1]
+
+vendid=0x02c9
+devid=0x1003
+caguid=0x0002c90300000010
+Ca	2 "H1"
+[1]	"Sw1"[1]
+
+vendid=0x02c9
+devid=0x1003
+caguid=0x0002c90300000020
+Ca	2 "H2"
+[1]	"Sw1"[2]
+"#;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// OpenSM's SUBNET UP on our fabric with the two CAs driver-run (mlx4 +
+/// ib_core answering through QP0 and MAD_IFC) and, for comparison, the
+/// same net with the CAs modelled by the fabric (host nodes): 5 cold runs
+/// each, medians; SMPs of the cold sweep and of idle light sweeps (-s 1).
+/// `cargo test --release -p tests --test subnet_opensm -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_opensm_subnet_up_driver_run_vs_host_nodes() {
+    if !peers_present("bench_opensm_subnet_up_driver_run_vs_host_nodes") {
+        return;
+    }
+    const RUNS: usize = 5;
+    for driver in [true, false] {
+        let (mut exec, mut first, mut disc, mut smps, mut light) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for run in 0..RUNS {
+            let mut f = Fabric::new();
+            let built = Topology::from_netfile(NET_TWO)
+                .unwrap()
+                .build(&mut f)
+                .unwrap();
+            let fabric = Arc::new(Mutex::new(f));
+            let (mut guests, extra) = if driver {
+                let (a, b) = sync_guests(&fabric, &built);
+                (vec![a, b], Vec::new())
+            } else {
+                let mut f = fabric.lock().unwrap();
+                (
+                    Vec::new(),
+                    sim::fabric::ibsim::host_nodes_beyond(&mut f, &built, 0),
+                )
+            };
+            let sw = built.switches[0].1;
+            let mut sm = OpenSm::start_with(
+                &format!("bench{run}"),
+                &fabric,
+                sw,
+                true,
+                &["-s", "1"],
+                extra,
+            );
+            let mut g: Vec<&mut Guest> = guests.iter_mut().collect();
+            let t = Instant::now();
+            let mut last_read = Instant::now();
+            let ok = sm.pump_until(&mut g, UP_LIMIT, 1, |sm, _| {
+                if last_read.elapsed() < Duration::from_micros(500) {
+                    return false;
+                }
+                last_read = Instant::now();
+                sm.subnet_ups() >= 1
+            });
+            assert!(ok, "SUBNET UP:\n{}", sm.log());
+            exec.push(t.elapsed().as_secs_f64() * 1e3);
+            let n0 = sm.svc.server.stats().client_smps;
+            smps.push(n0 as f64);
+            // Idle light sweeps, one a second.
+            sm.pump_until(&mut g, Duration::from_secs(3), 1 << 20, |_, _| false);
+            light.push((sm.svc.server.stats().client_smps - n0) as f64 / 3.0);
+            let (a, b) = log_spans(&sm.log()).expect("log spans");
+            first.push(a);
+            disc.push(b);
+            if driver {
+                for x in g.iter_mut() {
+                    assert!(x.active());
+                }
+            }
+            drop(g);
+            sm.stop();
+            for x in guests {
+                x.teardown();
+            }
+        }
+        println!(
+            "OpenSM on NET_TWO (1 switch, 2 CAs + SM host), CAs {}: exec -> SUBNET UP seen {:.1} ms, log first line -> SUBNET UP {:.1} ms, DISCOVERING -> SUBNET UP {:.1} ms (medians of {RUNS}; runs {exec:.1?} / {first:.1?} / {disc:.1?}); cold sweep {} SMPs; idle -s 1: {:.1} SMPs/s",
+            if driver {
+                "driver-run (mlx4_core + mlx4_ib + ib_core, QP0 + MAD_IFC)"
+            } else {
+                "fabric host nodes"
+            },
+            median(&mut exec.clone()),
+            median(&mut first.clone()),
+            median(&mut disc.clone()),
+            median(&mut smps.clone()),
+            median(&mut light.clone()),
+        );
+    }
+}

@@ -249,6 +249,19 @@ impl OpenSm {
         opensm: bool,
         args: &[&str],
     ) -> OpenSm {
+        Self::start_with(test, fabric, sw, opensm, args, Vec::new())
+    }
+
+    /// [`OpenSm::start`] with `extra` host nodes served beside the SM host
+    /// (CAs the fabric models, for comparison with driver-run ones).
+    pub fn start_with(
+        test: &str,
+        fabric: &Arc<Mutex<sim::fabric::Fabric>>,
+        sw: sim::fabric::SwitchId,
+        opensm: bool,
+        args: &[&str],
+        extra: Vec<sim::fabric::HostNode>,
+    ) -> OpenSm {
         let base = format!(
             "lego-{test}-{}-{}",
             std::process::id(),
@@ -270,7 +283,7 @@ impl OpenSm {
         };
         let svc = {
             let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
-            SmService::start(&mut f, &opts, Vec::new()).expect("ibsim server and OpenSM")
+            SmService::start(&mut f, &opts, extra).expect("ibsim server and OpenSM")
         };
         OpenSm {
             fabric: fabric.clone(),
@@ -292,10 +305,13 @@ impl OpenSm {
         for g in guests.iter_mut() {
             work += g.core.poll();
         }
-        let Some(clock) = guests.first().map(|g| g.hca.clock()) else {
-            return work;
-        };
         let wall = self.t0.elapsed().as_nanos() as u64;
+        let Some(clock) = guests.first().map(|g| g.hca.clock()) else {
+            // No guests (host nodes only): the fabric runs on wall time.
+            let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            f.advance(wall);
+            return work + self.svc.poll(&mut f, wall);
+        };
         let now = clock.now_ns();
         if wall > now {
             clock.delay(Duration::from_nanos(wall - now));
