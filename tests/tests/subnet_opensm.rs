@@ -618,6 +618,13 @@ fn bench_opensm_subnet_up_driver_run_vs_host_nodes() {
             });
             assert!(ok, "SUBNET UP:\n{}", sm.log());
             exec.push(t.elapsed().as_secs_f64() * 1e3);
+            if run == 0 {
+                println!(
+                    "  run 0: {} rounds, {:.1} us a round in the guests' progress functions",
+                    sm.rounds,
+                    sm.guest_ns as f64 / 1e3 / sm.rounds.max(1) as f64
+                );
+            }
             let n0 = sm.svc.server.stats().client_smps;
             smps.push(n0 as f64);
             // Idle light sweeps, one a second.

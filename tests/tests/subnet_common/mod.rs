@@ -234,6 +234,10 @@ pub struct OpenSm {
     /// An OpenSM started again by [`OpenSm::restart`] (the service's own
     /// child was ended by then).
     restarted: Option<Child>,
+    /// Rounds run, and the wall time spent in the guests' progress
+    /// functions (for the benchmark's account of where time goes).
+    pub rounds: u64,
+    pub guest_ns: u64,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -293,6 +297,8 @@ impl OpenSm {
             t0: Instant::now(),
             started: Instant::now(),
             restarted: None,
+            rounds: 0,
+            guest_ns: 0,
         }
     }
 
@@ -302,9 +308,12 @@ impl OpenSm {
     /// which must be the guests' clock). Returns the work done.
     pub fn round(&mut self, guests: &mut [&mut Guest]) -> usize {
         let mut work = 0;
+        let t = Instant::now();
         for g in guests.iter_mut() {
             work += g.core.poll();
         }
+        self.rounds += 1;
+        self.guest_ns += t.elapsed().as_nanos() as u64;
         let wall = self.t0.elapsed().as_nanos() as u64;
         let Some(clock) = guests.first().map(|g| g.hca.clock()) else {
             // No guests (host nodes only): the fabric runs on wall time.
@@ -342,10 +351,13 @@ impl OpenSm {
         loop {
             if self.round(guests) == 0 {
                 idle += 1;
-                if idle > 64 {
-                    // Nothing for a while: let OpenSM (another process on
-                    // this 2-core machine) run.
-                    std::thread::sleep(Duration::from_micros(100));
+                if idle > 256 {
+                    // Nothing for a while: sleep a little.
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    // Let OpenSM (another process on this 2-core machine)
+                    // run.
+                    std::thread::yield_now();
                 }
             } else {
                 idle = 0;
