@@ -62,10 +62,20 @@ static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 
 /// Port events waiting for [`poll`] to log them (at most
 /// [`PORT_EVENTS_MAX`]; more are counted and said once).
-static PORT_EVENTS: spin::Mutex<Vec<(String, DeviceId, Event)>> = spin::Mutex::new(Vec::new());
+static PORT_EVENTS: spin::Mutex<Vec<PortEvent>> = spin::Mutex::new(Vec::new());
 /// Port events dropped because [`PORT_EVENTS`] was full.
 static PORT_EVENTS_LOST: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
 const PORT_EVENTS_MAX: usize = 64;
+
+/// A port event as dispatched: by which adapter, and when (microseconds
+/// since kernel entry; a console command holding the adapters delays the
+/// line, not the figure).
+struct PortEvent {
+    name: String,
+    id: DeviceId,
+    event: Event,
+    at_us: u64,
+}
 
 /// ib_core's event handler: a catastrophic error is acted on at once; port
 /// events are queued and logged by [`poll`], which can read the port's new
@@ -79,7 +89,12 @@ fn on_event(name: &str, id: DeviceId, e: &Event) {
         (_, EventElement::Port(_)) => {
             let mut q = PORT_EVENTS.lock();
             if q.len() < PORT_EVENTS_MAX {
-                q.push((String::from(name), id, *e));
+                q.push(PortEvent {
+                    name: String::from(name),
+                    id,
+                    event: *e,
+                    at_us: crate::time::uptime_us(),
+                });
             } else {
                 PORT_EVENTS_LOST.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             }
@@ -105,26 +120,27 @@ fn state_word(s: Option<ib_core::verbs::PortState>) -> &'static str {
 /// (`state`, `lid`, `sm_lid` under `/sys/class/infiniband/mlx4_0/ports/1/`):
 /// the state changes with the LID and SM LID the port now has, LID and
 /// SM changes with the new values, and a client re-register request. The
-/// ACTIVE line also says how long after kernel entry it came (the figure
-/// `tests/tests/qemu_subnet.rs` reads).
-fn log_port_event(core: &IbCore, name: &str, id: DeviceId, e: &Event) {
+/// ACTIVE line also says how long after kernel entry the event came (the
+/// figure `tests/tests/qemu_subnet.rs` reads).
+fn log_port_event(core: &IbCore, pe: &PortEvent) {
+    let PortEvent {
+        name,
+        id,
+        event: e,
+        at_us,
+    } = pe;
     let EventElement::Port(p) = e.element else {
         return;
     };
-    let cache = core.device(id).and_then(|d| d.port_cache(p).ok());
+    let cache = core.device(*id).and_then(|d| d.port_cache(p).ok());
     let (lid, sm_lid, state) = cache.map_or((0, 0, None), |c| (c.lid, c.sm_lid, c.state));
     match e.event {
         EventType::PortActive => log::info!(
             "{name}: port {p} state: ACTIVE, lid 0x{lid:x}, sm_lid 0x{sm_lid:x} ({} after kernel entry)",
-            Ms(crate::time::uptime_us())
+            Ms(*at_us)
         ),
         EventType::PortErr => log::info!("{name}: port {p} state: {}", state_word(state)),
-        EventType::LidChange => {
-            log::info!(
-                "{name}: port {p}: lid changed to 0x{lid:x} (state {})",
-                state_word(state)
-            )
-        }
+        EventType::LidChange => log::info!("{name}: port {p}: lid changed to 0x{lid:x}"),
         EventType::SmChange => log::info!("{name}: port {p}: sm_lid changed to 0x{sm_lid:x}"),
         EventType::ClientReregister => {
             log::info!("{name}: port {p}: the SM asks clients to re-register")
@@ -231,9 +247,9 @@ pub fn poll() {
         return;
     };
     ib.core.poll();
-    let events: Vec<(String, DeviceId, Event)> = core::mem::take(&mut *PORT_EVENTS.lock());
-    for (name, id, e) in &events {
-        log_port_event(&ib.core, name, *id, e);
+    let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
+    for pe in &events {
+        log_port_event(&ib.core, pe);
     }
     let lost = PORT_EVENTS_LOST.swap(0, core::sync::atomic::Ordering::Relaxed);
     if lost > 0 {

@@ -310,7 +310,16 @@ fn node_records(
             },
             sa_query::node_comp::LID,
         ),
-        _ => (NodeRecord::default(), 0),
+        // The SA matches the description itself, so a match is one record
+        // however large the subnet (a table needs RMPP, see the module
+        // docs).
+        Some(NodeSel::Desc(d)) => {
+            let mut rec = NodeRecord::default();
+            let n = d.len().min(64);
+            rec.node_desc[..n].copy_from_slice(&d.as_bytes()[..n]);
+            (rec, sa_query::node_comp::NODE_DESC)
+        }
+        None => (NodeRecord::default(), 0),
     };
     let id =
         sa_query::ib_sa_node_rec_get(core, sa, src.dev, src.port, &rec, mask, true, SA_TIMEOUT)
@@ -370,6 +379,57 @@ fn path_to(core: &mut IbCore, sa: ClientId, src: Src, dlid: u16) -> Result<PathR
         .into_iter()
         .next()
         .ok_or_else(|| format!("{what}: the SA answered no record"))
+}
+
+/// How long `saquery` waits for its port to become Active (as perftest's
+/// tools do) before it asks the SA.
+pub const PORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Waits until the port is Active with a LID (an SM has configured it),
+/// saying so once, at most [`PORT_TIMEOUT`]; `interrupted` (Ctrl-C) ends
+/// the wait.
+pub fn wait_port_active(
+    core: &mut IbCore,
+    src: Src,
+    interrupted: &mut dyn FnMut() -> bool,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let end = hal::Deadline::after(core.clock(), PORT_TIMEOUT);
+    let mut said = false;
+    loop {
+        core.poll();
+        let a = core
+            .device_mut(src.dev)
+            .ok_or_else(|| String::from("the device is gone"))?
+            .query_port(src.port)
+            .map_err(|e| err("query_port", e))?;
+        if a.lid != 0 && a.state == ib_core::verbs::PortState::Active {
+            return Ok(());
+        }
+        if !said {
+            let _ = writeln!(
+                out,
+                " Waiting for port {} to become Active (up to {} s; Ctrl-C stops)",
+                src.port,
+                PORT_TIMEOUT.as_secs()
+            );
+            said = true;
+        }
+        if interrupted() {
+            return Err(format!(
+                "interrupted while waiting for port {} to become Active",
+                src.port
+            ));
+        }
+        if end.expired(core.clock()) {
+            return Err(format!(
+                "port {} is not Active after {} s (is a subnet manager running?)",
+                src.port,
+                PORT_TIMEOUT.as_secs()
+            ));
+        }
+        core.clock().delay(Duration::from_millis(20));
+    }
 }
 
 /// `saquery`: asks the SA through `sa` (an SA client of ib_core,

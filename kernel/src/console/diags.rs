@@ -77,9 +77,13 @@ fn saquery_tool(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
+    // Arguments first: a usage error needs no port.
+    diags::saquery::parse(args)?;
     let sa = *SA
         .lock()
         .get_or_insert_with(|| ib_core::sa_query::ib_sa_init(core));
+    let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+    diags::saquery::wait_port_active(core, src, &mut ctrl_c, out)?;
     diags::saquery::saquery(core, sa, src, args, out)
 }
 

@@ -325,6 +325,9 @@ impl FabricOptions {
             sockname_file: self.sockname_file.clone(),
             timeout: SM_REQUEST_TIMEOUT,
         };
+        if opts.opensm {
+            seed_guid2lid(&opts.dir, fabric, built, switch)?;
+        }
         if opts.opensm && !opensm_installed() {
             return Err(
                 "--sm opensm: OpenSM or the umad2sim preload is not installed \
@@ -335,6 +338,56 @@ impl FabricOptions {
         }
         SmService::start(fabric, &opts, Vec::new()).map(Some)
     }
+}
+
+/// The LIDs OpenSM is to give, written into its guid2lid cache in `dir`
+/// (unless a cache is there already) so that they do not depend on which
+/// port its sweeps reach first: the rule of the embedded SM
+/// ([`super::sm`]), the SM's own port (the host node `smhost` on
+/// `switch`'s last free port, where [`SmService::start`] puts it) LID 1,
+/// then every end port (switch port 0, each cabled HCA port) by node GUID
+/// and port number. With `--nodes N` that is: the switch 2, node i LID
+/// 3 + i, under either SM.
+fn seed_guid2lid(
+    dir: &std::path::Path,
+    fabric: &Fabric,
+    built: &Built,
+    switch: Option<super::SwitchId>,
+) -> Result<(), String> {
+    let file = dir.join("guid2lid");
+    if file.exists() {
+        return Ok(());
+    }
+    // (node GUID, port, port GUID)
+    let mut ends: Vec<(u64, u8, u64)> = Vec::new();
+    for (_, sw) in &built.switches {
+        if let Some(s) = fabric.switch(*sw) {
+            ends.push((s.node_guid, 0, s.node_guid));
+        }
+    }
+    for h in &built.hcas {
+        for (i, p) in h.ports.iter().enumerate() {
+            if fabric.peer(*p).is_some() {
+                let n = i as u8 + 1;
+                ends.push((h.node_guid, n, h.node_guid + u64::from(n)));
+            }
+        }
+    }
+    ends.sort_unstable();
+    let sm_port = super::ibsim::SM_HOST_GUID + 1;
+    let mut text = String::new();
+    if switch.is_some() {
+        text.push_str(&format!("0x{sm_port:016x} 0x0001 0x0001\n\n"));
+    }
+    for (k, (_, _, guid)) in ends.iter().enumerate() {
+        let lid = k + 2;
+        if lid >= 0xc000 {
+            break;
+        }
+        text.push_str(&format!("0x{guid:016x} 0x{lid:04x} 0x{lid:04x}\n\n"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// Whether OpenSM and the umad2sim preload it runs under are installed.
@@ -439,6 +492,33 @@ mod tests {
         assert!(e.contains("--sm none"), "{e}");
         o.sm = SmChoice::None;
         assert!(o.start_sm(&mut f, &b, "lego-unit-b2b").unwrap().is_none());
+    }
+
+    #[test]
+    fn opensm_is_told_the_lids_the_embedded_sm_would_give() {
+        let dir = std::env::temp_dir().join(format!("lego-g2l-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut f = Fabric::new();
+        let b = FabricOptions::default().build(&mut f, 2).unwrap();
+        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
+        let text = std::fs::read_to_string(dir.join("guid2lid")).unwrap();
+        let sw = f.switch(b.switches[0].1).unwrap().node_guid;
+        let want = format!(
+            "0x{:016x} 0x0001 0x0001\n\n0x{sw:016x} 0x0002 0x0002\n\n\
+             0x{:016x} 0x0003 0x0003\n\n0x{:016x} 0x0004 0x0004\n\n",
+            crate::fabric::ibsim::SM_HOST_GUID + 1,
+            b.hcas[0].node_guid + 1,
+            b.hcas[1].node_guid + 1,
+        );
+        assert_eq!(text, want);
+        // A cache already there (a restart in the same directory) stays.
+        std::fs::write(dir.join("guid2lid"), "kept").unwrap();
+        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("guid2lid")).unwrap(),
+            "kept"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
