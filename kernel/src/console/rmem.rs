@@ -22,7 +22,7 @@ use crate::hca::{self, Ib};
 use crate::time::TscClock;
 
 const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
-free ADDR | read ADDR LEN [--check] | write ADDR LEN [BYTE] | \
+free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
 bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
 struct State {
@@ -30,6 +30,27 @@ struct State {
     sa: ClientId,
     server: Option<Server>,
     client: Option<Client>,
+}
+
+/// The address of the chunk `rmem alloc` returned last (`@` in ADDR), for
+/// scripts that cannot know it in advance.
+static LAST_CHUNK: spin::Mutex<Option<u64>> = spin::Mutex::new(None);
+
+/// ADDR: a number, or `@` / `@+OFF` (the last chunk `rmem alloc` returned).
+fn addr(s: &str) -> Result<u64, String> {
+    let Some(rest) = s.strip_prefix('@') else {
+        return num(s);
+    };
+    let base = LAST_CHUNK
+        .lock()
+        .ok_or_else(|| String::from("@: no chunk allocated yet (rmem alloc LEN)"))?;
+    let off = match rest.strip_prefix('+') {
+        Some(o) => size(o)?,
+        None if rest.is_empty() => 0,
+        None => return Err(alloc::format!("bad address: {s} (@ or @+OFFSET)")),
+    };
+    base.checked_add(off)
+        .ok_or_else(|| alloc::format!("address overflow: {s}"))
 }
 
 static STATE: spin::Mutex<Option<State>> = spin::Mutex::new(None);
@@ -144,7 +165,8 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                     cfg.window,
                     match c.stats().retries {
                         0 => String::new(),
-                        n => alloc::format!(" ({n} retries)"),
+                        1 => String::from(" (after 1 retry)"),
+                        n => alloc::format!(" (after {n} retries)"),
                     }
                 );
                 st.client = Some(c);
@@ -155,20 +177,21 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             let len = size(len)?;
             with_state(|core, _, st| {
                 let ch = client(st)?.alloc(core, len).map_err(err)?;
+                *LAST_CHUNK.lock() = Some(ch.addr);
                 let _ = writeln!(out, "{:#x} {}", ch.addr, ch.len);
                 Ok(())
             })
         }
-        ("free", [addr]) => {
-            let addr = num(addr)?;
+        ("free", [a]) => {
+            let addr = addr(a)?;
             with_state(|core, _, st| {
                 client(st)?
                     .free(core, rmem::client::RemoteChunk { addr, len: 0 })
                     .map_err(err)
             })
         }
-        ("write", [addr, len, more @ ..]) => {
-            let (addr, len) = (num(addr)?, size(len)?);
+        ("write", [a, len, more @ ..]) => {
+            let (addr, len) = (addr(a)?, size(len)?);
             if len == 0 || len > 16 << 20 {
                 return Err("LEN must be 1 byte to 16 MiB".into());
             }
@@ -188,31 +211,45 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 Ok(())
             })
         }
-        ("read", [addr, len, more @ ..]) => {
-            let (addr, len) = (num(addr)?, size(len)?);
+        ("read", [a, len, more @ ..]) => {
+            let (addr, len) = (addr(a)?, size(len)?);
             if len == 0 || len > 16 << 20 {
                 return Err("LEN must be 1 byte to 16 MiB".into());
             }
-            let check = match more {
-                [] => false,
-                ["--check"] => true,
+            // --check: the address pattern `rmem write` puts; --check BYTE:
+            // that byte everywhere.
+            let (check, fill) = match more {
+                [] => (false, None),
+                ["--check"] => (true, None),
+                ["--check", b] => (
+                    true,
+                    Some(u8::try_from(num(b)?).map_err(|_| String::from("BYTE > 0xff"))?),
+                ),
                 _ => return Err(USAGE.into()),
             };
+            let expect = move |a: u64| fill.unwrap_or_else(|| pattern(a));
             let mut data = vec![0u8; len as usize];
             with_state(|core, _, st| {
                 let t0 = crate::time::uptime_us();
                 client(st)?.read(core, addr, &mut data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
                 if check {
-                    if let Some(i) = (0..len).find(|&i| data[i as usize] != pattern(addr + i)) {
+                    if let Some(i) = (0..len).find(|&i| data[i as usize] != expect(addr + i)) {
                         return Err(alloc::format!(
                             "data check failed at {:#x}: {:#04x}, expected {:#04x}",
                             addr + i,
                             data[i as usize],
-                            pattern(addr + i)
+                            expect(addr + i)
                         ));
                     }
-                    let _ = writeln!(out, "read {len} bytes at {addr:#x} in {us} us: pattern ok");
+                    let _ = writeln!(
+                        out,
+                        "read {len} bytes at {addr:#x} in {us} us: {} ok",
+                        match fill {
+                            Some(b) => alloc::format!("fill {b:#04x}"),
+                            None => String::from("pattern"),
+                        }
+                    );
                 } else {
                     for (row, chunk) in data.chunks(16).take(64).enumerate() {
                         let _ = write!(out, "{:016x}:", addr + row as u64 * 16);
@@ -333,6 +370,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             Ok(())
         }),
         ("close", []) => with_state(|core, _, st| {
+            *LAST_CHUNK.lock() = None;
             if let Some(c) = st.client.take() {
                 c.close(core).map_err(err)?;
             }
