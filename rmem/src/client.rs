@@ -276,9 +276,7 @@ impl Client {
         // retries) would let `op_timeout` fire first on a pulled cable. At
         // most `ack_timeout`, as rdma_set_ack_timeout lets Linux ULPs ask.
         let mut path = path;
-        path.packet_life_time = path
-            .packet_life_time
-            .min(cfg.ack_timeout.saturating_sub(1));
+        path.packet_life_time = path.packet_life_time.min(cfg.ack_timeout.saturating_sub(1));
         let mut p = CmReqParam::new(path, cfg.service_id, self.qp);
         p.retry_count = cfg.retry_count.min(7);
         p.rnr_retry_count = cfg.retry_count.min(7);

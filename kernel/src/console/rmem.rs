@@ -443,7 +443,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
                 None => String::from("Ctrl-C stops"),
             }
         );
-        let before = s.stats().connects;
+        let before = s.stats().hellos;
         let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
         loop {
             core.poll();
@@ -451,7 +451,9 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
             if end.is_some_and(|e| e.expired(&TscClock)) {
                 break;
             }
-            if clients.is_some_and(|n| s.stats().connects - before >= n && s.clients() == 0) {
+            // Compute nodes that got their region, not connect attempts
+            // their node gave up (a slow guest's CM times out and retries).
+            if clients.is_some_and(|n| s.stats().hellos - before >= n && s.clients() == 0) {
                 break;
             }
             if crate::serial::try_read() == Some(0x03) {
@@ -464,7 +466,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
         let _ = writeln!(
             out,
             "rmem: {} clients served, {} RPCs ({} refused as malformed or failed), {} KiB allocated",
-            t.connects,
+            t.hellos,
             t.rpcs,
             t.rpc_errors,
             s.used_bytes() / 1024
