@@ -602,11 +602,18 @@ fn ud_with_and_without_grh_and_an_srq() {
         assert_eq!(r.status, WcStatus::Success, "{r:?}");
         assert_eq!(r.wr_id, 100 + i as u64, "SRQ WQE in order");
         assert_eq!(r.byte_len, 40 + 128, "byte_len counts the GRH area");
-        // The model's UD send path does not put a GRH on the wire yet
-        // (sim engine: `grh: None` for UD sends), so only the GRH-less
-        // case can check the flag.
-        if grh.is_none() {
-            assert!(!r.wc_flags.contains(WcFlags::GRH));
+        // With the AH's GRH the packet carries one, and its 40 bytes land
+        // first in the receive buffer: IPVer 6, NxtHdr 0x1B, the hop
+        // limit, SGID = A's port GID, DGID = B's.
+        assert_eq!(r.wc_flags.contains(WcFlags::GRH), grh.is_some(), "{r:?}");
+        if grh.is_some() {
+            let mut g = [0u8; 40];
+            b.buf.read_bytes(0x1000 * (i + 1), &mut g);
+            assert_eq!(g[0] >> 4, 6, "IPVer");
+            assert_eq!((g[6], g[7]), (0x1b, 1), "NxtHdr, HopLmt");
+            assert_eq!(u16::from_be_bytes([g[4], g[5]]), 12 + 8 + 128 + 4);
+            assert_eq!(&g[8..24], &gid(&mut a).0, "SGID");
+            assert_eq!(&g[24..40], &dgid.0, "DGID");
         }
         assert_eq!(r.slid, a.lid);
         let mut got = vec![0u8; 128];

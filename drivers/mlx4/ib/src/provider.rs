@@ -159,11 +159,11 @@ impl Mlx4IbDev {
         let port = |event, p| Some(Event::port(event, p));
         match e {
             IbEvent::PortActive(p) => {
-                log::info!("{}: port {p} changed to ACTIVE", self.name);
+                log::debug!("{}: port {p} changed to ACTIVE", self.name);
                 port(EventType::PortActive, p)
             }
             IbEvent::PortErr(p) => {
-                log::info!("{}: port {p} changed to DOWN", self.name);
+                log::debug!("{}: port {p} changed to DOWN", self.name);
                 port(EventType::PortErr, p)
             }
             IbEvent::LidChange(p) => port(EventType::LidChange, p),
