@@ -9,6 +9,7 @@ mod poster;
 
 mod bench;
 mod emu_fabric;
+mod emu_round_trip;
 mod errors;
 mod fabric;
 mod fuzz;
