@@ -22,4 +22,7 @@ extern crate alloc;
 
 pub mod cfmt;
 pub mod diags;
+pub mod ibnetdiscover;
+pub mod ibping;
 pub mod perftest;
+pub mod pingpong;

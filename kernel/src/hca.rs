@@ -60,6 +60,10 @@ static IB: spin::Mutex<Option<Ib>> = spin::Mutex::new(None);
 /// Devices that reported IB_EVENT_DEVICE_FATAL, removed by the next poll.
 static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 
+/// infiniband-diags' `ibping -S`, one per HCA, answered from the progress
+/// loop from boot on (a node busy in a console command answers after it).
+static PING: spin::Mutex<Vec<ib_tools::ibping::Responder>> = spin::Mutex::new(Vec::new());
+
 /// Logs the events ib_core dispatches, in Linux's words.
 fn log_event(name: &str, id: DeviceId, e: &Event) {
     match (e.event, e.element) {
@@ -144,6 +148,10 @@ pub fn init() {
             "{name}: registered with ib_core in {}",
             Ms(crate::time::uptime_us() - us)
         );
+        match ib_tools::ibping::Responder::register(&mut ib.core, id) {
+            Ok(r) => PING.lock().push(r),
+            Err(e) => log::warn!("{name}: no ibping responder: {e}"),
+        }
         if let Backing::Emulated(w) = d.backing {
             w.set_guest_state(crate::ivshmem::GuestState::DriverUp);
         }
@@ -176,6 +184,9 @@ pub fn poll() {
         return;
     };
     ib.core.poll();
+    for r in PING.lock().iter_mut() {
+        r.poll(&mut ib.core);
+    }
     let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
     for id in fatal {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {

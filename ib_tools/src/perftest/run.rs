@@ -78,7 +78,7 @@ struct Res {
     slots: u64,
 }
 
-fn e(what: &str, err: impl core::fmt::Display) -> String {
+pub(crate) fn e(what: &str, err: impl core::fmt::Display) -> String {
     format!("{what}: {err}")
 }
 
@@ -242,7 +242,10 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
 
 /// Polls the core until the port is Active with a LID (an SM configured
 /// it), at most [`PORT_TIMEOUT`], interruptible.
-fn wait_port_active(env: &mut Env<'_>, port: u8) -> Result<ib_core::verbs::PortAttr, String> {
+pub(crate) fn wait_port_active(
+    env: &mut Env<'_>,
+    port: u8,
+) -> Result<ib_core::verbs::PortAttr, String> {
     let end = Deadline::after(env.core.clock(), PORT_TIMEOUT);
     loop {
         env.core.poll();
@@ -272,7 +275,12 @@ fn wait_port_active(env: &mut Env<'_>, port: u8) -> Result<ib_core::verbs::PortA
 
 type Step<T> = Result<T, (String, Option<CmId>)>;
 
-fn wait_cm(env: &mut Env<'_>, id: CmId, what: &str, timeout: Duration) -> Result<CmEvent, String> {
+pub(crate) fn wait_cm(
+    env: &mut Env<'_>,
+    id: CmId,
+    what: &str,
+    timeout: Duration,
+) -> Result<CmEvent, String> {
     let end = Deadline::after(env.core.clock(), timeout);
     loop {
         if (env.interrupted)() {

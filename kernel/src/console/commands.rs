@@ -124,6 +124,18 @@ static COMMANDS: &[Command] = &[
         run: super::perftest::ib_atomic_lat,
     },
     Command {
+        name: "ibv_rc_pingpong",
+        usage: "ibv_rc_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-m MTU] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RC SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
+        run: super::perftest::ibv_rc_pingpong,
+    },
+    Command {
+        name: "ibv_ud_pingpong",
+        usage: "ibv_ud_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "UD SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
+        run: super::perftest::ibv_ud_pingpong,
+    },
+    Command {
         name: "perfquery",
         usage: "perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]",
         help: "port counters through the PMA, as infiniband-diags' tool",
@@ -140,6 +152,18 @@ static COMMANDS: &[Command] = &[
         usage: "sminfo [-C CA] [-P PORT] [SM_LID]",
         help: "the master subnet manager's SMInfo",
         run: super::diags::sminfo,
+    },
+    Command {
+        name: "ibnetdiscover",
+        usage: "ibnetdiscover [-s] [-C CA] [-P PORT]",
+        help: "walk the subnet by directed route and print its topology, as infiniband-diags' tool",
+        run: super::diags::ibnetdiscover,
+    },
+    Command {
+        name: "ibping",
+        usage: "ibping [-c COUNT] [-G] [-C CA] [-P PORT] LID|GUID",
+        help: "ping a node's ibping responder (every node runs one), as infiniband-diags' tool",
+        run: super::diags::ibping,
     },
     Command {
         name: "mlx4",
