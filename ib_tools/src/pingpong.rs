@@ -668,6 +668,7 @@ fn run_loop(
             .map_err(|x| e("poll CQ failed", x))?;
         let now = env.core.clock().now_ns();
         if n == 0 {
+            env.core.clock().relax();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) && (env.interrupted)() {
                 return Err(format!(
@@ -687,7 +688,7 @@ fn run_loop(
             if w.status != WcStatus::Success {
                 return Err(format!(
                     "Failed status {} ({}) for wr_id {} syndrome {:#x}",
-                    w.status.name(),
+                    w.status.msg(),
                     w.status.raw(),
                     w.wr_id,
                     w.vendor_err
@@ -845,6 +846,10 @@ fn side(
             let path = path_to(env, p.ib_port, peer)?;
             let peer_lid = path.dlid;
             let mut path = path;
+            // As perftest: a short ACK timeout (see PACKET_LIFE_CAP).
+            path.packet_life_time = path
+                .packet_life_time
+                .min(crate::perftest::run::PACKET_LIFE_CAP);
             if let Some(m) = p.mtu {
                 // -m: no larger than asked (the path's is the most it can be).
                 let code = (m / 256).trailing_zeros() as u8 + 1;

@@ -42,6 +42,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const PORT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long any one completion may take before the run gives up.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The packet life time the clients put in the path they hand the CM (see
+/// `client`): the QPs' ACK timeout follows from it.
+pub const PACKET_LIFE_CAP: u8 = 12;
 /// How often long waits look at the interrupt check.
 const SLICE: Duration = Duration::from_millis(50);
 /// Buffer slots at most (bandwidth tests spread messages over them).
@@ -471,6 +474,12 @@ fn client(
     }
     .map_err(|x| (e("path record query", x), None))?;
     let remote_lid = path.dlid;
+    let mut path = path;
+    // perftest sets the QP's ACK timeout (14) itself; through the CM the
+    // timeout follows the path's packet life time, so cap that: the CM
+    // then gives the QPs 15 (134 ms a try, about 1 s for the 7 retries)
+    // instead of seconds per try with an SM's default of 18.
+    path.packet_life_time = path.packet_life_time.min(PACKET_LIFE_CAP);
     let mut req = CmReqParam::new(path, PERFTEST_SERVICE_ID, res.qp);
     // Interactive tools give up sooner than rdma_cm's defaults (over a minute).
     req.remote_cm_response_timeout = 16;
@@ -581,9 +590,10 @@ fn poll(
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
                 return Err(format!(
-                    "Completion with error: status {} ({}) wr_id {} syndrom {:#x} (waiting for {what})",
+                    "Completion with error: status {} ({}: {}) wr_id {} syndrom {:#x} (waiting for {what})",
                     w.status.raw(),
                     w.status.name(),
+                    w.status.msg(),
                     w.wr_id,
                     w.vendor_err
                 ));
@@ -595,6 +605,9 @@ fn poll(
             last = t;
             continue;
         }
+        // Between two empty polls (a spin hint on hardware; the model's
+        // clock steps the wire here).
+        env.core.clock().relax();
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(1024) && (env.interrupted)() {
             return Err(format!("interrupted while waiting for {what}"));
@@ -761,6 +774,7 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
         let start = now(env.core);
         let mut spins = 0u32;
         while res.buf.read_u8(inc + last) != want {
+            env.core.clock().relax();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) {
                 if (env.interrupted)() {
