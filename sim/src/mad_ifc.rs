@@ -361,7 +361,9 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
                 if select & 8 != 0 {
                     c.rcv_errors = 0;
                 }
-                if select & 0x80 != 0 {
+                // IBTA table 247: CounterSelect bit 6 is PortXmitDiscards
+                // (bit 7 is PortXmitConstraintErrors, not modelled).
+                if select & 0x40 != 0 {
                     c.xmit_discards = 0;
                 }
                 if select & 0x800 != 0 {
