@@ -680,3 +680,120 @@ fn a_pulled_cable_ends_in_transport_retry_counter_exceeded() {
     a.teardown();
     b.teardown();
 }
+
+#[test]
+fn timed_runs_with_d_report_what_fit_in_the_time() {
+    let Net {
+        fabric: _f,
+        mut a,
+        b,
+    } = net();
+    let mut b = b;
+    for (name, args) in [
+        ("ib_write_bw", &["-D", "1", "-s", "4096"][..]),
+        ("ib_send_bw", &["-D", "1", "-s", "4096"][..]),
+        ("ib_write_lat", &["-D", "1", "-s", "8"][..]),
+        ("ib_send_lat", &["-D", "1", "-s", "8"][..]),
+        ("ib_read_lat", &["-D", "1", "-s", "8"][..]),
+    ] {
+        let (nb, p) = pair(&mut a, b, &perftest_tool(name), &[], args, None, false);
+        b = nb;
+        ok(&p, name);
+        let c = &p.client_out;
+        let (header, peak0) = if name.ends_with("_bw") {
+            (perftest::RESULT_FMT, true)
+        } else {
+            (perftest::RESULT_FMT_LAT_DUR, false)
+        };
+        let line = c
+            .lines()
+            .skip_while(|l| *l != header)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name}: result line\n{c}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let n: u64 = cols[1].parse().unwrap_or(0);
+        assert!(n > 10, "{name}: messages in 1 s of model time: {line}");
+        if peak0 {
+            assert_eq!(cols[2], "0.00", "{name}: -D reports no peak, as perftest");
+        }
+    }
+    // -D with --check is refused with a reason, before anything is sent.
+    let stop = AtomicBool::new(false);
+    let e = run_on(
+        &mut a,
+        &perftest_tool("ib_write_bw"),
+        &["-D", "1", "--check", "1"],
+        &mut Out::default(),
+        &stop,
+    )
+    .unwrap_err();
+    assert!(e.contains("-D and --check"), "{e}");
+    a.teardown();
+    b.teardown();
+}
+
+#[test]
+fn ctrl_c_ends_every_waiting_tool() {
+    let Net {
+        fabric: _f,
+        mut a,
+        b,
+    } = net();
+    // Servers waiting for a client that never comes.
+    let stop = AtomicBool::new(true);
+    for (tool, what) in [
+        (
+            perftest_tool("ib_write_bw"),
+            "interrupted while waiting for a client's CM REQ",
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "interrupted while waiting for a client's CM REQ",
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Ud),
+            "interrupted while waiting for a client's CM REQ",
+        ),
+    ] {
+        let mut out = Out::default();
+        let t = Instant::now();
+        let e = run_on(&mut a, &tool, &[], &mut out, &stop).unwrap_err();
+        assert!(e.contains(what), "{e}\n{}", out.text());
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "at once: {:?}",
+            t.elapsed()
+        );
+    }
+    // ibping stops with its summary; ibnetdiscover stops between queries.
+    let src = a.src();
+    let b_lid = b.lid.to_string();
+    let (b, (p, pout, d)) = with_idle(b, || {
+        let mut calls = 0;
+        // The key comes after the first pong.
+        let mut key = || {
+            calls += 1;
+            calls > 1
+        };
+        let mut pout = String::new();
+        let p = ibping::ibping(
+            &mut a.core,
+            None,
+            src,
+            &["-c", "100", &b_lid],
+            &mut key,
+            &mut pout,
+        );
+        let mut yes = || true;
+        let d = ibnetdiscover::ibnetdiscover(&mut a.core, src, &[], &mut yes, &mut String::new());
+        (p, pout, d)
+    });
+    assert!(p.is_ok(), "{p:?}\n{pout}");
+    assert!(
+        pout.contains("1 packets transmitted, 1 received, 0% packet loss"),
+        "{pout}"
+    );
+    assert!(d.unwrap_err().contains("interrupted"));
+    a.teardown();
+    b.teardown();
+}
