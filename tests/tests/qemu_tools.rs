@@ -151,11 +151,11 @@ fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     let c = format!(
         "sleep 12; ib_write_bw --check -s 65536 -n 100 {g}; sleep 1; ib_write_bw -s 65536 -n 1000000 {g}"
     );
-    let emu = "--embedded-sm --drop opcode=0x07,every=13,times=6 --drop opcode=0x11,every=7,times=6 --pull node1/1@45s";
+    let emu = "--embedded-sm --drop opcode=0x07,every=13,times=6 --drop opcode=0x11,every=7,times=6 --pull node1/1@75s";
     let r = qemu::run(
         "ib_write_bw --check; ib_write_bw",
         &["--nodes", "2", "--emu-args", emu, "--run-on", "1", &c],
-        Duration::from_secs(150),
+        Duration::from_secs(180),
     );
     let (t0, t1) = node_transcripts(&r.transcript);
     // The first run completes through the drops (retransmissions).
@@ -166,7 +166,16 @@ fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     )
     .unwrap_or_else(|| panic!("the run with drops completes\n{t1}\n{}", r.stderr));
     println!("with drops: {line}");
-    // The second one loses its cable: the transport retry status.
+    // The second one loses its cable: the transport retry status. (If the
+    // cable went before the run began, the machine was too slow for the
+    // pull's fixed time: the run's header is missing.)
+    let long = t1
+        .find("lego> ib_write_bw -s 65536 -n 1000000")
+        .map_or("", |i| &t1[i..]);
+    assert!(
+        long.contains(" #bytes "),
+        "the long run had not started when the cable was pulled (fabric time 75 s): too slow a machine?\n{long}"
+    );
     assert!(
         t1.contains("transport retry counter exceeded"),
         "{t1}\n{}",
