@@ -154,6 +154,12 @@ static COMMANDS: &[Command] = &[
         run: super::diags::sminfo,
     },
     Command {
+        name: "saquery",
+        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID]",
+        help: "NodeRecords and PathRecords from the SA, as infiniband-diags' tool",
+        run: super::diags::saquery,
+    },
+    Command {
         name: "ibnetdiscover",
         usage: "ibnetdiscover [-s] [-C CA] [-P PORT]",
         help: "walk the subnet by directed route and print its topology, as infiniband-diags' tool",

@@ -291,3 +291,39 @@ fn ud_with_a_grh_carries_it_and_lands_it_in_the_receive_buffer() {
     assert_eq!(one(&mut ca, true).syndrome, 0x02);
     assert_eq!(a.r.sim.take_violations().len(), 1);
 }
+
+#[test]
+fn a_gmp_on_a_port_that_is_not_active_is_a_port_xmit_discard() {
+    let mut h = Hca::bare(sim::SimHca::new(sim::SimConfig::default()));
+    h.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    // Port 1 is up (Init) but no SM made it Active: QP1 may not send.
+    let mut cq = h.cq(6);
+    let (_qp0, mut qp1) = crate::mlx::special_qps(&mut h, &cq);
+    let m = h.mr(0x10_0000, 8192, acc::ALL);
+    let w = Wr {
+        opcode: op::SEND,
+        signalled: true,
+        mlx_flags: Some((0, 5)),
+        raw: Some(crate::mlx::ud_header(
+            0,
+            0,
+            5,
+            0,
+            0xffff,
+            1,
+            0x8001_0000,
+            1,
+            256,
+        )),
+        sges: vec![Sge {
+            addr: m.addr(0),
+            len: 256,
+            lkey: m.key,
+        }],
+        tail: Some(crate::mlx::icrc_seg()),
+        ..Wr::default()
+    };
+    qp1.post(&h, &w);
+    assert!(one(&mut cq, true).ok(), "the WQE completes");
+    assert_eq!(discards(&mut h, 1, None), (1, 0), "and the port discards");
+}
