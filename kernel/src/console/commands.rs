@@ -137,13 +137,13 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "perfquery",
-        usage: "perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]",
+        usage: "perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]",
         help: "port counters through the PMA, as infiniband-diags' tool",
         run: super::diags::perfquery,
     },
     Command {
         name: "smpquery",
-        usage: "smpquery [-D] [-C CA] [-P PORT] nodeinfo|nodedesc|portinfo|switchinfo [DEST [PORT]]",
+        usage: "smpquery [-D|-G] [-C CA] [-P PORT] nodeinfo|nodedesc|portinfo|switchinfo [DEST [PORT]]",
         help: "SMP queries, LID or directed route, as infiniband-diags' tool",
         run: super::diags::smpquery,
     },

@@ -82,14 +82,34 @@ fn run_long(
     })
 }
 
-/// `perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]`.
+/// `perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]`.
 pub fn perfquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    run(out, args, diags::perfquery)
+    fn t(
+        core: &mut ib_core::IbCore,
+        sa: Option<ib_core::ClientId>,
+        src: Src,
+        args: &[&str],
+        _stop: &mut dyn FnMut() -> bool,
+        out: &mut dyn Write,
+    ) -> Result<(), String> {
+        diags::perfquery_sa(core, sa, src, args, out)
+    }
+    run_long(out, args, Some(t), None)
 }
 
-/// `smpquery [-D] [-C CA] [-P PORT] OP [DEST [PORT]]`.
+/// `smpquery [-D|-G] [-C CA] [-P PORT] OP [DEST [PORT]]`.
 pub fn smpquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    run(out, args, diags::smpquery)
+    fn t(
+        core: &mut ib_core::IbCore,
+        sa: Option<ib_core::ClientId>,
+        src: Src,
+        args: &[&str],
+        _stop: &mut dyn FnMut() -> bool,
+        out: &mut dyn Write,
+    ) -> Result<(), String> {
+        diags::smpquery_sa(core, sa, src, args, out)
+    }
+    run_long(out, args, Some(t), None)
 }
 
 /// `sminfo [-C CA] [-P PORT] [SM_LID]`.
