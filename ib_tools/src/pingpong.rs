@@ -856,9 +856,9 @@ fn side(
                 path.mtu = path.mtu.min(code);
             }
             let mut req = CmReqParam::new(path, t.service_id(), cm_qp);
-            req.remote_cm_response_timeout = 16;
-            req.local_cm_response_timeout = 16;
-            req.max_cm_retries = 5;
+            req.remote_cm_response_timeout = crate::perftest::run::CM_RESPONSE_TIMEOUT;
+            req.local_cm_response_timeout = crate::perftest::run::CM_RESPONSE_TIMEOUT;
+            req.max_cm_retries = crate::perftest::run::CM_RETRIES;
             req.private_data = mine.encode();
             if t == Transport::Ud {
                 // Receives first: the server may answer our first SEND at once.
@@ -966,7 +966,16 @@ fn side(
                         "the client rejected the connection (reason {reason})"
                     ));
                 }
-                _ => return Err(String::from("the connection failed")),
+                CmEvent::TimedOut => {
+                    return Err(String::from(
+                        "the client's RTU never came (our REP was sent again until the CM gave up)",
+                    ));
+                }
+                other => {
+                    return Err(format!(
+                        "the connection failed while waiting for the RTU ({other:?})"
+                    ));
+                }
             }
             (q, theirs, remote_lid)
         }

@@ -42,6 +42,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const PORT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long any one completion may take before the run gives up.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The CM response timeouts the clients ask for (4.096 us * 2^18, about
+/// 1.1 s a try) and the CM retries: with the capped packet life time a
+/// message gets about 1.1 s before it is sent again, 9 tries in all, so a
+/// peer that never answers is reported in about 10 s, and a guest stalled
+/// for a second on a loaded host does not break the connection (rdma_cm's
+/// defaults take over a minute).
+pub const CM_RESPONSE_TIMEOUT: u8 = 18;
+/// CM retries of the clients' REQ (and the servers' REP).
+pub const CM_RETRIES: u8 = 8;
 /// The packet life time the clients put in the path they hand the CM (see
 /// `client`): the QPs' ACK timeout follows from it.
 pub const PACKET_LIFE_CAP: u8 = 12;
@@ -404,7 +413,20 @@ fn serve(
                 Some(id),
             ));
         }
-        Ok(_) => return Err((String::from("the connection failed"), Some(id))),
+        Ok(CmEvent::TimedOut) => {
+            return Err((
+                String::from(
+                    "the client's RTU never came (our REP was sent again until the CM gave up)",
+                ),
+                Some(id),
+            ));
+        }
+        Ok(other) => {
+            return Err((
+                format!("the connection failed while waiting for the RTU ({other:?})"),
+                Some(id),
+            ));
+        }
         Err(m) => return Err((m, Some(id))),
     }
     let _ = print_test_info(out, &q, link);
@@ -483,10 +505,9 @@ fn client(
     // instead of seconds per try with an SM's default of 18.
     path.packet_life_time = path.packet_life_time.min(PACKET_LIFE_CAP);
     let mut req = CmReqParam::new(path, PERFTEST_SERVICE_ID, res.qp);
-    // Interactive tools give up sooner than rdma_cm's defaults (over a minute).
-    req.remote_cm_response_timeout = 16;
-    req.local_cm_response_timeout = 16;
-    req.max_cm_retries = 5;
+    req.remote_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.local_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.max_cm_retries = CM_RETRIES;
     req.private_data =
         Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
     let psn = req.starting_psn;
