@@ -453,6 +453,13 @@ if [ "$scripted" = 1 ]; then
         echo "===== node $i (exit ${node_st[i]}) ====="
         cat "$logdir/node$i.log" 2>/dev/null || true
     done
+    # CSV blocks the nodes printed, one file per node and name (docs/rmem.md).
+    exp="$here/target/experiments/$(date -u +%Y%m%d-%H%M%S)-$run_id"
+    for ((i = 0; i < nodes; i++)); do
+        csv=$("$here/scripts/csv-collect.sh" "$logdir/node$i.log" "$exp" "node$i") ||
+            say "run-qemu.sh: could not collect node $i's CSV into $exp"
+        for f in $csv; do say "run-qemu.sh: node $i CSV: ${f#"$here"/}"; done
+    done
     for ((i = 0; i < nodes; i++)); do
         case ${node_st[i]} in
             0) ;;
