@@ -122,8 +122,9 @@ cp "$x/boot/vmlinuz-$kver" "$out.vmlinuz.tmp" 2>/dev/null || { mkdir -p "$out"; 
 km="$x/lib/modules/$kver"
 mkdir -p "$r/lib/modules/$kver"
 cp -a "$km/modules.order" "$km/modules.builtin" "$km/modules.builtin.modinfo" "$r/lib/modules/$kver/" 2>/dev/null || true
+# e1000: the guests' Ethernet link for perftest's exchange of QP details.
 (cd "$km" && find kernel/drivers/infiniband kernel/drivers/net/ethernet/mellanox/mlx4 \
-     kernel/fs/configfs -name '*.ko') > "$work/mods"
+     kernel/drivers/net/ethernet/intel/e1000 kernel/fs/configfs -name '*.ko') > "$work/mods"
 while read -r m; do
     mkdir -p "$r/lib/modules/$kver/$(dirname "$m")"
     cp -a "$km/$m" "$r/lib/modules/$kver/$m"
@@ -139,9 +140,40 @@ while read -r line; do
 done < "$r/lib/modules/$kver/modules.dep"
 
 for a in sh mount umount mkdir cat echo ls dmesg modprobe rmmod insmod lsmod poweroff sleep \
-         grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid; do
+         grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid \
+         ifconfig ip ping hostname awk; do
     ln -sf busybox "$r/bin/$a"
 done
+
+# Helpers for scripted runs (a `;` always separates --run's commands, so
+# loops live here): `wait-active [SECS]` waits for mlx4_0 port 1 to become
+# Active (default 60 s) and prints its LID and SM LID; `retry N CMD...` runs
+# CMD up to N times, a second apart, until it succeeds (a perftest client
+# started before its server listens).
+cat > "$r/usr/bin/wait-active" <<'EOF'
+#!/bin/sh
+p=/sys/class/infiniband/mlx4_0/ports/1
+n=${1:-60}
+while [ "$n" -gt 0 ]; do
+    case "$(cat $p/state 2>/dev/null)" in
+        *ACTIVE*) echo "port 1 Active: LID $(cat $p/lid), SM LID $(cat $p/sm_lid)"; exit 0 ;;
+    esac
+    sleep 1; n=$((n - 1))
+done
+echo "wait-active: port 1 not Active after ${1:-60} s: $(cat $p/state 2>/dev/null)"
+exit 1
+EOF
+cat > "$r/usr/bin/retry" <<'EOF'
+#!/bin/sh
+n=$1; shift
+while :; do
+    "$@" && exit 0
+    n=$((n - 1))
+    [ "$n" -gt 0 ] || { echo "retry: $1 failed every time"; exit 1; }
+    sleep 1
+done
+EOF
+chmod +x "$r/usr/bin/wait-active" "$r/usr/bin/retry"
 
 cat > "$r/init" <<'INIT'
 #!/bin/sh
@@ -162,6 +194,13 @@ if [ "${autoload:-1}" != 0 ]; then
     for m in mlx4_core mlx4_ib ib_umad ib_uverbs; do
         modprobe "$m" || echo "init: modprobe $m failed"
     done
+fi
+# `ipaddr=A.B.C.D` (scripts/vfu-run.sh): the Ethernet link to the other
+# Linux guest, for perftest's exchange of QP details.
+if [ -n "${ipaddr:-}" ]; then
+    modprobe e1000 && ifconfig lo 127.0.0.1 up &&
+        ifconfig eth0 "$ipaddr" netmask 255.255.255.0 up ||
+        echo "init: network $ipaddr not configured"
 fi
 echo "linux-guest: up ($(uname -r))"
 if [ -n "${run:-}" ]; then
