@@ -175,6 +175,33 @@ done
 EOF
 chmod +x "$r/usr/bin/wait-active" "$r/usr/bin/retry"
 
+# `peer-lid P [SECS]` prints the LID of the CA behind port P of the switch
+# this guest's port 1 is cabled to (a directed-route PortInfo: cx3-vfu's
+# node i is on port i+1), waiting up to SECS (default 90) for the SM to have
+# given it one.
+cat > "$r/usr/bin/peer-lid" <<'EOF'
+#!/bin/sh
+n=${2:-90}
+while :; do
+    lid=$(smpquery -D portinfo "0,1,$1" 2>/dev/null | sed -n 's/^Lid:\.*\([0-9]*\)$/\1/p')
+    [ -n "$lid" ] && [ "$lid" != 0 ] && { echo "$lid"; exit 0; }
+    n=$((n - 1))
+    [ "$n" -gt 0 ] || { echo "peer-lid: no LID behind switch port $1" >&2; exit 1; }
+    sleep 1
+done
+EOF
+# `expect RE CMD...` runs CMD and succeeds only if its output matches the
+# basic regular expression RE (ibping says 100% loss with status 0).
+cat > "$r/usr/bin/expect" <<'EOF'
+#!/bin/sh
+re=$1; shift
+out=$("$@" 2>&1); st=$?
+printf '%s\n' "$out"
+[ "$st" = 0 ] || exit "$st"
+printf '%s\n' "$out" | grep -q -- "$re" || { echo "expect: no '$re' in the output of $1"; exit 1; }
+EOF
+chmod +x "$r/usr/bin/peer-lid" "$r/usr/bin/expect"
+
 cat > "$r/init" <<'INIT'
 #!/bin/sh
 # The guest's init (scripts/linux-guest.sh).
