@@ -202,6 +202,23 @@ printf '%s\n' "$out" | grep -q -- "$re" || { echo "expect: no '$re' in the outpu
 EOF
 chmod +x "$r/usr/bin/peer-lid" "$r/usr/bin/expect"
 
+# `wait-down P [SECS]` waits (default 300 s) until port P of the switch this
+# guest's port 1 is cabled to is Down: the guest there has powered off
+# (cx3-vfu resets a function whose client has gone, which takes its link
+# down). A guest that others query keeps itself up this way.
+cat > "$r/usr/bin/wait-down" <<'EOF'
+#!/bin/sh
+n=${2:-300}
+while [ "$n" -gt 0 ]; do
+    smpquery -D portinfo 0,1 "$1" 2>/dev/null | grep -q '^LinkState:\.*Down' &&
+        { echo "switch port $1 is Down"; exit 0; }
+    sleep 1; n=$((n - 1))
+done
+echo "wait-down: switch port $1 still up after ${2:-300} s"
+exit 1
+EOF
+chmod +x "$r/usr/bin/wait-down"
+
 cat > "$r/init" <<'INIT'
 #!/bin/sh
 # The guest's init (scripts/linux-guest.sh).

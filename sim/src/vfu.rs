@@ -518,8 +518,8 @@ Subnet manager:
                         SM, or none (the ibsim server still runs for diags)
   --embedded-sm         the same as --sm embedded
   --sm-args \"ARGS\"      extra OpenSM arguments (default \"-s 1\")
-  --sm-dir DIR          OpenSM's log, cache and dumps (default
-                        $TMPDIR/cx3-vfu-<pid>/opensm)
+  --sm-dir DIR          OpenSM's log, cache and dumps (default: a temporary
+                        directory, removed at exit)
   --sockname-file FILE  write the ibsim socket name there (scripts/ib-host.sh)
 Fabric (one fabric spans every node; node i is HCA i of the topology, port 1
 cabled, port 2 uncabled unless a topology file says otherwise):
@@ -1184,6 +1184,9 @@ pub struct Fleet {
     clock: Arc<dyn hal::Clock>,
     opts: Options,
     started: Instant,
+    /// OpenSM's directory when it is the default temporary one (removed
+    /// with OpenSM's stop).
+    temp_dir: Option<std::path::PathBuf>,
 }
 
 impl Fleet {
@@ -1202,8 +1205,11 @@ impl Fleet {
             return Err("no function to serve".into());
         }
         let mut fabric = crate::fabric::Fabric::new();
-        let built = opts.fabric.build(&mut fabric, n)?;
+        let mut fabric_opts = (*opts.fabric).clone();
+        fabric_opts.embedded_sm = opts.sm == SmChoice::Embedded;
+        let built = fabric_opts.build(&mut fabric, n)?;
         let switch = built.switches.first().map(|s| s.1);
+        let mut temp_dir = None;
         let sm = match (opts.sm, switch) {
             (SmChoice::Embedded, _) => None,
             (SmChoice::OpenSm, None) => {
@@ -1214,11 +1220,16 @@ impl Fleet {
             }
             (SmChoice::None, None) => None,
             (choice, Some(sw)) => {
-                let pid = std::process::id();
+                // Unique per fleet (the ibsim sockets are abstract names).
+                static FLEETS: AtomicU64 = AtomicU64::new(0);
+                let pid = match FLEETS.fetch_add(1, Ordering::Relaxed) {
+                    0 => std::process::id().to_string(),
+                    n => format!("{}-{n}", std::process::id()),
+                };
                 let dir = opts.sm_dir.clone().unwrap_or_else(|| {
-                    std::env::temp_dir()
-                        .join(format!("cx3-vfu-{pid}"))
-                        .join("opensm")
+                    let t = std::env::temp_dir().join(format!("cx3-vfu-{pid}"));
+                    temp_dir = Some(t.clone());
+                    t.join("opensm")
                 });
                 let extra = crate::fabric::ibsim::host_nodes_beyond(&mut fabric, &built, n);
                 let so = SmOptions {
@@ -1238,16 +1249,13 @@ impl Fleet {
         let mut functions = Vec::with_capacity(n);
         for (i, at) in built.hcas.iter().take(n).enumerate() {
             let id = first_id + i as u32;
-            functions.push(Function::on_fabric(
-                id,
-                opts.clone(),
-                log(id),
-                &wire,
-                at,
-            ));
+            functions.push(Function::on_fabric(id, opts.clone(), log(id), &wire, at));
         }
         if functions.len() != n {
-            return Err(format!("the topology has {} HCAs for {n} nodes", functions.len()));
+            return Err(format!(
+                "the topology has {} HCAs for {n} nodes",
+                functions.len()
+            ));
         }
         for f in &functions {
             let others = functions
@@ -1265,6 +1273,7 @@ impl Fleet {
             clock,
             opts,
             started: Instant::now(),
+            temp_dir,
         })
     }
 
@@ -1332,6 +1341,10 @@ impl Fleet {
                         r.log
                             .line(format!("node{id}: vfio-user connection ended: {e}"));
                     }
+                    // The guest is gone (powered off): its card goes back to
+                    // power-on, so its ports close and its links go down for
+                    // the rest of the fabric, as a powered-off host's would.
+                    f2.reset();
                     d.store(true, Ordering::Release);
                 });
             if let Err(e) = spawned {
@@ -1386,6 +1399,9 @@ impl Fleet {
             let fabric = self.wire.fabric();
             let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
             sm.stop(&mut f, now);
+        }
+        if let Some(d) = self.temp_dir.take() {
+            let _ = std::fs::remove_dir_all(d);
         }
     }
 
@@ -1576,6 +1592,63 @@ mod tests {
     }
 
     #[test]
+    fn a_fleet_puts_every_function_on_one_fabric_with_its_sm() {
+        use crate::fabric::options::TopologyChoice;
+        let dir = std::env::temp_dir().join(format!("cx3-vfu-fleet-{}", std::process::id()));
+        let sockname = dir.join("sockname");
+        let opts = Options {
+            sm: SmChoice::None,
+            sm_dir: Some(dir.join("opensm")),
+            sockname_file: Some(sockname.clone()),
+            ..Options::default()
+        };
+        let fleet = Fleet::open(3, 0, opts.clone(), |_| Log::capture()).unwrap();
+        let fabric = fleet.fabric();
+        let mut ports = Vec::new();
+        for (i, f) in fleet.functions().iter().enumerate() {
+            assert_eq!(f.id(), i as u32);
+            assert_eq!(
+                f.hca().config().node_guid,
+                crate::fabric::topology::hca_guid(i),
+                "the topology's GUIDs, as cx3-emu's nodes"
+            );
+            let p = f.hca().fabric_port(1).expect("port 1 on the fabric");
+            let f = fabric.lock().unwrap();
+            assert_eq!(f.port_name(f.peer(p).unwrap()), format!("sw0/{}", i + 1));
+            ports.push(p);
+        }
+        // The ibsim server runs (for diags) and its SM host is on the switch.
+        let base = fleet.ibsim_sockname().expect("the ibsim server runs");
+        assert_eq!(std::fs::read_to_string(&sockname).unwrap().trim(), base);
+        assert!(fleet.opensm_log().is_none(), "--sm none starts no OpenSM");
+        drop(fleet);
+        assert!(
+            !sockname.exists(),
+            "the socket-name file goes with the fleet"
+        );
+
+        // The embedded SM sits on the switch instead; no server.
+        let embedded = Options {
+            sm: SmChoice::Embedded,
+            ..opts.clone()
+        };
+        let fleet = Fleet::open(2, 0, embedded, |_| Log::capture()).unwrap();
+        assert!(fleet.fabric().lock().unwrap().sm().is_some());
+        assert!(fleet.ibsim_sockname().is_none());
+        drop(fleet);
+
+        // OpenSM needs a switch for its host.
+        let mut b2b = Options {
+            sm: SmChoice::OpenSm,
+            ..opts
+        };
+        b2b.fabric.topology = TopologyChoice::BackToBack;
+        let err = Fleet::open(2, 0, b2b, |_| Log::capture()).err().unwrap();
+        assert!(err.contains("no switch"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn command_line() {
         let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
         let Ok(Cli::Run {
@@ -1610,9 +1683,9 @@ mod tests {
         assert!(opts.fabric.embedded_sm, "the fabric builds the embedded SM");
         assert_eq!(opts.fabric.latency_ns, Some(2000));
         assert_eq!(opts.sm_dir, Some("/tmp/o".into()));
-        let Ok(Cli::Run { opts, .. }) = parse_args(
-            ["--socket", "a", "--embedded-sm", "--sm-args=-s 3"].map(String::from),
-        ) else {
+        let Ok(Cli::Run { opts, .. }) =
+            parse_args(["--socket", "a", "--embedded-sm", "--sm-args=-s 3"].map(String::from))
+        else {
             panic!("parses");
         };
         assert_eq!(opts.sm, SmChoice::Embedded);

@@ -69,10 +69,14 @@ fn main() -> ExitCode {
         );
     }
     if let Some(log) = fleet.opensm_log() {
-        eprintln!("cx3-vfu: OpenSM runs on the fabric; its log: {}", log.display());
+        eprintln!(
+            "cx3-vfu: OpenSM runs on the fabric; its log: {}",
+            log.display()
+        );
     }
     let why = fleet.serve(servers, &STOP);
     let msg = match why {
+        Exit::ClientGone if sockets.len() == 1 => "client disconnected",
         Exit::ClientGone => "every client disconnected",
         Exit::Stopped => "signal",
         Exit::ParentGone => "parent process gone",
