@@ -90,8 +90,9 @@ fn after<'a>(t: &'a str, prompt: &str, cmd: &str) -> &'a str {
 /// Node 0 (Linux): answers ibping, queries our guest's port, and serves
 /// each perftest. Node 1 (Linux): pings node 0 (until all 3 answers come
 /// back) and runs each perftest client, retrying while node 0's server is
-/// not listening yet. Node 2 (ours): once the Linux guests are up, reads a
-/// Linux guest's NodeInfo and PortInfo by directed route, and the SM.
+/// not listening yet, then stays up until our guest has powered off (its
+/// switch port Down). Node 2 (ours): once the Linux guests are up, reads
+/// node 1's NodeInfo and PortInfo by directed route, and the SM.
 const LINUX_SERVER: &str = "wait-active 120; ibping -S >/dev/null 2>&1 &; ibstat; \
      lid=$(peer-lid 3) && perfquery $lid && smpquery nodeinfo $lid && smpquery portinfo $lid; \
      timeout 120 ib_write_bw -n 20 -s 4096; timeout 120 ib_read_lat -n 20; \
@@ -101,8 +102,8 @@ const LINUX_CLIENT: &str = "wait-active 120; \
      retry 20 timeout 60 ib_write_bw -n 20 -s 4096 10.0.0.1; \
      retry 20 timeout 60 ib_read_lat -n 20 10.0.0.1; \
      retry 20 timeout 60 ib_send_lat -n 20 10.0.0.1; \
-     retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1";
-const OURS: &str = "sleep 90; ibstat; smpquery -D nodeinfo 0,1,1; smpquery -D portinfo 0,1,2; \
+     retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1; wait-down 3 240";
+const OURS: &str = "sleep 90; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
      sminfo";
 
 #[test]
@@ -164,11 +165,11 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
     );
     // ... and our guest reads a Linux guest's, by directed route.
     assert!(
-        ours("smpquery -D nodeinfo 0,1,1").contains(&format!(
+        ours("smpquery -D nodeinfo 0,1,2").contains(&format!(
             "Guid:............................0x{:016x}",
-            node_guid(0)
+            node_guid(1)
         )),
-        "our smpquery of Linux node 0:\n{all}"
+        "our smpquery of Linux node 1:\n{all}"
     );
     assert!(
         ours("smpquery -D portinfo 0,1,2").contains("LinkState:.......................Active"),
@@ -179,6 +180,13 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
     assert!(
         lin(n1, "lid=$(peer-lid 1)").contains("3 packets transmitted, 3 received"),
         "ibping:\n{all}"
+    );
+
+    // Our guest's power-off took its link down (cx3-vfu resets the
+    // function of a client that has gone).
+    assert!(
+        lin(n1, "wait-down 3").contains("switch port 3 is Down"),
+        "{all}"
     );
 
     // Real perftest between the Linux guests, both sides reporting.
