@@ -219,6 +219,37 @@ exit 1
 EOF
 chmod +x "$r/usr/bin/wait-down"
 
+# The splitter of run="...": one command per line, split at the `;`s that
+# are not inside quotes, parentheses, braces or a compound command
+# (for/while/until/if/case ... done/fi/esac), so a loop stays one command.
+mkdir -p "$r/usr/lib"
+cat > "$r/usr/lib/run-split.awk" <<'EOF'
+function word(w) {
+    if (w ~ /^(for|while|until|if|case)$/) depth++
+    else if (w ~ /^(done|fi|esac)$/ && depth > 0) depth--
+}
+{
+    s = $0; n = length(s); cmd = ""; w = ""; q = ""
+    for (i = 1; i <= n; i++) {
+        c = substr(s, i, 1)
+        if (q != "") { cmd = cmd c; if (c == q) q = ""; continue }
+        if (c ~ /[A-Za-z0-9_]/) { w = w c; cmd = cmd c; continue }
+        word(w); w = ""
+        if (c == "'") q = c
+        else if (c == "(" || c == "{") nest++
+        else if ((c == ")" || c == "}") && nest > 0) nest--
+        else if (c == ";" && depth == 0 && nest == 0) {
+            # `;;` ends a case branch only inside a case (depth > 0).
+            gsub(/^[ \t]+|[ \t]+$/, "", cmd); if (cmd != "") print cmd
+            cmd = ""; continue
+        }
+        cmd = cmd c
+    }
+    word(w)
+    gsub(/^[ \t]+|[ \t]+$/, "", cmd); if (cmd != "") print cmd
+}
+EOF
+
 cat > "$r/init" <<'INIT'
 #!/bin/sh
 # The guest's init (scripts/linux-guest.sh).
@@ -249,18 +280,12 @@ fi
 echo "linux-guest: up ($(uname -r))"
 if [ -n "${run:-}" ]; then
     total=0; failed=0
-    rest="$run"
-    while [ -n "$rest" ]; do
-        case "$rest" in
-            *\;*) cmd=${rest%%;*}; rest=${rest#*;} ;;
-            *) cmd=$rest; rest="" ;;
-        esac
-        cmd=$(echo "$cmd" | sed 's/^ *//; s/ *$//')
-        [ -z "$cmd" ] && continue
+    printf '%s\n' "$run" | awk -f /usr/lib/run-split.awk > /tmp/run.cmds
+    while IFS= read -r cmd; do
         total=$((total + 1))
         echo "# $cmd"
         sh -c "$cmd" </dev/null 2>&1 || { echo "(exit status $?)"; failed=$((failed + 1)); }
-    done
+    done < /tmp/run.cmds
     echo "run: $failed of $total commands failed"
     leave "$failed"
 fi
