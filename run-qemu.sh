@@ -15,13 +15,16 @@ Usage: ./run-qemu.sh [options] [-- QEMU options]
 
 Builds the kernel image and boots it under QEMU (q35, TCG by default; --kvm
 for KVM) with the serial console on this terminal and, by default, an
-emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md).
+emulated ConnectX-3 served by cx3-emu over ivshmem (docs/ivshmem.md), on a
+fabric whose subnet manager brings the ports to Active: the real OpenSM by
+default (docs/peers.md).
 
   ./run-qemu.sh                         boot with the emulated HCA; Ctrl-A X quits
   ./run-qemu.sh --run "lspci; ibstat"   run console commands unattended, print the
                                         transcript, exit 0 only if all succeeded
   ./run-qemu.sh --nodes 2               two guests on one emulated fabric (node 0 on
                                         this terminal, the others logged to files)
+  ./run-qemu.sh --sm embedded           the fabric's own SM instead of OpenSM
   ./run-qemu.sh --nodes 2 --run-on 0 "ib_write_bw" --run-on 1 "ib_write_bw 1"
                                         a different script on each node; every
                                         transcript printed, exit 0 only if all succeeded
@@ -42,6 +45,12 @@ Options:
   --run-on N CMDS   node N's own commands (instead of --run's, for that node);
                     repeat for each node; every node then needs a script
   --nodes N         1 to 8 guests on one emulated fabric (default 1)
+  --sm SM           the subnet manager: opensm (default: Debian's OpenSM, a
+                    child of cx3-emu, installed on first use; its log under
+                    target/fabric/), embedded (the fabric's own SM and SA) or
+                    none (ports stay Initializing). Every choice serves the
+                    diags: scripts/ib-host.sh sminfo (docs/peers.md). The
+                    vfio-user paths pass it to cx3-vfu
   --no-hca          no emulated HCA
   --vfio ADDR       pass a real ConnectX-3 through (implies --kvm)
   --kvm             use KVM (default: TCG, faster under nested virtualisation)
@@ -58,9 +67,6 @@ Options:
                     >= 10.1 are fetched once into target/ (scripts/vfu-run.sh)
   --guests LIST     vfio-user guests by kind, e.g. linux,linux,lego (Linux or
                     our kernel, one node each, all on one fabric)
-  --sm opensm|embedded|none
-                    the fabric's subnet manager (vfio-user paths: cx3-vfu's
-                    --sm; default opensm)
   --gdb             wait for gdb on :1234
   --dry-run         print the commands and exit
   --build-only      build and exit
@@ -105,10 +111,11 @@ while [ $# -gt 0 ]; do
         --no-hca) hca=0 ;;
         --nodes) nodes=$val ;;
         --emu-args) emu_args=$val ;;
+        --sm)
+            case "$val" in opensm|embedded|none) ;; *) bad_usage "--sm takes opensm, embedded or none, not '$val'" ;; esac
+            sm=$val ;;
         --linux|--vfu) vfu_mode=$opt ;;
         --guests) vfu_mode=--guests; vfu_guests=$val ;;
-        --sm)
-            case "$val" in opensm|embedded|none) sm=$val ;; *) bad_usage "--sm takes opensm, embedded or none, not '$val'" ;; esac ;;
         --gdb) gdb=1 ;;
         --dry-run) dry=1 ;;
         --append) append=$val ;;
@@ -138,9 +145,6 @@ fi
 if [ -n "$vfu_mode" ] && { [ "$hca" = 0 ] || [ "$iso" = 1 ] || [ "$gdb" = 1 ] || [ "$kvm" = 1 ]; }; then
     bad_usage "$vfu_mode boots under TCG on the emulated fabric (not with --no-hca, --vfio, --iso, --gdb or --kvm)"
 fi
-if [ -n "$sm" ] && [ -z "$vfu_mode" ]; then
-    bad_usage "--sm applies to the vfio-user paths (--linux, --vfu, --guests); cx3-emu takes --emu-args --embedded-sm"
-fi
 if [ -n "$vfu_guests" ]; then
     [[ "$vfu_guests" =~ ^(linux|lego)(,(linux|lego)){0,7}$ ]] || bad_usage "--guests takes 1 to 8 of linux and lego, comma-separated, not '$vfu_guests'"
     n_guests=$(tr , '\n' <<<"$vfu_guests" | wc -l)
@@ -161,6 +165,27 @@ if [ "${#run_on[@]}" -gt 0 ]; then
 fi
 if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
     bad_usage "--emu-args needs the emulated HCA (not with --no-hca or --vfio)"
+fi
+# The subnet manager: --sm, else what --emu-args asks for (--sm X or its
+# alias --embedded-sm), else OpenSM.
+sm_set=0; [ -n "$sm" ] && sm_set=1
+emu_sm=""
+read -ra emu_words <<<"$emu_args"
+for ((k = 0; k < ${#emu_words[@]}; k++)); do
+    case "${emu_words[k]}" in
+        --embedded-sm) emu_sm=embedded ;;
+        --sm) emu_sm=${emu_words[k + 1]:-} ;;
+        --sm=*) emu_sm=${emu_words[k]#--sm=} ;;
+    esac
+done
+if [ -n "$emu_sm" ]; then
+    [ -z "$sm" ] || [ "$sm" = "$emu_sm" ] ||
+        bad_usage "--sm $sm and --emu-args asking for the $emu_sm SM disagree"
+    sm=$emu_sm
+fi
+[ -n "$sm" ] || sm=opensm
+if [ "$sm_set" = 1 ] && [ "$hca" = 0 ]; then
+    bad_usage "--sm needs the emulated HCA (not with --no-hca or --vfio)"
 fi
 if ! [[ "$timeout_s" =~ ^[1-9][0-9]{0,4}$ ]] || [ "$timeout_s" -gt 86400 ]; then
     bad_usage "--timeout takes whole seconds from 1 to 86400, not '$timeout_s'"
@@ -233,9 +258,9 @@ if [ -n "$vfu_mode" ]; then
     vfu_args+=(--timeout "$timeout_s" --memory "$memory")
     [ -n "$run" ] && vfu_args+=(--run "$run")
     for k in "${!run_on[@]}"; do vfu_args+=(--run-on "$k" "${run_on[$k]}"); done
-    [ -n "$sm" ] && emu_args="--sm $sm${emu_args:+ $emu_args}"
     [ -n "$append" ] && vfu_args+=(--append "$append")
     [ -n "$emu_args" ] && vfu_args+=(--emu-args "$emu_args")
+    [ "$sm_set" = 1 ] && vfu_args+=(--sm "$sm")
     [ "$dry" = 1 ] && vfu_args+=(--dry-run)
     [ "$build" = 0 ] && vfu_args+=(--no-build)
     exec "$here/scripts/vfu-run.sh" "${vfu_args[@]}" -- "${qemu_extra[@]}"
@@ -279,7 +304,12 @@ qemu_cmd() { # node -> fills the array `q`
     q+=("${qemu_extra[@]}")
 }
 
-emu_cmd=("$emu" --exit-with-parent)
+# OpenSM's log, cache and dumps: one directory per run (fresh LIDs each
+# boot); the socket name for scripts/ib-host.sh.
+fabric_dir="$here/target/fabric"
+sm_dir="$fabric_dir/run-$run_id"
+emu_cmd=("$emu" --exit-with-parent --sm "$sm" --sm-dir "$sm_dir"
+    --sockname-file "$fabric_dir/ibsim-sockname")
 for ((i = 0; i < nodes; i++)); do emu_cmd+=(--node "$(win $i),$(ram $i)"); done
 # shellcheck disable=SC2206 # word splitting of the user's emulator options is intended
 emu_cmd+=($emu_args)
@@ -306,6 +336,25 @@ if [ -n "$vfio" ] && [ ! -e "/sys/bus/pci/devices/$vfio" ]; then
 fi
 ensure_qemu
 [ -x "$emu" ] || [ "$hca" = 0 ] || { say "run-qemu.sh: $emu is not built (run without --no-build)"; exit 1; }
+if [ "$hca" = 1 ] && [ "$sm" = opensm ]; then
+    ensure_ib_peers
+    if ! { [ -x /usr/sbin/opensm ] || command -v opensm >/dev/null 2>&1; } ||
+        [ ! -e /usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so ]; then
+        say "run-qemu.sh: OpenSM cannot run: the packages opensm and libumad2sim0 are missing and could not be installed"
+        say "  (Debian/Ubuntu: sudo apt-get install opensm libumad2sim0), or boot with --sm embedded for the fabric's own SM"
+        exit 1
+    fi
+fi
+if [ "$hca" = 1 ]; then
+    # Directories of earlier runs whose script has ended go (their logs
+    # are kept until the next run).
+    mkdir -p "$fabric_dir"
+    for d in "$fabric_dir"/run-*; do
+        [ -d "$d" ] || continue
+        p=${d##*/run-}
+        [[ "$p" =~ ^[0-9]+$ ]] && [ "$p" != "$run_id" ] && ! kill -0 "$p" 2>/dev/null && rm -rf "$d"
+    done
+fi
 
 # --- start, and always clean up by pid --------------------------------------
 emu_pid=""; qemu_pids=(); logdir=""
@@ -351,6 +400,11 @@ if [ "$hca" = 1 ]; then
     "${emu_cmd[@]}" &
     emu_pid=$!
     wait_for_emulator
+    case "$sm" in
+        opensm) say "subnet manager: OpenSM, log ${sm_dir#"$here"/}/opensm.log (diags: scripts/ib-host.sh sminfo)" ;;
+        embedded) say "subnet manager: the fabric's embedded SM (diags: scripts/ib-host.sh sminfo)" ;;
+        none) say "subnet manager: none (ports stay Initializing; scripts/ib-host.sh opensm starts one)" ;;
+    esac
 fi
 [ "$gdb" = 1 ] && say "QEMU waits for gdb: gdb $kernel -ex 'target remote :1234'"
 

@@ -9,7 +9,8 @@
 #
 #   scripts/vfu-run.sh --linux|--vfu|--guests KIND,KIND,... [--nodes N]
 #       [--run "cmd; cmd"] [--run-on N "cmd; cmd"]... [--timeout SEC]
-#       [--memory SIZE] [--append TEXT] [--emu-args "cx3-vfu options"]
+#       [--memory SIZE] [--append TEXT] [--sm opensm|embedded|none]
+#       [--emu-args "cx3-vfu options"]
 #       [--dry-run] [--no-build] [--vfu-log FILE] [-- QEMU args]
 #
 # --run works as for our kernel: the guest runs the commands (Linux: each
@@ -28,7 +29,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
 
-kinds=(); nodes=""; run=""; timeout_s=180; memory=1G; append=""; emu_args=""; dry=0; build=1
+kinds=(); nodes=""; sm=""; run=""; timeout_s=180; memory=1G; append=""; emu_args=""; dry=0; build=1
 vfu_log=""; qemu_extra=(); declare -A run_on=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,6 +49,9 @@ while [ $# -gt 0 ]; do
         --memory) memory=${2?--memory needs a size}; shift ;;
         --append) append=${2?--append needs text}; shift ;;
         --emu-args) emu_args=${2?--emu-args needs options}; shift ;;
+        --sm)
+            case "${2:-}" in opensm|embedded|none) sm=$2 ;; *) say "vfu-run.sh: --sm takes opensm, embedded or none"; exit 2 ;; esac
+            shift ;;
         --vfu-log) vfu_log=${2?--vfu-log needs a file}; shift ;;
         --dry-run) dry=1 ;;
         --no-build) build=0 ;;
@@ -97,7 +101,7 @@ else
     img=""
     [ "$linux" = 1 ] && img=$("$here/scripts/linux-guest.sh")
     # OpenSM (cx3-vfu's default SM) and the umad2sim preload.
-    case " $emu_args " in *" --sm embedded "*|*" --sm none "*|*" --embedded-sm "*|*" --sm=embedded "*|*" --sm=none "*) ;;
+    case " ${sm:+--sm $sm }$emu_args " in *" --sm embedded "*|*" --sm none "*|*" --embedded-sm "*|*" --sm=embedded "*|*" --sm=none "*) ;;
         *) ensure_ib_peers ;; esac
 fi
 
@@ -106,6 +110,7 @@ sock() { echo "$run_dir/node$1.sock"; }
 vfu_cmd=("$vfu" --exit-with-parent --sm-dir "$here/target/fabric/vfu-$$/opensm"
          --sockname-file "$here/target/fabric/ibsim-sockname")
 for ((i = 0; i < nodes; i++)); do vfu_cmd+=(--socket "$(sock $i)"); done
+[ -n "$sm" ] && vfu_cmd+=(--sm "$sm")
 # shellcheck disable=SC2206 # word splitting of the user's options is intended
 vfu_cmd+=($emu_args)
 

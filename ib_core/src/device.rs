@@ -219,7 +219,8 @@ impl Device {
     pub fn get_cached_lmc(&self, port: u8) -> Result<u8> {
         Ok(self.port_cache(port)?.lmc)
     }
-    /// Refreshes a port's cache now (`ib_cache_update`).
+    /// Refreshes a port's cache now (`ib_cache_update`) and hands the new
+    /// contents to the provider ([`IbDevice::cache_updated`]).
     pub fn cache_update(&mut self, port: u8) -> Result<()> {
         let i = self.port_index(port)?;
         ib_cache_update(
@@ -228,7 +229,9 @@ impl Device {
             self.gid_tbl_len[i],
             self.pkey_tbl_len[i],
             &mut self.cache[i],
-        )
+        )?;
+        self.ops.cache_updated(port, &self.cache[i]);
+        Ok(())
     }
 
     // --- verbs (verbs.c entry points; argument checks, then the provider) ---

@@ -1143,6 +1143,10 @@ c_enum! {
         AtomicCmpAndSwp = 5 => "IB_WR_ATOMIC_CMP_AND_SWP",
         /// Atomic fetch and add.
         AtomicFetchAndAdd = 6 => "IB_WR_ATOMIC_FETCH_AND_ADD",
+        /// SEND with invalidate (the rkey to invalidate in `imm_data`, as
+        /// Linux's `ex.invalidate_rkey`). 8 in the kernel's enum; libibverbs
+        /// numbers it 9.
+        SendWithInv = 8 => "IB_WR_SEND_WITH_INV",
     }
 }
 
@@ -1942,6 +1946,14 @@ pub trait IbDevice: Send {
     ) -> Result<MadResult> {
         Err(Error::NoSys)
     }
+
+    /// The core's cache of `port` was refreshed (`ib_cache_update`, at
+    /// registration and on the port events). Linux's providers read
+    /// `ib_get_cached_pkey`/`ib_get_cached_gid` while they build the UD
+    /// header of a QP0/QP1 send; a provider here cannot call back into the
+    /// core from its `post_send`, so it keeps what it needs of this copy.
+    /// Never called on the data path.
+    fn cache_updated(&mut self, _port: u8, _cache: &crate::cache::PortCache) {}
 }
 
 #[cfg(test)]

@@ -689,5 +689,7 @@ pub fn sminfo(
     Ok(())
 }
 
+pub mod saquery;
+
 #[cfg(test)]
 mod tests;

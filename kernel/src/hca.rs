@@ -60,21 +60,92 @@ static IB: spin::Mutex<Option<Ib>> = spin::Mutex::new(None);
 /// Devices that reported IB_EVENT_DEVICE_FATAL, removed by the next poll.
 static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 
-/// Logs the events ib_core dispatches, in Linux's words.
-fn log_event(name: &str, id: DeviceId, e: &Event) {
+/// Port events waiting for [`poll`] to log them (at most
+/// [`PORT_EVENTS_MAX`]; more are counted and said once).
+static PORT_EVENTS: spin::Mutex<Vec<PortEvent>> = spin::Mutex::new(Vec::new());
+/// Port events dropped because [`PORT_EVENTS`] was full.
+static PORT_EVENTS_LOST: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+const PORT_EVENTS_MAX: usize = 64;
+
+/// A port event as dispatched: by which adapter, and when (microseconds
+/// since kernel entry; a console command holding the adapters delays the
+/// line, not the figure).
+struct PortEvent {
+    name: String,
+    id: DeviceId,
+    event: Event,
+    at_us: u64,
+}
+
+/// ib_core's event handler: a catastrophic error is acted on at once; port
+/// events are queued and logged by [`poll`], which can read the port's new
+/// LID and SM LID (the handler runs inside ib_core and cannot).
+fn on_event(name: &str, id: DeviceId, e: &Event) {
     match (e.event, e.element) {
-        (EventType::PortActive, EventElement::Port(p)) => {
-            log::info!("{name}: port {p} state changed to ACTIVE")
-        }
-        (EventType::PortErr, EventElement::Port(p)) => {
-            log::info!("{name}: port {p} state changed to DOWN")
-        }
         (EventType::DeviceFatal, _) => {
             log::error!("{name}: catastrophic error: the HCA needs a reset");
             FATAL.lock().push(id);
         }
-        (ev, EventElement::Port(p)) => log::info!("{name}: port {p}: {}", ev.name()),
+        (_, EventElement::Port(_)) => {
+            let mut q = PORT_EVENTS.lock();
+            if q.len() < PORT_EVENTS_MAX {
+                q.push(PortEvent {
+                    name: String::from(name),
+                    id,
+                    event: *e,
+                    at_us: crate::time::uptime_us(),
+                });
+            } else {
+                PORT_EVENTS_LOST.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            }
+        }
         (ev, el) => log::debug!("{name}: {} on {el:?}", ev.name()),
+    }
+}
+
+/// The words of Linux's sysfs `ports/N/state` (ib_core `state_show`).
+fn state_word(s: Option<ib_core::verbs::PortState>) -> &'static str {
+    use ib_core::verbs::PortState as S;
+    match s {
+        Some(S::Down) => "DOWN",
+        Some(S::Init) => "INIT",
+        Some(S::Armed) => "ARMED",
+        Some(S::Active) => "ACTIVE",
+        Some(S::ActiveDefer) => "ACTIVE_DEFER",
+        _ => "NOP",
+    }
+}
+
+/// Logs one port transition per line, in the words of Linux's sysfs
+/// (`state`, `lid`, `sm_lid` under `/sys/class/infiniband/mlx4_0/ports/1/`):
+/// the state changes with the LID and SM LID the port now has, LID and
+/// SM changes with the new values, and a client re-register request. The
+/// ACTIVE line also says how long after kernel entry the event came (the
+/// figure `tests/tests/qemu_subnet.rs` reads).
+fn log_port_event(core: &IbCore, pe: &PortEvent) {
+    let PortEvent {
+        name,
+        id,
+        event: e,
+        at_us,
+    } = pe;
+    let EventElement::Port(p) = e.element else {
+        return;
+    };
+    let cache = core.device(*id).and_then(|d| d.port_cache(p).ok());
+    let (lid, sm_lid, state) = cache.map_or((0, 0, None), |c| (c.lid, c.sm_lid, c.state));
+    match e.event {
+        EventType::PortActive => log::info!(
+            "{name}: port {p} state: ACTIVE, lid 0x{lid:x}, sm_lid 0x{sm_lid:x} ({} after kernel entry)",
+            Ms(*at_us)
+        ),
+        EventType::PortErr => log::info!("{name}: port {p} state: {}", state_word(state)),
+        EventType::LidChange => log::info!("{name}: port {p}: lid changed to 0x{lid:x}"),
+        EventType::SmChange => log::info!("{name}: port {p}: sm_lid changed to 0x{sm_lid:x}"),
+        EventType::ClientReregister => {
+            log::info!("{name}: port {p}: the SM asks clients to re-register")
+        }
+        ev => log::debug!("{name}: port {p}: {}", ev.name()),
     }
 }
 
@@ -139,7 +210,7 @@ pub fn init() {
         let n = name.clone();
         let _ = ib
             .core
-            .ib_register_event_handler(id, Box::new(move |id, e| log_event(&n, id, e)));
+            .ib_register_event_handler(id, Box::new(move |id, e| on_event(&n, id, e)));
         log::info!(
             "{name}: registered with ib_core in {}",
             Ms(crate::time::uptime_us() - us)
@@ -176,6 +247,14 @@ pub fn poll() {
         return;
     };
     ib.core.poll();
+    let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
+    for pe in &events {
+        log_port_event(&ib.core, pe);
+    }
+    let lost = PORT_EVENTS_LOST.swap(0, core::sync::atomic::Ordering::Relaxed);
+    if lost > 0 {
+        log::warn!("ib: {lost} port event(s) not logged (too many at once)");
+    }
     let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
     for id in fatal {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {

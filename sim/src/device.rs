@@ -424,6 +424,19 @@ impl Hca {
         self.geo.ok_or(Status::BAD_SYS_STATE)
     }
 
+    /// The QPC-table index of `qpn`: its low `log_num_qps` bits. The bits
+    /// above are the QPN's tag (Linux's QP bitmap ORs a rotating `top` into
+    /// every QPN it hands out after a free, and masks QPNs the same way in
+    /// `mlx4_table_get` and the QP event lookup), so the card indexes the
+    /// per-QP tables (QPC, AUXC, ALTC, RDMARC, cMPT) with these bits only.
+    pub fn qp_index(&self, qpn: u32) -> u64 {
+        let n = self
+            .geo
+            .and_then(|g| g.count(Table::Qpc))
+            .unwrap_or(1 << 24);
+        u64::from(qpn & 0xff_ffff) & (n.max(1) - 1)
+    }
+
     /// ICM address of `idx` in `t`, after range and mapping checks: index
     /// outside the table is `BAD_INDEX`, an unmapped entry `ICM_ERROR`.
     pub fn ctx_va(&mut self, t: Table, idx: u64) -> Result<u64, Status> {

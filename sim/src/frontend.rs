@@ -929,7 +929,7 @@ impl SimHca {
         self.inner.pci.clone()
     }
 
-    fn hca(&self) -> MutexGuard<'_, Hca> {
+    pub(crate) fn hca(&self) -> MutexGuard<'_, Hca> {
         lock(&self.inner.hca)
     }
 

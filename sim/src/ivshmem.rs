@@ -704,6 +704,13 @@ pub struct Emulator {
     log: Log,
     started: Instant,
     wire: crate::Wire,
+    /// The ibsim server and, with `--sm opensm`, OpenSM; polled each round.
+    sm: Option<crate::fabric::ibsim::SmService>,
+    /// OpenSM's pid while it runs (to say so when it exits on its own).
+    opensm_pid: Option<u32>,
+    /// The clock the HCAs on the wire use (the SM service's packets are
+    /// due on it).
+    clock: Arc<dyn hal::Clock>,
 }
 
 impl Emulator {
@@ -734,6 +741,10 @@ impl Emulator {
             .fabric
             .build(&mut fabric, specs.len())
             .map_err(EmuError)?;
+        let sm = opts
+            .fabric
+            .start_sm(&mut fabric, &built, &format!("lego-{}", std::process::id()))
+            .map_err(EmuError)?;
         let wire = crate::Wire::threaded(std::sync::Arc::new(std::sync::Mutex::new(fabric)));
         let mut nodes = Vec::with_capacity(specs.len());
         for (id, (w, r)) in (0..n).zip(specs) {
@@ -749,13 +760,77 @@ impl Emulator {
             }
             nodes.push(node);
         }
+        let clock = nodes
+            .first()
+            .map(|n| n.hca.clock())
+            .ok_or_else(|| EmuError("no node".into()))?;
+        let opensm_pid = sm.as_ref().and_then(|s| s.opensm_pid());
         Ok(Emulator {
             nodes,
             opts,
             log,
             started: Instant::now(),
             wire,
+            sm,
+            opensm_pid,
+            clock,
         })
+    }
+
+    /// OpenSM's log file, with `--sm opensm`.
+    pub fn opensm_log(&self) -> Option<PathBuf> {
+        self.sm
+            .as_ref()
+            .filter(|s| s.opensm_pid().is_some())
+            .map(|s| s.opensm_log())
+    }
+
+    /// OpenSM's pid, while it runs.
+    pub fn opensm_pid(&self) -> Option<u32> {
+        self.sm.as_ref().and_then(|s| s.opensm_pid())
+    }
+
+    /// The ibsim socket name the diags attach to (`IBSIM_SOCKNAME`), if
+    /// the server runs.
+    pub fn ibsim_sockname(&self) -> Option<&str> {
+        self.sm.as_ref().map(|s| s.server.base())
+    }
+
+    /// Ends OpenSM (serving its goodbye for up to 2 s) and the ibsim
+    /// server, and removes the socket-name file. Dropping the emulator
+    /// does the same.
+    pub fn shutdown(&mut self) {
+        if let Some(mut svc) = self.sm.take() {
+            let now = self.clock.now_ns();
+            let fabric = self.wire.fabric();
+            let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+            svc.stop(&mut f, now);
+        }
+    }
+
+    /// One round of the SM service: the fabric brought to now, then the
+    /// server's sockets and host nodes; true if anything happened.
+    fn poll_sm(&mut self) -> bool {
+        let Some(svc) = self.sm.as_mut() else {
+            return false;
+        };
+        let now = self.clock.now_ns();
+        let fabric = self.wire.fabric();
+        let work = {
+            let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+            f.advance(now);
+            svc.poll(&mut f, now)
+        };
+        if let Some(pid) = self.opensm_pid
+            && svc.opensm_pid().is_none()
+        {
+            self.log.line(format!(
+                "cx3-emu: OpenSM (pid {pid}) exited on its own; its log: {}",
+                svc.opensm_log().display()
+            ));
+            self.opensm_pid = None;
+        }
+        work > 0
     }
 
     /// The fabric the nodes are cabled to.
@@ -779,6 +854,7 @@ impl Emulator {
         for n in &mut self.nodes {
             active |= n.round(&self.opts, &mut self.log);
         }
+        active |= self.poll_sm();
         active
     }
 
@@ -861,6 +937,12 @@ impl Emulator {
             "total: commands {c}, violations {v}, DMA faults {d}; CPU {cpu:.3} s over {wall:.3} s wall ({pct:.1}%)"
         );
         s
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -950,6 +1032,21 @@ cabled, port 2 uncabled unless a topology file says otherwise):
                         port=NODE/PORT, times=N; see docs/fabric.md)
   --pull NODE/PORT@T[+D] pull a cable at T, put it back D later
   --fault-seed N        seed of the fault RNG
+Subnet manager (docs/peers.md):
+  --sm opensm|embedded|none
+                        opensm: Debian's OpenSM as a child process, attached
+                        through ibsim's protocol at host node smhost (the
+                        switch's last free port); embedded: the fabric's own
+                        SM and SA (first free switch port); none (default):
+                        no SM. Every choice also serves ibsim's protocol
+                        (socket lego-<pid>) for the diags (scripts/ib-host.sh)
+  --embedded-sm         the same as --sm embedded
+  --sm-dir DIR          OpenSM's log (DIR/opensm.log), cache and dumps
+                        (default: cx3-emu-<pid> in the temporary directory)
+  --opensm-args ARGS    OpenSM's options, words separated by spaces or commas
+                        (default \"-s 1\": a sweep every second)
+  --sockname-file FILE  write the ibsim socket name there (scripts/ib-host.sh
+                        reads target/fabric/ibsim-sockname); removed at exit
   -h, --help            this text
 
 Exits 0 when every guest has written state 3, on SIGINT/SIGTERM/SIGHUP, or

@@ -182,10 +182,14 @@ fn smp(hca: &mut Hca, pi: usize, op_mod: u8, mad: &[u8], r: &mut [u8]) -> Result
             }
         }
         (attr::PORT_INFO, _) => {
-            let target = if modifier == 0 {
+            // The port is the modifier's low byte; bit 31 is the SM's
+            // SMSupportsExtendedSpeeds flag (OpenSM sets it for a port
+            // whose CapabilityMask has IsExtendedSpeedsSupported).
+            let port = modifier & 0xff;
+            let target = if port == 0 {
                 Some(pi)
             } else {
-                hca.port_index(modifier)
+                hca.port_index(port)
             };
             let Some(ti) = target else {
                 return Ok(mad_status::INVALID_FIELD);
@@ -361,7 +365,9 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
                 if select & 8 != 0 {
                     c.rcv_errors = 0;
                 }
-                if select & 0x80 != 0 {
+                // IBTA table 247: CounterSelect bit 6 is PortXmitDiscards
+                // (bit 7 is PortXmitConstraintErrors, not modelled).
+                if select & 0x40 != 0 {
                     c.xmit_discards = 0;
                 }
                 if select & 0x800 != 0 {
@@ -471,5 +477,27 @@ mod tests {
             LogicalState::Init,
             "Down retrains to Init while the link is up"
         );
+    }
+
+    #[test]
+    fn port_info_modifier_bit_31_is_the_extended_speeds_flag() {
+        // OpenSM's SubnSet(PortInfo) to a port advertising extended speeds
+        // carries attribute modifier 0x8000_0001 (SMSupportsExtendedSpeeds
+        // and port 1): the SMA answers for port 1, it does not refuse it.
+        let sim = crate::SimHca::new(SimConfig::default());
+        let mut hca = sim.hca();
+        let mut mad = [0u8; MAD_SIZE];
+        mad[0] = 1;
+        mad[1] = class::SUBN_DIRECTED_ROUTE;
+        mad[2] = 1;
+        mad[3] = method::GET;
+        mad[0x10..0x12].copy_from_slice(&attr::PORT_INFO.to_be_bytes());
+        mad[0x14..0x18].copy_from_slice(&0x8000_0001u32.to_be_bytes());
+        let r = process(&mut hca, 0, 1, &mad).expect("a response");
+        assert_eq!(get16(&r, 4) & 0x7fff, 0, "status OK");
+        assert_eq!(r[DATA + 28], 1, "LocalPortNum of port 1");
+        mad[0x14..0x18].copy_from_slice(&0x8000_0003u32.to_be_bytes());
+        let r = process(&mut hca, 0, 1, &mad).expect("a response");
+        assert_eq!(get16(&r, 4), mad_status::INVALID_FIELD, "no port 3");
     }
 }

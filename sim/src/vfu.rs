@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use hal::{ConfigSpace, RegisterBackend};
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::fabric::options::SmChoice;
 use crate::frontend::{SimConfig, SimHca};
 use crate::hcr::{Opcode, Status};
 use crate::ivshmem::{Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive};
@@ -433,42 +434,10 @@ pub struct Options {
     /// Model-clock time before GO clears (default 0: at once).
     pub hcr_delay: Duration,
     /// The fabric the functions' ports are cabled to (topology, capture,
-    /// latency, packet faults), as cx3-emu's.
+    /// latency, packet faults) and its subnet manager (`--sm`,
+    /// `--sm-dir`, `--opensm-args`, `--sockname-file`), parsed by the
+    /// same code as cx3-emu's.
     pub fabric: Box<crate::fabric::options::FabricOptions>,
-    /// Which subnet manager runs on the fabric.
-    pub sm: SmChoice,
-    /// Extra OpenSM arguments (`--sm-args "-s 1"`).
-    pub sm_args: Vec<String>,
-    /// OpenSM's log, cache and dump directory.
-    pub sm_dir: Option<std::path::PathBuf>,
-    /// Where to record the ibsim socket name (for `scripts/ib-host.sh`).
-    pub sockname_file: Option<std::path::PathBuf>,
-}
-
-/// The subnet manager of a `cx3-vfu` fabric (`--sm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SmChoice {
-    /// Debian's OpenSM on a host node, through the ibsim server
-    /// ([`crate::fabric::ibsim::SmService`]); the default.
-    #[default]
-    OpenSm,
-    /// The fabric's own SM ([`crate::fabric::sm`]).
-    Embedded,
-    /// None: the ibsim server still runs, so diags and a hand-started
-    /// OpenSM can attach (`scripts/ib-host.sh`).
-    None,
-}
-
-impl SmChoice {
-    /// `opensm`, `embedded`, `none`.
-    pub fn parse(s: &str) -> Result<SmChoice, String> {
-        match s {
-            "opensm" => Ok(SmChoice::OpenSm),
-            "embedded" => Ok(SmChoice::Embedded),
-            "none" => Ok(SmChoice::None),
-            _ => Err(format!("--sm wants opensm, embedded or none, got {s:?}")),
-        }
-    }
 }
 
 /// A parsed command line.
@@ -547,10 +516,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     use crate::fabric::options::FabricOptions;
     let mut sockets = Vec::new();
     let mut node = None;
-    let mut opts = Options {
-        sm_args: vec!["-s".into(), "1".into()],
-        ..Options::default()
-    };
+    let mut opts = Options::default();
+    // OpenSM unless --sm (or --embedded-sm) says otherwise.
+    opts.fabric.sm = SmChoice::OpenSm;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -566,10 +534,6 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     | "--catas-after"
                     | "--watch-pid"
                     | "--hcr-delay-us"
-                    | "--sm"
-                    | "--sm-args"
-                    | "--sm-dir"
-                    | "--sockname-file"
             );
         let value = if takes_value {
             match inline {
@@ -614,12 +578,6 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
             "--stats" => opts.stats = true,
             "--exit-with-parent" => opts.exit_with_parent = true,
             "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
-            "--sm" => opts.sm = SmChoice::parse(&value)?,
-            "--embedded-sm" => opts.sm = SmChoice::Embedded,
-            "--sm-args" => opts.sm_args = value.split_whitespace().map(String::from).collect(),
-            "--sm-dir" if !value.is_empty() => opts.sm_dir = Some(value.into()),
-            "--sockname-file" if !value.is_empty() => opts.sockname_file = Some(value.into()),
-            "--sm-dir" | "--sockname-file" => return Err(format!("{flag} wants a path")),
             f => {
                 let v = takes_value.then_some(value.as_str());
                 if !opts.fabric.parse_arg(f, v)? {
@@ -637,8 +595,6 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
     if node.is_some() && sockets.len() > 1 {
         return Err("--node names the node of a single --socket".into());
     }
-    // The SM is this front end's choice: the fabric options only build.
-    opts.fabric.embedded_sm = opts.sm == SmChoice::Embedded;
     Ok(Cli::Run {
         sockets,
         node: node.unwrap_or(0),
@@ -1200,51 +1156,25 @@ impl Fleet {
         opts: Options,
         mut log: impl FnMut(u32) -> Log,
     ) -> Result<Fleet, String> {
-        use crate::fabric::ibsim::{SmOptions, SmService};
         if n == 0 {
             return Err("no function to serve".into());
         }
-        let mut fabric = crate::fabric::Fabric::new();
-        let mut fabric_opts = (*opts.fabric).clone();
-        fabric_opts.embedded_sm = opts.sm == SmChoice::Embedded;
-        let built = fabric_opts.build(&mut fabric, n)?;
-        let switch = built.switches.first().map(|s| s.1);
-        let mut temp_dir = None;
-        let sm = match (opts.sm, switch) {
-            (SmChoice::Embedded, _) => None,
-            (SmChoice::OpenSm, None) => {
-                return Err(
-                    "--sm opensm: the topology has no switch for the SM host (use --sm embedded or none)"
-                        .into(),
-                );
-            }
-            (SmChoice::None, None) => None,
-            (choice, Some(sw)) => {
-                // Unique per fleet (the ibsim sockets are abstract names).
-                static FLEETS: AtomicU64 = AtomicU64::new(0);
-                let pid = match FLEETS.fetch_add(1, Ordering::Relaxed) {
-                    0 => std::process::id().to_string(),
-                    n => format!("{}-{n}", std::process::id()),
-                };
-                let dir = opts.sm_dir.clone().unwrap_or_else(|| {
-                    let t = std::env::temp_dir().join(format!("cx3-vfu-{pid}"));
-                    temp_dir = Some(t.clone());
-                    t.join("opensm")
-                });
-                let extra = crate::fabric::ibsim::host_nodes_beyond(&mut fabric, &built, n);
-                let so = SmOptions {
-                    base: format!("cx3-vfu-{pid}"),
-                    switch: Some(sw),
-                    peer: None,
-                    opensm: choice == SmChoice::OpenSm,
-                    opensm_args: opts.sm_args.clone(),
-                    dir,
-                    sockname_file: opts.sockname_file.clone(),
-                    timeout: Duration::from_millis(200),
-                };
-                Some(SmService::start(&mut fabric, &so, extra)?)
-            }
+        // Unique per fleet (the ibsim sockets are abstract names).
+        static FLEETS: AtomicU64 = AtomicU64::new(0);
+        let tag = match FLEETS.fetch_add(1, Ordering::Relaxed) {
+            0 => std::process::id().to_string(),
+            k => format!("{}-{k}", std::process::id()),
         };
+        let mut fo = (*opts.fabric).clone();
+        let mut temp_dir = None;
+        if fo.sm_dir.is_none() {
+            let t = std::env::temp_dir().join(format!("cx3-vfu-{tag}"));
+            fo.sm_dir = Some(t.join("opensm"));
+            temp_dir = Some(t);
+        }
+        let mut fabric = crate::fabric::Fabric::new();
+        let built = fo.build(&mut fabric, n)?;
+        let sm = fo.start_sm(&mut fabric, &built, &format!("cx3-vfu-{tag}"))?;
         let wire = crate::Wire::threaded(Arc::new(Mutex::new(fabric)));
         let mut functions = Vec::with_capacity(n);
         for (i, at) in built.hcas.iter().take(n).enumerate() {
@@ -1593,18 +1523,22 @@ mod tests {
 
     #[test]
     fn a_fleet_puts_every_function_on_one_fabric_with_its_sm() {
-        use crate::fabric::options::TopologyChoice;
+        use crate::fabric::options::{FabricOptions, TopologyChoice};
         let dir = std::env::temp_dir().join(format!("cx3-vfu-fleet-{}", std::process::id()));
         let sockname = dir.join("sockname");
-        let opts = Options {
-            sm: SmChoice::None,
-            sm_dir: Some(dir.join("opensm")),
-            sockname_file: Some(sockname.clone()),
+        let with = |sm: SmChoice, topology: TopologyChoice| Options {
+            fabric: Box::new(FabricOptions {
+                sm,
+                topology,
+                sm_dir: Some(dir.join("opensm")),
+                sockname_file: Some(sockname.clone()),
+                ..FabricOptions::default()
+            }),
             ..Options::default()
         };
-        let fleet = Fleet::open(3, 0, opts.clone(), |_| Log::capture()).unwrap();
+        let open = |o| Fleet::open(3, 0, o, |_| Log::capture());
+        let fleet = open(with(SmChoice::None, TopologyChoice::Switch)).unwrap();
         let fabric = fleet.fabric();
-        let mut ports = Vec::new();
         for (i, f) in fleet.functions().iter().enumerate() {
             assert_eq!(f.id(), i as u32);
             assert_eq!(
@@ -1615,7 +1549,6 @@ mod tests {
             let p = f.hca().fabric_port(1).expect("port 1 on the fabric");
             let f = fabric.lock().unwrap();
             assert_eq!(f.port_name(f.peer(p).unwrap()), format!("sw0/{}", i + 1));
-            ports.push(p);
         }
         // The ibsim server runs (for diags) and its SM host is on the switch.
         let base = fleet.ibsim_sockname().expect("the ibsim server runs");
@@ -1627,24 +1560,21 @@ mod tests {
             "the socket-name file goes with the fleet"
         );
 
-        // The embedded SM sits on the switch instead; no server.
-        let embedded = Options {
-            sm: SmChoice::Embedded,
-            ..opts.clone()
-        };
-        let fleet = Fleet::open(2, 0, embedded, |_| Log::capture()).unwrap();
+        // The embedded SM sits on the switch.
+        let fleet = open(with(SmChoice::Embedded, TopologyChoice::Switch)).unwrap();
         assert!(fleet.fabric().lock().unwrap().sm().is_some());
-        assert!(fleet.ibsim_sockname().is_none());
         drop(fleet);
 
         // OpenSM needs a switch for its host.
-        let mut b2b = Options {
-            sm: SmChoice::OpenSm,
-            ..opts
-        };
-        b2b.fabric.topology = TopologyChoice::BackToBack;
-        let err = Fleet::open(2, 0, b2b, |_| Log::capture()).err().unwrap();
-        assert!(err.contains("no switch"), "{err}");
+        let err = Fleet::open(
+            2,
+            0,
+            with(SmChoice::OpenSm, TopologyChoice::BackToBack),
+            |_| Log::capture(),
+        )
+        .err()
+        .unwrap();
+        assert!(err.contains("needs a switch"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -1663,8 +1593,7 @@ mod tests {
             panic!("parses");
         };
         assert_eq!(sockets, vec![std::path::PathBuf::from("/tmp/x.sock")]);
-        assert_eq!(opts.sm, SmChoice::OpenSm, "OpenSM by default");
-        assert_eq!(opts.sm_args, ["-s", "1"]);
+        assert_eq!(opts.fabric.sm, SmChoice::OpenSm, "OpenSM by default");
         assert_eq!(node, 2);
         assert_eq!(opts.fail.len(), 2);
         assert!(opts.trace && opts.stats && opts.exit_with_parent);
@@ -1674,26 +1603,26 @@ mod tests {
         // Several sockets on one fabric, the fabric's options and the SM.
         let Ok(Cli::Run { sockets, opts, .. }) = args(
             "--socket a --socket b --socket c --latency 2us --drop every=5 --sm embedded \
-             --sm-dir /tmp/o --capture /tmp/c.pcap",
+             --sm-dir /tmp/o --capture /tmp/c.pcap --opensm-args -s,3",
         ) else {
             panic!("parses");
         };
         assert_eq!(sockets.len(), 3);
-        assert_eq!(opts.sm, SmChoice::Embedded);
-        assert!(opts.fabric.embedded_sm, "the fabric builds the embedded SM");
+        assert_eq!(opts.fabric.sm, SmChoice::Embedded);
         assert_eq!(opts.fabric.latency_ns, Some(2000));
-        assert_eq!(opts.sm_dir, Some("/tmp/o".into()));
-        let Ok(Cli::Run { opts, .. }) =
-            parse_args(["--socket", "a", "--embedded-sm", "--sm-args=-s 3"].map(String::from))
-        else {
+        assert_eq!(opts.fabric.sm_dir, Some("/tmp/o".into()));
+        assert_eq!(
+            opts.fabric.opensm_args,
+            Some(vec!["-s".to_string(), "3".to_string()])
+        );
+        let Ok(Cli::Run { opts, .. }) = args("--socket a --embedded-sm") else {
             panic!("parses");
         };
-        assert_eq!(opts.sm, SmChoice::Embedded);
-        assert_eq!(opts.sm_args, ["-s", "3"]);
+        assert_eq!(opts.fabric.sm, SmChoice::Embedded);
         let Ok(Cli::Run { opts, .. }) = args("--socket a --sm none") else {
             panic!("parses");
         };
-        assert!(!opts.fabric.embedded_sm);
+        assert_eq!(opts.fabric.sm, SmChoice::None);
         for bad in [
             "",
             "--socket",
@@ -1705,6 +1634,7 @@ mod tests {
             "--socket x --socket x",
             "--socket x --socket y --node 1",
             "--socket x --sm osm",
+            "--socket x --sm none --embedded-sm",
             "--socket x --sm-dir",
             "--socket x --latency soon",
         ] {

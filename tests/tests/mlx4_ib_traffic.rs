@@ -445,6 +445,91 @@ fn rc_send_write_read_and_atomics_move_the_data() {
     clean(&b);
 }
 
+/// The straight-line send path (a single WR: inline data in one or two
+/// segments, two SGEs, RDMA WRITE inline) checked by the model, data
+/// compared at the far end.
+#[test]
+fn rc_inline_and_two_sge_sends_on_the_straight_line_path() {
+    let (mut a, mut b, w) = pair();
+    let qa = qp(&mut a, QpType::Rc, None);
+    let qb = qp(&mut b, QpType::Rc, None);
+    let (na, nb) = (a.ib.qp(qa).unwrap().qpn(), b.ib.qp(qb).unwrap().qpn());
+    connect(&mut a, qa, b.lid, nb);
+    connect(&mut b, qb, a.lid, na);
+    let msg: Vec<u8> = (0..64u8).map(|i| i ^ 0xa5).collect();
+    for (i, len) in [64usize, 30].into_iter().enumerate() {
+        let rsg = sge(&b, 0x1000 * (i as u64 + 1), 256);
+        b.ib.post_recv(
+            qb,
+            &[RecvWr {
+                wr_id: 50 + i as u64,
+                sg_list: &rsg,
+            }],
+        )
+        .unwrap();
+        a.ib.post_send(
+            qa,
+            &[SendWr {
+                wr_id: 10 + i as u64,
+                opcode: WrOpcode::Send,
+                send_flags: SendFlags::SIGNALED | SendFlags::INLINE,
+                inline_data: &msg[..len],
+                ..Default::default()
+            }],
+        )
+        .unwrap();
+        let wc = wait(&w, &mut a, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (10 + i as u64, WcStatus::Success)
+        );
+        let wc = wait(&w, &mut b, 1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (50 + i as u64, len as u32));
+        let mut got = vec![0u8; len];
+        b.buf.read_bytes(0x1000 * (i + 1), &mut got);
+        assert_eq!(got, msg[..len], "inline SEND of {len} bytes");
+    }
+    // Two SGEs gathered into one RDMA WRITE, then an inline WRITE.
+    a.buf.write_bytes(0x3000, &[1u8; 100]);
+    a.buf.write_bytes(0x3400, &[2u8; 50]);
+    let two = [sge(&a, 0x3000, 100)[0], sge(&a, 0x3400, 50)[0]];
+    for (wr_id, sg, inl, at) in [
+        (20u64, &two[..], &[][..], 0x2000u64),
+        (21, &[][..], &msg[..40], 0x2800),
+    ] {
+        a.ib.post_send(
+            qa,
+            &[SendWr {
+                wr_id,
+                opcode: WrOpcode::RdmaWrite,
+                send_flags: if inl.is_empty() {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::SIGNALED | SendFlags::INLINE
+                },
+                sg_list: sg,
+                inline_data: inl,
+                wr: WrDetail::Rdma {
+                    remote_addr: IOVA + at,
+                    rkey: rkey(&b),
+                },
+                ..Default::default()
+            }],
+        )
+        .unwrap();
+        let wc = wait(&w, &mut a, 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (wr_id, WcStatus::Success));
+    }
+    let mut got = vec![0u8; 150];
+    b.buf.read_bytes(0x2000, &mut got);
+    assert!(got[..100].iter().all(|&x| x == 1) && got[100..].iter().all(|&x| x == 2));
+    let mut got = vec![0u8; 40];
+    b.buf.read_bytes(0x2800, &mut got);
+    assert_eq!(got, msg[..40]);
+    clean(&a);
+    clean(&b);
+}
+
 #[test]
 fn ud_with_and_without_grh_and_an_srq() {
     let (mut a, mut b, w) = pair();
@@ -517,11 +602,18 @@ fn ud_with_and_without_grh_and_an_srq() {
         assert_eq!(r.status, WcStatus::Success, "{r:?}");
         assert_eq!(r.wr_id, 100 + i as u64, "SRQ WQE in order");
         assert_eq!(r.byte_len, 40 + 128, "byte_len counts the GRH area");
-        // The model's UD send path does not put a GRH on the wire yet
-        // (sim engine: `grh: None` for UD sends), so only the GRH-less
-        // case can check the flag.
-        if grh.is_none() {
-            assert!(!r.wc_flags.contains(WcFlags::GRH));
+        // With the AH's GRH the packet carries one, and its 40 bytes land
+        // first in the receive buffer: IPVer 6, NxtHdr 0x1B, the hop
+        // limit, SGID = A's port GID, DGID = B's.
+        assert_eq!(r.wc_flags.contains(WcFlags::GRH), grh.is_some(), "{r:?}");
+        if grh.is_some() {
+            let mut g = [0u8; 40];
+            b.buf.read_bytes(0x1000 * (i + 1), &mut g);
+            assert_eq!(g[0] >> 4, 6, "IPVer");
+            assert_eq!((g[6], g[7]), (0x1b, 1), "NxtHdr, HopLmt");
+            assert_eq!(u16::from_be_bytes([g[4], g[5]]), 12 + 8 + 128 + 4);
+            assert_eq!(&g[8..24], &gid(&mut a).0, "SGID");
+            assert_eq!(&g[24..40], &dgid.0, "DGID");
         }
         assert_eq!(r.slid, a.lid);
         let mut got = vec![0u8; 128];

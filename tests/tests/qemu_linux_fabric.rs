@@ -92,7 +92,10 @@ fn after<'a>(t: &'a str, prompt: &str, cmd: &str) -> &'a str {
 /// back) and runs each perftest client, retrying while node 0's server is
 /// not listening yet, then stays up until our guest has powered off (its
 /// switch port Down). Node 2 (ours): once the Linux guests are up, reads
-/// node 1's NodeInfo and PortInfo by directed route, and the SM.
+/// node 1's NodeInfo and PortInfo by directed route, and the SM, then stays
+/// up for node 0's queries (our console has no wait-for-a-peer command, so
+/// this part goes by time: 60 s for Linux to boot, 120 s for node 0 to
+/// query).
 const LINUX_SERVER: &str = "wait-active 120; ibping -S >/dev/null 2>&1 &; ibstat; \
      lid=$(peer-lid 3) && perfquery $lid && smpquery nodeinfo $lid && smpquery portinfo $lid; \
      timeout 120 ib_write_bw -n 20 -s 4096; timeout 120 ib_read_lat -n 20; \
@@ -105,7 +108,7 @@ const LINUX_CLIENT: &str = "wait-active 120; \
      retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1; \
      for i in 1 2 3; do echo tick $i; done; wait-down 3 300";
 const OURS: &str = "sleep 60; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
-     sminfo";
+     sminfo; sleep 120";
 
 #[test]
 fn linux_guests_and_ours_share_one_fabric_under_opensm() {

@@ -354,6 +354,74 @@ impl DmaWindow<'_> {
     }
 }
 
+impl<'a> DmaWindow<'a> {
+    /// The `N`-byte block at `off` (8-byte aligned), checked once: the
+    /// accesses of a [`DmaBlock`] at constant offsets need no check of
+    /// their own once inlined (one check per WQE or CQE instead of one per
+    /// field). `None` if it does not fit or `off` is not 8-byte aligned.
+    #[inline(always)]
+    pub fn block<const N: usize>(&self, off: usize) -> Option<DmaBlock<'a, N>> {
+        if off.checked_add(N).is_some_and(|e| e <= self.len) && off.is_multiple_of(8) {
+            // SAFETY: `off + N <= len`, inside the live region the window
+            // borrows.
+            let p = unsafe { self.cpu.as_ptr().add(off) };
+            NonNull::new(p).map(|cpu| DmaBlock {
+                cpu,
+                _buf: core::marker::PhantomData,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// `N` bytes of a [`DmaBuf`] whose bounds were checked when the block was
+/// made ([`DmaWindow::block`]); its accessors check the offset against the
+/// constant `N` (and natural alignment; the block starts 8-byte aligned),
+/// which the compiler folds away for constant offsets.
+#[derive(Clone, Copy)]
+pub struct DmaBlock<'a, const N: usize> {
+    cpu: NonNull<u8>,
+    _buf: core::marker::PhantomData<&'a DmaBuf>,
+}
+
+impl<const N: usize> DmaBlock<'_, N> {
+    /// Checks `[off, off + width)` against `N` and natural alignment.
+    #[inline(always)]
+    fn ptr(&self, off: usize, width: usize) -> *mut u8 {
+        if !(off.checked_add(width).is_some_and(|e| e <= N) && off.is_multiple_of(width)) {
+            out_of_bounds(off, width, N);
+        }
+        // SAFETY: `off + width <= N`, and the block's `N` bytes are inside
+        // the region (checked by `DmaWindow::block`); the block starts
+        // 8-byte aligned in an 8-byte aligned buffer.
+        unsafe { self.cpu.as_ptr().add(off) }
+    }
+
+    accessors!(read_u8, write_u8, read_u8_be, write_u8_be, u8);
+    accessors!(read_u16, write_u16, read_be16, write_be16, u16);
+    accessors!(read_u32, write_u32, read_be32, write_be32, u32);
+    accessors!(read_u64, write_u64, read_be64, write_be64, u64);
+
+    /// Copies `src` into the block at `off`.
+    ///
+    /// # Panics
+    ///
+    /// If the range does not fit (a driver bug).
+    #[inline]
+    pub fn write_bytes(&self, off: usize, src: &[u8]) {
+        if off.checked_add(src.len()).is_none_or(|e| e > N) {
+            out_of_bounds(off, src.len(), N);
+        }
+        // SAFETY: the destination range is inside the block (checked
+        // above); `src` is ordinary memory that cannot overlap a DMA region.
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.as_ptr(), self.cpu.as_ptr().add(off), src.len())
+        };
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl DmaBuf {
     /// Length in bytes (as requested).
     pub fn len(&self) -> usize {

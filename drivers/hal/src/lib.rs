@@ -27,9 +27,10 @@ pub mod fake;
 
 pub use be::{Be16, Be32, Be64};
 pub use dma::{
-    BusAddr, DmaAllocator, DmaBuf, DmaPool, DmaRegion, DmaStats, DmaWindow, RangeAllocator,
+    BusAddr, DmaAllocator, DmaBlock, DmaBuf, DmaPool, DmaRegion, DmaStats, DmaWindow,
+    RangeAllocator,
 };
-pub use mmio::{Bar, RegisterBackend};
+pub use mmio::{Bar, Doorbell, RegisterBackend};
 pub use pci::{BarInfo, BarKind, ConfigSpace, PciAddress, PciFunction};
 pub use time::{Clock, Deadline};
 

@@ -98,6 +98,22 @@ impl Bar {
         }
     }
 
+    /// A window of `len` bytes of ordinary host memory standing for an
+    /// uncached register mapping, as the kernel's BARs are: a register
+    /// write is one volatile store, where a [`RegisterBackend`] adds a
+    /// dynamic call. For benchmarks and tests that measure or exercise the
+    /// kernel's path on the host; the memory is leaked, so that it lives as
+    /// long as the program, as a real mapping does.
+    pub fn leaked_host_memory(len: usize) -> Bar {
+        let words: &'static mut [u64] =
+            alloc::boxed::Box::leak(alloc::vec![0u64; len.div_ceil(8).max(1)].into_boxed_slice());
+        let base = NonNull::from(words).cast::<u8>();
+        // SAFETY: the leaked allocation is valid for reads and writes of
+        // at least `len` bytes for the rest of the program, 8-byte aligned,
+        // and nothing else refers to it.
+        unsafe { Bar::from_mmio(base, len) }
+    }
+
     /// Size of the window in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -197,6 +213,58 @@ impl Bar {
     }
 }
 
+/// One 32-bit register of a [`Bar`] whose offset was checked once, when it
+/// was made ([`Bar::doorbell`]): a UAR page's send doorbell, written on
+/// every post. A write is one volatile store on real MMIO (one backend call
+/// otherwise), with no bounds check on the way.
+#[derive(Clone)]
+pub struct Doorbell {
+    io: Io,
+    /// Offset inside the backend's register space (checked).
+    off: usize,
+}
+
+// SAFETY: as for `Bar`: single volatile stores to a register, or a
+// `Send + Sync` backend.
+unsafe impl Send for Doorbell {}
+// SAFETY: as above.
+unsafe impl Sync for Doorbell {}
+
+impl core::fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Doorbell({:#x})", self.off)
+    }
+}
+
+impl Bar {
+    /// The 32-bit register at `offset` as a [`Doorbell`], or `None` if it
+    /// is not 4-byte aligned or not inside the window.
+    pub fn doorbell(&self, offset: usize) -> Option<Doorbell> {
+        (offset.is_multiple_of(4) && offset.checked_add(4).is_some_and(|e| e <= self.len)).then(
+            || Doorbell {
+                io: self.io.clone(),
+                off: self.offset + offset,
+            },
+        )
+    }
+}
+
+impl Doorbell {
+    /// Stores a big-endian 32-bit value (Linux `__raw_writel(cpu_to_be32())`).
+    #[inline(always)]
+    pub fn write_be32(&self, value: u32) {
+        let v = value.to_be();
+        match &self.io {
+            // SAFETY: the `Io::Mmio` invariant covers the window, and
+            // `Bar::doorbell` checked the aligned `[off, off + 4)` inside it.
+            Io::Mmio(base) => unsafe {
+                base.as_ptr().add(self.off).cast::<u32>().write_volatile(v)
+            },
+            Io::Backend(b) => b.write32(self.off, v),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +283,13 @@ mod tests {
         assert!(bar.slice(0x80, 0x81).is_none());
         page.write_be32_pair(0x8, 0x0102_0304, 0x0506_0708);
         assert_eq!(mem.bytes(0x88, 8), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        let db = page.doorbell(0x14).unwrap();
+        db.write_be32(0x0000_4800);
+        assert_eq!(mem.bytes(0x94, 4), vec![0, 0, 0x48, 0]);
+        assert!(page.doorbell(0x7e).is_none() && page.doorbell(0x80).is_none());
+        let host = Bar::leaked_host_memory(64);
+        host.doorbell(0x14).unwrap().write_be32(0x0102_0304);
+        assert_eq!(host.read_be32(0x14), 0x0102_0304);
     }
 
     #[test]

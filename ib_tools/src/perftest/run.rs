@@ -368,6 +368,14 @@ fn serve(
     }
     .encode();
     let psn = rep.starting_psn;
+    if q.tool.verb == Verb::Read {
+        // What the client's reads fetch (and --check verifies): pattern k
+        // in slot k, written before the REP: the client reads as soon as
+        // it has the REP, before our RTU wait even starts.
+        for k in 0..res.slots {
+            fill_slot(res, k, res.slot, k);
+        }
+    }
     cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
     // Receives for the client's SENDs: the REP took the QP out of RESET;
     // the client sends nothing before our RTU arrives.
@@ -377,12 +385,6 @@ fn serve(
         1
     };
     post_recvs(env, res, q.tool.kind, 0..recvs).map_err(|m| (m, Some(id)))?;
-    if q.tool.verb == Verb::Read {
-        // What the client's reads fetch (and --check verifies): pattern k in slot k.
-        for k in 0..res.slots {
-            fill_slot(res, k, res.slot, k);
-        }
-    }
     match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT) {
         Ok(CmEvent::Established { .. }) => {}
         Ok(CmEvent::Rejected { reason, .. }) => {

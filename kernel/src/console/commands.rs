@@ -142,6 +142,12 @@ static COMMANDS: &[Command] = &[
         run: super::diags::sminfo,
     },
     Command {
+        name: "saquery",
+        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID]",
+        help: "NodeRecords and PathRecords from the SA, as infiniband-diags' tool",
+        run: super::diags::saquery,
+    },
+    Command {
         name: "mlx4",
         usage: "mlx4 caps|catas",
         help: "QUERY_DEV_CAP dump; internal-error buffer state",

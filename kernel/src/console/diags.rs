@@ -1,4 +1,4 @@
-//! infiniband-diags in the shell: `perfquery`, `smpquery`, `sminfo`, run by `ib_tools::diags` through ib_core's QP0/QP1 on the chosen HCA and port (`-C CA`, `-P PORT` as infiniband-diags; default the first registered HCA, port 1); `ibnetdiscover` and `ibping` are not here yet.
+//! infiniband-diags in the shell: `perfquery`, `smpquery`, `sminfo`, `saquery`, run by `ib_tools::diags` through ib_core's QP0/QP1 (and, for `saquery`, its SA client, registered on first use) on the chosen HCA and port (`-C CA`, `-P PORT` as infiniband-diags; default the first registered HCA, port 1); `ibnetdiscover` and `ibping` are not here yet.
 
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -66,4 +66,28 @@ pub fn smpquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
 /// `sminfo [-C CA] [-P PORT] [SM_LID]`.
 pub fn sminfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     run(out, args, diags::sminfo)
+}
+
+/// The SA client `saquery` asks through, registered on first use.
+static SA: spin::Mutex<Option<ib_core::ClientId>> = spin::Mutex::new(None);
+
+fn saquery_tool(
+    core: &mut ib_core::IbCore,
+    src: Src,
+    args: &[&str],
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    // Arguments first: a usage error needs no port.
+    diags::saquery::parse(args)?;
+    let sa = *SA
+        .lock()
+        .get_or_insert_with(|| ib_core::sa_query::ib_sa_init(core));
+    let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+    diags::saquery::wait_port_active(core, src, &mut ctrl_c, out)?;
+    diags::saquery::saquery(core, sa, src, args, out)
+}
+
+/// `saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC]`, `saquery -p [LID]`.
+pub fn saquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    run(out, args, saquery_tool)
 }

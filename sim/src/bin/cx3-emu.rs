@@ -1,6 +1,7 @@
 //! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem, per
-//! `docs/ivshmem.md`; see [`sim::ivshmem`] for the logic and `--help` for the
-//! command line.
+//! `docs/ivshmem.md`, with the subnet manager `--sm` asks for (OpenSM as a
+//! child process that ends with it, docs/peers.md); see [`sim::ivshmem`]
+//! for the logic and `--help` for the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,16 @@ fn main() -> ExitCode {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    match (emu.opensm_pid(), emu.opensm_log(), emu.ibsim_sockname()) {
+        (Some(pid), Some(log), Some(sock)) => eprintln!(
+            "cx3-emu: OpenSM (pid {pid}) on host node smhost, log {}; diags: IBSIM_SOCKNAME={sock}",
+            log.display()
+        ),
+        (_, _, Some(sock)) => {
+            eprintln!("cx3-emu: ibsim server for the diags: IBSIM_SOCKNAME={sock}")
+        }
+        _ => {}
+    }
     let why = emu.run(&STOP);
     let msg = match why {
         Exit::GuestsDone => "every guest has shut down".to_string(),
@@ -55,6 +66,7 @@ fn main() -> ExitCode {
         Exit::PidsGone => "watched processes gone".to_string(),
     };
     eprintln!("cx3-emu: exiting: {msg}");
+    emu.shutdown();
     if stats {
         eprint!("{}", emu.stats());
     }

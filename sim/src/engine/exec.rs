@@ -31,6 +31,21 @@
 //!   is always satisfied.
 //! * Flushes: every outstanding WQE gets its own WR_FLUSH_ERR CQE, also
 //!   unsignalled ones.
+//! * A receive WQE with a scatter entry in inline form (byte count bit 31:
+//!   receive WQEs take data pointers only) is malformed: IBTA's class A
+//!   responder error, so the WQE completes with LOC_QP_OP_ERR, the QP goes
+//!   to ERR with a work queue catastrophic error event, and an RC requester
+//!   gets the Remote Operational Error NAK (REM_OP_ERR, syndrome 0x14).
+//! * Remote Aborted (syndrome 0x22) is not produced: IBTA's NAK codes have
+//!   no "aborted" (it belongs to RD and to vendor paths such as mlx5's
+//!   on-demand paging), so no RC/UC/UD condition of a ConnectX-3 and a
+//!   standard peer yields it that we could establish.
+//! * UD with the address vector's GRH bit sends a GRH (IPVer 6, the AV's
+//!   traffic class, flow label, hop limit and DGID, the SGID from the
+//!   port's GID table at the AV's index; an index beyond the table is a
+//!   local QP operation error); a received GRH whose DGID is not one of
+//!   the port's GIDs is dropped, otherwise its 40 bytes land at the start
+//!   of the receive buffer and the CQE's GRH bit is set.
 
 use super::cq::{self, Cqe, Syndrome, rcv_op};
 use super::wqe::{self, Ctrl, Datagram, MAX_SEGS, MlxCtrl, Sge, op};
@@ -501,6 +516,22 @@ fn execute_in(
     } else {
         len.div_ceil(mtu).max(1) as u32
     };
+    // UD with the AV's GRH bit: a GRH from the AV (IBTA 8.3), the source
+    // GID from the port's GID table; an index beyond it is the AV's fault.
+    let grh = match dg {
+        Some(d) if d.grh => match ud_grh(hca, port, &d, len, imm.is_some()) {
+            Some(g) => Some(g),
+            None => {
+                hca.violation(format!(
+                    "QP {qpn:#x} SQ WQE {idx}: UD address vector names source GID index {} \
+                     beyond port {port}'s GID table",
+                    d.gid_index
+                ));
+                return Outcome::Fail(Syndrome::LocalQpOp);
+            }
+        },
+        _ => None,
+    };
     let msg = Msg {
         kind,
         st: q.st,
@@ -519,7 +550,7 @@ fn execute_in(
         sl,
         pkey: pkey_at(hca, port, q.pkey_index),
         qkey,
-        grh: None,
+        grh,
         npkts,
     };
     // Retry bookkeeping for this WQE.
@@ -559,6 +590,46 @@ fn execute_in(
         qm.pkts_sent += u64::from(npkts);
     }
     finish(hca, qpn, &q, &msg, resp, &segs[..nseg])
+}
+
+/// The 40-byte GRH a UD send with the AV's GRH bit carries: IPVer 6, the
+/// AV's traffic class, flow label and hop limit, PayLen from the BTH to
+/// the ICRC (BTH 12 + DETH 8 + ImmDt + payload + pad + ICRC 4), NxtHdr
+/// 0x1B, SGID = the port's GID prefix and the GUID at the AV's GID index,
+/// DGID from the AV. `None` if the index is beyond the GUID table.
+fn ud_grh(hca: &Hca, port: u8, d: &Datagram, len: u64, imm: bool) -> Option<[u8; 40]> {
+    let p = &hca.ports[hca.port_index(u32::from(port))?];
+    let guid = *p.guids.get(usize::from(d.gid_index))?;
+    let mut sgid = [0u8; 16];
+    sgid[..8].copy_from_slice(&p.gid_prefix.to_be_bytes());
+    sgid[8..].copy_from_slice(&guid.to_be_bytes());
+    let pad = (4 - len % 4) % 4;
+    let pay = 12 + 8 + if imm { 4 } else { 0 } + len + pad + 4;
+    let g = crate::packet::Grh {
+        ip_ver: 6,
+        tclass: d.tclass,
+        flow_label: d.flow_label,
+        pay_len: u16::try_from(pay).unwrap_or(u16::MAX),
+        nxt_hdr: crate::packet::GRH_NXT_HDR_IBA,
+        hop_lmt: d.hop_limit,
+        sgid,
+        dgid: d.dgid,
+    };
+    let mut b = [0u8; 40];
+    g.write(&mut b);
+    Some(b)
+}
+
+/// The DGID of a received GRH names this port (the port's prefix and a
+/// GUID of its table); multicast GIDs are not modelled.
+pub(super) fn dgid_is_ours(hca: &Hca, port: u8, grh: &[u8; 40]) -> bool {
+    let Some(i) = hca.port_index(u32::from(port)) else {
+        return false;
+    };
+    let p = &hca.ports[i];
+    let prefix = u64::from_be_bytes(grh[24..32].try_into().unwrap_or([0; 8]));
+    let guid = u64::from_be_bytes(grh[32..40].try_into().unwrap_or([0; 8]));
+    prefix == p.gid_prefix && p.guids.contains(&guid)
 }
 
 /// BIND_MW (bind segment: flags, new R_Key, L_Key of the MR, address,
@@ -648,6 +719,9 @@ pub(super) struct Rwqe {
     pub(super) n: usize,
     /// SRQ: index of the next free WQE.
     pub(super) srq_next: Option<u16>,
+    /// The scatter list is one the card refuses
+    /// ([`wqe::scatter_malformed`]).
+    pub(super) malformed: bool,
 }
 
 /// Peeks at the next receive WQE of `q` (its RQ or SRQ); its scatter list
@@ -676,6 +750,7 @@ pub(super) fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe
             counter: head,
             n,
             srq_next: Some(next),
+            malformed: wqe::scatter_malformed(&buf[16..stride]),
         });
     }
     if q.rq_cnt == 0 {
@@ -695,6 +770,7 @@ pub(super) fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch) -> Option<Rwqe
         counter: q.rq_ci,
         n,
         srq_next: None,
+        malformed: wqe::scatter_malformed(&buf[..stride]),
     })
 }
 
@@ -795,6 +871,26 @@ pub(super) fn responder_error(
     }
 }
 
+/// A receive WQE the card cannot use (IBTA 9.9.3.1, class A responder
+/// error "malformed WQE"): the WQE completes with a local QP operation
+/// error, the QP goes to ERR with a work queue catastrophic error, and an
+/// RC requester gets the Remote Operational Error NAK (REM_OP_ERR).
+pub(super) fn malformed_rwqe(hca: &mut Hca, d: &QpEng, r: &Rwqe) -> Resp {
+    hca.violation(format!(
+        "QP {:#x} receive WQE {}: scatter entry with the inline bit (receive WQEs take data \
+         pointers only)",
+        d.qpn, r.counter
+    ));
+    responder_error(
+        hca,
+        d,
+        Some(r),
+        Some(Syndrome::LocalQpOp),
+        eqe::WQ_CATAS_ERROR,
+        Syndrome::RemoteOp,
+    )
+}
+
 /// Delivers `m` to its destination QP on this HCA.
 pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
     let Some(d) = hca.engine.qps.get(&m.dst_qpn).cloned() else {
@@ -812,6 +908,14 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
     if !pkey_match(m.pkey, pkey_at(hca, d.port, d.pkey_index)) {
         let p = &mut hca.ports[pi];
         p.pkey_violations = p.pkey_violations.saturating_add(1);
+        return Resp::Silent;
+    }
+    // A GRH whose DGID is not this port's is not for us (IBTA 9.6.1.1):
+    // silently dropped.
+    if d.st == st::UD
+        && let Some(g) = &m.grh
+        && !dgid_is_ours(hca, d.port, g)
+    {
         return Resp::Silent;
     }
     if d.st == st::UD && m.qkey != d.qkey {
@@ -840,6 +944,7 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
                 let r = rq_peek(hca, &d, &mut sc);
                 hca.engine.rx_scratch = Some(sc);
                 match r {
+                    Some(r) if r.malformed => return malformed_rwqe(hca, &d, &r),
                     Some(r) => Some(r),
                     None => return rnr(&d),
                 }
@@ -1015,6 +1120,9 @@ fn receive_in(
     let Some(r) = rq_peek(hca, d, sc) else {
         return rnr(d);
     };
+    if r.malformed {
+        return malformed_rwqe(hca, d, &r);
+    }
     let pd = match d.srq {
         Some(s) => hca.engine.srqs.get(&s).map_or(d.pd, |x| x.pd),
         None => d.pd,
@@ -1423,6 +1531,11 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
             }
             Err(e) => return bad(hca, &format!("the header does not make a packet: {e}")),
         }
+    } else if !up {
+        // The port cannot send (QP0: link not up; QP1: not Active): the
+        // card completes the WQE and discards the packet at the port.
+        let c = &mut hca.ports[pi].counters;
+        c.xmit_discards = c.xmit_discards.saturating_add(1);
     }
     let _ = ctrl;
     Outcome::Done {

@@ -257,7 +257,7 @@ pub fn special(hca: &Hca, qpn: u32) -> Option<(u8, bool)> {
 /// Builds (or refreshes) the engine state of `qpn` from its context.
 fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<QpEng> {
     let rt = *hca.qps.get(&qpn)?;
-    let va = hca.geo().ok()?.va(Table::Qpc, u64::from(qpn));
+    let va = hca.geo().ok()?.va(Table::Qpc, hca.qp_index(qpn));
     let mut b = vec![0u8; qpc::SIZE];
     hca.icm_read(va, &mut b).ok()?;
     let c = QpCtx::decode(&b);

@@ -392,6 +392,9 @@ pub(super) fn send(
             src_qp: m.src_qpn,
         });
         hd.imm = m.imm;
+        // The AV's GRH goes on the wire (LNH = IBA global); build()
+        // recomputes its PayLen.
+        hd.grh = m.grh.and_then(|g| packet::Grh::parse(&g).ok());
         if let Ok(b) = packet::build(&hd, &payload) {
             transmit(hca, port, b);
         }
@@ -948,6 +951,7 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
             counter,
             n: 0,
             srq_next,
+            malformed: false,
         });
         let r = exec::responder_error(hca, d, rw.as_ref(), local, ev, s);
         if let Resp::Nak(s) = r {
@@ -969,6 +973,12 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
                 }
                 return;
             };
+            if r.malformed {
+                if let Resp::Nak(s) = exec::malformed_rwqe(hca, d, &r) {
+                    ack(hca, d, h, psn, nak_code(s));
+                }
+                return;
+            }
             RxMsg {
                 send: true,
                 rwqe: Some((r.counter, r.srq_next)),
@@ -1070,6 +1080,15 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
             }
             return;
         };
+        if r.malformed {
+            if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
+                qm.rx = None;
+            }
+            if let Resp::Nak(s) = exec::malformed_rwqe(hca, &d, &r) {
+                ack(hca, &d, h, psn, nak_code(s));
+            }
+            return;
+        }
         rx.rwqe = Some((r.counter, r.srq_next));
     }
     if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
@@ -1082,6 +1101,7 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
                 counter,
                 n: 0,
                 srq_next,
+                malformed: false,
             };
             exec::rq_commit(hca, d.qpn, &rw);
             hca.engine.stats.received += 1;

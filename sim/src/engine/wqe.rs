@@ -325,6 +325,26 @@ pub fn parse_scatter(wqe: &[u8], out: &mut [Sge; MAX_SEGS]) -> usize {
     n
 }
 
+/// A receive scatter list the card refuses: an entry before the
+/// terminator with the inline bit (byte count bit 31) set; receive WQEs
+/// have data pointers only (PRM receive WQE: scatter entries of
+/// byte_count[30:0], L_Key, address), so the card stops on it.
+pub fn scatter_malformed(wqe: &[u8]) -> bool {
+    let mut off = 0;
+    let mut n = 0;
+    while off + 16 <= wqe.len() && n < MAX_SEGS {
+        if get32(wqe, off + 4) == INVALID_LKEY {
+            return false;
+        }
+        if get32(wqe, off) & 0x8000_0000 != 0 {
+            return true;
+        }
+        n += 1;
+        off += 16;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

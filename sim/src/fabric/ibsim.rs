@@ -815,7 +815,24 @@ impl SmService {
         };
         if opts.opensm {
             let _ = std::fs::remove_file(opts.dir.join("opensm.log"));
-            let child = opensm_command(&opts.base, "smhost", &opts.dir)
+            let mut cmd = opensm_command(&opts.base, "smhost", &opts.dir);
+            // OpenSM dies with the thread that started it, even when that
+            // process is killed outright: nobody would serve it otherwise.
+            // SAFETY: the closure runs in the child between fork and exec
+            // and only makes the prctl system call (async-signal-safe).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    );
+                    Ok(())
+                });
+            }
+            let child = cmd
                 .args(&opts.opensm_args)
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())

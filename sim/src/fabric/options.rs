@@ -3,22 +3,84 @@
 //! `--back-to-back`; otherwise one switch for the nodes), `--capture
 //! FILE` (pcapng, or classic pcap for a `.pcap` name), `--latency TIME`,
 //! and the packet faults (`--drop`, `--corrupt`, `--delay`, `--pull`,
-//! `--fault-seed`, see [`super::faults::FaultOptions`]), and
-//! `--embedded-sm` (the fabric's own SM, [`super::sm`], on the first free
-//! switch port: what `run-qemu.sh --sm embedded` asks for). The CLI itself
-//! belongs to the front end; this only parses values and builds the
-//! fabric from them.
+//! `--fault-seed`, see [`super::faults::FaultOptions`]), and the subnet
+//! manager: `--sm opensm|embedded|none` (`--embedded-sm` is `--sm
+//! embedded`), `--sm-dir DIR`, `--opensm-args ARGS`, `--sockname-file
+//! FILE`. The CLI itself belongs to the front end; this only parses
+//! values and builds the fabric and its SM from them. The OpenSM
+//! process itself is [`super::ibsim::SmService`]'s; OpenSM options beyond
+//! a word list and remote (UDP) ibsim clients are left out.
 //!
 //! Use: for each `--flag value` pair call [`FabricOptions::parse_arg`]
 //! (it says whether it took the flag), then [`FabricOptions::build`]
 //! with the number of nodes; node i of the emulator is HCA i of the
 //! returned [`Built`] (its node GUID and the fabric ports of its ports 1
-//! and 2).
+//! and 2). Then [`FabricOptions::start_sm`] on the built fabric starts
+//! the ibsim server (where OpenSM and the diags attach) and, for `--sm
+//! opensm`, OpenSM; the front end polls the returned service each round
+//! of its main loop and stops it on the way out.
+//!
+//! The SM choices:
+//! * `opensm`: Debian's OpenSM under the umad2sim preload on the host
+//!   node `smhost` (the switch's last free port), started with
+//!   [`DEFAULT_OPENSM_ARGS`] unless `--opensm-args` says otherwise.
+//! * `embedded`: the fabric's own SM ([`super::sm`]) on the first free
+//!   switch port, and the ibsim server for the diags.
+//! * `none`: no SM; the ibsim server still runs, so a user can attach
+//!   the diags or an OpenSM of their own (`scripts/ib-host.sh opensm`).
+//!
+//! The server needs a switch with a free port; without one (`--back-to
+//! -back`) `none` runs without it and the other two are refused.
 
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use super::faults::{FaultOptions, parse_time};
+use super::ibsim::{SmOptions, SmService};
 use super::{Built, Capture, Fabric, Topology};
+
+/// OpenSM's options unless `--opensm-args` replaces them: a sweep every
+/// second (`-s 1`), so a guest whose driver comes up after OpenSM's first
+/// sweep becomes Active within a second of its QP0 answering; the
+/// switch's Trap 128 covers links that come up later.
+pub const DEFAULT_OPENSM_ARGS: [&str; 2] = ["-s", "1"];
+
+/// The ibsim server's request timeout (OpenSM's own transaction timeout).
+pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Which subnet manager runs on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SmChoice {
+    /// None (the ibsim server runs when it can, for the diags).
+    #[default]
+    None,
+    /// The fabric's own SM and SA.
+    Embedded,
+    /// The real OpenSM, a child process attached through ibsim's protocol.
+    OpenSm,
+}
+
+impl SmChoice {
+    /// `opensm`, `embedded`, `none`.
+    pub fn parse(s: &str) -> Option<SmChoice> {
+        match s {
+            "opensm" => Some(SmChoice::OpenSm),
+            "embedded" => Some(SmChoice::Embedded),
+            "none" => Some(SmChoice::None),
+            _ => None,
+        }
+    }
+
+    /// The word `--sm` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            SmChoice::OpenSm => "opensm",
+            SmChoice::Embedded => "embedded",
+            SmChoice::None => "none",
+        }
+    }
+}
 
 /// Which topology.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -43,13 +105,23 @@ pub struct FabricOptions {
     pub latency_ns: Option<u64>,
     /// Packet faults and cable pulls.
     pub faults: FaultOptions,
-    /// Put the embedded SM on the fabric.
-    pub embedded_sm: bool,
+    /// The subnet manager.
+    pub sm: SmChoice,
+    /// Set once `--sm` or `--embedded-sm` was given (a second, different
+    /// choice is refused).
+    pub sm_given: bool,
+    /// OpenSM's log, cache and dump directory (`--sm-dir`).
+    pub sm_dir: Option<PathBuf>,
+    /// OpenSM's arguments (`--opensm-args`; default
+    /// [`DEFAULT_OPENSM_ARGS`]).
+    pub opensm_args: Option<Vec<String>>,
+    /// Where to record the ibsim socket name for `scripts/ib-host.sh`.
+    pub sockname_file: Option<PathBuf>,
 }
 
 impl FabricOptions {
     /// Flags that take a value.
-    pub const VALUE_FLAGS: [&'static str; 8] = [
+    pub const VALUE_FLAGS: [&'static str; 12] = [
         "--topology",
         "--capture",
         "--latency",
@@ -58,6 +130,10 @@ impl FabricOptions {
         "--delay",
         "--pull",
         "--fault-seed",
+        "--sm",
+        "--sm-dir",
+        "--opensm-args",
+        "--sockname-file",
     ];
     /// Flags without a value.
     pub const BARE_FLAGS: [&'static str; 2] = ["--back-to-back", "--embedded-sm"];
@@ -76,7 +152,7 @@ impl FabricOptions {
             if value.is_some() {
                 return Err("--embedded-sm takes no value".into());
             }
-            self.embedded_sm = true;
+            self.choose_sm(SmChoice::Embedded)?;
             return Ok(true);
         }
         if !Self::VALUE_FLAGS.contains(&flag) {
@@ -89,9 +165,41 @@ impl FabricOptions {
             "--latency" => {
                 self.latency_ns = Some(parse_time(v).map_err(|e| format!("--latency {v}: {e}"))?)
             }
+            "--sm" => {
+                let c = SmChoice::parse(v)
+                    .ok_or_else(|| format!("--sm takes opensm, embedded or none, not {v:?}"))?;
+                self.choose_sm(c)?;
+            }
+            "--sm-dir" if v.is_empty() => return Err("--sm-dir needs a directory".into()),
+            "--sm-dir" => self.sm_dir = Some(PathBuf::from(v)),
+            "--sockname-file" if v.is_empty() => {
+                return Err("--sockname-file needs a file name".into());
+            }
+            "--sockname-file" => self.sockname_file = Some(PathBuf::from(v)),
+            "--opensm-args" => {
+                self.opensm_args = Some(
+                    v.split(|c: char| c == ',' || c.is_whitespace())
+                        .filter(|w| !w.is_empty())
+                        .map(String::from)
+                        .collect(),
+                )
+            }
             _ => return self.faults.parse_arg(flag, v),
         }
         Ok(true)
+    }
+
+    fn choose_sm(&mut self, c: SmChoice) -> Result<(), String> {
+        if self.sm_given && self.sm != c {
+            return Err(format!(
+                "two subnet managers asked for: --sm {} and --sm {} (--embedded-sm is --sm embedded)",
+                self.sm.name(),
+                c.name()
+            ));
+        }
+        self.sm = c;
+        self.sm_given = true;
+        Ok(())
     }
 
     /// The topology these options describe for `nodes` emulated nodes
@@ -153,11 +261,11 @@ impl FabricOptions {
                 .schedule_unplug(p, pull.at_ns, back)
                 .map_err(|e| e.to_string())?;
         }
-        if self.embedded_sm {
+        if self.sm == SmChoice::Embedded {
             fabric
                 .add_sm_on_free_port(super::SmConfig::default())
                 .map_err(|_| {
-                    "--embedded-sm: no switch port without a cable for the SM".to_string()
+                    "--sm embedded: no switch port without a cable for the SM".to_string()
                 })?;
         }
         if let Some(path) = &self.capture {
@@ -167,6 +275,127 @@ impl FabricOptions {
         }
         Ok(built)
     }
+
+    /// Starts the ibsim server on `fabric` (built by [`Self::build`]) with
+    /// the SM host `smhost` on the first switch's last free port, records
+    /// the socket name (`--sockname-file`), and for `--sm opensm` starts
+    /// OpenSM as a child process (its log `DIR/opensm.log`, DIR from
+    /// `--sm-dir`, else `cx3-emu-<pid>` under the temporary directory).
+    /// `base` is the socket name, unique per run (`lego-<pid>`). `None`
+    /// when nothing is to run: `--sm none` without a free switch port.
+    pub fn start_sm(
+        &self,
+        fabric: &mut Fabric,
+        built: &Built,
+        base: &str,
+    ) -> Result<Option<SmService>, String> {
+        let switch = built.switches.first().map(|s| s.1);
+        let free = switch.is_some_and(|sw| {
+            fabric.switch(sw).is_some_and(|s| {
+                (1..=s.nports())
+                    .filter_map(|p| fabric.switch_port(sw, p))
+                    .any(|fp| fabric.peer(fp).is_none())
+            })
+        });
+        if !free {
+            return match self.sm {
+                SmChoice::None => Ok(None),
+                SmChoice::OpenSm => Err(
+                    "--sm opensm needs a switch with a free port for OpenSM's host node \
+                     (not --back-to-back); try --sm none"
+                        .into(),
+                ),
+                // `build` has refused it already.
+                SmChoice::Embedded => Ok(None),
+            };
+        }
+        let dir = self.sm_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("cx3-emu-{}", std::process::id()))
+        });
+        let opts = SmOptions {
+            base: base.to_string(),
+            switch,
+            peer: None,
+            opensm: self.sm == SmChoice::OpenSm,
+            opensm_args: self
+                .opensm_args
+                .clone()
+                .unwrap_or_else(|| DEFAULT_OPENSM_ARGS.iter().map(|s| s.to_string()).collect()),
+            dir,
+            sockname_file: self.sockname_file.clone(),
+            timeout: SM_REQUEST_TIMEOUT,
+        };
+        if opts.opensm {
+            seed_guid2lid(&opts.dir, fabric, built, switch)?;
+        }
+        if opts.opensm && !opensm_installed() {
+            return Err(
+                "--sm opensm: OpenSM or the umad2sim preload is not installed \
+                 (Debian packages opensm and libumad2sim0: scripts/deps.sh ensure_ib_peers); \
+                 --sm embedded runs the fabric's own SM instead"
+                    .into(),
+            );
+        }
+        SmService::start(fabric, &opts, Vec::new()).map(Some)
+    }
+}
+
+/// The LIDs OpenSM is to give, written into its guid2lid cache in `dir`
+/// (unless a cache is there already) so that they do not depend on which
+/// port its sweeps reach first: the rule of the embedded SM
+/// ([`super::sm`]), the SM's own port (the host node `smhost` on
+/// `switch`'s last free port, where [`SmService::start`] puts it) LID 1,
+/// then every end port (switch port 0, each cabled HCA port) by node GUID
+/// and port number. With `--nodes N` that is: the switch 2, node i LID
+/// 3 + i, under either SM.
+fn seed_guid2lid(
+    dir: &std::path::Path,
+    fabric: &Fabric,
+    built: &Built,
+    switch: Option<super::SwitchId>,
+) -> Result<(), String> {
+    let file = dir.join("guid2lid");
+    if file.exists() {
+        return Ok(());
+    }
+    // (node GUID, port, port GUID)
+    let mut ends: Vec<(u64, u8, u64)> = Vec::new();
+    for (_, sw) in &built.switches {
+        if let Some(s) = fabric.switch(*sw) {
+            ends.push((s.node_guid, 0, s.node_guid));
+        }
+    }
+    for h in &built.hcas {
+        for (i, p) in h.ports.iter().enumerate() {
+            if fabric.peer(*p).is_some() {
+                let n = i as u8 + 1;
+                ends.push((h.node_guid, n, h.node_guid + u64::from(n)));
+            }
+        }
+    }
+    ends.sort_unstable();
+    let sm_port = super::ibsim::SM_HOST_GUID + 1;
+    let mut text = String::new();
+    if switch.is_some() {
+        text.push_str(&format!("0x{sm_port:016x} 0x0001 0x0001\n\n"));
+    }
+    for (k, (_, _, guid)) in ends.iter().enumerate() {
+        let lid = k + 2;
+        if lid >= 0xc000 {
+            break;
+        }
+        text.push_str(&format!("0x{guid:016x} 0x{lid:04x} 0x{lid:04x}\n\n"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// Whether OpenSM and the umad2sim preload it runs under are installed.
+pub fn opensm_installed() -> bool {
+    let opensm = std::path::Path::new("/usr/sbin/opensm").exists()
+        || std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("opensm").is_file()));
+    opensm && std::path::Path::new(super::ibsim::UMAD2SIM).exists()
 }
 
 #[cfg(test)]
@@ -201,6 +430,7 @@ mod tests {
         );
         let mut o = FabricOptions::default();
         assert_eq!(o.parse_arg("--embedded-sm", None), Ok(true));
+        assert_eq!(o.sm, SmChoice::Embedded);
         let mut f = Fabric::new();
         o.build(&mut f, 2).unwrap();
         let p = f.sm().unwrap().port();
@@ -209,7 +439,7 @@ mod tests {
         assert!(
             o.build(&mut Fabric::new(), 2)
                 .unwrap_err()
-                .contains("--embedded-sm")
+                .contains("--sm embedded")
         );
         let mut o = FabricOptions::default();
         o.parse_arg("--topology", Some("/nonexistent/net")).unwrap();
@@ -218,5 +448,102 @@ mod tests {
                 .unwrap_err()
                 .contains("/nonexistent/net")
         );
+    }
+
+    #[test]
+    fn sm_choice() {
+        let mut o = FabricOptions::default();
+        assert_eq!(o.sm, SmChoice::None, "no SM unless asked");
+        assert_eq!(o.parse_arg("--sm", Some("opensm")), Ok(true));
+        assert_eq!(
+            o.parse_arg("--sm", Some("opensm")),
+            Ok(true),
+            "repeating is fine"
+        );
+        let e = o.parse_arg("--embedded-sm", None).unwrap_err();
+        assert!(e.contains("two subnet managers"), "{e}");
+        assert!(o.parse_arg("--sm", None).is_err());
+        let e = o.parse_arg("--sm", Some("osm")).unwrap_err();
+        assert!(e.contains("opensm, embedded or none"), "{e}");
+        assert_eq!(o.parse_arg("--opensm-args", Some("-s,0 -d1")), Ok(true));
+        assert_eq!(
+            o.opensm_args,
+            Some(vec!["-s".to_string(), "0".to_string(), "-d1".to_string()])
+        );
+        assert!(o.parse_arg("--sm-dir", Some("")).is_err());
+        assert_eq!(o.parse_arg("--sm-dir", Some("/tmp/x")), Ok(true));
+        assert_eq!(o.sm_dir, Some(PathBuf::from("/tmp/x")));
+        let mut o = FabricOptions::default();
+        o.parse_arg("--sm", Some("embedded")).unwrap();
+        assert_eq!(
+            o.parse_arg("--embedded-sm", None),
+            Ok(true),
+            "the alias agrees"
+        );
+        assert_eq!(o.sm, SmChoice::Embedded);
+        // Back to back there is no switch port for OpenSM's host node:
+        // refused with a word on what to do; `none` runs without a server.
+        let mut o = FabricOptions::default();
+        o.parse_arg("--back-to-back", None).unwrap();
+        o.parse_arg("--sm", Some("opensm")).unwrap();
+        let mut f = Fabric::new();
+        let b = o.build(&mut f, 2).unwrap();
+        let e = o.start_sm(&mut f, &b, "lego-unit-b2b").unwrap_err();
+        assert!(e.contains("--sm none"), "{e}");
+        o.sm = SmChoice::None;
+        assert!(o.start_sm(&mut f, &b, "lego-unit-b2b").unwrap().is_none());
+    }
+
+    #[test]
+    fn opensm_is_told_the_lids_the_embedded_sm_would_give() {
+        let dir = std::env::temp_dir().join(format!("lego-g2l-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut f = Fabric::new();
+        let b = FabricOptions::default().build(&mut f, 2).unwrap();
+        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
+        let text = std::fs::read_to_string(dir.join("guid2lid")).unwrap();
+        let sw = f.switch(b.switches[0].1).unwrap().node_guid;
+        let want = format!(
+            "0x{:016x} 0x0001 0x0001\n\n0x{sw:016x} 0x0002 0x0002\n\n\
+             0x{:016x} 0x0003 0x0003\n\n0x{:016x} 0x0004 0x0004\n\n",
+            crate::fabric::ibsim::SM_HOST_GUID + 1,
+            b.hcas[0].node_guid + 1,
+            b.hcas[1].node_guid + 1,
+        );
+        assert_eq!(text, want);
+        // A cache already there (a restart in the same directory) stays.
+        std::fs::write(dir.join("guid2lid"), "kept").unwrap();
+        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("guid2lid")).unwrap(),
+            "kept"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sm_none_still_serves_the_diags() {
+        let dir = std::env::temp_dir().join(format!("lego-opts-{}", std::process::id()));
+        let mut o = FabricOptions::default();
+        o.parse_arg("--sm", Some("none")).unwrap();
+        o.sm_dir = Some(dir.join("opensm"));
+        o.sockname_file = Some(dir.join("sockname"));
+        let mut f = Fabric::new();
+        let b = o.build(&mut f, 2).unwrap();
+        let base = format!("lego-opts-{}", std::process::id());
+        let mut svc = o.start_sm(&mut f, &b, &base).unwrap().expect("a server");
+        assert!(svc.opensm_pid().is_none(), "no OpenSM with --sm none");
+        let smhost = svc.server.node("smhost").expect("the SM host").port;
+        let sw = f.peer(smhost).expect("cabled");
+        assert_eq!(f.port_name(sw), "sw0/36", "the switch's last port");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("sockname"))
+                .unwrap()
+                .trim(),
+            base
+        );
+        svc.stop(&mut f, 0);
+        assert!(!dir.join("sockname").exists(), "removed on stop");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -863,7 +863,14 @@ impl SubnetManager {
             self.error_sweeps = 0;
             self.cfg.sweep_interval_ns
         };
-        self.next_sweep = now.saturating_add(wait);
+        // A trap (or a light sweep's PortStateChange) that came while this
+        // sweep ran asked for another one: at once, as OpenSM re-sweeps
+        // when a trap arrived during its sweep, not at the next interval.
+        self.next_sweep = if self.heavy_requested {
+            now
+        } else {
+            now.saturating_add(wait)
+        };
         let msg = format!(
             "SUBNET UP: {} nodes, {} end ports, {} SMPs, {} ms{}",
             self.nodes.len(),

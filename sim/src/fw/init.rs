@@ -269,10 +269,9 @@ fn icm_in_use(hca: &Hca, va: u64, len: u64) -> bool {
         || hca.cqs.keys().any(|&n| hit(Table::Cqc, n))
         || hca.mpts.keys().any(|&n| hit(Table::Dmpt, n))
         || hca.srqs.keys().any(|&n| hit(Table::Srqc, n))
-        || hca
-            .qps
-            .iter()
-            .any(|(&n, q)| q.state != crate::device::QpState::Rst && hit(Table::Qpc, n))
+        || hca.qps.iter().any(|(&n, q)| {
+            q.state != crate::device::QpState::Rst && hit(Table::Qpc, hca.qp_index(n) as u32)
+        })
 }
 
 /// UNMAP_ICM: in_param = ICM address, in_mod = 4 KiB pages. Refused while a

@@ -176,7 +176,8 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
         return Err(Status::BAD_RES_STATE);
     }
     for t in [Table::Auxc, Table::Altc, Table::Rdmarc, Table::Cmpt(0)] {
-        hca.ctx_va(t, u64::from(qpn))?;
+        let i = hca.qp_index(qpn);
+        hca.ctx_va(t, i)?;
     }
     let rq = if c.has_srq {
         0
@@ -240,9 +241,33 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_OP);
     }
     let qpn = cmd.in_mod & 0xff_ffff;
-    let va = hca.ctx_va(Table::Qpc, u64::from(qpn))?;
-    if qpn < hca.caps().rsvd_qps() {
+    let qidx = hca.qp_index(qpn);
+    let va = hca.ctx_va(Table::Qpc, qidx)?;
+    if qidx < u64::from(hca.caps().rsvd_qps()) {
         return Err(Status::BAD_RESOURCE);
+    }
+    // Another QPN with the same index (another tag) owns the context
+    // while it is out of RESET.
+    if let Some((&other, _)) = hca
+        .qps
+        .iter()
+        .find(|(n, q)| **n != qpn && q.state != QpState::Rst && hca.qp_index(**n) == qidx)
+    {
+        hca.violation(format!(
+            "{} QP {qpn:#x}: its context slot {qidx:#x} is in use by QP {other:#x}",
+            cmd.opcode
+        ));
+        return Err(Status::BAD_RES_STATE);
+    }
+    // Earlier tags of this slot, all in RESET: forgotten.
+    let stale: Vec<u32> = hca
+        .qps
+        .keys()
+        .copied()
+        .filter(|&n| n != qpn && hca.qp_index(n) == qidx)
+        .collect();
+    for n in stale {
+        hca.qps.remove(&n);
     }
     let (from, to) = transition(cmd.opcode);
     let rt = hca.qps.get(&qpn).copied();
@@ -354,7 +379,8 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
 pub fn query_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
     let qpn = super::res::index(hca, cmd)?;
-    let va = hca.ctx_va(Table::Qpc, u64::from(qpn))?;
+    let qidx = hca.qp_index(qpn);
+    let va = hca.ctx_va(Table::Qpc, qidx)?;
     let state = hca.qps.get(&qpn).map_or(QpState::Rst, |q| q.state);
     let mut out = vec![0u8; qpc::MAILBOX_CTX + qpc::SIZE];
     hca.icm_read(va, &mut out[qpc::MAILBOX_CTX..])?;

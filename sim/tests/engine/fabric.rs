@@ -699,11 +699,18 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             opcode: op::SEND_IMM,
             imm: 1,
             signalled: true,
+            // With a GRH (LNH = IBA global) to B's port GID.
             ud: Some(Av {
                 port: 1,
                 dlid: b.lid,
                 dqpn: 0xa4,
                 qkey: sbu.qkey,
+                grh: Some((0, 64, 0x12, 0x3_4567, {
+                    let mut g = [0u8; 16];
+                    g[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+                    g[8..].copy_from_slice(&0x0002_c903_0000_2001u64.to_be_bytes());
+                    g
+                })),
                 ..Av::default()
             }),
             sges: vec![Sge {
@@ -908,6 +915,10 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     assert_eq!(
         v.matches("\nFrame ").count() + usize::from(v.starts_with("Frame ")),
         frames as usize
+    );
+    assert!(
+        v.contains("Global Route Header") && v.contains("fe80::2:c903:0:2001"),
+        "the UD SEND's GRH dissected:\n{v}"
     );
     for what in [
         "(RC) - SEND First (0)",

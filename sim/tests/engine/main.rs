@@ -8,6 +8,7 @@ mod harness;
 mod poster;
 
 mod bench;
+mod datapath;
 mod emu_fabric;
 mod errors;
 mod fabric;

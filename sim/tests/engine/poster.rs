@@ -224,6 +224,9 @@ pub struct Av {
     pub sl: u8,
     pub path_bits: u8,
     pub force_lb: bool,
+    /// The AV's GRH: source GID index, hop limit, traffic class, flow
+    /// label, destination GID.
+    pub grh: Option<(u8, u8, u8, u32, [u8; 16])>,
 }
 
 /// A QP with its buffer and doorbell record.
@@ -442,6 +445,11 @@ impl Hca {
     }
 
     pub fn qp(&mut self, qpn: u32, s: QpSpec) -> Qp {
+        self.try_qp(qpn, s).unwrap()
+    }
+
+    /// [`Hca::qp`], with RST2INIT's status.
+    pub fn try_qp(&mut self, qpn: u32, s: QpSpec) -> R<Qp> {
         let rq_cnt = if s.srq.is_some() { 0 } else { 1u32 << s.rq_log };
         let sq_cnt = 1u32 << s.sq_log;
         let rq_bytes = (rq_cnt as usize) << s.rq_shift;
@@ -497,8 +505,8 @@ impl Hca {
             .u8(0xcb, ((mtt * 8) >> 32) as u8)
             .u32(0xcc, (mtt * 8) as u32)
             .optpar(1 << 4 | 1 << 5);
-        self.r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP).unwrap();
-        Qp {
+        self.r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP)?;
+        Ok(Qp {
             qpn,
             st: s.st,
             buf,
@@ -514,7 +522,7 @@ impl Hca {
             srq: s.srq,
             mtt,
             spec: s,
-        }
+        })
     }
 
     /// 2RST, then the software reset of the queues (counters to 0, the SQ
@@ -676,7 +684,15 @@ impl Qp {
             d[0..4].copy_from_slice(&pp.to_be_bytes());
             d[5] = av.path_bits & 0x7f;
             d[6..8].copy_from_slice(&av.dlid.to_be_bytes());
-            d[0x0c..0x10].copy_from_slice(&(u32::from(av.sl) << 28).to_be_bytes());
+            let mut sl_tc = u32::from(av.sl) << 28;
+            if let Some((gid_index, hop, tclass, flow, dgid)) = av.grh {
+                d[5] |= 0x80;
+                d[9] = gid_index;
+                d[0x0b] = hop;
+                sl_tc |= u32::from(tclass) << 20 | (flow & 0xf_ffff);
+                d[0x10..0x20].copy_from_slice(&dgid);
+            }
+            d[0x0c..0x10].copy_from_slice(&sl_tc.to_be_bytes());
             d[0x20..0x24].copy_from_slice(&av.dqpn.to_be_bytes());
             d[0x24..0x28].copy_from_slice(&av.qkey.to_be_bytes());
             b.extend_from_slice(&d);

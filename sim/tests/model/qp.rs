@@ -137,10 +137,13 @@ fn rst2init_checks_the_context() {
             Status::BAD_RESOURCE,
         ),
         (
+            // The QPN's low log_num_qps bits index the table, the rest is
+            // a tag (Linux's QP bitmap hands such QPNs out): 300 is slot
+            // 44, a reserved one.
             "QPN past the table",
             rst2init(300, UD, PD, cq, q.mtt, db),
             300,
-            Status::BAD_INDEX,
+            Status::BAD_RESOURCE,
         ),
         ("local QPN", ok().u32(0x10, qpn + 1), qpn, Status::BAD_PARAM),
         (

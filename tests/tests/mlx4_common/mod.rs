@@ -137,6 +137,17 @@ impl Model {
         Model::threaded_with(SimConfig::default())
     }
 
+    /// A synchronous model on `wire` whose ports 1 and 2 are the fabric
+    /// ports `ports` (a topology's `Built::hcas[i].ports`).
+    #[track_caller]
+    pub fn on_ports(
+        cfg: SimConfig,
+        wire: &sim::Wire,
+        ports: [Option<sim::fabric::PortId>; 2],
+    ) -> Model {
+        Model::wrap(SimHca::new_on_ports(cfg, wire, ports), "on a fabric")
+    }
+
     /// Wraps a model built on a fabric wire (`SimHca::back_to_back`,
     /// `SimHca::new_on_ports`), which the constructors above cannot build.
     #[track_caller]

@@ -335,10 +335,10 @@ impl Dev {
                     return None;
                 }
                 if sub == event::PORT_CHANGE_SUBTYPE_DOWN {
-                    log::info!("mlx4_core {}: port {port} down", self.pci);
+                    log::debug!("mlx4_core {}: port {port} down", self.pci);
                     Some(Event::PortDown { port })
                 } else {
-                    log::info!("mlx4_core {}: port {port} up", self.pci);
+                    log::debug!("mlx4_core {}: port {port} up", self.pci);
                     Some(Event::PortUp { port })
                 }
             }

@@ -56,7 +56,14 @@ const QPN: u32 = 0x48;
 impl Rig {
     fn new() -> Rig {
         let pool = DmaPool::new(Arc::new(ArenaDma::new(16 << 20)));
-        let uar = Bar::from_backend(Arc::new(MemBar::new(4096)), 4096);
+        // The UAR page as the kernel has it: a register mapping written by
+        // one volatile store (ordinary host memory here), not a software
+        // register backend behind a dynamic call.
+        let uar = if std::env::var_os("FASTPATH_UAR_BACKEND").is_some() {
+            Bar::from_backend(Arc::new(MemBar::new(4096)), 4096)
+        } else {
+            Bar::leaked_host_memory(4096)
+        };
         let mut dbs = DbPool::default();
         let caps = Caps {
             num_ports: 1,

@@ -195,14 +195,25 @@ impl Mlx4IbCq {
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> Result<usize> {
+        // The empty CQ, cheaply: one owner-bit test, inlined into the
+        // caller; the rest out of line.
+        if self.pending.is_none() && !self.sw_owned(self.cons_index) {
+            return Ok(0);
+        }
+        self.poll_cqes(qps, srqs, wc)
+    }
+
+    #[inline(never)]
+    fn poll_cqes(
+        &mut self,
+        qps: &mut QpTable,
+        srqs: &mut Slab<Mlx4IbSrq>,
+        wc: &mut [Wc],
+    ) -> Result<usize> {
         if self.pending.is_some()
             && let Some(e) = self.pending.take()
         {
             return Err(e);
-        }
-        // The empty CQ, cheaply: one owner-bit test.
-        if !self.sw_owned(self.cons_index) {
-            return Ok(0);
         }
         let mut n = 0;
         let mut err = None;
@@ -247,8 +258,10 @@ impl Mlx4IbCq {
     ) -> Result<bool> {
         let n = self.cons_index;
         let off = ((n & (self.nent - 1)) as usize) * cqe::SIZE;
-        let b = self.buf.window();
-        let osr = b.read_u8(off + cqe::OWNER_SR_OPCODE);
+        let Some(b) = self.buf.window().block::<{ cqe::SIZE }>(off) else {
+            return Err(Error::Inval("CQE outside the CQ buffer"));
+        };
+        let osr = b.read_u8(cqe::OWNER_SR_OPCODE);
         if (osr & cqe::OWNER_MASK != 0) != (n & self.nent != 0) {
             return Ok(false);
         }
@@ -272,7 +285,7 @@ impl Mlx4IbCq {
             );
             return Err(Error::Inval("resize CQE"));
         }
-        let head = b.read_be64(off);
+        let head = b.read_be64(cqe::VLAN_MY_QPN);
         let qpn = (head >> 32) as u32 & cqe::QPN_MASK;
         let slot = match self.cur_qp {
             Some((q, s)) if q == qpn => s,
@@ -295,7 +308,7 @@ impl Mlx4IbCq {
             self.cur_qp = None;
             return Err(Error::Inval("CQE for an unknown QP"));
         };
-        let tail = b.read_be64(off + cqe::WQE_INDEX);
+        let tail = b.read_be64(cqe::WQE_INDEX);
         let wqe_ctr = (tail >> 48) as u16;
         wc.qp_num = qp.ibqp_num;
         wc.port_num = qp.port;
@@ -359,15 +372,15 @@ impl Mlx4IbCq {
             wc.opcode = opc;
             wc.wc_flags = flags;
             match len {
-                SendLen::Cqe => wc.byte_len = b.read_be32(off + cqe::BYTE_CNT),
+                SendLen::Cqe => wc.byte_len = b.read_be32(cqe::BYTE_CNT),
                 SendLen::Eight => wc.byte_len = 8,
                 SendLen::None => {}
             }
         } else {
-            let mid = b.read_be64(off + cqe::G_MLPATH_RQPN);
+            let mid = b.read_be64(cqe::G_MLPATH_RQPN);
             let g = (mid >> 32) as u32;
             let imm = head as u32;
-            wc.byte_len = b.read_be32(off + cqe::BYTE_CNT);
+            wc.byte_len = b.read_be32(cqe::BYTE_CNT);
             let (opc, flags) = match op {
                 recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, WcFlags::WITH_IMM),
                 recv_opcode::SEND_INVAL => (WcOpcode::Recv, WcFlags::WITH_INVALIDATE),

@@ -98,6 +98,10 @@ pub struct Mlx4IbDev {
     pub(crate) fatal: bool,
     /// Events found by snooping SMPs, delivered by the next poll.
     pub(crate) snooped: VecDeque<IbEvent>,
+    /// Per port, ib_core's cached P_Key and GID tables as of its last
+    /// refresh (what `build_mlx_header` reads; empty until ib_core has
+    /// filled its cache).
+    pub(crate) port_cache: [crate::provider::SqpCache; 2],
 }
 
 impl Drop for Mlx4IbDev {
@@ -228,6 +232,7 @@ impl Mlx4IbDev {
             intf: Some(intf),
             fatal: false,
             snooped: VecDeque::new(),
+            port_cache: Default::default(),
         })
     }
 

@@ -45,11 +45,51 @@ fn post_err(e: crate::qp::PostError) -> IbPostError {
     }
 }
 
+/// What `build_mlx_header` reads of ib_core's cache for one port: its P_Key
+/// and GID tables, copied when the core refreshes the cache
+/// ([`IbDevice::cache_updated`]).
+#[derive(Debug, Clone, Default)]
+pub struct SqpCache {
+    /// P_Key table.
+    pub pkeys: alloc::vec::Vec<u16>,
+    /// GID table.
+    pub gids: alloc::vec::Vec<[u8; 16]>,
+    /// Refreshes seen.
+    pub updates: u32,
+}
+
 /// The UD header builder of QP0/QP1 sends (Linux `build_mlx_header`): the
 /// LRH/GRH/BTH/DETH of ib_core's `ud_header`, with the P_Key and source GID
-/// read from the port (through MAD_IFC; Linux reads ib_core's cache).
+/// from ib_core's cache as Linux reads them (`ib_get_cached_pkey`,
+/// `ib_get_cached_gid`). Before the core has filled its cache (the driver
+/// used without ib_core) they are asked of the SMA through MAD_IFC.
 struct UdHeaderBuilder<'a> {
     dev: &'a mut Dev,
+    cache: Option<&'a SqpCache>,
+}
+
+impl UdHeaderBuilder<'_> {
+    fn pkey(&mut self, port: u8, index: u16) -> Result<u16> {
+        match self.cache {
+            Some(c) if !c.pkeys.is_empty() => c
+                .pkeys
+                .get(usize::from(index))
+                .copied()
+                .ok_or(Error::Inval("P_Key index beyond the cached table")),
+            _ => crate::mad::query_pkey(self.dev, port, index),
+        }
+    }
+
+    fn gid(&mut self, port: u8, index: u8) -> Result<[u8; 16]> {
+        match self.cache {
+            Some(c) if !c.gids.is_empty() => c
+                .gids
+                .get(usize::from(index))
+                .copied()
+                .ok_or(Error::Inval("GID index beyond the cached table")),
+            _ => crate::mad::query_gid(self.dev, port, u32::from(index)),
+        }
+    }
 }
 
 impl MlxHeader for UdHeaderBuilder<'_> {
@@ -77,11 +117,7 @@ impl MlxHeader for UdHeaderBuilder<'_> {
             h.grh.flow_label = a.sl_tclass_flowlabel & 0xf_ffff;
             h.grh.hop_limit = a.hop_limit;
             let port = (a.port_pd >> 24) as u8 & 0x7f;
-            h.grh.source_gid = v::Gid(crate::mad::query_gid(
-                self.dev,
-                port,
-                u32::from(a.gid_index),
-            )?);
+            h.grh.source_gid = v::Gid(self.gid(port, a.gid_index)?);
             h.grh.destination_gid = v::Gid(a.dgid);
         }
         if imm {
@@ -97,7 +133,7 @@ impl MlxHeader for UdHeaderBuilder<'_> {
         } else {
             pkey_index
         };
-        h.bth.pkey = crate::mad::query_pkey(self.dev, qp.port, pki)?;
+        h.bth.pkey = self.pkey(qp.port, pki)?;
         h.bth.destination_qpn = remote_qpn & 0xff_ffff;
         h.bth.psn = qp.sqp.send_psn & 0xff_ffff;
         h.deth.qkey = if remote_qkey & v::IB_QP_SET_QKEY != 0 {
@@ -123,11 +159,11 @@ impl Mlx4IbDev {
         let port = |event, p| Some(Event::port(event, p));
         match e {
             IbEvent::PortActive(p) => {
-                log::info!("{}: port {p} changed to ACTIVE", self.name);
+                log::debug!("{}: port {p} changed to ACTIVE", self.name);
                 port(EventType::PortActive, p)
             }
             IbEvent::PortErr(p) => {
-                log::info!("{}: port {p} changed to DOWN", self.name);
+                log::debug!("{}: port {p} changed to DOWN", self.name);
                 port(EventType::PortErr, p)
             }
             IbEvent::LidChange(p) => port(EventType::LidChange, p),
@@ -397,7 +433,7 @@ impl IbDevice for Mlx4IbDev {
                 return Err(IbPostError {
                     index: i,
                     error: IbError::Invalid(
-                        "inline sends carry their bytes only in mlx4_ib's own work request",
+                        "an inline send carries its bytes in inline_data (the driver cannot read them through the SGEs)",
                     ),
                 });
             };
@@ -407,7 +443,11 @@ impl IbDevice for Mlx4IbDev {
                     bad_wr: 0,
                 }),
                 Some(q) if q.sqp.is_some() => {
-                    let mut b = UdHeaderBuilder { dev: &mut self.dev };
+                    let cache = self.port_cache.get(usize::from(q.port.wrapping_sub(1)));
+                    let mut b = UdHeaderBuilder {
+                        dev: &mut self.dev,
+                        cache,
+                    };
                     q.post_send_mlx(&self.ahs, &mut b, core::slice::from_ref(&wr))
                 }
                 Some(q) => q.post_send(&self.ahs, core::slice::from_ref(&wr)),
@@ -473,6 +513,15 @@ impl IbDevice for Mlx4IbDev {
         ib(Mlx4IbDev::dereg_mr(self, MrId(mr.handle)))
     }
 
+    fn cache_updated(&mut self, port: u8, cache: &ib_core::cache::PortCache) {
+        if let Some(c) = self.port_cache.get_mut(usize::from(port.wrapping_sub(1))) {
+            c.pkeys.clone_from(&cache.pkeys);
+            c.gids.clear();
+            c.gids.extend(cache.gids.iter().map(|g| g.0));
+            c.updates = c.updates.wrapping_add(1);
+        }
+    }
+
     fn process_mad(
         &mut self,
         flags: u32,
@@ -507,6 +556,11 @@ impl IbDevice for Mlx4IbDev {
 }
 
 impl Mlx4IbDev {
+    /// The copy of ib_core's cache that QP0/QP1 sends of `port` read.
+    pub fn sqp_cache(&self, port: u8) -> Option<&SqpCache> {
+        self.port_cache.get(usize::from(port.checked_sub(1)?))
+    }
+
     fn ib_mr(&self, id: MrId) -> IbResult<v::Mr> {
         let m = self.mrs.get(id.0).ok_or(IbError::Invalid("no such MR"))?;
         Ok(v::Mr {

@@ -46,8 +46,11 @@ impl Wq {
     }
 }
 
-/// `mlx4_ib_opcode[]`: the hardware opcode of each `enum ib_wr_opcode`.
-const HW_OPCODE: [u32; 16] = [
+/// `mlx4_ib_opcode[]`: the hardware opcode (`MLX4_OPCODE_*` of
+/// `include/linux/mlx4/qp.h`) of each `enum ib_wr_opcode` value; the ones
+/// this port does not post (LSO 7, RDMA_READ_WITH_INV 9, LOCAL_INV 10,
+/// FAST_REG_MR 11, BIND_MW 14) are refused before the table is read.
+pub(crate) const HW_OPCODE: [u32; 16] = [
     opcode::RDMA_WRITE,
     opcode::RDMA_WRITE_IMM,
     opcode::SEND,
@@ -56,8 +59,8 @@ const HW_OPCODE: [u32; 16] = [
     opcode::ATOMIC_CS,
     opcode::ATOMIC_FA,
     opcode::NOP,
-    opcode::NOP,
     opcode::SEND_INVAL,
+    opcode::NOP,
     opcode::NOP,
     opcode::NOP,
     opcode::MASKED_ATOMIC_CS,
@@ -82,6 +85,22 @@ const SEND_OPS: u32 = bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm) | bit(WrO
 /// Opcodes whose `imm` field carries `imm_data` (or the rkey to invalidate).
 const IMM_OPS: u32 =
     bit(WrOpcode::SendWithImm) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::SendWithInv);
+
+/// The opcodes of the straight-line send path: those whose WQE is the
+/// control segment, an optional remote-address segment and data (no AV,
+/// no atomic segment), on RC and UC.
+const fn fast_ops(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => RDMA_OPS | SEND_OPS,
+        QpType::Uc => ops_allowed(QpType::Uc),
+        _ => 0,
+    }
+}
+
+/// Inline bytes the straight-line path takes at most: the first segment
+/// fills the first chunk after the control (and remote-address) segment,
+/// the second holds up to 60 bytes of the second chunk.
+const FAST_INLINE_MAX: usize = 64 - ctrl::SIZE - raddr::SIZE - inline::SIZE + 60;
 
 /// Opcodes each transport allows (UD and MLX: sends; UC: no READ, no atomics).
 const fn ops_allowed(t: QpType) -> u32 {
@@ -221,6 +240,71 @@ pub fn alloc_qp_buf(pool: &hal::DmaPool, sq: &mut Wq, rq: &mut Wq) -> Result<Dma
     Ok(pool.alloc((rq_bytes + sq_bytes).next_multiple_of(4096), 4096)?)
 }
 
+/// The control segment of a WQE built in `blk`: flags and immediate, a
+/// barrier, then owner, opcode, fence and size in one aligned 8-byte store
+/// that hands the WQE to the HCA.
+#[inline(always)]
+fn finish_ctrl<const N: usize>(blk: &hal::DmaBlock<'_, N>, flags: u64, owner_size: u64) {
+    blk.write_be64(ctrl::SRCRB_FLAGS, flags);
+    dma_wmb();
+    blk.write_be64(ctrl::OWNER_OPCODE, owner_size);
+}
+
+/// Up to two data segments at `OFF` of a 64-byte WQE block, for the
+/// straight-line send path (the caller checked the count); returns the WQE
+/// size in 16-byte units. Byte count and L_Key go in one 8-byte store: in
+/// the first chunk the owner dword, written last, guards them.
+#[inline(always)]
+fn write_sges2<const OFF: usize>(blk: &hal::DmaBlock<'_, 64>, sg: &[crate::verbs::Sge]) -> u32 {
+    #[inline(always)]
+    fn one(blk: &hal::DmaBlock<'_, 64>, at: usize, s: &crate::verbs::Sge) {
+        // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
+        let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
+        blk.write_be64(at, (u64::from(bc) << 32) | u64::from(s.lkey));
+        blk.write_be64(at + data::ADDR, s.addr);
+    }
+    match sg {
+        [] => (OFF / 16) as u32,
+        [a] => {
+            one(blk, OFF, a);
+            (OFF / 16 + 1) as u32
+        }
+        [a, b, ..] => {
+            one(blk, OFF, a);
+            one(blk, OFF + data::SIZE, b);
+            (OFF / 16 + 2) as u32
+        }
+    }
+}
+
+/// Inline data at `OFF` of a 128-byte WQE block in at most two segments
+/// (the first up to the 64-byte boundary, the second at the start of the
+/// second chunk; the caller checked the length); returns the WQE size in
+/// 16-byte units. Each segment's byte count follows its bytes behind a
+/// barrier: the second one overwrites its chunk's stamp.
+#[inline(always)]
+fn write_inline2<const OFF: usize>(blk: &hal::DmaBlock<'_, 128>, src: &[u8]) -> u32 {
+    let room = inline::ALIGN - OFF - inline::SIZE;
+    let end = if src.is_empty() {
+        // No bytes, no segment (as the general path).
+        OFF
+    } else if src.len() <= room {
+        blk.write_bytes(OFF + inline::SIZE, src);
+        dma_wmb();
+        blk.write_be32(OFF, inline::SEG | src.len() as u32);
+        OFF + inline::SIZE + src.len()
+    } else {
+        let (a, b) = src.split_at(room);
+        blk.write_bytes(OFF + inline::SIZE, a);
+        blk.write_bytes(inline::ALIGN + inline::SIZE, b);
+        dma_wmb();
+        blk.write_be32(inline::ALIGN, inline::SEG | b.len() as u32);
+        blk.write_be32(OFF, inline::SEG | a.len() as u32);
+        inline::ALIGN + inline::SIZE + b.len()
+    };
+    end.div_ceil(16) as u32
+}
+
 /// QP0/QP1 state Linux keeps in `struct mlx4_ib_sqp`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sqp {
@@ -258,8 +342,20 @@ pub struct Mlx4IbQp {
     pub(crate) max_inline_data: u32,
     /// Bit `op` set for each `WrOpcode` the transport allows.
     pub(crate) ops_allowed: u32,
+    /// Bit `op` set for the opcodes [`Mlx4IbQp::post_send`] builds on its
+    /// straight-line path (RDMA WRITE/READ and SENDs of RC and UC QPs),
+    /// computed once per QP.
+    pub(crate) fast_ops: u32,
+    /// Most SGEs the straight-line path takes (2, or fewer if the QP has
+    /// fewer), so that its WQE stays in the first 64-byte chunk.
+    pub(crate) fast_max_sg: usize,
+    /// Most inline bytes the straight-line path takes (0: none): two
+    /// inline segments in a stride of at least 128 bytes.
+    pub(crate) fast_max_inline: usize,
     /// The UAR page (the device's `priv_uar`) the send doorbell goes to.
     pub(crate) uar: Bar,
+    /// Its send doorbell register, checked once.
+    pub(crate) send_db: Option<hal::Doorbell>,
     /// `qpn << 8`, stored big-endian at `UAR + 0x14`.
     pub(crate) doorbell_qpn: u32,
     /// RQ doorbell record (absent with an SRQ).
@@ -382,6 +478,12 @@ impl Mlx4IbQp {
     ) -> Mlx4IbQp {
         sq.wrid = vec![0; sq.wqe_cnt as usize];
         rq.wrid = vec![0; rq.wqe_cnt as usize];
+        let fast_max_sg = (sq.max_gs as usize).min(2);
+        let fast_max_inline = if sq.wqe_shift >= 7 {
+            (max_inline_data as usize).min(FAST_INLINE_MAX)
+        } else {
+            0
+        };
         Mlx4IbQp {
             qp_type,
             qpn,
@@ -394,6 +496,10 @@ impl Mlx4IbQp {
             sq_signal_bits: if sig_all { ctrl::CQ_UPDATE } else { 0 },
             max_inline_data,
             ops_allowed: ops_allowed(qp_type),
+            fast_ops: fast_ops(qp_type),
+            fast_max_sg,
+            fast_max_inline,
+            send_db: uar.doorbell(SEND_DOORBELL),
             uar,
             doorbell_qpn: mlx4_hw::doorbell::send_doorbell(qpn),
             db,
@@ -458,7 +564,11 @@ impl Mlx4IbQp {
     fn stamp_send_wqe(&self, n: u32) {
         let base = self.send_wqe_offset(n);
         let b = self.buf.window();
-        let s = usize::from(b.read_u8(base + ctrl::FENCE_SIZE) & ctrl::DS_MASK) << 4;
+        let ds = match b.block::<64>(base) {
+            Some(c) => c.read_u8(ctrl::FENCE_SIZE),
+            None => b.read_u8(base + ctrl::FENCE_SIZE),
+        };
+        let s = usize::from(ds & ctrl::DS_MASK) << 4;
         let mut i = 64;
         while i < s {
             b.write_be32(base + i, wqe::STAMP);
@@ -516,9 +626,11 @@ impl Mlx4IbQp {
 
     /// Copies inline data at `off` in segments that never cross 64 bytes
     /// (libmlx4's inline path); returns the bytes used, headers included.
+    /// More than the QP's `max_inline_data` is `-ENOMEM` (libmlx4's and
+    /// kernel mlx5's answer).
     fn write_inline(&self, off: usize, src: &[u8]) -> Result<usize> {
         if src.len() > self.max_inline_data as usize {
-            return Err(Error::Inval("inline data longer than max_inline_data"));
+            return Err(Error::NoMem);
         }
         let mut seg = off;
         let mut pos = off + inline::SIZE;
@@ -550,7 +662,27 @@ impl Mlx4IbQp {
     /// Linux `mlx4_ib_post_send` for RC, UC and UD QPs (QP0/QP1 go through
     /// [`Mlx4IbQp::post_send_mlx`]). Stops at the first bad request; the
     /// ones before it are posted and the doorbell rung for them.
+    ///
+    /// A single RDMA WRITE/READ or SEND with at most two SGEs or a little
+    /// inline data on an RC/UC QP in RTS or SQD takes a straight line of
+    /// its own; everything else, and every refusal, the general path.
+    #[inline]
     pub fn post_send(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wrs: &[SendWr<'_>],
+    ) -> core::result::Result<(), PostError> {
+        if let [wr] = wrs
+            && matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.post_one_fast(wr, self.sq_next_wqe)
+        {
+            return Ok(());
+        }
+        self.post_send_general(ahs, wrs)
+    }
+
+    #[inline(never)]
+    fn post_send_general(
         &mut self,
         ahs: &Slab<Mlx4IbAh>,
         wrs: &[SendWr<'_>],
@@ -601,6 +733,78 @@ impl Mlx4IbQp {
         res
     }
 
+    /// The straight-line path of a single request: RDMA WRITE/READ or a
+    /// SEND of an RC or UC QP with at most two SGEs (a WQE within the first
+    /// 64-byte chunk) or with inline data in at most two segments, built
+    /// with direct stores into one bounds-checked block, then the doorbell.
+    /// Returns false, having written nothing, for anything else (other
+    /// opcodes, more SGEs, a full queue, fields that do not match the
+    /// opcode): the general path then posts it or says why not.
+    #[inline(always)]
+    fn post_one_fast(&mut self, wr: &SendWr<'_>, ind: u32) -> bool {
+        let opi = wr.opcode as u32;
+        if self.fast_ops & (1 << opi) == 0 || self.sq.overflow(0) {
+            return false;
+        }
+        let rdma = RDMA_OPS & (1 << opi) != 0;
+        let raddr = match wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } if rdma => Some((remote_addr, rkey)),
+            WrDetail::None if !rdma => None,
+            _ => return false,
+        };
+        let base = self.send_wqe_offset(ind);
+        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
+        let imm = if IMM_OPS & (1 << opi) != 0 {
+            wr.imm_data
+        } else {
+            0
+        };
+        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
+        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
+        let hi = u64::from(HW_OPCODE[opi as usize & 15] | owner) << 32;
+        let flags = (u64::from(srcrb) << 32) | u64::from(imm);
+        if wr.send_flags.0 & SendFlags::INLINE.0 != 0 {
+            let data = wr.inline_data;
+            if data.len() > self.fast_max_inline {
+                return false;
+            }
+            let Some(blk) = self.buf.window().block::<128>(base) else {
+                return false;
+            };
+            let size = if let Some((addr, rkey)) = raddr {
+                blk.write_be64(ctrl::SIZE + raddr::RADDR, addr);
+                blk.write_be64(ctrl::SIZE + raddr::RKEY, u64::from(rkey) << 32);
+                write_inline2::<{ ctrl::SIZE + raddr::SIZE }>(&blk, data)
+            } else {
+                write_inline2::<{ ctrl::SIZE }>(&blk, data)
+            };
+            finish_ctrl(&blk, flags, hi | u64::from(fence | size));
+        } else {
+            let sg = wr.sg_list;
+            if sg.len() > self.fast_max_sg {
+                return false;
+            }
+            let Some(blk) = self.buf.window().block::<64>(base) else {
+                return false;
+            };
+            let size = if let Some((addr, rkey)) = raddr {
+                blk.write_be64(ctrl::SIZE + raddr::RADDR, addr);
+                blk.write_be64(ctrl::SIZE + raddr::RKEY, u64::from(rkey) << 32);
+                write_sges2::<{ ctrl::SIZE + raddr::SIZE }>(&blk, sg)
+            } else {
+                write_sges2::<{ ctrl::SIZE }>(&blk, sg)
+            };
+            finish_ctrl(&blk, flags, hi | u64::from(fence | size));
+        }
+        let slot = (ind & (self.sq.wqe_cnt - 1)) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr.wr_id;
+        }
+        let stamp = ind.wrapping_add(self.sq_spare_wqes);
+        self.ring_send_doorbell(1, stamp, ind.wrapping_add(1));
+        true
+    }
+
     /// Sends are an immediate error in RESET, INIT and RTR (IBTA 10.3.1).
     #[inline]
     fn check_send_state(&self) -> core::result::Result<(), PostError> {
@@ -618,7 +822,10 @@ impl Mlx4IbQp {
         self.sq.head = self.sq.head.wrapping_add(nreq);
         // Descriptors before the doorbell.
         wmb();
-        self.uar.write_be32(SEND_DOORBELL, self.doorbell_qpn);
+        match &self.send_db {
+            Some(d) => d.write_be32(self.doorbell_qpn),
+            None => self.uar.write_be32(SEND_DOORBELL, self.doorbell_qpn),
+        }
         self.stamp_send_wqe(stamp);
         self.sq_next_wqe = ind;
     }
@@ -643,6 +850,10 @@ impl Mlx4IbQp {
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(Error::Inval("more SGEs than max_send_sge"));
+        }
+        // Refused before a byte of the WQE is written.
+        if inline && wr.inline_data.len() > self.max_inline_data as usize {
+            return Err(Error::NoMem);
         }
         let base = self.send_wqe_offset(ind);
         if !inline && wr.sg_list.len() <= 4 {
@@ -1071,11 +1282,28 @@ impl Mlx4IbQp {
                 Some(s) => ((u64::from(s.length) << 32) | u64::from(s.lkey), s.addr),
                 None => (u64::from(wqe::INVALID_LKEY), 0),
             };
-            b.write_be64(base, w0);
-            b.write_be64(base + data::ADDR, w1);
+            // One bounds check per WQE: the data segment, and the
+            // terminator behind it when the WQE has room for more.
             if wr.sg_list.len() == 1 && self.rq.max_gs > 1 {
-                b.write_be64(base + data::SIZE, u64::from(wqe::INVALID_LKEY));
-                b.write_be64(base + data::SIZE + data::ADDR, 0);
+                let Some(blk) = b.block::<32>(base) else {
+                    return Err(PostError {
+                        err: Error::Inval("receive WQE outside the QP buffer"),
+                        bad_wr: 0,
+                    });
+                };
+                blk.write_be64(0, w0);
+                blk.write_be64(data::ADDR, w1);
+                blk.write_be64(data::SIZE, u64::from(wqe::INVALID_LKEY));
+                blk.write_be64(data::SIZE + data::ADDR, 0);
+            } else {
+                let Some(blk) = b.block::<16>(base) else {
+                    return Err(PostError {
+                        err: Error::Inval("receive WQE outside the QP buffer"),
+                        bad_wr: 0,
+                    });
+                };
+                blk.write_be64(0, w0);
+                blk.write_be64(data::ADDR, w1);
             }
             if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
                 *w = wr.wr_id;

@@ -14,6 +14,12 @@ macro_rules! handle {
             pub fn index(self) -> u32 {
                 self.0
             }
+            /// The handle of ib_core's object of the same slot (ib_core's
+            /// `Qp::handle`, `Cq(n)`, ...: the provider hands out its slot
+            /// numbers).
+            pub fn from_index(i: u32) -> Self {
+                $name(i)
+            }
         }
     };
 }

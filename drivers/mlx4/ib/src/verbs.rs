@@ -11,8 +11,10 @@ pub use ib_core::verbs::{
 
 use crate::table::AhId;
 
-/// Send opcodes (`enum ib_wr_opcode`, Linux values, including the ones
-/// ib_core does not name yet).
+/// Send opcodes (`enum ib_wr_opcode` of the 3.11 kernel's `ib_verbs.h`,
+/// including the ones ib_core does not name yet). The kernel's values, not
+/// libibverbs' `enum ibv_wr_opcode` (where SEND_WITH_INV is 9): LSO is 7,
+/// SEND_WITH_INV 8, RDMA_READ_WITH_INV 9, LOCAL_INV 10, FAST_REG_MR 11.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 #[allow(missing_docs)]
@@ -24,7 +26,7 @@ pub enum WrOpcode {
     RdmaRead = 4,
     AtomicCmpAndSwp = 5,
     AtomicFetchAndAdd = 6,
-    SendWithInv = 9,
+    SendWithInv = 8,
     MaskedAtomicCmpAndSwp = 12,
     MaskedAtomicFetchAndAdd = 13,
 }
@@ -107,12 +109,18 @@ impl Default for SendWr<'_> {
     }
 }
 
-/// ib_core's send work request as this driver's (no data is copied). Inline
-/// sends through ib_core are refused: its work request carries no bytes.
+/// ib_core's send work request as this driver's (no data is copied). An
+/// `IB_SEND_INLINE` request carries its bytes in `inline_data` (ib_core's
+/// safe stand-in for Linux reading them through the SGEs' kernel
+/// addresses); one with the flag and no bytes but a gather list is refused
+/// (`None`): the driver cannot read memory through bus addresses. Whether
+/// the bytes fit the QP's `max_inline_data` is checked when the WQE is
+/// built (`-ENOMEM`, as libmlx4 and kernel mlx5 answer).
 pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>> {
     use ib_core::verbs::WrDetail as W;
     use ib_core::verbs::WrOpcode as O;
-    if w.send_flags.contains(SendFlags::INLINE) {
+    let inline = w.send_flags.contains(SendFlags::INLINE);
+    if inline && w.inline_data.is_empty() && !w.sg_list.is_empty() {
         return None;
     }
     let opcode = match w.opcode {
@@ -123,6 +131,7 @@ pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>>
         O::RdmaRead => WrOpcode::RdmaRead,
         O::AtomicCmpAndSwp => WrOpcode::AtomicCmpAndSwp,
         O::AtomicFetchAndAdd => WrOpcode::AtomicFetchAndAdd,
+        O::SendWithInv => WrOpcode::SendWithInv,
     };
     let wr = match w.wr {
         W::None => WrDetail::None,
@@ -158,7 +167,7 @@ pub fn from_ib_send_wr<'a>(w: &ib_core::verbs::SendWr<'a>) -> Option<SendWr<'a>>
         opcode,
         send_flags: w.send_flags,
         sg_list: w.sg_list,
-        inline_data: &[],
+        inline_data: if inline { w.inline_data } else { &[] },
         imm_data: w.imm_data,
         wr,
     })

@@ -283,7 +283,8 @@ fn inline_send_splits_at_64_bytes() {
             }],
         )
         .unwrap_err();
-    assert!(matches!(e.err, Error::Inval(_)));
+    assert_eq!(e.err, Error::NoMem);
+    assert_eq!(e.err.to_errno(), -12, "ENOMEM, as libmlx4");
     assert_eq!(qp.sq.head, 1);
 }
 
@@ -605,4 +606,62 @@ fn golden_mlx_segment_header_and_icrc() {
     assert_eq!(dw(&qp0, w + 4), 8);
     // Ordinary posting is refused on a special QP.
     assert!(qp0.post_send(&b.ahs, &[wr]).is_err());
+}
+
+/// `enum ib_wr_opcode` (Linux 3.11 `include/rdma/ib_verbs.h`) and
+/// `mlx4_ib_opcode[]` (`MLX4_OPCODE_*` of `include/linux/mlx4/qp.h`): the
+/// values pinned, and a SEND with invalidate as the HCA sees it.
+#[test]
+fn golden_opcode_tables_and_send_with_invalidate() {
+    use ib_core::verbs::WrOpcode as IbOp;
+    let kernel = [
+        (WrOpcode::RdmaWrite, 0, 0x08),
+        (WrOpcode::RdmaWriteWithImm, 1, 0x09),
+        (WrOpcode::Send, 2, 0x0a),
+        (WrOpcode::SendWithImm, 3, 0x0b),
+        (WrOpcode::RdmaRead, 4, 0x10),
+        (WrOpcode::AtomicCmpAndSwp, 5, 0x11),
+        (WrOpcode::AtomicFetchAndAdd, 6, 0x12),
+        (WrOpcode::SendWithInv, 8, 0x01),
+        (WrOpcode::MaskedAtomicCmpAndSwp, 12, 0x14),
+        (WrOpcode::MaskedAtomicFetchAndAdd, 13, 0x15),
+    ];
+    for (op, ib, hw) in kernel {
+        assert_eq!(op as u8, ib, "{op:?} in enum ib_wr_opcode");
+        assert_eq!(HW_OPCODE[usize::from(ib)], hw, "mlx4_ib_opcode[{op:?}]");
+    }
+    assert_eq!(
+        IbOp::SendWithInv as u8,
+        8,
+        "ib_core names the kernel's value"
+    );
+    let w = ib_core::verbs::SendWr {
+        opcode: IbOp::SendWithInv,
+        imm_data: 0x1234,
+        ..Default::default()
+    };
+    assert_eq!(
+        crate::verbs::from_ib_send_wr(&w).unwrap().opcode,
+        WrOpcode::SendWithInv
+    );
+    let mut b = Bed::new();
+    let mut qp = b.qp(QpType::Rc, rc_cap(1), false);
+    let sg = [Sge {
+        addr: 0x3000,
+        length: 16,
+        lkey: 3,
+    }];
+    let wr = SendWr {
+        opcode: WrOpcode::SendWithInv,
+        sg_list: &sg,
+        imm_data: 0x00ab_cd01,
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[wr]).unwrap();
+    let w = qp.send_wqe_offset(0);
+    assert_eq!(dw(&qp, w), 0x01, "MLX4_OPCODE_SEND_INVAL");
+    assert_eq!(dw(&qp, w + 12), 0x00ab_cd01, "the rkey to invalidate");
+    // Only RC and UC may send it.
+    let mut ud = b.qp(QpType::Ud, rc_cap(1), false);
+    assert!(ud.post_send(&b.ahs, &[wr]).is_err());
 }
