@@ -151,7 +151,11 @@ fn mod_stat_cfg_query_returns_the_port_guid() {
     for port in 1..=2u32 {
         let b = r.cmd_out(port << 8, 2, Opcode::MOD_STAT_CFG).unwrap();
         let be = |o: usize| u64::from(u32::from_be_bytes(b[o..o + 4].try_into().unwrap()));
-        assert_eq!(be(0x14) << 32 | be(0x1c), node + u64::from(port), "port {port}");
+        assert_eq!(
+            be(0x14) << 32 | be(0x1c),
+            node + u64::from(port),
+            "port {port}"
+        );
         assert_eq!(be(0x24) << 32 | be(0x2c), node, "node GUID");
     }
     for bad in [0, 3 << 8, (1 << 8) | 1, 1 << 16] {
