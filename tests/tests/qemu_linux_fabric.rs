@@ -92,7 +92,9 @@ fn after<'a>(t: &'a str, prompt: &str, cmd: &str) -> &'a str {
 /// back) and runs each perftest client, retrying while node 0's server is
 /// not listening yet, then stays up until our guest has powered off (its
 /// switch port Down). Node 2 (ours): once the Linux guests are up, reads
-/// node 1's NodeInfo and PortInfo by directed route, and the SM, then stays
+/// node 1's NodeInfo and PortInfo by directed route, its counters by LID
+/// (OpenSM's LIDs are seeded: the SM 1, the switch 2, node i 3 + i), and
+/// the SM, then stays
 /// up for node 0's queries (our console has no wait-for-a-peer command, so
 /// this part goes by time: 60 s for Linux to boot, 120 s for node 0 to
 /// query).
@@ -108,7 +110,7 @@ const LINUX_CLIENT: &str = "wait-active 120; \
      retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1; \
      for i in 1 2 3; do echo tick $i; done; wait-down 3 300";
 const OURS: &str = "sleep 60; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
-     sminfo; sleep 120";
+     perfquery 4; sminfo; sleep 120";
 
 #[test]
 fn linux_guests_and_ours_share_one_fabric_under_opensm() {
@@ -178,6 +180,11 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
     assert!(
         ours("smpquery -D portinfo 0,1,2").contains("LinkState:.......................Active"),
         "{all}"
+    );
+
+    assert!(
+        ours("perfquery 4").contains("PortXmitData"),
+        "our perfquery of Linux node 1 (LID 4):\n{all}"
     );
 
     // ibping between the Linux guests: every ping answered.
