@@ -74,16 +74,29 @@ fn node(out: &str, n: usize) -> &str {
     &body[..end]
 }
 
-/// The lines after the command `cmd` (echoed as `{prompt}{cmd}`: `# ` in
-/// a Linux guest, `lego> ` in ours) up to the next command.
-fn after<'a>(t: &'a str, prompt: &str, cmd: &str) -> &'a str {
+/// The lines after the command that starts with `cmd` (echoed as
+/// `{prompt}{cmd}`: `# ` in a Linux guest, `lego> ` in ours) up to the
+/// next command of `script` (a line `{prompt}{command}`; infiniband-diags
+/// print lines starting with `# ` themselves).
+fn after<'a>(t: &'a str, prompt: &str, cmd: &str, script: &str) -> &'a str {
     let Some(at) = t.find(&format!("{prompt}{cmd}")) else {
         return "";
     };
     let body = &t[at + prompt.len()..];
-    let end = body
-        .find(&format!("\n{prompt}"))
-        .map_or(body.len(), |i| i + 1);
+    let commands: Vec<String> = script
+        .split(';')
+        .map(|c| format!("{prompt}{}", c.trim()))
+        .collect();
+    let mut end = body.len();
+    let mut off = body.find('\n').map_or(body.len(), |i| i + 1);
+    while off < body.len() {
+        let line = body[off..].lines().next().unwrap_or("");
+        if commands.iter().any(|c| c == line) {
+            end = off;
+            break;
+        }
+        off += line.len() + 1;
+    }
     &body[..end]
 }
 
@@ -127,8 +140,14 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
         .expect("run-qemu.sh runs");
     let console = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
     let vfu = String::from_utf8_lossy(&out.stderr).into_owned();
+    check(out.status.code(), &console, &vfu);
+}
+
+/// What the run must show (the transcripts on stdout, cx3-vfu's and
+/// run-qemu.sh's messages on stderr).
+fn check(status: Option<i32>, console: &str, vfu: &str) {
     let all = format!("{console}\n--- cx3-vfu and run-qemu.sh ---\n{vfu}");
-    assert_eq!(out.status.code(), Some(0), "a command failed:\n{all}");
+    assert_eq!(status, Some(0), "a command failed:\n{all}");
     // The model saw nothing wrong from any of the three drivers.
     assert!(
         vfu.contains("total: commands") && vfu.contains("violations 0, DMA faults 0; CPU"),
@@ -138,15 +157,16 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
         !vfu.contains("violation:") && !vfu.contains("DMA fault:"),
         "{all}"
     );
-    let (n0, n1, n2) = (node(&console, 0), node(&console, 1), node(&console, 2));
-    let lin = |t, cmd| after(t, "# ", cmd);
-    let ours = |cmd| after(n2, "lego> ", cmd);
+    let (n0, n1, n2) = (node(console, 0), node(console, 1), node(console, 2));
+    let lin0 = |cmd| after(n0, "# ", cmd, LINUX_SERVER);
+    let lin1 = |cmd| after(n1, "# ", cmd, LINUX_CLIENT);
+    let ours = |cmd| after(n2, "lego> ", cmd, OURS);
 
     // OpenSM brought every port to Active, with its host (LID 1) as the SM.
     for t in [n0, n1] {
         assert!(t.contains("port 1 Active: LID 0x"), "{all}");
     }
-    let ibstat = lin(n0, "ibstat");
+    let ibstat = lin0("ibstat");
     assert!(ibstat.contains("State: Active"), "{all}");
     assert!(
         ibstat.contains("SM lid: 1"),
@@ -156,7 +176,7 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
     assert!(ours("sminfo").contains("sminfo: sm lid 1 "), "{all}");
 
     // A Linux guest reads our guest's port: PMA counters and SMA records.
-    let q = lin(n0, "lid=$(peer-lid 3)");
+    let q = lin0("lid=$(peer-lid 3)");
     assert!(q.contains("PortXmitData:"), "perfquery of our port:\n{all}");
     assert!(
         q.contains(&format!(
@@ -189,33 +209,33 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
 
     // ibping between the Linux guests: every ping answered.
     assert!(
-        lin(n1, "lid=$(peer-lid 1)").contains("3 packets transmitted, 3 received"),
+        lin1("lid=$(peer-lid 1)").contains("3 packets transmitted, 3 received"),
         "ibping:\n{all}"
     );
 
     // A loop is one command (the guest's splitter keeps compound commands
     // whole).
     assert!(
-        lin(n1, "for i in 1 2 3; do echo tick $i; done").contains("tick 1\ntick 2\ntick 3\n"),
+        lin1("for i in 1 2 3; do echo tick $i; done").contains("tick 1\ntick 2\ntick 3\n"),
         "{all}"
     );
     // Our guest's power-off took its link down (cx3-vfu resets the
     // function of a client that has gone).
     assert!(
-        lin(n1, "wait-down 3").contains("switch port 3 is Down"),
+        lin1("wait-down 3").contains("switch port 3 is Down"),
         "{all}"
     );
 
     // Real perftest between the Linux guests, both sides reporting.
     let row = " 4096       20 ";
-    assert!(lin(n0, "timeout 120 ib_write_bw").contains(row), "{all}");
+    assert!(lin0("timeout 120 ib_write_bw").contains(row), "{all}");
     assert!(
-        lin(n1, "retry 20 timeout 60 ib_write_bw").contains(row),
+        lin1("retry 20 timeout 60 ib_write_bw").contains(row),
         "{all}"
     );
     for tool in ["ib_read_lat", "ib_send_lat", "ib_atomic_lat"] {
         let cmd = format!("retry 20 timeout 60 {tool}");
-        let c = after(n1, "# ", &cmd);
+        let c = after(n1, "# ", &cmd, LINUX_CLIENT);
         assert!(c.contains("t_avg[usec]"), "{tool} result:\n{all}");
     }
 }
@@ -223,9 +243,19 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
 #[test]
 fn transcript_helpers_split_nodes_and_commands() {
     let out = "===== node 0 (linux, exit 0) =====\n# a\nA\n# b x\nB\n===== node 1 (lego, exit 0) =====\n# a\nC\n";
-    assert_eq!(after(node(out, 0), "# ", "b"), "b x\nB\n");
-    assert_eq!(after(node(out, 0), "# ", "a"), "a\nA\n");
-    assert_eq!(after(node(out, 1), "# ", "a"), "a\nC\n");
-    assert_eq!(after("lego> x\n1\nlego> y\n", "lego> ", "x"), "x\n1\n");
+    let script = "a; b x";
+    assert_eq!(after(node(out, 0), "# ", "b", script), "b x\nB\n");
+    assert_eq!(after(node(out, 0), "# ", "a", script), "a\nA\n");
+    assert_eq!(after(node(out, 1), "# ", "a", script), "a\nC\n");
+    // A diag's own "# " heading is output, not the next command.
+    let diag = "# a\n# Port counters: Lid 3\nX\n# b x\n";
+    assert_eq!(
+        after(diag, "# ", "a", script),
+        "a\n# Port counters: Lid 3\nX\n"
+    );
+    assert_eq!(
+        after("lego> x\n1\nlego> y\n", "lego> ", "x", "x; y"),
+        "x\n1\n"
+    );
     assert_eq!(node(out, 2), "");
 }
