@@ -109,8 +109,8 @@ fn after<'a>(t: &'a str, prompt: &str, cmd: &str, script: &str) -> &'a str {
 /// (OpenSM's LIDs are seeded: the SM 1, the switch 2, node i 3 + i), and
 /// the SM, then stays
 /// up for node 0's queries (our console has no wait-for-a-peer command, so
-/// this part goes by time: 60 s for Linux to boot, 120 s for node 0 to
-/// query).
+/// this part goes by time: 120 s for the Linux guests to boot and node 0
+/// to query our port, whose answers need our guest up).
 const LINUX_SERVER: &str = "wait-active 120; ibping -S >/dev/null 2>&1 &; ibstat; \
      lid=$(peer-lid 3) && perfquery $lid && smpquery nodeinfo $lid && smpquery portinfo $lid; \
      timeout 120 ib_write_bw -n 20 -s 4096; timeout 120 ib_read_lat -n 20; \
@@ -122,8 +122,8 @@ const LINUX_CLIENT: &str = "wait-active 120; \
      retry 20 timeout 60 ib_send_lat -n 20 10.0.0.1; \
      retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1; \
      for i in 1 2 3; do echo tick $i; done; wait-down 3 300";
-const OURS: &str = "sleep 60; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
-     perfquery 4; sminfo; sleep 120";
+const OURS: &str = "sleep 120; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
+     perfquery 4; sminfo; sleep 30";
 
 #[test]
 fn linux_guests_and_ours_share_one_fabric_under_opensm() {
