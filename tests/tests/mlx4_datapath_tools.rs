@@ -13,7 +13,7 @@ use mlx4_core::Profile;
 use mlx4_ib::Mlx4IbDev;
 use sim::fabric::topology::Topology;
 use sim::fabric::{Fabric, SmConfig};
-use sim::{SimConfig, SimHca, Wire};
+use sim::{SimConfig, Wire};
 
 struct Node {
     hca: Model,
@@ -68,8 +68,7 @@ fn fabric() -> (Wire, Vec<Node>) {
                 dma_size: 64 << 20,
                 ..SimConfig::default()
             };
-            let sim = SimHca::new_on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
-            let hca = Model::wrap(sim, "threaded on a switch");
+            let hca = Model::on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
             let d = bring_up(&hca, Profile::default()).expect("mlx4_core");
             let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
             let mut core = IbCore::new(hca.clock());

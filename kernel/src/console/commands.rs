@@ -266,14 +266,24 @@ fn meminfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     let _ = writeln!(out, "HeapTotal:    {:>10} kB", kib(heap as u64));
     let _ = writeln!(out, "HeapUsed:     {:>10} kB", kib(heap_used as u64));
     let _ = writeln!(out, "HeapFree:     {:>10} kB", kib(heap_free as u64));
-    if let (Some((base, len)), Some(pool)) = (crate::mm::dma::region(), crate::mm::dma::pool()) {
+    if let Some(pool) = crate::mm::dma::pool() {
         let s = pool.stats();
+        let mut ranges = alloc::vec::Vec::new();
+        crate::mm::dma::ranges(|base, len| ranges.push((base, len)));
         let _ = writeln!(
             out,
-            "DmaTotal:     {:>10} kB  [{base:#x}-{:#x}]",
-            kib(len as u64),
-            base + len as u64 - 1
+            "DmaTotal:     {:>10} kB  in {} range(s)",
+            kib(crate::mm::dma::total() as u64),
+            ranges.len()
         );
+        for (base, len) in ranges {
+            let _ = writeln!(
+                out,
+                "DmaRange:     {:>10} kB  [{base:#x}-{:#x}]",
+                kib(len as u64),
+                base + len as u64 - 1
+            );
+        }
         let _ = writeln!(
             out,
             "DmaUsed:      {:>10} kB  in {} allocations",
