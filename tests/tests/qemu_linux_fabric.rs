@@ -100,21 +100,24 @@ fn after<'a>(t: &'a str, prompt: &str, cmd: &str, script: &str) -> &'a str {
     &body[..end]
 }
 
-/// Node 0 (Linux): answers ibping, queries our guest's port, and serves
-/// each perftest. Node 1 (Linux): pings node 0 (until all 3 answers come
+/// Node 0 (Linux): answers ibping (`ibping -S`), queries our guest's port
+/// (perfquery, smpquery) and pings our kernel's responder, serves each
+/// perftest, then stays up until our guest has powered off (its switch
+/// port Down). Node 1 (Linux): pings node 0 (until all 3 answers come
 /// back) and runs each perftest client, retrying while node 0's server is
-/// not listening yet, then stays up until our guest has powered off (its
-/// switch port Down). Node 2 (ours): once the Linux guests are up, reads
-/// node 1's NodeInfo and PortInfo by directed route, its counters by LID
-/// (OpenSM's LIDs are seeded: the SM 1, the switch 2, node i 3 + i), and
-/// the SM, then stays
-/// up for node 0's queries (our console has no wait-for-a-peer command, so
-/// this part goes by time: 120 s for the Linux guests to boot and node 0
-/// to query our port, whose answers need our guest up).
+/// not listening yet, then stays up the same way. Node 2 (ours): once the
+/// Linux guests are up, reads node 1's NodeInfo and PortInfo by directed
+/// route, its counters by LID (OpenSM's LIDs are seeded: the SM 1, the
+/// switch 2, node i 3 + i), pings node 0's `ibping -S` (LID 3) and reads
+/// the SM, then stays up a little for node 0's queries. Our console has no
+/// wait-for-a-peer command, so this part goes by time: 120 s for the Linux
+/// guests to boot and for node 0 to query our port and ping our
+/// responder, which answers from the progress loop our `sleep` runs.
 const LINUX_SERVER: &str = "wait-active 120; ibping -S >/dev/null 2>&1 &; ibstat; \
      lid=$(peer-lid 3) && perfquery $lid && smpquery nodeinfo $lid && smpquery portinfo $lid; \
+     lid=$(peer-lid 3) && retry 10 expect 3.received ibping -c 3 $lid; \
      timeout 120 ib_write_bw -n 20 -s 4096; timeout 120 ib_read_lat -n 20; \
-     timeout 120 ib_send_lat -n 20; timeout 120 ib_atomic_lat -n 20";
+     timeout 120 ib_send_lat -n 20; timeout 120 ib_atomic_lat -n 20; wait-down 3 300";
 const LINUX_CLIENT: &str = "wait-active 120; \
      lid=$(peer-lid 1) && retry 20 expect 3.received ibping -c 3 $lid; \
      retry 20 timeout 60 ib_write_bw -n 20 -s 4096 10.0.0.1; \
@@ -123,7 +126,7 @@ const LINUX_CLIENT: &str = "wait-active 120; \
      retry 20 timeout 60 ib_atomic_lat -n 20 10.0.0.1; \
      for i in 1 2 3; do echo tick $i; done; wait-down 3 300";
 const OURS: &str = "sleep 120; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D portinfo 0,1,2; \
-     perfquery 4; sminfo; sleep 30";
+     perfquery 4; ibping -c 3 3; sminfo; sleep 20";
 
 #[test]
 fn linux_guests_and_ours_share_one_fabric_under_opensm() {
@@ -205,6 +208,17 @@ fn check(status: Option<i32>, console: &str, vfu: &str) {
     assert!(
         ours("perfquery 4").contains("PortXmitData"),
         "our perfquery of Linux node 1 (LID 4):\n{all}"
+    );
+
+    // ibping between Linux and our kernel, both ways: Linux's client to
+    // our kernel's responder, our client to Linux's `ibping -S`.
+    assert!(
+        lin0("lid=$(peer-lid 3) && retry 10 expect").contains("3 packets transmitted, 3 received"),
+        "Linux's ibping of our guest:\n{all}"
+    );
+    assert!(
+        ours("ibping -c 3 3").contains("3 packets transmitted, 3 received"),
+        "our ibping of Linux node 0:\n{all}"
     );
 
     // ibping between the Linux guests: every ping answered.
