@@ -47,12 +47,15 @@ use super::{Built, Capture, Fabric, Topology};
 pub const DEFAULT_OPENSM_ARGS: [&str; 2] = ["-s", "1"];
 
 /// The embedded SM as `--sm embedded` runs it: a light sweep every
-/// second, like OpenSM with [`DEFAULT_OPENSM_ARGS`], which also caps the
-/// back-off after a sweep with errors (a guest whose driver does not
-/// answer on QP0 yet) at a second instead of ten.
+/// second, like OpenSM with [`DEFAULT_OPENSM_ARGS`], and after a sweep
+/// with errors (a guest whose QP0 went unpolled while its driver refreshed
+/// ib_core's port cache) the next one 250 ms later, doubling up to that
+/// second, instead of 1 s doubling up to 10 s (a guest then waited up to
+/// 19 s for Active).
 pub fn embedded_sm_config() -> super::SmConfig {
     super::SmConfig {
         sweep_interval_ns: 1_000_000_000,
+        error_resweep_ns: 250_000_000,
         ..super::SmConfig::default()
     }
 }
