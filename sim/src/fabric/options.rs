@@ -60,8 +60,14 @@ pub fn embedded_sm_config() -> super::SmConfig {
     }
 }
 
-/// The ibsim server's request timeout (OpenSM's own transaction timeout).
-pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_millis(200);
+/// The ibsim server's request timeout: how long OpenSM (or a diag) waits
+/// for an answer before it is told "timed out" (umad2sim has no timeouts
+/// of its own). 1 s, not OpenSM's 200 ms default: a guest under TCG does
+/// not poll QP0 while it refreshes ib_core's port cache after a port event
+/// (several hundred MAD_IFCs, 0.3 s and more on a loaded machine); at
+/// 200 ms OpenSM counted those SMPs lost, failed the sweep and bounced the
+/// port (Active, then INIT, then Active again seconds later).
+pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Which subnet manager runs on the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
