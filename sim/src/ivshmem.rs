@@ -741,9 +741,16 @@ impl Emulator {
             .fabric
             .build(&mut fabric, specs.len())
             .map_err(EmuError)?;
+        // The socket name: `lego-<pid>`, with a sequence number for a second
+        // emulator in the same process (tests).
+        static EMULATORS: AtomicU32 = AtomicU32::new(0);
+        let base = match EMULATORS.fetch_add(1, Ordering::Relaxed) {
+            0 => format!("lego-{}", std::process::id()),
+            k => format!("lego-{}-{k}", std::process::id()),
+        };
         let sm = opts
             .fabric
-            .start_sm(&mut fabric, &built, &format!("lego-{}", std::process::id()))
+            .start_sm(&mut fabric, &built, &base)
             .map_err(EmuError)?;
         let wire = crate::Wire::threaded(std::sync::Arc::new(std::sync::Mutex::new(fabric)));
         let mut nodes = Vec::with_capacity(specs.len());
