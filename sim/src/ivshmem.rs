@@ -15,7 +15,8 @@
 //! trace, violations and DMA faults to stderr, bumps the heartbeat, and
 //! raises a planned catastrophic error (once per node, `--catas-after` after
 //! its first successful INIT_HCA). [`Emulator::run`] polls adaptively
-//! (spin a few µs after work, then sleep 20 µs with 1 ns timer slack, and
+//! (spin a few µs after work, or 200 µs while work keeps coming back within
+//! 200 µs of a pause, then sleep 20 µs with 1 ns timer slack, and
 //! 1 ms per round once nothing has happened for 100 ms) until every guest
 //! has shut down, a signal arrives, or a watched process is gone. The deep
 //! idle step exists because 20 µs naps alone cost half a core on a 2-vCPU
@@ -365,6 +366,9 @@ impl HostMemory for GuestRam {
 pub struct Options {
     /// Spin this long after the last activity before sleeping.
     pub spin: Duration,
+    /// Spin this long instead while work comes back within this time
+    /// after a pause (a request/response exchange between guests).
+    pub busy_spin: Duration,
     /// Sleep this long per idle round (1 ns timer slack).
     pub sleep: Duration,
     /// After this long without activity, sleep `idle_sleep` per round.
@@ -393,6 +397,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             spin: Duration::from_micros(5),
+            busy_spin: Duration::from_micros(200),
             sleep: Duration::from_micros(20),
             idle_after: Duration::from_millis(100),
             idle_sleep: Duration::from_millis(1),
@@ -741,13 +746,11 @@ impl Emulator {
             .fabric
             .build(&mut fabric, specs.len())
             .map_err(EmuError)?;
-        // The socket name: `lego-<pid>`, with a sequence number for a second
-        // emulator in the same process (tests).
-        static EMULATORS: AtomicU32 = AtomicU32::new(0);
-        let base = match EMULATORS.fetch_add(1, Ordering::Relaxed) {
-            0 => format!("lego-{}", std::process::id()),
-            k => format!("lego-{}-{k}", std::process::id()),
-        };
+        // Unique per emulator, also for several emulators in one process
+        // (the tests): the ibsim socket names live in one namespace.
+        static EMULATORS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = EMULATORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = format!("lego-{}-{seq}", std::process::id());
         let sm = opts
             .fabric
             .start_sm(&mut fabric, &built, &base)
@@ -879,12 +882,26 @@ impl Emulator {
         let parent = std::os::unix::process::parent_id();
         let mut last_active = Instant::now();
         let mut next_check = Instant::now();
+        let busy_spin = self.opts.busy_spin.max(self.opts.spin);
+        let mut spin_for = self.opts.spin;
         loop {
             if stop.load(Ordering::Acquire) {
                 return Exit::Stopped;
             }
             if self.poll_round() {
-                last_active = Instant::now();
+                let now = Instant::now();
+                let gap = now.duration_since(last_active);
+                // Work again after a pause no longer than `busy_spin`: a
+                // guest in a request/response exchange. Spin that long
+                // after each piece of work from now on, so its next request
+                // is taken at once instead of after a nap; a longer pause
+                // ends it.
+                if gap > busy_spin {
+                    spin_for = self.opts.spin;
+                } else if gap > self.opts.spin {
+                    spin_for = busy_spin;
+                }
+                last_active = now;
             }
             if self.all_shut_down() {
                 // Report what the last round produced, then go.
@@ -908,7 +925,7 @@ impl Emulator {
             } else {
                 self.opts.sleep
             };
-            if idle < self.opts.spin {
+            if idle < spin_for {
                 core::hint::spin_loop();
             } else if nap.is_zero() {
                 std::thread::yield_now();
@@ -1017,6 +1034,9 @@ Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
                         (fractions allowed) after its first successful INIT_HCA
   --trace               print every firmware command on stderr (node<N>: ...)
   --spin-us N           spin N µs after the last activity (default 5)
+  --busy-spin-us N      ... but N µs (default 200) once work comes back within
+                        N µs of a pause: guests in a request/response exchange
+                        get each request taken at once, not after a nap
   --sleep-us N          then sleep N µs per round, 1 ns timer slack
                         (default 20, at most 5000)
   --idle-after-ms N     after N ms without activity (default 100) ...
@@ -1046,7 +1066,7 @@ Subnet manager (docs/peers.md):
                         switch's last free port); embedded: the fabric's own
                         SM and SA (first free switch port); none (default):
                         no SM. Every choice also serves ibsim's protocol
-                        (socket lego-<pid>) for the diags (scripts/ib-host.sh)
+                        (socket lego-<pid>-0) for the diags (scripts/ib-host.sh)
   --embedded-sm         the same as --sm embedded
   --sm-dir DIR          OpenSM's log (DIR/opensm.log), cache and dumps
                         (default: cx3-emu-<pid> in the temporary directory)
@@ -1150,6 +1170,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     | "--fail"
                     | "--catas-after"
                     | "--spin-us"
+                    | "--busy-spin-us"
                     | "--sleep-us"
                     | "--idle-after-ms"
                     | "--idle-sleep-us"
@@ -1185,6 +1206,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                     .filter(|n| *n <= 1_000_000)
                     .ok_or(format!("--spin-us wants microseconds, got {value:?}"))?;
                 opts.spin = Duration::from_micros(n);
+            }
+            "--busy-spin-us" => {
+                let n = parse_num(&value)
+                    .filter(|n| *n <= 1_000_000)
+                    .ok_or(format!("--busy-spin-us wants microseconds, got {value:?}"))?;
+                opts.busy_spin = Duration::from_micros(n);
             }
             "--sleep-us" => {
                 let n = parse_num(&value)
@@ -1315,7 +1342,7 @@ mod tests {
             "--node a.win,a.ram --node=b.win,b.ram --fail RUN_FW --fail 0x3=BAD_PARAM \
              --fail 2err_qp=0x10 --catas-after 1.5 --trace --spin-us 0 --sleep-us 100 \
              --exit-with-parent --watch-pid 42 --watch-pid 43 --stats \
-             --idle-after-ms 7 --idle-sleep-us=300",
+             --idle-after-ms 7 --idle-sleep-us=300 --busy-spin-us 50",
         ) else {
             panic!("parses");
         };
@@ -1336,6 +1363,7 @@ mod tests {
             (Duration::ZERO, Duration::from_micros(100))
         );
         assert_eq!(opts.watch_pids, vec![42, 43]);
+        assert_eq!(opts.busy_spin, Duration::from_micros(50));
         assert_eq!(
             (opts.idle_after, opts.idle_sleep),
             (Duration::from_millis(7), Duration::from_micros(300))
@@ -1350,6 +1378,7 @@ mod tests {
             "--node a,b --idle-sleep-us 6000",
             "--node a,b --catas-after -1",
             "--node a,b --watch-pid x",
+            "--node a,b --busy-spin-us 2000000",
             "--node a,b --bogus",
             "--node a,b --trace=1",
             "--node",

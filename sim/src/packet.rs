@@ -812,6 +812,59 @@ pub fn parse(b: &[u8]) -> Result<Parsed, PacketError> {
 /// PayLen, BTH PadCnt, the pad, ICRC and VCRC. The extended headers must
 /// be exactly those the opcode wants.
 pub fn build_into(hdr: &Headers, payload: &[u8], out: &mut Vec<u8>) -> Result<(), PacketError> {
+    out.clear();
+    let pad = write_headers(hdr, payload.len(), out)?;
+    out.truncate(hdr.header_len()?);
+    out.extend_from_slice(payload);
+    out.resize(out.len() + pad, 0);
+    seal(out);
+    Ok(())
+}
+
+/// Like [`build_into`], but the `len` payload bytes are written in place
+/// by `fill` (no intermediate copy), and the ICRC and VCRC are left as
+/// zeros: the packet's CRCs are *owed*, to be computed by [`seal_owed`]
+/// before anything reads or alters the bytes (the model's own HCAs send
+/// packets this way; `crate::fabric` says when it seals them). `out` is
+/// not cleared first: a reused buffer's old payload bytes are not zeroed
+/// only to be overwritten by `fill` (headers, pad and CRCs are).
+pub fn build_owed_with(
+    hdr: &Headers,
+    len: usize,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<(), PacketError> {
+    write_headers(hdr, len, out)?;
+    let h = hdr.header_len()?;
+    fill(&mut out[h..h + len]);
+    out[h + len..].fill(0);
+    Ok(())
+}
+
+/// [`build_owed_with`] copying `payload`, into a new buffer.
+pub fn build_owed(hdr: &Headers, payload: &[u8]) -> Result<Vec<u8>, PacketError> {
+    let mut v = Vec::new();
+    build_owed_with(hdr, payload.len(), &mut v, |p| p.copy_from_slice(payload))?;
+    Ok(v)
+}
+
+/// Computes the ICRC and VCRC of a packet whose CRCs are owed (the last
+/// six bytes, whatever they hold, are overwritten).
+pub fn seal_owed(b: &mut [u8]) -> Result<(), PacketError> {
+    need(b, LRH_LEN + BTH_LEN + ICRC_LEN + VCRC_LEN, "packet")?;
+    let e = b.len() - VCRC_LEN - ICRC_LEN;
+    let i = icrc(&b[..e]);
+    b[e..e + ICRC_LEN].copy_from_slice(&i.to_le_bytes());
+    let v = vcrc(&b[..e + ICRC_LEN]);
+    b[e + ICRC_LEN..].copy_from_slice(&v.to_le_bytes());
+    Ok(())
+}
+
+/// Checks `hdr` against its opcode, sizes `out` for the whole packet
+/// (headers, `len` payload bytes, pad, ICRC, VCRC; bytes `out` held
+/// already are kept, new ones are zero) and writes LRH..extended headers
+/// over zeros at its start; the pad it needs.
+fn write_headers(hdr: &Headers, len: usize, out: &mut Vec<u8>) -> Result<usize, PacketError> {
     let op = hdr.bth.opcode;
     let l = layout(op).ok_or(PacketError::UnsupportedOpcode(op))?;
     let checks: [(bool, bool, &'static str); 7] = [
@@ -828,19 +881,19 @@ pub fn build_into(hdr: &Headers, payload: &[u8], out: &mut Vec<u8>) -> Result<()
             return Err(PacketError::HeaderMismatch(what));
         }
     }
-    if !l.payload && !payload.is_empty() {
+    if !l.payload && len != 0 {
         return Err(PacketError::HeaderMismatch(
             "payload on an opcode without one",
         ));
     }
-    let pad = (4 - payload.len() % 4) % 4;
+    let pad = (4 - len % 4) % 4;
     let hlen = hdr.header_len()?;
-    let body = hlen + payload.len() + pad + ICRC_LEN;
+    let body = hlen + len + pad + ICRC_LEN;
     if body / 4 > 0x7ff {
         return Err(PacketError::TooLong(body + VCRC_LEN));
     }
-    out.clear();
-    out.resize(hlen, 0);
+    out.resize(body + VCRC_LEN, 0);
+    out[..hlen].fill(0);
     let mut lrh = hdr.lrh;
     lrh.lnh = if hdr.grh.is_some() {
         lnh::IBA_GLOBAL
@@ -882,10 +935,7 @@ pub fn build_into(hdr: &Headers, payload: &[u8], out: &mut Vec<u8>) -> Result<()
     if let Some(v) = hdr.imm.or(hdr.ieth) {
         out[off..off + 4].copy_from_slice(&v.to_be_bytes());
     }
-    out.extend_from_slice(payload);
-    out.resize(out.len() + pad, 0);
-    seal(out);
-    Ok(())
+    Ok(pad)
 }
 
 /// Builds a packet into a new buffer (see [`build_into`]).
@@ -1700,6 +1750,15 @@ mod tests {
                 let b = build(&h, payload).unwrap();
                 let p = parse_checked(&b).unwrap();
                 assert_eq!(p.payload(&b), payload, "op {op:#x}");
+                // Built with owed CRCs into a dirty reused buffer, then
+                // sealed: the same bytes; unsealed, the CRC check fails.
+                let mut owed = vec![0xa5u8; 300];
+                build_owed_with(&h, payload.len(), &mut owed, |p| p.copy_from_slice(payload))
+                    .unwrap();
+                assert!(parse_checked(&owed).is_err(), "op {op:#x}: CRCs owed");
+                assert_eq!(parse(&owed).unwrap().payload(&owed), payload);
+                seal_owed(&mut owed).unwrap();
+                assert_eq!(owed, b, "op {op:#x}: sealed later, same packet");
                 assert_eq!(p.hdr.bth.pad_cnt as usize, (4 - payload.len() % 4) % 4);
                 assert_eq!(p.hdr.reth, h.reth);
                 assert_eq!(p.hdr.imm, h.imm);

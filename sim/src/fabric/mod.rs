@@ -49,6 +49,27 @@
 //! * Faults ([`faults`]) act in `transmit` on packets going to an HCA port
 //!   (or out of a port a rule names); the capture records what crosses
 //!   each cable after the faults (a dropped packet never crossed).
+//!
+//! # CRCs owed
+//!
+//! The ICRC and VCRC guard the bytes between the sender's CRC unit and the
+//! receiver's. In the model nothing between them can change a byte except
+//! an injected fault, so computing both CRCs at the sender and checking
+//! them again at every hop would spend most of a data packet's time (five
+//! passes over each payload) on checks whose outcome is known. The model's
+//! HCAs therefore send data-path packets with their CRCs *owed*
+//! ([`Fabric::transmit_owed`], built by [`crate::packet::build_owed_with`]):
+//! the last six bytes are placeholders, and the fabric computes the real
+//! CRCs ([`crate::packet::seal_owed`]) the moment anything could see or
+//! change the bytes: when a fault rule is set (before the faults act, so a
+//! corrupted packet fails its checks exactly as before), when a capture
+//! runs, when a switch's SMA or PMA or the embedded SM reads the packet,
+//! and when a packet leaves through [`Fabric::receive`] or
+//! [`Fabric::take_due`]. A switch forwarding an owed packet, and an HCA
+//! taking one with [`Fabric::receive_owed`], skip only the CRC comparison
+//! that cannot fail; every other check (LRH version and length, routing,
+//! headers, keys, PSNs) is made as before, and every packet that was
+//! sealed (by a peer, a test, a fault, a capture) is checked in full.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -157,6 +178,8 @@ struct InFlight {
     pkt: Packet,
     /// Switch hops so far (a routing loop ends at [`MAX_HOPS`]).
     hops: u8,
+    /// The packet's ICRC and VCRC are owed (see "CRCs owed" above).
+    owed: bool,
 }
 
 #[derive(Debug)]
@@ -189,6 +212,9 @@ impl FabPort {
 /// Packets queued at one port before the receiver takes them; past this
 /// the port drops (and a later issue counts it as the card would).
 pub const MAX_INBOUND: usize = 4096;
+
+/// Packet buffers [`Fabric::recycle`] keeps at most.
+pub const MAX_SPARE: usize = 256;
 
 /// Switch hops after which a packet is taken to be looping and dropped.
 pub const MAX_HOPS: u8 = 64;
@@ -236,6 +262,8 @@ pub struct Fabric {
     next_link: u64,
     stats: FabricStats,
     sm: Option<Box<SubnetManager>>,
+    /// Packet buffers given back by receivers ([`Fabric::recycle`]).
+    spare: Vec<Vec<u8>>,
 }
 
 /// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
@@ -382,7 +410,12 @@ impl Fabric {
     pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
         let q = &mut self.ports.get_mut(&p)?.inbound;
         if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|f| f.pkt)
+            q.pop_front().map(|mut f| {
+                if f.owed {
+                    let _ = crate::packet::seal_owed(&mut f.pkt.bytes);
+                }
+                f.pkt
+            })
         } else {
             None
         }
@@ -390,7 +423,7 @@ impl Fabric {
 
     /// For a node the fabric models itself: sends without advancing.
     pub(crate) fn send_from(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
-        self.send(p, pkt, now_ns, 0)
+        self.send(p, pkt, now_ns, 0, false)
     }
 
     /// The switch `id`.
@@ -548,10 +581,32 @@ impl Fabric {
     /// still counts as sent: the sender cannot tell).
     pub fn transmit(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
         self.advance(now_ns);
-        self.send(p, pkt, now_ns, 0)
+        self.send(p, pkt, now_ns, 0, false)
     }
 
-    fn send(&mut self, p: PortId, mut pkt: Packet, now_ns: u64, hops: u8) -> bool {
+    /// [`Fabric::transmit`] for a packet whose CRCs are owed (built by
+    /// [`crate::packet::build_owed_with`]; see "CRCs owed" above).
+    pub fn transmit_owed(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
+        self.advance(now_ns);
+        self.send(p, pkt, now_ns, 0, true)
+    }
+
+    /// A buffer for the next packet a sender builds (one a receiver gave
+    /// back with [`Fabric::recycle`], so the data path does not allocate
+    /// once it runs). It may hold an old packet's bytes:
+    /// [`crate::packet::build_owed_with`] overwrites what it keeps.
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// Gives a received packet's buffer back for [`Fabric::take_buffer`].
+    pub fn recycle(&mut self, b: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE && b.capacity() >= 256 {
+            self.spare.push(b);
+        }
+    }
+
+    fn send(&mut self, p: PortId, mut pkt: Packet, now_ns: u64, hops: u8, owed: bool) -> bool {
         if !self.link_up(p) {
             self.stats.link_down += 1;
             if let Some(Owner::Switch { switch, port }) = self.owner(p)
@@ -578,6 +633,13 @@ impl Fabric {
             return false;
         }
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
+        let mut owed = owed;
+        if owed && (!self.faults.rules.is_empty() || self.capture.is_some()) {
+            // A fault may change the bytes, a capture shows them: the
+            // sender's CRCs first.
+            let _ = crate::packet::seal_owed(&mut pkt.bytes);
+            owed = false;
+        }
         let verdict = self.faults.apply(p, to_hca, &mut pkt.bytes);
         if let Some(Owner::Switch { switch, port }) = self.owner(p)
             && let Some((sw, _)) = self.switches.get_mut(switch.0)
@@ -598,7 +660,12 @@ impl Fabric {
             .saturating_add(latency)
             .saturating_add(verdict.delay_ns)
             .max(floor);
-        q.push_back(InFlight { due, pkt, hops });
+        q.push_back(InFlight {
+            due,
+            pkt,
+            hops,
+            owed,
+        });
         if !to_hca {
             self.switch_work.push_back(peer);
         }
@@ -626,10 +693,22 @@ impl Fabric {
     /// The next packet due at port `p` by `now_ns` (after the fabric has
     /// advanced to `now_ns`).
     pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        self.receive_owed(p, now_ns).map(|(mut pkt, owed)| {
+            if owed {
+                let _ = crate::packet::seal_owed(&mut pkt.bytes);
+            }
+            pkt
+        })
+    }
+
+    /// [`Fabric::receive`] without sealing: the packet, and whether its
+    /// CRCs are still owed (then the bytes are exactly as a model HCA
+    /// built them, and only the CRC comparison may be skipped).
+    pub fn receive_owed(&mut self, p: PortId, now_ns: u64) -> Option<(Packet, bool)> {
         self.advance(now_ns);
         let q = &mut self.ports.get_mut(&p)?.inbound;
         if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|f| f.pkt)
+            q.pop_front().map(|f| (f.pkt, f.owed))
         } else {
             None
         }
@@ -706,7 +785,7 @@ impl Fabric {
             if let Some((e, pkt)) = self.switches[j].0.take_trap()
                 && let Some(out) = self.switch_port(SwitchId(j), e)
             {
-                self.send(out, pkt, now_ns, 0);
+                self.send(out, pkt, now_ns, 0, false);
             }
         }
     }
@@ -716,10 +795,16 @@ impl Fabric {
             return;
         };
         let smp = f.pkt.vl() == Some(15);
+        let mut f = f;
+        if f.owed && !sw.only_forwards(&f.pkt.bytes) {
+            // The switch's SMA or PMA reads it: the sender's CRCs first.
+            let _ = crate::packet::seal_owed(&mut f.pkt.bytes);
+            f.owed = false;
+        }
         let action = if f.hops >= MAX_HOPS {
             switch::Action::Drop("looping: too many switch hops")
         } else {
-            sw.receive(in_port, f.pkt)
+            sw.receive_crc_owed(in_port, f.pkt, f.owed)
         };
         if smp {
             self.sync_switch_enables(id);
@@ -727,7 +812,7 @@ impl Fabric {
         match action {
             switch::Action::Send(e, pkt) => {
                 if let Some(out) = self.switch_port(id, e) {
-                    self.send(out, pkt, f.due, f.hops.saturating_add(1));
+                    self.send(out, pkt, f.due, f.hops.saturating_add(1), f.owed);
                 }
             }
             switch::Action::Drop(why) => {
@@ -888,6 +973,72 @@ mod tests {
         assert_eq!(f.link_generation(a), 2);
         assert_eq!(f.connect(a, a), Err(FabricError::SelfLoop(a)));
         assert_eq!(f.connect(a, b), Err(FabricError::AlreadyCabled(a)));
+    }
+
+    /// Owed CRCs (module doc, "CRCs owed"): a packet crosses a switch
+    /// unsealed only while nothing can see or change it; a capture or a
+    /// fault seals it first (so a corrupted packet still fails its CRCs),
+    /// and `receive` hands out sealed packets.
+    #[test]
+    fn owed_crcs_are_computed_before_anything_sees_or_changes_the_bytes() {
+        use crate::packet::{self, Headers, opcode};
+        let mut h = Headers::for_opcode(opcode::RDMA_WRITE_MIDDLE).unwrap();
+        h.lrh.slid = 1;
+        h.lrh.dlid = 2;
+        let payload: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
+        let sealed = packet::build(&h, &payload).unwrap();
+        let owed = packet::build_owed(&h, &payload).unwrap();
+        assert_ne!(owed, sealed, "the CRC bytes are placeholders");
+        let mut f = Fabric::new();
+        let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+        let (a, b) = (built.hcas[0].ports[0], built.hcas[1].ports[0]);
+        f.set_enabled(a, true).unwrap();
+        f.set_enabled(b, true).unwrap();
+        let sw = built.switches[0].1;
+        f.switch_mut(sw).unwrap().configure(0x10, &[(1, 1), (2, 2)]);
+        let s = f.switch(sw).unwrap();
+        assert!(s.only_forwards(&owed));
+        let mut to_sma = owed.clone();
+        to_sma[2..4].copy_from_slice(&0x10u16.to_be_bytes());
+        assert!(!s.only_forwards(&to_sma), "for the switch's own LID");
+        let mut vl15 = owed.clone();
+        vl15[0] |= 0xf0;
+        assert!(!s.only_forwards(&vl15), "VL15");
+        let send = |f: &mut Fabric| {
+            assert!(f.transmit_owed(
+                a,
+                Packet {
+                    bytes: owed.clone()
+                },
+                0
+            ));
+        };
+        // Nothing watching: forwarded by the switch without CRCs.
+        send(&mut f);
+        let (p, still_owed) = f.receive_owed(b, 0).expect("forwarded");
+        assert!(still_owed);
+        assert_eq!(p.bytes, owed);
+        // `receive` seals.
+        send(&mut f);
+        assert_eq!(f.receive(b, 0).map(|p| p.bytes), Some(sealed.clone()));
+        // A capture seals before it records.
+        let dir = std::env::temp_dir().join(format!("owed-crc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        f.set_capture(Some(Capture::create(&dir.join("c.pcapng")).unwrap()));
+        send(&mut f);
+        let (p, still_owed) = f.receive_owed(b, 0).unwrap();
+        assert!(!still_owed);
+        assert_eq!(p.bytes, sealed);
+        f.set_capture(None);
+        let _ = std::fs::remove_dir_all(&dir);
+        // A corrupting fault seals first: the receiver's check fails.
+        f.faults
+            .rules
+            .push(FaultRule::new(FaultKind::Corrupt).every(1));
+        send(&mut f);
+        let (p, still_owed) = f.receive_owed(b, 0).unwrap();
+        assert!(!still_owed, "a corrupted packet is never taken on trust");
+        assert!(packet::check_crcs(&p.bytes).is_err());
     }
 
     #[test]

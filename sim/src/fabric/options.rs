@@ -308,7 +308,7 @@ impl FabricOptions {
     /// the socket name (`--sockname-file`), and for `--sm opensm` starts
     /// OpenSM as a child process (its log `DIR/opensm.log`, DIR from
     /// `--sm-dir`, else `cx3-emu-<pid>` under the temporary directory).
-    /// `base` is the socket name, unique per run (`lego-<pid>`). `None`
+    /// `base` is the socket name, unique per emulator (`lego-<pid>-<n>`). `None`
     /// when nothing is to run: `--sm none` without a free switch port.
     pub fn start_sm(
         &self,

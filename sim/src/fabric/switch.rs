@@ -375,6 +375,24 @@ impl Switch {
 
     /// Processes a packet received on external port `in_port`.
     pub fn receive(&mut self, in_port: u8, pkt: Packet) -> Action {
+        self.receive_crc_owed(in_port, pkt, false)
+    }
+
+    /// Whether this switch would only forward `bytes` (a data packet, not
+    /// VL15, not for the permissive LID or the switch's own LID), reading
+    /// nothing beyond the LRH: then a packet whose CRCs are owed may pass
+    /// without them (`crate::fabric`, "CRCs owed").
+    pub fn only_forwards(&self, bytes: &[u8]) -> bool {
+        match Lrh::parse(bytes) {
+            Ok(l) => l.vl != 15 && l.dlid != PERMISSIVE_LID && !self.is_own_lid(l.dlid),
+            Err(_) => false,
+        }
+    }
+
+    /// [`Switch::receive`]; with `crc_owed` the packet's CRCs are owed
+    /// (only for a packet [`Switch::only_forwards`]): the link-level checks
+    /// are made except the VCRC comparison, which cannot fail.
+    pub fn receive_crc_owed(&mut self, in_port: u8, pkt: Packet, crc_owed: bool) -> Action {
         if in_port == 0 || in_port > self.nports() {
             return Action::Drop("no such ingress port");
         }
@@ -385,7 +403,7 @@ impl Switch {
         }
         // Link level, at every hop: LRH version, packet length, VCRC. A
         // switch reads no further to forward a packet.
-        let lrh = match link_check(&pkt.bytes) {
+        let lrh = match link_check(&pkt.bytes, !crc_owed) {
             Ok(l) => l,
             Err(_) => {
                 self.ingress(in_port).rcv_errors += 1;
@@ -992,7 +1010,7 @@ impl Switch {
 
 /// The link-level checks of a received packet: LRH LVer 0, PktLen equal
 /// to the bytes present, VCRC.
-fn link_check(b: &[u8]) -> Result<Lrh, packet::PacketError> {
+fn link_check(b: &[u8], vcrc: bool) -> Result<Lrh, packet::PacketError> {
     let lrh = Lrh::parse(b)?;
     if lrh.lver != 0 {
         return Err(packet::PacketError::BadLver(lrh.lver));
@@ -1004,7 +1022,9 @@ fn link_check(b: &[u8]) -> Result<Lrh, packet::PacketError> {
             bytes: body,
         });
     }
-    packet::check_vcrc(b)?;
+    if vcrc {
+        packet::check_vcrc(b)?;
+    }
     Ok(lrh)
 }
 

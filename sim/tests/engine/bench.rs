@@ -204,3 +204,108 @@ fn bench_polled_doorbell_to_cqe_latency() {
         lat[0] as f64 / 1000.0
     );
 }
+
+/// Two HCAs through one switch (the cx3-emu default topology), stepped on
+/// one thread as cx3-emu's loop steps them: returns them with an RC pair
+/// (A's QP 0x80 to B's QP 0x90), A's CQ, and a 1 MiB source MR on A and
+/// sink MR on B (MTT-mapped, 4 KiB pages, as a guest's).
+fn through_switch() -> (Hca, Hca, sim::Wire, Cq, Qp, Mr, Mr) {
+    use sim::fabric::Topology;
+    let cfg = |guid: u64| sim::SimConfig {
+        node_guid: guid,
+        dma_size: 64 << 20,
+        ..sim::SimConfig::default()
+    };
+    let mut f = sim::fabric::Fabric::new();
+    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(f));
+    let w = sim::Wire::over(shared.clone(), std::time::Duration::from_micros(1));
+    let mk = |i: usize| {
+        let h = &built.hcas[i];
+        sim::SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
+    };
+    let mut a = Hca::bare(mk(0));
+    let mut b = Hca::bare(mk(1));
+    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    shared
+        .lock()
+        .unwrap()
+        .switch_mut(built.switches[0].1)
+        .unwrap()
+        .configure(0x10, &[(1, 1), (2, 2)]);
+    let ca = a.cq(10);
+    let cb = b.cq(10);
+    let mut sa = QpSpec::new(RC, ca.cqn);
+    sa.sq_log = 8;
+    let sb = QpSpec::new(RC, cb.cqn);
+    let qa = a.qp(0x80, sa);
+    let qb = b.qp(0x90, sb);
+    a.connect(&qa, sa, 0x90, b.lid).unwrap();
+    b.connect(&qb, sb, 0x80, a.lid).unwrap();
+    let src = a.mr(0x10_0000_0000, 1 << 20, acc::ALL);
+    let dst = b.mr(0x20_0000_0000, 1 << 20, acc::ALL);
+    (a, b, w, ca, qa, src, dst)
+}
+
+/// 64 KiB RDMA WRITEs from one HCA to another through the switch, both
+/// HCAs and the switch stepped on this thread (cx3-emu's work for one
+/// guest-to-guest `ib_write_bw` message, without the polling): CPU per
+/// message and GB per CPU second. `perf record` this test to see where a
+/// guest-to-guest message spends the emulator's time.
+#[test]
+#[ignore]
+fn bench_rdma_write_through_the_switch() {
+    let (a, _b, w, mut ca, mut qa, src, dst) = through_switch();
+    let len = 64u32 << 10;
+    let mk = |i: u64, sig: bool| Wr {
+        opcode: op::RDMA_WRITE,
+        signalled: sig,
+        raddr: dst.addr((i * u64::from(len)) % ((1 << 20) - u64::from(len))),
+        rkey: dst.key,
+        sges: vec![Sge {
+            addr: src.addr(0),
+            len,
+            lkey: src.key,
+        }],
+        ..Wr::default()
+    };
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    src.write(0, &pattern);
+    let n = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000u64);
+    let batch = 16u64;
+    let t = Instant::now();
+    let c0 = cpu_secs();
+    let mut i = 0;
+    while i < n {
+        for k in 0..batch {
+            qa.put(op::RDMA_WRITE, false, &qa.build(&mk(i + k, k + 1 == batch)));
+        }
+        a.ring_send(qa.qpn);
+        i += batch;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(c) = ca.poll() {
+                assert!(c.ok(), "{c:?}");
+                break;
+            }
+            w.step(true);
+            assert!(Instant::now() < deadline, "no CQE within 10 s");
+        }
+    }
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - c0);
+    let gb = n as f64 * f64::from(len) / 1e9;
+    println!(
+        "64 KiB RDMA WRITE through the switch (MTU 4096, MTT MRs): {n} in {wall:.3} s wall, \
+         {cpu:.2} s CPU = {:.1} us CPU per message, {:.2} GB per CPU second ({:.2} GB/s wall)",
+        cpu / n as f64 * 1e6,
+        gb / cpu.max(0.01),
+        gb / wall
+    );
+    assert_eq!(dst.read(0, len as usize), pattern, "bytes arrived");
+}

@@ -10,6 +10,7 @@ mod poster;
 mod bench;
 mod datapath;
 mod emu_fabric;
+mod emu_round_trip;
 mod errors;
 mod fabric;
 mod fuzz;

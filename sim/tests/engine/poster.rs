@@ -330,7 +330,12 @@ impl Hca {
     /// Brought up to the ports (EQs, CONF_SPECIAL_QP, SET_PORT), ports
     /// still closed.
     pub fn bare(sim: SimHca) -> Hca {
-        let mut r = Raw::with(sim);
+        Self::bare_raw(Raw::with(sim))
+    }
+
+    /// [`Hca::bare`] over a poster built already (a device in another
+    /// process: [`Raw::over`]).
+    pub fn bare_raw(mut r: Raw) -> Hca {
         let (comp, asy) = harness::init_full(&mut r).unwrap();
         Hca {
             r,

@@ -75,6 +75,34 @@ impl Raw {
         }
     }
 
+    /// A poster over someone else's device: `pci`'s BARs, `pool` and
+    /// `clock` (a host process standing in for a guest of `cx3-emu`, the
+    /// model in another process). `sim` is only a placeholder there: the
+    /// checks that read the model in process (`violated`, the trace) do not
+    /// apply.
+    pub fn over(sim: SimHca, pci: PciFunction, pool: DmaPool, clock: Arc<dyn Clock>) -> Raw {
+        pci.enable();
+        let bar0 = pci.take_bar(0).unwrap();
+        let bar2 = pci.take_bar(2).unwrap();
+        let inbox = pool.alloc_pages(1).unwrap();
+        let outbox = pool.alloc_pages(1).unwrap();
+        Raw {
+            clock,
+            sim,
+            pci,
+            bar0,
+            bar2,
+            pool,
+            toggle: true,
+            inbox,
+            outbox,
+            timeout: Duration::from_secs(10),
+            keep: Vec::new(),
+            next_mtt: 16,
+            icm: Default::default(),
+        }
+    }
+
     pub fn new() -> Raw {
         Self::with(SimHca::new(SimConfig::default()))
     }
