@@ -1066,7 +1066,7 @@ Subnet manager (docs/peers.md):
                         switch's last free port); embedded: the fabric's own
                         SM and SA (first free switch port); none (default):
                         no SM. Every choice also serves ibsim's protocol
-                        (socket lego-<pid>) for the diags (scripts/ib-host.sh)
+                        (socket lego-<pid>-0) for the diags (scripts/ib-host.sh)
   --embedded-sm         the same as --sm embedded
   --sm-dir DIR          OpenSM's log (DIR/opensm.log), cache and dumps
                         (default: cx3-emu-<pid> in the temporary directory)
