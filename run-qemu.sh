@@ -34,6 +34,9 @@ default (docs/peers.md).
   ./run-qemu.sh --linux [--run ...]     Debian's Linux 6.1 (its own mlx4 stack, rdma-core)
                                         against the model over vfio-user (docs/vfio-user.md)
   ./run-qemu.sh --vfu [--run ...]       our kernel against the model over vfio-user
+  ./run-qemu.sh --linux --nodes 2 --run-on 0 "ib_write_bw" --run-on 1 "retry 9 ib_write_bw 10.0.0.1"
+                                        two Linux guests on one fabric (OpenSM), real perftest
+  ./run-qemu.sh --guests linux,lego     a mixed fabric: a Linux guest and ours over vfio-user
   ./run-qemu.sh --gdb                   wait for gdb on :1234
   ./run-qemu.sh -- -smp 2               anything after -- goes to QEMU
 
@@ -46,7 +49,8 @@ Options:
                     child of cx3-emu, installed on first use; its log under
                     target/fabric/), embedded (the fabric's own SM and SA) or
                     none (ports stay Initializing). Every choice serves the
-                    diags: scripts/ib-host.sh sminfo (docs/peers.md)
+                    diags: scripts/ib-host.sh sminfo (docs/peers.md). The
+                    vfio-user paths pass it to cx3-vfu
   --no-hca          no emulated HCA
   --vfio ADDR       pass a real ConnectX-3 through (implies --kvm)
   --kvm             use KVM (default: TCG, faster under nested virtualisation)
@@ -58,9 +62,11 @@ Options:
   --timeout SEC     deadline for --run, 1 to 86400 seconds (default 120)
   --iso             boot a GRUB rescue ISO instead of -kernel
   --linux, --vfu    the model as a PCI function over vfio-user (cx3-vfu; with
-                    --run, --timeout, --memory, --append, --emu-args: cx3-vfu
-                    options); the Linux guest and a QEMU >= 10.1 are fetched
-                    once into target/ (scripts/vfu-run.sh)
+                    --nodes, --run, --run-on, --timeout, --memory, --append,
+                    --emu-args: cx3-vfu options); the Linux guest and a QEMU
+                    >= 10.1 are fetched once into target/ (scripts/vfu-run.sh)
+  --guests LIST     vfio-user guests by kind, e.g. linux,linux,lego (Linux or
+                    our kernel, one node each, all on one fabric)
   --gdb             wait for gdb on :1234
   --dry-run         print the commands and exit
   --build-only      build and exit
@@ -80,13 +86,13 @@ bad_usage() { # message -> stderr, with the usage line; status 2
 }
 
 declare -A run_on=()
-vfu_mode=""; sm=""; run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
+vfu_mode=""; vfu_guests=""; sm=""; run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
 append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
 
 while [ $# -gt 0 ]; do
     opt=$1
     case "$opt" in
-        --run|--vfio|--nodes|--emu-args|--append|--memory|--timeout|--sm)
+        --run|--vfio|--nodes|--emu-args|--append|--memory|--timeout|--guests|--sm)
             [ $# -ge 2 ] || bad_usage "$opt needs an argument"
             val=$2; shift ;;
     esac
@@ -109,6 +115,7 @@ while [ $# -gt 0 ]; do
             case "$val" in opensm|embedded|none) ;; *) bad_usage "--sm takes opensm, embedded or none, not '$val'" ;; esac
             sm=$val ;;
         --linux|--vfu) vfu_mode=$opt ;;
+        --guests) vfu_mode=--guests; vfu_guests=$val ;;
         --gdb) gdb=1 ;;
         --dry-run) dry=1 ;;
         --append) append=$val ;;
@@ -135,8 +142,14 @@ fi
 if [ "$nodes" -gt 1 ] && [ "$hca" = 0 ]; then
     bad_usage "--nodes needs the emulated HCA (not with --no-hca or --vfio)"
 fi
-if [ -n "$vfu_mode" ] && { [ "$nodes" != 1 ] || [ "$hca" = 0 ] || [ "$iso" = 1 ] || [ "$gdb" = 1 ] || [ "$kvm" = 1 ]; }; then
-    bad_usage "$vfu_mode boots one guest under TCG (not with --nodes, --no-hca, --vfio, --iso, --gdb or --kvm)"
+if [ -n "$vfu_mode" ] && { [ "$hca" = 0 ] || [ "$iso" = 1 ] || [ "$gdb" = 1 ] || [ "$kvm" = 1 ]; }; then
+    bad_usage "$vfu_mode boots under TCG on the emulated fabric (not with --no-hca, --vfio, --iso, --gdb or --kvm)"
+fi
+if [ -n "$vfu_guests" ]; then
+    [[ "$vfu_guests" =~ ^(linux|lego)(,(linux|lego)){0,7}$ ]] || bad_usage "--guests takes 1 to 8 of linux and lego, comma-separated, not '$vfu_guests'"
+    n_guests=$(tr , '\n' <<<"$vfu_guests" | wc -l)
+    [ "$nodes" = 1 ] || [ "$nodes" = "$n_guests" ] || bad_usage "--guests names $n_guests guests but --nodes says $nodes"
+    nodes=$n_guests
 fi
 if [ "${#run_on[@]}" -gt 0 ]; then
     for k in "${!run_on[@]}"; do
@@ -146,8 +159,8 @@ if [ "${#run_on[@]}" -gt 0 ]; then
         [ -n "${run_on[$k]+x}" ] || [ -n "$run" ] ||
             bad_usage "node $k has no script: give --run-on $k CMDS (or --run for every node)"
     done
-    if [ -n "$vfu_mode" ] || [ "$iso" = 1 ]; then
-        bad_usage "--run-on boots nodes with -kernel on the emulated fabric (not with --linux, --vfu or --iso)"
+    if [ "$iso" = 1 ]; then
+        bad_usage "--run-on boots nodes with -kernel on the emulated fabric (not with --iso)"
     fi
 fi
 if [ -n "$emu_args" ] && [ "$hca" = 0 ]; then
@@ -241,8 +254,10 @@ fi
 
 # --linux / --vfu: the model as a PCI function over vfio-user (scripts/vfu-run.sh).
 if [ -n "$vfu_mode" ]; then
-    vfu_args=("$vfu_mode" --timeout "$timeout_s" --memory "$memory")
+    if [ -n "$vfu_guests" ]; then vfu_args=(--guests "$vfu_guests"); else vfu_args=("$vfu_mode" --nodes "$nodes"); fi
+    vfu_args+=(--timeout "$timeout_s" --memory "$memory")
     [ -n "$run" ] && vfu_args+=(--run "$run")
+    for k in "${!run_on[@]}"; do vfu_args+=(--run-on "$k" "${run_on[$k]}"); done
     [ -n "$append" ] && vfu_args+=(--append "$append")
     [ -n "$emu_args" ] && vfu_args+=(--emu-args "$emu_args")
     [ "$sm_set" = 1 ] && vfu_args+=(--sm "$sm")
@@ -452,6 +467,13 @@ if [ "$scripted" = 1 ]; then
     for ((i = 0; i < nodes; i++)); do
         echo "===== node $i (exit ${node_st[i]}) ====="
         cat "$logdir/node$i.log" 2>/dev/null || true
+    done
+    # CSV blocks the nodes printed, one file per node and name (docs/rmem.md).
+    exp="$here/target/experiments/$(date -u +%Y%m%d-%H%M%S)-$run_id"
+    for ((i = 0; i < nodes; i++)); do
+        csv=$("$here/scripts/csv-collect.sh" "$logdir/node$i.log" "$exp" "node$i") ||
+            say "run-qemu.sh: could not collect node $i's CSV into $exp"
+        for f in $csv; do say "run-qemu.sh: node $i CSV: ${f#"$here"/}"; done
     done
     for ((i = 0; i < nodes; i++)); do
         case ${node_st[i]} in

@@ -122,8 +122,9 @@ cp "$x/boot/vmlinuz-$kver" "$out.vmlinuz.tmp" 2>/dev/null || { mkdir -p "$out"; 
 km="$x/lib/modules/$kver"
 mkdir -p "$r/lib/modules/$kver"
 cp -a "$km/modules.order" "$km/modules.builtin" "$km/modules.builtin.modinfo" "$r/lib/modules/$kver/" 2>/dev/null || true
+# e1000: the guests' Ethernet link for perftest's exchange of QP details.
 (cd "$km" && find kernel/drivers/infiniband kernel/drivers/net/ethernet/mellanox/mlx4 \
-     kernel/fs/configfs -name '*.ko') > "$work/mods"
+     kernel/drivers/net/ethernet/intel/e1000 kernel/fs/configfs -name '*.ko') > "$work/mods"
 while read -r m; do
     mkdir -p "$r/lib/modules/$kver/$(dirname "$m")"
     cp -a "$km/$m" "$r/lib/modules/$kver/$m"
@@ -139,9 +140,115 @@ while read -r line; do
 done < "$r/lib/modules/$kver/modules.dep"
 
 for a in sh mount umount mkdir cat echo ls dmesg modprobe rmmod insmod lsmod poweroff sleep \
-         grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid; do
+         grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid \
+         ifconfig ip ping hostname awk; do
     ln -sf busybox "$r/bin/$a"
 done
+
+# Helpers for scripted runs (a `;` always separates --run's commands, so
+# loops live here): `wait-active [SECS]` waits for mlx4_0 port 1 to become
+# Active (default 60 s) and prints its LID and SM LID; `retry N CMD...` runs
+# CMD up to N times, a second apart, until it succeeds (a perftest client
+# started before its server listens).
+cat > "$r/usr/bin/wait-active" <<'EOF'
+#!/bin/sh
+p=/sys/class/infiniband/mlx4_0/ports/1
+n=${1:-60}
+while [ "$n" -gt 0 ]; do
+    case "$(cat $p/state 2>/dev/null)" in
+        *ACTIVE*) echo "port 1 Active: LID $(cat $p/lid), SM LID $(cat $p/sm_lid)"; exit 0 ;;
+    esac
+    sleep 1; n=$((n - 1))
+done
+echo "wait-active: port 1 not Active after ${1:-60} s: $(cat $p/state 2>/dev/null)"
+exit 1
+EOF
+cat > "$r/usr/bin/retry" <<'EOF'
+#!/bin/sh
+n=$1; shift
+while :; do
+    "$@" && exit 0
+    n=$((n - 1))
+    [ "$n" -gt 0 ] || { echo "retry: $1 failed every time"; exit 1; }
+    sleep 1
+done
+EOF
+chmod +x "$r/usr/bin/wait-active" "$r/usr/bin/retry"
+
+# `peer-lid P [SECS]` prints the LID of the CA behind port P of the switch
+# this guest's port 1 is cabled to (a directed-route PortInfo: cx3-vfu's
+# node i is on port i+1), waiting up to SECS (default 90) for the SM to have
+# given it one.
+cat > "$r/usr/bin/peer-lid" <<'EOF'
+#!/bin/sh
+n=${2:-90}
+while :; do
+    lid=$(smpquery -D portinfo "0,1,$1" 2>/dev/null | sed -n 's/^Lid:\.*\([0-9]*\)$/\1/p')
+    [ -n "$lid" ] && [ "$lid" != 0 ] && { echo "$lid"; exit 0; }
+    n=$((n - 1))
+    [ "$n" -gt 0 ] || { echo "peer-lid: no LID behind switch port $1" >&2; exit 1; }
+    sleep 1
+done
+EOF
+# `expect RE CMD...` runs CMD and succeeds only if its output matches the
+# basic regular expression RE (ibping says 100% loss with status 0).
+cat > "$r/usr/bin/expect" <<'EOF'
+#!/bin/sh
+re=$1; shift
+out=$("$@" 2>&1); st=$?
+printf '%s\n' "$out"
+[ "$st" = 0 ] || exit "$st"
+printf '%s\n' "$out" | grep -q -- "$re" || { echo "expect: no '$re' in the output of $1"; exit 1; }
+EOF
+chmod +x "$r/usr/bin/peer-lid" "$r/usr/bin/expect"
+
+# `wait-down P [SECS]` waits (default 300 s) until port P of the switch this
+# guest's port 1 is cabled to is Down: the guest there has powered off
+# (cx3-vfu resets a function whose client has gone, which takes its link
+# down). A guest that others query keeps itself up this way.
+cat > "$r/usr/bin/wait-down" <<'EOF'
+#!/bin/sh
+n=${2:-300}
+while [ "$n" -gt 0 ]; do
+    smpquery -D portinfo 0,1 "$1" 2>/dev/null | grep -q '^LinkState:\.*Down' &&
+        { echo "switch port $1 is Down"; exit 0; }
+    sleep 1; n=$((n - 1))
+done
+echo "wait-down: switch port $1 still up after ${2:-300} s"
+exit 1
+EOF
+chmod +x "$r/usr/bin/wait-down"
+
+# The splitter of run="...": one command per line, split at the `;`s that
+# are not inside quotes, parentheses, braces or a compound command
+# (for/while/until/if/case ... done/fi/esac), so a loop stays one command.
+mkdir -p "$r/usr/lib"
+cat > "$r/usr/lib/run-split.awk" <<'EOF'
+function word(w) {
+    if (w ~ /^(for|while|until|if|case)$/) depth++
+    else if (w ~ /^(done|fi|esac)$/ && depth > 0) depth--
+}
+{
+    s = $0; n = length(s); cmd = ""; w = ""; q = ""
+    for (i = 1; i <= n; i++) {
+        c = substr(s, i, 1)
+        if (q != "") { cmd = cmd c; if (c == q) q = ""; continue }
+        if (c ~ /[A-Za-z0-9_]/) { w = w c; cmd = cmd c; continue }
+        word(w); w = ""
+        if (c == "'") q = c
+        else if (c == "(" || c == "{") nest++
+        else if ((c == ")" || c == "}") && nest > 0) nest--
+        else if (c == ";" && depth == 0 && nest == 0) {
+            # `;;` ends a case branch only inside a case (depth > 0).
+            gsub(/^[ \t]+|[ \t]+$/, "", cmd); if (cmd != "") print cmd
+            cmd = ""; continue
+        }
+        cmd = cmd c
+    }
+    word(w)
+    gsub(/^[ \t]+|[ \t]+$/, "", cmd); if (cmd != "") print cmd
+}
+EOF
 
 cat > "$r/init" <<'INIT'
 #!/bin/sh
@@ -163,21 +270,22 @@ if [ "${autoload:-1}" != 0 ]; then
         modprobe "$m" || echo "init: modprobe $m failed"
     done
 fi
+# `ipaddr=A.B.C.D` (scripts/vfu-run.sh): the Ethernet link to the other
+# Linux guest, for perftest's exchange of QP details.
+if [ -n "${ipaddr:-}" ]; then
+    modprobe e1000 && ifconfig lo 127.0.0.1 up &&
+        ifconfig eth0 "$ipaddr" netmask 255.255.255.0 up ||
+        echo "init: network $ipaddr not configured"
+fi
 echo "linux-guest: up ($(uname -r))"
 if [ -n "${run:-}" ]; then
     total=0; failed=0
-    rest="$run"
-    while [ -n "$rest" ]; do
-        case "$rest" in
-            *\;*) cmd=${rest%%;*}; rest=${rest#*;} ;;
-            *) cmd=$rest; rest="" ;;
-        esac
-        cmd=$(echo "$cmd" | sed 's/^ *//; s/ *$//')
-        [ -z "$cmd" ] && continue
+    printf '%s\n' "$run" | awk -f /usr/lib/run-split.awk > /tmp/run.cmds
+    while IFS= read -r cmd; do
         total=$((total + 1))
         echo "# $cmd"
         sh -c "$cmd" </dev/null 2>&1 || { echo "(exit status $?)"; failed=$((failed + 1)); }
-    done
+    done < /tmp/run.cmds
     echo "run: $failed of $total commands failed"
     leave "$failed"
 fi

@@ -59,16 +59,14 @@ pub fn ib_cache_update(
         let mut gids = Vec::new();
         gids.try_reserve(gid_tbl_len as usize)
             .map_err(|_| Error::NoMem)?;
-        for i in 0..gid_tbl_len {
-            gids.push(ops.query_gid(port, i)?);
-        }
+        gids.resize(gid_tbl_len as usize, Gid::default());
+        ops.query_gid_table(port, &mut gids)?;
         let mut pkeys = Vec::new();
         pkeys
             .try_reserve(usize::from(pkey_tbl_len))
             .map_err(|_| Error::NoMem)?;
-        for i in 0..pkey_tbl_len {
-            pkeys.push(ops.query_pkey(port, i)?);
-        }
+        pkeys.resize(usize::from(pkey_tbl_len), 0);
+        ops.query_pkey_table(port, &mut pkeys)?;
         Ok(PortCache {
             gids,
             pkeys,

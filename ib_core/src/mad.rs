@@ -1,4 +1,4 @@
-//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer (RMPP reassembly in `mad_rmpp.rs`); sending RMPP transfers, redirection and vendor-class OUI tables are left out.
+//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer (RMPP reassembly in `mad_rmpp.rs`); sending RMPP transfers and redirection are left out (vendor classes of range 2 match one OUI per registration instead of Linux's OUI tables).
 
 use core::fmt;
 
@@ -470,6 +470,9 @@ pub struct MadRegReq {
     pub mgmt_class_version: u8,
     /// Method bitmap (bit `m` = method `m`).
     pub method_mask: [u64; 2],
+    /// OUI of a vendor class of range 2 (0x30..0x4f; Linux's `oui[3]`);
+    /// zero for every other class.
+    pub oui: [u8; 3],
 }
 
 impl MadRegReq {
@@ -483,7 +486,15 @@ impl MadRegReq {
             mgmt_class,
             mgmt_class_version: version,
             method_mask,
+            oui: [0; 3],
         }
+    }
+    /// The same request for a vendor class of range 2 with this OUI (what
+    /// infiniband-diags' `ibping -S` registers: class 0x32, OUI 0x001405).
+    pub fn with_oui(mut self, oui: u32) -> MadRegReq {
+        let b = oui.to_be_bytes();
+        self.oui = [b[1], b[2], b[3]];
+        self
     }
     /// Whether method `m` is registered.
     pub fn has_method(&self, m: u8) -> bool {
@@ -940,8 +951,9 @@ impl MadPort {
             (qp_index(a.qp_type) == Some(qpi)
                 && r.mgmt_class == mad.mgmt_class()
                 && r.mgmt_class_version == mad.class_version()
-                && r.has_method(mad.method()))
-            .then_some(i as u32)
+                && r.has_method(mad.method())
+                && (r.oui == [0; 3] || mad.0[37..40] == r.oui))
+                .then_some(i as u32)
         })
     }
 
@@ -1770,8 +1782,10 @@ impl IbCore {
     /// (`IB_QPT_GSI`) of a port. With `reg_req` it receives unsolicited MADs
     /// of that class, version and methods (a method already taken by another
     /// agent is refused, as are class 0, classes beyond the table, SM classes
-    /// on QP1 and other classes on QP0, vendor classes with OUI, and any
-    /// RMPP version); without, it only sends and gets responses.
+    /// on QP1 and other classes on QP0, a vendor class of range 2 without
+    /// its OUI ([`MadRegReq::with_oui`]; its MADs are then matched on the
+    /// OUI at byte 37, as Linux's vendor-class tables do), and any RMPP
+    /// version); without, it only sends and gets responses.
     pub fn ib_register_mad_agent(
         &mut self,
         dev: DeviceId,
@@ -1797,8 +1811,14 @@ impl IbCore {
             if r.mgmt_class >= MAX_MGMT_CLASS && r.mgmt_class != class::SUBN_DIRECTED_ROUTE {
                 return Err(Error::Invalid("management class out of range"));
             }
-            if (class::VENDOR_RANGE2_START..=class::VENDOR_RANGE2_END).contains(&r.mgmt_class) {
-                return Err(Error::NotSupported);
+            let range2 =
+                (class::VENDOR_RANGE2_START..=class::VENDOR_RANGE2_END).contains(&r.mgmt_class);
+            if range2 && r.oui == [0; 3] {
+                // Linux: a vendor class of range 2 needs its OUI.
+                return Err(Error::Invalid("vendor class of range 2 without an OUI"));
+            }
+            if !range2 && r.oui != [0; 3] {
+                return Err(Error::Invalid("an OUI is for vendor classes of range 2"));
             }
             let smi = matches!(
                 r.mgmt_class,
@@ -1822,6 +1842,7 @@ impl IbCore {
                     if let Some(o) = &a.reg
                         && o.mgmt_class == r.mgmt_class
                         && o.mgmt_class_version == r.mgmt_class_version
+                        && o.oui == r.oui
                         && (o.method_mask[0] & r.method_mask[0] != 0
                             || o.method_mask[1] & r.method_mask[1] != 0)
                     {

@@ -1842,6 +1842,24 @@ pub trait IbDevice: Send {
     fn query_gid(&mut self, port: u8, index: u32) -> Result<Gid>;
     /// `query_pkey`.
     fn query_pkey(&mut self, port: u8, index: u16) -> Result<u16>;
+    /// Fills `out` with the port's GIDs from index 0, for the cache's
+    /// refresh. The default asks [`IbDevice::query_gid`] once per entry, as
+    /// Linux 3.11's `ib_cache_update` does; a provider that reads whole
+    /// blocks (mlx4: 8 GUIDs per GUIDInfo) overrides it.
+    fn query_gid_table(&mut self, port: u8, out: &mut [Gid]) -> Result<()> {
+        for (i, g) in (0u32..).zip(out.iter_mut()) {
+            *g = self.query_gid(port, i)?;
+        }
+        Ok(())
+    }
+    /// Fills `out` with the port's P_Keys from index 0 (see
+    /// [`IbDevice::query_gid_table`]; mlx4 reads 32 per PKeyTable block).
+    fn query_pkey_table(&mut self, port: u8, out: &mut [u16]) -> Result<()> {
+        for (i, k) in (0u16..).zip(out.iter_mut()) {
+            *k = self.query_pkey(port, i)?;
+        }
+        Ok(())
+    }
     /// `modify_port`.
     fn modify_port(
         &mut self,

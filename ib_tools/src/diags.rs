@@ -445,6 +445,35 @@ fn local_port_attr(core: &mut IbCore, src: Src) -> Result<ib_core::verbs::PortAt
         .map_err(|e| err("query_port", e))
 }
 
+/// The LID of a port GUID (`-G`), from the SA's PathRecord to it.
+pub fn resolve_guid(
+    core: &mut IbCore,
+    sa: Option<ib_core::ClientId>,
+    src: Src,
+    s: &str,
+) -> Result<u16, String> {
+    let g = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+    .ok_or_else(|| format!("'{s}' is not a port GUID"))?;
+    let sa = sa.ok_or("-G needs the SA client")?;
+    let prefix = core
+        .device_mut(src.dev)
+        .and_then(|d| d.query_gid(src.port, 0).ok())
+        .map_or(0xfe80_0000_0000_0000, |x| x.subnet_prefix());
+    ib_core::sa_query::sa_path_to_gid(
+        core,
+        sa,
+        src.dev,
+        src.port,
+        ib_core::verbs::Gid::new(prefix, g),
+        QUERY_TIMEOUT,
+    )
+    .map(|p| p.dlid)
+    .map_err(|e| format!("can't resolve destination port {s}: {e}"))
+}
+
 /// `perfquery [-x] [LID [PORT]]`: the port counters of `LID`'s `PORT`
 /// (default: this port), through the PMA on QP1.
 pub fn perfquery(
@@ -453,29 +482,48 @@ pub fn perfquery(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
+    perfquery_sa(core, None, src, args, out)
+}
+
+/// `perfquery [-x] [-G] [DEST [PORT]]`: with `-G` DEST is a port GUID,
+/// resolved through the SA client `sa`.
+pub fn perfquery_sa(
+    core: &mut IbCore,
+    sa: Option<ib_core::ClientId>,
+    src: Src,
+    args: &[&str],
+    out: &mut dyn Write,
+) -> Result<(), String> {
     let mut extended = false;
+    let mut guid = false;
     let mut pos = Vec::new();
     for &a in args {
         match a {
             "-x" | "--extended" => extended = true,
+            "-G" | "--Guid" => guid = true,
             "-h" | "--help" => {
-                return Err(String::from("usage: perfquery [-x] [LID [PORT]]"));
+                return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
             }
             _ if a.starts_with('-') => {
                 return Err(format!(
-                    "unknown option '{a}' (usage: perfquery [-x] [LID [PORT]])"
+                    "unknown option '{a}' (usage: perfquery [-x] [-G] [LID|GUID [PORT]])"
                 ));
             }
             _ => pos.push(a),
         }
     }
     if pos.len() > 2 {
-        return Err(String::from("usage: perfquery [-x] [LID [PORT]]"));
+        return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
     }
     let (lid, port) = match pos.first() {
         Some(l) => {
-            let PortId::Lid(lid) = PortId::parse(l, false)? else {
-                return Err(String::from("perfquery takes a LID"));
+            let lid = if guid {
+                resolve_guid(core, sa, src, l)?
+            } else {
+                let PortId::Lid(lid) = PortId::parse(l, false)? else {
+                    return Err(String::from("perfquery takes a LID"));
+                };
+                lid
             };
             let port = match pos.get(1) {
                 Some(p) => p
@@ -565,7 +613,7 @@ impl Display for Lid {
     }
 }
 
-const SMPQUERY_USAGE: &str = "usage: smpquery [-D] nodeinfo|nodedesc|portinfo|switchinfo DEST [PORT]  (DEST: a LID, or with -D a directed route like 0,1; no DEST: this port)";
+const SMPQUERY_USAGE: &str = "usage: smpquery [-D|-G] nodeinfo|nodedesc|portinfo|switchinfo DEST [PORT]  (DEST: a LID, with -D a directed route like 0,1, with -G a port GUID; no DEST: this port)";
 
 /// The counters a perfquery printed, for tests and scripts: `PortXmitData`
 /// and friends by name.
@@ -586,11 +634,25 @@ pub fn smpquery(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
+    smpquery_sa(core, None, src, args, out)
+}
+
+/// `smpquery [-D|-G] OP [DEST [PORT]]`: with `-G` DEST is a port GUID,
+/// resolved through the SA client `sa`.
+pub fn smpquery_sa(
+    core: &mut IbCore,
+    sa: Option<ib_core::ClientId>,
+    src: Src,
+    args: &[&str],
+    out: &mut dyn Write,
+) -> Result<(), String> {
     let mut dr = false;
+    let mut guid = false;
     let mut pos = Vec::new();
     for &a in args {
         match a {
             "-D" | "--Direct" => dr = true,
+            "-G" | "--Guid" => guid = true,
             "-h" | "--help" => return Err(String::from(SMPQUERY_USAGE)),
             _ if a.starts_with('-') => {
                 return Err(format!("unknown option '{a}' ({SMPQUERY_USAGE})"));
@@ -604,7 +666,11 @@ pub fn smpquery(
     if rest.len() > 2 {
         return Err(String::from(SMPQUERY_USAGE));
     }
+    if dr && guid {
+        return Err(String::from("-D and -G do not go together"));
+    }
     let dest = match rest.first() {
+        Some(d) if guid => PortId::Lid(resolve_guid(core, sa, src, d)?),
         Some(d) => PortId::parse(d, dr)?,
         None => PortId::Dr(Vec::new()),
     };

@@ -1,4 +1,4 @@
-//! Console RDMA tools as clients of `ib_core` (no driver below them): perftest's argument parsing, statistics and report format (`perftest`), and infiniband-diags' queries through QP0/QP1 (`diags`); perftest's TCP/rdma_cm exchange, CUDA/ROCm memory, multi-QP, dual-port, bidirectional and JSON output are left out.
+//! Console RDMA tools as clients of `ib_core` (no driver below them): perftest (`perftest`), rdma-core's pingpong examples (`pingpong`), and infiniband-diags' queries through QP0/QP1 (`diags`, `ibnetdiscover`, `ibping`); perftest's and rdma-core's TCP exchange (the IB CM carries it here), CUDA/ROCm memory, multi-QP, dual-port, bidirectional and JSON output are left out.
 //!
 //! The crate is `no_std` + `alloc` and never touches hardware: the kernel's
 //! console commands (and the host tests) hand it an [`ib_core::IbCore`] and
@@ -14,6 +14,9 @@
 //! * [`diags`]: `perfquery`, `smpquery`, `sminfo`: decoding the attributes
 //!   from the MAD by the IBTA layout and printing them as libibmad does
 //!   (`Name:.....value`).
+//! * [`pingpong`]: `ibv_rc_pingpong`, `ibv_ud_pingpong`.
+//! * [`ibnetdiscover`]: the directed-route walk and the topology file.
+//! * [`ibping`]: the client, and the responder the kernel runs from boot.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -22,4 +25,7 @@ extern crate alloc;
 
 pub mod cfmt;
 pub mod diags;
+pub mod ibnetdiscover;
+pub mod ibping;
 pub mod perftest;
+pub mod pingpong;

@@ -60,6 +60,10 @@ static IB: spin::Mutex<Option<Ib>> = spin::Mutex::new(None);
 /// Devices that reported IB_EVENT_DEVICE_FATAL, removed by the next poll.
 static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 
+/// infiniband-diags' `ibping -S`, one per HCA, answered from the progress
+/// loop from boot on (a node busy in a console command answers after it).
+static PING: spin::Mutex<Vec<ib_tools::ibping::Responder>> = spin::Mutex::new(Vec::new());
+
 /// Port events waiting for [`poll`] to log them (at most
 /// [`PORT_EVENTS_MAX`]; more are counted and said once).
 static PORT_EVENTS: spin::Mutex<Vec<PortEvent>> = spin::Mutex::new(Vec::new());
@@ -215,6 +219,10 @@ pub fn init() {
             "{name}: registered with ib_core in {}",
             Ms(crate::time::uptime_us() - us)
         );
+        match ib_tools::ibping::Responder::register(&mut ib.core, id) {
+            Ok(r) => PING.lock().push(r),
+            Err(e) => log::warn!("{name}: no ibping responder: {e}"),
+        }
         if let Backing::Emulated(w) = d.backing {
             w.set_guest_state(crate::ivshmem::GuestState::DriverUp);
         }
@@ -247,6 +255,9 @@ pub fn poll() {
         return;
     };
     ib.core.poll();
+    for r in PING.lock().iter_mut() {
+        r.poll(&mut ib.core);
+    }
     let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
     for pe in &events {
         log_port_event(&ib.core, pe);

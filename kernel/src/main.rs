@@ -92,7 +92,7 @@ fn kernel_main(info: &'static BootInfo) -> ! {
         "Memory: {}K usable, heap {}K, DMA pool {}K",
         usable / 1024,
         heap / 1024,
-        mm::dma::region().map_or(0, |(_, l)| l / 1024)
+        mm::dma::total() / 1024
     );
     let emu_wait = cmdline::get(info.cmdline(), "cx3emu_wait")
         .and_then(|v| v.parse().ok())

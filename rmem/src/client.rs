@@ -29,6 +29,8 @@ use crate::{Error, Result};
 const RX_DEPTH: usize = 4;
 /// `wr_id` bit marking RPC work requests.
 const RPC_WRID: u64 = 1 << 63;
+/// Pause between two attempts of [`Client::connect`].
+pub const CONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 /// How a client connects and what it may have in flight.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +43,8 @@ pub struct ClientConfig {
     pub slot_len: usize,
     /// The CM service ID.
     pub service_id: u64,
-    /// Time allowed to find a path and connect.
+    /// Time allowed to find a path and connect, attempts repeated within it
+    /// ([`Client::connect`]).
     pub connect_timeout: Duration,
     /// Time allowed for one operation (RPC or RDMA) before the connection
     /// is declared failed (a backstop behind the transport's own retries).
@@ -169,7 +172,12 @@ fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut ib_core::Device> {
 
 impl Client {
     /// Connects to the memory node at `dlid` (path from the SA), says hello
-    /// and learns its region.
+    /// and learns its region. An attempt that fails because the memory
+    /// node is not there yet (no path from the SA: the SM has not swept;
+    /// the CM's REQ rejected: nothing listens on the service; or
+    /// unanswered) is made again after [`CONNECT_PAUSE`] until
+    /// `connect_timeout` is spent; the repeats are the new client's
+    /// [`Stats::retries`]. The last attempt's error is returned.
     pub fn connect(
         core: &mut IbCore,
         cm: ClientId,
@@ -178,9 +186,74 @@ impl Client {
         dlid: u16,
         cfg: ClientConfig,
     ) -> Result<Client> {
-        let path = sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, dlid, cfg.connect_timeout)
-            .map_err(Error::Connect)?;
-        Self::connect_path(core, cm, dev_id, path, cfg)
+        let deadline = Deadline::after(core.clock(), cfg.connect_timeout);
+        // One QP for every attempt (moved back to RESET between them): a
+        // failed attempt costs no verbs objects.
+        let mut c = Self::create(core, dev_id, cfg)?;
+        let mut retries = 0u64;
+        loop {
+            let left = deadline.remaining(core.clock());
+            let r = sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, dlid, left)
+                .map_err(Error::Connect)
+                .and_then(|path| {
+                    let left = deadline.remaining(core.clock());
+                    c.cm_connect(core, cm, path, left)
+                });
+            match r {
+                Ok(()) => {
+                    c.stats.retries = retries;
+                    return c.finish(core);
+                }
+                Err(Error::Connect(e)) if deadline.remaining(core.clock()) > CONNECT_PAUSE => {
+                    log::debug!("rmem: connecting to LID {dlid}: {e}; trying again");
+                    retries += 1;
+                    let pause = Deadline::after(core.clock(), CONNECT_PAUSE);
+                    while !pause.expired(core.clock()) {
+                        core.poll();
+                        core.clock().relax();
+                    }
+                    let reset = QpAttr {
+                        qp_state: QpState::Reset,
+                        ..QpAttr::default()
+                    };
+                    if let Err(e) = dev(core, dev_id).and_then(|d| {
+                        d.modify_qp(c.qp, &reset, QpAttrMask::STATE)
+                            .map_err(Error::from)
+                    }) {
+                        c.destroy(core);
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    c.destroy(core);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The CM's active side on this client's QP (in RESET): REQ, REP, RTU
+    /// within `timeout`; the CM drives the QP to RTS.
+    fn cm_connect(
+        &mut self,
+        core: &mut IbCore,
+        cm: ClientId,
+        path: PathRecord,
+        timeout: Duration,
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        let mut p = CmReqParam::new(path, cfg.service_id, self.qp);
+        p.retry_count = cfg.retry_count.min(7);
+        p.rnr_retry_count = cfg.retry_count.min(7);
+        // Interactive: a silent memory node fails the connect within
+        // `connect_timeout`, not after Linux's minute of CM retries.
+        p.max_cm_retries = 3;
+        p.remote_cm_response_timeout = 16;
+        p.local_cm_response_timeout = 16;
+        let (id, _) =
+            cm::cm_connect(core, cm, self.dev, cfg.port, &p, timeout).map_err(Error::Connect)?;
+        self.id = Some((cm, id));
+        Ok(())
     }
 
     /// Connects over a known path (the CM drives the QP to RTS).
@@ -192,20 +265,9 @@ impl Client {
         cfg: ClientConfig,
     ) -> Result<Client> {
         let mut c = Self::create(core, dev_id, cfg)?;
-        let mut p = CmReqParam::new(path, cfg.service_id, c.qp);
-        p.retry_count = cfg.retry_count.min(7);
-        p.rnr_retry_count = cfg.retry_count.min(7);
-        // Interactive: a silent memory node fails the connect within
-        // `connect_timeout`, not after Linux's minute of CM retries.
-        p.max_cm_retries = 3;
-        p.remote_cm_response_timeout = 16;
-        p.local_cm_response_timeout = 16;
-        match cm::cm_connect(core, cm, dev_id, cfg.port, &p, cfg.connect_timeout) {
-            Ok((id, _)) => c.id = Some((cm, id)),
-            Err(e) => {
-                c.destroy(core);
-                return Err(Error::Connect(e));
-            }
+        if let Err(e) = c.cm_connect(core, cm, path, cfg.connect_timeout) {
+            c.destroy(core);
+            return Err(e);
         }
         c.finish(core)
     }

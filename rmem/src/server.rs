@@ -78,6 +78,8 @@ struct Conn {
     qp: Qp,
     owner: u32,
     dead: bool,
+    /// The CM said Established (or there is no CM): the QP is in RTS.
+    established: bool,
 }
 
 /// An exported region and its listener.
@@ -299,6 +301,7 @@ impl Server {
             qp,
             owner,
             dead: false,
+            established: false,
         });
         // The QP is in RTR once the REP went out: receives may be posted.
         for i in 0..RX_DEPTH {
@@ -340,6 +343,7 @@ impl Server {
             qp,
             owner,
             dead: false,
+            established: true,
         });
         for i in 0..RX_DEPTH {
             self.post_recv(core, c, i)?;
@@ -494,6 +498,11 @@ impl Server {
                     CmEvent::Disconnected { .. } | CmEvent::Rejected { .. } | CmEvent::TimedOut => {
                         gone = true;
                     }
+                    CmEvent::Established { .. } => {
+                        if let Some(Some(conn)) = self.conns.get_mut(c) {
+                            conn.established = true;
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -517,10 +526,20 @@ impl Server {
             if w.opcode != WcOpcode::Recv || w.wr_id & (1 << 63) != 0 || i >= RX_DEPTH {
                 continue;
             }
-            let Some(Some(conn)) = self.conns.get(c) else {
+            let Some(Some(conn)) = self.conns.get_mut(c) else {
                 continue;
             };
             let owner = conn.owner;
+            // A request before the RTU (lost, or not processed yet): the
+            // first packet establishes the connection, as Linux ULPs do on
+            // IB_EVENT_COMM_EST with ib_cm_notify; the QP goes to RTS so
+            // the reply can be sent.
+            if !conn.established {
+                conn.established = true;
+                if let Some(id) = conn.id {
+                    let _ = cm::ib_cm_notify(core, self.cm, id);
+                }
+            }
             let len = (w.byte_len as usize).min(MSG_LEN);
             let mut b = [0u8; MSG_LEN];
             self.bufs
@@ -546,8 +565,18 @@ impl Server {
                     proto::error_reply(&e)
                 }
             };
-            self.post_recv(core, c, i)?;
-            self.reply(core, c, &reply)?;
+            // A connection that cannot take its receive or reply is dropped
+            // at the next round; the others are still served.
+            if let Err(e) = self
+                .post_recv(core, c, i)
+                .and_then(|()| self.reply(core, c, &reply))
+            {
+                log::warn!("rmem: client {owner}: cannot answer: {e}; dropping it");
+                self.stats.errors += 1;
+                if let Some(Some(conn)) = self.conns.get_mut(c) {
+                    conn.dead = true;
+                }
+            }
         }
         Ok(n)
     }

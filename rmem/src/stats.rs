@@ -28,7 +28,11 @@ pub struct Stats {
     pub bytes_written: u64,
     /// RPCs (hello/alloc/free) answered.
     pub rpcs: u64,
-    /// Post attempts that found the send queue full and were tried again.
+    /// Connection attempts made again by [`crate::Client::connect`] before
+    /// it connected (the memory node not reachable through the SA yet, not
+    /// listening yet, or its CM silent). Transport retransmissions are the
+    /// card's own and invisible to software; their exhaustion is an error
+    /// ("memory node unreachable").
     pub retries: u64,
     /// Operations that ended in an error.
     pub errors: u64,
@@ -102,10 +106,12 @@ impl Stats {
         self.max = self.max.max(ns);
     }
 
-    /// Forgets everything counted so far.
+    /// Forgets everything counted so far but the connection's `retries`.
     pub fn reset(&mut self) {
         let n = self.sample.len();
+        let retries = self.retries;
         *self = Stats::new(n);
+        self.retries = retries;
     }
 
     /// Exact percentiles over the sample (nearest rank); allocates a copy.
@@ -176,5 +182,16 @@ mod tests {
         let p = s.percentiles();
         assert_eq!((p.count, p.median, p.max, p.min), (4, 2, 100, 1));
         assert_eq!(Stats::new(0).percentiles(), Percentiles::default());
+    }
+
+    #[test]
+    fn reset_forgets_the_measurements_but_not_the_connect_retries() {
+        let mut s = Stats::new(8);
+        s.retries = 2;
+        s.reads = 5;
+        s.record(100);
+        s.reset();
+        assert_eq!((s.retries, s.reads, s.percentiles().count), (2, 0, 0));
+        assert_eq!(s.hist.iter().sum::<u64>(), 0);
     }
 }

@@ -862,6 +862,19 @@ impl SimHca {
         Self::build(cfg, Backing::Trapped { mem })
     }
 
+    /// [`SimHca::new_trapped`] with its ports on `wire`'s fabric (a
+    /// threaded wire: real time on the wire's clock; every register write
+    /// settles the wire): `cx3-vfu` serving several functions on one
+    /// fabric.
+    pub fn new_trapped_on(
+        cfg: SimConfig,
+        mem: Arc<dyn HostMemory>,
+        wire: &Wire,
+        ports: [Option<crate::fabric::PortId>; 2],
+    ) -> SimHca {
+        Self::build_on(cfg, Backing::Trapped { mem }, Some((wire, ports)))
+    }
+
     /// The register file of BAR `bar` (0 or 2) as its accesses reach the
     /// model: trapped calls in synchronous and trapped mode, shared memory
     /// otherwise.

@@ -750,9 +750,14 @@ impl Emulator {
             .fabric
             .build(&mut fabric, specs.len())
             .map_err(EmuError)?;
+        // Unique per emulator, also for several emulators in one process
+        // (the tests): the ibsim socket names live in one namespace.
+        static EMULATORS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = EMULATORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = format!("lego-{}-{seq}", std::process::id());
         let sm = opts
             .fabric
-            .start_sm(&mut fabric, &built, &format!("lego-{}", std::process::id()))
+            .start_sm(&mut fabric, &built, &base)
             .map_err(EmuError)?;
         let wire = crate::Wire::threaded(std::sync::Arc::new(std::sync::Mutex::new(fabric)));
         let mut nodes = Vec::with_capacity(specs.len());

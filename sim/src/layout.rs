@@ -812,6 +812,18 @@ pub mod mod_stat_cfg {
     pub const PG_SZ_M: usize = 0x02;
     /// u8: log2(page size) - 12.
     pub const PG_SZ: usize = 0x03;
+    /// Query (op_mod 2): be32 port GUID [63:32] (iPXE `guid_hi`, dword 5;
+    /// Linux `MOD_STAT_CFG_GUID_H`).
+    pub const GUID_HI: usize = 0x14;
+    /// Query: be32 port GUID [31:0] (iPXE `guid_lo`, dword 7; Linux
+    /// `MOD_STAT_CFG_GUID_L`).
+    pub const GUID_LO: usize = 0x1c;
+    /// Query: be32 node GUID [63:32] (iPXE `nodeguid_hi`).
+    pub const NODEGUID_HI: usize = 0x24;
+    /// Query: be32 node GUID [31:0] (iPXE `nodeguid_lo`).
+    pub const NODEGUID_LO: usize = 0x2c;
+    /// Size of the static-configuration block the query returns.
+    pub const QUERY_LEN: usize = 0x100;
 }
 
 /// SET_PORT (IB, op_mod 0) input. Linux's change bits 22/21/20 are iPXE's

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use hal::{ConfigSpace, RegisterBackend};
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::fabric::options::SmChoice;
 use crate::frontend::{SimConfig, SimHca};
 use crate::hcr::{Opcode, Status};
 use crate::ivshmem::{Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive};
@@ -432,6 +433,11 @@ pub struct Options {
     pub stats: bool,
     /// Model-clock time before GO clears (default 0: at once).
     pub hcr_delay: Duration,
+    /// The fabric the functions' ports are cabled to (topology, capture,
+    /// latency, packet faults) and its subnet manager (`--sm`,
+    /// `--sm-dir`, `--opensm-args`, `--sockname-file`), parsed by the
+    /// same code as cx3-emu's.
+    pub fabric: Box<crate::fabric::options::FabricOptions>,
 }
 
 /// A parsed command line.
@@ -439,11 +445,11 @@ pub struct Options {
 pub enum Cli {
     /// `-h`/`--help`.
     Help,
-    /// Serve one function on `socket`.
+    /// Serve one function per socket, all on one fabric.
     Run {
-        /// The UNIX socket to listen on (must not exist).
-        socket: std::path::PathBuf,
-        /// Node id (GUIDs as cx3-emu's node N).
+        /// The UNIX sockets to listen on (must not exist): node 0, 1, ...
+        sockets: Vec<std::path::PathBuf>,
+        /// Node id of the first socket (`--node`, one socket only).
         node: u32,
         /// Everything else.
         opts: Options,
@@ -452,15 +458,17 @@ pub enum Cli {
 
 /// The `--help` text.
 pub const USAGE: &str = "\
-usage: cx3-vfu [OPTIONS] --socket PATH
+usage: cx3-vfu [OPTIONS] --socket PATH [--socket PATH ...]
 
-Serves the ConnectX-3 model as a PCI function (15b3:1003) to one QEMU
-vfio-user-pci client (docs/vfio-user.md):
+Serves the ConnectX-3 model as PCI functions (15b3:1003), one per socket, to
+QEMU vfio-user-pci clients (docs/vfio-user.md), all on one emulated fabric:
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
 with guest RAM shared (memory-backend-memfd or -file, share=on).
 
-  --socket PATH         the UNIX socket to listen on (must not exist)
-  --node N              node id: GUIDs as cx3-emu's node N (default 0)
+  --socket PATH         a UNIX socket to listen on (must not exist); repeat
+                        for more nodes: node 0, 1, ... in order
+  --node N              with one socket: its node id (GUIDs as cx3-emu's
+                        node N; default 0)
   --fail CMD[=STATUS]   every command CMD (name such as RUN_FW or an opcode
                         such as 0xff6) completes with STATUS (a CMD_STAT name
                         or a number; default INTERNAL_ERR); repeatable
@@ -472,29 +480,61 @@ with guest RAM shared (memory-backend-memfd or -file, share=on).
   --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
   --stats               at exit, print counts (commands, violations, DMA
                         faults, accesses, interrupts) and CPU time
+Subnet manager:
+  --sm opensm|embedded|none
+                        Debian's OpenSM on a host node of the fabric, attached
+                        through the ibsim protocol (default), the fabric's own
+                        SM, or none (the ibsim server still runs for diags)
+  --embedded-sm         the same as --sm embedded
+  --sm-args \"ARGS\"      extra OpenSM arguments (default \"-s 1\")
+  --sm-dir DIR          OpenSM's log, cache and dumps (default: a temporary
+                        directory, removed at exit)
+  --sockname-file FILE  write the ibsim socket name there (scripts/ib-host.sh)
+Fabric (one fabric spans every node; node i is HCA i of the topology, port 1
+cabled, port 2 uncabled unless a topology file says otherwise):
+  --back-to-back        two nodes, port 1 to port 1 (default: one 36-port
+                        switch with every node's port 1)
+  --topology FILE       an ibsim net file (Switch/Ca entries, GUIDs, links)
+  --capture FILE        every packet on every cable to FILE (pcapng, or
+                        classic pcap with ERF records for a .pcap name)
+  --latency TIME        wire latency per cable (e.g. 2us)
+  --drop SPEC, --corrupt SPEC, --delay SPEC
+                        packet faults (rate=P, every=N, qpn=, opcode=,
+                        port=NODE/PORT, times=N; see docs/fabric.md)
+  --pull NODE/PORT@T[+D] pull a cable at T, put it back D later
+  --fault-seed N        seed of the fault RNG
   -h, --help            this text
 
-Exits 0 when the client disconnects, on SIGINT/SIGTERM/SIGHUP, or when the
-watched processes (or the parent) are gone; 2 on a usage error or when the
-socket cannot be created. Violations, DMA faults and the trace go to stderr,
-prefixed node<N>:.
+Exits 0 when every client has disconnected, on SIGINT/SIGTERM/SIGHUP, or
+when the watched processes (or the parent) are gone; 2 on a usage error or
+when a socket cannot be created. Violations, DMA faults and the trace go to
+stderr, prefixed node<N>:.
 ";
 
 /// Parses the command line (without the program name).
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
-    let mut socket = None;
-    let mut node = 0u32;
+    use crate::fabric::options::FabricOptions;
+    let mut sockets = Vec::new();
+    let mut node = None;
     let mut opts = Options::default();
+    // OpenSM unless --sm (or --embedded-sm) says otherwise.
+    opts.fabric.sm = SmChoice::OpenSm;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
-        let takes_value = matches!(
-            flag.as_str(),
-            "--socket" | "--node" | "--fail" | "--catas-after" | "--watch-pid" | "--hcr-delay-us"
-        );
+        let takes_value = FabricOptions::VALUE_FLAGS.contains(&flag.as_str())
+            || matches!(
+                flag.as_str(),
+                "--socket"
+                    | "--node"
+                    | "--fail"
+                    | "--catas-after"
+                    | "--watch-pid"
+                    | "--hcr-delay-us"
+            );
         let value = if takes_value {
             match inline {
                 Some(v) => v,
@@ -512,13 +552,19 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
                 if value.is_empty() {
                     return Err("--socket wants a path".into());
                 }
-                socket = Some(std::path::PathBuf::from(value));
+                let p = std::path::PathBuf::from(value);
+                if sockets.contains(&p) {
+                    return Err(format!("--socket {}: named twice", p.display()));
+                }
+                sockets.push(p);
             }
             "--node" => {
-                node = parse_num(&value)
-                    .and_then(|n| u32::try_from(n).ok())
-                    .filter(|n| *n < 256)
-                    .ok_or(format!("--node wants 0..=255, got {value:?}"))?;
+                node = Some(
+                    parse_num(&value)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| *n < 256)
+                        .ok_or(format!("--node wants 0..=255, got {value:?}"))?,
+                );
             }
             "--fail" => opts.fail.push(parse_fail(&value)?),
             "--catas-after" => opts.catas_after = Some(parse_catas_after(&value)?),
@@ -532,11 +578,28 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String
             "--stats" => opts.stats = true,
             "--exit-with-parent" => opts.exit_with_parent = true,
             "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
-            _ => return Err(format!("unknown argument {a:?} (try --help)")),
+            f => {
+                let v = takes_value.then_some(value.as_str());
+                if !opts.fabric.parse_arg(f, v)? {
+                    return Err(format!("unknown argument {a:?} (try --help)"));
+                }
+            }
         }
     }
-    let socket = socket.ok_or("--socket PATH is required (try --help)")?;
-    Ok(Cli::Run { socket, node, opts })
+    if sockets.is_empty() {
+        return Err("--socket PATH is required (try --help)".into());
+    }
+    if sockets.len() > 36 {
+        return Err(format!("{} sockets: at most 36 nodes", sockets.len()));
+    }
+    if node.is_some() && sockets.len() > 1 {
+        return Err("--node names the node of a single --socket".into());
+    }
+    Ok(Cli::Run {
+        sockets,
+        node: node.unwrap_or(0),
+        opts,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -573,6 +636,10 @@ pub struct Function {
     /// Access counters.
     pub counters: Counters,
     started: Instant,
+    /// The other functions on the fabric: serviced after each access of
+    /// this one (a doorbell here may complete work, and raise interrupts,
+    /// there).
+    peers: std::sync::OnceLock<Vec<std::sync::Weak<Function>>>,
 }
 
 #[derive(Default)]
@@ -598,10 +665,46 @@ pub fn function_config(node: u32, opts: &Options) -> SimConfig {
 }
 
 impl Function {
-    /// A powered-on function for node `id`.
+    /// A powered-on function for node `id`, on no fabric (its ports see
+    /// the model's own cable).
     pub fn new(id: u32, opts: Options, log: Log) -> Arc<Function> {
         let mem = Arc::new(GuestMemory::default());
         let hca = SimHca::new_trapped(function_config(id, &opts), mem.clone());
+        Self::with_hca(id, hca, mem, opts, log)
+    }
+
+    /// A powered-on function for node `id`, its ports those of topology
+    /// HCA `at` on `wire`'s fabric (its node GUID the topology's, as
+    /// cx3-emu's nodes).
+    pub fn on_fabric(
+        id: u32,
+        opts: Options,
+        log: Log,
+        wire: &crate::Wire,
+        at: &crate::fabric::topology::BuiltHca,
+    ) -> Arc<Function> {
+        let mem = Arc::new(GuestMemory::default());
+        let cfg = SimConfig {
+            node_guid: at.node_guid,
+            sys_image_guid: at.node_guid + 3,
+            ..function_config(id, &opts)
+        };
+        let hca = SimHca::new_trapped_on(
+            cfg,
+            mem.clone(),
+            wire,
+            [Some(at.ports[0]), Some(at.ports[1])],
+        );
+        Self::with_hca(id, hca, mem, opts, log)
+    }
+
+    fn with_hca(
+        id: u32,
+        hca: SimHca,
+        mem: Arc<GuestMemory>,
+        opts: Options,
+        log: Log,
+    ) -> Arc<Function> {
         for (op, st) in &opts.fail {
             hca.faults()
                 .set(*op, crate::faults::OpcodeFault::status(*st));
@@ -624,7 +727,13 @@ impl Function {
             opts,
             counters: Counters::default(),
             started: Instant::now(),
+            peers: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The node id.
+    pub fn id(&self) -> u32 {
+        self.id
     }
 
     /// The model.
@@ -728,7 +837,17 @@ impl Function {
             }
         }
         self.service();
+        self.service_peers();
         Ok(())
+    }
+
+    /// Services the other functions on the fabric (see `peers`).
+    fn service_peers(&self) {
+        for p in self.peers.get().into_iter().flatten() {
+            if let Some(p) = p.upgrade() {
+                p.service();
+            }
+        }
     }
 
     fn note(&self, s: String) {
@@ -1011,6 +1130,248 @@ pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) ->
     }
 }
 
+/// Several functions on one fabric with its subnet manager: what
+/// `cx3-vfu` serves (one vfio-user socket per function). Node i is HCA i
+/// of the topology the fabric options describe, as in cx3-emu.
+pub struct Fleet {
+    functions: Vec<Arc<Function>>,
+    wire: crate::Wire,
+    sm: Option<crate::fabric::ibsim::SmService>,
+    clock: Arc<dyn hal::Clock>,
+    opts: Options,
+    started: Instant,
+    /// OpenSM's directory when it is the default temporary one (removed
+    /// with OpenSM's stop).
+    temp_dir: Option<std::path::PathBuf>,
+}
+
+impl Fleet {
+    /// Builds the fabric, `n` functions (ids `first_id..`) on it, and the
+    /// SM: OpenSM through the ibsim server (started here, a child of this
+    /// process), the embedded SM, or none (the server alone, for diags).
+    /// `log(id)` is each function's log.
+    pub fn open(
+        n: usize,
+        first_id: u32,
+        opts: Options,
+        mut log: impl FnMut(u32) -> Log,
+    ) -> Result<Fleet, String> {
+        if n == 0 {
+            return Err("no function to serve".into());
+        }
+        // Unique per fleet (the ibsim sockets are abstract names).
+        static FLEETS: AtomicU64 = AtomicU64::new(0);
+        let tag = match FLEETS.fetch_add(1, Ordering::Relaxed) {
+            0 => std::process::id().to_string(),
+            k => format!("{}-{k}", std::process::id()),
+        };
+        let mut fo = (*opts.fabric).clone();
+        let mut temp_dir = None;
+        if fo.sm_dir.is_none() {
+            let t = std::env::temp_dir().join(format!("cx3-vfu-{tag}"));
+            fo.sm_dir = Some(t.join("opensm"));
+            temp_dir = Some(t);
+        }
+        let mut fabric = crate::fabric::Fabric::new();
+        let built = fo.build(&mut fabric, n)?;
+        let sm = fo.start_sm(&mut fabric, &built, &format!("cx3-vfu-{tag}"))?;
+        let wire = crate::Wire::threaded(Arc::new(Mutex::new(fabric)));
+        let mut functions = Vec::with_capacity(n);
+        for (i, at) in built.hcas.iter().take(n).enumerate() {
+            let id = first_id + i as u32;
+            functions.push(Function::on_fabric(id, opts.clone(), log(id), &wire, at));
+        }
+        if functions.len() != n {
+            return Err(format!(
+                "the topology has {} HCAs for {n} nodes",
+                functions.len()
+            ));
+        }
+        for f in &functions {
+            let others = functions
+                .iter()
+                .filter(|g| !Arc::ptr_eq(f, g))
+                .map(Arc::downgrade)
+                .collect();
+            let _ = f.peers.set(others);
+        }
+        let clock = functions[0].hca.clock();
+        Ok(Fleet {
+            functions,
+            wire,
+            sm,
+            clock,
+            opts,
+            started: Instant::now(),
+            temp_dir,
+        })
+    }
+
+    /// The functions, node 0 first.
+    pub fn functions(&self) -> &[Arc<Function>] {
+        &self.functions
+    }
+
+    /// The fabric.
+    pub fn fabric(&self) -> crate::fabric::SharedFabric {
+        self.wire.fabric()
+    }
+
+    /// OpenSM's log, when OpenSM runs.
+    pub fn opensm_log(&self) -> Option<std::path::PathBuf> {
+        let s = self.sm.as_ref()?;
+        s.opensm_pid().map(|_| s.opensm_log())
+    }
+
+    /// The ibsim socket name diags attach to (`IBSIM_SOCKNAME`).
+    pub fn ibsim_sockname(&self) -> Option<String> {
+        self.sm.as_ref().map(|s| s.server.base().to_string())
+    }
+
+    /// One round: the model's timers and the fabric's packets, the SM and
+    /// the ibsim server, interrupts and reports of every function; true if
+    /// anything moved.
+    pub fn poll_round(&mut self) -> bool {
+        let mut active = self.wire.step(false);
+        let now = self.clock.now_ns();
+        {
+            let fabric = self.wire.fabric();
+            let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+            f.advance(now);
+            if let Some(sm) = self.sm.as_mut() {
+                active |= sm.poll(&mut f, now) > 0;
+            }
+        }
+        active |= self.wire.step(false);
+        for f in &self.functions {
+            f.service();
+        }
+        active
+    }
+
+    /// Serves one function per server (node i on `servers[i]`) until every
+    /// client has gone, `stop` is set, or the watched processes are gone;
+    /// then stops OpenSM. Each connection runs on its own thread; this one
+    /// polls the fabric (20 µs rounds while busy, 1 ms once idle for
+    /// 100 ms).
+    pub fn serve(&mut self, servers: Vec<vfio_user::Server>, stop: &AtomicBool) -> Exit {
+        crate::ivshmem::set_timer_slack_1ns();
+        let mut done = Vec::new();
+        for (f, server) in self.functions.iter().zip(servers) {
+            let d = Arc::new(AtomicBool::new(false));
+            done.push(d.clone());
+            let f2 = f.clone();
+            let id = f.id;
+            let spawned = std::thread::Builder::new()
+                .name(format!("cx3-vfu-node{id}"))
+                .spawn(move || {
+                    let mut backend = Backend(f2.clone());
+                    if let Err(e) = server.run(&mut backend) {
+                        let mut r = f2.report.lock().unwrap_or_else(|e| e.into_inner());
+                        r.log
+                            .line(format!("node{id}: vfio-user connection ended: {e}"));
+                    }
+                    // The guest is gone (powered off): its card goes back to
+                    // power-on, so its ports close and its links go down for
+                    // the rest of the fabric, as a powered-off host's would.
+                    f2.reset();
+                    d.store(true, Ordering::Release);
+                });
+            if let Err(e) = spawned {
+                f.note(format!("cannot start the server thread: {e}"));
+                return Exit::ClientGone;
+            }
+        }
+        let parent = std::os::unix::process::parent_id();
+        let mut last_active = Instant::now();
+        let mut next_check = Instant::now();
+        let why = loop {
+            if stop.load(Ordering::Acquire) {
+                break Exit::Stopped;
+            }
+            if self.poll_round() {
+                last_active = Instant::now();
+            }
+            if done.iter().all(|d| d.load(Ordering::Acquire)) {
+                break Exit::ClientGone;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                next_check = now + Duration::from_millis(20);
+                if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                    break Exit::ParentGone;
+                }
+                if !self.opts.watch_pids.is_empty()
+                    && self.opts.watch_pids.iter().all(|p| !pid_alive(*p))
+                {
+                    break Exit::PidsGone;
+                }
+            }
+            let idle = now.duration_since(last_active);
+            std::thread::sleep(if idle >= Duration::from_millis(100) {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_micros(20)
+            });
+        };
+        self.stop_sm();
+        for f in &self.functions {
+            f.service();
+        }
+        why
+    }
+
+    /// Ends OpenSM (serving its DISCONNECT) and removes the socket-name
+    /// file; idempotent.
+    pub fn stop_sm(&mut self) {
+        if let Some(mut sm) = self.sm.take() {
+            let now = self.clock.now_ns();
+            let fabric = self.wire.fabric();
+            let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+            sm.stop(&mut f, now);
+        }
+        if let Some(d) = self.temp_dir.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    /// The `--stats` text: every function's, then the fabric's.
+    pub fn stats(&self) -> String {
+        let mut s = String::new();
+        for f in &self.functions {
+            let t = f.stats();
+            // One total line at the end instead of one per function.
+            for line in t.lines().filter(|l| !l.starts_with("total:")) {
+                s.push_str(line);
+                s.push('\n');
+            }
+        }
+        if let Ok(f) = self.wire.fabric().lock() {
+            s.push_str(&format!("fabric: {:?}\n", f.stats()));
+        }
+        let wall = self.started.elapsed().as_secs_f64();
+        let cpu = crate::ivshmem::process_cpu_time().as_secs_f64();
+        let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
+        let (mut c, mut v, mut d) = (0, 0, 0);
+        for f in &self.functions {
+            let (fc, fv, fd) = f.counts();
+            c += fc;
+            v += fv;
+            d += fd;
+        }
+        s.push_str(&format!(
+            "total: commands {c}, violations {v}, DMA faults {d}; CPU {cpu:.3} s over {wall:.3} s wall ({pct:.1}%)\n"
+        ));
+        s
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.stop_sm();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1161,21 +1522,107 @@ mod tests {
     }
 
     #[test]
+    fn a_fleet_puts_every_function_on_one_fabric_with_its_sm() {
+        use crate::fabric::options::{FabricOptions, TopologyChoice};
+        let dir = std::env::temp_dir().join(format!("cx3-vfu-fleet-{}", std::process::id()));
+        let sockname = dir.join("sockname");
+        let with = |sm: SmChoice, topology: TopologyChoice| Options {
+            fabric: Box::new(FabricOptions {
+                sm,
+                topology,
+                sm_dir: Some(dir.join("opensm")),
+                sockname_file: Some(sockname.clone()),
+                ..FabricOptions::default()
+            }),
+            ..Options::default()
+        };
+        let open = |o| Fleet::open(3, 0, o, |_| Log::capture());
+        let fleet = open(with(SmChoice::None, TopologyChoice::Switch)).unwrap();
+        let fabric = fleet.fabric();
+        for (i, f) in fleet.functions().iter().enumerate() {
+            assert_eq!(f.id(), i as u32);
+            assert_eq!(
+                f.hca().config().node_guid,
+                crate::fabric::topology::hca_guid(i),
+                "the topology's GUIDs, as cx3-emu's nodes"
+            );
+            let p = f.hca().fabric_port(1).expect("port 1 on the fabric");
+            let f = fabric.lock().unwrap();
+            assert_eq!(f.port_name(f.peer(p).unwrap()), format!("sw0/{}", i + 1));
+        }
+        // The ibsim server runs (for diags) and its SM host is on the switch.
+        let base = fleet.ibsim_sockname().expect("the ibsim server runs");
+        assert_eq!(std::fs::read_to_string(&sockname).unwrap().trim(), base);
+        assert!(fleet.opensm_log().is_none(), "--sm none starts no OpenSM");
+        drop(fleet);
+        assert!(
+            !sockname.exists(),
+            "the socket-name file goes with the fleet"
+        );
+
+        // The embedded SM sits on the switch.
+        let fleet = open(with(SmChoice::Embedded, TopologyChoice::Switch)).unwrap();
+        assert!(fleet.fabric().lock().unwrap().sm().is_some());
+        drop(fleet);
+
+        // OpenSM needs a switch for its host.
+        let err = Fleet::open(
+            2,
+            0,
+            with(SmChoice::OpenSm, TopologyChoice::BackToBack),
+            |_| Log::capture(),
+        )
+        .err()
+        .unwrap();
+        assert!(err.contains("needs a switch"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn command_line() {
         let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
-        let Ok(Cli::Run { socket, node, opts }) = args(
+        let Ok(Cli::Run {
+            sockets,
+            node,
+            opts,
+        }) = args(
             "--socket /tmp/x.sock --node 2 --fail RUN_FW --fail 0x3=BAD_PARAM --trace --stats \
              --exit-with-parent --watch-pid 7 --catas-after 0.5 --hcr-delay-us=100",
-        ) else {
+        )
+        else {
             panic!("parses");
         };
-        assert_eq!(socket, std::path::PathBuf::from("/tmp/x.sock"));
+        assert_eq!(sockets, vec![std::path::PathBuf::from("/tmp/x.sock")]);
+        assert_eq!(opts.fabric.sm, SmChoice::OpenSm, "OpenSM by default");
         assert_eq!(node, 2);
         assert_eq!(opts.fail.len(), 2);
         assert!(opts.trace && opts.stats && opts.exit_with_parent);
         assert_eq!(opts.watch_pids, vec![7]);
         assert_eq!(opts.hcr_delay, Duration::from_micros(100));
         assert!(matches!(args("--help"), Ok(Cli::Help)));
+        // Several sockets on one fabric, the fabric's options and the SM.
+        let Ok(Cli::Run { sockets, opts, .. }) = args(
+            "--socket a --socket b --socket c --latency 2us --drop every=5 --sm embedded \
+             --sm-dir /tmp/o --capture /tmp/c.pcap --opensm-args -s,3",
+        ) else {
+            panic!("parses");
+        };
+        assert_eq!(sockets.len(), 3);
+        assert_eq!(opts.fabric.sm, SmChoice::Embedded);
+        assert_eq!(opts.fabric.latency_ns, Some(2000));
+        assert_eq!(opts.fabric.sm_dir, Some("/tmp/o".into()));
+        assert_eq!(
+            opts.fabric.opensm_args,
+            Some(vec!["-s".to_string(), "3".to_string()])
+        );
+        let Ok(Cli::Run { opts, .. }) = args("--socket a --embedded-sm") else {
+            panic!("parses");
+        };
+        assert_eq!(opts.fabric.sm, SmChoice::Embedded);
+        let Ok(Cli::Run { opts, .. }) = args("--socket a --sm none") else {
+            panic!("parses");
+        };
+        assert_eq!(opts.fabric.sm, SmChoice::None);
         for bad in [
             "",
             "--socket",
@@ -1184,6 +1631,12 @@ mod tests {
             "--socket x --bogus",
             "--socket x --trace=1",
             "--socket x --watch-pid 0",
+            "--socket x --socket x",
+            "--socket x --socket y --node 1",
+            "--socket x --sm osm",
+            "--socket x --sm none --embedded-sm",
+            "--socket x --sm-dir",
+            "--socket x --latency soon",
         ] {
             assert!(args(bad).is_err(), "{bad:?} must be refused");
         }

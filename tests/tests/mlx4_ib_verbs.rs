@@ -92,6 +92,66 @@ fn mlx4_ib_add_reads_node_data_and_registers_with_ib_core() {
     );
 }
 
+/// Registration fills ib_core's cache with every GID and P_Key of both
+/// ports. Read one entry at a time (Linux 3.11) that is 2 x 128 x 2 + 2 x
+/// 128 MAD_IFCs, each a polled firmware command, with QP0 unpolled all the
+/// while (the SM's first SMPs time out); read in blocks it is 1 + 16 + 4
+/// per port. The blocks must read the same table as single entries do.
+#[test]
+fn registration_reads_the_gid_and_pkey_tables_in_blocks() {
+    let hca = sync_hca();
+    let ib = add(&hca);
+    let mut core = core(&hca);
+    let before = hca.trace_len();
+    let id = core
+        .ib_register_device(Box::new(ib))
+        .map_err(|e| e.error)
+        .expect("registered");
+    let mad_ifcs = hca
+        .trace_since(before)
+        .iter()
+        .filter(|e| e.name == "MAD_IFC")
+        .count();
+    let dev = core.device_mut(id).unwrap();
+    let mut blocks = 0;
+    for port in 1..=2u8 {
+        let (gids, pkeys) = (
+            dev.gid_tbl_len(port).unwrap(),
+            dev.pkey_tbl_len(port).unwrap(),
+        );
+        assert_eq!((gids, pkeys), (128, 128), "ConnectX-3's table sizes");
+        blocks += 1 + gids.div_ceil(8) as usize + usize::from(pkeys.div_ceil(32));
+        let cache = dev.port_cache(port).unwrap().clone();
+        assert_eq!(cache.gids.len(), gids as usize);
+        assert_eq!(cache.pkeys.len(), usize::from(pkeys));
+        for i in 0..gids {
+            assert_eq!(
+                cache.gids[i as usize],
+                dev.query_gid(port, i).unwrap(),
+                "GID {i}"
+            );
+        }
+        for i in 0..pkeys {
+            assert_eq!(
+                cache.pkeys[usize::from(i)],
+                dev.query_pkey(port, i).unwrap(),
+                "P_Key {i}"
+            );
+        }
+    }
+    println!("registration: {mad_ifcs} MAD_IFCs, of them {blocks} for the GID and P_Key tables");
+    assert!(
+        mad_ifcs <= blocks + 16,
+        "registration issued {mad_ifcs} MAD_IFCs; the tables need {blocks}"
+    );
+    let mut provider = core.ib_unregister_device(id).unwrap();
+    let ib = provider
+        .as_any_mut()
+        .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
+        .expect("the provider is mlx4_ib");
+    ib.remove();
+}
+
 #[test]
 fn verbs_objects_reach_rts_with_linux_contexts() {
     let hca = sync_hca();

@@ -518,6 +518,70 @@ fn rmem_two_compute_nodes_behind_a_switch() {
     teardown(b);
 }
 
+/// A lost RTU: the compute node's HELLO reaches the memory node while its
+/// side of the connection still waits for the RTU (QP in RTR). The first
+/// request establishes the connection (`ib_cm_notify`, as Linux ULPs do on
+/// COMM_EST), the QP goes to RTS and the reply is sent; the connection
+/// then moves data. (Seen under QEMU with three guests, where the memory
+/// node took the HELLO before it had processed the RTU and refused to
+/// answer.)
+#[test]
+fn rmem_cm_request_before_the_rtu_establishes_the_connection() {
+    let (a, b, w) = SimHca::back_to_back(SimConfig::default(), SimConfig::default());
+    init_logger();
+    let (m, mut cn) = (node(a), node(b));
+    activate(&w, &[(&m.hca, 1), (&cn.hca, 2)]);
+    let dgid = {
+        let mut m = m;
+        let g = m.core.device_mut(m.dev).unwrap().query_gid(1, 0).unwrap();
+        (g, m)
+    };
+    let (dgid, m) = dgid;
+    let mem = mem_node(m);
+    let sgid = cn.core.device_mut(cn.dev).unwrap().query_gid(1, 0).unwrap();
+    // The compute node's second CM MAD (REQ, then RTU) is lost.
+    let port = cn.hca.fabric_port(1).expect("on the fabric");
+    w.fabric().lock().unwrap().faults.add(
+        sim::fabric::FaultRule::new(sim::fabric::FaultKind::Drop)
+            .qpn(1)
+            .port(port)
+            .every(2)
+            .times(1),
+    );
+    let path = ib_core::sa_query::PathRecord {
+        dgid,
+        sgid,
+        dlid: 1,
+        slid: 2,
+        reversible: true,
+        numb_path: 1,
+        pkey: 0xffff,
+        mtu: 3,
+        rate: 3,
+        packet_life_time: 14,
+        ..Default::default()
+    };
+    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let mut c = Client::connect_path(&mut cn.core, cm, cn.dev, path, cfg())
+        .expect("HELLO answered although the RTU was lost");
+    assert_eq!(
+        w.fabric().lock().unwrap().faults.stats.dropped,
+        1,
+        "the RTU was dropped"
+    );
+    let ch = c.alloc(&mut cn.core, 8192).unwrap();
+    let data: Vec<u8> = (0..8192u64).map(|i| pattern(ch.addr + i, 9)).collect();
+    c.write(&mut cn.core, ch.addr, &data).unwrap();
+    let mut back = vec![0u8; 8192];
+    c.read(&mut cn.core, ch.addr, &mut back).unwrap();
+    assert_eq!(back, data);
+    c.close(&mut cn.core).expect("closed");
+    let (st, _, _) = mem.stats();
+    assert_eq!((st.connects, st.errors), (1, 0));
+    teardown(mem.finish());
+    teardown(cn);
+}
+
 /// The CM path: the memory node listens on rmem's service ID, the compute
 /// node connects with `Client::connect_path` (a path built by hand: no SA
 /// on the back-to-back wire), says hello and moves data.

@@ -20,12 +20,22 @@ use ib_core::{ClientId, IbCore};
 use super::Src;
 
 /// How long one SA query may take, retries included (OpenSM ignores SA
-/// queries until its first sweep has ended; ib_core backs off meanwhile).
+/// queries until its first sweep has ended; ib_core backs off meanwhile),
+/// unless `-t MS` says otherwise.
 pub const SA_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The usage line.
 pub const USAGE: &str =
-    "usage: saquery [-N|NR] [LID|NODE_DESC] | saquery -p|PR [LID] | saquery -p --dlid LID";
+    "usage: saquery [-t MS] [-N|NR] [LID|NODE_DESC] | saquery [-t MS] -p|PR [LID|--dlid LID]";
+
+/// A parsed command line: what to ask, and how long each query may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    /// The query.
+    pub query: Query,
+    /// `-t MS` (default [`SA_TIMEOUT`]).
+    pub timeout: Duration,
+}
 
 /// What to ask.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +67,8 @@ fn parse_lid(s: &str) -> Option<u16> {
 
 /// Parses saquery's arguments (the `-C`/`-P` port selection is the
 /// caller's).
-pub fn parse(args: &[&str]) -> Result<Query, String> {
+pub fn parse(args: &[&str]) -> Result<Args, String> {
+    let mut timeout = SA_TIMEOUT;
     let mut paths = false;
     let mut nodes = false;
     let mut dlid = None;
@@ -70,6 +81,15 @@ pub fn parse(args: &[&str]) -> Result<Query, String> {
             "--dlid" => {
                 let v = it.next().ok_or("--dlid needs a LID")?;
                 dlid = Some(parse_lid(v).ok_or_else(|| format!("bad LID '{v}'"))?);
+            }
+            "-t" | "--timeout" => {
+                let v = it.next().ok_or("-t needs milliseconds")?;
+                let ms: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|ms| (1..=600_000).contains(ms))
+                    .ok_or_else(|| format!("-t takes 1 to 600000 milliseconds, not '{v}'"))?;
+                timeout = Duration::from_millis(ms);
             }
             "-h" | "--help" => return Err(String::from(USAGE)),
             o if o.starts_with('-') => {
@@ -94,15 +114,21 @@ pub fn parse(args: &[&str]) -> Result<Query, String> {
             (None, Some(t)) => Some(parse_lid(t).ok_or_else(|| format!("bad LID '{t}'"))?),
             (None, None) => None,
         };
-        return Ok(Query::Paths(lid));
+        return Ok(Args {
+            query: Query::Paths(lid),
+            timeout,
+        });
     }
     if dlid.is_some() {
         return Err(String::from("--dlid goes with -p"));
     }
-    Ok(Query::Nodes(target.map(|t| match parse_lid(t) {
-        Some(l) => NodeSel::Lid(l),
-        None => NodeSel::Desc(String::from(t)),
-    })))
+    Ok(Args {
+        query: Query::Nodes(target.map(|t| match parse_lid(t) {
+            Some(l) => NodeSel::Lid(l),
+            None => NodeSel::Desc(String::from(t)),
+        })),
+        timeout,
+    })
 }
 
 /// A GID as `inet_ntop(AF_INET6)` writes it (RFC 5952 as glibc does it:
@@ -288,8 +314,7 @@ fn err(what: &str, e: ib_core::Error) -> String {
     match e {
         ib_core::Error::NotFound => format!("{what}: the SA has no such record"),
         ib_core::Error::TimedOut => format!(
-            "{what}: the SA did not answer within {} s (is the port Active and an SM running?)",
-            SA_TIMEOUT.as_secs()
+            "{what}: the SA did not answer in time (-t MS; is the port Active and an SM running?)"
         ),
         e => format!("{what} failed: {e}"),
     }
@@ -301,6 +326,7 @@ fn node_records(
     sa: ClientId,
     src: Src,
     sel: Option<&NodeSel>,
+    timeout: Duration,
 ) -> Result<Vec<NodeRecord>, String> {
     let (rec, mask) = match sel {
         Some(NodeSel::Lid(l)) => (
@@ -321,10 +347,9 @@ fn node_records(
         }
         None => (NodeRecord::default(), 0),
     };
-    let id =
-        sa_query::ib_sa_node_rec_get(core, sa, src.dev, src.port, &rec, mask, true, SA_TIMEOUT)
-            .map_err(|e| err("NodeRecord query", e))?;
-    let recs = match sa_query::ib_sa_wait(core, sa, id, SA_TIMEOUT) {
+    let id = sa_query::ib_sa_node_rec_get(core, sa, src.dev, src.port, &rec, mask, true, timeout)
+        .map_err(|e| err("NodeRecord query", e))?;
+    let recs = match sa_query::ib_sa_wait(core, sa, id, timeout) {
         Ok(r) => r.node_records().map_err(|e| err("NodeRecord", e))?,
         // An empty table.
         Err(ib_core::Error::NotFound) => Vec::new(),
@@ -341,7 +366,13 @@ fn node_records(
 
 /// A PathRecord from this port (its GID index 0 and LID) to `dlid`,
 /// asked of the SA now (never from ib_core's path cache).
-fn path_to(core: &mut IbCore, sa: ClientId, src: Src, dlid: u16) -> Result<PathRecord, String> {
+fn path_to(
+    core: &mut IbCore,
+    sa: ClientId,
+    src: Src,
+    dlid: u16,
+    timeout: Duration,
+) -> Result<PathRecord, String> {
     let (sgid, slid) = {
         let c = core
             .device(src.dev)
@@ -371,9 +402,9 @@ fn path_to(core: &mut IbCore, sa: ClientId, src: Src, dlid: u16) -> Result<PathR
         | path_comp::NUMB_PATH
         | path_comp::REVERSIBLE;
     let what = format!("PathRecord query to LID {dlid}");
-    let id = sa_query::ib_sa_path_rec_get(core, sa, src.dev, src.port, &rec, mask, SA_TIMEOUT)
+    let id = sa_query::ib_sa_path_rec_get(core, sa, src.dev, src.port, &rec, mask, timeout)
         .map_err(|e| err(&what, e))?;
-    sa_query::ib_sa_wait(core, sa, id, SA_TIMEOUT)
+    sa_query::ib_sa_wait(core, sa, id, timeout)
         .and_then(|r| r.path_records())
         .map_err(|e| err(&what, e))?
         .into_iter()
@@ -441,9 +472,10 @@ pub fn saquery(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    match parse(args)? {
+    let Args { query, timeout } = parse(args)?;
+    match query {
         Query::Nodes(sel) => {
-            let recs = node_records(core, sa, src, sel.as_ref())?;
+            let recs = node_records(core, sa, src, sel.as_ref(), timeout)?;
             for r in &recs {
                 let _ = print_node_record(out, r);
             }
@@ -453,12 +485,12 @@ pub fn saquery(
             Ok(())
         }
         Query::Paths(Some(l)) => {
-            let p = path_to(core, sa, src, l)?;
+            let p = path_to(core, sa, src, l, timeout)?;
             let _ = print_path_record(out, &p);
             Ok(())
         }
         Query::Paths(None) => {
-            let mut lids: Vec<u16> = node_records(core, sa, src, None)?
+            let mut lids: Vec<u16> = node_records(core, sa, src, None, timeout)?
                 .iter()
                 .map(|r| r.lid)
                 .filter(|l| *l != 0)
@@ -467,7 +499,7 @@ pub fn saquery(
             lids.dedup();
             let mut failed = Vec::new();
             for l in lids {
-                match path_to(core, sa, src, l) {
+                match path_to(core, sa, src, l, timeout) {
                     Ok(p) => {
                         let _ = print_path_record(out, &p);
                     }
@@ -524,17 +556,26 @@ mod tests {
 
     #[test]
     fn arguments() {
-        assert_eq!(parse(&[]), Ok(Query::Nodes(None)));
-        assert_eq!(parse(&["-N"]), Ok(Query::Nodes(None)));
-        assert_eq!(parse(&["NR", "3"]), Ok(Query::Nodes(Some(NodeSel::Lid(3)))));
-        assert_eq!(parse(&["0x10"]), Ok(Query::Nodes(Some(NodeSel::Lid(16)))));
+        let q = |a: &[&str]| parse(a).map(|a| a.query);
+        assert_eq!(q(&[]), Ok(Query::Nodes(None)));
+        assert_eq!(q(&["-N"]), Ok(Query::Nodes(None)));
+        assert_eq!(q(&["NR", "3"]), Ok(Query::Nodes(Some(NodeSel::Lid(3)))));
+        assert_eq!(q(&["0x10"]), Ok(Query::Nodes(Some(NodeSel::Lid(16)))));
         assert_eq!(
-            parse(&["sw0"]),
+            q(&["sw0"]),
             Ok(Query::Nodes(Some(NodeSel::Desc(String::from("sw0")))))
         );
-        assert_eq!(parse(&["-p"]), Ok(Query::Paths(None)));
-        assert_eq!(parse(&["-p", "4"]), Ok(Query::Paths(Some(4))));
-        assert_eq!(parse(&["PR", "--dlid", "0x4"]), Ok(Query::Paths(Some(4))));
+        assert_eq!(q(&["-p"]), Ok(Query::Paths(None)));
+        assert_eq!(q(&["-p", "4"]), Ok(Query::Paths(Some(4))));
+        assert_eq!(q(&["PR", "--dlid", "0x4"]), Ok(Query::Paths(Some(4))));
+        assert_eq!(parse(&["-p"]).unwrap().timeout, SA_TIMEOUT);
+        assert_eq!(
+            parse(&["-t", "20000", "-p", "3"]),
+            Ok(Args {
+                query: Query::Paths(Some(3)),
+                timeout: Duration::from_secs(20)
+            })
+        );
         for bad in [
             &["-p", "x"][..],
             &["-p", "0"],
@@ -544,6 +585,9 @@ mod tests {
             &["-p", "--dlid"],
             &["--dlid", "3"],
             &["-S"],
+            &["-t"],
+            &["-t", "0"],
+            &["-t", "1s"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

@@ -1,4 +1,4 @@
-//! The perftest runs over ib_core's verbs and CM (perftest's `run_iter_bw`, `run_iter_lat_write`, `run_iter_lat_send`, `run_iter_lat` for read/atomic): one RC QP connected through the IB CM with the path from the SA, busy-polled, every wait against a deadline and interruptible; perftest's events mode, post lists, multiple QPs, bidirectional runs and `-D` for latency tests are left out. NOT YET EXERCISED: written before the model's data path and an SM (for the SA path) were on main; its first model-backed and QEMU runs are still to come.
+//! The perftest runs over ib_core's verbs and CM (perftest's `run_iter_bw`, `run_iter_lat_write`, `run_iter_lat_send`, `run_iter_lat` for read/atomic): one RC QP connected through the IB CM with the path from the SA, busy-polled, every wait against a deadline and interruptible; `-D` runs without perftest's warm-up margins (and not with `--check`); perftest's events mode, post lists, multiple QPs and bidirectional runs are left out. Exercised between two model HCAs behind the model switch (`tests/tests/ib_tools_two_nodes.rs`) and between two QEMU guests (`tests/tests/qemu_tools.rs`).
 //!
 //! Roles: the server (no peer) listens on [`PERFTEST_SERVICE_ID`], takes
 //! the client's parameters from the REQ ([`Hello`]) and answers with its
@@ -25,7 +25,7 @@ use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query;
 use ib_core::verbs::{
     AccessFlags, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
+    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -42,6 +42,20 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const PORT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long any one completion may take before the run gives up.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The CM response timeouts the clients ask for (4.096 us * 2^18, about
+/// 1.1 s a try) and the CM retries: with the capped packet life time a
+/// message gets about 1.1 s before it is sent again, 9 tries in all, so a
+/// peer that never answers is reported in about 10 s, and a guest stalled
+/// for a second on a loaded host does not break the connection (rdma_cm's
+/// defaults take over a minute).
+pub const CM_RESPONSE_TIMEOUT: u8 = 18;
+/// CM retries of the clients' REQ (and the servers' REP).
+pub const CM_RETRIES: u8 = 8;
+/// The packet life time the clients put in the path they hand the CM (see
+/// `client`): the QPs' ACK timeout follows from it (15 gives 17: 537 ms a
+/// try, about 4.3 s for the 7 retries, inside the 10 s deadline, and
+/// tolerant of an emulator that stalls for half a second on a loaded host).
+pub const PACKET_LIFE_CAP: u8 = 15;
 /// How often long waits look at the interrupt check.
 const SLICE: Duration = Duration::from_millis(50);
 /// Buffer slots at most (bandwidth tests spread messages over them).
@@ -78,7 +92,7 @@ struct Res {
     slots: u64,
 }
 
-fn e(what: &str, err: impl core::fmt::Display) -> String {
+pub(crate) fn e(what: &str, err: impl core::fmt::Display) -> String {
     format!("{what}: {err}")
 }
 
@@ -193,9 +207,9 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
         .ok_or("the device is gone")?
         .query_port(p.ib_port)
         .map_err(|x| e("query_port", x))?;
-    if p.duration.is_some() {
+    if p.duration.is_some() && p.check {
         return Err(String::from(
-            "-D (timed runs) is not implemented by the runs yet: use -n",
+            "-D and --check do not go together here (the check needs the message count): use -n",
         ));
     }
     let attr = if attr.lid == 0 || attr.state != ib_core::verbs::PortState::Active {
@@ -242,7 +256,10 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
 
 /// Polls the core until the port is Active with a LID (an SM configured
 /// it), at most [`PORT_TIMEOUT`], interruptible.
-fn wait_port_active(env: &mut Env<'_>, port: u8) -> Result<ib_core::verbs::PortAttr, String> {
+pub(crate) fn wait_port_active(
+    env: &mut Env<'_>,
+    port: u8,
+) -> Result<ib_core::verbs::PortAttr, String> {
     let end = Deadline::after(env.core.clock(), PORT_TIMEOUT);
     loop {
         env.core.poll();
@@ -272,7 +289,12 @@ fn wait_port_active(env: &mut Env<'_>, port: u8) -> Result<ib_core::verbs::PortA
 
 type Step<T> = Result<T, (String, Option<CmId>)>;
 
-fn wait_cm(env: &mut Env<'_>, id: CmId, what: &str, timeout: Duration) -> Result<CmEvent, String> {
+pub(crate) fn wait_cm(
+    env: &mut Env<'_>,
+    id: CmId,
+    what: &str,
+    timeout: Duration,
+) -> Result<CmEvent, String> {
     let end = Deadline::after(env.core.clock(), timeout);
     loop {
         if (env.interrupted)() {
@@ -393,7 +415,20 @@ fn serve(
                 Some(id),
             ));
         }
-        Ok(_) => return Err((String::from("the connection failed"), Some(id))),
+        Ok(CmEvent::TimedOut) => {
+            return Err((
+                String::from(
+                    "the client's RTU never came (our REP was sent again until the CM gave up)",
+                ),
+                Some(id),
+            ));
+        }
+        Ok(other) => {
+            return Err((
+                format!("the connection failed while waiting for the RTU ({other:?})"),
+                Some(id),
+            ));
+        }
         Err(m) => return Err((m, Some(id))),
     }
     let _ = print_test_info(out, &q, link);
@@ -465,11 +500,16 @@ fn client(
     }
     .map_err(|x| (e("path record query", x), None))?;
     let remote_lid = path.dlid;
+    let mut path = path;
+    // perftest sets the QP's ACK timeout (14) itself; through the CM the
+    // timeout follows the path's packet life time, so cap that: the CM
+    // then gives the QPs 17 (537 ms a try, about 4.3 s for the 7 retries)
+    // instead of over 4 s per try with an SM's default of 18.
+    path.packet_life_time = path.packet_life_time.min(PACKET_LIFE_CAP);
     let mut req = CmReqParam::new(path, PERFTEST_SERVICE_ID, res.qp);
-    // Interactive tools give up sooner than rdma_cm's defaults (over a minute).
-    req.remote_cm_response_timeout = 16;
-    req.local_cm_response_timeout = 16;
-    req.max_cm_retries = 5;
+    req.remote_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.local_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.max_cm_retries = CM_RETRIES;
     req.private_data =
         Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
     let psn = req.starting_psn;
@@ -575,9 +615,10 @@ fn poll(
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
                 return Err(format!(
-                    "Completion with error: status {} ({}) wr_id {} syndrom {:#x} (waiting for {what})",
+                    "Completion with error: status {} ({}: {}) wr_id {} syndrom {:#x} (waiting for {what})",
                     w.status.raw(),
                     w.status.name(),
+                    w.status.msg(),
                     w.wr_id,
                     w.vendor_err
                 ));
@@ -589,6 +630,9 @@ fn poll(
             last = t;
             continue;
         }
+        // Between two empty polls (a spin hint on hardware; the model's
+        // clock steps the wire here).
+        env.core.clock().relax();
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(1024) && (env.interrupted)() {
             return Err(format!("interrupted while waiting for {what}"));
@@ -646,6 +690,22 @@ fn serve_size(
             // `iters` SENDs, then the final one; each receive reposted as
             // it lands (after its check), so as many stay posted.
             let rcq = res.rcq;
+            if p.duration.is_some() {
+                // As many SENDs as fit in the time; the last carries an
+                // immediate (the count).
+                loop {
+                    let (mut id, mut end) = (0, false);
+                    poll(env, rcq, 1, "the client's SENDs", |w, _| {
+                        id = w.wr_id;
+                        end = w.wc_flags.contains(WcFlags::WITH_IMM);
+                        Ok(())
+                    })?;
+                    post_recvs(env, res, TestKind::Bw, id..id.saturating_add(1))?;
+                    if end {
+                        return Ok(());
+                    }
+                }
+            }
             for seq in 0..=iters {
                 let mut id = 0;
                 poll(env, rcq, 1, "the client's SENDs", |w, _| {
@@ -688,9 +748,14 @@ fn pong(
     hello: &Hello,
     iters: u64,
 ) -> Result<(), String> {
-    for i in 0..iters {
-        wait_ping(env, p, res, size, i)?;
+    let mut i = 0;
+    while p.duration.is_some() || i < iters {
+        if !wait_ping(env, p, res, size, i)? {
+            // -D: the client's final SEND came instead of a ping.
+            return post_recvs(env, res, TestKind::Lat, 0..1);
+        }
         send_ping(env, p, res, size, hello.vaddr, hello.rkey, i)?;
+        i += 1;
     }
     // The client's final SEND.
     let rcq = res.rcq;
@@ -746,7 +811,9 @@ fn send_ping(
     poll(env, cq, 1, "our ping's completion", |_, _| Ok(()))
 }
 
-fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Result<(), String> {
+/// Waits for ping `i`; `Ok(false)`: the client's final SEND came instead
+/// (a `-D` run is over; the server never knows the count beforehand).
+fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Result<bool, String> {
     let last = (size - 1) as usize;
     let inc = res.slot as usize;
     let want = marker(i);
@@ -755,7 +822,28 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
         let start = now(env.core);
         let mut spins = 0u32;
         while res.buf.read_u8(inc + last) != want {
+            env.core.clock().relax();
             spins = spins.wrapping_add(1);
+            if p.duration.is_some() && spins.is_multiple_of(64) {
+                let mut wc = [Wc::default(); 1];
+                let n = env
+                    .core
+                    .device_mut(env.dev)
+                    .ok_or("the device is gone")?
+                    .poll_cq(res.rcq, &mut wc)
+                    .map_err(|x| e("poll_cq", x))?;
+                if n == 1 {
+                    if wc[0].status != WcStatus::Success {
+                        return Err(format!(
+                            "Completion with error: status {} ({}: {}) while waiting for the peer's write",
+                            wc[0].status.raw(),
+                            wc[0].status.name(),
+                            wc[0].status.msg()
+                        ));
+                    }
+                    return Ok(false);
+                }
+            }
             if spins.is_multiple_of(1024) {
                 if (env.interrupted)() {
                     return Err(String::from(
@@ -772,17 +860,24 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
         }
     } else {
         let rcq = res.rcq;
-        poll(env, rcq, 1, "the peer's SEND", |_, _| Ok(()))?;
+        let mut end = false;
+        poll(env, rcq, 1, "the peer's SEND", |w, _| {
+            end = w.wc_flags.contains(WcFlags::WITH_IMM);
+            Ok(())
+        })?;
+        if end {
+            return Ok(false);
+        }
         if p.check {
             check_ping(res, size, i)?;
         }
         post_recvs(env, res, TestKind::Lat, 0..1)?;
-        return Ok(());
+        return Ok(true);
     }
     if p.check {
         check_ping(res, size, i)?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The incoming ping `i`: its pattern, the marker in its last byte.
@@ -808,6 +903,9 @@ fn drive_size(
 ) -> Result<(), String> {
     let iters = p.iters as usize;
     let tps = 1_000_000_000;
+    if let Some(secs) = p.duration {
+        return drive_duration(env, p, res, size, reply, secs, out);
+    }
     match p.tool.kind {
         TestKind::Bw => {
             let mut posted = vec![0u64; iters];
@@ -890,7 +988,7 @@ fn drive_size(
                 }
                 done = upto;
             }
-            finish_size(env, res)?;
+            finish_size(env, res, iters as u64)?;
             let r = bw_report(size, &posted, &completed, cq_mod_eff, tps)
                 .map_err(|x| format!("{x}"))?;
             let _ = print_bw_line(out, &r);
@@ -902,13 +1000,15 @@ fn drive_size(
                 match p.tool.verb {
                     Verb::Write | Verb::Send => {
                         send_ping(env, p, res, size, reply.vaddr, reply.rkey, i)?;
-                        wait_ping(env, p, res, size, i)?;
+                        if !wait_ping(env, p, res, size, i)? {
+                            return Err(String::from("the server ended the run"));
+                        }
                     }
                     Verb::Read | Verb::Atomic => one_op(env, p, res, size, reply, i)?,
                 }
             }
             stamps.push(now(env.core));
-            finish_size(env, res)?;
+            finish_size(env, res, p.iters)?;
             let mut samples: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
             let r = lat_report(size, p.iters, &mut samples, p.tool.verb, tps)
                 .map_err(|x| format!("{x}"))?;
@@ -977,14 +1077,16 @@ fn one_op(
     Ok(())
 }
 
-/// The client's end-of-size SEND (the server's cue).
-fn finish_size(env: &mut Env<'_>, res: &Res) -> Result<(), String> {
+/// The client's end-of-size SEND (the server's cue), with the count of
+/// messages as its immediate (what tells a `-D` server the run is over).
+fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
     let s = sge(res, 0, 1);
     let wr = SendWr {
         wr_id: u64::MAX,
         sg_list: &s,
-        opcode: WrOpcode::Send,
+        opcode: WrOpcode::SendWithImm,
         send_flags: SendFlags::SIGNALED,
+        imm_data: u32::try_from(count).unwrap_or(u32::MAX),
         ..SendWr::default()
     };
     post(env, res.qp, &wr)?;
@@ -992,4 +1094,111 @@ fn finish_size(env: &mut Env<'_>, res: &Res) -> Result<(), String> {
     poll(env, cq, 1, "the end-of-size SEND's completion", |_, _| {
         Ok(())
     })
+}
+
+/// A `-D` run of one size (perftest's duration mode without its warm-up
+/// and cool-down margins): as many messages as fit in `secs`, then the
+/// final SEND; bandwidth reports no peak (0.00, as perftest), latency its
+/// duration line (mean latency and transactions per second).
+#[allow(clippy::too_many_arguments)]
+fn drive_duration(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    size: u64,
+    reply: &Reply,
+    secs: u32,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let tps = 1_000_000_000;
+    let start = now(env.core);
+    let end = start.saturating_add(u64::from(secs) * tps);
+    let mut done = 0u64;
+    match p.tool.kind {
+        TestKind::Bw => {
+            let depth = u64::from(p.tx_depth).max(1);
+            let cq_mod = u64::from(p.cq_mod.max(1)).min(depth);
+            let mut sent = 0u64;
+            let mut last_done_at = start;
+            loop {
+                // Posting fills the window, and the message that fills it
+                // is signalled: the last one posted always is, so once
+                // the time is up the rest drains.
+                if now(env.core) < end {
+                    while sent - done < depth {
+                        let k = sent % res.slots;
+                        let s = sge(res, k, size);
+                        let remote = reply.vaddr + k * res.slot;
+                        let (opcode, wr) = match p.tool.verb {
+                            Verb::Write => (
+                                WrOpcode::RdmaWrite,
+                                WrDetail::Rdma {
+                                    remote_addr: remote,
+                                    rkey: reply.rkey,
+                                },
+                            ),
+                            Verb::Read => (
+                                WrOpcode::RdmaRead,
+                                WrDetail::Rdma {
+                                    remote_addr: remote,
+                                    rkey: reply.rkey,
+                                },
+                            ),
+                            _ => (WrOpcode::Send, WrDetail::None),
+                        };
+                        let signaled =
+                            (sent + 1).is_multiple_of(cq_mod) || sent + 1 - done == depth;
+                        let w = SendWr {
+                            wr_id: sent,
+                            sg_list: &s,
+                            opcode,
+                            send_flags: if signaled {
+                                SendFlags::SIGNALED
+                            } else {
+                                SendFlags::empty()
+                            },
+                            wr,
+                            ..SendWr::default()
+                        };
+                        post(env, res.qp, &w)?;
+                        sent += 1;
+                    }
+                } else if done == sent {
+                    break;
+                }
+                let cq = res.cq;
+                let mut upto = done;
+                poll(env, cq, 1, "a send completion", |w, t| {
+                    upto = upto.max(w.wr_id.saturating_add(1).min(sent));
+                    last_done_at = t;
+                    Ok(())
+                })?;
+                done = upto;
+            }
+            let elapsed = last_done_at.saturating_sub(start);
+            finish_size(env, res, done)?;
+            let r =
+                super::bw_report_duration(size, done, elapsed, tps).map_err(|x| format!("{x}"))?;
+            let _ = print_bw_line(out, &r);
+        }
+        TestKind::Lat => {
+            while now(env.core) < end {
+                match p.tool.verb {
+                    Verb::Write | Verb::Send => {
+                        send_ping(env, p, res, size, reply.vaddr, reply.rkey, done)?;
+                        if !wait_ping(env, p, res, size, done)? {
+                            return Err(String::from("the server ended the run"));
+                        }
+                    }
+                    Verb::Read | Verb::Atomic => one_op(env, p, res, size, reply, done)?,
+                }
+                done += 1;
+            }
+            let elapsed = now(env.core).saturating_sub(start);
+            finish_size(env, res, done)?;
+            super::print_lat_duration_line(out, size, done, elapsed, p.tool.verb, tps)
+                .map_err(|x| format!("{x}"))?;
+        }
+    }
+    Ok(())
 }

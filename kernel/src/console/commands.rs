@@ -124,14 +124,26 @@ static COMMANDS: &[Command] = &[
         run: super::perftest::ib_atomic_lat,
     },
     Command {
+        name: "ibv_rc_pingpong",
+        usage: "ibv_rc_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-m MTU] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "RC SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
+        run: super::perftest::ibv_rc_pingpong,
+    },
+    Command {
+        name: "ibv_ud_pingpong",
+        usage: "ibv_ud_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID]",
+        help: "UD SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
+        run: super::perftest::ibv_ud_pingpong,
+    },
+    Command {
         name: "perfquery",
-        usage: "perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]",
+        usage: "perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]",
         help: "port counters through the PMA, as infiniband-diags' tool",
         run: super::diags::perfquery,
     },
     Command {
         name: "smpquery",
-        usage: "smpquery [-D] [-C CA] [-P PORT] nodeinfo|nodedesc|portinfo|switchinfo [DEST [PORT]]",
+        usage: "smpquery [-D|-G] [-C CA] [-P PORT] nodeinfo|nodedesc|portinfo|switchinfo [DEST [PORT]]",
         help: "SMP queries, LID or directed route, as infiniband-diags' tool",
         run: super::diags::smpquery,
     },
@@ -146,6 +158,18 @@ static COMMANDS: &[Command] = &[
         usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID]",
         help: "NodeRecords and PathRecords from the SA, as infiniband-diags' tool",
         run: super::diags::saquery,
+    },
+    Command {
+        name: "ibnetdiscover",
+        usage: "ibnetdiscover [-s] [-C CA] [-P PORT]",
+        help: "walk the subnet by directed route and print its topology, as infiniband-diags' tool",
+        run: super::diags::ibnetdiscover,
+    },
+    Command {
+        name: "ibping",
+        usage: "ibping [-c COUNT] [-G] [-C CA] [-P PORT] LID|GUID",
+        help: "ping a node's ibping responder (every node runs one), as infiniband-diags' tool",
+        run: super::diags::ibping,
     },
     Command {
         name: "mlx4",
@@ -242,14 +266,24 @@ fn meminfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     let _ = writeln!(out, "HeapTotal:    {:>10} kB", kib(heap as u64));
     let _ = writeln!(out, "HeapUsed:     {:>10} kB", kib(heap_used as u64));
     let _ = writeln!(out, "HeapFree:     {:>10} kB", kib(heap_free as u64));
-    if let (Some((base, len)), Some(pool)) = (crate::mm::dma::region(), crate::mm::dma::pool()) {
+    if let Some(pool) = crate::mm::dma::pool() {
         let s = pool.stats();
+        let mut ranges = alloc::vec::Vec::new();
+        crate::mm::dma::ranges(|base, len| ranges.push((base, len)));
         let _ = writeln!(
             out,
-            "DmaTotal:     {:>10} kB  [{base:#x}-{:#x}]",
-            kib(len as u64),
-            base + len as u64 - 1
+            "DmaTotal:     {:>10} kB  in {} range(s)",
+            kib(crate::mm::dma::total() as u64),
+            ranges.len()
         );
+        for (base, len) in ranges {
+            let _ = writeln!(
+                out,
+                "DmaRange:     {:>10} kB  [{base:#x}-{:#x}]",
+                kib(len as u64),
+                base + len as u64 - 1
+            );
+        }
         let _ = writeln!(
             out,
             "DmaUsed:      {:>10} kB  in {} allocations",

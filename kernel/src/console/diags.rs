@@ -1,4 +1,4 @@
-//! infiniband-diags in the shell: `perfquery`, `smpquery`, `sminfo`, `saquery`, run by `ib_tools::diags` through ib_core's QP0/QP1 (and, for `saquery`, its SA client, registered on first use) on the chosen HCA and port (`-C CA`, `-P PORT` as infiniband-diags; default the first registered HCA, port 1); `ibnetdiscover` and `ibping` are not here yet.
+//! infiniband-diags in the shell: `perfquery`, `smpquery`, `sminfo`, `saquery`, `ibnetdiscover` and `ibping`, run by `ib_tools` through ib_core's QP0/QP1 (and, for `saquery` and `ibping -G`, an SA client, registered on first use) on the chosen HCA and port (`-C CA`, `-P PORT` as infiniband-diags; default the first registered HCA, port 1); the ibping responder is not a command (the kernel runs it from boot, see `hca`).
 
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -11,8 +11,28 @@ use crate::hca::{self, Ib};
 
 type Tool = fn(&mut ib_core::IbCore, Src, &[&str], &mut dyn Write) -> Result<(), String>;
 
+/// A tool that waits longer than one query: it gets the SA client and the
+/// Ctrl-C check too.
+type LongTool = fn(
+    &mut ib_core::IbCore,
+    Option<ib_core::ClientId>,
+    Src,
+    &[&str],
+    &mut dyn FnMut() -> bool,
+    &mut dyn Write,
+) -> Result<(), String>;
+
 /// Takes `-C CA` and `-P PORT` out of `args`, runs `tool` from there.
 fn run(out: &mut dyn Write, args: &[&str], tool: Tool) -> CmdResult {
+    run_long(out, args, None, Some(tool))
+}
+
+fn run_long(
+    out: &mut dyn Write,
+    args: &[&str],
+    long: Option<LongTool>,
+    tool: Option<Tool>,
+) -> CmdResult {
     let mut ca: Option<&str> = None;
     let mut port: u8 = 1;
     let mut rest: Vec<&str> = Vec::new();
@@ -32,6 +52,7 @@ fn run(out: &mut dyn Write, args: &[&str], tool: Tool) -> CmdResult {
         }
     }
     hca::with(|ib| {
+        let sa = long.map(|_| super::perftest::clients(ib).0);
         let Ib { core, hcas } = ib;
         let h = match ca {
             Some(n) => hcas
@@ -46,26 +67,74 @@ fn run(out: &mut dyn Write, args: &[&str], tool: Tool) -> CmdResult {
         let dev = h
             .id
             .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
-        tool(core, Src { dev, port }, &rest, out)
+        let src = Src { dev, port };
+        match (long, tool) {
+            (Some(t), _) => {
+                let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+                t(core, sa, src, &rest, &mut ctrl_c, out)
+            }
+            (None, Some(t)) => t(core, src, &rest, out),
+            (None, None) => Ok(()),
+        }
     })
     .unwrap_or_else(|| {
         Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
     })
 }
 
-/// `perfquery [-x] [-C CA] [-P PORT] [LID [PORT]]`.
+/// `perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]`.
 pub fn perfquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    run(out, args, diags::perfquery)
+    fn t(
+        core: &mut ib_core::IbCore,
+        sa: Option<ib_core::ClientId>,
+        src: Src,
+        args: &[&str],
+        _stop: &mut dyn FnMut() -> bool,
+        out: &mut dyn Write,
+    ) -> Result<(), String> {
+        diags::perfquery_sa(core, sa, src, args, out)
+    }
+    run_long(out, args, Some(t), None)
 }
 
-/// `smpquery [-D] [-C CA] [-P PORT] OP [DEST [PORT]]`.
+/// `smpquery [-D|-G] [-C CA] [-P PORT] OP [DEST [PORT]]`.
 pub fn smpquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    run(out, args, diags::smpquery)
+    fn t(
+        core: &mut ib_core::IbCore,
+        sa: Option<ib_core::ClientId>,
+        src: Src,
+        args: &[&str],
+        _stop: &mut dyn FnMut() -> bool,
+        out: &mut dyn Write,
+    ) -> Result<(), String> {
+        diags::smpquery_sa(core, sa, src, args, out)
+    }
+    run_long(out, args, Some(t), None)
 }
 
 /// `sminfo [-C CA] [-P PORT] [SM_LID]`.
 pub fn sminfo(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     run(out, args, diags::sminfo)
+}
+
+/// `ibnetdiscover [-s] [-C CA] [-P PORT]`.
+pub fn ibnetdiscover(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    fn t(
+        core: &mut ib_core::IbCore,
+        _sa: Option<ib_core::ClientId>,
+        src: Src,
+        args: &[&str],
+        stop: &mut dyn FnMut() -> bool,
+        out: &mut dyn Write,
+    ) -> Result<(), String> {
+        ib_tools::ibnetdiscover::ibnetdiscover(core, src, args, stop, out)
+    }
+    run_long(out, args, Some(t), None)
+}
+
+/// `ibping [-c COUNT] [-G] [-C CA] [-P PORT] DEST`.
+pub fn ibping(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    run_long(out, args, Some(ib_tools::ibping::ibping), None)
 }
 
 /// The SA client `saquery` asks through, registered on first use.

@@ -1,4 +1,4 @@
-//! perftest in the shell: `ib_write_bw`, `ib_write_lat`, `ib_read_bw`, `ib_read_lat`, `ib_send_bw`, `ib_send_lat`, `ib_atomic_lat`, run by `ib_tools::perftest::run` on the chosen HCA (`-d`, default the first registered) with the SA and CM clients registered on first use; Ctrl-C stops any wait. `ibv_rc_pingpong`/`ibv_ud_pingpong` are not here yet.
+//! perftest in the shell: `ib_write_bw`, `ib_write_lat`, `ib_read_bw`, `ib_read_lat`, `ib_send_bw`, `ib_send_lat`, `ib_atomic_lat`, run by `ib_tools::perftest::run`, and rdma-core's `ibv_rc_pingpong`/`ibv_ud_pingpong`, run by `ib_tools::pingpong::run`, on the chosen HCA (`-d`, default the first registered) with the SA and CM clients registered on first use; Ctrl-C stops any wait. Nothing of perftest's or rdma-core's TCP exchange: the sides meet through the IB CM.
 
 use alloc::string::{String, ToString};
 use core::fmt::Write;
@@ -12,7 +12,7 @@ use crate::hca::{self, Ib};
 /// The SA and CM clients, registered once.
 static CLIENTS: spin::Mutex<Option<(ClientId, ClientId)>> = spin::Mutex::new(None);
 
-fn clients(ib: &mut Ib) -> (ClientId, ClientId) {
+pub(super) fn clients(ib: &mut Ib) -> (ClientId, ClientId) {
     let mut c = CLIENTS.lock();
     *c.get_or_insert_with(|| {
         (
@@ -63,6 +63,58 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
     .unwrap_or_else(|| {
         Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
     })
+}
+
+fn pingpong(t: ib_tools::pingpong::Transport, out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    use ib_tools::pingpong;
+    let p = match pingpong::Params::parse(t, args) {
+        Ok(p) => p,
+        Err(e) if e.is_empty() => {
+            let _ = writeln!(out, "{}", pingpong::usage(t));
+            return Ok(());
+        }
+        Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", t.name())),
+    };
+    hca::with(|ib| {
+        let (sa, cm) = clients(ib);
+        let Ib { core, hcas } = ib;
+        let h = match &p.ib_dev {
+            Some(n) => hcas
+                .iter()
+                .find(|h| &h.name == n)
+                .ok_or_else(|| alloc::format!("IB device {n} not found"))?,
+            None => hcas
+                .iter()
+                .find(|h| h.id.is_some())
+                .ok_or("No IB devices found")?,
+        };
+        let dev = h
+            .id
+            .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
+        let name: String = h.name.clone();
+        let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+        let mut env = Env {
+            core,
+            sa,
+            cm,
+            dev,
+            dev_name: &name,
+            interrupted: &mut ctrl_c,
+        };
+        pingpong::run(&mut env, &p, out)
+    })
+    .unwrap_or_else(|| {
+        Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
+    })
+}
+
+/// `ibv_rc_pingpong`.
+pub fn ibv_rc_pingpong(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    pingpong(ib_tools::pingpong::Transport::Rc, out, args)
+}
+/// `ibv_ud_pingpong`.
+pub fn ibv_ud_pingpong(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    pingpong(ib_tools::pingpong::Transport::Ud, out, args)
 }
 
 /// `ib_write_bw`.

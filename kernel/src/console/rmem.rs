@@ -21,15 +21,36 @@ use crate::console::CmdResult;
 use crate::hca::{self, Ib};
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] | connect LID [-k K] | alloc LEN | \
-free ADDR | read ADDR LEN [--check] | write ADDR LEN [BYTE] | \
-bench [-n PAGES] [-k K] [--iters N] [--seq|--rand] [--csv] | stats | close";
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
+free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
+bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
 struct State {
     cm: ClientId,
     sa: ClientId,
     server: Option<Server>,
     client: Option<Client>,
+}
+
+/// The address of the chunk `rmem alloc` returned last (`@` in ADDR), for
+/// scripts that cannot know it in advance.
+static LAST_CHUNK: spin::Mutex<Option<u64>> = spin::Mutex::new(None);
+
+/// ADDR: a number, or `@` / `@+OFF` (the last chunk `rmem alloc` returned).
+fn addr(s: &str) -> Result<u64, String> {
+    let Some(rest) = s.strip_prefix('@') else {
+        return num(s);
+    };
+    let base = LAST_CHUNK
+        .lock()
+        .ok_or_else(|| String::from("@: no chunk allocated yet (rmem alloc LEN)"))?;
+    let off = match rest.strip_prefix('+') {
+        Some(o) => size(o)?,
+        None if rest.is_empty() => 0,
+        None => return Err(alloc::format!("bad address: {s} (@ or @+OFFSET)")),
+    };
+    base.checked_add(off)
+        .ok_or_else(|| alloc::format!("address overflow: {s}"))
 }
 
 static STATE: spin::Mutex<Option<State>> = spin::Mutex::new(None);
@@ -101,20 +122,32 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     match (sub, rest) {
         ("serve", [sz, more @ ..]) => {
             let bytes = size(sz)?;
-            let secs = match more {
-                [] => None,
-                [s] => Some(num(s)?),
-                _ => return Err(USAGE.into()),
-            };
-            serve(out, bytes, secs)
+            let mut secs = None;
+            let mut clients = None;
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                match o {
+                    "--clients" => {
+                        let n = it.next().ok_or_else(|| String::from(USAGE))?;
+                        clients = Some(num(n)?.max(1));
+                    }
+                    s if secs.is_none() => secs = Some(num(s)?),
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            serve(out, bytes, secs, clients)
         }
         ("connect", [lid, more @ ..]) => {
             let lid = u16::try_from(num(lid)?).map_err(|_| String::from("LID out of range"))?;
             let mut cfg = ClientConfig::default();
-            match more {
-                [] => {}
-                ["-k", k] => cfg.window = num(k)?.clamp(1, 1024) as usize,
-                _ => return Err(USAGE.into()),
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                let v = it.next().ok_or_else(|| String::from(USAGE))?;
+                match o {
+                    "-k" => cfg.window = num(v)?.clamp(1, 1024) as usize,
+                    "-t" => cfg.connect_timeout = Duration::from_secs(num(v)?.clamp(1, 3600)),
+                    _ => return Err(USAGE.into()),
+                }
             }
             with_state(|core, dev, st| {
                 if st.client.is_some() {
@@ -124,12 +157,17 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let r = c.region();
                 let _ = writeln!(
                     out,
-                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight",
+                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight{}",
                     r.base,
                     r.base + r.len,
                     r.len / 1024,
                     r.rkey,
-                    cfg.window
+                    cfg.window,
+                    match c.stats().retries {
+                        0 => String::new(),
+                        1 => String::from(" (after 1 retry)"),
+                        n => alloc::format!(" (after {n} retries)"),
+                    }
                 );
                 st.client = Some(c);
                 Ok(())
@@ -139,20 +177,21 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             let len = size(len)?;
             with_state(|core, _, st| {
                 let ch = client(st)?.alloc(core, len).map_err(err)?;
+                *LAST_CHUNK.lock() = Some(ch.addr);
                 let _ = writeln!(out, "{:#x} {}", ch.addr, ch.len);
                 Ok(())
             })
         }
-        ("free", [addr]) => {
-            let addr = num(addr)?;
+        ("free", [a]) => {
+            let addr = addr(a)?;
             with_state(|core, _, st| {
                 client(st)?
                     .free(core, rmem::client::RemoteChunk { addr, len: 0 })
                     .map_err(err)
             })
         }
-        ("write", [addr, len, more @ ..]) => {
-            let (addr, len) = (num(addr)?, size(len)?);
+        ("write", [a, len, more @ ..]) => {
+            let (addr, len) = (addr(a)?, size(len)?);
             if len == 0 || len > 16 << 20 {
                 return Err("LEN must be 1 byte to 16 MiB".into());
             }
@@ -172,31 +211,45 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 Ok(())
             })
         }
-        ("read", [addr, len, more @ ..]) => {
-            let (addr, len) = (num(addr)?, size(len)?);
+        ("read", [a, len, more @ ..]) => {
+            let (addr, len) = (addr(a)?, size(len)?);
             if len == 0 || len > 16 << 20 {
                 return Err("LEN must be 1 byte to 16 MiB".into());
             }
-            let check = match more {
-                [] => false,
-                ["--check"] => true,
+            // --check: the address pattern `rmem write` puts; --check BYTE:
+            // that byte everywhere.
+            let (check, fill) = match more {
+                [] => (false, None),
+                ["--check"] => (true, None),
+                ["--check", b] => (
+                    true,
+                    Some(u8::try_from(num(b)?).map_err(|_| String::from("BYTE > 0xff"))?),
+                ),
                 _ => return Err(USAGE.into()),
             };
+            let expect = move |a: u64| fill.unwrap_or_else(|| pattern(a));
             let mut data = vec![0u8; len as usize];
             with_state(|core, _, st| {
                 let t0 = crate::time::uptime_us();
                 client(st)?.read(core, addr, &mut data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
                 if check {
-                    if let Some(i) = (0..len).find(|&i| data[i as usize] != pattern(addr + i)) {
+                    if let Some(i) = (0..len).find(|&i| data[i as usize] != expect(addr + i)) {
                         return Err(alloc::format!(
                             "data check failed at {:#x}: {:#04x}, expected {:#04x}",
                             addr + i,
                             data[i as usize],
-                            pattern(addr + i)
+                            expect(addr + i)
                         ));
                     }
-                    let _ = writeln!(out, "read {len} bytes at {addr:#x} in {us} us: pattern ok");
+                    let _ = writeln!(
+                        out,
+                        "read {len} bytes at {addr:#x} in {us} us: {} ok",
+                        match fill {
+                            Some(b) => alloc::format!("fill {b:#04x}"),
+                            None => String::from("pattern"),
+                        }
+                    );
                 } else {
                     for (row, chunk) in data.chunks(16).take(64).enumerate() {
                         let _ = write!(out, "{:016x}:", addr + row as u64 * 16);
@@ -214,6 +267,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         }
         ("bench", opts) => {
             let mut cfg = BenchConfig::default();
+            let mut ks = vec![cfg.window];
             let mut csv = false;
             let mut it = opts.iter();
             while let Some(&o) = it.next() {
@@ -224,7 +278,16 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 };
                 match o {
                     "-n" => cfg.pages = val()?.max(1),
-                    "-k" => cfg.window = val()?.clamp(1, 1024) as usize,
+                    "-k" => {
+                        let v = it.next().ok_or_else(|| String::from(USAGE))?;
+                        ks = v
+                            .split(',')
+                            .map(|k| num(k).map(|k| k.clamp(1, 1024) as usize))
+                            .collect::<Result<_, _>>()?;
+                        if ks.is_empty() || ks.len() > 16 {
+                            return Err("-k takes 1 to 16 values, e.g. -k 1,4,16".into());
+                        }
+                    }
                     "--iters" => cfg.iters = val()?.clamp(1, 10_000_000),
                     "--seq" => cfg.pattern = Pattern::Sequential,
                     "--rand" => cfg.pattern = Pattern::Random,
@@ -233,12 +296,32 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 }
             }
             with_state(|core, _, st| {
-                let r = rmem::bench::run(core, client(st)?, cfg).map_err(err)?;
+                let c = client(st)?;
+                if let Some(&k) = ks.iter().find(|&&k| k > c.config().window) {
+                    return Err(alloc::format!(
+                        "-k {k}: the connection has {} requests in flight at most (rmem connect LID -k {k})",
+                        c.config().window
+                    ));
+                }
+                // One run per K; with --csv the rows form one block that
+                // run-qemu.sh collects (--- csv begin/end ---).
+                let mut rows = vec![];
+                for &k in &ks {
+                    let r =
+                        rmem::bench::run(core, c, BenchConfig { window: k, ..cfg }).map_err(err)?;
+                    if csv {
+                        rows.push(r);
+                    } else {
+                        let _ = r.write_report(out);
+                    }
+                }
                 if csv {
+                    let _ = writeln!(out, "--- csv begin rmem-bench ---");
                     let _ = writeln!(out, "{}", BenchResult::CSV_HEADER);
-                    let _ = r.write_csv(out);
-                } else {
-                    let _ = r.write_report(out);
+                    for r in &rows {
+                        let _ = r.write_csv(out);
+                    }
+                    let _ = writeln!(out, "--- csv end ---");
                 }
                 Ok(())
             })
@@ -287,6 +370,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             Ok(())
         }),
         ("close", []) => with_state(|core, _, st| {
+            *LAST_CHUNK.lock() = None;
             if let Some(c) = st.client.take() {
                 c.close(core).map_err(err)?;
             }
@@ -299,15 +383,17 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     }
 }
 
-fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
+/// Serves until `secs` pass, `clients` compute nodes have come and all
+/// gone, or Ctrl-C.
+fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64>) -> CmdResult {
     with_state(|core, dev, st| {
         if st.server.is_none() {
             let s =
                 Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(|e| {
                     match e {
                         rmem::Error::Verbs(ib_core::Error::NoMem) => alloc::format!(
-                            "cannot export {} KiB: the DMA pool has no room for it \
-                         (see meminfo; the pool is 1/8 of RAM, at most 128 MiB)",
+                            "cannot export {} KiB: no contiguous RAM left for it \
+                         (see meminfo; give the guest more, e.g. run-qemu.sh --memory 1G)",
                             bytes / 1024
                         ),
                         e => err(e),
@@ -332,20 +418,32 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>) -> CmdResult {
             .map_or(0, |a| a.lid);
         let _ = writeln!(
             out,
-            "rmem: serving {} KiB at {:#x} rkey {:#x} on LID {lid}; {}",
+            "rmem: serving {} KiB at {:#x} rkey {:#x} on {}; {}{}",
             r.len / 1024,
             r.base,
             r.rkey,
+            match lid {
+                0 => String::from("port 1 (no LID yet: the SM assigns it)"),
+                l => alloc::format!("LID {l}"),
+            },
+            match clients {
+                Some(n) => alloc::format!("until {n} compute node(s) have come and gone, "),
+                None => String::new(),
+            },
             match secs {
-                Some(n) => alloc::format!("for {n} s (Ctrl-C stops)"),
+                Some(n) => alloc::format!("for at most {n} s (Ctrl-C stops)"),
                 None => String::from("Ctrl-C stops"),
             }
         );
+        let before = s.stats().connects;
         let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
         loop {
             core.poll();
             s.poll(core).map_err(err)?;
             if end.is_some_and(|e| e.expired(&TscClock)) {
+                break;
+            }
+            if clients.is_some_and(|n| s.stats().connects - before >= n && s.clients() == 0) {
                 break;
             }
             if crate::serial::try_read() == Some(0x03) {

@@ -1,12 +1,13 @@
-//! `cx3-vfu`: serves the ConnectX-3 model as a PCI function (15b3:1003) to a
-//! QEMU `vfio-user-pci` client, per `docs/vfio-user.md`; see [`sim::vfu`]
+//! `cx3-vfu`: serves the ConnectX-3 model as PCI functions (15b3:1003), one
+//! per socket and all on one emulated fabric with its subnet manager, to
+//! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::vfu`]
 //! for the logic and `--help` for the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sim::ivshmem::Log;
-use sim::vfu::{Cli, Exit, Function, USAGE, irqs, parse_args, regions, serve};
+use sim::vfu::{Cli, Exit, Fleet, USAGE, irqs, parse_args, regions};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -15,12 +16,16 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    let (socket, node, opts) = match parse_args(std::env::args().skip(1)) {
+    let (sockets, node, opts) = match parse_args(std::env::args().skip(1)) {
         Ok(Cli::Help) => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        Ok(Cli::Run { socket, node, opts }) => (socket, node, opts),
+        Ok(Cli::Run {
+            sockets,
+            node,
+            opts,
+        }) => (sockets, node, opts),
         Err(e) => {
             eprintln!("cx3-vfu: {e}");
             return ExitCode::from(2);
@@ -32,31 +37,58 @@ fn main() -> ExitCode {
         unsafe { libc::signal(sig, handler) };
     }
     let stats = opts.stats;
-    let server = match vfio_user::Server::new(&socket, true, irqs(), regions()) {
-        Ok(s) => s,
+    let mut servers = Vec::new();
+    let remove_all = |n: usize| {
+        for s in &sockets[..n] {
+            let _ = std::fs::remove_file(s);
+        }
+    };
+    for s in &sockets {
+        match vfio_user::Server::new(s, true, irqs(), regions()) {
+            Ok(v) => servers.push(v),
+            Err(e) => {
+                eprintln!("cx3-vfu: {}: cannot listen: {e}", s.display());
+                remove_all(servers.len());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let mut fleet = match Fleet::open(sockets.len(), node, opts, |_| Log::stderr()) {
+        Ok(f) => f,
         Err(e) => {
-            eprintln!("cx3-vfu: {}: cannot listen: {e}", socket.display());
+            eprintln!("cx3-vfu: {e}");
+            remove_all(sockets.len());
             return ExitCode::from(2);
         }
     };
-    let f = Function::new(node, opts, Log::stderr());
-    eprintln!(
-        "cx3-vfu: serving node{node} as 15b3:1003 on {}",
-        socket.display()
-    );
-    let why = serve(&f, server, &STOP);
+    for (f, s) in fleet.functions().iter().zip(&sockets) {
+        eprintln!(
+            "cx3-vfu: serving node{} as 15b3:1003 on {}",
+            f.id(),
+            s.display()
+        );
+    }
+    if let Some(log) = fleet.opensm_log() {
+        eprintln!(
+            "cx3-vfu: OpenSM runs on the fabric; its log: {}",
+            log.display()
+        );
+    }
+    let why = fleet.serve(servers, &STOP);
     let msg = match why {
-        Exit::ClientGone => "client disconnected",
+        Exit::ClientGone if sockets.len() == 1 => "client disconnected",
+        Exit::ClientGone => "every client disconnected",
         Exit::Stopped => "signal",
         Exit::ParentGone => "parent process gone",
         Exit::PidsGone => "watched processes gone",
     };
     eprintln!("cx3-vfu: exiting: {msg}");
     if stats {
-        eprint!("{}", f.stats());
+        eprint!("{}", fleet.stats());
     }
-    // The server thread may still block in accept or recv: the socket file is
-    // removed here, and the process exit ends the thread.
-    let _ = std::fs::remove_file(&socket);
+    drop(fleet);
+    // A server thread may still block in accept or recv: the socket files
+    // are removed here, and the process exit ends the threads.
+    remove_all(sockets.len());
     ExitCode::SUCCESS
 }

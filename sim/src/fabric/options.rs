@@ -46,6 +46,17 @@ use super::{Built, Capture, Fabric, Topology};
 /// switch's Trap 128 covers links that come up later.
 pub const DEFAULT_OPENSM_ARGS: [&str; 2] = ["-s", "1"];
 
+/// The embedded SM as `--sm embedded` runs it: a light sweep every
+/// second, like OpenSM with [`DEFAULT_OPENSM_ARGS`], which also caps the
+/// back-off after a sweep with errors (a guest whose driver does not
+/// answer on QP0 yet) at a second instead of ten.
+pub fn embedded_sm_config() -> super::SmConfig {
+    super::SmConfig {
+        sweep_interval_ns: 1_000_000_000,
+        ..super::SmConfig::default()
+    }
+}
+
 /// The ibsim server's request timeout (OpenSM's own transaction timeout).
 pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -263,10 +274,17 @@ impl FabricOptions {
         }
         if self.sm == SmChoice::Embedded {
             fabric
-                .add_sm_on_free_port(super::SmConfig::default())
+                .add_sm_on_free_port(embedded_sm_config())
                 .map_err(|_| {
                     "--sm embedded: no switch port without a cable for the SM".to_string()
                 })?;
+            // LIDs by the plan (the SM host of `start_sm` included), not
+            // by which guest's driver answers first.
+            let sm_port = fabric.sm().map(|s| s.port_guid()).unwrap_or_default();
+            let plan = lid_plan(fabric, &built, sm_port, &[SM_HOST_END]);
+            if let Some(sm) = fabric.sm_mut() {
+                *sm = sm.restarted().with_lid_map(plan.into_iter().collect());
+            }
         }
         if let Some(path) = &self.capture {
             let c =
@@ -326,7 +344,8 @@ impl FabricOptions {
             timeout: SM_REQUEST_TIMEOUT,
         };
         if opts.opensm {
-            seed_guid2lid(&opts.dir, fabric, built, switch)?;
+            let plan = lid_plan(fabric, built, SM_HOST_END.2, &[]);
+            seed_guid2lid(&opts.dir, &plan)?;
         }
         if opts.opensm && !opensm_installed() {
             return Err(
@@ -340,26 +359,21 @@ impl FabricOptions {
     }
 }
 
-/// The LIDs OpenSM is to give, written into its guid2lid cache in `dir`
-/// (unless a cache is there already) so that they do not depend on which
-/// port its sweeps reach first: the rule of the embedded SM
-/// ([`super::sm`]), the SM's own port (the host node `smhost` on
-/// `switch`'s last free port, where [`SmService::start`] puts it) LID 1,
-/// then every end port (switch port 0, each cabled HCA port) by node GUID
-/// and port number. With `--nodes N` that is: the switch 2, node i LID
-/// 3 + i, under either SM.
-fn seed_guid2lid(
-    dir: &std::path::Path,
+/// The LIDs the subnet manager is to give, so that they never depend on
+/// which port a sweep reaches first (a guest whose driver comes up late):
+/// the SM's own port (`sm_port`) LID 1, then every end port (switch port 0,
+/// each cabled HCA port, and `extra` ports such as the SM host of the
+/// ibsim server) by node GUID and port number, as the embedded SM orders
+/// the ports of one sweep ([`super::sm`]). With `--nodes N` that is: the
+/// switch 2, node i LID 3 + i, under either SM. `(port GUID, LID)` pairs.
+pub fn lid_plan(
     fabric: &Fabric,
     built: &Built,
-    switch: Option<super::SwitchId>,
-) -> Result<(), String> {
-    let file = dir.join("guid2lid");
-    if file.exists() {
-        return Ok(());
-    }
+    sm_port: u64,
+    extra: &[(u64, u8, u64)],
+) -> Vec<(u64, u16)> {
     // (node GUID, port, port GUID)
-    let mut ends: Vec<(u64, u8, u64)> = Vec::new();
+    let mut ends: Vec<(u64, u8, u64)> = extra.to_vec();
     for (_, sw) in &built.switches {
         if let Some(s) = fabric.switch(*sw) {
             ends.push((s.node_guid, 0, s.node_guid));
@@ -374,21 +388,41 @@ fn seed_guid2lid(
         }
     }
     ends.sort_unstable();
-    let sm_port = super::ibsim::SM_HOST_GUID + 1;
-    let mut text = String::new();
-    if switch.is_some() {
-        text.push_str(&format!("0x{sm_port:016x} 0x0001 0x0001\n\n"));
-    }
-    for (k, (_, _, guid)) in ends.iter().enumerate() {
-        let lid = k + 2;
+    let mut plan = vec![(sm_port, 1u16)];
+    for (_, _, guid) in ends {
+        let lid = plan.len() + 1;
         if lid >= 0xc000 {
             break;
         }
+        if guid != sm_port {
+            plan.push((guid, lid as u16));
+        }
+    }
+    plan
+}
+
+/// Writes [`lid_plan`] into OpenSM's guid2lid cache in `dir`, in the
+/// format OpenSM writes it, unless a cache is there already (a restart in
+/// the same directory keeps what OpenSM knew).
+fn seed_guid2lid(dir: &std::path::Path, plan: &[(u64, u16)]) -> Result<(), String> {
+    let file = dir.join("guid2lid");
+    if file.exists() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    for (guid, lid) in plan {
         text.push_str(&format!("0x{guid:016x} 0x{lid:04x} 0x{lid:04x}\n\n"));
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))
 }
+
+/// The SM host of the ibsim server, as an end port for [`lid_plan`].
+const SM_HOST_END: (u64, u8, u64) = (
+    super::ibsim::SM_HOST_GUID,
+    1,
+    super::ibsim::SM_HOST_GUID + 1,
+);
 
 /// Whether OpenSM and the umad2sim preload it runs under are installed.
 pub fn opensm_installed() -> bool {
@@ -495,30 +529,48 @@ mod tests {
     }
 
     #[test]
-    fn opensm_is_told_the_lids_the_embedded_sm_would_give() {
+    fn both_sms_are_told_the_same_lids() {
         let dir = std::env::temp_dir().join(format!("lego-g2l-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut f = Fabric::new();
         let b = FabricOptions::default().build(&mut f, 2).unwrap();
-        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
-        let text = std::fs::read_to_string(dir.join("guid2lid")).unwrap();
         let sw = f.switch(b.switches[0].1).unwrap().node_guid;
-        let want = format!(
-            "0x{:016x} 0x0001 0x0001\n\n0x{sw:016x} 0x0002 0x0002\n\n\
-             0x{:016x} 0x0003 0x0003\n\n0x{:016x} 0x0004 0x0004\n\n",
-            crate::fabric::ibsim::SM_HOST_GUID + 1,
-            b.hcas[0].node_guid + 1,
-            b.hcas[1].node_guid + 1,
+        let (n0, n1) = (b.hcas[0].node_guid + 1, b.hcas[1].node_guid + 1);
+        let plan = lid_plan(&f, &b, SM_HOST_END.2, &[]);
+        assert_eq!(
+            plan,
+            [(SM_HOST_END.2, 1), (sw, 2), (n0, 3), (n1, 4)],
+            "OpenSM: its host node 1, the switch 2, node i 3 + i"
         );
-        assert_eq!(text, want);
+        seed_guid2lid(&dir, &plan).unwrap();
+        let text = std::fs::read_to_string(dir.join("guid2lid")).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "0x{:016x} 0x0001 0x0001\n\n0x{sw:016x} 0x0002 0x0002\n\n\
+                 0x{n0:016x} 0x0003 0x0003\n\n0x{n1:016x} 0x0004 0x0004\n\n",
+                SM_HOST_END.2
+            )
+        );
         // A cache already there (a restart in the same directory) stays.
         std::fs::write(dir.join("guid2lid"), "kept").unwrap();
-        seed_guid2lid(&dir, &f, &b, b.switches.first().map(|s| s.1)).unwrap();
+        seed_guid2lid(&dir, &plan).unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.join("guid2lid")).unwrap(),
             "kept"
         );
         let _ = std::fs::remove_dir_all(&dir);
+        // The embedded SM: itself 1, then the same order, the SM host of
+        // the ibsim server last (its GUID is the highest).
+        let mut o = FabricOptions::default();
+        o.parse_arg("--sm", Some("embedded")).unwrap();
+        let mut f = Fabric::new();
+        o.build(&mut f, 2).unwrap();
+        let sm = f.sm().unwrap();
+        assert_eq!(sm.lid_of(sm.port_guid()), Some(1));
+        assert_eq!(sm.lid_of(sw), Some(2));
+        assert_eq!((sm.lid_of(n0), sm.lid_of(n1)), (Some(3), Some(4)));
+        assert_eq!(sm.lid_of(SM_HOST_END.2), Some(5));
     }
 
     #[test]

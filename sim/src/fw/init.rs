@@ -115,8 +115,33 @@ pub fn run_fw(hca: &mut Hca, _cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// MOD_STAT_CFG (Linux flavour, op_mod 0): only 4 KiB pages may be set.
+/// MOD_STAT_CFG: op_mod 0 (Linux's set, at RUN_FW time) where only 4 KiB
+/// pages may be set; op_mod 2, the query of one port's static
+/// configuration that Linux 6.1's `mlx4_get_phys_port_id` makes at every
+/// probe (in_mod = port << 8, the iPXE input modifier's `portnum`; offset
+/// and the other fields 0), answered with the block's port and node GUIDs
+/// where iPXE's `hermonprm_mod_stat_cfg` has them (the rest of the block,
+/// SerDes and Ethernet settings, reads as zero). iPXE's own set/query
+/// (op_mod 1/3, with offsets and setup modes) is refused.
 pub fn mod_stat_cfg(hca: &mut Hca, cmd: &Command) -> CmdResult {
+    if cmd.op_mod == 2 {
+        need(hca, &[Running, Initialized])?;
+        let port = cmd.in_mod >> 8;
+        if cmd.in_mod & !0xff00 != 0 {
+            return Err(Status::BAD_PARAM);
+        }
+        let Some(i) = hca.port_index(port) else {
+            return Err(Status::BAD_PARAM);
+        };
+        let guid = hca.ports[i].guid();
+        let node = hca.cfg.node_guid;
+        let mut b = vec![0u8; mod_stat_cfg::QUERY_LEN];
+        layout::put32(&mut b, mod_stat_cfg::GUID_HI, (guid >> 32) as u32);
+        layout::put32(&mut b, mod_stat_cfg::GUID_LO, guid as u32);
+        layout::put32(&mut b, mod_stat_cfg::NODEGUID_HI, (node >> 32) as u32);
+        layout::put32(&mut b, mod_stat_cfg::NODEGUID_LO, node as u32);
+        return out(hca, cmd, &b);
+    }
     need(hca, &[Running])?;
     if cmd.op_mod != 0 {
         return Err(Status::BAD_OP);

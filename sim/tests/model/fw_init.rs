@@ -141,6 +141,37 @@ fn mod_stat_cfg_accepts_4k_pages_only() {
     assert_eq!(r.cmd_in(&b, 0, 1, Opcode::MOD_STAT_CFG), st(Status::BAD_OP));
 }
 
+/// Linux 6.1's `mlx4_get_phys_port_id`: MOD_STAT_CFG op_mod 2, in_mod
+/// port << 8, reads the port GUID at 0x14 (high) and 0x1c (low).
+#[test]
+fn mod_stat_cfg_query_returns_the_port_guid() {
+    let mut r = Raw::new();
+    load_fw(&mut r).unwrap();
+    let node = sim::SimConfig::default().node_guid;
+    for port in 1..=2u32 {
+        let b = r.cmd_out(port << 8, 2, Opcode::MOD_STAT_CFG).unwrap();
+        let be = |o: usize| u64::from(u32::from_be_bytes(b[o..o + 4].try_into().unwrap()));
+        assert_eq!(
+            be(0x14) << 32 | be(0x1c),
+            node + u64::from(port),
+            "port {port}"
+        );
+        assert_eq!(be(0x24) << 32 | be(0x2c), node, "node GUID");
+    }
+    for bad in [0, 3 << 8, (1 << 8) | 1, 1 << 16] {
+        assert_eq!(
+            r.cmd_out(bad, 2, Opcode::MOD_STAT_CFG).map(|_| ()),
+            st(Status::BAD_PARAM),
+            "in_mod {bad:#x}"
+        );
+    }
+    assert_eq!(
+        r.cmd_out(1 << 8, 3, Opcode::MOD_STAT_CFG).map(|_| ()),
+        st(Status::BAD_OP),
+        "iPXE's query flavour is not modelled"
+    );
+}
+
 #[test]
 fn query_dev_cap_and_query_port_report_a_dual_port_ib_card() {
     let mut r = Raw::new();

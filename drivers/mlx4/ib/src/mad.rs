@@ -298,6 +298,41 @@ pub fn query_gid(dev: &mut Dev, port: u8, index: u32) -> Result<[u8; 16]> {
     Ok(gid)
 }
 
+/// The whole GID table in one PortInfo and one GUIDInfo query per 8
+/// entries: what the cache refresh needs, at 1 + len/8 MAD_IFCs where
+/// [`query_gid`] per entry costs 2 each (Linux 3.11's cache does that;
+/// under TCG every MAD_IFC is a polled firmware command).
+pub fn query_gid_table(
+    dev: &mut Dev,
+    port: u8,
+    len: usize,
+    mut put: impl FnMut(usize, [u8; 16]),
+) -> Result<()> {
+    let m = query(dev, port, attr::PORT_INFO, u32::from(port))?;
+    let mut gid = [0u8; 16];
+    gid[..8].copy_from_slice(&m[off::SMP_DATA + 8..off::SMP_DATA + 16]);
+    for (block, first) in (0u32..).zip((0..len).step_by(8)) {
+        let g = query(dev, port, attr::GUID_INFO, block)?;
+        for index in first..len.min(first + 8) {
+            let o = off::SMP_DATA + (index - first) * 8;
+            gid[8..].copy_from_slice(&g[o..o + 8]);
+            put(index, gid);
+        }
+    }
+    Ok(())
+}
+
+/// The whole P_Key table, one PKeyTable query per 32 entries.
+pub fn query_pkey_table(dev: &mut Dev, port: u8, out: &mut [u16]) -> Result<()> {
+    for (block, keys) in (0u32..).zip(out.chunks_mut(32)) {
+        let m = query(dev, port, attr::PKEY_TABLE, block)?;
+        for (i, k) in keys.iter_mut().enumerate() {
+            *k = be16(&m, off::SMP_DATA + i * 2);
+        }
+    }
+    Ok(())
+}
+
 /// Linux `__mlx4_ib_query_pkey`: entry `index % 32` of PKeyTable block
 /// `index / 32`.
 pub fn query_pkey(dev: &mut Dev, port: u8, index: u16) -> Result<u16> {

@@ -442,6 +442,31 @@ impl Mlx4IbDev {
         mad::query_gid(&mut self.dev, port, index)
     }
 
+    /// The port's GID table from index 0, `len` entries (at most the
+    /// table's length), each handed to `put` with its index; read in
+    /// blocks: see [`mad::query_gid_table`].
+    pub fn query_gid_table(
+        &mut self,
+        port: u8,
+        len: usize,
+        put: impl FnMut(usize, [u8; 16]),
+    ) -> Result<()> {
+        self.check_port(port)?;
+        if len as u64 > u64::from(self.dev.caps().port[usize::from(port)].gid_table_len) {
+            return Err(Error::Inval("GID table read beyond the table"));
+        }
+        mad::query_gid_table(&mut self.dev, port, len, put)
+    }
+
+    /// The port's P_Key table from index 0 into `out`, in blocks of 32.
+    pub fn query_pkey_table(&mut self, port: u8, out: &mut [u16]) -> Result<()> {
+        self.check_port(port)?;
+        if out.len() as u64 > u64::from(self.dev.caps().port[usize::from(port)].pkey_table_len) {
+            return Err(Error::Inval("P_Key table read beyond the table"));
+        }
+        mad::query_pkey_table(&mut self.dev, port, out)
+    }
+
     /// Linux `mlx4_ib_query_pkey`.
     pub fn query_pkey(&mut self, port: u8, index: u16) -> Result<u16> {
         self.check_port(port)?;

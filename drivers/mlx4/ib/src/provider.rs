@@ -323,6 +323,19 @@ impl IbDevice for Mlx4IbDev {
         ib(Mlx4IbDev::query_pkey(self, port, index))
     }
 
+    fn query_gid_table(&mut self, port: u8, out: &mut [v::Gid]) -> IbResult<()> {
+        let len = out.len();
+        ib(Mlx4IbDev::query_gid_table(self, port, len, |i, g| {
+            if let Some(slot) = out.get_mut(i) {
+                slot.0 = g;
+            }
+        }))
+    }
+
+    fn query_pkey_table(&mut self, port: u8, out: &mut [u16]) -> IbResult<()> {
+        ib(Mlx4IbDev::query_pkey_table(self, port, out))
+    }
+
     fn alloc_pd(&mut self) -> IbResult<Pd> {
         ib(Mlx4IbDev::alloc_pd(self)).map(|p| Pd(p.0))
     }

@@ -1256,8 +1256,65 @@ impl Mlx4IbQp {
 
     /// Linux `mlx4_ib_post_recv`: one receive WQE per request (data
     /// segments plus the terminator when fewer than `max_gs`), then the RQ
-    /// doorbell record after a barrier. No MMIO.
+    /// doorbell record after a barrier. No MMIO. A single request with at
+    /// most one SGE takes a straight line of its own.
+    #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
+        if let [wr] = wrs
+            && self.state != QpState::Reset
+            && self.post_recv_one_fast(wr)
+        {
+            return Ok(());
+        }
+        self.post_recv_general(wrs)
+    }
+
+    /// One receive with at most one SGE: the WQE in one bounds-checked
+    /// block, the doorbell record. False, having written nothing, if it
+    /// does not apply (the general path then posts it or says why not).
+    #[inline(always)]
+    fn post_recv_one_fast(&mut self, wr: &RecvWr<'_>) -> bool {
+        let Some(db) = &self.db else {
+            return false;
+        };
+        if wr.sg_list.len() > 1 || self.rq.overflow(0) {
+            return false;
+        }
+        let ind = self.rq.head & (self.rq.wqe_cnt - 1);
+        let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
+        let (w0, w1) = match wr.sg_list.first() {
+            Some(s) => ((u64::from(s.length) << 32) | u64::from(s.lkey), s.addr),
+            None => (u64::from(wqe::INVALID_LKEY), 0),
+        };
+        let b = self.buf.window();
+        // The data segment, and the terminator behind it when the WQE has
+        // room for more.
+        if wr.sg_list.len() == 1 && self.rq.max_gs > 1 {
+            let Some(blk) = b.block::<32>(base) else {
+                return false;
+            };
+            blk.write_be64(0, w0);
+            blk.write_be64(data::ADDR, w1);
+            blk.write_be64(data::SIZE, u64::from(wqe::INVALID_LKEY));
+            blk.write_be64(data::SIZE + data::ADDR, 0);
+        } else {
+            let Some(blk) = b.block::<16>(base) else {
+                return false;
+            };
+            blk.write_be64(0, w0);
+            blk.write_be64(data::ADDR, w1);
+        }
+        if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
+            *w = wr.wr_id;
+        }
+        self.rq.head = self.rq.head.wrapping_add(1);
+        dma_wmb();
+        db.write(0, mlx4_hw::doorbell::rq_db_record(self.rq.head));
+        true
+    }
+
+    #[inline(never)]
+    fn post_recv_general(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
         if self.state == QpState::Reset {
             return Err(PostError {
                 err: Error::Inval("receive posted to a QP in RESET"),
@@ -1271,48 +1328,6 @@ impl Mlx4IbQp {
             });
         };
         let b = self.buf.window();
-        // One request with at most one SGE (the common case): straight line.
-        if let [wr] = wrs
-            && wr.sg_list.len() <= 1
-            && !self.rq.overflow(0)
-        {
-            let ind = self.rq.head & (self.rq.wqe_cnt - 1);
-            let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
-            let (w0, w1) = match wr.sg_list.first() {
-                Some(s) => ((u64::from(s.length) << 32) | u64::from(s.lkey), s.addr),
-                None => (u64::from(wqe::INVALID_LKEY), 0),
-            };
-            // One bounds check per WQE: the data segment, and the
-            // terminator behind it when the WQE has room for more.
-            if wr.sg_list.len() == 1 && self.rq.max_gs > 1 {
-                let Some(blk) = b.block::<32>(base) else {
-                    return Err(PostError {
-                        err: Error::Inval("receive WQE outside the QP buffer"),
-                        bad_wr: 0,
-                    });
-                };
-                blk.write_be64(0, w0);
-                blk.write_be64(data::ADDR, w1);
-                blk.write_be64(data::SIZE, u64::from(wqe::INVALID_LKEY));
-                blk.write_be64(data::SIZE + data::ADDR, 0);
-            } else {
-                let Some(blk) = b.block::<16>(base) else {
-                    return Err(PostError {
-                        err: Error::Inval("receive WQE outside the QP buffer"),
-                        bad_wr: 0,
-                    });
-                };
-                blk.write_be64(0, w0);
-                blk.write_be64(data::ADDR, w1);
-            }
-            if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
-                *w = wr.wr_id;
-            }
-            self.rq.head = self.rq.head.wrapping_add(1);
-            dma_wmb();
-            db.write(0, mlx4_hw::doorbell::rq_db_record(self.rq.head));
-            return Ok(());
-        }
         let mut ind = self.rq.head & (self.rq.wqe_cnt - 1);
         let mut nreq = 0u32;
         let mut res = Ok(());
