@@ -258,14 +258,7 @@ pub fn poll() {
     for r in PING.lock().iter_mut() {
         r.poll(&mut ib.core);
     }
-    let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
-    for pe in &events {
-        log_port_event(&ib.core, pe);
-    }
-    let lost = PORT_EVENTS_LOST.swap(0, core::sync::atomic::Ordering::Relaxed);
-    if lost > 0 {
-        log::warn!("ib: {lost} port event(s) not logged (too many at once)");
-    }
+    drain_port_events(&ib.core);
     let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
     for id in fatal {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {
@@ -285,6 +278,27 @@ pub fn poll() {
             }
             Err(e) => log::error!("{}: ib_unregister_device failed: {e}", h.name),
         }
+    }
+}
+
+fn drain_port_events(core: &IbCore) {
+    let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
+    for pe in &events {
+        log_port_event(core, pe);
+    }
+    let lost = PORT_EVENTS_LOST.swap(0, core::sync::atomic::Ordering::Relaxed);
+    if lost > 0 {
+        log::warn!("ib: {lost} port event(s) not logged (too many at once)");
+    }
+}
+
+/// Logs the port events that came while a console command held the
+/// adapters (the shell calls it after each command; never blocks).
+pub fn log_port_events() {
+    if let Some(g) = IB.try_lock()
+        && let Some(ib) = g.as_ref()
+    {
+        drain_port_events(&ib.core);
     }
 }
 

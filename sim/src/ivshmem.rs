@@ -15,8 +15,9 @@
 //! trace, violations and DMA faults to stderr, bumps the heartbeat, and
 //! raises a planned catastrophic error (once per node, `--catas-after` after
 //! its first successful INIT_HCA). [`Emulator::run`] polls adaptively
-//! (spin a few µs after work, or 200 µs while work keeps coming back within
-//! 200 µs of a pause, then sleep 20 µs with 1 ns timer slack, and
+//! (spin a few µs after work, or with `--busy-spin-us N` N µs while work
+//! keeps coming back within N µs of a pause, then sleep 20 µs with 1 ns
+//! timer slack, and
 //! 1 ms per round once nothing has happened for 100 ms) until every guest
 //! has shut down, a signal arrives, or a watched process is gone. The deep
 //! idle step exists because 20 µs naps alone cost half a core on a 2-vCPU
@@ -367,7 +368,10 @@ pub struct Options {
     /// Spin this long after the last activity before sleeping.
     pub spin: Duration,
     /// Spin this long instead while work comes back within this time
-    /// after a pause (a request/response exchange between guests).
+    /// after a pause (a request/response exchange between guests); 0
+    /// (the default) turns this off: on a machine whose cores the TCG
+    /// vCPUs fill, the spinning takes the time the guests need to answer
+    /// (docs/ivshmem.md, "Polling and CPU use").
     pub busy_spin: Duration,
     /// Sleep this long per idle round (1 ns timer slack).
     pub sleep: Duration,
@@ -397,7 +401,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             spin: Duration::from_micros(5),
-            busy_spin: Duration::from_micros(200),
+            busy_spin: Duration::ZERO,
             sleep: Duration::from_micros(20),
             idle_after: Duration::from_millis(100),
             idle_sleep: Duration::from_millis(1),
@@ -1034,9 +1038,10 @@ Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
                         (fractions allowed) after its first successful INIT_HCA
   --trace               print every firmware command on stderr (node<N>: ...)
   --spin-us N           spin N µs after the last activity (default 5)
-  --busy-spin-us N      ... but N µs (default 200) once work comes back within
-                        N µs of a pause: guests in a request/response exchange
-                        get each request taken at once, not after a nap
+  --busy-spin-us N      ... but N µs once work comes back within N µs of a
+                        pause: each request of a request/response exchange
+                        is taken at once, not after a nap (default 0, off:
+                        worth it only with a core to spare for the emulator)
   --sleep-us N          then sleep N µs per round, 1 ns timer slack
                         (default 20, at most 5000)
   --idle-after-ms N     after N ms without activity (default 100) ...
@@ -1066,7 +1071,7 @@ Subnet manager (docs/peers.md):
                         switch's last free port); embedded: the fabric's own
                         SM and SA (first free switch port); none (default):
                         no SM. Every choice also serves ibsim's protocol
-                        (socket lego-<pid>) for the diags (scripts/ib-host.sh)
+                        (socket lego-<pid>-0) for the diags (scripts/ib-host.sh)
   --embedded-sm         the same as --sm embedded
   --sm-dir DIR          OpenSM's log (DIR/opensm.log), cache and dumps
                         (default: cx3-emu-<pid> in the temporary directory)

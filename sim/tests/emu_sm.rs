@@ -174,7 +174,7 @@ fn opensm_runs_as_the_emulators_child_and_ends_with_it() {
         .unwrap()
         .trim()
         .to_string();
-    assert_eq!(sock, format!("lego-{emu_pid}"));
+    assert_eq!(sock, format!("lego-{emu_pid}-0"));
     let osm = opensm_children(emu_pid);
     assert_eq!(osm.len(), 1, "one OpenSM, a child of cx3-emu");
     let log = sm_dir.join("opensm.log");

@@ -17,17 +17,19 @@ static MAPPER: spin::Mutex<Option<OffsetPageTable<'static>>> = spin::Mutex::new(
 
 const TWO_MIB: u64 = 2 << 20;
 
-/// Identity-maps `[start, end)`; parts that are already mapped (by a 4 KiB
-/// or a huge page) are left as they are.
+/// Identity-maps `[start, end)`, with 4 KiB pages in the 2 MiB chunk at
+/// `small`; parts that are already mapped (by a 4 KiB or a huge page) are
+/// left as they are.
 fn map_range(
     m: &mut OffsetPageTable<'static>,
     start: u64,
     end: u64,
     flags: F,
+    small: u64,
 ) -> Result<(), &'static str> {
     let mut a = start & !0xfff;
     while a < end {
-        let huge = a.is_multiple_of(TWO_MIB) && a + TWO_MIB <= end;
+        let huge = a.is_multiple_of(TWO_MIB) && a + TWO_MIB <= end && a != small;
         let result = if huge {
             let page = Page::<Size2MiB>::containing_address(VirtAddr::new(a));
             let frame = PhysFrame::<Size2MiB>::containing_address(PhysAddr::new(a));
@@ -63,8 +65,14 @@ pub fn init(map: &[MemoryRegion]) {
     // now and by these tables once loaded, for every frame the mapper touches.
     let mut m = unsafe { OffsetPageTable::new(l4, VirtAddr::new(0)) };
     let rw = F::PRESENT | F::WRITABLE;
+    // Guard page: the lowest page of the boot stack. Its 2 MiB chunk is
+    // mapped with 4 KiB pages so that the guard alone can be unmapped
+    // (where the linker puts the stack moves as the image grows).
+    let (stack_lo, _) = boot::boot_stack();
+    let small = stack_lo & !(TWO_MIB - 1);
     // Low memory (BIOS data, ACPI tables) except page 0.
-    map_range(&mut m, 0x1000, 0x10_0000, rw).unwrap_or_else(|e| panic!("mapping low memory: {e}"));
+    map_range(&mut m, 0x1000, 0x10_0000, rw, small)
+        .unwrap_or_else(|e| panic!("mapping low memory: {e}"));
     for r in map {
         if matches!(
             r.kind,
@@ -72,16 +80,14 @@ pub fn init(map: &[MemoryRegion]) {
         ) {
             let start = r.start.max(0x10_0000);
             if start < r.end() {
-                map_range(&mut m, start, r.end(), rw)
+                map_range(&mut m, start, r.end(), rw, small)
                     .unwrap_or_else(|e| panic!("mapping RAM: {e}"));
             }
         }
     }
     // The kernel image itself (it may sit in a region the map calls reserved).
     let (ks, ke) = boot::kernel_image();
-    map_range(&mut m, ks, ke, rw).unwrap_or_else(|e| panic!("mapping the kernel: {e}"));
-    // Guard page: the lowest page of the boot stack.
-    let (stack_lo, _) = boot::boot_stack();
+    map_range(&mut m, ks, ke, rw, small).unwrap_or_else(|e| panic!("mapping the kernel: {e}"));
     let guard = Page::<Size4KiB>::containing_address(VirtAddr::new(stack_lo));
     match m.unmap(guard) {
         Ok((_, f)) => f.ignore(),

@@ -47,18 +47,27 @@ use super::{Built, Capture, Fabric, Topology};
 pub const DEFAULT_OPENSM_ARGS: [&str; 2] = ["-s", "1"];
 
 /// The embedded SM as `--sm embedded` runs it: a light sweep every
-/// second, like OpenSM with [`DEFAULT_OPENSM_ARGS`], which also caps the
-/// back-off after a sweep with errors (a guest whose driver does not
-/// answer on QP0 yet) at a second instead of ten.
+/// second, like OpenSM with [`DEFAULT_OPENSM_ARGS`], and after a sweep
+/// with errors (a guest whose QP0 went unpolled while its driver refreshed
+/// ib_core's port cache) the next one 250 ms later, doubling up to that
+/// second, instead of 1 s doubling up to 10 s (a guest then waited up to
+/// 19 s for Active).
 pub fn embedded_sm_config() -> super::SmConfig {
     super::SmConfig {
         sweep_interval_ns: 1_000_000_000,
+        error_resweep_ns: 250_000_000,
         ..super::SmConfig::default()
     }
 }
 
-/// The ibsim server's request timeout (OpenSM's own transaction timeout).
-pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_millis(200);
+/// The ibsim server's request timeout: how long OpenSM (or a diag) waits
+/// for an answer before it is told "timed out" (umad2sim has no timeouts
+/// of its own). 1 s, not OpenSM's 200 ms default: a guest under TCG does
+/// not poll QP0 while it refreshes ib_core's port cache after a port event
+/// (several hundred MAD_IFCs, 0.3 s and more on a loaded machine); at
+/// 200 ms OpenSM counted those SMPs lost, failed the sweep and bounced the
+/// port (Active, then INIT, then Active again seconds later).
+pub const SM_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Which subnet manager runs on the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -299,7 +308,7 @@ impl FabricOptions {
     /// the socket name (`--sockname-file`), and for `--sm opensm` starts
     /// OpenSM as a child process (its log `DIR/opensm.log`, DIR from
     /// `--sm-dir`, else `cx3-emu-<pid>` under the temporary directory).
-    /// `base` is the socket name, unique per run (`lego-<pid>`). `None`
+    /// `base` is the socket name, unique per emulator (`lego-<pid>-<n>`). `None`
     /// when nothing is to run: `--sm none` without a free switch port.
     pub fn start_sm(
         &self,
