@@ -51,9 +51,12 @@ pub struct ClientConfig {
     pub op_timeout: Duration,
     /// Transport retry count (3 bits) and RNR retry count of the connection.
     pub retry_count: u8,
-    /// Local ACK timeout of connections made without the CM (4.096 us *
-    /// 2^x; with `retry_count` it bounds how long a gone memory node takes
-    /// to be noticed: (retry_count + 1) * 4.096 us * 2^x).
+    /// Local ACK timeout (4.096 us * 2^x) of connections made without the
+    /// CM, and its upper bound for CM connections (whose timeout is the
+    /// path's packet life time + 1); with `retry_count` it bounds how long
+    /// a gone memory node or a pulled cable takes to be noticed:
+    /// (retry_count + 1) * 4.096 us * 2^x (16, 7: 8 x 268 ms = 2.1 s, under
+    /// `op_timeout`).
     pub ack_timeout: u8,
     /// Latencies kept for the exact percentiles.
     pub sample: usize,
@@ -67,12 +70,21 @@ impl Default for ClientConfig {
             slot_len: crate::PAGE_SIZE,
             service_id: crate::SERVICE_ID,
             connect_timeout: Duration::from_secs(5),
-            op_timeout: Duration::from_secs(2),
+            op_timeout: Duration::from_secs(5),
             retry_count: 7,
-            ack_timeout: 14,
+            ack_timeout: 16,
             sample: crate::stats::DEFAULT_SAMPLE,
         }
     }
+}
+
+/// Where the memory node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    /// Its port's LID.
+    Lid(u16),
+    /// Its port's GID.
+    Gid(ib_core::verbs::Gid),
 }
 
 /// The memory node's region as HELLO reports it.
@@ -186,6 +198,20 @@ impl Client {
         dlid: u16,
         cfg: ClientConfig,
     ) -> Result<Client> {
+        Self::connect_to(core, cm, sa, dev_id, Dest::Lid(dlid), cfg)
+    }
+
+    /// [`Client::connect`] to a LID or a port GID (a GID does not change
+    /// when the SM hands out other LIDs: scripts name the memory node by
+    /// its port GUID).
+    pub fn connect_to(
+        core: &mut IbCore,
+        cm: ClientId,
+        sa: ClientId,
+        dev_id: DeviceId,
+        dest: Dest,
+        cfg: ClientConfig,
+    ) -> Result<Client> {
         let deadline = Deadline::after(core.clock(), cfg.connect_timeout);
         // One QP for every attempt (moved back to RESET between them): a
         // failed attempt costs no verbs objects.
@@ -193,19 +219,22 @@ impl Client {
         let mut retries = 0u64;
         loop {
             let left = deadline.remaining(core.clock());
-            let r = sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, dlid, left)
-                .map_err(Error::Connect)
-                .and_then(|path| {
-                    let left = deadline.remaining(core.clock());
-                    c.cm_connect(core, cm, path, left)
-                });
+            let r = match dest {
+                Dest::Lid(l) => sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, l, left),
+                Dest::Gid(g) => sa_query::sa_path_to_gid(core, sa, dev_id, cfg.port, g, left),
+            }
+            .map_err(Error::Connect)
+            .and_then(|path| {
+                let left = deadline.remaining(core.clock());
+                c.cm_connect(core, cm, path, left)
+            });
             match r {
                 Ok(()) => {
                     c.stats.retries = retries;
                     return c.finish(core);
                 }
                 Err(Error::Connect(e)) if deadline.remaining(core.clock()) > CONNECT_PAUSE => {
-                    log::debug!("rmem: connecting to LID {dlid}: {e}; trying again");
+                    log::debug!("rmem: connecting to {dest:?}: {e}; trying again");
                     retries += 1;
                     let pause = Deadline::after(core.clock(), CONNECT_PAUSE);
                     while !pause.expired(core.clock()) {
@@ -242,6 +271,12 @@ impl Client {
         timeout: Duration,
     ) -> Result<()> {
         let cfg = self.cfg;
+        // The CM gives the QP a local ACK timeout of the path's packet life
+        // time + 1; an SA's default (OpenSM: 18, 1 s per try, 8 s for 7
+        // retries) would let `op_timeout` fire first on a pulled cable. At
+        // most `ack_timeout`, as rdma_set_ack_timeout lets Linux ULPs ask.
+        let mut path = path;
+        path.packet_life_time = path.packet_life_time.min(cfg.ack_timeout.saturating_sub(1));
         let mut p = CmReqParam::new(path, cfg.service_id, self.qp);
         p.retry_count = cfg.retry_count.min(7);
         p.rnr_retry_count = cfg.retry_count.min(7);
@@ -742,9 +777,14 @@ impl Client {
                     }
                 }
                 Ok(())
-            } else if let Some(_e) = self.broken {
+            } else if let Some(first) = self.broken {
                 self.stats.errors += 1;
-                Err(Error::from_wc(w.status, slot.addr, slot.len))
+                // A request flushed because the connection failed earlier
+                // reports why it failed, not the flush.
+                Err(match w.status {
+                    WcStatus::WrFlushErr => first,
+                    s => Error::from_wc(s, slot.addr, slot.len),
+                })
             } else {
                 Err(self.fail(core, Error::from_wc(w.status, slot.addr, slot.len)))
             };

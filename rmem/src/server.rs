@@ -64,6 +64,9 @@ pub struct ServerStats {
     pub refused: u64,
     /// Connections closed.
     pub disconnects: u64,
+    /// Connections that said HELLO (a compute node that got its region;
+    /// a connect attempt its node gave up before is not one).
+    pub hellos: u64,
     /// RPCs answered successfully.
     pub rpcs: u64,
     /// RPCs answered with an error status (malformed, no space...).
@@ -414,6 +417,7 @@ impl Server {
         };
         match req.op {
             Op::Hello => {
+                self.stats.hellos += 1;
                 r.addr = self.cfg.iova;
                 r.len = self.size;
             }

@@ -577,7 +577,7 @@ fn rmem_cm_request_before_the_rtu_establishes_the_connection() {
     assert_eq!(back, data);
     c.close(&mut cn.core).expect("closed");
     let (st, _, _) = mem.stats();
-    assert_eq!((st.connects, st.errors), (1, 0));
+    assert_eq!((st.connects, st.hellos, st.errors), (1, 1, 0));
     teardown(mem.finish());
     teardown(cn);
 }

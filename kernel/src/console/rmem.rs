@@ -21,7 +21,7 @@ use crate::console::CmdResult;
 use crate::hca::{self, Ib};
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID [-k K] [-t SECONDS] | alloc LEN | \
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID|PORT_GUID [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
 bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
@@ -137,8 +137,16 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             }
             serve(out, bytes, secs, clients)
         }
-        ("connect", [lid, more @ ..]) => {
-            let lid = u16::try_from(num(lid)?).map_err(|_| String::from("LID out of range"))?;
+        ("connect", [to, more @ ..]) => {
+            // A LID, or the memory node's port GUID (0x0002c90300000011 or
+            // ibstat's 0002:c903:0000:0011), which no SM changes.
+            let v = num(&to.replace(':', ""))
+                .or_else(|_| u64::from_str_radix(&to.replace(':', ""), 16))
+                .map_err(|_| alloc::format!("not a LID or port GUID: {to}"))?;
+            let dest = match u16::try_from(v) {
+                Ok(l) if !to.contains(':') && v < 0xc000 => rmem::client::Dest::Lid(l),
+                _ => rmem::client::Dest::Gid(ib_core::verbs::Gid::new(0xfe80_0000_0000_0000, v)),
+            };
             let mut cfg = ClientConfig::default();
             let mut it = more.iter();
             while let Some(&o) = it.next() {
@@ -153,11 +161,11 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 if st.client.is_some() {
                     return Err("already connected (rmem close first)".into());
                 }
-                let c = Client::connect(core, st.cm, st.sa, dev, lid, cfg).map_err(err)?;
+                let c = Client::connect_to(core, st.cm, st.sa, dev, dest, cfg).map_err(err)?;
                 let r = c.region();
                 let _ = writeln!(
                     out,
-                    "connected to LID {lid}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight{}",
+                    "connected to {to}: region {:#x}..{:#x} ({} KiB) rkey {:#x}, {} in flight{}",
                     r.base,
                     r.base + r.len,
                     r.len / 1024,
@@ -435,7 +443,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
                 None => String::from("Ctrl-C stops"),
             }
         );
-        let before = s.stats().connects;
+        let before = s.stats().hellos;
         let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
         loop {
             core.poll();
@@ -443,7 +451,9 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
             if end.is_some_and(|e| e.expired(&TscClock)) {
                 break;
             }
-            if clients.is_some_and(|n| s.stats().connects - before >= n && s.clients() == 0) {
+            // Compute nodes that got their region, not connect attempts
+            // their node gave up (a slow guest's CM times out and retries).
+            if clients.is_some_and(|n| s.stats().hellos - before >= n && s.clients() == 0) {
                 break;
             }
             if crate::serial::try_read() == Some(0x03) {
@@ -456,7 +466,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
         let _ = writeln!(
             out,
             "rmem: {} clients served, {} RPCs ({} refused as malformed or failed), {} KiB allocated",
-            t.connects,
+            t.hellos,
             t.rpcs,
             t.rpc_errors,
             s.used_bytes() / 1024
