@@ -32,13 +32,33 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
         }
         Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", name)),
     };
+    with_env(p.ib_dev.as_deref(), |env| perftest::run::run(env, &p, out))
+}
+
+fn pingpong(t: ib_tools::pingpong::Transport, out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    use ib_tools::pingpong;
+    let p = match pingpong::Params::parse(t, args) {
+        Ok(p) => p,
+        Err(e) if e.is_empty() => {
+            let _ = writeln!(out, "{}", pingpong::usage(t));
+            return Ok(());
+        }
+        Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", t.name())),
+    };
+    with_env(p.ib_dev.as_deref(), |env| pingpong::run(env, &p, out))
+}
+
+/// Runs `f` with the tools' environment on the HCA named `ib_dev` (`-d`),
+/// or on the first registered one: the core, the SA and CM clients, and
+/// Ctrl-C read from the console.
+fn with_env(ib_dev: Option<&str>, f: impl FnOnce(&mut Env<'_>) -> CmdResult) -> CmdResult {
     hca::with(|ib| {
         let (sa, cm) = clients(ib);
         let Ib { core, hcas } = ib;
-        let h = match &p.ib_dev {
+        let h = match ib_dev {
             Some(n) => hcas
                 .iter()
-                .find(|h| &h.name == n)
+                .find(|h| h.name == n)
                 .ok_or_else(|| alloc::format!("IB device {n} not found"))?,
             None => hcas
                 .iter()
@@ -58,50 +78,7 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
             dev_name: &name,
             interrupted: &mut ctrl_c,
         };
-        perftest::run::run(&mut env, &p, out)
-    })
-    .unwrap_or_else(|| {
-        Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
-    })
-}
-
-fn pingpong(t: ib_tools::pingpong::Transport, out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    use ib_tools::pingpong;
-    let p = match pingpong::Params::parse(t, args) {
-        Ok(p) => p,
-        Err(e) if e.is_empty() => {
-            let _ = writeln!(out, "{}", pingpong::usage(t));
-            return Ok(());
-        }
-        Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", t.name())),
-    };
-    hca::with(|ib| {
-        let (sa, cm) = clients(ib);
-        let Ib { core, hcas } = ib;
-        let h = match &p.ib_dev {
-            Some(n) => hcas
-                .iter()
-                .find(|h| &h.name == n)
-                .ok_or_else(|| alloc::format!("IB device {n} not found"))?,
-            None => hcas
-                .iter()
-                .find(|h| h.id.is_some())
-                .ok_or("No IB devices found")?,
-        };
-        let dev = h
-            .id
-            .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
-        let name: String = h.name.clone();
-        let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
-        let mut env = Env {
-            core,
-            sa,
-            cm,
-            dev,
-            dev_name: &name,
-            interrupted: &mut ctrl_c,
-        };
-        pingpong::run(&mut env, &p, out)
+        f(&mut env)
     })
     .unwrap_or_else(|| {
         Err("no HCA (no ConnectX-3 found, or its bring-up failed: see dmesg)".to_string())
