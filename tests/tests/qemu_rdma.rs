@@ -95,7 +95,7 @@ fn bad_run_on_is_refused_with_a_clear_message() {
             "--run-on commands cannot contain quotes",
         ),
         (
-            &["--vfu", "--run-on", "0", "uptime"],
+            &["--iso", "--run-on", "0", "uptime"],
             "--run-on boots nodes with -kernel",
         ),
     ];
