@@ -156,8 +156,7 @@ fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     let c = format!(
         "sleep 12; ib_write_bw --check -s 65536 -n 100 {g}; sleep 1; ib_write_bw -s 65536 -n 1000000 {g}"
     );
-    let emu =
-        "--drop opcode=0x07,every=13,times=6 --drop opcode=0x11,every=7,times=6 --pull node1/1@110s";
+    let emu = "--drop opcode=0x07,every=13,times=6 --drop opcode=0x11,every=7,times=6 --pull node1/1@110s";
     let r = qemu::run(
         "ib_write_bw --check; ib_write_bw",
         &["--nodes", "2", "--emu-args", emu, "--run-on", "1", &c],
