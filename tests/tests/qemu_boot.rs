@@ -177,21 +177,15 @@ fn grub_iso_boots_to_the_same_console() {
 
 #[test]
 fn vfio_dry_run_prints_the_passthrough_command_line() {
-    let out = std::process::Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--dry-run", "--vfio", "0000:04:00.0"])
-        .output()
-        .expect("run-qemu.sh runs");
-    assert!(out.status.success());
-    let line = String::from_utf8_lossy(&out.stdout);
+    let out = qemu::script(&["--dry-run", "--vfio", "0000:04:00.0"]);
+    assert_eq!(out.status, 0);
+    let line = out.transcript;
     assert!(
         line.contains("-device vfio-pci,host=0000:04:00.0"),
         "{line}"
     );
     assert!(line.contains("-machine q35"), "{line}");
     assert!(line.contains("-accel kvm"), "passthrough needs KVM: {line}");
-    let bad = std::process::Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--dry-run", "--vfio", "04:00"])
-        .output()
-        .expect("run-qemu.sh runs");
-    assert_eq!(bad.status.code(), Some(2));
+    let bad = qemu::script(&["--dry-run", "--vfio", "04:00"]);
+    assert_eq!(bad.status, 2);
 }

@@ -14,10 +14,10 @@ use tests::qemu;
 /// Node 0's port GUID (cx3-emu's `--nodes` numbering).
 const NODE0_GUID: &str = "0x0002c90300000011";
 
-fn node_transcripts(t: &str) -> (String, String) {
-    let n1 = t.find("===== node 1").unwrap_or(t.len());
-    let n0 = t.find("===== node 0").unwrap_or(0);
-    (t[n0..n1].to_string(), t[n1..].to_string())
+/// Node 0's and node 1's transcripts of a two-node run.
+fn node_transcripts(t: &str) -> (&str, &str) {
+    let node = |n| qemu::node(t, n).unwrap_or("");
+    (node(0), node(1))
 }
 
 /// The value of a `Name:....value` line, the `k`-th time it appears.
@@ -97,7 +97,7 @@ fn perftest_pingpong_and_diags_between_two_guests() {
         } else {
             ib_tools::perftest::RESULT_FMT_LAT
         };
-        let line = result_after(&t1, &format!("{t} --check {a}"), header)
+        let line = result_after(t1, &format!("{t} --check {a}"), header)
             .unwrap_or_else(|| panic!("{t}: no result line\n{t1}"));
         let iters = a.split_whitespace().last().unwrap_or("");
         assert_eq!(line.split_whitespace().nth(1), Some(iters), "{t}: {line:?}");
@@ -114,8 +114,8 @@ fn perftest_pingpong_and_diags_between_two_guests() {
         println!("{tool}: {line}");
     }
     // perfquery of node 0 before and after 100 x 64 KiB written into it.
-    let before = counter(&t1, "PortRcvData", 0).expect("first perfquery");
-    let after = counter(&t1, "PortRcvData", 1).expect("second perfquery");
+    let before = counter(t1, "PortRcvData", 0).expect("first perfquery");
+    let after = counter(t1, "PortRcvData", 1).expect("second perfquery");
     let words = 100 * 65536 / 4;
     let grew = after.wrapping_sub(before);
     assert!(
@@ -165,7 +165,7 @@ fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     let (t0, t1) = node_transcripts(&r.transcript);
     // The first run completes through the drops (retransmissions).
     let line = result_after(
-        &t1,
+        t1,
         "ib_write_bw --check -s 65536 -n 100",
         ib_tools::perftest::RESULT_FMT,
     )
