@@ -389,21 +389,41 @@ fn parse_u64(s: &str) -> Result<u64, String> {
 
 /// Parses `10us`, `5ms`, `2s`, `100ns` (a bare number is nanoseconds).
 pub fn parse_time(s: &str) -> Result<u64, String> {
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("ns", 1),
+        ("us", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+    ];
+    parse_with_unit(
+        s,
+        UNITS,
+        "a time (e.g. 10us, 5ms)",
+        "time unit",
+        "ns, us, ms, s",
+    )
+}
+
+/// A number followed by one of `units` (name, multiplier).
+fn parse_with_unit(
+    s: &str,
+    units: &[(&str, u64)],
+    what: &str,
+    unit_kind: &str,
+    names: &str,
+) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a time (e.g. 10us, 5ms)"))?;
-    let mul = match unit {
-        "" | "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        _ => return Err(format!("`{s}`: unknown time unit `{unit}` (ns, us, ms, s)")),
-    };
+    let n: u64 = n.parse().map_err(|_| format!("`{s}` is not {what}"))?;
+    let mul = units
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .map(|(_, m)| *m)
+        .ok_or_else(|| format!("`{s}`: unknown {unit_kind} `{unit}` ({names})"))?;
     n.checked_mul(mul)
-        .ok_or_else(|| format!("`{s}` is too long a time"))
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
@@ -465,25 +485,19 @@ fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
 
 /// A byte count with its unit: `B`, `KiB`, `MiB` or `GiB`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count (e.g. 64MiB)"))?;
-    let mul = match unit {
-        "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "`{s}`: unknown size unit `{unit}` (B, KiB, MiB, GiB)"
-            ));
-        }
-    };
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("`{s}` is too many bytes"))
+    const UNITS: &[(&str, u64)] = &[
+        ("B", 1),
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+    ];
+    parse_with_unit(
+        s,
+        UNITS,
+        "a byte count (e.g. 64MiB)",
+        "size unit",
+        "B, KiB, MiB, GiB",
+    )
 }
 
 fn parse_pull(s: &str) -> Result<PullSpec, String> {
