@@ -231,55 +231,7 @@ pub fn usage(t: Transport) -> String {
     s
 }
 
-/// `inet_ntop(AF_INET6)` of a GID, as rdma-core prints it.
-pub struct GidStr(pub Gid);
-
-impl fmt::Display for GidStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0.0;
-        let w: [u16; 8] = core::array::from_fn(|i| u16::from_be_bytes([b[2 * i], b[2 * i + 1]]));
-        // The longest run of at least two zero groups (the first of equals).
-        let (mut best, mut best_len) = (usize::MAX, 0usize);
-        let mut i = 0;
-        while i < 8 {
-            if w[i] == 0 {
-                let s = i;
-                while i < 8 && w[i] == 0 {
-                    i += 1;
-                }
-                if i - s > best_len && i - s >= 2 {
-                    best = s;
-                    best_len = i - s;
-                }
-            } else {
-                i += 1;
-            }
-        }
-        // IPv4-compatible and IPv4-mapped forms, as glibc prints them.
-        let v4 = best == 0 && (best_len == 6 || (best_len == 5 && w[5] == 0xffff));
-        let end = if v4 { 6 } else { 8 };
-        let mut i = 0;
-        while i < end {
-            if i == best {
-                f.write_str(if i == 0 { "::" } else { ":" })?;
-                i += best_len;
-                continue;
-            }
-            write!(f, "{:x}", w[i])?;
-            if i + 1 < end {
-                f.write_char(':')?;
-            }
-            i += 1;
-        }
-        if v4 {
-            if best_len == 5 {
-                f.write_char(':')?;
-            }
-            write!(f, "{}.{}.{}.{}", b[12], b[13], b[14], b[15])?;
-        }
-        Ok(())
-    }
-}
+pub use crate::cfmt::GidStr;
 
 /// One side as the pingpongs print it (`struct pingpong_dest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
