@@ -458,6 +458,20 @@ pub fn resolve_guid(
     }
     .ok_or_else(|| format!("'{s}' is not a port GUID"))?;
     let sa = sa.ok_or("-G needs the SA client")?;
+    path_to_guid(core, sa, src, g, QUERY_TIMEOUT)
+        .map(|p| p.dlid)
+        .map_err(|e| format!("can't resolve destination port {s}: {e}"))
+}
+
+/// The SA's path from `src` to the port GUID `guid` under this port's
+/// subnet prefix (the link-local one if GID 0 cannot be read).
+pub(crate) fn path_to_guid(
+    core: &mut IbCore,
+    sa: ib_core::ClientId,
+    src: Src,
+    guid: u64,
+    timeout: Duration,
+) -> ib_core::Result<ib_core::sa_query::PathRecord> {
     let prefix = core
         .device_mut(src.dev)
         .and_then(|d| d.query_gid(src.port, 0).ok())
@@ -467,11 +481,9 @@ pub fn resolve_guid(
         sa,
         src.dev,
         src.port,
-        ib_core::verbs::Gid::new(prefix, g),
-        QUERY_TIMEOUT,
+        ib_core::verbs::Gid::new(prefix, guid),
+        timeout,
     )
-    .map(|p| p.dlid)
-    .map_err(|e| format!("can't resolve destination port {s}: {e}"))
 }
 
 /// `perfquery [-x] [LID [PORT]]`: the port counters of `LID`'s `PORT`

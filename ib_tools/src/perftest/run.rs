@@ -24,8 +24,8 @@ use hal::Deadline;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags,
+    SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -322,19 +322,8 @@ pub(crate) fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRec
             sa_query::sa_path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT)
         }
         Peer::Guid(g) => {
-            let prefix = env
-                .core
-                .device_mut(env.dev)
-                .and_then(|d| d.query_gid(port, 0).ok())
-                .map_or(0xfe80_0000_0000_0000, |g| g.subnet_prefix());
-            sa_query::sa_path_to_gid(
-                env.core,
-                env.sa,
-                env.dev,
-                port,
-                Gid::new(prefix, g),
-                CONNECT_TIMEOUT,
-            )
+            let src = crate::diags::Src { dev: env.dev, port };
+            crate::diags::path_to_guid(env.core, env.sa, src, g, CONNECT_TIMEOUT)
         }
     }
     .map_err(|x| e("path record query", x))
