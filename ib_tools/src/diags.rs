@@ -56,7 +56,7 @@ fn pad(d: &[u8]) -> [u8; 192] {
     b
 }
 
-fn be16(d: &[u8], o: usize) -> u16 {
+pub(crate) fn be16(d: &[u8], o: usize) -> u16 {
     u16::from_be_bytes([d[o], d[o + 1]])
 }
 fn be24(d: &[u8], o: usize) -> u32 {
@@ -65,7 +65,7 @@ fn be24(d: &[u8], o: usize) -> u32 {
 fn be32(d: &[u8], o: usize) -> u32 {
     u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
 }
-fn be64(d: &[u8], o: usize) -> u64 {
+pub(crate) fn be64(d: &[u8], o: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&d[o..o + 8]);
     u64::from_be_bytes(b)
