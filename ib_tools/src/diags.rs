@@ -486,6 +486,27 @@ pub(crate) fn path_to_guid(
     )
 }
 
+/// The positional arguments of a diag's `args`: `flag` takes (and says
+/// true to) the options it knows; `-h` and any other option end in `usage`.
+fn positional<'a>(
+    args: &[&'a str],
+    usage: &str,
+    mut flag: impl FnMut(&str) -> bool,
+) -> Result<Vec<&'a str>, String> {
+    let mut pos = Vec::new();
+    for &a in args {
+        match a {
+            _ if flag(a) => {}
+            "-h" | "--help" => return Err(String::from(usage)),
+            _ if a.starts_with('-') => return Err(format!("unknown option '{a}' ({usage})")),
+            _ => pos.push(a),
+        }
+    }
+    Ok(pos)
+}
+
+const PERFQUERY_USAGE: &str = "usage: perfquery [-x] [-G] [LID|GUID [PORT]]";
+
 /// `perfquery [-x] [LID [PORT]]`: the port counters of `LID`'s `PORT`
 /// (default: this port), through the PMA on QP1.
 pub fn perfquery(
@@ -506,26 +527,17 @@ pub fn perfquery_sa(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let mut extended = false;
-    let mut guid = false;
-    let mut pos = Vec::new();
-    for &a in args {
+    let (mut extended, mut guid) = (false, false);
+    let pos = positional(args, PERFQUERY_USAGE, |a| {
         match a {
             "-x" | "--extended" => extended = true,
             "-G" | "--Guid" => guid = true,
-            "-h" | "--help" => {
-                return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
-            }
-            _ if a.starts_with('-') => {
-                return Err(format!(
-                    "unknown option '{a}' (usage: perfquery [-x] [-G] [LID|GUID [PORT]])"
-                ));
-            }
-            _ => pos.push(a),
+            _ => return false,
         }
-    }
+        true
+    })?;
     if pos.len() > 2 {
-        return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
+        return Err(String::from(PERFQUERY_USAGE));
     }
     let (lid, port) = match pos.first() {
         Some(l) => {
@@ -658,20 +670,15 @@ pub fn smpquery_sa(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let mut dr = false;
-    let mut guid = false;
-    let mut pos = Vec::new();
-    for &a in args {
+    let (mut dr, mut guid) = (false, false);
+    let pos = positional(args, SMPQUERY_USAGE, |a| {
         match a {
             "-D" | "--Direct" => dr = true,
             "-G" | "--Guid" => guid = true,
-            "-h" | "--help" => return Err(String::from(SMPQUERY_USAGE)),
-            _ if a.starts_with('-') => {
-                return Err(format!("unknown option '{a}' ({SMPQUERY_USAGE})"));
-            }
-            _ => pos.push(a),
+            _ => return false,
         }
-    }
+        true
+    })?;
     let Some((&op, rest)) = pos.split_first() else {
         return Err(String::from(SMPQUERY_USAGE));
     };
