@@ -59,11 +59,7 @@ fn run(
         signalled: sig,
         raddr: dst.addr((i * u64::from(len)) % ((1 << 20) - u64::from(len))),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, len)],
         ..Wr::default()
     };
     let wqe_plain = a.build(&mk(0, false));
@@ -167,11 +163,7 @@ fn bench_polled_doorbell_to_cqe_latency() {
         signalled: true,
         raddr: dst.addr(0),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len: 8,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, 8)],
         ..Wr::default()
     };
     let bytes = a.build(&w);
@@ -265,11 +257,7 @@ fn bench_rdma_write_through_the_switch() {
         signalled: sig,
         raddr: dst.addr((i * u64::from(len)) % ((1 << 20) - u64::from(len))),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, len)],
         ..Wr::default()
     };
     let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();

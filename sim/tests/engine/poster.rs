@@ -181,6 +181,14 @@ impl Mr {
     pub fn addr(&self, off: u64) -> u64 {
         self.iova + off
     }
+    /// The gather/scatter entry for `len` bytes at `off`.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.addr(off),
+            len,
+            lkey: self.key,
+        }
+    }
 }
 
 /// A gather/scatter entry.

@@ -22,21 +22,13 @@ fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
     let mut seen = 0u32;
     for i in 0..40u32 {
         la.write(0, &i.to_be_bytes());
-        b.post_recv(&[Sge {
-            addr: rb.addr(u64::from(i % 4) * 8),
-            len: 8,
-            lkey: rb.key,
-        }]);
+        b.post_recv(&[rb.sge(u64::from(i % 4) * 8, 8)]);
         a.post(
             &h,
             &Wr {
                 opcode: op::SEND,
                 signalled: true,
-                sges: vec![Sge {
-                    addr: la.addr(0),
-                    len: 4,
-                    lkey: la.key,
-                }],
+                sges: vec![la.sge(0, 4)],
                 ..Wr::default()
             },
         );
@@ -143,16 +135,8 @@ fn armed_cq_raises_one_completion_event() {
     // Solicited-only: an unsolicited receive does not fire, a solicited
     // one does.
     cq.arm(&h.r, 1, 3);
-    b.post_recv(&[Sge {
-        addr: la.addr(0),
-        len: 64,
-        lkey: la.key,
-    }]);
-    b.post_recv(&[Sge {
-        addr: la.addr(0),
-        len: 64,
-        lkey: la.key,
-    }]);
+    b.post_recv(&[la.sge(0, 64)]);
+    b.post_recv(&[la.sge(0, 64)]);
     a.post(
         &h,
         &Wr {
@@ -185,13 +169,7 @@ fn a_stamped_chunk_stops_the_sq_until_the_wqe_is_written() {
         signalled: true,
         raddr: rb.addr(0),
         rkey: rb.key,
-        sges: (0..4)
-            .map(|i| Sge {
-                addr: la.addr(i * 8),
-                len: 8,
-                lkey: la.key,
-            })
-            .collect(),
+        sges: (0..4).map(|i| la.sge(i * 8, 8)).collect(),
         ..Wr::default()
     };
     let mut bytes = a.build(&w); // 16 + 16 + 4 x 16 = 96: two 64-byte chunks
@@ -227,11 +205,7 @@ fn srq_free_list_and_limit_event() {
     let la = h.mr(0x10_0000, 4096, acc::ALL);
     let rb = h.mr(0x20_0000, 4096, acc::ALL);
     for i in 0..6u64 {
-        srq.post(&[Sge {
-            addr: rb.addr(i * 16),
-            len: 16,
-            lkey: rb.key,
-        }]);
+        srq.post(&[rb.sge(i * 16, 16)]);
     }
     // ARM_SRQ with watermark 3: the event comes when fewer than 3 remain.
     h.r.cmd(3, FIRST_SRQ_N, 0, sim::Opcode::ARM_SRQ).unwrap();
@@ -243,11 +217,7 @@ fn srq_free_list_and_limit_event() {
             &Wr {
                 opcode: op::SEND,
                 signalled: true,
-                sges: vec![Sge {
-                    addr: la.addr(0),
-                    len: 4,
-                    lkey: la.key,
-                }],
+                sges: vec![la.sge(0, 4)],
                 ..Wr::default()
             },
         );
@@ -264,11 +234,7 @@ fn srq_free_list_and_limit_event() {
     // the driver re-posts.
     srq.free(used[1]);
     for i in 0..3u64 {
-        srq.post(&[Sge {
-            addr: rb.addr(200 + i * 16),
-            len: 16,
-            lkey: rb.key,
-        }]);
+        srq.post(&[rb.sge(200 + i * 16, 16)]);
     }
     let mut order = Vec::new();
     for _ in 0..5 {
