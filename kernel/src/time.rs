@@ -26,11 +26,10 @@ pub fn init(entry_tsc: u64) {
 }
 
 /// The median of [`ROUNDS`] one-shots of [`CALIBRATION_MS`]. One one-shot is
-/// not enough under an emulator on a loaded host: a vCPU descheduled while
-/// it waits sees terminal count late and reads a TSC several times too fast
-/// (10.7 GHz was seen for about 3), which stretches every `sleep` by as much;
-/// descheduled between starting the PIT and reading the TSC, it reads one too
-/// slow. The median ignores both as long as most rounds run undisturbed.
+/// not enough under an emulator on a loaded host: a vCPU descheduled inside
+/// a round (after reading the TSC, or before it sees terminal count) reads
+/// the TSC as too fast (10.7 GHz was seen for about 3), which stretches
+/// every `sleep` by as much. The median ignores up to two disturbed rounds.
 fn calibrate() -> Option<u64> {
     let mut rounds = [0u64; ROUNDS];
     let mut n = 0;
@@ -43,10 +42,9 @@ fn calibrate() -> Option<u64> {
     if n == 0 {
         return None;
     }
-    let got = &mut rounds[..];
-    got.sort_unstable();
+    rounds.sort_unstable();
     // Failed rounds sort first as zeros: the median of those that worked.
-    let ok = &got[ROUNDS - n..];
+    let ok = &rounds[ROUNDS - n..];
     Some(ok[ok.len() / 2])
 }
 

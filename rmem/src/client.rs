@@ -16,14 +16,14 @@ use ib_core::cm::{self, CmId, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
     AccessFlags, Cq, CqInitAttr, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    QpType, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
 use crate::conn::{Peer, RcParams, rc_connect};
 use crate::proto::{self, MSG_LEN, Msg, Op};
 use crate::stats::Stats;
-use crate::{Error, Result};
+use crate::{Error, Result, dev, post_msg_recv, post_msg_send};
 
 /// Receive buffers kept posted for RPC replies.
 const RX_DEPTH: usize = 4;
@@ -175,11 +175,6 @@ impl core::fmt::Debug for Client {
             .field("broken", &self.broken)
             .finish()
     }
-}
-
-fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut ib_core::Device> {
-    core.device_mut(id)
-        .ok_or(Error::Verbs(ib_core::Error::NoDev))
 }
 
 impl Client {
@@ -517,20 +512,13 @@ impl Client {
     }
 
     fn post_rpc_recv(&mut self, core: &mut IbCore, i: usize) -> Result<()> {
-        let sge = [Sge {
-            addr: self.rpc.bus_addr().0 + ((i + 1) * MSG_LEN) as u64,
-            length: MSG_LEN as u32,
-            lkey: self.lmr.lkey,
-        }];
-        dev(core, self.dev)?
-            .post_recv(
-                self.qp,
-                &[RecvWr {
-                    wr_id: RPC_WRID | i as u64,
-                    sg_list: &sge,
-                }],
-            )
-            .map_err(|e| Error::Verbs(e.error))
+        post_msg_recv(
+            dev(core, self.dev)?,
+            self.qp,
+            RPC_WRID | i as u64,
+            self.rpc.bus_addr().0 + ((i + 1) * MSG_LEN) as u64,
+            self.lmr.lkey,
+        )
     }
 
     fn fail(&mut self, core: &mut IbCore, e: Error) -> Error {
@@ -551,7 +539,7 @@ impl Client {
 
     /// One RPC round trip (no asynchronous requests may be in flight).
     fn rpc(&mut self, core: &mut IbCore, op: Op, addr: u64, len: u64) -> Result<Msg> {
-        if let Some(_e) = self.broken {
+        if self.broken.is_some() {
             return Err(Error::Broken);
         }
         if self.inflight != 0 {
@@ -562,22 +550,14 @@ impl Client {
         let mut b = [0u8; MSG_LEN];
         let imm = Msg::request(op, seq, addr, len).encode(&mut b);
         self.rpc.write_bytes(0, &b);
-        let sge = [Sge {
-            addr: self.rpc.bus_addr().0,
-            length: MSG_LEN as u32,
-            lkey: self.lmr.lkey,
-        }];
-        let wr = SendWr {
-            wr_id: RPC_WRID,
-            sg_list: &sge,
-            opcode: WrOpcode::SendWithImm,
-            send_flags: SendFlags::SIGNALED,
-            imm_data: imm,
-            ..SendWr::default()
-        };
-        dev(core, self.dev)?
-            .post_send(self.qp, &[wr])
-            .map_err(|e| Error::Verbs(e.error))?;
+        post_msg_send(
+            dev(core, self.dev)?,
+            self.qp,
+            RPC_WRID,
+            self.rpc.bus_addr().0,
+            self.lmr.lkey,
+            imm,
+        )?;
         let deadline = Deadline::after(core.clock(), self.cfg.op_timeout);
         let mut sent = false;
         let mut reply = None;
@@ -695,13 +675,9 @@ impl Client {
             ..SendWr::default()
         };
         let now = core.clock().now_ns();
-        let d = dev(core, self.dev)?;
-        match d.post_send(self.qp, &[wr]) {
-            Ok(()) => {}
-            Err(e) => {
-                self.stats.errors += 1;
-                return Err(Error::Verbs(e.error));
-            }
+        if let Err(e) = dev(core, self.dev)?.post_send(self.qp, &[wr]) {
+            self.stats.errors += 1;
+            return Err(e.into());
         }
         self.free.pop();
         let slot = &mut self.slots[s];

@@ -32,7 +32,8 @@ pub use stats::{Percentiles, Stats};
 
 use core::fmt;
 
-use ib_core::verbs::WcStatus;
+use ib_core::verbs::{Qp, RecvWr, SendFlags, SendWr, Sge, WcStatus, WrOpcode};
+use ib_core::{Device, DeviceId, IbCore};
 
 /// Our service ID on the CM ("LEGORMEM" folded into 64 bits; IBTA's
 /// locally administered range has the top byte 0x02... we use a private
@@ -85,6 +86,12 @@ impl From<ib_core::Error> for Error {
     }
 }
 
+impl From<ib_core::PostError> for Error {
+    fn from(e: ib_core::PostError) -> Self {
+        Error::Verbs(e.error)
+    }
+}
+
 impl Error {
     /// The error of a failed completion of an access at `addr`/`len`.
     pub fn from_wc(status: WcStatus, addr: u64, len: u32) -> Error {
@@ -121,3 +128,50 @@ impl fmt::Display for Error {
 
 /// `Result` with [`Error`].
 pub type Result<T> = core::result::Result<T, Error>;
+
+/// The registered device `id`, or [`ib_core::Error::NoDev`].
+fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut Device> {
+    core.device_mut(id)
+        .ok_or(Error::Verbs(ib_core::Error::NoDev))
+}
+
+/// Posts a receive of one RPC message ([`proto::MSG_LEN`] bytes at bus
+/// address `addr`) on `qp`: the client's and the memory node's receives.
+fn post_msg_recv(d: &mut Device, qp: Qp, wr_id: u64, addr: u64, lkey: u32) -> Result<()> {
+    let sge = [Sge {
+        addr,
+        length: proto::MSG_LEN as u32,
+        lkey,
+    }];
+    d.post_recv(
+        qp,
+        &[RecvWr {
+            wr_id,
+            sg_list: &sge,
+        }],
+    )?;
+    Ok(())
+}
+
+/// Sends one RPC message ([`proto::MSG_LEN`] bytes at bus address `addr`)
+/// on `qp` as a signalled SEND with immediate `imm`: the client's requests
+/// and the memory node's replies.
+fn post_msg_send(d: &mut Device, qp: Qp, wr_id: u64, addr: u64, lkey: u32, imm: u32) -> Result<()> {
+    let sge = [Sge {
+        addr,
+        length: proto::MSG_LEN as u32,
+        lkey,
+    }];
+    d.post_send(
+        qp,
+        &[SendWr {
+            wr_id,
+            sg_list: &sge,
+            opcode: WrOpcode::SendWithImm,
+            send_flags: SendFlags::SIGNALED,
+            imm_data: imm,
+            ..SendWr::default()
+        }],
+    )?;
+    Ok(())
+}

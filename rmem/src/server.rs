@@ -15,15 +15,15 @@ use hal::DmaBuf;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::cm_msgs::rej_reason;
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpInitAttr, QpType, SigType, Wc,
+    WcFlags, WcOpcode, WcStatus,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
 use crate::chunks::Chunks;
 use crate::conn::{Peer, RcParams, rc_connect};
 use crate::proto::{self, MSG_LEN, Msg, Op, Status};
-use crate::{Error, Result};
+use crate::{Error, Result, dev, post_msg_recv, post_msg_send};
 
 const RX_DEPTH: usize = 8;
 
@@ -114,11 +114,6 @@ impl core::fmt::Debug for Server {
             .field("stats", &self.stats)
             .finish()
     }
-}
-
-fn dev(core: &mut IbCore, id: DeviceId) -> Result<&mut ib_core::Device> {
-    core.device_mut(id)
-        .ok_or(Error::Verbs(ib_core::Error::NoDev))
 }
 
 // Per connection: RX_DEPTH receive buffers and one send buffer.
@@ -268,20 +263,13 @@ impl Server {
         let Some(Some(conn)) = self.conns.get(c) else {
             return Ok(());
         };
-        let sge = [Sge {
-            addr: self.bufs.bus_addr().0 + (c * PER_CONN + (i + 1) * MSG_LEN) as u64,
-            length: MSG_LEN as u32,
-            lkey: self.lmr.lkey,
-        }];
-        dev(core, self.dev)?
-            .post_recv(
-                conn.qp,
-                &[RecvWr {
-                    wr_id: ((c as u64) << 8) | i as u64,
-                    sg_list: &sge,
-                }],
-            )
-            .map_err(|e| Error::Verbs(e.error))
+        post_msg_recv(
+            dev(core, self.dev)?,
+            conn.qp,
+            ((c as u64) << 8) | i as u64,
+            self.bufs.bus_addr().0 + (c * PER_CONN + (i + 1) * MSG_LEN) as u64,
+            self.lmr.lkey,
+        )
     }
 
     fn accept(&mut self, core: &mut IbCore, id: CmId) -> Result<()> {
@@ -453,29 +441,19 @@ impl Server {
         let mut b = [0u8; MSG_LEN];
         let imm = msg.encode(&mut b);
         self.bufs.write_bytes(c * PER_CONN, &b);
-        let sge = [Sge {
-            addr: self.bufs.bus_addr().0 + (c * PER_CONN) as u64,
-            length: MSG_LEN as u32,
-            lkey: self.lmr.lkey,
-        }];
         if msg.status == Status::Ok {
             self.stats.rpcs += 1;
         } else {
             self.stats.rpc_errors += 1;
         }
-        dev(core, self.dev)?
-            .post_send(
-                qp,
-                &[SendWr {
-                    wr_id: (1 << 63) | ((c as u64) << 8),
-                    sg_list: &sge,
-                    opcode: WrOpcode::SendWithImm,
-                    send_flags: SendFlags::SIGNALED,
-                    imm_data: imm,
-                    ..SendWr::default()
-                }],
-            )
-            .map_err(|e| Error::Verbs(e.error))
+        post_msg_send(
+            dev(core, self.dev)?,
+            qp,
+            (1 << 63) | ((c as u64) << 8),
+            self.bufs.bus_addr().0 + (c * PER_CONN) as u64,
+            self.lmr.lkey,
+            imm,
+        )
     }
 
     /// One round of service: new connections, disconnections, RPCs. Call it

@@ -149,7 +149,19 @@ fn linux_guests_and_ours_share_one_fabric_under_opensm() {
 /// What the run must show (the transcripts on stdout, cx3-vfu's and
 /// run-qemu.sh's messages on stderr).
 fn check(status: Option<i32>, console: &str, vfu: &str) {
-    let all = format!("{console}\n--- cx3-vfu and run-qemu.sh ---\n{vfu}");
+    // The model's verdict lines first: a failure message is often cut short.
+    let verdict: String = vfu
+        .lines()
+        .filter(|l| {
+            ["violation", "DMA fault", "total:", "exiting", "vfu-run.sh"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let all = format!(
+        "--- cx3-vfu verdict ---\n{verdict}--- consoles ---\n{console}\n--- cx3-vfu and run-qemu.sh ---\n{vfu}"
+    );
     assert_eq!(status, Some(0), "a command failed:\n{all}");
     // The model saw nothing wrong from any of the three drivers.
     assert!(

@@ -103,7 +103,9 @@ impl Bar {
     /// write is one volatile store, where a [`RegisterBackend`] adds a
     /// dynamic call. For benchmarks and tests that measure or exercise the
     /// kernel's path on the host; the memory is leaked, so that it lives as
-    /// long as the program, as a real mapping does.
+    /// long as the program, as a real mapping does. Host-side only (the
+    /// `fake` feature), like the other stand-ins of [`crate::fake`].
+    #[cfg(any(test, feature = "fake"))]
     pub fn leaked_host_memory(len: usize) -> Bar {
         let words: &'static mut [u64] =
             alloc::boxed::Box::leak(alloc::vec![0u64; len.div_ceil(8).max(1)].into_boxed_slice());
