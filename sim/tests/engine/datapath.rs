@@ -41,12 +41,7 @@ fn discards(h: &mut Hca, port: u8, set: Option<u16>) -> (u16, u32) {
 }
 
 fn send(len: u32, mr: &Mr) -> Wr {
-    Wr {
-        opcode: op::SEND,
-        signalled: true,
-        sges: vec![mr.sge(0, len)],
-        ..Wr::default()
-    }
+    Wr::send(vec![mr.sge(0, len)])
 }
 
 #[test]

@@ -229,15 +229,7 @@ fn remote_invalid_request_and_remote_operation_and_local_access() {
     // SEND longer than the receive buffer.
     let (mut h, mut cq, mut a, mut b, la, rb) = setup();
     b.post_recv(&[rb.sge(0, 100)]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 101)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 101)]));
     assert_eq!(
         err(&one(&mut cq, false)),
         (0x01, 0x69),
@@ -270,15 +262,7 @@ fn remote_invalid_request_and_remote_operation_and_local_access() {
         lkey: rb.key ^ 0x80,
         ..rb.sge(0, 100)
     }]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 50)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 50)]));
     assert_eq!(err(&one(&mut cq, false)).0, 0x04);
     assert_eq!(err(&one(&mut cq, true)), (0x14, 0x89));
     // WRITE with immediate to a bad R_Key: the responder's receive WQE
@@ -319,15 +303,7 @@ fn rnr_retries_on_the_fake_clock_finite_and_infinite() {
     h.connect(&b, s, 0x80, lid).unwrap();
     let la = h.mr(0x10_0000, 4096, acc::ALL);
     let t0 = h.r.clock.now_ns();
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     assert!(cq.drain().is_empty(), "waiting for the RNR timer");
     wait_steps(&h.r, Duration::from_millis(2));
     assert!(cq.drain().is_empty(), "first retry also RNR-NAKed");
@@ -350,15 +326,7 @@ fn rnr_retries_on_the_fake_clock_finite_and_infinite() {
     h.connect(&a, s, 0x81, lid).unwrap();
     h.connect(&b, s, 0x80, lid).unwrap();
     let la = h.mr(0x10_0000, 4096, acc::ALL);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     wait_steps(&h.r, Duration::from_millis(100));
     assert!(cq.drain().is_empty());
     b.post_recv(&[la.sge(100, 8)]);
@@ -377,15 +345,7 @@ fn transport_retry_exceeded_when_the_peer_is_unreachable() {
     let mut a = h.qp(0x80, s);
     h.connect(&a, s, 0x99, 0x0777).unwrap(); // a LID nobody has
     let la = h.mr(0x10_0000, 4096, acc::ALL);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     a.post(
         &h,
         &Wr {

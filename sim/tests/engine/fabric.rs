@@ -259,15 +259,7 @@ fn ud_uc_and_rnr_across_the_wire() {
     assert_eq!(rb.read(8000, 3000), data);
     // RC SEND without a receive: RNR NAKs until one is posted.
     let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 100)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 100)]));
     wait_steps(&a.r, Duration::from_millis(5));
     assert!(ca.drain().is_empty(), "RNR: waiting");
     qb.post_recv(&[rb.sge(12_000, 100)]);
@@ -326,15 +318,7 @@ fn links_follow_close_port_and_cables_and_rc_retries_run_out() {
     let _ = cb;
     let la = a.mr(0x1_0000, 4096, acc::ALL);
     // B has no QP 0x90: requests vanish; A retries twice, then gives up.
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 8)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     wait_steps(&a.r, Duration::from_millis(12));
     assert!(ca.drain().is_empty());
     wait_steps(&a.r, Duration::from_millis(2));
@@ -363,15 +347,7 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
             .times(1),
     );
     qb.post_recv(&[rb.sge(0, 16_000)]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 12_000)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 12_000)]));
     wait_steps(&a.r, Duration::from_millis(10));
     assert!(one(&mut ca, true).ok());
     assert_eq!(one(&mut cb, false).byte_cnt, 12_000);
@@ -384,15 +360,7 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
             .times(1),
     );
     qb.post_recv(&[rb.sge(0, 16_000)]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 100)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 100)]));
     wait_steps(&a.r, Duration::from_millis(10));
     assert!(one(&mut ca, true).ok(), "recovered by retransmission");
     let pc = b.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
@@ -441,15 +409,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
     let data = Rng(77).bytes(9000);
     la.write(0, &data);
     qb.post_recv(&[rb.sge(0, 9000)]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 9000)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 9000)]));
     assert!(one(&mut ca, true).ok());
     assert_eq!(one(&mut cb, false).byte_cnt, 9000);
     assert_eq!(rb.read(0, 9000), data);
@@ -540,15 +500,7 @@ fn threaded_hcas_back_to_back() {
     let data = Rng(9).bytes(10_000);
     la.write(0, &data);
     qb.post_recv(&[rb.sge(0, 10_000)]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 10_000)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 10_000)]));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (mut s, mut r) = (None, None);
     while s.is_none() || r.is_none() {
@@ -616,15 +568,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     // RC: RNR NAK first, then SEND over 3 MTUs, WRITE over 3, READ of 3,
     // atomics, a remote access NAK.
     let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 10_000)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 10_000)]));
     qb.post_recv(&[rb.sge(0, 10_000)]);
     wait_steps(&a.r, Duration::from_millis(1));
     qa.post(
@@ -803,15 +747,7 @@ fn an_unexpected_response_is_a_bad_response_error() {
     a.connect(&qa, s, 0x99, b.lid).unwrap();
     let la = a.mr(0x1_0000, 4096, acc::ALL);
     // B has no QP 0x99: A's SEND waits for an ACK.
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 8)],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     assert!(ca.drain().is_empty());
     // Forge B -> A: RC ATOMIC Acknowledge for QP 0x80 at PSN 0x100.
     use sim::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
@@ -995,15 +931,7 @@ fn random_packets_at_the_port_then_well_formed_traffic() {
     let data = rng.bytes(9000);
     mr.write(0, &data);
     xb.post_recv(&[rb.sge(0, 9000)]);
-    xa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![mr.sge(0, 9000)],
-            ..Wr::default()
-        },
-    );
+    xa.post(&a, &Wr::send(vec![mr.sge(0, 9000)]));
     assert!(one(&mut ca2, true).ok());
     assert_eq!(one(&mut cb2, false).byte_cnt, 9000);
     assert_eq!(rb.read(0, 9000), data);

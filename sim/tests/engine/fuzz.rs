@@ -218,15 +218,7 @@ fn run(wqes: u64) {
     let data = rng.bytes(6000);
     src.write(0, &data);
     y.post_recv(&[dst.sge(0, 8192)]);
-    x.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![src.sge(0, 6000)],
-            ..Wr::default()
-        },
-    );
+    x.post(&h, &Wr::send(vec![src.sge(0, 6000)]));
     assert!(one(&mut cq2, false).ok());
     assert!(one(&mut cq2, true).ok());
     assert_eq!(dst.read(0, 6000), data);

@@ -392,15 +392,7 @@ fn uc_sends_and_writes_but_refuses_reads_and_atomics() {
     let data = rng.bytes(9000);
     la.write(0, &data);
     b.post_recv(&[rb.sge(0, 10_000)]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 9000)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 9000)]));
     assert_eq!(one(&mut cq, false).byte_cnt, 9000);
     assert!(one(&mut cq, true).ok());
     assert_eq!(rb.read(0, 9000), data);
@@ -558,15 +550,7 @@ fn query_qp_reports_the_psns_the_engines_reached() {
     let la = h.mr(0x10_0000, 65_536, acc::ALL);
     b.post_recv(&[la.sge(0, 65_536)]);
     // 10 000 bytes at MTU 4096: three packets.
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![la.sge(0, 10_000)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 10_000)]));
     cq.drain();
     let psn = |h: &mut Hca, q: u32, off: usize| {
         let o = h.r.cmd_out(q, 0, sim::Opcode::QUERY_QP).unwrap();

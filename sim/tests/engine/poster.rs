@@ -223,6 +223,18 @@ pub struct Wr {
     pub tail: Option<Vec<u8>>,
 }
 
+impl Wr {
+    /// A signalled SEND of `sges`.
+    pub fn send(sges: Vec<Sge>) -> Wr {
+        Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges,
+            ..Wr::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Av {
     pub port: u8,

@@ -23,15 +23,7 @@ fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
     for i in 0..40u32 {
         la.write(0, &i.to_be_bytes());
         b.post_recv(&[rb.sge(u64::from(i % 4) * 8, 8)]);
-        a.post(
-            &h,
-            &Wr {
-                opcode: op::SEND,
-                signalled: true,
-                sges: vec![la.sge(0, 4)],
-                ..Wr::default()
-            },
-        );
+        a.post(&h, &Wr::send(vec![la.sge(0, 4)]));
         let r = one(&mut cq, false);
         let sc = one(&mut cq, true);
         assert!(r.ok() && sc.ok(), "{r:?} {sc:?}");
@@ -212,15 +204,7 @@ fn srq_free_list_and_limit_event() {
     let mut used = Vec::new();
     for i in 0..4u32 {
         la.write(0, &i.to_be_bytes());
-        a.post(
-            &h,
-            &Wr {
-                opcode: op::SEND,
-                signalled: true,
-                sges: vec![la.sge(0, 4)],
-                ..Wr::default()
-            },
-        );
+        a.post(&h, &Wr::send(vec![la.sge(0, 4)]));
         let r = one(&mut cq, false);
         assert!(r.ok(), "{r:?}");
         assert_eq!(rb.read(u64::from(r.wqe_counter) * 16, 4), i.to_be_bytes());
