@@ -118,11 +118,7 @@ fn bench_rdma_write_throughput_and_rate() {
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
-        assert!(
-            h.r.sim.violations().is_empty(),
-            "{:?}",
-            h.r.sim.violations()
-        );
+        h.assert_no_violations();
         assert_eq!(dst.read(0, 8), src.read(0, 8));
     }
 }

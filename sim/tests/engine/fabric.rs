@@ -462,11 +462,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
         0xc738,
         "SwitchX device id"
     );
-    assert!(
-        a.r.sim.violations().is_empty(),
-        "{:?}",
-        a.r.sim.violations()
-    );
+    a.assert_no_violations();
 }
 
 /// The threaded front end on a fabric: each HCA's own model thread steps

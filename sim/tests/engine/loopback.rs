@@ -45,11 +45,7 @@ fn rc_send_moves_bytes_and_completes_both_sides() {
         (0x80, op::SEND_IMM, 0)
     );
     assert_eq!(dst.read(0, 5000), data);
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 /// Splits `len` bytes at `off` of `mr` into `n` SGEs of random sizes.
@@ -205,11 +201,7 @@ fn rc_every_opcode_random_sizes_page_crossing_sg() {
             }
         }
     }
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -374,11 +366,7 @@ fn rc_max_sges_inline_zero_length_and_nop() {
     );
     assert!(cq.drain().is_empty(), "unsignalled WQEs complete silently");
     assert_eq!(rb.read(0, 4), data[..4], "...but they ran");
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]

@@ -102,11 +102,7 @@ fn qp1_mad_loops_back_after_the_grh_area() {
     );
     assert_eq!(m.read(4096 + 40, 256), g);
     assert!(one(&mut cq, true).ok());
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]

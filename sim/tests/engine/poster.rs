@@ -347,6 +347,14 @@ impl Hca {
         h
     }
 
+    /// Asserts that the model saw no driver mistake (the violations are
+    /// the message).
+    #[track_caller]
+    pub fn assert_no_violations(&self) {
+        let v = self.r.sim.violations();
+        assert!(v.is_empty(), "{v:?}");
+    }
+
     /// Brought up to the ports (EQs, CONF_SPECIAL_QP, SET_PORT), ports
     /// still closed.
     pub fn bare(sim: SimHca) -> Hca {

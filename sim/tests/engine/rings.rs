@@ -38,11 +38,7 @@ fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
     // is never executed: ring without posting.
     h.ring_send(a.qpn);
     assert!(cq.drain().is_empty(), "stale WQE ran");
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -234,11 +230,7 @@ fn srq_free_list_and_limit_event() {
         one(&mut cq, true);
     }
     assert_eq!(order, vec![4, 5, 6, 7, 1]);
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 const FIRST_SRQ_N: u32 = crate::harness::profile::FIRST_SRQ;
