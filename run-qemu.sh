@@ -366,6 +366,7 @@ cleanup() {
     [ -n "$emu_pid" ] && kill "$emu_pid" 2>/dev/null || true
     for p in "${qemu_pids[@]}" $emu_pid; do wait "$p" 2>/dev/null || true; done
     for ((i = 0; i < nodes; i++)); do rm -f "$(win $i)" "$(ram $i)"; done
+    if [ "$scripted" = 1 ] && [ -n "$logdir" ]; then rm -rf "$logdir"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -436,7 +437,9 @@ if [ "$nodes" = 1 ]; then
 fi
 
 # Several nodes: node 0 interactive unless scripted; the others log to files.
-logdir="$here/target/nodes"
+# Scripted runs (tests, experiments) may run side by side: each keeps its
+# consoles in a directory of its own, gone with the run.
+if [ "$scripted" = 1 ]; then logdir="$here/target/nodes/run-$$"; else logdir="$here/target/nodes"; fi
 mkdir -p "$logdir"
 start_nodes "$logdir/node"
 wait_nodes

@@ -231,7 +231,9 @@ if [ "$nodes" = 1 ]; then
 fi
 
 # Several nodes: node 0 interactive unless scripted; the others log to files.
-logdir="$here/target/nodes"
+# Scripted runs may run side by side: their consoles go to the run's own
+# directory (removed with it).
+if [ "$scripted" = 1 ]; then logdir="$run_dir"; else logdir="$here/target/nodes"; fi
 mkdir -p "$logdir"
 start_nodes "$logdir/vfu-node"
 wait_nodes
