@@ -283,8 +283,9 @@ fn inline_send_splits_at_64_bytes() {
             }],
         )
         .unwrap_err();
-    assert_eq!(e.err, Error::NoMem);
-    assert_eq!(e.err.to_errno(), -12, "ENOMEM, as libmlx4");
+    assert_eq!(e.err, PostFault::InlineTooLong);
+    assert_eq!(e.error(), Error::NoMem);
+    assert_eq!(e.error().to_errno(), -12, "ENOMEM, as libmlx4");
     assert_eq!(qp.sq.head, 1);
 }
 
@@ -340,9 +341,13 @@ fn golden_ud_send_with_address_vector() {
     assert_eq!(
         qp.post_send(&b.ahs, &[wr, bad]).unwrap_err(),
         PostError {
-            err: Error::Inval("opcode not valid for the QP type"),
+            err: PostFault::BadOpcode,
             bad_wr: 1
         }
+    );
+    assert_eq!(
+        qp.post_send(&b.ahs, &[bad]).unwrap_err().error(),
+        Error::Inval("opcode not valid for the QP type")
     );
     assert_eq!(qp.sq.head, 2, "the good WR before the bad one was posted");
     let gone = SendWr {
@@ -397,7 +402,7 @@ fn bad_requests_and_a_full_queue_are_refused() {
     assert_eq!(
         e,
         PostError {
-            err: Error::QueueFull,
+            err: PostFault::QueueFull,
             bad_wr: max
         }
     );
@@ -442,7 +447,7 @@ fn owner_bit_flips_each_pass_and_freed_wqes_are_stamped() {
     }
     assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 64), 0xffff_ffff, "stamped");
     // Through the wrap: pass 1 WQEs carry the owner bit.
-    while qp.sq_next_wqe < cnt + 2 {
+    while qp.sq.head < cnt + 2 {
         qp.sq.tail = qp.sq.head;
         qp.post_send(&b.ahs, &[small]).unwrap();
     }
