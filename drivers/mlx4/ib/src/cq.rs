@@ -73,6 +73,17 @@ pub fn syndrome_to_status(s: u8) -> WcStatus {
 /// 24-bit QPN.
 const NO_QPN: u32 = u32::MAX;
 
+/// The QPN bits of a CQE's first dword as a native load sees it (the
+/// dword is big-endian: its low 24 bits are the last three bytes).
+const RAW_QPN_MASK: u32 = cqe::QPN_MASK.to_be();
+
+/// The owner bit a software-owned CQE at consumer index `ci` carries (the
+/// pass parity, `ci & nent`, moved to bit 7).
+#[inline(always)]
+fn parity(ci: u32, nent: u32) -> u8 {
+    u8::from(ci & nent != 0) << 7
+}
+
 /// Why a CQE could not be turned into a completion: one byte, so the
 /// polling loop's results stay in registers; [`Error::from`] gives
 /// mlx4_ib's error (`-EINVAL` with the reason).
@@ -205,17 +216,19 @@ const SEND_WC: [(WcOpcode, WcFlags, SendLen); 32] = {
     t
 };
 
-/// Which way the polling loop takes a software-owned CQE.
+/// Which way the polling loop takes a CQE.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    /// Still the hardware's: stop.
+    Hw,
     /// A successful send with a straight line ([`poll_send`]).
     Send,
     /// Anything else ([`poll_one_general`]).
     General,
 }
 
-/// What the polling loop needs of a software-owned CQE, by its
-/// `owner_sr_opcode` byte without the owner bit.
+/// What the polling loop needs of a CQE, by its `owner_sr_opcode` byte with
+/// the pass parity folded into the owner bit (0: software-owned).
 #[derive(Clone, Copy)]
 struct CqeClass {
     kind: Kind,
@@ -224,16 +237,17 @@ struct CqeClass {
     len: SendLen,
 }
 
-/// [`CqeClass`] of each `owner_sr_opcode` byte without the owner bit: one
-/// load tells the loop which path to take and, for a send, the completion
-/// opcode, flags and length.
-const CQE_CLASS: [CqeClass; 128] = {
+/// [`CqeClass`] of each `owner_sr_opcode` byte XOR the pass parity
+/// ([`parity`]): one load tells the loop whether the CQE is still the
+/// hardware's (owner bit set after the XOR), which path takes it and, for
+/// a send, the completion opcode, flags and length.
+const CQE_CLASS: [CqeClass; 256] = {
     let mut t = [CqeClass {
-        kind: Kind::General,
+        kind: Kind::Hw,
         opcode: WcOpcode::Send,
         flags: WcFlags::empty(),
         len: SendLen::None,
-    }; 128];
+    }; 256];
     let mut i = 0;
     while i < 128 {
         let op = i & cqe::OPCODE_MASK as usize;
@@ -303,6 +317,7 @@ impl Mlx4IbCq {
             cqn,
             cur: CurQp {
                 qpn: NO_QPN,
+                raw_qpn: NO_QPN,
                 slot: 0,
             },
             pending: None,
@@ -340,12 +355,15 @@ impl Mlx4IbCq {
     }
 
     /// Linux `mlx4_ib_poll_cq`: up to `wc.len()` completions; the `set_ci`
-    /// record is written when any was consumed. A CQE the driver cannot
-    /// account for (unknown QPN, NOP, resize, an empty queue) is consumed
-    /// and reported as an error: at once if it comes first, else by the
-    /// next poll, after the completions before it (Linux returns the error
-    /// and loses those).
-    #[inline]
+    /// record is written when any CQE was consumed. A CQE the driver
+    /// cannot account for (unknown QPN, NOP, resize, an empty queue) is
+    /// consumed and reported as an error: at once if it comes first, else
+    /// by the next poll, after the completions before it (Linux returns
+    /// the error and loses those).
+    ///
+    /// Inlined into the caller: the empty CQ, one owner-byte lookup. The
+    /// rest out of line ([`Mlx4IbCq::poll_some`]).
+    #[inline(always)]
     pub fn poll(
         &mut self,
         qps: &mut QpTable,
@@ -353,12 +371,13 @@ impl Mlx4IbCq {
         wc: &mut [Wc],
     ) -> Result<usize> {
         if self.pending.is_none() {
-            // The empty CQ, cheaply: one owner-bit test, inlined into the
-            // caller; the rest out of line.
-            if !self.sw_owned(self.cons_index) {
+            let ci = self.cons_index;
+            let off = ((ci & (self.nent - 1)) as usize) * cqe::SIZE + cqe::OWNER_SR_OPCODE;
+            let osr = self.buf.window().read_u8(off);
+            if CQE_CLASS[usize::from(osr ^ parity(ci, self.nent))].kind == Kind::Hw {
                 return Ok(0);
             }
-            let n = self.poll_cqes(qps, srqs, wc);
+            let n = self.poll_some(qps, srqs, wc);
             if n > 0 {
                 return Ok(n);
             }
@@ -369,37 +388,96 @@ impl Mlx4IbCq {
         }
     }
 
-    /// The polling loop: fills the front of `wc`, returns how many. The
-    /// CQE at the consumer index is software-owned ([`Mlx4IbCq::poll`]
-    /// checked); each next one is checked after the completion before it
-    /// is filled, and only if `wc` has room for it. A CQE that fills no
-    /// completion is consumed and its error left in `pending`, which
-    /// [`Mlx4IbCq::poll`] reports.
+    /// [`Mlx4IbCq::poll`] once a CQE is there: a first CQE that is a
+    /// successful send of the QP of the last CQE takes a straight line;
+    /// the loop over the rest, and everything unusual, goes on in
+    /// [`Mlx4IbCq::poll_cqes`]. Writes the `set_ci` record if any CQE was
+    /// consumed; returns the completions filled.
+    #[inline(never)]
+    fn poll_some(&mut self, qps: &mut QpTable, srqs: &mut Slab<Mlx4IbSrq>, wc: &mut [Wc]) -> usize {
+        let start = self.cons_index;
+        let off = ((start & (self.nent - 1)) as usize) * cqe::SIZE;
+        if let Some(c) = self.buf.window().block::<{ cqe::SIZE }>(off) {
+            let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+            let class = &CQE_CLASS[usize::from(osr ^ parity(start, self.nent))];
+            if class.kind == Kind::Send
+                && c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK == self.cur.raw_qpn
+                && let Some(qp) = qps.slab.get_mut(self.cur.slot)
+                && let [first, rest @ ..] = wc
+            {
+                // The owner bit before the body.
+                dma_rmb();
+                // An error changed nothing: the loop meets it again.
+                if poll_send(qp, &c, class, first).is_ok() {
+                    self.cons_index = start.wrapping_add(1);
+                    let n = if rest.is_empty() {
+                        1
+                    } else {
+                        1 + self.poll_cqes(qps, srqs, rest)
+                    };
+                    self.update_cons_index();
+                    return n;
+                }
+            }
+        }
+        let n = self.poll_cqes(qps, srqs, wc);
+        if self.cons_index != start {
+            self.update_cons_index();
+        }
+        n
+    }
+
+    /// The polling loop: fills the front of `wc`, returns how many, and
+    /// moves the consumer index past the CQEs consumed (the caller writes
+    /// the `set_ci` record). Each CQE's owner byte is looked up in
+    /// [`CQE_CLASS`] with the pass parity of the consumer index folded in:
+    /// one load says whether it is still the hardware's and which path
+    /// takes it. A CQE that fills no completion is consumed and its error
+    /// left in `pending`, which [`Mlx4IbCq::poll`] reports.
     #[inline(never)]
     fn poll_cqes(&mut self, qps: &mut QpTable, srqs: &mut Slab<Mlx4IbSrq>, wc: &mut [Wc]) -> usize {
         let b = self.buf.window();
         let nent = self.nent;
         let start = self.cons_index;
-        let mut ci = start;
-        let mut n = 0;
         let mut wcs = wc.iter_mut();
         let Some(mut w) = wcs.next() else {
             return 0;
         };
-        let Some(mut c) = b.block::<{ cqe::SIZE }>(((ci & (nent - 1)) as usize) * cqe::SIZE) else {
+        let Some(mut c) = b.block::<{ cqe::SIZE }>(((start & (nent - 1)) as usize) * cqe::SIZE)
+        else {
             self.pending = Some(PollFault::OutsideBuffer);
             return 0;
         };
         let mut osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+        let mut class = &CQE_CLASS[usize::from(osr ^ parity(start, nent))];
+        if class.kind == Kind::Hw {
+            return 0;
+        }
+        let mut ci = start;
+        let mut n = 0;
+        // The QP of the last straight-line completion, held across CQEs
+        // (one table lookup per run of its CQEs); dropped before the
+        // general path, which needs the table.
+        let mut held: Option<&mut crate::qp::Mlx4IbQp> = None;
         loop {
             ci = ci.wrapping_add(1);
             // The owner bit before the body.
             dma_rmb();
-            let class = &CQE_CLASS[usize::from(osr & !cqe::OWNER_MASK)];
-            let r = if class.kind == Kind::Send {
-                poll_send(&mut self.cur, self.cqn, qps, srqs, &c, osr, class, w)
+            let raw_qpn = c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK;
+            if class.kind == Kind::Send && raw_qpn == self.cur.raw_qpn {
+                if held.is_none() {
+                    held = qps.slab.get_mut(self.cur.slot);
+                }
             } else {
-                poll_one_general(&mut self.cur, self.cqn, qps, srqs, &c, osr, w)
+                held = None;
+            }
+            let r = match held.as_deref_mut() {
+                Some(qp) => poll_send(qp, &c, class, w),
+                None => {
+                    // No loan of the table is left in `held`.
+                    held = None;
+                    poll_one_general(&mut self.cur, self.cqn, qps, srqs, &c, osr, w)
+                }
             };
             if let Err(e) = r {
                 self.pending = Some(e);
@@ -415,16 +493,14 @@ impl Mlx4IbCq {
                 break;
             };
             osr = next.read_u8(cqe::OWNER_SR_OPCODE);
-            // Hardware-owned while its owner bit differs from the pass
-            // parity of the consumer index.
-            if (osr ^ (u8::from(ci & nent != 0) << 7)) & cqe::OWNER_MASK != 0 {
+            class = &CQE_CLASS[usize::from(osr ^ parity(ci, nent))];
+            if class.kind == Kind::Hw {
                 break;
             }
             w = next_w;
             c = next;
         }
         self.cons_index = ci;
-        self.update_cons_index();
         n
     }
 
@@ -490,13 +566,13 @@ impl Mlx4IbCq {
             wmb();
             self.update_cons_index();
         }
-        self.cur.qpn = NO_QPN;
+        self.cur.clear();
     }
 
     /// Forgets the cached QP (its slot is being freed).
     pub(crate) fn forget_qp(&mut self, slot: u32) {
         if self.cur.qpn != NO_QPN && self.cur.slot == slot {
-            self.cur.qpn = NO_QPN;
+            self.cur.clear();
         }
     }
 }
@@ -506,31 +582,37 @@ impl Mlx4IbCq {
 #[derive(Debug, Clone, Copy)]
 struct CurQp {
     qpn: u32,
+    /// `qpn` as [`RAW_QPN_MASK`] selects it from a native load.
+    raw_qpn: u32,
     slot: u32,
 }
 
-/// Linux `mlx4_ib_poll_one` for a successful send CQE `c` (its
-/// `owner_sr_opcode` byte `osr`, its [`CqeClass`] `class`) of the QP of the
-/// last CQE: a straight line. Another QP goes to [`poll_one_general`].
+impl CurQp {
+    /// Caches QP `qpn` at table slot `slot`.
+    fn set(&mut self, qpn: u32, slot: u32) {
+        self.qpn = qpn;
+        // The big-endian dword's QPN bytes as a native load sees them.
+        self.raw_qpn = qpn.to_be();
+        self.slot = slot;
+    }
+
+    /// Forgets the cached QP (no raw QPN matches `NO_QPN`: the mask keeps
+    /// 24 bits).
+    fn clear(&mut self) {
+        self.qpn = NO_QPN;
+        self.raw_qpn = NO_QPN;
+    }
+}
+
+/// Linux `mlx4_ib_poll_one` for a successful send CQE `c` of `qp` (the QP
+/// of the last CQE) with [`CqeClass`] `class`: a straight line.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn poll_send(
-    cur: &mut CurQp,
-    cqn: u32,
-    qps: &mut QpTable,
-    srqs: &mut Slab<Mlx4IbSrq>,
+    qp: &mut crate::qp::Mlx4IbQp,
     c: &DmaBlock<'_, { cqe::SIZE }>,
-    osr: u8,
     class: &CqeClass,
     wc: &mut Wc,
 ) -> core::result::Result<(), PollFault> {
-    let qpn = c.read_be32(cqe::VLAN_MY_QPN) & cqe::QPN_MASK;
-    if qpn != cur.qpn {
-        return poll_one_general(cur, cqn, qps, srqs, c, osr, wc);
-    }
-    let Some(qp) = qps.slab.get_mut(cur.slot) else {
-        return poll_one_general(cur, cqn, qps, srqs, c, osr, wc);
-    };
     let wqe_ctr = c.read_be16(cqe::WQE_INDEX);
     wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, wqe_ctr)?;
     wc.qp_num = qp.ibqp_num;
@@ -583,8 +665,7 @@ fn poll_one_general(
     } else {
         match qps.lookup(qpn) {
             Some(s) => {
-                cur.qpn = qpn;
-                cur.slot = s;
+                cur.set(qpn, s);
                 s
             }
             None => {
@@ -598,7 +679,7 @@ fn poll_one_general(
         }
     };
     let Some(qp) = qps.slab.get_mut(slot) else {
-        cur.qpn = NO_QPN;
+        cur.clear();
         return Err(PollFault::UnknownQp);
     };
     let tail = c.read_be64(cqe::WQE_INDEX);
