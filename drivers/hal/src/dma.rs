@@ -362,7 +362,9 @@ impl<'a> DmaWindow<'a> {
     /// field). `None` if it does not fit or `off` is not 8-byte aligned.
     #[inline(always)]
     pub fn block<const N: usize>(&self, off: usize) -> Option<DmaBlock<'a, N>> {
-        if off.checked_add(N).is_some_and(|e| e <= self.len) && off.is_multiple_of(8) {
+        // `off <= len - N` (with `len >= N`): the same test as
+        // `off + N <= len` without an overflow check of its own.
+        if self.len.checked_sub(N).is_some_and(|last| off <= last) && off.is_multiple_of(8) {
             // SAFETY: `off + N <= len`, inside the live region the window
             // borrows.
             let p = unsafe { self.cpu.as_ptr().add(off) };

@@ -372,12 +372,13 @@ impl Mlx4IbCq {
     ) -> Result<usize> {
         if self.pending.is_none() {
             let ci = self.cons_index;
-            let off = ((ci & (self.nent - 1)) as usize) * cqe::SIZE + cqe::OWNER_SR_OPCODE;
-            let osr = self.buf.window().read_u8(off);
-            if CQE_CLASS[usize::from(osr ^ parity(ci, self.nent))].kind == Kind::Hw {
+            let off = ((ci & (self.nent - 1)) as usize) * cqe::SIZE;
+            let osr = self.buf.window().read_u8(off + cqe::OWNER_SR_OPCODE);
+            let class = osr ^ parity(ci, self.nent);
+            if CQE_CLASS[usize::from(class)].kind == Kind::Hw {
                 return Ok(0);
             }
-            let n = self.poll_some(qps, srqs, wc);
+            let n = self.poll_some(qps, srqs, wc, off, class);
             if n > 0 {
                 return Ok(n);
             }
@@ -388,18 +389,25 @@ impl Mlx4IbCq {
         }
     }
 
-    /// [`Mlx4IbCq::poll`] once a CQE is there: a first CQE that is a
-    /// successful send of the QP of the last CQE takes a straight line;
-    /// the loop over the rest, and everything unusual, goes on in
-    /// [`Mlx4IbCq::poll_cqes`]. Writes the `set_ci` record if any CQE was
-    /// consumed; returns the completions filled.
+    /// [`Mlx4IbCq::poll`] once a CQE is there (at byte `off` of the
+    /// buffer, its owner byte XOR the pass parity `first` indexing
+    /// [`CQE_CLASS`], both as [`Mlx4IbCq::poll`] found them): a first CQE
+    /// that is a successful send of the QP of the last CQE takes a
+    /// straight line; the loop over the rest, and everything unusual, goes
+    /// on in [`Mlx4IbCq::poll_cqes`]. Writes the `set_ci` record if any
+    /// CQE was consumed; returns the completions filled.
     #[inline(never)]
-    fn poll_some(&mut self, qps: &mut QpTable, srqs: &mut Slab<Mlx4IbSrq>, wc: &mut [Wc]) -> usize {
+    fn poll_some(
+        &mut self,
+        qps: &mut QpTable,
+        srqs: &mut Slab<Mlx4IbSrq>,
+        wc: &mut [Wc],
+        off: usize,
+        first: u8,
+    ) -> usize {
         let start = self.cons_index;
-        let off = ((start & (self.nent - 1)) as usize) * cqe::SIZE;
         if let Some(c) = self.buf.window().block::<{ cqe::SIZE }>(off) {
-            let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
-            let class = &CQE_CLASS[usize::from(osr ^ parity(start, self.nent))];
+            let class = &CQE_CLASS[usize::from(first)];
             if class.kind == Kind::Send
                 && c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK == self.cur.raw_qpn
                 && let Some(qp) = qps.slab.get_mut(self.cur.slot)
