@@ -801,6 +801,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn records_are_checked_once_and_keep_their_buffer() {
+        let arena = Arc::new(ArenaDma::new(1 << 20));
+        let pool = DmaPool::new(arena.clone());
+        let buf = Arc::new(pool.alloc(4096, 4096).unwrap());
+        assert!(
+            DmaRecord::<4>::new(buf.clone(), 4094).is_none(),
+            "past the end"
+        );
+        assert!(DmaRecord::<4>::new(buf.clone(), 2).is_none(), "misaligned");
+        assert!(DmaRecord::<8>::new(buf.clone(), 4).is_none(), "a pair on 8");
+        let r = DmaRecord::<4>::new(buf.clone(), 4092).unwrap();
+        r.write_be32(0, 0x1234_5678);
+        assert_eq!(buf.read_be32(4092), 0x1234_5678);
+        assert_eq!(r.read_be32(0), 0x1234_5678);
+        drop(buf);
+        // The record holds the buffer: still allocated, still writable.
+        assert_eq!(pool.stats().allocations, 1);
+        r.write_be32(0, 1);
+        drop(r);
+        assert_eq!(pool.stats().allocations, 0);
+    }
+
+    #[test]
     fn buffers_are_zeroed_aligned_and_returned_on_drop() {
         let arena = Arc::new(ArenaDma::new(1 << 20));
         let pool = DmaPool::new(arena.clone());
