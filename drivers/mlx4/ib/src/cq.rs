@@ -148,7 +148,7 @@ fn send_wr_id(
     }
     let id = wq
         .wrid
-        .get((wq.tail & (wq.wqe_cnt - 1)) as usize)
+        .get((wq.tail & wq.mask) as usize)
         .copied()
         .unwrap_or(0);
     wq.tail = wq.tail.wrapping_add(1);

@@ -31,6 +31,8 @@ pub struct Wq {
     pub(crate) wqe_shift: u32,
     /// `1 << wqe_shift`, for the straight lines' WQE addresses.
     pub(crate) stride: usize,
+    /// `wqe_cnt - 1`: a counter's slot.
+    pub(crate) mask: u32,
     pub(crate) head: u32,
     pub(crate) tail: u32,
 }
@@ -88,13 +90,23 @@ const SEND_OPS: u32 = bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm) | bit(WrO
 const IMM_OPS: u32 =
     bit(WrOpcode::SendWithImm) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::SendWithInv);
 
-/// `imm_data` masks by opcode: all ones for [`IMM_OPS`], else zero.
-const IMM_MASK: [u32; 16] = {
-    let mut t = [0u32; 16];
+/// What the straight line needs of a `WrOpcode`: the hardware opcode and
+/// the mask of `imm_data` (all ones for [`IMM_OPS`], else zero), in one
+/// table entry.
+#[derive(Clone, Copy)]
+struct OpInfo {
+    hw: u32,
+    imm_mask: u32,
+}
+
+/// [`OpInfo`] by `WrOpcode`.
+const OP_INFO: [OpInfo; 16] = {
+    let mut t = [OpInfo { hw: 0, imm_mask: 0 }; 16];
     let mut op = 0;
     while op < 16 {
+        t[op].hw = HW_OPCODE[op];
         if IMM_OPS & (1 << op) != 0 {
-            t[op] = u32::MAX;
+            t[op].imm_mask = u32::MAX;
         }
         op += 1;
     }
@@ -366,9 +378,11 @@ pub struct Mlx4IbQp {
     pub(crate) stamp_until: u32,
     /// `MLX4_WQE_CTRL_CQ_UPDATE` for `IB_SIGNAL_ALL_WR` QPs, else 0.
     pub(crate) sq_signal_bits: u32,
-    /// `srcrb_flags` by the low three `ib_send_flags` bits, with
-    /// `sq_signal_bits` in.
-    pub(crate) srcrb_flags: [u32; 8],
+    /// By the low three `ib_send_flags` bits (fence, signalled,
+    /// solicited): `srcrb_flags` with `sq_signal_bits` in, shifted to the
+    /// high half of the control segment's second word, and the fence bit
+    /// as it sits in the first word.
+    pub(crate) ctrl_by_flags: [(u64, u64); 8],
     /// `(1 << 31) / sq.wqe_cnt`: `(ind & wqe_cnt) * owner_mul` is the owner
     /// bit of producer index `ind`.
     pub(crate) owner_mul: u32,
@@ -614,6 +628,8 @@ impl Mlx4IbQp {
         rq.wrid = vec![0; rq.wqe_cnt as usize];
         sq.stride = 1 << sq.wqe_shift;
         rq.stride = 1 << rq.wqe_shift;
+        sq.mask = sq.wqe_cnt.wrapping_sub(1);
+        rq.mask = rq.wqe_cnt.wrapping_sub(1);
         let sq_signal_bits = if sig_all { ctrl::CQ_UPDATE } else { 0 };
         let owner_mul = ctrl::OWNER / sq.wqe_cnt.max(1);
         let fast_max_inline = if sq.wqe_shift >= 7 {
@@ -631,7 +647,11 @@ impl Mlx4IbQp {
             sq_spare_wqes: spare,
             stamp_until: 0,
             sq_signal_bits,
-            srcrb_flags: SRCRB_FLAGS.map(|f| f | sq_signal_bits),
+            ctrl_by_flags: core::array::from_fn(|f| {
+                let srcrb = SRCRB_FLAGS[f] | sq_signal_bits;
+                let fence = (f as u32 & SendFlags::FENCE.0) << 6;
+                (u64::from(srcrb) << 32, u64::from(fence))
+            }),
             owner_mul,
             max_inline_data,
             ops_allowed: ops_allowed(qp_type),
@@ -708,7 +728,7 @@ impl Mlx4IbQp {
     pub fn send_wqe_offset(&self, n: u32) -> usize {
         // A multiply by the stride rather than a shift by `wqe_shift`: no
         // shift-count register to free on x86.
-        self.sq.offset + ((n & (self.sq.wqe_cnt - 1)) as usize) * self.sq.stride
+        self.sq.offset + ((n & self.sq.mask) as usize) * self.sq.stride
     }
     /// Byte offset of receive WQE `n` in the buffer.
     #[inline]
@@ -970,22 +990,20 @@ impl Mlx4IbQp {
     /// the immediate.
     #[inline(always)]
     fn ctrl_words(&self, wr: &SendWr<'_>, ind: u32) -> (u64, u64) {
-        let opi = wr.opcode as usize & 15;
-        let f = wr.send_flags.0;
-        let srcrb = self.srcrb_flags[(f & 7) as usize];
-        let imm = wr.imm_data & IMM_MASK[opi];
+        let op = &OP_INFO[wr.opcode as usize & 15];
+        let (srcrb, fence) = self.ctrl_by_flags[(wr.send_flags.0 & 7) as usize];
+        let imm = wr.imm_data & op.imm_mask;
         // The pass bit of `ind` moved to bit 31 by one multiply.
         let owner = (ind & self.sq.wqe_cnt) * self.owner_mul;
-        let hi =
-            (u64::from(HW_OPCODE[opi] | owner) << 32) | u64::from((f & SendFlags::FENCE.0) << 6);
-        ((u64::from(srcrb) << 32) | u64::from(imm), hi)
+        let hi = (u64::from(op.hw | owner) << 32) | fence;
+        (srcrb | u64::from(imm), hi)
     }
 
     /// The end of the straight line: the wr_id by its slot, the producer
     /// index, the doorbell, and the stamp if one can be needed.
     #[inline(always)]
     fn fast_ring(&mut self, ind: u32, wr_id: u64) {
-        let slot = (ind & (self.sq.wqe_cnt - 1)) as usize;
+        let slot = (ind & self.sq.mask) as usize;
         if let Some(w) = self.sq.wrid.get_mut(slot) {
             *w = wr_id;
         }
@@ -1482,7 +1500,7 @@ impl Mlx4IbQp {
         let Some(db) = &self.db else {
             return false;
         };
-        let ind = head & (self.rq.wqe_cnt - 1);
+        let ind = head & self.rq.mask;
         let base = self.rq.offset + (ind as usize) * self.rq.stride;
         let w0 = (u64::from(s.length) << 32) | u64::from(s.lkey);
         let b = self.buf.window();
