@@ -224,7 +224,7 @@ impl DmaPool {
         let region = self.inner.alloc(len, align.max(8))?;
         debug_assert!(region.len >= len && region.bus.0 % align as u64 == 0);
         Ok(DmaBuf {
-            region: Some(region),
+            region,
             len,
             pool: self.clone(),
         })
@@ -253,8 +253,9 @@ fn out_of_bounds(off: usize, width: usize, len: usize) -> ! {
 /// All accessors are bounds-checked volatile accesses; multi-byte `_be`
 /// accessors read and write big-endian device formats.
 pub struct DmaBuf {
-    /// Always `Some` until `drop`.
-    region: Option<DmaRegion>,
+    /// Given back to the pool in `drop` (a copy of it: the buffer is never
+    /// used again).
+    region: DmaRegion,
     len: usize,
     pool: DmaPool,
 }
@@ -361,7 +362,9 @@ impl<'a> DmaWindow<'a> {
     /// field). `None` if it does not fit or `off` is not 8-byte aligned.
     #[inline(always)]
     pub fn block<const N: usize>(&self, off: usize) -> Option<DmaBlock<'a, N>> {
-        if off.checked_add(N).is_some_and(|e| e <= self.len) && off.is_multiple_of(8) {
+        // `off <= len - N` (with `len >= N`): the same test as
+        // `off + N <= len` without an overflow check of its own.
+        if self.len.checked_sub(N).is_some_and(|last| off <= last) && off.is_multiple_of(8) {
             // SAFETY: `off + N <= len`, inside the live region the window
             // borrows.
             let p = unsafe { self.cpu.as_ptr().add(off) };
@@ -422,6 +425,73 @@ impl<const N: usize> DmaBlock<'_, N> {
     }
 }
 
+/// `N` bytes of a shared [`DmaBuf`] checked once, when made, and kept: a
+/// doorbell record that the driver writes on every post or poll (the RQ
+/// producer counter, a CQ's consumer index). It holds the buffer, so the
+/// memory outlives it; its accessors check the offset against the constant
+/// `N` only, which the compiler folds away for constant offsets.
+pub struct DmaRecord<const N: usize> {
+    cpu: NonNull<u8>,
+    buf: Arc<DmaBuf>,
+}
+
+// SAFETY: the record only performs volatile accesses of plain integers to
+// memory that `buf` (Send + Sync) keeps alive; as for `DmaBuf`.
+unsafe impl<const N: usize> Send for DmaRecord<N> {}
+// SAFETY: as above: shared use is volatile loads/stores of plain integers.
+unsafe impl<const N: usize> Sync for DmaRecord<N> {}
+
+impl<const N: usize> fmt::Debug for DmaRecord<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DmaRecord<{N}>({:?})", self.buf)
+    }
+}
+
+impl<const N: usize> DmaRecord<N> {
+    /// Alignment of the record's start: `N` up to 8 bytes (`N` is a
+    /// multiple of 4: 4-byte records are doorbell slots).
+    const ALIGN: usize = if N >= 8 { 8 } else { 4 };
+
+    /// The `N` bytes at `off` of `buf`; `None` if they do not fit, `N` is
+    /// not a multiple of 4, or `off` is not aligned to `min(N, 8)`.
+    pub fn new(buf: Arc<DmaBuf>, off: usize) -> Option<Self> {
+        if !(N.is_multiple_of(4)
+            && off.checked_add(N).is_some_and(|e| e <= buf.len)
+            && off.is_multiple_of(Self::ALIGN))
+        {
+            return None;
+        }
+        // SAFETY: `off + N <= len`, inside the live region `buf` owns.
+        let p = unsafe { buf.region().cpu.as_ptr().add(off) };
+        NonNull::new(p).map(|cpu| DmaRecord { cpu, buf })
+    }
+
+    /// The buffer the record lives in.
+    pub fn buf(&self) -> &Arc<DmaBuf> {
+        &self.buf
+    }
+
+    /// Checks `[off, off + width)` against `N` and natural alignment (the
+    /// record starts aligned to `min(N, 8)`).
+    #[inline(always)]
+    fn ptr(&self, off: usize, width: usize) -> *mut u8 {
+        if !(off.checked_add(width).is_some_and(|e| e <= N)
+            && off.is_multiple_of(width)
+            && width <= Self::ALIGN)
+        {
+            out_of_bounds(off, width, N);
+        }
+        // SAFETY: `off + width <= N`, and the record's `N` bytes are inside
+        // the region `buf` keeps alive (checked by `DmaRecord::new`).
+        unsafe { self.cpu.as_ptr().add(off) }
+    }
+
+    accessors!(read_u8, write_u8, read_u8_be, write_u8_be, u8);
+    accessors!(read_u16, write_u16, read_be16, write_be16, u16);
+    accessors!(read_u32, write_u32, read_be32, write_be32, u32);
+    accessors!(read_u64, write_u64, read_be64, write_be64, u64);
+}
+
 impl DmaBuf {
     /// Length in bytes (as requested).
     pub fn len(&self) -> usize {
@@ -455,11 +525,7 @@ impl DmaBuf {
 
     #[inline(always)]
     fn region(&self) -> &DmaRegion {
-        // INVARIANT: `region` is only taken in `drop`.
-        match &self.region {
-            Some(r) => r,
-            None => unreachable!("DmaBuf used after drop"),
-        }
+        &self.region
     }
 
     /// Checks `[off, off + width)` and natural alignment; returns the pointer.
@@ -539,11 +605,15 @@ impl DmaBuf {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
-        if let Some(region) = self.region.take() {
-            // Freeing memory the device still owns is a driver bug, as in Linux.
-            // SAFETY: the region came from this pool and is freed once, here.
-            unsafe { self.pool.inner.free(region) };
-        }
+        let region = DmaRegion {
+            cpu: self.region.cpu,
+            bus: self.region.bus,
+            len: self.region.len,
+        };
+        // Freeing memory the device still owns is a driver bug, as in Linux.
+        // SAFETY: the region came from this pool and is freed once, here;
+        // `self` (the only other holder of it) is not used after `drop`.
+        unsafe { self.pool.inner.free(region) };
     }
 }
 
@@ -729,6 +799,29 @@ pub(crate) mod arena {
 mod tests {
     use super::arena::ArenaDma;
     use super::*;
+
+    #[test]
+    fn records_are_checked_once_and_keep_their_buffer() {
+        let arena = Arc::new(ArenaDma::new(1 << 20));
+        let pool = DmaPool::new(arena.clone());
+        let buf = Arc::new(pool.alloc(4096, 4096).unwrap());
+        assert!(
+            DmaRecord::<4>::new(buf.clone(), 4094).is_none(),
+            "past the end"
+        );
+        assert!(DmaRecord::<4>::new(buf.clone(), 2).is_none(), "misaligned");
+        assert!(DmaRecord::<8>::new(buf.clone(), 4).is_none(), "a pair on 8");
+        let r = DmaRecord::<4>::new(buf.clone(), 4092).unwrap();
+        r.write_be32(0, 0x1234_5678);
+        assert_eq!(buf.read_be32(4092), 0x1234_5678);
+        assert_eq!(r.read_be32(0), 0x1234_5678);
+        drop(buf);
+        // The record holds the buffer: still allocated, still writable.
+        assert_eq!(pool.stats().allocations, 1);
+        r.write_be32(0, 1);
+        drop(r);
+        assert_eq!(pool.stats().allocations, 0);
+    }
 
     #[test]
     fn buffers_are_zeroed_aligned_and_returned_on_drop() {

@@ -27,7 +27,7 @@ pub mod fake;
 
 pub use be::{Be16, Be32, Be64};
 pub use dma::{
-    BusAddr, DmaAllocator, DmaBlock, DmaBuf, DmaPool, DmaRegion, DmaStats, DmaWindow,
+    BusAddr, DmaAllocator, DmaBlock, DmaBuf, DmaPool, DmaRecord, DmaRegion, DmaStats, DmaWindow,
     RangeAllocator,
 };
 pub use mmio::{Bar, Doorbell, RegisterBackend};

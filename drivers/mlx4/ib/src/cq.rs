@@ -1,7 +1,7 @@
 //! Completion queues (Linux `cq.c`): create/destroy over mlx4_core, polling with the owner bit (`mlx4_ib_poll_one`, `mlx4_ib_poll_cq`), every error syndrome mapped to its `ib_wc_status` (`mlx4_ib_handle_error_cqe`), the `set_ci` and arm doorbells (`mlx4_cq_set_ci`, `mlx4_cq_arm`), and removal of a QP's entries (`__mlx4_ib_cq_clean`); resize, moderation (MODIFY_CQ), 64-byte CQEs, timestamps and the Ethernet/XRC fields are left out.
 
 use hal::barrier::{dma_rmb, wmb};
-use hal::{Bar, DmaBuf};
+use hal::{Bar, DmaBlock, DmaBuf};
 use mlx4_core::mr::Mtt;
 use mlx4_hw::cqe::{self, recv_opcode, syndrome};
 use mlx4_hw::doorbell::{CQ_DB_REQ_NOT, CQ_DB_REQ_NOT_SOL, CQ_DOORBELL};
@@ -30,11 +30,12 @@ pub struct Mlx4IbCq {
     pub(crate) db: Db,
     pub(crate) uar: Bar,
     pub(crate) cqn: u32,
-    /// The QP of the last CQE: (real QPN, table slot) (Linux `cur_qp`).
-    cur_qp: Option<(u32, u32)>,
+    /// The real QPN of the last CQE's QP ([`NO_QPN`]: none) and its table
+    /// slot (Linux `cur_qp`).
+    cur: CurQp,
     /// An error met after completions that were returned first; reported
     /// by the next poll.
-    pending: Option<Error>,
+    pending: Option<PollFault>,
     pub(crate) hw: Option<CqHw>,
 }
 
@@ -68,8 +69,123 @@ pub fn syndrome_to_status(s: u8) -> WcStatus {
     }
 }
 
+/// No QP (the cached QP of [`Mlx4IbCq`] when none is cached): not a
+/// 24-bit QPN.
+const NO_QPN: u32 = u32::MAX;
+
+/// The QPN bits of a CQE's first dword as a native load sees it (the
+/// dword is big-endian: its low 24 bits are the last three bytes).
+const RAW_QPN_MASK: u32 = cqe::QPN_MASK.to_be();
+
+/// The owner bit a software-owned CQE at consumer index `ci` carries (the
+/// pass parity, `ci & nent`, moved to bit 7).
+#[inline(always)]
+fn parity(ci: u32, nent: u32) -> u8 {
+    u8::from(ci & nent != 0) << 7
+}
+
+/// Why a CQE could not be turned into a completion: one byte, so the
+/// polling loop's results stay in registers; [`Error::from`] gives
+/// mlx4_ib's error (`-EINVAL` with the reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PollFault {
+    /// The CQE's place is outside the CQ buffer.
+    OutsideBuffer,
+    /// A completion for a NOP.
+    Nop,
+    /// A resize CQE on a CQ never resized.
+    Resize,
+    /// The CQE names no live QP.
+    UnknownQp,
+    /// A send CQE for a WQE not posted.
+    SendNotPosted,
+    /// A send CQE for an empty send queue.
+    SendQueueEmpty,
+    /// A receive CQE for an empty receive queue.
+    RecvQueueEmpty,
+    /// A CQE for a QP whose SRQ is gone.
+    SrqGone,
+    /// An SRQ completion for a WQE not posted.
+    SrqNotPosted,
+}
+
+impl From<PollFault> for Error {
+    fn from(f: PollFault) -> Error {
+        Error::Inval(match f {
+            PollFault::OutsideBuffer => "CQE outside the CQ buffer",
+            PollFault::Nop => "completion for a NOP",
+            PollFault::Resize => "resize CQE",
+            PollFault::UnknownQp => "CQE for an unknown QP",
+            PollFault::SendNotPosted => "send CQE for a WQE not posted",
+            PollFault::SendQueueEmpty => "send CQE for an empty send queue",
+            PollFault::RecvQueueEmpty => "receive CQE for an empty receive queue",
+            PollFault::SrqGone => "CQE for a QP whose SRQ is gone",
+            PollFault::SrqNotPosted => "SRQ completion for a WQE not posted",
+        })
+    }
+}
+
+/// The wr_id of the send WQE a CQE with WQE counter `wqe_ctr` completes,
+/// and the send queue's tail moved past it. With selective signalling the
+/// unsignalled WRs before it complete with it; an index outside the posted
+/// window is the device's error and must not move the tail past the head.
+#[inline(always)]
+fn send_wr_id(
+    wq: &mut crate::qp::Wq,
+    sq_signal_bits: u32,
+    wqe_ctr: u16,
+) -> core::result::Result<u64, PollFault> {
+    let outstanding = wq.head.wrapping_sub(wq.tail);
+    if sq_signal_bits == 0 {
+        let skip = u32::from(wqe_ctr.wrapping_sub(wq.tail as u16));
+        if skip >= outstanding {
+            return Err(PollFault::SendNotPosted);
+        }
+        wq.tail = wq.tail.wrapping_add(skip);
+    } else if outstanding == 0 {
+        return Err(PollFault::SendQueueEmpty);
+    }
+    let id = wq
+        .wrid
+        .get((wq.tail & wq.mask) as usize)
+        .copied()
+        .unwrap_or(0);
+    wq.tail = wq.tail.wrapping_add(1);
+    Ok(id)
+}
+
+/// The CQE opcodes of successful sends [`Mlx4IbCq::poll`] takes on its
+/// straight line: all but NOP (and the resize and error codes, which are
+/// not send opcodes).
+const SEND_SUCCESS_OPS: u32 = {
+    let mut m = 0u32;
+    let ops = [
+        opcode::RDMA_WRITE,
+        opcode::RDMA_WRITE_IMM,
+        opcode::SEND,
+        opcode::SEND_IMM,
+        opcode::SEND_INVAL,
+        opcode::RDMA_READ,
+        opcode::ATOMIC_CS,
+        opcode::ATOMIC_FA,
+        opcode::MASKED_ATOMIC_CS,
+        opcode::MASKED_ATOMIC_FA,
+        opcode::BIND_MW,
+        opcode::LSO,
+        opcode::FMR,
+        opcode::LOCAL_INVAL,
+    ];
+    let mut i = 0;
+    while i < ops.len() {
+        m |= 1 << ops[i];
+        i += 1;
+    }
+    m
+};
+
 /// How a send completion reports its byte count.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum SendLen {
     /// Not at all.
     None,
@@ -97,6 +213,58 @@ const SEND_WC: [(WcOpcode, WcFlags, SendLen); 32] = {
     t[opcode::LSO as usize] = (WcOpcode::Lso, WcFlags::empty(), SendLen::None);
     t[opcode::FMR as usize] = (WcOpcode::FastRegMr, WcFlags::empty(), SendLen::None);
     t[opcode::LOCAL_INVAL as usize] = (WcOpcode::LocalInv, WcFlags::empty(), SendLen::None);
+    t
+};
+
+/// Which way the polling loop takes a CQE.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Still the hardware's: stop.
+    Hw,
+    /// A successful send with a straight line ([`poll_send`]).
+    Send,
+    /// Anything else ([`poll_one_general`]).
+    General,
+}
+
+/// What the polling loop needs of a CQE, by its `owner_sr_opcode` byte with
+/// the pass parity folded into the owner bit (0: software-owned).
+#[derive(Clone, Copy)]
+struct CqeClass {
+    kind: Kind,
+    opcode: WcOpcode,
+    flags: WcFlags,
+    len: SendLen,
+}
+
+/// [`CqeClass`] of each `owner_sr_opcode` byte XOR the pass parity
+/// ([`parity`]): one load tells the loop whether the CQE is still the
+/// hardware's (owner bit set after the XOR), which path takes it and, for
+/// a send, the completion opcode, flags and length.
+const CQE_CLASS: [CqeClass; 256] = {
+    let mut t = [CqeClass {
+        kind: Kind::Hw,
+        opcode: WcOpcode::Send,
+        flags: WcFlags::empty(),
+        len: SendLen::None,
+    }; 256];
+    let mut i = 0;
+    while i < 128 {
+        let op = i & cqe::OPCODE_MASK as usize;
+        let send = i & cqe::IS_SEND_MASK as usize != 0;
+        let (opcode, flags, len) = SEND_WC[op];
+        t[i] = CqeClass {
+            kind: if send && SEND_SUCCESS_OPS & (1 << op) != 0 {
+                Kind::Send
+            } else {
+                Kind::General
+            },
+            opcode,
+            flags,
+            len,
+        };
+        i += 1;
+    }
     t
 };
 
@@ -147,7 +315,11 @@ impl Mlx4IbCq {
             db,
             uar,
             cqn,
-            cur_qp: None,
+            cur: CurQp {
+                qpn: NO_QPN,
+                raw_qpn: NO_QPN,
+                slot: 0,
+            },
             pending: None,
             hw: None,
         }
@@ -183,224 +355,168 @@ impl Mlx4IbCq {
     }
 
     /// Linux `mlx4_ib_poll_cq`: up to `wc.len()` completions; the `set_ci`
-    /// record is written when any was consumed. A CQE the driver cannot
-    /// account for (unknown QPN, NOP, resize, an empty queue) is consumed
-    /// and reported as an error: at once if it comes first, else by the
-    /// next poll, after the completions before it (Linux returns the error
-    /// and loses those).
-    #[inline]
+    /// record is written when any CQE was consumed. A CQE the driver
+    /// cannot account for (unknown QPN, NOP, resize, an empty queue) is
+    /// consumed and reported as an error: at once if it comes first, else
+    /// by the next poll, after the completions before it (Linux returns
+    /// the error and loses those).
+    ///
+    /// Inlined into the caller: the empty CQ, one owner-byte lookup. The
+    /// rest out of line ([`Mlx4IbCq::poll_some`]).
+    #[inline(always)]
     pub fn poll(
         &mut self,
         qps: &mut QpTable,
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> Result<usize> {
-        // The empty CQ, cheaply: one owner-bit test, inlined into the
-        // caller; the rest out of line.
-        if self.pending.is_none() && !self.sw_owned(self.cons_index) {
-            return Ok(0);
+        if self.pending.is_none() {
+            let ci = self.cons_index;
+            let off = ((ci & (self.nent - 1)) as usize) * cqe::SIZE;
+            let osr = self.buf.window().read_u8(off + cqe::OWNER_SR_OPCODE);
+            let class = osr ^ parity(ci, self.nent);
+            if CQE_CLASS[usize::from(class)].kind == Kind::Hw {
+                return Ok(0);
+            }
+            let n = self.poll_some(qps, srqs, wc, off, class);
+            if n > 0 {
+                return Ok(n);
+            }
         }
-        self.poll_cqes(qps, srqs, wc)
+        match self.pending.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(0),
+        }
     }
 
+    /// [`Mlx4IbCq::poll`] once a CQE is there (at byte `off` of the
+    /// buffer, its owner byte XOR the pass parity `first` indexing
+    /// [`CQE_CLASS`], both as [`Mlx4IbCq::poll`] found them): a first CQE
+    /// that is a successful send of the QP of the last CQE takes a
+    /// straight line; the loop over the rest, and everything unusual, goes
+    /// on in [`Mlx4IbCq::poll_cqes`]. Writes the `set_ci` record if any
+    /// CQE was consumed; returns the completions filled.
     #[inline(never)]
-    fn poll_cqes(
+    fn poll_some(
         &mut self,
         qps: &mut QpTable,
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
-    ) -> Result<usize> {
-        if self.pending.is_some()
-            && let Some(e) = self.pending.take()
-        {
-            return Err(e);
-        }
-        let mut n = 0;
-        let mut err = None;
-        while n < wc.len() {
-            match self.poll_one(qps, srqs, &mut wc[n]) {
-                Ok(true) => n += 1,
-                Ok(false) => break,
-                Err(e) => {
-                    err = Some(e);
-                    break;
+        off: usize,
+        first: u8,
+    ) -> usize {
+        let start = self.cons_index;
+        if let Some(c) = self.buf.window().block::<{ cqe::SIZE }>(off) {
+            let class = &CQE_CLASS[usize::from(first)];
+            if class.kind == Kind::Send
+                && c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK == self.cur.raw_qpn
+                && let Some(qp) = qps.slab.get_mut(self.cur.slot)
+                && let [first, rest @ ..] = wc
+            {
+                // The owner bit before the body.
+                dma_rmb();
+                // An error changed nothing: the loop meets it again.
+                if poll_send(qp, &c, class, first).is_ok() {
+                    self.cons_index = start.wrapping_add(1);
+                    let n = if rest.is_empty() {
+                        1
+                    } else {
+                        1 + self.poll_cqes(qps, srqs, rest)
+                    };
+                    self.update_cons_index();
+                    return n;
                 }
             }
         }
-        if n > 0 || err.is_some() {
+        let n = self.poll_cqes(qps, srqs, wc);
+        if self.cons_index != start {
             self.update_cons_index();
         }
-        match err {
-            Some(e) if n == 0 => Err(e),
-            Some(e) => {
-                self.pending = Some(e);
-                Ok(n)
-            }
-            None => Ok(n),
+        n
+    }
+
+    /// The polling loop: fills the front of `wc`, returns how many, and
+    /// moves the consumer index past the CQEs consumed (the caller writes
+    /// the `set_ci` record). Each CQE's owner byte is looked up in
+    /// [`CQE_CLASS`] with the pass parity of the consumer index folded in:
+    /// one load says whether it is still the hardware's and which path
+    /// takes it. A CQE that fills no completion is consumed and its error
+    /// left in `pending`, which [`Mlx4IbCq::poll`] reports.
+    #[inline(never)]
+    fn poll_cqes(&mut self, qps: &mut QpTable, srqs: &mut Slab<Mlx4IbSrq>, wc: &mut [Wc]) -> usize {
+        let b = self.buf.window();
+        let nent = self.nent;
+        let start = self.cons_index;
+        let mut wcs = wc.iter_mut();
+        let Some(mut w) = wcs.next() else {
+            return 0;
+        };
+        let Some(mut c) = b.block::<{ cqe::SIZE }>(((start & (nent - 1)) as usize) * cqe::SIZE)
+        else {
+            self.pending = Some(PollFault::OutsideBuffer);
+            return 0;
+        };
+        let mut osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+        let mut class = &CQE_CLASS[usize::from(osr ^ parity(start, nent))];
+        if class.kind == Kind::Hw {
+            return 0;
         }
+        let mut ci = start;
+        let mut n = 0;
+        // The QP of the last straight-line completion, held across CQEs
+        // (one table lookup per run of its CQEs); dropped before the
+        // general path, which needs the table.
+        let mut held: Option<&mut crate::qp::Mlx4IbQp> = None;
+        loop {
+            ci = ci.wrapping_add(1);
+            // The owner bit before the body.
+            dma_rmb();
+            let raw_qpn = c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK;
+            if class.kind == Kind::Send && raw_qpn == self.cur.raw_qpn {
+                if held.is_none() {
+                    held = qps.slab.get_mut(self.cur.slot);
+                }
+            } else {
+                held = None;
+            }
+            let r = match held.as_deref_mut() {
+                Some(qp) => poll_send(qp, &c, class, w),
+                None => {
+                    // No loan of the table is left in `held`.
+                    held = None;
+                    poll_one_general(&mut self.cur, self.cqn, qps, srqs, &c, osr, w)
+                }
+            };
+            if let Err(e) = r {
+                self.pending = Some(e);
+                break;
+            }
+            n += 1;
+            let Some(next_w) = wcs.next() else {
+                break;
+            };
+            let Some(next) = b.block::<{ cqe::SIZE }>(((ci & (nent - 1)) as usize) * cqe::SIZE)
+            else {
+                self.pending = Some(PollFault::OutsideBuffer);
+                break;
+            };
+            osr = next.read_u8(cqe::OWNER_SR_OPCODE);
+            class = &CQE_CLASS[usize::from(osr ^ parity(ci, nent))];
+            if class.kind == Kind::Hw {
+                break;
+            }
+            w = next_w;
+            c = next;
+        }
+        self.cons_index = ci;
+        n
     }
 
     /// Linux `mlx4_cq_set_ci`.
-    #[inline]
+    #[inline(always)]
     fn update_cons_index(&self) {
         self.db
             .write(0, mlx4_hw::doorbell::cq_set_ci_record(self.cons_index));
-    }
-
-    /// Linux `mlx4_ib_poll_one`: `Ok(false)` when the next CQE is still
-    /// hardware-owned.
-    #[inline]
-    fn poll_one(
-        &mut self,
-        qps: &mut QpTable,
-        srqs: &mut Slab<Mlx4IbSrq>,
-        wc: &mut Wc,
-    ) -> Result<bool> {
-        let n = self.cons_index;
-        let off = ((n & (self.nent - 1)) as usize) * cqe::SIZE;
-        let Some(b) = self.buf.window().block::<{ cqe::SIZE }>(off) else {
-            return Err(Error::Inval("CQE outside the CQ buffer"));
-        };
-        let osr = b.read_u8(cqe::OWNER_SR_OPCODE);
-        if (osr & cqe::OWNER_MASK != 0) != (n & self.nent != 0) {
-            return Ok(false);
-        }
-        self.cons_index = n.wrapping_add(1);
-        // The owner bit before the body.
-        dma_rmb();
-        let is_send = osr & cqe::IS_SEND_MASK != 0;
-        let op = osr & cqe::OPCODE_MASK;
-        let is_error = op == cqe::OPCODE_ERROR;
-        if is_send && u32::from(op) == opcode::NOP {
-            log::warn!(
-                "mlx4_ib: CQ {:06x}: Completion for NOP opcode detected!",
-                self.cqn
-            );
-            return Err(Error::Inval("completion for a NOP"));
-        }
-        if op == cqe::OPCODE_RESIZE {
-            log::warn!(
-                "mlx4_ib: CQ {:06x}: resize CQE on a CQ never resized",
-                self.cqn
-            );
-            return Err(Error::Inval("resize CQE"));
-        }
-        let head = b.read_be64(cqe::VLAN_MY_QPN);
-        let qpn = (head >> 32) as u32 & cqe::QPN_MASK;
-        let slot = match self.cur_qp {
-            Some((q, s)) if q == qpn => s,
-            _ => match qps.lookup(qpn) {
-                Some(s) => {
-                    self.cur_qp = Some((qpn, s));
-                    s
-                }
-                None => {
-                    log::warn!(
-                        "mlx4_ib: CQ {:06x} with entry for unknown QPN {:06x}",
-                        self.cqn,
-                        qpn
-                    );
-                    return Err(Error::Inval("CQE for an unknown QP"));
-                }
-            },
-        };
-        let Some(qp) = qps.slab.get_mut(slot) else {
-            self.cur_qp = None;
-            return Err(Error::Inval("CQE for an unknown QP"));
-        };
-        let tail = b.read_be64(cqe::WQE_INDEX);
-        let wqe_ctr = (tail >> 48) as u16;
-        wc.qp_num = qp.ibqp_num;
-        wc.port_num = qp.port;
-        if is_send {
-            let wq = &mut qp.sq;
-            let outstanding = wq.head.wrapping_sub(wq.tail);
-            if qp.sq_signal_bits == 0 {
-                // Skip the unsignalled WRs before the completed one; an
-                // index outside the posted window is the device's error
-                // and must not move the tail past the head.
-                let skip = u32::from(wqe_ctr.wrapping_sub(wq.tail as u16));
-                if skip >= outstanding {
-                    return Err(Error::Inval("send CQE for a WQE not posted"));
-                }
-                wq.tail = wq.tail.wrapping_add(skip);
-            } else if outstanding == 0 {
-                return Err(Error::Inval("send CQE for an empty send queue"));
-            }
-            wc.wr_id = wq
-                .wrid
-                .get((wq.tail & (wq.wqe_cnt - 1)) as usize)
-                .copied()
-                .unwrap_or(0);
-            wq.tail = wq.tail.wrapping_add(1);
-        } else if let Some(srq) = qp.srq {
-            let srq = srqs
-                .get_mut(srq.0)
-                .ok_or(Error::Inval("CQE for a QP whose SRQ is gone"))?;
-            wc.wr_id = srq.take_wqe(wqe_ctr)?;
-        } else {
-            let wq = &mut qp.rq;
-            if wq.head == wq.tail {
-                return Err(Error::Inval("receive CQE for an empty receive queue"));
-            }
-            wc.wr_id = wq
-                .wrid
-                .get((wq.tail & (wq.wqe_cnt.max(1) - 1)) as usize)
-                .copied()
-                .unwrap_or(0);
-            wq.tail = wq.tail.wrapping_add(1);
-        }
-        if is_error {
-            let syn = (tail >> 32) as u16;
-            wc.status = syndrome_to_status(syn as u8);
-            wc.vendor_err = u32::from(syn >> 8);
-            if syn as u8 == syndrome::LOCAL_QP_OP_ERR {
-                log::warn!(
-                    "mlx4_ib: local QP operation err (QPN {:06x}, WQE index {:x}, vendor syndrome {:02x}, opcode = {:02x})",
-                    qpn,
-                    wqe_ctr,
-                    syn >> 8,
-                    op
-                );
-            }
-            return Ok(true);
-        }
-        wc.status = WcStatus::Success;
-        wc.vendor_err = 0;
-        if is_send {
-            let (opc, flags, len) = SEND_WC[usize::from(op)];
-            wc.opcode = opc;
-            wc.wc_flags = flags;
-            match len {
-                SendLen::Cqe => wc.byte_len = b.read_be32(cqe::BYTE_CNT),
-                SendLen::Eight => wc.byte_len = 8,
-                SendLen::None => {}
-            }
-        } else {
-            let mid = b.read_be64(cqe::G_MLPATH_RQPN);
-            let g = (mid >> 32) as u32;
-            let imm = head as u32;
-            wc.byte_len = b.read_be32(cqe::BYTE_CNT);
-            let (opc, flags) = match op {
-                recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, WcFlags::WITH_IMM),
-                recv_opcode::SEND_INVAL => (WcOpcode::Recv, WcFlags::WITH_INVALIDATE),
-                recv_opcode::SEND_IMM => (WcOpcode::Recv, WcFlags::WITH_IMM),
-                _ => (WcOpcode::Recv, WcFlags::empty()),
-            };
-            wc.opcode = opc;
-            wc.imm_data = imm;
-            wc.slid = mid as u16;
-            wc.src_qp = g & 0xff_ffff;
-            wc.dlid_path_bits = ((g >> 24) & 0x7f) as u8;
-            wc.wc_flags = if g & (1 << 31) != 0 {
-                flags | WcFlags::GRH
-            } else {
-                flags
-            };
-            wc.pkey_index = (imm & 0x7f) as u16;
-            wc.sl = ((mid >> 16) as u16 >> 12) as u8;
-        }
-        Ok(true)
     }
 
     /// Linux `mlx4_ib_arm_cq` / `mlx4_cq_arm`: request an event for the next
@@ -458,15 +574,194 @@ impl Mlx4IbCq {
             wmb();
             self.update_cons_index();
         }
-        self.cur_qp = None;
+        self.cur.clear();
     }
 
     /// Forgets the cached QP (its slot is being freed).
     pub(crate) fn forget_qp(&mut self, slot: u32) {
-        if self.cur_qp.is_some_and(|(_, s)| s == slot) {
-            self.cur_qp = None;
+        if self.cur.qpn != NO_QPN && self.cur.slot == slot {
+            self.cur.clear();
         }
     }
+}
+
+/// The QP of the last CQE (Linux `cur_qp`): its real QPN ([`NO_QPN`]:
+/// none) and table slot.
+#[derive(Debug, Clone, Copy)]
+struct CurQp {
+    qpn: u32,
+    /// `qpn` as [`RAW_QPN_MASK`] selects it from a native load.
+    raw_qpn: u32,
+    slot: u32,
+}
+
+impl CurQp {
+    /// Caches QP `qpn` at table slot `slot`.
+    fn set(&mut self, qpn: u32, slot: u32) {
+        self.qpn = qpn;
+        // The big-endian dword's QPN bytes as a native load sees them.
+        self.raw_qpn = qpn.to_be();
+        self.slot = slot;
+    }
+
+    /// Forgets the cached QP (no raw QPN matches `NO_QPN`: the mask keeps
+    /// 24 bits).
+    fn clear(&mut self) {
+        self.qpn = NO_QPN;
+        self.raw_qpn = NO_QPN;
+    }
+}
+
+/// Linux `mlx4_ib_poll_one` for a successful send CQE `c` of `qp` (the QP
+/// of the last CQE) with [`CqeClass`] `class`: a straight line.
+#[inline(always)]
+fn poll_send(
+    qp: &mut crate::qp::Mlx4IbQp,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+    class: &CqeClass,
+    wc: &mut Wc,
+) -> core::result::Result<(), PollFault> {
+    let wqe_ctr = c.read_be16(cqe::WQE_INDEX);
+    wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, wqe_ctr)?;
+    wc.qp_num = qp.ibqp_num;
+    wc.port_num = qp.port;
+    wc.status = WcStatus::Success;
+    wc.vendor_err = 0;
+    wc.opcode = class.opcode;
+    wc.wc_flags = class.flags;
+    match class.len {
+        SendLen::None => {}
+        SendLen::Cqe => wc.byte_len = c.read_be32(cqe::BYTE_CNT),
+        SendLen::Eight => wc.byte_len = 8,
+    }
+    Ok(())
+}
+
+/// Everything [`poll_send`] does not take on its straight
+/// line: NOP and resize CQEs (refused), a QP other than the last one
+/// (looked up by QPN), receives (RQ or SRQ), error CQEs (every
+/// syndrome mapped to its `ib_wc_status`).
+#[cold]
+#[inline(never)]
+fn poll_one_general(
+    cur: &mut CurQp,
+    cqn: u32,
+    qps: &mut QpTable,
+    srqs: &mut Slab<Mlx4IbSrq>,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+    osr: u8,
+    wc: &mut Wc,
+) -> core::result::Result<(), PollFault> {
+    let is_send = osr & cqe::IS_SEND_MASK != 0;
+    let op = osr & cqe::OPCODE_MASK;
+    let is_error = op == cqe::OPCODE_ERROR;
+    if is_send && u32::from(op) == opcode::NOP {
+        log::warn!(
+            "mlx4_ib: CQ {:06x}: Completion for NOP opcode detected!",
+            cqn
+        );
+        return Err(PollFault::Nop);
+    }
+    if op == cqe::OPCODE_RESIZE {
+        log::warn!("mlx4_ib: CQ {:06x}: resize CQE on a CQ never resized", cqn);
+        return Err(PollFault::Resize);
+    }
+    let head = c.read_be64(cqe::VLAN_MY_QPN);
+    let qpn = (head >> 32) as u32 & cqe::QPN_MASK;
+    let slot = if qpn == cur.qpn {
+        cur.slot
+    } else {
+        match qps.lookup(qpn) {
+            Some(s) => {
+                cur.set(qpn, s);
+                s
+            }
+            None => {
+                log::warn!(
+                    "mlx4_ib: CQ {:06x} with entry for unknown QPN {:06x}",
+                    cqn,
+                    qpn
+                );
+                return Err(PollFault::UnknownQp);
+            }
+        }
+    };
+    let Some(qp) = qps.slab.get_mut(slot) else {
+        cur.clear();
+        return Err(PollFault::UnknownQp);
+    };
+    let tail = c.read_be64(cqe::WQE_INDEX);
+    let wqe_ctr = (tail >> 48) as u16;
+    wc.qp_num = qp.ibqp_num;
+    wc.port_num = qp.port;
+    if is_send {
+        wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, wqe_ctr)?;
+    } else if let Some(srq) = qp.srq {
+        let srq = srqs.get_mut(srq.0).ok_or(PollFault::SrqGone)?;
+        wc.wr_id = srq.take_wqe(wqe_ctr).map_err(|_| PollFault::SrqNotPosted)?;
+    } else {
+        let wq = &mut qp.rq;
+        if wq.head == wq.tail {
+            return Err(PollFault::RecvQueueEmpty);
+        }
+        wc.wr_id = wq
+            .wrid
+            .get((wq.tail & (wq.wqe_cnt.max(1) - 1)) as usize)
+            .copied()
+            .unwrap_or(0);
+        wq.tail = wq.tail.wrapping_add(1);
+    }
+    if is_error {
+        let syn = (tail >> 32) as u16;
+        wc.status = syndrome_to_status(syn as u8);
+        wc.vendor_err = u32::from(syn >> 8);
+        if syn as u8 == syndrome::LOCAL_QP_OP_ERR {
+            log::warn!(
+                "mlx4_ib: local QP operation err (QPN {:06x}, WQE index {:x}, vendor syndrome {:02x}, opcode = {:02x})",
+                qpn,
+                wqe_ctr,
+                syn >> 8,
+                op
+            );
+        }
+        return Ok(());
+    }
+    wc.status = WcStatus::Success;
+    wc.vendor_err = 0;
+    if is_send {
+        let (opc, flags, len) = SEND_WC[usize::from(op)];
+        wc.opcode = opc;
+        wc.wc_flags = flags;
+        match len {
+            SendLen::Cqe => wc.byte_len = c.read_be32(cqe::BYTE_CNT),
+            SendLen::Eight => wc.byte_len = 8,
+            SendLen::None => {}
+        }
+    } else {
+        let mid = c.read_be64(cqe::G_MLPATH_RQPN);
+        let g = (mid >> 32) as u32;
+        let imm = head as u32;
+        wc.byte_len = c.read_be32(cqe::BYTE_CNT);
+        let (opc, flags) = match op {
+            recv_opcode::RDMA_WRITE_IMM => (WcOpcode::RecvRdmaWithImm, WcFlags::WITH_IMM),
+            recv_opcode::SEND_INVAL => (WcOpcode::Recv, WcFlags::WITH_INVALIDATE),
+            recv_opcode::SEND_IMM => (WcOpcode::Recv, WcFlags::WITH_IMM),
+            _ => (WcOpcode::Recv, WcFlags::empty()),
+        };
+        wc.opcode = opc;
+        wc.imm_data = imm;
+        wc.slid = mid as u16;
+        wc.src_qp = g & 0xff_ffff;
+        wc.dlid_path_bits = ((g >> 24) & 0x7f) as u8;
+        wc.wc_flags = if g & (1 << 31) != 0 {
+            flags | WcFlags::GRH
+        } else {
+            flags
+        };
+        wc.pkey_index = (imm & 0x7f) as u16;
+        wc.sl = ((mid >> 16) as u16 >> 12) as u8;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

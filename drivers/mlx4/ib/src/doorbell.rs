@@ -3,9 +3,9 @@
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
-use hal::{DmaBuf, DmaPool};
+use hal::{DmaBuf, DmaPool, DmaRecord};
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Slots per page (4-byte records in a 4 KiB page).
 const SLOTS: usize = 4096 / 4;
@@ -35,9 +35,13 @@ impl DbPage {
 }
 
 /// A doorbell record (Linux `struct mlx4_db`): `1 << order` consecutive
-/// big-endian dwords the HCA reads at [`Db::dma`].
+/// big-endian dwords the HCA reads at [`Db::dma`]. Each record's place in
+/// its page is checked once, when allocated, so a post or a poll writes it
+/// with one store.
 pub struct Db {
-    page: Arc<DmaBuf>,
+    rec: DmaRecord<4>,
+    /// The second record of a pair (a CQ's arm record).
+    rec1: Option<DmaRecord<4>>,
     page_index: usize,
     slot: usize,
     order: u8,
@@ -52,18 +56,27 @@ impl core::fmt::Debug for Db {
 impl Db {
     /// The bus address of the first record.
     pub fn dma(&self) -> u64 {
-        self.page.bus_addr().0 + (self.slot * 4) as u64
+        self.rec.buf().bus_addr().0 + (self.slot * 4) as u64
     }
 
-    /// Stores record `i` (0 or, for a pair, 1) as big-endian.
-    #[inline]
+    /// Stores record `i` (0 or, for a pair, 1) as big-endian; record 1 of
+    /// a single record is no record (nothing is written).
+    #[inline(always)]
     pub fn write(&self, i: usize, v: u32) {
-        self.page.write_be32((self.slot + i) * 4, v);
+        match (i, &self.rec1) {
+            (0, _) => self.rec.write_be32(0, v),
+            (_, Some(r)) => r.write_be32(0, v),
+            (_, None) => {}
+        }
     }
 
-    /// Loads record `i`.
+    /// Loads record `i` (0 for record 1 of a single record).
     pub fn read(&self, i: usize) -> u32 {
-        self.page.read_be32((self.slot + i) * 4)
+        match (i, &self.rec1) {
+            (0, _) => self.rec.read_be32(0),
+            (_, Some(r)) => r.read_be32(0),
+            (_, None) => 0,
+        }
     }
 }
 
@@ -95,12 +108,20 @@ impl DbPool {
             }
         };
         let pg = &mut self.pages[p];
+        let bad = Error::Inval("doorbell record outside its page");
+        let rec = DmaRecord::new(pg.buf.clone(), slot * 4).ok_or(bad)?;
+        let rec1 = if n == 2 {
+            Some(DmaRecord::new(pg.buf.clone(), slot * 4 + 4).ok_or(bad)?)
+        } else {
+            None
+        };
         for i in slot..slot + n {
             pg.set(i, true);
             pg.buf.write_u32(i * 4, 0);
         }
         Ok(Db {
-            page: pg.buf.clone(),
+            rec,
+            rec1,
             page_index: p,
             slot,
             order: order.min(1),

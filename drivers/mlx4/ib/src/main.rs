@@ -787,7 +787,7 @@ impl Mlx4IbDev {
         match self.srqs.get_mut(srq.0) {
             Some(s) => s.post_recv(wrs),
             None => Err(crate::qp::PostError {
-                err: Error::NoObject,
+                err: crate::qp::PostFault::NoObject,
                 bad_wr: 0,
             }),
         }

@@ -41,6 +41,13 @@ fn ib<T>(r: Result<T>) -> IbResult<T> {
 fn post_err(e: crate::qp::PostError) -> IbPostError {
     IbPostError {
         index: e.bad_wr,
+        error: to_ib_error(e.error()),
+    }
+}
+
+fn mlx_post_err(e: crate::qp::MlxPostError) -> IbPostError {
+    IbPostError {
+        index: e.bad_wr,
         error: to_ib_error(e.err),
     }
 }
@@ -451,9 +458,9 @@ impl IbDevice for Mlx4IbDev {
                 });
             };
             let r = match self.qps.slab.get_mut(qp.handle) {
-                None => Err(crate::qp::PostError {
-                    err: Error::NoObject,
-                    bad_wr: 0,
+                None => Err(IbPostError {
+                    index: 0,
+                    error: to_ib_error(Error::NoObject),
                 }),
                 Some(q) if q.sqp.is_some() => {
                     let cache = self.port_cache.get(usize::from(q.port.wrapping_sub(1)));
@@ -462,11 +469,13 @@ impl IbDevice for Mlx4IbDev {
                         cache,
                     };
                     q.post_send_mlx(&self.ahs, &mut b, core::slice::from_ref(&wr))
+                        .map_err(mlx_post_err)
                 }
-                Some(q) => q.post_send(&self.ahs, core::slice::from_ref(&wr)),
+                Some(q) => q
+                    .post_send(&self.ahs, core::slice::from_ref(&wr))
+                    .map_err(post_err),
             };
-            if let Err(e) = r {
-                let mut e = post_err(e);
+            if let Err(mut e) = r {
                 e.index = i;
                 return Err(e);
             }

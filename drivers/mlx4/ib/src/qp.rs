@@ -29,6 +29,10 @@ pub struct Wq {
     pub(crate) max_gs: u32,
     pub(crate) offset: usize,
     pub(crate) wqe_shift: u32,
+    /// `1 << wqe_shift`, for the straight lines' WQE addresses.
+    pub(crate) stride: usize,
+    /// `wqe_cnt - 1`: a counter's slot.
+    pub(crate) mask: u32,
     pub(crate) head: u32,
     pub(crate) tail: u32,
 }
@@ -86,6 +90,29 @@ const SEND_OPS: u32 = bit(WrOpcode::Send) | bit(WrOpcode::SendWithImm) | bit(WrO
 const IMM_OPS: u32 =
     bit(WrOpcode::SendWithImm) | bit(WrOpcode::RdmaWriteWithImm) | bit(WrOpcode::SendWithInv);
 
+/// What the straight line needs of a `WrOpcode`: the hardware opcode and
+/// the mask of `imm_data` (all ones for [`IMM_OPS`], else zero), in one
+/// table entry.
+#[derive(Clone, Copy)]
+struct OpInfo {
+    hw: u32,
+    imm_mask: u32,
+}
+
+/// [`OpInfo`] by `WrOpcode`.
+const OP_INFO: [OpInfo; 16] = {
+    let mut t = [OpInfo { hw: 0, imm_mask: 0 }; 16];
+    let mut op = 0;
+    while op < 16 {
+        t[op].hw = HW_OPCODE[op];
+        if IMM_OPS & (1 << op) != 0 {
+            t[op].imm_mask = u32::MAX;
+        }
+        op += 1;
+    }
+    t
+};
+
 /// The opcodes of the straight-line send path: those whose WQE is the
 /// control segment, an optional remote-address segment and data (no AV,
 /// no atomic segment), on RC and UC.
@@ -95,6 +122,34 @@ const fn fast_ops(t: QpType) -> u32 {
         QpType::Uc => ops_allowed(QpType::Uc),
         _ => 0,
     }
+}
+
+/// Which variant of [`WrDetail`] a request carries, as a number below 4
+/// (the straight-line path's shape index is `4 * opcode + kind`).
+#[inline(always)]
+fn detail_kind(d: &WrDetail) -> u32 {
+    match d {
+        WrDetail::None => 0,
+        WrDetail::Rdma { .. } => 1,
+        WrDetail::Atomic { .. } => 2,
+        WrDetail::Ud { .. } => 3,
+    }
+}
+
+/// The straight-line shapes of transport `t`: each fast opcode with the
+/// fields it needs (remote address for RDMA, none for sends).
+const fn fast_shapes(t: QpType) -> u64 {
+    let ops = fast_ops(t);
+    let mut m = 0u64;
+    let mut op = 0;
+    while op < 16 {
+        if ops & (1 << op) != 0 {
+            let kind = if RDMA_OPS & (1 << op) != 0 { 1 } else { 0 };
+            m |= 1 << (4 * op + kind);
+        }
+        op += 1;
+    }
+    m
 }
 
 /// Inline bytes the straight-line path takes at most: the first segment
@@ -250,31 +305,12 @@ fn finish_ctrl<const N: usize>(blk: &hal::DmaBlock<'_, N>, flags: u64, owner_siz
     blk.write_be64(ctrl::OWNER_OPCODE, owner_size);
 }
 
-/// Up to two data segments at `OFF` of a 64-byte WQE block, for the
-/// straight-line send path (the caller checked the count); returns the WQE
-/// size in 16-byte units. Byte count and L_Key go in one 8-byte store: in
-/// the first chunk the owner dword, written last, guards them.
+/// The remote-address segment right after the control segment of a WQE
+/// block (the straight-line send path's RDMA WRITE/READ).
 #[inline(always)]
-fn write_sges2<const OFF: usize>(blk: &hal::DmaBlock<'_, 64>, sg: &[crate::verbs::Sge]) -> u32 {
-    #[inline(always)]
-    fn one(blk: &hal::DmaBlock<'_, 64>, at: usize, s: &crate::verbs::Sge) {
-        // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
-        let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
-        blk.write_be64(at, (u64::from(bc) << 32) | u64::from(s.lkey));
-        blk.write_be64(at + data::ADDR, s.addr);
-    }
-    match sg {
-        [] => (OFF / 16) as u32,
-        [a] => {
-            one(blk, OFF, a);
-            (OFF / 16 + 1) as u32
-        }
-        [a, b, ..] => {
-            one(blk, OFF, a);
-            one(blk, OFF + data::SIZE, b);
-            (OFF / 16 + 2) as u32
-        }
-    }
+fn write_raddr<const N: usize>(blk: &hal::DmaBlock<'_, N>, addr: u64, rkey: u32) {
+    blk.write_be64(ctrl::SIZE + raddr::RADDR, addr);
+    blk.write_be64(ctrl::SIZE + raddr::RKEY, u64::from(rkey) << 32);
 }
 
 /// Inline data at `OFF` of a 128-byte WQE block in at most two segments
@@ -336,19 +372,31 @@ pub struct Mlx4IbQp {
     pub(crate) sq: Wq,
     pub(crate) rq: Wq,
     pub(crate) sq_spare_wqes: u32,
-    pub(crate) sq_next_wqe: u32,
+    /// Posts before this producer index (wrapping) stamp WQE
+    /// `ind + sq_spare_wqes`: a WQE larger than 64 bytes was posted within
+    /// the last pass of the ring, so a slot ahead may hold stale chunks.
+    pub(crate) stamp_until: u32,
     /// `MLX4_WQE_CTRL_CQ_UPDATE` for `IB_SIGNAL_ALL_WR` QPs, else 0.
     pub(crate) sq_signal_bits: u32,
+    /// By the low three `ib_send_flags` bits (fence, signalled,
+    /// solicited): `srcrb_flags` with `sq_signal_bits` in, shifted to the
+    /// high half of the control segment's second word, and the fence bit
+    /// as it sits in the first word.
+    pub(crate) ctrl_by_flags: [(u64, u64); 8],
+    /// `(1 << 31) / sq.wqe_cnt`: `(ind & wqe_cnt) * owner_mul` is the owner
+    /// bit of producer index `ind`.
+    pub(crate) owner_mul: u32,
     pub(crate) max_inline_data: u32,
     /// Bit `op` set for each `WrOpcode` the transport allows.
     pub(crate) ops_allowed: u32,
-    /// Bit `op` set for the opcodes [`Mlx4IbQp::post_send`] builds on its
-    /// straight-line path (RDMA WRITE/READ and SENDs of RC and UC QPs),
-    /// computed once per QP.
-    pub(crate) fast_ops: u32,
-    /// Most SGEs the straight-line path takes (2, or fewer if the QP has
-    /// fewer), so that its WQE stays in the first 64-byte chunk.
-    pub(crate) fast_max_sg: usize,
+    /// Bit `4 * op + detail_kind(wr)` of entry `inline` set for each
+    /// (opcode, fields) pair [`Mlx4IbQp::post_send`] builds on its
+    /// straight-line path (RDMA WRITE/READ with remote-address fields and
+    /// SENDs without, on RC and UC QPs in RTS or SQD with a checked send
+    /// doorbell), with one SGE (entry 0, if the QP takes one) or inline
+    /// data (entry 1, if the QP takes some); zero in any other state.
+    /// Recomputed on every state change.
+    pub(crate) fast_shapes: [u64; 2],
     /// Most inline bytes the straight-line path takes (0: none): two
     /// inline segments in a stride of at least 128 bytes.
     pub(crate) fast_max_inline: usize,
@@ -360,6 +408,9 @@ pub struct Mlx4IbQp {
     pub(crate) doorbell_qpn: u32,
     /// RQ doorbell record (absent with an SRQ).
     pub(crate) db: Option<Db>,
+    /// `rq.max_post` while the receive straight line applies (the QP out
+    /// of RESET), else 0.
+    pub(crate) rq_fast_post: u32,
     pub(crate) state: QpState,
     pub(crate) port: u8,
     pub(crate) atomic_rd_en: AccessFlags,
@@ -382,14 +433,111 @@ impl core::fmt::Debug for Mlx4IbQp {
     }
 }
 
-/// A failed post: the error and the index of the first work request not
-/// posted (Linux's `*bad_wr`); the ones before it were posted.
+/// Why a post verb refused a work request: one byte, so that the result of
+/// `post_send`/`post_recv` travels in registers; [`Error::from`] gives the
+/// errno-faithful error with its reason (Linux returns `-ENOMEM` for a full
+/// queue or too much inline data, `-EINVAL` for the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PostFault {
+    /// The work queue is full (`-ENOMEM`).
+    QueueFull,
+    /// More inline bytes than the QP's `max_inline_data` (`-ENOMEM`, as
+    /// libmlx4 and kernel mlx5 answer).
+    InlineTooLong,
+    /// The opcode is not valid for the QP type.
+    BadOpcode,
+    /// More scatter/gather entries than the queue takes.
+    TooManySge,
+    /// The opcode-specific fields do not match the opcode.
+    FieldsMismatch,
+    /// The address handle names no live AH.
+    UnknownAh,
+    /// The request does not fit one send WQE.
+    WqeTooLarge,
+    /// A send posted to a QP in RESET, INIT or RTR (IBTA 10.3.1).
+    NotReadyToSend,
+    /// A QP0/QP1 send posted without a UD header (`post_send_mlx`).
+    NeedsUdHeader,
+    /// A receive posted to a QP in RESET.
+    RecvInReset,
+    /// A receive posted to a QP that receives through an SRQ.
+    RecvThroughSrq,
+    /// The handle names no live object.
+    NoObject,
+}
+
+impl From<PostFault> for Error {
+    fn from(f: PostFault) -> Error {
+        match f {
+            PostFault::QueueFull => Error::QueueFull,
+            PostFault::InlineTooLong => Error::NoMem,
+            PostFault::BadOpcode => Error::Inval("opcode not valid for the QP type"),
+            PostFault::TooManySge => Error::Inval("more SGEs than the work queue's max_sge"),
+            PostFault::FieldsMismatch => {
+                Error::Inval("work request fields do not match its opcode")
+            }
+            PostFault::UnknownAh => Error::Inval("unknown address handle"),
+            PostFault::WqeTooLarge => Error::Inval("work request larger than a send WQE"),
+            PostFault::NotReadyToSend => Error::Inval("send posted to a QP not yet in RTS"),
+            PostFault::NeedsUdHeader => {
+                Error::Inval("QP0/QP1 sends need a UD header (post_send_mlx)")
+            }
+            PostFault::RecvInReset => Error::Inval("receive posted to a QP in RESET"),
+            PostFault::RecvThroughSrq => Error::Inval("QP receives through an SRQ"),
+            PostFault::NoObject => Error::NoObject,
+        }
+    }
+}
+
+impl core::fmt::Display for PostFault {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", Error::from(*self))
+    }
+}
+
+/// A failed post: why, and the index of the first work request not posted
+/// (Linux's `*bad_wr`); the ones before it were posted. Sixteen bytes, so
+/// `Result<(), PostError>` is returned in two registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PostError {
+    /// Why.
+    pub err: PostFault,
+    /// Index of the first request not posted.
+    pub bad_wr: usize,
+}
+
+impl PostError {
+    /// The error as mlx4_ib's [`Error`] (errno-faithful).
+    pub fn error(&self) -> Error {
+        Error::from(self.err)
+    }
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "work request {}: {}", self.bad_wr, self.err)
+    }
+}
+
+/// A failed QP0/QP1 post ([`Mlx4IbQp::post_send_mlx`]): building the UD
+/// header may fail with any error (a P_Key or GID query through MAD_IFC),
+/// so this one carries the full [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlxPostError {
     /// Why.
     pub err: Error,
     /// Index of the first request not posted.
     pub bad_wr: usize,
+}
+
+impl From<PostError> for MlxPostError {
+    fn from(e: PostError) -> MlxPostError {
+        MlxPostError {
+            err: e.error(),
+            bad_wr: e.bad_wr,
+        }
+    }
 }
 
 /// Builds the UD header of an MLX (QP0/QP1) send into a buffer; supplied by
@@ -457,7 +605,7 @@ impl Mlx4IbQp {
             db,
         );
         qp.stamp_all();
-        qp.state = QpState::Rts;
+        qp.set_state(QpState::Rts);
         Ok(qp)
     }
 
@@ -478,7 +626,12 @@ impl Mlx4IbQp {
     ) -> Mlx4IbQp {
         sq.wrid = vec![0; sq.wqe_cnt as usize];
         rq.wrid = vec![0; rq.wqe_cnt as usize];
-        let fast_max_sg = (sq.max_gs as usize).min(2);
+        sq.stride = 1 << sq.wqe_shift;
+        rq.stride = 1 << rq.wqe_shift;
+        sq.mask = sq.wqe_cnt.wrapping_sub(1);
+        rq.mask = rq.wqe_cnt.wrapping_sub(1);
+        let sq_signal_bits = if sig_all { ctrl::CQ_UPDATE } else { 0 };
+        let owner_mul = ctrl::OWNER / sq.wqe_cnt.max(1);
         let fast_max_inline = if sq.wqe_shift >= 7 {
             (max_inline_data as usize).min(FAST_INLINE_MAX)
         } else {
@@ -492,17 +645,23 @@ impl Mlx4IbQp {
             sq,
             rq,
             sq_spare_wqes: spare,
-            sq_next_wqe: 0,
-            sq_signal_bits: if sig_all { ctrl::CQ_UPDATE } else { 0 },
+            stamp_until: 0,
+            sq_signal_bits,
+            ctrl_by_flags: core::array::from_fn(|f| {
+                let srcrb = SRCRB_FLAGS[f] | sq_signal_bits;
+                let fence = (f as u32 & SendFlags::FENCE.0) << 6;
+                (u64::from(srcrb) << 32, u64::from(fence))
+            }),
+            owner_mul,
             max_inline_data,
             ops_allowed: ops_allowed(qp_type),
-            fast_ops: fast_ops(qp_type),
-            fast_max_sg,
+            fast_shapes: [0; 2],
             fast_max_inline,
             send_db: uar.doorbell(SEND_DOORBELL),
             uar,
             doorbell_qpn: mlx4_hw::doorbell::send_doorbell(qpn),
             db,
+            rq_fast_post: 0,
             state: QpState::Reset,
             port: 0,
             atomic_rd_en: AccessFlags::empty(),
@@ -528,6 +687,26 @@ impl Mlx4IbQp {
     pub fn state(&self) -> QpState {
         self.state
     }
+    /// Moves the QP to `s` (the firmware agreed) and recomputes which
+    /// requests the straight-line send path takes in it.
+    pub(crate) fn set_state(&mut self, s: QpState) {
+        self.state = s;
+        self.rq_fast_post = if s == QpState::Reset {
+            0
+        } else {
+            self.rq.max_post
+        };
+        let m = if matches!(s, QpState::Rts | QpState::Sqd) && self.send_db.is_some() {
+            fast_shapes(self.qp_type)
+        } else {
+            0
+        };
+        self.fast_shapes = [
+            if self.sq.max_gs >= 1 { m } else { 0 },
+            if self.fast_max_inline > 0 { m } else { 0 },
+        ];
+    }
+
     /// The send queue (geometry, counters).
     pub fn sq(&self) -> &Wq {
         &self.sq
@@ -547,7 +726,9 @@ impl Mlx4IbQp {
     /// Byte offset of send WQE `n` (modulo the ring) in the buffer.
     #[inline]
     pub fn send_wqe_offset(&self, n: u32) -> usize {
-        self.sq.offset + (((n & (self.sq.wqe_cnt - 1)) as usize) << self.sq.wqe_shift)
+        // A multiply by the stride rather than a shift by `wqe_shift`: no
+        // shift-count register to free on x86.
+        self.sq.offset + ((n & self.sq.mask) as usize) * self.sq.stride
     }
     /// Byte offset of receive WQE `n` in the buffer.
     #[inline]
@@ -595,7 +776,7 @@ impl Mlx4IbQp {
         self.sq.tail = 0;
         self.rq.head = 0;
         self.rq.tail = 0;
-        self.sq_next_wqe = 0;
+        self.stamp_until = 0;
         if let Some(db) = &self.db {
             db.write(0, 0);
         }
@@ -628,9 +809,9 @@ impl Mlx4IbQp {
     /// (libmlx4's inline path); returns the bytes used, headers included.
     /// More than the QP's `max_inline_data` is `-ENOMEM` (libmlx4's and
     /// kernel mlx5's answer).
-    fn write_inline(&self, off: usize, src: &[u8]) -> Result<usize> {
+    fn write_inline(&self, off: usize, src: &[u8]) -> core::result::Result<usize, PostFault> {
         if src.len() > self.max_inline_data as usize {
-            return Err(Error::NoMem);
+            return Err(PostFault::InlineTooLong);
         }
         let mut seg = off;
         let mut pos = off + inline::SIZE;
@@ -663,8 +844,8 @@ impl Mlx4IbQp {
     /// [`Mlx4IbQp::post_send_mlx`]). Stops at the first bad request; the
     /// ones before it are posted and the doorbell rung for them.
     ///
-    /// A single RDMA WRITE/READ or SEND with at most two SGEs or a little
-    /// inline data on an RC/UC QP in RTS or SQD takes a straight line of
+    /// A single RDMA WRITE/READ or SEND with one SGE or a little inline
+    /// data on an RC/UC QP in RTS or SQD takes a straight line of
     /// its own; everything else, and every refusal, the general path.
     #[inline]
     pub fn post_send(
@@ -673,8 +854,7 @@ impl Mlx4IbQp {
         wrs: &[SendWr<'_>],
     ) -> core::result::Result<(), PostError> {
         if let [wr] = wrs
-            && matches!(self.state, QpState::Rts | QpState::Sqd)
-            && self.post_one_fast(wr, self.sq_next_wqe)
+            && self.post_one_fast(wr)
         {
             return Ok(());
         }
@@ -689,34 +869,19 @@ impl Mlx4IbQp {
     ) -> core::result::Result<(), PostError> {
         if matches!(self.qp_type, QpType::Smi | QpType::Gsi) {
             return Err(PostError {
-                err: Error::Inval("QP0/QP1 sends need a UD header (post_send_mlx)"),
+                err: PostFault::NeedsUdHeader,
                 bad_wr: 0,
             });
         }
         self.check_send_state()?;
-        // One request (the common case): no batch bookkeeping.
-        if let [wr] = wrs {
-            let ind = self.sq_next_wqe;
-            return match self.build_send_wqe(ahs, wr, ind, 0) {
-                Ok(()) => {
-                    let stamp = ind.wrapping_add(self.sq_spare_wqes);
-                    self.ring_send_doorbell(1, stamp, ind.wrapping_add(1));
-                    Ok(())
-                }
-                Err(err) => Err(PostError { err, bad_wr: 0 }),
-            };
-        }
-        let mut ind = self.sq_next_wqe;
+        let mut ind = self.sq.head;
         let mut nreq = 0u32;
         let mut stamp = 0;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            match self.build_send_wqe(ahs, wr, ind, nreq) {
-                Ok(()) => {}
-                Err(err) => {
-                    res = Err(PostError { err, bad_wr: i });
-                    break;
-                }
+            if let Err(err) = self.build_send_wqe(ahs, wr, ind, nreq) {
+                res = Err(PostError { err, bad_wr: i });
+                break;
             }
             stamp = ind.wrapping_add(self.sq_spare_wqes);
             ind = ind.wrapping_add(1);
@@ -728,81 +893,133 @@ impl Mlx4IbQp {
             }
         }
         if nreq > 0 {
-            self.ring_send_doorbell(nreq, stamp, ind);
+            // The general path builds WQEs of any size: the straight line
+            // stamps for a full pass after them.
+            self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
+            self.ring_send_doorbell(nreq, stamp);
         }
         res
     }
 
     /// The straight-line path of a single request: RDMA WRITE/READ or a
-    /// SEND of an RC or UC QP with at most two SGEs (a WQE within the first
-    /// 64-byte chunk) or with inline data in at most two segments, built
-    /// with direct stores into one bounds-checked block, then the doorbell.
-    /// Returns false, having written nothing, for anything else (other
-    /// opcodes, more SGEs, a full queue, fields that do not match the
-    /// opcode): the general path then posts it or says why not.
+    /// SEND of an RC or UC QP in RTS/SQD with one SGE (a WQE within the
+    /// first 64-byte chunk) or with inline data in at most two
+    /// segments, built with direct stores into one bounds-checked block,
+    /// then the doorbell. Returns false, having written nothing, for
+    /// anything else (other opcodes, states or transports, more SGEs, a
+    /// full queue, fields that do not match the opcode): the general path
+    /// then posts it or says why not.
+    ///
+    /// Which (opcode, fields) pairs qualify is one precomputed bit mask
+    /// ([`Mlx4IbQp::fast_shapes`]), so opcode, transport, state and the
+    /// shape of `wr.wr` cost one test.
     #[inline(always)]
-    fn post_one_fast(&mut self, wr: &SendWr<'_>, ind: u32) -> bool {
+    fn post_one_fast(&mut self, wr: &SendWr<'_>) -> bool {
         let opi = wr.opcode as u32;
-        if self.fast_ops & (1 << opi) == 0 || self.sq.overflow(0) {
+        let f = wr.send_flags.0;
+        let inline = f & SendFlags::INLINE.0 != 0;
+        let shapes = self.fast_shapes[usize::from(inline)];
+        if shapes & (1 << (opi * 4 + detail_kind(&wr.wr))) == 0 || self.sq.overflow(0) {
             return false;
         }
-        let rdma = RDMA_OPS & (1 << opi) != 0;
-        let raddr = match wr.wr {
-            WrDetail::Rdma { remote_addr, rkey } if rdma => Some((remote_addr, rkey)),
-            WrDetail::None if !rdma => None,
-            _ => return false,
-        };
-        let base = self.send_wqe_offset(ind);
-        let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
-        let imm = if IMM_OPS & (1 << opi) != 0 {
-            wr.imm_data
-        } else {
-            0
-        };
-        let fence = (wr.send_flags.0 & SendFlags::FENCE.0) << 6;
-        let owner = (ind & self.sq.wqe_cnt != 0) as u32 * ctrl::OWNER;
-        let hi = u64::from(HW_OPCODE[opi as usize & 15] | owner) << 32;
-        let flags = (u64::from(srcrb) << 32) | u64::from(imm);
-        if wr.send_flags.0 & SendFlags::INLINE.0 != 0 {
-            let data = wr.inline_data;
-            if data.len() > self.fast_max_inline {
-                return false;
-            }
-            let Some(blk) = self.buf.window().block::<128>(base) else {
-                return false;
-            };
-            let size = if let Some((addr, rkey)) = raddr {
-                blk.write_be64(ctrl::SIZE + raddr::RADDR, addr);
-                blk.write_be64(ctrl::SIZE + raddr::RKEY, u64::from(rkey) << 32);
-                write_inline2::<{ ctrl::SIZE + raddr::SIZE }>(&blk, data)
-            } else {
-                write_inline2::<{ ctrl::SIZE }>(&blk, data)
-            };
-            finish_ctrl(&blk, flags, hi | u64::from(fence | size));
-        } else {
-            let sg = wr.sg_list;
-            if sg.len() > self.fast_max_sg {
-                return false;
-            }
-            let Some(blk) = self.buf.window().block::<64>(base) else {
-                return false;
-            };
-            let size = if let Some((addr, rkey)) = raddr {
-                blk.write_be64(ctrl::SIZE + raddr::RADDR, addr);
-                blk.write_be64(ctrl::SIZE + raddr::RKEY, u64::from(rkey) << 32);
-                write_sges2::<{ ctrl::SIZE + raddr::SIZE }>(&blk, sg)
-            } else {
-                write_sges2::<{ ctrl::SIZE }>(&blk, sg)
-            };
-            finish_ctrl(&blk, flags, hi | u64::from(fence | size));
+        if inline {
+            return self.post_one_fast_inline(wr);
         }
-        let slot = (ind & (self.sq.wqe_cnt - 1)) as usize;
-        if let Some(w) = self.sq.wrid.get_mut(slot) {
-            *w = wr.wr_id;
+        let [sg] = wr.sg_list else {
+            return false;
+        };
+        let ind = self.sq.head;
+        let Some(blk) = self.buf.window().block::<64>(self.send_wqe_offset(ind)) else {
+            return false;
+        };
+        let (flags, hi) = self.ctrl_words(wr, ind);
+        // The data segment after the remote-address segment of RDMA (the
+        // shape check let only RDMA, kind 1, and plain sends, kind 0,
+        // through).
+        let at = ctrl::SIZE + (detail_kind(&wr.wr) & 1) as usize * raddr::SIZE;
+        // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
+        let bc = if sg.length == 0 {
+            0x8000_0000
+        } else {
+            sg.length
+        };
+        blk.write_be64(at, (u64::from(bc) << 32) | u64::from(sg.lkey));
+        blk.write_be64(at + data::ADDR, sg.addr);
+        if let WrDetail::Rdma { remote_addr, rkey } = wr.wr {
+            write_raddr(&blk, remote_addr, rkey);
         }
-        let stamp = ind.wrapping_add(self.sq_spare_wqes);
-        self.ring_send_doorbell(1, stamp, ind.wrapping_add(1));
+        let size = (at / 16) as u32 + 1;
+        finish_ctrl(&blk, flags, hi | u64::from(size));
+        self.fast_ring(ind, wr.wr_id);
         true
+    }
+
+    /// [`Mlx4IbQp::post_one_fast`] for inline data (checked shape): the
+    /// bytes in at most two inline segments of a 128-byte block.
+    #[inline(always)]
+    fn post_one_fast_inline(&mut self, wr: &SendWr<'_>) -> bool {
+        let data = wr.inline_data;
+        if data.len() > self.fast_max_inline {
+            return false;
+        }
+        let ind = self.sq.head;
+        let Some(blk) = self.buf.window().block::<128>(self.send_wqe_offset(ind)) else {
+            return false;
+        };
+        let (flags, hi) = self.ctrl_words(wr, ind);
+        let size = match wr.wr {
+            WrDetail::Rdma { remote_addr, rkey } => {
+                write_raddr(&blk, remote_addr, rkey);
+                write_inline2::<{ ctrl::SIZE + raddr::SIZE }>(&blk, data)
+            }
+            _ => write_inline2::<{ ctrl::SIZE }>(&blk, data),
+        };
+        finish_ctrl(&blk, flags, hi | u64::from(size));
+        if size > 4 {
+            // Data past the first chunk: its slot needs restamping when
+            // the stamp index reaches it a pass from now.
+            self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
+        }
+        self.fast_ring(ind, wr.wr_id);
+        true
+    }
+
+    /// The control segment of the send WQE at producer index `ind` for
+    /// `wr`, as its two 8-byte words: owner, opcode and fence (the size in
+    /// 16-byte units left for the caller to add), then `srcrb_flags` with
+    /// the immediate.
+    #[inline(always)]
+    fn ctrl_words(&self, wr: &SendWr<'_>, ind: u32) -> (u64, u64) {
+        let op = &OP_INFO[wr.opcode as usize & 15];
+        let (srcrb, fence) = self.ctrl_by_flags[(wr.send_flags.0 & 7) as usize];
+        let imm = wr.imm_data & op.imm_mask;
+        // The pass bit of `ind` moved to bit 31 by one multiply.
+        let owner = (ind & self.sq.wqe_cnt) * self.owner_mul;
+        let hi = (u64::from(op.hw | owner) << 32) | fence;
+        (srcrb | u64::from(imm), hi)
+    }
+
+    /// The end of the straight line: the wr_id by its slot, the producer
+    /// index, the doorbell, and the stamp if one can be needed.
+    #[inline(always)]
+    fn fast_ring(&mut self, ind: u32, wr_id: u64) {
+        let slot = (ind & self.sq.mask) as usize;
+        if let Some(w) = self.sq.wrid.get_mut(slot) {
+            *w = wr_id;
+        }
+        self.sq.head = ind.wrapping_add(1);
+        // Descriptors before the doorbell.
+        wmb();
+        if let Some(db) = &self.send_db {
+            db.write_be32(self.doorbell_qpn);
+        }
+        // Linux stamps WQE ind + spare after the doorbell; only chunks past
+        // the first 64 bytes that the slot's last WQE filled get a stamp,
+        // so while no WQE of the last pass was larger than 64 bytes there
+        // is nothing to write.
+        if self.stamp_until.wrapping_sub(ind) as i32 > 0 {
+            self.stamp_send_wqe(ind.wrapping_add(self.sq_spare_wqes));
+        }
     }
 
     /// Sends are an immediate error in RESET, INIT and RTR (IBTA 10.3.1).
@@ -810,15 +1027,17 @@ impl Mlx4IbQp {
     fn check_send_state(&self) -> core::result::Result<(), PostError> {
         match self.state {
             QpState::Reset | QpState::Init | QpState::Rtr => Err(PostError {
-                err: Error::Inval("send posted to a QP not yet in RTS"),
+                err: PostFault::NotReadyToSend,
                 bad_wr: 0,
             }),
             _ => Ok(()),
         }
     }
 
+    /// `nreq` WQEs from the producer index on are built: the producer
+    /// index moves, the doorbell rings, and WQE `stamp` is stamped.
     #[inline(always)]
-    fn ring_send_doorbell(&mut self, nreq: u32, stamp: u32, ind: u32) {
+    fn ring_send_doorbell(&mut self, nreq: u32, stamp: u32) {
         self.sq.head = self.sq.head.wrapping_add(nreq);
         // Descriptors before the doorbell.
         wmb();
@@ -827,7 +1046,6 @@ impl Mlx4IbQp {
             None => self.uar.write_be32(SEND_DOORBELL, self.doorbell_qpn),
         }
         self.stamp_send_wqe(stamp);
-        self.sq_next_wqe = ind;
     }
 
     /// One send WQE at producer index `ind` (the body of Linux's loop).
@@ -838,22 +1056,22 @@ impl Mlx4IbQp {
         wr: &SendWr<'_>,
         ind: u32,
         nreq: u32,
-    ) -> Result<()> {
+    ) -> core::result::Result<(), PostFault> {
         if self.sq.overflow(nreq) {
-            return Err(Error::QueueFull);
+            return Err(PostFault::QueueFull);
         }
         let opi = wr.opcode as u32;
         if self.ops_allowed & (1 << opi) == 0 {
-            return Err(Error::Inval("opcode not valid for the QP type"));
+            return Err(PostFault::BadOpcode);
         }
         let op = HW_OPCODE[opi as usize & 15];
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
-            return Err(Error::Inval("more SGEs than max_send_sge"));
+            return Err(PostFault::TooManySge);
         }
         // Refused before a byte of the WQE is written.
         if inline && wr.inline_data.len() > self.max_inline_data as usize {
-            return Err(Error::NoMem);
+            return Err(PostFault::InlineTooLong);
         }
         let base = self.send_wqe_offset(ind);
         if !inline && wr.sg_list.len() <= 4 {
@@ -917,9 +1135,7 @@ impl Mlx4IbQp {
                 remote_qkey,
                 ..
             } if self.qp_type == QpType::Ud => {
-                let ah = ahs
-                    .get(ah.0)
-                    .ok_or(Error::Inval("unknown address handle"))?;
+                let ah = ahs.get(ah.0).ok_or(PostFault::UnknownAh)?;
                 self.buf.write_bytes(off + datagram::AV, &ah.av);
                 self.buf.write_be64(
                     off + datagram::DQPN,
@@ -928,12 +1144,12 @@ impl Mlx4IbQp {
                 self.buf.write_be64(off + datagram::VLAN, 0);
                 off += datagram::SIZE;
             }
-            _ => return Err(Error::Inval("work request fields do not match its opcode")),
+            _ => return Err(PostFault::FieldsMismatch),
         }
         let end = if inline {
             let end = off + self.write_inline(off, wr.inline_data)?;
             if end - base > (1 << self.sq.wqe_shift) {
-                return Err(Error::Inval("work request larger than a send WQE"));
+                return Err(PostFault::WqeTooLarge);
             }
             end
         } else {
@@ -985,7 +1201,7 @@ impl Mlx4IbQp {
         base: usize,
         opi: u32,
         op: u32,
-    ) -> Result<()> {
+    ) -> core::result::Result<(), PostFault> {
         let mut st = [0u8; 128];
         fn put64(st: &mut [u8; 128], o: usize, v: u64) {
             if let Some(d) = st.get_mut(o..o + 8) {
@@ -1034,9 +1250,7 @@ impl Mlx4IbQp {
                 remote_qkey,
                 ..
             } if self.qp_type == QpType::Ud => {
-                let ah = ahs
-                    .get(ah.0)
-                    .ok_or(Error::Inval("unknown address handle"))?;
+                let ah = ahs.get(ah.0).ok_or(PostFault::UnknownAh)?;
                 if let Some(d) = st.get_mut(off..off + 32) {
                     d.copy_from_slice(&ah.av);
                 }
@@ -1047,7 +1261,7 @@ impl Mlx4IbQp {
                 );
                 off += datagram::SIZE;
             }
-            _ => return Err(Error::Inval("work request fields do not match its opcode")),
+            _ => return Err(PostFault::FieldsMismatch),
         }
         for s in wr.sg_list {
             // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
@@ -1057,7 +1271,7 @@ impl Mlx4IbQp {
             off += data::SIZE;
         }
         if off > (1 << self.sq.wqe_shift) || off > st.len() {
-            return Err(Error::Inval("work request larger than a send WQE"));
+            return Err(PostFault::WqeTooLarge);
         }
         let size = (off / 16) as u32;
         let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
@@ -1109,15 +1323,15 @@ impl Mlx4IbQp {
         ahs: &Slab<Mlx4IbAh>,
         hdr: &mut dyn MlxHeader,
         wrs: &[SendWr<'_>],
-    ) -> core::result::Result<(), PostError> {
+    ) -> core::result::Result<(), MlxPostError> {
         self.check_send_state()?;
-        let mut ind = self.sq_next_wqe;
+        let mut ind = self.sq.head;
         let mut nreq = 0u32;
         let mut stamp = 0;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(err) = self.build_mlx_wqe(ahs, hdr, wr, ind, nreq) {
-                res = Err(PostError { err, bad_wr: i });
+                res = Err(MlxPostError { err, bad_wr: i });
                 break;
             }
             stamp = ind.wrapping_add(self.sq_spare_wqes);
@@ -1128,7 +1342,8 @@ impl Mlx4IbQp {
             }
         }
         if nreq > 0 {
-            self.ring_send_doorbell(nreq, stamp, ind);
+            self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
+            self.ring_send_doorbell(nreq, stamp);
         }
         res
     }
@@ -1256,12 +1471,11 @@ impl Mlx4IbQp {
 
     /// Linux `mlx4_ib_post_recv`: one receive WQE per request (data
     /// segments plus the terminator when fewer than `max_gs`), then the RQ
-    /// doorbell record after a barrier. No MMIO. A single request with at
-    /// most one SGE takes a straight line of its own.
+    /// doorbell record after a barrier. No MMIO. A single request with one
+    /// SGE takes a straight line of its own.
     #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
         if let [wr] = wrs
-            && self.state != QpState::Reset
             && self.post_recv_one_fast(wr)
         {
             return Ok(());
@@ -1269,32 +1483,35 @@ impl Mlx4IbQp {
         self.post_recv_general(wrs)
     }
 
-    /// One receive with at most one SGE: the WQE in one bounds-checked
-    /// block, the doorbell record. False, having written nothing, if it
-    /// does not apply (the general path then posts it or says why not).
+    /// One receive with one SGE: the WQE in one bounds-checked block, the
+    /// doorbell record. False, having written nothing, if it does not
+    /// apply (the general path then posts it or says why not). The QP's
+    /// state is folded into the queue-full test ([`Mlx4IbQp::rq_fast_post`]
+    /// is 0 in RESET).
     #[inline(always)]
     fn post_recv_one_fast(&mut self, wr: &RecvWr<'_>) -> bool {
+        let [s] = wr.sg_list else {
+            return false;
+        };
+        let head = self.rq.head;
+        if head.wrapping_sub(self.rq.tail) >= self.rq_fast_post {
+            return false;
+        }
         let Some(db) = &self.db else {
             return false;
         };
-        if wr.sg_list.len() > 1 || self.rq.overflow(0) {
-            return false;
-        }
-        let ind = self.rq.head & (self.rq.wqe_cnt - 1);
-        let base = self.rq.offset + ((ind as usize) << self.rq.wqe_shift);
-        let (w0, w1) = match wr.sg_list.first() {
-            Some(s) => ((u64::from(s.length) << 32) | u64::from(s.lkey), s.addr),
-            None => (u64::from(wqe::INVALID_LKEY), 0),
-        };
+        let ind = head & self.rq.mask;
+        let base = self.rq.offset + (ind as usize) * self.rq.stride;
+        let w0 = (u64::from(s.length) << 32) | u64::from(s.lkey);
         let b = self.buf.window();
         // The data segment, and the terminator behind it when the WQE has
         // room for more.
-        if wr.sg_list.len() == 1 && self.rq.max_gs > 1 {
+        if self.rq.max_gs > 1 {
             let Some(blk) = b.block::<32>(base) else {
                 return false;
             };
             blk.write_be64(0, w0);
-            blk.write_be64(data::ADDR, w1);
+            blk.write_be64(data::ADDR, s.addr);
             blk.write_be64(data::SIZE, u64::from(wqe::INVALID_LKEY));
             blk.write_be64(data::SIZE + data::ADDR, 0);
         } else {
@@ -1302,14 +1519,15 @@ impl Mlx4IbQp {
                 return false;
             };
             blk.write_be64(0, w0);
-            blk.write_be64(data::ADDR, w1);
+            blk.write_be64(data::ADDR, s.addr);
         }
         if let Some(w) = self.rq.wrid.get_mut(ind as usize) {
             *w = wr.wr_id;
         }
-        self.rq.head = self.rq.head.wrapping_add(1);
+        let head = head.wrapping_add(1);
+        self.rq.head = head;
         dma_wmb();
-        db.write(0, mlx4_hw::doorbell::rq_db_record(self.rq.head));
+        db.write(0, mlx4_hw::doorbell::rq_db_record(head));
         true
     }
 
@@ -1317,13 +1535,13 @@ impl Mlx4IbQp {
     fn post_recv_general(&mut self, wrs: &[RecvWr<'_>]) -> core::result::Result<(), PostError> {
         if self.state == QpState::Reset {
             return Err(PostError {
-                err: Error::Inval("receive posted to a QP in RESET"),
+                err: PostFault::RecvInReset,
                 bad_wr: 0,
             });
         }
         let Some(db) = &self.db else {
             return Err(PostError {
-                err: Error::Inval("QP receives through an SRQ"),
+                err: PostFault::RecvThroughSrq,
                 bad_wr: 0,
             });
         };
@@ -1334,14 +1552,14 @@ impl Mlx4IbQp {
         for (i, wr) in wrs.iter().enumerate() {
             if self.rq.overflow(nreq) {
                 res = Err(PostError {
-                    err: Error::QueueFull,
+                    err: PostFault::QueueFull,
                     bad_wr: i,
                 });
                 break;
             }
             if wr.sg_list.len() > self.rq.max_gs as usize {
                 res = Err(PostError {
-                    err: Error::Inval("more SGEs than max_recv_sge"),
+                    err: PostFault::TooManySge,
                     bad_wr: i,
                 });
                 break;
@@ -1821,7 +2039,7 @@ impl crate::Mlx4IbDev {
             opt,
             sqd_event,
         )?;
-        qp.state = new;
+        qp.set_state(new);
         if mask.contains(M::ACCESS_FLAGS) {
             qp.atomic_rd_en = attr.qp_access_flags;
         }
@@ -1897,7 +2115,7 @@ impl crate::Mlx4IbDev {
         if let Some(c) = c {
             if let Some(s) = c.state() {
                 a.qp_state = to_ib_state(s);
-                qp.state = a.qp_state;
+                qp.set_state(a.qp_state);
                 a.cur_qp_state = a.qp_state;
             }
             if let Some(m) = crate::verbs::Mtu::from_raw(c.mtu_msgmax >> 5) {
@@ -2034,7 +2252,7 @@ impl crate::Mlx4IbDev {
         match self.qps.slab.get_mut(id.0) {
             Some(qp) => qp.post_send(&self.ahs, wrs),
             None => Err(PostError {
-                err: Error::NoObject,
+                err: PostFault::NoObject,
                 bad_wr: 0,
             }),
         }
@@ -2046,10 +2264,10 @@ impl crate::Mlx4IbDev {
         id: crate::QpId,
         hdr: &mut dyn MlxHeader,
         wrs: &[SendWr<'_>],
-    ) -> core::result::Result<(), PostError> {
+    ) -> core::result::Result<(), MlxPostError> {
         match self.qps.slab.get_mut(id.0) {
             Some(qp) => qp.post_send_mlx(&self.ahs, hdr, wrs),
-            None => Err(PostError {
+            None => Err(MlxPostError {
                 err: Error::NoObject,
                 bad_wr: 0,
             }),
@@ -2066,7 +2284,7 @@ impl crate::Mlx4IbDev {
         match self.qps.slab.get_mut(id.0) {
             Some(qp) => qp.post_recv(wrs),
             None => Err(PostError {
-                err: Error::NoObject,
+                err: PostFault::NoObject,
                 bad_wr: 0,
             }),
         }

@@ -9,7 +9,7 @@ use mlx4_core::mr::Mtt;
 use mlx4_hw::wqe::{self, data, srq_next};
 
 use crate::doorbell::Db;
-use crate::qp::PostError;
+use crate::qp::{PostError, PostFault};
 use crate::verbs::RecvWr;
 use crate::{Error, Result};
 
@@ -147,14 +147,14 @@ impl Mlx4IbSrq {
         for (i, wr) in wrs.iter().enumerate() {
             if wr.sg_list.len() > self.max_gs as usize {
                 res = Err(PostError {
-                    err: Error::Inval("more SGEs than max_sge"),
+                    err: PostFault::TooManySge,
                     bad_wr: i,
                 });
                 break;
             }
             if self.head == self.tail {
                 res = Err(PostError {
-                    err: Error::QueueFull,
+                    err: PostFault::QueueFull,
                     bad_wr: i,
                 });
                 break;
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(
             e,
             PostError {
-                err: Error::QueueFull,
+                err: PostFault::QueueFull,
                 bad_wr: 0
             }
         );
@@ -304,7 +304,10 @@ mod tests {
         assert_eq!(s.wrid[3], 100);
         assert_eq!((s.head, s.tail), (1, 1));
         assert_eq!(s.outstanding(), 3);
-        assert_eq!(s.post_recv(&wrs[1..2]).unwrap_err().err, Error::QueueFull);
+        assert_eq!(
+            s.post_recv(&wrs[1..2]).unwrap_err().error(),
+            Error::QueueFull
+        );
         let too_many = [sg[0]; 3];
         let e = s
             .post_recv(&[RecvWr {
@@ -312,6 +315,6 @@ mod tests {
                 sg_list: &too_many,
             }])
             .unwrap_err();
-        assert!(matches!(e.err, Error::Inval(_)));
+        assert!(matches!(e.error(), Error::Inval(_)));
     }
 }

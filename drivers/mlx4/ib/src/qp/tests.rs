@@ -283,8 +283,9 @@ fn inline_send_splits_at_64_bytes() {
             }],
         )
         .unwrap_err();
-    assert_eq!(e.err, Error::NoMem);
-    assert_eq!(e.err.to_errno(), -12, "ENOMEM, as libmlx4");
+    assert_eq!(e.err, PostFault::InlineTooLong);
+    assert_eq!(e.error(), Error::NoMem);
+    assert_eq!(e.error().to_errno(), -12, "ENOMEM, as libmlx4");
     assert_eq!(qp.sq.head, 1);
 }
 
@@ -340,9 +341,13 @@ fn golden_ud_send_with_address_vector() {
     assert_eq!(
         qp.post_send(&b.ahs, &[wr, bad]).unwrap_err(),
         PostError {
-            err: Error::Inval("opcode not valid for the QP type"),
+            err: PostFault::BadOpcode,
             bad_wr: 1
         }
+    );
+    assert_eq!(
+        qp.post_send(&b.ahs, &[bad]).unwrap_err().error(),
+        Error::Inval("opcode not valid for the QP type")
     );
     assert_eq!(qp.sq.head, 2, "the good WR before the bad one was posted");
     let gone = SendWr {
@@ -397,7 +402,7 @@ fn bad_requests_and_a_full_queue_are_refused() {
     assert_eq!(
         e,
         PostError {
-            err: Error::QueueFull,
+            err: PostFault::QueueFull,
             bad_wr: max
         }
     );
@@ -442,7 +447,7 @@ fn owner_bit_flips_each_pass_and_freed_wqes_are_stamped() {
     }
     assert_eq!(dw(&qp, qp.send_wqe_offset(0) + 64), 0xffff_ffff, "stamped");
     // Through the wrap: pass 1 WQEs carry the owner bit.
-    while qp.sq_next_wqe < cnt + 2 {
+    while qp.sq.head < cnt + 2 {
         qp.sq.tail = qp.sq.head;
         qp.post_send(&b.ahs, &[small]).unwrap();
     }
@@ -664,4 +669,67 @@ fn golden_opcode_tables_and_send_with_invalidate() {
     // Only RC and UC may send it.
     let mut ud = b.qp(QpType::Ud, rc_cap(1), false);
     assert!(ud.post_send(&b.ahs, &[wr]).is_err());
+}
+
+#[test]
+fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(1);
+    cap.max_inline_data = 64;
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut qp = Mlx4IbQp::detached(
+        QpType::Rc,
+        0x48,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        b.uar(),
+        Some(db),
+    )
+    .unwrap();
+    let (cnt, spare) = (qp.sq.wqe_cnt, qp.sq_spare_wqes);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 8,
+        lkey: 1,
+    }];
+    let small = SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        sg_list: &sg,
+        wr: WrDetail::Rdma {
+            remote_addr: 0x2000,
+            rkey: 2,
+        },
+        ..Default::default()
+    };
+    // Only 64-byte WQEs so far: nothing needs a stamp.
+    qp.post_send(&b.ahs, &[small]).unwrap();
+    assert_eq!(qp.stamp_until, 0);
+    // A 64-byte inline SEND (straight line) fills WQE 1 past its first
+    // chunk: the slot must be stamped when ind + spare comes back to it.
+    let data = [7u8; 64];
+    let big = SendWr {
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::INLINE,
+        inline_data: &data,
+        ..Default::default()
+    };
+    qp.post_send(&b.ahs, &[big]).unwrap();
+    let w1 = qp.send_wqe_offset(1);
+    assert_eq!(dw(&qp, w1 + 64), 0x8000_0000 | 20, "second inline segment");
+    // The stamp index ind + spare reaches slot 1 again at ind = 1 + cnt -
+    // spare.
+    while qp.sq.head <= 1 + cnt - spare {
+        qp.sq.tail = qp.sq.head; // the HCA completed everything
+        qp.post_send(&b.ahs, &[small]).unwrap();
+        if qp.sq.head <= 1 + cnt - spare {
+            assert_eq!(dw(&qp, w1 + 64), 0x8000_0000 | 20, "ind {}", qp.sq.head);
+        }
+    }
+    assert_eq!(
+        dw(&qp, w1 + 64),
+        0xffff_ffff,
+        "stamped by the straight line"
+    );
 }
