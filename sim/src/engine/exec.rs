@@ -25,10 +25,11 @@
 //!   atomic capability is IB_ATOMIC_HCA with network byte order), and the
 //!   original value lands big-endian in the requester's buffer.
 //! * Zero-length RDMA operations do not check the R_Key (IBTA 9.7.4.1.3).
-//! * With requester and responder run together, one READ/atomic is in
-//!   flight at a time, so max_rd_atomic / max_dest_rd_atomic (never below
-//!   one in the context's log encoding) cannot be exceeded, and a fence
-//!   is always satisfied.
+//! * With requester and responder run together (loopback), a message
+//!   completes before the next starts, so max_rd_atomic /
+//!   max_dest_rd_atomic (never below one in the context's log encoding)
+//!   cannot be exceeded and a fence is always satisfied; over a fabric
+//!   the send window enforces both ([`super::wire`]).
 //! * Flushes: every outstanding WQE gets its own WR_FLUSH_ERR CQE, also
 //!   unsignalled ones.
 //! * A receive WQE with a scatter entry in inline form (byte count bit 31:
@@ -1706,6 +1707,7 @@ pub fn enter_error(hca: &mut Hca, qpn: u32, send_error: Option<Syndrome>) {
         w.resend = None;
         w.ack_due = None;
         w.seq_nak = None;
+        w.drain_event = false;
     }
     flush_sq(hca, qpn);
     if qp_state(hca, qpn) == Some(QpState::Err) {

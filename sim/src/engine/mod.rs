@@ -8,10 +8,11 @@
 //! # How work moves
 //!
 //! * A send doorbell (UAR + 0x14, `qpn << 8`) runs the QP's send queue: the
-//!   WQE at the engine's consumer counter is executed while its owner bit
-//!   equals the pass parity of that counter (porting map 6.3), at most one
-//!   ring's worth per doorbell. The WQE is read through the QP's MTT
-//!   translation only.
+//!   WQE at the engine's next-to-start counter is executed while its owner
+//!   bit equals the pass parity of that counter (porting map 6.3), at most
+//!   one ring's worth per doorbell. The WQE is read through the QP's MTT
+//!   translation only. An RC QP on a fabric keeps many messages in flight
+//!   ([`wire::Window`]: cumulative ACKs, go-back-N, completions in order).
 //! * A message to a QP of the same HCA (destination LID = the port's LID,
 //!   or forced loopback) is executed at once against the responder QP
 //!   ([`exec`]): RNR and transport retries wait on the model clock
@@ -387,6 +388,19 @@ pub fn qp_modified(hca: &mut Hca, qpn: u32, op: Opcode, to: QpState) {
             }
         }
         _ => {}
+    }
+}
+
+/// Hook: RTS2SQD asked for the SQ_DRAINED event. True if the send queue
+/// has nothing in flight (the caller posts the event now); otherwise the
+/// engines post it when the last message in flight completes.
+pub fn sq_drained_or_later(hca: &mut Hca, qpn: u32) -> bool {
+    match hca.engine.windows.get_mut(&qpn) {
+        Some(w) if !w.txq.is_empty() => {
+            w.drain_event = true;
+            false
+        }
+        _ => true,
     }
 }
 

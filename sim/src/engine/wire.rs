@@ -11,15 +11,46 @@
 //!
 //! # Decisions
 //!
-//! * One RC message per QP is on the wire at a time (stop and wait): the
-//!   send queue waits for the response (ACK, READ response, atomic ACK, or
-//!   a NAK) before it starts the next WQE. Fences and the rd_atomic limits
-//!   are therefore always met; throughput over the fabric is not the
-//!   card's.
-//! * A retransmission (ACK timeout, PSN sequence NAK) resends the whole
-//!   message from its first PSN; the responder answers duplicates as IBTA
-//!   9.7.5.1.4 says: SEND/WRITE with an ACK of the last PSN, a READ again
-//!   from memory, an atomic with the saved result.
+//! * An RC QP pipelines (IBTA 9.7): a send window ([`Window`]) holds every
+//!   message started and not yet completed, WQEs `sq_ci..sq_next`. New
+//!   WQEs start while fewer than [`WINDOW_PKTS`] PSNs are unacknowledged
+//!   (the model's stand-in for link-level flow control), fewer READs and
+//!   atomics than max_rd_atomic are outstanding (a fenced WQE: none), and
+//!   no go-back-N is under way. Completions are written in WQE order: a
+//!   WQE that ends at once (a NOP, a local error) behind messages in
+//!   flight waits in the window for its turn; a local error stops the
+//!   window from growing, and its error CQE comes when every older
+//!   message has completed. A loopback message waits until the window is
+//!   empty.
+//! * ACKs are cumulative: an ACK of PSN n completes every SEND and WRITE
+//!   up to n; a READ or atomic completes only by its own response, and a
+//!   later PSN acknowledged while it still waits is an implied NAK (its
+//!   response was lost). A READ response or atomic ACK implies the ACK of
+//!   every request before it. A response outside the PSNs in flight is
+//!   dropped.
+//! * Go-back-N: a PSN sequence NAK (once per PSN), an implied NAK and the
+//!   local ACK timeout (one timer per QP, restarted whenever a response
+//!   makes progress) retransmit from the first unacknowledged PSN: the
+//!   message it belongs to from that packet on (a READ asks for the
+//!   responses not yet received, with the address and length that
+//!   remain), then every later message in flight, each WQE read again from
+//!   the SQ (it is still the hardware's). Each such event counts against
+//!   retry_cnt; a response that makes progress resets the count (and the
+//!   RNR count). An RNR NAK stops the window for the responder's RNR timer
+//!   and resends from its PSN, counted against rnr_retry (7: for ever).
+//! * The responder checks each request's PSN against the expected one
+//!   (IBTA 9.7.5): ahead of it, one PSN sequence NAK per gap (later
+//!   requests are dropped silently until the expected PSN comes; an RNR
+//!   NAK likewise); behind it, a duplicate: a SEND or WRITE asking for an
+//!   ACK is ACKed again (the last PSN received) and delivered nowhere, a
+//!   READ is executed again from memory from its PSN on if it lies in one
+//!   of the last max_dest_rd_atomic READs/atomics the responder keeps
+//!   (its resources; the oldest goes), an atomic gets the original value
+//!   kept for it and is not executed again; a duplicate the responder has
+//!   no resource for is dropped. The responder ACKs every message that
+//!   asks (no coalescing of its own), and reads no limit from the
+//!   requester: more READs than its resources are not refused, the
+//!   oldest resource is forgotten.
 //! * The counters count what crosses the port: PortXmitData/PortRcvData in
 //!   4-byte words of LRH..ICRC (the LRH PktLen), packets, PortXmitDiscards
 //!   for a packet sent on a link that is down, PortRcvErrors for a packet
@@ -132,6 +163,9 @@ pub struct Window {
     /// The PSN of the last sequence NAK acted on (a second one for the
     /// same PSN starts no second retransmission).
     pub seq_nak: Option<u32>,
+    /// RTS2SQD asked for SQ_DRAINED while messages were in flight: posted
+    /// when the last one completes.
+    pub drain_event: bool,
 }
 
 impl Window {
@@ -652,7 +686,7 @@ pub(super) fn send(
         }
         Kind::Read => {
             // A retransmission asks for the responses not yet received
-            // (IBTA 9.7.4.1.2: the READ restarts at their first PSN with
+            // (IBTA 9.7: the READ restarts at their first PSN with
             // the address and length that remain).
             let off = (u64::from(from) * mtu).min(m.len);
             let mut hd = base;
@@ -745,9 +779,9 @@ fn bump_psn(hca: &mut Hca, qpn: u32, n: u32) {
 /// The window has room for a new WQE with control segment `ctrl` on QP
 /// `qpn`: nothing failed before it, no go-back-N under way, fewer than
 /// [`WINDOW_PKTS`] PSNs unacknowledged; a READ or atomic only below
-/// max_rd_atomic (IBTA 9.5.1: the requester never exceeds the limit it
+/// max_rd_atomic (the requester never exceeds the limit it
 /// negotiated), and a fenced WQE only when no READ or atomic is
-/// outstanding (IBTA 10.8.3.3).
+/// outstanding (the fence indicator, IBTA ch. 10).
 pub(super) fn may_start(hca: &Hca, qpn: u32, ctrl: &super::wqe::Ctrl) -> bool {
     let Some(w) = hca.engine.windows.get(&qpn) else {
         return true;
@@ -889,7 +923,7 @@ pub fn ack_timeout(hca: &mut Hca, qpn: u32) {
 }
 
 /// A retransmission event (timeout, sequence NAK, implied NAK): counted
-/// against the retry counter (IBTA 9.7.5.1: reset whenever a response
+/// against the retry counter (IBTA 9.7.5: reset whenever a response
 /// makes progress); with none left, the message of WQE `idx` fails with
 /// "transport retry counter exceeded".
 fn go_back(hca: &mut Hca, qpn: u32, idx: u32, psn: u32) {
@@ -921,6 +955,7 @@ pub(super) fn retire(hca: &mut Hca, qpn: u32) {
             _ => return,
         };
         let Some(e) = w.txq.pop_front() else { return };
+        let drained = w.txq.is_empty() && core::mem::take(&mut w.drain_event);
         if w.txq.is_empty() {
             w.resend = None;
             w.ack_due = None;
@@ -930,12 +965,18 @@ pub(super) fn retire(hca: &mut Hca, qpn: u32) {
         if r.is_err() {
             return;
         }
+        if drained && exec::qp_state(hca, qpn) == Some(QpState::Sqd) {
+            hca.post_async(crate::ctx::Event::Qp {
+                kind: eqe::SQ_DRAINED,
+                qpn,
+            });
+        }
     }
 }
 
 /// Messages whose last PSN is before `psn` (`inclusive`: at or before)
 /// are acknowledged: a SEND or WRITE is done; a READ or atomic still
-/// waiting for its response means that response was lost (IBTA 9.7.5.1.5,
+/// waiting for its response means that response was lost (IBTA 9.7.5,
 /// an implied NAK): its WQE and resume PSN come back. Says whether
 /// anything was acknowledged; progress resets the retry counters.
 fn ack_upto(
@@ -1341,7 +1382,7 @@ fn keep_resource(hca: &mut Hca, qpn: u32, r: RdRes) {
     }
 }
 
-/// A duplicate request (PSN before the expected one, IBTA 9.7.5.2.1):
+/// A duplicate request (PSN before the expected one, IBTA 9.7.5):
 /// nothing is delivered again. A SEND or WRITE asking for an ACK gets the
 /// ACK of the last PSN received; a READ is answered again from memory,
 /// from its PSN on, if it lies within a READ this QP still keeps as a
@@ -1430,7 +1471,7 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
     if rc && psn != exp {
         if psn_ge(psn, exp) {
             // Ahead of the expected PSN: a request was lost. One NAK per
-            // gap (IBTA 9.7.5.2.2: after a sequence NAK the responder
+            // gap (IBTA 9.7.5: after a sequence NAK the responder
             // drops new requests until the expected PSN comes).
             if !d.nak_sent {
                 if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {

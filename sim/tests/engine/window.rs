@@ -521,3 +521,115 @@ fn a_full_window_runs_out_of_retries_as_one_message_did() {
     );
     assert_eq!(a.qp_state(0x80), 6, "ERR");
 }
+
+#[test]
+fn sq_drained_comes_when_the_last_message_in_flight_completes() {
+    let (mut a, mut b, w) = b2b();
+    let mut ca = a.cq(8);
+    let cb = b.cq(8);
+    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
+    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    fault(
+        &w,
+        FaultRule::new(FaultKind::Delay(1_000_000))
+            .qpn(0x80)
+            .opcode(opcode::RC | opcode::ACKNOWLEDGE),
+    );
+    let wrs: Vec<Wr> = (0..4u64)
+        .map(|i| write_wr(&la, i * 100, &rb, i * 100, 100, true))
+        .collect();
+    post_all(&a, &mut qa, &wrs);
+    a.async_events();
+    // RTS2SQD with the SQD event bit while the four are in flight.
+    let m = crate::harness::QpMbox::new(5, RC);
+    a.r.cmd_in(&m.0, 0x80 | 1 << 31, 0, sim::Opcode::RTS2SQD_QP)
+        .unwrap();
+    assert!(
+        !a.async_events().iter().any(|e| e.0 == 0x03),
+        "not drained while messages are in flight"
+    );
+    let c = send_cqes(&a, &mut ca, 4, Duration::from_millis(3));
+    assert_eq!(c.len(), 4, "{c:?}");
+    let ev = a.async_events();
+    assert!(
+        ev.iter().any(|e| e.0 == 0x03 && e.1 & 0xff_ffff == 0x80),
+        "SQ_DRAINED once the last one completed: {ev:?}"
+    );
+}
+
+/// Benchmark (release build, `--ignored`, figures printed, nothing
+/// asserted about time): 64 KiB RDMA WRITEs between two HCAs of the
+/// threaded front end (each model stepped by its own thread in real time,
+/// as cx3-emu's are), 16 per doorbell, the last signalled. Every round
+/// trip costs the model threads' polling here, so this is where a send
+/// window shows against stop-and-wait.
+///
+/// `cargo test --release -p sim --test engine -- --ignored --nocapture bench_threaded`
+#[test]
+#[ignore]
+fn bench_threaded_rdma_write_64k() {
+    use sim::{SimConfig, SimHca, Wire};
+    let cfg = |guid: u64| SimConfig {
+        node_guid: guid,
+        dma_size: 64 << 20,
+        ..SimConfig::default()
+    };
+    let w = Wire::threaded(sim::fabric::Fabric::shared());
+    let x = SimHca::new_on(cfg(0x0002_c903_0000_5000), &w);
+    let y = SimHca::new_on(cfg(0x0002_c903_0000_6000), &w);
+    w.fabric()
+        .lock()
+        .unwrap()
+        .connect(x.fabric_port(1).unwrap(), y.fabric_port(1).unwrap())
+        .unwrap();
+    let mut a = Hca::bare(x);
+    let mut b = Hca::bare(y);
+    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.r.sim.port_state(1).map(|s| s.1) != Some(sim::PhysicalState::LinkUp) {
+        assert!(std::time::Instant::now() < deadline, "link never came up");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    a.activate(1, 1).unwrap();
+    b.activate(1, 2).unwrap();
+    let mut ca = a.cq(10);
+    let cb = b.cq(6);
+    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+    let len = 64u32 << 10;
+    let src = a.mr(0x10_0000_0000, 1 << 20, acc::ALL);
+    let dst = b.mr(0x20_0000_0000, 1 << 20, acc::ALL);
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    src.write(0, &pattern);
+    let (n, batch) = (4000u64, 16u64);
+    let t = std::time::Instant::now();
+    let mut i = 0;
+    while i < n {
+        let wrs: Vec<Wr> = (0..batch)
+            .map(|k| {
+                let off = ((i + k) * u64::from(len)) % ((1 << 20) - u64::from(len));
+                write_wr(&src, 0, &dst, off, len, k + 1 == batch)
+            })
+            .collect();
+        post_all(&a, &mut qa, &wrs);
+        i += batch;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(c) = ca.poll() {
+                assert!(c.ok(), "{c:?}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no CQE within 10 s");
+            std::hint::spin_loop();
+        }
+    }
+    let wall = t.elapsed().as_secs_f64();
+    println!(
+        "64 KiB RDMA WRITE, threaded front end, back to back, 16 per doorbell: {n} in {wall:.3} s \
+         = {:.2} GB/s wall, {:.1} us per message",
+        n as f64 * f64::from(len) / 1e9 / wall,
+        wall / n as f64 * 1e6
+    );
+    assert_eq!(dst.read(0, 4096), pattern[..4096]);
+}
