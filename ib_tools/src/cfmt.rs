@@ -1,6 +1,8 @@
-//! The few pieces of C's `printf` and `libm` the tools' output needs in `no_std`: `%#0Nx` (alternate hex, which prints a bare zero without `0x`), `ceil` and `sqrt` on `f64`; nothing else of C is modelled.
+//! The few pieces of C's `printf` and `libm` the tools' output needs in `no_std`: `%#0Nx` (alternate hex, which prints a bare zero without `0x`), `ceil` and `sqrt` on `f64`, and glibc's `inet_ntop` of a GID; nothing else of C is modelled.
 
-use core::fmt;
+use core::fmt::{self, Write};
+
+use ib_core::verbs::Gid;
 
 /// C's `%#0<width>x`: `0x` and zero-padded hex, the prefix counted in the
 /// width; zero has no prefix and is zero-padded to the width (`%#04x` of 0
@@ -51,6 +53,59 @@ pub fn sqrt(x: f64) -> f64 {
         g = n;
     }
     g
+}
+
+/// A GID as `inet_ntop(AF_INET6)` writes it (RFC 5952 as glibc does it:
+/// lower-case groups without leading zeros, the longest run of two or more
+/// zero groups as `::`, and the IPv4-compatible forms), as rdma-core's
+/// pingpongs and saquery print it.
+pub struct GidStr(pub Gid);
+
+impl fmt::Display for GidStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0.0;
+        let w: [u16; 8] = core::array::from_fn(|i| u16::from_be_bytes([b[2 * i], b[2 * i + 1]]));
+        // The longest run of at least two zero groups (the first of equals).
+        let (mut best, mut best_len) = (usize::MAX, 0usize);
+        let mut i = 0;
+        while i < 8 {
+            if w[i] == 0 {
+                let s = i;
+                while i < 8 && w[i] == 0 {
+                    i += 1;
+                }
+                if i - s > best_len && i - s >= 2 {
+                    best = s;
+                    best_len = i - s;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        // IPv4-compatible and IPv4-mapped forms, as glibc prints them.
+        let v4 = best == 0 && (best_len == 6 || (best_len == 5 && w[5] == 0xffff));
+        let end = if v4 { 6 } else { 8 };
+        let mut i = 0;
+        while i < end {
+            if i == best {
+                f.write_str(if i == 0 { "::" } else { ":" })?;
+                i += best_len;
+                continue;
+            }
+            write!(f, "{:x}", w[i])?;
+            if i + 1 < end {
+                f.write_char(':')?;
+            }
+            i += 1;
+        }
+        if v4 {
+            if best_len == 5 {
+                f.write_char(':')?;
+            }
+            write!(f, "{}.{}.{}.{}", b[12], b[13], b[14], b[15])?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ fn pad(d: &[u8]) -> [u8; 192] {
     b
 }
 
-fn be16(d: &[u8], o: usize) -> u16 {
+pub(crate) fn be16(d: &[u8], o: usize) -> u16 {
     u16::from_be_bytes([d[o], d[o + 1]])
 }
 fn be24(d: &[u8], o: usize) -> u32 {
@@ -65,7 +65,7 @@ fn be24(d: &[u8], o: usize) -> u32 {
 fn be32(d: &[u8], o: usize) -> u32 {
     u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
 }
-fn be64(d: &[u8], o: usize) -> u64 {
+pub(crate) fn be64(d: &[u8], o: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&d[o..o + 8]);
     u64::from_be_bytes(b)
@@ -458,6 +458,20 @@ pub fn resolve_guid(
     }
     .ok_or_else(|| format!("'{s}' is not a port GUID"))?;
     let sa = sa.ok_or("-G needs the SA client")?;
+    path_to_guid(core, sa, src, g, QUERY_TIMEOUT)
+        .map(|p| p.dlid)
+        .map_err(|e| format!("can't resolve destination port {s}: {e}"))
+}
+
+/// The SA's path from `src` to the port GUID `guid` under this port's
+/// subnet prefix (the link-local one if GID 0 cannot be read).
+pub(crate) fn path_to_guid(
+    core: &mut IbCore,
+    sa: ib_core::ClientId,
+    src: Src,
+    guid: u64,
+    timeout: Duration,
+) -> ib_core::Result<ib_core::sa_query::PathRecord> {
     let prefix = core
         .device_mut(src.dev)
         .and_then(|d| d.query_gid(src.port, 0).ok())
@@ -467,12 +481,31 @@ pub fn resolve_guid(
         sa,
         src.dev,
         src.port,
-        ib_core::verbs::Gid::new(prefix, g),
-        QUERY_TIMEOUT,
+        ib_core::verbs::Gid::new(prefix, guid),
+        timeout,
     )
-    .map(|p| p.dlid)
-    .map_err(|e| format!("can't resolve destination port {s}: {e}"))
 }
+
+/// The positional arguments of a diag's `args`: `flag` takes (and says
+/// true to) the options it knows; `-h` and any other option end in `usage`.
+fn positional<'a>(
+    args: &[&'a str],
+    usage: &str,
+    mut flag: impl FnMut(&str) -> bool,
+) -> Result<Vec<&'a str>, String> {
+    let mut pos = Vec::new();
+    for &a in args {
+        match a {
+            _ if flag(a) => {}
+            "-h" | "--help" => return Err(String::from(usage)),
+            _ if a.starts_with('-') => return Err(format!("unknown option '{a}' ({usage})")),
+            _ => pos.push(a),
+        }
+    }
+    Ok(pos)
+}
+
+const PERFQUERY_USAGE: &str = "usage: perfquery [-x] [-G] [LID|GUID [PORT]]";
 
 /// `perfquery [-x] [LID [PORT]]`: the port counters of `LID`'s `PORT`
 /// (default: this port), through the PMA on QP1.
@@ -494,26 +527,17 @@ pub fn perfquery_sa(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let mut extended = false;
-    let mut guid = false;
-    let mut pos = Vec::new();
-    for &a in args {
+    let (mut extended, mut guid) = (false, false);
+    let pos = positional(args, PERFQUERY_USAGE, |a| {
         match a {
             "-x" | "--extended" => extended = true,
             "-G" | "--Guid" => guid = true,
-            "-h" | "--help" => {
-                return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
-            }
-            _ if a.starts_with('-') => {
-                return Err(format!(
-                    "unknown option '{a}' (usage: perfquery [-x] [-G] [LID|GUID [PORT]])"
-                ));
-            }
-            _ => pos.push(a),
+            _ => return false,
         }
-    }
+        true
+    })?;
     if pos.len() > 2 {
-        return Err(String::from("usage: perfquery [-x] [-G] [LID|GUID [PORT]]"));
+        return Err(String::from(PERFQUERY_USAGE));
     }
     let (lid, port) = match pos.first() {
         Some(l) => {
@@ -646,20 +670,15 @@ pub fn smpquery_sa(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let mut dr = false;
-    let mut guid = false;
-    let mut pos = Vec::new();
-    for &a in args {
+    let (mut dr, mut guid) = (false, false);
+    let pos = positional(args, SMPQUERY_USAGE, |a| {
         match a {
             "-D" | "--Direct" => dr = true,
             "-G" | "--Guid" => guid = true,
-            "-h" | "--help" => return Err(String::from(SMPQUERY_USAGE)),
-            _ if a.starts_with('-') => {
-                return Err(format!("unknown option '{a}' ({SMPQUERY_USAGE})"));
-            }
-            _ => pos.push(a),
+            _ => return false,
         }
-    }
+        true
+    })?;
     let Some((&op, rest)) = pos.split_first() else {
         return Err(String::from(SMPQUERY_USAGE));
     };

@@ -19,7 +19,7 @@ use core::fmt::{self, Write};
 
 use ib_core::{IbCore, SmpRoute};
 
-use crate::diags::{QUERY_TIMEOUT, Src, node_desc_string, smp_attr};
+use crate::diags::{QUERY_TIMEOUT, Src, be16, be64, node_desc_string, smp_attr};
 
 /// Nodes at most (a bound on the walk).
 pub const MAX_NODES: usize = 512;
@@ -117,15 +117,6 @@ pub struct Fabric {
     pub max_hops: usize,
     /// What went wrong on the way (nodes left out).
     pub warnings: Vec<String>,
-}
-
-fn be16(d: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([d[o], d[o + 1]])
-}
-fn be64(d: &[u8], o: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[o..o + 8]);
-    u64::from_be_bytes(b)
 }
 
 struct Walker<'a> {

@@ -203,20 +203,9 @@ pub fn ibping(
     let lid = if guid {
         let g = parse_num(d).ok_or_else(|| format!("bad port GUID '{d}'"))?;
         let sa = sa.ok_or("resolving a GUID needs the SA client")?;
-        let prefix = core
-            .device_mut(src.dev)
-            .and_then(|x| x.query_gid(src.port, 0).ok())
-            .map_or(0xfe80_0000_0000_0000, |x| x.subnet_prefix());
-        ib_core::sa_query::sa_path_to_gid(
-            core,
-            sa,
-            src.dev,
-            src.port,
-            ib_core::verbs::Gid::new(prefix, g),
-            Duration::from_secs(4),
-        )
-        .map_err(|e| format!("can't resolve destination port {d}: {e}"))?
-        .dlid
+        crate::diags::path_to_guid(core, sa, src, g, Duration::from_secs(4))
+            .map_err(|e| format!("can't resolve destination port {d}: {e}"))?
+            .dlid
     } else {
         match crate::diags::PortId::parse(d, false)? {
             crate::diags::PortId::Lid(l) => l,

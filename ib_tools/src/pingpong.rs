@@ -26,8 +26,7 @@ use alloc::vec::Vec;
 use core::fmt::{self, Write};
 use core::time::Duration;
 
-use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
-use ib_core::sa_query::{self, PathRecord};
+use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::verbs::{
     AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpAttr, QpAttrMask, QpCap,
     QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail,
@@ -36,7 +35,9 @@ use ib_core::verbs::{
 
 use crate::perftest::Peer;
 use crate::perftest::exchange::{fill, verify};
-use crate::perftest::run::{CONNECT_TIMEOUT, Env, e, wait_cm, wait_port_active};
+use crate::perftest::run::{
+    CONNECT_TIMEOUT, Env, cm_req, e, path_to, wait_cm, wait_port_active, wait_rtu,
+};
 
 /// CM service of `ibv_rc_pingpong`: "LEGO", 1, rc_pingpong's TCP port 18515.
 pub const RC_PINGPONG_SERVICE_ID: u64 = 0x4c45_474f_0001_4853;
@@ -231,55 +232,7 @@ pub fn usage(t: Transport) -> String {
     s
 }
 
-/// `inet_ntop(AF_INET6)` of a GID, as rdma-core prints it.
-pub struct GidStr(pub Gid);
-
-impl fmt::Display for GidStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0.0;
-        let w: [u16; 8] = core::array::from_fn(|i| u16::from_be_bytes([b[2 * i], b[2 * i + 1]]));
-        // The longest run of at least two zero groups (the first of equals).
-        let (mut best, mut best_len) = (usize::MAX, 0usize);
-        let mut i = 0;
-        while i < 8 {
-            if w[i] == 0 {
-                let s = i;
-                while i < 8 && w[i] == 0 {
-                    i += 1;
-                }
-                if i - s > best_len && i - s >= 2 {
-                    best = s;
-                    best_len = i - s;
-                }
-            } else {
-                i += 1;
-            }
-        }
-        // IPv4-compatible and IPv4-mapped forms, as glibc prints them.
-        let v4 = best == 0 && (best_len == 6 || (best_len == 5 && w[5] == 0xffff));
-        let end = if v4 { 6 } else { 8 };
-        let mut i = 0;
-        while i < end {
-            if i == best {
-                f.write_str(if i == 0 { "::" } else { ":" })?;
-                i += best_len;
-                continue;
-            }
-            write!(f, "{:x}", w[i])?;
-            if i + 1 < end {
-                f.write_char(':')?;
-            }
-            i += 1;
-        }
-        if v4 {
-            if best_len == 5 {
-                f.write_char(':')?;
-            }
-            write!(f, "{}.{}.{}.{}", b[12], b[13], b[14], b[15])?;
-        }
-        Ok(())
-    }
-}
+pub use crate::cfmt::GidStr;
 
 /// One side as the pingpongs print it (`struct pingpong_dest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -731,31 +684,6 @@ fn run_loop(
     Ok(env.core.clock().now_ns().saturating_sub(start))
 }
 
-/// Polls until the port is Active; the SA path to the peer.
-fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRecord, String> {
-    match peer {
-        Peer::Lid(l) => {
-            sa_query::sa_path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT)
-        }
-        Peer::Guid(g) => {
-            let prefix = env
-                .core
-                .device_mut(env.dev)
-                .and_then(|d| d.query_gid(port, 0).ok())
-                .map_or(0xfe80_0000_0000_0000, |g| g.subnet_prefix());
-            sa_query::sa_path_to_gid(
-                env.core,
-                env.sa,
-                env.dev,
-                port,
-                Gid::new(prefix, g),
-                CONNECT_TIMEOUT,
-            )
-        }
-    }
-    .map_err(|x| e("path record query", x))
-}
-
 fn sq_rq_psn(env: &mut Env<'_>, qp: Qp) -> (u32, u32) {
     env.core
         .device_mut(env.dev)
@@ -843,22 +771,15 @@ fn side(
     let cm_qp = res.rdv.unwrap_or(res.qp);
     let (q, peer, peer_lid) = match p.peer {
         Some(peer) => {
-            let path = path_to(env, p.ib_port, peer)?;
+            let mut path = path_to(env, p.ib_port, peer)?;
             let peer_lid = path.dlid;
-            let mut path = path;
-            // As perftest: a short ACK timeout (see PACKET_LIFE_CAP).
-            path.packet_life_time = path
-                .packet_life_time
-                .min(crate::perftest::run::PACKET_LIFE_CAP);
             if let Some(m) = p.mtu {
                 // -m: no larger than asked (the path's is the most it can be).
                 let code = (m / 256).trailing_zeros() as u8 + 1;
                 path.mtu = path.mtu.min(code);
             }
-            let mut req = CmReqParam::new(path, t.service_id(), cm_qp);
-            req.remote_cm_response_timeout = crate::perftest::run::CM_RESPONSE_TIMEOUT;
-            req.local_cm_response_timeout = crate::perftest::run::CM_RESPONSE_TIMEOUT;
-            req.max_cm_retries = crate::perftest::run::CM_RETRIES;
+            // As perftest: a short ACK timeout (see PACKET_LIFE_CAP).
+            let mut req = cm_req(path, t.service_id(), cm_qp);
             req.private_data = mine.encode();
             if t == Transport::Ud {
                 // Receives first: the server may answer our first SEND at once.
@@ -959,24 +880,7 @@ fn side(
                     post_recv(env, res, &q, n)?;
                 }
             }
-            match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT)? {
-                CmEvent::Established { .. } => {}
-                CmEvent::Rejected { reason, .. } => {
-                    return Err(format!(
-                        "the client rejected the connection (reason {reason})"
-                    ));
-                }
-                CmEvent::TimedOut => {
-                    return Err(String::from(
-                        "the client's RTU never came (our REP was sent again until the CM gave up)",
-                    ));
-                }
-                other => {
-                    return Err(format!(
-                        "the connection failed while waiting for the RTU ({other:?})"
-                    ));
-                }
-            }
+            wait_rtu(env, id)?;
             (q, theirs, remote_lid)
         }
     };

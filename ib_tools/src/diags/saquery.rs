@@ -14,7 +14,6 @@ use core::fmt::{self, Write};
 use core::time::Duration;
 
 use ib_core::sa_query::{self, NodeRecord, PathRecord, path_comp};
-use ib_core::verbs::Gid;
 use ib_core::{ClientId, IbCore};
 
 use super::Src;
@@ -131,65 +130,7 @@ pub fn parse(args: &[&str]) -> Result<Args, String> {
     })
 }
 
-/// A GID as `inet_ntop(AF_INET6)` writes it (RFC 5952 as glibc does it:
-/// lower-case groups without leading zeros, the longest run of two or more
-/// zero groups as `::`, and the IPv4-compatible forms).
-pub struct GidStr(pub Gid);
-
-impl fmt::Display for GidStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = &self.0.0;
-        let w: [u16; 8] = core::array::from_fn(|i| u16::from_be_bytes([b[2 * i], b[2 * i + 1]]));
-        // The longest run of zero words (the first of equal ones), if >= 2.
-        let (mut best, mut best_len) = (None, 0);
-        let mut i = 0;
-        while i < 8 {
-            if w[i] == 0 {
-                let start = i;
-                while i < 8 && w[i] == 0 {
-                    i += 1;
-                }
-                if i - start > best_len {
-                    best = Some(start);
-                    best_len = i - start;
-                }
-            } else {
-                i += 1;
-            }
-        }
-        if best_len < 2 {
-            best = None;
-        }
-        let mut i = 0;
-        while i < 8 {
-            if let Some(s) = best
-                && i == s
-            {
-                // The run's first colon; the separator of the next group
-                // (or the closing one below) is its second.
-                f.write_char(':')?;
-                i += best_len;
-                continue;
-            }
-            if i != 0 {
-                f.write_char(':')?;
-            }
-            // ::a.b.c.d and ::ffff:a.b.c.d
-            if i == 6 && best == Some(0) && (best_len == 6 || (best_len == 5 && w[5] == 0xffff)) {
-                return write!(f, "{}.{}.{}.{}", b[12], b[13], b[14], b[15]);
-            }
-            write!(f, "{:x}", w[i])?;
-            i += 1;
-        }
-        // A run at the end needs the second colon of its `::`.
-        if let Some(s) = best
-            && s + best_len == 8
-        {
-            f.write_char(':')?;
-        }
-        Ok(())
-    }
-}
+pub use crate::cfmt::GidStr;
 
 /// saquery's `ib_get_node_type_str`.
 pub fn node_type_str(t: u8) -> &'static str {
@@ -520,6 +461,7 @@ pub fn saquery(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ib_core::verbs::Gid;
 
     fn gid(s: [u16; 8]) -> String {
         let mut b = [0u8; 16];

@@ -22,10 +22,10 @@ use core::time::Duration;
 
 use hal::Deadline;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
-use ib_core::sa_query;
+use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags,
+    SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -52,7 +52,7 @@ pub const CM_RESPONSE_TIMEOUT: u8 = 18;
 /// CM retries of the clients' REQ (and the servers' REP).
 pub const CM_RETRIES: u8 = 8;
 /// The packet life time the clients put in the path they hand the CM (see
-/// `client`): the QPs' ACK timeout follows from it (15 gives 17: 537 ms a
+/// `cm_req`): the QPs' ACK timeout follows from it (15 gives 17: 537 ms a
 /// try, about 4.3 s for the 7 retries, inside the 10 s deadline, and
 /// tolerant of an emulator that stalls for half a second on a loaded host).
 pub const PACKET_LIFE_CAP: u8 = 15;
@@ -314,6 +314,52 @@ pub(crate) fn wait_cm(
     }
 }
 
+/// The SA's path from `port` to `peer` (a LID, or a port GUID under this
+/// port's subnet prefix).
+pub(crate) fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRecord, String> {
+    match peer {
+        Peer::Lid(l) => {
+            sa_query::sa_path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT)
+        }
+        Peer::Guid(g) => {
+            let src = crate::diags::Src { dev: env.dev, port };
+            crate::diags::path_to_guid(env.core, env.sa, src, g, CONNECT_TIMEOUT)
+        }
+    }
+    .map_err(|x| e("path record query", x))
+}
+
+/// The clients' CM REQ on `path` (its packet life time capped at
+/// [`PACKET_LIFE_CAP`]) with [`CM_RESPONSE_TIMEOUT`] and [`CM_RETRIES`].
+pub(crate) fn cm_req(mut path: PathRecord, service_id: u64, qp: Qp) -> CmReqParam {
+    // perftest sets the QP's ACK timeout (14) itself; through the CM the
+    // timeout follows the path's packet life time, so cap that: the CM
+    // then gives the QPs 17 (537 ms a try, about 4.3 s for the 7 retries)
+    // instead of over 4 s per try with an SM's default of 18.
+    path.packet_life_time = path.packet_life_time.min(PACKET_LIFE_CAP);
+    let mut req = CmReqParam::new(path, service_id, qp);
+    req.remote_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.local_cm_response_timeout = CM_RESPONSE_TIMEOUT;
+    req.max_cm_retries = CM_RETRIES;
+    req
+}
+
+/// The servers' wait for the client's RTU after their REP.
+pub(crate) fn wait_rtu(env: &mut Env<'_>, id: CmId) -> Result<(), String> {
+    match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT)? {
+        CmEvent::Established { .. } => Ok(()),
+        CmEvent::Rejected { reason, .. } => Err(format!(
+            "the client rejected the connection (reason {reason})"
+        )),
+        CmEvent::TimedOut => Err(String::from(
+            "the client's RTU never came (our REP was sent again until the CM gave up)",
+        )),
+        other => Err(format!(
+            "the connection failed while waiting for the RTU ({other:?})"
+        )),
+    }
+}
+
 fn server(
     env: &mut Env<'_>,
     p: &Params,
@@ -407,30 +453,7 @@ fn serve(
         1
     };
     post_recvs(env, res, q.tool.kind, 0..recvs).map_err(|m| (m, Some(id)))?;
-    match wait_cm(env, id, "the client's RTU", CONNECT_TIMEOUT) {
-        Ok(CmEvent::Established { .. }) => {}
-        Ok(CmEvent::Rejected { reason, .. }) => {
-            return Err((
-                format!("the client rejected the connection (reason {reason})"),
-                Some(id),
-            ));
-        }
-        Ok(CmEvent::TimedOut) => {
-            return Err((
-                String::from(
-                    "the client's RTU never came (our REP was sent again until the CM gave up)",
-                ),
-                Some(id),
-            ));
-        }
-        Ok(other) => {
-            return Err((
-                format!("the connection failed while waiting for the RTU ({other:?})"),
-                Some(id),
-            ));
-        }
-        Err(m) => return Err((m, Some(id))),
-    }
+    wait_rtu(env, id).map_err(|m| (m, Some(id)))?;
     let _ = print_test_info(out, &q, link);
     let local = Dest {
         lid,
@@ -478,38 +501,9 @@ fn client(
         " Asking the SA for a path to {whom} (up to {} s)",
         CONNECT_TIMEOUT.as_secs()
     );
-    let path = match peer {
-        Peer::Lid(l) => {
-            sa_query::sa_path_to_lid(env.core, env.sa, env.dev, p.ib_port, l, CONNECT_TIMEOUT)
-        }
-        Peer::Guid(g) => {
-            let prefix = env
-                .core
-                .device_mut(env.dev)
-                .and_then(|d| d.query_gid(p.ib_port, 0).ok())
-                .map_or(0xfe80_0000_0000_0000, |g| g.subnet_prefix());
-            sa_query::sa_path_to_gid(
-                env.core,
-                env.sa,
-                env.dev,
-                p.ib_port,
-                Gid::new(prefix, g),
-                CONNECT_TIMEOUT,
-            )
-        }
-    }
-    .map_err(|x| (e("path record query", x), None))?;
+    let path = path_to(env, p.ib_port, peer).map_err(|m| (m, None))?;
     let remote_lid = path.dlid;
-    let mut path = path;
-    // perftest sets the QP's ACK timeout (14) itself; through the CM the
-    // timeout follows the path's packet life time, so cap that: the CM
-    // then gives the QPs 17 (537 ms a try, about 4.3 s for the 7 retries)
-    // instead of over 4 s per try with an SM's default of 18.
-    path.packet_life_time = path.packet_life_time.min(PACKET_LIFE_CAP);
-    let mut req = CmReqParam::new(path, PERFTEST_SERVICE_ID, res.qp);
-    req.remote_cm_response_timeout = CM_RESPONSE_TIMEOUT;
-    req.local_cm_response_timeout = CM_RESPONSE_TIMEOUT;
-    req.max_cm_retries = CM_RETRIES;
+    let mut req = cm_req(path, PERFTEST_SERVICE_ID, res.qp);
     req.private_data =
         Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
     let psn = req.starting_psn;

@@ -48,6 +48,28 @@ fn pingpong(t: ib_tools::pingpong::Transport, out: &mut dyn Write, args: &[&str]
     with_env(p.ib_dev.as_deref(), |env| pingpong::run(env, &p, out))
 }
 
+/// The ib_core device and name of the HCA named `name` (`-d`, `-C`;
+/// `not_found` words the miss), or of the first registered one.
+pub(super) fn pick<'a>(
+    hcas: &'a [hca::Hca],
+    name: Option<&str>,
+    not_found: impl FnOnce(&str) -> String,
+) -> Result<(ib_core::DeviceId, &'a str), String> {
+    let h = match name {
+        Some(n) => hcas
+            .iter()
+            .find(|h| h.name == n)
+            .ok_or_else(|| not_found(n))?,
+        None => hcas
+            .iter()
+            .find(|h| h.id.is_some())
+            .ok_or("no registered HCA (see dmesg)")?,
+    };
+    let dev =
+        h.id.ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
+    Ok((dev, &h.name))
+}
+
 /// Runs `f` with the tools' environment on the HCA named `ib_dev` (`-d`),
 /// or on the first registered one: the core, the SA and CM clients, and
 /// Ctrl-C read from the console.
@@ -55,27 +77,14 @@ fn with_env(ib_dev: Option<&str>, f: impl FnOnce(&mut Env<'_>) -> CmdResult) -> 
     hca::with(|ib| {
         let (sa, cm) = clients(ib);
         let Ib { core, hcas } = ib;
-        let h = match ib_dev {
-            Some(n) => hcas
-                .iter()
-                .find(|h| h.name == n)
-                .ok_or_else(|| alloc::format!("IB device {n} not found"))?,
-            None => hcas
-                .iter()
-                .find(|h| h.id.is_some())
-                .ok_or("no registered HCA (see dmesg)")?,
-        };
-        let dev = h
-            .id
-            .ok_or_else(|| alloc::format!("{} is not registered (catastrophic error?)", h.name))?;
-        let name: String = h.name.clone();
+        let (dev, name) = pick(hcas, ib_dev, |n| alloc::format!("IB device {n} not found"))?;
         let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
         let mut env = Env {
             core,
             sa,
             cm,
             dev,
-            dev_name: &name,
+            dev_name: name,
             interrupted: &mut ctrl_c,
         };
         f(&mut env)

@@ -182,6 +182,17 @@ struct InFlight {
     owed: bool,
 }
 
+impl InFlight {
+    /// The packet, its CRCs computed if they were owed.
+    fn into_sealed(self) -> Packet {
+        let mut pkt = self.pkt;
+        if self.owed {
+            let _ = crate::packet::seal_owed(&mut pkt.bytes);
+        }
+        pkt
+    }
+}
+
 #[derive(Debug)]
 struct FabPort {
     owner: Owner,
@@ -245,6 +256,16 @@ enum Event {
     Connect(PortId, PortId),
 }
 
+/// A cable pull waiting for traffic ([`Fabric::unplug_after_bytes`]).
+#[derive(Debug, Clone, Copy)]
+struct BytePull {
+    port: PortId,
+    peer: PortId,
+    /// Bytes still to cross the cable before it goes.
+    left: u64,
+    reinsert_after_ns: Option<u64>,
+}
+
 /// The fabric: ports, cables, switches and packets in flight.
 #[derive(Debug, Default)]
 pub struct Fabric {
@@ -259,6 +280,7 @@ pub struct Fabric {
     pub faults: PacketFaults,
     capture: Option<Capture>,
     events: Vec<(u64, Event)>,
+    byte_pulls: Vec<BytePull>,
     next_link: u64,
     stats: FabricStats,
     sm: Option<Box<SubnetManager>>,
@@ -408,14 +430,15 @@ impl Fabric {
     /// For a node the fabric models itself (the SM): the next packet due at
     /// `p`, without advancing the fabric.
     pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        self.pop_due(p, now_ns).map(InFlight::into_sealed)
+    }
+
+    /// The packet at the head of `p`'s queue if it is due by `now_ns`,
+    /// taken off the queue.
+    fn pop_due(&mut self, p: PortId, now_ns: u64) -> Option<InFlight> {
         let q = &mut self.ports.get_mut(&p)?.inbound;
         if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|mut f| {
-                if f.owed {
-                    let _ = crate::packet::seal_owed(&mut f.pkt.bytes);
-                }
-                f.pkt
-            })
+            q.pop_front()
         } else {
             None
         }
@@ -540,6 +563,53 @@ impl Fabric {
         Ok(())
     }
 
+    /// Pulls the cable at `p` once `bytes` more bytes (whole packets, in
+    /// either direction) have crossed it, and plugs it back
+    /// `reinsert_after_ns` later if given: a fault tied to the traffic,
+    /// where a fixed time would race with how fast the senders get going.
+    pub fn unplug_after_bytes(
+        &mut self,
+        p: PortId,
+        bytes: u64,
+        reinsert_after_ns: Option<u64>,
+    ) -> Result<(), FabricError> {
+        let fp = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?;
+        let peer = fp.peer.ok_or(FabricError::NoSuchPort(p))?;
+        self.byte_pulls.push(BytePull {
+            port: p,
+            peer,
+            left: bytes,
+            reinsert_after_ns,
+        });
+        Ok(())
+    }
+
+    /// Counts a packet of `len` bytes sent out of `p` against the pulls
+    /// waiting for traffic on its cable; a pull whose count is used up is
+    /// scheduled for `now_ns` (it happens on the next advance).
+    fn count_for_pulls(&mut self, p: PortId, len: usize, now_ns: u64) {
+        let mut i = 0;
+        while i < self.byte_pulls.len() {
+            let bp = &mut self.byte_pulls[i];
+            if bp.port != p && bp.peer != p {
+                i += 1;
+                continue;
+            }
+            bp.left = bp.left.saturating_sub(len as u64);
+            if bp.left > 0 {
+                i += 1;
+                continue;
+            }
+            let bp = self.byte_pulls.swap_remove(i);
+            self.events.push((now_ns, Event::Unplug(bp.port)));
+            if let Some(d) = bp.reinsert_after_ns {
+                let back = Event::Connect(bp.port, bp.peer);
+                self.events.push((now_ns.saturating_add(d), back));
+            }
+            self.events.sort_by_key(|(t, _)| *t);
+        }
+    }
+
     /// The port at the other end of `p`'s cable.
     pub fn peer(&self, p: PortId) -> Option<PortId> {
         self.ports.get(&p)?.peer
@@ -647,6 +717,9 @@ impl Fabric {
             sw.count_xmit(port, pkt.bytes.len());
         }
         self.stats.sent += 1;
+        if !self.byte_pulls.is_empty() {
+            self.count_for_pulls(p, pkt.bytes.len(), now_ns);
+        }
         if verdict.drop {
             return true;
         }
@@ -693,12 +766,8 @@ impl Fabric {
     /// The next packet due at port `p` by `now_ns` (after the fabric has
     /// advanced to `now_ns`).
     pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
-        self.receive_owed(p, now_ns).map(|(mut pkt, owed)| {
-            if owed {
-                let _ = crate::packet::seal_owed(&mut pkt.bytes);
-            }
-            pkt
-        })
+        self.advance(now_ns);
+        self.pop_due(p, now_ns).map(InFlight::into_sealed)
     }
 
     /// [`Fabric::receive`] without sealing: the packet, and whether its
@@ -706,12 +775,7 @@ impl Fabric {
     /// built them, and only the CRC comparison may be skipped).
     pub fn receive_owed(&mut self, p: PortId, now_ns: u64) -> Option<(Packet, bool)> {
         self.advance(now_ns);
-        let q = &mut self.ports.get_mut(&p)?.inbound;
-        if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|f| (f.pkt, f.owed))
-        } else {
-            None
-        }
+        self.pop_due(p, now_ns).map(|f| (f.pkt, f.owed))
     }
 
     /// The earliest time a queued packet becomes due anywhere, a
