@@ -55,24 +55,7 @@ fn write_wr(src: &Mr, off: u64, dst: &Mr, doff: u64, len: u32, sig: bool) -> Wr 
         signalled: sig,
         raddr: dst.addr(doff),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(off),
-            len,
-            lkey: src.key,
-        }],
-        ..Wr::default()
-    }
-}
-
-fn send_wr(src: &Mr, off: u64, len: u32) -> Wr {
-    Wr {
-        opcode: op::SEND,
-        signalled: true,
-        sges: vec![Sge {
-            addr: src.addr(off),
-            len,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(off, len)],
         ..Wr::default()
     }
 }
@@ -138,12 +121,8 @@ fn eight_writes_are_on_the_wire_before_the_first_ack_and_complete_in_order() {
     let want: Vec<(u16, bool, u32)> = (0..8).map(|i| (i, true, 10_000)).collect();
     assert_eq!(got, want, "completions in WQE order: {c:?}");
     assert_eq!(xmit_pkts(&mut a) - before, 24, "nothing sent twice");
-    assert!(
-        a.r.sim.violations().is_empty() && b.r.sim.violations().is_empty(),
-        "{:?} {:?}",
-        a.r.sim.violations(),
-        b.r.sim.violations()
-    );
+    a.assert_no_violations();
+    b.assert_no_violations();
 }
 
 #[test]
@@ -196,11 +175,7 @@ fn a_dropped_middle_packet_is_recovered_by_go_back_n_in_order() {
     let data = Rng(5).bytes(4 * 10_000);
     la.write(0, &data);
     for i in 0..5u64 {
-        qb.post_recv(&[Sge {
-            addr: rb.addr(i * 10_000),
-            len: 10_000,
-            lkey: rb.key,
-        }]);
+        qb.post_recv(&[rb.sge(i * 10_000, 10_000)]);
     }
     // 4 SENDs of 3 packets: lose the 5th packet (the middle of the
     // second message), once.
@@ -210,7 +185,7 @@ fn a_dropped_middle_packet_is_recovered_by_go_back_n_in_order() {
     );
     let before = xmit_pkts(&mut a);
     let wrs: Vec<Wr> = (0..4u64)
-        .map(|i| send_wr(&la, i * 10_000, 10_000))
+        .map(|i| Wr::send(vec![la.sge(i * 10_000, 10_000)]))
         .collect();
     post_all(&a, &mut qa, &wrs);
     // The sequence NAK brings the retransmission at once, long before
@@ -244,11 +219,7 @@ fn a_dropped_middle_packet_is_recovered_by_go_back_n_in_order() {
         "each message delivered once, in order; receive WQE 4 untouched"
     );
     assert_eq!(rb.read(0, 40_000), data);
-    assert!(
-        b.r.sim.violations().is_empty(),
-        "{:?}",
-        b.r.sim.violations()
-    );
+    b.assert_no_violations();
 }
 
 #[test]
@@ -262,16 +233,8 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
     la.write(0, &Rng(6).bytes(2000));
     // SEND whose ACK is lost: the ACK timeout resends it, the responder
     // sees a duplicate, ACKs it and does not deliver it again.
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 1000,
-        lkey: rb.key,
-    }]);
-    qb.post_recv(&[Sge {
-        addr: rb.addr(1000),
-        len: 1000,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(0, 1000)]);
+    qb.post_recv(&[rb.sge(1000, 1000)]);
     fault(
         &w,
         FaultRule::new(FaultKind::Drop)
@@ -280,7 +243,7 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
             .times(1),
     );
     let before = xmit_pkts(&mut a);
-    qa.post(&a, &send_wr(&la, 0, 1000));
+    qa.post(&a, &Wr::send(vec![la.sge(0, 1000)]));
     assert!(send_cqes(&a, &mut ca, 1, Duration::from_millis(3)).is_empty());
     let c = send_cqes(&a, &mut ca, 1, Duration::from_millis(3));
     assert!(c.len() == 1 && c[0].ok(), "{c:?}");
@@ -289,7 +252,7 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
     assert_eq!(r.len(), 1, "delivered once: {r:?}");
     assert_eq!((r[0].wqe_counter, r[0].byte_cnt), (0, 1000));
     // The next SEND lands in receive WQE 1: the duplicate took none.
-    qa.post(&a, &send_wr(&la, 1000, 1000));
+    qa.post(&a, &Wr::send(vec![la.sge(1000, 1000)]));
     assert!(send_cqes(&a, &mut ca, 1, Duration::from_micros(10))[0].ok());
     let r = cb.drain();
     assert_eq!((r.len(), r[0].wqe_counter), (1, 1), "{r:?}");
@@ -313,11 +276,7 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
             signalled: true,
             raddr: rb.addr(8192),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(8192),
-                len: 512,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(8192, 512)],
             ..Wr::default()
         },
     );
@@ -347,11 +306,7 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
             raddr: rb.addr(64),
             rkey: rb.key,
             swap: 5,
-            sges: vec![Sge {
-                addr: la.addr(64),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(64, 8)],
             ..Wr::default()
         },
     );
@@ -359,12 +314,8 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
     assert!(c.len() == 1 && c[0].ok(), "{c:?}");
     assert_eq!(la.read(64, 8), 100u64.to_be_bytes(), "original value");
     assert_eq!(rb.read(64, 8), 105u64.to_be_bytes(), "added once");
-    assert!(
-        a.r.sim.violations().is_empty() && b.r.sim.violations().is_empty(),
-        "{:?} {:?}",
-        a.r.sim.violations(),
-        b.r.sim.violations()
-    );
+    a.assert_no_violations();
+    b.assert_no_violations();
 }
 
 #[test]
@@ -392,11 +343,7 @@ fn a_lost_read_response_in_the_middle_resumes_the_read_there() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 12_000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 12_000)],
             ..Wr::default()
         },
     );
@@ -439,11 +386,7 @@ fn reads_in_flight_are_limited_by_max_rd_atomic() {
                 signalled: true,
                 raddr: rb.addr(i * 100),
                 rkey: rb.key,
-                sges: vec![Sge {
-                    addr: la.addr(i * 100),
-                    len: 100,
-                    lkey: la.key,
-                }],
+                sges: vec![la.sge(i * 100, 100)],
                 ..Wr::default()
             })
             .collect();
@@ -486,11 +429,7 @@ fn a_full_window_runs_out_of_retries_as_one_message_did() {
             signalled: true,
             raddr: 0x9000 + i * 8,
             rkey: rb_key,
-            sges: vec![Sge {
-                addr: la.addr(i * 8),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(i * 8, 8)],
             ..Wr::default()
         })
         .collect();
