@@ -25,10 +25,11 @@
 //!   atomic capability is IB_ATOMIC_HCA with network byte order), and the
 //!   original value lands big-endian in the requester's buffer.
 //! * Zero-length RDMA operations do not check the R_Key (IBTA 9.7.4.1.3).
-//! * With requester and responder run together, one READ/atomic is in
-//!   flight at a time, so max_rd_atomic / max_dest_rd_atomic (never below
-//!   one in the context's log encoding) cannot be exceeded, and a fence
-//!   is always satisfied.
+//! * With requester and responder run together (loopback), a message
+//!   completes before the next starts, so max_rd_atomic /
+//!   max_dest_rd_atomic (never below one in the context's log encoding)
+//!   cannot be exceeded and a fence is always satisfied; over a fabric
+//!   the send window enforces both ([`super::wire`]).
 //! * Flushes: every outstanding WQE gets its own WR_FLUSH_ERR CQE, also
 //!   unsignalled ones.
 //! * A receive WQE with a scatter entry in inline form (byte count bit 31:
@@ -154,6 +155,12 @@ pub(super) fn take_scratch(slot: &mut Option<Box<Scratch>>) -> Box<Scratch> {
 pub(super) enum Outcome {
     /// Completed (a CQE if signalled).
     Done { byte_cnt: u32 },
+    /// An RC message went onto the wire: it completes when its response
+    /// comes ([`super::wire::Window`]).
+    Sent,
+    /// Cannot start while messages are in flight (a loopback message
+    /// would complete before them): stop without advancing.
+    Blocked,
     /// Stopped until a timer fires.
     Wait(WaitKind, u64),
     /// Completed in error.
@@ -200,22 +207,26 @@ pub(super) fn watch(hca: &mut Hca, qpn: u32) {
 
 // ------------------------------------------------------------------ SQ
 
-/// Runs QP `qpn`'s send queue as far as it can go.
+/// Runs QP `qpn`'s send queue as far as it can go: first the go-back-N
+/// retransmissions of the send window, then new WQEs while the window
+/// has room ([`super::wire::may_start`]); in SQD only the former.
 pub fn process_sq(hca: &mut Hca, qpn: u32) {
     match qp_state(hca, qpn) {
         Some(QpState::Err | QpState::Sqer) => {
             flush_sq(hca, qpn);
             return;
         }
-        Some(QpState::Rts) => {}
+        Some(QpState::Rts | QpState::Sqd) => {}
         _ => return,
     }
     let Some(cnt) = hca.engine.qps.get(&qpn).map(|q| q.sq_cnt) else {
         return;
     };
     let mut wqe = [0u8; WQE_MAX];
-    for _ in 0..cnt {
-        if qp_state(hca, qpn) != Some(QpState::Rts) {
+    // Each pass retransmits or starts one WQE: at most the ring twice.
+    for _ in 0..cnt.saturating_mul(2) {
+        let state = qp_state(hca, qpn);
+        if !matches!(state, Some(QpState::Rts | QpState::Sqd)) {
             return;
         }
         let now = hca.clock.now_ns();
@@ -229,16 +240,33 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             }
             q.wait = None;
             expired_ack = w.kind == WaitKind::Ack;
-            // A retransmission reuses the message's first PSN.
-            if let Some(tx) = q.tx.take() {
-                q.sq_psn = tx.first_psn;
-            }
         }
         let exhausted = expired_ack && q.retry_left == 0;
         if expired_ack && !exhausted {
             q.retry_left -= 1;
         }
-        let idx = q.sq_ci;
+        let resend = hca.engine.windows.get(&qpn).and_then(|w| w.resend);
+        let (idx, retx) = match resend {
+            Some((idx, psn)) => match super::wire::retx_for(hca, qpn, idx, psn) {
+                Some(r) => (idx, Some(r)),
+                None => continue,
+            },
+            None => {
+                if state != Some(QpState::Rts) {
+                    return;
+                }
+                let Some(q) = hca.engine.qps.get(&qpn) else {
+                    return;
+                };
+                if q.sq_next.wrapping_sub(q.sq_ci) >= q.sq_cnt {
+                    return;
+                }
+                (q.sq_next, None)
+            }
+        };
+        let Some(q) = hca.engine.qps.get(&qpn) else {
+            return;
+        };
         let stride = 1usize << q.sq_shift;
         let Some(addr) = q.sq_wqe(idx) else { return };
         let parity = idx & q.sq_cnt != 0;
@@ -247,6 +275,16 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
         }
         let ctrl = Ctrl::decode(&wqe[..16]);
         if ctrl.owner != parity {
+            if retx.is_some() {
+                hca.violation(format!(
+                    "QP {qpn:#x} SQ WQE {idx}: owner bit handed back to software while the \
+                     message is in flight"
+                ));
+                super::wire::fail_entry(hca, qpn, idx, Syndrome::LocalQpOp);
+            }
+            return;
+        }
+        if retx.is_none() && !super::wire::may_start(hca, qpn, &ctrl) {
             return;
         }
         let size = usize::from(ctrl.ds) * 16;
@@ -276,13 +314,31 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
                     ctrl.c
                 ));
             }
-            execute(hca, qpn, idx, &ctrl, &wqe[..size])
+            execute(hca, qpn, idx, &ctrl, &wqe[..size], retx)
         };
-        if !matches!(outcome, Outcome::Stall | Outcome::Wait(..)) {
-            hca.engine.stats.executed += 1;
+        if retx.is_some() {
+            match outcome {
+                Outcome::Sent => super::wire::resent(hca, qpn, idx),
+                Outcome::Fail(s) => {
+                    super::wire::fail_entry(hca, qpn, idx, s);
+                    return;
+                }
+                Outcome::Stall => return,
+                _ => {
+                    hca.violation(format!(
+                        "QP {qpn:#x} SQ WQE {idx}: the retransmission did not go onto the wire"
+                    ));
+                    super::wire::fail_entry(hca, qpn, idx, Syndrome::LocalQpOp);
+                    return;
+                }
+            }
+            continue;
         }
+        // Completions in order: behind messages in flight, a WQE that
+        // ends at once waits in the window for its turn.
+        let queued = super::wire::busy(hca, qpn);
         match outcome {
-            Outcome::Stall => return,
+            Outcome::Stall | Outcome::Blocked => return,
             Outcome::Wait(kind, until_ns) => {
                 if let Some(q) = hca.engine.qps.get_mut(&qpn) {
                     q.wait = Some(Wait { until_ns, kind });
@@ -290,7 +346,40 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
                 watch(hca, qpn);
                 return;
             }
+            Outcome::Sent => {
+                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+                    q.sq_next = q.sq_next.wrapping_add(1);
+                }
+            }
+            Outcome::Done { byte_cnt } if queued => {
+                super::wire::queue_local(
+                    hca,
+                    qpn,
+                    idx,
+                    ctrl.opcode,
+                    ctrl.signalled(),
+                    super::wire::TxState::Done(byte_cnt),
+                );
+                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+                    q.sq_next = q.sq_next.wrapping_add(1);
+                }
+            }
+            Outcome::Fail(s) if queued => {
+                super::wire::queue_local(
+                    hca,
+                    qpn,
+                    idx,
+                    ctrl.opcode,
+                    ctrl.signalled(),
+                    super::wire::TxState::Failed(s),
+                );
+                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+                    q.sq_next = q.sq_next.wrapping_add(1);
+                }
+                return;
+            }
             Outcome::Done { byte_cnt } => {
+                hca.engine.stats.executed += 1;
                 let scq = advance(hca, qpn);
                 if ctrl.signalled() {
                     let c = Cqe {
@@ -305,6 +394,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
                 }
             }
             Outcome::Fail(s) => {
+                hca.engine.stats.executed += 1;
                 let scq = advance(hca, qpn);
                 let c = Cqe {
                     qpn,
@@ -326,7 +416,11 @@ pub(super) fn advance(hca: &mut Hca, qpn: u32) -> u32 {
     let Some(q) = hca.engine.qps.get_mut(&qpn) else {
         return 0;
     };
-    q.sq_ci = q.sq_ci.wrapping_add(1);
+    let old = q.sq_ci;
+    q.sq_ci = old.wrapping_add(1);
+    if q.sq_next == old {
+        q.sq_next = q.sq_ci;
+    }
     q.retrying = false;
     q.scq
 }
@@ -394,10 +488,17 @@ fn opcode_ok(st: u8, opcode: u8) -> bool {
     }
 }
 
-/// Executes one WQE of QP `qpn`.
-fn execute(hca: &mut Hca, qpn: u32, idx: u32, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
+/// Executes one WQE of QP `qpn` (`retx`: again, for go-back-N).
+fn execute(
+    hca: &mut Hca,
+    qpn: u32,
+    idx: u32,
+    ctrl: &Ctrl,
+    wqe: &[u8],
+    retx: Option<super::wire::Retx>,
+) -> Outcome {
     let mut sc = take_scratch(&mut hca.engine.tx_scratch);
-    let r = execute_in(hca, qpn, idx, ctrl, wqe, &mut sc);
+    let r = execute_in(hca, qpn, idx, ctrl, wqe, &mut sc, retx);
     hca.engine.tx_scratch = Some(sc);
     r
 }
@@ -409,6 +510,7 @@ fn execute_in(
     ctrl: &Ctrl,
     wqe: &[u8],
     sc: &mut Scratch,
+    retx: Option<super::wire::Retx>,
 ) -> Outcome {
     let Some(q) = hca.engine.qps.get(&qpn).cloned() else {
         return Outcome::Fail(Syndrome::LocalQpOp);
@@ -553,30 +655,33 @@ fn execute_in(
         grh,
         npkts,
     };
-    // Retry bookkeeping for this WQE.
+    // Retry bookkeeping: armed for a WQE that starts with nothing in
+    // flight (later ones share the window's counters, which progress
+    // resets).
+    let idle = !super::wire::busy(hca, qpn);
     if let Some(qm) = hca.engine.qps.get_mut(&qpn)
         && !qm.retrying
+        && idle
     {
         qm.retrying = true;
         qm.retry_left = qm.retry_cnt;
         qm.rnr_left = qm.rnr_retry;
     }
     let active = port_state(hca, port).is_some_and(|(s, _, _)| s == LogicalState::Active);
+    let attached = super::wire::attached(hca, port);
     let resp = if active && (force || is_local(hca, port, dlid)) {
+        if !idle || retx.is_some() {
+            return Outcome::Blocked;
+        }
         respond(hca, &msg, &segs[..nseg], wqe)
-    } else if active && super::wire::attached(hca, port) {
+    } else if attached && (active || q.st == st::RC || retx.is_some()) {
         let mtu_w = if q.st == st::UD { mtu.max(len) } else { mtu };
-        return super::wire::send(
-            hca,
-            &q,
-            &msg,
-            &segs[..nseg],
-            wqe,
+        let w = super::wire::WqeRef {
             idx,
-            ctrl.opcode,
-            ctrl.signalled(),
-            mtu_w,
-        );
+            opcode: ctrl.opcode,
+            signalled: ctrl.signalled(),
+        };
+        return super::wire::send(hca, &q, &msg, &segs[..nseg], wqe, w, mtu_w, retx);
     } else {
         // Off the HCA: no fabric is attached yet, the packet is lost.
         if !active && let Some(i) = hca.port_index(u32::from(port)) {
@@ -1595,6 +1700,14 @@ pub fn enter_error(hca: &mut Hca, qpn: u32, send_error: Option<Syndrome>) {
     if let Some(q) = hca.engine.qps.get_mut(&qpn) {
         q.wait = None;
         q.retrying = false;
+    }
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        // Every message in flight is flushed with the rest of the SQ.
+        w.txq.clear();
+        w.resend = None;
+        w.ack_due = None;
+        w.seq_nak = None;
+        w.drain_event = false;
     }
     flush_sq(hca, qpn);
     if qp_state(hca, qpn) == Some(QpState::Err) {

@@ -8,10 +8,11 @@
 //! # How work moves
 //!
 //! * A send doorbell (UAR + 0x14, `qpn << 8`) runs the QP's send queue: the
-//!   WQE at the engine's consumer counter is executed while its owner bit
-//!   equals the pass parity of that counter (porting map 6.3), at most one
-//!   ring's worth per doorbell. The WQE is read through the QP's MTT
-//!   translation only.
+//!   WQE at the engine's next-to-start counter is executed while its owner
+//!   bit equals the pass parity of that counter (porting map 6.3), at most
+//!   one ring's worth per doorbell. The WQE is read through the QP's MTT
+//!   translation only. An RC QP on a fabric keeps many messages in flight
+//!   ([`wire::Window`]: cumulative ACKs, go-back-N, completions in order).
 //! * A message to a QP of the same HCA (destination LID = the port's LID,
 //!   or forced loopback) is executed at once against the responder QP
 //!   ([`exec`]): RNR and transport retries wait on the model clock
@@ -91,8 +92,12 @@ pub struct QpEng {
     pub scq: u32,
     /// Receive CQ.
     pub rcq: u32,
-    /// Send WQEs consumed (free running).
+    /// Send WQEs completed (free running; the oldest WQE the hardware
+    /// still owns).
     pub sq_ci: u32,
+    /// The next send WQE to start (free running; `sq_ci..sq_next` are the
+    /// RC messages in flight, see [`wire::Window`]).
+    pub sq_next: u32,
     /// Receive WQEs consumed (16-bit counter as the doorbell record).
     pub rq_ci: u16,
     /// Next send PSN.
@@ -125,6 +130,12 @@ pub struct QpEng {
     pub rae: bool,
     /// Transport retry count.
     pub retry_cnt: u8,
+    /// log2 of the RDMA READ/atomic requests this QP may have outstanding
+    /// as a requester (max_rd_atomic; params1 bits 23:21).
+    pub sra_max: u8,
+    /// log2 of the READ/atomic responder resources (max_dest_rd_atomic;
+    /// params2 bits 23:21).
+    pub rra_max: u8,
     /// RNR retry count (7 = infinite).
     pub rnr_retry: u8,
     /// RNR timer this QP hands out as a responder.
@@ -137,9 +148,9 @@ pub struct QpEng {
     pub special: Option<bool>,
     /// SQ stopped until then.
     pub wait: Option<Wait>,
-    /// Transport retries left for the WQE at `sq_ci`.
+    /// Transport retries left (reset when a response makes progress).
     pub retry_left: u8,
-    /// RNR retries left for the WQE at `sq_ci`.
+    /// RNR retries left (reset when a response makes progress).
     pub rnr_left: u8,
     /// The WQE at `sq_ci` has been tried before (counters armed).
     pub retrying: bool,
@@ -148,13 +159,15 @@ pub struct QpEng {
     /// A send doorbell came while the SQ could not run (before RTS, SQD):
     /// the SQ runs when the QP reaches RTS.
     pub db_pending: bool,
-    /// The RC request on the wire waiting for its response.
-    pub tx: Option<wire::TxMsg>,
     /// The multi-packet message being received.
     pub rx: Option<wire::RxMsg>,
-    /// The last atomic executed as a responder: (PSN, original value), for
-    /// a duplicate request.
-    pub last_atomic: Option<(u32, u64)>,
+    /// Responder: a PSN sequence error (or RNR) NAK was sent and the
+    /// expected PSN has not come since; later requests are dropped
+    /// without another NAK (IBTA 9.7.5.2.2).
+    pub nak_sent: bool,
+    /// Responder resources: the READ and atomic requests executed last
+    /// (at most `1 << rra_max`), for duplicates.
+    pub rd_res: std::collections::VecDeque<wire::RdRes>,
 }
 
 impl QpEng {
@@ -242,6 +255,9 @@ pub struct Engine {
     pub mtt_cache: Vec<(u64, u64)>,
     /// QPs with a timer pending or in the error state (checked by `step`).
     pub watch: Vec<u32>,
+    /// The send windows of RC QPs on a fabric (kept apart from [`QpEng`],
+    /// which the receive path copies per packet).
+    pub windows: BTreeMap<u32, wire::Window>,
 }
 
 /// The special-QP role of `qpn`: `Some((port, is_qp0))`.
@@ -316,6 +332,8 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     q.rwe = params2 & 1 << 14 != 0;
     q.rae = params2 & 1 << 13 != 0;
     q.retry_cnt = ((params1 >> 16) & 7) as u8;
+    q.sra_max = ((params1 >> 21) & 7) as u8;
+    q.rra_max = ((params2 >> 21) & 7) as u8;
     q.rnr_retry = ((params1 >> 13) & 7) as u8;
     q.min_rnr_timer = ((rnr >> 24) & 0x1f) as u8;
     q.ack_timeout = get8(&b, p + 8) >> 3;
@@ -337,6 +355,7 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
 pub fn qp_modified(hca: &mut Hca, qpn: u32, op: Opcode, to: QpState) {
     if to == QpState::Rst {
         hca.engine.qps.remove(&qpn);
+        hca.engine.windows.remove(&qpn);
         hca.engine.watch.retain(|&q| q != qpn);
         return;
     }
@@ -369,6 +388,19 @@ pub fn qp_modified(hca: &mut Hca, qpn: u32, op: Opcode, to: QpState) {
             }
         }
         _ => {}
+    }
+}
+
+/// Hook: RTS2SQD asked for the SQ_DRAINED event. True if the send queue
+/// has nothing in flight (the caller posts the event now); otherwise the
+/// engines post it when the last message in flight completes.
+pub fn sq_drained_or_later(hca: &mut Hca, qpn: u32) -> bool {
+    match hca.engine.windows.get_mut(&qpn) {
+        Some(w) if !w.txq.is_empty() => {
+            w.drain_event = true;
+            false
+        }
+        _ => true,
     }
 }
 
@@ -441,11 +473,18 @@ pub fn step(hca: &mut Hca) -> bool {
             exec::process_sq(hca, qpn);
             active = true;
         }
+        let due = hca.engine.windows.get(&qpn).and_then(|w| w.ack_due);
+        if due.is_some_and(|t| t <= now) {
+            wire::ack_timeout(hca, qpn);
+            active = true;
+        }
     }
     let qps = &hca.engine.qps;
     let states = &hca.qps;
+    let windows = &hca.engine.windows;
     hca.engine.watch.retain(|q| {
         qps.get(q).is_some_and(|e| e.wait.is_some())
+            || windows.get(q).is_some_and(|w| w.ack_due.is_some())
             || states.get(q).is_some_and(|r| r.state == QpState::Err)
     });
     active
@@ -453,9 +492,10 @@ pub fn step(hca: &mut Hca) -> bool {
 
 /// Next model-clock time a timer is due, if any.
 pub fn next_due(hca: &Hca) -> Option<u64> {
-    hca.engine
-        .watch
+    let e = &hca.engine;
+    e.watch
         .iter()
-        .filter_map(|q| hca.engine.qps.get(q)?.wait.map(|w| w.until_ns))
+        .filter_map(|q| e.qps.get(q)?.wait.map(|w| w.until_ns))
+        .chain(e.watch.iter().filter_map(|q| e.windows.get(q)?.ack_due))
         .min()
 }

@@ -11,15 +11,46 @@
 //!
 //! # Decisions
 //!
-//! * One RC message per QP is on the wire at a time (stop and wait): the
-//!   send queue waits for the response (ACK, READ response, atomic ACK, or
-//!   a NAK) before it starts the next WQE. Fences and the rd_atomic limits
-//!   are therefore always met; throughput over the fabric is not the
-//!   card's.
-//! * A retransmission (ACK timeout, PSN sequence NAK) resends the whole
-//!   message from its first PSN; the responder answers duplicates as IBTA
-//!   9.7.5.1.4 says: SEND/WRITE with an ACK of the last PSN, a READ again
-//!   from memory, an atomic with the saved result.
+//! * An RC QP pipelines (IBTA 9.7): a send window ([`Window`]) holds every
+//!   message started and not yet completed, WQEs `sq_ci..sq_next`. New
+//!   WQEs start while fewer than [`WINDOW_PKTS`] PSNs are unacknowledged
+//!   (the model's stand-in for link-level flow control), fewer READs and
+//!   atomics than max_rd_atomic are outstanding (a fenced WQE: none), and
+//!   no go-back-N is under way. Completions are written in WQE order: a
+//!   WQE that ends at once (a NOP, a local error) behind messages in
+//!   flight waits in the window for its turn; a local error stops the
+//!   window from growing, and its error CQE comes when every older
+//!   message has completed. A loopback message waits until the window is
+//!   empty.
+//! * ACKs are cumulative: an ACK of PSN n completes every SEND and WRITE
+//!   up to n; a READ or atomic completes only by its own response, and a
+//!   later PSN acknowledged while it still waits is an implied NAK (its
+//!   response was lost). A READ response or atomic ACK implies the ACK of
+//!   every request before it. A response outside the PSNs in flight is
+//!   dropped.
+//! * Go-back-N: a PSN sequence NAK (once per PSN), an implied NAK and the
+//!   local ACK timeout (one timer per QP, restarted whenever a response
+//!   makes progress) retransmit from the first unacknowledged PSN: the
+//!   message it belongs to from that packet on (a READ asks for the
+//!   responses not yet received, with the address and length that
+//!   remain), then every later message in flight, each WQE read again from
+//!   the SQ (it is still the hardware's). Each such event counts against
+//!   retry_cnt; a response that makes progress resets the count (and the
+//!   RNR count). An RNR NAK stops the window for the responder's RNR timer
+//!   and resends from its PSN, counted against rnr_retry (7: for ever).
+//! * The responder checks each request's PSN against the expected one
+//!   (IBTA 9.7.5): ahead of it, one PSN sequence NAK per gap (later
+//!   requests are dropped silently until the expected PSN comes; an RNR
+//!   NAK likewise); behind it, a duplicate: a SEND or WRITE asking for an
+//!   ACK is ACKed again (the last PSN received) and delivered nowhere, a
+//!   READ is executed again from memory from its PSN on if it lies in one
+//!   of the last max_dest_rd_atomic READs/atomics the responder keeps
+//!   (its resources; the oldest goes), an atomic gets the original value
+//!   kept for it and is not executed again; a duplicate the responder has
+//!   no resource for is dropped. The responder ACKs every message that
+//!   asks (no coalescing of its own), and reads no limit from the
+//!   requester: more READs than its resources are not refused, the
+//!   oldest resource is forgotten.
 //! * The counters count what crosses the port: PortXmitData/PortRcvData in
 //!   4-byte words of LRH..ICRC (the LRH PktLen), packets, PortXmitDiscards
 //!   for a packet sent on a link that is down, PortRcvErrors for a packet
@@ -30,6 +61,8 @@ use super::cq::{self, Cqe, Syndrome};
 use super::exec::{self, Kind, Msg, Outcome, Resp};
 use super::wqe::Sge;
 use super::xlate::{self, Access, Seg};
+use std::collections::VecDeque;
+
 use super::{QpEng, Wait, WaitKind};
 use crate::ctx::{eqe, st};
 use crate::device::{Hca, QpState};
@@ -50,7 +83,7 @@ pub struct FabricLink {
     pub generation: [u64; 2],
 }
 
-/// The RC message on the wire waiting for its response.
+/// An RC message of the send window: started and not yet completed.
 #[derive(Debug, Clone)]
 pub struct TxMsg {
     /// WQE index.
@@ -61,14 +94,115 @@ pub struct TxMsg {
     pub signalled: bool,
     /// PSN of the first request packet.
     pub first_psn: u32,
-    /// PSN of the last request packet (for a READ: of the last response).
-    pub last_psn: u32,
+    /// PSNs the message uses: its request packets (a READ: its response
+    /// packets); 0 for a WQE that completed without the wire (a NOP, a
+    /// local error) and waits for its turn to complete.
+    pub npkts: u32,
     /// Message length.
     pub len: u64,
     /// Local segments the response lands in (READ, atomics).
     pub segs: Vec<Seg>,
     /// READ response bytes received so far.
     pub read_off: u64,
+    /// Where it stands.
+    pub state: TxState,
+}
+
+/// Where a message of the send window stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxState {
+    /// On the wire, waiting for its response.
+    Wire,
+    /// Done (this byte count); completes when every older one has.
+    Done(u32),
+    /// Failed; completes in error when every older one has completed.
+    Failed(Syndrome),
+}
+
+impl TxMsg {
+    /// The last PSN the message uses.
+    pub fn last_psn(&self) -> u32 {
+        self.first_psn.wrapping_add(self.npkts.max(1) - 1) & PSN_MASK
+    }
+    /// An RDMA READ or atomic (answered by its own response, limited by
+    /// max_rd_atomic).
+    pub fn rd_atomic(&self) -> bool {
+        matches!(
+            self.opcode,
+            super::wqe::op::RDMA_READ | super::wqe::op::ATOMIC_CS | super::wqe::op::ATOMIC_FA
+        )
+    }
+    /// `psn` is one of the message's.
+    pub fn contains(&self, psn: u32) -> bool {
+        self.npkts > 0 && psn_diff(psn, self.first_psn) < self.npkts
+    }
+    /// Where a retransmission of the message starts: a READ at its first
+    /// response not yet received, anything else at its first PSN.
+    fn resume_psn(&self, mtu: u64) -> u32 {
+        let k = if self.opcode == super::wqe::op::RDMA_READ {
+            (self.read_off / mtu.max(1)) as u32
+        } else {
+            0
+        };
+        self.first_psn.wrapping_add(k) & PSN_MASK
+    }
+}
+
+/// The send window of an RC QP on a fabric: the messages started and not
+/// yet completed, oldest first (WQEs `sq_ci..sq_next`), the go-back-N
+/// cursor and the local ACK timer.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// The messages in flight, oldest first.
+    pub txq: VecDeque<TxMsg>,
+    /// Go-back-N under way: the WQE and the PSN to retransmit next.
+    pub resend: Option<(u32, u32)>,
+    /// The local ACK timer (model-clock nanoseconds), while a message is
+    /// on the wire and the timeout is not infinite.
+    pub ack_due: Option<u64>,
+    /// The PSN of the last sequence NAK acted on (a second one for the
+    /// same PSN starts no second retransmission).
+    pub seq_nak: Option<u32>,
+    /// RTS2SQD asked for SQ_DRAINED while messages were in flight: posted
+    /// when the last one completes.
+    pub drain_event: bool,
+}
+
+impl Window {
+    fn on_wire(&self) -> bool {
+        self.txq.iter().any(|e| e.state == TxState::Wire)
+    }
+}
+
+/// A responder resource: a READ or atomic this QP executed, kept so that
+/// a duplicate is answered without executing it again (an atomic) or
+/// from the same memory (a READ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdRes {
+    /// First PSN of the request.
+    pub psn: u32,
+    /// PSNs it uses (the READ's response packets; 1 for an atomic).
+    pub npkts: u32,
+    /// Remote address.
+    pub va: u64,
+    /// Length.
+    pub len: u64,
+    /// An atomic's original value.
+    pub atomic: Option<u64>,
+}
+
+/// Most PSNs one QP keeps unacknowledged before it stops starting new
+/// messages: the model's stand-in for link-level flow control, which it
+/// does not model (a burst of several QPs cannot overflow a port's
+/// inbound queue, `crate::fabric::MAX_INBOUND`). A message longer than
+/// this starts when nothing else is in flight.
+pub const WINDOW_PKTS: u32 = 256;
+
+const PSN_MASK: u32 = 0xff_ffff;
+
+/// `a - b` in the 24-bit PSN space.
+fn psn_diff(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & PSN_MASK
 }
 
 /// A multi-packet message being received.
@@ -339,7 +473,7 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
             if responder_op {
                 request(hca, port, &q, &h, payload);
             } else if is_rc {
-                response(hca, &q, &h, payload);
+                response(hca, dqp, &h, payload);
             }
         }
         _ => {}
@@ -384,7 +518,34 @@ fn msg_from(h: &Headers, st_: u8, src_qpn: u32, dst_qpn: u32, port: u8, len: u64
 
 // ------------------------------------------------------------------ requester
 
-/// The requester's packets for one message of QP `q`.
+/// The WQE a message comes from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WqeRef {
+    pub(super) idx: u32,
+    pub(super) opcode: u8,
+    pub(super) signalled: bool,
+}
+
+/// A retransmission (go-back-N): packet `from` on of the message whose
+/// first PSN is `first_psn` and which uses `npkts` PSNs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retx {
+    pub(super) first_psn: u32,
+    pub(super) npkts: u32,
+    pub(super) from: u32,
+}
+
+/// Counts a packet the port could not send (not Active).
+fn discard(hca: &mut Hca, port: u8) {
+    if let Some(i) = hca.port_index(u32::from(port)) {
+        let c = &mut hca.ports[i].counters;
+        c.xmit_discards = c.xmit_discards.saturating_add(1);
+    }
+}
+
+/// The requester's packets for one message of QP `q` (`retx`: again, from
+/// a packet on). An RC message joins the send window ([`Outcome::Sent`]);
+/// UD and UC complete at once.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn send(
     hca: &mut Hca,
@@ -392,13 +553,18 @@ pub(super) fn send(
     m: &Msg,
     segs: &[Seg],
     inline: &[u8],
-    idx: u32,
-    opcode_: u8,
-    signalled: bool,
+    w: WqeRef,
     mtu: u64,
+    retx: Option<Retx>,
 ) -> Outcome {
     let port = m.port;
-    let psn0 = hca.engine.qps.get(&q.qpn).map_or(0, |x| x.sq_psn);
+    // A port that is not Active sends nothing: the packets are discarded
+    // there (and an RC message waits for its ACK timeout like a lost one).
+    let up = exec::port_state(hca, port).is_some_and(|(s, _, _)| s == LogicalState::Active);
+    let psn0 = match retx {
+        Some(r) => r.first_psn,
+        None => hca.engine.qps.get(&q.qpn).map_or(0, |x| x.sq_psn),
+    };
     let base = Headers {
         lrh: Lrh {
             vl: 0,
@@ -435,7 +601,11 @@ pub(super) fn send(
         // The AV's GRH goes on the wire (LNH = IBA global); the build
         // recomputes its PayLen.
         hd.grh = m.grh.and_then(|g| packet::Grh::parse(&g).ok());
-        send_packet(hca, port, &hd, &payload);
+        if up {
+            send_packet(hca, port, &hd, &payload);
+        } else {
+            discard(hca, port);
+        }
         bump_psn(hca, q.qpn, 1);
         return Outcome::Done {
             byte_cnt: m.len as u32,
@@ -446,12 +616,24 @@ pub(super) fn send(
     } else {
         opcode::UC
     };
-    let npkts;
+    let npkts = match m.kind {
+        Kind::CmpSwap | Kind::FetchAdd => 1,
+        _ => m.len.div_ceil(mtu).max(1) as u32,
+    };
+    let from = retx.map_or(0, |r| r.from);
+    if let Some(r) = retx
+        && (r.npkts != npkts || from >= npkts)
+    {
+        hca.violation(format!(
+            "QP {:#x} SQ WQE {}: changed while in flight ({} packets when sent, {npkts} now)",
+            q.qpn, w.idx, r.npkts
+        ));
+        return Outcome::Fail(Syndrome::LocalQpOp);
+    }
     match m.kind {
         Kind::Send | Kind::Write => {
-            npkts = m.len.div_ceil(mtu).max(1) as u32;
             let send = m.kind == Kind::Send;
-            for k in 0..npkts {
+            for k in from..npkts {
                 let off = u64::from(k) * mtu;
                 let n = (m.len - off.min(m.len)).min(mtu) as usize;
                 let (first, last) = (k == 0, k + 1 == npkts);
@@ -469,9 +651,13 @@ pub(super) fn send(
                     (false, false, true, false) => opcode::RDMA_WRITE_LAST,
                     (false, false, true, true) => opcode::RDMA_WRITE_LAST_IMM,
                 };
+                if !up {
+                    discard(hca, port);
+                    continue;
+                }
                 let mut hd = base;
                 hd.bth.opcode = t | o;
-                hd.bth.psn = (psn0 + k) & 0xff_ffff;
+                hd.bth.psn = psn0.wrapping_add(k) & PSN_MASK;
                 hd.bth.ack_req = last && q.st == st::RC;
                 hd.bth.se = last && m.se;
                 if last {
@@ -499,20 +685,26 @@ pub(super) fn send(
             }
         }
         Kind::Read => {
-            npkts = m.len.div_ceil(mtu).max(1) as u32;
+            // A retransmission asks for the responses not yet received
+            // (IBTA 9.7: the READ restarts at their first PSN with
+            // the address and length that remain).
+            let off = (u64::from(from) * mtu).min(m.len);
             let mut hd = base;
             hd.bth.opcode = t | opcode::RDMA_READ_REQUEST;
-            hd.bth.psn = psn0;
+            hd.bth.psn = psn0.wrapping_add(from) & PSN_MASK;
             hd.bth.ack_req = true;
             hd.reth = Some(Reth {
-                va: m.raddr,
+                va: m.raddr.wrapping_add(off),
                 rkey: m.rkey,
-                dma_len: m.len as u32,
+                dma_len: (m.len - off) as u32,
             });
-            send_packet(hca, port, &hd, &[]);
+            if up {
+                send_packet(hca, port, &hd, &[]);
+            } else {
+                discard(hca, port);
+            }
         }
         Kind::CmpSwap | Kind::FetchAdd => {
-            npkts = 1;
             let mut hd = base;
             hd.bth.opcode = t | if m.kind == Kind::CmpSwap {
                 opcode::COMPARE_SWAP
@@ -527,163 +719,533 @@ pub(super) fn send(
                 swap_add: m.swap,
                 compare: m.cmp,
             });
-            send_packet(hca, port, &hd, &[]);
+            if up {
+                send_packet(hca, port, &hd, &[]);
+            } else {
+                discard(hca, port);
+            }
         }
     }
-    bump_psn(hca, q.qpn, npkts);
+    if retx.is_none() {
+        bump_psn(hca, q.qpn, npkts);
+    } else if let Some(x) = hca.engine.qps.get_mut(&q.qpn) {
+        x.pkts_sent += u64::from(npkts - from);
+    }
     if q.st != st::RC {
         return Outcome::Done {
             byte_cnt: m.len as u32,
         };
     }
-    let tx = TxMsg {
-        idx,
-        opcode: opcode_,
-        signalled,
-        first_psn: psn0,
-        last_psn: (psn0 + npkts - 1) & 0xff_ffff,
-        len: m.len,
-        segs: if matches!(m.kind, Kind::Read | Kind::CmpSwap | Kind::FetchAdd) {
-            segs.to_vec()
-        } else {
-            Vec::new()
-        },
-        read_off: 0,
-    };
-    if let Some(qm) = hca.engine.qps.get_mut(&q.qpn) {
-        qm.tx = Some(tx);
-    }
     let now = hca.clock.now_ns();
-    exec::ack_wait(q, now)
+    let win = hca.engine.windows.entry(q.qpn).or_default();
+    match retx {
+        None => win.txq.push_back(TxMsg {
+            idx: w.idx,
+            opcode: w.opcode,
+            signalled: w.signalled,
+            first_psn: psn0,
+            npkts,
+            len: m.len,
+            segs: if matches!(m.kind, Kind::Read | Kind::CmpSwap | Kind::FetchAdd) {
+                segs.to_vec()
+            } else {
+                Vec::new()
+            },
+            read_off: 0,
+            state: TxState::Wire,
+        }),
+        Some(_) => {
+            if let Some(e) = win.txq.iter_mut().find(|e| e.idx == w.idx)
+                && m.kind == Kind::Read
+            {
+                e.read_off = u64::from(from) * mtu;
+            }
+        }
+    }
+    if win.ack_due.is_none() {
+        win.ack_due = exec::ack_ns(q.ack_timeout).map(|t| now.saturating_add(t));
+    }
+    exec::watch(hca, q.qpn);
+    Outcome::Sent
 }
 
 fn bump_psn(hca: &mut Hca, qpn: u32, n: u32) {
     if let Some(q) = hca.engine.qps.get_mut(&qpn) {
-        q.sq_psn = (q.sq_psn + n) & 0xff_ffff;
+        q.sq_psn = (q.sq_psn + n) & PSN_MASK;
         q.pkts_sent += u64::from(n);
     }
 }
 
-/// A response for the RC message QP `q` has on the wire.
-fn response(hca: &mut Hca, q: &QpEng, h: &Headers, payload: &[u8]) {
-    let Some(tx) = q.tx.clone() else {
+/// The window has room for a new WQE with control segment `ctrl` on QP
+/// `qpn`: nothing failed before it, no go-back-N under way, fewer than
+/// [`WINDOW_PKTS`] PSNs unacknowledged; a READ or atomic only below
+/// max_rd_atomic (the requester never exceeds the limit it
+/// negotiated), and a fenced WQE only when no READ or atomic is
+/// outstanding (the fence indicator, IBTA ch. 10).
+pub(super) fn may_start(hca: &Hca, qpn: u32, ctrl: &super::wqe::Ctrl) -> bool {
+    let Some(w) = hca.engine.windows.get(&qpn) else {
+        return true;
+    };
+    let Some(head) = w.txq.iter().find(|e| e.npkts > 0) else {
+        return w.txq.iter().all(|e| !matches!(e.state, TxState::Failed(_)));
+    };
+    let Some(q) = hca.engine.qps.get(&qpn) else {
+        return false;
+    };
+    if w.resend.is_some()
+        || w.txq
+            .back()
+            .is_some_and(|e| matches!(e.state, TxState::Failed(_)))
+        || psn_diff(q.sq_psn, head.first_psn) >= WINDOW_PKTS
+    {
+        return false;
+    }
+    let rd = matches!(
+        ctrl.opcode,
+        super::wqe::op::RDMA_READ | super::wqe::op::ATOMIC_CS | super::wqe::op::ATOMIC_FA
+    );
+    if rd || ctrl.fence {
+        let out = w
+            .txq
+            .iter()
+            .filter(|e| e.rd_atomic() && e.state == TxState::Wire)
+            .count();
+        if (ctrl.fence && out > 0) || (rd && out >= 1usize << q.sra_max) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The window of `qpn` holds messages (a new WQE's completion must wait
+/// for theirs).
+pub(super) fn busy(hca: &Hca, qpn: u32) -> bool {
+    hca.engine
+        .windows
+        .get(&qpn)
+        .is_some_and(|w| !w.txq.is_empty())
+}
+
+/// A WQE that completed without the wire while older messages are in
+/// flight: it waits in the window for its turn.
+pub(super) fn queue_local(
+    hca: &mut Hca,
+    qpn: u32,
+    idx: u32,
+    ctrl_opcode: u8,
+    signalled: bool,
+    state: TxState,
+) {
+    let psn = hca.engine.qps.get(&qpn).map_or(0, |q| q.sq_psn);
+    hca.engine
+        .windows
+        .entry(qpn)
+        .or_default()
+        .txq
+        .push_back(TxMsg {
+            idx,
+            opcode: ctrl_opcode,
+            signalled,
+            first_psn: psn,
+            npkts: 0,
+            len: 0,
+            segs: Vec::new(),
+            read_off: 0,
+            state,
+        });
+}
+
+/// The retransmission of WQE `idx` from `psn`, if that WQE is still in
+/// flight (else the go-back-N cursor moves on or ends).
+pub(super) fn retx_for(hca: &mut Hca, qpn: u32, idx: u32, psn: u32) -> Option<Retx> {
+    let w = hca.engine.windows.get_mut(&qpn)?;
+    let r = w
+        .txq
+        .iter()
+        .find(|e| e.idx == idx && e.state == TxState::Wire)
+        .map(|e| Retx {
+            first_psn: e.first_psn,
+            npkts: e.npkts,
+            from: psn_diff(psn, e.first_psn).min(e.npkts.saturating_sub(1)),
+        });
+    if r.is_none() {
+        w.resend = next_after(w, idx);
+    }
+    r
+}
+
+/// The go-back-N cursor after WQE `idx`: the next message on the wire.
+fn next_after(w: &Window, idx: u32) -> Option<(u32, u32)> {
+    let pos = w.txq.iter().position(|e| e.idx == idx)?;
+    w.txq
+        .iter()
+        .skip(pos + 1)
+        .find(|e| e.state == TxState::Wire && e.npkts > 0)
+        .map(|e| (e.idx, e.first_psn))
+}
+
+/// WQE `idx` went out again: the cursor moves to the next message.
+pub(super) fn resent(hca: &mut Hca, qpn: u32, idx: u32) {
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        w.resend = next_after(w, idx);
+    }
+}
+
+/// The message of WQE `idx` failed (`s`): it completes in error when its
+/// turn comes, and nothing after it goes out again.
+pub(super) fn fail_entry(hca: &mut Hca, qpn: u32, idx: u32, s: Syndrome) {
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        w.resend = None;
+        if let Some(e) = w.txq.iter_mut().find(|e| e.idx == idx) {
+            e.state = TxState::Failed(s);
+        }
+    }
+    retire(hca, qpn);
+}
+
+/// The local ACK timer of `qpn` expired: a retransmission from the oldest
+/// unacknowledged PSN (counted against retry_cnt), or, with no retries
+/// left, "transport retry counter exceeded" for that message.
+pub fn ack_timeout(hca: &mut Hca, qpn: u32) {
+    let Some(mtu) = hca.engine.qps.get(&qpn).map(|q| q.mtu_bytes()) else {
+        return;
+    };
+    let Some(w) = hca.engine.windows.get_mut(&qpn) else {
+        return;
+    };
+    w.ack_due = None;
+    let Some(head) = w.txq.iter().find(|e| e.state == TxState::Wire) else {
+        return;
+    };
+    let (idx, psn) = (head.idx, head.resume_psn(mtu));
+    go_back(hca, qpn, idx, psn);
+    exec::process_sq(hca, qpn);
+}
+
+/// A retransmission event (timeout, sequence NAK, implied NAK): counted
+/// against the retry counter (IBTA 9.7.5: reset whenever a response
+/// makes progress); with none left, the message of WQE `idx` fails with
+/// "transport retry counter exceeded".
+fn go_back(hca: &mut Hca, qpn: u32, idx: u32, psn: u32) {
+    let Some(q) = hca.engine.qps.get_mut(&qpn) else {
+        return;
+    };
+    if q.retry_left == 0 {
+        fail_entry(hca, qpn, idx, Syndrome::RetryExceeded);
+        return;
+    }
+    q.retry_left -= 1;
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        w.resend = Some((idx, psn));
+        w.ack_due = None;
+    }
+}
+
+/// Completes the finished messages at the head of `qpn`'s window, in
+/// order: a CQE for each done one that is signalled, and for a failed one
+/// its error CQE and the error state (which flushes the rest).
+pub(super) fn retire(hca: &mut Hca, qpn: u32) {
+    loop {
+        let Some(w) = hca.engine.windows.get_mut(&qpn) else {
+            return;
+        };
+        let r = match w.txq.front().map(|e| e.state) {
+            Some(TxState::Done(b)) => Ok(b),
+            Some(TxState::Failed(s)) => Err(s),
+            _ => return,
+        };
+        let Some(e) = w.txq.pop_front() else { return };
+        let drained = w.txq.is_empty() && core::mem::take(&mut w.drain_event);
+        if w.txq.is_empty() {
+            w.resend = None;
+            w.ack_due = None;
+            w.seq_nak = None;
+        }
+        complete(hca, qpn, &e, r);
+        if r.is_err() {
+            return;
+        }
+        if drained && exec::qp_state(hca, qpn) == Some(QpState::Sqd) {
+            hca.post_async(crate::ctx::Event::Qp {
+                kind: eqe::SQ_DRAINED,
+                qpn,
+            });
+        }
+    }
+}
+
+/// Messages whose last PSN is before `psn` (`inclusive`: at or before)
+/// are acknowledged: a SEND or WRITE is done; a READ or atomic still
+/// waiting for its response means that response was lost (IBTA 9.7.5,
+/// an implied NAK): its WQE and resume PSN come back. Says whether
+/// anything was acknowledged; progress resets the retry counters.
+fn ack_upto(
+    hca: &mut Hca,
+    qpn: u32,
+    psn: u32,
+    inclusive: bool,
+    oldest: u32,
+    mtu: u64,
+) -> (bool, Option<(u32, u32)>) {
+    let Some(w) = hca.engine.windows.get_mut(&qpn) else {
+        return (false, None);
+    };
+    let at = psn_diff(psn, oldest);
+    let mut progress = false;
+    let mut implied = None;
+    for e in w.txq.iter_mut() {
+        if e.npkts == 0 || e.state != TxState::Wire {
+            continue;
+        }
+        let last = psn_diff(e.last_psn(), oldest);
+        if !(last < at || (inclusive && last == at)) {
+            break;
+        }
+        if e.rd_atomic() {
+            implied = Some((e.idx, e.resume_psn(mtu)));
+            break;
+        }
+        e.state = TxState::Done(e.len as u32);
+        progress = true;
+    }
+    if progress {
+        made_progress(hca, qpn);
+    }
+    (progress, implied)
+}
+
+/// A response made progress: the retry counters start again (IBTA
+/// 9.7.5.1), and so does a sequence NAK's guard.
+fn made_progress(hca: &mut Hca, qpn: u32) {
+    if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+        q.retry_left = q.retry_cnt;
+        q.rnr_left = q.rnr_retry;
+    }
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        w.seq_nak = None;
+    }
+}
+
+/// The message of the window in state Wire that PSN `psn` belongs to.
+fn entry_at(hca: &mut Hca, qpn: u32, psn: u32) -> Option<&mut TxMsg> {
+    hca.engine
+        .windows
+        .get_mut(&qpn)?
+        .txq
+        .iter_mut()
+        .find(|e| e.state == TxState::Wire && e.contains(psn))
+}
+
+/// A response for RC QP `qpn` (the requester).
+fn response(hca: &mut Hca, qpn: u32, h: &Headers, payload: &[u8]) {
+    let Some(q) = hca.engine.qps.get(&qpn) else {
+        return;
+    };
+    let (mtu, next) = (q.mtu_bytes(), q.sq_psn);
+    let Some(oldest) = hca
+        .engine
+        .windows
+        .get(&qpn)
+        .and_then(|w| w.txq.iter().find(|e| e.npkts > 0))
+        .map(|e| e.first_psn)
+    else {
         return; // nothing outstanding: a late duplicate
     };
     let psn = h.bth.psn;
+    // A response can only be for a PSN sent and not yet acknowledged;
+    // anything else is a stale duplicate (or a forgery) and is dropped.
+    if psn_diff(psn, oldest) >= psn_diff(next, oldest) {
+        return;
+    }
     let op = h.bth.opcode & 0x1f;
-    let qpn = q.qpn;
+    let mut progress = false;
+    let mut implied = None;
     match op {
         opcode::ACKNOWLEDGE => {
             let Some(a) = h.aeth else { return };
-            match aeth::kind(a.syndrome) {
-                0 if psn_ge(psn, tx.last_psn) && tx.segs.is_empty() => {
-                    complete(hca, qpn, &tx, Ok(tx.len as u32));
+            let kind = aeth::kind(a.syndrome);
+            (progress, implied) = ack_upto(hca, qpn, psn, kind == 0, oldest, mtu);
+            if implied.is_none() {
+                match kind {
+                    1 => rnr_nak(hca, qpn, psn, a.syndrome),
+                    3 => nak(hca, qpn, psn, a.syndrome),
+                    _ => {}
                 }
-                1 => {
-                    let now = hca.clock.now_ns();
-                    let Some(qm) = hca.engine.qps.get_mut(&qpn) else {
-                        return;
-                    };
-                    if qm.rnr_retry != 7 {
-                        if qm.rnr_left == 0 {
-                            complete(hca, qpn, &tx, Err(Syndrome::RnrRetryExceeded));
-                            return;
-                        }
-                        qm.rnr_left -= 1;
-                    }
-                    qm.wait = Some(Wait {
-                        until_ns: now.saturating_add(exec::rnr_ns(a.syndrome & 0x1f)),
-                        kind: WaitKind::Rnr,
-                    });
-                    // The retransmission starts again at the first PSN.
-                    qm.sq_psn = tx.first_psn;
-                    qm.tx = None;
-                }
-                3 => match a.syndrome {
-                    aeth::NAK_PSN_SEQ_ERROR => {
-                        // Resend at once (counted as a retry when it fires).
-                        let now = hca.clock.now_ns();
-                        if let Some(qm) = hca.engine.qps.get_mut(&qpn) {
-                            qm.wait = Some(Wait {
-                                until_ns: now,
-                                kind: WaitKind::Ack,
-                            });
-                        }
-                    }
-                    aeth::NAK_INVALID_REQUEST => {
-                        complete(hca, qpn, &tx, Err(Syndrome::RemoteInvalidReq))
-                    }
-                    aeth::NAK_REMOTE_ACCESS => complete(hca, qpn, &tx, Err(Syndrome::RemoteAccess)),
-                    aeth::NAK_REMOTE_OP => complete(hca, qpn, &tx, Err(Syndrome::RemoteOp)),
-                    _ => complete(hca, qpn, &tx, Err(Syndrome::BadResp)),
-                },
-                _ => {}
             }
         }
         opcode::RDMA_READ_RESPONSE_FIRST
         | opcode::RDMA_READ_RESPONSE_MIDDLE
         | opcode::RDMA_READ_RESPONSE_LAST
-        | opcode::RDMA_READ_RESPONSE_ONLY => {
-            if tx.opcode != super::wqe::op::RDMA_READ {
-                complete(hca, qpn, &tx, Err(Syndrome::BadResp));
+        | opcode::RDMA_READ_RESPONSE_ONLY
+        | opcode::ATOMIC_ACKNOWLEDGE => {
+            // A response implies the ACK of every request before it.
+            let Some(first) = entry_at(hca, qpn, psn).map(|e| e.first_psn) else {
                 return;
-            }
-            let k = psn.wrapping_sub(tx.first_psn) & 0xff_ffff;
-            let mtu = q.mtu_bytes();
-            if u64::from(k) * mtu != tx.read_off {
-                return; // out of order: the timer resends the request
-            }
-            if tx.read_off + payload.len() as u64 > tx.len {
-                complete(hca, qpn, &tx, Err(Syndrome::BadResp));
-                return;
-            }
-            if xlate::scatter(hca, &tx.segs, tx.read_off, payload).is_err() {
-                complete(hca, qpn, &tx, Err(Syndrome::LocalProt));
-                return;
-            }
-            let read_off = tx.read_off + payload.len() as u64;
-            if let Some(qm) = hca.engine.qps.get_mut(&qpn)
-                && let Some(t) = qm.tx.as_mut()
-            {
-                t.read_off = read_off;
-            }
-            if matches!(
-                op,
-                opcode::RDMA_READ_RESPONSE_LAST | opcode::RDMA_READ_RESPONSE_ONLY
-            ) {
-                if read_off != tx.len {
-                    complete(hca, qpn, &tx, Err(Syndrome::BadResp));
+            };
+            (progress, implied) = ack_upto(hca, qpn, first, false, oldest, mtu);
+            if implied.is_none() {
+                progress |= if op == opcode::ATOMIC_ACKNOWLEDGE {
+                    atomic_ack(hca, qpn, psn, h)
                 } else {
-                    complete(hca, qpn, &tx, Ok(tx.len as u32));
-                }
+                    read_resp(hca, qpn, psn, op, payload, mtu)
+                };
             }
-        }
-        opcode::ATOMIC_ACKNOWLEDGE => {
-            let Some(orig) = h.atomic_ack else { return };
-            if !matches!(
-                tx.opcode,
-                super::wqe::op::ATOMIC_CS | super::wqe::op::ATOMIC_FA
-            ) {
-                complete(hca, qpn, &tx, Err(Syndrome::BadResp));
-                return;
-            }
-            if xlate::scatter(hca, &tx.segs, 0, &orig.to_be_bytes()).is_err() {
-                complete(hca, qpn, &tx, Err(Syndrome::LocalProt));
-                return;
-            }
-            complete(hca, qpn, &tx, Ok(8));
         }
         _ => {}
     }
+    if let Some((idx, p)) = implied {
+        go_back(hca, qpn, idx, p);
+    }
+    if progress {
+        let now = hca.clock.now_ns();
+        let t = hca
+            .engine
+            .qps
+            .get(&qpn)
+            .and_then(|q| exec::ack_ns(q.ack_timeout));
+        if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+            w.ack_due = match t {
+                Some(t) if w.on_wire() && w.resend.is_none() => Some(now.saturating_add(t)),
+                _ => None,
+            };
+        }
+    }
+    retire(hca, qpn);
+    exec::process_sq(hca, qpn);
 }
 
-/// Completes the RC message on the wire and lets the SQ go on.
-fn complete(hca: &mut Hca, qpn: u32, tx: &TxMsg, r: Result<u32, Syndrome>) {
-    if let Some(qm) = hca.engine.qps.get_mut(&qpn) {
-        qm.tx = None;
-        qm.wait = None;
+/// An RNR NAK for PSN `psn`: the requester waits the responder's RNR timer
+/// and then resends from that PSN (counted against rnr_retry; 7 retries
+/// for ever).
+fn rnr_nak(hca: &mut Hca, qpn: u32, psn: u32, syndrome: u8) {
+    let Some(idx) = entry_at(hca, qpn, psn).map(|e| e.idx) else {
+        return;
+    };
+    let now = hca.clock.now_ns();
+    let Some(q) = hca.engine.qps.get_mut(&qpn) else {
+        return;
+    };
+    if q.rnr_retry != 7 {
+        if q.rnr_left == 0 {
+            fail_entry(hca, qpn, idx, Syndrome::RnrRetryExceeded);
+            return;
+        }
+        q.rnr_left -= 1;
     }
+    q.wait = Some(Wait {
+        until_ns: now.saturating_add(exec::rnr_ns(syndrome & 0x1f)),
+        kind: WaitKind::Rnr,
+    });
+    if let Some(w) = hca.engine.windows.get_mut(&qpn) {
+        w.resend = Some((idx, psn));
+        w.ack_due = None;
+    }
+    exec::watch(hca, qpn);
+}
+
+/// A NAK for PSN `psn`: a sequence error goes back to that PSN (once per
+/// PSN); any other NAK completes its message in error.
+fn nak(hca: &mut Hca, qpn: u32, psn: u32, syndrome: u8) {
+    let Some(idx) = entry_at(hca, qpn, psn).map(|e| e.idx) else {
+        return;
+    };
+    let s = match syndrome {
+        aeth::NAK_PSN_SEQ_ERROR => {
+            let Some(w) = hca.engine.windows.get_mut(&qpn) else {
+                return;
+            };
+            if w.seq_nak == Some(psn) {
+                return;
+            }
+            w.seq_nak = Some(psn);
+            go_back(hca, qpn, idx, psn);
+            return;
+        }
+        aeth::NAK_INVALID_REQUEST => Syndrome::RemoteInvalidReq,
+        aeth::NAK_REMOTE_ACCESS => Syndrome::RemoteAccess,
+        aeth::NAK_REMOTE_OP => Syndrome::RemoteOp,
+        _ => Syndrome::BadResp,
+    };
+    fail_entry(hca, qpn, idx, s);
+}
+
+/// A READ response packet; true if it made progress.
+fn read_resp(hca: &mut Hca, qpn: u32, psn: u32, op: u8, payload: &[u8], mtu: u64) -> bool {
+    let Some(e) = entry_at(hca, qpn, psn) else {
+        return false;
+    };
+    if e.opcode != super::wqe::op::RDMA_READ {
+        e.state = TxState::Failed(Syndrome::BadResp);
+        return false;
+    }
+    let k = psn_diff(psn, e.first_psn);
+    if u64::from(k) * mtu != e.read_off {
+        return false; // out of order: a response was lost, the timer resends
+    }
+    if e.read_off + payload.len() as u64 > e.len {
+        e.state = TxState::Failed(Syndrome::BadResp);
+        return false;
+    }
+    let (read_off, segs) = (e.read_off, core::mem::take(&mut e.segs));
+    let ok = xlate::scatter(hca, &segs, read_off, payload).is_ok();
+    let Some(e) = entry_at(hca, qpn, psn) else {
+        return false;
+    };
+    e.segs = segs;
+    if !ok {
+        e.state = TxState::Failed(Syndrome::LocalProt);
+        return false;
+    }
+    e.read_off += payload.len() as u64;
+    if matches!(
+        op,
+        opcode::RDMA_READ_RESPONSE_LAST | opcode::RDMA_READ_RESPONSE_ONLY
+    ) {
+        e.state = if e.read_off == e.len {
+            TxState::Done(e.len as u32)
+        } else {
+            TxState::Failed(Syndrome::BadResp)
+        };
+    }
+    made_progress(hca, qpn);
+    true
+}
+
+/// An atomic ACKNOWLEDGE; true if it made progress.
+fn atomic_ack(hca: &mut Hca, qpn: u32, psn: u32, h: &Headers) -> bool {
+    let Some(orig) = h.atomic_ack else {
+        return false;
+    };
+    let Some(e) = entry_at(hca, qpn, psn) else {
+        return false;
+    };
+    if !matches!(
+        e.opcode,
+        super::wqe::op::ATOMIC_CS | super::wqe::op::ATOMIC_FA
+    ) {
+        e.state = TxState::Failed(Syndrome::BadResp);
+        return false;
+    }
+    let segs = core::mem::take(&mut e.segs);
+    let ok = xlate::scatter(hca, &segs, 0, &orig.to_be_bytes()).is_ok();
+    let Some(e) = entry_at(hca, qpn, psn) else {
+        return false;
+    };
+    e.segs = segs;
+    e.state = if ok {
+        TxState::Done(8)
+    } else {
+        TxState::Failed(Syndrome::LocalProt)
+    };
+    made_progress(hca, qpn);
+    true
+}
+
+/// Completes the oldest message of the window (a CQE if signalled or in
+/// error; an error moves the QP to ERR, which flushes the rest).
+fn complete(hca: &mut Hca, qpn: u32, tx: &TxMsg, r: Result<u32, Syndrome>) {
     let scq = exec::advance(hca, qpn);
+    hca.engine.stats.executed += 1;
     match r {
         Ok(byte_cnt) => {
             if tx.signalled {
@@ -697,11 +1259,8 @@ fn complete(hca: &mut Hca, qpn: u32, tx: &TxMsg, r: Result<u32, Syndrome>) {
                 };
                 cq::push(hca, scq, &c);
             }
-            hca.engine.stats.executed += 1;
-            exec::process_sq(hca, qpn);
         }
         Err(s) => {
-            hca.engine.stats.executed += 1;
             let c = Cqe {
                 qpn,
                 send: true,
@@ -801,6 +1360,93 @@ fn nak_code(s: Syndrome) -> u8 {
     }
 }
 
+/// An RNR NAK for `psn`: the request is not taken, and later ones are
+/// dropped without another NAK until it comes again (as after a
+/// sequence NAK: one NAK outstanding at a time).
+fn rnr(hca: &mut Hca, d: &QpEng, req: &Headers, psn: u32, timer: u8) {
+    if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
+        qm.nak_sent = true;
+    }
+    ack(hca, d, req, psn, aeth::rnr_nak(timer));
+}
+
+/// Keeps a READ/atomic responder resource (at most max_dest_rd_atomic:
+/// the oldest goes).
+fn keep_resource(hca: &mut Hca, qpn: u32, r: RdRes) {
+    if let Some(qm) = hca.engine.qps.get_mut(&qpn) {
+        let cap = 1usize << qm.rra_max.min(7);
+        while qm.rd_res.len() >= cap {
+            qm.rd_res.pop_front();
+        }
+        qm.rd_res.push_back(r);
+    }
+}
+
+/// A duplicate request (PSN before the expected one, IBTA 9.7.5):
+/// nothing is delivered again. A SEND or WRITE asking for an ACK gets the
+/// ACK of the last PSN received; a READ is answered again from memory,
+/// from its PSN on, if it lies within a READ this QP still keeps as a
+/// responder resource; an atomic gets the result kept for it. A duplicate
+/// READ or atomic the QP has no resource for is dropped.
+fn duplicate(hca: &mut Hca, d: &QpEng, h: &Headers, op: u8, psn: u32, exp: u32, mtu: u64) {
+    match op {
+        opcode::RDMA_READ_REQUEST => {
+            let Some(r) = h.reth else { return };
+            let Some(res) = d
+                .rd_res
+                .iter()
+                .find(|x| x.atomic.is_none() && psn_diff(psn, x.psn) < x.npkts.max(1))
+            else {
+                return;
+            };
+            let off = u64::from(psn_diff(psn, res.psn)) * mtu;
+            let len = u64::from(r.dma_len);
+            if r.va != res.va.wrapping_add(off) || off + len != res.len {
+                return;
+            }
+            if len == 0 {
+                read_response(hca, d, h, psn, Seg::default(), 0);
+                return;
+            }
+            if let Ok(xl) = xlate::check(hca, r.rkey, d.pd, Access::RemoteRead, r.va, len, false) {
+                let seg = Seg {
+                    addr: r.va,
+                    len,
+                    xl: Some(xl),
+                };
+                read_response(hca, d, h, psn, seg, len);
+            }
+        }
+        opcode::COMPARE_SWAP | opcode::FETCH_ADD => {
+            if let Some(v) = d
+                .rd_res
+                .iter()
+                .find(|x| x.psn == psn)
+                .and_then(|x| x.atomic)
+            {
+                reply(
+                    hca,
+                    d,
+                    h,
+                    opcode::ATOMIC_ACKNOWLEDGE,
+                    psn,
+                    Some(Aeth {
+                        syndrome: aeth::ack(0x1f),
+                        msn: 0,
+                    }),
+                    Some(v),
+                    &[],
+                );
+            }
+        }
+        _ => {
+            if h.bth.ack_req {
+                ack(hca, d, h, exp.wrapping_sub(1) & PSN_MASK, aeth::ack(0x1f));
+            }
+        }
+    }
+}
+
 /// A request packet for responder QP `d`.
 fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
     let rc = d.st == st::RC;
@@ -824,53 +1470,25 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
     let mtu = d.mtu_bytes();
     if rc && psn != exp {
         if psn_ge(psn, exp) {
-            ack(hca, d, h, exp, aeth::NAK_PSN_SEQ_ERROR);
+            // Ahead of the expected PSN: a request was lost. One NAK per
+            // gap (IBTA 9.7.5: after a sequence NAK the responder
+            // drops new requests until the expected PSN comes).
+            if !d.nak_sent {
+                if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
+                    qm.nak_sent = true;
+                }
+                ack(hca, d, h, exp, aeth::NAK_PSN_SEQ_ERROR);
+            }
             return;
         }
-        // A duplicate.
-        match op {
-            opcode::RDMA_READ_REQUEST => {
-                if let Some(r) = h.reth
-                    && let Ok(xl) = xlate::check(
-                        hca,
-                        r.rkey,
-                        d.pd,
-                        Access::RemoteRead,
-                        r.va,
-                        u64::from(r.dma_len),
-                        false,
-                    )
-                {
-                    let seg = Seg {
-                        addr: r.va,
-                        len: u64::from(r.dma_len),
-                        xl: Some(xl),
-                    };
-                    read_response(hca, d, h, psn, seg, u64::from(r.dma_len));
-                }
-            }
-            opcode::COMPARE_SWAP | opcode::FETCH_ADD => {
-                if let Some((p, v)) = d.last_atomic
-                    && p == psn
-                {
-                    reply(
-                        hca,
-                        d,
-                        h,
-                        opcode::ATOMIC_ACKNOWLEDGE,
-                        psn,
-                        Some(Aeth {
-                            syndrome: aeth::ack(0x1f),
-                            msn: 0,
-                        }),
-                        Some(v),
-                        &[],
-                    );
-                }
-            }
-            _ => ack(hca, d, h, exp.wrapping_sub(1), aeth::ack(0x1f)),
-        }
+        duplicate(hca, d, h, op, psn, exp, mtu);
         return;
+    }
+    if rc
+        && d.nak_sent
+        && let Some(qm) = hca.engine.qps.get_mut(&d.qpn)
+    {
+        qm.nak_sent = false;
     }
     if !rc && let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
         qm.rq_psn = psn;
@@ -929,11 +1547,32 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
         }
         match r {
             Resp::Ack => ack(hca, d, h, psn, aeth::ack(0x1f)),
-            Resp::Read(seg) => read_response(hca, d, h, psn, seg, m.len),
+            Resp::Read(seg) => {
+                keep_resource(
+                    hca,
+                    d.qpn,
+                    RdRes {
+                        psn,
+                        npkts: m.npkts,
+                        va: m.raddr,
+                        len: m.len,
+                        atomic: None,
+                    },
+                );
+                read_response(hca, d, h, psn, seg, m.len);
+            }
             Resp::Atomic(v) => {
-                if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
-                    qm.last_atomic = Some((psn, v));
-                }
+                keep_resource(
+                    hca,
+                    d.qpn,
+                    RdRes {
+                        psn,
+                        npkts: 1,
+                        va: m.raddr,
+                        len: 8,
+                        atomic: Some(v),
+                    },
+                );
                 reply(
                     hca,
                     d,
@@ -954,7 +1593,7 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
                 if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
                     qm.rq_psn = exp;
                 }
-                ack(hca, d, h, psn, aeth::rnr_nak(t));
+                rnr(hca, d, h, psn, t);
             }
             Resp::Silent => {}
         }
@@ -1006,7 +1645,7 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
             hca.engine.rx_scratch = Some(sc);
             let Some(r) = r else {
                 if rc {
-                    ack(hca, d, h, psn, aeth::rnr_nak(d.min_rnr_timer));
+                    rnr(hca, d, h, psn, d.min_rnr_timer);
                 }
                 return;
             };
@@ -1113,7 +1752,7 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
         hca.engine.rx_scratch = Some(sc);
         let Some(r) = r else {
             if rc {
-                ack(hca, &d, h, psn, aeth::rnr_nak(d.min_rnr_timer));
+                rnr(hca, &d, h, psn, d.min_rnr_timer);
             }
             return;
         };

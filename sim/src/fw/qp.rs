@@ -2,8 +2,8 @@
 //! QUERY_QP (with the PSNs the engines have reached) and CONF_SPECIAL_QP;
 //! each transition hands the QP to the data-path engines
 //! ([`crate::engine::qp_modified`]), which flush on entering ERR; RTS2SQD
-//! with the SQD event bit reports SQ_DRAINED at once (nothing is in flight
-//! between doorbells).
+//! with the SQD event bit reports SQ_DRAINED once no RC message is in
+//! flight (at once, or when the engines complete the last one).
 //!
 //! Transitions (PRM, Linux `__mlx4_qp_modify`): RST2INIT from RST;
 //! INIT2INIT and INIT2RTR from INIT; RTR2RTS from RTR; RTS2RTS and RTS2SQD
@@ -365,8 +365,12 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     hca.icm_write(va, &ctx)?;
     hca.qps.insert(qpn, next);
     crate::engine::qp_modified(hca, qpn, cmd.opcode, to);
-    if cmd.opcode == Opcode::RTS2SQD_QP && cmd.in_mod >> 31 != 0 {
-        // Nothing is in flight between doorbells: the SQ is drained at once.
+    if cmd.opcode == Opcode::RTS2SQD_QP
+        && cmd.in_mod >> 31 != 0
+        && crate::engine::sq_drained_or_later(hca, qpn)
+    {
+        // Nothing in flight: the SQ is drained at once (else the engines
+        // report it when the last message in flight completes).
         hca.post_async(crate::ctx::Event::Qp {
             kind: crate::ctx::eqe::SQ_DRAINED,
             qpn,

@@ -17,3 +17,4 @@ mod fuzz;
 mod loopback;
 mod mlx;
 mod rings;
+mod window;
