@@ -95,6 +95,11 @@ pub mod hdr {
     pub const GUEST_STATE: usize = 0x40;
 }
 
+/// The busy loop's full rounds (SM sockets, reports, the model's config
+/// image published without a guest write) come at least this often; the
+/// rounds between them poll the models only.
+pub const FULL_ROUND_EVERY: Duration = Duration::from_micros(20);
+
 /// Guest state: shut down (the emulator may exit once every guest says so).
 pub const GUEST_SHUT_DOWN: u32 = 3;
 
@@ -557,10 +562,13 @@ impl Node {
     }
 
     /// Syncs the first config dwords: guest writes (a value different from
-    /// what the emulator last stored) go to the model, then the model's read
-    /// values go back, by compare-exchange so that a guest write racing with
-    /// the store is not lost. True if the guest wrote anything.
-    fn sync_config(&mut self) -> bool {
+    /// what the emulator last stored) go to the model, then, if the guest
+    /// wrote or `full`, the model's read values go back, by
+    /// compare-exchange so that a guest write racing with the store is not
+    /// lost. True if the guest wrote anything. (The model's values change
+    /// only through a guest write, a poll that did something, or the end of
+    /// a reset, which a full round within [`FULL_ROUND_EVERY`] publishes.)
+    fn sync_config(&mut self, full: bool) -> bool {
         let mut cur = [0u32; CONFIG_SYNC_DWORDS];
         let mut wrote = false;
         for (i, c) in cur.iter_mut().enumerate() {
@@ -569,6 +577,9 @@ impl Node {
                 self.pci.write32((4 * i) as u16, *c);
                 wrote = true;
             }
+        }
+        if !wrote && !full {
+            return false;
         }
         let mut model = [0u32; CONFIG_SYNC_DWORDS];
         self.pci.read_dwords(&mut model);
@@ -587,13 +598,21 @@ impl Node {
         wrote
     }
 
-    /// One round for this node; true if anything happened.
-    fn round(&mut self, opts: &Options, log: &mut Log) -> bool {
+    /// One round for this node; true if anything happened. A light round
+    /// (`full` false) that finds nothing to do skips the model-to-image
+    /// config copy and the reporting, which only a round with work (or
+    /// time, in the next full round) can have changed.
+    fn round(&mut self, opts: &Options, log: &mut Log, full: bool) -> bool {
         // Poll first, then sync: a reset the poll performed shows in the
         // image at once; a GO seen before the guest's memory-enable write
         // reached the model stays set and is taken next round.
         let mut active = self.hca.poll();
-        active |= self.sync_config();
+        active |= self.sync_config(full || active);
+        if !(full || active) {
+            self.heartbeat = self.heartbeat.wrapping_add(1);
+            self.window.store64(hdr::HEARTBEAT, self.heartbeat);
+            return false;
+        }
         self.report(opts, log);
         if let (Some(after), Some(at)) = (opts.catas_after, self.init_at)
             && !self.catas_done
@@ -862,13 +881,30 @@ impl Emulator {
         &self.log
     }
 
-    /// One poll round over every node; true if anything happened.
+    /// One full poll round over every node; true if anything happened.
     pub fn poll_round(&mut self) -> bool {
+        self.round(true)
+    }
+
+    /// One light round over every node (see [`Emulator::run`]); true if
+    /// anything happened.
+    pub fn poll_round_light(&mut self) -> bool {
+        self.round(false)
+    }
+
+    /// One round over every node: a full one also publishes the model's
+    /// config image, reports, and serves the SM sockets; a light one (the
+    /// busy loop's, between full ones) polls each model for commands and
+    /// doorbells and the config image for guest writes, and turns full for
+    /// any node that finds work.
+    fn round(&mut self, full: bool) -> bool {
         let mut active = false;
         for n in &mut self.nodes {
-            active |= n.round(&self.opts, &mut self.log);
+            active |= n.round(&self.opts, &mut self.log, full);
         }
-        active |= self.poll_sm();
+        if full {
+            active |= self.poll_sm();
+        }
         active
     }
 
@@ -888,13 +924,22 @@ impl Emulator {
         let mut next_check = Instant::now();
         let busy_spin = self.opts.busy_spin.max(self.opts.spin);
         let mut spin_for = self.opts.spin;
+        let mut next_full = Instant::now();
         loop {
             if stop.load(Ordering::Acquire) {
                 return Exit::Stopped;
             }
-            if self.poll_round() {
-                let now = Instant::now();
-                let gap = now.duration_since(last_active);
+            let now = Instant::now();
+            // A full round (SM sockets: each a system call; reports; the
+            // model's config image) every FULL_ROUND_EVERY, light rounds in
+            // between: a doorbell is noticed within a light round.
+            let full = now >= next_full;
+            if full {
+                next_full = now + FULL_ROUND_EVERY;
+            }
+            if self.round(full) {
+                let done = Instant::now();
+                let gap = done.duration_since(last_active);
                 // Work again after a pause no longer than `busy_spin`: a
                 // guest in a request/response exchange. Spin that long
                 // after each piece of work from now on, so its next request
@@ -905,13 +950,12 @@ impl Emulator {
                 } else if gap > self.opts.spin {
                     spin_for = busy_spin;
                 }
-                last_active = now;
+                last_active = done;
             }
             if self.all_shut_down() {
                 // Report what the last round produced, then go.
                 return Exit::GuestsDone;
             }
-            let now = Instant::now();
             if now >= next_check {
                 next_check = now + Duration::from_millis(20);
                 if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
@@ -923,7 +967,8 @@ impl Emulator {
                     return Exit::PidsGone;
                 }
             }
-            let idle = now.duration_since(last_active);
+            // (Zero after a round with work: `last_active` is later.)
+            let idle = now.saturating_duration_since(last_active);
             let nap = if idle >= self.opts.idle_after {
                 self.opts.idle_sleep
             } else {
