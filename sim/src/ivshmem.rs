@@ -569,13 +569,20 @@ impl Node {
     /// only through a guest write, a poll that did something, or the end of
     /// a reset, which a full round within [`FULL_ROUND_EVERY`] publishes.)
     fn sync_config(&mut self, full: bool) -> bool {
-        let mut cur = [0u32; CONFIG_SYNC_DWORDS];
+        let copy = self.config_copy();
+        let mut cur = self.shadow;
         let mut wrote = false;
-        for (i, c) in cur.iter_mut().enumerate() {
-            *c = self.window.load32(CONFIG_OFF + 4 * i);
-            if *c != self.shadow[i] {
-                self.pci.write32((4 * i) as u16, *c);
-                wrote = true;
+        if copy != self.shadow {
+            for (i, c) in cur.iter_mut().enumerate() {
+                if copy[i] == self.shadow[i] {
+                    continue;
+                }
+                // Again with a dword load: the copy may have torn it.
+                *c = self.window.load32(CONFIG_OFF + 4 * i);
+                if *c != self.shadow[i] {
+                    self.pci.write32((4 * i) as u16, *c);
+                    wrote = true;
+                }
             }
         }
         if !wrote && !full {
@@ -596,6 +603,22 @@ impl Node {
             }
         }
         wrote
+    }
+
+    /// The synced config dwords in one copy (a dword the guest is writing
+    /// may be torn: only a difference from the shadow is taken from it);
+    /// the shadow itself if the window is too small (never: checked at
+    /// open).
+    fn config_copy(&self) -> [u32; CONFIG_SYNC_DWORDS] {
+        let mut bytes = [0u8; CONFIG_SYNC_DWORDS * 4];
+        if !self.window.read_bytes(CONFIG_OFF, &mut bytes) {
+            return self.shadow;
+        }
+        let mut w = [0u32; CONFIG_SYNC_DWORDS];
+        for (d, b) in w.iter_mut().zip(bytes.chunks_exact(4)) {
+            *d = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        w
     }
 
     /// One round for this node; true if anything happened. A light round

@@ -513,7 +513,10 @@ fn bench_emu_rounds_in_process() {
     let mut emu = server.join().unwrap();
     // Idle rounds, full (every FULL_ROUND_EVERY in the busy loop) and
     // light (the others): (wall, CPU) ns per round.
-    let idle_n = 200_000u32;
+    let idle_n: u32 = std::env::var("IDLE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let mut idle = |full: bool| {
         let (t, c) = (Instant::now(), thread_cpu_ns());
         for _ in 0..idle_n {
@@ -532,7 +535,10 @@ fn bench_emu_rounds_in_process() {
     let (full_wall, full_cpu) = idle(true);
     let (light_wall, light_cpu) = idle(false);
     // Doorbell to CQE, the rounds on this thread.
-    let n = 50_000;
+    let n = std::env::var("TRIPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
     let mut lat = Vec::with_capacity(n);
     let mut served = Vec::with_capacity(n);
     let mut rounds = 0u64;
