@@ -983,14 +983,16 @@ impl Hca {
         }
         // Doorbells are consumed by atomic swap with 0, a value no doorbell
         // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
-        // consumer index 0 without re-arm, changes nothing after SW2HW).
+        // consumer index 0 without re-arm, changes nothing after SW2HW);
+        // a plain load first, so an idle round takes no cache line away
+        // from the CPU about to ring (and costs no locked instruction).
         // One scratch list for the EQ numbers and UAR pages (no allocation
         // per round once it has grown).
         let mut list = core::mem::take(&mut self.poll_scratch);
         list.clear();
         list.extend(self.eqs.keys().copied());
         for &eqn in &list {
-            let raw = self.bar2.swap_raw(regs::eq_doorbell(eqn), 0);
+            let raw = take_doorbell(&self.bar2, regs::eq_doorbell(eqn));
             if raw != 0 {
                 self.eq_doorbell(eqn, be_dw(raw));
                 active = true;
@@ -1003,13 +1005,13 @@ impl Hca {
         list.dedup();
         for &uar in &list {
             let page = uar as usize * regs::UAR_PAGE;
-            let cq0 = self.bar2.swap_raw(page + regs::UAR_CQ_DB, 0);
+            let cq0 = take_doorbell(&self.bar2, page + regs::UAR_CQ_DB);
             if cq0 != 0 {
                 let ci = self.bar2.raw(page + regs::UAR_CQ_DB + 4);
                 self.doorbell_pair(page + regs::UAR_CQ_DB, be_dw(cq0), be_dw(ci));
                 active = true;
             }
-            let send = self.bar2.swap_raw(page + regs::UAR_SEND_DB, 0);
+            let send = take_doorbell(&self.bar2, page + regs::UAR_SEND_DB);
             if send != 0 {
                 self.doorbell(page + regs::UAR_SEND_DB, be_dw(send));
                 active = true;
@@ -1058,5 +1060,15 @@ impl Hca {
     /// INIT_HCA parameters, if initialized.
     pub fn init_hca(&self) -> Option<InitHca> {
         self.geo.map(|g| g.hca)
+    }
+}
+
+/// Consumes the doorbell dword at `off` of a shared BAR (0 if none was
+/// rung): a plain load, and the swap with 0 only when it holds one.
+fn take_doorbell(bar2: &RegFile, off: usize) -> u32 {
+    if bar2.raw(off) == 0 {
+        0
+    } else {
+        bar2.swap_raw(off, 0)
     }
 }

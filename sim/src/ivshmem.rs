@@ -95,6 +95,11 @@ pub mod hdr {
     pub const GUEST_STATE: usize = 0x40;
 }
 
+/// The busy loop's full rounds (SM sockets, reports, the model's config
+/// image published without a guest write) come at least this often; the
+/// rounds between them poll the models only.
+pub const FULL_ROUND_EVERY: Duration = Duration::from_micros(20);
+
 /// Guest state: shut down (the emulator may exit once every guest says so).
 pub const GUEST_SHUT_DOWN: u32 = 3;
 
@@ -557,18 +562,31 @@ impl Node {
     }
 
     /// Syncs the first config dwords: guest writes (a value different from
-    /// what the emulator last stored) go to the model, then the model's read
-    /// values go back, by compare-exchange so that a guest write racing with
-    /// the store is not lost. True if the guest wrote anything.
-    fn sync_config(&mut self) -> bool {
-        let mut cur = [0u32; CONFIG_SYNC_DWORDS];
+    /// what the emulator last stored) go to the model, then, if the guest
+    /// wrote or `full`, the model's read values go back, by
+    /// compare-exchange so that a guest write racing with the store is not
+    /// lost. True if the guest wrote anything. (The model's values change
+    /// only through a guest write, a poll that did something, or the end of
+    /// a reset, which a full round within [`FULL_ROUND_EVERY`] publishes.)
+    fn sync_config(&mut self, full: bool) -> bool {
+        let copy = self.config_copy();
+        let mut cur = self.shadow;
         let mut wrote = false;
-        for (i, c) in cur.iter_mut().enumerate() {
-            *c = self.window.load32(CONFIG_OFF + 4 * i);
-            if *c != self.shadow[i] {
-                self.pci.write32((4 * i) as u16, *c);
-                wrote = true;
+        if copy != self.shadow {
+            for (i, c) in cur.iter_mut().enumerate() {
+                if copy[i] == self.shadow[i] {
+                    continue;
+                }
+                // Again with a dword load: the copy may have torn it.
+                *c = self.window.load32(CONFIG_OFF + 4 * i);
+                if *c != self.shadow[i] {
+                    self.pci.write32((4 * i) as u16, *c);
+                    wrote = true;
+                }
             }
+        }
+        if !wrote && !full {
+            return false;
         }
         let mut model = [0u32; CONFIG_SYNC_DWORDS];
         self.pci.read_dwords(&mut model);
@@ -587,13 +605,37 @@ impl Node {
         wrote
     }
 
-    /// One round for this node; true if anything happened.
-    fn round(&mut self, opts: &Options, log: &mut Log) -> bool {
+    /// The synced config dwords in one copy (a dword the guest is writing
+    /// may be torn: only a difference from the shadow is taken from it);
+    /// the shadow itself if the window is too small (never: checked at
+    /// open).
+    fn config_copy(&self) -> [u32; CONFIG_SYNC_DWORDS] {
+        let mut bytes = [0u8; CONFIG_SYNC_DWORDS * 4];
+        if !self.window.read_bytes(CONFIG_OFF, &mut bytes) {
+            return self.shadow;
+        }
+        let mut w = [0u32; CONFIG_SYNC_DWORDS];
+        for (d, b) in w.iter_mut().zip(bytes.chunks_exact(4)) {
+            *d = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        w
+    }
+
+    /// One round for this node; true if anything happened. A light round
+    /// (`full` false) that finds nothing to do skips the model-to-image
+    /// config copy and the reporting, which only a round with work (or
+    /// time, in the next full round) can have changed.
+    fn round(&mut self, opts: &Options, log: &mut Log, full: bool) -> bool {
         // Poll first, then sync: a reset the poll performed shows in the
         // image at once; a GO seen before the guest's memory-enable write
         // reached the model stays set and is taken next round.
         let mut active = self.hca.poll();
-        active |= self.sync_config();
+        active |= self.sync_config(full || active);
+        if !(full || active) {
+            self.heartbeat = self.heartbeat.wrapping_add(1);
+            self.window.store64(hdr::HEARTBEAT, self.heartbeat);
+            return false;
+        }
         self.report(opts, log);
         if let (Some(after), Some(at)) = (opts.catas_after, self.init_at)
             && !self.catas_done
@@ -862,13 +904,30 @@ impl Emulator {
         &self.log
     }
 
-    /// One poll round over every node; true if anything happened.
+    /// One full poll round over every node; true if anything happened.
     pub fn poll_round(&mut self) -> bool {
+        self.round(true)
+    }
+
+    /// One light round over every node (see [`Emulator::run`]); true if
+    /// anything happened.
+    pub fn poll_round_light(&mut self) -> bool {
+        self.round(false)
+    }
+
+    /// One round over every node: a full one also publishes the model's
+    /// config image, reports, and serves the SM sockets; a light one (the
+    /// busy loop's, between full ones) polls each model for commands and
+    /// doorbells and the config image for guest writes, and turns full for
+    /// any node that finds work.
+    fn round(&mut self, full: bool) -> bool {
         let mut active = false;
         for n in &mut self.nodes {
-            active |= n.round(&self.opts, &mut self.log);
+            active |= n.round(&self.opts, &mut self.log, full);
         }
-        active |= self.poll_sm();
+        if full {
+            active |= self.poll_sm();
+        }
         active
     }
 
@@ -888,13 +947,22 @@ impl Emulator {
         let mut next_check = Instant::now();
         let busy_spin = self.opts.busy_spin.max(self.opts.spin);
         let mut spin_for = self.opts.spin;
+        let mut next_full = Instant::now();
         loop {
             if stop.load(Ordering::Acquire) {
                 return Exit::Stopped;
             }
-            if self.poll_round() {
-                let now = Instant::now();
-                let gap = now.duration_since(last_active);
+            let now = Instant::now();
+            // A full round (SM sockets: each a system call; reports; the
+            // model's config image) every FULL_ROUND_EVERY, light rounds in
+            // between: a doorbell is noticed within a light round.
+            let full = now >= next_full;
+            if full {
+                next_full = now + FULL_ROUND_EVERY;
+            }
+            if self.round(full) {
+                let done = Instant::now();
+                let gap = done.duration_since(last_active);
                 // Work again after a pause no longer than `busy_spin`: a
                 // guest in a request/response exchange. Spin that long
                 // after each piece of work from now on, so its next request
@@ -905,13 +973,12 @@ impl Emulator {
                 } else if gap > self.opts.spin {
                     spin_for = busy_spin;
                 }
-                last_active = now;
+                last_active = done;
             }
             if self.all_shut_down() {
                 // Report what the last round produced, then go.
                 return Exit::GuestsDone;
             }
-            let now = Instant::now();
             if now >= next_check {
                 next_check = now + Duration::from_millis(20);
                 if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
@@ -923,7 +990,8 @@ impl Emulator {
                     return Exit::PidsGone;
                 }
             }
-            let idle = now.duration_since(last_active);
+            // (Zero after a round with work: `last_active` is later.)
+            let idle = now.saturating_duration_since(last_active);
             let nap = if idle >= self.opts.idle_after {
                 self.opts.idle_sleep
             } else {

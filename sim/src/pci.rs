@@ -150,8 +150,21 @@ impl PciConfig {
         }
     }
 
+    /// A reset is in progress. The clock is read only while one may be
+    /// (every DMA asks): the first look after its end clears the mark (the
+    /// clock only moves forward), unless a newer reset replaced it.
     fn in_reset(&self) -> bool {
-        self.clock.now_ns() < self.reset_until_ns.load(Ordering::Acquire)
+        let until = self.reset_until_ns.load(Ordering::Acquire);
+        if until == 0 {
+            return false;
+        }
+        if self.clock.now_ns() < until {
+            return true;
+        }
+        let _ = self
+            .reset_until_ns
+            .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
+        false
     }
 
     /// The raw dword (ignores a reset in progress).

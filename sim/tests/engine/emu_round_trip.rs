@@ -246,6 +246,15 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
+/// CPU time this thread has run, in ns (the scheduler's own account):
+/// figures that mean something on a loaded machine.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn percentiles(mut lat: Vec<u64>) -> String {
     lat.sort_unstable();
     let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)] as f64 / 1000.0;
@@ -436,5 +445,129 @@ fn bench_emu_two_nodes() {
         percentiles(lat),
         load()
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// cx3-emu's own work per doorbell, without the scheduler: the emulator
+/// (the same `Emulator` the binary runs, over the same files) is brought
+/// up on a thread, then driven round by round on the poster's thread:
+/// doorbell, `poll_round` until the CQE is in the RAM file. Prints the
+/// cost of an idle round (how late a doorbell can be noticed) and of the
+/// doorbell-to-CQE rounds (what the emulator adds once it has seen it).
+///
+/// `cargo test --release -p sim --test engine -- --ignored --nocapture emu_rounds_in_process`
+#[test]
+#[ignore]
+fn bench_emu_rounds_in_process() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let d = dir("inproc");
+    let n0 = Node::new(&d, 0);
+    let specs = [(n0.win.clone(), n0.ram.clone())];
+    let emu = sim::ivshmem::Emulator::open(
+        &specs,
+        sim::ivshmem::Options::default(),
+        sim::ivshmem::Log::capture(),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut emu = emu;
+            emu.run(&stop);
+            emu
+        })
+    };
+    let (mut h, _win) = guest(&n0);
+    h.port_up(1, 1).unwrap();
+    let mut cq = h.cq(10);
+    let s = QpSpec::new(RC, cq.cqn);
+    let mut a = h.qp(0x80, s);
+    let b = h.qp(0x81, s);
+    let lid = h.lid;
+    h.connect(&a, s, 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let src = h.mr(0x1000, 4096, acc::ALL);
+    let dst = h.mr(0x9000, 4096, acc::ALL);
+    let wqe = a.build(&Wr {
+        opcode: op::RDMA_WRITE,
+        signalled: true,
+        raddr: dst.addr(0),
+        rkey: dst.key,
+        sges: vec![Sge {
+            addr: src.addr(0),
+            len: 8,
+            lkey: src.key,
+        }],
+        ..Wr::default()
+    });
+    stop.store(true, Ordering::Release);
+    let mut emu = server.join().unwrap();
+    // Idle rounds, full (every FULL_ROUND_EVERY in the busy loop) and
+    // light (the others): (wall, CPU) ns per round.
+    let idle_n: u32 = std::env::var("IDLE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let mut idle = |full: bool| {
+        let (t, c) = (Instant::now(), thread_cpu_ns());
+        for _ in 0..idle_n {
+            let work = if full {
+                emu.poll_round()
+            } else {
+                emu.poll_round_light()
+            };
+            assert!(!work, "an idle round found work");
+        }
+        (
+            t.elapsed().as_nanos() as f64 / f64::from(idle_n),
+            (thread_cpu_ns() - c) as f64 / f64::from(idle_n),
+        )
+    };
+    let (full_wall, full_cpu) = idle(true);
+    let (light_wall, light_cpu) = idle(false);
+    // Doorbell to CQE, the rounds on this thread.
+    let n = std::env::var("TRIPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let mut lat = Vec::with_capacity(n);
+    let mut served = Vec::with_capacity(n);
+    let mut rounds = 0u64;
+    let c = thread_cpu_ns();
+    for _ in 0..n {
+        a.put(op::RDMA_WRITE, false, &wqe);
+        let t = Instant::now();
+        h.ring_send(a.qpn);
+        loop {
+            let r = Instant::now();
+            if emu.poll_round_light() {
+                served.push(r.elapsed().as_nanos() as u64);
+            }
+            rounds += 1;
+            if let Some(c) = cq.poll() {
+                assert!(c.ok(), "{c:?}");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no CQE within 5 s");
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let trip_cpu = (thread_cpu_ns() - c) as f64 / n as f64;
+    assert_eq!(dst.read(0, 8), src.read(0, 8));
+    let (_, violations, faults) = emu.nodes()[0].counts();
+    assert_eq!((violations, faults), (0, 0), "{:?}", emu.log().lines());
+    println!(
+        "cx3-emu in process, one thread, idle rounds: full {full_wall:.0} ns wall, \
+         {full_cpu:.0} ns CPU; light {light_wall:.0} ns wall, {light_cpu:.0} ns CPU\n\
+         8-byte RDMA WRITE loopback, doorbell to CQE over {:.2} light rounds, {trip_cpu:.0} ns \
+         CPU each (poster included), wall: {}\n\
+         the round that found the doorbell (doorbell seen to CQE written): {}\nload average {}",
+        rounds as f64 / n as f64,
+        percentiles(lat),
+        percentiles(served),
+        load()
+    );
+    drop(emu);
     let _ = std::fs::remove_dir_all(&d);
 }
