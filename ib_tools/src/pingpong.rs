@@ -23,6 +23,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::cell::Cell;
 use core::fmt::{self, Write};
 use core::time::Duration;
 
@@ -36,7 +37,7 @@ use ib_core::verbs::{
 use crate::perftest::Peer;
 use crate::perftest::exchange::{fill, verify};
 use crate::perftest::run::{
-    CONNECT_TIMEOUT, Env, cm_req, e, path_to, wait_cm, wait_port_active, wait_rtu,
+    CONNECT_TIMEOUT, Env, cm_req, e, path_to, progress, wait_cm, wait_port_active, wait_rtu,
 };
 
 /// CM service of `ibv_rc_pingpong`: "LEGO", 1, rc_pingpong's TCP port 18515.
@@ -612,6 +613,8 @@ fn run_loop(
     let mut last = start;
     let mut spins = 0u32;
     let mut wc = [Wc::default(); 8];
+    // The SM, the PMA and the peer's DREQ are served meanwhile.
+    let progress_at = Cell::new(start);
     while rcnt < iters || scnt < iters {
         let n = env
             .core
@@ -621,6 +624,7 @@ fn run_loop(
             .map_err(|x| e("poll CQ failed", x))?;
         let now = env.core.clock().now_ns();
         if n == 0 {
+            progress(env.core, now, &progress_at);
             env.core.clock().relax();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) && (env.interrupted)() {

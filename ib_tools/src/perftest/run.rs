@@ -17,6 +17,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::cell::Cell;
 use core::fmt::Write;
 use core::time::Duration;
 
@@ -24,8 +25,8 @@ use hal::Deadline;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags,
-    SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpAttrMask, QpCap, QpInitAttr, QpType,
+    RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -90,6 +91,8 @@ struct Res {
     buf: hal::dma::DmaBuf,
     slot: u64,
     slots: u64,
+    /// When the waits last ran ib_core's progress function ([`progress`]).
+    progress_at: Cell<u64>,
 }
 
 pub(crate) fn e(what: &str, err: impl core::fmt::Display) -> String {
@@ -180,6 +183,7 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
         buf,
         slot,
         slots,
+        progress_at: Cell::new(0),
     })
 }
 
@@ -587,19 +591,57 @@ fn post_recvs(
     Ok(())
 }
 
-/// Polls until `want` completions came (each handed to `on`), against
-/// [`OP_TIMEOUT`] of no progress, interruptible.
+/// How often a tool's waits run ib_core's progress function
+/// ([`IbCore::poll`]: the event queues, QP0/QP1 completions and MAD
+/// timeouts, the SA and CM clients). A node inside a run must still answer
+/// the SM: an SM that sweeps meanwhile (OpenSM on a trap or after an error;
+/// 200 ms a try, 4 tries) finds no node behind a silent port and takes its
+/// LID out of the switches' forwarding tables, so the run's own packets
+/// are dropped (UD ones for good). The PMA, the ibping responder and the
+/// peer's DREQ are served the same way. Once a millisecond of the clock
+/// costs the data path nothing it would notice.
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(1);
+
+/// Runs ib_core's progress function if [`PROGRESS_EVERY`] passed since
+/// `at` (the time it last ran, kept across waits by the caller).
+pub(crate) fn progress(core: &mut IbCore, t: u64, at: &Cell<u64>) {
+    if t.saturating_sub(at.get()) >= PROGRESS_EVERY.as_nanos() as u64 {
+        at.set(t);
+        core.poll();
+    }
+}
+
+/// The receive PSN the HCA has reached on `qp` (QUERY_QP): it moves with
+/// every request packet the peer's QP sends us.
+fn rq_psn(env: &mut Env<'_>, qp: Qp) -> Option<u32> {
+    env.core
+        .device_mut(env.dev)?
+        .query_qp(qp, QpAttrMask::RQ_PSN)
+        .ok()
+        .map(|(a, _)| a.rq_psn)
+}
+
+/// Polls `cq` until `want` completions came (each handed to `on`), against
+/// [`OP_TIMEOUT`] of no progress, interruptible, running ib_core's
+/// progress function meanwhile ([`PROGRESS_EVERY`]). `passive`: a wait
+/// that sees no completion while the peer works (the server while the
+/// client writes, reads or runs atomics: as long as `-n` or `-D` make it):
+/// progress is then also the peer's packets reaching our QP (its receive
+/// PSN moving), so only a peer that stopped sending ends it.
 fn poll(
     env: &mut Env<'_>,
+    res: &Res,
     cq: Cq,
     want: usize,
     what: &str,
+    passive: bool,
     mut on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut wc = [Wc::default(); 16];
     let mut got = 0;
     let mut last = now(env.core);
     let mut spins = 0u32;
+    let mut psn = if passive { rq_psn(env, res.qp) } else { None };
     while got < want {
         let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
         let n = dev
@@ -626,12 +668,26 @@ fn poll(
         }
         // Between two empty polls (a spin hint on hardware; the model's
         // clock steps the wire here).
+        progress(env.core, t, &res.progress_at);
         env.core.clock().relax();
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(1024) && (env.interrupted)() {
             return Err(format!("interrupted while waiting for {what}"));
         }
         if t.saturating_sub(last) > OP_TIMEOUT.as_nanos() as u64 {
+            if passive {
+                let now_psn = rq_psn(env, res.qp);
+                if now_psn.is_some() && now_psn != psn {
+                    // The peer's packets still arrive: it is at work.
+                    psn = now_psn;
+                    last = t;
+                    continue;
+                }
+                return Err(format!(
+                    "no completion for {} s while waiting for {what}, and no packet from the peer either",
+                    OP_TIMEOUT.as_secs()
+                ));
+            }
             return Err(format!(
                 "no completion for {} s while waiting for {what}",
                 OP_TIMEOUT.as_secs()
@@ -689,7 +745,7 @@ fn serve_size(
                 // immediate (the count).
                 loop {
                     let (mut id, mut end) = (0, false);
-                    poll(env, rcq, 1, "the client's SENDs", |w, _| {
+                    poll(env, res, rcq, 1, "the client's SENDs", false, |w, _| {
                         id = w.wr_id;
                         end = w.wc_flags.contains(WcFlags::WITH_IMM);
                         Ok(())
@@ -702,7 +758,7 @@ fn serve_size(
             }
             for seq in 0..=iters {
                 let mut id = 0;
-                poll(env, rcq, 1, "the client's SENDs", |w, _| {
+                poll(env, res, rcq, 1, "the client's SENDs", false, |w, _| {
                     id = w.wr_id;
                     Ok(())
                 })?;
@@ -720,7 +776,15 @@ fn serve_size(
             // RDMA WRITE/READ/atomics: the client works alone until its
             // final SEND.
             let rcq = res.rcq;
-            poll(env, rcq, 1, "the client's end-of-size SEND", |_, _| Ok(()))?;
+            poll(
+                env,
+                res,
+                rcq,
+                1,
+                "the client's end-of-size SEND",
+                true,
+                |_, _| Ok(()),
+            )?;
             if p.check && p.tool.verb == Verb::Write && p.tool.kind == TestKind::Bw {
                 // Slot k holds the last message written to it.
                 for k in 0..res.slots.min(iters) {
@@ -753,7 +817,15 @@ fn pong(
     }
     // The client's final SEND.
     let rcq = res.rcq;
-    poll(env, rcq, 1, "the client's end-of-size SEND", |_, _| Ok(()))?;
+    poll(
+        env,
+        res,
+        rcq,
+        1,
+        "the client's end-of-size SEND",
+        false,
+        |_, _| Ok(()),
+    )?;
     post_recvs(env, res, TestKind::Lat, 0..1)
 }
 
@@ -802,7 +874,9 @@ fn send_ping(
     };
     post(env, res.qp, &wr)?;
     let cq = res.cq;
-    poll(env, cq, 1, "our ping's completion", |_, _| Ok(()))
+    poll(env, res, cq, 1, "our ping's completion", false, |_, _| {
+        Ok(())
+    })
 }
 
 /// Waits for ping `i`; `Ok(false)`: the client's final SEND came instead
@@ -818,6 +892,9 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
         while res.buf.read_u8(inc + last) != want {
             env.core.clock().relax();
             spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                progress(env.core, now(env.core), &res.progress_at);
+            }
             if p.duration.is_some() && spins.is_multiple_of(64) {
                 let mut wc = [Wc::default(); 1];
                 let n = env
@@ -855,7 +932,7 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
     } else {
         let rcq = res.rcq;
         let mut end = false;
-        poll(env, rcq, 1, "the peer's SEND", |w, _| {
+        poll(env, res, rcq, 1, "the peer's SEND", false, |w, _| {
             end = w.wc_flags.contains(WcFlags::WITH_IMM);
             Ok(())
         })?;
@@ -961,7 +1038,7 @@ fn drive_size(
                 let check_read = p.check && p.tool.verb == Verb::Read;
                 let slots = res.slots;
                 let mut upto = done;
-                poll(env, cq, 1, "a send completion", |w, t| {
+                poll(env, res, cq, 1, "a send completion", false, |w, t| {
                     // wr_id is the index of the signalled message; one
                     // from nowhere (beyond the run) cannot move us past it.
                     let last = usize::try_from(w.wr_id)
@@ -1054,7 +1131,15 @@ fn one_op(
     };
     post(env, res.qp, &wr)?;
     let cq = res.cq;
-    poll(env, cq, 1, "the operation's completion", |_, _| Ok(()))?;
+    poll(
+        env,
+        res,
+        cq,
+        1,
+        "the operation's completion",
+        false,
+        |_, _| Ok(()),
+    )?;
     if p.check {
         if p.tool.verb == Verb::Atomic {
             // Fetch-and-add by 1 from 0 / compare-and-swap i -> i+1: the
@@ -1085,9 +1170,15 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
     };
     post(env, res.qp, &wr)?;
     let cq = res.cq;
-    poll(env, cq, 1, "the end-of-size SEND's completion", |_, _| {
-        Ok(())
-    })
+    poll(
+        env,
+        res,
+        cq,
+        1,
+        "the end-of-size SEND's completion",
+        false,
+        |_, _| Ok(()),
+    )
 }
 
 /// A `-D` run of one size (perftest's duration mode without its warm-up
@@ -1162,7 +1253,7 @@ fn drive_duration(
                 }
                 let cq = res.cq;
                 let mut upto = done;
-                poll(env, cq, 1, "a send completion", |w, t| {
+                poll(env, res, cq, 1, "a send completion", false, |w, t| {
                     upto = upto.max(w.wr_id.saturating_add(1).min(sent));
                     last_done_at = t;
                     Ok(())
