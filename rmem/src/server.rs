@@ -134,11 +134,20 @@ impl Server {
             return Err(Error::BadLength);
         }
         let size = pages * crate::PAGE_SIZE as u64;
-        let d = dev(core, dev_id)?;
-        let pool = d.provider().dma_pool();
+        let pool = dev(core, dev_id)?.provider().dma_pool();
+        // Zeroing hundreds of MiB takes seconds under QEMU: ib_core's
+        // progress function runs every few MiB meanwhile, as in every
+        // blocking helper, so the port keeps answering the SM's SMPs (an SM
+        // that gets no answer drops the port) and MAD timeouts run.
         let region = pool
-            .alloc_pages(usize::try_from(pages).map_err(|_| Error::BadLength)?)
+            .alloc_pages_with_progress(
+                usize::try_from(pages).map_err(|_| Error::BadLength)?,
+                &mut || {
+                    core.poll();
+                },
+            )
             .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
+        let d = dev(core, dev_id)?;
         let bufs = pool
             .alloc(cfg.max_clients * PER_CONN, 64)
             .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;

@@ -10,6 +10,7 @@
 
 use alloc::string::String;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::fmt::Write;
 use core::time::Duration;
 
@@ -79,6 +80,73 @@ fn size(s: &str) -> Result<u64, String> {
 /// expects): differs from page to page and within a page.
 fn pattern(a: u64) -> u8 {
     (a ^ (a >> 8) ^ (a >> 16) ^ 0xa5) as u8
+}
+
+/// Bytes `rmem write` generates and `rmem read --check` checks between
+/// two looks at the clock (a few hundred microseconds of TCG).
+const STEP: usize = 64 << 10;
+
+/// Runs ib_core's progress function at most every millisecond from a
+/// console command's own long loops (building or checking 16 MiB under a
+/// loaded TCG takes seconds): the adapters are held, so the idle loop
+/// cannot, and an SM whose SMPs go unanswered for long drops the port.
+struct Progress {
+    next_ns: u64,
+}
+
+impl Progress {
+    const EVERY_NS: u64 = 1_000_000;
+
+    fn new() -> Progress {
+        Progress {
+            next_ns: hal::Clock::now_ns(&TscClock) + Self::EVERY_NS,
+        }
+    }
+
+    fn tick(&mut self, core: &mut IbCore) {
+        let now = hal::Clock::now_ns(&TscClock);
+        if now >= self.next_ns {
+            core.poll();
+            self.next_ns = hal::Clock::now_ns(&TscClock) + Self::EVERY_NS;
+        }
+    }
+}
+
+/// `len` bytes of `fill`, or of the address pattern from `addr` on,
+/// progress made every [`STEP`].
+fn make_data(core: &mut IbCore, addr: u64, len: usize, fill: Option<u8>) -> Vec<u8> {
+    let mut data = Vec::with_capacity(len);
+    let mut p = Progress::new();
+    while data.len() < len {
+        let from = data.len();
+        let to = (from + STEP).min(len);
+        data.extend((from..to).map(|i| fill.unwrap_or_else(|| pattern(addr + i as u64))));
+        p.tick(core);
+    }
+    data
+}
+
+/// The first offset in `data` whose byte is not `expect(addr + offset)`,
+/// progress made every [`STEP`].
+fn mismatch(
+    core: &mut IbCore,
+    addr: u64,
+    data: &[u8],
+    expect: impl Fn(u64) -> u8,
+) -> Option<usize> {
+    let mut p = Progress::new();
+    for (k, chunk) in data.chunks(STEP).enumerate() {
+        let base = k * STEP;
+        if let Some(i) = chunk
+            .iter()
+            .enumerate()
+            .position(|(i, &b)| b != expect(addr + (base + i) as u64))
+        {
+            return Some(base + i);
+        }
+        p.tick(core);
+    }
+    None
 }
 
 fn first_dev(ib: &Ib) -> Result<DeviceId, String> {
@@ -208,10 +276,8 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 [b] => Some(u8::try_from(num(b)?).map_err(|_| String::from("BYTE > 0xff"))?),
                 _ => return Err(USAGE.into()),
             };
-            let data: alloc::vec::Vec<u8> = (0..len)
-                .map(|i| fill.unwrap_or_else(|| pattern(addr + i)))
-                .collect();
             with_state(|core, _, st| {
+                let data = make_data(core, addr, len as usize, fill);
                 let t0 = crate::time::uptime_us();
                 client(st)?.write(core, addr, &data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
@@ -236,18 +302,18 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 _ => return Err(USAGE.into()),
             };
             let expect = move |a: u64| fill.unwrap_or_else(|| pattern(a));
-            let mut data = vec![0u8; len as usize];
             with_state(|core, _, st| {
+                let mut data = make_data(core, addr, len as usize, Some(0));
                 let t0 = crate::time::uptime_us();
                 client(st)?.read(core, addr, &mut data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
                 if check {
-                    if let Some(i) = (0..len).find(|&i| data[i as usize] != expect(addr + i)) {
+                    if let Some(i) = mismatch(core, addr, &data, expect) {
+                        let a = addr + i as u64;
                         return Err(alloc::format!(
-                            "data check failed at {:#x}: {:#04x}, expected {:#04x}",
-                            addr + i,
-                            data[i as usize],
-                            expect(addr + i)
+                            "data check failed at {a:#x}: {:#04x}, expected {:#04x}",
+                            data[i],
+                            expect(a)
                         ));
                     }
                     let _ = writeln!(
