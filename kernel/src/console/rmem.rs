@@ -1,6 +1,6 @@
 //! The `rmem` shell command: the rmem crate's memory node and compute node
 //! from the console (`rmem serve SIZE`, `rmem connect LID`, `rmem
-//! alloc|free|read|write`, `rmem bench [--csv]`, `rmem stats`, `rmem
+//! alloc|free|read|write`, `rmem probe`, `rmem bench [--csv]`, `rmem stats`, `rmem
 //! close`); leaves out several connections per node (one client and one
 //! server per kernel).
 //!
@@ -24,7 +24,7 @@ use crate::time::TscClock;
 
 const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID|PORT_GUID [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
-bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
+probe ADDR [-i MS] [-t SECONDS] | bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
 struct State {
     cm: ClientId,
@@ -339,6 +339,20 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 Ok(())
             })
         }
+        ("probe", [a, more @ ..]) => {
+            let addr = addr(a)?;
+            let (mut every_ms, mut secs) = (100u64, 60u64);
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                let v = num(it.next().ok_or_else(|| String::from(USAGE))?)?;
+                match o {
+                    "-i" => every_ms = v.clamp(1, 60_000),
+                    "-t" => secs = v.clamp(1, 3600),
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            with_state(|core, _, st| probe(out, core, client(st)?, addr, every_ms, secs))
+        }
         ("bench", opts) => {
             let mut cfg = BenchConfig::default();
             let mut ks = vec![cfg.window];
@@ -454,6 +468,50 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             Ok(())
         }),
         _ => Err(USAGE.into()),
+    }
+}
+
+/// `rmem probe`: reads the page at `addr` every `every_ms` until a read
+/// fails (the error, with how many reads went well and how long after the
+/// last good one the failure came: the time to notice a pulled cable or a
+/// memory node gone), `secs` pass, or Ctrl-C.
+fn probe(
+    out: &mut dyn Write,
+    core: &mut IbCore,
+    c: &mut Client,
+    addr: u64,
+    every_ms: u64,
+    secs: u64,
+) -> CmdResult {
+    let clock = &TscClock;
+    let end = hal::Deadline::after(clock, Duration::from_secs(secs));
+    let mut page = vec![0u8; 4096];
+    let (mut n, mut last_ok) = (0u64, crate::time::uptime_us());
+    loop {
+        if let Err(e) = c.read(core, addr, &mut page) {
+            let ms = (crate::time::uptime_us() - last_ok) / 1000;
+            return Err(alloc::format!(
+                "{e} ({n} reads of {addr:#x} went well; this one failed {ms} ms after the last good one)"
+            ));
+        }
+        n += 1;
+        last_ok = crate::time::uptime_us();
+        let next = hal::Deadline::after(clock, Duration::from_millis(every_ms));
+        while !next.expired(clock) {
+            core.poll();
+            if end.expired(clock) {
+                let _ = writeln!(
+                    out,
+                    "rmem: probe: {n} reads of {addr:#x} in {secs} s, all well"
+                );
+                return Ok(());
+            }
+            if crate::serial::try_read() == Some(0x03) {
+                let _ = writeln!(out, "^C\nrmem: probe: {n} reads of {addr:#x}, all well");
+                return Ok(());
+            }
+            core::hint::spin_loop();
+        }
     }
 }
 
