@@ -6,6 +6,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
+# shellcheck source=scripts/nodes.sh
+. "$here/scripts/nodes.sh"
 
 usage_line="Usage: ./run-qemu.sh [options] [-- QEMU options]"
 
@@ -433,41 +435,14 @@ if [ "$nodes" = 1 ]; then
     exit "$st"
 fi
 
-# Several nodes: node 0 interactive unless --run; the others log to files.
+# Several nodes: node 0 interactive unless scripted; the others log to files.
 logdir="$here/target/nodes"
 mkdir -p "$logdir"
-for ((i = nodes - 1; i >= 0; i--)); do
-    qemu_cmd $i
-    if [ "$scripted" = 1 ]; then
-        q+=(-serial "file:$logdir/node$i.log")
-        timeout -k 5 "$timeout_s" "${q[@]}" </dev/null &
-    elif [ "$i" = 0 ]; then
-        q+=(-serial mon:stdio)
-        "${q[@]}" <&0 &
-    else
-        q+=(-serial "file:$logdir/node$i.log")
-        "${q[@]}" </dev/null &
-        say "node $i: serial console logged to $logdir/node$i.log"
-    fi
-    qemu_pids+=($!)
-done
-worst=0
-node_st=()
-for ((k = 0; k < nodes; k++)); do
-    st=0
-    wait "${qemu_pids[$k]}" || st=$?
-    node=$((nodes - 1 - k))
-    st=$(status_of "$st")
-    node_st[node]=$st
-    [ "$st" != 0 ] && [ "$worst" = 0 ] && worst=$st
-done
-qemu_pids=()
+start_nodes "$logdir/node"
+wait_nodes
 # Every node's transcript, in node order, then which nodes failed.
 if [ "$scripted" = 1 ]; then
-    for ((i = 0; i < nodes; i++)); do
-        echo "===== node $i (exit ${node_st[i]}) ====="
-        cat "$logdir/node$i.log" 2>/dev/null || true
-    done
+    print_transcripts "$logdir/node"
     # CSV blocks the nodes printed, one file per node and name (docs/rmem.md).
     exp="$here/target/experiments/$(date -u +%Y%m%d-%H%M%S)-$run_id"
     for ((i = 0; i < nodes; i++)); do
@@ -475,12 +450,6 @@ if [ "$scripted" = 1 ]; then
             say "run-qemu.sh: could not collect node $i's CSV into $exp"
         for f in $csv; do say "run-qemu.sh: node $i CSV: ${f#"$here"/}"; done
     done
-    for ((i = 0; i < nodes; i++)); do
-        case ${node_st[i]} in
-            0) ;;
-            124) say "run-qemu.sh: node $i did not finish within ${timeout_s}s" ;;
-            *) say "run-qemu.sh: node $i failed (exit ${node_st[i]})" ;;
-        esac
-    done
+    report_failures run-qemu.sh
 fi
 exit "$worst"

@@ -36,6 +36,6 @@ step "kernel image and GRUB ISO"
 ./run-qemu.sh --build-only --iso
 
 step "cargo test (unit, model-backed, QEMU end-to-end)"
-cargo test --quiet
+cargo test --quiet --no-fail-fast
 
 printf '\n== all tests passed in %ss\n' "$(( $(date +%s) - start ))"

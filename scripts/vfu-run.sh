@@ -28,6 +28,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/deps.sh
 . "$here/scripts/deps.sh"
+# shellcheck source=scripts/nodes.sh
+. "$here/scripts/nodes.sh"
 
 kinds=(); nodes=""; sm=""; run=""; timeout_s=180; memory=1G; append=""; emu_args=""; dry=0; build=1
 vfu_log=""; qemu_extra=(); declare -A run_on=()
@@ -231,45 +233,11 @@ fi
 # Several nodes: node 0 interactive unless scripted; the others log to files.
 logdir="$here/target/nodes"
 mkdir -p "$logdir"
-for ((i = nodes - 1; i >= 0; i--)); do
-    qemu_cmd "$i"
-    rm -f "$logdir/vfu-node$i.log"
-    if [ "$scripted" = 1 ]; then
-        q+=(-serial "file:$logdir/vfu-node$i.log")
-        timeout -k 5 "$timeout_s" "${q[@]}" </dev/null &
-    elif [ "$i" = 0 ]; then
-        q+=(-serial mon:stdio)
-        "${q[@]}" <&0 &
-    else
-        q+=(-serial "file:$logdir/vfu-node$i.log")
-        "${q[@]}" </dev/null &
-        say "node $i: serial console logged to $logdir/vfu-node$i.log"
-    fi
-    qemu_pids+=($!)
-done
-worst=0
-node_st=()
-for ((k = 0; k < nodes; k++)); do
-    st=0
-    wait "${qemu_pids[$k]}" || st=$?
-    node=$((nodes - 1 - k))
-    st=$(status_of "$st")
-    node_st[node]=$st
-    [ "$st" != 0 ] && [ "$worst" = 0 ] && worst=$st
-done
-qemu_pids=()
+start_nodes "$logdir/vfu-node"
+wait_nodes
 for _ in $(seq 60); do kill -0 "$vfu_pid" 2>/dev/null || break; sleep 0.05; done
 if [ "$scripted" = 1 ]; then
-    for ((i = 0; i < nodes; i++)); do
-        echo "===== node $i (${kinds[$i]}, exit ${node_st[i]}) ====="
-        cat "$logdir/vfu-node$i.log" 2>/dev/null || true
-    done
-    for ((i = 0; i < nodes; i++)); do
-        case ${node_st[i]} in
-            0) ;;
-            124) say "vfu-run.sh: node $i did not finish within ${timeout_s}s" ;;
-            *) say "vfu-run.sh: node $i failed (exit ${node_st[i]})" ;;
-        esac
-    done
+    print_transcripts "$logdir/vfu-node" "${kinds[@]}"
+    report_failures vfu-run.sh
 fi
 exit "$worst"

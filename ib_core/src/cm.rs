@@ -338,8 +338,14 @@ struct CmSlot(Option<CmDevice>);
 pub struct CmClient;
 
 /// `ib_cm_init`: registers the CM with the core; the id names the CM in
-/// every call.
+/// every call. There is one CM per core, as Linux's module is one per
+/// system: it owns the CM class on QP1 (a second one could not register
+/// its MAD agent), so a later call returns the CM already registered and
+/// every user shares its listeners and connections.
 pub fn ib_cm_init(core: &mut IbCore) -> ClientId {
+    if let Some(id) = core.client_by_name(CmClient.name()) {
+        return id;
+    }
     core.ib_register_client(Box::new(CmClient))
 }
 

@@ -646,6 +646,14 @@ impl IbCore {
         id
     }
 
+    /// The registered client called `name`, if any (the first).
+    pub fn client_by_name(&self, name: &str) -> Option<ClientId> {
+        self.clients
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.client.name() == name))
+            .map(|i| ClientId(i as u32))
+    }
+
     /// `ib_unregister_client`: calls its `remove` for every device it took,
     /// drops its data and gives the client back.
     pub fn ib_unregister_client(&mut self, id: ClientId) -> Result<Box<dyn IbClient>> {

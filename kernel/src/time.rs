@@ -11,10 +11,16 @@ static TSC_HZ: AtomicU64 = AtomicU64::new(0);
 static BOOT_TSC: AtomicU64 = AtomicU64::new(0);
 
 const PIT_HZ: u64 = 1_193_182;
-const CALIBRATION_MS: u64 = 10;
-const ROUNDS: usize = 9;
+/// PIT ticks a round measures at least (about 20 ms).
+const ROUND_TICKS: u16 = 24_000;
+const ROUNDS: usize = 3;
+/// The widest TSC bracket around one PIT read that counts as a sample:
+/// 200 us even at 5 GHz, so at most 1 % of a round at the real rate.
+const MAX_BRACKET: u64 = 1_000_000;
+/// Reads a round may take before it gives up (there is no other clock).
+const MAX_READS: u32 = 5_000_000;
 
-/// Measures the TSC frequency against PIT one-shots; `entry_tsc` is the TSC
+/// Measures the TSC frequency against PIT channel 2; `entry_tsc` is the TSC
 /// at kernel entry, the zero of `uptime`.
 pub fn init(entry_tsc: u64) {
     BOOT_TSC.store(entry_tsc, Ordering::Relaxed);
@@ -25,39 +31,73 @@ pub fn init(entry_tsc: u64) {
     TSC_HZ.store(hz, Ordering::Relaxed);
 }
 
-/// The lowest reading of [`ROUNDS`] one-shots of [`CALIBRATION_MS`]. One one-shot is
-/// not enough under an emulator on a loaded host: a vCPU descheduled inside
-/// a round (after reading the TSC, or before it sees terminal count) reads
-/// the TSC as too fast (10.7 GHz was seen for about 3), which stretches
-/// every `sleep` and deadline by as much. A disturbance only ever lengthens
-/// a round (the PIT keeps counting host time while the vCPU waits), so the
-/// smallest reading is the least disturbed; the median was not enough at
-/// load 25 on 2 cores (5.5 GHz read for 2.45: a 150 s `rmem serve` lasted
-/// 340 s).
+/// The median of [`ROUNDS`] rounds. Each round reads the PIT's counter
+/// itself, bracketed by two TSC reads, at its start and once at least
+/// [`ROUND_TICKS`] have gone by; a read whose bracket is wide (the vCPU was
+/// descheduled around it) is taken again. Waiting for terminal count and
+/// reading the TSC afterwards instead reads the TSC as too fast whenever an
+/// emulator on a loaded host deschedules the vCPU in between (10 GHz was
+/// seen at a load of 26 on 2 cores, which stretches every `sleep` 4-fold).
 fn calibrate() -> Option<u64> {
-    (0..ROUNDS).filter_map(|_| one_shot()).min()
-}
-
-fn one_shot() -> Option<u64> {
-    let latch = PIT_HZ * CALIBRATION_MS / 1000;
-    // Gate channel 2 on, speaker off; mode 0 (interrupt on terminal count).
-    outb(0x61, (inb(0x61) & !0x02) | 0x01);
-    outb(0x43, 0xb0);
-    outb(0x42, latch as u8);
-    let t0 = rdtsc();
-    // Counting starts with the high byte.
-    outb(0x42, (latch >> 8) as u8);
-    // OUT2 (bit 5 of port 0x61) goes high at terminal count. Bounded by an
-    // iteration count: there is no other clock yet.
-    let mut done = false;
-    for _ in 0..50_000_000u64 {
-        if inb(0x61) & 0x20 != 0 {
-            done = true;
-            break;
+    let mut rounds = [0u64; ROUNDS];
+    let mut n = 0;
+    for r in rounds.iter_mut() {
+        if let Some(hz) = round() {
+            *r = hz;
+            n += 1;
         }
     }
+    if n == 0 {
+        return None;
+    }
+    rounds.sort_unstable();
+    // Failed rounds sort first as zeros: the median of those that worked.
+    let ok = &rounds[ROUNDS - n..];
+    Some(ok[ok.len() / 2])
+}
+
+/// One PIT count with the TSC at its middle, or None if the bracket was
+/// too wide. The count is channel 2's, latched; OUT2 (bit 5 of port 0x61)
+/// high means it passed terminal count.
+fn sample() -> Option<(u64, u16, bool)> {
+    let t0 = rdtsc();
+    outb(0x43, 0x80); // latch channel 2
+    let lo = inb(0x42);
+    let hi = inb(0x42);
+    let out2 = inb(0x61) & 0x20 != 0;
     let t1 = rdtsc();
-    (done && t1 > t0).then(|| (t1 - t0) * 1000 / CALIBRATION_MS)
+    let w = t1.checked_sub(t0)?;
+    (w <= MAX_BRACKET).then_some((t0 + w / 2, u16::from_le_bytes([lo, hi]), out2))
+}
+
+fn round() -> Option<u64> {
+    // Gate channel 2 on, speaker off; mode 0 from 0xffff (55 ms to
+    // terminal count: a round ends well before).
+    outb(0x61, (inb(0x61) & !0x02) | 0x01);
+    outb(0x43, 0xb0);
+    outb(0x42, 0xff);
+    outb(0x42, 0xff);
+    let mut reads = 0;
+    let mut next = || {
+        while reads < MAX_READS {
+            reads += 1;
+            if let Some(s) = sample() {
+                return Some(s);
+            }
+        }
+        None
+    };
+    let (ta, ca, _) = next()?;
+    loop {
+        let (tb, cb, out2) = next()?;
+        if out2 || cb > ca {
+            return None; // past terminal count: the round took too long
+        }
+        let ticks = u64::from(ca - cb);
+        if ticks >= u64::from(ROUND_TICKS) {
+            return (tb > ta).then(|| (tb - ta) * PIT_HZ / ticks);
+        }
+    }
 }
 
 /// TSC frequency in Hz (0 before calibration).

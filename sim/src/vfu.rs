@@ -501,7 +501,8 @@ cabled, port 2 uncabled unless a topology file says otherwise):
   --drop SPEC, --corrupt SPEC, --delay SPEC
                         packet faults (rate=P, every=N, qpn=, opcode=,
                         port=NODE/PORT, times=N; see docs/fabric.md)
-  --pull NODE/PORT@T[+D] pull a cable at T, put it back D later
+  --pull NODE/PORT@T[+D] pull a cable at T (a fabric time, or a byte count
+                        such as 64MiB crossing that cable), put it back D later
   --fault-seed N        seed of the fault RNG
   -h, --help            this text
 

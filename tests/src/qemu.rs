@@ -14,7 +14,7 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn script() -> PathBuf {
+fn run_qemu_sh() -> PathBuf {
     root().join("run-qemu.sh")
 }
 
@@ -26,7 +26,7 @@ fn build(iso: bool) {
     static LOCK: Mutex<()> = Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     BUILT.get_or_init(|| {
-        let st = Command::new(script())
+        let st = Command::new(run_qemu_sh())
             .arg("--build-only")
             .status()
             .expect("run-qemu.sh runs");
@@ -34,7 +34,7 @@ fn build(iso: bool) {
     });
     if iso {
         ISO.get_or_init(|| {
-            let st = Command::new(script())
+            let st = Command::new(run_qemu_sh())
                 .args(["--iso", "--build-only", "--no-build"])
                 .status()
                 .expect("run-qemu.sh runs");
@@ -80,16 +80,26 @@ impl Run {
 /// `deadline`. With `--nodes N` the transcript holds every node's console,
 /// each after a `===== node I (exit S) =====` line.
 pub fn run(cmds: &str, opts: &[&str], deadline: Duration) -> Run {
-    build(opts.contains(&"--iso"));
-    let out = Command::new(script())
-        .args([
-            "--no-build",
-            "--timeout",
-            &deadline.as_secs().to_string(),
-            "--run",
-            cmds,
-        ])
-        .args(opts)
+    let mut args = vec!["--run", cmds];
+    args.extend_from_slice(opts);
+    run_args(&args, deadline)
+}
+
+/// `run-qemu.sh ARGS` on the image built once, with `deadline` as the
+/// script's own (`--timeout`); for runs whose scripts are all `--run-on`.
+pub fn run_args(args: &[&str], deadline: Duration) -> Run {
+    build(args.contains(&"--iso"));
+    let secs = deadline.as_secs().to_string();
+    let mut all = vec!["--no-build", "--timeout", &secs];
+    all.extend_from_slice(args);
+    script(&all)
+}
+
+/// `run-qemu.sh ARGS` as given (no build, no deadline of its own: for
+/// `--dry-run` and refused command lines), stdin closed.
+pub fn script(args: &[&str]) -> Run {
+    let out = Command::new(run_qemu_sh())
+        .args(args)
         .stdin(Stdio::null())
         .output()
         .expect("run-qemu.sh runs");
@@ -98,6 +108,63 @@ pub fn run(cmds: &str, opts: &[&str], deadline: Duration) -> Run {
         transcript: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// A vfio-user run (`--vfu`, `--linux`, `--guests`): [`run_args`] after
+/// building cx3-vfu and fetching the QEMU with the vfio-user client (and,
+/// with `linux_guest`, building the Linux guest) once per test process, so
+/// that the first run's downloads do not eat into the deadline. The
+/// transcript's lines end in LF (the serial console's CR LF turned).
+pub fn run_vfu(args: &[&str], deadline: Duration, linux_guest: bool) -> Run {
+    build(false);
+    static VFU: OnceLock<()> = OnceLock::new();
+    static LINUX: OnceLock<()> = OnceLock::new();
+    VFU.get_or_init(|| {
+        let root = root();
+        let st = Command::new("cargo")
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", root.join("target/emu"))
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "sim",
+                "--bin",
+                "cx3-vfu",
+            ])
+            .status()
+            .expect("cargo runs");
+        assert!(st.success(), "building cx3-vfu failed");
+        fetch("scripts/qemu-vfu.sh");
+    });
+    if linux_guest {
+        LINUX.get_or_init(|| fetch("scripts/linux-guest.sh"));
+    }
+    let r = run_args(args, deadline);
+    Run {
+        transcript: r.transcript.replace("\r\n", "\n"),
+        ..r
+    }
+}
+
+/// Runs one of the scripts that fetch and cache what the vfio-user runs
+/// need.
+fn fetch(s: &str) {
+    let st = Command::new(root().join(s))
+        .stdout(Stdio::null())
+        .status()
+        .expect("the script runs");
+    assert!(st.success(), "{s} failed");
+}
+
+/// Node `n`'s transcript in a multi-node run's output: from its
+/// `===== node N ` line up to the next node's.
+pub fn node(out: &str, n: usize) -> Option<&str> {
+    let start = out.find(&format!("===== node {n} "))?;
+    let rest = &out[start..];
+    let end = rest[1..].find("===== node ").map_or(rest.len(), |e| e + 1);
+    Some(&rest[..end])
 }
 
 /// Console lines after which no awaited output can come: a wait stops at
@@ -123,7 +190,7 @@ impl Console {
     /// `deadline`.
     pub fn boot(opts: &[&str], deadline: Duration) -> Console {
         build(false);
-        let mut child = Command::new(script())
+        let mut child = Command::new(run_qemu_sh())
             .arg("--no-build")
             .args(opts)
             .stdin(Stdio::piped())

@@ -58,6 +58,24 @@ fn a_failing_command_fails_the_run_and_the_rest_still_runs() {
 }
 
 #[test]
+fn retry_reruns_a_failing_command_and_stops_at_the_first_success() {
+    let r = qemu::run(
+        "retry -n 3 -i 0 lspci -x; retry -i 0 uptime; retry",
+        NO_HCA,
+        DEADLINE,
+    );
+    assert_eq!(r.status, 1, "{}", r.transcript);
+    r.expect("lspci: usage: lspci [-v] [-n]")
+        .expect("retry: lspci failed (1 of 3); again in 0 s")
+        .expect("retry: lspci failed (2 of 3); again in 0 s")
+        .expect("lspci: usage: lspci [-v] [-n]")
+        .expect("retry: lspci failed 3 times")
+        .expect("since kernel entry")
+        .expect("retry: usage: retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]")
+        .reject("retry: uptime failed");
+}
+
+#[test]
 fn page_fault_prints_a_diagnostic_and_exits_with_failure() {
     let r = qemu::run("crash pagefault; uptime", NO_HCA, DEADLINE);
     assert_eq!(
@@ -159,21 +177,15 @@ fn grub_iso_boots_to_the_same_console() {
 
 #[test]
 fn vfio_dry_run_prints_the_passthrough_command_line() {
-    let out = std::process::Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--dry-run", "--vfio", "0000:04:00.0"])
-        .output()
-        .expect("run-qemu.sh runs");
-    assert!(out.status.success());
-    let line = String::from_utf8_lossy(&out.stdout);
+    let out = qemu::script(&["--dry-run", "--vfio", "0000:04:00.0"]);
+    assert_eq!(out.status, 0);
+    let line = out.transcript;
     assert!(
         line.contains("-device vfio-pci,host=0000:04:00.0"),
         "{line}"
     );
     assert!(line.contains("-machine q35"), "{line}");
     assert!(line.contains("-accel kvm"), "passthrough needs KVM: {line}");
-    let bad = std::process::Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--dry-run", "--vfio", "04:00"])
-        .output()
-        .expect("run-qemu.sh runs");
-    assert_eq!(bad.status.code(), Some(2));
+    let bad = qemu::script(&["--dry-run", "--vfio", "04:00"]);
+    assert_eq!(bad.status, 2);
 }

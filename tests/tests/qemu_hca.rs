@@ -140,6 +140,27 @@ fn interactive_boot_with_the_hca_and_nothing_left_behind() {
     c.send("ibstat\r");
     c.wait_for("CA 'mlx4_0'");
     c.wait_for("lego> ");
+    // Ctrl-C ends every tool that waits, and the shell carries on.
+    c.send("ib_write_bw\r");
+    c.wait_for("Waiting for client to connect... (LID");
+    c.send("\x03");
+    c.wait_for("ib_write_bw: interrupted while waiting for");
+    c.wait_for("lego> ");
+    c.send("ibv_rc_pingpong\r");
+    c.wait_for("Ctrl-C stops)");
+    c.send("\x03");
+    c.wait_for("ibv_rc_pingpong: interrupted while waiting for");
+    c.wait_for("lego> ");
+    c.send("rmem serve 1M\r");
+    c.wait_for("rmem: serving 1024 KiB at");
+    c.send("\x03");
+    c.wait_for("rmem: 0 clients served");
+    c.wait_for("lego> ");
+    c.send("retry -n 100 lspci -x\r");
+    c.wait_for("retry: lspci failed (1 of 100); again in 1 s");
+    c.send("\x03");
+    c.wait_for("retry: interrupted after");
+    c.wait_for("lego> ");
     c.send("poweroff\r");
     c.wait_for("Power down.");
     assert_eq!(c.wait_exit(), 0);

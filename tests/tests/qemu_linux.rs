@@ -10,77 +10,16 @@
 //! 130 MB, cached under `target/`).
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tests::qemu;
 
 const DEADLINE: Duration = Duration::from_secs(400);
 
-/// What one `run-qemu.sh` run printed: the guest's console and cx3-vfu's
-/// messages (stderr).
-struct Out {
-    status: i32,
-    console: String,
-    vfu: String,
-}
-
-fn run(mode: &str, cmds: &str, extra: &[&str]) -> Out {
-    build();
-    let out = Command::new(qemu::root().join("run-qemu.sh"))
-        .args([
-            mode,
-            "--no-build",
-            "--timeout",
-            &DEADLINE.as_secs().to_string(),
-        ])
-        .args(["--run", cmds])
-        .args(extra)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
-    Out {
-        status: out.status.code().unwrap_or(-1),
-        console: String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
-        vfu: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// Builds the kernel image (for --vfu) and cx3-vfu once per process; the
-/// QEMU with the vfio-user client and the Linux guest are fetched and built
-/// by the scripts run-qemu.sh calls (cached under target/).
-fn build() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let root = qemu::root();
-        let st = Command::new(root.join("run-qemu.sh"))
-            .arg("--build-only")
-            .status()
-            .expect("run-qemu.sh runs");
-        assert!(st.success(), "building the kernel image failed");
-        let st = Command::new("cargo")
-            .current_dir(&root)
-            .env("CARGO_TARGET_DIR", root.join("target/emu"))
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "-p",
-                "sim",
-                "--bin",
-                "cx3-vfu",
-            ])
-            .status()
-            .expect("cargo runs");
-        assert!(st.success(), "building cx3-vfu failed");
-        for s in ["scripts/qemu-vfu.sh", "scripts/linux-guest.sh"] {
-            let st = Command::new(root.join(s))
-                .stdout(Stdio::null())
-                .status()
-                .expect("the script runs");
-            assert!(st.success(), "{s} failed");
-        }
-    });
+/// `run-qemu.sh MODE --run CMDS EXTRA`: the guest's console, and cx3-vfu's
+/// messages on stderr.
+fn run(mode: &str, cmds: &str, extra: &[&str]) -> qemu::Run {
+    qemu::run_vfu(&[&[mode, "--run", cmds], extra].concat(), DEADLINE, true)
 }
 
 /// `key:\tvalue` lines of ibv_devinfo / `key: value` lines of ibstat, in
@@ -209,35 +148,38 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
             "--stats",
         ],
     );
-    let all = format!("{}\n--- cx3-vfu ---\n{}", l.console, l.vfu);
+    let all = format!("{}\n--- cx3-vfu ---\n{}", l.transcript, l.stderr);
     assert_eq!(l.status, 0, "a command failed in the Linux guest:\n{all}");
     // The model saw nothing wrong: no violation, no DMA fault, on any load.
     assert!(
-        l.vfu.contains("violations 0, DMA faults 0"),
+        l.stderr.contains("violations 0, DMA faults 0"),
         "cx3-vfu recorded violations or DMA faults:\n{all}"
     );
     assert!(
-        !l.vfu.contains("violation:") && !l.vfu.contains("DMA fault:"),
+        !l.stderr.contains("violation:") && !l.stderr.contains("DMA fault:"),
         "{all}"
     );
     // mlx4_core's capability dump agrees with the model's QUERY_DEV_CAP.
     for line in expected_caps_dump() {
         assert!(
-            l.console.contains(&line),
+            l.transcript.contains(&line),
             "caps dump lacks {line:?}:\n{all}"
         );
     }
     // Interrupts work (the EQs' MSI-X vectors, or INTx), and the command interface
     // went to event mode: Linux's own check after creating its EQs.
-    assert!(l.console.contains("NOP command IRQ test passed"), "{all}");
     assert!(
-        l.vfu.contains("MSI-X ") && !l.vfu.contains("MSI-X 0,"),
+        l.transcript.contains("NOP command IRQ test passed"),
+        "{all}"
+    );
+    assert!(
+        l.stderr.contains("MSI-X ") && !l.stderr.contains("MSI-X 0,"),
         "{all}"
     );
     // No command failed, the uplink-GUID query (MOD_STAT_CFG op_mod 2,
     // which the model lacked in the first half) included.
-    assert!(!l.console.contains("failed: fw status"), "{all}");
-    assert!(!l.console.contains("uplink guid"), "{all}");
+    assert!(!l.transcript.contains("failed: fw status"), "{all}");
+    assert!(!l.transcript.contains("uplink guid"), "{all}");
     for bad in [
         "timed out",
         "probe of",
@@ -246,14 +188,14 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "catastrophic",
     ] {
         assert!(
-            !l.console.contains(bad),
+            !l.transcript.contains(bad),
             "{bad:?} in the transcript:\n{all}"
         );
     }
     // Four loads of mlx4_ib (one plus three reloads), each registering mlx4_0.
-    assert!(l.console.contains("# ibstat -l\nmlx4_0"), "{all}");
+    assert!(l.transcript.contains("# ibstat -l\nmlx4_0"), "{all}");
     let adds = l
-        .console
+        .transcript
         .lines()
         .skip_while(|x| !x.contains("# dmesg | grep -c"))
         .nth(1)
@@ -266,13 +208,13 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "ibv_devinfo -v; ibstat",
         &["--sm", "none", "--emu-args", "--stats"],
     );
-    let oall = format!("{}\n--- cx3-vfu ---\n{}", o.console, o.vfu);
+    let oall = format!("{}\n--- cx3-vfu ---\n{}", o.transcript, o.stderr);
     assert_eq!(o.status, 0, "{oall}");
-    assert!(o.vfu.contains("violations 0, DMA faults 0"), "{oall}");
+    assert!(o.stderr.contains("violations 0, DMA faults 0"), "{oall}");
     // ibv_devinfo: the values that come from the card (not from the driver's
     // profile, its port bring-up, or the verbs it adds).
-    let lin = fields(&l.console, "hca_id:", "# ");
-    let ours = fields(&o.console, "hca_id:", "lego>");
+    let lin = fields(&l.transcript, "hca_id:", "# ");
+    let ours = fields(&o.transcript, "hca_id:", "lego>");
     for k in [
         "hca_id",
         "transport",
@@ -316,8 +258,8 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
     }
     // ibstat: everything but the port states (Linux's mlx4_ib has run
     // INIT_PORT; our kernel has no mlx4_ib yet, so its ports are down).
-    let lin = fields(&l.console, "CA 'mlx4_0'", "# ");
-    let ours = fields(&o.console, "CA 'mlx4_0'", "lego>");
+    let lin = fields(&l.transcript, "CA 'mlx4_0'", "# ");
+    let ours = fields(&o.transcript, "CA 'mlx4_0'", "lego>");
     for k in [
         "CA type",
         "Number of ports",

@@ -15,7 +15,6 @@
 //! with `sminfo`. The first run also downloads QEMU 11.1 and the guest's
 //! Debian packages (about 130 MB, cached under `target/`).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tests::qemu;
@@ -28,50 +27,9 @@ fn node_guid(i: usize) -> u64 {
     sim::fabric::topology::hca_guid(i)
 }
 
-/// Builds the kernel image and cx3-vfu once; the scripts run-qemu.sh calls
-/// fetch QEMU with the vfio-user client and build the Linux guest.
-fn build() {
-    let root = qemu::root();
-    let st = Command::new(root.join("run-qemu.sh"))
-        .arg("--build-only")
-        .status()
-        .expect("run-qemu.sh runs");
-    assert!(st.success(), "building the kernel image failed");
-    let st = Command::new("cargo")
-        .current_dir(&root)
-        .env("CARGO_TARGET_DIR", root.join("target/emu"))
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "sim",
-            "--bin",
-            "cx3-vfu",
-        ])
-        .status()
-        .expect("cargo runs");
-    assert!(st.success(), "building cx3-vfu failed");
-    for s in ["scripts/qemu-vfu.sh", "scripts/linux-guest.sh"] {
-        let st = Command::new(root.join(s))
-            .stdout(Stdio::null())
-            .status()
-            .expect("the script runs");
-        assert!(st.success(), "{s} failed");
-    }
-}
-
 /// The transcript of node `n` in run-qemu.sh's multi-node output.
 fn node(out: &str, n: usize) -> &str {
-    let head = format!("===== node {n} ");
-    let Some(at) = out.find(&head) else {
-        return "";
-    };
-    let body = &out[at..];
-    let end = body[head.len()..]
-        .find("===== node ")
-        .map_or(body.len(), |i| i + head.len());
-    &body[..end]
+    qemu::node(out, n).unwrap_or("")
 }
 
 /// The lines after the command that starts with `cmd` (echoed as
@@ -130,27 +88,45 @@ const OURS: &str = "sleep 120; ibstat; smpquery -D nodeinfo 0,1,2; smpquery -D p
 
 #[test]
 fn linux_guests_and_ours_share_one_fabric_under_opensm() {
-    build();
-    let out = Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--no-build", "--guests", "linux,linux,lego"])
-        .args(["--timeout", &DEADLINE.as_secs().to_string()])
-        .args(["--emu-args", "--stats"])
-        .args(["--run-on", "0", LINUX_SERVER])
-        .args(["--run-on", "1", LINUX_CLIENT])
-        .args(["--run-on", "2", OURS])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
-    let console = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
-    let vfu = String::from_utf8_lossy(&out.stderr).into_owned();
-    check(out.status.code(), &console, &vfu);
+    let r = qemu::run_vfu(
+        &[
+            "--guests",
+            "linux,linux,lego",
+            "--emu-args",
+            "--stats",
+            "--run-on",
+            "0",
+            LINUX_SERVER,
+            "--run-on",
+            "1",
+            LINUX_CLIENT,
+            "--run-on",
+            "2",
+            OURS,
+        ],
+        DEADLINE,
+        true,
+    );
+    check(r.status, &r.transcript, &r.stderr);
 }
 
 /// What the run must show (the transcripts on stdout, cx3-vfu's and
 /// run-qemu.sh's messages on stderr).
-fn check(status: Option<i32>, console: &str, vfu: &str) {
-    let all = format!("{console}\n--- cx3-vfu and run-qemu.sh ---\n{vfu}");
-    assert_eq!(status, Some(0), "a command failed:\n{all}");
+fn check(status: i32, console: &str, vfu: &str) {
+    // The model's verdict lines first: a failure message is often cut short.
+    let verdict: String = vfu
+        .lines()
+        .filter(|l| {
+            ["violation", "DMA fault", "total:", "exiting", "vfu-run.sh"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let all = format!(
+        "--- cx3-vfu verdict ---\n{verdict}--- consoles ---\n{console}\n--- cx3-vfu and run-qemu.sh ---\n{vfu}"
+    );
+    assert_eq!(status, 0, "a command failed:\n{all}");
     // The model saw nothing wrong from any of the three drivers.
     assert!(
         vfu.contains("total: commands") && vfu.contains("violations 0, DMA faults 0; CPU"),

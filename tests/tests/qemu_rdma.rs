@@ -1,24 +1,15 @@
 //! Two guests, one command: `run-qemu.sh --run-on N CMDS` gives each node its own script (next to `--run` for all), prints every node's transcript and exits 0 only if every node's script succeeded; the RDMA tools themselves (perftest, diags) join these tests once the kernel runs them (mlx4_ib, the CM and an SM on main).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tests::qemu::{self, root};
+use tests::qemu;
 
 /// A run takes seconds; the deadline only bounds a hang.
 const DEADLINE: Duration = Duration::from_secs(90);
 
 fn script(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(root().join("run-qemu.sh"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let r = qemu::script(args);
+    (r.status, r.transcript, r.stderr)
 }
 
 /// The `run="..."` each QEMU of a dry run boots with, in node order.
@@ -144,19 +135,23 @@ fn two_guests_run_their_own_scripts_and_every_transcript_is_printed() {
 
     // Only --run-on, one node failing: exit 1, both transcripts, the
     // failing node named.
-    let (st, out, err) = script(&[
-        "--no-build",
-        "--timeout",
-        &DEADLINE.as_secs().to_string(),
-        "--nodes",
-        "2",
-        "--run-on",
-        "0",
-        "uptime",
-        "--run-on",
-        "1",
-        "no_such_command",
-    ]);
+    let qemu::Run {
+        status: st,
+        transcript: out,
+        stderr: err,
+    } = qemu::run_args(
+        &[
+            "--nodes",
+            "2",
+            "--run-on",
+            "0",
+            "uptime",
+            "--run-on",
+            "1",
+            "no_such_command",
+        ],
+        DEADLINE,
+    );
     assert_eq!(st, 1, "{out}\n{err}");
     assert!(out.contains("===== node 0 (exit 0) ====="), "{out}");
     assert!(out.contains("===== node 1 (exit 1) ====="), "{out}");

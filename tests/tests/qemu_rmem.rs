@@ -1,10 +1,10 @@
 //! Remote memory between QEMU guests, one command as a researcher runs it: `run-qemu.sh --nodes 3` with the default subnet manager (OpenSM), node 0 serving 256 MiB (`rmem serve 256M`), nodes 1 and 2 connecting to its LID through the SA and the CM. One boot covers: a pattern written and read back across 16 MiB of the region with every byte checked; the two compute nodes filling their own chunks with different bytes at the same time and each reading back only its own; an access past the region refused by the card ("remote access error"); node 2's cable pulled (cx3-emu `--pull`) while it probes, ending a read in "memory node unreachable" within the client's deadline, its port DOWN; OpenSM never dropping the memory node's port while it exported; `rmem bench --csv` on both compute nodes, collected by run-qemu.sh under target/experiments/ and parsed here. Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tests::qemu::root;
+use tests::qemu::{self, root};
 
 /// The whole boot; the guests take about 2 minutes on an idle machine.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -41,33 +41,18 @@ struct Outcome {
 
 fn run_qemu(args: &[&str]) -> Outcome {
     let t = Instant::now();
-    let st = Command::new(root().join("run-qemu.sh"))
-        .arg("--build-only")
-        .status()
-        .expect("run-qemu.sh runs");
-    assert!(st.success(), "building the kernel image failed");
-    let o = Command::new(root().join("run-qemu.sh"))
-        .args(["--no-build", "--timeout", &DEADLINE.as_secs().to_string()])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
+    let r = qemu::run_args(args, DEADLINE);
     Outcome {
-        status: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        status: r.status,
+        stdout: r.transcript,
+        stderr: r.stderr,
         took: t.elapsed(),
     }
 }
 
 /// Node `n`'s transcript (between its `===== node N` line and the next).
 fn node(out: &str, n: usize) -> &str {
-    let start = out
-        .find(&format!("===== node {n} "))
-        .unwrap_or_else(|| panic!("node {n}'s transcript in:\n{out}"));
-    let rest = &out[start..];
-    let end = rest[1..].find("===== node ").map_or(rest.len(), |e| e + 1);
-    &rest[..end]
+    qemu::node(out, n).unwrap_or_else(|| panic!("node {n}'s transcript in:\n{out}"))
 }
 
 /// The output of `lego> CMD` up to the next prompt (kernel log lines

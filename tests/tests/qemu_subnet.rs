@@ -22,16 +22,8 @@ const DEADLINE: Duration = Duration::from_secs(100);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn script(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(root().join("run-qemu.sh"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let r = qemu::script(args);
+    (r.status, r.transcript, r.stderr)
 }
 
 fn opensm_present(test: &str) -> bool {
@@ -103,12 +95,7 @@ fn the_sm_choice_reaches_the_emulator() {
 
 /// Node `n`'s part of a multi-node transcript.
 fn node(transcript: &str, n: usize) -> &str {
-    let start = transcript
-        .find(&format!("===== node {n} "))
-        .unwrap_or_else(|| panic!("no node {n} in:\n{transcript}"));
-    let rest = &transcript[start..];
-    let end = rest[1..].find("===== node ").map_or(rest.len(), |e| e + 1);
-    &rest[..end]
+    qemu::node(transcript, n).unwrap_or_else(|| panic!("no node {n} in:\n{transcript}"))
 }
 
 /// The milliseconds from kernel entry to port 1 Active a guest logged.

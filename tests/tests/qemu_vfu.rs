@@ -4,65 +4,15 @@
 //! takes. Plus the transport benchmark (ivshmem vs vfio-user), `#[ignore]`d:
 //! `cargo test --release -p tests --test qemu_vfu -- --ignored --nocapture`.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tests::qemu;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 
-struct Out {
-    status: i32,
-    console: String,
-    vfu: String,
-}
-
-fn build() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let root = qemu::root();
-        let st = Command::new(root.join("run-qemu.sh"))
-            .arg("--build-only")
-            .status()
-            .expect("run-qemu.sh runs");
-        assert!(st.success(), "building the kernel image failed");
-        let st = Command::new("cargo")
-            .current_dir(&root)
-            .env("CARGO_TARGET_DIR", root.join("target/emu"))
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "-p",
-                "sim",
-                "--bin",
-                "cx3-vfu",
-            ])
-            .status()
-            .expect("cargo runs");
-        assert!(st.success(), "building cx3-vfu failed");
-        let st = Command::new(root.join("scripts/qemu-vfu.sh"))
-            .stdout(Stdio::null())
-            .status()
-            .expect("the script runs");
-        assert!(st.success(), "scripts/qemu-vfu.sh failed");
-    });
-}
-
-fn run(opts: &[&str], cmds: &str) -> Out {
-    build();
-    let out = Command::new(qemu::root().join("run-qemu.sh"))
-        .args(["--no-build", "--timeout", &DEADLINE.as_secs().to_string()])
-        .args(["--run", cmds])
-        .args(opts)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run-qemu.sh runs");
-    Out {
-        status: out.status.code().unwrap_or(-1),
-        console: String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
-        vfu: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+/// `run-qemu.sh OPTS --run CMDS` (cx3-vfu's messages on stderr).
+fn run(opts: &[&str], cmds: &str) -> qemu::Run {
+    qemu::run_vfu(&[&["--run", cmds], opts].concat(), DEADLINE, false)
 }
 
 #[test]
@@ -71,7 +21,7 @@ fn our_kernel_probes_the_vfio_user_function_as_a_plain_pci_device() {
         &["--vfu", "--emu-args", "--stats"],
         "lspci; ibv_devinfo; ibstat; mlx4 catas",
     );
-    let all = format!("{}\n--- cx3-vfu ---\n{}", o.console, o.vfu);
+    let all = format!("{}\n--- cx3-vfu ---\n{}", o.transcript, o.stderr);
     assert_eq!(o.status, 0, "{all}");
     for want in [
         // Found by enumeration as the card itself, not as an ivshmem window.
@@ -86,13 +36,13 @@ fn our_kernel_probes_the_vfio_user_function_as_a_plain_pci_device() {
         "internal error buffer at BAR0 + 0xa0000, 16 dwords: clear",
         "run: all commands succeeded",
     ] {
-        assert!(o.console.contains(want), "expected {want:?}:\n{all}");
+        assert!(o.transcript.contains(want), "expected {want:?}:\n{all}");
     }
-    assert!(!o.console.contains("ivshmem: emulated HCA"), "{all}");
+    assert!(!o.transcript.contains("ivshmem: emulated HCA"), "{all}");
     // The model saw the whole bring-up, every access trapped, and nothing
     // wrong with it.
-    assert!(o.vfu.contains("violations 0, DMA faults 0"), "{all}");
-    assert!(!o.vfu.contains("BAR0 0,"), "{all}");
+    assert!(o.stderr.contains("violations 0, DMA faults 0"), "{all}");
+    assert!(!o.stderr.contains("BAR0 0,"), "{all}");
 }
 
 #[test]
@@ -101,14 +51,14 @@ fn fault_injection_reaches_our_kernel_over_vfio_user() {
         &["--vfu", "--emu-args", "--fail QUERY_DEV_CAP=BAD_PARAM"],
         "ibv_devinfo",
     );
-    let all = format!("{}\n--- cx3-vfu ---\n{}", o.console, o.vfu);
+    let all = format!("{}\n--- cx3-vfu ---\n{}", o.transcript, o.stderr);
     assert_eq!(o.status, 1, "ibv_devinfo must fail without an HCA:\n{all}");
     assert!(
-        o.console
+        o.transcript
             .contains("bring-up failed: command QUERY_DEV_CAP (0x3) failed: fw status = 0x3"),
         "{all}"
     );
-    assert!(o.console.contains("ibv_devinfo: no HCA"), "{all}");
+    assert!(o.transcript.contains("ibv_devinfo: no HCA"), "{all}");
 }
 
 /// Boot to "mlx4_core ready", firmware command round trip, register read
@@ -122,14 +72,14 @@ fn transport_figures_ivshmem_vs_vfio_user() {
     ] {
         for round in 1..=3 {
             let o = run(opts, "mlx4 bench 2000");
-            assert_eq!(o.status, 0, "{}\n{}", o.console, o.vfu);
+            assert_eq!(o.status, 0, "{}\n{}", o.transcript, o.stderr);
             let ready = o
-                .console
+                .transcript
                 .lines()
                 .find(|l| l.contains("mlx4_core ready in"))
                 .unwrap_or("");
             let bench = o
-                .console
+                .transcript
                 .lines()
                 .find(|l| l.contains("rounds: firmware command"))
                 .unwrap_or("");

@@ -925,6 +925,34 @@ fn one_call_connect_and_accept_exchange_private_data() {
 }
 
 #[test]
+fn a_second_cm_user_shares_the_one_cm() {
+    // Two tools in one kernel (a perftest run, then the remote-memory
+    // server) each call ib_cm_init: both get the one CM, whose MAD agent
+    // owns the CM class on QP1, and both can listen and connect.
+    let mut c = cm_rig();
+    let first = c.cm;
+    let l1 = ib_cm_listen(&mut c.r.core, first, c.r.b, SID).unwrap();
+    let p = c.req();
+    ib_send_cm_req(&mut c.r.core, first, c.r.a, 1, &p).unwrap();
+    let rp = c.rep();
+    cm_accept(&mut c.r.core, first, l1, &rp, T).unwrap();
+    let second = ib_cm_init(&mut c.r.core);
+    assert_eq!(second, first, "one CM per core");
+    let l2 = ib_cm_listen(&mut c.r.core, second, c.r.b, SID + 1).unwrap();
+    c.qp_a = rc_qp(&mut c.r.core, c.r.a);
+    c.qp_b = rc_qp(&mut c.r.core, c.r.b);
+    let mut p = c.req();
+    p.service_id = SID + 1;
+    let a = ib_send_cm_req(&mut c.r.core, second, c.r.a, 1, &p).unwrap();
+    let rp = c.rep();
+    cm_accept(&mut c.r.core, second, l2, &rp, T).unwrap();
+    match c.wait(a) {
+        CmEvent::Established { .. } => {}
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
 fn clients_registered_before_the_devices_work_too() {
     // Kernel order (as Linux's module load): SA and CM first, then the HCAs.
     use std::sync::{Arc, Mutex};

@@ -64,6 +64,12 @@ static COMMANDS: &[Command] = &[
         run: sleep,
     },
     Command {
+        name: "retry",
+        usage: "retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]",
+        help: "run COMMAND until it succeeds (10 times, 1 s apart by default; Ctrl-C stops)",
+        run: retry,
+    },
+    Command {
         name: "ibv_devices",
         usage: "ibv_devices",
         help: "RDMA devices and their node GUIDs, as rdma-core's tool",
@@ -342,6 +348,64 @@ fn sleep(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
         core::hint::spin_loop();
     }
     Ok(())
+}
+
+/// Runs a command until it succeeds: a scripted client started before its
+/// server listens, or a query sent before the SM has finished, gets more
+/// tries instead of a sleep long enough for the slowest machine.
+fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    let usage = || "usage: retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]".to_string();
+    let (mut times, mut every, mut rest) = (10u32, 1u64, args);
+    loop {
+        match rest {
+            ["-n", v, more @ ..] => {
+                times = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(usage)?;
+                rest = more;
+            }
+            ["-i", v, more @ ..] => {
+                every = v.parse().ok().filter(|s| *s <= 3600).ok_or_else(usage)?;
+                rest = more;
+            }
+            _ => break,
+        }
+    }
+    let [name, cmd_args @ ..] = rest else {
+        return Err(usage());
+    };
+    let cmd = find(name).ok_or_else(|| format!("{name}: command not found"))?;
+    for attempt in 1..=times {
+        match (cmd.run)(out, cmd_args) {
+            Ok(()) => return Ok(()),
+            Err(msg) => {
+                let _ = writeln!(out, "{name}: {msg}");
+            }
+        }
+        if attempt == times {
+            break;
+        }
+        let _ = writeln!(
+            out,
+            "retry: {name} failed ({attempt} of {times}); again in {every} s"
+        );
+        let end = hal::Deadline::after(
+            &crate::time::TscClock,
+            core::time::Duration::from_secs(every),
+        );
+        while !end.expired(&crate::time::TscClock) {
+            crate::hca::poll();
+            if crate::serial::try_read() == Some(0x03) {
+                return Err(format!(
+                    "interrupted after {attempt} failed tries of {name}"
+                ));
+            }
+            core::hint::spin_loop();
+        }
+    }
+    Err(format!("{name} failed {times} times"))
 }
 
 fn poweroff(_out: &mut dyn Write, args: &[&str]) -> CmdResult {

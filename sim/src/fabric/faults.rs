@@ -314,13 +314,23 @@ pub struct FaultSpec {
     pub port: Option<PortRef>,
 }
 
+/// When a scheduled cable pull happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullAt {
+    /// At this fabric time, in nanoseconds.
+    Time(u64),
+    /// Once this many bytes (whole packets, either direction) have crossed
+    /// the cable: tied to the traffic, not to how fast a machine runs it.
+    Bytes(u64),
+}
+
 /// A scheduled cable pull.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullSpec {
     /// The port whose cable is pulled.
     pub port: PortRef,
-    /// When, in nanoseconds of fabric time.
-    pub at_ns: u64,
+    /// When.
+    pub at: PullAt,
     /// Reinserted this long after (None: stays out).
     pub reinsert_after_ns: Option<u64>,
 }
@@ -379,21 +389,41 @@ fn parse_u64(s: &str) -> Result<u64, String> {
 
 /// Parses `10us`, `5ms`, `2s`, `100ns` (a bare number is nanoseconds).
 pub fn parse_time(s: &str) -> Result<u64, String> {
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("ns", 1),
+        ("us", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+    ];
+    parse_with_unit(
+        s,
+        UNITS,
+        "a time (e.g. 10us, 5ms)",
+        "time unit",
+        "ns, us, ms, s",
+    )
+}
+
+/// A number followed by one of `units` (name, multiplier).
+fn parse_with_unit(
+    s: &str,
+    units: &[(&str, u64)],
+    what: &str,
+    unit_kind: &str,
+    names: &str,
+) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a time (e.g. 10us, 5ms)"))?;
-    let mul = match unit {
-        "" | "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        _ => return Err(format!("`{s}`: unknown time unit `{unit}` (ns, us, ms, s)")),
-    };
+    let n: u64 = n.parse().map_err(|_| format!("`{s}` is not {what}"))?;
+    let mul = units
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .map(|(_, m)| *m)
+        .ok_or_else(|| format!("`{s}`: unknown {unit_kind} `{unit}` ({names})"))?;
     n.checked_mul(mul)
-        .ok_or_else(|| format!("`{s}` is too long a time"))
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
@@ -453,23 +483,46 @@ fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
     Ok(FaultSpec { rule, port })
 }
 
+/// A byte count with its unit: `B`, `KiB`, `MiB` or `GiB`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    const UNITS: &[(&str, u64)] = &[
+        ("B", 1),
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+    ];
+    parse_with_unit(
+        s,
+        UNITS,
+        "a byte count (e.g. 64MiB)",
+        "size unit",
+        "B, KiB, MiB, GiB",
+    )
+}
+
 fn parse_pull(s: &str) -> Result<PullSpec, String> {
     let (p, t) = s.split_once('@').ok_or_else(|| {
-        format!("--pull {s}: expected NODE/PORT@TIME[+TIME], e.g. node1/1@100ms+50ms")
+        format!(
+            "--pull {s}: expected NODE/PORT@WHEN[+TIME] (WHEN a time or a byte count), e.g. node1/1@100ms+50ms or node1/1@64MiB"
+        )
     })?;
     let port = PortRef::parse(p).map_err(|e| format!("--pull {s}: {e}"))?;
     let (at, back) = match t.split_once('+') {
         Some((a, b)) => (a, Some(b)),
         None => (t, None),
     };
-    let at_ns = parse_time(at).map_err(|e| format!("--pull {s}: {e}"))?;
+    let at = if at.ends_with('B') {
+        PullAt::Bytes(parse_bytes(at).map_err(|e| format!("--pull {s}: {e}"))?)
+    } else {
+        PullAt::Time(parse_time(at).map_err(|e| format!("--pull {s}: {e}"))?)
+    };
     let reinsert_after_ns = back
         .map(parse_time)
         .transpose()
         .map_err(|e| format!("--pull {s}: {e}"))?;
     Ok(PullSpec {
         port,
-        at_ns,
+        at,
         reinsert_after_ns,
     })
 }
@@ -505,10 +558,12 @@ mod tests {
                     node: "sw0".into(),
                     port: 3
                 },
-                at_ns: 100_000_000,
+                at: PullAt::Time(100_000_000),
                 reinsert_after_ns: Some(50_000_000)
             }
         );
+        assert_eq!(o.parse_arg("--pull", "node1/1@64MiB"), Ok(true));
+        assert_eq!(o.pulls[1].at, PullAt::Bytes(64 << 20));
         for (f, v) in [
             ("--drop", "rate=2"),
             ("--drop", "every=0"),
@@ -519,6 +574,8 @@ mod tests {
             ("--pull", "sw0/3"),
             ("--pull", "sw0@1ms"),
             ("--pull", "sw0/x@1ms"),
+            ("--pull", "sw0/1@64MB"),
+            ("--pull", "sw0/1@B"),
             ("--fault-seed", "many"),
         ] {
             let e = o.parse_arg(f, v).unwrap_err();

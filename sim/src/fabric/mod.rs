@@ -245,6 +245,16 @@ enum Event {
     Connect(PortId, PortId),
 }
 
+/// A cable pull waiting for traffic ([`Fabric::unplug_after_bytes`]).
+#[derive(Debug, Clone, Copy)]
+struct BytePull {
+    port: PortId,
+    peer: PortId,
+    /// Bytes still to cross the cable before it goes.
+    left: u64,
+    reinsert_after_ns: Option<u64>,
+}
+
 /// The fabric: ports, cables, switches and packets in flight.
 #[derive(Debug, Default)]
 pub struct Fabric {
@@ -259,6 +269,7 @@ pub struct Fabric {
     pub faults: PacketFaults,
     capture: Option<Capture>,
     events: Vec<(u64, Event)>,
+    byte_pulls: Vec<BytePull>,
     next_link: u64,
     stats: FabricStats,
     sm: Option<Box<SubnetManager>>,
@@ -540,6 +551,53 @@ impl Fabric {
         Ok(())
     }
 
+    /// Pulls the cable at `p` once `bytes` more bytes (whole packets, in
+    /// either direction) have crossed it, and plugs it back
+    /// `reinsert_after_ns` later if given: a fault tied to the traffic,
+    /// where a fixed time would race with how fast the senders get going.
+    pub fn unplug_after_bytes(
+        &mut self,
+        p: PortId,
+        bytes: u64,
+        reinsert_after_ns: Option<u64>,
+    ) -> Result<(), FabricError> {
+        let fp = self.ports.get(&p).ok_or(FabricError::NoSuchPort(p))?;
+        let peer = fp.peer.ok_or(FabricError::NoSuchPort(p))?;
+        self.byte_pulls.push(BytePull {
+            port: p,
+            peer,
+            left: bytes,
+            reinsert_after_ns,
+        });
+        Ok(())
+    }
+
+    /// Counts a packet of `len` bytes sent out of `p` against the pulls
+    /// waiting for traffic on its cable; a pull whose count is used up is
+    /// scheduled for `now_ns` (it happens on the next advance).
+    fn count_for_pulls(&mut self, p: PortId, len: usize, now_ns: u64) {
+        let mut i = 0;
+        while i < self.byte_pulls.len() {
+            let bp = &mut self.byte_pulls[i];
+            if bp.port != p && bp.peer != p {
+                i += 1;
+                continue;
+            }
+            bp.left = bp.left.saturating_sub(len as u64);
+            if bp.left > 0 {
+                i += 1;
+                continue;
+            }
+            let bp = self.byte_pulls.swap_remove(i);
+            self.events.push((now_ns, Event::Unplug(bp.port)));
+            if let Some(d) = bp.reinsert_after_ns {
+                let back = Event::Connect(bp.port, bp.peer);
+                self.events.push((now_ns.saturating_add(d), back));
+            }
+            self.events.sort_by_key(|(t, _)| *t);
+        }
+    }
+
     /// The port at the other end of `p`'s cable.
     pub fn peer(&self, p: PortId) -> Option<PortId> {
         self.ports.get(&p)?.peer
@@ -647,6 +705,9 @@ impl Fabric {
             sw.count_xmit(port, pkt.bytes.len());
         }
         self.stats.sent += 1;
+        if !self.byte_pulls.is_empty() {
+            self.count_for_pulls(p, pkt.bytes.len(), now_ns);
+        }
         if verdict.drop {
             return true;
         }

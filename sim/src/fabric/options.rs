@@ -36,7 +36,7 @@ use std::path::PathBuf;
 
 use std::time::Duration;
 
-use super::faults::{FaultOptions, parse_time};
+use super::faults::{FaultOptions, PullAt, parse_time};
 use super::ibsim::{SmOptions, SmService};
 use super::{Built, Capture, Fabric, Topology};
 
@@ -276,10 +276,14 @@ impl FabricOptions {
                     pull.port.node, pull.port.port
                 ));
             }
-            let back = pull.reinsert_after_ns.map(|d| pull.at_ns.saturating_add(d));
-            fabric
-                .schedule_unplug(p, pull.at_ns, back)
-                .map_err(|e| e.to_string())?;
+            match pull.at {
+                PullAt::Time(at_ns) => {
+                    let back = pull.reinsert_after_ns.map(|d| at_ns.saturating_add(d));
+                    fabric.schedule_unplug(p, at_ns, back)
+                }
+                PullAt::Bytes(n) => fabric.unplug_after_bytes(p, n, pull.reinsert_after_ns),
+            }
+            .map_err(|e| e.to_string())?;
         }
         if self.sm == SmChoice::Embedded {
             fabric

@@ -180,6 +180,33 @@ fn cable_pull_and_reinsert_at_a_time() {
 }
 
 #[test]
+fn cable_pull_after_bytes_crossed_it_in_either_direction() {
+    let (mut f, a, b) = b2b();
+    let len = pkt(0, 0x40, opcode::SEND_ONLY).bytes.len() as u64;
+    // Three packets' worth; the third packet is the one that uses it up.
+    f.unplug_after_bytes(a, 3 * len, Some(1_000)).unwrap();
+    let g = f.link_generation(a);
+    assert!(f.transmit(a, pkt(1, 0x40, opcode::SEND_ONLY), 10));
+    assert!(
+        f.transmit(b, pkt(2, 0x40, opcode::SEND_ONLY), 20),
+        "the way back counts too"
+    );
+    f.advance(100);
+    assert!(f.link_up(a), "two packets: still cabled");
+    assert!(f.transmit(a, pkt(3, 0x40, opcode::SEND_ONLY), 200));
+    assert!(
+        !f.transmit(a, pkt(4, 0x40, opcode::SEND_ONLY), 201),
+        "pulled after the third"
+    );
+    assert!(!f.link_up(a) && f.link_generation(a) == g + 1);
+    f.advance(1_200);
+    assert!(f.link_up(a), "plugged back 1 us after the pull");
+    assert!(f.transmit(a, pkt(5, 0x40, opcode::SEND_ONLY), 1_300));
+    f.advance(10_000);
+    assert!(f.link_up(a), "a byte-count pull happens once");
+}
+
+#[test]
 fn cx3_emu_options_resolve_against_the_topology() {
     let mut f = Fabric::new();
     let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
