@@ -223,10 +223,22 @@ impl Client {
                 let left = deadline.remaining(core.clock());
                 c.cm_connect(core, cm, path, left)
             });
+            // Connected: HELLO. A HELLO whose reply does not come (the
+            // memory node's answer lost to a connection it gave up, seen
+            // under a loaded QEMU) is a failed attempt too, not the end.
+            let r = r.and_then(|()| match c.hello(core) {
+                Err(Error::TimedOut(_) | Error::Unreachable(_) | Error::Completion(_))
+                    if deadline.remaining(core.clock()) > CONNECT_PAUSE =>
+                {
+                    c.forget_attempt(core);
+                    Err(Error::Connect(ib_core::Error::Invalid("no reply to HELLO")))
+                }
+                other => other,
+            });
             match r {
                 Ok(()) => {
                     c.stats.retries = retries;
-                    return c.finish(core);
+                    return Ok(c);
                 }
                 Err(Error::Connect(e)) if deadline.remaining(core.clock()) > CONNECT_PAUSE => {
                     log::debug!("rmem: connecting to {dest:?}: {e}; trying again");
@@ -254,6 +266,29 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Undoes a connection whose HELLO failed, so the next attempt starts
+    /// clean on the same QP: the CM ID goes (DREQ), completions flushed by
+    /// the failure are drained, the failure is forgotten (it counts as a
+    /// retry, not an error).
+    fn forget_attempt(&mut self, core: &mut IbCore) {
+        if let Some((cm, id)) = self.id.take() {
+            let _ = cm::ib_destroy_cm_id(core, cm, id);
+        }
+        if let Some(d) = core.device_mut(self.dev) {
+            let mut wc = [Wc::default(); RX_DEPTH];
+            for cq in [self.scq, self.rcq] {
+                // At most RX_DEPTH receives and one send are queued.
+                for _ in 0..=RX_DEPTH {
+                    if d.poll_cq(cq, &mut wc).unwrap_or(0) == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        self.broken = None;
+        self.stats.errors = self.stats.errors.saturating_sub(1);
     }
 
     /// The CM's active side on this client's QP (in RESET): REQ, REP, RTU
@@ -448,23 +483,25 @@ impl Client {
 
     /// Posts the RPC receives and says hello (the QP is in RTS).
     fn finish(mut self, core: &mut IbCore) -> Result<Client> {
-        let r = (0..RX_DEPTH)
-            .try_for_each(|i| self.post_rpc_recv(core, i))
-            .and_then(|()| self.rpc(core, Op::Hello, 0, 0));
-        match r {
-            Ok(hello) => {
-                self.region = Region {
-                    base: hello.addr,
-                    len: hello.len,
-                    rkey: hello.rkey,
-                };
-                Ok(self)
-            }
+        match self.hello(core) {
+            Ok(()) => Ok(self),
             Err(e) => {
                 self.destroy(core);
                 Err(e)
             }
         }
+    }
+
+    /// Posts the RPC receives and says HELLO: learns the region.
+    fn hello(&mut self, core: &mut IbCore) -> Result<()> {
+        (0..RX_DEPTH).try_for_each(|i| self.post_rpc_recv(core, i))?;
+        let hello = self.rpc(core, Op::Hello, 0, 0)?;
+        self.region = Region {
+            base: hello.addr,
+            len: hello.len,
+            rkey: hello.rkey,
+        };
+        Ok(())
     }
 
     /// Frees the verbs objects (after a failure or at close).

@@ -26,6 +26,8 @@ use crate::proto::{self, MSG_LEN, Msg, Op, Status};
 use crate::{Error, Result, dev, post_msg_recv, post_msg_send};
 
 const RX_DEPTH: usize = 8;
+/// Marks the send of a successful HELLO reply in its work request ID.
+const HELLO_REPLY: u64 = 1 << 62;
 
 /// What the memory node exports and how many it serves.
 #[derive(Debug, Clone, Copy)]
@@ -64,8 +66,9 @@ pub struct ServerStats {
     pub refused: u64,
     /// Connections closed.
     pub disconnects: u64,
-    /// Connections that said HELLO (a compute node that got its region;
-    /// a connect attempt its node gave up before is not one).
+    /// HELLO replies delivered (a compute node that got its region; a
+    /// connect attempt its node gave up before, or a reply that never
+    /// arrived, is not one).
     pub hellos: u64,
     /// RPCs answered successfully.
     pub rpcs: u64,
@@ -134,11 +137,20 @@ impl Server {
             return Err(Error::BadLength);
         }
         let size = pages * crate::PAGE_SIZE as u64;
-        let d = dev(core, dev_id)?;
-        let pool = d.provider().dma_pool();
+        let pool = dev(core, dev_id)?.provider().dma_pool();
+        // Zeroing hundreds of MiB takes seconds under QEMU: ib_core's
+        // progress function runs every few MiB meanwhile, as in every
+        // blocking helper, so the port keeps answering the SM's SMPs (an SM
+        // that gets no answer drops the port) and MAD timeouts run.
         let region = pool
-            .alloc_pages(usize::try_from(pages).map_err(|_| Error::BadLength)?)
+            .alloc_pages_with_progress(
+                usize::try_from(pages).map_err(|_| Error::BadLength)?,
+                &mut || {
+                    core.poll();
+                },
+            )
             .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
+        let d = dev(core, dev_id)?;
         let bufs = pool
             .alloc(cfg.max_clients * PER_CONN, 64)
             .map_err(|_| Error::Verbs(ib_core::Error::NoMem))?;
@@ -405,7 +417,8 @@ impl Server {
         };
         match req.op {
             Op::Hello => {
-                self.stats.hellos += 1;
+                // Counted when the reply has been delivered (its send
+                // completed): a compute node that never got it retries.
                 r.addr = self.cfg.iova;
                 r.len = self.size;
             }
@@ -446,10 +459,15 @@ impl Server {
         } else {
             self.stats.rpc_errors += 1;
         }
+        let hello = if msg.op == Op::Hello && msg.status == Status::Ok {
+            HELLO_REPLY
+        } else {
+            0
+        };
         post_msg_send(
             dev(core, self.dev)?,
             qp,
-            (1 << 63) | ((c as u64) << 8),
+            (1 << 63) | hello | ((c as u64) << 8),
             self.bufs.bus_addr().0 + (c * PER_CONN) as u64,
             self.lmr.lkey,
             imm,
@@ -504,6 +522,9 @@ impl Server {
                     conn.dead = true;
                 }
                 continue;
+            }
+            if w.wr_id & (1 << 63) != 0 && w.wr_id & HELLO_REPLY != 0 {
+                self.stats.hellos += 1;
             }
             if w.opcode != WcOpcode::Recv || w.wr_id & (1 << 63) != 0 || i >= RX_DEPTH {
                 continue;

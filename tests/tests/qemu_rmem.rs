@@ -1,4 +1,4 @@
-//! Remote memory between QEMU guests, one command as a researcher runs it: `run-qemu.sh --nodes 3` with the default subnet manager (OpenSM), node 0 serving 256 MiB (`rmem serve 256M`), nodes 1 and 2 connecting to its LID through the SA and the CM. One boot covers: a pattern written and read back across 16 MiB of the region with every byte checked; the two compute nodes filling their own chunks with different bytes at the same time and each reading back only its own; an access past the region refused by the card ("remote access error"); node 2's cable pulled (cx3-emu `--pull`) ending its next read in "memory node unreachable" within the transport's deadline; `rmem bench --csv` on both compute nodes, collected by run-qemu.sh under target/experiments/ and parsed here. Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
+//! Remote memory between QEMU guests, one command as a researcher runs it: `run-qemu.sh --nodes 3` with the default subnet manager (OpenSM), node 0 serving 256 MiB (`rmem serve 256M`), nodes 1 and 2 connecting to its LID through the SA and the CM. One boot covers: a pattern written and read back across 16 MiB of the region with every byte checked; the two compute nodes filling their own chunks with different bytes at the same time and each reading back only its own; an access past the region refused by the card ("remote access error"); node 2's cable pulled (cx3-emu `--pull`) while it probes, ending a read in "memory node unreachable" within the client's deadline, its port DOWN; OpenSM never dropping the memory node's port while it exported; `rmem bench --csv` on both compute nodes, collected by run-qemu.sh under target/experiments/ and parsed here. Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tests::qemu::{self, root};
 
-/// The whole boot; the guests take about 2 minutes on an idle machine.
-const DEADLINE: Duration = Duration::from_secs(300);
+/// The whole boot; the memory node serves 240 s of it.
+const DEADLINE: Duration = Duration::from_secs(420);
 
 /// Node 0's port GUID (HCA i of the fabric has node GUID
 /// 0x0002c903_0000_0000 + (i+1)*0x10, its port 1 that plus 1): the memory
@@ -15,11 +15,25 @@ const DEADLINE: Duration = Duration::from_secs(300);
 /// the embedded SM number the ports differently).
 const MEM: &str = "0x0002c90300000011";
 
-/// Node 2's cable is pulled at this fabric time (seconds since cx3-emu
-/// started); node 2 reads again only after sleeping as long after its
-/// connect, so the read always comes after the pull, and everything before
-/// the sleep has until then.
-const PULL_AT_S: u32 = 80;
+/// Node 2's cable is pulled once this much traffic has crossed it (cx3-emu
+/// `--pull node2/1@16MiB`), not at a time: node 2's first part (connect,
+/// a 1 MiB fill written and read back, the bench's 64-page fill and 400
+/// page reads, MADs) moved about 6 MiB (2,578 probe reads of 4 KiB came
+/// before the pull in a run), whatever the machine's load; then `rmem
+/// probe -i 1` reads a page every millisecond until the pull makes one
+/// fail. Node 2's order of events
+/// thus never depends on how fast a loaded machine runs it.
+const PULL_AFTER: &str = "16MiB";
+
+/// The memory node serves this long (guest seconds from the end of its
+/// export), past the pull: node 2's read must fail because of its cable,
+/// not because the memory node went away (which looks the same to node 2;
+/// its port going DOWN tells the two apart). It cannot end on its own
+/// once its clients are gone: node 2, cut off, never says goodbye. The
+/// one timing margin left: node 2 reached the pull 100 s into the run in
+/// the slowest run seen (loaded 2-core machine, 24 connect retries while
+/// node 0 exported), about 85 s into node 0's serving.
+const SERVE_S: u32 = 240;
 
 struct Outcome {
     status: i32,
@@ -70,6 +84,25 @@ fn expect_line(t: &str, cmd: &str, needle: &str) {
     );
 }
 
+/// `rmem probe`'s failure: how many reads went well, and how many ms after
+/// the last good one the failing read ended.
+fn probe_outcome(line: &str) -> Option<(u64, u64)> {
+    let (_, rest) = line.split_once(" (")?;
+    let (good, rest) = rest.split_once(" reads of ")?;
+    let (_, rest) = rest.split_once(" failed ")?;
+    let (ms, _) = rest.split_once(" ms after")?;
+    Some((good.parse().ok()?, ms.parse().ok()?))
+}
+
+/// The OpenSM log run-qemu.sh named (`subnet manager: OpenSM, log PATH
+/// (...)`).
+fn opensm_log(stderr: &str) -> Option<PathBuf> {
+    let l = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("subnet manager: OpenSM, log "))?;
+    Some(root().join(l.split_whitespace().next()?))
+}
+
 /// The CSV files run-qemu.sh said it wrote, by node.
 fn csv_files(stderr: &str) -> Vec<(usize, PathBuf)> {
     stderr
@@ -116,29 +149,28 @@ fn check_bench_csv(path: &PathBuf, pattern: &str, ks: &[u64]) {
 
 #[test]
 fn rmem_three_guests_share_a_memory_node_with_data_checked_errors_and_csv() {
-    let pull = format!("--pull node2/1@{PULL_AT_S}s");
-    let node0 = "rmem serve 256M 150 --clients 2; rmem stats";
+    let pull = format!("--pull node2/1@{PULL_AFTER}");
+    let serve = format!("rmem serve 256M {SERVE_S} --clients 2");
+    let node0 = format!("{serve}; rmem stats");
     let node1 = format!(
         "rmem connect {MEM} -t 120; rmem alloc 16M; rmem write @ 16M; rmem read @ 16M --check; \
                  rmem write @ 1M 0x11; rmem read @ 1M --check 0x11; \
                  rmem bench -n 64 --iters 200 -k 1,8 --csv; \
                  rmem read 0x10010000000 4096; rmem stats; rmem close"
     );
-    let sleep = format!("sleep {PULL_AT_S}");
     let node2 = format!(
         "rmem connect {MEM} -t 120; rmem alloc 1M; rmem write @ 1M 0x22; rmem read @ 1M --check 0x22; \
-         rmem bench -n 64 --iters 200 -k 1,8 --csv --seq; {sleep}; rmem read @ 4096; rmem stats; rmem close"
+         rmem bench -n 64 --iters 200 -k 1,8 --csv --seq; rmem probe @ -i 1 -t 300; rmem stats; rmem close"
     );
+    // The default subnet manager: OpenSM.
     let o = run_qemu(&[
         "--nodes",
         "3",
-        "--sm",
-        "embedded",
         "--emu-args",
         &pull,
         "--run-on",
         "0",
-        node0,
+        &node0,
         "--run-on",
         "1",
         &node1,
@@ -165,14 +197,10 @@ fn rmem_three_guests_share_a_memory_node_with_data_checked_errors_and_csv() {
     let (t0, t1, t2) = (node(&o.stdout, 0), node(&o.stdout, 1), node(&o.stdout, 2));
     // The memory node: 256 MiB exported at run-qemu.sh's default 512 MiB
     // of guest RAM; both compute nodes served.
-    expect_line(
-        t0,
-        "rmem serve 256M 150 --clients 2",
-        "rmem: serving 262144 KiB at 0x10000000000",
-    );
+    expect_line(t0, &serve, "rmem: serving 262144 KiB at 0x10000000000");
     // Both compute nodes served (compute nodes that got their region: a
     // connect attempt its slow guest gave up does not count).
-    let served: u64 = output(t0, "rmem serve 256M 150 --clients 2")
+    let served: u64 = output(t0, &serve)
         .iter()
         .find_map(|l| l.strip_prefix("rmem: ")?.split_once(" clients served"))
         .and_then(|(n, _)| n.parse().ok())
@@ -209,17 +237,54 @@ fn rmem_three_guests_share_a_memory_node_with_data_checked_errors_and_csv() {
         "rmem: remote access error: the memory node refused 4096 bytes at 0x10010000000 (outside its exported region)",
     );
     expect_line(t1, "rmem stats", "errors 1");
-    // Node 2's cable was pulled while it slept: its next read fails with
-    // the transport's retry exhaustion, not a hang.
-    expect_line(
-        t2,
-        "rmem read @ 4096",
-        "rmem: memory node unreachable: transport retry counter exceeded",
+    // Node 2's cable was pulled while it probed: a read fails with the
+    // transport's retry exhaustion, not a hang, within the client's
+    // deadline (its 5 s op_timeout would have reported a timeout instead).
+    let failed = output(t2, "rmem probe @ -i 1 -t 300");
+    let line = failed
+        .iter()
+        .find(|l| {
+            l.starts_with("rmem: memory node unreachable: transport retry counter exceeded (")
+        })
+        .unwrap_or_else(|| {
+            panic!("node 2's probe did not end in retry exhaustion: {failed:#?}\n{t2}")
+        });
+    let (good, ms) = probe_outcome(line).unwrap_or_else(|| panic!("{line:?}"));
+    assert!(
+        good >= 1,
+        "the probe never read well before the pull: {line:?}"
     );
+    assert!(
+        ms < 10_000,
+        "the pulled cable was noticed only after {ms} ms: {line:?}"
+    );
+    // The cable, not the memory node: node 2's port went down, node 0's
+    // never did.
+    assert!(t2.contains("mlx4_0: port 1 state: DOWN"), "{t2}");
+    assert!(!t0.contains("port 1 state: DOWN"), "{t0}");
     expect_line(
         t2,
         "rmem stats",
         "connection failed: memory node unreachable",
+    );
+    // OpenSM never dropped the memory node's port, although it exported
+    // 256 MiB while OpenSM swept the fabric (the export runs ib_core's
+    // progress function, so its SMPs are answered). It did drop node 2's
+    // (the pull) and node 1's (its guest had ended).
+    let log =
+        opensm_log(&o.stderr).unwrap_or_else(|| panic!("no OpenSM log named in:\n{}", o.stderr));
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{log:?}: {e}"));
+    let dropped: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Removed port with GUID:0x0002c90300000011"))
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "OpenSM dropped the memory node's port: {dropped:#?}"
+    );
+    assert!(
+        text.contains("Removed port with GUID:0x0002c90300000031"),
+        "OpenSM did not see node 2's cable pulled ({log:?})"
     );
 
     // The experiment's CSV, one file per compute node.

@@ -12,6 +12,7 @@ use ib_core::{DeviceId, IbCore};
 use mlx4_common::*;
 use mlx4_core::Profile;
 use mlx4_ib::Mlx4IbDev;
+use rmem::server::ServerStats;
 use rmem::{Client, ClientConfig, Error, Server, ServerConfig};
 use sim::fabric::{Fabric, SmConfig, Topology};
 use sim::{SimConfig, SimHca, Wire};
@@ -138,13 +139,24 @@ struct MemNode {
     stop: Arc<AtomicBool>,
     export_at: Arc<AtomicU64>,
     thread: Option<thread::JoinHandle<(Node, Option<Server>)>>,
+    /// The server's statistics when the thread ended.
+    stats: Arc<Mutex<Option<ServerStats>>>,
 }
 
-fn mem_node(mut n: Node, fabric: SharedFabric) -> MemNode {
+fn mem_node(n: Node, fabric: SharedFabric) -> MemNode {
+    mem_node_deaf(n, fabric, Duration::ZERO)
+}
+
+/// A memory node that, after accepting its first connection, stops
+/// serving RPCs for `deaf` (model time; the CM and the rest of ib_core
+/// still progress): the compute node's HELLO goes unanswered.
+fn mem_node_deaf(mut n: Node, fabric: SharedFabric, deaf: Duration) -> MemNode {
     let stop = Arc::new(AtomicBool::new(false));
     let export_at = Arc::new(AtomicU64::new(0));
-    let (s2, e2) = (stop.clone(), export_at.clone());
+    let stats = Arc::new(Mutex::new(None));
+    let (s2, e2, st2) = (stop.clone(), export_at.clone(), stats.clone());
     let thread = thread::spawn(move || {
+        let mut deaf_until = None;
         let cm = ib_core::cm::ib_cm_init(&mut n.core);
         let mut srv: Option<Server> = None;
         let t0 = Instant::now();
@@ -167,17 +179,25 @@ fn mem_node(mut n: Node, fabric: SharedFabric) -> MemNode {
                         .expect("exported"),
                 );
             }
+            let now = n.core.clock().now_ns();
             if let Some(s) = srv.as_mut() {
-                s.poll(&mut n.core).expect("served");
+                if !deaf.is_zero() && deaf_until.is_none() && s.stats().connects == 1 {
+                    deaf_until = Some(now + deaf.as_nanos() as u64);
+                }
+                if deaf_until.is_none_or(|t| now >= t) {
+                    s.poll(&mut n.core).expect("served");
+                }
             }
             thread::yield_now();
         }
+        *st2.lock().unwrap() = srv.as_ref().map(|s| s.stats());
         (n, srv)
     });
     MemNode {
         stop,
         export_at,
         thread: Some(thread),
+        stats,
     }
 }
 
@@ -252,5 +272,42 @@ fn rmem_connect_asks_the_sa_for_the_path_and_waits_for_a_late_memory_node() {
     assert!(took < Duration::from_secs(4), "gave up after {took:?}");
 
     mem.finish().teardown();
+    cn.teardown();
+}
+
+#[test]
+fn rmem_connect_says_hello_again_when_the_first_hello_goes_unanswered() {
+    let (mut m, mut cn, fabric, _w) = subnet();
+    let (_, mem_lid) = m.port();
+    let clock = cn.hca.clock();
+    // Accepts the first connection, then answers nothing for 2 s: the
+    // compute node's HELLO times out (op_timeout 500 ms).
+    let mem = mem_node_deaf(m, fabric, Duration::from_secs(2));
+    let sa = ib_core::sa_query::ib_sa_init(&mut cn.core);
+    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(30),
+        op_timeout: Duration::from_millis(500),
+        ..ClientConfig::default()
+    };
+    mem.export_at.store(clock.now_ns(), Ordering::Relaxed);
+    let mut c = Client::connect(&mut cn.core, cm, sa, cn.dev, mem_lid, cfg)
+        .expect("connected after the unanswered HELLO");
+    assert!(c.stats().retries >= 1, "the unanswered HELLO was a retry");
+    assert_eq!(c.stats().errors, 0, "and not an error: {:?}", c.stats());
+    assert_eq!(c.region().len, 1 << 20);
+    let ch = c.alloc(&mut cn.core, 4096).unwrap();
+    c.write(&mut cn.core, ch.addr, &[0x5a; 4096]).unwrap();
+    let mut back = [0u8; 4096];
+    c.read(&mut cn.core, ch.addr, &mut back).unwrap();
+    assert_eq!(back, [0x5a; 4096]);
+    c.close(&mut cn.core).expect("closed");
+    let stats = mem.stats.clone();
+    mem.finish().teardown();
+    let s = stats.lock().unwrap().expect("the memory node exported");
+    // One compute node got its region: the HELLO it gave up on counts
+    // neither as served nor twice.
+    assert_eq!(s.hellos, 1, "{s:?}");
+    assert!(s.connects >= 2, "{s:?}");
     cn.teardown();
 }

@@ -103,6 +103,19 @@ pub unsafe trait DmaAllocator: Send + Sync {
     unsafe fn free(&self, region: DmaRegion);
     /// What is handed out right now (leak checks in tests, `meminfo`).
     fn stats(&self) -> DmaStats;
+    /// [`alloc`](Self::alloc) for a large buffer whose zeroing takes long
+    /// (hundreds of MiB): `progress` is called every few MiB meanwhile, so
+    /// the caller's event queues and MADs are served (a port whose SMPs go
+    /// unanswered for seconds is dropped by the SM). By default, `alloc`.
+    fn alloc_with_progress(
+        &self,
+        len: usize,
+        align: usize,
+        progress: &mut dyn FnMut(),
+    ) -> Result<DmaRegion> {
+        let _ = progress;
+        self.alloc(len, align)
+    }
 }
 
 /// First-fit bookkeeping of a contiguous range: which `[offset, offset + len)`
@@ -234,6 +247,28 @@ impl DmaPool {
     pub fn alloc_pages(&self, pages: usize) -> Result<DmaBuf> {
         let len = pages.checked_mul(4096).ok_or(Error::BadRequest)?;
         self.alloc(len, 4096)
+    }
+
+    /// [`alloc_pages`](Self::alloc_pages) calling `progress` every few MiB
+    /// while the platform zeroes the buffer
+    /// ([`DmaAllocator::alloc_with_progress`]): for regions so large that
+    /// zeroing them would leave the device unpolled for seconds.
+    pub fn alloc_pages_with_progress(
+        &self,
+        pages: usize,
+        progress: &mut dyn FnMut(),
+    ) -> Result<DmaBuf> {
+        let len = pages.checked_mul(4096).ok_or(Error::BadRequest)?;
+        if len == 0 {
+            return Err(Error::BadRequest);
+        }
+        let region = self.inner.alloc_with_progress(len, 4096, progress)?;
+        debug_assert!(region.len >= len && region.bus.0 % 4096 == 0);
+        Ok(DmaBuf {
+            region: Some(region),
+            len,
+            pool: self.clone(),
+        })
     }
 
     /// What the pool has handed out right now.
@@ -836,6 +871,58 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(pool.stats(), DmaStats::default());
+    }
+
+    /// An arena whose large allocations report progress, as the kernel's
+    /// pool does while zeroing: counts the calls it makes.
+    struct Stepping(ArenaDma);
+
+    // SAFETY: forwards to the arena, which keeps the contract.
+    unsafe impl DmaAllocator for Stepping {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion> {
+            self.0.alloc(len, align)
+        }
+        unsafe fn free(&self, region: DmaRegion) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.free(region) }
+        }
+        fn stats(&self) -> DmaStats {
+            self.0.stats()
+        }
+        fn alloc_with_progress(
+            &self,
+            len: usize,
+            align: usize,
+            progress: &mut dyn FnMut(),
+        ) -> Result<DmaRegion> {
+            for _ in 0..len / 4096 {
+                progress();
+            }
+            self.0.alloc(len, align)
+        }
+    }
+
+    #[test]
+    fn large_allocations_call_the_progress_function() {
+        let pool = DmaPool::new(Arc::new(Stepping(ArenaDma::new(1 << 16))));
+        let mut calls = 0;
+        let b = pool
+            .alloc_pages_with_progress(4, &mut || calls += 1)
+            .unwrap();
+        assert_eq!(calls, 4, "the platform's progress calls reach the caller");
+        assert_eq!((b.len(), b.bus_addr().0 % 4096), (4 * 4096, 0));
+        assert!((0..4 * 4096).all(|i| b.read_u8(i) == 0));
+        assert_eq!(
+            pool.alloc_pages_with_progress(0, &mut || calls += 1).err(),
+            Some(Error::BadRequest)
+        );
+        // A platform without its own stepping: a plain allocation.
+        let plain = DmaPool::new(Arc::new(ArenaDma::new(1 << 16)));
+        let mut none = 0;
+        let c = plain
+            .alloc_pages_with_progress(2, &mut || none += 1)
+            .unwrap();
+        assert_eq!((c.len(), none), (2 * 4096, 0));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The `rmem` shell command: the rmem crate's memory node and compute node
 //! from the console (`rmem serve SIZE`, `rmem connect LID`, `rmem
-//! alloc|free|read|write`, `rmem bench [--csv]`, `rmem stats`, `rmem
+//! alloc|free|read|write`, `rmem probe`, `rmem bench [--csv]`, `rmem stats`, `rmem
 //! close`); leaves out several connections per node (one client and one
 //! server per kernel).
 //!
@@ -10,6 +10,7 @@
 
 use alloc::string::String;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::fmt::Write;
 use core::time::Duration;
 
@@ -23,7 +24,7 @@ use crate::time::TscClock;
 
 const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID|PORT_GUID [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
-bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
+probe ADDR [-i MS] [-t SECONDS] | bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
 struct State {
     cm: ClientId,
@@ -79,6 +80,73 @@ fn size(s: &str) -> Result<u64, String> {
 /// expects): differs from page to page and within a page.
 fn pattern(a: u64) -> u8 {
     (a ^ (a >> 8) ^ (a >> 16) ^ 0xa5) as u8
+}
+
+/// Bytes `rmem write` generates and `rmem read --check` checks between
+/// two looks at the clock (a few hundred microseconds of TCG).
+const STEP: usize = 64 << 10;
+
+/// Runs ib_core's progress function at most every millisecond from a
+/// console command's own long loops (building or checking 16 MiB under a
+/// loaded TCG takes seconds): the adapters are held, so the idle loop
+/// cannot, and an SM whose SMPs go unanswered for long drops the port.
+struct Progress {
+    next_ns: u64,
+}
+
+impl Progress {
+    const EVERY_NS: u64 = 1_000_000;
+
+    fn new() -> Progress {
+        Progress {
+            next_ns: hal::Clock::now_ns(&TscClock) + Self::EVERY_NS,
+        }
+    }
+
+    fn tick(&mut self, core: &mut IbCore) {
+        let now = hal::Clock::now_ns(&TscClock);
+        if now >= self.next_ns {
+            core.poll();
+            self.next_ns = hal::Clock::now_ns(&TscClock) + Self::EVERY_NS;
+        }
+    }
+}
+
+/// `len` bytes of `fill`, or of the address pattern from `addr` on,
+/// progress made every [`STEP`].
+fn make_data(core: &mut IbCore, addr: u64, len: usize, fill: Option<u8>) -> Vec<u8> {
+    let mut data = Vec::with_capacity(len);
+    let mut p = Progress::new();
+    while data.len() < len {
+        let from = data.len();
+        let to = (from + STEP).min(len);
+        data.extend((from..to).map(|i| fill.unwrap_or_else(|| pattern(addr + i as u64))));
+        p.tick(core);
+    }
+    data
+}
+
+/// The first offset in `data` whose byte is not `expect(addr + offset)`,
+/// progress made every [`STEP`].
+fn mismatch(
+    core: &mut IbCore,
+    addr: u64,
+    data: &[u8],
+    expect: impl Fn(u64) -> u8,
+) -> Option<usize> {
+    let mut p = Progress::new();
+    for (k, chunk) in data.chunks(STEP).enumerate() {
+        let base = k * STEP;
+        if let Some(i) = chunk
+            .iter()
+            .enumerate()
+            .position(|(i, &b)| b != expect(addr + (base + i) as u64))
+        {
+            return Some(base + i);
+        }
+        p.tick(core);
+    }
+    None
 }
 
 fn first_dev(ib: &Ib) -> Result<DeviceId, String> {
@@ -208,10 +276,8 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 [b] => Some(u8::try_from(num(b)?).map_err(|_| String::from("BYTE > 0xff"))?),
                 _ => return Err(USAGE.into()),
             };
-            let data: alloc::vec::Vec<u8> = (0..len)
-                .map(|i| fill.unwrap_or_else(|| pattern(addr + i)))
-                .collect();
             with_state(|core, _, st| {
+                let data = make_data(core, addr, len as usize, fill);
                 let t0 = crate::time::uptime_us();
                 client(st)?.write(core, addr, &data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
@@ -236,18 +302,18 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 _ => return Err(USAGE.into()),
             };
             let expect = move |a: u64| fill.unwrap_or_else(|| pattern(a));
-            let mut data = vec![0u8; len as usize];
             with_state(|core, _, st| {
+                let mut data = make_data(core, addr, len as usize, Some(0));
                 let t0 = crate::time::uptime_us();
                 client(st)?.read(core, addr, &mut data).map_err(err)?;
                 let us = crate::time::uptime_us() - t0;
                 if check {
-                    if let Some(i) = (0..len).find(|&i| data[i as usize] != expect(addr + i)) {
+                    if let Some(i) = mismatch(core, addr, &data, expect) {
+                        let a = addr + i as u64;
                         return Err(alloc::format!(
-                            "data check failed at {:#x}: {:#04x}, expected {:#04x}",
-                            addr + i,
-                            data[i as usize],
-                            expect(addr + i)
+                            "data check failed at {a:#x}: {:#04x}, expected {:#04x}",
+                            data[i],
+                            expect(a)
                         ));
                     }
                     let _ = writeln!(
@@ -272,6 +338,20 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 }
                 Ok(())
             })
+        }
+        ("probe", [a, more @ ..]) => {
+            let addr = addr(a)?;
+            let (mut every_ms, mut secs) = (100u64, 60u64);
+            let mut it = more.iter();
+            while let Some(&o) = it.next() {
+                let v = num(it.next().ok_or_else(|| String::from(USAGE))?)?;
+                match o {
+                    "-i" => every_ms = v.clamp(1, 60_000),
+                    "-t" => secs = v.clamp(1, 3600),
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            with_state(|core, _, st| probe(out, core, client(st)?, addr, every_ms, secs))
         }
         ("bench", opts) => {
             let mut cfg = BenchConfig::default();
@@ -388,6 +468,50 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             Ok(())
         }),
         _ => Err(USAGE.into()),
+    }
+}
+
+/// `rmem probe`: reads the page at `addr` every `every_ms` until a read
+/// fails (the error, with how many reads went well and how long after the
+/// last good one the failure came: the time to notice a pulled cable or a
+/// memory node gone), `secs` pass, or Ctrl-C.
+fn probe(
+    out: &mut dyn Write,
+    core: &mut IbCore,
+    c: &mut Client,
+    addr: u64,
+    every_ms: u64,
+    secs: u64,
+) -> CmdResult {
+    let clock = &TscClock;
+    let end = hal::Deadline::after(clock, Duration::from_secs(secs));
+    let mut page = vec![0u8; 4096];
+    let (mut n, mut last_ok) = (0u64, crate::time::uptime_us());
+    loop {
+        if let Err(e) = c.read(core, addr, &mut page) {
+            let ms = (crate::time::uptime_us() - last_ok) / 1000;
+            return Err(alloc::format!(
+                "{e} ({n} reads of {addr:#x} went well; this one failed {ms} ms after the last good one)"
+            ));
+        }
+        n += 1;
+        last_ok = crate::time::uptime_us();
+        let next = hal::Deadline::after(clock, Duration::from_millis(every_ms));
+        while !next.expired(clock) {
+            core.poll();
+            if end.expired(clock) {
+                let _ = writeln!(
+                    out,
+                    "rmem: probe: {n} reads of {addr:#x} in {secs} s, all well"
+                );
+                return Ok(());
+            }
+            if crate::serial::try_read() == Some(0x03) {
+                let _ = writeln!(out, "^C\nrmem: probe: {n} reads of {addr:#x}, all well");
+                return Ok(());
+            }
+            core::hint::spin_loop();
+        }
     }
 }
 

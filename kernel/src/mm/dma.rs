@@ -52,10 +52,24 @@ impl PhysDma {
     }
 }
 
+/// Zeroing runs in steps of this size with the caller's progress function
+/// between them: about a millisecond of TCG per step on an idle host, so
+/// a 256 MiB region keeps the port's SMPs answered while it is zeroed.
+const ZERO_STEP: usize = 1 << 20;
+
 // SAFETY: `alloc` returns zeroed, non-overlapping pieces of ranges that are
 // RAM, identity-mapped, and reserved for this pool; bus == physical here.
 unsafe impl DmaAllocator for PhysDma {
     fn alloc(&self, len: usize, align: usize) -> hal::Result<DmaRegion> {
+        self.alloc_with_progress(len, align, &mut || {})
+    }
+
+    fn alloc_with_progress(
+        &self,
+        len: usize,
+        align: usize,
+        progress: &mut dyn FnMut(),
+    ) -> hal::Result<DmaRegion> {
         let mut g = self.ranges.lock();
         let mut found = None;
         for r in g.iter_mut().flatten() {
@@ -76,9 +90,19 @@ unsafe impl DmaAllocator for PhysDma {
         }
         drop(g);
         let (pa, size) = found.ok_or(hal::Error::NoMemory)?;
-        // SAFETY: inside one of the pool's ranges (RangeAllocator keeps
-        // off + size <= the range's length).
-        unsafe { core::ptr::write_bytes(pa as *mut u8, 0, size) };
+        // Zeroed step by step, the pool unlocked: `progress` may allocate.
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(ZERO_STEP);
+            // SAFETY: inside one of the pool's ranges (RangeAllocator keeps
+            // off + size <= the range's length), reserved for this
+            // allocation alone.
+            unsafe { core::ptr::write_bytes((pa as *mut u8).add(off), 0, n) };
+            off += n;
+            if off < size {
+                progress();
+            }
+        }
         let cpu = NonNull::new(pa as *mut u8).ok_or(hal::Error::NoMemory)?;
         // SAFETY: identity-mapped RAM valid for `size` bytes until freed,
         // reserved for this allocation alone; the device reaches it at `pa`.
