@@ -491,6 +491,21 @@ impl Drop for Inner {
     }
 }
 
+/// Why [`SimHca::sma_receive`] dropped an SMP (no response, as on the
+/// wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmpDropped {
+    /// Not a 256-byte subnet-management MAD.
+    NotAnSmp,
+    /// The HCA has no such port.
+    NoSuchPort,
+    /// The port's physical link is not up: nothing reaches it.
+    NoLink,
+    /// The SMA discarded it (M_Key violation, bad base version, a
+    /// response method).
+    Discarded,
+}
+
 /// A simulated ConnectX-3. Cheap to clone (an `Arc` inside); all methods take
 /// `&self`.
 ///
@@ -1064,32 +1079,43 @@ impl SimHca {
         true
     }
 
-    /// Test-only stand-in for an SM (not how a port becomes Active on a
-    /// fabric: there the SM's SMPs go through the firmware SMA, MAD_IFC or
-    /// QP0): sets the logical state (Armed, Active, ...). Fails if the link
-    /// is not up. Entering or leaving Active raises PORT_CHANGE.
-    pub fn set_port_logical_state(&self, port: u8, s: LogicalState) -> bool {
-        let mut h = self.hca();
-        match h.port_index(u32::from(port)) {
-            Some(i) => h.force_logical(i, s),
-            None => false,
+    /// An SMP as port `port` receives it from the link on QP0 over VL15
+    /// (an SM on the fabric, or a test standing in for one), handed to the
+    /// firmware SMA: the same SMA code as MAD_IFC with every check on
+    /// (M_Key never ignored, PortState changes only along the IBTA state
+    /// machine: Armed from Init, Active from Armed, Down from any state),
+    /// so a port becomes Armed and Active only the way an SM makes it so.
+    /// Only subnet-management MADs (class 0x01 LID routed, 0x81 directed
+    /// route, 256 bytes) are taken; nothing arrives on a port whose link is
+    /// not up. Returns the SMA's response (GetResp with the MAD status; the
+    /// D bit set on a directed-route response), or why the SMP was dropped.
+    /// Unlike the card, the SMP does not pass through the driver's QP0
+    /// (mlx4_ib's MAD_IFC and its PortInfo snooping are not involved).
+    pub fn sma_receive(&self, port: u8, smp: &[u8]) -> Result<Vec<u8>, SmpDropped> {
+        use crate::mad_ifc::{MAD_SIZE, class};
+        if smp.len() != MAD_SIZE {
+            return Err(SmpDropped::NotAnSmp);
         }
-    }
-
-    /// Test-only SM stand-in (driver tests without a fabric; engine and
-    /// fabric tests bring ports up with SubnSet(PortInfo) through MAD_IFC):
-    /// assigns LID and SM LID and makes the port Active.
-    pub fn activate_port(&self, port: u8, lid: u16, sm_lid: u16) -> bool {
+        let cls = smp[1];
+        if cls != class::SUBN_LID_ROUTED && cls != class::SUBN_DIRECTED_ROUTE {
+            return Err(SmpDropped::NotAnSmp);
+        }
         let mut h = self.hca();
-        let Some(i) = h.port_index(u32::from(port)) else {
-            return false;
-        };
+        let i = h
+            .port_index(u32::from(port))
+            .ok_or(SmpDropped::NoSuchPort)?;
         if h.ports[i].phys != PhysicalState::LinkUp {
-            return false;
+            return Err(SmpDropped::NoLink);
         }
-        h.ports[i].lid = lid;
-        h.ports[i].sm_lid = sm_lid;
-        h.force_logical(i, LogicalState::Active)
+        // Op_mod 0: M_Key checked. Every refusal the SMA answers with
+        // BAD_PKT (bad base version, a response, an M_Key violation) is a
+        // silent discard on the wire.
+        let mut resp =
+            crate::mad_ifc::process(&mut h, i, 0, smp).map_err(|_| SmpDropped::Discarded)?;
+        if cls == class::SUBN_DIRECTED_ROUTE && resp[3] == crate::mad_ifc::method::GET_RESP {
+            resp[4] |= 0x80;
+        }
+        Ok(resp)
     }
 
     /// (logical, physical) state of a port.

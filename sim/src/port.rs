@@ -6,8 +6,9 @@
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
 //! plugged (the default, see [`crate::SimHca::set_link`]) the physical state
-//! becomes LinkUp and the logical state Init, waiting for the SM. The SM (a
-//! MAD_IFC Set(PortInfo), or the test API) moves it to Armed and Active;
+//! becomes LinkUp and the logical state Init, waiting for the SM. Only the
+//! SM's SubnSet(PortInfo) through the firmware SMA (MAD_IFC, or an SMP
+//! received from the link) moves it to Armed and Active;
 //! becoming Active, or leaving Active, raises a PORT_CHANGE event.
 
 use crate::frontend::SimConfig;
@@ -292,18 +293,5 @@ impl crate::device::Hca {
         self.ports[i].cable = plugged;
         self.ports[i].retrain();
         self.port_changed(i, before);
-    }
-
-    /// Forces a logical state (test API standing in for an SM). Going up
-    /// requires a trained link (INIT_PORT done, cable plugged).
-    pub fn force_logical(&mut self, i: usize, s: LogicalState) -> bool {
-        let p = &mut self.ports[i];
-        if s > LogicalState::Down && p.phys != PhysicalState::LinkUp {
-            return false;
-        }
-        let before = p.state;
-        p.state = s;
-        self.port_changed(i, before);
-        true
     }
 }

@@ -78,7 +78,11 @@ fn net() -> Net {
     let b = node(hcas.next().unwrap(), 2);
     wire.settle();
     for n in [&a, &b] {
-        assert!(n.hca.activate_port(1, n.lid, 1), "port 1 of LID {}", n.lid);
+        assert!(
+            tests::sm::sm_activate(&n.hca, 1, n.lid, 1),
+            "port 1 of LID {}",
+            n.lid
+        );
     }
     let switch = built.switches[0].1;
     fabric

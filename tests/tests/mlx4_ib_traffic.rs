@@ -69,7 +69,7 @@ fn pair() -> (Side, Side, Wire) {
     w.settle();
     for s in [&a, &b] {
         assert!(
-            s.hca.activate_port(1, s.lid, 1),
+            tests::sm::sm_activate(&s.hca, 1, s.lid, 1),
             "port 1 active: {:?}",
             s.hca.port_state(1)
         );
@@ -642,7 +642,11 @@ fn an_smp_and_a_pma_query_loop_back_through_qp0_and_qp1() {
         .ib_register_device(Box::new(ib))
         .map_err(|e| e.error)
         .unwrap();
-    assert!(hca.activate_port(1, 5, 5), "{:?}", hca.port_state(1));
+    assert!(
+        tests::sm::sm_activate(&hca, 1, 5, 5),
+        "{:?}",
+        hca.port_state(1)
+    );
     let r = core
         .smp_query(
             id,

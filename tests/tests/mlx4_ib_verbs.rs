@@ -380,7 +380,7 @@ fn port_events_reach_ib_core_clients_and_the_cache() {
     let s = seen.clone();
     core.ib_register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
         .unwrap();
-    assert!(hca.activate_port(1, 0x11, 0x1));
+    assert!(tests::sm::sm_activate(&hca, 1, 0x11, 0x1));
     core.poll_until(Duration::from_secs(1), |c| {
         c.poll();
         seen.lock()

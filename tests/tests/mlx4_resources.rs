@@ -234,7 +234,7 @@ fn ports_open_close_and_async_events_are_polled() {
         dev.init_port(port).unwrap();
         assert!(dev.port_is_open(port));
     }
-    assert!(hca.activate_port(1, 0x11, 0x1));
+    assert!(tests::sm::sm_activate(&hca, 1, 0x11, 0x1));
     let n = dev.poll();
     assert!(n >= 1, "no EQE consumed");
     assert!(
@@ -310,17 +310,14 @@ fn hundreds_of_port_events_wrap_the_async_eq() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         dev.register_interface(Box::new(Recorder(seen.clone())));
         dev.init_port(1).unwrap();
-        assert!(hca.activate_port(1, 0x21, 0x1));
+        assert!(tests::sm::sm_activate(&hca, 1, 0x21, 0x1));
         let mut consumed = dev.poll();
         // 1200 events: more than two passes over the 512-entry async EQ,
         // polled every 100 (the EQ holds 384 before overflowing).
         for i in 0..600 {
+            assert!(tests::sm::sm_set_state(&hca, 1, 1), "{i}");
             assert!(
-                hca.set_port_logical_state(1, sim::LogicalState::Init),
-                "{i}"
-            );
-            assert!(
-                hca.set_port_logical_state(1, sim::LogicalState::Active),
+                tests::sm::sm_set_state(&hca, 1, 3) && tests::sm::sm_set_state(&hca, 1, 4),
                 "{i}"
             );
             if i % 50 == 49 {
@@ -367,7 +364,7 @@ fn corrupt_eqes_are_survived() {
         dev.register_interface(Box::new(Recorder(seen.clone())));
         dev.init_port(1).unwrap();
         hca.faults().corrupt_next_eqe(c);
-        assert!(hca.activate_port(1, 0x31, 0x1));
+        assert!(tests::sm::sm_activate(&hca, 1, 0x31, 0x1));
         let n = dev.poll();
         let ev = seen.lock().unwrap().clone();
         match c {

@@ -53,7 +53,10 @@ fn node_with(hca: SimHca, clock: Arc<dyn hal::Clock>) -> Node {
 fn activate(w: &Wire, nodes: &[(&SimHca, u16)]) {
     w.settle();
     for (h, lid) in nodes {
-        assert!(h.activate_port(1, *lid, 1), "port 1 of LID {lid} active");
+        assert!(
+            tests::sm::sm_activate(&h, 1, *lid, 1),
+            "port 1 of LID {lid} active"
+        );
     }
 }
 

@@ -80,8 +80,9 @@ fn full_bring_up_and_teardown_in_linux_order_run_clean() {
     port_start(&mut r, 1, FIRST_CQ);
     port_start(&mut r, 2, FIRST_CQ);
     assert_eq!(r.sim.port_state(1).unwrap().0, LogicalState::Init);
-    // The SM brings port 1 up: PORT_CHANGE(ACTIVE).
-    assert!(r.sim.activate_port(1, 1, 1));
+    // The SM brings port 1 up (SubnSet PortInfo: LID, Armed, Active):
+    // PORT_CHANGE(ACTIVE).
+    sm_activate(&r.sim, 1, 1, 1);
     let e = eqe(&r, &asy, 512, 0);
     assert_eq!((e[1], e[3], e[0x0c] >> 4, e[31]), (0x09, 4, 1, 0));
     eq_doorbell(&r, FIRST_EQ + 1, 1, true);

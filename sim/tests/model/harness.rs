@@ -764,3 +764,56 @@ pub fn unmap_all(r: &mut Raw) -> R {
     r.cmd(0, 0, 0, Opcode::UNMAP_ICM_AUX)?;
     r.cmd(0, 0, 0, Opcode::UNMAP_FA)
 }
+
+/// A SubnSet(PortInfo) carrying `data` (the 64-byte attribute).
+pub fn port_info_set_smp(port: u8, data: &[u8]) -> Vec<u8> {
+    let mut m = smp_get(0x0015, u32::from(port));
+    m[3] = 0x02;
+    m[0x40..0x40 + data.len()].copy_from_slice(data);
+    m
+}
+
+/// What an SM does to one port, by SMPs the port receives from the link
+/// (`SimHca::sma_receive`, the firmware SMA with every check on): reads
+/// PortInfo, then `edit`s it and sends it back as a SubnSet. Returns the
+/// SMA's response status and the PortInfo it reports.
+pub fn sm_port_info(
+    sim: &SimHca,
+    port: u8,
+    edit: impl FnOnce(&mut [u8]),
+) -> Result<(u16, Vec<u8>), sim::frontend::SmpDropped> {
+    let got = sim.sma_receive(port, &smp_get(0x0015, u32::from(port)))?;
+    let mut d = got[0x40..0x80].to_vec();
+    // PortState and PortPhysicalState 0 = no change; everything else as read.
+    d[32] &= 0xf0;
+    d[33] &= 0x0f;
+    edit(&mut d);
+    let out = sim.sma_receive(port, &port_info_set_smp(port, &d))?;
+    Ok((
+        u16::from_be_bytes([out[4], out[5]]) & 0x7fff,
+        out[0x40..0x80].to_vec(),
+    ))
+}
+
+/// Asks the SMA for PortState `state` (1 Down, 3 Armed, 4 Active) on `port`;
+/// returns the MAD status (0 accepted, 0x1c refused).
+pub fn sm_set_state(sim: &SimHca, port: u8, state: u8) -> Result<u16, sim::frontend::SmpDropped> {
+    sm_port_info(sim, port, |d| d[32] |= state & 0xf).map(|(st, _)| st)
+}
+
+/// An SM bringing a port up as OpenSM does: one SubnSet(PortInfo) with the
+/// LID and SM LID (state unchanged), then Armed, then Active, each a
+/// separate Set. Panics (test fixture) with the step that failed.
+pub fn sm_activate(sim: &SimHca, port: u8, lid: u16, sm_lid: u16) {
+    let (st, _) = sm_port_info(sim, port, |d| {
+        d[16..18].copy_from_slice(&lid.to_be_bytes());
+        d[18..20].copy_from_slice(&sm_lid.to_be_bytes());
+    })
+    .unwrap_or_else(|e| panic!("port {port}: LID set dropped: {e:?}"));
+    assert_eq!(st, 0, "port {port}: LID set refused");
+    for state in [3, 4] {
+        let st = sm_set_state(sim, port, state)
+            .unwrap_or_else(|e| panic!("port {port}: PortState {state} dropped: {e:?}"));
+        assert_eq!(st, 0, "port {port}: PortState {state} refused");
+    }
+}

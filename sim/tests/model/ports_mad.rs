@@ -1,6 +1,7 @@
 //! INIT_PORT/CLOSE_PORT/SET_PORT and the firmware SMA/PMA behind MAD_IFC.
 
 use crate::harness::*;
+use sim::frontend::SmpDropped;
 use sim::{LogicalState, Opcode, PhysicalState, SimConfig, Status};
 
 fn st(s: Status) -> R<()> {
@@ -159,11 +160,12 @@ fn port_trains_after_init_port_and_the_sm_path_activates_it() {
 }
 
 #[test]
-fn test_api_link_down_and_up() {
+fn link_down_and_up_and_the_sm_moves_the_logical_state_by_the_rules() {
     let mut r = Raw::new();
     let (_, asy) = init_full(&mut r).unwrap();
     r.cmd(0, 2, 0, Opcode::INIT_PORT).unwrap();
-    assert!(r.sim.activate_port(2, 9, 1));
+    sm_activate(&r.sim, 2, 9, 1);
+    assert_eq!(r.sim.port_lid(2), Some(9));
     assert_eq!(eqe(&r, &asy, 512, 0)[0x0c] >> 4, 2);
     assert!(r.sim.set_link(2, false));
     assert_eq!(
@@ -172,18 +174,103 @@ fn test_api_link_down_and_up() {
     );
     let e = eqe(&r, &asy, 512, 1);
     assert_eq!((e[1], e[3], e[0x0c] >> 4), (0x09, 1, 2));
-    assert!(!r.sim.activate_port(2, 9, 1), "no link, no activation");
+    // No link, no activation: nothing reaches the port from the wire, and
+    // through MAD_IFC the SMA refuses Armed from Down.
+    assert_eq!(sm_set_state(&r.sim, 2, 3), Err(SmpDropped::NoLink));
+    let mut d = port_info(&mut r, 2);
+    d[32] = (d[32] & 0xf0) | 3;
+    d[33] &= 0x0f;
+    let out = mad(&mut r, &port_info_set_smp(2, &d), 2, 0).unwrap();
+    assert_eq!(&out[4..6], &[0, 0x1c], "Armed from Down refused");
+    assert_eq!(r.sim.port_state(2).unwrap().0, LogicalState::Down);
     r.sim.set_link(2, true);
     assert_eq!(
         r.sim.port_state(2),
         Some((LogicalState::Init, PhysicalState::LinkUp))
     );
-    assert!(r.sim.set_port_logical_state(2, LogicalState::Active));
+    // Init -> Active skips Armed: refused, the port stays in Init.
+    assert_eq!(sm_set_state(&r.sim, 2, 4), Ok(0x1c));
+    assert_eq!(r.sim.port_state(2).unwrap().0, LogicalState::Init);
+    assert_eq!(sm_set_state(&r.sim, 2, 3), Ok(0));
+    assert_eq!(r.sim.port_state(2).unwrap().0, LogicalState::Armed);
+    assert_eq!(
+        r.sim.eq(profile::FIRST_EQ + 1).unwrap().prod,
+        2,
+        "no event for Armed"
+    );
+    assert_eq!(sm_set_state(&r.sim, 2, 4), Ok(0));
+    assert_eq!(r.sim.port_state(2).unwrap().0, LogicalState::Active);
+    let e = eqe(&r, &asy, 512, 2);
+    assert_eq!(
+        (e[1], e[3], e[0x0c] >> 4),
+        (0x09, 4, 2),
+        "PORT_CHANGE(ACTIVE)"
+    );
+    // Down by SMP: the link retrains to Init, PORT_CHANGE(DOWN).
+    assert_eq!(sm_set_state(&r.sim, 2, 1), Ok(0));
+    assert_eq!(
+        r.sim.port_state(2),
+        Some((LogicalState::Init, PhysicalState::LinkUp))
+    );
+    let e = eqe(&r, &asy, 512, 3);
+    assert_eq!((e[1], e[3], e[0x0c] >> 4), (0x09, 1, 2));
+    // Armed -> Init is not a PortState an SM may write.
+    assert_eq!(sm_set_state(&r.sim, 2, 3), Ok(0));
+    assert_eq!(sm_set_state(&r.sim, 2, 2), Ok(0x1c));
+    assert_eq!(r.sim.port_state(2).unwrap().0, LogicalState::Armed);
     assert!(r.sim.set_port_physical_state(2, PhysicalState::Disabled));
     assert_eq!(
         r.sim.port_state(2),
         Some((LogicalState::Down, PhysicalState::Disabled))
     );
+}
+
+#[test]
+fn smps_from_the_wire_meet_the_smas_checks() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    assert_eq!(
+        r.sim.sma_receive(3, &smp_get(0x0015, 3)),
+        Err(SmpDropped::NoSuchPort)
+    );
+    assert_eq!(
+        r.sim.sma_receive(1, &smp_get(0x0015, 1)),
+        Err(SmpDropped::NoLink),
+        "before INIT_PORT the link is down"
+    );
+    r.cmd(0, 1, 0, Opcode::INIT_PORT).unwrap();
+    // A PMA MAD or a short one is not an SMP.
+    let mut pma = smp_get(0x0012, 0);
+    pma[1] = 0x04;
+    assert_eq!(r.sim.sma_receive(1, &pma), Err(SmpDropped::NotAnSmp));
+    assert_eq!(
+        r.sim.sma_receive(1, &smp_get(0x0015, 1)[..64]),
+        Err(SmpDropped::NotAnSmp)
+    );
+    // A directed-route Get is answered with the D bit.
+    let mut dr = smp_get(0x0011, 0);
+    dr[1] = 0x81;
+    let out = r.sim.sma_receive(1, &dr).unwrap();
+    assert_eq!((out[3], out[4] & 0x80), (0x81, 0x80));
+    // M_Key set: a Set with the wrong key is discarded (no response) and
+    // counted, and the port stays in Init; with the key it is applied.
+    let (st, _) = sm_port_info(&r.sim, 1, |d| {
+        d[0..8].copy_from_slice(&0x1122u64.to_be_bytes());
+        d[16..18].copy_from_slice(&5u16.to_be_bytes());
+    })
+    .unwrap();
+    assert_eq!(st, 0);
+    assert_eq!(sm_set_state(&r.sim, 1, 3), Err(SmpDropped::Discarded));
+    assert_eq!(r.sim.port_state(1).unwrap().0, LogicalState::Init);
+    let mut d = port_info(&mut r, 1);
+    assert_eq!(u16::from_be_bytes([d[44], d[45]]), 1, "one M_Key violation");
+    d[32] = (d[32] & 0xf0) | 3;
+    d[33] &= 0x0f;
+    let mut m = port_info_set_smp(1, &d);
+    m[0x18..0x20].copy_from_slice(&0x1122u64.to_be_bytes());
+    let out = r.sim.sma_receive(1, &m).unwrap();
+    assert_eq!(&out[4..6], &[0, 0]);
+    assert_eq!(r.sim.port_state(1).unwrap().0, LogicalState::Armed);
 }
 
 #[test]
@@ -241,7 +328,7 @@ fn pma_port_counters_get_and_clear() {
     let mut r = Raw::new();
     init(&mut r).unwrap();
     r.cmd(0, 1, 0, Opcode::INIT_PORT).unwrap();
-    r.sim.activate_port(1, 3, 1);
+    sm_activate(&r.sim, 1, 3, 1);
     r.sim.set_link(1, false);
     let mut m = smp_get(0x0012, 0);
     m[1] = 0x04;
