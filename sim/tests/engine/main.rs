@@ -16,4 +16,5 @@ mod fabric;
 mod fuzz;
 mod loopback;
 mod mlx;
+mod mw;
 mod rings;
