@@ -255,18 +255,10 @@ pub fn encode_port_info(p: &Port, out: &mut [u8]) {
 /// Applies a SubnSet(PortInfo); an invalid state change leaves the port
 /// untouched and answers "invalid field".
 fn port_info_set(p: &mut Port, d: &[u8]) -> Result<(), u16> {
-    let req_state = get8(d, 32) & 0xf;
-    let new_state = match req_state {
-        0 => None,
-        1 => Some(LogicalState::Down),
-        3 if matches!(p.state, LogicalState::Init | LogicalState::Armed) => {
-            Some(LogicalState::Armed)
-        }
-        4 if matches!(p.state, LogicalState::Armed | LogicalState::Active) => {
-            Some(LogicalState::Active)
-        }
-        _ => return Err(mad_status::INVALID_FIELD),
-    };
+    let new_state = p
+        .state
+        .set_by_sm(get8(d, 32) & 0xf)
+        .ok_or(mad_status::INVALID_FIELD)?;
     let lid = get16(d, 16);
     if lid >= 0xc000 && lid != 0xffff {
         return Err(mad_status::INVALID_FIELD);

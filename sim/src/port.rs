@@ -53,6 +53,22 @@ impl LogicalState {
             _ => return None,
         })
     }
+
+    /// The state a SubnSet(PortInfo) PortState of `req` asks of a port in
+    /// state `self`: `Some(None)` keeps it (0), Down for 1, Armed for 3
+    /// from Init or Armed, Active for 4 from Armed or Active; `None` for
+    /// any other request (the SMA answers "invalid field" and changes
+    /// nothing).
+    pub fn set_by_sm(self, req: u8) -> Option<Option<LogicalState>> {
+        use LogicalState::*;
+        Some(match req {
+            0 => None,
+            1 => Some(Down),
+            3 if matches!(self, Init | Armed) => Some(Armed),
+            4 if matches!(self, Armed | Active) => Some(Active),
+            _ => return None,
+        })
+    }
 }
 
 /// Size of the P_Key table.

@@ -297,17 +297,10 @@ impl HostNode {
     /// Armed, 4 Active from Armed or Active; anything else is refused and
     /// changes nothing). ClientReregister is write-only.
     fn port_info_set(&mut self, d: &[u8; 64]) -> Result<(), u16> {
-        let new_state = match d[32] & 0xf {
-            0 => None,
-            1 => Some(LogicalState::Down),
-            3 if matches!(self.state, LogicalState::Init | LogicalState::Armed) => {
-                Some(LogicalState::Armed)
-            }
-            4 if matches!(self.state, LogicalState::Armed | LogicalState::Active) => {
-                Some(LogicalState::Active)
-            }
-            _ => return Err(mad_status::INVALID_FIELD),
-        };
+        let new_state = self
+            .state
+            .set_by_sm(d[32] & 0xf)
+            .ok_or(mad_status::INVALID_FIELD)?;
         if !matches!(d[33] >> 4, 0 | 2) {
             // Disabling the port of a host node is not modelled.
             return Err(mad_status::INVALID_FIELD);

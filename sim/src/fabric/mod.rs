@@ -182,6 +182,17 @@ struct InFlight {
     owed: bool,
 }
 
+impl InFlight {
+    /// The packet, its CRCs computed if they were owed.
+    fn into_sealed(self) -> Packet {
+        let mut pkt = self.pkt;
+        if self.owed {
+            let _ = crate::packet::seal_owed(&mut pkt.bytes);
+        }
+        pkt
+    }
+}
+
 #[derive(Debug)]
 struct FabPort {
     owner: Owner,
@@ -419,14 +430,15 @@ impl Fabric {
     /// For a node the fabric models itself (the SM): the next packet due at
     /// `p`, without advancing the fabric.
     pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
+        self.pop_due(p, now_ns).map(InFlight::into_sealed)
+    }
+
+    /// The packet at the head of `p`'s queue if it is due by `now_ns`,
+    /// taken off the queue.
+    fn pop_due(&mut self, p: PortId, now_ns: u64) -> Option<InFlight> {
         let q = &mut self.ports.get_mut(&p)?.inbound;
         if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|mut f| {
-                if f.owed {
-                    let _ = crate::packet::seal_owed(&mut f.pkt.bytes);
-                }
-                f.pkt
-            })
+            q.pop_front()
         } else {
             None
         }
@@ -754,12 +766,8 @@ impl Fabric {
     /// The next packet due at port `p` by `now_ns` (after the fabric has
     /// advanced to `now_ns`).
     pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
-        self.receive_owed(p, now_ns).map(|(mut pkt, owed)| {
-            if owed {
-                let _ = crate::packet::seal_owed(&mut pkt.bytes);
-            }
-            pkt
-        })
+        self.advance(now_ns);
+        self.pop_due(p, now_ns).map(InFlight::into_sealed)
     }
 
     /// [`Fabric::receive`] without sealing: the packet, and whether its
@@ -767,12 +775,7 @@ impl Fabric {
     /// built them, and only the CRC comparison may be skipped).
     pub fn receive_owed(&mut self, p: PortId, now_ns: u64) -> Option<(Packet, bool)> {
         self.advance(now_ns);
-        let q = &mut self.ports.get_mut(&p)?.inbound;
-        if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front().map(|f| (f.pkt, f.owed))
-        } else {
-            None
-        }
+        self.pop_due(p, now_ns).map(|f| (f.pkt, f.owed))
     }
 
     /// The earliest time a queued packet becomes due anywhere, a

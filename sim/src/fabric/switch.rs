@@ -798,18 +798,10 @@ impl Switch {
     /// was and answers "invalid field".
     fn port_info_set(&mut self, port: u8, d: &[u8; 64]) -> Result<(), u16> {
         let sp = &self.ports[usize::from(port)];
-        let req = d[32] & 0xf;
-        let new_state = match req {
-            0 => None,
-            1 => Some(LogicalState::Down),
-            3 if matches!(sp.state, LogicalState::Init | LogicalState::Armed) => {
-                Some(LogicalState::Armed)
-            }
-            4 if matches!(sp.state, LogicalState::Armed | LogicalState::Active) => {
-                Some(LogicalState::Active)
-            }
-            _ => return Err(mad_status::INVALID_FIELD),
-        };
+        let new_state = sp
+            .state
+            .set_by_sm(d[32] & 0xf)
+            .ok_or(mad_status::INVALID_FIELD)?;
         let phys_req = d[33] >> 4;
         if !matches!(phys_req, 0 | 2 | 3) || (port == 0 && phys_req != 0) {
             return Err(mad_status::INVALID_FIELD);

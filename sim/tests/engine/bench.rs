@@ -59,11 +59,7 @@ fn run(
         signalled: sig,
         raddr: dst.addr((i * u64::from(len)) % ((1 << 20) - u64::from(len))),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, len)],
         ..Wr::default()
     };
     let wqe_plain = a.build(&mk(0, false));
@@ -122,11 +118,7 @@ fn bench_rdma_write_throughput_and_rate() {
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
-        assert!(
-            h.r.sim.violations().is_empty(),
-            "{:?}",
-            h.r.sim.violations()
-        );
+        h.assert_no_violations();
         assert_eq!(dst.read(0, 8), src.read(0, 8));
     }
 }
@@ -167,11 +159,7 @@ fn bench_polled_doorbell_to_cqe_latency() {
         signalled: true,
         raddr: dst.addr(0),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len: 8,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, 8)],
         ..Wr::default()
     };
     let bytes = a.build(&w);
@@ -265,11 +253,7 @@ fn bench_rdma_write_through_the_switch() {
         signalled: sig,
         raddr: dst.addr((i * u64::from(len)) % ((1 << 20) - u64::from(len))),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, len)],
         ..Wr::default()
     };
     let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();

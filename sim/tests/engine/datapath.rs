@@ -41,16 +41,7 @@ fn discards(h: &mut Hca, port: u8, set: Option<u16>) -> (u16, u32) {
 }
 
 fn send(len: u32, mr: &Mr) -> Wr {
-    Wr {
-        opcode: op::SEND,
-        signalled: true,
-        sges: vec![Sge {
-            addr: mr.addr(0),
-            len,
-            lkey: mr.key,
-        }],
-        ..Wr::default()
-    }
+    Wr::send(vec![mr.sge(0, len)])
 }
 
 #[test]
@@ -77,11 +68,7 @@ fn a_qpn_with_a_tag_above_the_table_index_uses_that_slot() {
     let src = h.mr(0x10_0000, 4096, acc::ALL);
     let dst = h.mr(0x20_0000, 4096, acc::ALL);
     src.write(0, &[0x5a; 300]);
-    b.post_recv(&[Sge {
-        addr: dst.addr(0),
-        len: 4096,
-        lkey: dst.key,
-    }]);
+    b.post_recv(&[dst.sge(0, 4096)]);
     a.post(&h, &send(300, &src));
     let c = one(&mut cq, true);
     assert!(c.ok(), "{c:?}");
@@ -108,11 +95,7 @@ fn a_malformed_receive_wqe_is_a_remote_operation_error_on_the_wire() {
     let la = a.mr(0x1_0000, 16_384, acc::ALL);
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     // A receive WQE whose scatter entry carries the inline bit.
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 0x8000_0000 | 8192,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(0, 0x8000_0000 | 8192)]);
     // A two-packet SEND: refused at its first packet.
     qa.post(&a, &send(5000, &la));
     wait_steps(&a.r, Duration::from_millis(2));
@@ -138,11 +121,7 @@ fn a_malformed_receive_wqe_is_a_remote_operation_error_on_the_wire() {
     let mut cq = h.cq(6);
     let (mut x, mut y, _) = crate::loopback::pair(&mut h, RC, &cq);
     let m = h.mr(0x30_0000, 4096, acc::ALL);
-    y.post_recv(&[Sge {
-        addr: m.addr(0),
-        len: 0x8000_0000 | 64,
-        lkey: m.key,
-    }]);
+    y.post_recv(&[m.sge(0, 0x8000_0000 | 64)]);
     x.post(&h, &send(16, &m));
     assert_eq!(one(&mut cq, true).syndrome, 0x14);
     assert_eq!(one(&mut cq, false).syndrome, 0x02);
@@ -206,11 +185,7 @@ fn ud_with_a_grh_carries_it_and_lands_it_in_the_receive_buffer() {
     la.write(0, &data);
     rb.write(0, &[0xee; 64]);
     let (ga, gb) = (gid(0x0002_c903_0000_1000), gid(0x0002_c903_0000_2000));
-    ub.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 2048,
-        lkey: rb.key,
-    }]);
+    ub.post_recv(&[rb.sge(0, 2048)]);
     let av = Av {
         port: 1,
         dlid: b.lid,
@@ -245,11 +220,7 @@ fn ud_with_a_grh_carries_it_and_lands_it_in_the_receive_buffer() {
     assert_eq!(rb.read(40, 1000), data);
     // Without the GRH bit, the GRH area is left alone and the flag clear.
     rb.write(0, &[0xee; 64]);
-    ub.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 2048,
-        lkey: rb.key,
-    }]);
+    ub.post_recv(&[rb.sge(0, 2048)]);
     let w = Wr {
         ud: Some(Av { grh: None, ..av }),
         ..send(100, &la)
@@ -261,11 +232,7 @@ fn ud_with_a_grh_carries_it_and_lands_it_in_the_receive_buffer() {
     assert!(!r.grh);
     assert_eq!(rb.read(0, 40), vec![0xee; 40]);
     // A DGID that is not the receiver's: dropped.
-    ub.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 2048,
-        lkey: rb.key,
-    }]);
+    ub.post_recv(&[rb.sge(0, 2048)]);
     let mut other = gb;
     other[15] ^= 0x40;
     let w = Wr {
@@ -315,11 +282,7 @@ fn a_gmp_on_a_port_that_is_not_active_is_a_port_xmit_discard() {
             1,
             256,
         )),
-        sges: vec![Sge {
-            addr: m.addr(0),
-            len: 256,
-            lkey: m.key,
-        }],
+        sges: vec![m.sge(0, 256)],
         tail: Some(crate::mlx::icrc_seg()),
         ..Wr::default()
     };

@@ -312,11 +312,7 @@ fn bench_emu_round_trip() {
         signalled: true,
         raddr: dst.addr(0),
         rkey: dst.key,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len: 8,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, 8)],
         ..Wr::default()
     });
     let n = 20_000;
@@ -386,11 +382,7 @@ fn bench_emu_two_nodes() {
             signalled: sig,
             raddr: dst.addr((i * 65536) % (1 << 20)),
             rkey: dst.key,
-            sges: vec![Sge {
-                addr: src.addr(0),
-                len,
-                lkey: src.key,
-            }],
+            sges: vec![src.sge(0, len)],
             ..Wr::default()
         })
     };

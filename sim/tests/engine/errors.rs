@@ -18,14 +18,6 @@ fn setup() -> (Hca, Cq, Qp, Qp, Mr, Mr) {
     (h, cq, a, b, la, rb)
 }
 
-fn sge(m: &Mr, off: u64, len: u32) -> Sge {
-    Sge {
-        addr: m.addr(off),
-        len,
-        lkey: m.key,
-    }
-}
-
 fn err(c: &Cqe) -> (u8, u8) {
     assert_eq!(c.opcode, 0x1e, "not an error CQE: {c:?}");
     (c.syndrome, c.vendor)
@@ -39,10 +31,10 @@ fn local_protection_bad_lkey_pd_and_bounds_then_flush() {
         let bad = match case {
             0 => Sge {
                 lkey: la.key ^ 0x01,
-                ..sge(&la, 0, 64)
+                ..la.sge(0, 64)
             }, // key byte differs
-            1 => sge(&other_pd, 0, 64),  // the MR is in another PD
-            _ => sge(&la, 16_000, 1000), // runs past the end
+            1 => other_pd.sge(0, 64),  // the MR is in another PD
+            _ => la.sge(16_000, 1000), // runs past the end
         };
         a.post(
             &h,
@@ -103,7 +95,7 @@ fn local_length_local_qp_op_and_mw_bind() {
             raddr: rb.addr(0),
             rkey: rb.key,
             swap: 1,
-            sges: vec![sge(&la, 0, 4)],
+            sges: vec![la.sge(0, 4)],
             ..Wr::default()
         },
     );
@@ -179,7 +171,7 @@ fn remote_access_errors_nak_the_requester_and_break_the_responder() {
                 signalled: true,
                 raddr: rb.addr(0),
                 rkey: rb.key + 1,
-                sges: vec![sge(&la, 0, 16)],
+                sges: vec![la.sge(0, 16)],
                 ..Wr::default()
             },
             1 => Wr {
@@ -187,7 +179,7 @@ fn remote_access_errors_nak_the_requester_and_break_the_responder() {
                 signalled: true,
                 raddr: ro.addr(0),
                 rkey: ro.key,
-                sges: vec![sge(&la, 0, 16)],
+                sges: vec![la.sge(0, 16)],
                 ..Wr::default()
             },
             _ => Wr {
@@ -195,7 +187,7 @@ fn remote_access_errors_nak_the_requester_and_break_the_responder() {
                 signalled: true,
                 raddr: rb.addr(16_380),
                 rkey: rb.key,
-                sges: vec![sge(&la, 0, 16)],
+                sges: vec![la.sge(0, 16)],
                 ..Wr::default()
             },
         };
@@ -225,7 +217,7 @@ fn remote_access_errors_nak_the_requester_and_break_the_responder() {
             signalled: true,
             raddr: la.addr(0),
             rkey: la.key,
-            sges: vec![sge(&la, 8, 8)],
+            sges: vec![la.sge(8, 8)],
             ..Wr::default()
         },
     );
@@ -236,16 +228,8 @@ fn remote_access_errors_nak_the_requester_and_break_the_responder() {
 fn remote_invalid_request_and_remote_operation_and_local_access() {
     // SEND longer than the receive buffer.
     let (mut h, mut cq, mut a, mut b, la, rb) = setup();
-    b.post_recv(&[sge(&rb, 0, 100)]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![sge(&la, 0, 101)],
-            ..Wr::default()
-        },
-    );
+    b.post_recv(&[rb.sge(0, 100)]);
+    a.post(&h, &Wr::send(vec![la.sge(0, 101)]));
     assert_eq!(
         err(&one(&mut cq, false)),
         (0x01, 0x69),
@@ -266,7 +250,7 @@ fn remote_invalid_request_and_remote_operation_and_local_access() {
             signalled: true,
             raddr: rb.addr(4),
             rkey: rb.key,
-            sges: vec![sge(&la, 0, 8)],
+            sges: vec![la.sge(0, 8)],
             ..Wr::default()
         },
     );
@@ -276,24 +260,16 @@ fn remote_invalid_request_and_remote_operation_and_local_access() {
     let (h, mut cq, mut a, mut b, la, rb) = setup();
     b.post_recv(&[Sge {
         lkey: rb.key ^ 0x80,
-        ..sge(&rb, 0, 100)
+        ..rb.sge(0, 100)
     }]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![sge(&la, 0, 50)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 50)]));
     assert_eq!(err(&one(&mut cq, false)).0, 0x04);
     assert_eq!(err(&one(&mut cq, true)), (0x14, 0x89));
     // WRITE with immediate to a bad R_Key: the responder's receive WQE
     // completes with local access error.
     let (h, mut cq, mut a, mut b, la, rb) = setup();
-    b.post_recv(&[sge(&rb, 0, 100)]);
-    b.post_recv(&[sge(&rb, 100, 100)]);
+    b.post_recv(&[rb.sge(0, 100)]);
+    b.post_recv(&[rb.sge(100, 100)]);
     a.post(
         &h,
         &Wr {
@@ -301,7 +277,7 @@ fn remote_invalid_request_and_remote_operation_and_local_access() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: 0xdead_0000,
-            sges: vec![sge(&la, 0, 50)],
+            sges: vec![la.sge(0, 50)],
             ..Wr::default()
         },
     );
@@ -327,15 +303,7 @@ fn rnr_retries_on_the_fake_clock_finite_and_infinite() {
     h.connect(&b, s, 0x80, lid).unwrap();
     let la = h.mr(0x10_0000, 4096, acc::ALL);
     let t0 = h.r.clock.now_ns();
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![sge(&la, 0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     assert!(cq.drain().is_empty(), "waiting for the RNR timer");
     wait_steps(&h.r, Duration::from_millis(2));
     assert!(cq.drain().is_empty(), "first retry also RNR-NAKed");
@@ -358,18 +326,10 @@ fn rnr_retries_on_the_fake_clock_finite_and_infinite() {
     h.connect(&a, s, 0x81, lid).unwrap();
     h.connect(&b, s, 0x80, lid).unwrap();
     let la = h.mr(0x10_0000, 4096, acc::ALL);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![sge(&la, 0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     wait_steps(&h.r, Duration::from_millis(100));
     assert!(cq.drain().is_empty());
-    b.post_recv(&[sge(&la, 100, 8)]);
+    b.post_recv(&[la.sge(100, 8)]);
     wait_steps(&h.r, Duration::from_millis(1));
     assert!(one(&mut cq, true).ok());
     assert!(one(&mut cq, false).ok());
@@ -385,15 +345,7 @@ fn transport_retry_exceeded_when_the_peer_is_unreachable() {
     let mut a = h.qp(0x80, s);
     h.connect(&a, s, 0x99, 0x0777).unwrap(); // a LID nobody has
     let la = h.mr(0x10_0000, 4096, acc::ALL);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![sge(&la, 0, 8)],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 8)]));
     a.post(
         &h,
         &Wr {
@@ -414,15 +366,15 @@ fn transport_retry_exceeded_when_the_peer_is_unreachable() {
 #[test]
 fn error_state_flushes_posted_receives_and_later_ones() {
     let (mut h, mut cq, _a, mut b, _la, rb) = setup();
-    b.post_recv(&[sge(&rb, 0, 10)]);
-    b.post_recv(&[sge(&rb, 0, 10)]);
+    b.post_recv(&[rb.sge(0, 10)]);
+    b.post_recv(&[rb.sge(0, 10)]);
     let m = crate::harness::QpMbox::new(6, RC);
     h.r.cmd_in(&m.0, b.qpn, 0, sim::Opcode::ERR_QP).unwrap();
     let v = cq.drain();
     assert_eq!(v.len(), 2, "{v:?}");
     assert!(v.iter().all(|c| !c.send && c.syndrome == 0x05));
     assert_eq!((v[0].wqe_counter, v[1].wqe_counter), (0, 1));
-    b.post_recv(&[sge(&rb, 0, 10)]);
+    b.post_recv(&[rb.sge(0, 10)]);
     wait_steps(&h.r, Duration::from_micros(5));
     let c = one(&mut cq, false);
     assert_eq!(

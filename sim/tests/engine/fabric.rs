@@ -70,22 +70,14 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
     // SEND of 10 000 bytes: 3 packets at MTU 4096.
     let data = rng.bytes(10_000);
     la.write(0, &data);
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 20_000,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(0, 20_000)]);
     qa.post(
         &a,
         &Wr {
             opcode: op::SEND_IMM,
             signalled: true,
             imm: 9,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 10_000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 10_000)],
             ..Wr::default()
         },
     );
@@ -110,11 +102,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
     // RDMA WRITE with immediate, 9000 bytes.
     let data = rng.bytes(9000);
     la.write(20_000, &data);
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 8,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(0, 8)]);
     qa.post(
         &a,
         &Wr {
@@ -123,11 +111,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
             imm: 0x77,
             raddr: rb.addr(30_000),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(20_000),
-                len: 9000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(20_000, 9000)],
             ..Wr::default()
         },
     );
@@ -145,11 +129,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
             signalled: true,
             raddr: rb.addr(40_000),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(40_000),
-                len: 12_000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(40_000, 12_000)],
             ..Wr::default()
         },
     );
@@ -166,11 +146,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
             raddr: rb.addr(64),
             rkey: rb.key,
             swap: 1,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 8)],
             ..Wr::default()
         },
     );
@@ -188,11 +164,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
             rkey: rb.key,
             cmp: 42,
             swap: 7,
-            sges: vec![Sge {
-                addr: la.addr(8),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(8, 8)],
             ..Wr::default()
         },
     );
@@ -206,11 +178,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: rb.key ^ 0xff,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 8)],
             ..Wr::default()
         },
     );
@@ -242,11 +210,7 @@ fn ud_uc_and_rnr_across_the_wire() {
     let mut ua = ua;
     let data = Rng(5).bytes(3000);
     la.write(0, &data);
-    ub.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 4136,
-        lkey: rb.key,
-    }]);
+    ub.post_recv(&[rb.sge(0, 4136)]);
     let av = Av {
         port: 1,
         dlid: b.lid,
@@ -261,11 +225,7 @@ fn ud_uc_and_rnr_across_the_wire() {
             opcode: op::SEND,
             signalled: true,
             ud: Some(av),
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 3000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 3000)],
             ..Wr::default()
         },
     );
@@ -291,11 +251,7 @@ fn ud_uc_and_rnr_across_the_wire() {
             signalled: true,
             raddr: rb.addr(8000),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 3000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 3000)],
             ..Wr::default()
         },
     );
@@ -303,26 +259,10 @@ fn ud_uc_and_rnr_across_the_wire() {
     assert_eq!(rb.read(8000, 3000), data);
     // RC SEND without a receive: RNR NAKs until one is posted.
     let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 100,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 100)]));
     wait_steps(&a.r, Duration::from_millis(5));
     assert!(ca.drain().is_empty(), "RNR: waiting");
-    qb.post_recv(&[Sge {
-        addr: rb.addr(12_000),
-        len: 100,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(12_000, 100)]);
     wait_steps(&a.r, Duration::from_millis(1));
     assert!(one(&mut ca, true).ok());
     assert_eq!(one(&mut cb, false).byte_cnt, 100);
@@ -378,19 +318,7 @@ fn links_follow_close_port_and_cables_and_rc_retries_run_out() {
     let _ = cb;
     let la = a.mr(0x1_0000, 4096, acc::ALL);
     // B has no QP 0x90: requests vanish; A retries twice, then gives up.
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     wait_steps(&a.r, Duration::from_millis(12));
     assert!(ca.drain().is_empty());
     wait_steps(&a.r, Duration::from_millis(2));
@@ -418,24 +346,8 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
             .every(2)
             .times(1),
     );
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 16_000,
-        lkey: rb.key,
-    }]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 12_000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qb.post_recv(&[rb.sge(0, 16_000)]);
+    qa.post(&a, &Wr::send(vec![la.sge(0, 12_000)]));
     wait_steps(&a.r, Duration::from_millis(10));
     assert!(one(&mut ca, true).ok());
     assert_eq!(one(&mut cb, false).byte_cnt, 12_000);
@@ -447,24 +359,8 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
             .qpn(0x90)
             .times(1),
     );
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 16_000,
-        lkey: rb.key,
-    }]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 100,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qb.post_recv(&[rb.sge(0, 16_000)]);
+    qa.post(&a, &Wr::send(vec![la.sge(0, 100)]));
     wait_steps(&a.r, Duration::from_millis(10));
     assert!(one(&mut ca, true).ok(), "recovered by retransmission");
     let pc = b.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
@@ -512,24 +408,8 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     let data = Rng(77).bytes(9000);
     la.write(0, &data);
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 9000,
-        lkey: rb.key,
-    }]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 9000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qb.post_recv(&[rb.sge(0, 9000)]);
+    qa.post(&a, &Wr::send(vec![la.sge(0, 9000)]));
     assert!(one(&mut ca, true).ok());
     assert_eq!(one(&mut cb, false).byte_cnt, 9000);
     assert_eq!(rb.read(0, 9000), data);
@@ -540,11 +420,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(10_000),
-                len: 5000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(10_000, 5000)],
             ..Wr::default()
         },
     );
@@ -559,11 +435,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
     // ib_mad's smi_handle_dr_smp_send, not the HCA).
     smp.hop_ptr = 1;
     m.write(0, &smp.to_bytes());
-    qp0.post_recv(&[Sge {
-        addr: m.addr(4096),
-        len: 296,
-        lkey: m.key,
-    }]);
+    qp0.post_recv(&[m.sge(4096, 296)]);
     qp0.post(
         &a,
         &Wr {
@@ -573,11 +445,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
             raw: Some(crate::mlx::ud_header(
                 15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256,
             )),
-            sges: vec![Sge {
-                addr: m.addr(0),
-                len: 256,
-                lkey: m.key,
-            }],
+            sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()
         },
@@ -594,11 +462,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
         0xc738,
         "SwitchX device id"
     );
-    assert!(
-        a.r.sim.violations().is_empty(),
-        "{:?}",
-        a.r.sim.violations()
-    );
+    a.assert_no_violations();
 }
 
 /// The threaded front end on a fabric: each HCA's own model thread steps
@@ -631,24 +495,8 @@ fn threaded_hcas_back_to_back() {
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     let data = Rng(9).bytes(10_000);
     la.write(0, &data);
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 10_000,
-        lkey: rb.key,
-    }]);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 10_000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qb.post_recv(&[rb.sge(0, 10_000)]);
+    qa.post(&a, &Wr::send(vec![la.sge(0, 10_000)]));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (mut s, mut r) = (None, None);
     while s.is_none() || r.is_none() {
@@ -688,11 +536,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     let sbu = QpSpec::new(UD, cb.cqn);
     let mut ub = b.qp(0xa4, sbu);
     b.connect(&ub, sbu, 0, 0).unwrap();
-    ub.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 4136,
-        lkey: rb.key,
-    }]);
+    ub.post_recv(&[rb.sge(0, 4136)]);
     ua.post(
         &a,
         &Wr {
@@ -713,35 +557,15 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
                 })),
                 ..Av::default()
             }),
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 1000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 1000)],
             ..Wr::default()
         },
     );
     // RC: RNR NAK first, then SEND over 3 MTUs, WRITE over 3, READ of 3,
     // atomics, a remote access NAK.
     let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 10_000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 10_000,
-        lkey: rb.key,
-    }]);
+    qa.post(&a, &Wr::send(vec![la.sge(0, 10_000)]));
+    qb.post_recv(&[rb.sge(0, 10_000)]);
     wait_steps(&a.r, Duration::from_millis(1));
     qa.post(
         &a,
@@ -751,19 +575,11 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             signalled: true,
             raddr: rb.addr(20_000),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 9000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 9000)],
             ..Wr::default()
         },
     );
-    qb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 8,
-        lkey: rb.key,
-    }]);
+    qb.post_recv(&[rb.sge(0, 8)]);
     wait_steps(&a.r, Duration::from_millis(1));
     qa.post(
         &a,
@@ -772,11 +588,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(30_000),
-                len: 9000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(30_000, 9000)],
             ..Wr::default()
         },
     );
@@ -788,11 +600,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             raddr: rb.addr(64),
             rkey: rb.key,
             swap: 5,
-            sges: vec![Sge {
-                addr: la.addr(8),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(8, 8)],
             ..Wr::default()
         },
     );
@@ -805,11 +613,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             rkey: rb.key,
             swap: 5,
             cmp: 5,
-            sges: vec![Sge {
-                addr: la.addr(8),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(8, 8)],
             ..Wr::default()
         },
     );
@@ -820,11 +624,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: 0x5555_5500,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 8)],
             ..Wr::default()
         },
     );
@@ -840,11 +640,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     gmp[0x10..0x12].copy_from_slice(&0x0012u16.to_be_bytes());
     m.write(0, &gmp);
     let mb = b.mr(0x40_0000, 4096, acc::ALL);
-    b1.post_recv(&[Sge {
-        addr: mb.addr(0),
-        len: 296,
-        lkey: mb.key,
-    }]);
+    b1.post_recv(&[mb.sge(0, 296)]);
     let blid = b.lid;
     a1.post(
         &a,
@@ -863,11 +659,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
                 1,
                 256,
             )),
-            sges: vec![Sge {
-                addr: m.addr(0),
-                len: 256,
-                lkey: m.key,
-            }],
+            sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()
         },
@@ -951,19 +743,7 @@ fn an_unexpected_response_is_a_bad_response_error() {
     a.connect(&qa, s, 0x99, b.lid).unwrap();
     let la = a.mr(0x1_0000, 4096, acc::ALL);
     // B has no QP 0x99: A's SEND waits for an ACK.
-    qa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     assert!(ca.drain().is_empty());
     // Forge B -> A: RC ATOMIC Acknowledge for QP 0x80 at PSN 0x100.
     use sim::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
@@ -1025,26 +805,10 @@ fn random_packets_at_the_port_then_well_formed_traffic() {
     let pattern: Vec<u8> = (0..16 << 10).map(|i| (i * 7 % 253) as u8).collect();
     guard.write(0, &pattern);
     for _ in 0..8 {
-        qa.post_recv(&[Sge {
-            addr: mr.addr(0),
-            len: 60_000,
-            lkey: mr.key,
-        }]);
-        ua.post_recv(&[Sge {
-            addr: mr.addr(0),
-            len: 4136,
-            lkey: mr.key,
-        }]);
-        a0.post_recv(&[Sge {
-            addr: mr.addr(0),
-            len: 296,
-            lkey: mr.key,
-        }]);
-        a1.post_recv(&[Sge {
-            addr: mr.addr(0),
-            len: 296,
-            lkey: mr.key,
-        }]);
+        qa.post_recv(&[mr.sge(0, 60_000)]);
+        ua.post_recv(&[mr.sge(0, 4136)]);
+        a0.post_recv(&[mr.sge(0, 296)]);
+        a1.post_recv(&[mr.sge(0, 296)]);
     }
     let pb = b.r.sim.fabric_port(1).unwrap();
     let clock = w.fake_clock().unwrap();
@@ -1162,24 +926,8 @@ fn random_packets_at_the_port_then_well_formed_traffic() {
     let rb = b.mr(0x9_0000, 16_384, acc::ALL);
     let data = rng.bytes(9000);
     mr.write(0, &data);
-    xb.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 9000,
-        lkey: rb.key,
-    }]);
-    xa.post(
-        &a,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: mr.addr(0),
-                len: 9000,
-                lkey: mr.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    xb.post_recv(&[rb.sge(0, 9000)]);
+    xa.post(&a, &Wr::send(vec![mr.sge(0, 9000)]));
     assert!(one(&mut ca2, true).ok());
     assert_eq!(one(&mut cb2, false).byte_cnt, 9000);
     assert_eq!(rb.read(0, 9000), data);

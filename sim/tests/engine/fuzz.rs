@@ -217,24 +217,8 @@ fn run(wqes: u64) {
     let dst = h.mr(0x300_0000, 8192, acc::ALL);
     let data = rng.bytes(6000);
     src.write(0, &data);
-    y.post_recv(&[Sge {
-        addr: dst.addr(0),
-        len: 8192,
-        lkey: dst.key,
-    }]);
-    x.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: src.addr(0),
-                len: 6000,
-                lkey: src.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    y.post_recv(&[dst.sge(0, 8192)]);
+    x.post(&h, &Wr::send(vec![src.sge(0, 6000)]));
     assert!(one(&mut cq2, false).ok());
     assert!(one(&mut cq2, true).ok());
     assert_eq!(dst.read(0, 6000), data);

@@ -23,20 +23,12 @@ fn rc_send_moves_bytes_and_completes_both_sides() {
     let dst = h.mr(0x20_0000_0456, 10_000, acc::ALL);
     let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
     src.write(0, &data);
-    b.post_recv(&[Sge {
-        addr: dst.addr(0),
-        len: 10_000,
-        lkey: dst.key,
-    }]);
+    b.post_recv(&[dst.sge(0, 10_000)]);
     let w = Wr {
         opcode: op::SEND_IMM,
         signalled: true,
         imm: 0xcafe_f00d,
-        sges: vec![Sge {
-            addr: src.addr(0),
-            len: 5000,
-            lkey: src.key,
-        }],
+        sges: vec![src.sge(0, 5000)],
         ..Wr::default()
     };
     a.post(&h, &w);
@@ -53,11 +45,7 @@ fn rc_send_moves_bytes_and_completes_both_sides() {
         (0x80, op::SEND_IMM, 0)
     );
     assert_eq!(dst.read(0, 5000), data);
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 /// Splits `len` bytes at `off` of `mr` into `n` SGEs of random sizes.
@@ -69,11 +57,7 @@ pub fn split(rng: &mut Rng, mr: &Mr, off: u64, len: u64, n: usize) -> Vec<Sge> {
     cuts.push(len);
     cuts.sort_unstable();
     cuts.windows(2)
-        .map(|w| Sge {
-            addr: mr.addr(off + w[0]),
-            len: (w[1] - w[0]) as u32,
-            lkey: mr.key,
-        })
+        .map(|w| mr.sge(off + w[0], (w[1] - w[0]) as u32))
         .filter(|s| s.len > 0)
         .collect()
 }
@@ -125,11 +109,7 @@ fn rc_every_opcode_random_sizes_page_crossing_sg() {
                 let extra = rng.below(100);
                 let rsg = split(&mut rng, &rb, roff, len + extra, 3);
                 let rsg = if rsg.is_empty() {
-                    vec![Sge {
-                        addr: rb.addr(roff),
-                        len: 16,
-                        lkey: rb.key,
-                    }]
+                    vec![rb.sge(roff, 16)]
                 } else {
                     rsg
                 };
@@ -176,11 +156,7 @@ fn rc_every_opcode_random_sizes_page_crossing_sg() {
                 assert_eq!(rb.read(roff, len as usize), data);
             }
             3 => {
-                b.post_recv(&[Sge {
-                    addr: rb.addr(0),
-                    len: 8,
-                    lkey: rb.key,
-                }]);
+                b.post_recv(&[rb.sge(0, 8)]);
                 a.post(
                     &h,
                     &Wr {
@@ -225,11 +201,7 @@ fn rc_every_opcode_random_sizes_page_crossing_sg() {
             }
         }
     }
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -246,11 +218,7 @@ fn rc_atomics_compare_swap_and_fetch_add_on_big_endian_words() {
         raddr,
         rkey: rb.key,
         swap: add,
-        sges: vec![Sge {
-            addr: la.addr(0),
-            len: 8,
-            lkey: la.key,
-        }],
+        sges: vec![la.sge(0, 8)],
         ..Wr::default()
     };
     a.post(&h, &fa(rb.addr(64), 23));
@@ -269,11 +237,7 @@ fn rc_atomics_compare_swap_and_fetch_add_on_big_endian_words() {
         rkey: rb.key,
         swap,
         cmp,
-        sges: vec![Sge {
-            addr: la.addr(8),
-            len: 8,
-            lkey: la.key,
-        }],
+        sges: vec![la.sge(8, 8)],
         ..Wr::default()
     };
     a.post(&h, &cs(5, 9));
@@ -308,20 +272,8 @@ fn rc_max_sges_inline_zero_length_and_nop() {
     // a WQE holds) into 64 scatter entries (a full 1 KiB receive WQE).
     let data = rng.bytes(62 * 1000);
     la.write(0, &data);
-    let sges: Vec<Sge> = (0..62)
-        .map(|i| Sge {
-            addr: la.addr(i * 1000),
-            len: 1000,
-            lkey: la.key,
-        })
-        .collect();
-    let rsg: Vec<Sge> = (0..64)
-        .map(|i| Sge {
-            addr: rb.addr(i * 1000),
-            len: 1000,
-            lkey: rb.key,
-        })
-        .collect();
+    let sges: Vec<Sge> = (0..62).map(|i| la.sge(i * 1000, 1000)).collect();
+    let rsg: Vec<Sge> = (0..64).map(|i| rb.sge(i * 1000, 1000)).collect();
     b.post_recv(&rsg);
     a.post(
         &h,
@@ -338,11 +290,7 @@ fn rc_max_sges_inline_zero_length_and_nop() {
     assert!(one(&mut cq, true).ok());
     // Inline data (several 64-byte-bounded segments).
     let text = rng.bytes(300);
-    b.post_recv(&[Sge {
-        addr: rb.addr(65_000),
-        len: 400,
-        lkey: rb.key,
-    }]);
+    b.post_recv(&[rb.sge(65_000, 400)]);
     a.post(
         &h,
         &Wr {
@@ -356,11 +304,7 @@ fn rc_max_sges_inline_zero_length_and_nop() {
     assert_eq!(rb.read(65_000, 300), text);
     assert!(one(&mut cq, true).ok());
     // Zero-length SEND (no gather entry at all), zero-length WRITE/READ.
-    b.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 8,
-        lkey: rb.key,
-    }]);
+    b.post_recv(&[rb.sge(0, 8)]);
     a.post(
         &h,
         &Wr {
@@ -416,21 +360,13 @@ fn rc_max_sges_inline_zero_length_and_nop() {
             opcode: op::RDMA_WRITE,
             raddr: rb.addr(0),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 4,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 4)],
             ..Wr::default()
         },
     );
     assert!(cq.drain().is_empty(), "unsignalled WQEs complete silently");
     assert_eq!(rb.read(0, 4), data[..4], "...but they ran");
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -443,24 +379,8 @@ fn uc_sends_and_writes_but_refuses_reads_and_atomics() {
     let mut rng = Rng(7);
     let data = rng.bytes(9000);
     la.write(0, &data);
-    b.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 10_000,
-        lkey: rb.key,
-    }]);
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 9000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    b.post_recv(&[rb.sge(0, 10_000)]);
+    a.post(&h, &Wr::send(vec![la.sge(0, 9000)]));
     assert_eq!(one(&mut cq, false).byte_cnt, 9000);
     assert!(one(&mut cq, true).ok());
     assert_eq!(rb.read(0, 9000), data);
@@ -472,11 +392,7 @@ fn uc_sends_and_writes_but_refuses_reads_and_atomics() {
             imm: 5,
             raddr: rb.addr(10_000),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 9000,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 9000)],
             ..Wr::default()
         },
     );
@@ -504,11 +420,7 @@ fn uc_sends_and_writes_but_refuses_reads_and_atomics() {
             signalled: true,
             raddr: rb.addr(0),
             rkey: rb.key,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 8,
-                lkey: la.key,
-            }],
+            sges: vec![la.sge(0, 8)],
             ..Wr::default()
         },
     );
@@ -535,11 +447,7 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
     let data = Rng(3).bytes(2048);
     la.write(0, &data);
     rb.write(0, &[0xee; 40]);
-    b.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 4096 + 40,
-        lkey: rb.key,
-    }]);
+    b.post_recv(&[rb.sge(0, 4096 + 40)]);
     let av = Av {
         port: 1,
         dlid: h.lid,
@@ -553,11 +461,7 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
         signalled: true,
         imm: 77,
         ud: Some(av),
-        sges: vec![Sge {
-            addr: la.addr(0),
-            len: 2048,
-            lkey: la.key,
-        }],
+        sges: vec![la.sge(0, 2048)],
         ..Wr::default()
     };
     a.post(&h, &w);
@@ -575,11 +479,7 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
     assert_eq!(rb.read(40, 2048), data);
     assert!(one(&mut cq, true).ok());
     // Q_Key with bit 31 set: the sending QP's own Q_Key goes out.
-    b.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 4096 + 40,
-        lkey: rb.key,
-    }]);
+    b.post_recv(&[rb.sge(0, 4096 + 40)]);
     let av2 = Av {
         qkey: 0x8000_0000,
         ..av
@@ -601,11 +501,7 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
     );
     assert!(one(&mut cq, true).ok());
     // A wrong Q_Key: dropped at the receiver, the sender still completes.
-    b.post_recv(&[Sge {
-        addr: rb.addr(0),
-        len: 4096 + 40,
-        lkey: rb.key,
-    }]);
+    b.post_recv(&[rb.sge(0, 4096 + 40)]);
     a.post(
         &h,
         &Wr {
@@ -626,11 +522,7 @@ fn ud_send_with_grh_area_source_and_qkey_rules() {
             opcode: op::SEND,
             signalled: true,
             ud: Some(av),
-            sges: vec![Sge {
-                addr: big.addr(0),
-                len: 4097,
-                lkey: big.key,
-            }],
+            sges: vec![big.sge(0, 4097)],
             ..Wr::default()
         },
     );
@@ -644,25 +536,9 @@ fn query_qp_reports_the_psns_the_engines_reached() {
     let mut cq = h.cq(6);
     let (mut a, mut b, _) = pair(&mut h, RC, &cq);
     let la = h.mr(0x10_0000, 65_536, acc::ALL);
-    b.post_recv(&[Sge {
-        addr: la.addr(0),
-        len: 65_536,
-        lkey: la.key,
-    }]);
+    b.post_recv(&[la.sge(0, 65_536)]);
     // 10 000 bytes at MTU 4096: three packets.
-    a.post(
-        &h,
-        &Wr {
-            opcode: op::SEND,
-            signalled: true,
-            sges: vec![Sge {
-                addr: la.addr(0),
-                len: 10_000,
-                lkey: la.key,
-            }],
-            ..Wr::default()
-        },
-    );
+    a.post(&h, &Wr::send(vec![la.sge(0, 10_000)]));
     cq.drain();
     let psn = |h: &mut Hca, q: u32, off: usize| {
         let o = h.r.cmd_out(q, 0, sim::Opcode::QUERY_QP).unwrap();

@@ -81,22 +81,14 @@ fn qp1_mad_loops_back_after_the_grh_area() {
     let m = h.mr(0x10_0000, 8192, acc::ALL);
     let g = mad(0x03); // SA class
     m.write(0, &g);
-    qp1.post_recv(&[Sge {
-        addr: m.addr(4096),
-        len: 296,
-        lkey: m.key,
-    }]);
+    qp1.post_recv(&[m.sge(4096, 296)]);
     let lid = h.lid;
     let w = Wr {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((2 << 8, lid)),
         raw: Some(ud_header(0, 2, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)),
-        sges: vec![Sge {
-            addr: m.addr(0),
-            len: 256,
-            lkey: m.key,
-        }],
+        sges: vec![m.sge(0, 256)],
         tail: Some(icrc_seg()),
         ..Wr::default()
     };
@@ -110,11 +102,7 @@ fn qp1_mad_loops_back_after_the_grh_area() {
     );
     assert_eq!(m.read(4096 + 40, 256), g);
     assert!(one(&mut cq, true).ok());
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -126,13 +114,7 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
     m.write(0, &mad(0x01));
     m.write(512, &mad(0x81));
     let lid = h.lid;
-    let body = |off| {
-        vec![Sge {
-            addr: m.addr(off),
-            len: 256,
-            lkey: m.key,
-        }]
-    };
+    let body = |off| vec![m.sge(off, 256)];
     let cases: Vec<(&str, bool, Wr)> = vec![
         (
             "GMP on VL15",
@@ -240,11 +222,7 @@ fn smps_to_a_qp0_that_is_not_ready_are_dropped_and_counted() {
         signalled: true,
         mlx_flags: Some((1 << 17, lid)),
         raw: Some(ud_header(15, 0, lid, 0, 0xffff, 0, 0, 0, 256)),
-        sges: vec![Sge {
-            addr: m.addr(0),
-            len: 256,
-            lkey: m.key,
-        }],
+        sges: vec![m.sge(0, 256)],
         tail: Some(icrc_seg()),
         ..Wr::default()
     };
@@ -258,11 +236,7 @@ fn smps_to_a_qp0_that_is_not_ready_are_dropped_and_counted() {
         "VL15Dropped"
     );
     // With a receive WQE it arrives.
-    qp0.post_recv(&[Sge {
-        addr: m.addr(4096),
-        len: 296,
-        lkey: m.key,
-    }]);
+    qp0.post_recv(&[m.sge(4096, 296)]);
     qp0.post(&h, &smp);
     let r = one(&mut cq, false);
     assert_eq!((r.byte_cnt, r.rqpn, r.slid), (296, 0, lid));

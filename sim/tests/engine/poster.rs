@@ -240,6 +240,14 @@ impl Mr {
     pub fn addr(&self, off: u64) -> u64 {
         self.iova + off
     }
+    /// The gather/scatter entry for `len` bytes at `off`.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.addr(off),
+            len,
+            lkey: self.key,
+        }
+    }
 }
 
 /// A gather/scatter entry.
@@ -272,6 +280,18 @@ pub struct Wr {
     pub mlx_flags: Option<(u32, u16)>,
     /// Raw bytes after the data segments (the MLX ICRC segment).
     pub tail: Option<Vec<u8>>,
+}
+
+impl Wr {
+    /// A signalled SEND of `sges`.
+    pub fn send(sges: Vec<Sge>) -> Wr {
+        Wr {
+            opcode: op::SEND,
+            signalled: true,
+            sges,
+            ..Wr::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -384,6 +404,14 @@ impl Hca {
         let mut h = Self::bare(sim);
         h.port_up(1, 0x11).unwrap();
         h
+    }
+
+    /// Asserts that the model saw no driver mistake (the violations are
+    /// the message).
+    #[track_caller]
+    pub fn assert_no_violations(&self) {
+        let v = self.r.sim.violations();
+        assert!(v.is_empty(), "{v:?}");
     }
 
     /// Brought up to the ports (EQs, CONF_SPECIAL_QP, SET_PORT), ports

@@ -22,24 +22,8 @@ fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
     let mut seen = 0u32;
     for i in 0..40u32 {
         la.write(0, &i.to_be_bytes());
-        b.post_recv(&[Sge {
-            addr: rb.addr(u64::from(i % 4) * 8),
-            len: 8,
-            lkey: rb.key,
-        }]);
-        a.post(
-            &h,
-            &Wr {
-                opcode: op::SEND,
-                signalled: true,
-                sges: vec![Sge {
-                    addr: la.addr(0),
-                    len: 4,
-                    lkey: la.key,
-                }],
-                ..Wr::default()
-            },
-        );
+        b.post_recv(&[rb.sge(u64::from(i % 4) * 8, 8)]);
+        a.post(&h, &Wr::send(vec![la.sge(0, 4)]));
         let r = one(&mut cq, false);
         let sc = one(&mut cq, true);
         assert!(r.ok() && sc.ok(), "{r:?} {sc:?}");
@@ -54,11 +38,7 @@ fn owner_bits_over_three_wraps_of_sq_rq_and_cq() {
     // is never executed: ring without posting.
     h.ring_send(a.qpn);
     assert!(cq.drain().is_empty(), "stale WQE ran");
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 #[test]
@@ -143,16 +123,8 @@ fn armed_cq_raises_one_completion_event() {
     // Solicited-only: an unsolicited receive does not fire, a solicited
     // one does.
     cq.arm(&h.r, 1, 3);
-    b.post_recv(&[Sge {
-        addr: la.addr(0),
-        len: 64,
-        lkey: la.key,
-    }]);
-    b.post_recv(&[Sge {
-        addr: la.addr(0),
-        len: 64,
-        lkey: la.key,
-    }]);
+    b.post_recv(&[la.sge(0, 64)]);
+    b.post_recv(&[la.sge(0, 64)]);
     a.post(
         &h,
         &Wr {
@@ -185,13 +157,7 @@ fn a_stamped_chunk_stops_the_sq_until_the_wqe_is_written() {
         signalled: true,
         raddr: rb.addr(0),
         rkey: rb.key,
-        sges: (0..4)
-            .map(|i| Sge {
-                addr: la.addr(i * 8),
-                len: 8,
-                lkey: la.key,
-            })
-            .collect(),
+        sges: (0..4).map(|i| la.sge(i * 8, 8)).collect(),
         ..Wr::default()
     };
     let mut bytes = a.build(&w); // 16 + 16 + 4 x 16 = 96: two 64-byte chunks
@@ -227,30 +193,14 @@ fn srq_free_list_and_limit_event() {
     let la = h.mr(0x10_0000, 4096, acc::ALL);
     let rb = h.mr(0x20_0000, 4096, acc::ALL);
     for i in 0..6u64 {
-        srq.post(&[Sge {
-            addr: rb.addr(i * 16),
-            len: 16,
-            lkey: rb.key,
-        }]);
+        srq.post(&[rb.sge(i * 16, 16)]);
     }
     // ARM_SRQ with watermark 3: the event comes when fewer than 3 remain.
     h.r.cmd(3, FIRST_SRQ_N, 0, sim::Opcode::ARM_SRQ).unwrap();
     let mut used = Vec::new();
     for i in 0..4u32 {
         la.write(0, &i.to_be_bytes());
-        a.post(
-            &h,
-            &Wr {
-                opcode: op::SEND,
-                signalled: true,
-                sges: vec![Sge {
-                    addr: la.addr(0),
-                    len: 4,
-                    lkey: la.key,
-                }],
-                ..Wr::default()
-            },
-        );
+        a.post(&h, &Wr::send(vec![la.sge(0, 4)]));
         let r = one(&mut cq, false);
         assert!(r.ok(), "{r:?}");
         assert_eq!(rb.read(u64::from(r.wqe_counter) * 16, 4), i.to_be_bytes());
@@ -264,11 +214,7 @@ fn srq_free_list_and_limit_event() {
     // the driver re-posts.
     srq.free(used[1]);
     for i in 0..3u64 {
-        srq.post(&[Sge {
-            addr: rb.addr(200 + i * 16),
-            len: 16,
-            lkey: rb.key,
-        }]);
+        srq.post(&[rb.sge(200 + i * 16, 16)]);
     }
     let mut order = Vec::new();
     for _ in 0..5 {
@@ -284,11 +230,7 @@ fn srq_free_list_and_limit_event() {
         one(&mut cq, true);
     }
     assert_eq!(order, vec![4, 5, 6, 7, 1]);
-    assert!(
-        h.r.sim.violations().is_empty(),
-        "{:?}",
-        h.r.sim.violations()
-    );
+    h.assert_no_violations();
 }
 
 const FIRST_SRQ_N: u32 = crate::harness::profile::FIRST_SRQ;
