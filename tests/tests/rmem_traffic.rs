@@ -54,7 +54,7 @@ fn activate(w: &Wire, nodes: &[(&SimHca, u16)]) {
     w.settle();
     for (h, lid) in nodes {
         assert!(
-            tests::sm::sm_activate(&h, 1, *lid, 1),
+            tests::sm::sm_activate(h, 1, *lid, 1),
             "port 1 of LID {lid} active"
         );
     }

@@ -265,7 +265,7 @@ impl DmaPool {
         let region = self.inner.alloc_with_progress(len, 4096, progress)?;
         debug_assert!(region.len >= len && region.bus.0 % 4096 == 0);
         Ok(DmaBuf {
-            region: Some(region),
+            region,
             len,
             pool: self.clone(),
         })

@@ -115,6 +115,8 @@ pub(super) struct Msg {
     pub(super) qkey: u32,
     pub(super) grh: Option<[u8; 40]>,
     pub(super) npkts: u32,
+    /// SEND with Invalidate: the R_Key the responder invalidates.
+    pub(super) inv: Option<u32>,
 }
 
 /// The responder's answer.
@@ -473,6 +475,7 @@ fn opcode_ok(st: u8, opcode: u8) -> bool {
             op::NOP
                 | op::SEND
                 | op::SEND_IMM
+                | op::SEND_INVAL
                 | op::RDMA_WRITE
                 | op::RDMA_WRITE_IMM
                 | op::RDMA_READ
@@ -515,8 +518,12 @@ fn execute_in(
     let Some(q) = hca.engine.qps.get(&qpn).cloned() else {
         return Outcome::Fail(Syndrome::LocalQpOp);
     };
-    if ctrl.opcode == op::BIND_MW && matches!(q.st, st::RC | st::UC) {
-        return bind_mw(hca, &q, wqe);
+    if matches!(q.st, st::RC | st::UC) {
+        match ctrl.opcode {
+            op::BIND_MW => return super::mw::bind(hca, &q, wqe),
+            op::LOCAL_INVAL => return super::mw::local_inval(hca, &q, wqe),
+            _ => {}
+        }
     }
     if !opcode_ok(q.st, ctrl.opcode) {
         return Outcome::Fail(Syndrome::LocalQpOp);
@@ -590,13 +597,14 @@ fn execute_in(
         return Outcome::Fail(Syndrome::LocalLength);
     }
     let kind = match ctrl.opcode {
-        op::SEND | op::SEND_IMM => Kind::Send,
+        op::SEND | op::SEND_IMM | op::SEND_INVAL => Kind::Send,
         op::RDMA_WRITE | op::RDMA_WRITE_IMM => Kind::Write,
         op::RDMA_READ => Kind::Read,
         op::ATOMIC_CS => Kind::CmpSwap,
         _ => Kind::FetchAdd,
     };
     let imm = matches!(ctrl.opcode, op::SEND_IMM | op::RDMA_WRITE_IMM).then_some(ctrl.imm);
+    let inv = (ctrl.opcode == op::SEND_INVAL).then_some(ctrl.imm);
     let (lid, lmc) = port_state(hca, port).map_or((0, 0), |(_, l, m)| (l, m));
     let path_bits = dg.map_or(q.path_bits, |d| d.path_bits) & ((1u8 << lmc.min(7)) - 1);
     let (dlid, dst_qpn, qkey, sl, force) = match dg {
@@ -654,6 +662,7 @@ fn execute_in(
         qkey,
         grh,
         npkts,
+        inv,
     };
     // Retry bookkeeping: armed for a WQE that starts with nothing in
     // flight (later ones share the window's counters, which progress
@@ -674,6 +683,11 @@ fn execute_in(
             return Outcome::Blocked;
         }
         respond(hca, &msg, &segs[..nseg], wqe)
+    } else if attached && active && inv.is_some() {
+        hca.violation(format!(
+            "QP {qpn:#x} SQ WQE {idx}: SEND with Invalidate over a fabric link is not modelled"
+        ));
+        return Outcome::Fail(Syndrome::LocalQpOp);
     } else if attached && (active || q.st == st::RC || retx.is_some()) {
         let mtu_w = if q.st == st::UD { mtu.max(len) } else { mtu };
         let w = super::wire::WqeRef {
@@ -735,30 +749,6 @@ pub(super) fn dgid_is_ours(hca: &Hca, port: u8, grh: &[u8; 40]) -> bool {
     let prefix = u64::from_be_bytes(grh[24..32].try_into().unwrap_or([0; 8]));
     let guid = u64::from_be_bytes(grh[32..40].try_into().unwrap_or([0; 8]));
     prefix == p.gid_prefix && p.guids.contains(&guid)
-}
-
-/// BIND_MW (bind segment: flags, new R_Key, L_Key of the MR, address,
-/// length; Linux `mlx4_wqe_bind_seg`): the MR must be valid for the QP and
-/// carry the bind-enable right (dMPT bit 15), or the bind fails with the
-/// memory-window bind error. Windows themselves are not modelled, so a
-/// bind that passes these checks is refused as an unsupported operation.
-fn bind_mw(hca: &mut Hca, q: &QpEng, wqe: &[u8]) -> Outcome {
-    if wqe.len() < 16 + 32 {
-        return Outcome::Fail(Syndrome::LocalQpOp);
-    }
-    let lkey = get32(wqe, 16 + 12);
-    let addr = get64(wqe, 16 + 16);
-    let len = get64(wqe, 16 + 24);
-    let ok = xlate::check(hca, lkey, q.pd, Access::LocalRead, addr, len, false).is_ok()
-        && xlate::bind_enabled(hca, lkey);
-    if !ok {
-        return Outcome::Fail(Syndrome::MwBind);
-    }
-    hca.violation(format!(
-        "QP {:#x}: memory window binding is not modelled",
-        q.qpn
-    ));
-    Outcome::Fail(Syndrome::LocalQpOp)
 }
 
 /// The requester's side of a response.
@@ -1057,9 +1047,10 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
                 None
             };
             if m.len > 0 {
-                let xl = match xlate::check(
+                let xl = match xlate::check_qp(
                     hca,
                     m.rkey,
+                    Some(d.qpn),
                     d.pd,
                     Access::RemoteWrite,
                     m.raddr,
@@ -1123,7 +1114,16 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
             if m.len == 0 {
                 return Resp::Read(Seg::default());
             }
-            match xlate::check(hca, m.rkey, d.pd, Access::RemoteRead, m.raddr, m.len, false) {
+            match xlate::check_qp(
+                hca,
+                m.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteRead,
+                m.raddr,
+                m.len,
+                false,
+            ) {
                 Ok(xl) => Resp::Read(Seg {
                     addr: m.raddr,
                     len: m.len,
@@ -1160,8 +1160,16 @@ pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Res
                     Syndrome::RemoteInvalidReq,
                 );
             }
-            let xl = match xlate::check(hca, m.rkey, d.pd, Access::RemoteAtomic, m.raddr, 8, false)
-            {
+            let xl = match xlate::check_qp(
+                hca,
+                m.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteAtomic,
+                m.raddr,
+                8,
+                false,
+            ) {
                 Ok(x) => x,
                 Err(_) => {
                     return responder_error(
@@ -1227,6 +1235,20 @@ fn receive_in(
     };
     if r.malformed {
         return malformed_rwqe(hca, d, &r);
+    }
+    // SEND with Invalidate: the key is checked before anything lands
+    // (IBTA 9.4.1.1, 10.6.7.2; the model's choice of status: super::mw).
+    if let Some(k) = m.inv
+        && super::mw::invalidate(hca, k, d.qpn, d.pd, true, false).is_err()
+    {
+        return responder_error(
+            hca,
+            d,
+            Some(&r),
+            Some(Syndrome::LocalAccess),
+            eqe::WQ_INVAL_REQ_ERROR,
+            Syndrome::RemoteInvalidReq,
+        );
     }
     let pd = match d.srq {
         Some(s) => hca.engine.srqs.get(&s).map_or(d.pd, |x| x.pd),
@@ -1300,6 +1322,9 @@ fn receive_in(
             Syndrome::RemoteOp,
         );
     }
+    if let Some(k) = m.inv {
+        let _ = super::mw::invalidate(hca, k, d.qpn, d.pd, true, true);
+    }
     rq_commit(hca, d.qpn, &r);
     hca.engine.stats.received += 1;
     let pkey_index = if datagram {
@@ -1317,13 +1342,15 @@ fn receive_in(
     let _ = mad;
     let c = Cqe {
         qpn: d.qpn,
-        opcode: if m.imm.is_some() {
+        opcode: if m.inv.is_some() {
+            rcv_op::SEND_INVAL
+        } else if m.imm.is_some() {
             rcv_op::SEND_IMM
         } else {
             rcv_op::SEND
         },
         byte_cnt: need.min(u64::from(u32::MAX)) as u32,
-        imm: m.imm.unwrap_or(pkey_index),
+        imm: m.inv.or(m.imm).unwrap_or(pkey_index),
         grh: datagram && m.grh.is_some(),
         path_bits: if datagram {
             (m.dlid & 0x7f) as u8 & lmc_mask(hca, d.port)
@@ -1594,6 +1621,7 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
             qkey: h.qkey,
             grh: h.grh,
             npkts: 1,
+            inv: None,
         };
         mad_deliver(hca, &m, &segs[..ns], &hdr_inline, is_qp0);
     } else if up && super::wire::attached(hca, port) {

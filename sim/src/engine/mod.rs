@@ -2,7 +2,7 @@
 //! RC/UC/UD transports and the MLX transport of QP0/QP1, run against host
 //! memory through the QP context's MTT translation and the dMPT's
 //! protection; what is not modelled is listed in each submodule's first
-//! line (no BlueFlame, LSO, memory windows, fast registration, XRC, RD,
+//! line (no BlueFlame, LSO, fast registration, XRC, RD,
 //! multicast, APM, CQ moderation).
 //!
 //! # How work moves
@@ -26,6 +26,7 @@
 
 pub mod cq;
 pub mod exec;
+pub mod mw;
 pub mod wire;
 pub mod wqe;
 pub mod xlate;
@@ -241,6 +242,8 @@ pub struct Engine {
     pub srqs: BTreeMap<u32, SrqEng>,
     /// Decoded dMPT entries.
     pub mpts: BTreeMap<u32, MptEntry>,
+    /// Memory windows met so far, with their bindings (by dMPT index).
+    pub mws: BTreeMap<u32, mw::Window>,
     /// Bounce buffer for copies.
     pub bounce: Vec<u8>,
     /// Scratch of the send side.

@@ -513,6 +513,7 @@ fn msg_from(h: &Headers, st_: u8, src_qpn: u32, dst_qpn: u32, port: u8, len: u64
             b
         }),
         npkts: 1,
+        inv: None,
     }
 }
 

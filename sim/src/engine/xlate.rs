@@ -2,9 +2,9 @@
 //! key, hardware ownership, region flag, PD, access rights, bounds), MTT
 //! translation at the MPT's page size or none for a physical MPT, the
 //! reserved L_Key for QPs allowed to use it, and the copy loops that move
-//! bytes between translated segments; memory windows, fast-register MRs in
-//! the free state and MTT caching are not modelled (a window or a free MR
-//! used as a key fails the key check).
+//! bytes between translated segments; R_Keys of memory windows go to
+//! [`super::mw`]; fast-register MRs in the free state are not modelled (a
+//! free MR used as a key fails the key check).
 
 use crate::ctx::{MptEntry, mpt};
 use crate::device::Hca;
@@ -50,6 +50,8 @@ pub enum KeyError {
     Access,
     /// Outside the region.
     Bounds,
+    /// A type 2 window bound to another QP.
+    Qp,
 }
 
 /// How to turn an address inside a checked region into a bus address.
@@ -63,6 +65,9 @@ pub struct Xl {
     pub base: u64,
     /// MTT index of the region's first page.
     pub mtt: u64,
+    /// Added to an address before translation (a zero-based window's
+    /// offset into its parent; 0 otherwise).
+    pub delta: u64,
 }
 
 /// A checked piece of memory (or an inline run: `xl` None, `addr` is the
@@ -89,7 +94,7 @@ fn nmpt(hca: &mut Hca) -> u64 {
     hca.engine.nmpt
 }
 
-fn mpt_entry(hca: &mut Hca, idx: u32) -> Option<MptEntry> {
+pub(super) fn mpt_entry(hca: &mut Hca, idx: u32) -> Option<MptEntry> {
     if let Some(m) = hca.engine.mpts.get(&idx) {
         return Some(*m);
     }
@@ -101,11 +106,32 @@ fn mpt_entry(hca: &mut Hca, idx: u32) -> Option<MptEntry> {
     Some(m)
 }
 
+/// The dMPT index `key` names.
+pub(super) fn key_index(hca: &mut Hca, key: u32) -> u32 {
+    (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32
+}
+
 /// Checks `key` for `len` bytes at `addr` with `access` on behalf of a QP
 /// in protection domain `pd`. `rsvd_ok`: the QP may use the reserved L_Key.
 pub fn check(
     hca: &mut Hca,
     key: u32,
+    pd: u32,
+    access: Access,
+    addr: u64,
+    len: u64,
+    rsvd_ok: bool,
+) -> Result<Xl, KeyError> {
+    check_qp(hca, key, None, pd, access, addr, len, rsvd_ok)
+}
+
+/// [`check`] for a remote access arriving at QP `qpn` (a type 2 window
+/// must be bound to it; None: not checked).
+#[allow(clippy::too_many_arguments)]
+pub fn check_qp(
+    hca: &mut Hca,
+    key: u32,
+    qpn: Option<u32>,
     pd: u32,
     access: Access,
     addr: u64,
@@ -126,6 +152,10 @@ pub fn check(
     let Some(m) = mpt_entry(hca, idx) else {
         return Err(KeyError::BadKey);
     };
+    if m.flags & mpt::FLAG_REGION == 0 {
+        // A window: its key changes with every bind.
+        return super::mw::check(hca, idx, key, qpn, pd, access, addr, len);
+    }
     if m.key != key.rotate_left(24) {
         return Err(KeyError::BadKey);
     }
@@ -150,18 +180,14 @@ pub fn check(
         shift,
         base: m.start & !((1u64 << shift) - 1),
         mtt: m.mtt_addr / 8,
+        delta: 0,
     })
-}
-
-/// The MR `key` names grants memory-window binding (dMPT bit 15).
-pub fn bind_enabled(hca: &mut Hca, key: u32) -> bool {
-    let idx = (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32;
-    mpt_entry(hca, idx).is_some_and(|m| m.flags & 1 << 15 != 0)
 }
 
 /// Drops cached MPT `idx` (SW2HW/HW2SW) and the MTT cache.
 pub fn forget_mpt(hca: &mut Hca, idx: u32) {
     hca.engine.mpts.remove(&idx);
+    super::mw::forget(&mut hca.engine, idx);
     forget_mtts(hca);
 }
 
@@ -189,6 +215,7 @@ fn mtt(hca: &mut Hca, index: u64) -> Option<u64> {
 
 /// Bus address of `addr` and the bytes left in its page.
 fn bus(hca: &mut Hca, xl: &Xl, addr: u64) -> Option<(u64, u64)> {
+    let addr = addr.wrapping_add(xl.delta);
     if xl.phys {
         return Some((addr, u64::MAX));
     }

@@ -122,12 +122,12 @@ fn local_length_local_qp_op_and_mw_bind() {
     );
     assert_eq!(err(&one(&mut cq, true)), (0x02, 0x68));
     assert_eq!(h.qp_state(u.qpn), 4, "UD send error: SQE");
-    // An opcode the model's card does not support (LOCAL_INVAL, LSO on IB).
+    // An opcode the model's card does not support (LSO on IB).
     let (mut h, mut cq, mut a2, _b, _la, _rb) = setup();
     a2.post(
         &h,
         &Wr {
-            opcode: op::LOCAL_INVAL,
+            opcode: op::LSO,
             signalled: true,
             ..Wr::default()
         },

@@ -16,5 +16,6 @@ mod fabric;
 mod fuzz;
 mod loopback;
 mod mlx;
+mod mw;
 mod rings;
 mod window;

@@ -34,6 +34,7 @@ pub mod op {
     pub const RDMA_READ: u8 = 0x10;
     pub const ATOMIC_CS: u8 = 0x11;
     pub const ATOMIC_FA: u8 = 0x12;
+    pub const SEND_INVAL: u8 = 0x01;
     pub const BIND_MW: u8 = 0x18;
     pub const LOCAL_INVAL: u8 = 0x1b;
 }
@@ -45,6 +46,64 @@ pub mod acc {
     pub const RW: u32 = 1 << 13;
     pub const RA: u32 = 1 << 14;
     pub const ALL: u32 = LW | RR | RW | RA;
+    /// Bind enable (windows may be bound to the region).
+    pub const BIND: u32 = 1 << 15;
+}
+
+/// The bind segment (32 bytes after the control segment; PRM reading:
+/// flags1 with the remote rights in bits 31:29 (atomic, write, read),
+/// flags2 with type 2 in bit 31 and zero-based in bit 30, the new R_Key,
+/// the parent's L_Key, address, length). `rights` uses [`acc`] bits.
+pub fn bind_seg(
+    rkey: u32,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    rights: u32,
+    type2: bool,
+    zero_based: bool,
+) -> Vec<u8> {
+    let mut f1 = 0u32;
+    if rights & acc::RR != 0 {
+        f1 |= 1 << 29;
+    }
+    if rights & acc::RW != 0 {
+        f1 |= 1 << 30;
+    }
+    if rights & acc::RA != 0 {
+        f1 |= 1 << 31;
+    }
+    let f2 = u32::from(type2) << 31 | u32::from(zero_based) << 30;
+    let mut b = Vec::with_capacity(32);
+    b.extend_from_slice(&f1.to_be_bytes());
+    b.extend_from_slice(&f2.to_be_bytes());
+    b.extend_from_slice(&rkey.to_be_bytes());
+    b.extend_from_slice(&lkey.to_be_bytes());
+    b.extend_from_slice(&addr.to_be_bytes());
+    b.extend_from_slice(&len.to_be_bytes());
+    b
+}
+
+/// The local-invalidate segment (32 bytes, the key at byte 8).
+pub fn inval_seg(key: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 32];
+    b[8..12].copy_from_slice(&key.to_be_bytes());
+    b
+}
+
+/// A memory-window dMPT entry: no region bit, no access bits, no MTT;
+/// type 1 with status 0, type 2 with status free, the bound-QP bit and
+/// invalidation enabled.
+pub fn mw_mpt(key: u32, pd: u32, type2: bool) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    if type2 {
+        b[0..4].copy_from_slice(&(3u32 << 28).to_be_bytes());
+        b[4..8].copy_from_slice(&(1u32 << 7).to_be_bytes());
+    }
+    b[0x08..0x0c].copy_from_slice(&key.rotate_left(24).to_be_bytes());
+    let pdf = pd | if type2 { 3 << 24 } else { 0 };
+    b[0x0c..0x10].copy_from_slice(&pdf.to_be_bytes());
+    b
 }
 
 /// A decoded CQE (our reading of the PRM layout).
@@ -457,6 +516,18 @@ impl Hca {
             pages,
             phys: None,
         }
+    }
+
+    /// A memory window of `pd` (type 2 or type 1) through SW2HW_MPT; its
+    /// allocation key.
+    pub fn mw(&mut self, pd: u32, type2: bool) -> u32 {
+        let idx = self.next_mpt;
+        self.next_mpt += 1;
+        let key = idx << 8 | 0x77;
+        self.r
+            .cmd_in(&mw_mpt(key, pd, type2), idx, 0, Opcode::SW2HW_MPT)
+            .unwrap();
+        key
     }
 
     /// A physical region (no translation) over a fresh contiguous buffer.

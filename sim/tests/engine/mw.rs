@@ -1,0 +1,451 @@
+//! Memory windows: BIND_MW of type 1 and type 2 windows, RDMA through the
+//! window's R_Key checked against the window, each bind error with the
+//! memory-window bind syndrome, LOCAL_INVAL and SEND with Invalidate, and
+//! the firmware side (SW2HW_MPT / HW2SW_MPT of window entries).
+
+use sim::{Opcode, Status};
+
+use crate::harness::CmdError;
+use crate::loopback::{one, pair};
+use crate::poster::*;
+
+const ERR: u8 = 6;
+const MW_BIND: (u8, u8) = (0x06, 0x6a);
+const REM_ACCESS: u8 = 0x13;
+const REM_INV_REQ: u8 = 0x12;
+
+struct Fx {
+    h: Hca,
+    cq: Cq,
+    a: Qp,
+    b: Qp,
+    /// Requester's local buffer.
+    la: Mr,
+    /// The parent MR on the responder's side (bind enabled).
+    pm: Mr,
+}
+
+fn setup() -> Fx {
+    let mut h = Hca::new();
+    let cq = h.cq(8);
+    let (a, b, _) = pair(&mut h, RC, &cq);
+    let la = h.mr(0x10_0000, 16_384, acc::ALL);
+    let pm = h.mr(0x20_0000_0100, 16_384, acc::ALL | acc::BIND);
+    Fx {
+        h,
+        cq,
+        a,
+        b,
+        la,
+        pm,
+    }
+}
+
+fn sge(m: &Mr, off: u64, len: u32) -> Sge {
+    Sge {
+        addr: m.addr(off),
+        len,
+        lkey: m.key,
+    }
+}
+
+fn err(c: &Cqe) -> (u8, u8) {
+    assert_eq!(c.opcode, 0x1e, "not an error CQE: {c:?}");
+    (c.syndrome, c.vendor)
+}
+
+fn bind_wr(seg: Vec<u8>) -> Wr {
+    Wr {
+        opcode: op::BIND_MW,
+        signalled: true,
+        raw: Some(seg),
+        ..Wr::default()
+    }
+}
+
+/// Binds on `q`; returns the send CQE.
+fn bind(on_b: bool, seg: Vec<u8>, f: &mut Fx) -> Cqe {
+    let w = bind_wr(seg);
+    if on_b {
+        f.b.post(&f.h, &w);
+    } else {
+        f.a.post(&f.h, &w);
+    }
+    one(&mut f.cq, true)
+}
+
+fn rdma(opcode: u8, raddr: u64, rkey: u32, local_off: u64, len: u32, f: &mut Fx) -> Cqe {
+    let w = Wr {
+        opcode,
+        signalled: true,
+        raddr,
+        rkey,
+        sges: vec![sge(&f.la, local_off, len)],
+        ..Wr::default()
+    };
+    f.a.post(&f.h, &w);
+    one(&mut f.cq, true)
+}
+
+#[test]
+fn type2_window_allows_rdma_inside_and_refuses_outside() {
+    // Window over parent bytes 4096..8192, remote read + write.
+    for outside in 0..4 {
+        let mut f = setup();
+        let k = f.h.mw(PD, true);
+        let rkey = (k & !0xff) | 0x42;
+        let c = bind(
+            true,
+            bind_seg(
+                rkey,
+                f.pm.key,
+                f.pm.addr(4096),
+                4096,
+                acc::RR | acc::RW,
+                true,
+                false,
+            ),
+            &mut f,
+        );
+        assert!(c.ok(), "bind: {c:?}");
+        assert_eq!(c.opcode, op::BIND_MW);
+        // WRITE and READ inside the window move bytes into/out of the parent.
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 13 + 1) as u8).collect();
+        f.la.write(0, &data);
+        let c = rdma(op::RDMA_WRITE, f.pm.addr(4096 + 3900), rkey, 0, 196, &mut f);
+        assert!(c.ok(), "write inside: {c:?}");
+        assert_eq!(f.pm.read(4096 + 3900, 196), data[..196]);
+        f.pm.write(4096, &data);
+        let c = rdma(op::RDMA_READ, f.pm.addr(4096), rkey, 8000, 300, &mut f);
+        assert!(c.ok(), "read inside: {c:?}");
+        assert_eq!(c.byte_cnt, 300);
+        assert_eq!(f.la.read(8000, 300), data);
+        // Each refusal, on a fresh requester/responder pair state.
+        let (opc, raddr, key, len) = match outside {
+            0 => (op::RDMA_WRITE, f.pm.addr(4096 + 4000), rkey, 100), // runs past the end
+            1 => (op::RDMA_READ, f.pm.addr(4000), rkey, 100),         // starts before it
+            2 => (op::ATOMIC_FA, f.pm.addr(4096), rkey, 8),           // no atomic right
+            _ => (op::RDMA_WRITE, f.pm.addr(4096), rkey ^ 0x01, 8),   // key byte differs
+        };
+        let c = if opc == op::ATOMIC_FA {
+            let w = Wr {
+                opcode: opc,
+                signalled: true,
+                raddr,
+                rkey: key,
+                swap: 1,
+                sges: vec![sge(&f.la, 0, 8)],
+                ..Wr::default()
+            };
+            f.a.post(&f.h, &w);
+            one(&mut f.cq, true)
+        } else {
+            rdma(opc, raddr, key, 0, len, &mut f)
+        };
+        assert_eq!(err(&c).0, REM_ACCESS, "case {outside}");
+        assert_eq!(f.h.qp_state(f.a.qpn), ERR);
+        assert_eq!(f.h.qp_state(f.b.qpn), ERR, "responder broken too");
+        // The parent outside the window was not touched by the refused write.
+        if outside == 0 {
+            assert_ne!(f.pm.read(4096 + 4000, 96), data[..96]);
+        }
+    }
+}
+
+#[test]
+fn zero_based_type2_and_the_bound_qp() {
+    let mut f = setup();
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        true,
+        bind_seg(k, f.pm.key, f.pm.addr(1000), 2000, acc::RR, true, true),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    f.pm.write(1000, b"window-at-zero");
+    let c = rdma(op::RDMA_READ, 0, k, 0, 14, &mut f);
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(f.la.read(0, 14), b"window-at-zero");
+    // The parent address is not a window address: 1000 + 2000 > 2000.
+    let c = rdma(op::RDMA_READ, f.pm.addr(1000), k, 0, 14, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS);
+
+    // A type 2 window bound through QP a: a request arriving at b (another
+    // QP of the same PD) is refused (type 2B: QP and PD).
+    let mut f = setup();
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        false,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RR, true, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 16, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS);
+}
+
+#[test]
+fn type1_window_rebinds_and_a_zero_length_bind_unbinds() {
+    let mut f = setup();
+    let k = f.h.mw(PD, false);
+    let c = bind(
+        false,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RW, false, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    // Type 1 has no QP association: a write arriving at b works.
+    f.la.write(0, &[0xab; 64]);
+    let c = rdma(op::RDMA_WRITE, f.pm.addr(0), k, 0, 64, &mut f);
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(f.pm.read(0, 64), vec![0xab; 64]);
+    // Rebind elsewhere with a new key tag: the old key is gone.
+    let k2 = (k & !0xff) | 0x78;
+    let c = bind(
+        false,
+        bind_seg(k2, f.pm.key, f.pm.addr(8192), 64, acc::RW, false, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let c = rdma(op::RDMA_WRITE, f.pm.addr(8192), k2, 0, 64, &mut f);
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(f.pm.read(8192, 64), vec![0xab; 64]);
+    // Zero-length bind: unbound.
+    let c = bind(
+        false,
+        bind_seg(k2, f.pm.key, f.pm.addr(0), 0, acc::RW, false, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let c = rdma(op::RDMA_WRITE, f.pm.addr(8192), k2, 0, 8, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS);
+}
+
+#[test]
+fn each_bind_error_from_its_cause() {
+    let causes = [
+        "parent without bind enable",
+        "remote write on a parent without local write",
+        "range outside the parent",
+        "window of another PD",
+        "type 2 window already bound",
+        "type bit does not match the window",
+        "zero-based type 1",
+        "window key names a region",
+        "parent in another PD",
+        "parent key byte differs",
+    ];
+    for (case, why) in causes.iter().enumerate() {
+        let mut f = setup();
+        let k2 = f.h.mw(PD, true);
+        let k1 = f.h.mw(PD, false);
+        let seg = match case {
+            0 => {
+                let p = f.h.mr(0x50_0000, 4096, acc::ALL);
+                bind_seg(k2, p.key, p.addr(0), 64, acc::RR, true, false)
+            }
+            1 => {
+                let p = f.h.mr(0x50_0000, 4096, acc::RR | acc::RW | acc::BIND);
+                bind_seg(k2, p.key, p.addr(0), 64, acc::RW, true, false)
+            }
+            2 => bind_seg(k2, f.pm.key, f.pm.addr(16_000), 1000, acc::RR, true, false),
+            3 => {
+                let ko = f.h.mw(OTHER_PD, true);
+                bind_seg(ko, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false)
+            }
+            4 => {
+                let c = bind(
+                    true,
+                    bind_seg(k2, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false),
+                    &mut f,
+                );
+                assert!(c.ok(), "first bind: {c:?}");
+                bind_seg(k2, f.pm.key, f.pm.addr(64), 64, acc::RR, true, false)
+            }
+            5 => bind_seg(k2, f.pm.key, f.pm.addr(0), 64, acc::RR, false, false),
+            6 => bind_seg(k1, f.pm.key, f.pm.addr(0), 64, acc::RR, false, true),
+            7 => bind_seg(f.la.key, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false),
+            8 => {
+                let p = f.h.mr_pd(0x50_0000, 4096, acc::ALL | acc::BIND, OTHER_PD);
+                bind_seg(k2, p.key, p.addr(0), 64, acc::RR, true, false)
+            }
+            _ => bind_seg(k2, f.pm.key ^ 1, f.pm.addr(0), 64, acc::RR, true, false),
+        };
+        let c = bind(true, seg, &mut f);
+        assert_eq!(err(&c), MW_BIND, "case {case}: {why}");
+        assert_eq!(c.qpn, f.b.qpn);
+        assert_eq!(f.h.qp_state(f.b.qpn), ERR, "case {case}: QP in error");
+    }
+}
+
+#[test]
+fn local_invalidate_then_refused() {
+    let mut f = setup();
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        true,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RR, true, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 32, &mut f);
+    assert!(c.ok(), "before: {c:?}");
+    f.b.post(
+        &f.h,
+        &Wr {
+            opcode: op::LOCAL_INVAL,
+            signalled: true,
+            raw: Some(inval_seg(k)),
+            ..Wr::default()
+        },
+    );
+    let c = one(&mut f.cq, true);
+    assert!(c.ok(), "local invalidate: {c:?}");
+    assert_eq!((c.qpn, c.opcode), (f.b.qpn, op::LOCAL_INVAL));
+    let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 32, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS, "invalidated key refused");
+
+    // Invalidating a type 1 window, an unbound window, a region key: each
+    // a memory management error.
+    for case in 0..3 {
+        let mut f = setup();
+        let key = match case {
+            0 => {
+                let k1 = f.h.mw(PD, false);
+                let c = bind(
+                    true,
+                    bind_seg(k1, f.pm.key, f.pm.addr(0), 64, acc::RR, false, false),
+                    &mut f,
+                );
+                assert!(c.ok(), "{c:?}");
+                k1
+            }
+            1 => f.h.mw(PD, true),
+            _ => f.pm.key,
+        };
+        f.b.post(
+            &f.h,
+            &Wr {
+                opcode: op::LOCAL_INVAL,
+                signalled: true,
+                raw: Some(inval_seg(key)),
+                ..Wr::default()
+            },
+        );
+        assert_eq!(err(&one(&mut f.cq, true)), MW_BIND, "case {case}");
+        assert_eq!(f.h.qp_state(f.b.qpn), ERR);
+    }
+}
+
+#[test]
+fn send_with_invalidate_then_refused() {
+    let mut f = setup();
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        true,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RW, true, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let rbuf = f.h.mr(0x70_0000, 4096, acc::ALL);
+    f.b.post_recv(&[sge(&rbuf, 0, 4096)]);
+    f.la.write(0, b"done with your window");
+    f.a.post(
+        &f.h,
+        &Wr {
+            opcode: op::SEND_INVAL,
+            signalled: true,
+            imm: k,
+            sges: vec![sge(&f.la, 0, 21)],
+            ..Wr::default()
+        },
+    );
+    let s = one(&mut f.cq, true);
+    assert!(s.ok(), "{s:?}");
+    assert_eq!(s.opcode, op::SEND_INVAL);
+    let r = one(&mut f.cq, false);
+    assert!(r.ok(), "{r:?}");
+    assert_eq!((r.opcode, r.imm, r.byte_cnt), (3, k, 21), "SEND_INVAL CQE");
+    assert_eq!(rbuf.read(0, 21), b"done with your window");
+    let c = rdma(op::RDMA_WRITE, f.pm.addr(0), k, 0, 8, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS, "invalidated key refused");
+
+    // An R_Key that names no bound window, and a window bound to another
+    // QP: the responder refuses the invalidation.
+    for case in 0..2 {
+        let mut f = setup();
+        let k = f.h.mw(PD, true);
+        if case == 1 {
+            let c = bind(
+                false,
+                bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RW, true, false),
+                &mut f,
+            );
+            assert!(c.ok(), "{c:?}");
+        }
+        let rbuf = f.h.mr(0x70_0000, 4096, acc::ALL);
+        f.b.post_recv(&[sge(&rbuf, 0, 4096)]);
+        f.a.post(
+            &f.h,
+            &Wr {
+                opcode: op::SEND_INVAL,
+                signalled: true,
+                imm: k,
+                sges: vec![sge(&f.la, 0, 8)],
+                ..Wr::default()
+            },
+        );
+        assert_eq!(err(&one(&mut f.cq, true)).0, REM_INV_REQ, "case {case}");
+        assert_eq!(
+            err(&one(&mut f.cq, false)).0,
+            0x11,
+            "case {case}: local access"
+        );
+        assert_eq!(f.h.qp_state(f.b.qpn), ERR);
+        assert_eq!(f.h.qp_state(f.a.qpn), ERR);
+    }
+}
+
+#[test]
+fn firmware_window_entries() {
+    let mut h = Hca::new();
+    let idx = h.next_mpt;
+    // Type 1 and type 2 windows (no region bit, no MTT) are accepted.
+    let k1 = h.mw(PD, false);
+    let k2 = h.mw(PD, true);
+    assert_eq!((k1 >> 8, k2 >> 8), (idx, idx + 1));
+    // A window entry in the "SW owns" state (as a region would come) is not.
+    let mut e = mw_mpt((idx + 2) << 8, PD, false);
+    e[0] = 0xf0;
+    assert_eq!(
+        h.r.cmd_in(&e, idx + 2, 0, Opcode::SW2HW_MPT),
+        Err(CmdError::Status(Status::BAD_PARAM))
+    );
+    // Handed twice: refused.
+    assert_eq!(
+        h.r.cmd_in(&mw_mpt(k1, PD, false), idx, 0, Opcode::SW2HW_MPT),
+        Err(CmdError::Status(Status::BAD_RES_STATE))
+    );
+    // HW2SW frees it; freeing again is refused; it can be handed again.
+    h.r.cmd(0, idx, 1, Opcode::HW2SW_MPT).unwrap();
+    assert!(h.r.cmd(0, idx, 1, Opcode::HW2SW_MPT).is_err());
+    h.r.cmd_in(&mw_mpt(k1, PD, false), idx, 0, Opcode::SW2HW_MPT)
+        .unwrap();
+
+    // A bound window freed and handed back comes back unbound.
+    let mut f = setup();
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        true,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let i = k >> 8;
+    f.h.r.cmd(0, i, 1, Opcode::HW2SW_MPT).unwrap();
+    f.h.r
+        .cmd_in(&mw_mpt(k, PD, true), i, 0, Opcode::SW2HW_MPT)
+        .unwrap();
+    let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 8, &mut f);
+    assert_eq!(err(&c).0, REM_ACCESS);
+}
