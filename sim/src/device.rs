@@ -926,6 +926,50 @@ impl Hca {
     // ---------------------------------------------------------------
     // Threaded front end: poll the shared register memory.
 
+    /// Consumes the doorbells written to the shared BAR2 since the last
+    /// pass; true if there were any.
+    fn consume_doorbells(&mut self) -> bool {
+        let mut active = false;
+        // Doorbells are consumed by atomic swap with 0, a value no doorbell
+        // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
+        // consumer index 0 without re-arm, changes nothing after SW2HW);
+        // a plain load first, so an idle round takes no cache line away
+        // from the CPU about to ring (and costs no locked instruction).
+        // One scratch list for the EQ numbers and UAR pages (no allocation
+        // per round once it has grown).
+        let mut list = core::mem::take(&mut self.poll_scratch);
+        list.clear();
+        list.extend(self.eqs.keys().copied());
+        for &eqn in &list {
+            let raw = take_doorbell(&self.bar2, regs::eq_doorbell(eqn));
+            if raw != 0 {
+                self.eq_doorbell(eqn, be_dw(raw));
+                active = true;
+            }
+        }
+        list.clear();
+        list.extend(self.cqs.values().map(|c| c.uar));
+        list.extend(self.qps.values().map(|q| q.uar));
+        list.sort_unstable();
+        list.dedup();
+        for &uar in &list {
+            let page = uar as usize * regs::UAR_PAGE;
+            let cq0 = take_doorbell(&self.bar2, page + regs::UAR_CQ_DB);
+            if cq0 != 0 {
+                let ci = self.bar2.raw(page + regs::UAR_CQ_DB + 4);
+                self.doorbell_pair(page + regs::UAR_CQ_DB, be_dw(cq0), be_dw(ci));
+                active = true;
+            }
+            let send = take_doorbell(&self.bar2, page + regs::UAR_SEND_DB);
+            if send != 0 {
+                self.doorbell(page + regs::UAR_SEND_DB, be_dw(send));
+                active = true;
+            }
+        }
+        self.poll_scratch = list;
+        active
+    }
+
     /// One polling pass over the shared registers; true if anything
     /// happened (a command, a reset, a doorbell).
     pub fn poll_shared(&mut self) -> bool {
@@ -937,6 +981,11 @@ impl Hca {
         let clk = self.internal_clock();
         self.bar0.set_be(regs::INTERNAL_CLOCK, (clk >> 32) as u32);
         self.bar0.set_be(regs::INTERNAL_CLOCK + 4, clk as u32);
+        // Doorbells before a new command: whatever a driver rang before it
+        // wrote GO (an arm of a CQ it then hands back with HW2SW_CQ, say)
+        // was rung while the object was still the hardware's; a driver
+        // rings nothing for a command's objects until GO clears.
+        active |= self.consume_doorbells();
         let dw6 = self.bar0.be(regs::HCR_STATUS);
         match &self.hcr.busy {
             Some(b) => {
@@ -981,43 +1030,6 @@ impl Hca {
             }
             None => {}
         }
-        // Doorbells are consumed by atomic swap with 0, a value no doorbell
-        // carries (CQ command 0 and QPN 0 are invalid; an EQ doorbell of 0,
-        // consumer index 0 without re-arm, changes nothing after SW2HW);
-        // a plain load first, so an idle round takes no cache line away
-        // from the CPU about to ring (and costs no locked instruction).
-        // One scratch list for the EQ numbers and UAR pages (no allocation
-        // per round once it has grown).
-        let mut list = core::mem::take(&mut self.poll_scratch);
-        list.clear();
-        list.extend(self.eqs.keys().copied());
-        for &eqn in &list {
-            let raw = take_doorbell(&self.bar2, regs::eq_doorbell(eqn));
-            if raw != 0 {
-                self.eq_doorbell(eqn, be_dw(raw));
-                active = true;
-            }
-        }
-        list.clear();
-        list.extend(self.cqs.values().map(|c| c.uar));
-        list.extend(self.qps.values().map(|q| q.uar));
-        list.sort_unstable();
-        list.dedup();
-        for &uar in &list {
-            let page = uar as usize * regs::UAR_PAGE;
-            let cq0 = take_doorbell(&self.bar2, page + regs::UAR_CQ_DB);
-            if cq0 != 0 {
-                let ci = self.bar2.raw(page + regs::UAR_CQ_DB + 4);
-                self.doorbell_pair(page + regs::UAR_CQ_DB, be_dw(cq0), be_dw(ci));
-                active = true;
-            }
-            let send = take_doorbell(&self.bar2, page + regs::UAR_SEND_DB);
-            if send != 0 {
-                self.doorbell(page + regs::UAR_SEND_DB, be_dw(send));
-                active = true;
-            }
-        }
-        self.poll_scratch = list;
         active |= crate::engine::step(self);
         active
     }
