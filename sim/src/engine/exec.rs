@@ -348,36 +348,16 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
                 watch(hca, qpn);
                 return;
             }
-            Outcome::Sent => {
-                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
-                    q.sq_next = q.sq_next.wrapping_add(1);
-                }
-            }
+            Outcome::Sent => next_wqe(hca, qpn),
             Outcome::Done { byte_cnt } if queued => {
-                super::wire::queue_local(
-                    hca,
-                    qpn,
-                    idx,
-                    ctrl.opcode,
-                    ctrl.signalled(),
-                    super::wire::TxState::Done(byte_cnt),
-                );
-                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
-                    q.sq_next = q.sq_next.wrapping_add(1);
-                }
+                let st = super::wire::TxState::Done(byte_cnt);
+                super::wire::queue_local(hca, qpn, idx, ctrl.opcode, ctrl.signalled(), st);
+                next_wqe(hca, qpn);
             }
             Outcome::Fail(s) if queued => {
-                super::wire::queue_local(
-                    hca,
-                    qpn,
-                    idx,
-                    ctrl.opcode,
-                    ctrl.signalled(),
-                    super::wire::TxState::Failed(s),
-                );
-                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
-                    q.sq_next = q.sq_next.wrapping_add(1);
-                }
+                let st = super::wire::TxState::Failed(s);
+                super::wire::queue_local(hca, qpn, idx, ctrl.opcode, ctrl.signalled(), st);
+                next_wqe(hca, qpn);
                 return;
             }
             Outcome::Done { byte_cnt } => {
@@ -709,6 +689,14 @@ fn execute_in(
         qm.pkts_sent += u64::from(npkts);
     }
     finish(hca, qpn, &q, &msg, resp, &segs[..nseg])
+}
+
+/// Moves the SQ's next-WQE pointer past a WQE whose completion now lives
+/// in the send window (sent, or queued behind messages in flight).
+fn next_wqe(hca: &mut Hca, qpn: u32) {
+    if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+        q.sq_next = q.sq_next.wrapping_add(1);
+    }
 }
 
 /// The 40-byte GRH a UD send with the AV's GRH bit carries: IPVer 6, the

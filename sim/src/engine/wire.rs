@@ -1277,6 +1277,25 @@ fn complete(hca: &mut Hca, qpn: u32, tx: &TxMsg, r: Result<u32, Syndrome>) {
 
 // ------------------------------------------------------------------ responder
 
+/// The ATOMIC ACKNOWLEDGE of the atomic at `psn` with its original value
+/// `v` (first execution and a duplicate's replay alike).
+fn reply_atomic(hca: &mut Hca, d: &QpEng, h: &Headers, psn: u32, v: u64) {
+    let a = Aeth {
+        syndrome: aeth::ack(0x1f),
+        msn: 0,
+    };
+    reply(
+        hca,
+        d,
+        h,
+        opcode::ATOMIC_ACKNOWLEDGE,
+        psn,
+        Some(a),
+        Some(v),
+        &[],
+    );
+}
+
 /// Builds and sends a response packet from responder QP `d`.
 #[allow(clippy::too_many_arguments)]
 fn reply(
@@ -1425,19 +1444,7 @@ fn duplicate(hca: &mut Hca, d: &QpEng, h: &Headers, op: u8, psn: u32, exp: u32, 
                 .find(|x| x.psn == psn)
                 .and_then(|x| x.atomic)
             {
-                reply(
-                    hca,
-                    d,
-                    h,
-                    opcode::ATOMIC_ACKNOWLEDGE,
-                    psn,
-                    Some(Aeth {
-                        syndrome: aeth::ack(0x1f),
-                        msn: 0,
-                    }),
-                    Some(v),
-                    &[],
-                );
+                reply_atomic(hca, d, h, psn, v);
             }
         }
         _ => {
@@ -1574,19 +1581,7 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
                         atomic: Some(v),
                     },
                 );
-                reply(
-                    hca,
-                    d,
-                    h,
-                    opcode::ATOMIC_ACKNOWLEDGE,
-                    psn,
-                    Some(Aeth {
-                        syndrome: aeth::ack(0x1f),
-                        msn: 0,
-                    }),
-                    Some(v),
-                    &[],
-                );
+                reply_atomic(hca, d, h, psn, v);
             }
             Resp::Nak(s) => ack(hca, d, h, psn, nak_code(s)),
             Resp::Rnr(t) => {
