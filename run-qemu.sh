@@ -323,11 +323,23 @@ print_cmd() {
     echo
 }
 
+# Several nodes: node 0 interactive unless scripted; the others log to files.
+# Scripted runs (tests, experiments) may run side by side: each keeps its
+# consoles in a directory of its own, gone with the run.
+if [ "$scripted" = 1 ]; then logdir="$here/target/nodes/run-$$"; else logdir="$here/target/nodes"; fi
+
 if [ "$dry" = 1 ]; then
     [ "$hca" = 1 ] && print_cmd "${emu_cmd[@]}"
     for ((i = 0; i < nodes; i++)); do
         qemu_cmd $i
-        if [ "$scripted" = 1 ] || [ "$i" -gt 0 ]; then q+=(-serial stdio); else q+=(-serial mon:stdio); fi
+        # The console the run gives the node (one node: this terminal).
+        if [ "$nodes" -gt 1 ]; then
+            q+=(-serial "$(node_serial "$logdir/node" "$i")")
+        elif [ "$scripted" = 1 ]; then
+            q+=(-serial stdio)
+        else
+            q+=(-serial mon:stdio)
+        fi
         print_cmd "${q[@]}"
     done
     exit 0
@@ -359,14 +371,14 @@ if [ "$hca" = 1 ]; then
 fi
 
 # --- start, and always clean up by pid --------------------------------------
-emu_pid=""; qemu_pids=(); logdir=""
+emu_pid=""; qemu_pids=(); rm_logdir=""
 cleanup() {
     local p
     for p in "${qemu_pids[@]}"; do kill "$p" 2>/dev/null || true; done
     [ -n "$emu_pid" ] && kill "$emu_pid" 2>/dev/null || true
     for p in "${qemu_pids[@]}" $emu_pid; do wait "$p" 2>/dev/null || true; done
     for ((i = 0; i < nodes; i++)); do rm -f "$(win $i)" "$(ram $i)"; done
-    if [ "$scripted" = 1 ] && [ -n "$logdir" ]; then rm -rf "$logdir"; fi
+    if [ -n "$rm_logdir" ]; then rm -rf "$rm_logdir"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -411,10 +423,8 @@ if [ "$hca" = 1 ]; then
 fi
 [ "$gdb" = 1 ] && say "QEMU waits for gdb: gdb $kernel -ex 'target remote :1234'"
 
-status_of() { # QEMU exit status -> ours
-    case $1 in
-        33) echo 0 ;; 35) echo 1 ;; 124|137) echo 124 ;; *) echo "$1" ;;
-    esac
+status_of() { # QEMU exit status -> ours (scripts/nodes.sh; every node is our kernel)
+    qemu_status "$1" lego
 }
 
 if [ "$nodes" = 1 ]; then
@@ -436,10 +446,8 @@ if [ "$nodes" = 1 ]; then
     exit "$st"
 fi
 
-# Several nodes: node 0 interactive unless scripted; the others log to files.
-# Scripted runs (tests, experiments) may run side by side: each keeps its
-# consoles in a directory of its own, gone with the run.
-if [ "$scripted" = 1 ]; then logdir="$here/target/nodes/run-$$"; else logdir="$here/target/nodes"; fi
+# Several nodes (logdir: above, with the dry run).
+if [ "$scripted" = 1 ]; then rm_logdir=$logdir; fi
 mkdir -p "$logdir"
 start_nodes "$logdir/node"
 wait_nodes

@@ -154,14 +154,22 @@ qemu_cmd() { # node -> fills the array `q`
     q+=("${qemu_extra[@]}")
 }
 
+# Several nodes: node 0 interactive unless scripted; the others log to files.
+# Scripted runs may run side by side: their consoles go to the run's own
+# directory (removed with it).
+if [ "$scripted" = 1 ]; then logdir="$run_dir"; else logdir="$here/target/nodes"; fi
+
 if [ "$dry" = 1 ]; then
     printf '%q ' "${vfu_cmd[@]}"; echo
     for ((i = 0; i < nodes; i++)); do
         qemu_cmd "$i"
-        if [ "$nodes" = 1 ]; then
-            if [ "$scripted" = 1 ]; then q+=(-serial stdio); else q+=(-serial mon:stdio); fi
+        # The console the run gives the node (one node: this terminal).
+        if [ "$nodes" -gt 1 ]; then
+            q+=(-serial "$(node_serial "$logdir/vfu-node" "$i")")
+        elif [ "$scripted" = 1 ]; then
+            q+=(-serial stdio)
         else
-            q+=(-serial "file:$here/target/nodes/vfu-node$i.log")
+            q+=(-serial mon:stdio)
         fi
         printf '%q ' "${q[@]}"; echo
     done
@@ -197,14 +205,8 @@ for ((i = 0; i < nodes; i++)); do
     [ -S "$(sock $i)" ] || { say "vfu-run.sh: cx3-vfu did not create $(sock $i) within 10 s"; exit 1; }
 done
 
-status_of() { # QEMU exit status -> ours
-    case $1 in
-        33) echo 0 ;; 35) echo 1 ;; 124|137) echo 124 ;;
-        # A scripted guest reports through isa-debug-exit; QEMU's own 0
-        # means it stopped without reporting (a panic, a reboot).
-        0) if [ "$scripted" = 1 ]; then echo 1; else echo 0; fi ;;
-        *) echo "$1" ;;
-    esac
+status_of() { # QEMU exit status of node N -> ours (scripts/nodes.sh, by the node's kind)
+    qemu_status "$1" "${kinds[${2:-0}]}"
 }
 
 if [ "$nodes" = 1 ]; then
@@ -224,16 +226,16 @@ if [ "$nodes" = 1 ]; then
     qemu_pids=()
     # Let cx3-vfu see the client go and report (--stats).
     for _ in $(seq 60); do kill -0 "$vfu_pid" 2>/dev/null || break; sleep 0.05; done
-    [ "$st" = 0 ] && [ "$scripted" = 1 ] && say "vfu-run.sh: the guest stopped without reporting a result (a panic or a reboot)"
-    st=$(status_of "$st")
+    st0=$st
+    st=$(status_of "$st" 0)
+    if [ "$st0" = 0 ] && [ "$st" != 0 ]; then
+        say "vfu-run.sh: the guest stopped without reporting a result (a panic or a reboot)"
+    fi
     [ "$st" = 124 ] && say "vfu-run.sh: QEMU did not finish within ${timeout_s}s"
     exit "$st"
 fi
 
-# Several nodes: node 0 interactive unless scripted; the others log to files.
-# Scripted runs may run side by side: their consoles go to the run's own
-# directory (removed with it).
-if [ "$scripted" = 1 ]; then logdir="$run_dir"; else logdir="$here/target/nodes"; fi
+# Several nodes (logdir: above, with the dry run).
 mkdir -p "$logdir"
 start_nodes "$logdir/vfu-node"
 wait_nodes

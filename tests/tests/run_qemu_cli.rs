@@ -154,3 +154,119 @@ fn memory_sizes_reach_qemu_and_the_shared_ram_file_alike() {
         );
     }
 }
+
+/// The QEMU lines a dry run prints, in node order (the emulator's line,
+/// which does not start with QEMU, left out).
+fn qemu_lines(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter(|l| l.starts_with("qemu-system-x86_64 "))
+        .collect()
+}
+
+/// The `-serial` value of one QEMU line.
+fn serial_of(line: &str) -> &str {
+    let at = line.find(" -serial ").expect("a -serial option") + " -serial ".len();
+    line[at..].split(' ').next().unwrap()
+}
+
+#[test]
+fn a_multi_node_dry_run_prints_the_consoles_the_run_gives() {
+    let root = root().canonicalize().unwrap();
+    let root = root.to_str().unwrap();
+    // (extra arguments, the node logs' name)
+    for (mode, name) in [(&[][..], "node"), (&["--vfu"][..], "vfu-node")] {
+        // Interactive: node 0 on this terminal, the others in files.
+        let mut a = mode.to_vec();
+        a.extend(["--nodes", "3", "--dry-run", "--no-build"]);
+        let o = script(&a);
+        let out = text(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{a:?}: {}", text(&o.stderr));
+        let lines = qemu_lines(&out);
+        assert_eq!(lines.len(), 3, "{a:?}: {out}");
+        assert_eq!(serial_of(lines[0]), "mon:stdio", "{a:?}: node 0\n{out}");
+        for (i, l) in lines.iter().enumerate().skip(1) {
+            assert_eq!(
+                serial_of(l),
+                format!("file:{root}/target/nodes/{name}{i}.log"),
+                "{a:?}: node {i}\n{out}"
+            );
+        }
+        // Scripted: every console in the run's own directory.
+        a.extend(["--run", "uptime"]);
+        let o = script(&a);
+        let out = text(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{a:?}: {}", text(&o.stderr));
+        let lines = qemu_lines(&out);
+        assert_eq!(lines.len(), 3, "{a:?}: {out}");
+        let dir0 = serial_of(lines[0])
+            .strip_suffix(&format!("/{name}0.log"))
+            .unwrap_or_else(|| panic!("{a:?}: node 0\n{out}"))
+            .to_string();
+        assert!(dir0.starts_with("file:/"), "{a:?}: {out}");
+        assert_ne!(dir0, format!("file:{root}/target/nodes"), "{a:?}: {out}");
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(
+                serial_of(l),
+                format!("{dir0}/{name}{i}.log"),
+                "{a:?}: node {i}\n{out}"
+            );
+        }
+    }
+    // One node: this terminal, with the monitor unless scripted.
+    for (args, want) in [
+        (&["--vfu", "--dry-run"][..], "mon:stdio"),
+        (&["--vfu", "--run", "uptime", "--dry-run"][..], "stdio"),
+        (&["--dry-run", "--no-build"][..], "mon:stdio"),
+        (&["--run", "uptime", "--dry-run", "--no-build"][..], "stdio"),
+    ] {
+        let o = script(args);
+        let out = text(&o.stdout);
+        let lines = qemu_lines(&out);
+        assert_eq!(lines.len(), 1, "{args:?}: {out}");
+        assert_eq!(serial_of(lines[0]), want, "{args:?}: {out}");
+    }
+}
+
+/// QEMU's exit status -> the run's, as `scripts/nodes.sh` maps it for
+/// both paths (run-qemu.sh's ivshmem nodes are our kernel; vfu-run.sh maps
+/// each node by its kind), checked by calling the function the scripts
+/// call.
+fn qemu_status(st: u32, kind: &str, scripted: bool) -> String {
+    let nodes_sh = root().join("scripts/nodes.sh");
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -euo pipefail; . '{}'; scripted={}; qemu_status {st} {kind}",
+            nodes_sh.display(),
+            u8::from(scripted)
+        ))
+        .output()
+        .expect("bash runs");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout).trim().to_string()
+}
+
+#[test]
+fn a_guest_exit_status_means_the_same_on_the_ivshmem_and_vfio_user_paths() {
+    for scripted in [false, true] {
+        for kind in ["lego", "linux"] {
+            assert_eq!(qemu_status(33, kind, scripted), "0", "{kind}: success");
+            assert_eq!(qemu_status(35, kind, scripted), "1", "{kind}: failure");
+            assert_eq!(qemu_status(124, kind, scripted), "124", "{kind}: timeout");
+            assert_eq!(qemu_status(137, kind, scripted), "124", "{kind}: killed");
+        }
+    }
+    // Our kernel's `reboot` ends QEMU (-no-reboot) with its own 0: a
+    // success whether it ran on ivshmem (tests/qemu_boot.rs) or vfio-user.
+    assert_eq!(qemu_status(0, "lego", true), "0");
+    assert_eq!(qemu_status(0, "lego", false), "0");
+    // A scripted Linux guest leaves through isa-debug-exit; its 0 is a
+    // panic (panic=-1 resets) and fails the run.
+    assert_eq!(qemu_status(0, "linux", true), "1");
+    assert_eq!(qemu_status(0, "linux", false), "0");
+    // Both scripts map through it.
+    for s in ["run-qemu.sh", "scripts/vfu-run.sh"] {
+        let src = std::fs::read_to_string(root().join(s)).unwrap();
+        assert!(src.contains("    qemu_status \"$1\" "), "{s}");
+    }
+}

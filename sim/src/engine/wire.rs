@@ -260,11 +260,32 @@ fn buffer(hca: &Hca) -> Vec<u8> {
     }
 }
 
-/// Builds a packet with owed CRCs in a spare buffer and sends it.
+/// Builds a packet with owed CRCs in a spare buffer and sends it; one the
+/// model cannot build goes to [`unbuilt`].
 fn send_packet(hca: &mut Hca, port: u8, hd: &Headers, payload: &[u8]) {
     let mut b = buffer(hca);
-    if packet::build_owed_with(hd, payload.len(), &mut b, |p| p.copy_from_slice(payload)).is_ok() {
-        transmit_owed(hca, port, b);
+    match packet::build_owed_with(hd, payload.len(), &mut b, |p| p.copy_from_slice(payload)) {
+        Ok(()) => {
+            transmit_owed(hca, port, b);
+        }
+        Err(e) => unbuilt(hca, port, hd, b, &e),
+    }
+}
+
+/// A packet the engines asked for and [`packet::build_owed_with`] refused
+/// (extended headers that do not fit the opcode, a payload too long for
+/// one packet): nothing a driver can cause through the checks before it,
+/// so a model bug. Never lost in silence: recorded as a violation (every
+/// front end reports those) and counted as a discard at the port
+/// (PortXmitDiscards: it did not leave); the buffer goes back.
+fn unbuilt(hca: &mut Hca, port: u8, hd: &Headers, b: Vec<u8>, e: &packet::PacketError) {
+    discard(hca, port);
+    hca.violation(format!(
+        "model bug: port {port} could not build a packet (opcode {:#04x}, dest QP {:#x}, PSN {:#x}): {e}; dropped",
+        hd.bth.opcode, hd.bth.dest_qp, hd.bth.psn
+    ));
+    if let Some(l) = hca.fabric.as_ref() {
+        lock(&l.fabric).recycle(b);
     }
 }
 
@@ -680,8 +701,11 @@ pub(super) fn send(
                 if !gathered {
                     return Outcome::Fail(Syndrome::LocalProt);
                 }
-                if built.is_ok() {
-                    transmit_owed(hca, port, b);
+                match built {
+                    Ok(()) => {
+                        transmit_owed(hca, port, b);
+                    }
+                    Err(e) => unbuilt(hca, port, &hd, b, &e),
                 }
             }
         }
@@ -1844,4 +1868,31 @@ fn scatter_sges(
         off = 0;
     }
     if done == data.len() { Ok(()) } else { Err(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimConfig;
+
+    /// A packet the engines cannot build (here a WRITE FIRST without its
+    /// RETH, as a model bug would ask for) is recorded and counted, not
+    /// lost without a trace; a good one still goes out.
+    #[test]
+    fn a_packet_the_model_cannot_build_is_recorded_not_dropped_in_silence() {
+        let (a, _b, _w) = crate::SimHca::back_to_back(SimConfig::default(), SimConfig::default());
+        let mut h = a.hca();
+        let mut hd = Headers::for_opcode(opcode::RC | opcode::RDMA_WRITE_FIRST).unwrap();
+        hd.bth.dest_qp = 0x91;
+        hd.reth = None;
+        send_packet(&mut h, 1, &hd, &[7; 8]);
+        let v = h.violations.clone();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("could not build a packet") && v[0].contains("dest QP 0x91"),
+            "{v:?}"
+        );
+        assert_eq!(h.ports[0].counters.xmit_discards, 1);
+        assert_eq!(h.ports[0].counters.xmit_pkts, 0);
+    }
 }

@@ -218,6 +218,33 @@ fn check_init2rtr(hca: &mut Hca, qpn: u32, cur: &QpCtx, new: &QpCtx) -> Result<u
     Ok(port)
 }
 
+/// The QPC slot of `qpn` (its index and ICM address) for a command on
+/// that QP. The QPN's low `log_num_qps` bits index the table and the bits
+/// above are a tag ([`Hca::qp_index`]): a slot outside the table or not
+/// mapped is refused by [`Hca::ctx_va`], a firmware-reserved one is
+/// BAD_RESOURCE, and a slot another QPN with the same index (another tag)
+/// holds out of RESET is BAD_RES_STATE: the context there is that QP's,
+/// not this one's.
+fn context_slot(hca: &mut Hca, cmd: &Command, qpn: u32) -> Result<(u64, u64), Status> {
+    let qidx = hca.qp_index(qpn);
+    let va = hca.ctx_va(Table::Qpc, qidx)?;
+    if qidx < u64::from(hca.caps().rsvd_qps()) {
+        return Err(Status::BAD_RESOURCE);
+    }
+    if let Some((&other, _)) = hca
+        .qps
+        .iter()
+        .find(|(n, q)| **n != qpn && q.state != QpState::Rst && hca.qp_index(**n) == qidx)
+    {
+        hca.violation(format!(
+            "{} QP {qpn:#x}: its context slot {qidx:#x} is in use by QP {other:#x}",
+            cmd.opcode
+        ));
+        return Err(Status::BAD_RES_STATE);
+    }
+    Ok((qidx, va))
+}
+
 /// Any QP state transition. The input modifier is the QPN (23:0) and, for
 /// RTS2SQD only, the SQ-drained event request in bit 31 (Linux
 /// `__mlx4_qp_modify`); bits 30:24 are reserved. The opcode modifier is 0,
@@ -241,24 +268,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::BAD_OP);
     }
     let qpn = cmd.in_mod & 0xff_ffff;
-    let qidx = hca.qp_index(qpn);
-    let va = hca.ctx_va(Table::Qpc, qidx)?;
-    if qidx < u64::from(hca.caps().rsvd_qps()) {
-        return Err(Status::BAD_RESOURCE);
-    }
-    // Another QPN with the same index (another tag) owns the context
-    // while it is out of RESET.
-    if let Some((&other, _)) = hca
-        .qps
-        .iter()
-        .find(|(n, q)| **n != qpn && q.state != QpState::Rst && hca.qp_index(**n) == qidx)
-    {
-        hca.violation(format!(
-            "{} QP {qpn:#x}: its context slot {qidx:#x} is in use by QP {other:#x}",
-            cmd.opcode
-        ));
-        return Err(Status::BAD_RES_STATE);
-    }
+    let (qidx, va) = context_slot(hca, cmd, qpn)?;
     // Earlier tags of this slot, all in RESET: forgotten.
     let stale: Vec<u32> = hca
         .qps
@@ -379,12 +389,14 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
-/// QUERY_QP: optpar 0, 4 reserved bytes, then the context from ICM.
+/// QUERY_QP: optpar 0, 4 reserved bytes, then the context from ICM. The
+/// QPN is looked up as the transitions look it up ([`context_slot`]): a
+/// QPN whose slot another tag holds is refused, not answered with that
+/// QP's context.
 pub fn query_qp(hca: &mut Hca, cmd: &Command) -> CmdResult {
     need(hca, &[FwState::Initialized])?;
     let qpn = super::res::index(hca, cmd)?;
-    let qidx = hca.qp_index(qpn);
-    let va = hca.ctx_va(Table::Qpc, qidx)?;
+    let (_, va) = context_slot(hca, cmd, qpn)?;
     let state = hca.qps.get(&qpn).map_or(QpState::Rst, |q| q.state);
     let mut out = vec![0u8; qpc::MAILBOX_CTX + qpc::SIZE];
     hca.icm_read(va, &mut out[qpc::MAILBOX_CTX..])?;

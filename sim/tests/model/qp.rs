@@ -316,3 +316,50 @@ fn wrong_state_field_in_the_mailbox_is_recorded() {
             .any(|v| v.contains("context state field 3"))
     );
 }
+
+/// QUERY_QP looks a QPN up as the transitions do: its low log_num_qps
+/// bits index the table, the bits above are a tag (Linux's QP bitmap hands
+/// such QPNs out). A QPN whose slot another tag holds out of RESET is
+/// refused (BAD_RES_STATE, recorded), not answered with the other QP's
+/// context; a firmware-reserved slot is BAD_RESOURCE; bits above the
+/// 24-bit QPN are BAD_PARAM.
+#[test]
+fn query_qp_refuses_a_qpn_whose_slot_another_tag_holds() {
+    let (mut r, cq) = setup();
+    let qpn = 84;
+    let alias = qpn + (1 << LOG_QPS);
+    create_qp(&mut r, qpn, UD, cq).unwrap();
+    assert_eq!(state_of(&mut r, qpn), 1, "INIT");
+    assert_eq!(
+        r.cmd_out(alias, 0, Opcode::QUERY_QP).map(|_| ()),
+        st(Status::BAD_RES_STATE),
+        "QP {alias:#x} shares slot {qpn:#x} with a live QP"
+    );
+    assert!(
+        r.violated(&format!(
+            "QP {alias:#x}: its context slot {qpn:#x} is in use by QP {qpn:#x}"
+        )),
+        "{:?}",
+        r.sim.violations()
+    );
+    // The same refusal as a transition of the alias gets.
+    assert_eq!(
+        r.cmd_in(&QpMbox::new(6, UD).0, alias, 0, Opcode::ERR_QP),
+        st(Status::BAD_RES_STATE)
+    );
+    assert_eq!(
+        r.cmd_out(8, 0, Opcode::QUERY_QP).map(|_| ()),
+        st(Status::BAD_RESOURCE),
+        "reserved QPN"
+    );
+    assert_eq!(
+        r.cmd_out(1 << 24 | qpn, 0, Opcode::QUERY_QP).map(|_| ()),
+        st(Status::BAD_PARAM),
+        "not a 24-bit QPN"
+    );
+    // Back in RESET the slot is free: the tagged QPN may be queried (and
+    // used), and reads RESET.
+    r.cmd(0, qpn, 2, Opcode::RST_QP).unwrap();
+    assert_eq!(state_of(&mut r, alias), 0);
+    assert_eq!(state_of(&mut r, qpn), 0);
+}
