@@ -418,7 +418,10 @@ impl RegisterBackend for SharedBar2 {
 
 /// Synchronous mode's clock as the driver sees it: the fake clock, and on
 /// every `relax`/`delay` a step of the data-path engines, so RNR and retry
-/// timers fire on fake time while the driver polls.
+/// timers fire on fake time while the driver polls. Reading it takes a
+/// nanosecond, as reading a TSC takes a few: a register write settles the
+/// whole wire (a message sent, received and acknowledged) without a
+/// `relax`, and a driver timing that exchange must still see time pass.
 struct SteppingClock {
     fake: Arc<FakeClock>,
     hca: std::sync::Weak<Mutex<Hca>>,
@@ -443,6 +446,7 @@ impl SteppingClock {
 
 impl Clock for SteppingClock {
     fn now_ns(&self) -> u64 {
+        self.fake.advance(Duration::from_nanos(1));
         self.fake.now_ns()
     }
     fn relax(&self) {

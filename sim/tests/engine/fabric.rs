@@ -936,3 +936,35 @@ fn random_packets_at_the_port_then_well_formed_traffic() {
     assert!(errs > 100, "bad packets counted as PortRcvErrors: {errs}");
     let _ = (&mut a0, &mut a1);
 }
+
+/// A register write settles the wire: an RDMA WRITE goes out, is
+/// acknowledged and completes inside its doorbell write, before any
+/// `relax`. A driver timing it (perftest reads the clock before the post
+/// and after the poll) must still see time pass, as it would on a card,
+/// or a bandwidth run over the model "took no measurable time".
+#[test]
+fn a_write_completed_inside_its_doorbell_write_still_takes_time() {
+    let (mut a, mut b, _w) = b2b();
+    let mut ca = a.cq(8);
+    let cb = b.cq(8);
+    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let la = a.mr(0x10_0000_0100, 4096, acc::ALL);
+    let rb = b.mr(0x20_0000_0200, 4096, acc::ALL);
+    let clock = a.r.sim.clock();
+    let t0 = clock.now_ns();
+    qa.post(
+        &a,
+        &Wr {
+            opcode: op::RDMA_WRITE,
+            signalled: true,
+            raddr: rb.addr(0),
+            rkey: rb.key,
+            sges: vec![la.sge(0, 4096)],
+            ..Wr::default()
+        },
+    );
+    let c = ca.poll().expect("completed within the doorbell write");
+    let t1 = clock.now_ns();
+    assert!(c.ok(), "{c:?}");
+    assert!(t1 > t0, "the clock stood still: {t0} -> {t1}");
+}
