@@ -384,7 +384,7 @@ impl Mlx4IbCq {
     /// the error and loses those).
     ///
     /// Inlined into the caller: the empty CQ, one owner-byte lookup. The
-    /// rest out of line ([`Mlx4IbCq::poll_some`]), called last, so the
+    /// rest out of line (`poll_some`), called last, so the
     /// caller keeps nothing across the call.
     #[inline(always)]
     pub fn poll(
@@ -421,10 +421,13 @@ impl Mlx4IbCq {
 
     /// [`Mlx4IbCq::poll`] once a CQE is there, its owner byte XOR the pass
     /// parity giving [`CqeClass`] `first`: a successful send of the QP of
-    /// the last CQE into a one-entry `wc` takes a straight line without a
-    /// call; everything else goes on in [`Mlx4IbCq::poll_rest`]. Returns
-    /// the completions filled and, if there are none, the fault of the
-    /// first CQE (a pair, so it comes back in two registers).
+    /// the last CQE polled into a one-entry `wc` takes a straight line
+    /// without a further call, which consumes the CQE whether or not the
+    /// send queue can account for it (as the loop would); everything else,
+    /// `wc` of more than one entry included, goes on in
+    /// [`Mlx4IbCq::poll_loop`] (runs of sends take [`send_run`] there).
+    /// Returns the completions filled and, if there are none, the fault of
+    /// the first CQE (a pair, so it comes back in two registers).
     #[inline(never)]
     fn poll_some(
         &mut self,
@@ -435,24 +438,29 @@ impl Mlx4IbCq {
     ) -> (usize, Option<PollFault>) {
         let ci = self.cons_index;
         if first.kind == Kind::Send
-            && let [w, rest @ ..] = wc
+            && let [w] = wc
             && let Some(c) = self
                 .buf
                 .window()
                 .block::<{ cqe::SIZE }>(((ci & (self.nent - 1)) as usize) * cqe::SIZE)
-            && poll_first_send(&self.cur, qps, &c, first, w)
+            && let Some(qp) = cached_send_qp(&self.cur, qps, &c)
         {
+            // Consumed either way, as the loop would: a send the queue
+            // cannot account for is reported now, with no completion.
+            let r = poll_send(qp, &c, first, w);
             self.cons_index = ci.wrapping_add(1);
-            if rest.is_empty() {
-                self.update_cons_index();
-                return (1, None);
-            }
-            return self.poll_after_one(qps, srqs, rest);
+            self.update_cons_index();
+            return match r {
+                Ok(()) => (1, None),
+                Err(e) => (0, Some(e)),
+            };
         }
         self.poll_loop(qps, srqs, wc)
     }
 
-    /// [`Mlx4IbCq::poll_rest`] with none filled before.
+    /// The polling loop ([`Mlx4IbCq::poll_cqes`]) out of line: writes the
+    /// `set_ci` record if any CQE was consumed; returns the completions
+    /// filled and, if there are none, the fault the loop met.
     #[inline(never)]
     fn poll_loop(
         &mut self,
@@ -460,38 +468,9 @@ impl Mlx4IbCq {
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> (usize, Option<PollFault>) {
-        self.poll_rest(qps, srqs, wc, 0)
-    }
-
-    /// [`Mlx4IbCq::poll_rest`] after one completion. ([`Mlx4IbCq::poll_loop`]
-    /// and this are functions of their own, with no argument on the
-    /// stack, so that [`Mlx4IbCq::poll_some`] calls either as its last act
-    /// and its straight line saves no registers.)
-    #[inline(never)]
-    fn poll_after_one(
-        &mut self,
-        qps: &mut QpTable,
-        srqs: &mut Slab<Mlx4IbSrq>,
-        wc: &mut [Wc],
-    ) -> (usize, Option<PollFault>) {
-        self.poll_rest(qps, srqs, wc, 1)
-    }
-
-    /// The polling loop ([`Mlx4IbCq::poll_cqes`]) after `done` completions
-    /// were filled (their CQEs consumed): writes the `set_ci` record if any
-    /// CQE was consumed; returns `done` plus the completions the loop
-    /// filled and, if there are none, the fault the loop met.
-    #[inline(always)]
-    fn poll_rest(
-        &mut self,
-        qps: &mut QpTable,
-        srqs: &mut Slab<Mlx4IbSrq>,
-        wc: &mut [Wc],
-        done: usize,
-    ) -> (usize, Option<PollFault>) {
         let start = self.cons_index;
-        let n = done + self.poll_cqes(qps, srqs, wc);
-        if done > 0 || self.cons_index != start {
+        let n = self.poll_cqes(qps, srqs, wc);
+        if self.cons_index != start {
             self.update_cons_index();
         }
         if n == 0 {
@@ -690,29 +669,21 @@ fn poll_send(
     Ok(())
 }
 
-/// The straight line of [`Mlx4IbCq::poll`]: the software-owned CQE `c`,
-/// whose owner byte says a successful send ([`CqeClass`] `class`), if it
-/// belongs to the QP of the last CQE (`cur`). True if it filled `wc`
-/// (the caller consumes the CQE); false, having changed nothing, if the
-/// CQE is another QP's or the send queue cannot account for it (the loop
-/// then takes it and says why).
+/// The QP of the software-owned CQE `c` if it is the QP of the last CQE
+/// (`cur`, Linux `cur_qp`); `None` if it is another QP's (or none is
+/// cached).
 #[inline(always)]
-fn poll_first_send(
+fn cached_send_qp<'q>(
     cur: &CurQp,
-    qps: &mut QpTable,
+    qps: &'q mut QpTable,
     c: &DmaBlock<'_, { cqe::SIZE }>,
-    class: &CqeClass,
-    wc: &mut Wc,
-) -> bool {
+) -> Option<&'q mut crate::qp::Mlx4IbQp> {
     // The owner bit (read by the caller) before the body.
     dma_rmb();
     if c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK != cur.raw_qpn {
-        return false;
+        return None;
     }
-    let Some(qp) = qps.slab.get_mut(cur.slot) else {
-        return false;
-    };
-    poll_send(qp, c, class, wc).is_ok()
+    qps.slab.get_mut(cur.slot)
 }
 
 /// A run of successful send CQEs of `qp` (raw QPN `raw_qpn`, as
@@ -739,8 +710,8 @@ fn send_run(
     let head = sq.head;
     let mask = sq.mask;
     let mut tail = sq.tail;
-    let mut at = *ci;
-    let mut n = 0;
+    let start = *ci;
+    let mut at = start;
     let mut fault = None;
     for w in wc.iter_mut() {
         let Some(c) = b.block::<{ cqe::SIZE }>(((at & (nent - 1)) as usize) * cqe::SIZE) else {
@@ -763,10 +734,11 @@ fn send_run(
                 break;
             }
         }
-        n += 1;
     }
     sq.tail = tail;
     *ci = at;
+    // One completion per CQE consumed, but for the one that failed.
+    let n = at.wrapping_sub(start) as usize - usize::from(fault.is_some());
     (n, fault)
 }
 
