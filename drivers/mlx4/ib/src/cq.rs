@@ -393,29 +393,27 @@ impl Mlx4IbCq {
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> Result<usize> {
-        let (n, fault) = match self.pending.take() {
-            Some(e) => (0, Some(e)),
-            None => {
-                let ci = self.cons_index;
-                let b = self.buf.window();
-                let class =
-                    match b.block::<{ cqe::SIZE }>(((ci & (self.nent - 1)) as usize) * cqe::SIZE) {
-                        Some(c) => {
-                            let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
-                            &CQE_CLASS[usize::from(osr ^ parity(ci, self.nent))]
-                        }
-                        // The loop reports it.
-                        None => &CQE_CLASS[0],
-                    };
-                if class.kind == Kind::Hw {
-                    return Ok(0);
-                }
-                self.poll_some(qps, srqs, wc, class)
+        // Tested before it is taken: the empty poll only reads it.
+        if let Some(e) = self.pending {
+            self.pending = None;
+            return Err(e.into());
+        }
+        let ci = self.cons_index;
+        let b = self.buf.window();
+        let class = match b.block::<{ cqe::SIZE }>(((ci & (self.nent - 1)) as usize) * cqe::SIZE) {
+            Some(c) => {
+                let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+                &CQE_CLASS[usize::from(osr ^ parity(ci, self.nent))]
             }
+            // The loop reports it.
+            None => &CQE_CLASS[0],
         };
-        match fault {
-            Some(e) => Err(e.into()),
-            None => Ok(n),
+        if class.kind == Kind::Hw {
+            return Ok(0);
+        }
+        match self.poll_some(qps, srqs, wc, class) {
+            (_, Some(e)) => Err(e.into()),
+            (n, None) => Ok(n),
         }
     }
 
