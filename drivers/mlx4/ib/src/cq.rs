@@ -126,32 +126,54 @@ impl From<PollFault> for Error {
     }
 }
 
-/// The wr_id of the send WQE a CQE with WQE counter `wqe_ctr` completes,
-/// and the send queue's tail moved past it. With selective signalling the
-/// unsignalled WRs before it complete with it; an index outside the posted
-/// window is the device's error and must not move the tail past the head.
+/// The wr_id of the send WQE a CQE completes, for a send queue with
+/// producer counter `head` and consumer counter `*tail`, which moves past
+/// it. With selective signalling (`signal_all` false) the unsignalled WRs
+/// before it complete with it: the CQE's WQE counter says how many, and
+/// an index outside the posted window is the device's error and must not
+/// move the tail past the head. On an error `*tail` is left as it was.
+#[inline(always)]
+fn next_send_wr_id(
+    head: u32,
+    tail: &mut u32,
+    signal_all: bool,
+    wrid: &[u64],
+    mask: u32,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+) -> core::result::Result<u64, PollFault> {
+    let outstanding = head.wrapping_sub(*tail);
+    if !signal_all {
+        let wqe_ctr = c.read_be16(cqe::WQE_INDEX);
+        let skip = u32::from(wqe_ctr.wrapping_sub(*tail as u16));
+        if skip >= outstanding {
+            return Err(PollFault::SendNotPosted);
+        }
+        *tail = tail.wrapping_add(skip);
+    } else if outstanding == 0 {
+        return Err(PollFault::SendQueueEmpty);
+    }
+    let id = wrid.get((*tail & mask) as usize).copied().unwrap_or(0);
+    *tail = tail.wrapping_add(1);
+    Ok(id)
+}
+
+/// [`next_send_wr_id`] on a QP's send queue.
 #[inline(always)]
 fn send_wr_id(
     wq: &mut crate::qp::Wq,
     sq_signal_bits: u32,
-    wqe_ctr: u16,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
 ) -> core::result::Result<u64, PollFault> {
-    let outstanding = wq.head.wrapping_sub(wq.tail);
-    if sq_signal_bits == 0 {
-        let skip = u32::from(wqe_ctr.wrapping_sub(wq.tail as u16));
-        if skip >= outstanding {
-            return Err(PollFault::SendNotPosted);
-        }
-        wq.tail = wq.tail.wrapping_add(skip);
-    } else if outstanding == 0 {
-        return Err(PollFault::SendQueueEmpty);
-    }
-    let id = wq
-        .wrid
-        .get((wq.tail & wq.mask) as usize)
-        .copied()
-        .unwrap_or(0);
-    wq.tail = wq.tail.wrapping_add(1);
+    let mut tail = wq.tail;
+    let id = next_send_wr_id(
+        wq.head,
+        &mut tail,
+        sq_signal_bits != 0,
+        &wq.wrid,
+        wq.mask,
+        c,
+    )?;
+    wq.tail = tail;
     Ok(id)
 }
 
@@ -362,7 +384,8 @@ impl Mlx4IbCq {
     /// the error and loses those).
     ///
     /// Inlined into the caller: the empty CQ, one owner-byte lookup. The
-    /// rest out of line ([`Mlx4IbCq::poll_some`]).
+    /// rest out of line (`poll_some`), called last, so the
+    /// caller keeps nothing across the call.
     #[inline(always)]
     pub fn poll(
         &mut self,
@@ -370,145 +393,137 @@ impl Mlx4IbCq {
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
     ) -> Result<usize> {
-        if self.pending.is_none() {
-            let ci = self.cons_index;
-            let off = ((ci & (self.nent - 1)) as usize) * cqe::SIZE;
-            let osr = self.buf.window().read_u8(off + cqe::OWNER_SR_OPCODE);
-            let class = osr ^ parity(ci, self.nent);
-            if CQE_CLASS[usize::from(class)].kind == Kind::Hw {
-                return Ok(0);
-            }
-            let n = self.poll_some(qps, srqs, wc, off, class);
-            if n > 0 {
-                return Ok(n);
-            }
+        // Tested before it is taken: the empty poll only reads it.
+        if let Some(e) = self.pending {
+            self.pending = None;
+            return Err(e.into());
         }
-        match self.pending.take() {
-            Some(e) => Err(e.into()),
-            None => Ok(0),
+        let ci = self.cons_index;
+        let b = self.buf.window();
+        let class = match b.block::<{ cqe::SIZE }>(((ci & (self.nent - 1)) as usize) * cqe::SIZE) {
+            Some(c) => {
+                let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+                &CQE_CLASS[usize::from(osr ^ parity(ci, self.nent))]
+            }
+            // The loop reports it.
+            None => &CQE_CLASS[0],
+        };
+        if class.kind == Kind::Hw {
+            return Ok(0);
+        }
+        match self.poll_some(qps, srqs, wc, class) {
+            (_, Some(e)) => Err(e.into()),
+            (n, None) => Ok(n),
         }
     }
 
-    /// [`Mlx4IbCq::poll`] once a CQE is there (at byte `off` of the
-    /// buffer, its owner byte XOR the pass parity `first` indexing
-    /// [`CQE_CLASS`], both as [`Mlx4IbCq::poll`] found them): a first CQE
-    /// that is a successful send of the QP of the last CQE takes a
-    /// straight line; the loop over the rest, and everything unusual, goes
-    /// on in [`Mlx4IbCq::poll_cqes`]. Writes the `set_ci` record if any
-    /// CQE was consumed; returns the completions filled.
+    /// [`Mlx4IbCq::poll`] once a CQE is there, its owner byte XOR the pass
+    /// parity giving [`CqeClass`] `first`: a successful send of the QP of
+    /// the last CQE polled into a one-entry `wc` takes a straight line
+    /// without a further call, which consumes the CQE whether or not the
+    /// send queue can account for it (as the loop would); everything else,
+    /// `wc` of more than one entry included, goes on in
+    /// [`Mlx4IbCq::poll_loop`] (runs of sends take [`send_run`] there).
+    /// Returns the completions filled and, if there are none, the fault of
+    /// the first CQE (a pair, so it comes back in two registers).
     #[inline(never)]
     fn poll_some(
         &mut self,
         qps: &mut QpTable,
         srqs: &mut Slab<Mlx4IbSrq>,
         wc: &mut [Wc],
-        off: usize,
-        first: u8,
-    ) -> usize {
-        let start = self.cons_index;
-        if let Some(c) = self.buf.window().block::<{ cqe::SIZE }>(off) {
-            let class = &CQE_CLASS[usize::from(first)];
-            if class.kind == Kind::Send
-                && c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK == self.cur.raw_qpn
-                && let Some(qp) = qps.slab.get_mut(self.cur.slot)
-                && let [first, rest @ ..] = wc
-            {
-                // The owner bit before the body.
-                dma_rmb();
-                // An error changed nothing: the loop meets it again.
-                if poll_send(qp, &c, class, first).is_ok() {
-                    self.cons_index = start.wrapping_add(1);
-                    let n = if rest.is_empty() {
-                        1
-                    } else {
-                        1 + self.poll_cqes(qps, srqs, rest)
-                    };
-                    self.update_cons_index();
-                    return n;
-                }
-            }
+        first: &CqeClass,
+    ) -> (usize, Option<PollFault>) {
+        let ci = self.cons_index;
+        if first.kind == Kind::Send
+            && let [w] = wc
+            && let Some(c) = self
+                .buf
+                .window()
+                .block::<{ cqe::SIZE }>(((ci & (self.nent - 1)) as usize) * cqe::SIZE)
+            && let Some(qp) = cached_send_qp(&self.cur, qps, &c)
+        {
+            // Consumed either way, as the loop would: a send the queue
+            // cannot account for is reported now, with no completion.
+            let r = poll_send(qp, &c, first, w);
+            self.cons_index = ci.wrapping_add(1);
+            self.update_cons_index();
+            return match r {
+                Ok(()) => (1, None),
+                Err(e) => (0, Some(e)),
+            };
         }
+        self.poll_loop(qps, srqs, wc)
+    }
+
+    /// The polling loop ([`Mlx4IbCq::poll_cqes`]) out of line: writes the
+    /// `set_ci` record if any CQE was consumed; returns the completions
+    /// filled and, if there are none, the fault the loop met.
+    #[inline(never)]
+    fn poll_loop(
+        &mut self,
+        qps: &mut QpTable,
+        srqs: &mut Slab<Mlx4IbSrq>,
+        wc: &mut [Wc],
+    ) -> (usize, Option<PollFault>) {
+        let start = self.cons_index;
         let n = self.poll_cqes(qps, srqs, wc);
         if self.cons_index != start {
             self.update_cons_index();
         }
-        n
+        if n == 0 {
+            (0, self.pending.take())
+        } else {
+            (n, None)
+        }
     }
 
     /// The polling loop: fills the front of `wc`, returns how many, and
     /// moves the consumer index past the CQEs consumed (the caller writes
-    /// the `set_ci` record). Each CQE's owner byte is looked up in
-    /// [`CQE_CLASS`] with the pass parity of the consumer index folded in:
-    /// one load says whether it is still the hardware's and which path
-    /// takes it. A CQE that fills no completion is consumed and its error
-    /// left in `pending`, which [`Mlx4IbCq::poll`] reports.
-    #[inline(never)]
+    /// the `set_ci` record). Runs of successful sends of the QP of the
+    /// last CQE (Linux `cur_qp`) take [`send_run`]; every other CQE takes
+    /// [`poll_one_general`], which may make its QP the cached one. A CQE
+    /// that fills no completion is consumed and its error left in
+    /// `pending`, which [`Mlx4IbCq::poll`] reports. Each turn consumes a
+    /// CQE or stops, so the loop ends within `wc.len()` turns.
+    #[inline(always)]
     fn poll_cqes(&mut self, qps: &mut QpTable, srqs: &mut Slab<Mlx4IbSrq>, wc: &mut [Wc]) -> usize {
-        let b = self.buf.window();
         let nent = self.nent;
-        let start = self.cons_index;
-        let mut wcs = wc.iter_mut();
-        let Some(mut w) = wcs.next() else {
-            return 0;
-        };
-        let Some(mut c) = b.block::<{ cqe::SIZE }>(((start & (nent - 1)) as usize) * cqe::SIZE)
-        else {
-            self.pending = Some(PollFault::OutsideBuffer);
-            return 0;
-        };
-        let mut osr = c.read_u8(cqe::OWNER_SR_OPCODE);
-        let mut class = &CQE_CLASS[usize::from(osr ^ parity(start, nent))];
-        if class.kind == Kind::Hw {
-            return 0;
-        }
-        let mut ci = start;
         let mut n = 0;
-        // The QP of the last straight-line completion, held across CQEs
-        // (one table lookup per run of its CQEs); dropped before the
-        // general path, which needs the table.
-        let mut held: Option<&mut crate::qp::Mlx4IbQp> = None;
-        loop {
-            ci = ci.wrapping_add(1);
+        while n < wc.len() {
+            if let Some(qp) = qps.slab.get_mut(self.cur.slot)
+                && let Some(ws) = wc.get_mut(n..)
+            {
+                let b = self.buf.window();
+                let (k, fault) = send_run(b, nent, self.cur.raw_qpn, qp, &mut self.cons_index, ws);
+                n += k;
+                if fault.is_some() {
+                    self.pending = fault;
+                    break;
+                }
+            }
+            let Some(w) = wc.get_mut(n) else {
+                break;
+            };
+            let ci = self.cons_index;
+            let b = self.buf.window();
+            let Some(c) = b.block::<{ cqe::SIZE }>(((ci & (nent - 1)) as usize) * cqe::SIZE) else {
+                self.pending = Some(PollFault::OutsideBuffer);
+                break;
+            };
+            let osr = c.read_u8(cqe::OWNER_SR_OPCODE);
+            if CQE_CLASS[usize::from(osr ^ parity(ci, nent))].kind == Kind::Hw {
+                break;
+            }
             // The owner bit before the body.
             dma_rmb();
-            let raw_qpn = c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK;
-            if class.kind == Kind::Send && raw_qpn == self.cur.raw_qpn {
-                if held.is_none() {
-                    held = qps.slab.get_mut(self.cur.slot);
-                }
-            } else {
-                held = None;
-            }
-            let r = match held.as_deref_mut() {
-                Some(qp) => poll_send(qp, &c, class, w),
-                None => {
-                    // No loan of the table is left in `held`.
-                    held = None;
-                    poll_one_general(&mut self.cur, self.cqn, qps, srqs, &c, osr, w)
-                }
-            };
-            if let Err(e) = r {
+            self.cons_index = ci.wrapping_add(1);
+            if let Err(e) = poll_one_general(&mut self.cur, self.cqn, qps, srqs, &c, osr, w) {
                 self.pending = Some(e);
                 break;
             }
             n += 1;
-            let Some(next_w) = wcs.next() else {
-                break;
-            };
-            let Some(next) = b.block::<{ cqe::SIZE }>(((ci & (nent - 1)) as usize) * cqe::SIZE)
-            else {
-                self.pending = Some(PollFault::OutsideBuffer);
-                break;
-            };
-            osr = next.read_u8(cqe::OWNER_SR_OPCODE);
-            class = &CQE_CLASS[usize::from(osr ^ parity(ci, nent))];
-            if class.kind == Kind::Hw {
-                break;
-            }
-            w = next_w;
-            c = next;
         }
-        self.cons_index = ci;
         n
     }
 
@@ -612,19 +627,21 @@ impl CurQp {
     }
 }
 
-/// Linux `mlx4_ib_poll_one` for a successful send CQE `c` of `qp` (the QP
-/// of the last CQE) with [`CqeClass`] `class`: a straight line.
+/// The fields of a successful send's completion: wr_id `id`, the QP's
+/// number and port, and the opcode, flags and byte count of the CQE's
+/// [`CqeClass`].
 #[inline(always)]
-fn poll_send(
-    qp: &mut crate::qp::Mlx4IbQp,
-    c: &DmaBlock<'_, { cqe::SIZE }>,
-    class: &CqeClass,
+fn fill_send_wc(
     wc: &mut Wc,
-) -> core::result::Result<(), PollFault> {
-    let wqe_ctr = c.read_be16(cqe::WQE_INDEX);
-    wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, wqe_ctr)?;
-    wc.qp_num = qp.ibqp_num;
-    wc.port_num = qp.port;
+    id: u64,
+    qp_num: u32,
+    port: u8,
+    class: &CqeClass,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+) {
+    wc.wr_id = id;
+    wc.qp_num = qp_num;
+    wc.port_num = port;
     wc.status = WcStatus::Success;
     wc.vendor_err = 0;
     wc.opcode = class.opcode;
@@ -634,7 +651,93 @@ fn poll_send(
         SendLen::Cqe => wc.byte_len = c.read_be32(cqe::BYTE_CNT),
         SendLen::Eight => wc.byte_len = 8,
     }
+}
+
+/// Linux `mlx4_ib_poll_one` for a successful send CQE `c` of `qp` (the QP
+/// of the last CQE) with [`CqeClass`] `class`: a straight line.
+#[inline(always)]
+fn poll_send(
+    qp: &mut crate::qp::Mlx4IbQp,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+    class: &CqeClass,
+    wc: &mut Wc,
+) -> core::result::Result<(), PollFault> {
+    let id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, c)?;
+    fill_send_wc(wc, id, qp.ibqp_num, qp.port, class, c);
     Ok(())
+}
+
+/// The QP of the software-owned CQE `c` if it is the QP of the last CQE
+/// (`cur`, Linux `cur_qp`); `None` if it is another QP's (or none is
+/// cached).
+#[inline(always)]
+fn cached_send_qp<'q>(
+    cur: &CurQp,
+    qps: &'q mut QpTable,
+    c: &DmaBlock<'_, { cqe::SIZE }>,
+) -> Option<&'q mut crate::qp::Mlx4IbQp> {
+    // The owner bit (read by the caller) before the body.
+    dma_rmb();
+    if c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK != cur.raw_qpn {
+        return None;
+    }
+    qps.slab.get_mut(cur.slot)
+}
+
+/// A run of successful send CQEs of `qp` (raw QPN `raw_qpn`, as
+/// [`CurQp`] keeps it) from consumer index `*ci` of the ring in `b`
+/// (`nent` entries), one per entry of `wc`, with the QP's send-queue
+/// counters and fields held in registers. Stops, leaving the CQE for the
+/// general path, at one still the hardware's, not a successful send, or
+/// of another QP; a send CQE the send queue cannot account for is
+/// consumed and its fault returned. Returns the completions filled
+/// (`*ci` moved past them).
+#[inline(always)]
+fn send_run(
+    b: hal::DmaWindow<'_>,
+    nent: u32,
+    raw_qpn: u32,
+    qp: &mut crate::qp::Mlx4IbQp,
+    ci: &mut u32,
+    wc: &mut [Wc],
+) -> (usize, Option<PollFault>) {
+    let qp_num = qp.ibqp_num;
+    let port = qp.port;
+    let signal_all = qp.sq_signal_bits != 0;
+    let sq = &mut qp.sq;
+    let head = sq.head;
+    let mask = sq.mask;
+    let mut tail = sq.tail;
+    let start = *ci;
+    let mut at = start;
+    let mut fault = None;
+    for w in wc.iter_mut() {
+        let Some(c) = b.block::<{ cqe::SIZE }>(((at & (nent - 1)) as usize) * cqe::SIZE) else {
+            break;
+        };
+        let class = &CQE_CLASS[usize::from(c.read_u8(cqe::OWNER_SR_OPCODE) ^ parity(at, nent))];
+        if class.kind != Kind::Send {
+            break;
+        }
+        // The owner bit before the body.
+        dma_rmb();
+        if c.read_u32(cqe::VLAN_MY_QPN) & RAW_QPN_MASK != raw_qpn {
+            break;
+        }
+        at = at.wrapping_add(1);
+        match next_send_wr_id(head, &mut tail, signal_all, &sq.wrid, mask, &c) {
+            Ok(id) => fill_send_wc(w, id, qp_num, port, class, &c),
+            Err(e) => {
+                fault = Some(e);
+                break;
+            }
+        }
+    }
+    sq.tail = tail;
+    *ci = at;
+    // One completion per CQE consumed, but for the one that failed.
+    let n = at.wrapping_sub(start) as usize - usize::from(fault.is_some());
+    (n, fault)
 }
 
 /// Everything [`poll_send`] does not take on its straight
@@ -695,7 +798,7 @@ fn poll_one_general(
     wc.qp_num = qp.ibqp_num;
     wc.port_num = qp.port;
     if is_send {
-        wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, wqe_ctr)?;
+        wc.wr_id = send_wr_id(&mut qp.sq, qp.sq_signal_bits, c)?;
     } else if let Some(srq) = qp.srq {
         let srq = srqs.get_mut(srq.0).ok_or(PollFault::SrqGone)?;
         wc.wr_id = srq.take_wqe(wqe_ctr).map_err(|_| PollFault::SrqNotPosted)?;

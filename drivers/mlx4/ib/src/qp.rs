@@ -1501,7 +1501,12 @@ impl Mlx4IbQp {
             return false;
         };
         let ind = head & self.rq.mask;
-        let base = self.rq.offset + (ind as usize) * self.rq.stride;
+        // The RQ's offset and stride are multiples of 16 (a QP with a receive
+        // queue has `wqe_shift` at least 4, and `alloc_qp_buf` places each queue at a multiple of the
+        // other's size), so clearing the low three bits changes nothing; it
+        // tells the compiler the block is 8-byte aligned, which drops
+        // `block`'s alignment test (and a register) from this line.
+        let base = (self.rq.offset + (ind as usize) * self.rq.stride) & !7;
         let w0 = (u64::from(s.length) << 32) | u64::from(s.lkey);
         let b = self.buf.window();
         // The data segment, and the terminator behind it when the WQE has

@@ -354,6 +354,77 @@ fn cqes_the_driver_cannot_account_for_are_errors_not_panics() {
     assert!(r.poll(4).unwrap().is_empty());
 }
 
+/// A successful send CQE of the rig's QP for WQE `idx`.
+fn send_cqe(op: u32, idx: u16) -> Cqe {
+    Cqe {
+        vlan_my_qpn: 0x48,
+        wqe_index: idx,
+        byte_cnt: 77,
+        owner_sr_opcode: cqe::IS_SEND_MASK | op as u8,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn send_cqes_of_the_cached_qp_fill_completions_and_refuse_wqes_not_posted() {
+    for sig_all in [true, false] {
+        let mut r = rig(8, sig_all);
+        r.post_sends(2, 1);
+        // The first CQE makes the QP the cached one; the second takes the
+        // one-completion line; the third names no posted WQE.
+        r.hw_write(0, send_cqe(opcode::RDMA_WRITE, 0));
+        r.hw_write(1, send_cqe(opcode::RDMA_READ, 1));
+        r.hw_write(2, send_cqe(opcode::SEND, 2));
+        let w = r.poll(1).unwrap();
+        assert_eq!((w[0].wr_id, w[0].opcode), (500, WcOpcode::RdmaWrite));
+        let w = r.poll(1).unwrap();
+        assert_eq!(
+            (w[0].wr_id, w[0].qp_num, w[0].opcode, w[0].byte_len),
+            (501, 0x48, WcOpcode::RdmaRead, 77),
+            "sig_all {sig_all}"
+        );
+        assert_eq!(w[0].status, WcStatus::Success);
+        assert!(r.poll(1).is_err(), "sig_all {sig_all}: a WQE never posted");
+        assert_eq!(r.cq.cons_index(), 3, "the bad CQE is consumed");
+        assert_eq!(r.cq.db.read(0), 3, "and the set_ci record says so");
+        assert!(r.poll(1).unwrap().is_empty());
+
+        // A run of the cached QP's sends: the completions before the bad
+        // CQE come first, its error with the next poll.
+        r.post_sends(3, 1);
+        for (n, op, idx) in [
+            (3, opcode::ATOMIC_FA, 2),
+            (4, opcode::RDMA_WRITE_IMM, 3),
+            (5, opcode::RDMA_WRITE, 4),
+            (6, opcode::SEND, 5),
+            (7, opcode::SEND, 4),
+        ] {
+            r.hw_write(n, send_cqe(op, idx));
+        }
+        // (`post_sends` numbers its WRs from 500 again.)
+        let wc = r.poll(8).unwrap();
+        assert_eq!(
+            wc.iter().map(|w| (w.wr_id, w.opcode)).collect::<Vec<_>>(),
+            [
+                (500, WcOpcode::FetchAdd),
+                (501, WcOpcode::RdmaWrite),
+                (502, WcOpcode::RdmaWrite),
+            ],
+            "sig_all {sig_all}"
+        );
+        assert_eq!(wc[0].byte_len, 8, "an atomic reports 8 bytes");
+        assert_eq!(wc[1].wc_flags, WcFlags::WITH_IMM);
+        assert_eq!(r.cq.cons_index(), 7, "the bad CQE is consumed");
+        assert!(r.poll(8).is_err(), "sig_all {sig_all}: reported next");
+        // The CQE after it is again the queue's error (nothing posted),
+        // and the queue is unharmed: five posted, five completed.
+        assert!(r.poll(8).is_err());
+        assert_eq!(r.cq.cons_index(), 8);
+        let q = r.qps.get(r.qp).unwrap();
+        assert_eq!((q.sq.head, q.sq.tail), (5, 5));
+    }
+}
+
 #[test]
 fn arm_doorbell_and_record() {
     let r = rig(8, true);
