@@ -37,7 +37,8 @@ use ib_core::verbs::{
 use crate::perftest::Peer;
 use crate::perftest::exchange::{fill, verify};
 use crate::perftest::run::{
-    CONNECT_TIMEOUT, Env, cm_req, e, path_to, progress, wait_cm, wait_port_active, wait_rtu,
+    CONNECT_TIMEOUT, Env, Made, Undo, cm_req, e, path_to, progress, wait_cm, wait_port_active,
+    wait_rtu,
 };
 
 /// CM service of `ibv_rc_pingpong`: "LEGO", 1, rc_pingpong's TCP port 18515.
@@ -399,14 +400,27 @@ struct Res {
 
 fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
     let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let mut made = Undo::default();
+    let r = build(dev, p, &mut made);
+    if r.is_err() {
+        made.undo(dev);
+    }
+    r
+}
+
+/// [`setup`]'s steps, each object kept in `made` as it is made (a later
+/// step's failure destroys the earlier ones: see [`Undo`]).
+fn build(dev: &mut ib_core::Device, p: &Params, made: &mut Undo) -> Result<Res, String> {
     let pd = dev.alloc_pd().map_err(|x| e("Couldn't allocate PD", x))?;
+    let pd = made.keep(pd, Made::Pd);
     let (cq, _) = dev
         .create_cq(&CqInitAttr {
             cqe: p.rx_depth + 4,
             comp_vector: 0,
         })
         .map_err(|x| e("Couldn't create CQ", x))?;
-    let mk = |dev: &mut ib_core::Device, t: QpType, send: u32, recv: u32| {
+    let cq = made.keep(cq, Made::Cq);
+    let mut mk = |dev: &mut ib_core::Device, t: QpType, send: u32, recv: u32| {
         dev.create_qp(
             pd,
             &QpInitAttr {
@@ -425,15 +439,15 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
                 port_num: p.ib_port,
             },
         )
-        .map(|(q, _)| q)
+        .map(|(q, _)| made.keep(q, Made::Qp))
         .map_err(|x| e("Couldn't create QP", x))
     };
     let (qp, rdv) = match p.transport {
         Transport::Rc => (mk(dev, QpType::Rc, 2, p.rx_depth)?, None),
-        Transport::Ud => (
-            mk(dev, QpType::Ud, 2, p.rx_depth)?,
-            Some(mk(dev, QpType::Rc, 1, 1)?),
-        ),
+        Transport::Ud => {
+            let qp = mk(dev, QpType::Ud, 2, p.rx_depth)?;
+            (qp, Some(mk(dev, QpType::Rc, 1, 1)?))
+        }
     };
     let extra = if p.transport == Transport::Ud {
         GRH_BYTES
@@ -443,6 +457,7 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
     let slot = u64::from(p.size + extra).next_multiple_of(64);
     let len = slot * u64::from(1 + RX_SLOTS);
     let pages = len.div_ceil(4096);
+    // Freed when dropped (on any error below too).
     let buf = dev
         .provider()
         .dma_pool()
@@ -462,6 +477,7 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
             },
         )
         .map_err(|x| e("Couldn't register MR", x))?;
+    made.keep(mr, Made::Mr);
     Ok(Res {
         pd,
         cq,

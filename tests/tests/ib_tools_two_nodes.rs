@@ -802,6 +802,106 @@ fn ctrl_c_ends_every_waiting_tool() {
     b.teardown();
 }
 
+/// The device's verbs objects in use (PDs, CQs, QPs, SRQs, MRs, AHs,
+/// doorbell pages), as mlx4_ib counts them.
+fn objects(n: &mut Node) -> [usize; 7] {
+    n.core
+        .device_mut(n.dev)
+        .and_then(|d| d.provider_as::<Mlx4IbDev>())
+        .map(|ib| ib.live_objects())
+        .expect("mlx4_ib")
+}
+
+/// The HCA refuses the next memory registration (SW2HW_MPT), as it would
+/// with its MPT table full.
+fn refuse_next_mr(n: &Node) {
+    n.hca.faults().set(
+        sim::Opcode::SW2HW_MPT,
+        sim::OpcodeFault::status(sim::Status::BAD_PARAM).times(1),
+    );
+}
+
+/// Tools that fail half-way leave the device as they found it, however
+/// often they are run (the console's `retry -n N`): a client whose MR the
+/// HCA refuses after its PD, CQs and QPs were made; a server refused the
+/// same way once a client came; a client whose peer runs no server (the
+/// peer's CM rejects the REQ).
+#[test]
+fn failed_runs_leave_no_verbs_objects_behind() {
+    let Net {
+        fabric: _f,
+        mut a,
+        b,
+    } = net();
+    let mut b = b;
+    let (a0, b0) = (objects(&mut a), objects(&mut b));
+    let b_lid = b.lid.to_string();
+    let stop = AtomicBool::new(false);
+    let tools = [
+        (perftest_tool("ib_write_bw"), "reg_mr"),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "Couldn't register MR",
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Ud),
+            "Couldn't register MR",
+        ),
+    ];
+    for (tool, what) in &tools {
+        for _ in 0..3 {
+            refuse_next_mr(&a);
+            let mut out = Out::default();
+            let e = run_on(&mut a, tool, &["-s", "512", &b_lid], &mut out, &stop).unwrap_err();
+            assert!(e.contains(what), "{e}\n{}", out.text());
+        }
+        assert_eq!(objects(&mut a), a0, "a failed set-up left objects ({what})");
+    }
+    // The server's set-up fails after the client's REQ: it rejects it.
+    for _ in 0..3 {
+        refuse_next_mr(&b);
+        let (nb, p) = pair(
+            &mut a,
+            b,
+            &perftest_tool("ib_write_bw"),
+            &[],
+            &["-s", "512", "-n", "10"],
+            None,
+            false,
+        );
+        b = nb;
+        let se = p.server.clone().unwrap_err();
+        assert!(se.contains("reg_mr"), "{se}\n{}", p.server_out);
+        assert!(p.client.is_err(), "{}", p.client_out);
+    }
+    assert_eq!(objects(&mut b), b0, "a server's failed set-up left objects");
+    assert_eq!(objects(&mut a), a0, "a rejected client left objects");
+    // Nobody listens on the peer.
+    let (b, errs) = with_idle(b, || {
+        let mut errs = Vec::new();
+        for (tool, _) in &tools {
+            for _ in 0..3 {
+                let mut out = Out::default();
+                errs.push(run_on(
+                    &mut a,
+                    tool,
+                    &["-s", "512", &b_lid],
+                    &mut out,
+                    &stop,
+                ));
+            }
+        }
+        errs
+    });
+    for e in errs {
+        let e = e.unwrap_err();
+        assert!(e.contains("refused") || e.contains("rejected"), "{e}");
+    }
+    assert_eq!(objects(&mut a), a0, "a refused client left objects");
+    a.teardown();
+    b.teardown();
+}
+
 /// A WRITE run longer than 10 s of the clock (the server sees no
 /// completion until the client's final SEND; it used to give up after
 /// 10 s, near message 12 000 here, 10 500 in QEMU with `-n 20000`).

@@ -114,22 +114,70 @@ fn slots_for(p: &Params) -> (u64, u64) {
     (slot, slots)
 }
 
+/// A verbs object a set-up made.
+pub(crate) enum Made {
+    Pd(Pd),
+    Cq(Cq),
+    Qp(Qp),
+    Mr(Mr),
+}
+
+/// What a set-up made so far, in order: when a later step fails, what
+/// the earlier ones made is destroyed, newest first (the QP before its
+/// CQs, everything before the PD), so a tool that fails half-way leaves
+/// the device as it found it, however often `retry` runs it.
+#[derive(Default)]
+pub(crate) struct Undo(Vec<Made>);
+
+impl Undo {
+    /// Remembers `x` (one of `what` made) and hands it back.
+    pub(crate) fn keep<T: Copy>(&mut self, x: T, what: fn(T) -> Made) -> T {
+        self.0.push(what(x));
+        x
+    }
+
+    /// Destroys everything kept, newest first.
+    pub(crate) fn undo(self, dev: &mut ib_core::Device) {
+        for m in self.0.into_iter().rev() {
+            let _ = match m {
+                Made::Qp(q) => dev.destroy_qp(q),
+                Made::Mr(m) => dev.dereg_mr(m),
+                Made::Cq(c) => dev.destroy_cq(c),
+                Made::Pd(p) => dev.dealloc_pd(p),
+            };
+        }
+    }
+}
+
 fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, String> {
     let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let mut made = Undo::default();
+    let r = build(dev, p, slot, slots, &mut made);
+    if r.is_err() {
+        made.undo(dev);
+    }
+    r
+}
+
+/// [`setup`]'s steps, each object kept in `made` as it is made.
+fn build(
+    dev: &mut ib_core::Device,
+    p: &Params,
+    slot: u64,
+    slots: u64,
+    made: &mut Undo,
+) -> Result<Res, String> {
     let pd = dev.alloc_pd().map_err(|x| e("alloc_pd", x))?;
+    let pd = made.keep(pd, Made::Pd);
     let depth = p.tx_depth.max(p.rx_depth) * 2 + 4;
-    let (cq, _) = dev
-        .create_cq(&CqInitAttr {
-            cqe: depth,
-            comp_vector: 0,
-        })
-        .map_err(|x| e("create_cq", x))?;
-    let (rcq, _) = dev
-        .create_cq(&CqInitAttr {
-            cqe: depth,
-            comp_vector: 0,
-        })
-        .map_err(|x| e("create_cq", x))?;
+    let attr = CqInitAttr {
+        cqe: depth,
+        comp_vector: 0,
+    };
+    let (cq, _) = dev.create_cq(&attr).map_err(|x| e("create_cq", x))?;
+    let cq = made.keep(cq, Made::Cq);
+    let (rcq, _) = dev.create_cq(&attr).map_err(|x| e("create_cq", x))?;
+    let rcq = made.keep(rcq, Made::Cq);
     let (qp, _) = dev
         .create_qp(
             pd,
@@ -150,8 +198,10 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
             },
         )
         .map_err(|x| e("create_qp", x))?;
+    let qp = made.keep(qp, Made::Qp);
     let len = slot * slots;
     let pages = len.div_ceil(4096);
+    // Freed when dropped (on any error below too).
     let buf = dev
         .provider()
         .dma_pool()
@@ -174,6 +224,7 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
             },
         )
         .map_err(|x| e("reg_mr", x))?;
+    made.keep(mr, Made::Mr);
     Ok(Res {
         pd,
         cq,
