@@ -487,6 +487,7 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
     let b_lid = b.lid;
     let b_guid = b.port_guid;
     let src = a.src();
+    let mut all255 = (Ok(String::new()), Ok(String::new()));
     let (b, (topo, ping)) = with_idle(b, || {
         let mut out = String::new();
         let mut never = || false;
@@ -500,6 +501,12 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
             &mut never,
             &mut pout,
         );
+        let sw = sw_lid.to_string();
+        let mut q = |args: &[&str]| {
+            let mut o = String::new();
+            diags::perfquery(&mut a.core, src, args, &mut o).map(|()| o)
+        };
+        all255 = (q(&[&sw, "255"]), q(&["-a", &sw]));
         ((r, out), (p, pout))
     });
     let (r, t) = topo;
@@ -528,6 +535,18 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
     assert!(t.contains("Ca\t2 \"H-"), "{t}");
     assert!(t.contains("# \"node0 HCA-1\"\n"), "{t}");
     assert!(t.contains("# Total MADs used: "), "{t}");
+    // perfquery's port 255 (or -a): all the switch's ports added up by its
+    // PMA (AllPortSelect).
+    for q in [&all255.0, &all255.1] {
+        let q = q.as_ref().unwrap_or_else(|e| panic!("perfquery: {e}"));
+        assert!(
+            q.starts_with(&format!(
+                "# Port counters: Lid {sw_lid} port 255 (CapMask: 0x"
+            )),
+            "{q}"
+        );
+        assert!(q.contains("PortSelect:......................255\n"), "{q}");
+    }
     let (p, pt) = ping;
     assert!(p.is_ok(), "{p:?}\n{pt}");
     assert_eq!(
