@@ -921,6 +921,74 @@ fn failed_runs_leave_no_verbs_objects_behind() {
     b.teardown();
 }
 
+/// The last RC ACK of a run lost on the wire (as a full queue in the
+/// emulator under load drops one): the side waiting for it gets it again
+/// after its ACK timeout, and neither side fails. The peer that finished
+/// first used to end the connection at once: its DREQ took the other QP to
+/// the error state with that message still unacknowledged, a WR flush
+/// error there. Each case drops the `n`-th ACK sent by one node: the
+/// client's (a) ACK of the server's last WRITE or SEND, or the server's
+/// (b) ACK of the client's last message.
+#[test]
+fn a_lost_last_ack_fails_neither_side() {
+    let Net { fabric, mut a, b } = net();
+    let mut b = b;
+    let (pa, pb) = (a.fabric_port, b.fabric_port);
+    // (tool, client args, the node whose ACK goes, which of its ACKs)
+    let cases: [(Tool, &str, &[&str], PortId, u64); 4] = [
+        // The server's 10 WRITEs are the client's ACKs 1..10.
+        (
+            perftest_tool("ib_write_lat"),
+            "ib_write_lat, the server's last WRITE",
+            &["--check", "-s", "8", "-n", "10"],
+            pa,
+            10,
+        ),
+        // The client's 10 WRITEs, then its end-of-size SEND: ACK 11.
+        (
+            perftest_tool("ib_write_lat"),
+            "ib_write_lat, the client's final SEND",
+            &["--check", "-s", "8", "-n", "10"],
+            pb,
+            11,
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "ibv_rc_pingpong, the server's last SEND",
+            &["--chk", "-s", "64", "-n", "10"],
+            pa,
+            10,
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "ibv_rc_pingpong, the client's last SEND",
+            &["--chk", "-s", "64", "-n", "10"],
+            pb,
+            10,
+        ),
+    ];
+    for (tool, what, args, from, nth) in cases {
+        let dropped0 = fabric.lock().unwrap().faults.stats.dropped;
+        fabric.lock().unwrap().faults.add(
+            FaultRule::new(FaultKind::Drop)
+                .port(from)
+                .opcode(0x11)
+                .every(nth)
+                .times(1),
+        );
+        let (nb, p) = pair(&mut a, b, &tool, &[], args, None, false);
+        b = nb;
+        let mut f = fabric.lock().unwrap();
+        let dropped = f.faults.stats.dropped - dropped0;
+        f.faults.clear();
+        drop(f);
+        ok(&p, what);
+        assert_eq!(dropped, 1, "{what}: the ACK was dropped");
+    }
+    a.teardown();
+    b.teardown();
+}
+
 /// A WRITE run longer than 10 s of the clock (the server sees no
 /// completion until the client's final SEND; it used to give up after
 /// 10 s, near message 12 000 here, 10 500 in QEMU with `-n 20000`).
