@@ -42,6 +42,12 @@ pub mod pma_attr {
 /// ClassPortInfo CapabilityMask bit: PortCountersExtended with the unicast
 /// and multicast counters (`IB_PM_EXT_WIDTH_SUPPORTED`).
 pub const IB_PM_EXT_WIDTH_SUPPORTED: u16 = 1 << 9;
+/// ... PortSelect 255 adds up all the node's ports (`IB_PM_ALL_PORT_SELECT`).
+pub const IB_PM_ALL_PORT_SELECT: u16 = 1 << 8;
+/// perfquery's port for "all ports" (`ALL_PORTS`): PortSelect 255, which
+/// the PMA answers with its ports' counters added up if its CapMask says
+/// AllPortSelect.
+pub const ALL_PORTS: u8 = 0xff;
 /// ... extended counters without the IETF ones (`IB_PM_EXT_WIDTH_NOIETF_SUP`).
 pub const IB_PM_EXT_WIDTH_NOIETF_SUP: u16 = 1 << 10;
 /// ... PortXmitWait is counted (`IB_PM_PC_XMIT_WAIT_SUP`).
@@ -505,10 +511,39 @@ fn positional<'a>(
     Ok(pos)
 }
 
-const PERFQUERY_USAGE: &str = "usage: perfquery [-x] [-G] [LID|GUID [PORT]]";
+const PERFQUERY_USAGE: &str =
+    "usage: perfquery [-x] [-a] [-G] [LID|GUID [PORT]]  (PORT: 0 to 255, 255 or -a: all ports)";
 
-/// `perfquery [-x] [LID [PORT]]`: the port counters of `LID`'s `PORT`
-/// (default: this port), through the PMA on QP1.
+/// A port number as the diags take it: decimal or `0x` hex, at most `max`
+/// (perfquery 255: all ports; smpquery 254, the most ports a node has).
+fn parse_port(p: &str, max: u8) -> Result<u8, String> {
+    let n = match p.strip_prefix("0x") {
+        Some(h) => u8::from_str_radix(h, 16).ok(),
+        None => p.parse::<u8>().ok(),
+    };
+    n.filter(|&n| n <= max).ok_or_else(|| {
+        if max == ALL_PORTS {
+            format!("bad port '{p}' (0 to 254, or 255 for all ports)")
+        } else {
+            format!("bad port '{p}' (0 to {max})")
+        }
+    })
+}
+
+/// Whether the PMA can answer `port`: 255 (all ports) needs AllPortSelect
+/// in its CapMask; perfquery refuses it otherwise in these words.
+pub fn check_port_select(port: u8, cap_mask: u16) -> Result<(), String> {
+    if port == ALL_PORTS && cap_mask & IB_PM_ALL_PORT_SELECT == 0 {
+        return Err(String::from(
+            "AllPortSelect not supported (this PMA cannot add up its ports; perfquery's per-port loop is left out here)",
+        ));
+    }
+    Ok(())
+}
+
+/// `perfquery [-x] [-a] [LID [PORT]]`: the port counters of `LID`'s
+/// `PORT` (default: this port), through the PMA on QP1; port 255 (or `-a`)
+/// asks for all the node's ports added up (AllPortSelect), as perfquery.
 pub fn perfquery(
     core: &mut IbCore,
     src: Src,
@@ -527,11 +562,12 @@ pub fn perfquery_sa(
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let (mut extended, mut guid) = (false, false);
+    let (mut extended, mut guid, mut all) = (false, false, false);
     let pos = positional(args, PERFQUERY_USAGE, |a| {
         match a {
             "-x" | "--extended" => extended = true,
             "-G" | "--Guid" => guid = true,
+            "-a" | "--all_ports" => all = true,
             _ => return false,
         }
         true
@@ -550,9 +586,7 @@ pub fn perfquery_sa(
                 lid
             };
             let port = match pos.get(1) {
-                Some(p) => p
-                    .parse::<u8>()
-                    .map_err(|_| format!("bad port '{p}' (0 to 254)"))?,
+                Some(p) => parse_port(p, ALL_PORTS)?,
                 None => 1,
             };
             (lid, port)
@@ -580,6 +614,9 @@ pub fn perfquery_sa(
         .map_err(|e| err("classportinfo query", e))?;
     let cap_mask = be16(&cpi.0[64..], 2);
     let cap_mask2 = be32(&cpi.0[64..], 4) >> 5;
+    // -a: all ports (perfquery sets the port to ALL_PORTS).
+    let port = if all { ALL_PORTS } else { port };
+    check_port_select(port, cap_mask)?;
     let req = [0, port];
     let id = Lid(lid);
     if extended {
@@ -693,11 +730,9 @@ pub fn smpquery_sa(
         Some(d) => PortId::parse(d, dr)?,
         None => PortId::Dr(Vec::new()),
     };
+    // No port 255 here (it means "all ports" only to a PMA).
     let port: Option<u8> = match rest.get(1) {
-        Some(p) => Some(
-            p.parse()
-                .map_err(|_| format!("bad port '{p}' (0 to 254)"))?,
-        ),
+        Some(p) => Some(parse_port(p, ALL_PORTS - 1)?),
         None => None,
     };
     let attr = match op {

@@ -37,7 +37,8 @@ use ib_core::verbs::{
 use crate::perftest::Peer;
 use crate::perftest::exchange::{fill, verify};
 use crate::perftest::run::{
-    CONNECT_TIMEOUT, Env, cm_req, e, path_to, progress, wait_cm, wait_port_active, wait_rtu,
+    CONNECT_TIMEOUT, Env, Made, Undo, await_done, cm_req, disconnect, e, path_to, progress,
+    wait_cm, wait_port_active, wait_rtu,
 };
 
 /// CM service of `ibv_rc_pingpong`: "LEGO", 1, rc_pingpong's TCP port 18515.
@@ -399,14 +400,27 @@ struct Res {
 
 fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
     let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let mut made = Undo::default();
+    let r = build(dev, p, &mut made);
+    if r.is_err() {
+        made.undo(dev);
+    }
+    r
+}
+
+/// [`setup`]'s steps, each object kept in `made` as it is made (a later
+/// step's failure destroys the earlier ones: see [`Undo`]).
+fn build(dev: &mut ib_core::Device, p: &Params, made: &mut Undo) -> Result<Res, String> {
     let pd = dev.alloc_pd().map_err(|x| e("Couldn't allocate PD", x))?;
+    let pd = made.keep(pd, Made::Pd);
     let (cq, _) = dev
         .create_cq(&CqInitAttr {
             cqe: p.rx_depth + 4,
             comp_vector: 0,
         })
         .map_err(|x| e("Couldn't create CQ", x))?;
-    let mk = |dev: &mut ib_core::Device, t: QpType, send: u32, recv: u32| {
+    let cq = made.keep(cq, Made::Cq);
+    let mut mk = |dev: &mut ib_core::Device, t: QpType, send: u32, recv: u32| {
         dev.create_qp(
             pd,
             &QpInitAttr {
@@ -425,15 +439,15 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
                 port_num: p.ib_port,
             },
         )
-        .map(|(q, _)| q)
+        .map(|(q, _)| made.keep(q, Made::Qp))
         .map_err(|x| e("Couldn't create QP", x))
     };
     let (qp, rdv) = match p.transport {
         Transport::Rc => (mk(dev, QpType::Rc, 2, p.rx_depth)?, None),
-        Transport::Ud => (
-            mk(dev, QpType::Ud, 2, p.rx_depth)?,
-            Some(mk(dev, QpType::Rc, 1, 1)?),
-        ),
+        Transport::Ud => {
+            let qp = mk(dev, QpType::Ud, 2, p.rx_depth)?;
+            (qp, Some(mk(dev, QpType::Rc, 1, 1)?))
+        }
     };
     let extra = if p.transport == Transport::Ud {
         GRH_BYTES
@@ -443,6 +457,7 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
     let slot = u64::from(p.size + extra).next_multiple_of(64);
     let len = slot * u64::from(1 + RX_SLOTS);
     let pages = len.div_ceil(4096);
+    // Freed when dropped (on any error below too).
     let buf = dev
         .provider()
         .dma_pool()
@@ -462,6 +477,7 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
             },
         )
         .map_err(|x| e("Couldn't register MR", x))?;
+    made.keep(mr, Made::Mr);
     Ok(Res {
         pd,
         cq,
@@ -474,10 +490,11 @@ fn setup(env: &mut Env<'_>, p: &Params) -> Result<Res, String> {
     })
 }
 
-fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>) {
+/// Destroys what `r` holds after ending the connection `id` (`done`: the
+/// server ran to the end; see [`disconnect`]).
+fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>, done: bool) {
     if let Some(id) = id {
-        let _ = cm::ib_send_cm_dreq(env.core, env.cm, id, &[]);
-        let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+        disconnect(env, id, done);
     }
     if let Some(dev) = env.core.device_mut(env.dev) {
         let _ = dev.destroy_qp(r.qp);
@@ -556,10 +573,65 @@ fn post_recv(env: &mut Env<'_>, r: &Res, p: &Params, n: u64) -> Result<(), Strin
         .map_err(|x| e("Couldn't post receive", x))
 }
 
-fn post_send(env: &mut Env<'_>, r: &Res, p: &Params, peer: &Hello, n: u64) -> Result<(), String> {
+/// What the server's `--chk` bytes are XORed with: the two directions
+/// carry different bytes, so a side that receives its own message back
+/// fails its check instead of passing it for the peer's.
+const SERVER_XOR: u8 = 0xa5;
+
+/// Fills `m` with message `n` as the client (`from_client`) or the server
+/// sends it.
+pub fn fill_from(m: &mut [u8], n: u64, from_client: bool) {
+    fill(m, n);
+    if !from_client {
+        m.iter_mut().for_each(|b| *b ^= SERVER_XOR);
+    }
+}
+
+/// Checks that `m` is message `n` as the client (`from_client`) or the
+/// server sends it (`m` is left XORed back for the server's).
+pub fn verify_from(m: &mut [u8], n: u64, from_client: bool) -> Result<(), String> {
+    if !from_client {
+        m.iter_mut().for_each(|b| *b ^= SERVER_XOR);
+    }
+    verify(m, n).map_err(|x| format!("{x}"))
+}
+
+/// Where a UD message came from must be the peer: its QPN and LID, and
+/// not this port's LID (`own_lid`): our own SEND come back, as when the SM
+/// gave this port the LID the peer had (both nodes hand out the same QPNs,
+/// so the QPN alone does not tell).
+pub fn check_ud_source(
+    wc: &Wc,
+    peer_qpn: u32,
+    peer_lid: u16,
+    own_lid: Option<u16>,
+) -> Result<(), String> {
+    if own_lid == Some(wc.slid) {
+        return Err(format!(
+            "receive {} came from this port's own LID {} (QPN {:#08x}): our own SEND came back, not the peer's",
+            wc.wr_id, wc.slid, wc.src_qp
+        ));
+    }
+    if wc.src_qp != peer_qpn || wc.slid != peer_lid {
+        return Err(format!(
+            "receive {} came from LID {} QPN {:#08x}, not from the peer (LID {peer_lid} QPN {peer_qpn:#08x})",
+            wc.wr_id, wc.slid, wc.src_qp
+        ));
+    }
+    Ok(())
+}
+
+fn post_send(
+    env: &mut Env<'_>,
+    r: &Res,
+    p: &Params,
+    peer: &Hello,
+    n: u64,
+    client: bool,
+) -> Result<(), String> {
     if p.check {
         let mut m = vec![0u8; p.size as usize];
-        fill(&mut m, n);
+        fill_from(&mut m, n, client);
         r.buf.write_bytes(0, &m);
     }
     let sge = [Sge {
@@ -592,11 +664,13 @@ fn post_send(env: &mut Env<'_>, r: &Res, p: &Params, peer: &Hello, n: u64) -> Re
 }
 
 /// The ping-pong itself (rc_pingpong's loop); returns the elapsed time.
+/// UD receives are checked to come from the peer (`peer.qpn`, `peer_lid`).
 fn run_loop(
     env: &mut Env<'_>,
     r: &Res,
     p: &Params,
     peer: &Hello,
+    peer_lid: u16,
     client: bool,
 ) -> Result<u64, String> {
     let iters = u64::from(p.iters);
@@ -607,7 +681,7 @@ fn run_loop(
     // What we wait for before the next SEND: bit 0 our SEND, bit 1 a receive.
     let mut pending = 2u8;
     if client {
-        post_send(env, r, p, peer, 0)?;
+        post_send(env, r, p, peer, 0, client)?;
         pending |= 1;
     }
     let mut last = start;
@@ -642,6 +716,17 @@ fn run_loop(
         }
         last = now;
         for w in &wc[..n] {
+            if client
+                && w.status == WcStatus::WrFlushErr
+                && w.wr_id & SEND_WRID != 0
+                && rcnt == iters
+            {
+                // Our last SEND, flushed: the server got it (all its
+                // answers are here), finished and disconnected before the
+                // ACK reached us; its DREQ says so (`await_done`).
+                scnt = iters;
+                continue;
+            }
             if w.status != WcStatus::Success {
                 return Err(format!(
                     "Failed status {} ({}) for wr_id {} syndrome {:#x}",
@@ -661,6 +746,14 @@ fn run_loop(
                         w.wr_id
                     ));
                 }
+                if p.transport == Transport::Ud {
+                    let own = env
+                        .core
+                        .device(env.dev)
+                        .and_then(|d| d.port_cache(p.ib_port).ok())
+                        .map(|c| c.lid);
+                    check_ud_source(w, peer.qpn, peer_lid, own)?;
+                }
                 if p.check {
                     let k = 1 + rcnt % u64::from(RX_SLOTS);
                     let off = if p.transport == Transport::Ud {
@@ -670,7 +763,15 @@ fn run_loop(
                     };
                     let mut m = vec![0u8; p.size as usize];
                     r.buf.read_bytes((k * r.slot) as usize + off, &mut m);
-                    verify(&m, rcnt).map_err(|x| format!("{x}"))?;
+                    let mut own = m.clone();
+                    if let Err(x) = verify_from(&mut m, rcnt, !client) {
+                        if verify_from(&mut own, rcnt, client).is_ok() {
+                            return Err(format!(
+                                "receive {rcnt} holds our own message {rcnt}, not the peer's (it came back to us)"
+                            ));
+                        }
+                        return Err(x);
+                    }
                 }
                 rcnt += 1;
                 pending &= !2;
@@ -680,7 +781,7 @@ fn run_loop(
                 }
             }
             if scnt < iters && pending == 0 {
-                post_send(env, r, p, peer, scnt)?;
+                post_send(env, r, p, peer, scnt, client)?;
                 pending = 3;
             }
         }
@@ -741,7 +842,9 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
         attr.active_mtu.bytes(),
         out,
     );
-    teardown(env, res, id);
+    // A server that ran to the end says so (the client waits for it).
+    let done = p.peer.is_none() && r.is_ok();
+    teardown(env, res, id, done);
     r
 }
 
@@ -861,7 +964,7 @@ fn side(
                     let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
                 })?;
                 let old = core::mem::replace(res, fresh);
-                teardown(env, old, None);
+                teardown(env, old, None, false);
                 if t == Transport::Ud {
                     ud_up(env, res.qp, p.ib_port, ud_psn)?;
                 }
@@ -944,9 +1047,13 @@ fn side(
     };
     let _ = print_dest(out, t, false, &local);
     let _ = print_dest(out, t, true, &remote);
-    let nanos = run_loop(env, res, &q, &peer, p.peer.is_some())?;
+    let nanos = run_loop(env, res, &q, &peer, remote.lid, p.peer.is_some())?;
     let _ = print_result(out, q.size, q.iters, nanos);
-    Ok(())
+    match *id_out {
+        // The server's word that it finished too (see `await_done`).
+        Some(id) if p.peer.is_some() => await_done(env, id),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -1024,6 +1131,45 @@ mod tests {
         assert!(Params::parse(Transport::Rc, &["-s", "0"]).is_err());
         assert_eq!(Params::parse(Transport::Rc, &["-h"]).unwrap_err(), "");
         assert!(Params::parse(Transport::Rc, &["1", "2"]).is_err());
+    }
+
+    #[test]
+    fn a_ud_message_not_from_the_peer_is_refused() {
+        let w = |slid: u16, src_qp: u32| Wc {
+            wr_id: 7,
+            slid,
+            src_qp,
+            ..Wc::default()
+        };
+        // The peer: LID 3, QPN 0x48 (the same QPN as ours: both nodes
+        // hand them out alike).
+        assert!(check_ud_source(&w(3, 0x48), 0x48, 3, Some(4)).is_ok());
+        let e = check_ud_source(&w(4, 0x48), 0x48, 3, Some(4)).unwrap_err();
+        assert!(e.contains("own LID 4"), "{e}");
+        // This port now has the LID the peer had: its own SENDs come back
+        // with the peer's LID and QPN, and only its own LID tells.
+        let e = check_ud_source(&w(3, 0x48), 0x48, 3, Some(3)).unwrap_err();
+        assert!(e.contains("our own SEND came back"), "{e}");
+        let e = check_ud_source(&w(5, 0x48), 0x48, 3, Some(4)).unwrap_err();
+        assert!(e.contains("came from LID 5"), "{e}");
+        let e = check_ud_source(&w(3, 0x49), 0x48, 3, Some(4)).unwrap_err();
+        assert!(e.contains("QPN 0x000049"), "{e}");
+    }
+
+    #[test]
+    fn the_two_directions_carry_different_patterns() {
+        for n in [0, 1, 99, u64::from(MAX_ITERS)] {
+            for from_client in [true, false] {
+                let mut m = vec![0u8; 64];
+                fill_from(&mut m, n, from_client);
+                let mut other = m.clone();
+                assert!(verify_from(&mut m, n, from_client).is_ok());
+                assert!(
+                    verify_from(&mut other, n, !from_client).is_err(),
+                    "message {n} of one side passes for the other's"
+                );
+            }
+        }
     }
 
     #[test]

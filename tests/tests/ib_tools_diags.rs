@@ -130,6 +130,13 @@ fn queries_that_need_a_subnet_say_so() {
     assert!(e.contains("must start at this port"), "{e}");
     let e = run(&mut s, 1, diags::perfquery, &["-q"]).unwrap_err();
     assert!(e.contains("unknown option '-q'"), "{e}");
+    // The ports each takes, in its message (perfquery's 255 is "all
+    // ports"; no node has a port 255 to ask the SMA about), refused before
+    // anything is sent.
+    let e = run(&mut s, 1, diags::perfquery, &["1", "256"]).unwrap_err();
+    assert_eq!(e, "bad port '256' (0 to 254, or 255 for all ports)");
+    let e = run(&mut s, 1, diags::smpquery, &["-D", "portinfo", "0", "255"]).unwrap_err();
+    assert_eq!(e, "bad port '255' (0 to 254)");
     down(s);
     model.finish();
 }

@@ -487,6 +487,7 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
     let b_lid = b.lid;
     let b_guid = b.port_guid;
     let src = a.src();
+    let mut all255 = (Ok(String::new()), Ok(String::new()));
     let (b, (topo, ping)) = with_idle(b, || {
         let mut out = String::new();
         let mut never = || false;
@@ -500,6 +501,12 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
             &mut never,
             &mut pout,
         );
+        let sw = sw_lid.to_string();
+        let mut q = |args: &[&str]| {
+            let mut o = String::new();
+            diags::perfquery(&mut a.core, src, args, &mut o).map(|()| o)
+        };
+        all255 = (q(&[&sw, "255"]), q(&["-a", &sw]));
         ((r, out), (p, pout))
     });
     let (r, t) = topo;
@@ -528,6 +535,18 @@ fn ibnetdiscover_lists_the_switch_and_the_peer_and_ibping_answers() {
     assert!(t.contains("Ca\t2 \"H-"), "{t}");
     assert!(t.contains("# \"node0 HCA-1\"\n"), "{t}");
     assert!(t.contains("# Total MADs used: "), "{t}");
+    // perfquery's port 255 (or -a): all the switch's ports added up by its
+    // PMA (AllPortSelect).
+    for q in [&all255.0, &all255.1] {
+        let q = q.as_ref().unwrap_or_else(|e| panic!("perfquery: {e}"));
+        assert!(
+            q.starts_with(&format!(
+                "# Port counters: Lid {sw_lid} port 255 (CapMask: 0x"
+            )),
+            "{q}"
+        );
+        assert!(q.contains("PortSelect:......................255\n"), "{q}");
+    }
     let (p, pt) = ping;
     assert!(p.is_ok(), "{p:?}\n{pt}");
     assert_eq!(
@@ -798,6 +817,174 @@ fn ctrl_c_ends_every_waiting_tool() {
         "{pout}"
     );
     assert!(d.unwrap_err().contains("interrupted"));
+    a.teardown();
+    b.teardown();
+}
+
+/// The device's verbs objects in use (PDs, CQs, QPs, SRQs, MRs, AHs,
+/// doorbell pages), as mlx4_ib counts them.
+fn objects(n: &mut Node) -> [usize; 7] {
+    n.core
+        .device_mut(n.dev)
+        .and_then(|d| d.provider_as::<Mlx4IbDev>())
+        .map(|ib| ib.live_objects())
+        .expect("mlx4_ib")
+}
+
+/// The HCA refuses the next memory registration (SW2HW_MPT), as it would
+/// with its MPT table full.
+fn refuse_next_mr(n: &Node) {
+    n.hca.faults().set(
+        sim::Opcode::SW2HW_MPT,
+        sim::OpcodeFault::status(sim::Status::BAD_PARAM).times(1),
+    );
+}
+
+/// Tools that fail half-way leave the device as they found it, however
+/// often they are run (the console's `retry -n N`): a client whose MR the
+/// HCA refuses after its PD, CQs and QPs were made; a server refused the
+/// same way once a client came; a client whose peer runs no server (the
+/// peer's CM rejects the REQ).
+#[test]
+fn failed_runs_leave_no_verbs_objects_behind() {
+    let Net {
+        fabric: _f,
+        mut a,
+        b,
+    } = net();
+    let mut b = b;
+    let (a0, b0) = (objects(&mut a), objects(&mut b));
+    let b_lid = b.lid.to_string();
+    let stop = AtomicBool::new(false);
+    let tools = [
+        (perftest_tool("ib_write_bw"), "reg_mr"),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "Couldn't register MR",
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Ud),
+            "Couldn't register MR",
+        ),
+    ];
+    for (tool, what) in &tools {
+        for _ in 0..3 {
+            refuse_next_mr(&a);
+            let mut out = Out::default();
+            let e = run_on(&mut a, tool, &["-s", "512", &b_lid], &mut out, &stop).unwrap_err();
+            assert!(e.contains(what), "{e}\n{}", out.text());
+        }
+        assert_eq!(objects(&mut a), a0, "a failed set-up left objects ({what})");
+    }
+    // The server's set-up fails after the client's REQ: it rejects it.
+    for _ in 0..3 {
+        refuse_next_mr(&b);
+        let (nb, p) = pair(
+            &mut a,
+            b,
+            &perftest_tool("ib_write_bw"),
+            &[],
+            &["-s", "512", "-n", "10"],
+            None,
+            false,
+        );
+        b = nb;
+        let se = p.server.clone().unwrap_err();
+        assert!(se.contains("reg_mr"), "{se}\n{}", p.server_out);
+        assert!(p.client.is_err(), "{}", p.client_out);
+    }
+    assert_eq!(objects(&mut b), b0, "a server's failed set-up left objects");
+    assert_eq!(objects(&mut a), a0, "a rejected client left objects");
+    // Nobody listens on the peer.
+    let (b, errs) = with_idle(b, || {
+        let mut errs = Vec::new();
+        for (tool, _) in &tools {
+            for _ in 0..3 {
+                let mut out = Out::default();
+                errs.push(run_on(
+                    &mut a,
+                    tool,
+                    &["-s", "512", &b_lid],
+                    &mut out,
+                    &stop,
+                ));
+            }
+        }
+        errs
+    });
+    for e in errs {
+        let e = e.unwrap_err();
+        assert!(e.contains("refused") || e.contains("rejected"), "{e}");
+    }
+    assert_eq!(objects(&mut a), a0, "a refused client left objects");
+    a.teardown();
+    b.teardown();
+}
+
+/// The last RC ACK of a run lost on the wire (as a full queue in the
+/// emulator under load drops one): the side waiting for it gets it again
+/// after its ACK timeout, and neither side fails. The peer that finished
+/// first used to end the connection at once: its DREQ took the other QP to
+/// the error state with that message still unacknowledged, a WR flush
+/// error there. Each case drops the `n`-th ACK sent by one node: the
+/// client's (a) ACK of the server's last WRITE or SEND, or the server's
+/// (b) ACK of the client's last message.
+#[test]
+fn a_lost_last_ack_fails_neither_side() {
+    let Net { fabric, mut a, b } = net();
+    let mut b = b;
+    let (pa, pb) = (a.fabric_port, b.fabric_port);
+    // (tool, client args, the node whose ACK goes, which of its ACKs)
+    let cases: [(Tool, &str, &[&str], PortId, u64); 4] = [
+        // The server's 10 WRITEs are the client's ACKs 1..10.
+        (
+            perftest_tool("ib_write_lat"),
+            "ib_write_lat, the server's last WRITE",
+            &["--check", "-s", "8", "-n", "10"],
+            pa,
+            10,
+        ),
+        // The client's 10 WRITEs, then its end-of-size SEND: ACK 11.
+        (
+            perftest_tool("ib_write_lat"),
+            "ib_write_lat, the client's final SEND",
+            &["--check", "-s", "8", "-n", "10"],
+            pb,
+            11,
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "ibv_rc_pingpong, the server's last SEND",
+            &["--chk", "-s", "64", "-n", "10"],
+            pa,
+            10,
+        ),
+        (
+            pingpong_tool(pingpong::Transport::Rc),
+            "ibv_rc_pingpong, the client's last SEND",
+            &["--chk", "-s", "64", "-n", "10"],
+            pb,
+            10,
+        ),
+    ];
+    for (tool, what, args, from, nth) in cases {
+        let dropped0 = fabric.lock().unwrap().faults.stats.dropped;
+        fabric.lock().unwrap().faults.add(
+            FaultRule::new(FaultKind::Drop)
+                .port(from)
+                .opcode(0x11)
+                .every(nth)
+                .times(1),
+        );
+        let (nb, p) = pair(&mut a, b, &tool, &[], args, None, false);
+        b = nb;
+        let mut f = fabric.lock().unwrap();
+        let dropped = f.faults.stats.dropped - dropped0;
+        f.faults.clear();
+        drop(f);
+        ok(&p, what);
+        assert_eq!(dropped, 1, "{what}: the ACK was dropped");
+    }
     a.teardown();
     b.teardown();
 }

@@ -1,11 +1,12 @@
 //! The console tools between two QEMU guests on one emulated fabric (`run-qemu.sh --nodes 2` with its default subnet manager, Debian's OpenSM attached through ibsim's protocol): every perftest tool with `--check` and both pingpongs in one boot (so also a second, third, ... CM connection per boot), perfquery on one guest showing the other's counters grow by the bytes moved, smpquery and ibnetdiscover listing the switch and the other guest, ibping answered; in a second boot, packet drops recovered by RC retransmission and a pulled cable ending in "transport retry counter exceeded".
 //!
-//! The scripts are sequenced by `sleep`: node 0 serves one tool after the
-//! other, node 1 waits for the subnet (12 s; the tools also wait for their
-//! port), then runs each client a second after the previous one ended, so
-//! node 0 is listening again. OpenSM picks the LIDs, so node 1 names node
-//! 0 by its port GUID everywhere (`-G` for perfquery, smpquery and ibping,
-//! the GUID as the perftest/pingpong peer), resolved through the SA.
+//! The scripts are sequenced by the console's `retry`: node 0 serves one
+//! tool after the other; node 1 runs each client under `retry` ([`RETRY`]),
+//! so a client that comes before the subnet is up or before node 0 listens
+//! again (node 0's CM rejects its REQ) is run again a second later. OpenSM
+//! picks the LIDs, so node 1 names node 0 by its port GUID everywhere
+//! (`-G` for perfquery, smpquery and ibping, the GUID as the
+//! perftest/pingpong peer), resolved through the SA.
 
 use std::time::Duration;
 
@@ -13,6 +14,10 @@ use tests::qemu;
 
 /// Node 0's port GUID (cx3-emu's `--nodes` numbering).
 const NODE0_GUID: &str = "0x0002c90300000011";
+
+/// How node 1 runs a client: again a second later while it fails, 30
+/// tries at most (the first one may come before the subnet is up).
+const RETRY: &str = "retry -n 30 -i 1";
 
 /// Node 0's and node 1's transcripts of a two-node run.
 fn node_transcripts(t: &str) -> (&str, &str) {
@@ -57,19 +62,15 @@ fn perftest_pingpong_and_diags_between_two_guests() {
         "ib_write_bw".to_string(),
         "sleep 25".to_string(),
     ]);
-    let mut client = vec!["sleep 12".to_string()];
+    let mut client = Vec::new();
     for (t, a) in tools {
-        client.push(format!("{t} --check {a} {g}"));
-        client.push("sleep 1".to_string());
+        client.push(format!("{RETRY} {t} --check {a} {g}"));
     }
     client.extend([
-        format!("ibv_rc_pingpong --chk -n 100 {g}"),
-        "sleep 1".to_string(),
-        format!("ibv_ud_pingpong -c -n 100 {g}"),
-        "sleep 1".to_string(),
+        format!("{RETRY} ibv_rc_pingpong --chk -n 100 {g}"),
+        format!("{RETRY} ibv_ud_pingpong -c -n 100 {g}"),
         format!("perfquery -G {g} 1"),
-        format!("ib_write_bw -s 65536 -n 100 {g}"),
-        "sleep 1".to_string(),
+        format!("{RETRY} ib_write_bw -s 65536 -n 100 {g}"),
         format!("perfquery -G {g} 1"),
         format!("ibping -c 3 -G {g}"),
         format!("smpquery -G nodedesc {g}"),
@@ -97,14 +98,14 @@ fn perftest_pingpong_and_diags_between_two_guests() {
         } else {
             ib_tools::perftest::RESULT_FMT_LAT
         };
-        let line = result_after(t1, &format!("{t} --check {a}"), header)
+        let line = result_after(t1, &format!("{RETRY} {t} --check {a}"), header)
             .unwrap_or_else(|| panic!("{t}: no result line\n{t1}"));
         let iters = a.split_whitespace().last().unwrap_or("");
         assert_eq!(line.split_whitespace().nth(1), Some(iters), "{t}: {line:?}");
         println!("{t} --check {a}: {line}");
     }
     for tool in ["ibv_rc_pingpong", "ibv_ud_pingpong"] {
-        let at = t1.find(&format!("lego> {tool}")).expect(tool);
+        let at = t1.find(&format!("lego> {RETRY} {tool}")).expect(tool);
         let rest = &t1[at..];
         let line = rest
             .lines()
@@ -153,8 +154,10 @@ fn perftest_pingpong_and_diags_between_two_guests() {
 #[test]
 fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     let g = NODE0_GUID;
+    // The long run, whose failure is the point, is not retried (a retry
+    // would wait for the pulled cable's port): a second after the first.
     let c = format!(
-        "sleep 12; ib_write_bw --check -s 65536 -n 100 {g}; sleep 1; ib_write_bw -s 65536 -n 1000000 {g}"
+        "{RETRY} ib_write_bw --check -s 65536 -n 100 {g}; sleep 1; ib_write_bw -s 65536 -n 1000000 {g}"
     );
     let emu = "--drop opcode=0x07,every=13,times=6 --drop opcode=0x11,every=7,times=6 --pull node1/1@64MiB";
     let r = qemu::run(
@@ -166,7 +169,7 @@ fn drops_are_recovered_and_a_pulled_cable_ends_in_retry_exceeded() {
     // The first run completes through the drops (retransmissions).
     let line = result_after(
         t1,
-        "ib_write_bw --check -s 65536 -n 100",
+        &format!("{RETRY} ib_write_bw --check -s 65536 -n 100"),
         ib_tools::perftest::RESULT_FMT,
     )
     .unwrap_or_else(|| panic!("the run with drops completes\n{t1}\n{}", r.stderr));

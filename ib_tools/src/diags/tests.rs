@@ -207,3 +207,28 @@ fn destinations_parse_and_print_as_libibmad() {
         "DR path slid 65535; dlid 65535; 0,1,3"
     );
 }
+
+#[test]
+fn ports_as_perfquery_and_smpquery_take_them() {
+    // perfquery: 0 to 255, 255 being all ports; decimal or hex.
+    assert_eq!(parse_port("255", ALL_PORTS), Ok(255));
+    assert_eq!(parse_port("0xff", ALL_PORTS), Ok(255));
+    assert_eq!(parse_port("0", ALL_PORTS), Ok(0));
+    let e = parse_port("256", ALL_PORTS).unwrap_err();
+    assert_eq!(e, "bad port '256' (0 to 254, or 255 for all ports)");
+    // smpquery: no port 255 (no node has one).
+    assert_eq!(parse_port("254", ALL_PORTS - 1), Ok(254));
+    assert_eq!(
+        parse_port("255", ALL_PORTS - 1).unwrap_err(),
+        "bad port '255' (0 to 254)"
+    );
+    assert!(parse_port("-1", ALL_PORTS).is_err());
+    // All ports only from a PMA whose CapMask says AllPortSelect.
+    assert!(check_port_select(255, IB_PM_ALL_PORT_SELECT).is_ok());
+    assert!(
+        check_port_select(255, IB_PM_EXT_WIDTH_SUPPORTED)
+            .unwrap_err()
+            .starts_with("AllPortSelect not supported")
+    );
+    assert!(check_port_select(2, 0).is_ok());
+}

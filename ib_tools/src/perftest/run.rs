@@ -59,6 +59,16 @@ pub const CM_RETRIES: u8 = 8;
 pub const PACKET_LIFE_CAP: u8 = 15;
 /// How often long waits look at the interrupt check.
 const SLICE: Duration = Duration::from_millis(50);
+/// The private data of a server's DREQ once it ran to the end (checks
+/// included): how the client learns the run is over on both sides.
+pub const DONE: &[u8] = b"LEGO done";
+/// How long a client waits for that DREQ after its last message: the
+/// server may still wait for the ACK of its own last message (sent again
+/// after a loss: 7 tries of 537 ms) and check what it received.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a server that finished waits for the client's DREP (its DREQ
+/// is sent again meanwhile if lost: the client waits for it).
+const DREP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Buffer slots at most (bandwidth tests spread messages over them).
 const MAX_SLOTS: u64 = 16;
 /// Bytes of buffer at most.
@@ -114,22 +124,70 @@ fn slots_for(p: &Params) -> (u64, u64) {
     (slot, slots)
 }
 
+/// A verbs object a set-up made.
+pub(crate) enum Made {
+    Pd(Pd),
+    Cq(Cq),
+    Qp(Qp),
+    Mr(Mr),
+}
+
+/// What a set-up made so far, in order: when a later step fails, what
+/// the earlier ones made is destroyed, newest first (the QP before its
+/// CQs, everything before the PD), so a tool that fails half-way leaves
+/// the device as it found it, however often `retry` runs it.
+#[derive(Default)]
+pub(crate) struct Undo(Vec<Made>);
+
+impl Undo {
+    /// Remembers `x` (one of `what` made) and hands it back.
+    pub(crate) fn keep<T: Copy>(&mut self, x: T, what: fn(T) -> Made) -> T {
+        self.0.push(what(x));
+        x
+    }
+
+    /// Destroys everything kept, newest first.
+    pub(crate) fn undo(self, dev: &mut ib_core::Device) {
+        for m in self.0.into_iter().rev() {
+            let _ = match m {
+                Made::Qp(q) => dev.destroy_qp(q),
+                Made::Mr(m) => dev.dereg_mr(m),
+                Made::Cq(c) => dev.destroy_cq(c),
+                Made::Pd(p) => dev.dealloc_pd(p),
+            };
+        }
+    }
+}
+
 fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, String> {
     let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let mut made = Undo::default();
+    let r = build(dev, p, slot, slots, &mut made);
+    if r.is_err() {
+        made.undo(dev);
+    }
+    r
+}
+
+/// [`setup`]'s steps, each object kept in `made` as it is made.
+fn build(
+    dev: &mut ib_core::Device,
+    p: &Params,
+    slot: u64,
+    slots: u64,
+    made: &mut Undo,
+) -> Result<Res, String> {
     let pd = dev.alloc_pd().map_err(|x| e("alloc_pd", x))?;
+    let pd = made.keep(pd, Made::Pd);
     let depth = p.tx_depth.max(p.rx_depth) * 2 + 4;
-    let (cq, _) = dev
-        .create_cq(&CqInitAttr {
-            cqe: depth,
-            comp_vector: 0,
-        })
-        .map_err(|x| e("create_cq", x))?;
-    let (rcq, _) = dev
-        .create_cq(&CqInitAttr {
-            cqe: depth,
-            comp_vector: 0,
-        })
-        .map_err(|x| e("create_cq", x))?;
+    let attr = CqInitAttr {
+        cqe: depth,
+        comp_vector: 0,
+    };
+    let (cq, _) = dev.create_cq(&attr).map_err(|x| e("create_cq", x))?;
+    let cq = made.keep(cq, Made::Cq);
+    let (rcq, _) = dev.create_cq(&attr).map_err(|x| e("create_cq", x))?;
+    let rcq = made.keep(rcq, Made::Cq);
     let (qp, _) = dev
         .create_qp(
             pd,
@@ -150,8 +208,10 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
             },
         )
         .map_err(|x| e("create_qp", x))?;
+    let qp = made.keep(qp, Made::Qp);
     let len = slot * slots;
     let pages = len.div_ceil(4096);
+    // Freed when dropped (on any error below too).
     let buf = dev
         .provider()
         .dma_pool()
@@ -174,6 +234,7 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
             },
         )
         .map_err(|x| e("reg_mr", x))?;
+    made.keep(mr, Made::Mr);
     Ok(Res {
         pd,
         cq,
@@ -187,10 +248,9 @@ fn setup(env: &mut Env<'_>, p: &Params, slot: u64, slots: u64) -> Result<Res, St
     })
 }
 
-fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>) {
+fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>, done: bool) {
     if let Some(id) = id {
-        let _ = cm::ib_send_cm_dreq(env.core, env.cm, id, &[]);
-        let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+        disconnect(env, id, done);
     }
     if let Some(dev) = env.core.device_mut(env.dev) {
         let _ = dev.destroy_qp(r.qp);
@@ -200,6 +260,50 @@ fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>) {
         let _ = dev.dealloc_pd(r.pd);
     }
     drop(r.buf);
+}
+
+/// Ends a connection (perftest's closing handshake, through the CM): a
+/// server that ran to the end (`done`) says so in its DREQ and waits for
+/// the client's DREP before it destroys the connection (a lost DREQ is
+/// sent again meanwhile); otherwise a plain DREQ (it fails, harmlessly, on
+/// a connection the peer already ended).
+pub(crate) fn disconnect(env: &mut Env<'_>, id: CmId, done: bool) {
+    let data: &[u8] = if done { DONE } else { &[] };
+    if cm::ib_send_cm_dreq(env.core, env.cm, id, data).is_ok() && done {
+        let _ = wait_cm(env, id, "the client's DREP", DREP_TIMEOUT);
+    }
+    let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+}
+
+/// The client's end of the closing handshake: waits for the server's DREQ
+/// saying it finished. The client ends nothing before that: its DREQ
+/// would take the server's QP to the error state while the server may
+/// still wait for the ACK of its last message (lost on the wire, sent
+/// again), which would end in a flush error there.
+pub(crate) fn await_done(env: &mut Env<'_>, id: CmId) -> Result<(), String> {
+    loop {
+        match wait_cm(env, id, "the server to finish (its DREQ)", CLOSE_TIMEOUT)? {
+            CmEvent::Disconnected {
+                by_peer: true,
+                private_data,
+                ..
+            } => {
+                return if private_data.starts_with(DONE) {
+                    Ok(())
+                } else {
+                    Err(String::from(
+                        "the server ended the connection before finishing the run (see its console)",
+                    ))
+                };
+            }
+            CmEvent::MraReceived { .. } | CmEvent::Established { .. } => {}
+            other => {
+                return Err(format!(
+                    "the connection ended while waiting for the server to finish ({other:?})"
+                ));
+            }
+        }
+    }
 }
 
 /// Runs one tool with `p` (server if `p.peer` is `None`), printing as
@@ -247,8 +351,10 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
         Ok(id) => (Ok(()), Some(id)),
         Err((msg, id)) => (Err(msg), id),
     };
+    // A server that ran to the end says so (the client waits for it).
+    let done = p.peer.is_none() && outcome.is_ok();
     match res {
-        Some(res) => teardown(env, res, id),
+        Some(res) => teardown(env, res, id, done),
         None => {
             if let Some(id) = id {
                 let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
@@ -556,6 +662,7 @@ fn client(
         drive_size(env, p, res, size, &reply, out).map_err(|m| (m, Some(id)))?;
     }
     let _ = writeln!(out, "{RESULT_LINE}");
+    await_done(env, id).map_err(|m| (m, Some(id)))?;
     Ok(id)
 }
 
@@ -635,6 +742,22 @@ fn poll(
     want: usize,
     what: &str,
     passive: bool,
+    on: impl FnMut(&Wc, u64) -> Result<(), String>,
+) -> Result<(), String> {
+    poll_inner(env, res, cq, want, what, passive, false, on)
+}
+
+/// [`poll`]; `flush_ok`: a flushed completion is handed to `on` too
+/// instead of ending the wait in an error.
+#[allow(clippy::too_many_arguments)]
+fn poll_inner(
+    env: &mut Env<'_>,
+    res: &Res,
+    cq: Cq,
+    want: usize,
+    what: &str,
+    passive: bool,
+    flush_ok: bool,
     mut on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut wc = [Wc::default(); 16];
@@ -649,7 +772,8 @@ fn poll(
             .map_err(|x| e("poll_cq", x))?;
         let t = now(env.core);
         for w in &wc[..n] {
-            if w.status != WcStatus::Success {
+            let flushed = flush_ok && w.status == WcStatus::WrFlushErr;
+            if w.status != WcStatus::Success && !flushed {
                 return Err(format!(
                     "Completion with error: status {} ({}: {}) wr_id {} syndrom {:#x} (waiting for {what})",
                     w.status.raw(),
@@ -1158,6 +1282,10 @@ fn one_op(
 
 /// The client's end-of-size SEND (the server's cue), with the count of
 /// messages as its immediate (what tells a `-D` server the run is over).
+/// Its completion may be a flush: the server got it, finished and
+/// disconnected before its ACK reached us (lost, or late); whether the
+/// server got it is then what its DREQ says ([`await_done`]): a run that
+/// goes on after a flushed one fails on the next message anyway.
 fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
     let s = sge(res, 0, 1);
     let wr = SendWr {
@@ -1170,13 +1298,14 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
     };
     post(env, res.qp, &wr)?;
     let cq = res.cq;
-    poll(
+    poll_inner(
         env,
         res,
         cq,
         1,
         "the end-of-size SEND's completion",
         false,
+        true,
         |_, _| Ok(()),
     )
 }

@@ -143,7 +143,7 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "perfquery",
-        usage: "perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]",
+        usage: "perfquery [-x] [-a] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]",
         help: "port counters through the PMA, as infiniband-diags' tool",
         run: super::diags::perfquery,
     },

@@ -56,7 +56,8 @@ fn run(
     })
 }
 
-/// `perfquery [-x] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]`.
+/// `perfquery [-x] [-a] [-G] [-C CA] [-P PORT] [LID|GUID [PORT]]` (PORT 255
+/// or `-a`: all ports added up).
 pub fn perfquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     run(out, args, true, |core, sa, src, args, _, out| {
         diags::perfquery_sa(core, sa, src, args, out)
