@@ -848,6 +848,16 @@ pub fn build_owed(hdr: &Headers, payload: &[u8]) -> Result<Vec<u8>, PacketError>
     Ok(v)
 }
 
+/// Whether `b` still carries the placeholders [`build_owed_with`] leaves
+/// where the ICRC and VCRC go (six zero bytes): only such a packet may be
+/// taken as owing its CRCs. A packet with real CRCs (a sealed one, maybe
+/// damaged since) has them checked, whatever its sender said; one whose
+/// ICRC and VCRC are both zero by chance (one in 2^48) would pass as owed.
+pub fn crcs_owed(b: &[u8]) -> bool {
+    b.len() >= LRH_LEN + BTH_LEN + ICRC_LEN + VCRC_LEN
+        && b[b.len() - ICRC_LEN - VCRC_LEN..].iter().all(|&x| x == 0)
+}
+
 /// Computes the ICRC and VCRC of a packet whose CRCs are owed (the last
 /// six bytes, whatever they hold, are overwritten).
 pub fn seal_owed(b: &mut [u8]) -> Result<(), PacketError> {

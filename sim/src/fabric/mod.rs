@@ -70,6 +70,11 @@
 //! that cannot fail; every other check (LRH version and length, routing,
 //! headers, keys, PSNs) is made as before, and every packet that was
 //! sealed (by a peer, a test, a fault, a capture) is checked in full.
+//! The owed state is never a sender's word alone: a packet is taken as
+//! owing its CRCs only while its last six bytes are still the builder's
+//! placeholders ([`crate::packet::crcs_owed`], checked when it is sent
+//! and again by each switch), so a packet with real CRCs handed to
+//! [`Fabric::transmit_owed`] keeps them and is checked like any other.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -703,7 +708,9 @@ impl Fabric {
             return false;
         }
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
-        let mut owed = owed;
+        // Owed only while the bytes say so: a packet with real CRCs keeps
+        // them and is checked at every hop and by its receiver.
+        let mut owed = owed && crate::packet::crcs_owed(&pkt.bytes);
         if owed && (!self.faults.rules.is_empty() || self.capture.is_some()) {
             // A fault may change the bytes, a capture shows them: the
             // sender's CRCs first.

@@ -28,7 +28,10 @@
 //! every packet sent; a bad VCRC, a wrong LRH length, a VL15 packet that
 //! is not an SMP or a permissive DLID off VL15 counts PortRcvErrors (a
 //! switch reads only the LRH and VCRC of a packet it forwards, so other
-//! transport-level faults reach the receiving HCA); an unknown or unroutable DLID counts
+//! transport-level faults reach the receiving HCA), and so does a bad
+//! ICRC on a packet the SMA or PMA takes (port 0 is its end port); a
+//! packet said to owe its CRCs is checked unless it provably does
+//! ([`Switch::receive_crc_owed`]); an unknown or unroutable DLID counts
 //! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards
 //! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
 //! VL15Dropped; a packet whose egress link is down or not Active counts
@@ -57,6 +60,9 @@ pub const LFT_CAP: usize = 0xc000;
 pub const PKEY_CAP: usize = 32;
 /// An LFT entry with no port.
 pub const LFT_NONE: u8 = 0xff;
+
+/// Why a packet for port 0 with a bad ICRC was dropped.
+const BAD_ICRC: &str = "bad ICRC on a packet for the switch's SMA or PMA";
 
 /// PMA PortCounters and PortCountersExtended of one switch port. Kept
 /// 64-bit; PortCounters reports them saturated at their field widths.
@@ -389,10 +395,17 @@ impl Switch {
         }
     }
 
-    /// [`Switch::receive`]; with `crc_owed` the packet's CRCs are owed
-    /// (only for a packet [`Switch::only_forwards`]): the link-level checks
-    /// are made except the VCRC comparison, which cannot fail.
-    pub fn receive_crc_owed(&mut self, in_port: u8, pkt: Packet, crc_owed: bool) -> Action {
+    /// [`Switch::receive`] for a packet its sender says owes its CRCs
+    /// (`crc_owed`; `crate::fabric`, "CRCs owed"). The claim is not taken
+    /// on trust: it holds only while the bytes still carry the placeholders
+    /// [`packet::build_owed_with`] leaves ([`packet::crcs_owed`]); a packet
+    /// with real CRCs is checked like any other, so a damaged one is
+    /// dropped and counted (PortRcvErrors). A packet that does owe its CRCs
+    /// and that this switch only forwards skips the VCRC comparison alone
+    /// (there is no VCRC yet, and nothing changed the bytes since they were
+    /// built); one its SMA or PMA takes gets its CRCs computed first and is
+    /// then checked as every packet port 0 takes.
+    pub fn receive_crc_owed(&mut self, in_port: u8, mut pkt: Packet, crc_owed: bool) -> Action {
         if in_port == 0 || in_port > self.nports() {
             return Action::Drop("no such ingress port");
         }
@@ -401,9 +414,14 @@ impl Switch {
             c.rcv_pkts += 1;
             c.rcv_data += words(pkt.bytes.len());
         }
+        let mut owed = crc_owed && packet::crcs_owed(&pkt.bytes);
+        if owed && !self.only_forwards(&pkt.bytes) {
+            let _ = packet::seal_owed(&mut pkt.bytes);
+            owed = false;
+        }
         // Link level, at every hop: LRH version, packet length, VCRC. A
         // switch reads no further to forward a packet.
-        let lrh = match link_check(&pkt.bytes, !crc_owed) {
+        let lrh = match link_check(&pkt.bytes, !owed) {
             Ok(l) => l,
             Err(_) => {
                 self.ingress(in_port).rcv_errors += 1;
@@ -435,6 +453,9 @@ impl Switch {
                 self.ingress(in_port).rcv_errors += 1;
                 return Action::Drop("malformed packet for the switch");
             };
+            if !self.end_port_check(in_port, &pkt.bytes) {
+                return Action::Drop(BAD_ICRC);
+            }
             return self.receive_gmp(in_port, &pkt.bytes, &parsed);
         }
         match self.route(lrh.dlid) {
@@ -456,8 +477,30 @@ impl Switch {
         }
     }
 
+    /// The ICRC of a packet port 0 takes (the SMA's SMPs, every
+    /// directed-route one included since the SMI rewrites it at each hop,
+    /// and the PMA's GMPs): port 0 is that packet's end port, which checks
+    /// the end-to-end CRC a forwarding switch leaves alone. A bad one
+    /// counts PortRcvErrors on the ingress port.
+    fn end_port_check(&mut self, in_port: u8, bytes: &[u8]) -> bool {
+        let ok = packet::check_crcs(bytes).is_ok();
+        if !ok {
+            self.ingress(in_port).rcv_errors += 1;
+        }
+        ok
+    }
+
     fn receive_smp(&mut self, in_port: u8, bytes: &[u8], p: &packet::Parsed) -> Action {
         let mad = p.payload(bytes);
+        let dlid = p.hdr.lrh.dlid;
+        // Directed route (taken by the SMA at every hop), or for this
+        // switch: the SMA's. Its CRCs before anything reads the MAD.
+        let for_sma = mad.get(1) == Some(&mgmt_class::SUBN_DIRECTED_ROUTE)
+            || dlid == PERMISSIVE_LID
+            || self.is_own_lid(dlid);
+        if for_sma && !self.end_port_check(in_port, bytes) {
+            return Action::Drop(BAD_ICRC);
+        }
         let smp = match Smp::parse(mad) {
             Ok(s) if s.hdr.base_version == 1 && s.hdr.class_version == 1 => s,
             _ => {
@@ -469,8 +512,7 @@ impl Switch {
             return self.receive_dr(in_port, p, smp);
         }
         // LID routed.
-        let dlid = p.hdr.lrh.dlid;
-        if dlid == PERMISSIVE_LID || self.is_own_lid(dlid) {
+        if for_sma {
             if smp.hdr.method & 0x80 != 0 {
                 self.ingress(in_port).vl15_dropped += 1;
                 return Action::Drop("a response for the switch's SM (there is none)");

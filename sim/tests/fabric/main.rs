@@ -6,6 +6,7 @@
 mod bench;
 mod capture;
 mod common;
+mod crc;
 mod faults;
 mod fuzz;
 mod switch;
