@@ -155,11 +155,16 @@ fn memory_sizes_reach_qemu_and_the_shared_ram_file_alike() {
     }
 }
 
-/// The QEMU lines a dry run prints, in node order (the emulator's line,
-/// which does not start with QEMU, left out).
+/// The QEMU lines a dry run prints, in node order (the emulator's line
+/// left out): the system's QEMU, or for `--vfu` the one scripts/qemu-vfu.sh
+/// fetched under `target/`, named by its path.
 fn qemu_lines(out: &str) -> Vec<&str> {
     out.lines()
-        .filter(|l| l.starts_with("qemu-system-x86_64 "))
+        .filter(|l| {
+            l.split(' ')
+                .next()
+                .is_some_and(|cmd| cmd.rsplit('/').next() == Some("qemu-system-x86_64"))
+        })
         .collect()
 }
 
