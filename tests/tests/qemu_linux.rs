@@ -211,8 +211,9 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
     let oall = format!("{}\n--- cx3-vfu ---\n{}", o.transcript, o.stderr);
     assert_eq!(o.status, 0, "{oall}");
     assert!(o.stderr.contains("violations 0, DMA faults 0"), "{oall}");
-    // ibv_devinfo: the values that come from the card (not from the driver's
-    // profile, its port bring-up, or the verbs it adds).
+    // ibv_devinfo: the values that come from the card, and the port states
+    // INIT_PORT brings about (not what comes from the driver's profile or
+    // the verbs it adds).
     let lin = fields(&l.transcript, "hca_id:", "# ");
     let ours = fields(&o.transcript, "hca_id:", "lego>");
     for k in [
@@ -237,6 +238,10 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "max_srq_sge",
         "max_pkeys",
         "local_ca_ack_delay",
+        "port1.state",
+        "port1.phys_state",
+        "port2.state",
+        "port2.phys_state",
         "port1.max_mtu",
         "port1.link_layer",
         "port1.max_msg_sz",
@@ -256,8 +261,9 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
             "ibv_devinfo {k}: Linux vs ours\n{all}\n{oall}"
         );
     }
-    // ibstat: everything but the port states (Linux's mlx4_ib has run
-    // INIT_PORT; our kernel has no mlx4_ib yet, so its ports are down).
+    // ibstat: all of it, the port states too (both stacks have run
+    // INIT_PORT on both ports; with no SM the cabled port stays
+    // Initializing on a live link, the other Polling).
     let lin = fields(&l.transcript, "CA 'mlx4_0'", "# ");
     let ours = fields(&o.transcript, "CA 'mlx4_0'", "lego>");
     for k in [
@@ -267,6 +273,8 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "Hardware version",
         "Node GUID",
         "System image GUID",
+        "port1.State",
+        "port1.Physical state",
         "port1.Rate",
         "port1.Base lid",
         "port1.LMC",
@@ -274,6 +282,8 @@ fn linux_mlx4_probes_the_model_and_agrees_with_our_kernel() {
         "port1.Capability mask",
         "port1.Port GUID",
         "port1.Link layer",
+        "port2.State",
+        "port2.Physical state",
         "port2.Capability mask",
         "port2.Port GUID",
     ] {

@@ -150,7 +150,7 @@ fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> Cmd
             let _ = writeln!(
                 out,
                 "\t\t\tphys_state:\t\t{} ({})",
-                hca::phys_state_name(p.phys_state).to_ascii_uppercase(),
+                devinfo_phys_state(p.phys_state),
                 p.phys_state
             );
             let _ = writeln!(out, "\t\t\trate:\t\t\t{g}.{t} Gb/s");
@@ -158,6 +158,22 @@ fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> Cmd
         let _ = writeln!(out);
     }
     Ok(())
+}
+
+/// ibv_devinfo's words for a physical port state, which are not ibstat's
+/// (`LINK_UP` where ibstat says `LinkUp`; rdma-core keeps the misspelt
+/// training state as users grep for it).
+fn devinfo_phys_state(s: u8) -> &'static str {
+    match s {
+        1 => "SLEEP",
+        2 => "POLLING",
+        3 => "DISABLED",
+        4 => "PORT_CONFIGURATION TRAINNING",
+        5 => "LINK_UP",
+        6 => "LINK_ERROR_RECOVERY",
+        7 => "PHY TEST",
+        _ => "invalid physical state",
+    }
 }
 
 fn width_name(w: u8) -> &'static str {
