@@ -1436,7 +1436,17 @@ fn duplicate(hca: &mut Hca, d: &QpEng, h: &Headers, op: u8, psn: u32, exp: u32, 
                 read_response(hca, d, h, psn, Seg::default(), 0);
                 return;
             }
-            if let Ok(xl) = xlate::check(hca, r.rkey, d.pd, Access::RemoteRead, r.va, len, false) {
+            let xl = xlate::check_qp(
+                hca,
+                r.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteRead,
+                r.va,
+                len,
+                false,
+            );
+            if let Ok(xl) = xl {
                 let seg = Seg {
                     addr: r.va,
                     len,
@@ -1681,8 +1691,16 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
                 return;
             }
             let len = u64::from(r.dma_len);
-            let Ok(xl) = xlate::check(hca, r.rkey, d.pd, Access::RemoteWrite, r.va, len, false)
-            else {
+            let Ok(xl) = xlate::check_qp(
+                hca,
+                r.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteWrite,
+                r.va,
+                len,
+                false,
+            ) else {
                 fail(hca, d, Syndrome::RemoteAccess, None, eqe::WQ_ACCESS_ERROR);
                 return;
             };

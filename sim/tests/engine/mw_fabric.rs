@@ -241,6 +241,38 @@ fn send_with_invalidate_of_a_bad_key_is_naked_invalid_request() {
     }
 }
 
+#[test]
+fn a_type2_window_refuses_requests_arriving_at_another_qp() {
+    // Bound through B's QP 0x94: A's 0x84 (connected to it) may use it;
+    // A's 0x80 (connected to 0x90) may not, for each operation, one
+    // packet or several.
+    let cases = [
+        (op::RDMA_WRITE, 8u32),
+        (op::RDMA_WRITE, 10_000),
+        (op::RDMA_READ, 8),
+        (op::RDMA_READ, 10_000),
+        (op::ATOMIC_FA, 8),
+    ];
+    for (opc, len) in cases {
+        let mut f = setup();
+        let k = bind2(&mut f, false, 16_384, acc::RR | acc::RW | acc::RA);
+        let data = Rng(7).bytes(len as usize);
+        f.la.write(0, &data);
+        let c = rdma(&mut f, true, opc, k, len);
+        assert!(c.ok(), "{opc:#x} {len} at the bound QP: {c:?}");
+        if opc == op::RDMA_WRITE {
+            assert_eq!(f.pm.read(0, len as usize), data);
+        }
+        let before = f.pm.read(0, len as usize);
+        f.la.write(0, &vec![0x5a; len as usize]);
+        let c = rdma(&mut f, false, opc, k, len);
+        assert_eq!(err(&c), REM_ACCESS, "{opc:#x} {len} at another QP");
+        assert_eq!(f.b.qp_state(f.qb.qpn), ERR, "{opc:#x} {len}");
+        assert_eq!(f.pm.read(0, len as usize), before, "nothing written");
+        f.a.assert_no_violations();
+    }
+}
+
 /// SEND Only and SEND Last with Invalidate as they cross the switch,
 /// dissected by `tshark -V`: the opcodes and the IETH's R_Key decode, no
 /// malformed frame, no expert info.
