@@ -449,3 +449,103 @@ fn firmware_window_entries() {
     let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 8, &mut f);
     assert_eq!(err(&c).0, REM_ACCESS);
 }
+
+fn be32(b: &[u8], o: usize) -> u32 {
+    u32::from_be_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn be64(b: &[u8], o: usize) -> u64 {
+    u64::from_be_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+fn query_mpt(h: &mut Hca, key: u32) -> Vec<u8> {
+    h.r.cmd_out(key >> 8, 0, Opcode::QUERY_MPT).unwrap()
+}
+
+#[test]
+fn the_binding_is_in_the_window_entry_and_a_parent_with_windows_stays() {
+    let mut f = setup();
+    let pidx = f.pm.key >> 8;
+    let k2 = f.h.mw(PD, true);
+    let k1 = f.h.mw(PD, false);
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    let c = bind(
+        true,
+        bind_seg(
+            k2,
+            f.pm.key,
+            f.pm.addr(512),
+            1024,
+            acc::RR | acc::RW,
+            true,
+            false,
+        ),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    // QUERY_MPT of the window: key, start, length, rights, bound QP.
+    let e = query_mpt(&mut f.h, k2);
+    assert_eq!(be32(&e, 0x08), k2.rotate_left(24), "key");
+    assert_eq!((be64(&e, 0x10), be64(&e, 0x18)), (f.pm.addr(512), 1024));
+    assert_eq!(be32(&e, 0x00) & 0x7000, (acc::RR | acc::RW) & 0x7000);
+    assert_eq!(be32(&e, 0x04) >> 8, f.b.qpn, "bound QP");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 1, "win_cnt");
+    let c = bind(
+        false,
+        bind_seg(k1, f.pm.key, f.pm.addr(0), 64, acc::RR, false, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 2, "win_cnt");
+    // Deregistering the parent is refused while windows are bound; the
+    // windows keep working.
+    assert_eq!(
+        f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT),
+        Err(CmdError::Status(Status::REG_BOUND))
+    );
+    let c = rdma(op::RDMA_READ, f.pm.addr(512), k2, 0, 16, &mut f);
+    assert!(c.ok(), "still bound: {c:?}");
+    // Invalidating the type 2 window and unbinding the type 1 window (a
+    // zero-length bind) drop the count; then the parent goes.
+    f.b.post(
+        &f.h,
+        &Wr {
+            opcode: op::LOCAL_INVAL,
+            signalled: true,
+            raw: Some(inval_seg(k2)),
+            ..Wr::default()
+        },
+    );
+    assert!(one(&mut f.cq, true).ok());
+    let e = query_mpt(&mut f.h, k2);
+    assert_eq!((be64(&e, 0x18), be32(&e, 0x00) & 0x7000), (0, 0), "unbound");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 1, "win_cnt");
+    assert_eq!(
+        f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT),
+        Err(CmdError::Status(Status::REG_BOUND))
+    );
+    let c = bind(
+        false,
+        bind_seg(k1, f.pm.key, f.pm.addr(0), 0, acc::RR, false, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT).unwrap();
+
+    // Freeing a bound window (HW2SW_MPT of the window, Linux mlx4_mw_free)
+    // releases its parent too; the mailbox shows the binding.
+    let mut f = setup();
+    let pidx = f.pm.key >> 8;
+    let k = f.h.mw(PD, true);
+    let c = bind(
+        true,
+        bind_seg(k, f.pm.key, f.pm.addr(0), 256, acc::RR, true, false),
+        &mut f,
+    );
+    assert!(c.ok(), "{c:?}");
+    let e = f.h.r.cmd_out(k >> 8, 0, Opcode::HW2SW_MPT).unwrap();
+    assert_eq!((be32(&e, 0x08), be64(&e, 0x18)), (k.rotate_left(24), 256));
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT).unwrap();
+}
