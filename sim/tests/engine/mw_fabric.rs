@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use sim::fabric::Topology;
+use sim::fabric::{FaultKind, FaultRule, Topology};
+use sim::packet::opcode;
 use sim::{SimConfig, SimHca, Wire};
 
 use crate::loopback::one;
@@ -270,6 +271,40 @@ fn a_type2_window_refuses_requests_arriving_at_another_qp() {
         assert_eq!(f.b.qp_state(f.qb.qpn), ERR, "{opc:#x} {len}");
         assert_eq!(f.pm.read(0, len as usize), before, "nothing written");
         f.a.assert_no_violations();
+    }
+}
+
+/// A SEND with Invalidate whose ACK is lost: the requester resends it
+/// after the ACK timeout; the responder answers the duplicate with an ACK
+/// without checking the key again (it is already invalidated) or
+/// delivering the message twice, and the send completes with success.
+#[test]
+fn a_resent_send_with_invalidate_is_acked_as_a_duplicate() {
+    for len in [21u32, 10_000] {
+        let mut f = setup();
+        let k = bind2(&mut f, true, 4096, acc::RW);
+        f.qb.post_recv(&[f.rb.sge(0, 16_384)]);
+        f.qb.post_recv(&[f.rb.sge(16_384, 16_384)]);
+        f._w.fabric().lock().unwrap().faults.add(
+            FaultRule::new(FaultKind::Drop)
+                .qpn(f.qa.qpn)
+                .opcode(opcode::RC | opcode::ACKNOWLEDGE)
+                .times(1),
+        );
+        send_inval(&mut f, k, len);
+        assert!(f.ca.drain().is_empty(), "{len}: the ACK was lost");
+        // The ACK timeout (4.2 ms) passes; the resent SEND is a duplicate.
+        wait_steps(&f.a.r, Duration::from_millis(6));
+        let s = one(&mut f.ca, true);
+        assert!(s.ok(), "{len}: {s:?}");
+        let r = f.cb.drain();
+        assert_eq!(r.len(), 1, "{len}: delivered once: {r:?}");
+        assert_eq!((r[0].opcode, r[0].imm, r[0].wqe_counter), (3, k, 0));
+        assert_eq!(f.b.qp_state(f.qb.qpn), 3, "{len}: responder still RTS");
+        let c = rdma(&mut f, false, op::RDMA_WRITE, k, 8);
+        assert_eq!(err(&c), REM_ACCESS, "{len}: the key stays invalidated");
+        f.a.assert_no_violations();
+        f.b.assert_no_violations();
     }
 }
 
