@@ -663,11 +663,6 @@ fn execute_in(
             return Outcome::Blocked;
         }
         respond(hca, &msg, &segs[..nseg], wqe)
-    } else if attached && active && inv.is_some() {
-        hca.violation(format!(
-            "QP {qpn:#x} SQ WQE {idx}: SEND with Invalidate over a fabric link is not modelled"
-        ));
-        return Outcome::Fail(Syndrome::LocalQpOp);
     } else if attached && (active || q.st == st::RC || retx.is_some()) {
         let mtu_w = if q.st == st::UD { mtu.max(len) } else { mtu };
         let w = super::wire::WqeRef {

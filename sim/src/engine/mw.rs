@@ -3,12 +3,37 @@
 //! and type 2 (2B) windows, R_Key checks through a bound window (its own
 //! bounds, rights, PD and, for type 2, the QP it is bound to, then the
 //! parent MR's translation), LOCAL_INVAL and SEND with Invalidate of a
-//! type 2 window; left out: invalidation of MR keys (fast-register MRs are
-//! not modelled, so such a key fails), the parent MR's window count
-//! (HW2SW_MPT of a parent with bound windows is not refused; an access
-//! through the window then fails the parent's key check), and writing the
-//! bound state back into the window's dMPT entry (QUERY_MPT shows the
-//! entry as SW2HW_MPT left it).
+//! type 2 window (in loopback and across a link, where the R_Key travels in
+//! the IETH of SEND Only/Last with Invalidate, [`super::wire`]), the bound
+//! state in the window's dMPT entry and the parent's window count; left
+//! out: invalidation of MR keys (fast-register MRs are not modelled, so
+//! such a key fails), and the status nibble of a type 2 window's entry
+//! (free/valid; the model keeps the type in the firmware's MPT state and
+//! the entry's status reads "hardware owned" throughout).
+//!
+//! # The window's dMPT entry and the parent's `win_cnt`
+//!
+//! Every bind, unbind and invalidation writes the window's state into its
+//! dMPT entry (Linux `struct mlx4_mpt_entry`, the fields `mlx4_mw_enable`
+//! fills): the R_Key in hardware-index form at 0x08, start at 0x10, length
+//! at 0x18, the remote rights in the flags dword (bits 12-14, as a
+//! region's) and, for type 2, the bound QP in bits 31:8 of the QPN dword at
+//! 0x04 (the low byte, with Linux's bound-QP flag bit 7, kept). An unbound
+//! window reads length 0, no rights, QPN 0, its last key. QUERY_MPT and the
+//! mailbox of HW2SW_MPT show it. The parent region's `win_cnt` (0x24)
+//! counts the windows bound to it, both types.
+//!
+//! HW2SW_MPT of a region with windows bound is refused with status
+//! REG_BOUND (0x21) and the region stays with the hardware, its windows
+//! working. Sources: Linux mlx4 `cmd.c` names status 0x21 "Memory Region
+//! has Memory Windows bound to" (mapped to -EBUSY) and
+//! `mlx4_closing_cmd_fatal_error` excepts exactly that status of
+//! HW2SW_MPT from the fatal errors ("memory region has memory windows
+//! bound to it"); `mlx4_mr_free_reserved` then keeps the MR enabled;
+//! libibverbs `ibv_alloc_mw(3)`: "ibv_dereg_mr() fails if any memory
+//! window is still bound to this MR". HW2SW_MPT of a bound window itself succeeds and releases it from its
+//! parent (`ibv_dealloc_mw(3)`: deallocation unbinds; Linux
+//! `mlx4_mw_free` is a plain HW2SW_MPT).
 //!
 //! Bind segment (32 bytes after the control segment; Linux 3.11
 //! `mlx4_wqe_bind_seg`, rdma-core libmlx4 `wqe.h`, same layout): 0x00
@@ -59,11 +84,13 @@
 //! * Windows are checked only through their R_Key: a window key used as a
 //!   local key is refused as a non-region.
 
+use super::QpEng;
 use super::cq::Syndrome;
 use super::exec::Outcome;
 use super::xlate::{self, Access, KeyError, Xl};
-use super::{Engine, QpEng};
+use crate::ctx::mpt;
 use crate::device::Hca;
+use crate::icm::Table;
 use crate::layout::{get32, get64};
 
 /// Bind flags1: remote read, remote write, remote atomic.
@@ -134,9 +161,72 @@ fn window(hca: &mut Hca, idx: u32) -> Option<Window> {
     Some(w)
 }
 
-/// Forgets window state at `idx` (SW2HW_MPT / HW2SW_MPT).
-pub fn forget(e: &mut Engine, idx: u32) {
-    e.mws.remove(&idx);
+/// Forgets window state at `idx` (SW2HW_MPT / HW2SW_MPT); a window that
+/// was bound no longer counts in its parent's `win_cnt`.
+pub fn forget(hca: &mut Hca, idx: u32) {
+    let gone = hca.engine.mws.remove(&idx).and_then(|w| w.bound);
+    if let Some(b) = gone {
+        let p = xlate::key_index(hca, b.parent);
+        write_win_cnt(hca, p);
+    }
+}
+
+/// Windows bound to the region at dMPT `idx` (its `win_cnt`).
+pub fn windows_on(hca: &mut Hca, idx: u32) -> u32 {
+    // The index mask (dMPT entries - 1): the index bits of an all-ones key.
+    let mask = xlate::key_index(hca, u32::MAX);
+    hca.engine
+        .mws
+        .values()
+        .filter_map(|w| w.bound)
+        .filter(|b| b.parent.rotate_left(24) & mask == idx)
+        .count() as u32
+}
+
+/// Writes the parent region's window count into its dMPT entry.
+fn write_win_cnt(hca: &mut Hca, pidx: u32) {
+    let n = windows_on(hca, pidx);
+    if let Ok(g) = hca.geo() {
+        let va = g.va(Table::Dmpt, u64::from(pidx)) + mpt::WIN_CNT as u64;
+        let _ = hca.icm_write(va, &n.to_be_bytes());
+    }
+}
+
+/// Writes window `idx`'s binding into its dMPT entry (a QUERY_MPT or
+/// HW2SW_MPT sees it), and the window counts of the parent it left and
+/// the parent it is now bound to.
+fn write_back(hca: &mut Hca, idx: u32, old: Option<Bound>, new: Option<Bound>) {
+    let Ok(g) = hca.geo() else {
+        return;
+    };
+    let va = g.va(Table::Dmpt, u64::from(idx));
+    let mut e = [0u8; mpt::SIZE];
+    if hca.icm_read(va, &mut e).is_err() {
+        return;
+    }
+    let rights = MPT_RR | MPT_RW | MPT_RA;
+    let b = new.unwrap_or(Bound {
+        key: old.map_or(0, |o| o.key),
+        start: 0,
+        len: 0,
+        access: 0,
+        zero_based: false,
+        parent: 0,
+        qpn: None,
+    });
+    let flags = get32(&e, mpt::FLAGS) & !rights | b.access;
+    let qpn = get32(&e, mpt::QPN) & 0xff | b.qpn.map_or(0, |q| q << 8);
+    e[mpt::FLAGS..mpt::FLAGS + 4].copy_from_slice(&flags.to_be_bytes());
+    e[mpt::QPN..mpt::QPN + 4].copy_from_slice(&qpn.to_be_bytes());
+    e[mpt::KEY..mpt::KEY + 4].copy_from_slice(&b.key.rotate_left(24).to_be_bytes());
+    e[mpt::START..mpt::START + 8].copy_from_slice(&b.start.to_be_bytes());
+    e[mpt::LENGTH..mpt::LENGTH + 8].copy_from_slice(&b.len.to_be_bytes());
+    let _ = hca.icm_write(va, &e);
+    hca.engine.mpts.remove(&idx);
+    for p in [old, new].into_iter().flatten() {
+        let pidx = xlate::key_index(hca, p.parent);
+        write_win_cnt(hca, pidx);
+    }
 }
 
 /// Checks R_Key `key` (dMPT `idx`, a window entry) for a remote access by
@@ -234,6 +324,7 @@ pub(super) fn bind(hca: &mut Hca, q: &QpEng, wqe: &[u8]) -> Outcome {
     if access & (MPT_RW | MPT_RA) != 0 && parent.flags & MPT_LW == 0 {
         return fail;
     }
+    let old = w.bound;
     w.bound = if !type2 && len == 0 {
         None
     } else {
@@ -248,6 +339,7 @@ pub(super) fn bind(hca: &mut Hca, q: &QpEng, wqe: &[u8]) -> Outcome {
         })
     };
     hca.engine.mws.insert(idx, w);
+    write_back(hca, idx, old, w.bound);
     Outcome::Done { byte_cnt: 0 }
 }
 
@@ -281,6 +373,7 @@ pub(super) fn invalidate(
     if commit {
         w.bound = None;
         hca.engine.mws.insert(idx, w);
+        write_back(hca, idx, Some(b), None);
     }
     Ok(())
 }

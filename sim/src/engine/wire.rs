@@ -534,7 +534,7 @@ fn msg_from(h: &Headers, st_: u8, src_qpn: u32, dst_qpn: u32, port: u8, len: u64
             b
         }),
         npkts: 1,
-        inv: None,
+        inv: h.ieth,
     }
 }
 
@@ -673,6 +673,13 @@ pub(super) fn send(
                     (false, false, true, false) => opcode::RDMA_WRITE_LAST,
                     (false, false, true, true) => opcode::RDMA_WRITE_LAST_IMM,
                 };
+                // SEND with Invalidate: its last packet carries the R_Key
+                // in an IETH (IBTA 9.4.1.1; opcodes 0x16/0x17).
+                let o = match m.inv {
+                    Some(_) if send && last && first => opcode::SEND_ONLY_INV,
+                    Some(_) if send && last => opcode::SEND_LAST_INV,
+                    _ => o,
+                };
                 if !up {
                     discard(hca, port);
                     continue;
@@ -684,6 +691,7 @@ pub(super) fn send(
                 hd.bth.se = last && m.se;
                 if last {
                     hd.imm = m.imm;
+                    hd.ieth = m.inv;
                 }
                 if !send && first {
                     hd.reth = Some(Reth {
@@ -1452,7 +1460,17 @@ fn duplicate(hca: &mut Hca, d: &QpEng, h: &Headers, op: u8, psn: u32, exp: u32, 
                 read_response(hca, d, h, psn, Seg::default(), 0);
                 return;
             }
-            if let Ok(xl) = xlate::check(hca, r.rkey, d.pd, Access::RemoteRead, r.va, len, false) {
+            let xl = xlate::check_qp(
+                hca,
+                r.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteRead,
+                r.va,
+                len,
+                false,
+            );
+            if let Ok(xl) = xl {
                 let seg = Seg {
                     addr: r.va,
                     len,
@@ -1529,6 +1547,7 @@ fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: &[u8]) {
     let only = is(&[
         opcode::SEND_ONLY,
         opcode::SEND_ONLY_IMM,
+        opcode::SEND_ONLY_INV,
         opcode::RDMA_WRITE_ONLY,
         opcode::RDMA_WRITE_ONLY_IMM,
         opcode::RDMA_READ_REQUEST,
@@ -1630,12 +1649,17 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
         op,
         opcode::SEND_LAST
             | opcode::SEND_LAST_IMM
+            | opcode::SEND_LAST_INV
             | opcode::RDMA_WRITE_LAST
             | opcode::RDMA_WRITE_LAST_IMM
     );
     let send = matches!(
         op,
-        opcode::SEND_FIRST | opcode::SEND_MIDDLE | opcode::SEND_LAST | opcode::SEND_LAST_IMM
+        opcode::SEND_FIRST
+            | opcode::SEND_MIDDLE
+            | opcode::SEND_LAST
+            | opcode::SEND_LAST_IMM
+            | opcode::SEND_LAST_INV
     );
     let fail = |hca: &mut Hca, d: &QpEng, s: Syndrome, local: Option<Syndrome>, ev: u8| {
         if let Some(qm) = hca.engine.qps.get_mut(&d.qpn) {
@@ -1691,8 +1715,16 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
                 return;
             }
             let len = u64::from(r.dma_len);
-            let Ok(xl) = xlate::check(hca, r.rkey, d.pd, Access::RemoteWrite, r.va, len, false)
-            else {
+            let Ok(xl) = xlate::check_qp(
+                hca,
+                r.rkey,
+                Some(d.qpn),
+                d.pd,
+                Access::RemoteWrite,
+                r.va,
+                len,
+                false,
+            ) else {
                 fail(hca, d, Syndrome::RemoteAccess, None, eqe::WQ_ACCESS_ERROR);
                 return;
             };
@@ -1724,6 +1756,20 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
         rx: Some(rx.clone()),
         ..d.clone()
     };
+    // SEND with Invalidate: the key is checked before the last packet's
+    // data lands (as in loopback, super::mw).
+    if let Some(k) = h.ieth
+        && super::mw::invalidate(hca, k, d.qpn, d.pd, true, false).is_err()
+    {
+        fail(
+            hca,
+            &d,
+            Syndrome::RemoteInvalidReq,
+            Some(Syndrome::LocalAccess),
+            eqe::WQ_INVAL_REQ_ERROR,
+        );
+        return;
+    }
     // Data.
     if send {
         let need = rx.off + payload.len() as u64;
@@ -1799,17 +1845,21 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
                 srq_next,
                 malformed: false,
             };
+            if let Some(k) = h.ieth {
+                let _ = super::mw::invalidate(hca, k, d.qpn, d.pd, true, true);
+            }
             exec::rq_commit(hca, d.qpn, &rw);
             hca.engine.stats.received += 1;
             let c = Cqe {
                 qpn: d.qpn,
-                opcode: match (send, imm) {
-                    (true, false) => cq::rcv_op::SEND,
-                    (true, true) => cq::rcv_op::SEND_IMM,
+                opcode: match (send, imm, h.ieth.is_some()) {
+                    (true, _, true) => cq::rcv_op::SEND_INVAL,
+                    (true, false, _) => cq::rcv_op::SEND,
+                    (true, true, _) => cq::rcv_op::SEND_IMM,
                     _ => cq::rcv_op::RDMA_WRITE_IMM,
                 },
                 byte_cnt: rx.off as u32,
-                imm: h.imm.unwrap_or(0),
+                imm: h.imm.or(h.ieth).unwrap_or(0),
                 wqe_counter: counter,
                 solicited: h.bth.se,
                 ..Cqe::default()

@@ -187,7 +187,7 @@ pub fn check_qp(
 /// Drops cached MPT `idx` (SW2HW/HW2SW) and the MTT cache.
 pub fn forget_mpt(hca: &mut Hca, idx: u32) {
     hca.engine.mpts.remove(&idx);
-    super::mw::forget(&mut hca.engine, idx);
+    super::mw::forget(hca, idx);
     forget_mtts(hca);
 }
 

@@ -465,6 +465,11 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
 pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let idx = index(hca, cmd)?;
     let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
+    // A region with memory windows bound to it stays with the hardware:
+    // REG_BOUND (sources in engine::mw).
+    if crate::engine::mw::windows_on(hca, idx) > 0 {
+        return Err(Status::REG_BOUND);
+    }
     if hw2sw_mailbox(cmd)? {
         ctx_out(hca, cmd, va, mpt::SIZE)?;
     }

@@ -17,5 +17,6 @@ mod fuzz;
 mod loopback;
 mod mlx;
 mod mw;
+mod mw_fabric;
 mod rings;
 mod window;

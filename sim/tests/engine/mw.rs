@@ -74,12 +74,60 @@ fn bind(on_b: bool, seg: Vec<u8>, f: &mut Fx) -> Cqe {
     one(&mut f.cq, true)
 }
 
+/// Binds `seg` through b (`on_b`) or a and expects success.
+fn bind_ok(on_b: bool, seg: Vec<u8>, f: &mut Fx) {
+    let c = bind(on_b, seg, f);
+    assert!(c.ok(), "bind: {c:?}");
+    assert_eq!(c.opcode, op::BIND_MW);
+}
+
+/// A new window (type 2 if `type2`, not zero-based) bound through b
+/// (`on_b`) or a over the parent's bytes `off..off + len` with `rights`;
+/// returns its R_Key.
+fn bound(f: &mut Fx, type2: bool, on_b: bool, off: u64, len: u64, rights: u32) -> u32 {
+    let k = f.h.mw(PD, type2);
+    let seg = bind_seg(k, f.pm.key, f.pm.addr(off), len, rights, type2, false);
+    bind_ok(on_b, seg, f);
+    k
+}
+
+/// LOCAL_INVAL of `key` on b; returns its CQE.
+fn local_inval(key: u32, f: &mut Fx) -> Cqe {
+    f.b.post(
+        &f.h,
+        &Wr {
+            opcode: op::LOCAL_INVAL,
+            signalled: true,
+            raw: Some(inval_seg(key)),
+            ..Wr::default()
+        },
+    );
+    one(&mut f.cq, true)
+}
+
+/// a sends the first `len` bytes of its buffer with Invalidate of `key`.
+fn send_inval(key: u32, len: u32, f: &mut Fx) {
+    f.a.post(
+        &f.h,
+        &Wr {
+            opcode: op::SEND_INVAL,
+            signalled: true,
+            imm: key,
+            sges: vec![sge(&f.la, 0, len)],
+            ..Wr::default()
+        },
+    );
+}
+
+/// An RDMA WRITE, READ or fetch-and-add (adding 1) from a; returns its
+/// CQE.
 fn rdma(opcode: u8, raddr: u64, rkey: u32, local_off: u64, len: u32, f: &mut Fx) -> Cqe {
     let w = Wr {
         opcode,
         signalled: true,
         raddr,
         rkey,
+        swap: 1,
         sges: vec![sge(&f.la, local_off, len)],
         ..Wr::default()
     };
@@ -94,21 +142,9 @@ fn type2_window_allows_rdma_inside_and_refuses_outside() {
         let mut f = setup();
         let k = f.h.mw(PD, true);
         let rkey = (k & !0xff) | 0x42;
-        let c = bind(
-            true,
-            bind_seg(
-                rkey,
-                f.pm.key,
-                f.pm.addr(4096),
-                4096,
-                acc::RR | acc::RW,
-                true,
-                false,
-            ),
-            &mut f,
-        );
-        assert!(c.ok(), "bind: {c:?}");
-        assert_eq!(c.opcode, op::BIND_MW);
+        let rights = acc::RR | acc::RW;
+        let seg = bind_seg(rkey, f.pm.key, f.pm.addr(4096), 4096, rights, true, false);
+        bind_ok(true, seg, &mut f);
         // WRITE and READ inside the window move bytes into/out of the parent.
         let data: Vec<u8> = (0..300u32).map(|i| (i * 13 + 1) as u8).collect();
         f.la.write(0, &data);
@@ -127,21 +163,7 @@ fn type2_window_allows_rdma_inside_and_refuses_outside() {
             2 => (op::ATOMIC_FA, f.pm.addr(4096), rkey, 8),           // no atomic right
             _ => (op::RDMA_WRITE, f.pm.addr(4096), rkey ^ 0x01, 8),   // key byte differs
         };
-        let c = if opc == op::ATOMIC_FA {
-            let w = Wr {
-                opcode: opc,
-                signalled: true,
-                raddr,
-                rkey: key,
-                swap: 1,
-                sges: vec![sge(&f.la, 0, 8)],
-                ..Wr::default()
-            };
-            f.a.post(&f.h, &w);
-            one(&mut f.cq, true)
-        } else {
-            rdma(opc, raddr, key, 0, len, &mut f)
-        };
+        let c = rdma(opc, raddr, key, 0, len, &mut f);
         assert_eq!(err(&c).0, REM_ACCESS, "case {outside}");
         assert_eq!(f.h.qp_state(f.a.qpn), ERR);
         assert_eq!(f.h.qp_state(f.b.qpn), ERR, "responder broken too");
@@ -156,12 +178,8 @@ fn type2_window_allows_rdma_inside_and_refuses_outside() {
 fn zero_based_type2_and_the_bound_qp() {
     let mut f = setup();
     let k = f.h.mw(PD, true);
-    let c = bind(
-        true,
-        bind_seg(k, f.pm.key, f.pm.addr(1000), 2000, acc::RR, true, true),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let seg = bind_seg(k, f.pm.key, f.pm.addr(1000), 2000, acc::RR, true, true);
+    bind_ok(true, seg, &mut f);
     f.pm.write(1000, b"window-at-zero");
     let c = rdma(op::RDMA_READ, 0, k, 0, 14, &mut f);
     assert!(c.ok(), "{c:?}");
@@ -173,13 +191,7 @@ fn zero_based_type2_and_the_bound_qp() {
     // A type 2 window bound through QP a: a request arriving at b (another
     // QP of the same PD) is refused (type 2B: QP and PD).
     let mut f = setup();
-    let k = f.h.mw(PD, true);
-    let c = bind(
-        false,
-        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RR, true, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let k = bound(&mut f, true, false, 0, 4096, acc::RR);
     let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 16, &mut f);
     assert_eq!(err(&c).0, REM_ACCESS);
 }
@@ -187,13 +199,7 @@ fn zero_based_type2_and_the_bound_qp() {
 #[test]
 fn type1_window_rebinds_and_a_zero_length_bind_unbinds() {
     let mut f = setup();
-    let k = f.h.mw(PD, false);
-    let c = bind(
-        false,
-        bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RW, false, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let k = bound(&mut f, false, false, 0, 64, acc::RW);
     // Type 1 has no QP association: a write arriving at b works.
     f.la.write(0, &[0xab; 64]);
     let c = rdma(op::RDMA_WRITE, f.pm.addr(0), k, 0, 64, &mut f);
@@ -201,22 +207,14 @@ fn type1_window_rebinds_and_a_zero_length_bind_unbinds() {
     assert_eq!(f.pm.read(0, 64), vec![0xab; 64]);
     // Rebind elsewhere with a new key tag: the old key is gone.
     let k2 = (k & !0xff) | 0x78;
-    let c = bind(
-        false,
-        bind_seg(k2, f.pm.key, f.pm.addr(8192), 64, acc::RW, false, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let seg = bind_seg(k2, f.pm.key, f.pm.addr(8192), 64, acc::RW, false, false);
+    bind_ok(false, seg, &mut f);
     let c = rdma(op::RDMA_WRITE, f.pm.addr(8192), k2, 0, 64, &mut f);
     assert!(c.ok(), "{c:?}");
     assert_eq!(f.pm.read(8192, 64), vec![0xab; 64]);
     // Zero-length bind: unbound.
-    let c = bind(
-        false,
-        bind_seg(k2, f.pm.key, f.pm.addr(0), 0, acc::RW, false, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let seg = bind_seg(k2, f.pm.key, f.pm.addr(0), 0, acc::RW, false, false);
+    bind_ok(false, seg, &mut f);
     let c = rdma(op::RDMA_WRITE, f.pm.addr(8192), k2, 0, 8, &mut f);
     assert_eq!(err(&c).0, REM_ACCESS);
 }
@@ -254,12 +252,8 @@ fn each_bind_error_from_its_cause() {
                 bind_seg(ko, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false)
             }
             4 => {
-                let c = bind(
-                    true,
-                    bind_seg(k2, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false),
-                    &mut f,
-                );
-                assert!(c.ok(), "first bind: {c:?}");
+                let seg = bind_seg(k2, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false);
+                bind_ok(true, seg, &mut f);
                 bind_seg(k2, f.pm.key, f.pm.addr(64), 64, acc::RR, true, false)
             }
             5 => bind_seg(k2, f.pm.key, f.pm.addr(0), 64, acc::RR, false, false),
@@ -281,25 +275,10 @@ fn each_bind_error_from_its_cause() {
 #[test]
 fn local_invalidate_then_refused() {
     let mut f = setup();
-    let k = f.h.mw(PD, true);
-    let c = bind(
-        true,
-        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RR, true, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let k = bound(&mut f, true, true, 0, 4096, acc::RR);
     let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 32, &mut f);
     assert!(c.ok(), "before: {c:?}");
-    f.b.post(
-        &f.h,
-        &Wr {
-            opcode: op::LOCAL_INVAL,
-            signalled: true,
-            raw: Some(inval_seg(k)),
-            ..Wr::default()
-        },
-    );
-    let c = one(&mut f.cq, true);
+    let c = local_inval(k, &mut f);
     assert!(c.ok(), "local invalidate: {c:?}");
     assert_eq!((c.qpn, c.opcode), (f.b.qpn, op::LOCAL_INVAL));
     let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 32, &mut f);
@@ -310,29 +289,11 @@ fn local_invalidate_then_refused() {
     for case in 0..3 {
         let mut f = setup();
         let key = match case {
-            0 => {
-                let k1 = f.h.mw(PD, false);
-                let c = bind(
-                    true,
-                    bind_seg(k1, f.pm.key, f.pm.addr(0), 64, acc::RR, false, false),
-                    &mut f,
-                );
-                assert!(c.ok(), "{c:?}");
-                k1
-            }
+            0 => bound(&mut f, false, true, 0, 64, acc::RR),
             1 => f.h.mw(PD, true),
             _ => f.pm.key,
         };
-        f.b.post(
-            &f.h,
-            &Wr {
-                opcode: op::LOCAL_INVAL,
-                signalled: true,
-                raw: Some(inval_seg(key)),
-                ..Wr::default()
-            },
-        );
-        assert_eq!(err(&one(&mut f.cq, true)), MW_BIND, "case {case}");
+        assert_eq!(err(&local_inval(key, &mut f)), MW_BIND, "case {case}");
         assert_eq!(f.h.qp_state(f.b.qpn), ERR);
     }
 }
@@ -340,26 +301,11 @@ fn local_invalidate_then_refused() {
 #[test]
 fn send_with_invalidate_then_refused() {
     let mut f = setup();
-    let k = f.h.mw(PD, true);
-    let c = bind(
-        true,
-        bind_seg(k, f.pm.key, f.pm.addr(0), 4096, acc::RW, true, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let k = bound(&mut f, true, true, 0, 4096, acc::RW);
     let rbuf = f.h.mr(0x70_0000, 4096, acc::ALL);
     f.b.post_recv(&[sge(&rbuf, 0, 4096)]);
     f.la.write(0, b"done with your window");
-    f.a.post(
-        &f.h,
-        &Wr {
-            opcode: op::SEND_INVAL,
-            signalled: true,
-            imm: k,
-            sges: vec![sge(&f.la, 0, 21)],
-            ..Wr::default()
-        },
-    );
+    send_inval(k, 21, &mut f);
     let s = one(&mut f.cq, true);
     assert!(s.ok(), "{s:?}");
     assert_eq!(s.opcode, op::SEND_INVAL);
@@ -374,27 +320,13 @@ fn send_with_invalidate_then_refused() {
     // QP: the responder refuses the invalidation.
     for case in 0..2 {
         let mut f = setup();
-        let k = f.h.mw(PD, true);
-        if case == 1 {
-            let c = bind(
-                false,
-                bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RW, true, false),
-                &mut f,
-            );
-            assert!(c.ok(), "{c:?}");
-        }
+        let k = match case {
+            0 => f.h.mw(PD, true),
+            _ => bound(&mut f, true, false, 0, 64, acc::RW),
+        };
         let rbuf = f.h.mr(0x70_0000, 4096, acc::ALL);
         f.b.post_recv(&[sge(&rbuf, 0, 4096)]);
-        f.a.post(
-            &f.h,
-            &Wr {
-                opcode: op::SEND_INVAL,
-                signalled: true,
-                imm: k,
-                sges: vec![sge(&f.la, 0, 8)],
-                ..Wr::default()
-            },
-        );
+        send_inval(k, 8, &mut f);
         assert_eq!(err(&one(&mut f.cq, true)).0, REM_INV_REQ, "case {case}");
         assert_eq!(
             err(&one(&mut f.cq, false)).0,
@@ -434,13 +366,7 @@ fn firmware_window_entries() {
 
     // A bound window freed and handed back comes back unbound.
     let mut f = setup();
-    let k = f.h.mw(PD, true);
-    let c = bind(
-        true,
-        bind_seg(k, f.pm.key, f.pm.addr(0), 64, acc::RR, true, false),
-        &mut f,
-    );
-    assert!(c.ok(), "{c:?}");
+    let k = bound(&mut f, true, true, 0, 64, acc::RR);
     let i = k >> 8;
     f.h.r.cmd(0, i, 1, Opcode::HW2SW_MPT).unwrap();
     f.h.r
@@ -448,4 +374,65 @@ fn firmware_window_entries() {
         .unwrap();
     let c = rdma(op::RDMA_READ, f.pm.addr(0), k, 0, 8, &mut f);
     assert_eq!(err(&c).0, REM_ACCESS);
+}
+
+fn be32(b: &[u8], o: usize) -> u32 {
+    u32::from_be_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn be64(b: &[u8], o: usize) -> u64 {
+    u64::from_be_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+fn query_mpt(h: &mut Hca, key: u32) -> Vec<u8> {
+    h.r.cmd_out(key >> 8, 0, Opcode::QUERY_MPT).unwrap()
+}
+
+#[test]
+fn the_binding_is_in_the_window_entry_and_a_parent_with_windows_stays() {
+    let mut f = setup();
+    let pidx = f.pm.key >> 8;
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    let k2 = bound(&mut f, true, true, 512, 1024, acc::RR | acc::RW);
+    // QUERY_MPT of the window: key, start, length, rights, bound QP.
+    let e = query_mpt(&mut f.h, k2);
+    assert_eq!(be32(&e, 0x08), k2.rotate_left(24), "key");
+    assert_eq!((be64(&e, 0x10), be64(&e, 0x18)), (f.pm.addr(512), 1024));
+    assert_eq!(be32(&e, 0x00) & 0x7000, (acc::RR | acc::RW) & 0x7000);
+    assert_eq!(be32(&e, 0x04) >> 8, f.b.qpn, "bound QP");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 1, "win_cnt");
+    let k1 = bound(&mut f, false, false, 0, 64, acc::RR);
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 2, "win_cnt");
+    // Deregistering the parent is refused while windows are bound; the
+    // windows keep working.
+    assert_eq!(
+        f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT),
+        Err(CmdError::Status(Status::REG_BOUND))
+    );
+    let c = rdma(op::RDMA_READ, f.pm.addr(512), k2, 0, 16, &mut f);
+    assert!(c.ok(), "still bound: {c:?}");
+    // Invalidating the type 2 window and unbinding the type 1 window (a
+    // zero-length bind) drop the count; then the parent goes.
+    assert!(local_inval(k2, &mut f).ok());
+    let e = query_mpt(&mut f.h, k2);
+    assert_eq!((be64(&e, 0x18), be32(&e, 0x00) & 0x7000), (0, 0), "unbound");
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 1, "win_cnt");
+    assert_eq!(
+        f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT),
+        Err(CmdError::Status(Status::REG_BOUND))
+    );
+    let seg = bind_seg(k1, f.pm.key, f.pm.addr(0), 0, acc::RR, false, false);
+    bind_ok(false, seg, &mut f);
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT).unwrap();
+
+    // Freeing a bound window (HW2SW_MPT of the window, Linux mlx4_mw_free)
+    // releases its parent too; the mailbox shows the binding.
+    let mut f = setup();
+    let pidx = f.pm.key >> 8;
+    let k = bound(&mut f, true, true, 0, 256, acc::RR);
+    let e = f.h.r.cmd_out(k >> 8, 0, Opcode::HW2SW_MPT).unwrap();
+    assert_eq!((be32(&e, 0x08), be64(&e, 0x18)), (k.rotate_left(24), 256));
+    assert_eq!(be32(&query_mpt(&mut f.h, f.pm.key), 0x24), 0, "win_cnt");
+    f.h.r.cmd(0, pidx, 1, Opcode::HW2SW_MPT).unwrap();
 }

@@ -36,6 +36,40 @@ fn pair(a: &mut Hca, b: &mut Hca, ca: &Cq, cb: &Cq, f: impl Fn(&mut QpSpec)) -> 
     (qa, qb)
 }
 
+/// Two HCAs back to back: A's QP 0x80 connected to B's 0x90 (CQs of 256
+/// entries), A's buffer `la` and B's `rb` of `len` bytes each.
+struct Link {
+    a: Hca,
+    b: Hca,
+    w: sim::Wire,
+    ca: Cq,
+    cb: Cq,
+    qa: Qp,
+    qb: Qp,
+    la: Mr,
+    rb: Mr,
+}
+
+fn link(len: u64) -> Link {
+    let (mut a, mut b, w) = b2b();
+    let ca = a.cq(8);
+    let cb = b.cq(8);
+    let (qa, qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+    let la = a.mr(0x10_0000, len, acc::ALL);
+    let rb = b.mr(0x20_0000, len, acc::ALL);
+    Link {
+        a,
+        b,
+        w,
+        ca,
+        cb,
+        qa,
+        qb,
+        la,
+        rb,
+    }
+}
+
 /// Sets max_rd_atomic to `1 << log` (RTS2RTS with the SRA_MAX optpar, as
 /// Linux's modify_qp with IB_QP_MAX_QP_RD_ATOMIC).
 fn set_max_rd_atomic(h: &mut Hca, q: &Qp, log: u32) {
@@ -85,12 +119,17 @@ fn send_cqes(h: &Hca, cq: &mut Cq, n: usize, within: Duration) -> Vec<Cqe> {
 
 #[test]
 fn eight_writes_are_on_the_wire_before_the_first_ack_and_complete_in_order() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let cb = b.cq(8);
-    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 128 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 128 << 10, acc::ALL);
+    let Link {
+        mut a,
+        b,
+        w,
+        mut ca,
+        cb: _cb,
+        mut qa,
+        qb: _qb,
+        la,
+        rb,
+    } = link(128 << 10);
     let data = Rng(3).bytes(8 * 10_000);
     la.write(0, &data);
     // Hold every ACK to A for 1 ms: whatever A sends before then, it sends
@@ -127,12 +166,17 @@ fn eight_writes_are_on_the_wire_before_the_first_ack_and_complete_in_order() {
 
 #[test]
 fn a_later_ack_acknowledges_a_message_whose_own_ack_was_lost() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let cb = b.cq(8);
-    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    let Link {
+        mut a,
+        b: _b,
+        w,
+        mut ca,
+        cb: _cb,
+        mut qa,
+        qb: _qb,
+        la,
+        rb,
+    } = link(64 << 10);
     la.write(0, &Rng(4).bytes(3000));
     // The first ACK to A is lost; the second (a later PSN) covers both.
     fault(
@@ -166,12 +210,17 @@ fn a_later_ack_acknowledges_a_message_whose_own_ack_was_lost() {
 
 #[test]
 fn a_dropped_middle_packet_is_recovered_by_go_back_n_in_order() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let mut cb = b.cq(8);
-    let (mut qa, mut qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    let Link {
+        mut a,
+        b,
+        w,
+        mut ca,
+        mut cb,
+        mut qa,
+        mut qb,
+        la,
+        rb,
+    } = link(64 << 10);
     let data = Rng(5).bytes(4 * 10_000);
     la.write(0, &data);
     for i in 0..5u64 {
@@ -224,12 +273,17 @@ fn a_dropped_middle_packet_is_recovered_by_go_back_n_in_order() {
 
 #[test]
 fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let mut cb = b.cq(8);
-    let (mut qa, mut qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    let Link {
+        mut a,
+        b,
+        w,
+        mut ca,
+        mut cb,
+        mut qa,
+        mut qb,
+        la,
+        rb,
+    } = link(64 << 10);
     la.write(0, &Rng(6).bytes(2000));
     // SEND whose ACK is lost: the ACK timeout resends it, the responder
     // sees a duplicate, ACKs it and does not deliver it again.
@@ -320,12 +374,17 @@ fn duplicates_are_acked_again_reads_reexecuted_atomics_not() {
 
 #[test]
 fn a_lost_read_response_in_the_middle_resumes_the_read_there() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let cb = b.cq(8);
-    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    let Link {
+        a,
+        mut b,
+        w,
+        mut ca,
+        cb: _cb,
+        mut qa,
+        qb: _qb,
+        la,
+        rb,
+    } = link(64 << 10);
     let remote = Rng(8).bytes(12_000);
     rb.write(0, &remote);
     fault(
@@ -361,15 +420,20 @@ fn a_lost_read_response_in_the_middle_resumes_the_read_there() {
 #[test]
 fn reads_in_flight_are_limited_by_max_rd_atomic() {
     for log in [0u32, 2] {
-        let (mut a, mut b, w) = b2b();
-        let mut ca = a.cq(8);
-        let cb = b.cq(8);
-        let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+        let Link {
+            mut a,
+            b: _b,
+            w,
+            mut ca,
+            cb: _cb,
+            mut qa,
+            qb: _qb,
+            la,
+            rb,
+        } = link(64 << 10);
         if log > 0 {
             set_max_rd_atomic(&mut a, &qa, log);
         }
-        let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-        let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
         let remote = Rng(9).bytes(6 * 100);
         rb.write(0, &remote);
         // Hold the READ responses for 1 ms.
@@ -463,12 +527,17 @@ fn a_full_window_runs_out_of_retries_as_one_message_did() {
 
 #[test]
 fn sq_drained_comes_when_the_last_message_in_flight_completes() {
-    let (mut a, mut b, w) = b2b();
-    let mut ca = a.cq(8);
-    let cb = b.cq(8);
-    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
-    let la = a.mr(0x10_0000, 64 << 10, acc::ALL);
-    let rb = b.mr(0x20_0000, 64 << 10, acc::ALL);
+    let Link {
+        mut a,
+        b: _b,
+        w,
+        mut ca,
+        cb: _cb,
+        mut qa,
+        qb: _qb,
+        la,
+        rb,
+    } = link(64 << 10);
     fault(
         &w,
         FaultRule::new(FaultKind::Delay(1_000_000))
