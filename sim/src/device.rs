@@ -226,8 +226,24 @@ pub struct Hca {
     pub engine: crate::engine::Engine,
     /// The fabric the ports are cabled to, if any.
     pub fabric: Option<crate::engine::wire::FabricLink>,
-    /// Scratch list of the threaded polling round.
-    pub poll_scratch: Vec<u32>,
+    /// What the threaded polling round looks at (see [`PollList`]).
+    pub poll_list: PollList,
+}
+
+/// The doorbells the threaded polling round reads: the EQ numbers and the
+/// UAR pages of the CQs and QPs in hardware ownership. Only a command or a
+/// reset adds or removes those objects or moves them to another UAR page,
+/// so the list is built again after each ([`Hca::post`], [`Hca::reset`]),
+/// and whenever the objects' count differs from the count it was built
+/// for: an idle round reads the doorbells without walking the maps.
+#[derive(Debug, Default)]
+pub struct PollList {
+    /// EQ numbers.
+    pub eqs: Vec<u32>,
+    /// UAR pages, sorted, each once.
+    pub uars: Vec<u32>,
+    /// EQs + CQs + QPs when built; `None`: to be built.
+    pub built_for: Option<usize>,
 }
 
 fn be_dw(raw: u32) -> u32 {
@@ -292,7 +308,7 @@ impl Hca {
             pending_doorbells: Vec::new(),
             engine: crate::engine::Engine::default(),
             fabric: None,
-            poll_scratch: Vec::new(),
+            poll_list: PollList::default(),
             cfg,
         }
     }
@@ -565,6 +581,7 @@ impl Hca {
         self.catastrophic = false;
         self.pending_doorbells.clear();
         self.engine = crate::engine::Engine::default();
+        self.poll_list.built_for = None;
     }
 
     // ---------------------------------------------------------------
@@ -810,6 +827,9 @@ impl Hca {
     /// Executes a posted command and leaves it busy until it completes.
     pub fn post(&mut self, dw: [u32; 7]) {
         let cmd = Command::decode(dw);
+        // The command may add, remove or move the objects whose doorbells
+        // the polling round reads.
+        self.poll_list.built_for = None;
         if dw[5] & 0xffff != 0 {
             self.violation(format!(
                 "{}: HCR dword 5 reserved bits 15:0 set ({:#010x}; only the token, bits 31:16, is defined)",
@@ -935,24 +955,30 @@ impl Hca {
         // consumer index 0 without re-arm, changes nothing after SW2HW);
         // a plain load first, so an idle round takes no cache line away
         // from the CPU about to ring (and costs no locked instruction).
-        // One scratch list for the EQ numbers and UAR pages (no allocation
-        // per round once it has grown).
-        let mut list = core::mem::take(&mut self.poll_scratch);
-        list.clear();
-        list.extend(self.eqs.keys().copied());
-        for &eqn in &list {
+        // The lists are taken out while the doorbells run (no allocation
+        // per round once built).
+        let objects = self.eqs.len() + self.cqs.len() + self.qps.len();
+        if self.poll_list.built_for != Some(objects) {
+            let l = &mut self.poll_list;
+            l.eqs.clear();
+            l.eqs.extend(self.eqs.keys().copied());
+            l.uars.clear();
+            l.uars.extend(self.cqs.values().map(|c| c.uar));
+            l.uars.extend(self.qps.values().map(|q| q.uar));
+            l.uars.sort_unstable();
+            l.uars.dedup();
+            l.built_for = Some(objects);
+        }
+        let eqs = core::mem::take(&mut self.poll_list.eqs);
+        let uars = core::mem::take(&mut self.poll_list.uars);
+        for &eqn in &eqs {
             let raw = take_doorbell(&self.bar2, regs::eq_doorbell(eqn));
             if raw != 0 {
                 self.eq_doorbell(eqn, be_dw(raw));
                 active = true;
             }
         }
-        list.clear();
-        list.extend(self.cqs.values().map(|c| c.uar));
-        list.extend(self.qps.values().map(|q| q.uar));
-        list.sort_unstable();
-        list.dedup();
-        for &uar in &list {
+        for &uar in &uars {
             let page = uar as usize * regs::UAR_PAGE;
             let cq0 = take_doorbell(&self.bar2, page + regs::UAR_CQ_DB);
             if cq0 != 0 {
@@ -966,7 +992,8 @@ impl Hca {
                 active = true;
             }
         }
-        self.poll_scratch = list;
+        self.poll_list.eqs = eqs;
+        self.poll_list.uars = uars;
         active
     }
 

@@ -659,12 +659,10 @@ impl SimHca {
         };
         let mut hca = hca;
         if let Some((w, ports)) = wire {
-            hca.fabric = Some(crate::engine::wire::FabricLink {
-                fabric: w.fabric.clone(),
+            hca.fabric = Some(crate::engine::wire::FabricLink::new(
+                w.fabric.clone(),
                 ports,
-                enabled: [false; 2],
-                generation: [0; 2],
-            });
+            ));
         }
         let pci = hca.pci.clone();
         let (r0, r2) = (hca.bar0.clone(), hca.bar2.clone());

@@ -444,6 +444,8 @@ pub struct Node {
     pci: Arc<PciConfig>,
     /// What the emulator last stored in (or saw in) the first config dwords.
     shadow: [u32; CONFIG_SYNC_DWORDS],
+    /// [`PciConfig::changes`] when the model's dwords were last read.
+    pci_seen: u64,
     trace_next: usize,
     commands: u64,
     violations: u64,
@@ -512,6 +514,7 @@ impl Node {
         w.store64(hdr::RAM_SIZE, ram_size);
         w.store64(hdr::LOWMEM, lowmem(ram_size));
         let mut image = vec![0u32; CONFIG_LEN / 4];
+        let pci_seen = pci.changes();
         pci.read_dwords(&mut image);
         for (i, v) in image.iter().enumerate() {
             w.store32(CONFIG_OFF + 4 * i, *v);
@@ -526,6 +529,7 @@ impl Node {
             hca,
             pci,
             shadow,
+            pci_seen,
             trace_next: 0,
             commands: 0,
             violations: 0,
@@ -566,8 +570,9 @@ impl Node {
     /// wrote or `full`, the model's read values go back, by
     /// compare-exchange so that a guest write racing with the store is not
     /// lost. True if the guest wrote anything. (The model's values change
-    /// only through a guest write, a poll that did something, or the end of
-    /// a reset, which a full round within [`FULL_ROUND_EVERY`] publishes.)
+    /// only through a write, a reset ([`PciConfig::changes`] counts both),
+    /// or the end of a reset, which a full round within
+    /// [`FULL_ROUND_EVERY`] publishes.)
     fn sync_config(&mut self, full: bool) -> bool {
         let copy = self.config_copy();
         let mut cur = self.shadow;
@@ -589,6 +594,7 @@ impl Node {
             return false;
         }
         let mut model = [0u32; CONFIG_SYNC_DWORDS];
+        self.pci_seen = self.pci.changes();
         self.pci.read_dwords(&mut model);
         for i in 0..CONFIG_SYNC_DWORDS {
             self.shadow[i] = cur[i];
@@ -622,15 +628,19 @@ impl Node {
     }
 
     /// One round for this node; true if anything happened. A light round
-    /// (`full` false) that finds nothing to do skips the model-to-image
-    /// config copy and the reporting, which only a round with work (or
-    /// time, in the next full round) can have changed.
+    /// (`full` false) skips the model-to-image config copy unless the
+    /// guest wrote the image or the model's config moved (a reset), and
+    /// when it finds nothing to do also the reporting, which only a round
+    /// with work (or time, in the next full round) can have changed.
     fn round(&mut self, opts: &Options, log: &mut Log, full: bool) -> bool {
         // Poll first, then sync: a reset the poll performed shows in the
         // image at once; a GO seen before the guest's memory-enable write
         // reached the model stays set and is taken next round.
         let mut active = self.hca.poll();
-        active |= self.sync_config(full || active);
+        // The image again only if the model's config moved (a reset the
+        // poll performed): a doorbell or a command leaves it as it was.
+        let moved = self.pci.changes() != self.pci_seen;
+        active |= self.sync_config(full || moved);
         if !(full || active) {
             self.heartbeat = self.heartbeat.wrapping_add(1);
             self.window.store64(hdr::HEARTBEAT, self.heartbeat);

@@ -91,6 +91,8 @@ pub struct PciConfig {
     masks: Vec<u32>,
     /// Config reads return all ones until this time (ns on the model clock).
     reset_until_ns: AtomicU64,
+    /// Bumped after every write and reset ([`PciConfig::changes`]).
+    changes: AtomicU64,
     clock: Arc<dyn Clock>,
 }
 
@@ -146,6 +148,7 @@ impl PciConfig {
             words: w.into_iter().map(AtomicU32::new).collect(),
             masks,
             reset_until_ns: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
             clock,
         }
     }
@@ -188,6 +191,14 @@ impl PciConfig {
         }
     }
 
+    /// How many writes and resets the config space has seen: a front end
+    /// that publishes the header as an image copies it again only when
+    /// this moved (or a reset may have ended: reads return all ones until
+    /// then).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// Memory decoding enabled (and not in reset).
     pub fn memory_enabled(&self) -> bool {
         !self.in_reset() && self.raw(4) & CMD_MEMORY != 0
@@ -216,6 +227,7 @@ impl PciConfig {
             self.clock.now_ns().saturating_add(duration_ns),
             Ordering::Release,
         );
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The BAR descriptions `hal::PciFunction` wants (as assigned at power on).
@@ -275,6 +287,7 @@ impl ConfigSpace for PciConfig {
             new |= 1 << 31;
         }
         self.words[i].store(new, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 }
 

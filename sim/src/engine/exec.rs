@@ -231,13 +231,13 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
         if !matches!(state, Some(QpState::Rts | QpState::Sqd)) {
             return;
         }
-        let now = hca.clock.now_ns();
         let Some(q) = hca.engine.qps.get_mut(&qpn) else {
             return;
         };
         let mut expired_ack = false;
         if let Some(w) = q.wait {
-            if w.until_ns > now {
+            // The clock only for a stopped SQ: a doorbell's pass reads none.
+            if w.until_ns > hca.clock.now_ns() {
                 return;
             }
             q.wait = None;
@@ -495,7 +495,7 @@ fn execute_in(
     sc: &mut Scratch,
     retx: Option<super::wire::Retx>,
 ) -> Outcome {
-    let Some(q) = hca.engine.qps.get(&qpn).cloned() else {
+    let Some(q) = hca.engine.qps.get(&qpn).map(QpEng::for_send) else {
         return Outcome::Fail(Syndrome::LocalQpOp);
     };
     if matches!(q.st, st::RC | st::UC) {
@@ -736,7 +736,6 @@ pub(super) fn dgid_is_ours(hca: &Hca, port: u8, grh: &[u8; 40]) -> bool {
 
 /// The requester's side of a response.
 fn finish(hca: &mut Hca, qpn: u32, q: &QpEng, msg: &Msg, resp: Resp, local: &[Seg]) -> Outcome {
-    let now = hca.clock.now_ns();
     match resp {
         Resp::Ack => Outcome::Done {
             byte_cnt: msg.len.min(u64::from(u32::MAX)) as u32,
@@ -766,12 +765,12 @@ fn finish(hca: &mut Hca, qpn: u32, q: &QpEng, msg: &Msg, resp: Resp, local: &[Se
                 }
                 qm.rnr_left -= 1;
             }
-            Outcome::Wait(WaitKind::Rnr, now.saturating_add(rnr_ns(t)))
+            Outcome::Wait(WaitKind::Rnr, hca.clock.now_ns().saturating_add(rnr_ns(t)))
         }
         Resp::Rnr(_) => Outcome::Done {
             byte_cnt: msg.len as u32,
         },
-        Resp::Silent if q.st == st::RC => ack_wait(q, now),
+        Resp::Silent if q.st == st::RC => ack_wait(q, hca.clock.now_ns()),
         Resp::Silent => Outcome::Done {
             byte_cnt: msg.len as u32,
         },
@@ -971,7 +970,7 @@ pub(super) fn malformed_rwqe(hca: &mut Hca, d: &QpEng, r: &Rwqe) -> Resp {
 
 /// Delivers `m` to its destination QP on this HCA.
 pub(super) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inline: &[u8]) -> Resp {
-    let Some(d) = hca.engine.qps.get(&m.dst_qpn).cloned() else {
+    let Some(d) = hca.engine.qps.get(&m.dst_qpn).map(QpEng::for_send) else {
         return Resp::Silent;
     };
     if !matches!(

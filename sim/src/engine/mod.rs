@@ -172,6 +172,67 @@ pub struct QpEng {
 }
 
 impl QpEng {
+    /// A copy for the send path and local delivery, which read a QP while
+    /// they change the HCA: every field but the receive state from the
+    /// wire, left empty (`rx`, the message being received, and `rd_res`,
+    /// the responder resources kept for duplicates). Those two are read
+    /// and changed only by the wire's receive path, through the map or a
+    /// full `clone`; without them the copy costs no deque. Every field is
+    /// named: a new one must be placed here too.
+    pub fn for_send(&self) -> QpEng {
+        QpEng {
+            qpn: self.qpn,
+            st: self.st,
+            pd: self.pd,
+            port: self.port,
+            pages: self.pages.clone(),
+            page_shift: self.page_shift,
+            sq_off: self.sq_off,
+            sq_cnt: self.sq_cnt,
+            sq_shift: self.sq_shift,
+            rq_off: self.rq_off,
+            rq_cnt: self.rq_cnt,
+            rq_shift: self.rq_shift,
+            db_rec: self.db_rec,
+            srq: self.srq,
+            scq: self.scq,
+            rcq: self.rcq,
+            sq_ci: self.sq_ci,
+            sq_next: self.sq_next,
+            rq_ci: self.rq_ci,
+            sq_psn: self.sq_psn,
+            rq_psn: self.rq_psn,
+            remote_qpn: self.remote_qpn,
+            rlid: self.rlid,
+            sl: self.sl,
+            path_bits: self.path_bits,
+            grh: self.grh,
+            pkey_index: self.pkey_index,
+            qkey: self.qkey,
+            mtu: self.mtu,
+            msgmax: self.msgmax,
+            rre: self.rre,
+            rwe: self.rwe,
+            rae: self.rae,
+            retry_cnt: self.retry_cnt,
+            sra_max: self.sra_max,
+            rra_max: self.rra_max,
+            rnr_retry: self.rnr_retry,
+            min_rnr_timer: self.min_rnr_timer,
+            ack_timeout: self.ack_timeout,
+            rlkey: self.rlkey,
+            special: self.special,
+            wait: self.wait,
+            retry_left: self.retry_left,
+            rnr_left: self.rnr_left,
+            retrying: self.retrying,
+            pkts_sent: self.pkts_sent,
+            db_pending: self.db_pending,
+            nak_sent: self.nak_sent,
+            rx: None,
+            rd_res: std::collections::VecDeque::new(),
+        }
+    }
     /// log2 of the path MTU in bytes.
     pub fn mtu_bytes(&self) -> u64 {
         128u64 << self.mtu.clamp(1, 5)

@@ -75,12 +75,35 @@ use crate::port::{LogicalState, PhysicalState};
 pub struct FabricLink {
     /// The fabric.
     pub fabric: SharedFabric,
+    /// What the fabric publishes without its lock (the fabric's own).
+    pub activity: std::sync::Arc<crate::fabric::Activity>,
     /// Fabric ports of HCA ports 1 and 2.
     pub ports: [Option<PortId>; 2],
     /// What the fabric was last told (INIT_PORT seen).
     pub enabled: [bool; 2],
     /// Link generation last seen.
     pub generation: [u64; 2],
+    /// Link state last seen.
+    pub up: [bool; 2],
+    /// The fabric's link epoch when the links were last read
+    /// ([`crate::fabric::Activity::links`]; `u64::MAX`: never).
+    pub links_seen: u64,
+}
+
+impl FabricLink {
+    /// A link to `fabric` through fabric ports `ports`, not yet synced.
+    pub fn new(fabric: SharedFabric, ports: [Option<PortId>; 2]) -> FabricLink {
+        let activity = lock(&fabric).activity();
+        FabricLink {
+            fabric,
+            activity,
+            ports,
+            enabled: [false; 2],
+            generation: [0; 2],
+            up: [false; 2],
+            links_seen: u64::MAX,
+        }
+    }
 }
 
 /// An RC message of the send window: started and not yet completed.
@@ -323,11 +346,28 @@ fn transmit_as(hca: &mut Hca, port: u8, bytes: Vec<u8>, owed: bool) -> bool {
 /// logical Init when both ends are enabled and cabled; Down, LinkDowned
 /// and PORT_CHANGE when it goes).
 pub fn sync_ports(hca: &mut Hca) -> bool {
-    let Some(link) = hca.fabric.clone() else {
+    let Some(l) = hca.fabric.as_ref() else {
         return false;
     };
+    // Nothing to do while the fabric's links are as last read and the
+    // HCA's side (INIT_PORT/CLOSE_PORT, a reset's cable state) is as
+    // last synced: no lock, no lookups.
+    let epoch = l.activity.links();
+    let n = hca.ports.len().min(2);
+    if epoch == l.links_seen
+        && (0..n).all(|i| {
+            l.ports[i].is_none()
+                || (hca.ports[i].initialized == l.enabled[i] && hca.ports[i].cable == l.up[i])
+        })
+    {
+        return false;
+    }
+    let link = l.clone();
+    if let Some(l) = hca.fabric.as_mut() {
+        l.links_seen = epoch;
+    }
     let mut changed = false;
-    for i in 0..hca.ports.len().min(2) {
+    for i in 0..n {
         let Some(pid) = link.ports[i] else { continue };
         let want = hca.ports[i].initialized;
         let (up, generation) = {
@@ -339,6 +379,7 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
         };
         if let Some(l) = hca.fabric.as_mut() {
             l.enabled[i] = want;
+            l.up[i] = up;
         }
         let was_up = hca.ports[i].phys == PhysicalState::LinkUp;
         if want != link.enabled[i] || generation != link.generation[i] || hca.ports[i].cable != up {
@@ -362,24 +403,37 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
 
 /// Takes the packets due at the HCA's ports and handles them.
 pub fn poll_rx(hca: &mut Hca) -> bool {
-    let Some(link) = hca.fabric.clone() else {
+    let Some(l) = hca.fabric.as_ref() else {
         return false;
     };
+    // A quiet fabric (nothing queued anywhere, nothing scheduled, no
+    // embedded SM) has nothing to advance and nothing for us: one atomic
+    // load instead of the lock, the clock and an advance per port.
+    if !l.activity.busy() {
+        return false;
+    }
+    let (fabric, ports) = (l.fabric.clone(), l.ports);
     let mut any = false;
-    for (i, pid) in link.ports.iter().enumerate() {
+    let mut spent: Option<Vec<u8>> = None;
+    for (i, pid) in ports.iter().enumerate() {
         let Some(pid) = *pid else { continue };
         for _ in 0..crate::fabric::MAX_INBOUND {
             let now = hca.clock.now_ns();
             let pkt = {
-                let mut f = lock(&link.fabric);
-                f.advance(now);
+                let mut f = lock(&fabric);
+                if let Some(b) = spent.take() {
+                    f.recycle(b);
+                }
                 f.receive_owed(pid, now)
             };
             let Some((pkt, owed)) = pkt else { break };
             any = true;
             handle(hca, i as u8 + 1, &pkt.bytes, owed);
-            lock(&link.fabric).recycle(pkt.bytes);
+            spent = Some(pkt.bytes);
         }
+    }
+    if let Some(b) = spent {
+        lock(&fabric).recycle(b);
     }
     any
 }

@@ -77,6 +77,7 @@
 //! [`Fabric::transmit_owed`] keeps them and is checked like any other.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub mod capture;
@@ -271,6 +272,35 @@ struct BytePull {
     reinsert_after_ns: Option<u64>,
 }
 
+/// What the fabric publishes for its HCAs to read without taking its
+/// lock: a poll over a quiet fabric (the common case between messages)
+/// then costs two atomic loads instead of the lock, an advance and a
+/// receive per port.
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// Bumped (under the fabric's lock) on every change of cabling or of
+    /// a port's enable: every [`Fabric::link_up`] and
+    /// [`Fabric::link_generation`] an HCA last read stays as it was while
+    /// this does not move.
+    links: AtomicU64,
+    /// False only while [`Fabric::advance`] and [`Fabric::receive`] have
+    /// nothing to do anywhere: no packet queued at any port, no scheduled
+    /// cable change, no switch owing a trap, no embedded SM (it has
+    /// timers). Stored under the fabric's lock after each change of those.
+    busy: AtomicBool,
+}
+
+impl Activity {
+    /// The link epoch (see the field).
+    pub fn links(&self) -> u64 {
+        self.links.load(Ordering::Acquire)
+    }
+    /// Something is queued or scheduled on the fabric (see the field).
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+}
+
 /// The fabric: ports, cables, switches and packets in flight.
 #[derive(Debug, Default)]
 pub struct Fabric {
@@ -291,6 +321,13 @@ pub struct Fabric {
     sm: Option<Box<SubnetManager>>,
     /// Packet buffers given back by receivers ([`Fabric::recycle`]).
     spare: Vec<Vec<u8>>,
+    /// Packets in every port's inbound queue.
+    queued: usize,
+    /// A switch port's link changed since the last [`Fabric::advance`]
+    /// (the switch may owe its SM a trap).
+    traps_owed: bool,
+    /// What the HCAs read without the lock.
+    activity: Arc<Activity>,
 }
 
 /// A fabric shared by the HCAs on it (lock order: HCA, then fabric).
@@ -305,6 +342,24 @@ impl Fabric {
     /// An empty fabric behind a shared handle.
     pub fn shared() -> SharedFabric {
         Arc::new(Mutex::new(Fabric::new()))
+    }
+
+    /// The signals an HCA reads without the lock (see [`Activity`]).
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
+
+    /// Stores [`Activity::busy`] after a change of the queues, the
+    /// scheduled events or the SM.
+    fn publish(&self) {
+        let busy =
+            self.queued != 0 || !self.events.is_empty() || self.traps_owed || self.sm.is_some();
+        self.activity.busy.store(busy, Ordering::Release);
+    }
+
+    /// Moves the link epoch (every change of cabling or enables).
+    fn links_changed(&self) {
+        self.activity.links.fetch_add(1, Ordering::AcqRel);
     }
 
     fn add_port(&mut self, owner: Owner) -> PortId {
@@ -347,6 +402,7 @@ impl Fabric {
         self.set_port_name(p, "sm/1");
         let _ = self.set_enabled(p, true);
         self.sm = Some(Box::new(SubnetManager::new(cfg, p)));
+        self.publish();
         p
     }
 
@@ -406,7 +462,9 @@ impl Fabric {
 
     /// Removes the embedded SM (its port stays, dark to SMPs).
     pub fn remove_sm(&mut self) -> Option<SubnetManager> {
-        self.sm.take().map(|b| *b)
+        let sm = self.sm.take().map(|b| *b);
+        self.publish();
+        sm
     }
 
     fn poll_sm(&mut self, now_ns: u64) -> bool {
@@ -442,11 +500,13 @@ impl Fabric {
     /// taken off the queue.
     fn pop_due(&mut self, p: PortId, now_ns: u64) -> Option<InFlight> {
         let q = &mut self.ports.get_mut(&p)?.inbound;
-        if q.front().is_some_and(|f| f.due <= now_ns) {
-            q.pop_front()
-        } else {
-            None
+        if q.front().is_none_or(|f| f.due > now_ns) {
+            return None;
         }
+        let f = q.pop_front();
+        self.queued = self.queued.saturating_sub(1);
+        self.publish();
+        f
     }
 
     /// For a node the fabric models itself: sends without advancing.
@@ -528,6 +588,8 @@ impl Fabric {
         }
         self.note_link_change(a, before[0]);
         self.note_link_change(b, before[1]);
+        self.links_changed();
+        self.publish();
         Ok(())
     }
 
@@ -541,11 +603,14 @@ impl Fabric {
         for (q, was) in [(p, before[0]), (peer, before[1])] {
             let fp = self.port_mut(q);
             fp.peer = None;
-            let lost = fp.inbound.len() as u64;
+            let lost = fp.inbound.len();
             fp.inbound.clear();
-            self.stats.lost_in_flight += lost;
+            self.queued = self.queued.saturating_sub(lost);
+            self.stats.lost_in_flight += lost as u64;
             self.note_link_change(q, was);
         }
+        self.links_changed();
+        self.publish();
         Ok(())
     }
 
@@ -565,6 +630,7 @@ impl Fabric {
             self.events.push((t.max(at_ns), Event::Connect(p, q)));
         }
         self.events.sort_by_key(|(t, _)| *t);
+        self.publish();
         Ok(())
     }
 
@@ -630,6 +696,8 @@ impl Fabric {
         if let (Some(q), Some(was)) = (peer, before_peer) {
             self.note_link_change(q, was);
         }
+        self.links_changed();
+        self.publish();
         Ok(())
     }
 
@@ -728,6 +796,8 @@ impl Fabric {
             self.count_for_pulls(p, pkt.bytes.len(), now_ns);
         }
         if verdict.drop {
+            // (A pull counted above may have scheduled an event.)
+            self.publish();
             return true;
         }
         if self.capture.is_some() {
@@ -746,6 +816,8 @@ impl Fabric {
             hops,
             owed,
         });
+        self.queued += 1;
+        self.publish();
         if !to_hca {
             self.switch_work.push_back(peer);
         }
@@ -816,6 +888,7 @@ impl Fabric {
             // The switches may have answered the SM.
             self.poll_sm(now_ns);
         }
+        self.publish();
     }
 
     /// Processes the switch packets due; says whether there were any.
@@ -841,6 +914,7 @@ impl Fabric {
             else {
                 continue;
             };
+            self.queued = self.queued.saturating_sub(1);
             budget -= 1;
             let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
                 continue;
@@ -852,6 +926,7 @@ impl Fabric {
 
     /// Switches whose ports changed state send their SM Trap 128.
     fn send_traps(&mut self, now_ns: u64) {
+        self.traps_owed = false;
         for j in 0..self.switches.len() {
             if let Some((e, pkt)) = self.switches[j].0.take_trap()
                 && let Some(out) = self.switch_port(SwitchId(j), e)
@@ -1004,14 +1079,16 @@ impl Fabric {
             let fp = self.port_mut(p);
             fp.link_generation += 1;
             if !now {
-                let lost = fp.inbound.len() as u64;
+                let lost = fp.inbound.len();
                 fp.inbound.clear();
-                self.stats.lost_in_flight += lost;
+                self.queued = self.queued.saturating_sub(lost);
+                self.stats.lost_in_flight += lost as u64;
             }
             if let Some(Owner::Switch { switch, port }) = self.owner(p)
                 && let Some((sw, _)) = self.switches.get_mut(switch.0)
             {
                 sw.link_changed(port, now);
+                self.traps_owed = true;
             }
         }
     }
@@ -1110,6 +1187,49 @@ mod tests {
         let (p, still_owed) = f.receive_owed(b, 0).unwrap();
         assert!(!still_owed, "a corrupted packet is never taken on trust");
         assert!(packet::check_crcs(&p.bytes).is_err());
+    }
+
+    /// What an HCA reads without the lock (`Activity`): it skips the
+    /// fabric only while nothing is queued, scheduled or owed, and sees
+    /// every change of cabling or enables as a new link epoch.
+    #[test]
+    fn quiet_fabric_is_published_and_every_piece_of_work_ends_it() {
+        let mut f = Fabric::new();
+        let act = f.activity();
+        let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+        let (a, b) = (built.hcas[0].ports[0], built.hcas[1].ports[0]);
+        let e0 = act.links();
+        f.set_enabled(a, true).unwrap();
+        f.set_enabled(b, true).unwrap();
+        assert!(act.links() > e0, "enables move the epoch");
+        assert!(act.busy(), "the switch ports' links changed: traps owed");
+        f.advance(0);
+        assert!(!act.busy(), "nothing queued, scheduled or owed");
+        let sw = built.switches[0].1;
+        f.switch_mut(sw).unwrap().configure(0x10, &[(1, 1), (2, 2)]);
+        f.latency_ns = 100;
+        let mut h = crate::packet::Headers::for_opcode(crate::packet::opcode::SEND_ONLY).unwrap();
+        h.lrh.slid = 1;
+        h.lrh.dlid = 2;
+        let bytes = crate::packet::build(&h, &[7; 8]).unwrap();
+        assert!(f.transmit(a, Packet { bytes }, 0));
+        assert!(act.busy(), "a packet on the wire");
+        assert_eq!(f.receive(b, 150), None, "at the switch, not yet at b");
+        assert!(act.busy(), "forwarded, due at b at 200: {:?}", f.stats());
+        assert_eq!(f.receive(b, 200).and_then(|p| p.dlid()), Some(2));
+        assert!(!act.busy(), "delivered: quiet again");
+        f.schedule_unplug(a, 1000, Some(2000)).unwrap();
+        assert!(act.busy(), "a cable change scheduled");
+        let e1 = act.links();
+        f.advance(1000);
+        assert!(act.links() > e1, "the pull moves the epoch");
+        assert!(act.busy(), "the reinsertion is still scheduled");
+        f.advance(2000);
+        f.advance(2000);
+        assert!(f.link_up(a));
+        assert!(!act.busy(), "reinserted, traps sent: quiet");
+        f.add_sm(crate::fabric::sm::SmConfig::default());
+        assert!(act.busy(), "an embedded SM has timers");
     }
 
     #[test]

@@ -511,14 +511,7 @@ fn bench_emu_rounds_in_process() {
         .unwrap_or(200_000);
     let mut idle = |full: bool| {
         let (t, c) = (Instant::now(), thread_cpu_ns());
-        for _ in 0..idle_n {
-            let work = if full {
-                emu.poll_round()
-            } else {
-                emu.poll_round_light()
-            };
-            assert!(!work, "an idle round found work");
-        }
+        idle_rounds(&mut emu, full, idle_n);
         (
             t.elapsed().as_nanos() as f64 / f64::from(idle_n),
             (thread_cpu_ns() - c) as f64 / f64::from(idle_n),
@@ -531,28 +524,8 @@ fn bench_emu_rounds_in_process() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50_000);
-    let mut lat = Vec::with_capacity(n);
-    let mut served = Vec::with_capacity(n);
-    let mut rounds = 0u64;
     let c = thread_cpu_ns();
-    for _ in 0..n {
-        a.put(op::RDMA_WRITE, false, &wqe);
-        let t = Instant::now();
-        h.ring_send(a.qpn);
-        loop {
-            let r = Instant::now();
-            if emu.poll_round_light() {
-                served.push(r.elapsed().as_nanos() as u64);
-            }
-            rounds += 1;
-            if let Some(c) = cq.poll() {
-                assert!(c.ok(), "{c:?}");
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(5), "no CQE within 5 s");
-        }
-        lat.push(t.elapsed().as_nanos() as u64);
-    }
+    let (lat, served, rounds) = trips(&mut emu, &h, &mut a, &mut cq, &wqe, n);
     let trip_cpu = (thread_cpu_ns() - c) as f64 / n as f64;
     assert_eq!(dst.read(0, 8), src.read(0, 8));
     let (_, violations, faults) = emu.nodes()[0].counts();
@@ -570,4 +543,55 @@ fn bench_emu_rounds_in_process() {
     );
     drop(emu);
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `n` idle rounds, full or light (a function of its own so that
+/// `valgrind --tool=callgrind --toggle-collect='*idle_rounds*'` counts
+/// the instructions of these rounds only).
+#[inline(never)]
+fn idle_rounds(emu: &mut sim::ivshmem::Emulator, full: bool, n: u32) {
+    for _ in 0..n {
+        let work = if full {
+            emu.poll_round()
+        } else {
+            emu.poll_round_light()
+        };
+        assert!(!work, "an idle round found work");
+    }
+}
+
+/// `n` doorbell-to-CQE trips, the light rounds on this thread: (wall ns
+/// per trip, wall ns of the round that found the doorbell, rounds run).
+/// Its own function for callgrind (`--toggle-collect='*emu_round_trip*trips*'`).
+#[inline(never)]
+fn trips(
+    emu: &mut sim::ivshmem::Emulator,
+    h: &Hca,
+    a: &mut Qp,
+    cq: &mut Cq,
+    wqe: &[u8],
+    n: usize,
+) -> (Vec<u64>, Vec<u64>, u64) {
+    let mut lat = Vec::with_capacity(n);
+    let mut served = Vec::with_capacity(n);
+    let mut rounds = 0u64;
+    for _ in 0..n {
+        a.put(op::RDMA_WRITE, false, wqe);
+        let t = Instant::now();
+        h.ring_send(a.qpn);
+        loop {
+            let r = Instant::now();
+            if emu.poll_round_light() {
+                served.push(r.elapsed().as_nanos() as u64);
+            }
+            rounds += 1;
+            if let Some(c) = cq.poll() {
+                assert!(c.ok(), "{c:?}");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no CQE within 5 s");
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    (lat, served, rounds)
 }

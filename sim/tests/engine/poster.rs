@@ -632,6 +632,11 @@ impl Hca {
     /// 2RST, then the software reset of the queues (counters to 0, the SQ
     /// pre-stamped again) and RST2INIT over the same buffer.
     pub fn reinit(&mut self, q: &mut Qp) {
+        self.reinit_on(q, UAR);
+    }
+
+    /// [`Hca::reinit`] with the QP's doorbells on UAR page `uar`.
+    pub fn reinit_on(&mut self, q: &mut Qp, uar: u32) {
         self.r.cmd(0, q.qpn, 2, Opcode::RST_QP).unwrap();
         let len = q.buf.len();
         q.buf.fill(0, len, 0);
@@ -654,7 +659,7 @@ impl Hca {
             .u8(0x09, rq_ss)
             .u8(0x0a, s.sq_log << 3 | (s.sq_shift - 4))
             .u8(0x0b, 1 << 4)
-            .u32(0x0c, UAR)
+            .u32(0x0c, uar)
             .u32(0x10, q.qpn)
             .u8(0x18 + 3, s.pkey_index)
             .u8(0x18 + 0x20, (s.port - 1) << 6 | 0x83)
@@ -703,7 +708,12 @@ impl Hca {
     /// Writes bytes into host memory by bus address (searching the buffers
     /// the harness keeps is not needed: callers pass the buffer).
     pub fn ring_send(&self, qpn: u32) {
-        self.r.bar2.write_be32(UAR as usize * 4096 + 0x14, qpn << 8);
+        self.ring_send_on(qpn, UAR);
+    }
+
+    /// [`Hca::ring_send`] on UAR page `uar`.
+    pub fn ring_send_on(&self, qpn: u32, uar: u32) {
+        self.r.bar2.write_be32(uar as usize * 4096 + 0x14, qpn << 8);
     }
 
     /// Async EQEs since the last call: (type, data dword).

@@ -1,6 +1,7 @@
 //! Owner bits over several wraps of the SQ, RQ and CQ; CQ overrun; CQ
 //! arming and completion events; stamped (unfinished) WQEs never run;
-//! SRQ free lists and the limit event.
+//! SRQ free lists and the limit event; the polled front end reading the
+//! doorbells of a QP moved to another UAR page.
 
 use crate::loopback::{one, pair};
 use crate::poster::*;
@@ -234,3 +235,72 @@ fn srq_free_list_and_limit_event() {
 }
 
 const FIRST_SRQ_N: u32 = crate::harness::profile::FIRST_SRQ;
+
+/// The polled front end (cx3-emu's) reads only the doorbell words of the
+/// UAR pages its objects use, from a list it keeps between rounds: a QP
+/// taken back to RESET and initialized on another UAR page (no object
+/// added or removed) has its send doorbell on the new page taken at once.
+#[test]
+fn polled_send_doorbell_on_the_uar_page_a_reinit_moved_the_qp_to() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let sim = sim::SimHca::new_polled_local(sim::SimConfig::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (s, stop) = (sim.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                s.poll();
+            }
+        })
+    };
+    let mut h = Hca::with(sim.clone());
+    let mut cq = h.cq(10);
+    let s = QpSpec::new(RC, cq.cqn);
+    let mut a = h.qp(0x80, s);
+    let b = h.qp(0x81, s);
+    let lid = h.lid;
+    let src = h.mr(0x1000, 4096, acc::ALL);
+    let dst = h.mr(0x9000, 4096, acc::ALL);
+    src.write(0, b"uar-move");
+    let wr = Wr {
+        opcode: op::RDMA_WRITE,
+        signalled: true,
+        raddr: dst.addr(0),
+        rkey: dst.key,
+        sges: vec![src.sge(0, 8)],
+        ..Wr::default()
+    };
+    let trip = |h: &Hca, a: &mut Qp, cq: &mut Cq, uar: u32| {
+        let w = a.build(&wr);
+        a.put(op::RDMA_WRITE, false, &w);
+        h.ring_send_on(a.qpn, uar);
+        let t = Instant::now();
+        loop {
+            if let Some(c) = cq.poll() {
+                return Some(c);
+            }
+            if t.elapsed() > Duration::from_secs(2) {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    };
+    h.connect(&a, s, 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let c = trip(&h, &mut a, &mut cq, crate::harness::profile::UAR)
+        .expect("a CQE on the first UAR page");
+    assert!(c.ok(), "{c:?}");
+    let moved = crate::harness::profile::UAR + 1;
+    h.reinit_on(&mut a, moved);
+    h.connect(&a, s, 0x81, lid).unwrap();
+    dst.write(0, &[0; 8]);
+    let c = trip(&h, &mut a, &mut cq, moved);
+    stop.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    let c = c.expect("no CQE: the doorbell on the QP's new UAR page was not read");
+    assert!(c.ok(), "{c:?}");
+    assert_eq!(dst.read(0, 8), b"uar-move");
+    assert!(sim.take_violations().is_empty());
+}
