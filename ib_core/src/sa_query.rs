@@ -720,14 +720,23 @@ pub struct SaClient {
 }
 
 /// `ib_sa_init`: registers the SA client with the core and returns its id,
-/// the handle every query names.
+/// the handle every query names. There is one SA client per core, as
+/// Linux's `ib_sa` module is one per system: a later call returns the
+/// client already registered, so every user (perftest, the diags, the
+/// remote-memory service) shares its agents, its SM address and its path
+/// cache instead of asking the SA again for what another user learned.
 pub fn ib_sa_init(core: &mut IbCore) -> ClientId {
     ib_sa_init_with(core, SaRetry::default())
 }
 
-/// [`ib_sa_init`] with another retry policy.
+/// [`ib_sa_init`] with another retry policy; the policy is the first
+/// registration's when the client already exists.
 pub fn ib_sa_init_with(core: &mut IbCore, retry: SaRetry) -> ClientId {
-    core.ib_register_client(Box::new(SaClient { retry }))
+    let client = SaClient { retry };
+    if let Some(id) = core.client_by_name(client.name()) {
+        return id;
+    }
+    core.ib_register_client(Box::new(client))
 }
 
 impl IbClient for SaClient {

@@ -480,6 +480,26 @@ fn paths_are_cached_and_dropped_on_lid_sm_and_reregister_events() {
 }
 
 #[test]
+fn a_second_sa_user_shares_the_one_sa_client() {
+    // perftest, saquery and the remote-memory service each call
+    // ib_sa_init: they get the one SA client, so a path one of them
+    // learned is not asked of the SA again for another.
+    let mut s = sa_rig();
+    sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    let second = ib_sa_init(&mut s.r.core);
+    assert_eq!(second, s.sa, "one SA client per core");
+    let p = sa_path_to_lid(&mut s.r.core, second, s.r.a, 1, B_LID, T).unwrap();
+    assert_eq!(p.dlid, B_LID);
+    assert_eq!(
+        requests(&s),
+        1,
+        "the second user's path came from the cache"
+    );
+    let c = sa_counters(&mut s.r.core, second, s.r.a, 1).unwrap();
+    assert_eq!((c.sent, c.cache_hits), (1, 1));
+}
+
+#[test]
 fn a_port_without_an_sm_waits_until_one_appears() {
     let mut s = sa_rig();
     lock(&s.r.world).hcas[0].ports[0].sm_lid = 0;
