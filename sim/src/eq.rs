@@ -196,7 +196,17 @@ impl Hca {
             e.cons = ci;
             e.doorbells += 1;
             if v >> 31 != 0 {
-                e.armed = true;
+                // Armed behind the producer (an EQE written after the
+                // driver's last look and before this doorbell): the event
+                // fires at once, as for a CQ armed behind its producer.
+                // That is why the arm carries the consumer index: Linux's
+                // mlx4_eq_int polls the EQ empty, then arms it, and never
+                // looks again.
+                if e.prod != ci {
+                    e.interrupts += 1;
+                } else {
+                    e.armed = true;
+                }
             }
         }
         if let Ok(g) = self.geo() {

@@ -38,6 +38,41 @@ fn completion_events_follow_the_ownership_parity_and_the_doorbell() {
     assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
 }
 
+/// The race Linux's mlx4_eq_int leaves to the card: it polls its EQ
+/// empty, then arms it with the consumer index it reached. An EQE the card
+/// wrote in between (the EQ had fired, so no interrupt for it) must raise
+/// the interrupt when the arm arrives behind the producer; otherwise the
+/// event waits for the next EQE, which for a firmware command's completion
+/// may never come (Linux then times the command out and resets the card).
+#[test]
+fn arming_an_eq_behind_its_producer_fires_at_once() {
+    let mut r = Raw::new();
+    init(&mut r).unwrap();
+    create_eq(&mut r, FIRST_EQ, 2).unwrap(); // 4 entries
+    create_cq(&mut r, FIRST_CQ, 6, FIRST_EQ as u8).unwrap();
+    eq_doorbell(&r, FIRST_EQ, 0, true);
+    assert!(r.sim.inject_completion_event(FIRST_CQ));
+    assert_eq!(r.sim.eq(FIRST_EQ).unwrap().interrupts, 1, "armed: fires");
+    // The driver's handler runs; meanwhile a second EQE lands (fired: no
+    // interrupt), after the handler's last look at the EQ.
+    assert!(r.sim.inject_completion_event(FIRST_CQ));
+    assert_eq!(r.sim.eq(FIRST_EQ).unwrap().interrupts, 1);
+    // The handler arms with the index it reached (1): one EQE is pending.
+    eq_doorbell(&r, FIRST_EQ, 1, true);
+    let eq = r.sim.eq(FIRST_EQ).unwrap();
+    assert_eq!(eq.interrupts, 2, "the arm behind the producer fires");
+    assert!(!eq.armed, "and leaves the EQ fired");
+    // Caught up and armed: nothing fires until the next EQE.
+    eq_doorbell(&r, FIRST_EQ, 2, true);
+    assert_eq!(r.sim.eq(FIRST_EQ).unwrap().interrupts, 2);
+    assert!(r.sim.inject_completion_event(FIRST_CQ));
+    assert_eq!(r.sim.eq(FIRST_EQ).unwrap().interrupts, 3);
+    // Without the arm bit, a consumer index behind the producer fires nothing.
+    eq_doorbell(&r, FIRST_EQ, 2, false);
+    assert_eq!(r.sim.eq(FIRST_EQ).unwrap().interrupts, 3);
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+}
+
 #[test]
 fn overrun_is_detected_and_reported_on_the_async_eq() {
     let mut r = Raw::new();
