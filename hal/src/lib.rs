@@ -9,15 +9,20 @@
 //! own register backend and DMA arena in through the same traits, so the
 //! driver crates have one code path.
 //!
-//! `unsafe` lives only in [`mmio`], [`dma`] and [`barrier`].
+//! `unsafe` lives only in [`mmio`], [`dma`] and [`barrier`]: the crate denies
+//! `unsafe_code` and only those three modules are let off the lint.
 #![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 extern crate alloc;
 
+#[allow(unsafe_code)]
 pub mod barrier;
 pub mod be;
+#[allow(unsafe_code)]
 pub mod dma;
+#[allow(unsafe_code)]
 pub mod mmio;
 pub mod pci;
 pub mod time;
