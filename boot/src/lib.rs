@@ -1,3 +1,5 @@
+//! The boot path of the kernel image, for QEMU's `-kernel` and for GRUB.
+//!
 //! Boot path of the kernel image: PVH entry (QEMU `-kernel`) and a Multiboot2
 //! header (GRUB, bare metal) in one ELF, the 32→64-bit trampoline with early
 //! identity page tables for the first 4 GiB, and the boot information (memory

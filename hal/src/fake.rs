@@ -1,3 +1,5 @@
+//! A host-side fake of the platform for tests and the device model.
+//!
 //! Host-side fake backend: memory-backed registers and config space, an arena
 //! that plays physically contiguous DMA memory with a device-side view by bus
 //! address, and a manual clock.

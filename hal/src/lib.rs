@@ -1,5 +1,7 @@
-//! The platform layer the drivers are written against: register access, DMA
-//! memory, barriers, big-endian types, time and the PCI function.
+//! The platform layer the drivers are written against.
+//!
+//! Register access, DMA memory, barriers, big-endian types, time and the PCI
+//! function.
 //!
 //! It plays the part of the small "Linux to our kernel" shim (WinOF's `l2w`):
 //! Linux names above (`wmb`, `dma_rmb`, `readl`-like accessors), one

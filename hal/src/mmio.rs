@@ -1,5 +1,7 @@
-//! Register access to a PCI BAR: [`Bar`], a bounds-checked window of 32-bit
-//! registers, over real MMIO or over a [`RegisterBackend`].
+//! Register access to a PCI BAR.
+//!
+//! [`Bar`], a bounds-checked window of 32-bit registers, over real MMIO or over a
+//! [`RegisterBackend`].
 //!
 //! Real hardware gets a pointer to an uncached mapping and every access is one
 //! volatile load or store (never a reference, see the `volatile` crate's

@@ -1,4 +1,9 @@
-//! The few pieces of C's `printf` and `libm` the tools' output needs in `no_std`: `%#0Nx` (alternate hex, which prints a bare zero without `0x`), `ceil` and `sqrt` on `f64`, and glibc's `inet_ntop` of a GID; nothing else of C is modelled.
+//! The few pieces of C's `printf` and `libm` the tools' output needs.
+//!
+//! The few pieces of C's `printf` and `libm` the tools' output needs in `no_std`:
+//! `%#0Nx` (alternate hex, which prints a bare zero without `0x`), `ceil` and
+//! `sqrt` on `f64`, and glibc's `inet_ntop` of a GID; nothing else of C is
+//! modelled.
 
 use core::fmt::{self, Write};
 

@@ -1,4 +1,13 @@
-//! infiniband-diags (rdma-core `perfquery.c`, `smpquery.c`, `sminfo.c`) and libibmad's dumpers (`fields.c`, `dump.c`) over ib_core's QP0/QP1 (`IbCore::smp_query`, `IbCore::pma_query`): PortCounters, PortCountersExtended, NodeInfo, NodeDesc, PortInfo, SwitchInfo and SMInfo printed in libibmad's `Name:....value` lines; counter reset, aggregation over ports, the SL/VL/congestion counter groups, GUID destinations, node-name maps and PortInfo's capability-mask and "enabled/supported" lists (printed as numbers) are left out.
+//! infiniband-diags' `perfquery`, `smpquery` and `sminfo`, in libibmad's words.
+//!
+//! infiniband-diags (rdma-core `perfquery.c`, `smpquery.c`, `sminfo.c`) and
+//! libibmad's dumpers (`fields.c`, `dump.c`) over ib_core's QP0/QP1
+//! (`IbCore::smp_query`, `IbCore::pma_query`): PortCounters, PortCountersExtended,
+//! NodeInfo, NodeDesc, PortInfo, SwitchInfo and SMInfo printed in libibmad's
+//! `Name:....value` lines; counter reset, aggregation over ports, the
+//! SL/VL/congestion counter groups, GUID destinations, node-name maps and
+//! PortInfo's capability-mask and "enabled/supported" lists (printed as numbers)
+//! are left out.
 //!
 //! Fields are decoded from the IBTA layouts (volume 1, 14.2.5 and 16.1.3)
 //! by byte offset, not through libibmad's bit-offset tables, and printed

@@ -1,4 +1,12 @@
-//! infiniband-diags' `ibnetdiscover` (`ibnetdiscover.c` over libibnetdiscover's directed-route walk): from this port, NodeInfo, NodeDescription and PortInfo of every node reached through switches, printed as ibnetdiscover's topology file (`vendid=`, `devid=`, `sysimgguid=`, `switchguid=`/`caguid=`, the `Switch`/`Ca` lines and one line per connected port); chassis grouping (`-g`), node-name maps, `-l`/`-H`/`-S` lists, ports reports, the cache file, extended speeds (FDR and above) and routers' details are left out.
+//! infiniband-diags' `ibnetdiscover`: the subnet's topology by a directed-route walk.
+//!
+//! infiniband-diags' `ibnetdiscover` (`ibnetdiscover.c` over libibnetdiscover's
+//! directed-route walk): from this port, NodeInfo, NodeDescription and PortInfo of
+//! every node reached through switches, printed as ibnetdiscover's topology file
+//! (`vendid=`, `devid=`, `sysimgguid=`, `switchguid=`/`caguid=`, the `Switch`/`Ca`
+//! lines and one line per connected port); chassis grouping (`-g`), node-name maps,
+//! `-l`/`-H`/`-S` lists, ports reports, the cache file, extended speeds (FDR and
+//! above) and routers' details are left out.
 //!
 //! The walk is breadth first: a node is identified by its node GUID (a
 //! second path to a known node adds only the link), only switches are

@@ -1,4 +1,11 @@
-//! infiniband-diags' `ibping` (`ibping.c`): the client's Get of the OpenIB ping vendor class (0x32, OUI 0x001405) to a LID or port GUID on QP1 with its `Pong from ...` lines and the `--- ... ibping statistics ---` summary, and the responder (`ibping -S`) as an ib_core MAD agent that answers with this node's description; flood mode (`-f`), `-o OUI`, `-S` from the console (the kernel's responder runs from boot) and node-name maps are left out.
+//! infiniband-diags' `ibping`, client and responder.
+//!
+//! infiniband-diags' `ibping` (`ibping.c`): the client's Get of the OpenIB ping
+//! vendor class (0x32, OUI 0x001405) to a LID or port GUID on QP1 with its `Pong
+//! from ...` lines and the `--- ... ibping statistics ---` summary, and the
+//! responder (`ibping -S`) as an ib_core MAD agent that answers with this node's
+//! description; flood mode (`-f`), `-o OUI`, `-S` from the console (the kernel's
+//! responder runs from boot) and node-name maps are left out.
 //!
 //! One deliberate difference: ibping pings until Ctrl-C; a console command
 //! must end on its own, so `-c` defaults to [`DEFAULT_COUNT`] here (Ctrl-C

@@ -1,4 +1,10 @@
-//! Console RDMA tools as clients of `ib_core` (no driver below them): perftest (`perftest`), rdma-core's pingpong examples (`pingpong`), and infiniband-diags' queries through QP0/QP1 (`diags`, `ibnetdiscover`, `ibping`); perftest's and rdma-core's TCP exchange (the IB CM carries it here), CUDA/ROCm memory, multi-QP, dual-port, bidirectional and JSON output are left out.
+//! Console RDMA tools as clients of `ib_core`: perftest, pingpong and infiniband-diags.
+//!
+//! Console RDMA tools as clients of `ib_core` (no driver below them): perftest
+//! (`perftest`), rdma-core's pingpong examples (`pingpong`), and infiniband-diags'
+//! queries through QP0/QP1 (`diags`, `ibnetdiscover`, `ibping`); perftest's and
+//! rdma-core's TCP exchange (the IB CM carries it here), CUDA/ROCm memory,
+//! multi-QP, dual-port, bidirectional and JSON output are left out.
 //!
 //! The crate is `no_std` + `alloc` and never touches hardware: the kernel's
 //! console commands (and the host tests) hand it an [`ib_core::IbCore`] and

@@ -1,4 +1,11 @@
-//! rdma-core's `ibv_rc_pingpong` and `ibv_ud_pingpong` (libibverbs/examples `rc_pingpong.c`, `ud_pingpong.c`): one QP, SEND/RECV ping-pong for `-n` iterations, the address lines and the two result lines in rdma-core's words; their TCP exchange is replaced by the IB CM (see below), and events mode (`-e`), ODP, timestamps, device memory, the new send API and GRH use (`-g` only prints the GID) are left out.
+//! rdma-core's `ibv_rc_pingpong` and `ibv_ud_pingpong`.
+//!
+//! rdma-core's `ibv_rc_pingpong` and `ibv_ud_pingpong` (libibverbs/examples
+//! `rc_pingpong.c`, `ud_pingpong.c`): one QP, SEND/RECV ping-pong for `-n`
+//! iterations, the address lines and the two result lines in rdma-core's words;
+//! their TCP exchange is replaced by the IB CM (see below), and events mode (`-e`),
+//! ODP, timestamps, device memory, the new send API and GRH use (`-g` only prints
+//! the GID) are left out.
 //!
 //! How the two sides meet (no TCP here):
 //! * RC: the CM connection is the exchange. The client asks the SA for a

@@ -1,3 +1,5 @@
+//! The kernel command line.
+//!
 //! Kernel command line: space-separated `key=value` words, values may be
 //! double-quoted (`run="lspci -v; meminfo" log=info,kernel::pci=debug`).
 //! GRUB's Multiboot loader escapes quotes with a backslash when it builds the

@@ -1,10 +1,11 @@
-//! The host channel adapters this kernel drives: every ConnectX-3 found on
-//! PCI, real or emulated, is brought up with `mlx4_core`, gets `mlx4_ib`
-//! (`mlx4_ib_add`) and is registered with `ib_core`, which opens the MAD
-//! ports (QP0/QP1). The shell's idle loop runs ib_core's progress function
-//! (event queues, the catastrophic-error buffer, MAD completions and
-//! timeouts), and the console reads devices and ports through ib_core, as
-//! rdma-core's and infiniband-diags' tools read them through verbs.
+//! The host channel adapters this kernel drives.
+//!
+//! Every ConnectX-3 found on PCI, real or emulated, is brought up with `mlx4_core`,
+//! gets `mlx4_ib` (`mlx4_ib_add`) and is registered with `ib_core`, which opens the
+//! MAD ports (QP0/QP1). The shell's idle loop runs ib_core's progress function
+//! (event queues, the catastrophic-error buffer, MAD completions and timeouts), and
+//! the console reads devices and ports through ib_core, as rdma-core's and
+//! infiniband-diags' tools read them through verbs.
 //!
 //! Leaves out: hot-plug, and restarting a device after a catastrophic error
 //! (it is unregistered from ib_core and kept only for `mlx4 catas`).

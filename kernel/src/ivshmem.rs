@@ -1,3 +1,5 @@
+//! The emulated ConnectX-3 behind an ivshmem function.
+//!
 //! The emulated ConnectX-3 behind an ivshmem function (`docs/ivshmem.md`):
 //! finds the window, checks its header against the contract, and describes
 //! the card so that `pci` hands `mlx4_core` the same `hal::PciFunction` a

@@ -1,3 +1,5 @@
+//! The `log` backend: the serial console and the `dmesg` ring.
+//!
 //! The `log` backend: every record goes to the serial console and into a ring
 //! buffer that `dmesg` prints, filtered by a default level plus per-module
 //! rules (`log=info,mlx4_core::cmd=trace`).

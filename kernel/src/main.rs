@@ -1,6 +1,8 @@
-//! The research kernel: boots from the `boot` crate's trampoline, brings up
-//! the console, memory, time and PCI, and then runs the serial shell (or the
-//! commands given with `run=` on the command line, for scripted runs).
+//! The research kernel.
+//!
+//! Boots from the `boot` crate's trampoline, brings up the console, memory, time
+//! and PCI, and then runs the serial shell (or the commands given with `run=` on
+//! the command line, for scripted runs).
 //!
 //! Leaves out: interrupts (everything is polled), SMP, user space, a file
 //! system. Drivers run in the shell's idle loop.

@@ -1,3 +1,5 @@
+//! PCI configuration access, enumeration and BARs.
+//!
 //! PCI: configuration access through ports 0xcf8/0xcfc, enumeration of every
 //! bus with `pci_types`, BAR sizing (decoding off while sizing, as Linux
 //! does), and the `hal::PciFunction` handed to drivers with its memory BARs

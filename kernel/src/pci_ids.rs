@@ -1,6 +1,8 @@
-//! Names for `lspci`: the few vendors, devices and classes a research machine
-//! with a ConnectX-3 (or QEMU q35) shows, worded as pci.ids words them.
-//! Anything else prints as lspci prints an unknown ID (`Device 1234`).
+//! Names for `lspci`.
+//!
+//! The few vendors, devices and classes a research machine with a ConnectX-3 (or
+//! QEMU q35) shows, worded as pci.ids words them. Anything else prints as lspci
+//! prints an unknown ID (`Device 1234`).
 
 /// Vendor name.
 pub fn vendor(v: u16) -> Option<&'static str> {

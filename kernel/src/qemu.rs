@@ -1,3 +1,5 @@
+//! Leaving the machine with a pass or fail status.
+//!
 //! Leaving the machine: QEMU's `isa-debug-exit` device (port 0xf4) for pass and
 //! fail, ACPI S5 and the reset register as fallbacks on other machines.
 //!

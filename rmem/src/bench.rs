@@ -1,3 +1,5 @@
+//! `rmem bench`: 4 KiB page-fetch latency and throughput.
+//!
 //! `rmem bench`: 4 KiB page-fetch latency (one request in flight: min,
 //! median, 99%, 99.9%) and throughput (K in flight) over N remote pages,
 //! sequential or random, printed as ib_read_lat/ib_read_bw do or as CSV for

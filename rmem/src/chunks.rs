@@ -1,7 +1,9 @@
-//! The memory node's chunk table: page-granular first-fit allocation inside
-//! the exported region, each chunk owned by one connection (our own; LITE's
-//! LMR bookkeeping in spirit); leaves out per-chunk rkeys (every chunk is
-//! reached with the region's rkey, the card bounding accesses to the region).
+//! The memory node's chunk table.
+//!
+//! Page-granular first-fit allocation inside the exported region, each chunk owned
+//! by one connection (our own; LITE's LMR bookkeeping in spirit); leaves out
+//! per-chunk rkeys (every chunk is reached with the region's rkey, the card
+//! bounding accesses to the region).
 //!
 //! The table's capacity is fixed when the region is exported: allocating
 //! and freeing never allocate memory.

@@ -1,3 +1,5 @@
+//! The compute node's side of rmem.
+//!
 //! The compute node's side: one RC connection to a memory node (made by the
 //! CM), the RPC (hello/alloc/free over SEND with immediate) and RDMA
 //! READ/WRITE with a window of K requests in flight, completions

@@ -1,8 +1,9 @@
-//! Connections made without the CM: both sides learn the other's LID, QPN
-//! and PSN some other way (a test, a configuration, a future out-of-band
-//! exchange) and drive their RC QP to RTS with the attributes Linux's CM
-//! would compute (`ib_cm_init_qp_attr` in spirit); leaves out paths with a
-//! GRH and alternate paths.
+//! Connections made without the CM.
+//!
+//! Both sides learn the other's LID, QPN and PSN some other way (a test, a
+//! configuration, a future out-of-band exchange) and drive their RC QP to RTS with
+//! the attributes Linux's CM would compute (`ib_cm_init_qp_attr` in spirit); leaves
+//! out paths with a GRH and alternate paths.
 
 use ib_core::Device;
 use ib_core::verbs::{AccessFlags, AhAttr, Mtu, Qp, QpAttr, QpAttrMask as M, QpState};

@@ -1,11 +1,12 @@
-//! Remote memory for disaggregated-memory experiments, a kernel service over
-//! ib_core's verbs in the spirit of LegoOS's FIT (kernel RPC over RDMA) and
-//! LITE: a memory node ([`Server`]) exports one region registered through
-//! MTTs with an rkey scoped to it; compute nodes ([`Client`]) connect with
-//! the CM, allocate and free chunks over a small RPC ([`proto`]) and read
-//! and write them with RDMA READ/WRITE, many requests in flight, completions
-//! busy-polled. Leaves out: paging integration (who maps the fetched page),
-//! replication, multiple regions per node, memory windows.
+//! Remote memory for disaggregated-memory experiments.
+//!
+//! A kernel service over ib_core's verbs in the spirit of LegoOS's FIT (kernel RPC
+//! over RDMA) and LITE: a memory node ([`Server`]) exports one region registered
+//! through MTTs with an rkey scoped to it; compute nodes ([`Client`]) connect with
+//! the CM, allocate and free chunks over a small RPC ([`proto`]) and read and write
+//! them with RDMA READ/WRITE, many requests in flight, completions busy-polled.
+//! Leaves out: paging integration (who maps the fetched page), replication,
+//! multiple regions per node, memory windows.
 //!
 //! Errors a user meets are worded for them ([`Error`]'s `Display`): a card
 //! refusing an access outside the region is "remote access error", a node

@@ -1,3 +1,5 @@
+//! The rmem RPC message.
+//!
 //! The rmem RPC: the 32-byte message a compute node and a memory node
 //! exchange over SEND with immediate data (our own format, in the spirit of
 //! LegoOS FIT's fixed RPC header); leaves out batching and multi-message

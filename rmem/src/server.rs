@@ -1,3 +1,5 @@
+//! The memory node's side of rmem.
+//!
 //! The memory node's side: one exported region (DMA memory registered
 //! through MTTs with an rkey scoped to it, remote read and write only), a CM
 //! listener, and a poll loop answering hello/alloc/free RPCs (LegoOS FIT's

@@ -1,3 +1,5 @@
+//! Statistics of an rmem client.
+//!
 //! Statistics of a client: operations, bytes, retries, errors and a latency
 //! histogram (log2 buckets of nanoseconds, plus exact min/median/99%/99.9%
 //! from a bounded sample); leaves out per-chunk and per-peer breakdowns.

@@ -1,3 +1,5 @@
+//! Boots the real image under QEMU and collects the serial transcript.
+//!
 //! Boots the real image under QEMU through `run-qemu.sh` and collects the
 //! serial transcript, always against a deadline; every QEMU started here is
 //! ended by its pid.

@@ -1,7 +1,8 @@
-//! An SM's SubnSet(PortInfo) for driver tests: SMPs a port receives from
-//! the link, processed by the model's firmware SMA (`SimHca::sma_receive`,
-//! every SMA check on); no state poke. Left out: the driver's QP0 path
-//! (covered by the subnet tests with the fabric's embedded SM).
+//! An SM's SubnSet(PortInfo) for driver tests.
+//!
+//! SMPs a port receives from the link, processed by the model's firmware SMA
+//! (`SimHca::sma_receive`, every SMA check on); no state poke. Left out: the
+//! driver's QP0 path (covered by the subnet tests with the fabric's embedded SM).
 
 use sim::SimHca;
 

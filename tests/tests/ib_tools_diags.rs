@@ -1,4 +1,11 @@
-//! infiniband-diags from `ib_tools` against the real stack (mlx4_core + mlx4_ib + ib_core on the model): `smpquery` to this port goes through ib_core's SMI to mlx4_ib's MAD_IFC and the model's firmware SMA, and prints what the device says in libibmad's words; the queries that need a subnet (a LID, an SM) end with a clear error. Two HCAs through the switch (perfquery of the peer, the switch in smpquery, ibnetdiscover) wait for the model's data path and an SM on main.
+//! infiniband-diags from `ib_tools` against the real stack on the model.
+//!
+//! infiniband-diags from `ib_tools` against the real stack (mlx4_core + mlx4_ib +
+//! ib_core on the model): `smpquery` to this port goes through ib_core's SMI to
+//! mlx4_ib's MAD_IFC and the model's firmware SMA, and prints what the device says
+//! in libibmad's words; the queries that need a subnet (a LID, an SM) end with a
+//! clear error. Two HCAs through the switch (perfquery of the peer, the switch in
+//! smpquery, ibnetdiscover) wait for the model's data path and an SM on main.
 
 mod mlx4_common;
 

@@ -1,4 +1,15 @@
-//! The console tools between two nodes on the model, the real stack on each (mlx4_core + mlx4_ib + ib_core on a model HCA), both cabled to the model switch of the `--nodes 2` topology with the fabric's embedded SM on the switch's next port: no test shortcut makes a port Active, the SM does (LIDs, SM LID), and the tools ask its SA for their paths. Every perftest tool with `--check`, several in one "boot"; both pingpongs; ibnetdiscover listing the switch and the peer; ibping answered by the peer's responder; perfquery showing the peer's counters grow by the bytes moved; packet drops recovered by RC retransmission; a pulled cable ending in "transport retry counter exceeded". Left out: OpenSM (the QEMU tests use it when run-qemu.sh has it).
+//! The console tools between two nodes on the model.
+//!
+//! The real stack on each (mlx4_core + mlx4_ib + ib_core on a model HCA), both
+//! cabled to the model switch of the `--nodes 2` topology with the fabric's
+//! embedded SM on the switch's next port: no test shortcut makes a port Active, the
+//! SM does (LIDs, SM LID), and the tools ask its SA for their paths. Every perftest
+//! tool with `--check`, several in one "boot"; both pingpongs; ibnetdiscover
+//! listing the switch and the peer; ibping answered by the peer's responder;
+//! perfquery showing the peer's counters grow by the bytes moved; packet drops
+//! recovered by RC retransmission; a pulled cable ending in "transport retry
+//! counter exceeded". Left out: OpenSM (the QEMU tests use it when run-qemu.sh has
+//! it).
 //!
 //! Each node runs its tool on its own thread, as two guests would; the two
 //! models share one synchronous wire and fake clock, stepped by whichever

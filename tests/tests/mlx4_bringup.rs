@@ -1,4 +1,7 @@
-//! Model-backed bring-up of mlx4_core: command order against Linux's, capabilities, fw_ver, teardown back to baseline, in both model modes.
+//! Model-backed bring-up of mlx4_core.
+//!
+//! Command order against Linux's, capabilities, fw_ver, teardown back to baseline,
+//! in both model modes.
 
 mod mlx4_common;
 

@@ -1,4 +1,12 @@
-//! The perftest tools of `ib_tools` between two real stacks (mlx4_core + mlx4_ib + ib_core, each on its own threaded model HCA) cabled to one model switch with the fabric's embedded SM and SA, as `run-qemu.sh --nodes 2 --emu-args --embedded-sm` runs them: `ib_read_bw --check` verifies every byte it reads (the server's slots must hold their pattern before the client may read them), and two tools run one after the other on one `IbCore` each, as a console script does (a second CM connection in the same boot).
+//! The perftest tools between two real stacks on the model.
+//!
+//! The perftest tools of `ib_tools` between two real stacks (mlx4_core + mlx4_ib +
+//! ib_core, each on its own threaded model HCA) cabled to one model switch with the
+//! fabric's embedded SM and SA, as `run-qemu.sh --nodes 2 --emu-args --embedded-sm`
+//! runs them: `ib_read_bw --check` verifies every byte it reads (the server's slots
+//! must hold their pattern before the client may read them), and two tools run one
+//! after the other on one `IbCore` each, as a console script does (a second CM
+//! connection in the same boot).
 
 mod mlx4_common;
 

@@ -1,10 +1,11 @@
-//! The EQ consumer index inside one long poll pass: the real mlx4_core
-//! against a model that keeps producing completion events while the driver
-//! consumes them, as a busy card does, so that one pass of `mlx4_eq_int`
-//! (`Dev::poll_eq`) runs through several times the EQ's size. A driver must
-//! write the consumer index back at least every `MLX4_NUM_SPARE_EQE` entries
-//! (Linux `eq.c`); one that writes it only at the end of the pass overruns
-//! the EQ, which the model records.
+//! The EQ consumer index inside one long poll pass.
+//!
+//! The real mlx4_core against a model that keeps producing completion events while
+//! the driver consumes them, as a busy card does, so that one pass of `mlx4_eq_int`
+//! (`Dev::poll_eq`) runs through several times the EQ's size. A driver must write
+//! the consumer index back at least every `MLX4_NUM_SPARE_EQE` entries (Linux
+//! `eq.c`); one that writes it only at the end of the pass overruns the EQ, which
+//! the model records.
 //!
 //! Deterministic on a loaded machine: every completion event the driver
 //! dispatches makes the model post one more (from the driver's own thread,

@@ -1,4 +1,7 @@
-//! Model-backed fault matrix of mlx4_core: every bring-up command once with an error status and once with GO never clearing; absurd QUERY_DEV_CAP values; a catastrophic error while idle.
+//! Model-backed fault matrix of mlx4_core.
+//!
+//! Every bring-up command once with an error status and once with GO never
+//! clearing; absurd QUERY_DEV_CAP values; a catastrophic error while idle.
 
 mod mlx4_common;
 

@@ -1,4 +1,9 @@
-//! The model-backed test harness itself: the invariants its [`Model`] fixture checks when a model goes away (violations, DMA faults, firmware left running, ICM left mapped, DMA leaked), the narrow opt-outs, the watchdog that turns a hang into a failure, and that every `mlx4_*` test file uses the fixture.
+//! The model-backed test harness itself.
+//!
+//! The invariants its [`Model`] fixture checks when a model goes away (violations,
+//! DMA faults, firmware left running, ICM left mapped, DMA leaked), the narrow
+//! opt-outs, the watchdog that turns a hang into a failure, and that every `mlx4_*`
+//! test file uses the fixture.
 
 mod mlx4_common;
 

@@ -1,4 +1,12 @@
-//! Model-backed MADs through a switch with the real stack (mlx4_core + mlx4_ib + ib_core on two model HCAs cabled to one model switch): a directed-route SMP answered by the peer HCA's driver (its QP0 agent through MAD_IFC) with the SMI rules checked both ways, SMPs answered by the switch's SMA, a PMA PortCounters query answered by the peer's agent on QP1, a dropped response retried and, with every response dropped, a timeout within its deadline; the ports are brought up by hand (no SM on these wires yet).
+//! Model-backed MADs through a switch with the real stack.
+//!
+//! Model-backed MADs through a switch with the real stack (mlx4_core + mlx4_ib +
+//! ib_core on two model HCAs cabled to one model switch): a directed-route SMP
+//! answered by the peer HCA's driver (its QP0 agent through MAD_IFC) with the SMI
+//! rules checked both ways, SMPs answered by the switch's SMA, a PMA PortCounters
+//! query answered by the peer's agent on QP1, a dropped response retried and, with
+//! every response dropped, a timeout within its deadline; the ports are brought up
+//! by hand (no SM on these wires yet).
 
 mod mlx4_common;
 

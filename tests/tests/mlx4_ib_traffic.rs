@@ -1,4 +1,10 @@
-//! Model-backed traffic through mlx4_ib: two HCAs cabled back to back, the model's engines executing the WQEs the driver builds and writing the CQEs it parses: RC SEND (with immediate), RDMA WRITE (with immediate), RDMA READ, both atomics with the data checked; UD send/receive with and without GRH; SRQ receives; error completions under Linux's `ib_wc_status` names.
+//! Model-backed traffic through mlx4_ib.
+//!
+//! Two HCAs cabled back to back, the model's engines executing the WQEs the driver
+//! builds and writing the CQEs it parses: RC SEND (with immediate), RDMA WRITE
+//! (with immediate), RDMA READ, both atomics with the data checked; UD send/receive
+//! with and without GRH; SRQ receives; error completions under Linux's
+//! `ib_wc_status` names.
 
 mod mlx4_common;
 

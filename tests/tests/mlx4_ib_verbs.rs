@@ -1,4 +1,11 @@
-//! Model-backed tests of mlx4_ib through ib_core: device registration with node and port attributes from the firmware SMA, QP0/QP1 brought up by the MAD layer (CONF_SPECIAL_QP QPNs, INIT_PORT when QP0 reaches RTR), verbs objects and their firmware commands (RC/UC/UD QPs through RTS with the context fields Linux writes, SRQ, MRs, AHs), port events and snooped SMPs reaching ib_core, removal with nothing leaked. Traffic (WQEs executed by the model) is not covered: the model's data path has not landed.
+//! Model-backed tests of mlx4_ib through ib_core.
+//!
+//! Device registration with node and port attributes from the firmware SMA, QP0/QP1
+//! brought up by the MAD layer (CONF_SPECIAL_QP QPNs, INIT_PORT when QP0 reaches
+//! RTR), verbs objects and their firmware commands (RC/UC/UD QPs through RTS with
+//! the context fields Linux writes, SRQ, MRs, AHs), port events and snooped SMPs
+//! reaching ib_core, removal with nothing leaked. Traffic (WQEs executed by the
+//! model) is not covered: the model's data path has not landed.
 
 mod mlx4_common;
 

@@ -1,4 +1,7 @@
-//! Model-backed resource lifecycles of mlx4_core: thousands of PDs, multi-page non-contiguous MRs, CQs, QPs, SRQs; allocators and DMA back at baseline; port open/close and async events through the polled EQ.
+//! Model-backed resource lifecycles of mlx4_core.
+//!
+//! Thousands of PDs, multi-page non-contiguous MRs, CQs, QPs, SRQs; allocators and
+//! DMA back at baseline; port open/close and async events through the polled EQ.
 
 mod mlx4_common;
 

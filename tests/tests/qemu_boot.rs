@@ -1,3 +1,5 @@
+//! End-to-end: the real image booted under QEMU.
+//!
 //! End-to-end: the real image booted under QEMU (TCG), driven over its serial
 //! console, judged by the transcript and by the `isa-debug-exit` status.
 

@@ -1,3 +1,5 @@
+//! End-to-end: the real image drives the emulated ConnectX-3.
+//!
 //! End-to-end: the real image drives the emulated ConnectX-3 (`cx3-emu` over
 //! ivshmem and shared guest RAM) under QEMU, through the same mlx4_core code
 //! path a real card takes.

@@ -1,3 +1,5 @@
+//! End-to-end, real peer: Linux 6.1's own mlx4 drives the model over vfio-user.
+//!
 //! End-to-end, real peer: an unmodified Debian Linux 6.1 guest (its own
 //! mlx4_core, mlx4_ib, ib_core, ib_uverbs, ib_umad, and rdma-core's
 //! ibv_devinfo and ibstat) drives the model served as a PCI function over

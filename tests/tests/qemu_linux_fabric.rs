@@ -1,3 +1,5 @@
+//! End-to-end, real peers: Linux guests and ours on one emulated fabric.
+//!
 //! End-to-end, real peers on one emulated fabric: two unmodified Debian
 //! Linux 6.1 guests (their own mlx4_core/mlx4_ib, rdma-core's libmlx4,
 //! perftest and infiniband-diags) and one guest running our kernel, each on

@@ -1,4 +1,10 @@
-//! Two guests, one command: `run-qemu.sh --run-on N CMDS` gives each node its own script (next to `--run` for all), prints every node's transcript and exits 0 only if every node's script succeeded; the RDMA tools themselves (perftest, diags) join these tests once the kernel runs them (mlx4_ib, the CM and an SM on main).
+//! Two guests, one command: `run-qemu.sh --run-on N CMDS`.
+//!
+//! Two guests, one command: `run-qemu.sh --run-on N CMDS` gives each node its own
+//! script (next to `--run` for all), prints every node's transcript and exits 0
+//! only if every node's script succeeded; the RDMA tools themselves (perftest,
+//! diags) join these tests once the kernel runs them (mlx4_ib, the CM and an SM on
+//! main).
 
 use std::time::Duration;
 

@@ -1,4 +1,16 @@
-//! Remote memory between QEMU guests, one command as a researcher runs it: `run-qemu.sh --nodes 3` with the default subnet manager (OpenSM), node 0 serving 256 MiB (`rmem serve 256M`), nodes 1 and 2 connecting to its LID through the SA and the CM. One boot covers: a pattern written and read back across 16 MiB of the region with every byte checked; the two compute nodes filling their own chunks with different bytes at the same time and each reading back only its own; an access past the region refused by the card ("remote access error"); node 2's cable pulled (cx3-emu `--pull`) while it probes, ending a read in "memory node unreachable" within the client's deadline, its port DOWN; OpenSM never dropping the memory node's port while it exported; `rmem bench --csv` on both compute nodes, collected by run-qemu.sh under target/experiments/ and parsed here. Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
+//! Remote memory between QEMU guests, one command as a researcher runs it.
+//!
+//! `run-qemu.sh --nodes 3` with the default subnet manager (OpenSM), node 0 serving
+//! 256 MiB (`rmem serve 256M`), nodes 1 and 2 connecting to its LID through the SA
+//! and the CM. One boot covers: a pattern written and read back across 16 MiB of
+//! the region with every byte checked; the two compute nodes filling their own
+//! chunks with different bytes at the same time and each reading back only its own;
+//! an access past the region refused by the card ("remote access error"); node 2's
+//! cable pulled (cx3-emu `--pull`) while it probes, ending a read in "memory node
+//! unreachable" within the client's deadline, its port DOWN; OpenSM never dropping
+//! the memory node's port while it exported; `rmem bench --csv` on both compute
+//! nodes, collected by run-qemu.sh under target/experiments/ and parsed here. Every
+//! run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
 
 use std::path::PathBuf;
 use std::process::Command;

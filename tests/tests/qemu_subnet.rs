@@ -1,10 +1,11 @@
-//! The subnet comes up in QEMU: `run-qemu.sh --sm opensm|embedded|none`
-//! (OpenSM by default), two guests whose ports a subnet manager brings to
-//! Active through their own QP0, `ibstat` with distinct LIDs and the SM's
-//! LID, `saquery -p` and `sminfo` answered by the SM, and nothing left
-//! running afterwards, however the run ends (normal exit, a guest crash,
-//! Ctrl-C). Each test prints the time from kernel entry to port Active
-//! that the guests logged (run with `--nocapture` to read it).
+//! The subnet comes up in QEMU.
+//!
+//! `run-qemu.sh --sm opensm|embedded|none` (OpenSM by default), two guests whose
+//! ports a subnet manager brings to Active through their own QP0, `ibstat` with
+//! distinct LIDs and the SM's LID, `saquery -p` and `sminfo` answered by the SM,
+//! and nothing left running afterwards, however the run ends (normal exit, a guest
+//! crash, Ctrl-C). Each test prints the time from kernel entry to port Active that
+//! the guests logged (run with `--nocapture` to read it).
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};

@@ -1,4 +1,13 @@
-//! The console tools between two QEMU guests on one emulated fabric (`run-qemu.sh --nodes 2` with its default subnet manager, Debian's OpenSM attached through ibsim's protocol): every perftest tool with `--check` and both pingpongs in one boot (so also a second, third, ... CM connection per boot), perfquery on one guest showing the other's counters grow by the bytes moved, smpquery and ibnetdiscover listing the switch and the other guest, ibping answered; in a second boot, packet drops recovered by RC retransmission and a pulled cable ending in "transport retry counter exceeded".
+//! The console tools between two QEMU guests on one emulated fabric.
+//!
+//! The console tools between two QEMU guests on one emulated fabric (`run-qemu.sh
+//! --nodes 2` with its default subnet manager, Debian's OpenSM attached through
+//! ibsim's protocol): every perftest tool with `--check` and both pingpongs in one
+//! boot (so also a second, third, ... CM connection per boot), perfquery on one
+//! guest showing the other's counters grow by the bytes moved, smpquery and
+//! ibnetdiscover listing the switch and the other guest, ibping answered; in a
+//! second boot, packet drops recovered by RC retransmission and a pulled cable
+//! ending in "transport retry counter exceeded".
 //!
 //! The scripts are sequenced by the console's `retry`: node 0 serves one
 //! tool after the other; node 1 runs each client under `retry` ([`RETRY`]),

@@ -1,3 +1,5 @@
+//! End-to-end: our kernel against the model served over vfio-user.
+//!
 //! End-to-end: our kernel against the model served as a real PCI function
 //! over vfio-user (`cx3-vfu`, `run-qemu.sh --vfu`): the function is probed as
 //! a plain PCI device with no ivshmem glue, the path a passed-through card

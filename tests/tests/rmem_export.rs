@@ -1,3 +1,5 @@
+//! Model-backed tests of rmem's memory node.
+//!
 //! Model-backed tests of rmem's memory node over the real mlx4_core +
 //! mlx4_ib + ib_core stack on one model HCA: the exported region is
 //! registered (its own MPT over MTT entries) with an rkey scoped

@@ -1,4 +1,12 @@
-//! rmem through the subnet manager: `Client::connect` (what `rmem connect LID` runs) asks the SA for the path to the memory node's LID and connects through the CM, on a model fabric whose embedded SM assigned the LIDs and brought the ports to Active (no test shortcut touches a port). A memory node that starts serving late is waited for (connect attempts repeated, counted as `retries`); a LID nobody holds fails with a clear error within `connect_timeout`. Each node is a model HCA with the real mlx4_core + mlx4_ib + ib_core.
+//! rmem through the subnet manager.
+//!
+//! `Client::connect` (what `rmem connect LID` runs) asks the SA for the path to the
+//! memory node's LID and connects through the CM, on a model fabric whose embedded
+//! SM assigned the LIDs and brought the ports to Active (no test shortcut touches a
+//! port). A memory node that starts serving late is waited for (connect attempts
+//! repeated, counted as `retries`); a LID nobody holds fails with a clear error
+//! within `connect_timeout`. Each node is a model HCA with the real mlx4_core +
+//! mlx4_ib + ib_core.
 
 mod mlx4_common;
 

@@ -1,4 +1,15 @@
-//! Model-backed rmem traffic: a memory node and compute nodes, each its own model HCA with the real mlx4_core + mlx4_ib + ib_core stack, cabled on one model fabric, the model's engines executing the RDMA: RPC alloc/free (and a malformed RPC answered with an error), a pattern written and read back with the data checked, two compute nodes sharing one memory node without interference, an out-of-bounds access refused by the card (remote access error CQE), a pulled cable and a gone memory node ending in "transport retry counter exceeded" within the deadline. Most connections are made without the CM (`accept_peer`/`connect_peer`); one test connects through the CM listener with a hand-built path (no SA on these wires).
+//! Model-backed rmem traffic between a memory node and compute nodes.
+//!
+//! Model-backed rmem traffic: a memory node and compute nodes, each its own model
+//! HCA with the real mlx4_core + mlx4_ib + ib_core stack, cabled on one model
+//! fabric, the model's engines executing the RDMA: RPC alloc/free (and a malformed
+//! RPC answered with an error), a pattern written and read back with the data
+//! checked, two compute nodes sharing one memory node without interference, an
+//! out-of-bounds access refused by the card (remote access error CQE), a pulled
+//! cable and a gone memory node ending in "transport retry counter exceeded" within
+//! the deadline. Most connections are made without the CM
+//! (`accept_peer`/`connect_peer`); one test connects through the CM listener with a
+//! hand-built path (no SA on these wires).
 
 mod mlx4_common;
 

@@ -1,4 +1,8 @@
-//! `run-qemu.sh`'s command line as a newcomer meets it, without booting anything: `--help` and unknown options print exactly the usage text, missing and bad option values end with a clear message and status 2, sizes are converted the way QEMU reads them.
+//! `run-qemu.sh`'s command line as a newcomer meets it.
+//!
+//! Without booting anything: `--help` and unknown options print exactly the usage
+//! text, missing and bad option values end with a clear message and status 2, sizes
+//! are converted the way QEMU reads them.
 
 use std::process::{Command, Output};
 

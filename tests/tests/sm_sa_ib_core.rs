@@ -1,6 +1,7 @@
-//! Two readings of the SA layouts side by side: ib_core's SA client
-//! (`sa_query`, after Linux) builds the requests and parses the answers,
-//! the model's SA (`sim::fabric::sa`, after the IBTA and OpenSM) answers
+//! Two readings of the SA layouts side by side.
+//!
+//! Ib_core's SA client (`sa_query`, after Linux) builds the requests and parses the
+//! answers, the model's SA (`sim::fabric::sa`, after the IBTA and OpenSM) answers
 //! them. A field either side places differently shows up here.
 
 use std::collections::BTreeMap;

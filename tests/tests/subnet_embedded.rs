@@ -1,4 +1,11 @@
-//! The fabric's embedded SM brings driver-run HCAs to Active: two model HCAs, each with the real mlx4_core + mlx4_ib + ib_core, cabled to a model switch (the `--nodes 2` topology) with the SM on the switch's next port; every SMP of the sweep reaches the guests' QP0 and is answered by ib_core's agent and mlx4_ib's MAD_IFC; no test shortcut touches a port (the links train when ib_core opens QP0, the SM does the rest). Left out here: OpenSM (`subnet_opensm.rs`).
+//! The fabric's embedded SM brings driver-run HCAs to Active.
+//!
+//! Two model HCAs, each with the real mlx4_core + mlx4_ib + ib_core, cabled to a
+//! model switch (the `--nodes 2` topology) with the SM on the switch's next port;
+//! every SMP of the sweep reaches the guests' QP0 and is answered by ib_core's
+//! agent and mlx4_ib's MAD_IFC; no test shortcut touches a port (the links train
+//! when ib_core opens QP0, the SM does the rest). Left out here: OpenSM
+//! (`subnet_opensm.rs`).
 
 mod mlx4_common;
 mod subnet_common;

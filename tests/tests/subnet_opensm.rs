@@ -1,4 +1,12 @@
-//! The real OpenSM (Debian's, under the umad2sim preload, attached through the fabric's ibsim server as the SM host on the switch's last port) brings driver-run HCAs to Active: two model HCAs with the real mlx4_core + mlx4_ib + ib_core on the `--nodes 2` topology, every SMP OpenSM sends to them crossing the fabric into their QP0 and answered by ib_core's agent and mlx4_ib (MAD_IFC). The real diags query them. Skipped loudly without the packages (`scripts/deps.sh ensure_ib_peers`).
+//! The real OpenSM brings driver-run HCAs to Active.
+//!
+//! The real OpenSM (Debian's, under the umad2sim preload, attached through the
+//! fabric's ibsim server as the SM host on the switch's last port) brings
+//! driver-run HCAs to Active: two model HCAs with the real mlx4_core + mlx4_ib +
+//! ib_core on the `--nodes 2` topology, every SMP OpenSM sends to them crossing the
+//! fabric into their QP0 and answered by ib_core's agent and mlx4_ib (MAD_IFC). The
+//! real diags query them. Skipped loudly without the packages (`scripts/deps.sh
+//! ensure_ib_peers`).
 
 mod mlx4_common;
 mod subnet_common;

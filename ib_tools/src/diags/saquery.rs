@@ -1,4 +1,11 @@
-//! infiniband-diags' `saquery` (rdma-core `saquery.c`) through ib_core's SA client (`sa_query`): NodeRecords (every one, or those of one LID or node description) and PathRecords from this port (to one LID, or to every LID the SA's NodeRecords name), printed in saquery's `NodeRecord dump:` / `PathRecord dump:` blocks; ServiceRecords, InformInfo, multicast, LinkRecords, ClassPortInfo, `-s`, SM_Key, node-name maps and arbitrary source LIDs are left out.
+//! infiniband-diags' `saquery` through ib_core's SA client.
+//!
+//! infiniband-diags' `saquery` (rdma-core `saquery.c`) through ib_core's SA client
+//! (`sa_query`): NodeRecords (every one, or those of one LID or node description)
+//! and PathRecords from this port (to one LID, or to every LID the SA's NodeRecords
+//! name), printed in saquery's `NodeRecord dump:` / `PathRecord dump:` blocks;
+//! ServiceRecords, InformInfo, multicast, LinkRecords, ClassPortInfo, `-s`, SM_Key,
+//! node-name maps and arbitrary source LIDs are left out.
 //!
 //! One difference in meaning: the real `saquery -p` asks the SA for every
 //! path between every pair of ports (a GetTable with an empty component

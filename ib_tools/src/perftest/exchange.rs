@@ -1,4 +1,9 @@
-//! What perftest exchanges over its TCP socket (`pingpong_dest` and the parameter negotiation), carried instead in the IB CM's private data (REQ: 92 bytes, REP: 196), plus the data pattern `--check` verifies; GID, multicast and XRC fields are left out.
+//! What perftest exchanges with its peer, carried in the IB CM's private data.
+//!
+//! What perftest exchanges over its TCP socket (`pingpong_dest` and the parameter
+//! negotiation), carried instead in the IB CM's private data (REQ: 92 bytes, REP:
+//! 196), plus the data pattern `--check` verifies; GID, multicast and XRC fields
+//! are left out.
 //!
 //! The client's REQ carries a [`Hello`] (its parameters and its buffer);
 //! the server adopts the client's size, iterations and options (perftest

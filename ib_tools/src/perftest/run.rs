@@ -1,4 +1,13 @@
-//! The perftest runs over ib_core's verbs and CM (perftest's `run_iter_bw`, `run_iter_lat_write`, `run_iter_lat_send`, `run_iter_lat` for read/atomic): one RC QP connected through the IB CM with the path from the SA, busy-polled, every wait against a deadline and interruptible; `-D` runs without perftest's warm-up margins (and not with `--check`); perftest's events mode, post lists, multiple QPs and bidirectional runs are left out. Exercised between two model HCAs behind the model switch (`tests/tests/ib_tools_two_nodes.rs`) and between two QEMU guests (`tests/tests/qemu_tools.rs`).
+//! The perftest runs over ib_core's verbs and CM.
+//!
+//! The perftest runs over ib_core's verbs and CM (perftest's `run_iter_bw`,
+//! `run_iter_lat_write`, `run_iter_lat_send`, `run_iter_lat` for read/atomic): one
+//! RC QP connected through the IB CM with the path from the SA, busy-polled, every
+//! wait against a deadline and interruptible; `-D` runs without perftest's warm-up
+//! margins (and not with `--check`); perftest's events mode, post lists, multiple
+//! QPs and bidirectional runs are left out. Exercised between two model HCAs behind
+//! the model switch (`tests/tests/ib_tools_two_nodes.rs`) and between two QEMU
+//! guests (`tests/tests/qemu_tools.rs`).
 //!
 //! Roles: the server (no peer) listens on [`PERFTEST_SERVICE_ID`], takes
 //! the client's parameters from the REQ ([`Hello`]) and answers with its

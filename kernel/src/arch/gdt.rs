@@ -1,3 +1,5 @@
+//! The GDT, with a TSS that gives double faults their own stack.
+//!
 //! GDT with kernel code/data segments and a TSS whose IST slot 0 is the
 //! double-fault stack, so a kernel stack overflow is reported, not a reset.
 

@@ -1,3 +1,5 @@
+//! Exception handling: every CPU exception is reported, then the machine stops.
+//!
 //! Exception handling: assembly stubs save every register into a
 //! [`TrapFrame`], and one Rust handler prints the vector, error code, RIP,
 //! CR2, the registers and a frame-pointer backtrace, then stops the machine

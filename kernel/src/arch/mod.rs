@@ -1,5 +1,7 @@
-//! x86_64 CPU set-up: GDT with a TSS (a separate stack for double faults),
-//! IDT with exception handlers, port I/O, legacy PIC masking.
+//! x86_64 CPU set-up.
+//!
+//! GDT with a TSS (a separate stack for double faults), IDT with exception
+//! handlers, port I/O, legacy PIC masking.
 
 pub mod gdt;
 pub mod idt;

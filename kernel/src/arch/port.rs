@@ -1,3 +1,5 @@
+//! x86 port I/O behind safe functions.
+//!
 //! x86 port I/O, fenced behind safe functions for the few fixed ports the
 //! kernel owns (serial, PIT, PCI config, isa-debug-exit, reset).
 

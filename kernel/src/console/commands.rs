@@ -1,3 +1,5 @@
+//! The shell's commands.
+//!
 //! The shell's commands. Each takes its arguments and a writer and returns
 //! `Err(message)` on failure; names and output follow the Linux tools they are
 //! named after.

@@ -1,4 +1,10 @@
-//! infiniband-diags in the shell: `perfquery`, `smpquery`, `sminfo`, `saquery`, `ibnetdiscover` and `ibping`, run by `ib_tools` through ib_core's QP0/QP1 (and, for `saquery` and `ibping -G`, an SA client, registered on first use) on the chosen HCA and port (`-C CA`, `-P PORT` as infiniband-diags; default the first registered HCA, port 1); the ibping responder is not a command (the kernel runs it from boot, see `hca`).
+//! infiniband-diags in the shell.
+//!
+//! `perfquery`, `smpquery`, `sminfo`, `saquery`, `ibnetdiscover` and `ibping`, run
+//! by `ib_tools` through ib_core's QP0/QP1 (and, for `saquery` and `ibping -G`, an
+//! SA client, registered on first use) on the chosen HCA and port (`-C CA`, `-P
+//! PORT` as infiniband-diags; default the first registered HCA, port 1); the ibping
+//! responder is not a command (the kernel runs it from boot, see `hca`).
 
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;

@@ -1,8 +1,9 @@
-//! The InfiniBand commands of the shell: `ibv_devices`, `ibv_devinfo`,
-//! `ibstat`, `mlx4`, `fwtrace`. Devices and ports are read through ib_core's
-//! verbs (query_device, query_port, query_gid), as the Linux tools read them
-//! through libibverbs and libibumad; field names, words and numbers follow
-//! rdma-core's `ibv_devices`/`ibv_devinfo` and infiniband-diags' `ibstat`.
+//! The InfiniBand commands of the shell.
+//!
+//! `ibv_devices`, `ibv_devinfo`, `ibstat`, `mlx4`, `fwtrace`. Devices and ports are
+//! read through ib_core's verbs (query_device, query_port, query_gid), as the Linux
+//! tools read them through libibverbs and libibumad; field names, words and numbers
+//! follow rdma-core's `ibv_devices`/`ibv_devinfo` and infiniband-diags' `ibstat`.
 
 use alloc::string::{String, ToString};
 use core::fmt::Write;

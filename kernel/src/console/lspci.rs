@@ -1,5 +1,7 @@
-//! `lspci`, in lspci's own format: one line per function by default, `-n` for
-//! numeric IDs, `-v` adding subsystem, flags, BARs and capabilities.
+//! `lspci`, in lspci's own format.
+//!
+//! One line per function by default, `-n` for numeric IDs, `-v` adding subsystem,
+//! flags, BARs and capabilities.
 
 use core::fmt::{self, Write};
 

@@ -1,7 +1,9 @@
-//! The serial console shell: a line editor (backspace, Ctrl-U, Ctrl-C, history
-//! on the arrow keys), the command table, and the scripted mode behind
-//! `run-qemu.sh --run`, which runs commands from the kernel command line and
-//! exits with success only if every one of them succeeded.
+//! The serial console shell.
+//!
+//! A line editor (backspace, Ctrl-U, Ctrl-C, history on the arrow keys), the
+//! command table, and the scripted mode behind `run-qemu.sh --run`, which runs
+//! commands from the kernel command line and exits with success only if every one
+//! of them succeeded.
 
 mod commands;
 mod diags;

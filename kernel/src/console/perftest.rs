@@ -1,4 +1,12 @@
-//! perftest in the shell: `ib_write_bw`, `ib_write_lat`, `ib_read_bw`, `ib_read_lat`, `ib_send_bw`, `ib_send_lat`, `ib_atomic_lat`, run by `ib_tools::perftest::run`, and rdma-core's `ibv_rc_pingpong`/`ibv_ud_pingpong`, run by `ib_tools::pingpong::run`, on the chosen HCA (`-d`, default the first registered) with the SA and CM clients registered on first use; Ctrl-C stops any wait. Nothing of perftest's or rdma-core's TCP exchange: the sides meet through the IB CM.
+//! perftest and rdma-core's pingpong examples in the shell.
+//!
+//! perftest in the shell: `ib_write_bw`, `ib_write_lat`, `ib_read_bw`,
+//! `ib_read_lat`, `ib_send_bw`, `ib_send_lat`, `ib_atomic_lat`, run by
+//! `ib_tools::perftest::run`, and rdma-core's `ibv_rc_pingpong`/`ibv_ud_pingpong`,
+//! run by `ib_tools::pingpong::run`, on the chosen HCA (`-d`, default the first
+//! registered) with the SA and CM clients registered on first use; Ctrl-C stops any
+//! wait. Nothing of perftest's or rdma-core's TCP exchange: the sides meet through
+//! the IB CM.
 
 use alloc::string::{String, ToString};
 use core::fmt::Write;

@@ -1,8 +1,9 @@
-//! The `rmem` shell command: the rmem crate's memory node and compute node
-//! from the console (`rmem serve SIZE`, `rmem connect LID`, `rmem
-//! alloc|free|read|write`, `rmem probe`, `rmem bench [--csv]`, `rmem stats`, `rmem
-//! close`); leaves out several connections per node (one client and one
-//! server per kernel).
+//! The `rmem` shell command.
+//!
+//! The rmem crate's memory node and compute node from the console (`rmem serve
+//! SIZE`, `rmem connect LID`, `rmem alloc|free|read|write`, `rmem probe`, `rmem
+//! bench [--csv]`, `rmem stats`, `rmem close`); leaves out several connections per
+//! node (one client and one server per kernel).
 //!
 //! The CM and SA clients are registered with ib_core on first use. While a
 //! command runs it holds the adapters and polls ib_core itself; `rmem

@@ -1,11 +1,12 @@
-//! The platform DMA pool: a physically contiguous range carved at boot
-//! (1/8 of usable RAM, 8 to 128 MiB) that grows on demand by further
-//! contiguous ranges taken from the frame allocator when an allocation does
-//! not fit (a 256 MiB remote-memory region, say), each handed out first-fit
-//! by `hal`'s [`RangeAllocator`]. Leaves out giving grown ranges back to the
-//! frame allocator (frames are never returned; a freed range stays in the
-//! pool for the next large allocation). Without an IOMMU the bus address is
-//! the physical address; the types keep the two apart all the same.
+//! The platform DMA pool.
+//!
+//! A physically contiguous range carved at boot (1/8 of usable RAM, 8 to 128 MiB)
+//! that grows on demand by further contiguous ranges taken from the frame allocator
+//! when an allocation does not fit (a 256 MiB remote-memory region, say), each
+//! handed out first-fit by `hal`'s [`RangeAllocator`]. Leaves out giving grown
+//! ranges back to the frame allocator (frames are never returned; a freed range
+//! stays in the pool for the next large allocation). Without an IOMMU the bus
+//! address is the physical address; the types keep the two apart all the same.
 
 use alloc::sync::Arc;
 use core::ptr::NonNull;

@@ -1,3 +1,5 @@
+//! The physical frame allocator.
+//!
 //! Physical frame allocator: hands out 4 KiB frames and large contiguous
 //! ranges from the usable RAM of the boot memory map, above 1 MiB and outside
 //! the kernel image. Frames are never returned: page tables, the heap and the

@@ -1,5 +1,7 @@
-//! The kernel heap: `linked_list_allocator` over one contiguous range carved
-//! from RAM at boot (a quarter of usable RAM, between 4 and 64 MiB).
+//! The kernel heap.
+//!
+//! `linked_list_allocator` over one contiguous range carved from RAM at boot (a
+//! quarter of usable RAM, between 4 and 64 MiB).
 
 use linked_list_allocator::LockedHeap;
 

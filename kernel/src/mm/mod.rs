@@ -1,3 +1,5 @@
+//! Memory: frames, page tables, the heap and the DMA pool.
+//!
 //! Memory: physical frames from the boot memory map, the kernel's own page
 //! tables (identity direct map of RAM, uncached MMIO mappings), the heap, and
 //! the DMA pool drivers allocate from.

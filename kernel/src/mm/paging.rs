@@ -1,7 +1,8 @@
-//! The kernel's page tables, built with the `x86_64` crate: RAM identity-mapped
-//! (2 MiB pages where alignment allows), page 0 left unmapped to catch null
-//! pointers, a guard page below the boot stack, and uncached identity
-//! mappings of device MMIO made on request.
+//! The kernel's page tables.
+//!
+//! Built with the `x86_64` crate: RAM identity-mapped (2 MiB pages where alignment
+//! allows), page 0 left unmapped to catch null pointers, a guard page below the
+//! boot stack, and uncached identity mappings of device MMIO made on request.
 
 use boot::{MemoryKind, MemoryRegion};
 use x86_64::registers::control::{Cr3, Cr3Flags};

@@ -1,4 +1,8 @@
-//! Shared helpers of the mlx4 model-backed tests: the [`Model`] fixture (harness invariants checked when a test's model goes away, and a watchdog), bring-up against `sim`, a capturing logger, the Linux command order.
+//! Shared helpers of the mlx4 model-backed tests.
+//!
+//! The [`Model`] fixture (harness invariants checked when a test's model goes away,
+//! and a watchdog), bring-up against `sim`, a capturing logger, the Linux command
+//! order.
 //!
 //! Every model-backed test builds its model through [`Model`] (or
 //! [`sync_hca`]), never with `SimHca::new*` directly (`mlx4_harness.rs`

@@ -1,4 +1,10 @@
-//! Shared helpers of the subnet tests (`subnet_*.rs`): driver-run guests (a model HCA in the [`Model`] fixture with the real mlx4_core + mlx4_ib + ib_core on it) cabled to a model switch, an ib_core client recording port events, and the loops that run the guests' progress functions while an SM works; no port is made Active by a test shortcut.
+//! Shared helpers of the subnet tests.
+//!
+//! Shared helpers of the subnet tests (`subnet_*.rs`): driver-run guests (a model
+//! HCA in the [`Model`] fixture with the real mlx4_core + mlx4_ib + ib_core on it)
+//! cabled to a model switch, an ib_core client recording port events, and the loops
+//! that run the guests' progress functions while an SM works; no port is made
+//! Active by a test shortcut.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
