@@ -1,87 +1,109 @@
-//! Big-endian integers as they sit in device-visible memory.
+//! Big-endian fields in byte buffers, the one byte-access module of the driver side.
 //!
-//! Every mlx4 mailbox, context, WQE, CQE, EQE and doorbell value is
-//! big-endian. These types keep the byte order in the type: construct from a
-//! CPU value, convert back with `get`; there is no arithmetic on them, so a
-//! value cannot be used without the conversion.
+//! Every mlx4 mailbox, context, WQE, CQE and EQE, every MAD, SA record and CM
+//! message is big-endian on the wire. These are Linux's `MLX4_GET`/`MLX4_PUT`
+//! (`fw.h`) and `be32_to_cpu` over a byte slice, for the drivers, ib_core, the
+//! tools and rmem alike (the device model keeps its own reading by design).
+//!
+//! Offsets are the layout's documented constants and buffers have the layout's
+//! size, so an offset past the end is a bug in the caller, not bad input: it
+//! panics through slice indexing like any out-of-bounds index. Code that reads
+//! a buffer of untrusted length checks the length first.
 
-use core::fmt;
-
-macro_rules! be_type {
-    ($name:ident, $int:ty, $doc:literal) => {
-        #[doc = $doc]
-        #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-        #[repr(transparent)]
-        pub struct $name($int);
-
-        impl $name {
-            /// Stores a CPU value in big-endian order.
-            pub const fn new(v: $int) -> Self {
-                Self(v.to_be())
-            }
-            /// The CPU value.
-            pub const fn get(self) -> $int {
-                <$int>::from_be(self.0)
-            }
-            /// Reinterprets the raw in-memory representation (as loaded by a
-            /// native-endian access) without swapping.
-            pub const fn from_raw(raw: $int) -> Self {
-                Self(raw)
-            }
-            /// The raw in-memory representation, for a native-endian store.
-            pub const fn to_raw(self) -> $int {
-                self.0
-            }
-            /// The big-endian bytes.
-            pub const fn to_bytes(self) -> [u8; core::mem::size_of::<$int>()] {
-                self.get().to_be_bytes()
-            }
-            /// From big-endian bytes.
-            pub const fn from_bytes(b: [u8; core::mem::size_of::<$int>()]) -> Self {
-                Self::new(<$int>::from_be_bytes(b))
-            }
-        }
-
-        impl From<$int> for $name {
-            fn from(v: $int) -> Self {
-                Self::new(v)
-            }
-        }
-
-        impl From<$name> for $int {
-            fn from(v: $name) -> $int {
-                v.get()
-            }
-        }
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{:#x}", self.get())
-            }
-        }
-
-        const _: () = assert!(core::mem::size_of::<$name>() == core::mem::size_of::<$int>());
-    };
+/// Loads the byte at `off`.
+#[inline]
+pub fn get_u8(b: &[u8], off: usize) -> u8 {
+    b[off]
 }
 
-be_type!(Be16, u16, "A big-endian `u16`.");
-be_type!(Be32, u32, "A big-endian `u32`.");
-be_type!(Be64, u64, "A big-endian `u64`.");
+/// Loads a big-endian `u16` at `off`.
+#[inline]
+pub fn get_be16(b: &[u8], off: usize) -> u16 {
+    u16::from_be_bytes([b[off], b[off + 1]])
+}
+
+/// Loads a big-endian 24-bit value (a QPN, a PSN) at `off`.
+#[inline]
+pub fn get_be24(b: &[u8], off: usize) -> u32 {
+    u32::from_be_bytes([0, b[off], b[off + 1], b[off + 2]])
+}
+
+/// Loads a big-endian `u32` at `off`.
+#[inline]
+pub fn get_be32(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_be_bytes(a)
+}
+
+/// Loads a big-endian `u64` at `off`.
+#[inline]
+pub fn get_be64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_be_bytes(a)
+}
+
+/// Stores a byte at `off`.
+#[inline]
+pub fn put_u8(b: &mut [u8], off: usize, v: u8) {
+    b[off] = v;
+}
+
+/// Stores a big-endian `u16` at `off`.
+#[inline]
+pub fn put_be16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Stores the low 24 bits of `v` big-endian at `off` (the top byte is not written).
+#[inline]
+pub fn put_be24(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+}
+
+/// Stores a big-endian `u32` at `off`.
+#[inline]
+pub fn put_be32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Stores a big-endian `u64` at `off`.
+#[inline]
+pub fn put_be64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_be_bytes());
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn byte_order_is_big_endian_in_memory() {
-        let v = Be32::new(0x0102_0304);
-        assert_eq!(v.to_raw().to_ne_bytes(), [1, 2, 3, 4]);
-        assert_eq!(v.to_bytes(), [1, 2, 3, 4]);
-        assert_eq!(Be32::from_bytes([1, 2, 3, 4]).get(), 0x0102_0304);
-        assert_eq!(Be16::new(0xabcd).to_raw().to_ne_bytes(), [0xab, 0xcd]);
-        let q = Be64::new(0x1122_3344_5566_7788);
-        assert_eq!(q.to_raw().to_ne_bytes()[0], 0x11);
-        assert_eq!(Be64::from_raw(q.to_raw()).get(), 0x1122_3344_5566_7788);
-        assert_eq!(format!("{:?}", Be16::new(0x5ad)), "0x5ad");
+    fn fields_round_trip_in_wire_order() {
+        let mut b = [0u8; 20];
+        put_be16(&mut b, 0, 0x0102);
+        put_be32(&mut b, 2, 0x0304_0506);
+        put_be64(&mut b, 6, 0x0708_090a_0b0c_0d0e);
+        put_u8(&mut b, 14, 0x0f);
+        put_be24(&mut b, 15, 0xff10_1112);
+        assert_eq!(
+            b[..18],
+            [
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0x10, 0x11, 0x12
+            ]
+        );
+        assert_eq!(b[18], 0, "a 24-bit store writes three bytes only");
+        assert_eq!(get_be16(&b, 0), 0x0102);
+        assert_eq!(get_be32(&b, 2), 0x0304_0506);
+        assert_eq!(get_be64(&b, 6), 0x0708_090a_0b0c_0d0e);
+        assert_eq!(get_u8(&b, 14), 0x0f);
+        assert_eq!(get_be24(&b, 15), 0x10_1112);
+    }
+
+    #[test]
+    #[should_panic]
+    fn an_offset_past_the_layout_is_a_caller_bug() {
+        let b = [0u8; 4];
+        let _ = get_be32(&b, 1);
     }
 }

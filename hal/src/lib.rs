@@ -1,6 +1,6 @@
 //! The platform layer the drivers are written against.
 //!
-//! Register access, DMA memory, barriers, big-endian types, time and the PCI
+//! Register access, DMA memory, barriers, big-endian fields, time and the PCI
 //! function.
 //!
 //! It plays the part of the small "Linux to our kernel" shim (WinOF's `l2w`):
@@ -32,7 +32,6 @@ pub mod time;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
-pub use be::{Be16, Be32, Be64};
 pub use dma::{
     BusAddr, DmaAllocator, DmaBlock, DmaBuf, DmaPool, DmaRecord, DmaRegion, DmaStats, DmaWindow,
     RangeAllocator,
