@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use core::fmt::{self, Display, Write};
 use core::time::Duration;
 
+use hal::be::{get_be16, get_be24, get_be32, get_be64};
 use ib_core::{DeviceId, IbCore, SmpRoute};
 
 /// How long one query may take: libibmad's 1 s per try, three retries.
@@ -69,21 +70,6 @@ fn pad(d: &[u8]) -> [u8; 192] {
     let n = d.len().min(192);
     b[..n].copy_from_slice(&d[..n]);
     b
-}
-
-pub(crate) fn be16(d: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([d[o], d[o + 1]])
-}
-fn be24(d: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([0, d[o], d[o + 1], d[o + 2]])
-}
-fn be32(d: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
-}
-pub(crate) fn be64(d: &[u8], o: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[o..o + 8]);
-    u64::from_be_bytes(b)
 }
 
 /// libibmad's `mad_dump_hex` of a `bytes`-wide field: `0x` and two digits
@@ -178,25 +164,25 @@ impl Display for PortId {
 pub fn dump_perfcounters(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     let d = &pad(d);
     dump_field(out, "PortSelect", d[1])?;
-    dump_field(out, "CounterSelect", Hex(be16(d, 2).into(), 2))?;
-    dump_field(out, "SymbolErrorCounter", be16(d, 4))?;
+    dump_field(out, "CounterSelect", Hex(get_be16(d, 2).into(), 2))?;
+    dump_field(out, "SymbolErrorCounter", get_be16(d, 4))?;
     dump_field(out, "LinkErrorRecoveryCounter", d[6])?;
     dump_field(out, "LinkDownedCounter", d[7])?;
-    dump_field(out, "PortRcvErrors", be16(d, 8))?;
-    dump_field(out, "PortRcvRemotePhysicalErrors", be16(d, 10))?;
-    dump_field(out, "PortRcvSwitchRelayErrors", be16(d, 12))?;
-    dump_field(out, "PortXmitDiscards", be16(d, 14))?;
+    dump_field(out, "PortRcvErrors", get_be16(d, 8))?;
+    dump_field(out, "PortRcvRemotePhysicalErrors", get_be16(d, 10))?;
+    dump_field(out, "PortRcvSwitchRelayErrors", get_be16(d, 12))?;
+    dump_field(out, "PortXmitDiscards", get_be16(d, 14))?;
     dump_field(out, "PortXmitConstraintErrors", d[16])?;
     dump_field(out, "PortRcvConstraintErrors", d[17])?;
     dump_field(out, "CounterSelect2", Hex(d[18].into(), 1))?;
     dump_field(out, "LocalLinkIntegrityErrors", d[19] >> 4)?;
     dump_field(out, "ExcessiveBufferOverrunErrors", d[19] & 0xf)?;
-    dump_field(out, "VL15Dropped", be16(d, 22))?;
-    dump_field(out, "PortXmitData", be32(d, 24))?;
-    dump_field(out, "PortRcvData", be32(d, 28))?;
-    dump_field(out, "PortXmitPkts", be32(d, 32))?;
-    dump_field(out, "PortRcvPkts", be32(d, 36))?;
-    dump_field(out, "PortXmitWait", be32(d, 40))
+    dump_field(out, "VL15Dropped", get_be16(d, 22))?;
+    dump_field(out, "PortXmitData", get_be32(d, 24))?;
+    dump_field(out, "PortRcvData", get_be32(d, 28))?;
+    dump_field(out, "PortXmitPkts", get_be32(d, 32))?;
+    dump_field(out, "PortRcvPkts", get_be32(d, 36))?;
+    dump_field(out, "PortXmitWait", get_be32(d, 40))
 }
 
 /// perfquery's extended dump: PortCountersExtended, the unicast/multicast
@@ -204,16 +190,16 @@ pub fn dump_perfcounters(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
 pub fn dump_perfcounters_ext(out: &mut dyn Write, d: &[u8], cap_mask: u16) -> fmt::Result {
     let d = &pad(d);
     dump_field(out, "PortSelect", d[1])?;
-    dump_field(out, "CounterSelect", Hex(be16(d, 2).into(), 2))?;
-    dump_field(out, "PortXmitData", be64(d, 8))?;
-    dump_field(out, "PortRcvData", be64(d, 16))?;
-    dump_field(out, "PortXmitPkts", be64(d, 24))?;
-    dump_field(out, "PortRcvPkts", be64(d, 32))?;
+    dump_field(out, "CounterSelect", Hex(get_be16(d, 2).into(), 2))?;
+    dump_field(out, "PortXmitData", get_be64(d, 8))?;
+    dump_field(out, "PortRcvData", get_be64(d, 16))?;
+    dump_field(out, "PortXmitPkts", get_be64(d, 24))?;
+    dump_field(out, "PortRcvPkts", get_be64(d, 32))?;
     if cap_mask & IB_PM_EXT_WIDTH_SUPPORTED != 0 {
-        dump_field(out, "PortUnicastXmitPkts", be64(d, 40))?;
-        dump_field(out, "PortUnicastRcvPkts", be64(d, 48))?;
-        dump_field(out, "PortMulticastXmitPkts", be64(d, 56))?;
-        dump_field(out, "PortMulticastRcvPkts", be64(d, 64))?;
+        dump_field(out, "PortUnicastXmitPkts", get_be64(d, 40))?;
+        dump_field(out, "PortUnicastRcvPkts", get_be64(d, 48))?;
+        dump_field(out, "PortMulticastXmitPkts", get_be64(d, 56))?;
+        dump_field(out, "PortMulticastRcvPkts", get_be64(d, 64))?;
     }
     Ok(())
 }
@@ -235,14 +221,14 @@ pub fn dump_nodeinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     dump_field(out, "ClassVers", d[1])?;
     dump_field(out, "NodeType", node_type_str(d[2]))?;
     dump_field(out, "NumPorts", d[3])?;
-    dump_field(out, "SystemGuid", Hex(be64(d, 4), 8))?;
-    dump_field(out, "Guid", Hex(be64(d, 12), 8))?;
-    dump_field(out, "PortGuid", Hex(be64(d, 20), 8))?;
-    dump_field(out, "PartCap", be16(d, 28))?;
-    dump_field(out, "DevId", Hex(be16(d, 30).into(), 2))?;
-    dump_field(out, "Revision", Hex(be32(d, 32).into(), 4))?;
+    dump_field(out, "SystemGuid", Hex(get_be64(d, 4), 8))?;
+    dump_field(out, "Guid", Hex(get_be64(d, 12), 8))?;
+    dump_field(out, "PortGuid", Hex(get_be64(d, 20), 8))?;
+    dump_field(out, "PartCap", get_be16(d, 28))?;
+    dump_field(out, "DevId", Hex(get_be16(d, 30).into(), 2))?;
+    dump_field(out, "Revision", Hex(get_be32(d, 32).into(), 4))?;
     dump_field(out, "LocalPort", d[36])?;
-    dump_field(out, "VendorId", Hex(be24(d, 37).into(), 3))
+    dump_field(out, "VendorId", Hex(get_be24(d, 37).into(), 3))
 }
 
 /// The node description: the SMP data up to its first NUL, control
@@ -340,13 +326,13 @@ fn vl_cap(v: u8) -> String {
 /// "supported" sets print as numbers.
 pub fn dump_portinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     let d = &pad(d);
-    dump_field(out, "Mkey", Hex(be64(d, 0), 8))?;
-    dump_field(out, "GidPrefix", Hex(be64(d, 8), 8))?;
-    dump_field(out, "Lid", be16(d, 16))?;
-    dump_field(out, "SMLid", be16(d, 18))?;
-    dump_field(out, "CapMask", Hex(be32(d, 20).into(), 4))?;
-    dump_field(out, "DiagCode", Hex(be16(d, 24).into(), 2))?;
-    dump_field(out, "MkeyLeasePeriod", be16(d, 26))?;
+    dump_field(out, "Mkey", Hex(get_be64(d, 0), 8))?;
+    dump_field(out, "GidPrefix", Hex(get_be64(d, 8), 8))?;
+    dump_field(out, "Lid", get_be16(d, 16))?;
+    dump_field(out, "SMLid", get_be16(d, 18))?;
+    dump_field(out, "CapMask", Hex(get_be32(d, 20).into(), 4))?;
+    dump_field(out, "DiagCode", Hex(get_be16(d, 24).into(), 2))?;
+    dump_field(out, "MkeyLeasePeriod", get_be16(d, 26))?;
     dump_field(out, "LocalPort", d[28])?;
     dump_field(out, "LinkWidthEnabled", d[29])?;
     dump_field(out, "LinkWidthSupported", d[30])?;
@@ -375,9 +361,9 @@ pub fn dump_portinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     dump_field(out, "PartEnforceOutb", (d[43] >> 2) & 1)?;
     dump_field(out, "FilterRawInb", (d[43] >> 1) & 1)?;
     dump_field(out, "FilterRawOutb", d[43] & 1)?;
-    dump_field(out, "MkeyViolations", be16(d, 44))?;
-    dump_field(out, "PkeyViolations", be16(d, 46))?;
-    dump_field(out, "QkeyViolations", be16(d, 48))?;
+    dump_field(out, "MkeyViolations", get_be16(d, 44))?;
+    dump_field(out, "PkeyViolations", get_be16(d, 46))?;
+    dump_field(out, "QkeyViolations", get_be16(d, 48))?;
     dump_field(out, "GuidCap", d[50])?;
     dump_field(out, "ClientReregister", d[51] >> 7)?;
     dump_field(out, "McastPkeyTrapSuppressionEnabled", (d[51] >> 5) & 3)?;
@@ -385,31 +371,31 @@ pub fn dump_portinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     dump_field(out, "RespTimeVal", d[52] & 0x1f)?;
     dump_field(out, "LocalPhysErr", d[53] >> 4)?;
     dump_field(out, "OverrunErr", d[53] & 0xf)?;
-    dump_field(out, "MaxCreditHint", be16(d, 54))?;
-    dump_field(out, "RoundTrip", be24(d, 57))
+    dump_field(out, "MaxCreditHint", get_be16(d, 54))?;
+    dump_field(out, "RoundTrip", get_be24(d, 57))
 }
 
 /// libibmad `mad_dump_switchinfo`.
 pub fn dump_switchinfo(out: &mut dyn Write, d: &[u8]) -> fmt::Result {
     let d = &pad(d);
-    dump_field(out, "LinearFdbCap", be16(d, 0))?;
-    dump_field(out, "RandomFdbCap", be16(d, 2))?;
-    dump_field(out, "McastFdbCap", be16(d, 4))?;
-    dump_field(out, "LinearFdbTop", be16(d, 6))?;
+    dump_field(out, "LinearFdbCap", get_be16(d, 0))?;
+    dump_field(out, "RandomFdbCap", get_be16(d, 2))?;
+    dump_field(out, "McastFdbCap", get_be16(d, 4))?;
+    dump_field(out, "LinearFdbTop", get_be16(d, 6))?;
     dump_field(out, "DefPort", d[8])?;
     dump_field(out, "DefMcastPrimPort", d[9])?;
     dump_field(out, "DefMcastNotPrimPort", d[10])?;
     dump_field(out, "LifeTime", d[11] >> 3)?;
     dump_field(out, "StateChange", (d[11] >> 2) & 1)?;
     dump_field(out, "OptSLtoVLMapping", d[11] & 3)?;
-    dump_field(out, "LidsPerPort", be16(d, 12))?;
-    dump_field(out, "PartEnforceCap", be16(d, 14))?;
+    dump_field(out, "LidsPerPort", get_be16(d, 12))?;
+    dump_field(out, "PartEnforceCap", get_be16(d, 14))?;
     dump_field(out, "InboundPartEnf", d[16] >> 7)?;
     dump_field(out, "OutboundPartEnf", (d[16] >> 6) & 1)?;
     dump_field(out, "FilterRawInbound", (d[16] >> 5) & 1)?;
     dump_field(out, "FilterRawOutbound", (d[16] >> 4) & 1)?;
     dump_field(out, "EnhancedPort0", (d[16] >> 3) & 1)?;
-    dump_field(out, "MulticastFDBTop", Hex(be16(d, 18).into(), 2))
+    dump_field(out, "MulticastFDBTop", Hex(get_be16(d, 18).into(), 2))
 }
 
 /// sminfo's state names (`SMINFO_NOTACT` ...).
@@ -432,8 +418,8 @@ pub fn print_sminfo(out: &mut dyn Write, sm_lid: u16, d: &[u8]) -> fmt::Result {
         out,
         "sminfo: sm lid {} sm guid 0x{:x}, activity count {} priority {} state {} {}",
         sm_lid,
-        be64(d, 0),
-        be32(d, 16),
+        get_be64(d, 0),
+        get_be32(d, 16),
         d[20] >> 4,
         state,
         sm_state_str(state)
@@ -621,8 +607,8 @@ pub fn perfquery_sa(
             QUERY_TIMEOUT,
         )
         .map_err(|e| err("classportinfo query", e))?;
-    let cap_mask = be16(&cpi.0[64..], 2);
-    let cap_mask2 = be32(&cpi.0[64..], 4) >> 5;
+    let cap_mask = get_be16(&cpi.0[64..], 2);
+    let cap_mask2 = get_be32(&cpi.0[64..], 4) >> 5;
     // -a: all ports (perfquery sets the port to ALL_PORTS).
     let port = if all { ALL_PORTS } else { port };
     check_port_select(port, cap_mask)?;

@@ -27,7 +27,8 @@ use core::fmt::{self, Write};
 
 use ib_core::{IbCore, SmpRoute};
 
-use crate::diags::{QUERY_TIMEOUT, Src, be16, be64, node_desc_string, smp_attr};
+use crate::diags::{QUERY_TIMEOUT, Src, node_desc_string, smp_attr};
+use hal::be::{get_be16, get_be64};
 
 /// Nodes at most (a bound on the walk).
 pub const MAX_NODES: usize = 512;
@@ -165,10 +166,10 @@ impl Walker<'_> {
         let mut n = Node {
             node_type: ni[2],
             nports: ni[3],
-            sysimg_guid: be64(&ni, 4),
-            guid: be64(&ni, 12),
-            port_guid: be64(&ni, 20),
-            devid: be16(&ni, 30),
+            sysimg_guid: get_be64(&ni, 4),
+            guid: get_be64(&ni, 12),
+            port_guid: get_be64(&ni, 20),
+            devid: get_be16(&ni, 30),
             vendid: u32::from_be_bytes([0, ni[37], ni[38], ni[39]]),
             desc: node_desc_string(&nd),
             sw_lid: 0,
@@ -178,12 +179,12 @@ impl Walker<'_> {
         };
         if n.node_type == 2 {
             let pi = self.get(path, smp_attr::PORT_INFO, 0)?;
-            n.sw_lid = be16(&pi, 16);
+            n.sw_lid = get_be16(&pi, 16);
             n.sw_lmc = pi[34] & 7;
         } else {
             let pi = self.get(path, smp_attr::PORT_INFO, local_port.into())?;
             let p = n.port_mut(local_port);
-            p.guid = be64(&ni, 20);
+            p.guid = get_be64(&ni, 20);
             fill_port(p, &pi);
         }
         Ok((n, local_port))
@@ -282,7 +283,7 @@ impl Walker<'_> {
 }
 
 fn fill_port(p: &mut Port, pi: &[u8; 64]) {
-    p.lid = be16(pi, 16);
+    p.lid = get_be16(pi, 16);
     p.lmc = pi[34] & 7;
     p.width = pi[31];
     p.speed = pi[35] >> 4;

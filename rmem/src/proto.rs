@@ -26,6 +26,8 @@
 
 use core::fmt;
 
+use hal::be::{get_be16, get_be32, get_be64};
+
 /// Bytes in every message.
 pub const MSG_LEN: usize = 32;
 /// "RM".
@@ -199,16 +201,6 @@ impl fmt::Display for DecodeError {
     }
 }
 
-fn be16(b: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([b[o], b[o + 1]])
-}
-fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn be64(b: &[u8], o: usize) -> u64 {
-    (u64::from(be32(b, o)) << 32) | u64::from(be32(b, o + 4))
-}
-
 /// Decodes `bytes` (the received bytes, `byte_len` of the completion) sent
 /// with immediate data `imm` (`None`: the completion had no immediate).
 pub fn decode(bytes: &[u8], imm: Option<u32>) -> Result<Msg, DecodeError> {
@@ -219,7 +211,11 @@ pub fn decode(bytes: &[u8], imm: Option<u32>) -> Result<Msg, DecodeError> {
         what,
     };
     if bytes.len() < MSG_LEN {
-        let seq = if bytes.len() >= 12 { be32(bytes, 8) } else { 0 };
+        let seq = if bytes.len() >= 12 {
+            get_be32(bytes, 8)
+        } else {
+            0
+        };
         return Err(err(
             Status::Malformed,
             seq,
@@ -230,20 +226,20 @@ pub fn decode(bytes: &[u8], imm: Option<u32>) -> Result<Msg, DecodeError> {
     if bytes.len() > MSG_LEN {
         return Err(err(
             Status::Malformed,
-            be32(bytes, 8),
+            get_be32(bytes, 8),
             bytes[3],
             "message longer than 32 bytes",
         ));
     }
-    let seq = be32(bytes, 8);
+    let seq = get_be32(bytes, 8);
     let op_byte = bytes[3];
-    if be16(bytes, 0) != MAGIC {
+    if get_be16(bytes, 0) != MAGIC {
         return Err(err(Status::Malformed, seq, op_byte, "bad magic"));
     }
     if bytes[2] != VERSION {
         return Err(err(Status::BadVersion, seq, op_byte, "protocol version"));
     }
-    if be16(bytes, 6) != 0 {
+    if get_be16(bytes, 6) != 0 {
         return Err(err(Status::Malformed, seq, op_byte, "reserved bits set"));
     }
     match imm {
@@ -261,7 +257,7 @@ pub fn decode(bytes: &[u8], imm: Option<u32>) -> Result<Msg, DecodeError> {
     let Some(op) = Op::from_u8(op_byte & !REPLY) else {
         return Err(err(Status::BadOp, seq, op_byte, "unknown op"));
     };
-    let Some(status) = Status::from_u16(be16(bytes, 4)) else {
+    let Some(status) = Status::from_u16(get_be16(bytes, 4)) else {
         return Err(err(Status::Malformed, seq, op_byte, "unknown status"));
     };
     Ok(Msg {
@@ -270,9 +266,9 @@ pub fn decode(bytes: &[u8], imm: Option<u32>) -> Result<Msg, DecodeError> {
         reply: op_byte & REPLY != 0,
         status,
         seq,
-        rkey: be32(bytes, 12),
-        addr: be64(bytes, 16),
-        len: be64(bytes, 24),
+        rkey: get_be32(bytes, 12),
+        addr: get_be64(bytes, 16),
+        len: get_be64(bytes, 24),
     })
 }
 

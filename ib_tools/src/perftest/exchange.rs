@@ -16,6 +16,8 @@
 use alloc::vec::Vec;
 use core::fmt;
 
+use hal::be::{get_be32, get_be64};
+
 use super::{AtomicType, MAX_ITER, MAX_SIZE, MIN_ITER, Params, TestKind, Tool, Verb};
 
 /// The CM service ID the tools listen on: "LEGO" and perftest's default TCP
@@ -117,16 +119,6 @@ fn tool_of(v: u8, k: u8) -> Option<Tool> {
     Some(Tool { verb, kind })
 }
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_be_bytes(a)
-}
-
 /// The client's parameters and buffer (REQ private data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
@@ -210,11 +202,11 @@ impl Hello {
         }
         let tool = tool_of(b[5], b[6]).ok_or(ExchangeError::BadTool(b[5], b[6]))?;
         let flags = b[7];
-        let size = u64_at(b, 16);
+        let size = get_be64(b, 16);
         if !(1..=MAX_SIZE).contains(&size) {
             return Err(ExchangeError::BadSize(size));
         }
-        let iters = u64_at(b, 24);
+        let iters = get_be64(b, 24);
         if !(MIN_ITER..=MAX_ITER).contains(&iters) {
             return Err(ExchangeError::BadIters(iters));
         }
@@ -227,12 +219,12 @@ impl Hello {
             },
             check: flags & 1 != 0,
             all_sizes: flags & 2 != 0,
-            duration: u32_at(b, 8),
-            rkey: u32_at(b, 12),
+            duration: get_be32(b, 8),
+            rkey: get_be32(b, 12),
             size,
             iters,
-            vaddr: u64_at(b, 32),
-            len: u64_at(b, 40),
+            vaddr: get_be64(b, 32),
+            len: get_be64(b, 40),
         })
     }
 
@@ -301,9 +293,9 @@ impl Reply {
         }
         let r = Reply {
             status: 0,
-            rkey: u32_at(b, 8),
-            vaddr: u64_at(b, 16),
-            len: u64_at(b, 24),
+            rkey: get_be32(b, 8),
+            vaddr: get_be64(b, 16),
+            len: get_be64(b, 24),
         };
         if r.len < need {
             return Err(ExchangeError::BufferTooSmall { have: r.len, need });
