@@ -451,6 +451,9 @@ pub enum PostFault {
     TooManySge,
     /// The opcode-specific fields do not match the opcode.
     FieldsMismatch,
+    /// `IB_SEND_INLINE` with a gather list but no inline bytes: the driver
+    /// cannot read memory through bus addresses.
+    InlineWithoutBytes,
     /// The address handle names no live AH.
     UnknownAh,
     /// The request does not fit one send WQE.
@@ -477,6 +480,9 @@ impl From<PostFault> for Error {
             PostFault::FieldsMismatch => {
                 Error::Inval("work request fields do not match its opcode")
             }
+            PostFault::InlineWithoutBytes => Error::Inval(
+                "an inline send carries its bytes in inline_data (the driver cannot read them through the SGEs)",
+            ),
             PostFault::UnknownAh => Error::Inval("unknown address handle"),
             PostFault::WqeTooLarge => Error::Inval("work request larger than a send WQE"),
             PostFault::NotReadyToSend => Error::Inval("send posted to a QP not yet in RTS"),
@@ -959,7 +965,9 @@ impl Mlx4IbQp {
     #[inline(always)]
     fn post_one_fast_inline(&mut self, wr: &SendWr<'_>) -> bool {
         let data = wr.inline_data;
-        if data.len() > self.fast_max_inline {
+        // No bytes (perhaps a gather list the driver cannot read through):
+        // the general path.
+        if data.len().wrapping_sub(1) >= self.fast_max_inline {
             return false;
         }
         let ind = self.sq.head;
@@ -1057,6 +1065,10 @@ impl Mlx4IbQp {
         ind: u32,
         nreq: u32,
     ) -> core::result::Result<(), PostFault> {
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
+        if inline && wr.inline_data.is_empty() && !wr.sg_list.is_empty() {
+            return Err(PostFault::InlineWithoutBytes);
+        }
         if self.sq.overflow(nreq) {
             return Err(PostFault::QueueFull);
         }
@@ -1065,7 +1077,6 @@ impl Mlx4IbQp {
             return Err(PostFault::BadOpcode);
         }
         let op = HW_OPCODE[opi as usize & 15];
-        let inline = wr.send_flags.contains(SendFlags::INLINE);
         if !inline && wr.sg_list.len() > self.sq.max_gs as usize {
             return Err(PostFault::TooManySge);
         }
@@ -1356,6 +1367,12 @@ impl Mlx4IbQp {
         ind: u32,
         nreq: u32,
     ) -> Result<()> {
+        if wr.send_flags.contains(SendFlags::INLINE)
+            && wr.inline_data.is_empty()
+            && !wr.sg_list.is_empty()
+        {
+            return Err(PostFault::InlineWithoutBytes.into());
+        }
         let sqp = self.sqp.ok_or(Error::Inval("not a special QP"))?;
         if self.sq.overflow(nreq) {
             return Err(Error::QueueFull);
