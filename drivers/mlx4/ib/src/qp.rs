@@ -847,28 +847,37 @@ impl Mlx4IbQp {
     }
 
     /// Linux `mlx4_ib_post_send` for RC, UC and UD QPs (QP0/QP1 go through
-    /// [`Mlx4IbQp::post_send_mlx`]). Stops at the first bad request; the
-    /// ones before it are posted and the doorbell rung for them.
+    /// [`Mlx4IbQp::post_send_mlx`]): every request of `wrs` built, then one
+    /// doorbell. Stops at the first bad request; the ones before it are
+    /// posted and the doorbell rung for them.
     ///
-    /// A single RDMA WRITE/READ or SEND with one SGE or a little inline
-    /// data on an RC/UC QP in RTS or SQD takes a straight line of
-    /// its own; everything else, and every refusal, the general path.
-    #[inline]
+    /// An RDMA WRITE/READ or SEND with one SGE or a little inline data on
+    /// an RC/UC QP in RTS or SQD takes a straight line of its own (a single
+    /// one, doorbell included, without entering the loop); everything
+    /// else, and every refusal, the general builder.
+    #[inline(always)]
     pub fn post_send(
         &mut self,
         ahs: &Slab<Mlx4IbAh>,
         wrs: &[SendWr<'_>],
     ) -> core::result::Result<(), PostError> {
-        if let [wr] = wrs
-            && self.post_one_fast(wr)
-        {
-            return Ok(());
+        if let [wr] = wrs {
+            let ind = self.sq.head;
+            if self.write_fast::<true>(wr, ind, 0) {
+                return Ok(());
+            }
         }
-        self.post_send_general(ahs, wrs)
+        self.post_send_list(ahs, wrs)
     }
 
+    /// The loop of `mlx4_ib_post_send`: each request on the straight line
+    /// if it takes it, else through the general builder; the stamps of all
+    /// but the last WQE as they are built, then the doorbell, then the last
+    /// stamp. A run of straight-line requests stays in a loop of its own;
+    /// the first request that leaves it hands the rest to
+    /// [`Mlx4IbQp::post_send_rest`].
     #[inline(never)]
-    fn post_send_general(
+    fn post_send_list(
         &mut self,
         ahs: &Slab<Mlx4IbAh>,
         wrs: &[SendWr<'_>],
@@ -880,61 +889,96 @@ impl Mlx4IbQp {
             });
         }
         self.check_send_state()?;
-        let mut ind = self.sq.head;
+        let head = self.sq.head;
         let mut nreq = 0u32;
-        let mut stamp = 0;
         let mut res = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            if let Err(err) = self.build_send_wqe(ahs, wr, ind, nreq) {
-                res = Err(PostError { err, bad_wr: i });
+        for wr in wrs {
+            let ind = head.wrapping_add(nreq);
+            if !self.write_fast::<false>(wr, ind, nreq) {
+                let (n, r) = self.post_send_rest(ahs, wrs, nreq);
+                nreq = n;
+                res = r;
                 break;
             }
-            stamp = ind.wrapping_add(self.sq_spare_wqes);
-            ind = ind.wrapping_add(1);
+            self.set_wrid(ind, wr.wr_id);
             nreq += 1;
             // Stamp now unless this is the last WQE: that one waits until
             // after the doorbell (latency).
-            if i + 1 < wrs.len() {
-                self.stamp_send_wqe(stamp);
+            if (nreq as usize) < wrs.len() {
+                self.stamp_after(ind);
             }
         }
         if nreq > 0 {
-            // The general path builds WQEs of any size: the straight line
-            // stamps for a full pass after them.
-            self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
-            self.ring_send_doorbell(nreq, stamp);
+            self.sq.head = head.wrapping_add(nreq);
+            self.ring_send_doorbell();
+            self.stamp_after(head.wrapping_add(nreq - 1));
         }
         res
     }
 
-    /// The straight-line path of a single request: RDMA WRITE/READ or a
-    /// SEND of an RC or UC QP in RTS/SQD with one SGE (a WQE within the
-    /// first 64-byte chunk) or with inline data in at most two
-    /// segments, built with direct stores into one bounds-checked block,
-    /// then the doorbell. Returns false, having written nothing, for
-    /// anything else (other opcodes, states or transports, more SGEs, a
-    /// full queue, fields that do not match the opcode): the general path
-    /// then posts it or says why not.
+    /// The rest of a list from request `nreq` on, the first one the
+    /// straight line did not take: each request through the general
+    /// builder unless the straight line takes it. Returns how many of
+    /// `wrs` are built (the earlier ones included) and why the next one
+    /// was not.
+    #[inline(never)]
+    fn post_send_rest(
+        &mut self,
+        ahs: &Slab<Mlx4IbAh>,
+        wrs: &[SendWr<'_>],
+        mut nreq: u32,
+    ) -> (u32, core::result::Result<(), PostError>) {
+        let head = self.sq.head;
+        for (i, wr) in wrs.iter().enumerate().skip(nreq as usize) {
+            let ind = head.wrapping_add(nreq);
+            if self.write_fast::<false>(wr, ind, nreq) {
+                self.set_wrid(ind, wr.wr_id);
+            } else {
+                if let Err(err) = self.build_send_wqe(ahs, wr, ind, nreq) {
+                    return (nreq, Err(PostError { err, bad_wr: i }));
+                }
+                // The general builder makes WQEs of any size: the
+                // straight line stamps for a full pass after them.
+                self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
+            }
+            nreq += 1;
+            if i + 1 < wrs.len() {
+                self.stamp_after(ind);
+            }
+        }
+        (nreq, Ok(()))
+    }
+
+    /// The straight-line WQE of one request at producer index `ind`, with
+    /// `nreq` built before it in this call: RDMA WRITE/READ or a SEND of an
+    /// RC or UC QP in RTS/SQD with one SGE (a WQE within the first 64-byte
+    /// chunk) or with inline data in at most two segments, built with
+    /// direct stores into one bounds-checked block; with `RING` (a single
+    /// request) its wr_id, the producer index and the doorbell follow
+    /// ([`Mlx4IbQp::fast_ring`], in each branch: one jump less). Returns
+    /// false, having written nothing, for anything else (other opcodes,
+    /// states or transports, more SGEs, a full queue, fields that do not
+    /// match the opcode): the general builder then builds it or says why
+    /// not.
     ///
     /// Which (opcode, fields) pairs qualify is one precomputed bit mask
     /// ([`Mlx4IbQp::fast_shapes`]), so opcode, transport, state and the
     /// shape of `wr.wr` cost one test.
     #[inline(always)]
-    fn post_one_fast(&mut self, wr: &SendWr<'_>) -> bool {
+    fn write_fast<const RING: bool>(&mut self, wr: &SendWr<'_>, ind: u32, nreq: u32) -> bool {
         let opi = wr.opcode as u32;
         let f = wr.send_flags.0;
         let inline = f & SendFlags::INLINE.0 != 0;
         let shapes = self.fast_shapes[usize::from(inline)];
-        if shapes & (1 << (opi * 4 + detail_kind(&wr.wr))) == 0 || self.sq.overflow(0) {
+        if shapes & (1 << (opi * 4 + detail_kind(&wr.wr))) == 0 || self.sq.overflow(nreq) {
             return false;
         }
         if inline {
-            return self.post_one_fast_inline(wr);
+            return self.write_fast_inline::<RING>(wr, ind);
         }
         let [sg] = wr.sg_list else {
             return false;
         };
-        let ind = self.sq.head;
         let Some(blk) = self.buf.window().block::<64>(self.send_wqe_offset(ind)) else {
             return false;
         };
@@ -956,21 +1000,22 @@ impl Mlx4IbQp {
         }
         let size = (at / 16) as u32 + 1;
         finish_ctrl(&blk, flags, hi | u64::from(size));
-        self.fast_ring(ind, wr.wr_id);
+        if RING {
+            self.fast_ring(ind, wr.wr_id);
+        }
         true
     }
 
-    /// [`Mlx4IbQp::post_one_fast`] for inline data (checked shape): the
-    /// bytes in at most two inline segments of a 128-byte block.
+    /// [`Mlx4IbQp::write_fast`] for inline data (checked shape): the bytes
+    /// in at most two inline segments of a 128-byte block.
     #[inline(always)]
-    fn post_one_fast_inline(&mut self, wr: &SendWr<'_>) -> bool {
+    fn write_fast_inline<const RING: bool>(&mut self, wr: &SendWr<'_>, ind: u32) -> bool {
         let data = wr.inline_data;
         // No bytes (perhaps a gather list the driver cannot read through):
-        // the general path.
+        // the general builder.
         if data.len().wrapping_sub(1) >= self.fast_max_inline {
             return false;
         }
-        let ind = self.sq.head;
         let Some(blk) = self.buf.window().block::<128>(self.send_wqe_offset(ind)) else {
             return false;
         };
@@ -988,7 +1033,9 @@ impl Mlx4IbQp {
             // the stamp index reaches it a pass from now.
             self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
         }
-        self.fast_ring(ind, wr.wr_id);
+        if RING {
+            self.fast_ring(ind, wr.wr_id);
+        }
         true
     }
 
@@ -1007,24 +1054,36 @@ impl Mlx4IbQp {
         (srcrb | u64::from(imm), hi)
     }
 
-    /// The end of the straight line: the wr_id by its slot, the producer
-    /// index, the doorbell, and the stamp if one can be needed.
+    /// The wr_id of the send WQE at producer index `ind`, by its slot.
     #[inline(always)]
-    fn fast_ring(&mut self, ind: u32, wr_id: u64) {
+    fn set_wrid(&mut self, ind: u32, wr_id: u64) {
         let slot = (ind & self.sq.mask) as usize;
         if let Some(w) = self.sq.wrid.get_mut(slot) {
             *w = wr_id;
         }
+    }
+
+    /// The end of a single straight-line post: the wr_id, the producer
+    /// index, the doorbell, and the stamp if one can be needed.
+    #[inline(always)]
+    fn fast_ring(&mut self, ind: u32, wr_id: u64) {
+        self.set_wrid(ind, wr_id);
         self.sq.head = ind.wrapping_add(1);
         // Descriptors before the doorbell.
         wmb();
         if let Some(db) = &self.send_db {
             db.write_be32(self.doorbell_qpn);
         }
-        // Linux stamps WQE ind + spare after the doorbell; only chunks past
-        // the first 64 bytes that the slot's last WQE filled get a stamp,
-        // so while no WQE of the last pass was larger than 64 bytes there
-        // is nothing to write.
+        self.stamp_after(ind);
+    }
+
+    /// Linux stamps WQE `ind + sq_spare_wqes` after posting WQE `ind`; only
+    /// chunks past the first 64 bytes that the slot's last WQE filled get a
+    /// stamp, so while no WQE of the last pass was larger than 64 bytes
+    /// ([`Mlx4IbQp::stamp_until`]) there is nothing to write, and the read
+    /// of the slot's size is skipped.
+    #[inline(always)]
+    fn stamp_after(&self, ind: u32) {
         if self.stamp_until.wrapping_sub(ind) as i32 > 0 {
             self.stamp_send_wqe(ind.wrapping_add(self.sq_spare_wqes));
         }
@@ -1042,18 +1101,15 @@ impl Mlx4IbQp {
         }
     }
 
-    /// `nreq` WQEs from the producer index on are built: the producer
-    /// index moves, the doorbell rings, and WQE `stamp` is stamped.
+    /// The send doorbell, behind a barrier that makes the WQEs visible
+    /// first.
     #[inline(always)]
-    fn ring_send_doorbell(&mut self, nreq: u32, stamp: u32) {
-        self.sq.head = self.sq.head.wrapping_add(nreq);
-        // Descriptors before the doorbell.
+    fn ring_send_doorbell(&self) {
         wmb();
         match &self.send_db {
             Some(d) => d.write_be32(self.doorbell_qpn),
             None => self.uar.write_be32(SEND_DOORBELL, self.doorbell_qpn),
         }
-        self.stamp_send_wqe(stamp);
     }
 
     /// One send WQE at producer index `ind` (the body of Linux's loop).
@@ -1354,7 +1410,9 @@ impl Mlx4IbQp {
         }
         if nreq > 0 {
             self.stamp_until = ind.wrapping_add(self.sq.wqe_cnt);
-            self.ring_send_doorbell(nreq, stamp);
+            self.sq.head = ind;
+            self.ring_send_doorbell();
+            self.stamp_send_wqe(stamp);
         }
         res
     }

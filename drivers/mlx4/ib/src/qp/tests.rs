@@ -733,3 +733,214 @@ fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
         "stamped by the straight line"
     );
 }
+
+/// A UAR page that counts the stores to the send doorbell.
+struct CountingUar {
+    mem: MemBar,
+    send_doorbells: core::sync::atomic::AtomicUsize,
+}
+
+impl hal::RegisterBackend for CountingUar {
+    fn read32(&self, offset: usize) -> u32 {
+        self.mem.read32(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        if offset == SEND_DOORBELL {
+            self.send_doorbells
+                .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        }
+        self.mem.write32(offset, value);
+    }
+}
+
+/// An RC QP over a UAR page that counts send doorbells.
+fn counted_qp(b: &mut Bed, cap: QpCap) -> (Mlx4IbQp, Arc<CountingUar>) {
+    let uar = Arc::new(CountingUar {
+        mem: MemBar::new(4096),
+        send_doorbells: core::sync::atomic::AtomicUsize::new(0),
+    });
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut cap = cap;
+    let qp = Mlx4IbQp::detached(
+        QpType::Rc,
+        0x48,
+        &b.caps,
+        &mut cap,
+        true,
+        &b.pool,
+        Bar::from_backend(uar.clone(), 4096),
+        Some(db),
+    )
+    .unwrap();
+    (qp, uar)
+}
+
+fn doorbells(u: &CountingUar) -> usize {
+    u.send_doorbells.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Linux's `mlx4_ib_post_send` rings once for its whole list: 16 RDMA
+/// WRITEs in one call are one store to the send doorbell, a list the
+/// general builder takes part of too, and a list cut short by a bad
+/// request (the ones before it posted, the doorbell rung for them).
+#[test]
+fn a_list_of_sends_rings_the_doorbell_once() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(2);
+    cap.max_inline_data = 64;
+    let (mut qp, uar) = counted_qp(&mut b, cap);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 1,
+    }];
+    let writes: Vec<SendWr> = (0..16)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: WrOpcode::RdmaWrite,
+            send_flags: SendFlags::SIGNALED,
+            sg_list: &sg,
+            wr: WrDetail::Rdma {
+                remote_addr: 0x10_0000 + 64 * i,
+                rkey: 0x1234,
+            },
+            ..Default::default()
+        })
+        .collect();
+    qp.post_send(&b.ahs, &writes).unwrap();
+    assert_eq!(doorbells(&uar), 1, "16 requests, one doorbell");
+    assert_eq!(qp.sq.head, 16);
+    assert_eq!(qp.sq.wrid[..16], (0..16).collect::<Vec<u64>>()[..]);
+    assert_eq!(
+        uar.mem.bytes(SEND_DOORBELL, 4),
+        (0x48u32 << 8).to_be_bytes(),
+        "the QPN in the doorbell"
+    );
+    // One at a time: one doorbell each.
+    qp.sq.tail = qp.sq.head;
+    for w in &writes[..3] {
+        qp.post_send(&b.ahs, core::slice::from_ref(w)).unwrap();
+    }
+    assert_eq!(doorbells(&uar), 4);
+    // Straight-line and general requests mixed (two SGEs, an atomic, a
+    // 64-byte inline SEND): still one doorbell.
+    qp.sq.tail = qp.sq.head;
+    let sg2 = [sg[0]; 2];
+    let data = [5u8; 64];
+    let mixed = [
+        writes[0],
+        SendWr {
+            sg_list: &sg2,
+            ..Default::default()
+        },
+        SendWr {
+            opcode: WrOpcode::AtomicFetchAndAdd,
+            sg_list: &sg,
+            wr: WrDetail::Atomic {
+                remote_addr: 0x2000,
+                compare_add: 1,
+                swap: 0,
+                compare_add_mask: 0,
+                swap_mask: 0,
+                rkey: 2,
+            },
+            ..Default::default()
+        },
+        SendWr {
+            send_flags: SendFlags::INLINE,
+            inline_data: &data,
+            ..Default::default()
+        },
+        writes[1],
+    ];
+    qp.post_send(&b.ahs, &mixed).unwrap();
+    assert_eq!(doorbells(&uar), 5);
+    assert_eq!(qp.sq.head, 16 + 3 + 5);
+    // A bad request third in the list: two posted, one doorbell, bad_wr 2.
+    let bad = SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        ..Default::default()
+    };
+    let e = qp
+        .post_send(&b.ahs, &[writes[2], writes[3], bad, writes[4]])
+        .unwrap_err();
+    assert_eq!(
+        e,
+        PostError {
+            err: PostFault::FieldsMismatch,
+            bad_wr: 2
+        }
+    );
+    assert_eq!(doorbells(&uar), 6);
+    assert_eq!(qp.sq.head, 16 + 3 + 5 + 2);
+    // Bad first: nothing posted, no doorbell.
+    qp.post_send(&b.ahs, &[bad, writes[4]]).unwrap_err();
+    assert_eq!(doorbells(&uar), 6);
+    assert_eq!(qp.sq.head, 16 + 3 + 5 + 2);
+}
+
+/// A list posted in one call leaves the send queue byte for byte as the
+/// same requests posted one at a time (WQEs, owner bits, stamps), over
+/// several passes of the ring.
+#[test]
+fn a_list_builds_the_wqes_of_single_posts() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(2);
+    cap.max_inline_data = 64;
+    let (mut one, _) = counted_qp(&mut b, cap);
+    let (mut list, _) = counted_qp(&mut b, cap);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 1,
+    }];
+    let sg2 = [sg[0]; 2];
+    let data = [9u8; 64];
+    let kinds = |i: u64| match i % 5 {
+        0 | 1 => SendWr {
+            wr_id: i,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            wr: WrDetail::Rdma {
+                remote_addr: 0x10_0000 + i,
+                rkey: 7,
+            },
+            ..Default::default()
+        },
+        2 => SendWr {
+            wr_id: i,
+            send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+            inline_data: &data[..(i as usize % 64) + 1],
+            ..Default::default()
+        },
+        3 => SendWr {
+            wr_id: i,
+            sg_list: &sg2,
+            ..Default::default()
+        },
+        _ => SendWr {
+            wr_id: i,
+            sg_list: &sg,
+            ..Default::default()
+        },
+    };
+    let len = one.buf.len();
+    let mut i = 0u64;
+    for batch in [16usize, 7, 30, 1, 64, 16, 50, 33, 16, 100, 16, 2] {
+        let wrs: Vec<SendWr> = (i..i + batch as u64).map(kinds).collect();
+        i += batch as u64;
+        for w in &wrs {
+            one.post_send(&b.ahs, core::slice::from_ref(w)).unwrap();
+        }
+        list.post_send(&b.ahs, &wrs).unwrap();
+        assert_eq!(one.sq.head, list.sq.head);
+        let mut x = alloc::vec![0u8; len];
+        let mut y = alloc::vec![0u8; len];
+        one.buf.read_bytes(0, &mut x);
+        list.buf.read_bytes(0, &mut y);
+        assert!(x == y, "send queues differ after {i} requests");
+        assert_eq!(one.sq.wrid, list.sq.wrid);
+        one.sq.tail = one.sq.head;
+        list.sq.tail = list.sq.head;
+    }
+}
