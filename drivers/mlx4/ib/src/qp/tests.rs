@@ -7,11 +7,14 @@ use hal::fake::{ArenaDma, MemBar};
 use hal::{Bar, DmaPool};
 use mlx4_core::Caps;
 
+use mlx4_hw::doorbell::SEND_DOORBELL;
+
+use super::post::HW_OPCODE;
 use super::*;
 use crate::ah::{Mlx4IbAh, create_ib_ah};
 use crate::doorbell::DbPool;
-use crate::verbs::{AhAttr, Sge, WrDetail};
-use ib_core::verbs::SendFlags;
+use crate::table::Slab;
+use crate::verbs::{AhAttr, QpCap, RecvWr, SendFlags, SendWr, Sge, WrDetail, WrOpcode};
 
 /// A host-memory stand-in for the HCA: DMA arena, a UAR page, doorbell
 /// records, device limits like a ConnectX-3's.
