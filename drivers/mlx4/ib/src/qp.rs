@@ -19,7 +19,7 @@ mod modify;
 mod post;
 
 pub use create::{
-    UD_HEADER_SIZE, alloc_qp_buf, send_wqe_overhead, set_kernel_sq_size, set_rq_size,
+    HostMemory, UD_HEADER_SIZE, alloc_qp_buf, send_wqe_overhead, set_kernel_sq_size, set_rq_size,
 };
 pub use post::{MlxFields, MlxHeader, MlxPostError, MlxSendInfo, PostError, PostFault};
 

@@ -135,57 +135,77 @@ pub fn alloc_qp_buf(pool: &hal::DmaPool, sq: &mut Wq, rq: &mut Wq) -> Result<Dma
     Ok(pool.alloc((rq_bytes + sq_bytes).next_multiple_of(4096), 4096)?)
 }
 
+/// What a QP without an HCA behind it is built over
+/// ([`Mlx4IbQp::detached`]): host memory standing in for the HCA's.
+pub struct HostMemory<'a> {
+    /// The device limits the queues are sized against.
+    pub caps: &'a Caps,
+    /// Where the queue buffer is allocated.
+    pub pool: &'a hal::DmaPool,
+    /// The UAR page of the send doorbell.
+    pub uar: Bar,
+    /// The RQ doorbell record (none: the QP receives through an SRQ).
+    pub db: Option<Db>,
+}
+
+/// The memory a QP is assembled over: both queues' geometry in one buffer
+/// (from [`alloc_qp_buf`]), the UAR page of its send doorbell and its RQ
+/// doorbell record (none with an SRQ).
+pub(crate) struct QpQueues {
+    pub(crate) sq: Wq,
+    pub(crate) rq: Wq,
+    /// Spare WQEs of the SQ (from [`set_kernel_sq_size`]).
+    pub(crate) spare: u32,
+    pub(crate) buf: DmaBuf,
+    pub(crate) uar: Bar,
+    pub(crate) db: Option<Db>,
+}
+
 impl Mlx4IbQp {
-    /// A QP's queues over a buffer the caller provides, without an HCA
-    /// behind it: for tests and the fast-path benchmark, which play the
-    /// hardware themselves. `buf` must hold both queues.
-    #[allow(clippy::too_many_arguments)]
+    /// A QP in RTS without an HCA behind it, its queues sized for `cap`
+    /// (updated to what was granted) in host memory: for tests and the
+    /// fast-path benchmark, which play the hardware themselves.
     pub fn detached(
         qp_type: QpType,
         qpn: u32,
-        caps: &Caps,
         cap: &mut QpCap,
         sig_all: bool,
-        buf_pool: &hal::DmaPool,
-        uar: Bar,
-        db: Option<Db>,
+        host: HostMemory<'_>,
     ) -> Result<Mlx4IbQp> {
-        let mut rq = set_rq_size(caps, cap, db.is_some())?;
-        let (mut sq, spare) = set_kernel_sq_size(caps, cap, qp_type)?;
-        let buf = alloc_qp_buf(buf_pool, &mut sq, &mut rq)?;
-        let mut qp = Mlx4IbQp::assemble(
-            qp_type,
-            qpn,
-            qpn,
+        let mut rq = set_rq_size(host.caps, cap, host.db.is_some())?;
+        let (mut sq, spare) = set_kernel_sq_size(host.caps, cap, qp_type)?;
+        let buf = alloc_qp_buf(host.pool, &mut sq, &mut rq)?;
+        let q = QpQueues {
             sq,
             rq,
             spare,
-            sig_all,
-            cap.max_inline_data,
             buf,
-            uar,
-            db,
-        );
+            uar: host.uar,
+            db: host.db,
+        };
+        let mut qp = Mlx4IbQp::assemble(qp_type, qpn, qpn, sig_all, cap.max_inline_data, q);
         qp.stamp_all();
         qp.set_state(QpState::Rts);
         Ok(qp)
     }
 
-    /// The QP over `buf` (from [`alloc_qp_buf`]), with its wrid arrays.
-    #[allow(clippy::too_many_arguments)]
+    /// The QP over `q`, with its wrid arrays, in RESET.
     pub(crate) fn assemble(
         qp_type: QpType,
         qpn: u32,
         ibqp_num: u32,
-        mut sq: Wq,
-        mut rq: Wq,
-        spare: u32,
         sig_all: bool,
         max_inline_data: u32,
-        buf: DmaBuf,
-        uar: Bar,
-        db: Option<Db>,
+        q: QpQueues,
     ) -> Mlx4IbQp {
+        let QpQueues {
+            mut sq,
+            mut rq,
+            spare,
+            buf,
+            uar,
+            db,
+        } = q;
         sq.wrid = vec![0; sq.wqe_cnt as usize];
         rq.wrid = vec![0; rq.wqe_cnt as usize];
         sq.stride = 1 << sq.wqe_shift;
@@ -316,18 +336,21 @@ impl crate::Mlx4IbDev {
             QpType::Gsi => 1,
             _ => qpn,
         };
+        let q = QpQueues {
+            sq,
+            rq,
+            spare,
+            buf,
+            uar,
+            db,
+        };
         let mut qp = Mlx4IbQp::assemble(
             t,
             qpn,
             ibqp_num,
-            sq,
-            rq,
-            spare,
             init.sq_sig_type == crate::verbs::SigType::AllWr,
             init.cap.max_inline_data,
-            buf,
-            uar,
-            db,
+            q,
         );
         let mtt = match write_mtt_for(&mut self.dev, &qp.buf) {
             Ok(m) => m,

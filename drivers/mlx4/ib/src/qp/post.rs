@@ -748,7 +748,7 @@ impl Mlx4IbQp {
         }
         let base = self.send_wqe_offset(ind);
         if !inline && wr.sg_list.len() <= 4 {
-            return self.build_send_wqe_staged(ahs, wr, ind, nreq, base, opi, op);
+            return self.build_send_wqe_staged(ahs, wr, ind);
         }
         let mut off = base + ctrl::SIZE;
         match &wr.wr {
@@ -864,17 +864,15 @@ impl Mlx4IbQp {
     /// written, each behind a barrier, which keeps Linux's rule that no
     /// chunk looks valid before its contents.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn build_send_wqe_staged(
         &mut self,
         ahs: &Slab<Mlx4IbAh>,
         wr: &SendWr<'_>,
         ind: u32,
-        nreq: u32,
-        base: usize,
-        opi: u32,
-        op: u32,
     ) -> core::result::Result<(), PostFault> {
+        let base = self.send_wqe_offset(ind);
+        let opi = wr.opcode as u32;
+        let op = HW_OPCODE[opi as usize & 15];
         let mut st = [0u8; 128];
         fn put64(st: &mut [u8; 128], o: usize, v: u64) {
             if let Some(d) = st.get_mut(o..o + 8) {
@@ -947,10 +945,7 @@ impl Mlx4IbQp {
             return Err(PostFault::WqeTooLarge);
         }
         let size = (off / 16) as u32;
-        let slot = (self.sq.head.wrapping_add(nreq) & (self.sq.wqe_cnt - 1)) as usize;
-        if let Some(w) = self.sq.wrid.get_mut(slot) {
-            *w = wr.wr_id;
-        }
+        self.set_wrid(ind, wr.wr_id);
         let srcrb = self.sq_signal_bits | SRCRB_FLAGS[(wr.send_flags.0 & 7) as usize];
         let imm = if IMM_OPS & (1 << opi) != 0 {
             wr.imm_data

@@ -58,12 +58,14 @@ impl Bed {
         Mlx4IbQp::detached(
             t,
             0x48,
-            &self.caps,
             &mut cap,
             sig_all,
-            &self.pool,
-            self.uar(),
-            Some(db),
+            HostMemory {
+                caps: &self.caps,
+                pool: &self.pool,
+                uar: self.uar(),
+                db: Some(db),
+            },
         )
         .unwrap()
     }
@@ -247,12 +249,14 @@ fn inline_send_splits_at_64_bytes() {
     let mut qp = Mlx4IbQp::detached(
         QpType::Rc,
         0x48,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     let data: Vec<u8> = (0..64u8).collect();
@@ -563,12 +567,14 @@ fn golden_mlx_segment_header_and_icrc() {
     let mut qp0 = Mlx4IbQp::detached(
         QpType::Smi,
         0x40,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     qp0.sqp = Some(Sqp::default());
@@ -683,12 +689,14 @@ fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
     let mut qp = Mlx4IbQp::detached(
         QpType::Rc,
         0x48,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     let (cnt, spare) = (qp.sq.wqe_cnt, qp.sq_spare_wqes);
@@ -767,12 +775,14 @@ fn counted_qp(b: &mut Bed, cap: QpCap) -> (Mlx4IbQp, Arc<CountingUar>) {
     let qp = Mlx4IbQp::detached(
         QpType::Rc,
         0x48,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        Bar::from_backend(uar.clone(), 4096),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: Bar::from_backend(uar.clone(), 4096),
+            db: Some(db),
+        },
     )
     .unwrap();
     (qp, uar)
