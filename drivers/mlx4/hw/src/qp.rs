@@ -1,4 +1,7 @@
-//! QP states, transition opcodes and the QP context (Linux `include/linux/mlx4/qp.h`, `qp.c`); RSS, Ethernet (VLAN/MAC) and SR-IOV fields are left out of the typed struct.
+//! QP states, transition opcodes, modify parameters and the QP context (Linux `include/linux/mlx4/qp.h`, `qp.c`).
+//!
+//! Left out of the typed context: the RSS, Ethernet (VLAN/MAC) and SR-IOV
+//! fields.
 
 use crate::cmd::Opcode;
 use crate::wire::*;

@@ -1,4 +1,9 @@
-//! mlx4_ib as an ib_core provider: the `struct ib_device` ops `mlx4_ib_add` fills in (Linux `main.c`), `build_mlx_header` with ib_core's `ud_header` (Linux `qp.c`), and the events of `mlx4_ib_event` and of MAD snooping delivered through the progress function; multicast attach, user contexts, memory windows, FMRs and port modification are left out.
+//! mlx4_ib as an ib_core provider: the `struct ib_device` ops that `mlx4_ib_add` fills in (Linux `main.c`).
+//!
+//! With them `build_mlx_header` on ib_core's `ud_header` (Linux `qp.c`), and
+//! the events of `mlx4_ib_event` and of MAD snooping delivered through the
+//! progress function. Left out: multicast attach, user contexts, memory
+//! windows, FMRs and port modification.
 
 use alloc::string::String;
 
