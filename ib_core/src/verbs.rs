@@ -1147,6 +1147,11 @@ c_enum! {
         /// Linux's `ex.invalidate_rkey`). 8 in the kernel's enum; libibverbs
         /// numbers it 9.
         SendWithInv = 8 => "IB_WR_SEND_WITH_INV",
+        /// Masked compare and swap (`wr.atomic` with both masks).
+        MaskedAtomicCmpAndSwp = 12 => "IB_WR_MASKED_ATOMIC_CMP_AND_SWP",
+        /// Masked fetch and add (`wr.atomic`; `compare_add_mask` marks the
+        /// bits where a carry stops).
+        MaskedAtomicFetchAndAdd = 13 => "IB_WR_MASKED_ATOMIC_FETCH_AND_ADD",
     }
 }
 
@@ -1187,6 +1192,10 @@ pub enum WrDetail {
         compare_add: u64,
         /// Swap value (CMP_AND_SWP).
         swap: u64,
+        /// Mask of `compare_add` (the masked atomics only).
+        compare_add_mask: u64,
+        /// Mask of `swap` (masked CMP_AND_SWP only).
+        swap_mask: u64,
         /// Remote key.
         rkey: u32,
     },
@@ -1219,14 +1228,16 @@ pub struct SendWr<'a> {
     pub opcode: WrOpcode,
     /// Flags.
     pub send_flags: SendFlags,
-    /// Immediate data (`*_WITH_IMM`), wire order read as a `u32`.
+    /// Immediate data (`*_WITH_IMM`, wire order read as a `u32`) or the
+    /// rkey to invalidate (SEND_WITH_INV): Linux's `ex` union.
     pub imm_data: u32,
     /// Per-opcode fields.
     pub wr: WrDetail,
     /// The payload of an [`SendFlags::INLINE`] send, copied into the WQE.
     /// Linux reads it through the SGEs' kernel virtual addresses; a safe
     /// port hands over the bytes themselves (and the provider refuses more
-    /// than its `max_inline_data`).
+    /// than its `max_inline_data`, and the flag with a gather list but no
+    /// bytes: it cannot read them through bus addresses).
     pub inline_data: &'a [u8],
 }
 

@@ -592,10 +592,11 @@ fn ud_with_and_without_grh_and_an_srq() {
                 send_flags: SendFlags::SIGNALED,
                 sg_list: &ssg,
                 wr: WrDetail::Ud {
-                    ah,
+                    ah: ib_core::verbs::Ah(ah.index()),
                     remote_qpn: nb,
                     remote_qkey: 0x2222,
                     pkey_index: 0,
+                    port_num: 0,
                 },
                 ..Default::default()
             }],

@@ -1245,6 +1245,8 @@ fn one_op(
                 remote_addr: reply.vaddr,
                 compare_add,
                 swap,
+                compare_add_mask: 0,
+                swap_mask: 0,
                 rkey: reply.rkey,
             },
             ..SendWr::default()

@@ -1,4 +1,6 @@
-//! Firmware command opcodes, status codes and timeouts (Linux `include/linux/mlx4/cmd.h` and the status table of `cmd.c`); SR-IOV virtual opcodes left out.
+//! Firmware command opcodes, status codes and timeouts (Linux `include/linux/mlx4/cmd.h` and the status table of `cmd.c`).
+//!
+//! Left out: the SR-IOV virtual opcodes.
 
 use core::fmt;
 

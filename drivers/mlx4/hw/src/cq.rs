@@ -1,4 +1,6 @@
-//! CQ context (Linux `struct mlx4_cq_context`, `cq.c`) and CQE owner-bit constants; CQ resize/moderation payloads beyond the context are left out.
+//! CQ context (Linux `struct mlx4_cq_context`, `cq.c`) and CQE owner-bit constants.
+//!
+//! Left out: the CQ resize and moderation payloads beyond the context.
 
 use crate::wire::*;
 

@@ -1,4 +1,7 @@
-//! The 32-byte completion-queue entry, its error form and opcode/syndrome values (Linux `include/linux/mlx4/cq.h`: `struct mlx4_cqe`, `struct mlx4_err_cqe`, `MLX4_CQE_*`); Ethernet checksum/VLAN fields and the 64-byte CQE layout are left out (64-byte CQEs stay disabled).
+//! The 32-byte completion-queue entry and its error form (Linux `include/linux/mlx4/cq.h`: `struct mlx4_cqe`, `struct mlx4_err_cqe`, `MLX4_CQE_*`).
+//!
+//! With the opcode and syndrome values. Left out: the Ethernet checksum/VLAN
+//! fields and the 64-byte CQE layout (64-byte CQEs stay disabled).
 
 use crate::wire::*;
 

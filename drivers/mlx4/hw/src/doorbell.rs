@@ -1,4 +1,6 @@
-//! UAR doorbell offsets and values (Linux `include/linux/mlx4/doorbell.h`, `qp.h`, `cq.h`, and `eq_set_ci` in `eq.c`); BlueFlame left out.
+//! UAR doorbell offsets and values (Linux `include/linux/mlx4/doorbell.h`, `qp.h`, `cq.h`, and `eq_set_ci` in `eq.c`).
+//!
+//! Left out: BlueFlame.
 
 /// Size of one UAR page.
 pub const UAR_PAGE_SIZE: usize = 4096;

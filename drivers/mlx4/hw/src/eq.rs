@@ -1,4 +1,6 @@
-//! EQ context, EQE layout, event types and the async event mask (Linux `eq.c`, `device.h`); 64-byte EQEs and the SR-IOV event types' payloads are left out.
+//! EQ context, EQE layout, event types and the async event mask (Linux `eq.c`, `device.h`).
+//!
+//! Left out: 64-byte EQEs and the payloads of the SR-IOV event types.
 
 use crate::wire::*;
 

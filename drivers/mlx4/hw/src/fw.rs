@@ -1,4 +1,8 @@
-//! Mailbox layouts of the HCA-level commands: QUERY_FW, QUERY_DEV_CAP, QUERY_PORT, QUERY_ADAPTER, MOD_STAT_CFG, INIT_HCA/QUERY_HCA (Linux `fw.c` offset tables); the SR-IOV QUERY_FUNC_CAP and device-managed flow-steering blocks are left out.
+//! Mailbox layouts of the HCA-level commands (Linux `fw.c`'s offset tables).
+//!
+//! QUERY_FW, QUERY_DEV_CAP, QUERY_PORT, QUERY_ADAPTER, MOD_STAT_CFG,
+//! INIT_HCA/QUERY_HCA. Left out: the SR-IOV QUERY_FUNC_CAP and device-managed
+//! flow-steering blocks.
 
 use crate::wire::*;
 

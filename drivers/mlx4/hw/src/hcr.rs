@@ -1,4 +1,4 @@
-//! The host command register (HCR) in BAR0 and the other fixed BAR0 registers (ownership, reset block); Linux `cmd.c`, `reset.c`, `main.c` constants.
+//! The host command register (HCR) and the other fixed BAR0 registers, ownership and reset block (constants of Linux `cmd.c`, `reset.c`, `main.c`).
 //!
 //! PRM: "HCA Command Register". Every HCR dword is a 32-bit big-endian store;
 //! dword 6 (status/GO) is written last, after a write barrier.

@@ -1,4 +1,4 @@
-//! mlx4 (ConnectX-3) wire formats as pure data: HCR layout, opcodes and status codes, command mailboxes, contexts, EQEs, doorbells; no driver logic.
+//! mlx4 (ConnectX-3) wire formats as pure data, without driver logic: HCR layout, opcodes and status codes, command mailboxes, contexts, EQEs, doorbells.
 //!
 //! Linux: `include/linux/mlx4/{cmd,device,cq,qp,srq}.h` and the offset tables in
 //! `drivers/net/ethernet/mellanox/mlx4/{cmd,fw,eq,mr,port}.c` (3.11 via LegoOS;

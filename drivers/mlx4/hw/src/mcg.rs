@@ -1,4 +1,6 @@
-//! The multicast group entry of READ_MCG/WRITE_MCG (Linux `struct mlx4_mgm` in `mcg.c`); device-managed flow-steering rules are left out.
+//! The multicast group entry of READ_MCG/WRITE_MCG (Linux `struct mlx4_mgm` in `mcg.c`).
+//!
+//! Left out: device-managed flow-steering rules.
 
 use crate::wire::*;
 

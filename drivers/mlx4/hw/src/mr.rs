@@ -1,4 +1,6 @@
-//! MPT entry, MTT entry and key conversions (Linux `struct mlx4_mpt_entry`, `mr.c`); memory windows and FMR-specific fields are carried as plain fields only.
+//! MPT entry, MTT entry and key conversions (Linux `struct mlx4_mpt_entry`, `mr.c`).
+//!
+//! Memory windows and FMR-specific fields are carried as plain fields only.
 
 use crate::wire::*;
 

@@ -1,4 +1,6 @@
-//! SET_PORT (IB flavour) and the MAD_IFC PortInfo query mlx4_core sends (Linux `port.c`: `mlx4_SET_PORT`, `mlx4_get_port_ib_caps`); Ethernet SET_PORT flavours are left out.
+//! SET_PORT (IB flavour) and the MAD_IFC PortInfo query mlx4_core sends (Linux `port.c`: `mlx4_SET_PORT`, `mlx4_get_port_ib_caps`).
+//!
+//! Left out: the Ethernet SET_PORT flavours.
 
 use crate::wire::*;
 

@@ -1,4 +1,7 @@
-//! QP states, transition opcodes and the QP context (Linux `include/linux/mlx4/qp.h`, `qp.c`); RSS, Ethernet (VLAN/MAC) and SR-IOV fields are left out of the typed struct.
+//! QP states, transition opcodes, modify parameters and the QP context (Linux `include/linux/mlx4/qp.h`, `qp.c`).
+//!
+//! Left out of the typed context: the RSS, Ethernet (VLAN/MAC) and SR-IOV
+//! fields.
 
 use crate::cmd::Opcode;
 use crate::wire::*;
@@ -236,6 +239,42 @@ impl QpContext {
 
 /// Modify-QP mailbox: BE32 optpar at 0, the context at 8.
 pub const QP_MODIFY_CONTEXT_OFFSET: usize = 8;
+
+/// `enum mlx4_qp_optpar`: the fields of a modify the firmware should take
+/// (the mailbox's first dword).
+pub mod optpar {
+    #![allow(missing_docs)]
+    pub const ALT_ADDR_PATH: u32 = 1 << 0;
+    pub const RRE: u32 = 1 << 1;
+    pub const RAE: u32 = 1 << 2;
+    pub const RWE: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const Q_KEY: u32 = 1 << 5;
+    pub const RNR_TIMEOUT: u32 = 1 << 6;
+    pub const PRIMARY_ADDR_PATH: u32 = 1 << 7;
+    pub const SRA_MAX: u32 = 1 << 8;
+    pub const RRA_MAX: u32 = 1 << 9;
+    pub const PM_STATE: u32 = 1 << 10;
+    pub const RETRY_COUNT: u32 = 1 << 12;
+    pub const RNR_RETRY: u32 = 1 << 13;
+    pub const ACK_TIMEOUT: u32 = 1 << 14;
+    pub const SCHED_QUEUE: u32 = 1 << 16;
+    pub const COUNTER_INDEX: u32 = 1 << 20;
+}
+
+/// `MLX4_QP_PM_MIGRATED`: the path-migration state of the context flags
+/// (bits 12:11).
+pub const PM_MIGRATED: u32 = 3;
+
+/// Bits of the context's `params2` (`MLX4_QP_BIT_*`): remote read, write
+/// and atomic enable, and receives through an SRQ.
+pub mod params2 {
+    #![allow(missing_docs)]
+    pub const RRE: u32 = 1 << 15;
+    pub const RWE: u32 = 1 << 14;
+    pub const RAE: u32 = 1 << 13;
+    pub const RIC: u32 = 1 << 4;
+}
 
 #[cfg(test)]
 mod tests {

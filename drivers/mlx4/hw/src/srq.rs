@@ -1,4 +1,6 @@
-//! SRQ context (Linux `struct mlx4_srq_context`, `srq.c`); ARM_SRQ limits and XRC are carried as plain fields only.
+//! SRQ context (Linux `struct mlx4_srq_context`, `srq.c`).
+//!
+//! ARM_SRQ limits and XRC are carried as plain fields only.
 
 use crate::wire::*;
 

@@ -1,4 +1,8 @@
-//! Send and receive work-queue entry layouts: control, remote-address, atomic, datagram (with the address vector), data, inline, MLX and SRQ-next segments (Linux `include/linux/mlx4/qp.h`: `struct mlx4_wqe_*_seg`, `struct mlx4_av`, the `MLX4_OPCODE_*` and `MLX4_WQE_CTRL_*` values); LSO, bind, fast-register and local-invalidate segment bodies are left out.
+//! Send and receive work-queue entry layouts (Linux `include/linux/mlx4/qp.h`: `struct mlx4_wqe_*_seg`, `struct mlx4_av`, `MLX4_OPCODE_*`, `MLX4_WQE_CTRL_*`).
+//!
+//! Control, remote-address, atomic, datagram (with the address vector), data,
+//! inline, MLX and SRQ-next segments. Left out: the LSO, bind, fast-register
+//! and local-invalidate segment bodies.
 //!
 //! Offsets are within each segment; every multi-byte field is big-endian.
 //! The driver writes WQEs field by field in the order the hardware needs

@@ -1,4 +1,7 @@
-//! Address handles (Linux `ah.c`: `mlx4_ib_create_ah`, `create_ib_ah`, `mlx4_ib_query_ah`, `mlx4_ib_destroy_ah`): the 32-byte address vector copied into every UD WQE; the Ethernet (RoCE) form is left out.
+//! Address handles (Linux `ah.c`: `mlx4_ib_create_ah`, `create_ib_ah`, `mlx4_ib_query_ah`, `mlx4_ib_destroy_ah`).
+//!
+//! The 32-byte address vector copied into every UD WQE. Left out: the
+//! Ethernet (RoCE) form.
 //!
 //! Linux 3.11 `create_ib_ah` stores the SL word after OR-ing in the traffic
 //! class and flow label, wiping them; LegoOS moved the SL first. We keep all

@@ -1,4 +1,7 @@
-//! Queue buffers described to the HCA by an MTT of 4 KiB pages (Linux `mlx4_buf_write_mtt` of mlx4_core, as mlx4_ib calls it for CQ, QP and SRQ buffers); the vmap'ed page-list allocation for large buffers is left out (the DMA pool hands out contiguous memory of any size).
+//! Queue buffers described to the HCA by an MTT of 4 KiB pages (Linux `mlx4_buf_write_mtt` of mlx4_core, as mlx4_ib calls it for CQ, QP and SRQ buffers).
+//!
+//! Left out: the vmap'ed page-list allocation for large buffers (the DMA pool
+//! hands out contiguous memory of any size).
 
 use alloc::vec::Vec;
 

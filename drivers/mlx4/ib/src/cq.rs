@@ -1,4 +1,11 @@
-//! Completion queues (Linux `cq.c`): create/destroy over mlx4_core, polling with the owner bit (`mlx4_ib_poll_one`, `mlx4_ib_poll_cq`), every error syndrome mapped to its `ib_wc_status` (`mlx4_ib_handle_error_cqe`), the `set_ci` and arm doorbells (`mlx4_cq_set_ci`, `mlx4_cq_arm`), and removal of a QP's entries (`__mlx4_ib_cq_clean`); resize, moderation (MODIFY_CQ), 64-byte CQEs, timestamps and the Ethernet/XRC fields are left out.
+//! Completion queues (Linux `cq.c`): create, poll, clean and destroy.
+//!
+//! Create/destroy over mlx4_core, polling with the owner bit
+//! (`mlx4_ib_poll_one`, `mlx4_ib_poll_cq`), every error syndrome mapped to
+//! its `ib_wc_status` (`mlx4_ib_handle_error_cqe`), the `set_ci` and arm
+//! doorbells (`mlx4_cq_set_ci`, `mlx4_cq_arm`), and removal of a QP's entries
+//! (`__mlx4_ib_cq_clean`). Left out: resize, moderation (MODIFY_CQ), 64-byte
+//! CQEs, timestamps and the Ethernet/XRC fields.
 
 use hal::barrier::{dma_rmb, wmb};
 use hal::{Bar, DmaBlock, DmaBuf};

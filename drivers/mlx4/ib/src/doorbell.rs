@@ -1,4 +1,8 @@
-//! Doorbell records for kernel CQs, QPs and SRQs: 4-byte big-endian slots in DMA pages, handed out singly (RQ/SRQ) or as aligned pairs (CQ `set_ci` + arm) (Linux `mlx4_db_alloc`/`mlx4_db_free` of mlx4_core `alloc.c`, which mlx4_ib calls); mlx4_ib's own `doorbell.c` (mapping user-space record pages) is left out with user contexts.
+//! Doorbell records for kernel CQs, QPs and SRQs (Linux `mlx4_db_alloc`/`mlx4_db_free` of mlx4_core's `alloc.c`, which mlx4_ib calls).
+//!
+//! 4-byte big-endian slots in DMA pages, handed out singly (RQ/SRQ) or as
+//! aligned pairs (CQ `set_ci` + arm). Left out, with user contexts: mlx4_ib's
+//! own `doorbell.c` (mapping user-space record pages).
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;

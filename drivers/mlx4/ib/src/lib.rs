@@ -1,10 +1,18 @@
-//! Port of Linux mlx4_ib (`drivers/infiniband/hw/mlx4`) for the ConnectX-3, busy-polled: verbs objects (PD, CQ, QP, SRQ, MR, AH) over mlx4_core, the WQE/CQE fast path with owner bits, stamping and doorbells, special QPs and MAD_IFC queries; SR-IOV (proxy/tunnel QPs, alias GUIDs, paravirtualised CM), RoCE/Ethernet, XRC, memory windows, fast-register MRs, LSO, BlueFlame, user-space contexts and interrupts are left out.
+//! Port of Linux 3.11's mlx4_ib (`drivers/infiniband/hw/mlx4`), the ConnectX-3's InfiniBand driver, busy-polled.
+//!
+//! It ports the verbs objects (PD, CQ, QP, SRQ, MR, AH) over mlx4_core, the
+//! WQE/CQE fast path with owner bits, stamping and doorbells, the special QPs
+//! and MAD_IFC queries. Left out: SR-IOV (proxy/tunnel QPs, alias GUIDs,
+//! paravirtualised CM), RoCE/Ethernet, XRC, memory windows, fast-register
+//! MRs, LSO, BlueFlame, user-space contexts and interrupts.
 //!
 //! File names are Linux's: `main.rs` (the device, `mlx4_ib_add`, queries),
-//! `cq.rs`, `qp.rs`, `srq.rs`, `mr.rs`, `ah.rs`, `mad.rs`, `doorbell.rs`
-//! (here the kernel doorbell-record allocator of mlx4_core's `alloc.c`,
-//! which Linux keeps next to mlx4_ib's user-page version). `verbs.rs` holds
-//! the `ib_verbs.h` types the driver speaks until ib_core provides them.
+//! `cq.rs`, `qp.rs` (with `qp/create.rs`, `qp/post.rs` and `qp/modify.rs`:
+//! `qp.c` in three parts), `srq.rs`, `mr.rs`, `ah.rs`, `mad.rs`,
+//! `doorbell.rs` (here the kernel doorbell-record allocator of mlx4_core's
+//! `alloc.c`, which Linux keeps next to mlx4_ib's user-page version).
+//! `verbs.rs` re-exports ib_core's `ib_verbs.h` types (the send work
+//! request included) and adds `ib_qp_init_attr` with the driver's handles.
 //!
 //! Objects live in tables owned by [`Mlx4IbDev`] and are named by small
 //! handles ([`CqId`], [`QpId`], ...), so that polling a CQ can reach the QPs

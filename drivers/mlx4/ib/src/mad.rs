@@ -1,4 +1,13 @@
-//! MADs through the firmware SMA/PMA (Linux `mad.c`): `mlx4_MAD_IFC` with the extended information of a received completion, `init_query_mad`, the queries main.c builds on (NodeInfo, NodeDescription, PortInfo, GUIDInfo, PKeyTable, ExtendedPortInfo), and `mlx4_ib_process_mad` for IB ports with its filtering, node-description override, direction bit and the snooping of Set(PortInfo/PKeyTable/GUIDInfo) returned as events; trap forwarding to the SM, SR-IOV demultiplexing/tunnelling, paravirtualised GUIDs and the PMA counters of Ethernet ports are left out.
+//! MADs through the firmware SMA/PMA (Linux `mad.c`): `mlx4_MAD_IFC`, the queries built on it and `mlx4_ib_process_mad`.
+//!
+//! `mlx4_MAD_IFC` with the extended information of a received completion,
+//! `init_query_mad`, the queries main.c builds on (NodeInfo, NodeDescription,
+//! PortInfo, GUIDInfo, PKeyTable, ExtendedPortInfo), and
+//! `mlx4_ib_process_mad` for IB ports with its filtering, node-description
+//! override, direction bit and the snooping of
+//! Set(PortInfo/PKeyTable/GUIDInfo) returned as events. Left out: trap
+//! forwarding to the SM, SR-IOV demultiplexing/tunnelling, paravirtualised
+//! GUIDs and the PMA counters of Ethernet ports.
 
 use mlx4_core::Dev;
 use mlx4_hw::port::MAD_SIZE;

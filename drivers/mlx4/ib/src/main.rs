@@ -1,4 +1,11 @@
-//! The mlx4_ib device (Linux `main.c`): `mlx4_ib_add` (protection domain, UAR, node data from the firmware SMA, counters), `mlx4_ib_remove`, the queries (`mlx4_ib_query_device`, `mlx4_ib_query_port`, `mlx4_ib_query_gid`, `mlx4_ib_query_pkey`), PD/MR/AH/CQ/SRQ verbs, and mlx4_core events turned into port and device events; IB registration with ib_core, multicast, RoCE/IBoE, sysfs and user contexts are left out.
+//! The mlx4_ib device (Linux `main.c`): adding and removing it, its queries, its verbs and its events.
+//!
+//! `mlx4_ib_add` (protection domain, UAR, node data from the firmware SMA,
+//! counters), `mlx4_ib_remove`, the queries (`mlx4_ib_query_device`,
+//! `mlx4_ib_query_port`, `mlx4_ib_query_gid`, `mlx4_ib_query_pkey`),
+//! PD/MR/AH/CQ/SRQ verbs, and mlx4_core events turned into port and device
+//! events. Left out: IB registration with ib_core, multicast, RoCE/IBoE,
+//! sysfs and user contexts.
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;

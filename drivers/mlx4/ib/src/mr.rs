@@ -1,4 +1,9 @@
-//! Memory regions (Linux `mr.c`: `mlx4_ib_get_dma_mr`, `mlx4_ib_reg_phys_mr`-style registration of an arbitrary page list through MTTs, `mlx4_ib_dereg_mr`, `convert_access`); user memory (`ib_umem`), fast-register MRs, FMRs and memory windows are left out.
+//! Memory regions (Linux `mr.c`): DMA MRs, registered page lists and deregistration.
+//!
+//! `mlx4_ib_get_dma_mr`, `mlx4_ib_reg_phys_mr`-style registration of an
+//! arbitrary page list through MTTs, `mlx4_ib_dereg_mr`, `convert_access`.
+//! Left out: user memory (`ib_umem`), fast-register MRs, FMRs and memory
+//! windows.
 //!
 //! A DMA MR (no translation) reaches all of memory; this port refuses to
 //! give one a remote key, so no peer can read or write the whole host

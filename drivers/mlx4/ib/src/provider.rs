@@ -1,4 +1,9 @@
-//! mlx4_ib as an ib_core provider: the `struct ib_device` ops `mlx4_ib_add` fills in (Linux `main.c`), `build_mlx_header` with ib_core's `ud_header` (Linux `qp.c`), and the events of `mlx4_ib_event` and of MAD snooping delivered through the progress function; multicast attach, user contexts, memory windows, FMRs and port modification are left out.
+//! mlx4_ib as an ib_core provider: the `struct ib_device` ops that `mlx4_ib_add` fills in (Linux `main.c`).
+//!
+//! With them `build_mlx_header` on ib_core's `ud_header` (Linux `qp.c`), and
+//! the events of `mlx4_ib_event` and of MAD snooping delivered through the
+//! progress function. Left out: multicast attach, user contexts, memory
+//! windows, FMRs and port modification.
 
 use alloc::string::String;
 
@@ -17,7 +22,7 @@ use mlx4_hw::wqe::av;
 use crate::main::{IbEvent, Mlx4IbDev};
 use crate::qp::{MlxFields, MlxHeader, MlxSendInfo};
 use crate::table::{AhId, CqId, MrId, PdId, QpId, SrqId};
-use crate::verbs::{QpInitAttr, SendWr, WrOpcode, from_ib_send_wr};
+use crate::verbs::{QpInitAttr, SendWr, WrOpcode};
 use crate::{Error, Result};
 
 /// mlx4_ib's error as ib_core's (the same errno).
@@ -448,39 +453,22 @@ impl IbDevice for Mlx4IbDev {
         qp: Qp,
         wrs: &[v::SendWr<'_>],
     ) -> core::result::Result<(), IbPostError> {
-        for (i, w) in wrs.iter().enumerate() {
-            let Some(wr) = from_ib_send_wr(w) else {
-                return Err(IbPostError {
-                    index: i,
-                    error: IbError::Invalid(
-                        "an inline send carries its bytes in inline_data (the driver cannot read them through the SGEs)",
-                    ),
-                });
-            };
-            let r = match self.qps.slab.get_mut(qp.handle) {
-                None => Err(IbPostError {
-                    index: 0,
-                    error: to_ib_error(Error::NoObject),
-                }),
-                Some(q) if q.sqp.is_some() => {
-                    let cache = self.port_cache.get(usize::from(q.port.wrapping_sub(1)));
-                    let mut b = UdHeaderBuilder {
-                        dev: &mut self.dev,
-                        cache,
-                    };
-                    q.post_send_mlx(&self.ahs, &mut b, core::slice::from_ref(&wr))
-                        .map_err(mlx_post_err)
-                }
-                Some(q) => q
-                    .post_send(&self.ahs, core::slice::from_ref(&wr))
-                    .map_err(post_err),
-            };
-            if let Err(mut e) = r {
-                e.index = i;
-                return Err(e);
+        match self.qps.slab.get_mut(qp.handle) {
+            None => Err(IbPostError {
+                index: 0,
+                error: to_ib_error(Error::NoObject),
+            }),
+            Some(q) if q.sqp.is_some() => {
+                let cache = self.port_cache.get(usize::from(q.port.wrapping_sub(1)));
+                let mut b = UdHeaderBuilder {
+                    dev: &mut self.dev,
+                    cache,
+                };
+                q.post_send_mlx(&self.ahs, &mut b, wrs)
+                    .map_err(mlx_post_err)
             }
+            Some(q) => q.post_send(&self.ahs, wrs).map_err(post_err),
         }
-        Ok(())
     }
 
     fn post_recv(&mut self, qp: Qp, wrs: &[RecvWr<'_>]) -> core::result::Result<(), IbPostError> {

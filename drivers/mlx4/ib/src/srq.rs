@@ -1,4 +1,10 @@
-//! Shared receive queues (Linux `srq.c`): the WQE free list threaded through `next_wqe_index`, posting with the scatter terminator and the doorbell record (`mlx4_ib_post_srq_recv`), returning WQEs on completion (`mlx4_ib_free_srq_wqe`), arming the limit (`mlx4_ib_modify_srq`), create/query/destroy; XRC SRQs and user-space SRQs are left out.
+//! Shared receive queues (Linux `srq.c`): create, post, arm, query and destroy.
+//!
+//! The WQE free list threaded through `next_wqe_index`, posting with the
+//! scatter terminator and the doorbell record (`mlx4_ib_post_srq_recv`),
+//! returning WQEs on completion (`mlx4_ib_free_srq_wqe`), arming the limit
+//! (`mlx4_ib_modify_srq`), create/query/destroy. Left out: XRC SRQs and
+//! user-space SRQs.
 
 use alloc::vec;
 use alloc::vec::Vec;

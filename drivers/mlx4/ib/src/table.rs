@@ -1,4 +1,8 @@
-//! Object tables of the device: slabs indexed by small handles (Linux keeps pointers and a radix tree of QPNs; a safe port keeps owned objects in per-kind tables); generation counters against stale handles are left out (a freed slot is reused only after every other free one).
+//! Object tables of the device: slabs indexed by small handles, where Linux keeps pointers and a radix tree of QPNs.
+//!
+//! A safe port keeps owned objects in per-kind tables. Left out: generation
+//! counters against stale handles (a freed slot is reused only after every
+//! other free one).
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;

@@ -88,7 +88,7 @@ impl Rig {
         )
         .unwrap();
         let mut ahs = ahs;
-        let ah = crate::AhId(ahs.insert(ah));
+        let ah = ib_core::verbs::Ah(ahs.insert(ah));
         for i in 0..n {
             let wr = SendWr {
                 wr_id: 500 + i,
@@ -102,6 +102,7 @@ impl Rig {
                     remote_qpn: 2,
                     remote_qkey: 3,
                     pkey_index: 0,
+                    port_num: 0,
                 },
                 ..Default::default()
             };

@@ -7,11 +7,14 @@ use hal::fake::{ArenaDma, MemBar};
 use hal::{Bar, DmaPool};
 use mlx4_core::Caps;
 
+use mlx4_hw::doorbell::SEND_DOORBELL;
+
+use super::post::HW_OPCODE;
 use super::*;
 use crate::ah::{Mlx4IbAh, create_ib_ah};
 use crate::doorbell::DbPool;
-use crate::verbs::{AhAttr, Sge, WrDetail};
-use ib_core::verbs::SendFlags;
+use crate::table::Slab;
+use crate::verbs::{AhAttr, QpCap, RecvWr, SendFlags, SendWr, Sge, WrDetail, WrOpcode};
 
 /// A host-memory stand-in for the HCA: DMA arena, a UAR page, doorbell
 /// records, device limits like a ConnectX-3's.
@@ -55,12 +58,14 @@ impl Bed {
         Mlx4IbQp::detached(
             t,
             0x48,
-            &self.caps,
             &mut cap,
             sig_all,
-            &self.pool,
-            self.uar(),
-            Some(db),
+            HostMemory {
+                caps: &self.caps,
+                pool: &self.pool,
+                uar: self.uar(),
+                db: Some(db),
+            },
         )
         .unwrap()
     }
@@ -244,12 +249,14 @@ fn inline_send_splits_at_64_bytes() {
     let mut qp = Mlx4IbQp::detached(
         QpType::Rc,
         0x48,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     let data: Vec<u8> = (0..64u8).collect();
@@ -304,7 +311,7 @@ fn golden_ud_send_with_address_vector() {
     )
     .unwrap();
     let av = ah.av;
-    let ah = crate::AhId(b.ahs.insert(ah));
+    let ah = ib_core::verbs::Ah(b.ahs.insert(ah));
     let mut cap = rc_cap(1);
     cap.max_recv_wr = 1;
     let mut qp = b.qp(QpType::Ud, cap, true);
@@ -321,6 +328,7 @@ fn golden_ud_send_with_address_vector() {
             remote_qpn: 0x123456,
             remote_qkey: 0x8001_0000,
             pkey_index: 0,
+            port_num: 0,
         },
         ..Default::default()
     };
@@ -352,10 +360,11 @@ fn golden_ud_send_with_address_vector() {
     assert_eq!(qp.sq.head, 2, "the good WR before the bad one was posted");
     let gone = SendWr {
         wr: WrDetail::Ud {
-            ah: crate::AhId(9),
+            ah: ib_core::verbs::Ah(9),
             remote_qpn: 1,
             remote_qkey: 1,
             pkey_index: 0,
+            port_num: 0,
         },
         ..wr
     };
@@ -546,7 +555,7 @@ fn golden_mlx_segment_header_and_icrc() {
         },
     )
     .unwrap();
-    let ah = crate::AhId(b.ahs.insert(ah));
+    let ah = ib_core::verbs::Ah(b.ahs.insert(ah));
     let mut cap = QpCap {
         max_send_wr: 16,
         max_recv_wr: 16,
@@ -558,12 +567,14 @@ fn golden_mlx_segment_header_and_icrc() {
     let mut qp0 = Mlx4IbQp::detached(
         QpType::Smi,
         0x40,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     qp0.sqp = Some(Sqp::default());
@@ -579,6 +590,7 @@ fn golden_mlx_segment_header_and_icrc() {
             remote_qpn: 0,
             remote_qkey: 0,
             pkey_index: 0,
+            port_num: 0,
         },
         ..Default::default()
     };
@@ -640,15 +652,13 @@ fn golden_opcode_tables_and_send_with_invalidate() {
         8,
         "ib_core names the kernel's value"
     );
+    // ib_core's request is the one the driver posts (no conversion).
     let w = ib_core::verbs::SendWr {
         opcode: IbOp::SendWithInv,
         imm_data: 0x1234,
         ..Default::default()
     };
-    assert_eq!(
-        crate::verbs::from_ib_send_wr(&w).unwrap().opcode,
-        WrOpcode::SendWithInv
-    );
+    assert_eq!(w.opcode, WrOpcode::SendWithInv);
     let mut b = Bed::new();
     let mut qp = b.qp(QpType::Rc, rc_cap(1), false);
     let sg = [Sge {
@@ -657,10 +667,9 @@ fn golden_opcode_tables_and_send_with_invalidate() {
         lkey: 3,
     }];
     let wr = SendWr {
-        opcode: WrOpcode::SendWithInv,
         sg_list: &sg,
         imm_data: 0x00ab_cd01,
-        ..Default::default()
+        ..w
     };
     qp.post_send(&b.ahs, &[wr]).unwrap();
     let w = qp.send_wqe_offset(0);
@@ -680,12 +689,14 @@ fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
     let mut qp = Mlx4IbQp::detached(
         QpType::Rc,
         0x48,
-        &b.caps,
         &mut cap,
         true,
-        &b.pool,
-        b.uar(),
-        Some(db),
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
     )
     .unwrap();
     let (cnt, spare) = (qp.sq.wqe_cnt, qp.sq_spare_wqes);
@@ -732,4 +743,217 @@ fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
         0xffff_ffff,
         "stamped by the straight line"
     );
+}
+
+/// A UAR page that counts the stores to the send doorbell.
+struct CountingUar {
+    mem: MemBar,
+    send_doorbells: core::sync::atomic::AtomicUsize,
+}
+
+impl hal::RegisterBackend for CountingUar {
+    fn read32(&self, offset: usize) -> u32 {
+        self.mem.read32(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        if offset == SEND_DOORBELL {
+            self.send_doorbells
+                .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        }
+        self.mem.write32(offset, value);
+    }
+}
+
+/// An RC QP over a UAR page that counts send doorbells.
+fn counted_qp(b: &mut Bed, cap: QpCap) -> (Mlx4IbQp, Arc<CountingUar>) {
+    let uar = Arc::new(CountingUar {
+        mem: MemBar::new(4096),
+        send_doorbells: core::sync::atomic::AtomicUsize::new(0),
+    });
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut cap = cap;
+    let qp = Mlx4IbQp::detached(
+        QpType::Rc,
+        0x48,
+        &mut cap,
+        true,
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: Bar::from_backend(uar.clone(), 4096),
+            db: Some(db),
+        },
+    )
+    .unwrap();
+    (qp, uar)
+}
+
+fn doorbells(u: &CountingUar) -> usize {
+    u.send_doorbells.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Linux's `mlx4_ib_post_send` rings once for its whole list: 16 RDMA
+/// WRITEs in one call are one store to the send doorbell, a list the
+/// general builder takes part of too, and a list cut short by a bad
+/// request (the ones before it posted, the doorbell rung for them).
+#[test]
+fn a_list_of_sends_rings_the_doorbell_once() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(2);
+    cap.max_inline_data = 64;
+    let (mut qp, uar) = counted_qp(&mut b, cap);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 1,
+    }];
+    let writes: Vec<SendWr> = (0..16)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: WrOpcode::RdmaWrite,
+            send_flags: SendFlags::SIGNALED,
+            sg_list: &sg,
+            wr: WrDetail::Rdma {
+                remote_addr: 0x10_0000 + 64 * i,
+                rkey: 0x1234,
+            },
+            ..Default::default()
+        })
+        .collect();
+    qp.post_send(&b.ahs, &writes).unwrap();
+    assert_eq!(doorbells(&uar), 1, "16 requests, one doorbell");
+    assert_eq!(qp.sq.head, 16);
+    assert_eq!(qp.sq.wrid[..16], (0..16).collect::<Vec<u64>>()[..]);
+    assert_eq!(
+        uar.mem.bytes(SEND_DOORBELL, 4),
+        (0x48u32 << 8).to_be_bytes(),
+        "the QPN in the doorbell"
+    );
+    // One at a time: one doorbell each.
+    qp.sq.tail = qp.sq.head;
+    for w in &writes[..3] {
+        qp.post_send(&b.ahs, core::slice::from_ref(w)).unwrap();
+    }
+    assert_eq!(doorbells(&uar), 4);
+    // Straight-line and general requests mixed (two SGEs, an atomic, a
+    // 64-byte inline SEND): still one doorbell.
+    qp.sq.tail = qp.sq.head;
+    let sg2 = [sg[0]; 2];
+    let data = [5u8; 64];
+    let mixed = [
+        writes[0],
+        SendWr {
+            sg_list: &sg2,
+            ..Default::default()
+        },
+        SendWr {
+            opcode: WrOpcode::AtomicFetchAndAdd,
+            sg_list: &sg,
+            wr: WrDetail::Atomic {
+                remote_addr: 0x2000,
+                compare_add: 1,
+                swap: 0,
+                compare_add_mask: 0,
+                swap_mask: 0,
+                rkey: 2,
+            },
+            ..Default::default()
+        },
+        SendWr {
+            send_flags: SendFlags::INLINE,
+            inline_data: &data,
+            ..Default::default()
+        },
+        writes[1],
+    ];
+    qp.post_send(&b.ahs, &mixed).unwrap();
+    assert_eq!(doorbells(&uar), 5);
+    assert_eq!(qp.sq.head, 16 + 3 + 5);
+    // A bad request third in the list: two posted, one doorbell, bad_wr 2.
+    let bad = SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        ..Default::default()
+    };
+    let e = qp
+        .post_send(&b.ahs, &[writes[2], writes[3], bad, writes[4]])
+        .unwrap_err();
+    assert_eq!(
+        e,
+        PostError {
+            err: PostFault::FieldsMismatch,
+            bad_wr: 2
+        }
+    );
+    assert_eq!(doorbells(&uar), 6);
+    assert_eq!(qp.sq.head, 16 + 3 + 5 + 2);
+    // Bad first: nothing posted, no doorbell.
+    qp.post_send(&b.ahs, &[bad, writes[4]]).unwrap_err();
+    assert_eq!(doorbells(&uar), 6);
+    assert_eq!(qp.sq.head, 16 + 3 + 5 + 2);
+}
+
+/// A list posted in one call leaves the send queue byte for byte as the
+/// same requests posted one at a time (WQEs, owner bits, stamps), over
+/// several passes of the ring.
+#[test]
+fn a_list_builds_the_wqes_of_single_posts() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(2);
+    cap.max_inline_data = 64;
+    let (mut one, _) = counted_qp(&mut b, cap);
+    let (mut list, _) = counted_qp(&mut b, cap);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 1,
+    }];
+    let sg2 = [sg[0]; 2];
+    let data = [9u8; 64];
+    let kinds = |i: u64| match i % 5 {
+        0 | 1 => SendWr {
+            wr_id: i,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            wr: WrDetail::Rdma {
+                remote_addr: 0x10_0000 + i,
+                rkey: 7,
+            },
+            ..Default::default()
+        },
+        2 => SendWr {
+            wr_id: i,
+            send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+            inline_data: &data[..(i as usize % 64) + 1],
+            ..Default::default()
+        },
+        3 => SendWr {
+            wr_id: i,
+            sg_list: &sg2,
+            ..Default::default()
+        },
+        _ => SendWr {
+            wr_id: i,
+            sg_list: &sg,
+            ..Default::default()
+        },
+    };
+    let len = one.buf.len();
+    let mut i = 0u64;
+    for batch in [16usize, 7, 30, 1, 64, 16, 50, 33, 16, 100, 16, 2] {
+        let wrs: Vec<SendWr> = (i..i + batch as u64).map(kinds).collect();
+        i += batch as u64;
+        for w in &wrs {
+            one.post_send(&b.ahs, core::slice::from_ref(w)).unwrap();
+        }
+        list.post_send(&b.ahs, &wrs).unwrap();
+        assert_eq!(one.sq.head, list.sq.head);
+        let mut x = alloc::vec![0u8; len];
+        let mut y = alloc::vec![0u8; len];
+        one.buf.read_bytes(0, &mut x);
+        list.buf.read_bytes(0, &mut y);
+        assert!(x == y, "send queues differ after {i} requests");
+        assert_eq!(one.sq.wrid, list.sq.wrid);
+        one.sq.tail = one.sq.head;
+        list.sq.tail = list.sq.head;
+    }
 }
