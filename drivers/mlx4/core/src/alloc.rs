@@ -8,8 +8,7 @@ use alloc::vec::Vec;
 
 use hal::{DmaBuf, DmaPool};
 
-use crate::main::Dev;
-use crate::mr::Mtt;
+use crate::dev::{Dev, Mtt};
 use crate::{Error, Result};
 
 /// Linux `struct mlx4_bitmap`: objects `[0, max)` with `reserved_bot` taken at
@@ -367,7 +366,7 @@ impl Dev {
         let (pi, i) = match slot {
             Some(s) => s,
             None => {
-                let buf = self.pool.alloc_pages(1)?;
+                let buf = self.hca.pool.alloc_pages(1)?;
                 let page = DbPage {
                     buf,
                     used: [0; DB_PER_PAGE / 64],
@@ -426,7 +425,7 @@ impl Dev {
     /// Linux `mlx4_buf_alloc` on this device's DMA pool.
     #[doc(alias = "mlx4_buf_alloc")]
     pub fn buf_alloc(&self, size: usize, max_direct: usize) -> Result<Buf> {
-        buf_alloc(&self.pool, size, max_direct)
+        buf_alloc(&self.hca.pool, size, max_direct)
     }
 
     /// Linux `mlx4_buf_write_mtt`: the buffer's pages into `mtt`.

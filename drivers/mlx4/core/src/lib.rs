@@ -27,6 +27,7 @@ pub mod bitmap;
 pub mod catas;
 pub mod cmd;
 pub mod cq;
+pub mod dev;
 pub mod eq;
 mod error;
 pub mod fw;
@@ -44,9 +45,15 @@ pub mod srq;
 #[cfg(test)]
 mod tests;
 
+pub use dev::{Caps, Dev, MAX_PORTS, PortCaps, PortType};
 pub use error::{Error, Result, Why};
 pub use intf::{Event, Interface, IntfId};
-pub use main::{Caps, Dev, MAX_PORTS, PortCaps, PortType, probe};
+pub use main::probe;
 pub use profile::Profile;
+
+// The log macros (`mlx4_err!`, ...) reach `log` through this path, so that
+// their users need not name it.
+#[doc(hidden)]
+pub use log as __log;
 
 pub use mlx4_hw as hw;
