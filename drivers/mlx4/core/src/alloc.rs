@@ -1,4 +1,10 @@
-//! Bitmap allocators with reserved ranges, the MTT buddy allocator, queue buffers and doorbell records (Linux `alloc.c`: `mlx4_bitmap_*`, `mlx4_buf_alloc/free`, `mlx4_db_alloc/free`, and `mlx4_buddy_*` from `mr.c`); `vmap` of page lists is not needed (buffers are reached page by page through `hal`).
+//! The allocators of mlx4_core (bitmaps, the MTT buddy, queue buffers, doorbell records), as Linux's `alloc.c` has them.
+//!
+//! Linux: `alloc.c` (`mlx4_bitmap_*`, `mlx4_buf_alloc/free`,
+//! `mlx4_db_alloc/free`) and `mlx4_buddy_*` from `mr.c`: bitmaps with
+//! reserved ranges, the MTT buddy allocator, queue buffers and doorbell
+//! records. `vmap` of page lists is not needed (buffers are reached page by
+//! page through `hal`).
 //!
 //! Loaded as module `bitmap` (`#[path = "alloc.rs"]`) because `alloc` names
 //! the `alloc` crate.

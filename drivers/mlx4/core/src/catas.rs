@@ -1,4 +1,9 @@
-//! Catastrophic-error detection by polling the internal error buffer (Linux `catas.c`: `mlx4_start_catas_poll`, `poll_catas`, `dump_err_buf`, `mlx4_stop_catas_poll`); the timer is replaced by [`Dev::poll_catas`] called from the progress loop, and the automatic device restart (`internal_err_reset`) is left out.
+//! Catastrophic-error detection by polling the internal error buffer, as Linux's `catas.c` does on a timer.
+//!
+//! Linux: `catas.c` (`mlx4_start_catas_poll`, `poll_catas`, `dump_err_buf`,
+//! `mlx4_stop_catas_poll`). The timer is replaced by [`Dev::poll_catas`]
+//! called from the progress loop; the automatic device restart
+//! (`internal_err_reset`) is left out.
 
 use crate::dev::{Catas, Dev};
 use crate::intf::Event;

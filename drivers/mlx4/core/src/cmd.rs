@@ -1,4 +1,8 @@
-//! Polled firmware commands through the HCR (Linux `cmd.c`: `mlx4_cmd_post`, `mlx4_cmd_poll`, `mlx4_status_to_errno`, mailboxes); event-driven commands, the SR-IOV comm channel and command wrappers are left out.
+//! Firmware commands through the HCR, polled, as Linux's `cmd.c` posts them.
+//!
+//! Linux: `cmd.c` (`mlx4_cmd_post`, `mlx4_cmd_poll`, `mlx4_status_to_errno`,
+//! mailboxes). Event-driven commands, the SR-IOV comm channel and command
+//! wrappers are left out.
 //!
 //! Commands are strictly serialized: every command takes `&mut Cmd`, which
 //! the device owns once. As in Linux's polling mode, posting does not wait for

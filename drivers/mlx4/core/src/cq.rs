@@ -1,4 +1,9 @@
-//! Completion queues: CQN allocation, ICM, CQ context and SW2HW_CQ/HW2SW_CQ (Linux `cq.c`: `mlx4_cq_alloc`, `mlx4_cq_free`, `mlx4_cq_completion`, `mlx4_init_cq_table`); MODIFY_CQ (moderation, resize) and the per-CQ callbacks are left out (events go through the interface registry).
+//! Completion queues in the HCA, as Linux's `cq.c` creates and frees them.
+//!
+//! Linux: `cq.c` (`mlx4_cq_alloc`, `mlx4_cq_free`, `mlx4_cq_completion`,
+//! `mlx4_init_cq_table`): CQN allocation, ICM, the CQ context and
+//! SW2HW_CQ/HW2SW_CQ. MODIFY_CQ (moderation, resize) and the per-CQ
+//! callbacks are left out (events go through the interface registry).
 
 use alloc::collections::BTreeMap;
 

@@ -1,4 +1,8 @@
-//! Event queues, polled (Linux `eq.c`: `mlx4_create_eq`, `mlx4_free_eq`, `mlx4_init_eq_table`, `mlx4_cleanup_eq_table`, `mlx4_eq_int`, `eq_set_ci`, MAP_EQ); IRQs, MSI-X, the clear-interrupt register and SR-IOV slave events are left out.
+//! Event queues, polled, as Linux's `eq.c` creates, drains and re-arms them.
+//!
+//! Linux: `eq.c` (`mlx4_create_eq`, `mlx4_free_eq`, `mlx4_init_eq_table`,
+//! `mlx4_cleanup_eq_table`, `mlx4_eq_int`, `eq_set_ci`, MAP_EQ). IRQs,
+//! MSI-X, the clear-interrupt register and SR-IOV slave events are left out.
 //!
 //! One completion EQ (Linux's INTx configuration: `num_comp_vectors = 1`)
 //! and one async EQ are created. Nothing raises an interrupt: the kernel's

@@ -1,4 +1,10 @@
-//! HCA-level firmware commands and capability parsing (Linux `fw.c`: QUERY_FW, MAP_FA/UNMAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP with QUERY_PORT, SET_ICM_SIZE, MAP/UNMAP_ICM_AUX, INIT_HCA, QUERY_HCA, QUERY_ADAPTER, CLOSE_HCA, INIT_PORT, CLOSE_PORT, NOP); SR-IOV QUERY_FUNC_CAP, Wake-on-LAN and old-firmware INIT_PORT mailboxes are left out.
+//! The HCA-level firmware commands and the parsing of what they report, as Linux's `fw.c` has them.
+//!
+//! Linux: `fw.c` (QUERY_FW, MAP_FA/UNMAP_FA, RUN_FW, MOD_STAT_CFG,
+//! QUERY_DEV_CAP with QUERY_PORT, SET_ICM_SIZE, MAP/UNMAP_ICM_AUX, INIT_HCA,
+//! QUERY_HCA, QUERY_ADAPTER, CLOSE_HCA, INIT_PORT, CLOSE_PORT, NOP). SR-IOV
+//! QUERY_FUNC_CAP, Wake-on-LAN and old-firmware INIT_PORT mailboxes are left
+//! out.
 //!
 //! Every QUERY_DEV_CAP value is validated before use ([`DevCap::validate`]):
 //! a device reporting absurd or inconsistent capabilities gets

@@ -1,4 +1,9 @@
-//! ICM host memory: allocation in chunks, MAP_FA/MAP_ICM_AUX/MAP_ICM page lists, and per-table on-demand mapping with refcounted 256 KiB chunks and pinned reserved entries (Linux `icm.c` and `mlx4_map_cmd` from `fw.c`); scatterlists and `dma_sync` for non-coherent memory are not needed with `hal` DMA.
+//! The host memory the HCA keeps its contexts in (ICM), as Linux's `icm.c` allocates and maps it.
+//!
+//! Linux: `icm.c` and `mlx4_map_cmd` from `fw.c`: allocation in chunks,
+//! MAP_FA/MAP_ICM_AUX/MAP_ICM page lists, and per-table on-demand mapping
+//! with refcounted 256 KiB chunks and pinned reserved entries. Scatterlists
+//! and `dma_sync` for non-coherent memory are not needed with `hal` DMA.
 //!
 //! One deliberate fix: Linux's `mlx4_table_get` always maps a full 256 KiB
 //! chunk even when the table is smaller, which would map ICM beyond the

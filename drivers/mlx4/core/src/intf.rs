@@ -1,4 +1,10 @@
-//! The interface registry through which mlx4_ib attaches to the device and receives events (Linux `intf.c`: `mlx4_register_interface`, `mlx4_unregister_interface`, `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`); `mlx4_get_protocol_dev` and the global device list are left out (the kernel keeps one registry per device).
+//! The interface registry through which mlx4_ib attaches and receives events, as Linux's `intf.c` keeps it.
+//!
+//! Linux: `intf.c` (`mlx4_register_interface`, `mlx4_unregister_interface`,
+//! `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`)
+//! and `struct mlx4_interface` of `driver.h`. `mlx4_get_protocol_dev` and
+//! the global device list are left out (the kernel keeps one registry per
+//! device).
 //!
 //! Linux's `add` receives the device and sets up the client's resources; here
 //! the device cannot be lent to a callback it owns, so a client (mlx4_ib)

@@ -1,8 +1,15 @@
-//! Port of Linux mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007), native PF, InfiniBand ports, fully polled: firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports, catastrophic-error polling, interface registry; SR-IOV, Ethernet/RoCE, interrupts, BlueFlame, flow steering and the resource tracker are left out.
+//! Port of Linux's mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007): native PF, InfiniBand ports, fully polled.
+//!
+//! It covers firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports,
+//! catastrophic-error polling and the interface registry; SR-IOV,
+//! Ethernet/RoCE, interrupts, BlueFlame, flow steering and the resource
+//! tracker are left out.
 //!
 //! Linux: `drivers/net/ethernet/mellanox/mlx4/` (3.11 as LegoOS ported it;
 //! checked against newer kernels for fixes), headers
 //! `include/linux/mlx4/{device,driver,cmd}.h`. File names are Linux's:
+//! `dev.rs` plays `mlx4.h` (the device, its capabilities, the object tables
+//! and the `mlx4_err!`/`mlx4_warn!`/`mlx4_info!`/`mlx4_dbg!` log macros),
 //! `main.rs` (probe and teardown, a library file thanks to `autobins =
 //! false`), `cmd.rs`, `fw.rs`, `icm.rs`, `profile.rs`, `alloc.rs` (loaded as
 //! module `bitmap` because `alloc` is the name of the `alloc` crate), `eq.rs`,

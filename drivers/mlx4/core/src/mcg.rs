@@ -1,4 +1,9 @@
-//! Multicast groups with A0/B0 steering: MGID hashing, MGM/AMGM hash chains, attach and detach of QPs (Linux `mcg.c`: `mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`, `mlx4_init_mcg_table`, `find_entry`, `mlx4_qp_attach_common`, `mlx4_qp_detach_common`); device-managed flow steering and the Ethernet steering lists are left out.
+//! Multicast groups with A0/B0 steering, as Linux's `mcg.c` attaches and detaches QPs.
+//!
+//! Linux: `mcg.c` (`mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`,
+//! `mlx4_init_mcg_table`, `find_entry`, `mlx4_qp_attach_common`,
+//! `mlx4_qp_detach_common`): MGID hashing and the MGM/AMGM hash chains.
+//! Device-managed flow steering and the Ethernet steering lists are left out.
 
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::mcg::{MGM_BLCK_LB_BIT, MGM_QPN_MASK, Mgm, PROT_IB_IPV6};

@@ -1,4 +1,10 @@
-//! Memory regions: MPT allocation and SW2HW/HW2SW_MPT, MTT ranges from a buddy allocator with entries written straight into ICM host memory (Linux `mr.c`, native PF path); WRITE_MTT (SR-IOV), FMRs and memory windows are left out.
+//! Memory regions and their translation tables, as Linux's `mr.c` manages them on a native PF.
+//!
+//! Linux: `mr.c` (`mlx4_init_mr_table`, `mlx4_mtt_init`, `mlx4_write_mtt`,
+//! `mlx4_mr_alloc`, `mlx4_mr_enable`, `mlx4_mr_free`, ...): MPT allocation and
+//! SW2HW/HW2SW_MPT, MTT ranges from a buddy allocator with entries written
+//! straight into ICM host memory. WRITE_MTT (SR-IOV), FMRs and memory
+//! windows are left out.
 
 use hal::barrier::wmb;
 use mlx4_hw::cmd::{Opcode, timeout};

@@ -1,4 +1,9 @@
-//! Port helpers for mlx4_ib: the default IB port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT (Linux `port.c`: `mlx4_get_port_ib_caps`, `mlx4_SET_PORT`; `fw.c`: `mlx4_INIT_PORT`, `mlx4_CLOSE_PORT`); MAC/VLAN tables and Ethernet SET_PORT flavours are left out.
+//! The port commands mlx4_ib and bring-up issue, as Linux's `port.c` and `fw.c` have them.
+//!
+//! Linux: `port.c` (`mlx4_get_port_ib_caps`, `mlx4_SET_PORT`) and `fw.c`
+//! (`mlx4_INIT_PORT`, `mlx4_CLOSE_PORT`, `mlx4_MAD_IFC`): the default IB
+//! port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT.
+//! MAC/VLAN tables and the Ethernet SET_PORT flavours are left out.
 
 use mlx4_hw::cmd::{Opcode, errno, timeout};
 use mlx4_hw::port::*;

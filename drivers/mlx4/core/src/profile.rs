@@ -1,4 +1,8 @@
-//! The ICM profile: how many of each context the HCA gets and where each table lives in ICM (Linux `profile.c`: `mlx4_make_profile`, and the `default_profile` of `main.c`); the scaling of MTTs with system RAM is left out (the profile states its MTT count).
+//! How many of each context the HCA gets and where each table lives in ICM, as Linux's `profile.c` lays it out.
+//!
+//! Linux: `profile.c` (`mlx4_make_profile`) and the `default_profile` of
+//! `main.c`. The scaling of MTTs with system RAM is left out (the profile
+//! states its MTT count).
 //!
 //! Two profiles are offered:
 //!

@@ -1,4 +1,11 @@
-//! Queue pairs: QPN ranges with reserved regions and the special-QP block, per-QP ICM, the state-transition commands and CONF_SPECIAL_QP (Linux `qp.c`: `mlx4_init_qp_table`, `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`, `__mlx4_qp_modify`, `mlx4_CONF_SPECIAL_QP`); QUERY_QP, `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs are left out.
+//! Queue pairs in the HCA, as Linux's `qp.c` reserves, maps and moves them between states.
+//!
+//! Linux: `qp.c` (`mlx4_init_qp_table`, `mlx4_cleanup_qp_table`,
+//! `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`,
+//! `__mlx4_qp_modify`, `mlx4_qp_query`, `mlx4_CONF_SPECIAL_QP`): QPN ranges
+//! with reserved regions and the special-QP block, per-QP ICM, the
+//! state-transition commands. `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs
+//! are left out.
 
 use alloc::collections::BTreeMap;
 

@@ -1,4 +1,7 @@
-//! HCA reset with PCI header save/restore (Linux `reset.c`: `mlx4_reset`), plus the ownership semaphore of `main.c` (`mlx4_get_ownership`, `mlx4_free_ownership`); nothing left out.
+//! The HCA reset with PCI header save and restore, as Linux's `reset.c` does it.
+//!
+//! Linux: `reset.c` (`mlx4_reset`), plus the ownership semaphore of `main.c`
+//! (`mlx4_get_ownership`, `mlx4_free_ownership`). Nothing is left out.
 
 use core::time::Duration;
 

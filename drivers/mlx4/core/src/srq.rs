@@ -1,4 +1,8 @@
-//! Shared receive queues: SRQN allocation, ICM, SRQ context, SW2HW_SRQ/HW2SW_SRQ, ARM_SRQ (Linux `srq.c`; LegoOS did not build it); QUERY_SRQ and per-SRQ callbacks are left out.
+//! Shared receive queues in the HCA, as Linux's `srq.c` creates, arms and frees them.
+//!
+//! Linux: `srq.c` (LegoOS did not build it): SRQN allocation, ICM, the SRQ
+//! context, SW2HW_SRQ/HW2SW_SRQ, ARM_SRQ, QUERY_SRQ. Per-SRQ callbacks are
+//! left out (events go through the interface registry).
 
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::srq::SrqContext;
