@@ -209,22 +209,21 @@ pub struct Mtt {
 /// The ICM context tables (Linux keeps each in its object's table:
 /// `qp_table.qp_table`, `cq_table.cmpt_table`, ...). Before `mlx4_init_icm`
 /// and after `mlx4_free_icms` every table is empty (nothing mapped).
-#[allow(missing_docs)]
-pub struct IcmTables {
-    pub cmpt_qp: IcmTable,
-    pub cmpt_srq: IcmTable,
-    pub cmpt_cq: IcmTable,
-    pub cmpt_eq: IcmTable,
-    pub eqc: IcmTable,
-    pub mtt: IcmTable,
-    pub dmpt: IcmTable,
-    pub qpc: IcmTable,
-    pub auxc: IcmTable,
-    pub altc: IcmTable,
-    pub rdmarc: IcmTable,
-    pub cqc: IcmTable,
-    pub srqc: IcmTable,
-    pub mcg: IcmTable,
+pub(crate) struct IcmTables {
+    pub(crate) cmpt_qp: IcmTable,
+    pub(crate) cmpt_srq: IcmTable,
+    pub(crate) cmpt_cq: IcmTable,
+    pub(crate) cmpt_eq: IcmTable,
+    pub(crate) eqc: IcmTable,
+    pub(crate) mtt: IcmTable,
+    pub(crate) dmpt: IcmTable,
+    pub(crate) qpc: IcmTable,
+    pub(crate) auxc: IcmTable,
+    pub(crate) altc: IcmTable,
+    pub(crate) rdmarc: IcmTable,
+    pub(crate) cqc: IcmTable,
+    pub(crate) srqc: IcmTable,
+    pub(crate) mcg: IcmTable,
 }
 
 impl Default for IcmTables {

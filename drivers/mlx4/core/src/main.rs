@@ -631,7 +631,7 @@ impl Hca {
     /// below the object tables, in reverse order of bring-up: CLOSE_HCA, the
     /// ICM tables and aux area, the firmware area, ownership, the BARs and
     /// PCI decoding.
-    pub(crate) fn unwind(&mut self) {
+    fn unwind(&mut self) {
         if self.st.done {
             return;
         }
@@ -747,7 +747,7 @@ impl Dev {
 
     /// Linux `mlx4_remove_one` (and the error unwinding of
     /// `__mlx4_init_one`): releases, in reverse order, whatever bring-up did.
-    pub(crate) fn unwind(&mut self) {
+    fn unwind(&mut self) {
         if self.hca.st.done {
             return;
         }
