@@ -19,7 +19,7 @@ use core::fmt::Write;
 use ib_core::IbCore;
 use ib_core::device::DeviceId;
 use ib_core::verbs::{Event, EventElement, EventType, IbDevice};
-use mlx4_core::Profile;
+use mlx4_core::{Profile, mlx4_err};
 use mlx4_ib::Mlx4IbDev;
 
 use crate::pci::{self, Backing};
@@ -172,7 +172,7 @@ pub fn init() {
         let pdev = match pci::function(d) {
             Ok(p) => p,
             Err(e) => {
-                log::error!("mlx4_core {}: cannot map BARs: {e}", d.addr);
+                mlx4_err!(d.addr, "cannot map BARs: {e}");
                 continue;
             }
         };

@@ -1,4 +1,10 @@
-//! Bitmap allocators with reserved ranges, the MTT buddy allocator, queue buffers and doorbell records (Linux `alloc.c`: `mlx4_bitmap_*`, `mlx4_buf_alloc/free`, `mlx4_db_alloc/free`, and `mlx4_buddy_*` from `mr.c`); `vmap` of page lists is not needed (buffers are reached page by page through `hal`).
+//! The allocators of mlx4_core (bitmaps, the MTT buddy, queue buffers, doorbell records), as Linux's `alloc.c` has them.
+//!
+//! Linux: `alloc.c` (`mlx4_bitmap_*`, `mlx4_buf_alloc/free`,
+//! `mlx4_db_alloc/free`) and `mlx4_buddy_*` from `mr.c`: bitmaps with
+//! reserved ranges, the MTT buddy allocator, queue buffers and doorbell
+//! records. `vmap` of page lists is not needed (buffers are reached page by
+//! page through `hal`).
 //!
 //! Loaded as module `bitmap` (`#[path = "alloc.rs"]`) because `alloc` names
 //! the `alloc` crate.
@@ -8,8 +14,7 @@ use alloc::vec::Vec;
 
 use hal::{DmaBuf, DmaPool};
 
-use crate::main::Dev;
-use crate::mr::Mtt;
+use crate::dev::{Dev, Mtt};
 use crate::{Error, Result};
 
 /// Linux `struct mlx4_bitmap`: objects `[0, max)` with `reserved_bot` taken at
@@ -367,7 +372,7 @@ impl Dev {
         let (pi, i) = match slot {
             Some(s) => s,
             None => {
-                let buf = self.pool.alloc_pages(1)?;
+                let buf = self.hca.pool.alloc_pages(1)?;
                 let page = DbPage {
                     buf,
                     used: [0; DB_PER_PAGE / 64],
@@ -426,7 +431,7 @@ impl Dev {
     /// Linux `mlx4_buf_alloc` on this device's DMA pool.
     #[doc(alias = "mlx4_buf_alloc")]
     pub fn buf_alloc(&self, size: usize, max_direct: usize) -> Result<Buf> {
-        buf_alloc(&self.pool, size, max_direct)
+        buf_alloc(&self.hca.pool, size, max_direct)
     }
 
     /// Linux `mlx4_buf_write_mtt`: the buffer's pages into `mtt`.

@@ -1,31 +1,26 @@
-//! Catastrophic-error detection by polling the internal error buffer (Linux `catas.c`: `mlx4_start_catas_poll`, `poll_catas`, `dump_err_buf`, `mlx4_stop_catas_poll`); the timer is replaced by [`Dev::poll_catas`] called from the progress loop, and the automatic device restart (`internal_err_reset`) is left out.
+//! Catastrophic-error detection by polling the internal error buffer, as Linux's `catas.c` does on a timer.
+//!
+//! Linux: `catas.c` (`mlx4_start_catas_poll`, `poll_catas`, `dump_err_buf`,
+//! `mlx4_stop_catas_poll`). The timer is replaced by [`Dev::poll_catas`]
+//! called from the progress loop; the automatic device restart
+//! (`internal_err_reset`) is left out.
 
-use hal::Bar;
-use log::{error, warn};
-
+use crate::dev::{Catas, Dev};
 use crate::intf::Event;
-use crate::main::Dev;
+use crate::{mlx4_err, mlx4_warn};
 
 /// Linux `MLX4_CATAS_POLL_INTERVAL` (5 s); here every poll reads the buffer
 /// (one MMIO dword), so an error is seen within one poll.
 pub const CATAS_POLL_INTERVAL_MS: u32 = 5000;
 
-/// Catastrophic-error state.
-#[derive(Default)]
-pub struct Catas {
-    map: Option<Bar>,
-    size: u32,
-    hit: bool,
-}
-
 impl Dev {
     /// Linux `mlx4_start_catas_poll`: maps the buffer QUERY_FW described.
     pub(crate) fn start_catas_poll(&mut self) {
         self.mark_registered();
-        let fw = self.fw;
+        let fw = self.hca.fw;
         let bar = match fw.catas_bar {
-            0 => self.bar0.as_ref(),
-            2 => self.uar_bar.as_ref(),
+            0 => self.hca.bar0.as_ref(),
+            2 => self.hca.uar_bar.as_ref(),
             _ => None,
         };
         let len = (fw.catas_size as usize).checked_mul(4);
@@ -34,9 +29,10 @@ impl Dev {
             _ => None,
         };
         if map.is_none() {
-            warn!(
-                "mlx4_core {}: Failed to map internal error buffer at {:#x}",
-                self.pci, fw.catas_offset
+            mlx4_warn!(
+                self.hca.pci,
+                "Failed to map internal error buffer at {:#x}",
+                fw.catas_offset
             );
         }
         self.catas = Catas {
@@ -63,13 +59,9 @@ impl Dev {
         if map.read32(0) == 0 {
             return false;
         }
-        error!("mlx4_core {}: Internal error detected:", self.pci);
+        mlx4_err!(self.hca.pci, "Internal error detected:");
         for i in 0..self.catas.size.min(64) as usize {
-            error!(
-                "mlx4_core {}:   buf[{i:02x}]: {:08x}",
-                self.pci,
-                map.read_be32(i * 4)
-            );
+            mlx4_err!(self.hca.pci, "  buf[{i:02x}]: {:08x}", map.read_be32(i * 4));
         }
         self.catas_detected();
         true

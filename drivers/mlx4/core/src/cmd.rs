@@ -1,4 +1,8 @@
-//! Polled firmware commands through the HCR (Linux `cmd.c`: `mlx4_cmd_post`, `mlx4_cmd_poll`, `mlx4_status_to_errno`, mailboxes); event-driven commands, the SR-IOV comm channel and command wrappers are left out.
+//! Firmware commands through the HCR, polled, as Linux's `cmd.c` posts them.
+//!
+//! Linux: `cmd.c` (`mlx4_cmd_post`, `mlx4_cmd_poll`, `mlx4_status_to_errno`,
+//! mailboxes). Event-driven commands, the SR-IOV comm channel and command
+//! wrappers are left out.
 //!
 //! Commands are strictly serialized: every command takes `&mut Cmd`, which
 //! the device owns once. As in Linux's polling mode, posting does not wait for
@@ -11,11 +15,10 @@ use core::time::Duration;
 
 use hal::barrier::wmb;
 use hal::{Bar, BusAddr, Clock, Deadline, DmaBuf, DmaPool};
-use log::{debug, error};
 use mlx4_hw::cmd::{MAILBOX_SIZE, Opcode, Status};
 use mlx4_hw::hcr::*;
 
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_err};
 
 /// A 4 KiB command mailbox in DMA memory (Linux `mlx4_cmd_mailbox`).
 pub struct Mailbox {
@@ -101,7 +104,7 @@ impl Cmd {
         op: Opcode,
     ) -> Result<()> {
         if self.pending() {
-            error!("mlx4_core {}: {}: cmd_pending failed", self.name, op);
+            mlx4_err!(self.name, "{}: cmd_pending failed", op);
             return Err(Error::CmdBusy { op });
         }
         let h = &self.hcr;
@@ -151,9 +154,11 @@ impl Cmd {
             }
             if expired {
                 self.log(op, in_mod, op_mod, None, start);
-                error!(
-                    "mlx4_core {}: command {} ({:#x}) timed out (go bit not cleared)",
-                    self.name, op, op.0
+                mlx4_err!(
+                    self.name,
+                    "command {} ({:#x}) timed out (go bit not cleared)",
+                    op,
+                    op.0
                 );
                 return Err(Error::CmdTimeout { op });
             }
@@ -168,9 +173,15 @@ impl Cmd {
         let status = Status::from_u8(status_of(self.hcr.read_be32(HCR_STATUS_OFFSET)));
         self.log(op, in_mod, op_mod, Some(status), start);
         if status != Status::Ok {
-            error!(
-                "mlx4_core {}: command {} ({:#x}) failed: in_param={:#x}, in_mod={:#x}, op_mod={:#x}, fw status = {}",
-                self.name, op, op.0, in_param, in_mod, op_mod, status
+            mlx4_err!(
+                self.name,
+                "command {} ({:#x}) failed: in_param={:#x}, in_mod={:#x}, op_mod={:#x}, fw status = {}",
+                op,
+                op.0,
+                in_param,
+                in_mod,
+                op_mod,
+                status
             );
             return Err(Error::Fw { op, status });
         }
@@ -180,13 +191,24 @@ impl Cmd {
     fn log(&self, op: Opcode, in_mod: u32, op_mod: u8, status: Option<Status>, start: u64) {
         let us = self.clock.now_ns().saturating_sub(start) / 1000;
         match status {
-            Some(s) => debug!(
-                "mlx4_core {}: cmd {} ({:#x}) in_mod={:#x} op_mod={:#x} status={} {}us",
-                self.name, op, op.0, in_mod, op_mod, s, us
+            Some(s) => mlx4_dbg!(
+                self.name,
+                "cmd {} ({:#x}) in_mod={:#x} op_mod={:#x} status={} {}us",
+                op,
+                op.0,
+                in_mod,
+                op_mod,
+                s,
+                us
             ),
-            None => debug!(
-                "mlx4_core {}: cmd {} ({:#x}) in_mod={:#x} op_mod={:#x} status=none {}us",
-                self.name, op, op.0, in_mod, op_mod, us
+            None => mlx4_dbg!(
+                self.name,
+                "cmd {} ({:#x}) in_mod={:#x} op_mod={:#x} status=none {}us",
+                op,
+                op.0,
+                in_mod,
+                op_mod,
+                us
             ),
         }
     }

@@ -1,24 +1,19 @@
-//! Completion queues: CQN allocation, ICM, CQ context and SW2HW_CQ/HW2SW_CQ (Linux `cq.c`: `mlx4_cq_alloc`, `mlx4_cq_free`, `mlx4_cq_completion`, `mlx4_init_cq_table`); MODIFY_CQ (moderation, resize) and the per-CQ callbacks are left out (events go through the interface registry).
+//! Completion queues in the HCA, as Linux's `cq.c` creates and frees them.
+//!
+//! Linux: `cq.c` (`mlx4_cq_alloc`, `mlx4_cq_free`, `mlx4_cq_completion`,
+//! `mlx4_init_cq_table`): CQN allocation, ICM, the CQ context and
+//! SW2HW_CQ/HW2SW_CQ. MODIFY_CQ (moderation, resize) and the per-CQ
+//! callbacks are left out (events go through the interface registry).
 
 use alloc::collections::BTreeMap;
 
-use log::warn;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::cq::CqContext;
 
 use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
-use crate::main::Dev;
-use crate::mr::Mtt;
-use crate::pd::Uar;
-use crate::{Error, Result, Why};
-
-/// Linux `struct mlx4_cq_table`.
-pub struct CqTable {
-    bitmap: Bitmap,
-    /// Live CQs: CQN -> arm sequence number.
-    cqs: BTreeMap<u32, u32>,
-}
+use crate::dev::{Caps, CqTable, Dev, Hca, Mtt, Uar};
+use crate::{Error, Result, Why, mlx4_warn};
 
 /// A hardware CQ (Linux `struct mlx4_cq`, core part).
 #[derive(Debug)]
@@ -31,16 +26,42 @@ pub struct Cq {
     pub uar_index: u32,
 }
 
-impl Dev {
-    pub(crate) fn init_cq_table(&mut self) -> Result<()> {
-        let n = self.caps.num_cqs;
-        self.cq_table = Some(CqTable {
-            bitmap: Bitmap::new(n, n - 1, self.caps.reserved_cqs, 0)?,
+impl CqTable {
+    /// Linux `mlx4_init_cq_table`.
+    pub(crate) fn init(caps: &Caps) -> Result<CqTable> {
+        let n = caps.num_cqs;
+        Ok(CqTable {
+            bitmap: Bitmap::new(n, n - 1, caps.reserved_cqs, 0)?,
             cqs: BTreeMap::new(),
-        });
+        })
+    }
+}
+
+impl Hca {
+    /// The CQ's context and cMPT entry in ICM (Linux `mlx4_cq_alloc_icm`).
+    fn cq_alloc_icm(&mut self, cqn: u32) -> Result<()> {
+        self.icm
+            .cqc
+            .get(&mut self.cmd, &self.pool, cqn, &self.pci)?;
+        if let Err(e) = self
+            .icm
+            .cmpt_cq
+            .get(&mut self.cmd, &self.pool, cqn, &self.pci)
+        {
+            self.icm.cqc.put(&mut self.cmd, cqn);
+            return Err(e);
+        }
         Ok(())
     }
 
+    /// Linux `mlx4_cq_free_icm`.
+    fn cq_free_icm(&mut self, cqn: u32) {
+        self.icm.cmpt_cq.put(&mut self.cmd, cqn);
+        self.icm.cqc.put(&mut self.cmd, cqn);
+    }
+}
+
+impl Dev {
     /// Linux `mlx4_cq_alloc`: `nent` entries (a power of two) described by
     /// `mtt`, doorbells through `uar`, doorbell record at bus address
     /// `db_rec`, completion events to vector `vector`.
@@ -61,11 +82,12 @@ impl Dev {
         collapsed: bool,
         timestamp_en: bool,
     ) -> Result<Cq> {
-        Error::check_pow2("nent", nent.into(), u64::from(self.caps.max_cqes) + 1)?;
+        let caps = &self.hca.caps;
+        Error::check_pow2("nent", nent.into(), u64::from(caps.max_cqes) + 1)?;
         let eqn = self.comp_eqn(vector).ok_or(Error::bad_arg(
             "vector",
             vector.into(),
-            Why::AboveMax(u64::from(self.caps.num_comp_vectors.saturating_sub(1))),
+            Why::AboveMax(u64::from(caps.num_comp_vectors.saturating_sub(1))),
         ))?;
         Dev::check_queue_mtt(
             mtt,
@@ -76,10 +98,10 @@ impl Dev {
         if !db_rec.is_multiple_of(8) {
             return Err(Error::bad_arg("db_rec", db_rec, Why::Misaligned(8)));
         }
-        let t = self.cq_table.as_mut().ok_or(Error::InvalidArg)?;
-        let cqn = t.bitmap.alloc()?;
-        let r = self.cq_alloc_icm(cqn).and_then(|()| {
-            let mtt_addr = self.mtt_addr(mtt);
+        let cqn = self.tables.cq.bitmap.alloc()?;
+        let hca = &mut self.hca;
+        let r = hca.cq_alloc_icm(cqn).and_then(|()| {
+            let mtt_addr = hca.mtt_addr(mtt);
             let mut flags = 0;
             if collapsed {
                 flags |= CqContext::FLAG_CC;
@@ -97,17 +119,17 @@ impl Dev {
                 db_rec_addr: db_rec,
                 ..Default::default()
             };
-            let mb = Mailbox::new(&self.pool)?;
+            let mb = Mailbox::new(&hca.pool)?;
             mb.write(0, &ctx.to_bytes());
-            let r = self
+            let r = hca
                 .cmd
                 .cmd(mb.dma(), cqn, 0, Opcode::SW2HW_CQ, timeout::CLASS_A);
             if r.is_err() {
-                self.cq_free_icm(cqn);
+                hca.cq_free_icm(cqn);
             }
             r
         });
-        let t = self.cq_table.as_mut().ok_or(Error::InvalidArg)?;
+        let t = &mut self.tables.cq;
         match r {
             Ok(()) => {
                 t.cqs.insert(cqn, 1);
@@ -124,71 +146,39 @@ impl Dev {
         }
     }
 
-    fn cq_alloc_icm(&mut self, cqn: u32) -> Result<()> {
-        let cqc = self.icm.cqc.as_mut().ok_or(Error::InvalidArg)?;
-        cqc.get(&mut self.cmd, &self.pool, cqn, &self.pci)?;
-        let cmpt = self.icm.cmpt_cq.as_mut().ok_or(Error::InvalidArg)?;
-        if let Err(e) = cmpt.get(&mut self.cmd, &self.pool, cqn, &self.pci) {
-            if let Some(cqc) = self.icm.cqc.as_mut() {
-                cqc.put(&mut self.cmd, cqn);
-            }
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    fn cq_free_icm(&mut self, cqn: u32) {
-        if let Some(t) = self.icm.cmpt_cq.as_mut() {
-            t.put(&mut self.cmd, cqn);
-        }
-        if let Some(t) = self.icm.cqc.as_mut() {
-            t.put(&mut self.cmd, cqn);
-        }
-    }
-
     /// Linux `mlx4_cq_free`: HW2SW_CQ, then ICM and the CQN.
     #[doc(alias = "mlx4_cq_free")]
     pub fn cq_free(&mut self, cq: Cq) -> Result<()> {
         let r = self
+            .hca
             .cmd
             .cmd_box(0, 0, cq.cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A);
         if let Err(e) = &r {
-            warn!(
-                "mlx4_core {}: HW2SW_CQ failed ({}) for CQN {:06x}",
-                self.pci,
+            mlx4_warn!(
+                self.hca.pci,
+                "HW2SW_CQ failed ({}) for CQN {:06x}",
                 e.to_errno(),
                 cq.cqn
             );
         }
-        self.cq_free_icm(cq.cqn);
-        if let Some(t) = self.cq_table.as_mut() {
-            t.cqs.remove(&cq.cqn);
-            t.bitmap.free(cq.cqn);
-        }
+        self.hca.cq_free_icm(cq.cqn);
+        let t = &mut self.tables.cq;
+        t.cqs.remove(&cq.cqn);
+        t.bitmap.free(cq.cqn);
         r
     }
 
     /// Linux `mlx4_cq_completion`: counts the arm sequence of a live CQ.
     pub(crate) fn cq_completion(&mut self, cqn: u32) {
-        let Some(t) = self.cq_table.as_mut() else {
-            return;
-        };
-        match t.cqs.get_mut(&cqn) {
+        match self.tables.cq.cqs.get_mut(&cqn) {
             Some(sn) => *sn = sn.wrapping_add(1),
-            None => warn!(
-                "mlx4_core {}: Completion event for bogus CQ {cqn:08x}",
-                self.pci
-            ),
+            None => mlx4_warn!(self.hca.pci, "Completion event for bogus CQ {cqn:08x}"),
         }
     }
 
     /// CQs still in hardware ownership at teardown go back (HW2SW_CQ).
     pub(crate) fn reclaim_cqs(&mut self) -> usize {
-        let live = self
-            .cq_table
-            .as_ref()
-            .map(|t| t.cqs.keys().copied().collect())
-            .unwrap_or_default();
+        let live = self.tables.cq.cqs.keys().copied().collect();
         self.reclaim_each(live, "HW2SW_CQ of leaked CQ", |cmd, cqn| {
             cmd.cmd_box(0, 0, cqn, 1, Opcode::HW2SW_CQ, timeout::CLASS_A)
                 .map(drop)
@@ -197,13 +187,12 @@ impl Dev {
 
     /// The arm sequence number of a live CQ (Linux `cq->arm_sn`).
     pub fn cq_arm_sn(&self, cqn: u32) -> Option<u32> {
-        self.cq_table.as_ref()?.cqs.get(&cqn).copied()
+        self.tables.cq.cqs.get(&cqn).copied()
     }
 
     /// Free CQNs and live CQs (leak checks).
     pub fn cq_avail(&self) -> (u32, usize) {
-        self.cq_table
-            .as_ref()
-            .map_or((0, 0), |t| (t.bitmap.avail(), t.cqs.len()))
+        let t = &self.tables.cq;
+        (t.bitmap.avail(), t.cqs.len())
     }
 }

@@ -1,4 +1,8 @@
-//! Event queues, polled (Linux `eq.c`: `mlx4_create_eq`, `mlx4_free_eq`, `mlx4_init_eq_table`, `mlx4_cleanup_eq_table`, `mlx4_eq_int`, `eq_set_ci`, MAP_EQ); IRQs, MSI-X, the clear-interrupt register and SR-IOV slave events are left out.
+//! Event queues, polled, as Linux's `eq.c` creates, drains and re-arms them.
+//!
+//! Linux: `eq.c` (`mlx4_create_eq`, `mlx4_free_eq`, `mlx4_init_eq_table`,
+//! `mlx4_cleanup_eq_table`, `mlx4_eq_int`, `eq_set_ci`, MAP_EQ). IRQs,
+//! MSI-X, the clear-interrupt register and SR-IOV slave events are left out.
 //!
 //! One completion EQ (Linux's INTx configuration: `num_comp_vectors = 1`)
 //! and one async EQ are created. Nothing raises an interrupt: the kernel's
@@ -11,7 +15,6 @@ use alloc::vec::Vec;
 
 use hal::DmaBuf;
 use hal::barrier::{dma_rmb, mb};
-use log::warn;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::doorbell::{eq_doorbell, eq_set_ci_value};
 use mlx4_hw::eq::{self as hw, EQ_ENTRY_SIZE, EqContext, eqe, event};
@@ -19,29 +22,12 @@ use mlx4_hw::fw::dev_cap_flags;
 
 use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
+use crate::dev::{Dev, Hca, MrTable};
 use crate::intf::Event;
-use crate::main::Dev;
-use crate::mr::Mtt;
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_err, mlx4_warn};
 
-/// One EQ (Linux `struct mlx4_eq`).
-pub struct Eq {
-    /// EQ number.
-    pub eqn: u32,
-    nent: u32,
-    cons_index: u32,
-    pages: Vec<DmaBuf>,
-    mtt: Mtt,
-    hw_owned: bool,
-}
-
-/// Linux `struct mlx4_eq_table`.
-pub struct EqTable {
-    bitmap: Bitmap,
-    /// Completion EQs first, the async EQ last.
-    pub(crate) eqs: Vec<Eq>,
-    async_mapped: bool,
-}
+pub use crate::dev::Eq;
+pub(crate) use crate::dev::EqTable;
 
 /// Linux `get_async_ev_mask`.
 pub fn async_ev_mask(caps_flags: u64) -> u64 {
@@ -66,21 +52,99 @@ impl Eq {
     }
 }
 
-impl Dev {
-    fn eq_set_ci(&self, eq: &Eq, req_not: bool) {
-        let (page, off) = eq_doorbell(eq.eqn);
-        if let Some(b) = self.uar_bar.as_ref() {
+impl Eq {
+    /// Linux `eq_set_ci`: the consumer index to the EQ's doorbell, asking
+    /// for the next event if `req_not`.
+    fn set_ci(&self, hca: &Hca, req_not: bool) {
+        let (page, off) = eq_doorbell(self.eqn);
+        if let Some(b) = hca.uar_bar.as_ref() {
             b.write_be32(
                 page as usize * 4096 + off,
-                eq_set_ci_value(eq.cons_index, req_not),
+                eq_set_ci_value(self.cons_index, req_not),
             );
         }
         // Linux: "We still want ordering, just not swabbing, so add a barrier".
         mb();
     }
+}
+
+impl EqTable {
+    /// Linux `mlx4_init_eq_table` without IRQs: one completion EQ sized for
+    /// every CQ, one async EQ, MAP_EQ of the async events, both armed.
+    pub(crate) fn init(hca: &mut Hca, mr: &mut MrTable) -> Result<EqTable> {
+        let c = &hca.caps;
+        let n = c.num_eqs;
+        let mut table = EqTable {
+            bitmap: Bitmap::new(n, n - 1, c.reserved_eqs, 0)?,
+            eqs: Vec::new(),
+            async_mapped: false,
+        };
+        let comp_nent = c.num_cqs.saturating_sub(c.reserved_cqs) + hw::NUM_SPARE_EQE;
+        let r = (|| -> Result<()> {
+            for _ in 0..hca.caps.num_comp_vectors {
+                let eq = table.create_eq(hca, mr, comp_nent, 0)?;
+                table.eqs.push(eq);
+            }
+            let eq = table.create_eq(hca, mr, hw::NUM_ASYNC_EQE + hw::NUM_SPARE_EQE, 0)?;
+            table.eqs.push(eq);
+            Ok(())
+        })();
+        if let Err(e) = r {
+            table.free_eqs(hca, mr);
+            return Err(e);
+        }
+        let async_eqn = table.eqs.last().map_or(0, |e| e.eqn);
+        let mask = async_ev_mask(hca.caps.flags);
+        match hca.cmd.cmd(
+            mask,
+            hw::map_eq_in_mod(async_eqn, false),
+            0,
+            Opcode::MAP_EQ,
+            timeout::CLASS_B,
+        ) {
+            Ok(()) => table.async_mapped = true,
+            Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => {
+                table.free_eqs(hca, mr);
+                return Err(e);
+            }
+            Err(e) => mlx4_warn!(
+                hca.pci,
+                "MAP_EQ for async EQ {async_eqn} failed ({})",
+                e.to_errno()
+            ),
+        }
+        for eq in &table.eqs {
+            eq.set_ci(hca, true);
+        }
+        Ok(table)
+    }
+
+    /// Linux `mlx4_cleanup_eq_table`: unmap the async events, free every EQ.
+    pub(crate) fn cleanup(&mut self, hca: &mut Hca, mr: &mut MrTable) {
+        if core::mem::take(&mut self.async_mapped) {
+            let async_eqn = self.eqs.last().map_or(0, |e| e.eqn);
+            let mask = async_ev_mask(hca.caps.flags);
+            if let Err(e) = hca.cmd.cmd(
+                mask,
+                hw::map_eq_in_mod(async_eqn, true),
+                0,
+                Opcode::MAP_EQ,
+                timeout::CLASS_B,
+            ) {
+                mlx4_warn!(hca.pci, "MAP_EQ unmap failed ({})", e.to_errno());
+            }
+        }
+        self.free_eqs(hca, mr);
+    }
+
+    fn free_eqs(&mut self, hca: &mut Hca, mr: &mut MrTable) {
+        for eq in core::mem::take(&mut self.eqs) {
+            self.free_eq(hca, mr, eq);
+        }
+    }
 
     /// Linux `mlx4_create_eq`: pages, EQN, MTT, context, SW2HW_EQ.
-    fn create_eq(&mut self, bitmap: &mut Bitmap, nent: u32, intr: u8) -> Result<Eq> {
+    fn create_eq(&mut self, hca: &mut Hca, mr: &mut MrTable, nent: u32, intr: u8) -> Result<Eq> {
         let nent = nent
             .max(2)
             .checked_next_power_of_two()
@@ -88,7 +152,7 @@ impl Dev {
         let npages = (nent as usize * EQ_ENTRY_SIZE).div_ceil(4096);
         let mut pages = Vec::with_capacity(npages);
         for _ in 0..npages {
-            let p = self.pool.alloc_pages(1)?;
+            let p = hca.pool.alloc_pages(1)?;
             // Start every EQE hardware-owned (owner bit set), as iPXE does;
             // Linux zero-fills and relies on the firmware to do it at
             // SW2HW_EQ. Both are correct; this one does not depend on it.
@@ -97,17 +161,17 @@ impl Dev {
             }
             pages.push(p);
         }
-        let eqn = bitmap.alloc()?;
-        let mtt = match self.mtt_init(npages as u32, 12) {
+        let eqn = self.bitmap.alloc()?;
+        let mtt = match mr.mtt_init(hca, npages as u32, 12) {
             Ok(m) => m,
             Err(e) => {
-                bitmap.free(eqn);
+                self.bitmap.free(eqn);
                 return Err(e);
             }
         };
         let addrs: Vec<u64> = pages.iter().map(|p| p.bus_addr().0).collect();
-        let r = self.write_mtt(&mtt, 0, &addrs).and_then(|()| {
-            let mtt_addr = self.mtt_addr(&mtt);
+        let r = hca.write_mtt(&mtt, 0, &addrs).and_then(|()| {
+            let mtt_addr = hca.mtt_addr(&mtt);
             let ctx = EqContext {
                 flags: hw::flags::STATUS_OK | hw::flags::STATE_ARMED,
                 log_eq_size: nent.ilog2() as u8,
@@ -117,17 +181,16 @@ impl Dev {
                 mtt_base_addr_l: mtt_addr as u32,
                 ..Default::default()
             };
-            let mb = Mailbox::new(&self.pool)?;
+            let mb = Mailbox::new(&hca.pool)?;
             mb.write(0, &ctx.to_bytes());
-            self.cmd
+            let pci = hca.pci;
+            hca.cmd
                 .cmd(mb.dma(), eqn, 0, Opcode::SW2HW_EQ, timeout::CLASS_A)
-                .inspect_err(|e| {
-                    warn!("mlx4_core {}: SW2HW_EQ failed ({})", self.pci, e.to_errno())
-                })
+                .inspect_err(|e| mlx4_warn!(pci, "SW2HW_EQ failed ({})", e.to_errno()))
         });
         if let Err(e) = r {
-            self.mtt_cleanup(&mtt);
-            bitmap.free(eqn);
+            mr.mtt_cleanup(hca, &mtt);
+            self.bitmap.free(eqn);
             return Err(e);
         }
         Ok(Eq {
@@ -141,116 +204,34 @@ impl Dev {
     }
 
     /// Linux `mlx4_free_eq`: HW2SW_EQ (output mailbox), MTT, pages, EQN.
-    fn free_eq(&mut self, bitmap: &mut Bitmap, eq: Eq) {
+    fn free_eq(&mut self, hca: &mut Hca, mr: &mut MrTable, eq: Eq) {
         if eq.hw_owned {
-            let r = Mailbox::new(&self.pool).and_then(|mb| {
-                self.cmd
+            let r = Mailbox::new(&hca.pool).and_then(|mb| {
+                hca.cmd
                     .cmd_box(0, mb.dma(), eq.eqn, 0, Opcode::HW2SW_EQ, timeout::CLASS_A)
             });
             if let Err(e) = r {
-                warn!("mlx4_core {}: HW2SW_EQ failed ({})", self.pci, e.to_errno());
+                mlx4_warn!(hca.pci, "HW2SW_EQ failed ({})", e.to_errno());
             }
         }
-        self.mtt_cleanup(&eq.mtt);
-        bitmap.free(eq.eqn);
+        mr.mtt_cleanup(hca, &eq.mtt);
+        self.bitmap.free(eq.eqn);
         drop(eq.pages);
     }
+}
 
-    /// Linux `mlx4_init_eq_table` without IRQs: one completion EQ sized for
-    /// every CQ, one async EQ, MAP_EQ of the async events, both armed.
-    pub(crate) fn init_eq_table(&mut self) -> Result<()> {
-        let n = self.caps.num_eqs;
-        let mut bitmap = Bitmap::new(n, n - 1, self.caps.reserved_eqs, 0)?;
-        let mut eqs = Vec::new();
-        let comp_nent =
-            self.caps.num_cqs.saturating_sub(self.caps.reserved_cqs) + hw::NUM_SPARE_EQE;
-        let r = (|| -> Result<()> {
-            for _ in 0..self.caps.num_comp_vectors {
-                eqs.push(self.create_eq(&mut bitmap, comp_nent, 0)?);
-            }
-            eqs.push(self.create_eq(&mut bitmap, hw::NUM_ASYNC_EQE + hw::NUM_SPARE_EQE, 0)?);
-            Ok(())
-        })();
-        let mut table = EqTable {
-            bitmap,
-            eqs,
-            async_mapped: false,
-        };
-        if let Err(e) = r {
-            self.free_eq_table(&mut table);
-            return Err(e);
-        }
-        let async_eqn = table.eqs.last().map_or(0, |e| e.eqn);
-        let mask = async_ev_mask(self.caps.flags);
-        match self.cmd.cmd(
-            mask,
-            hw::map_eq_in_mod(async_eqn, false),
-            0,
-            Opcode::MAP_EQ,
-            timeout::CLASS_B,
-        ) {
-            Ok(()) => table.async_mapped = true,
-            Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => {
-                self.free_eq_table(&mut table);
-                return Err(e);
-            }
-            Err(e) => warn!(
-                "mlx4_core {}: MAP_EQ for async EQ {async_eqn} failed ({})",
-                self.pci,
-                e.to_errno()
-            ),
-        }
-        for eq in &table.eqs {
-            self.eq_set_ci(eq, true);
-        }
-        self.eq_table = Some(table);
-        Ok(())
-    }
-
-    fn free_eq_table(&mut self, table: &mut EqTable) {
-        let eqs = core::mem::take(&mut table.eqs);
-        for eq in eqs {
-            self.free_eq(&mut table.bitmap, eq);
-        }
-    }
-
-    /// Linux `mlx4_cleanup_eq_table`: unmap the async events, free every EQ.
-    pub(crate) fn cleanup_eq_table(&mut self) {
-        let Some(mut table) = self.eq_table.take() else {
-            return;
-        };
-        if table.async_mapped {
-            let async_eqn = table.eqs.last().map_or(0, |e| e.eqn);
-            let mask = async_ev_mask(self.caps.flags);
-            if let Err(e) = self.cmd.cmd(
-                mask,
-                hw::map_eq_in_mod(async_eqn, true),
-                0,
-                Opcode::MAP_EQ,
-                timeout::CLASS_B,
-            ) {
-                warn!(
-                    "mlx4_core {}: MAP_EQ unmap failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
-            }
-        }
-        self.free_eq_table(&mut table);
-    }
-
+impl Dev {
     /// The EQ number completion vector `vector` uses (CQ contexts name it).
     pub fn comp_eqn(&self, vector: u32) -> Option<u32> {
-        let t = self.eq_table.as_ref()?;
-        if vector >= self.caps.num_comp_vectors {
+        if vector >= self.hca.caps.num_comp_vectors {
             return None;
         }
-        t.eqs.get(vector as usize).map(|e| e.eqn)
+        self.tables.eq.eqs.get(vector as usize).map(|e| e.eqn)
     }
 
     /// The async EQ's number.
     pub fn async_eqn(&self) -> Option<u32> {
-        self.eq_table.as_ref()?.eqs.last().map(|e| e.eqn)
+        self.tables.eq.eqs.last().map(|e| e.eqn)
     }
 
     /// Linux `mlx4_eq_int` for every EQ: consumes the software-owned EQEs,
@@ -258,11 +239,11 @@ impl Dev {
     /// number of EQEs consumed.
     #[doc(alias = "mlx4_eq_int")]
     pub fn poll_eq(&mut self) -> usize {
-        let Some(mut table) = self.eq_table.take() else {
-            return 0;
-        };
+        // The EQs are set aside while their events go to the other tables
+        // and the interfaces.
+        let mut eqs = core::mem::take(&mut self.tables.eq.eqs);
         let mut total = 0;
-        for eq in table.eqs.iter_mut() {
+        for eq in eqs.iter_mut() {
             let start = eq.cons_index;
             let mut set_ci = 0;
             loop {
@@ -278,7 +259,7 @@ impl Dev {
                 buf.read_bytes(off, &mut raw);
                 let ev = self.decode_eqe(eq.eqn, eq.cons_index, &raw);
                 if let Some(ev) = ev {
-                    self.intf.dispatch(&self.caps, ev);
+                    self.intf.dispatch(&self.hca.caps, ev);
                 }
                 eq.cons_index = eq.cons_index.wrapping_add(1);
                 total += 1;
@@ -286,17 +267,17 @@ impl Dev {
                 // The HCA thinks the EQ overflowed unless told at least every
                 // MLX4_NUM_SPARE_EQE entries.
                 if set_ci >= hw::NUM_SPARE_EQE {
-                    self.eq_set_ci(eq, false);
+                    eq.set_ci(&self.hca, false);
                     set_ci = 0;
                 }
             }
             // Linux re-arms at the end of every interrupt; polled, that is
             // every pass that consumed something (an idle poll costs no MMIO).
             if eq.cons_index != start {
-                self.eq_set_ci(eq, true);
+                eq.set_ci(&self.hca, true);
             }
         }
-        self.eq_table = Some(table);
+        self.tables.eq.eqs = eqs;
         total
     }
 
@@ -327,26 +308,23 @@ impl Dev {
             }),
             event::PORT_CHANGE => {
                 let port = (get_be32(e, eqe::PORT_CHANGE_PORT) >> 28) as u8;
-                if port == 0 || port > self.caps.num_ports {
-                    warn!(
-                        "mlx4_core {}: PORT_CHANGE for non-existent port {port}",
-                        self.pci
-                    );
+                if port == 0 || port > self.hca.caps.num_ports {
+                    mlx4_warn!(self.hca.pci, "PORT_CHANGE for non-existent port {port}");
                     return None;
                 }
                 if sub == event::PORT_CHANGE_SUBTYPE_DOWN {
-                    log::debug!("mlx4_core {}: port {port} down", self.pci);
+                    mlx4_dbg!(self.hca.pci, "port {port} down");
                     Some(Event::PortDown { port })
                 } else {
-                    log::debug!("mlx4_core {}: port {port} up", self.pci);
+                    mlx4_dbg!(self.hca.pci, "port {port} up");
                     Some(Event::PortUp { port })
                 }
             }
             event::CQ_ERROR => {
                 let syndrome = get_u8(e, eqe::CQ_ERR_SYNDROME);
-                warn!(
-                    "mlx4_core {}: CQ {} on CQN {num:06x}",
-                    self.pci,
+                mlx4_warn!(
+                    self.hca.pci,
+                    "CQ {} on CQN {num:06x}",
                     if syndrome == 1 {
                         "overrun"
                     } else {
@@ -363,28 +341,22 @@ impl Dev {
             event::LOCAL_CATAS_ERROR => {
                 // Reported through the error buffer as well; whichever the
                 // poll sees first raises the (single) catastrophic event.
-                log::error!(
-                    "mlx4_core {}: local catastrophic error event on EQ {eqn}",
-                    self.pci
-                );
+                mlx4_err!(self.hca.pci, "local catastrophic error event on EQ {eqn}");
                 self.catas_detected();
                 None
             }
             event::EQ_OVERFLOW => {
-                warn!("mlx4_core {}: EQ overrun on EQN {eqn}", self.pci);
+                mlx4_warn!(self.hca.pci, "EQ overrun on EQN {eqn}");
                 None
             }
             event::FATAL_WARNING => {
-                warn!(
-                    "mlx4_core {}: fatal warning event (subtype {sub:#x})",
-                    self.pci
-                );
+                mlx4_warn!(self.hca.pci, "fatal warning event (subtype {sub:#x})");
                 None
             }
             _ => {
-                warn!(
-                    "mlx4_core {}: Unhandled event {ty:02x}({sub:02x}) on EQ {eqn} at index {ci}. owner={:x}",
-                    self.pci,
+                mlx4_warn!(
+                    self.hca.pci,
+                    "Unhandled event {ty:02x}({sub:02x}) on EQ {eqn} at index {ci}. owner={:x}",
                     e[eqe::OWNER]
                 );
                 None

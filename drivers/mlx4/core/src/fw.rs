@@ -1,18 +1,23 @@
-//! HCA-level firmware commands and capability parsing (Linux `fw.c`: QUERY_FW, MAP_FA/UNMAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP with QUERY_PORT, SET_ICM_SIZE, MAP/UNMAP_ICM_AUX, INIT_HCA, QUERY_HCA, QUERY_ADAPTER, CLOSE_HCA, INIT_PORT, CLOSE_PORT, NOP); SR-IOV QUERY_FUNC_CAP, Wake-on-LAN and old-firmware INIT_PORT mailboxes are left out.
+//! The HCA-level firmware commands and the parsing of what they report, as Linux's `fw.c` has them.
+//!
+//! Linux: `fw.c` (QUERY_FW, MAP_FA/UNMAP_FA, RUN_FW, MOD_STAT_CFG,
+//! QUERY_DEV_CAP with QUERY_PORT, SET_ICM_SIZE, MAP/UNMAP_ICM_AUX, INIT_HCA,
+//! QUERY_HCA, QUERY_ADAPTER, CLOSE_HCA, INIT_PORT, CLOSE_PORT, NOP). SR-IOV
+//! QUERY_FUNC_CAP, Wake-on-LAN and old-firmware INIT_PORT mailboxes are left
+//! out.
 //!
 //! Every QUERY_DEV_CAP value is validated before use ([`DevCap::validate`]):
 //! a device reporting absurd or inconsistent capabilities gets
 //! [`Error::BadCaps`] naming Linux's field, never a shift overflow.
 
 use hal::DmaPool;
-use log::{debug, info};
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::fw::*;
 use mlx4_hw::wire::*;
 
 use crate::cmd::{Cmd, Mailbox};
-use crate::main::MAX_PORTS;
-use crate::{Error, Result};
+use crate::dev::MAX_PORTS;
+use crate::{Error, Result, mlx4_dbg, mlx4_err, mlx4_info};
 
 /// What QUERY_FW reports (Linux `struct mlx4_fw` plus `caps.fw_ver`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,16 +69,15 @@ pub fn query_fw(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Result<
     };
     fw.cmd_if_rev = get_be16(&o, CMD_IF_REV_OFFSET);
     if !(COMMAND_INTERFACE_MIN_REV..=COMMAND_INTERFACE_MAX_REV).contains(&fw.cmd_if_rev) {
-        log::error!(
-            "mlx4_core {pci}: Installed FW has unsupported command interface revision {}.",
+        mlx4_err!(
+            pci,
+            "Installed FW has unsupported command interface revision {}.",
             fw.cmd_if_rev
         );
-        log::error!(
-            "mlx4_core {pci}: (Installed FW version is {})",
-            FwVer(fw.fw_ver)
-        );
-        log::error!(
-            "mlx4_core {pci}: This driver version supports only revisions {COMMAND_INTERFACE_MIN_REV} to {COMMAND_INTERFACE_MAX_REV}."
+        mlx4_err!(pci, "(Installed FW version is {})", FwVer(fw.fw_ver));
+        mlx4_err!(
+            pci,
+            "This driver version supports only revisions {COMMAND_INTERFACE_MIN_REV} to {COMMAND_INTERFACE_MAX_REV}."
         );
         return Err(Error::BadCaps {
             field: "cmd_if_rev",
@@ -87,8 +91,9 @@ pub fn query_fw(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Result<
     }
     let lg = get_u8(&o, MAX_CMD_OFFSET);
     fw.max_cmds = 1u32.checked_shl(u32::from(lg)).unwrap_or(0);
-    debug!(
-        "mlx4_core {pci}: FW version {} (cmd intf rev {}), max commands {}",
+    mlx4_dbg!(
+        pci,
+        "FW version {} (cmd intf rev {}), max commands {}",
         FwVer(fw.fw_ver),
         fw.cmd_if_rev,
         fw.max_cmds
@@ -96,20 +101,22 @@ pub fn query_fw(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Result<
     fw.catas_offset = get_be64(&o, ERR_START_OFFSET);
     fw.catas_size = get_be32(&o, ERR_SIZE_OFFSET);
     fw.catas_bar = bar_index(get_u8(&o, ERR_BAR_OFFSET));
-    debug!(
-        "mlx4_core {pci}: Catastrophic error buffer at {:#x}, size {:#x}, BAR {}",
-        fw.catas_offset, fw.catas_size, fw.catas_bar
+    mlx4_dbg!(
+        pci,
+        "Catastrophic error buffer at {:#x}, size {:#x}, BAR {}",
+        fw.catas_offset,
+        fw.catas_size,
+        fw.catas_bar
     );
     fw.fw_pages = u32::from(get_be16(&o, SIZE_OFFSET));
     fw.clr_int_base = get_be64(&o, CLR_INT_BASE_OFFSET);
     fw.clr_int_bar = bar_index(get_u8(&o, CLR_INT_BAR_OFFSET));
-    debug!(
-        "mlx4_core {pci}: FW size {} KB",
-        u64::from(fw.fw_pages) << 2
-    );
-    debug!(
-        "mlx4_core {pci}: Clear int @ {:x}, BAR {}",
-        fw.clr_int_base, fw.clr_int_bar
+    mlx4_dbg!(pci, "FW size {} KB", u64::from(fw.fw_pages) << 2);
+    mlx4_dbg!(
+        pci,
+        "Clear int @ {:x}, BAR {}",
+        fw.clr_int_base,
+        fw.clr_int_bar
     );
     if fw.fw_pages == 0 {
         return Err(Error::BadCaps {
@@ -442,12 +449,14 @@ pub fn query_dev_cap(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Re
     let o: [u8; dev_cap::OUT_SIZE] = mb.read();
     let mut d = DevCap::parse(&o);
     if d.bf_reg_size != 0 {
-        debug!(
-            "mlx4_core {pci}: BlueFlame available (reg size {}, regs/page {})",
-            d.bf_reg_size, d.bf_regs_per_page
+        mlx4_dbg!(
+            pci,
+            "BlueFlame available (reg size {}, regs/page {})",
+            d.bf_reg_size,
+            d.bf_regs_per_page
         );
     } else {
-        debug!("mlx4_core {pci}: BlueFlame not available");
+        mlx4_dbg!(pci, "BlueFlame not available");
     }
     let nports = usize::from(d.num_ports).min(MAX_PORTS);
     for p in 1..=nports {
@@ -465,41 +474,64 @@ pub fn query_dev_cap(cmd: &mut Cmd, pool: &DmaPool, pci: &hal::PciAddress) -> Re
     }
     // Each UAR page holds 4 EQ doorbells: EQs on a reserved page are reserved.
     d.reserved_eqs = d.reserved_eqs.max(d.reserved_uars.saturating_mul(4));
-    debug!(
-        "mlx4_core {pci}: Base MM extensions: flags {:08x}, rsvd L_Key {:08x}",
-        d.bmme_flags, d.reserved_lkey
+    mlx4_dbg!(
+        pci,
+        "Base MM extensions: flags {:08x}, rsvd L_Key {:08x}",
+        d.bmme_flags,
+        d.reserved_lkey
     );
-    debug!("mlx4_core {pci}: Max ICM size {} MB", d.max_icm_sz >> 20);
-    debug!(
-        "mlx4_core {pci}: Max QPs: {}, reserved QPs: {}, entry size: {}",
-        d.max_qps, d.reserved_qps, d.qpc_entry_sz
+    mlx4_dbg!(pci, "Max ICM size {} MB", d.max_icm_sz >> 20);
+    mlx4_dbg!(
+        pci,
+        "Max QPs: {}, reserved QPs: {}, entry size: {}",
+        d.max_qps,
+        d.reserved_qps,
+        d.qpc_entry_sz
     );
-    debug!(
-        "mlx4_core {pci}: Max SRQs: {}, reserved SRQs: {}, entry size: {}",
-        d.max_srqs, d.reserved_srqs, d.srq_entry_sz
+    mlx4_dbg!(
+        pci,
+        "Max SRQs: {}, reserved SRQs: {}, entry size: {}",
+        d.max_srqs,
+        d.reserved_srqs,
+        d.srq_entry_sz
     );
-    debug!(
-        "mlx4_core {pci}: Max CQs: {}, reserved CQs: {}, entry size: {}",
-        d.max_cqs, d.reserved_cqs, d.cqc_entry_sz
+    mlx4_dbg!(
+        pci,
+        "Max CQs: {}, reserved CQs: {}, entry size: {}",
+        d.max_cqs,
+        d.reserved_cqs,
+        d.cqc_entry_sz
     );
-    debug!(
-        "mlx4_core {pci}: Max EQs: {}, reserved EQs: {}, entry size: {}",
-        d.max_eqs, d.reserved_eqs, d.eqc_entry_sz
+    mlx4_dbg!(
+        pci,
+        "Max EQs: {}, reserved EQs: {}, entry size: {}",
+        d.max_eqs,
+        d.reserved_eqs,
+        d.eqc_entry_sz
     );
-    debug!(
-        "mlx4_core {pci}: reserved MPTs: {}, reserved MTTs: {}",
-        d.reserved_mrws, d.reserved_mtts
+    mlx4_dbg!(
+        pci,
+        "reserved MPTs: {}, reserved MTTs: {}",
+        d.reserved_mrws,
+        d.reserved_mtts
     );
-    debug!(
-        "mlx4_core {pci}: Max PDs: {}, reserved PDs: {}, reserved UARs: {}",
-        d.max_pds, d.reserved_pds, d.reserved_uars
+    mlx4_dbg!(
+        pci,
+        "Max PDs: {}, reserved PDs: {}, reserved UARs: {}",
+        d.max_pds,
+        d.reserved_pds,
+        d.reserved_uars
     );
-    debug!(
-        "mlx4_core {pci}: Max CQEs: {}, max WQEs: {}, max SRQ WQEs: {}",
-        d.max_cq_sz, d.max_qp_sz, d.max_srq_sz
+    mlx4_dbg!(
+        pci,
+        "Max CQEs: {}, max WQEs: {}, max SRQ WQEs: {}",
+        d.max_cq_sz,
+        d.max_qp_sz,
+        d.max_srq_sz
     );
-    debug!(
-        "mlx4_core {pci}: Local CA ACK delay: {}, max MTU: {}, port width cap: {}",
+    mlx4_dbg!(
+        pci,
+        "Local CA ACK delay: {}, max MTU: {}, port width cap: {}",
         d.local_ca_ack_delay,
         128u32 << d.port[1].ib_mtu.min(7),
         d.port[1].max_port_width
@@ -529,7 +561,7 @@ pub fn init_hca(
     mb.write(0, &param.to_bytes());
     let r = cmd.cmd(mb.dma(), 0, 0, Opcode::INIT_HCA, timeout::INIT_HCA);
     if let Err(e) = &r {
-        log::error!("mlx4_core {pci}: INIT_HCA returns {}", e.to_errno());
+        mlx4_err!(pci, "INIT_HCA returns {}", e.to_errno());
     }
     r
 }
@@ -585,8 +617,9 @@ pub fn nop(cmd: &mut Cmd) -> Result<()> {
 
 /// Logs the firmware version the way `mlx4_core` does at probe.
 pub fn log_fw(pci: &hal::PciAddress, fw: &FwInfo) {
-    info!(
-        "mlx4_core {pci}: FW version {} (cmd intf rev {})",
+    mlx4_info!(
+        pci,
+        "FW version {} (cmd intf rev {})",
         FwVer(fw.fw_ver),
         fw.cmd_if_rev
     );

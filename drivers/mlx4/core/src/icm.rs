@@ -1,4 +1,9 @@
-//! ICM host memory: allocation in chunks, MAP_FA/MAP_ICM_AUX/MAP_ICM page lists, and per-table on-demand mapping with refcounted 256 KiB chunks and pinned reserved entries (Linux `icm.c` and `mlx4_map_cmd` from `fw.c`); scatterlists and `dma_sync` for non-coherent memory are not needed with `hal` DMA.
+//! The host memory the HCA keeps its contexts in (ICM), as Linux's `icm.c` allocates and maps it.
+//!
+//! Linux: `icm.c` and `mlx4_map_cmd` from `fw.c`: allocation in chunks,
+//! MAP_FA/MAP_ICM_AUX/MAP_ICM page lists, and per-table on-demand mapping
+//! with refcounted 256 KiB chunks and pinned reserved entries. Scatterlists
+//! and `dma_sync` for non-coherent memory are not needed with `hal` DMA.
 //!
 //! One deliberate fix: Linux's `mlx4_table_get` always maps a full 256 KiB
 //! chunk even when the table is smaller, which would map ICM beyond the
@@ -8,12 +13,12 @@
 use alloc::vec::Vec;
 
 use hal::{DmaBuf, DmaPool};
-use log::{debug, warn};
+use log::warn;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::icm::*;
 
 use crate::cmd::{Cmd, Mailbox};
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_warn};
 
 /// `MLX4_ICM_ALLOC_SIZE`: the largest contiguous chunk asked of the pool.
 pub const ICM_ALLOC_SIZE: usize = 1 << 18;
@@ -90,10 +95,7 @@ pub fn map_cmd(
             _ => unmap_icm(cmd, virt.unwrap_or(0), (done_kb >> 2) as u32),
         };
         if let Err(e) = undo {
-            warn!(
-                "mlx4_core {name}: undoing a partial {op} failed ({})",
-                e.to_errno()
-            );
+            mlx4_warn!(name, "undoing a partial {op} failed ({})", e.to_errno());
         }
     }
     r
@@ -116,7 +118,7 @@ fn map_cmd_inner(
         let addr = c.bus_addr().0;
         let size = c.len() as u64;
         let Some(lg) = map_chunk_log(addr, size) else {
-            warn!("mlx4_core {name}: Got FW area not aligned to 4096 ({addr:x}/{size:x}).");
+            mlx4_warn!(name, "Got FW area not aligned to 4096 ({addr:x}/{size:x}).");
             return Err(Error::InvalidArg);
         };
         for i in 0..size >> lg {
@@ -141,10 +143,11 @@ fn map_cmd_inner(
         *done_kb = ts;
     }
     match op {
-        Opcode::MAP_FA => debug!("mlx4_core {name}: Mapped {tc} chunks/{ts} KB for FW."),
-        Opcode::MAP_ICM_AUX => debug!("mlx4_core {name}: Mapped {tc} chunks/{ts} KB for ICM aux."),
-        _ => debug!(
-            "mlx4_core {name}: Mapped {tc} chunks/{ts} KB at {:x} for ICM.",
+        Opcode::MAP_FA => mlx4_dbg!(name, "Mapped {tc} chunks/{ts} KB for FW."),
+        Opcode::MAP_ICM_AUX => mlx4_dbg!(name, "Mapped {tc} chunks/{ts} KB for ICM aux."),
+        _ => mlx4_dbg!(
+            name,
+            "Mapped {tc} chunks/{ts} KB at {:x} for ICM.",
             virt.unwrap_or(0)
         ),
     }
@@ -154,6 +157,23 @@ fn map_cmd_inner(
 /// Linux `mlx4_UNMAP_ICM`: `page_count` 4 KiB pages at ICM address `virt`.
 pub fn unmap_icm(cmd: &mut Cmd, virt: u64, page_count: u32) -> Result<()> {
     cmd.cmd(virt, page_count, 0, Opcode::UNMAP_ICM, timeout::CLASS_B)
+}
+
+/// Where one context table lies in ICM and how much of it is the
+/// firmware's (the arguments of Linux's `mlx4_init_icm_table`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcmTableSpec {
+    /// Linux's name, for logs (`QPC`, `MTT`, ...).
+    pub name: &'static str,
+    /// ICM virtual address of object 0.
+    pub virt: u64,
+    /// Bytes per object (a power of two, at most one chunk).
+    pub obj_size: u32,
+    /// Objects in the table.
+    pub nobj: u32,
+    /// Objects `[0, reserved)` belong to the firmware: mapped at once and
+    /// pinned until cleanup.
+    pub reserved: u32,
 }
 
 /// One context table in ICM (Linux `struct mlx4_icm_table`).
@@ -205,19 +225,21 @@ impl IcmTable {
     }
 
     /// Linux `mlx4_init_icm_table`: maps and pins the chunks holding objects
-    /// `[0, reserved)`. On failure everything mapped so far is unmapped and
-    /// freed.
-    #[expect(clippy::too_many_arguments)]
+    /// `[0, spec.reserved)`. On failure everything mapped so far is unmapped
+    /// and freed.
     pub fn init(
-        name: &'static str,
         cmd: &mut Cmd,
         pool: &DmaPool,
-        virt: u64,
-        obj_size: u32,
-        nobj: u32,
-        reserved: u32,
+        spec: &IcmTableSpec,
         pci: &hal::PciAddress,
     ) -> Result<IcmTable> {
+        let &IcmTableSpec {
+            name,
+            virt,
+            obj_size,
+            nobj,
+            reserved,
+        } = spec;
         if obj_size == 0 || !obj_size.is_power_of_two() || u64::from(obj_size) > TABLE_CHUNK_SIZE {
             return Err(Error::InvalidArg);
         }

@@ -1,4 +1,10 @@
-//! The interface registry through which mlx4_ib attaches to the device and receives events (Linux `intf.c`: `mlx4_register_interface`, `mlx4_unregister_interface`, `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`); `mlx4_get_protocol_dev` and the global device list are left out (the kernel keeps one registry per device).
+//! The interface registry through which mlx4_ib attaches and receives events, as Linux's `intf.c` keeps it.
+//!
+//! Linux: `intf.c` (`mlx4_register_interface`, `mlx4_unregister_interface`,
+//! `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`)
+//! and `struct mlx4_interface` of `driver.h`. `mlx4_get_protocol_dev` and
+//! the global device list are left out (the kernel keeps one registry per
+//! device).
 //!
 //! Linux's `add` receives the device and sets up the client's resources; here
 //! the device cannot be lent to a callback it owns, so a client (mlx4_ib)
@@ -13,7 +19,7 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use crate::main::{Caps, Dev};
+use crate::dev::{Caps, Dev};
 
 /// An event of the device (Linux `enum mlx4_dev_event` plus the per-object
 /// events of `eq.c`).
@@ -110,7 +116,7 @@ impl Dev {
         let id = IntfId(self.intf.next);
         self.intf.next += 1;
         if self.intf.registered {
-            intf.add(&self.caps);
+            intf.add(&self.hca.caps);
         }
         self.intf.entries.push((id, intf));
         id
@@ -122,7 +128,7 @@ impl Dev {
         let pos = self.intf.entries.iter().position(|(i, _)| *i == id)?;
         let (_, mut intf) = self.intf.entries.remove(pos);
         if self.intf.registered {
-            intf.remove(&self.caps);
+            intf.remove(&self.hca.caps);
         }
         Some(intf)
     }
@@ -130,13 +136,13 @@ impl Dev {
     /// Linux `mlx4_dispatch_event`.
     #[doc(alias = "mlx4_dispatch_event")]
     pub fn dispatch_event(&mut self, ev: Event) {
-        self.intf.dispatch(&self.caps, ev);
+        self.intf.dispatch(&self.hca.caps, ev);
     }
 
     pub(crate) fn unregister_device(&mut self) {
         let entries = core::mem::take(&mut self.intf.entries);
         for (_, mut i) in entries {
-            i.remove(&self.caps);
+            i.remove(&self.hca.caps);
         }
         self.intf.registered = false;
     }

@@ -1,8 +1,15 @@
-//! Port of Linux mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007), native PF, InfiniBand ports, fully polled: firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports, catastrophic-error polling, interface registry; SR-IOV, Ethernet/RoCE, interrupts, BlueFlame, flow steering and the resource tracker are left out.
+//! Port of Linux's mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007): native PF, InfiniBand ports, fully polled.
+//!
+//! It covers firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports,
+//! catastrophic-error polling and the interface registry; SR-IOV,
+//! Ethernet/RoCE, interrupts, BlueFlame, flow steering and the resource
+//! tracker are left out.
 //!
 //! Linux: `drivers/net/ethernet/mellanox/mlx4/` (3.11 as LegoOS ported it;
 //! checked against newer kernels for fixes), headers
 //! `include/linux/mlx4/{device,driver,cmd}.h`. File names are Linux's:
+//! `dev.rs` plays `mlx4.h` (the device, its capabilities, the object tables
+//! and the `mlx4_err!`/`mlx4_warn!`/`mlx4_info!`/`mlx4_dbg!` log macros),
 //! `main.rs` (probe and teardown, a library file thanks to `autobins =
 //! false`), `cmd.rs`, `fw.rs`, `icm.rs`, `profile.rs`, `alloc.rs` (loaded as
 //! module `bitmap` because `alloc` is the name of the `alloc` crate), `eq.rs`,
@@ -27,6 +34,7 @@ pub mod bitmap;
 pub mod catas;
 pub mod cmd;
 pub mod cq;
+pub mod dev;
 pub mod eq;
 mod error;
 pub mod fw;
@@ -44,9 +52,15 @@ pub mod srq;
 #[cfg(test)]
 mod tests;
 
+pub use dev::{Caps, Dev, MAX_PORTS, PortCaps, PortType};
 pub use error::{Error, Result, Why};
 pub use intf::{Event, Interface, IntfId};
-pub use main::{Caps, Dev, MAX_PORTS, PortCaps, PortType, probe};
+pub use main::probe;
 pub use profile::Profile;
+
+// The log macros (`mlx4_err!`, ...) reach `log` through this path, so that
+// their users need not name it.
+#[doc(hidden)]
+pub use log as __log;
 
 pub use mlx4_hw as hw;

@@ -1,260 +1,38 @@
-//! Probe, load sequence and teardown of the HCA (Linux `main.c`: `__mlx4_init_one`, `mlx4_init_hca`, `mlx4_load_fw`, `mlx4_dev_cap`, `mlx4_init_icm`, `mlx4_setup_hca`, `mlx4_remove_one`) and the device/caps types of `device.h`; SR-IOV, MSI-X, port sensing, sysfs and Ethernet port types are left out.
+//! Probe, the load sequence and teardown of the HCA, as Linux's `main.c` does them.
 //!
-//! The device object [`Dev`] owns every firmware resource and DMA
-//! allocation. Bring-up records what it has done; on any error it unwinds
-//! exactly what was done, in Linux's reverse order ([`Dev::teardown`] runs the
-//! same unwinding), so a failed probe frees everything it took.
+//! Linux: `main.c` (`__mlx4_init_one`, `mlx4_init_hca`, `mlx4_load_fw`,
+//! `mlx4_dev_cap`, `mlx4_init_icm`, `mlx4_setup_hca`, `mlx4_remove_one`,
+//! `mlx4_counter_alloc`). SR-IOV, MSI-X, port sensing, sysfs and Ethernet
+//! port types are left out.
+//!
+//! Bring-up works on the device's `Hca` (`dev.rs`), which records what it has
+//! done; `mlx4_setup_hca` then makes every object table, and only a device
+//! with all of them becomes a [`Dev`]. On any error bring-up unwinds exactly
+//! what was done, in Linux's reverse order ([`Dev::teardown`] runs the same
+//! unwinding), so a failed probe frees everything it took.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
-use hal::{Bar, Clock, DmaPool, PciAddress, PciFunction};
-use log::{debug, error, info, warn};
+use hal::{Clock, DmaPool, PciFunction};
 use mlx4_hw::fw::dev_cap_flags as flags;
 use mlx4_hw::hcr::{HCR_BASE, HCR_SIZE};
 
-use crate::bitmap::Bitmap;
-use crate::catas::Catas;
+use crate::bitmap::{Bitmap, DbPages};
 use crate::cmd::Cmd;
-use crate::cq::CqTable;
+use crate::dev::{
+    BMME_FLAG_TYPE_2_WIN, CMPT_SHIFT, Caps, Catas, CqTable, Dev, Hca, IcmTables, MAX_PORTS,
+    MrTable, NUM_PDS, PortCaps, PortType, QpTable, SrqTable, State, SteeringMode, Tables,
+};
 use crate::eq::EqTable;
 use crate::fw::{self, DevCap, FwInfo, FwVer};
-use crate::icm::{self, Icm, IcmTable};
+use crate::icm::{self, IcmTable, IcmTableSpec};
 use crate::intf::Registry;
-use crate::mr::MrTable;
-use crate::pd::Uar;
 use crate::profile::{self, Layout, Profile};
-use crate::qp::QpTable;
-use crate::srq::SrqTable;
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_err, mlx4_info, mlx4_warn};
 
-/// `MLX4_MAX_PORTS`.
-pub const MAX_PORTS: usize = 2;
-/// `MLX4_BMME_FLAG_TYPE_2_WIN`.
-pub const BMME_FLAG_TYPE_2_WIN: u32 = 1 << 9;
-/// `MLX4_NUM_PDS`.
-pub const NUM_PDS: u32 = 1 << 15;
-/// `MLX4_CMPT_SHIFT`.
-pub const CMPT_SHIFT: u32 = 24;
 /// PCI IDs handled (ConnectX-3, ConnectX-3 Pro).
 pub const PCI_IDS: [(u16, u16); 2] = [(0x15b3, 0x1003), (0x15b3, 0x1007)];
-
-/// Port link type.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PortType {
-    /// InfiniBand (the only type this port drives).
-    #[default]
-    Ib,
-    /// Ethernet: left alone (no SET_PORT, no events acted upon).
-    Eth,
-}
-
-/// Per-port capabilities (the per-port arrays of Linux `struct mlx4_caps`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub struct PortCaps {
-    pub port_type: PortType,
-    pub supported_type: u8,
-    pub vl_cap: u8,
-    pub ib_mtu_cap: u8,
-    pub port_ib_mtu: u8,
-    pub gid_table_len: u32,
-    pub pkey_table_len: u32,
-    pub port_width_cap: u8,
-    pub eth_mtu_cap: u16,
-    pub def_mac: u64,
-    /// Port capability mask from PortInfo (MAD_IFC), CPU order.
-    pub ib_port_def_cap: u32,
-}
-
-/// Steering mode (Linux `enum mlx4_steering_mode`; device-managed is not used).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SteeringMode {
-    /// A0 steering.
-    #[default]
-    A0,
-    /// B0 steering (firmware reports both VEP steering flags).
-    B0,
-}
-
-/// Device capabilities (Linux `struct mlx4_caps`, native subset), what
-/// mlx4_ib reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub struct Caps {
-    pub fw_ver: u64,
-    pub board_id: [u8; 16],
-    pub num_ports: u8,
-    pub port: [PortCaps; MAX_PORTS + 1],
-    pub uar_page_size: u32,
-    pub num_uars: u32,
-    pub local_ca_ack_delay: u8,
-    pub bf_reg_size: u32,
-    pub bf_regs_per_page: u32,
-    pub max_sq_sg: u32,
-    pub max_rq_sg: u32,
-    pub num_qps: u32,
-    pub max_wqes: u32,
-    pub max_sq_desc_sz: u32,
-    pub max_rq_desc_sz: u32,
-    pub max_qp_init_rdma: u32,
-    pub max_qp_dest_rdma: u32,
-    pub num_srqs: u32,
-    pub max_srq_wqes: u32,
-    pub max_srq_sge: u32,
-    pub reserved_srqs: u32,
-    pub num_cqs: u32,
-    pub max_cqes: u32,
-    pub reserved_cqs: u32,
-    pub num_eqs: u32,
-    pub reserved_eqs: u32,
-    pub num_comp_vectors: u32,
-    pub num_mpts: u32,
-    pub num_mtts: u32,
-    pub fmr_reserved_mtts: u32,
-    pub reserved_mtts: u32,
-    pub reserved_mrws: u32,
-    pub reserved_uars: u32,
-    pub num_mgms: u32,
-    pub num_amgms: u32,
-    pub reserved_mcgs: u32,
-    pub num_qp_per_mgm: u32,
-    pub steering_mode: SteeringMode,
-    pub num_pds: u32,
-    pub reserved_pds: u32,
-    pub max_xrcds: u32,
-    pub reserved_xrcds: u32,
-    pub mtt_entry_sz: u32,
-    pub max_msg_sz: u32,
-    pub page_size_cap: u32,
-    pub flags: u64,
-    pub bmme_flags: u32,
-    pub reserved_lkey: u32,
-    pub stat_rate_support: u16,
-    pub max_gso_sz: u32,
-    pub max_counters: u32,
-    pub reserved_qps_cnt: [u32; 4],
-    pub reserved_qps_base: [u32; 4],
-    pub reserved_qps: u32,
-    /// First special QP (QP0 of port 1), `phys_caps.base_sqpn`.
-    pub base_sqpn: u32,
-    pub cq_timestamp: bool,
-    pub hca_core_clock: u16,
-    pub max_fmr_maps: u32,
-}
-
-/// The ICM tables (Linux keeps them in `priv`'s per-resource tables).
-#[derive(Default)]
-#[allow(missing_docs)]
-pub struct IcmTables {
-    pub cmpt_qp: Option<IcmTable>,
-    pub cmpt_srq: Option<IcmTable>,
-    pub cmpt_cq: Option<IcmTable>,
-    pub cmpt_eq: Option<IcmTable>,
-    pub eqc: Option<IcmTable>,
-    pub mtt: Option<IcmTable>,
-    pub dmpt: Option<IcmTable>,
-    pub qpc: Option<IcmTable>,
-    pub auxc: Option<IcmTable>,
-    pub altc: Option<IcmTable>,
-    pub rdmarc: Option<IcmTable>,
-    pub cqc: Option<IcmTable>,
-    pub srqc: Option<IcmTable>,
-    pub mcg: Option<IcmTable>,
-}
-
-impl IcmTables {
-    fn all(&self) -> [&Option<IcmTable>; 14] {
-        [
-            &self.mcg,
-            &self.srqc,
-            &self.cqc,
-            &self.rdmarc,
-            &self.altc,
-            &self.auxc,
-            &self.qpc,
-            &self.dmpt,
-            &self.mtt,
-            &self.eqc,
-            &self.cmpt_eq,
-            &self.cmpt_cq,
-            &self.cmpt_srq,
-            &self.cmpt_qp,
-        ]
-    }
-
-    /// Linux `mlx4_free_icms` (the table part): reverse of `mlx4_init_icm`.
-    fn cleanup(&mut self, cmd: &mut Cmd) {
-        for t in [
-            &mut self.mcg,
-            &mut self.srqc,
-            &mut self.cqc,
-            &mut self.rdmarc,
-            &mut self.altc,
-            &mut self.auxc,
-            &mut self.qpc,
-            &mut self.dmpt,
-            &mut self.mtt,
-            &mut self.eqc,
-            &mut self.cmpt_eq,
-            &mut self.cmpt_cq,
-            &mut self.cmpt_srq,
-            &mut self.cmpt_qp,
-        ] {
-            if let Some(mut tab) = t.take() {
-                tab.cleanup(cmd);
-            }
-        }
-    }
-}
-
-/// What bring-up has done, for unwinding.
-#[derive(Debug, Default, Clone, Copy)]
-struct State {
-    owned: bool,
-    fa_mapped: bool,
-    fw_running: bool,
-    aux_mapped: bool,
-    hca_init: bool,
-    registered: bool,
-    done: bool,
-}
-
-/// A running ConnectX-3 (Linux `struct mlx4_dev` + `struct mlx4_priv`).
-pub struct Dev {
-    pub(crate) pdev: Option<PciFunction>,
-    pub(crate) pci: PciAddress,
-    pub(crate) pool: DmaPool,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) bar0: Option<Bar>,
-    pub(crate) uar_bar: Option<Bar>,
-    pub(crate) cmd: Cmd,
-    pub(crate) caps: Caps,
-    pub(crate) fw: FwInfo,
-    pub(crate) dev_cap: DevCap,
-    pub(crate) profile: Profile,
-    pub(crate) layout: Layout,
-    st: State,
-    pub(crate) fw_icm: Option<Icm>,
-    pub(crate) aux_icm: Option<Icm>,
-    pub(crate) icm: IcmTables,
-    pub(crate) uar_table: Option<Bitmap>,
-    pub(crate) driver_uar: Option<Uar>,
-    pub(crate) pd_bitmap: Option<Bitmap>,
-    pub(crate) xrcd_bitmap: Option<Bitmap>,
-    pub(crate) mr_table: Option<MrTable>,
-    pub(crate) mcg_bitmap: Option<Bitmap>,
-    pub(crate) eq_table: Option<EqTable>,
-    pub(crate) cq_table: Option<CqTable>,
-    pub(crate) srq_table: Option<SrqTable>,
-    pub(crate) qp_table: Option<QpTable>,
-    pub(crate) counters: Option<Bitmap>,
-    pub(crate) intf: Registry,
-    pub(crate) catas: Catas,
-    pub(crate) port_open: [bool; MAX_PORTS + 1],
-    enabled_here: bool,
-    pub(crate) db_pages: crate::bitmap::DbPages,
-}
 
 /// Linux `mlx4_init_one`/`__mlx4_init_one`: brings up the HCA behind `pdev`
 /// and returns it ready for mlx4_ib.
@@ -276,16 +54,13 @@ pub fn probe(
     let pci = pdev.address();
     let ids = (pdev.vendor_id(), pdev.device_id());
     if !PCI_IDS.contains(&ids) {
-        error!(
-            "mlx4_core {pci}: unsupported device {:04x}:{:04x}",
-            ids.0, ids.1
-        );
+        mlx4_err!(pci, "unsupported device {:04x}:{:04x}", ids.0, ids.1);
         return Err(Error::NoDevice);
     }
-    info!("mlx4_core: Initializing {pci}");
+    log::info!("mlx4_core: Initializing {pci}");
     profile
         .validate()
-        .inspect_err(|e| error!("mlx4_core {pci}: bad profile: {e}"))?;
+        .inspect_err(|e| mlx4_err!(pci, "bad profile: {e}"))?;
     // pci_enable_device is reference counted in Linux; here: only undo what
     // this probe turned on.
     let cmd_bits = hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY;
@@ -294,7 +69,7 @@ pub fn probe(
     let bar0 = match pdev.take_bar(0) {
         Ok(b) => b,
         Err(_) => {
-            error!("mlx4_core {pci}: Missing DCS, aborting.");
+            mlx4_err!(pci, "Missing DCS, aborting.");
             if enabled_here {
                 pdev.clear_command_bits(cmd_bits);
             }
@@ -304,7 +79,7 @@ pub fn probe(
     let uar_bar = match pdev.take_bar(2) {
         Ok(b) => b,
         Err(_) => {
-            error!("mlx4_core {pci}: Missing UAR, aborting.");
+            mlx4_err!(pci, "Missing UAR, aborting.");
             pdev.release_bar(0, bar0);
             if enabled_here {
                 pdev.clear_command_bits(cmd_bits);
@@ -315,8 +90,9 @@ pub fn probe(
     let hcr = match bar0.slice(HCR_BASE, HCR_SIZE) {
         Some(h) if bar0.len() >= mlx4_hw::hcr::RESET_BASE + mlx4_hw::hcr::RESET_SIZE => h,
         _ => {
-            error!(
-                "mlx4_core {pci}: Couldn't map command register (BAR0 of {:#x} bytes).",
+            mlx4_err!(
+                pci,
+                "Couldn't map command register (BAR0 of {:#x} bytes).",
                 bar0.len()
             );
             pdev.release_bar(0, bar0);
@@ -328,7 +104,7 @@ pub fn probe(
         }
     };
     let cmd = Cmd::new(hcr, clock.clone(), pci);
-    let mut dev = Dev {
+    let mut hca = Hca {
         pdev: Some(pdev),
         pci,
         pool,
@@ -345,58 +121,63 @@ pub fn probe(
         fw_icm: None,
         aux_icm: None,
         icm: IcmTables::default(),
-        uar_table: None,
-        driver_uar: None,
-        pd_bitmap: None,
-        xrcd_bitmap: None,
-        mr_table: None,
-        mcg_bitmap: None,
-        eq_table: None,
-        cq_table: None,
-        srq_table: None,
-        qp_table: None,
-        counters: None,
+        enabled_here,
+    };
+    let tables = match hca.init_one() {
+        Ok(t) => t,
+        Err(e) => {
+            mlx4_err!(pci, "bring-up failed: {e}");
+            hca.unwind();
+            return Err(e);
+        }
+    };
+    let mut dev = Dev {
+        hca,
+        tables,
         intf: Registry::default(),
         catas: Catas::default(),
         port_open: [false; MAX_PORTS + 1],
-        enabled_here,
-        db_pages: crate::bitmap::DbPages::default(),
+        db_pages: DbPages::default(),
     };
-    match dev.init_one() {
-        Ok(()) => Ok(dev),
-        Err(e) => {
-            error!("mlx4_core {pci}: bring-up failed: {e}");
-            dev.unwind();
-            Err(e)
-        }
+    if let Err(e) = dev.setup_ports() {
+        mlx4_err!(pci, "bring-up failed: {e}");
+        dev.unwind();
+        return Err(e);
     }
+    dev.register_device();
+    Ok(dev)
 }
 
-impl Dev {
-    fn init_one(&mut self) -> Result<()> {
+/// Logs Linux's "Failed to initialize ... table, aborting." for `what`.
+fn table_failed(pci: hal::PciAddress, what: &'static str) -> impl FnOnce(&Error) {
+    move |_| mlx4_err!(pci, "Failed to initialize {what} table, aborting.")
+}
+
+impl Hca {
+    /// The firmware part of `__mlx4_init_one`: ownership, reset,
+    /// `mlx4_init_hca`, then the object tables of `mlx4_setup_hca`.
+    fn init_one(&mut self) -> Result<Tables> {
         let pci = self.pci;
         let bar0 = self.bar0.as_ref().ok_or(Error::NoDevice)?;
         if !crate::reset::get_ownership(bar0) {
-            warn!("mlx4_core {pci}: Multiple PFs not yet supported. Skipping PF.");
+            mlx4_warn!(pci, "Multiple PFs not yet supported. Skipping PF.");
             return Err(Error::NotOwner);
         }
         self.st.owned = true;
         let pdev = self.pdev.as_ref().ok_or(Error::NoDevice)?;
         if let Err(e) = crate::reset::reset(pdev, bar0, &*self.clock) {
-            error!("mlx4_core {pci}: Failed to reset HCA, aborting.");
+            mlx4_err!(pci, "Failed to reset HCA, aborting.");
             return Err(e);
         }
         self.init_hca()?;
-        self.setup_hca()?;
-        self.register_device();
-        Ok(())
+        self.setup_hca()
     }
 
     /// Linux `mlx4_load_fw`.
     fn load_fw(&mut self) -> Result<()> {
         let pci = self.pci;
         let icm = icm::alloc_icm(&self.pool, self.fw.fw_pages as usize).inspect_err(|_| {
-            error!("mlx4_core {pci}: Couldn't allocate FW area, aborting.");
+            mlx4_err!(pci, "Couldn't allocate FW area, aborting.");
         })?;
         let fw_icm = self.fw_icm.insert(icm);
         icm::map_cmd(
@@ -408,11 +189,11 @@ impl Dev {
             &pci,
         )
         .inspect_err(|_| {
-            error!("mlx4_core {pci}: MAP_FA command failed, aborting.");
+            mlx4_err!(pci, "MAP_FA command failed, aborting.");
         })?;
         self.st.fa_mapped = true;
         fw::run_fw(&mut self.cmd)
-            .inspect_err(|_| error!("mlx4_core {pci}: RUN_FW command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "RUN_FW command failed, aborting."))?;
         self.st.fw_running = true;
         Ok(())
     }
@@ -421,7 +202,7 @@ impl Dev {
     fn init_hca(&mut self) -> Result<()> {
         let pci = self.pci;
         self.fw = fw::query_fw(&mut self.cmd, &self.pool, &pci)
-            .inspect_err(|_| error!("mlx4_core {pci}: QUERY_FW command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "QUERY_FW command failed, aborting."))?;
         self.cmd.max_cmds = self.fw.max_cmds;
         self.caps.fw_ver = self.fw.fw_ver;
         fw::log_fw(&pci, &self.fw);
@@ -430,7 +211,7 @@ impl Dev {
             // A stuck HCR is not a soft failure: every later command would
             // fail on it, so stop here naming the command that hung.
             Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => return Err(e),
-            Err(_) => warn!("mlx4_core {pci}: Failed to override log_pg_sz parameter"),
+            Err(_) => mlx4_warn!(pci, "Failed to override log_pg_sz parameter"),
             Ok(()) => {}
         }
         self.init_dev_cap()?;
@@ -442,19 +223,19 @@ impl Dev {
         self.apply_layout();
         self.init_icm()?;
         fw::init_hca(&mut self.cmd, &self.pool, &self.layout.init_hca, &pci)
-            .inspect_err(|_| error!("mlx4_core {pci}: INIT_HCA command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "INIT_HCA command failed, aborting."))?;
         self.st.hca_init = true;
         if self.caps.cq_timestamp {
             match fw::query_hca_core_clock(&mut self.cmd, &self.pool) {
                 Ok(c) if c != 0 => self.caps.hca_core_clock = c,
                 _ => {
-                    warn!("mlx4_core {pci}: QUERY_HCA command failed, disable timestamp");
+                    mlx4_warn!(pci, "QUERY_HCA command failed, disable timestamp");
                     self.caps.cq_timestamp = false;
                 }
             }
         }
         let adapter = fw::query_adapter(&mut self.cmd, &self.pool)
-            .inspect_err(|_| error!("mlx4_core {pci}: QUERY_ADAPTER command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "QUERY_ADAPTER command failed, aborting."))?;
         self.caps.board_id = adapter.board_id;
         Ok(())
     }
@@ -465,10 +246,10 @@ impl Dev {
     fn init_dev_cap(&mut self) -> Result<()> {
         let pci = self.pci;
         let d = fw::query_dev_cap(&mut self.cmd, &self.pool, &pci)
-            .inspect_err(|_| error!("mlx4_core {pci}: QUERY_DEV_CAP command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "QUERY_DEV_CAP command failed, aborting."))?;
         let uar_len = self.uar_bar.as_ref().map_or(0, |b| b.len() as u64);
         d.validate(uar_len)
-            .inspect_err(|e| error!("mlx4_core {pci}: {e}, aborting."))?;
+            .inspect_err(|e| mlx4_err!(pci, "{e}, aborting."))?;
         let c = &mut self.caps;
         c.num_ports = d.num_ports;
         for p in 1..=usize::from(d.num_ports) {
@@ -554,18 +335,15 @@ impl Dev {
             SteeringMode::B0
         } else {
             if self.caps.flags & both != 0 {
-                warn!(
-                    "mlx4_core {}: Must have both UC_STEER and MC_STEER flags set to use B0 steering. Falling back to A0 steering mode.",
-                    self.pci
+                mlx4_warn!(
+                    self.pci,
+                    "Must have both UC_STEER and MC_STEER flags set to use B0 steering. Falling back to A0 steering mode."
                 );
             }
             SteeringMode::A0
         };
         self.caps.num_qp_per_mgm = crate::mcg::qp_per_mgm(self.profile.log_mgm_entry_size);
-        debug!(
-            "mlx4_core {}: Steering mode is: {:?}",
-            self.pci, self.caps.steering_mode
-        );
+        mlx4_dbg!(self.pci, "Steering mode is: {:?}", self.caps.steering_mode);
     }
 
     /// Keeps the requested counts within what the device supports (each a
@@ -575,9 +353,10 @@ impl Dev {
         let d = &self.dev_cap;
         let clamp = |name: &str, v: &mut u32, max: u64| {
             if u64::from(*v) > max {
-                warn!(
-                    "mlx4_core {}: profile asks for {} {name}, device supports {max}",
-                    self.pci, *v
+                mlx4_warn!(
+                    self.pci,
+                    "profile asks for {} {name}, device supports {max}",
+                    *v
                 );
                 *v = max as u32;
             }
@@ -597,9 +376,10 @@ impl Dev {
                 let n = (reserved.saturating_mul(2))
                     .next_power_of_two()
                     .min(1 << 31) as u32;
-                warn!(
-                    "mlx4_core {}: profile's {} {name} raised to {n} (firmware reserves {reserved})",
-                    self.pci, *v
+                mlx4_warn!(
+                    self.pci,
+                    "profile's {} {name} raised to {n} (firmware reserves {reserved})",
+                    *v
                 );
                 *v = n;
             }
@@ -628,7 +408,7 @@ impl Dev {
             p.rdmarc_per_qp.into(),
             d.max_responder_per_qp.min(128),
         )
-        .inspect_err(|e| error!("mlx4_core {}: bad profile: {e}", self.pci))
+        .inspect_err(|e| mlx4_err!(self.pci, "bad profile: {e}"))
     }
 
     fn apply_layout(&mut self) {
@@ -666,23 +446,24 @@ impl Dev {
         let pci = self.pci;
         let total = self.layout.total_size;
         let aux_pages = fw::set_icm_size(&mut self.cmd, total)
-            .inspect_err(|_| error!("mlx4_core {pci}: SET_ICM_SIZE command failed, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "SET_ICM_SIZE command failed, aborting."))?;
         // The aux area is a small fraction of the ICM; anything beyond the
         // ICM size itself is nonsense.
         if aux_pages == 0 || aux_pages > (total >> 12).max(1 << 10) {
-            error!("mlx4_core {pci}: firmware asks for {aux_pages} aux pages, aborting.");
+            mlx4_err!(pci, "firmware asks for {aux_pages} aux pages, aborting.");
             return Err(Error::BadCaps {
                 field: "aux_pages",
                 value: aux_pages,
             });
         }
-        debug!(
-            "mlx4_core {pci}: {} KB of HCA context requires {} KB aux memory.",
+        mlx4_dbg!(
+            pci,
+            "{} KB of HCA context requires {} KB aux memory.",
             total >> 10,
             aux_pages << 2
         );
         let aux = icm::alloc_icm(&self.pool, aux_pages as usize)
-            .inspect_err(|_| error!("mlx4_core {pci}: Couldn't allocate aux memory, aborting."))?;
+            .inspect_err(|_| mlx4_err!(pci, "Couldn't allocate aux memory, aborting."))?;
         let aux = self.aux_icm.insert(aux);
         icm::map_cmd(
             &mut self.cmd,
@@ -692,7 +473,7 @@ impl Dev {
             None,
             &pci,
         )
-        .inspect_err(|_| error!("mlx4_core {pci}: MAP_ICM_AUX command failed, aborting."))?;
+        .inspect_err(|_| mlx4_err!(pci, "MAP_ICM_AUX command failed, aborting."))?;
         self.st.aux_mapped = true;
 
         let h = self.layout.init_hca;
@@ -705,313 +486,176 @@ impl Dev {
         self.caps.reserved_mtts =
             ((c.reserved_mtts * c.mtt_entry_sz).next_multiple_of(64)) / c.mtt_entry_sz;
         let reserved_mtts = self.caps.reserved_mtts;
-        let specs: [(&'static str, u64, u32, u32, u32, &'static str); 14] = [
-            (
-                "cMPT-QP",
-                cmpt(0),
-                d.cmpt_entry_sz,
-                c.num_qps,
-                rsvd_fw_qps,
-                "cMPT",
-            ),
-            (
-                "cMPT-SRQ",
-                cmpt(1),
-                d.cmpt_entry_sz,
-                c.num_srqs,
-                c.reserved_srqs,
-                "cMPT",
-            ),
-            (
-                "cMPT-CQ",
-                cmpt(2),
-                d.cmpt_entry_sz,
-                c.num_cqs,
-                c.reserved_cqs,
-                "cMPT",
-            ),
-            (
-                "cMPT-EQ",
-                cmpt(3),
-                d.cmpt_entry_sz,
-                c.num_eqs,
-                c.num_eqs,
-                "cMPT",
-            ),
-            (
-                "EQC",
-                h.eqc_base,
-                d.eqc_entry_sz,
-                c.num_eqs,
-                c.num_eqs,
-                "EQ",
-            ),
-            (
-                "MTT",
-                h.mtt_base,
-                c.mtt_entry_sz,
-                c.num_mtts,
-                reserved_mtts,
-                "MTT",
-            ),
-            (
+        // Each table's reserved part, in Linux's order; `what` is the name
+        // Linux's error message gives the table.
+        let mut map = |what: &str, spec: IcmTableSpec| {
+            IcmTable::init(&mut self.cmd, &self.pool, &spec, &pci)
+                .inspect_err(|_| mlx4_err!(pci, "Failed to map {what} context memory, aborting."))
+        };
+        let spec = |name, virt, obj_size, nobj, reserved| IcmTableSpec {
+            name,
+            virt,
+            obj_size,
+            nobj,
+            reserved,
+        };
+        let cmpt_sz = d.cmpt_entry_sz;
+        // The QP context tables: one entry per QP, the firmware's QPs reserved.
+        let per_qp = |name, virt, obj_size| spec(name, virt, obj_size, c.num_qps, rsvd_fw_qps);
+        let t = &mut self.icm;
+        t.cmpt_qp = map("cMPT", per_qp("cMPT-QP", cmpt(0), cmpt_sz))?;
+        t.cmpt_srq = map(
+            "cMPT",
+            spec("cMPT-SRQ", cmpt(1), cmpt_sz, c.num_srqs, c.reserved_srqs),
+        )?;
+        t.cmpt_cq = map(
+            "cMPT",
+            spec("cMPT-CQ", cmpt(2), cmpt_sz, c.num_cqs, c.reserved_cqs),
+        )?;
+        t.cmpt_eq = map(
+            "cMPT",
+            spec("cMPT-EQ", cmpt(3), cmpt_sz, c.num_eqs, c.num_eqs),
+        )?;
+        t.eqc = map(
+            "EQ",
+            spec("EQC", h.eqc_base, d.eqc_entry_sz, c.num_eqs, c.num_eqs),
+        )?;
+        t.mtt = map(
+            "MTT",
+            spec("MTT", h.mtt_base, c.mtt_entry_sz, c.num_mtts, reserved_mtts),
+        )?;
+        t.dmpt = map(
+            "dMPT",
+            spec(
                 "dMPT",
                 h.dmpt_base,
                 d.dmpt_entry_sz,
                 c.num_mpts,
                 c.reserved_mrws,
-                "dMPT",
             ),
-            (
-                "QPC",
-                h.qpc_base,
-                d.qpc_entry_sz,
-                c.num_qps,
-                rsvd_fw_qps,
-                "QP",
-            ),
-            (
-                "AUXC",
-                h.auxc_base,
-                d.aux_entry_sz,
-                c.num_qps,
-                rsvd_fw_qps,
-                "AUXC",
-            ),
-            (
-                "ALTC",
-                h.altc_base,
-                d.altc_entry_sz,
-                c.num_qps,
-                rsvd_fw_qps,
-                "ALTC",
-            ),
-            (
-                "RDMARC",
-                h.rdmarc_base,
-                d.rdmarc_entry_sz << self.layout.rdmarc_shift,
-                c.num_qps,
-                rsvd_fw_qps,
-                "RDMARC",
-            ),
-            (
-                "CQC",
-                h.cqc_base,
-                d.cqc_entry_sz,
-                c.num_cqs,
-                c.reserved_cqs,
-                "CQ",
-            ),
-            (
+        )?;
+        t.qpc = map("QP", per_qp("QPC", h.qpc_base, d.qpc_entry_sz))?;
+        t.auxc = map("AUXC", per_qp("AUXC", h.auxc_base, d.aux_entry_sz))?;
+        t.altc = map("ALTC", per_qp("ALTC", h.altc_base, d.altc_entry_sz))?;
+        let rdmarc_sz = d.rdmarc_entry_sz << self.layout.rdmarc_shift;
+        t.rdmarc = map("RDMARC", per_qp("RDMARC", h.rdmarc_base, rdmarc_sz))?;
+        t.cqc = map(
+            "CQ",
+            spec("CQC", h.cqc_base, d.cqc_entry_sz, c.num_cqs, c.reserved_cqs),
+        )?;
+        t.srqc = map(
+            "SRQ",
+            spec(
                 "SRQC",
                 h.srqc_base,
                 d.srq_entry_sz,
                 c.num_srqs,
                 c.reserved_srqs,
-                "SRQ",
             ),
-            (
-                "MCG",
-                h.mc_base,
-                1 << h.log_mc_entry_sz,
-                c.num_mgms + c.num_amgms,
-                c.num_mgms + c.num_amgms,
-                "MCG",
-            ),
-        ];
-        for (i, &(name, virt, obj_size, nobj, reserved, what)) in specs.iter().enumerate() {
-            let t = IcmTable::init(
-                name,
-                &mut self.cmd,
-                &self.pool,
-                virt,
-                obj_size,
-                nobj,
-                reserved,
-                &pci,
-            )
-            .inspect_err(|_| {
-                error!("mlx4_core {pci}: Failed to map {what} context memory, aborting.")
-            })?;
-            let slot = match i {
-                0 => &mut self.icm.cmpt_qp,
-                1 => &mut self.icm.cmpt_srq,
-                2 => &mut self.icm.cmpt_cq,
-                3 => &mut self.icm.cmpt_eq,
-                4 => &mut self.icm.eqc,
-                5 => &mut self.icm.mtt,
-                6 => &mut self.icm.dmpt,
-                7 => &mut self.icm.qpc,
-                8 => &mut self.icm.auxc,
-                9 => &mut self.icm.altc,
-                10 => &mut self.icm.rdmarc,
-                11 => &mut self.icm.cqc,
-                12 => &mut self.icm.srqc,
-                _ => &mut self.icm.mcg,
-            };
-            *slot = Some(t);
-        }
+        )?;
+        let mcgs = c.num_mgms + c.num_amgms;
+        t.mcg = map(
+            "MCG",
+            spec("MCG", h.mc_base, 1 << h.log_mc_entry_sz, mcgs, mcgs),
+        )?;
         Ok(())
     }
 
-    /// Linux `mlx4_setup_hca`.
-    fn setup_hca(&mut self) -> Result<()> {
+    /// Linux `mlx4_setup_hca` without the ports: every object table, in
+    /// Linux's order. A failure undoes the tables that told the firmware
+    /// something (MR, EQ, QP), in reverse, as Linux's `err_*` labels do; the
+    /// others are memory only, and the rest is left to [`Hca::unwind`].
+    fn setup_hca(&mut self) -> Result<Tables> {
         let pci = self.pci;
-        self.init_uar_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize user access region table, aborting.")
+        let mut uar = crate::pd::init_uar_table(&self.caps, pci)
+            .inspect_err(table_failed(pci, "user access region"))?;
+        let driver_uar = crate::pd::uar_alloc_in(&mut uar, self).inspect_err(|_| {
+            mlx4_err!(pci, "Failed to allocate driver access region, aborting.")
         })?;
-        let uar = self.uar_alloc().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to allocate driver access region, aborting.")
-        })?;
-        self.driver_uar = Some(uar);
-        self.init_pd_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize protection domain table, aborting.")
-        })?;
-        self.init_xrcd_table().inspect_err(|_| {
-            error!(
-                "mlx4_core {pci}: Failed to initialize reliable connection domain table, aborting."
-            )
-        })?;
-        self.init_mr_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize memory region table, aborting.")
-        })?;
-        self.init_mcg_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize multicast group table, aborting.")
-        })?;
-        self.init_eq_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize event queue table, aborting.")
-        })?;
+        let pd = crate::pd::init_pd_table(&self.caps)
+            .inspect_err(table_failed(pci, "protection domain"))?;
+        let xrcd = crate::pd::init_xrcd_table(&self.caps)
+            .inspect_err(table_failed(pci, "reliable connection domain"))?;
+        let mut mr = MrTable::init(self).inspect_err(table_failed(pci, "memory region"))?;
+        let mcg = crate::mcg::init_mcg_table(&self.caps)
+            .inspect_err(table_failed(pci, "multicast group"))
+            .inspect_err(|_| mr.cleanup(self))?;
+        let mut eq = EqTable::init(self, &mut mr)
+            .inspect_err(table_failed(pci, "event queue"))
+            .inspect_err(|_| mr.cleanup(self))?;
+        let undo_eq = |hca: &mut Hca, eq: &mut EqTable, mr: &mut MrTable| {
+            eq.cleanup(hca, mr);
+            mr.cleanup(hca);
+        };
         // Linux switches to event-driven commands here and uses NOP as an
         // interrupt test; commands stay polled, NOP stays as a liveness test.
         fw::nop(&mut self.cmd)
-            .inspect_err(|_| error!("mlx4_core {pci}: NOP command failed, aborting."))?;
-        debug!("mlx4_core {pci}: NOP command test passed (polled)");
-        self.init_cq_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize completion queue table, aborting.")
-        })?;
-        self.init_srq_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize shared receive queue table, aborting.")
-        })?;
-        self.init_qp_table().inspect_err(|_| {
-            error!("mlx4_core {pci}: Failed to initialize queue pair table, aborting.")
-        })?;
-        if self.caps.flags & flags::COUNTERS != 0 && self.caps.max_counters > 0 {
+            .inspect_err(|_| mlx4_err!(pci, "NOP command failed, aborting."))
+            .inspect_err(|_| undo_eq(self, &mut eq, &mut mr))?;
+        mlx4_dbg!(pci, "NOP command test passed (polled)");
+        let cq = CqTable::init(&self.caps)
+            .inspect_err(table_failed(pci, "completion queue"))
+            .inspect_err(|_| undo_eq(self, &mut eq, &mut mr))?;
+        let srq = SrqTable::init(&self.caps)
+            .inspect_err(table_failed(pci, "shared receive queue"))
+            .inspect_err(|_| undo_eq(self, &mut eq, &mut mr))?;
+        let mut qp = QpTable::init(self)
+            .inspect_err(table_failed(pci, "queue pair"))
+            .inspect_err(|_| undo_eq(self, &mut eq, &mut mr))?;
+        let counters = if self.caps.flags & flags::COUNTERS != 0 && self.caps.max_counters > 0 {
             let n = self.caps.max_counters;
-            self.counters = Some(Bitmap::new(n, n - 1, 0, 0)?);
-        }
-        for port in 1..=self.caps.num_ports {
-            if self.caps.port[usize::from(port)].port_type != PortType::Ib {
-                continue;
-            }
-            let cap = match self.get_port_ib_caps(port) {
-                Ok(c) => c,
-                Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => return Err(e),
-                Err(e) => {
-                    warn!(
-                        "mlx4_core {pci}: failed to get port {port} default ib capabilities ({}). Continuing with caps = 0",
-                        e.to_errno()
-                    );
-                    0
-                }
-            };
-            let pc = &mut self.caps.port[usize::from(port)];
-            pc.ib_port_def_cap = cap;
-            pc.port_ib_mtu = mlx4_hw::port::IB_MTU_4096 as u8;
-            self.set_port(port)
-                .inspect_err(|_| error!("mlx4_core {pci}: Failed to set port {port}, aborting"))?;
-        }
-        Ok(())
+            let b = Bitmap::new(n, n - 1, 0, 0).inspect_err(|_| {
+                qp.cleanup(self);
+                undo_eq(self, &mut eq, &mut mr);
+            })?;
+            Some(b)
+        } else {
+            None
+        };
+        Ok(Tables {
+            uar,
+            driver_uar,
+            pd,
+            xrcd,
+            mr,
+            mcg,
+            eq,
+            cq,
+            srq,
+            qp,
+            counters,
+        })
     }
 
-    /// Linux `mlx4_register_device`: the device is ready for interfaces;
-    /// catastrophic-error polling starts.
-    fn register_device(&mut self) {
-        self.st.registered = true;
-        self.start_catas_poll();
-        let c = &self.caps;
-        info!(
-            "mlx4_core {}: ConnectX-3 ready: fw_ver {}, board_id {}, {} port(s), {} QPs, {} CQs, {} MPTs, ICM {} KB mapped",
-            self.pci,
-            FwVer(c.fw_ver),
-            self.board_id(),
-            c.num_ports,
-            c.num_qps,
-            c.num_cqs,
-            c.num_mpts,
-            self.icm_mapped_bytes() >> 10
-        );
-    }
-
-    /// Linux `mlx4_remove_one` (and the error unwinding of
-    /// `__mlx4_init_one`): releases, in reverse order, whatever bring-up did.
+    /// What `__mlx4_init_one`'s error path and `mlx4_remove_one` release
+    /// below the object tables, in reverse order of bring-up: CLOSE_HCA, the
+    /// ICM tables and aux area, the firmware area, ownership, the BARs and
+    /// PCI decoding.
     fn unwind(&mut self) {
         if self.st.done {
             return;
         }
         self.st.done = true;
         let pci = self.pci;
-        if self.st.registered {
-            self.stop_catas_poll();
-            self.unregister_device();
-            // Linux issues CLOSE_PORT for every port and ignores the status;
-            // only ports mlx4_ib opened (INIT_PORT) are closed here, so the
-            // firmware is never asked to close a port that is not open.
-            for port in 1..=self.caps.num_ports {
-                if self.port_open[usize::from(port)] {
-                    self.port_open[usize::from(port)] = false;
-                    if let Err(e) = fw::close_port(&mut self.cmd, port) {
-                        warn!(
-                            "mlx4_core {pci}: CLOSE_PORT {port} failed ({})",
-                            e.to_errno()
-                        );
-                    }
-                }
-            }
-        }
-        // Linux expects mlx4_ib to have destroyed everything by now; objects
-        // a client leaked are taken back from the HCA so that CLOSE_HCA finds
-        // none in hardware ownership.
-        let leaked = [
-            self.reclaim_qps(),
-            self.reclaim_srqs(),
-            self.reclaim_cqs(),
-            self.reclaim_mrs(),
-        ];
-        if leaked.iter().any(|&n| n > 0) {
-            warn!(
-                "mlx4_core {pci}: reclaimed leaked objects: {} QPs, {} SRQs, {} CQs, {} MRs",
-                leaked[0], leaked[1], leaked[2], leaked[3]
-            );
-        }
-        self.counters = None;
-        self.cleanup_qp_table();
-        self.srq_table = None;
-        self.cq_table = None;
-        self.cleanup_eq_table();
-        self.mcg_bitmap = None;
-        self.cleanup_mr_table();
-        self.xrcd_bitmap = None;
-        self.pd_bitmap = None;
-        self.driver_uar = None;
-        self.uar_table = None;
-        self.db_pages = crate::bitmap::DbPages::default();
         if self.st.hca_init
             && let Err(e) = fw::close_hca(&mut self.cmd, false)
         {
-            warn!("mlx4_core {pci}: CLOSE_HCA failed ({})", e.to_errno());
+            mlx4_warn!(pci, "CLOSE_HCA failed ({})", e.to_errno());
         }
         // mlx4_free_icms
-        self.icm.cleanup(&mut self.cmd);
+        for t in self.icm.all_mut() {
+            t.cleanup(&mut self.cmd);
+        }
         if self.st.aux_mapped
             && let Err(e) = fw::unmap_icm_aux(&mut self.cmd)
         {
-            warn!("mlx4_core {pci}: UNMAP_ICM_AUX failed ({})", e.to_errno());
+            mlx4_warn!(pci, "UNMAP_ICM_AUX failed ({})", e.to_errno());
         }
         self.aux_icm = None;
         if self.st.fa_mapped
             && let Err(e) = fw::unmap_fa(&mut self.cmd)
         {
-            warn!("mlx4_core {pci}: UNMAP_FA failed ({})", e.to_errno());
+            mlx4_warn!(pci, "UNMAP_FA failed ({})", e.to_errno());
         }
         self.fw_icm = None;
         if self.st.owned
@@ -1019,7 +663,6 @@ impl Dev {
         {
             crate::reset::free_ownership(b, &*self.clock);
         }
-        self.catas = Catas::default();
         if let Some(pdev) = self.pdev.as_ref() {
             if let Some(b) = self.bar0.take() {
                 pdev.release_bar(0, b);
@@ -1039,6 +682,115 @@ impl Dev {
             ..State::default()
         };
     }
+}
+
+impl Tables {
+    /// The table part of `mlx4_remove_one` (`mlx4_cleanup_*_table` in
+    /// reverse order of `mlx4_setup_hca`): the QP, EQ and MR tables tell the
+    /// firmware; the others are memory, released when the device goes.
+    fn cleanup(&mut self, hca: &mut Hca) {
+        self.counters = None;
+        self.qp.cleanup(hca);
+        self.eq.cleanup(hca, &mut self.mr);
+        self.mr.cleanup(hca);
+    }
+}
+
+impl Dev {
+    /// The port part of `mlx4_setup_hca`: per IB port, the default
+    /// capability mask by MAD_IFC(PortInfo), then SET_PORT.
+    fn setup_ports(&mut self) -> Result<()> {
+        let pci = self.hca.pci;
+        for port in 1..=self.hca.caps.num_ports {
+            if self.hca.caps.port[usize::from(port)].port_type != PortType::Ib {
+                continue;
+            }
+            let cap = match self.get_port_ib_caps(port) {
+                Ok(c) => c,
+                Err(e @ (Error::CmdTimeout { .. } | Error::CmdBusy { .. })) => return Err(e),
+                Err(e) => {
+                    mlx4_warn!(
+                        pci,
+                        "failed to get port {port} default ib capabilities ({}). Continuing with caps = 0",
+                        e.to_errno()
+                    );
+                    0
+                }
+            };
+            let pc = &mut self.hca.caps.port[usize::from(port)];
+            pc.ib_port_def_cap = cap;
+            pc.port_ib_mtu = mlx4_hw::port::IB_MTU_4096 as u8;
+            self.set_port(port)
+                .inspect_err(|_| mlx4_err!(pci, "Failed to set port {port}, aborting"))?;
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_register_device`: the device is ready for interfaces;
+    /// catastrophic-error polling starts.
+    fn register_device(&mut self) {
+        self.hca.st.registered = true;
+        self.start_catas_poll();
+        let c = &self.hca.caps;
+        mlx4_info!(
+            self.hca.pci,
+            "ConnectX-3 ready: fw_ver {}, board_id {}, {} port(s), {} QPs, {} CQs, {} MPTs, ICM {} KB mapped",
+            FwVer(c.fw_ver),
+            self.hca.board_id(),
+            c.num_ports,
+            c.num_qps,
+            c.num_cqs,
+            c.num_mpts,
+            self.hca.icm_mapped_bytes() >> 10
+        );
+    }
+
+    /// Linux `mlx4_remove_one` (and the error unwinding of
+    /// `__mlx4_init_one`): releases, in reverse order, whatever bring-up did.
+    fn unwind(&mut self) {
+        if self.hca.st.done {
+            return;
+        }
+        let pci = self.hca.pci;
+        if self.hca.st.registered {
+            self.stop_catas_poll();
+            self.unregister_device();
+            // Linux issues CLOSE_PORT for every port and ignores the status;
+            // only ports mlx4_ib opened (INIT_PORT) are closed here, so the
+            // firmware is never asked to close a port that is not open.
+            for port in 1..=self.hca.caps.num_ports {
+                if self.port_open[usize::from(port)] {
+                    self.port_open[usize::from(port)] = false;
+                    if let Err(e) = fw::close_port(&mut self.hca.cmd, port) {
+                        mlx4_warn!(pci, "CLOSE_PORT {port} failed ({})", e.to_errno());
+                    }
+                }
+            }
+        }
+        // Linux expects mlx4_ib to have destroyed everything by now; objects
+        // a client leaked are taken back from the HCA so that CLOSE_HCA finds
+        // none in hardware ownership.
+        let leaked = [
+            self.reclaim_qps(),
+            self.reclaim_srqs(),
+            self.reclaim_cqs(),
+            self.reclaim_mrs(),
+        ];
+        if leaked.iter().any(|&n| n > 0) {
+            mlx4_warn!(
+                pci,
+                "reclaimed leaked objects: {} QPs, {} SRQs, {} CQs, {} MRs",
+                leaked[0],
+                leaked[1],
+                leaked[2],
+                leaked[3]
+            );
+        }
+        self.tables.cleanup(&mut self.hca);
+        self.db_pages = DbPages::default();
+        self.catas = Catas::default();
+        self.hca.unwind();
+    }
 
     /// Linux `mlx4_remove_one`: unregisters the interfaces, closes the ports
     /// and releases every firmware resource and DMA allocation in reverse
@@ -1052,118 +804,33 @@ impl Dev {
     /// Never: the function is held from probe until here.
     #[doc(alias = "mlx4_remove_one")]
     pub fn teardown(mut self) -> PciFunction {
-        info!("mlx4_core {}: removing device", self.pci);
+        mlx4_info!(self.hca.pci, "removing device");
         self.unwind();
-        match self.pdev.take() {
+        match self.hca.pdev.take() {
             Some(p) => p,
             None => unreachable!("the PCI function is only taken here"),
         }
-    }
-
-    /// The device's capabilities.
-    pub fn caps(&self) -> &Caps {
-        &self.caps
-    }
-
-    /// Firmware version, major<<32 | minor<<16 | subminor.
-    pub fn fw_ver(&self) -> u64 {
-        self.caps.fw_ver
-    }
-
-    /// Firmware version as Linux prints it (`2.42.5000`).
-    pub fn fw_ver_string(&self) -> alloc::string::String {
-        alloc::format!("{}", FwVer(self.caps.fw_ver))
-    }
-
-    /// Board id (`MT_1090120019`), trailing NULs removed.
-    pub fn board_id(&self) -> &str {
-        let id = &self.caps.board_id;
-        let n = id.iter().position(|&b| b == 0).unwrap_or(id.len());
-        core::str::from_utf8(&id[..n]).unwrap_or("?")
-    }
-
-    /// The PCI address (the device's name in logs).
-    pub fn pci_address(&self) -> PciAddress {
-        self.pci
-    }
-
-    /// Firmware information from QUERY_FW.
-    pub fn fw_info(&self) -> &FwInfo {
-        &self.fw
-    }
-
-    /// Raw QUERY_DEV_CAP values.
-    pub fn dev_cap(&self) -> &DevCap {
-        &self.dev_cap
-    }
-
-    /// Where the profile put the tables.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    /// Host bytes mapped into ICM right now (all tables).
-    pub fn icm_mapped_bytes(&self) -> usize {
-        self.icm
-            .all()
-            .iter()
-            .filter_map(|t| t.as_ref())
-            .map(IcmTable::mapped_bytes)
-            .sum()
-    }
-
-    /// Host bytes given to the firmware area and the ICM aux area.
-    pub fn fw_aux_bytes(&self) -> (usize, usize) {
-        (
-            self.fw_icm.as_ref().map_or(0, Icm::bytes),
-            self.aux_icm.as_ref().map_or(0, Icm::bytes),
-        )
-    }
-
-    /// Firmware commands posted since probe.
-    pub fn commands_issued(&self) -> u64 {
-        self.cmd.issued
-    }
-
-    /// Per-table mapped chunk reference counts (name, [(chunk, refs)]), for
-    /// leak checks.
-    pub fn icm_refcounts(&self) -> Vec<(&'static str, Vec<(usize, u32)>)> {
-        self.icm
-            .all()
-            .iter()
-            .filter_map(|t| t.as_ref())
-            .map(|t| (t.name, t.refcounts()))
-            .collect()
     }
 
     /// Linux `mlx4_counter_alloc`: a flow counter index (devices with
     /// counters only).
     #[doc(alias = "mlx4_counter_alloc")]
     pub fn counter_alloc(&mut self) -> Result<u32> {
-        self.counters.as_mut().ok_or(Error::Unsupported)?.alloc()
+        self.tables
+            .counters
+            .as_mut()
+            .ok_or(Error::Unsupported)?
+            .alloc()
     }
 
     /// Linux `mlx4_counter_free`.
     #[doc(alias = "mlx4_counter_free")]
     pub fn counter_free(&mut self, idx: u32) {
-        if let Some(c) = self.counters.as_mut() {
+        if let Some(c) = self.tables.counters.as_mut() {
             c.free(idx);
         }
     }
 
-    /// The DMA pool the device allocates from.
-    pub fn dma_pool(&self) -> &DmaPool {
-        &self.pool
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        self.unwind();
-    }
-}
-
-impl Dev {
     /// Takes objects a client leaked back from the HCA at teardown, one
     /// command each (`issue`); a failure only warns, since the device is
     /// being closed anyway. Returns how many there were.
@@ -1174,14 +841,16 @@ impl Dev {
         mut issue: impl FnMut(&mut Cmd, u32) -> Result<()>,
     ) -> usize {
         for &id in &ids {
-            if let Err(e) = issue(&mut self.cmd, id) {
-                warn!(
-                    "mlx4_core {}: {what} {id:#x} failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
+            if let Err(e) = issue(&mut self.hca.cmd, id) {
+                mlx4_warn!(self.hca.pci, "{what} {id:#x} failed ({})", e.to_errno());
             }
         }
         ids.len()
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        self.unwind();
     }
 }

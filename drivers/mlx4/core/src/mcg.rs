@@ -1,35 +1,39 @@
-//! Multicast groups with A0/B0 steering: MGID hashing, MGM/AMGM hash chains, attach and detach of QPs (Linux `mcg.c`: `mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`, `mlx4_init_mcg_table`, `find_entry`, `mlx4_qp_attach_common`, `mlx4_qp_detach_common`); device-managed flow steering and the Ethernet steering lists are left out.
+//! Multicast groups with A0/B0 steering, as Linux's `mcg.c` attaches and detaches QPs.
+//!
+//! Linux: `mcg.c` (`mlx4_get_mgm_entry_size`, `mlx4_get_qp_per_mgm`,
+//! `mlx4_init_mcg_table`, `find_entry`, `mlx4_qp_attach_common`,
+//! `mlx4_qp_detach_common`): MGID hashing and the MGM/AMGM hash chains.
+//! Device-managed flow steering and the Ethernet steering lists are left out.
 
-use log::{debug, error, warn};
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::mcg::{MGM_BLCK_LB_BIT, MGM_QPN_MASK, Mgm, PROT_IB_IPV6};
 
 use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
-use crate::main::Dev;
+use crate::dev::{Caps, Dev};
 use crate::qp::Qp;
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_err, mlx4_warn};
 
 /// Linux `mlx4_get_qp_per_mgm`: 4 * (entry size / 16 - 2).
 pub fn qp_per_mgm(log_mgm_entry_size: u32) -> u32 {
     4 * ((1u32 << log_mgm_entry_size.min(12)) / 16).saturating_sub(2)
 }
 
-impl Dev {
-    /// Linux `mlx4_init_mcg_table` (A0/B0 steering): the AMGM bitmap. The MGM
-    /// table itself was mapped whole with the ICM.
-    pub(crate) fn init_mcg_table(&mut self) -> Result<()> {
-        let n = self.caps.num_amgms.max(1);
-        self.mcg_bitmap = Some(Bitmap::new(n, n - 1, 0, 0)?);
-        Ok(())
-    }
+/// Linux `mlx4_init_mcg_table` (A0/B0 steering): the AMGM bitmap. The MGM
+/// table itself was mapped whole with the ICM.
+pub(crate) fn init_mcg_table(caps: &Caps) -> Result<Bitmap> {
+    let n = caps.num_amgms.max(1);
+    Bitmap::new(n, n - 1, 0, 0)
+}
 
+impl Dev {
     fn mgm_entry_size(&self) -> usize {
-        1 << self.layout.init_hca.log_mc_entry_sz.min(12)
+        1 << self.hca.layout.init_hca.log_mc_entry_sz.min(12)
     }
 
     fn read_entry(&mut self, index: u32, mb: &Mailbox) -> Result<Mgm> {
-        self.cmd
+        self.hca
+            .cmd
             .cmd_box(0, mb.dma(), index, 0, Opcode::READ_MCG, timeout::CLASS_A)?;
         let b: [u8; 4096] = mb.read();
         Ok(Mgm::from_bytes(&b[..self.mgm_entry_size()]))
@@ -40,17 +44,19 @@ impl Dev {
         let n = self.mgm_entry_size();
         m.to_bytes(&mut b[..n]);
         mb.write(0, &b[..n]);
-        self.cmd
+        self.hca
+            .cmd
             .cmd(mb.dma(), index, 0, Opcode::WRITE_MCG, timeout::CLASS_A)
     }
 
     fn mgid_hash(&mut self, gid: &[u8; 16]) -> Result<u32> {
-        let mb = Mailbox::new(&self.pool)?;
+        let mb = Mailbox::new(&self.hca.pool)?;
         mb.write(0, gid);
         let h = self
+            .hca
             .cmd
             .cmd_imm(mb.dma(), 0, 0, Opcode::MGID_HASH, timeout::CLASS_A)?;
-        if h >= u64::from(self.caps.num_mgms) {
+        if h >= u64::from(self.hca.caps.num_mgms) {
             return Err(Error::BadCaps {
                 field: "mgid_hash",
                 value: h,
@@ -68,7 +74,7 @@ impl Dev {
         mb: &Mailbox,
     ) -> Result<(Option<Mgm>, u32, Option<u32>)> {
         let hash = self.mgid_hash(gid)?;
-        let total = self.caps.num_mgms + self.caps.num_amgms;
+        let total = self.hca.caps.num_mgms + self.hca.caps.num_amgms;
         let mut index = hash;
         let mut prev = None;
         // A chain longer than the table is device nonsense, not a loop.
@@ -76,7 +82,7 @@ impl Dev {
             let m = self.read_entry(index, mb)?;
             if m.qp.is_empty() {
                 if index != hash {
-                    error!("mlx4_core {}: Found zero MGID in AMGM.", self.pci);
+                    mlx4_err!(self.hca.pci, "Found zero MGID in AMGM.");
                     return Err(Error::InvalidArg);
                 }
                 return Ok((None, index, None));
@@ -111,7 +117,7 @@ impl Dev {
         block_loopback: bool,
     ) -> Result<()> {
         let prot = PROT_IB_IPV6;
-        let mb = Mailbox::new(&self.pool)?;
+        let mb = Mailbox::new(&self.hca.pool)?;
         let (found, index, prev) = self.find_entry(gid, prot, &mb)?;
         let (mut m, index, link) = match found {
             Some(m) => (m, index, None),
@@ -126,8 +132,8 @@ impl Dev {
             ),
             None => {
                 // Chain a new AMGM entry after the last one.
-                let Ok(a) = self.mcg_bitmap.as_mut().ok_or(Error::InvalidArg)?.alloc() else {
-                    error!("mlx4_core {}: No AMGM entries left", self.pci);
+                let Ok(a) = self.tables.mcg.alloc() else {
+                    mlx4_err!(self.hca.pci, "No AMGM entries left");
                     return Err(Error::NoMem);
                 };
                 (
@@ -136,21 +142,18 @@ impl Dev {
                         prot,
                         ..Default::default()
                     },
-                    a + self.caps.num_mgms,
+                    a + self.hca.caps.num_mgms,
                     Some(index),
                 )
             }
         };
         let r = (|| {
-            if m.qp.len() as u32 >= self.caps.num_qp_per_mgm {
-                error!("mlx4_core {}: MGM at index {index:x} is full.", self.pci);
+            if m.qp.len() as u32 >= self.hca.caps.num_qp_per_mgm {
+                mlx4_err!(self.hca.pci, "MGM at index {index:x} is full.");
                 return Err(Error::NoMem);
             }
             if m.qp.as_slice().iter().any(|&w| w & MGM_QPN_MASK == qp.qpn) {
-                debug!(
-                    "mlx4_core {}: QP {:06x} already a member of MGM",
-                    self.pci, qp.qpn
-                );
+                mlx4_dbg!(self.hca.pci, "QP {:06x} already a member of MGM", qp.qpn);
                 return Ok(());
             }
             let w = (qp.qpn & MGM_QPN_MASK) | (u32::from(block_loopback) << MGM_BLCK_LB_BIT);
@@ -163,11 +166,8 @@ impl Dev {
             }
             Ok(())
         })();
-        if r.is_err()
-            && link.is_some()
-            && let Some(b) = self.mcg_bitmap.as_mut()
-        {
-            b.free(index - self.caps.num_mgms);
+        if r.is_err() && link.is_some() {
+            self.tables.mcg.free(index - self.hca.caps.num_mgms);
         }
         r
     }
@@ -176,10 +176,10 @@ impl Dev {
     #[doc(alias = "mlx4_multicast_detach")]
     pub fn multicast_detach(&mut self, qp: &Qp, gid: &[u8; 16]) -> Result<()> {
         let prot = PROT_IB_IPV6;
-        let mb = Mailbox::new(&self.pool)?;
+        let mb = Mailbox::new(&self.hca.pool)?;
         let (found, index, prev) = self.find_entry(gid, prot, &mb)?;
         let Some(mut m) = found else {
-            error!("mlx4_core {}: MGID not found", self.pci);
+            mlx4_err!(self.hca.pci, "MGID not found");
             return Err(Error::InvalidArg);
         };
         let Some(loc) =
@@ -187,7 +187,7 @@ impl Dev {
                 .iter()
                 .position(|&w| w & MGM_QPN_MASK == qp.qpn)
         else {
-            error!("mlx4_core {}: QP {:06x} not found in MGM", self.pci, qp.qpn);
+            mlx4_err!(self.hca.pci, "QP {:06x} not found in MGM", qp.qpn);
             return Err(Error::InvalidArg);
         };
         m.qp.swap_remove(loc);
@@ -195,7 +195,7 @@ impl Dev {
             return self.write_entry(index, &mb, &m);
         }
         // The entry goes away.
-        let num_mgms = self.caps.num_mgms;
+        let num_mgms = self.hca.caps.num_mgms;
         match prev {
             None => {
                 // Remove from the MGM: pull the next AMGM entry into its place.
@@ -211,9 +211,9 @@ impl Dev {
                 self.write_entry(index, &mb, &repl)?;
                 if amgm != 0 {
                     if amgm < num_mgms {
-                        warn!("mlx4_core {}: Got AMGM index {amgm} < {num_mgms}", self.pci);
-                    } else if let Some(b) = self.mcg_bitmap.as_mut() {
-                        b.free(amgm - num_mgms);
+                        mlx4_warn!(self.hca.pci, "Got AMGM index {amgm} < {num_mgms}");
+                    } else {
+                        self.tables.mcg.free(amgm - num_mgms);
                     }
                 }
             }
@@ -223,12 +223,12 @@ impl Dev {
                 p.next = m.next;
                 self.write_entry(prev, &mb, &p)?;
                 if index < num_mgms {
-                    warn!(
-                        "mlx4_core {}: entry {prev} had next AMGM index {index} < {num_mgms}",
-                        self.pci
+                    mlx4_warn!(
+                        self.hca.pci,
+                        "entry {prev} had next AMGM index {index} < {num_mgms}"
                     );
-                } else if let Some(b) = self.mcg_bitmap.as_mut() {
-                    b.free(index - num_mgms);
+                } else {
+                    self.tables.mcg.free(index - num_mgms);
                 }
             }
         }
@@ -237,7 +237,7 @@ impl Dev {
 
     /// Free AMGM entries (leak checks).
     pub fn amgm_avail(&self) -> u32 {
-        self.mcg_bitmap.as_ref().map_or(0, Bitmap::avail)
+        self.tables.mcg.avail()
     }
 }
 

@@ -1,36 +1,21 @@
-//! Memory regions: MPT allocation and SW2HW/HW2SW_MPT, MTT ranges from a buddy allocator with entries written straight into ICM host memory (Linux `mr.c`, native PF path); WRITE_MTT (SR-IOV), FMRs and memory windows are left out.
+//! Memory regions and their translation tables, as Linux's `mr.c` manages them on a native PF.
+//!
+//! Linux: `mr.c` (`mlx4_init_mr_table`, `mlx4_mtt_init`, `mlx4_write_mtt`,
+//! `mlx4_mr_alloc`, `mlx4_mr_enable`, `mlx4_mr_free`, ...): MPT allocation and
+//! SW2HW/HW2SW_MPT, MTT ranges from a buddy allocator with entries written
+//! straight into ICM host memory. WRITE_MTT (SR-IOV), FMRs and memory
+//! windows are left out.
 
 use hal::barrier::wmb;
-use log::warn;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::mr::{self as hw, LOG_MTTS_PER_SEG, MptEntry, flags};
 
 use crate::bitmap::{Bitmap, Buddy};
 use crate::cmd::Mailbox;
-use crate::main::Dev;
-use crate::{Error, Result, Why};
+use crate::dev::{Dev, Hca, MrTable};
+use crate::{Error, Result, Why, mlx4_warn};
 
-/// Linux `struct mlx4_mr_table` (native part).
-pub struct MrTable {
-    pub(crate) mpt_bitmap: Bitmap,
-    /// MPT indices (masked) in hardware ownership.
-    enabled: alloc::collections::BTreeSet<u32>,
-    pub(crate) mtt_buddy: Buddy,
-    reserved_mtts: Option<(u32, u32)>,
-}
-
-/// An MTT range (Linux `struct mlx4_mtt`): `2^order` entries from `offset`,
-/// describing pages of `2^page_shift` bytes; `order == None` means no
-/// translation (physical MR).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mtt {
-    /// First MTT entry.
-    pub offset: u32,
-    /// log2 of the number of entries, `None` for none.
-    pub order: Option<u32>,
-    /// log2 of the page size.
-    pub page_shift: u32,
-}
+pub use crate::dev::Mtt;
 
 /// A memory region (Linux `struct mlx4_mr`).
 #[derive(Debug)]
@@ -51,82 +36,73 @@ pub struct Mr {
     icm_held: bool,
 }
 
-impl Dev {
+impl MrTable {
     /// Linux `mlx4_init_mr_table` (native): MPT bitmap, MTT buddy in
     /// segments of 8, and the firmware's reserved MTTs taken first.
-    pub(crate) fn init_mr_table(&mut self) -> Result<()> {
-        let mpt_bitmap = Bitmap::new(self.caps.num_mpts, !0, self.caps.reserved_mrws, 0)?;
-        let segs = self.caps.num_mtts >> LOG_MTTS_PER_SEG;
+    pub(crate) fn init(hca: &mut Hca) -> Result<MrTable> {
+        let mpt_bitmap = Bitmap::new(hca.caps.num_mpts, !0, hca.caps.reserved_mrws, 0)?;
+        let segs = hca.caps.num_mtts >> LOG_MTTS_PER_SEG;
         let mtt_buddy = Buddy::new(segs.max(1).ilog2())?;
-        self.mr_table = Some(MrTable {
+        let mut t = MrTable {
             mpt_bitmap,
             enabled: Default::default(),
             mtt_buddy,
             reserved_mtts: None,
-        });
-        let rsvd = self.caps.reserved_mtts;
+        };
+        let rsvd = hca.caps.reserved_mtts;
         if rsvd > 0 {
             let order = u32::BITS - (rsvd - 1).leading_zeros();
-            match self.alloc_mtt_range(order) {
-                Ok(off) => {
-                    if let Some(t) = self.mr_table.as_mut() {
-                        t.reserved_mtts = Some((off, order));
-                    }
-                }
+            match t.alloc_mtt_range(hca, order) {
+                Ok(off) => t.reserved_mtts = Some((off, order)),
                 Err(e) => {
-                    let max = self
-                        .mr_table
-                        .as_ref()
-                        .map_or(0, |t| t.mtt_buddy.max_order());
-                    warn!(
-                        "mlx4_core {}: MTT table of order {max} is too small.",
-                        self.pci
+                    mlx4_warn!(
+                        hca.pci,
+                        "MTT table of order {} is too small.",
+                        t.mtt_buddy.max_order()
                     );
                     return Err(e);
                 }
             }
         }
-        Ok(())
+        Ok(t)
     }
 
-    pub(crate) fn cleanup_mr_table(&mut self) {
-        if let Some((off, order)) = self.mr_table.as_mut().and_then(|t| t.reserved_mtts.take()) {
-            self.free_mtt_range(off, order);
+    /// Linux `mlx4_cleanup_mr_table`: the firmware's MTTs go back.
+    pub(crate) fn cleanup(&mut self, hca: &mut Hca) {
+        if let Some((off, order)) = self.reserved_mtts.take() {
+            self.free_mtt_range(hca, off, order);
         }
-        self.mr_table = None;
     }
 
     /// Linux `mlx4_alloc_mtt_range`: `2^order` entries (rounded up to a
     /// segment), with the ICM chunks holding them mapped.
-    fn alloc_mtt_range(&mut self, order: u32) -> Result<u32> {
-        let t = self.mr_table.as_mut().ok_or(Error::InvalidArg)?;
+    fn alloc_mtt_range(&mut self, hca: &mut Hca, order: u32) -> Result<u32> {
         let seg_order = order.saturating_sub(LOG_MTTS_PER_SEG);
-        let seg = t.mtt_buddy.alloc(seg_order)?;
+        let seg = self.mtt_buddy.alloc(seg_order)?;
         let offset = seg << LOG_MTTS_PER_SEG;
         let end = offset + (1 << order) - 1;
-        let tab = self.icm.mtt.as_mut().ok_or(Error::InvalidArg)?;
-        if let Err(e) = tab.get_range(&mut self.cmd, &self.pool, offset, end, &self.pci) {
-            t.mtt_buddy.free(seg, seg_order);
+        let r = hca
+            .icm
+            .mtt
+            .get_range(&mut hca.cmd, &hca.pool, offset, end, &hca.pci);
+        if let Err(e) = r {
+            self.mtt_buddy.free(seg, seg_order);
             return Err(e);
         }
         Ok(offset)
     }
 
     /// Linux `mlx4_free_mtt_range`.
-    fn free_mtt_range(&mut self, offset: u32, order: u32) {
+    fn free_mtt_range(&mut self, hca: &mut Hca, offset: u32, order: u32) {
         let seg_order = order.saturating_sub(LOG_MTTS_PER_SEG);
-        if let Some(t) = self.mr_table.as_mut() {
-            t.mtt_buddy.free(offset >> LOG_MTTS_PER_SEG, seg_order);
-        }
-        if let Some(tab) = self.icm.mtt.as_mut() {
-            tab.put_range(&mut self.cmd, offset, offset + (1 << order) - 1);
-        }
+        self.mtt_buddy.free(offset >> LOG_MTTS_PER_SEG, seg_order);
+        hca.icm
+            .mtt
+            .put_range(&mut hca.cmd, offset, offset + (1 << order) - 1);
     }
 
-    /// Linux `mlx4_mtt_init`: an MTT range for `npages` pages of
-    /// `2^page_shift` bytes (`npages == 0`: no translation).
-    #[doc(alias = "mlx4_mtt_init")]
-    pub fn mtt_init(&mut self, npages: u32, page_shift: u32) -> Result<Mtt> {
+    /// Linux `mlx4_mtt_init` (see [`Dev::mtt_init`]).
+    pub(crate) fn mtt_init(&mut self, hca: &mut Hca, npages: u32, page_shift: u32) -> Result<Mtt> {
         if npages == 0 {
             return Ok(Mtt {
                 offset: 0,
@@ -137,7 +113,7 @@ impl Dev {
         // 4 KiB pages at least (the ICM page); the contexts' log_page_size
         // field holds page_shift - 12 in 6 bits.
         Error::check_range("page_shift", page_shift.into(), 12, 63)?;
-        Error::check_range("npages", npages.into(), 1, self.caps.num_mtts.into())?;
+        Error::check_range("npages", npages.into(), 1, hca.caps.num_mtts.into())?;
         let order = npages
             .checked_next_power_of_two()
             .ok_or(Error::bad_arg(
@@ -146,12 +122,69 @@ impl Dev {
                 Why::AboveMax(1 << 31),
             ))?
             .ilog2();
-        let offset = self.alloc_mtt_range(order)?;
+        let offset = self.alloc_mtt_range(hca, order)?;
         Ok(Mtt {
             offset,
             order: Some(order),
             page_shift,
         })
+    }
+
+    /// Linux `mlx4_mtt_cleanup`.
+    pub(crate) fn mtt_cleanup(&mut self, hca: &mut Hca, mtt: &Mtt) {
+        if let Some(order) = mtt.order {
+            self.free_mtt_range(hca, mtt.offset, order);
+        }
+    }
+}
+
+impl Hca {
+    /// Linux `mlx4_mtt_addr` (see [`Dev::mtt_addr`]).
+    pub(crate) fn mtt_addr(&self, mtt: &Mtt) -> u64 {
+        u64::from(mtt.offset) * u64::from(self.caps.mtt_entry_sz)
+    }
+
+    /// Linux `mlx4_write_mtt` (see [`Dev::write_mtt`]).
+    pub(crate) fn write_mtt(&self, mtt: &Mtt, start: u32, pages: &[u64]) -> Result<()> {
+        let order = mtt.order.ok_or(Error::bad_arg(
+            "mtt",
+            0,
+            Why::Other("no translation: there are no entries to write"),
+        ))?;
+        let n = u32::try_from(pages.len())
+            .map_err(|_| Error::bad_arg("pages", pages.len() as u64, Why::AboveMax(1 << order)))?;
+        let end = u64::from(start) + u64::from(n);
+        if end > 1 << order {
+            return Err(Error::bad_arg(
+                "start + pages.len()",
+                end,
+                Why::AboveMax(1 << order),
+            ));
+        }
+        let page = 1u64 << mtt.page_shift.min(63);
+        if let Some(&p) = pages.iter().find(|&&p| p & (page - 1) != 0) {
+            return Err(Error::bad_arg("pages[]", p, Why::Misaligned(page)));
+        }
+        for (i, &p) in pages.iter().enumerate() {
+            let (buf, off) = self
+                .icm
+                .mtt
+                .find(mtt.offset + start + i as u32)
+                .ok_or(Error::InvalidArg)?;
+            buf.write_be64(off, hw::mtt_entry(p));
+        }
+        // The HCA must see the entries before any context pointing at them.
+        wmb();
+        Ok(())
+    }
+}
+
+impl Dev {
+    /// Linux `mlx4_mtt_init`: an MTT range for `npages` pages of
+    /// `2^page_shift` bytes (`npages == 0`: no translation).
+    #[doc(alias = "mlx4_mtt_init")]
+    pub fn mtt_init(&mut self, npages: u32, page_shift: u32) -> Result<Mtt> {
+        self.tables.mr.mtt_init(&mut self.hca, npages, page_shift)
     }
 
     /// Bytes the pages of `mtt` hold (0 for no translation).
@@ -191,16 +224,14 @@ impl Dev {
     /// Linux `mlx4_mtt_cleanup`.
     #[doc(alias = "mlx4_mtt_cleanup")]
     pub fn mtt_cleanup(&mut self, mtt: &Mtt) {
-        if let Some(order) = mtt.order {
-            self.free_mtt_range(mtt.offset, order);
-        }
+        self.tables.mr.mtt_cleanup(&mut self.hca, mtt);
     }
 
     /// Linux `mlx4_mtt_addr`: the byte offset of the range in the MTT table
     /// (what contexts carry; the firmware adds the table base).
     #[doc(alias = "mlx4_mtt_addr")]
     pub fn mtt_addr(&self, mtt: &Mtt) -> u64 {
-        u64::from(mtt.offset) * u64::from(self.caps.mtt_entry_sz)
+        self.hca.mtt_addr(mtt)
     }
 
     /// Linux `mlx4_write_mtt` (native: `mlx4_write_mtt_chunk` writing ICM
@@ -208,41 +239,12 @@ impl Dev {
     /// the present bit.
     #[doc(alias = "mlx4_write_mtt")]
     pub fn write_mtt(&mut self, mtt: &Mtt, start: u32, pages: &[u64]) -> Result<()> {
-        let order = mtt.order.ok_or(Error::bad_arg(
-            "mtt",
-            0,
-            Why::Other("no translation: there are no entries to write"),
-        ))?;
-        let n = u32::try_from(pages.len())
-            .map_err(|_| Error::bad_arg("pages", pages.len() as u64, Why::AboveMax(1 << order)))?;
-        let end = u64::from(start) + u64::from(n);
-        if end > 1 << order {
-            return Err(Error::bad_arg(
-                "start + pages.len()",
-                end,
-                Why::AboveMax(1 << order),
-            ));
-        }
-        let tab = self.icm.mtt.as_ref().ok_or(Error::InvalidArg)?;
-        let page = 1u64 << mtt.page_shift.min(63);
-        if let Some(&p) = pages.iter().find(|&&p| p & (page - 1) != 0) {
-            return Err(Error::bad_arg("pages[]", p, Why::Misaligned(page)));
-        }
-        for (i, &p) in pages.iter().enumerate() {
-            let (buf, off) = tab
-                .find(mtt.offset + start + i as u32)
-                .ok_or(Error::InvalidArg)?;
-            buf.write_be64(off, hw::mtt_entry(p));
-        }
-        // The HCA must see the entries before any context pointing at them.
-        wmb();
-        Ok(())
+        self.hca.write_mtt(mtt, start, pages)
     }
 
     /// Reads MTT entry `i` of `mtt` back from ICM (tests, debugging).
     pub fn read_mtt(&self, mtt: &Mtt, i: u32) -> Option<u64> {
-        let tab = self.icm.mtt.as_ref()?;
-        let (buf, off) = tab.find(mtt.offset + i)?;
+        let (buf, off) = self.hca.icm.mtt.find(mtt.offset + i)?;
         Some(buf.read_be64(off))
     }
 
@@ -270,14 +272,12 @@ impl Dev {
                 ));
             }
         }
-        let t = self.mr_table.as_mut().ok_or(Error::InvalidArg)?;
+        let t = &mut self.tables.mr;
         let index = t.mpt_bitmap.alloc()?;
-        let mtt = match self.mtt_init(npages, page_shift) {
+        let mtt = match t.mtt_init(&mut self.hca, npages, page_shift) {
             Ok(m) => m,
             Err(e) => {
-                if let Some(t) = self.mr_table.as_mut() {
-                    t.mpt_bitmap.free(index);
-                }
+                t.mpt_bitmap.free(index);
                 return Err(e);
             }
         };
@@ -298,8 +298,8 @@ impl Dev {
     #[doc(alias = "mlx4_mr_enable")]
     pub fn mr_enable(&mut self, mr: &mut Mr) -> Result<()> {
         let index = hw::key_to_hw_index(mr.key);
-        let tab = self.icm.dmpt.as_mut().ok_or(Error::InvalidArg)?;
-        tab.get(&mut self.cmd, &self.pool, index, &self.pci)?;
+        let hca = &mut self.hca;
+        hca.icm.dmpt.get(&mut hca.cmd, &hca.pool, index, &hca.pci)?;
         mr.icm_held = true;
         let mut e = MptEntry {
             flags: flags::MIO | flags::REGION | mr.access,
@@ -312,7 +312,7 @@ impl Dev {
         };
         match mr.mtt.order {
             None => e.flags |= flags::PHYSICAL,
-            Some(_) => e.mtt_addr = self.mtt_addr(&mr.mtt),
+            Some(_) => e.mtt_addr = hca.mtt_addr(&mr.mtt),
         }
         if mr.mtt.order.is_some() && mr.mtt.page_shift == 0 {
             // Fast-register MR in free state.
@@ -322,22 +322,15 @@ impl Dev {
         } else {
             e.flags |= flags::SW_OWNS;
         }
-        let mb = Mailbox::new(&self.pool)?;
+        let mb = Mailbox::new(&hca.pool)?;
         mb.write(0, &e.to_bytes());
-        let in_mod = index & (self.caps.num_mpts - 1);
-        self.cmd
+        let in_mod = index & (hca.caps.num_mpts - 1);
+        let pci = hca.pci;
+        hca.cmd
             .cmd(mb.dma(), in_mod, 0, Opcode::SW2HW_MPT, timeout::CLASS_B)
-            .inspect_err(|e| {
-                warn!(
-                    "mlx4_core {}: SW2HW_MPT failed ({})",
-                    self.pci,
-                    e.to_errno()
-                )
-            })?;
+            .inspect_err(|e| mlx4_warn!(pci, "SW2HW_MPT failed ({})", e.to_errno()))?;
         mr.enabled = true;
-        if let Some(t) = self.mr_table.as_mut() {
-            t.enabled.insert(in_mod);
-        }
+        self.tables.mr.enabled.insert(in_mod);
         Ok(())
     }
 
@@ -348,39 +341,29 @@ impl Dev {
         let index = hw::key_to_hw_index(mr.key);
         let mut r = Ok(());
         if mr.enabled {
-            let in_mod = index & (self.caps.num_mpts - 1);
-            if let Err(e) = self
-                .cmd
-                .cmd_box(0, 0, in_mod, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
+            let in_mod = index & (self.hca.caps.num_mpts - 1);
+            if let Err(e) =
+                self.hca
+                    .cmd
+                    .cmd_box(0, 0, in_mod, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
             {
-                warn!(
-                    "mlx4_core {}: HW2SW_MPT failed ({})",
-                    self.pci,
-                    e.to_errno()
-                );
+                mlx4_warn!(self.hca.pci, "HW2SW_MPT failed ({})", e.to_errno());
                 r = Err(e);
             }
         }
         self.mtt_cleanup(&mr.mtt);
-        if mr.icm_held
-            && let Some(tab) = self.icm.dmpt.as_mut()
-        {
-            tab.put(&mut self.cmd, index);
+        if mr.icm_held {
+            self.hca.icm.dmpt.put(&mut self.hca.cmd, index);
         }
-        if let Some(t) = self.mr_table.as_mut() {
-            t.enabled.remove(&(index & (self.caps.num_mpts - 1)));
-            t.mpt_bitmap.free(index);
-        }
+        let t = &mut self.tables.mr;
+        t.enabled.remove(&(index & (self.hca.caps.num_mpts - 1)));
+        t.mpt_bitmap.free(index);
         r
     }
 
     /// MPTs still in hardware ownership at teardown go back (HW2SW_MPT).
     pub(crate) fn reclaim_mrs(&mut self) -> usize {
-        let live = self
-            .mr_table
-            .as_ref()
-            .map(|t| t.enabled.iter().copied().collect())
-            .unwrap_or_default();
+        let live = self.tables.mr.enabled.iter().copied().collect();
         self.reclaim_each(live, "HW2SW_MPT of leaked MPT", |cmd, i| {
             cmd.cmd_box(0, 0, i, 1, Opcode::HW2SW_MPT, timeout::CLASS_B)
                 .map(drop)
@@ -391,9 +374,10 @@ impl Dev {
     /// `mlx4_mr_hw_get_mpt`).
     #[doc(alias = "mlx4_mr_hw_get_mpt")]
     pub fn mpt_query(&mut self, mr: &Mr) -> Result<MptEntry> {
-        let index = hw::key_to_hw_index(mr.key) & (self.caps.num_mpts - 1);
-        let mb = Mailbox::new(&self.pool)?;
-        self.cmd
+        let index = hw::key_to_hw_index(mr.key) & (self.hca.caps.num_mpts - 1);
+        let mb = Mailbox::new(&self.hca.pool)?;
+        self.hca
+            .cmd
             .cmd_box(0, mb.dma(), index, 0, Opcode::QUERY_MPT, timeout::CLASS_B)?;
         let b: [u8; MptEntry::SIZE] = mb.read();
         Ok(MptEntry::from_bytes(&b))
@@ -401,12 +385,12 @@ impl Dev {
 
     /// Free MPT indices (leak checks).
     pub fn mpt_avail(&self) -> u32 {
-        self.mr_table.as_ref().map_or(0, |t| t.mpt_bitmap.avail())
+        self.tables.mr.mpt_bitmap.avail()
     }
 
     /// Free MTT segments in the buddy at each order (leak checks).
     pub fn mtt_free_segments(&self) -> Option<u32> {
-        self.mr_table.as_ref().map(|t| t.mtt_buddy.free_segments())
+        Some(self.tables.mr.mtt_buddy.free_segments())
     }
 }
 

@@ -1,17 +1,22 @@
-//! Port helpers for mlx4_ib: the default IB port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT (Linux `port.c`: `mlx4_get_port_ib_caps`, `mlx4_SET_PORT`; `fw.c`: `mlx4_INIT_PORT`, `mlx4_CLOSE_PORT`); MAC/VLAN tables and Ethernet SET_PORT flavours are left out.
+//! The port commands mlx4_ib and bring-up issue, as Linux's `port.c` and `fw.c` have them.
+//!
+//! Linux: `port.c` (`mlx4_get_port_ib_caps`, `mlx4_SET_PORT`) and `fw.c`
+//! (`mlx4_INIT_PORT`, `mlx4_CLOSE_PORT`, `mlx4_MAD_IFC`): the default IB
+//! port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT.
+//! MAC/VLAN tables and the Ethernet SET_PORT flavours are left out.
 
 use mlx4_hw::cmd::{Opcode, errno, timeout};
 use mlx4_hw::port::*;
 use mlx4_hw::wire::get_be32;
 
 use crate::cmd::Mailbox;
+use crate::dev::{Dev, PortType};
 use crate::fw;
-use crate::main::{Dev, PortType};
 use crate::{Error, Result};
 
 impl Dev {
     fn check_port(&self, port: u8) -> Result<()> {
-        if port == 0 || port > self.caps.num_ports {
+        if port == 0 || port > self.hca.caps.num_ports {
             return Err(Error::InvalidArg);
         }
         Ok(())
@@ -21,10 +26,10 @@ impl Dev {
     /// (ignore M_Key and B_Key); returns the capability mask.
     pub fn get_port_ib_caps(&mut self, port: u8) -> Result<u32> {
         self.check_port(port)?;
-        let inb = Mailbox::new(&self.pool)?;
-        let outb = Mailbox::new(&self.pool)?;
+        let inb = Mailbox::new(&self.hca.pool)?;
+        let outb = Mailbox::new(&self.hca.pool)?;
         inb.write(0, &port_info_query(port));
-        self.cmd.cmd_box(
+        self.hca.cmd.cmd_box(
             inb.dma(),
             outb.dma(),
             u32::from(port),
@@ -42,18 +47,18 @@ impl Dev {
     #[doc(alias = "mlx4_SET_PORT")]
     pub fn set_port(&mut self, port: u8) -> Result<()> {
         self.check_port(port)?;
-        let pc = self.caps.port[usize::from(port)];
+        let pc = self.hca.caps.port[usize::from(port)];
         if pc.port_type == PortType::Eth {
             return Ok(());
         }
-        let mb = Mailbox::new(&self.pool)?;
+        let mb = Mailbox::new(&self.hca.pool)?;
         let mut vl_cap = 8;
         loop {
             mb.write(
                 0,
                 &set_port_ib(u32::from(pc.port_ib_mtu), vl_cap, pc.ib_port_def_cap, None),
             );
-            let r = self.cmd.cmd(
+            let r = self.hca.cmd.cmd(
                 mb.dma(),
                 u32::from(port),
                 0,
@@ -71,7 +76,7 @@ impl Dev {
     #[doc(alias = "mlx4_INIT_PORT")]
     pub fn init_port(&mut self, port: u8) -> Result<()> {
         self.check_port(port)?;
-        fw::init_port(&mut self.cmd, port)?;
+        fw::init_port(&mut self.hca.cmd, port)?;
         self.port_open[usize::from(port)] = true;
         Ok(())
     }
@@ -81,7 +86,7 @@ impl Dev {
     pub fn close_port(&mut self, port: u8) -> Result<()> {
         self.check_port(port)?;
         self.port_open[usize::from(port)] = false;
-        fw::close_port(&mut self.cmd, port)
+        fw::close_port(&mut self.hca.cmd, port)
     }
 
     /// True while the port is open (INIT_PORT done, no CLOSE_PORT since).
@@ -106,11 +111,11 @@ impl Dev {
         if mad_in.len() > 4096 {
             return Err(Error::InvalidArg);
         }
-        let inb = Mailbox::new(&self.pool)?;
-        let outb = Mailbox::new(&self.pool)?;
+        let inb = Mailbox::new(&self.hca.pool)?;
+        let outb = Mailbox::new(&self.hca.pool)?;
         inb.write(0, mad_in);
         let in_mod = u32::from(port) | (u32::from(in_mod_hi) << 16);
-        self.cmd.cmd_box(
+        self.hca.cmd.cmd_box(
             inb.dma(),
             outb.dma(),
             in_mod,

@@ -1,4 +1,8 @@
-//! The ICM profile: how many of each context the HCA gets and where each table lives in ICM (Linux `profile.c`: `mlx4_make_profile`, and the `default_profile` of `main.c`); the scaling of MTTs with system RAM is left out (the profile states its MTT count).
+//! How many of each context the HCA gets and where each table lives in ICM, as Linux's `profile.c` lays it out.
+//!
+//! Linux: `profile.c` (`mlx4_make_profile`) and the `default_profile` of
+//! `main.c`. The scaling of MTTs with system RAM is left out (the profile
+//! states its MTT count).
 //!
 //! Two profiles are offered:
 //!
@@ -16,10 +20,8 @@
 //!   352 MiB of tables; 11016 KiB mapped at bring-up, 8 MiB of it the MCG
 //!   table.
 
-use log::debug;
-
 use crate::fw::DevCap;
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_dbg, mlx4_err};
 use mlx4_hw::fw::InitHcaParam;
 
 /// What to ask the HCA for (Linux `struct mlx4_profile` plus the module
@@ -187,21 +189,23 @@ pub fn make_profile(p: &Profile, dc: &DevCap, pci: &hal::PciAddress) -> Result<L
         r.3 = total;
         total = total.checked_add(r.0).ok_or(too_big(u64::MAX))?;
         if total > dc.max_icm_sz {
-            log::error!(
-                "mlx4_core {pci}: Profile requires {total:#x} bytes; won't fit in {:#x} bytes of context memory.",
+            mlx4_err!(
+                pci,
+                "Profile requires {total:#x} bytes; won't fit in {:#x} bytes of context memory.",
                 dc.max_icm_sz
             );
             return Err(too_big(total));
         }
-        debug!(
-            "mlx4_core {pci}:   profile[{i:2}] ({:>6}): 2^{:02} entries @ {:#12x}, size {:#12x}",
-            RES_NAMES[r.2], r.4, r.3, r.0
+        mlx4_dbg!(
+            pci,
+            "  profile[{i:2}] ({:>6}): 2^{:02} entries @ {:#12x}, size {:#12x}",
+            RES_NAMES[r.2],
+            r.4,
+            r.3,
+            r.0
         );
     }
-    debug!(
-        "mlx4_core {pci}: HCA context memory: reserving {} KB",
-        total >> 10
-    );
+    mlx4_dbg!(pci, "HCA context memory: reserving {} KB", total >> 10);
 
     let mut l = Layout {
         total_size: total,

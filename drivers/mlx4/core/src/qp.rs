@@ -1,28 +1,25 @@
-//! Queue pairs: QPN ranges with reserved regions and the special-QP block, per-QP ICM, the state-transition commands and CONF_SPECIAL_QP (Linux `qp.c`: `mlx4_init_qp_table`, `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`, `__mlx4_qp_modify`, `mlx4_CONF_SPECIAL_QP`); QUERY_QP, `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs are left out.
+//! Queue pairs in the HCA, as Linux's `qp.c` reserves, maps and moves them between states.
+//!
+//! Linux: `qp.c` (`mlx4_init_qp_table`, `mlx4_cleanup_qp_table`,
+//! `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`,
+//! `__mlx4_qp_modify`, `mlx4_qp_query`, `mlx4_CONF_SPECIAL_QP`): QPN ranges
+//! with reserved regions and the special-QP block, per-QP ICM, the
+//! state-transition commands. `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs
+//! are left out.
 
 use alloc::collections::BTreeMap;
 
-use log::{debug, warn};
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::qp::{QP_MODIFY_CONTEXT_OFFSET, QpContext, QpState, transition};
 
 use crate::bitmap::Bitmap;
-use crate::cmd::Mailbox;
-use crate::main::Dev;
-use crate::mr::Mtt;
-use crate::{Error, Result, Why};
+use crate::cmd::{Cmd, Mailbox};
+use crate::dev::{Dev, Hca, Mtt, QpTable};
+use crate::{Error, Result, Why, mlx4_dbg, mlx4_err, mlx4_warn};
 
 /// QP regions (`enum mlx4_qp_region`): firmware, Ethernet MAC, FC address,
 /// FC exchange.
 pub const NUM_QP_REGION: usize = 4;
-
-/// Linux `struct mlx4_qp_table`.
-pub struct QpTable {
-    bitmap: Bitmap,
-    special_configured: bool,
-    /// Live QPs and the state the last successful modify left them in.
-    live: BTreeMap<u32, QpState>,
-}
 
 /// A hardware QP (Linux `struct mlx4_qp`, core part).
 #[derive(Debug)]
@@ -31,13 +28,19 @@ pub struct Qp {
     pub qpn: u32,
 }
 
-impl Dev {
+/// Linux `mlx4_CONF_SPECIAL_QP`: the special-QP block starts at `base_qpn`
+/// (0: none).
+fn conf_special_qp(cmd: &mut Cmd, base_qpn: u32) -> Result<()> {
+    cmd.cmd(0, base_qpn, 0, Opcode::CONF_SPECIAL_QP, timeout::CLASS_B)
+}
+
+impl QpTable {
     /// Linux `mlx4_init_qp_table`: special-QP base (aligned to 8 above the
     /// firmware's QPs), regions taken from the top of the QPN space, the
     /// bitmap, and CONF_SPECIAL_QP.
-    pub(crate) fn init_qp_table(&mut self) -> Result<()> {
-        let pci = self.pci;
-        let c = &mut self.caps;
+    pub(crate) fn init(hca: &mut Hca) -> Result<QpTable> {
+        let pci = hca.pci;
+        let c = &mut hca.caps;
         c.base_sqpn = c.reserved_qps_cnt[0].next_multiple_of(8);
         // Regions 1.. sorted by decreasing size, stacked from the top.
         let mut sort = [1usize, 2, 3];
@@ -53,8 +56,9 @@ impl Dev {
         // 8 special QPs: QP0 and QP1 of each port, real numbers.
         let reserved_bot = c.base_sqpn + 8;
         if reserved_bot + from_top > c.num_qps {
-            log::error!(
-                "mlx4_core {pci}: {} QPs cannot hold {} reserved at the bottom and {} at the top",
+            mlx4_err!(
+                pci,
+                "{} QPs cannot hold {} reserved at the bottom and {} at the top",
                 c.num_qps,
                 reserved_bot,
                 from_top
@@ -63,45 +67,35 @@ impl Dev {
         }
         let bitmap = Bitmap::new(c.num_qps, (1 << 23) - 1, reserved_bot, from_top)?;
         let base = c.base_sqpn;
-        self.qp_table = Some(QpTable {
+        conf_special_qp(&mut hca.cmd, base)?;
+        mlx4_dbg!(pci, "special QPs at {base:#x}");
+        Ok(QpTable {
             bitmap,
-            special_configured: false,
+            special_configured: true,
             live: BTreeMap::new(),
-        });
-        self.conf_special_qp(base)?;
-        if let Some(t) = self.qp_table.as_mut() {
-            t.special_configured = true;
-        }
-        debug!("mlx4_core {pci}: special QPs at {base:#x}");
-        Ok(())
+        })
     }
 
     /// Linux `mlx4_cleanup_qp_table`: CONF_SPECIAL_QP(0).
-    pub(crate) fn cleanup_qp_table(&mut self) {
-        let Some(t) = self.qp_table.take() else {
-            return;
-        };
-        if t.special_configured
-            && let Err(e) = self.conf_special_qp(0)
+    pub(crate) fn cleanup(&mut self, hca: &mut Hca) {
+        if core::mem::take(&mut self.special_configured)
+            && let Err(e) = conf_special_qp(&mut hca.cmd, 0)
         {
-            warn!(
-                "mlx4_core {}: CONF_SPECIAL_QP(0) failed ({})",
-                self.pci,
-                e.to_errno()
-            );
+            mlx4_warn!(hca.pci, "CONF_SPECIAL_QP(0) failed ({})", e.to_errno());
         }
     }
+}
 
+impl Dev {
     /// Linux `mlx4_CONF_SPECIAL_QP`.
     #[doc(alias = "mlx4_CONF_SPECIAL_QP")]
     pub fn conf_special_qp(&mut self, base_qpn: u32) -> Result<()> {
-        self.cmd
-            .cmd(0, base_qpn, 0, Opcode::CONF_SPECIAL_QP, timeout::CLASS_B)
+        conf_special_qp(&mut self.hca.cmd, base_qpn)
     }
 
     /// Real QPN of QP0 (`qp1 == false`) or QP1 of `port`.
     pub fn special_qpn(&self, port: u8, qp1: bool) -> u32 {
-        self.caps.base_sqpn + u32::from(port.saturating_sub(1)) + if qp1 { 2 } else { 0 }
+        self.hca.caps.base_sqpn + u32::from(port.saturating_sub(1)) + if qp1 { 2 } else { 0 }
     }
 
     /// Linux `mlx4_qp_reserve_range`: `cnt` QPNs aligned to `align`.
@@ -110,53 +104,23 @@ impl Dev {
     /// `cnt` must be 1 to `num_qps`, `align` a power of two no larger than
     /// `num_qps` ([`Error::BadArg`] otherwise).
     pub fn qp_reserve_range(&mut self, cnt: u32, align: u32) -> Result<u32> {
-        let n = u64::from(self.caps.num_qps);
+        let n = u64::from(self.hca.caps.num_qps);
         Error::check_range("cnt", cnt.into(), 1, n)?;
         Error::check_pow2("align", align.into(), n)?;
-        let t = self.qp_table.as_mut().ok_or(Error::InvalidArg)?;
-        t.bitmap.alloc_range(cnt, align).map(|q| q & 0x7f_ffff)
+        self.tables
+            .qp
+            .bitmap
+            .alloc_range(cnt, align)
+            .map(|q| q & 0x7f_ffff)
     }
 
     /// Linux `mlx4_qp_release_range` (reserved QPNs are never released).
     #[doc(alias = "mlx4_qp_release_range")]
     pub fn qp_release_range(&mut self, base: u32, cnt: u32) {
-        if base < self.caps.base_sqpn + 8 {
+        if base < self.hca.caps.base_sqpn + 8 {
             return;
         }
-        if let Some(t) = self.qp_table.as_mut() {
-            t.bitmap.free_range(base, cnt);
-        }
-    }
-
-    fn qp_icm(&mut self, qpn: u32, get: bool) -> Result<()> {
-        let t = &mut self.icm;
-        let mut tabs = [
-            &mut t.qpc,
-            &mut t.auxc,
-            &mut t.altc,
-            &mut t.rdmarc,
-            &mut t.cmpt_qp,
-        ];
-        if get {
-            for i in 0..tabs.len() {
-                let tab = tabs[i].as_mut().ok_or(Error::InvalidArg)?;
-                if let Err(e) = tab.get(&mut self.cmd, &self.pool, qpn, &self.pci) {
-                    for tab in tabs[..i].iter_mut().rev() {
-                        if let Some(tab) = tab.as_mut() {
-                            tab.put(&mut self.cmd, qpn);
-                        }
-                    }
-                    return Err(e);
-                }
-            }
-        } else {
-            for tab in tabs.iter_mut().rev() {
-                if let Some(tab) = tab.as_mut() {
-                    tab.put(&mut self.cmd, qpn);
-                }
-            }
-        }
-        Ok(())
+        self.tables.qp.bitmap.free_range(base, cnt);
     }
 
     /// Linux `mlx4_qp_alloc`: maps the QP's context memory (QPC, AUXC, ALTC,
@@ -167,19 +131,11 @@ impl Dev {
         // QPNs carry the bitmap's rotating high bits (Linux); the context
         // index is the QPN modulo the table size.
         Error::check_range("qpn", qpn.into(), 1, (1 << 24) - 1)?;
-        if self
-            .qp_table
-            .as_ref()
-            .ok_or(Error::InvalidArg)?
-            .live
-            .contains_key(&qpn)
-        {
+        if self.tables.qp.live.contains_key(&qpn) {
             return Err(Error::Busy);
         }
-        self.qp_icm(qpn, true)?;
-        if let Some(t) = self.qp_table.as_mut() {
-            t.live.insert(qpn, QpState::Rst);
-        }
+        self.hca.qp_icm(qpn, true)?;
+        self.tables.qp.live.insert(qpn, QpState::Rst);
         Ok(Qp { qpn })
     }
 
@@ -187,10 +143,8 @@ impl Dev {
     /// memory; the QPN goes back with [`Dev::qp_release_range`].
     #[doc(alias = "mlx4_qp_free")]
     pub fn qp_free(&mut self, qp: Qp) {
-        if let Some(t) = self.qp_table.as_mut() {
-            t.live.remove(&qp.qpn);
-        }
-        let _ = self.qp_icm(qp.qpn, false);
+        self.tables.qp.live.remove(&qp.qpn);
+        let _ = self.hca.qp_icm(qp.qpn, false);
     }
 
     /// Linux `__mlx4_qp_modify`: the transition command for `cur -> new`
@@ -210,12 +164,31 @@ impl Dev {
         sqd_event: bool,
     ) -> Result<()> {
         let op = transition(cur, new).ok_or(Error::InvalidArg)?;
-        if cur == QpState::Rst && new == QpState::Init {
+        let to_init = cur == QpState::Rst && new == QpState::Init;
+        if to_init {
             self.check_qp_sizes(context, mtt)?;
         }
-        let r = self.qp_modify_cmd(qp, op, mtt, cur, new, context, optpar, sqd_event);
+        let hca = &mut self.hca;
+        let r = if op == Opcode::QP_2RST {
+            hca.cmd.cmd(0, qp.qpn, 2, Opcode::QP_2RST, timeout::CLASS_A)
+        } else {
+            let mut ctx = *context;
+            if to_init && let Some(m) = mtt {
+                let a = hca.mtt_addr(m);
+                ctx.mtt_base_addr_h = (a >> 32) as u8;
+                ctx.mtt_base_addr_l = a as u32;
+                ctx.log_page_size = (m.page_shift - mlx4_hw::icm::ICM_PAGE_SHIFT) as u8;
+            }
+            ctx.local_qpn = qp.qpn;
+            let mb = Mailbox::new(&hca.pool)?;
+            mb.write(0, &optpar.to_be_bytes());
+            mb.write(QP_MODIFY_CONTEXT_OFFSET, &ctx.to_bytes());
+            let in_mod = qp.qpn | (u32::from(sqd_event) << 31);
+            let op_mod = if new == QpState::Rst { 2 } else { 0 };
+            hca.cmd.cmd(mb.dma(), in_mod, op_mod, op, timeout::CLASS_C)
+        };
         if r.is_ok()
-            && let Some(s) = self.qp_table.as_mut().and_then(|t| t.live.get_mut(&qp.qpn))
+            && let Some(s) = self.tables.qp.live.get_mut(&qp.qpn)
         {
             *s = new;
         }
@@ -229,7 +202,7 @@ impl Dev {
     /// bytes (one scatter entry) to `max_rq_desc_sz`, or `rq_size_stride`
     /// 0 (or an SRQ) for a QP without its own RQ; both queues inside the pages of `mtt`.
     fn check_qp_sizes(&self, ctx: &QpContext, mtt: Option<&Mtt>) -> Result<()> {
-        let c = &self.caps;
+        let c = &self.hca.caps;
         let log_max_wqes = u64::from(c.max_wqes.max(1).ilog2());
         let sq = ctx.sq_size_stride;
         let rq = ctx.rq_size_stride;
@@ -291,47 +264,12 @@ impl Dev {
         Ok(())
     }
 
-    #[expect(clippy::too_many_arguments)]
-    fn qp_modify_cmd(
-        &mut self,
-        qp: &Qp,
-        op: Opcode,
-        mtt: Option<&Mtt>,
-        cur: QpState,
-        new: QpState,
-        context: &QpContext,
-        optpar: u32,
-        sqd_event: bool,
-    ) -> Result<()> {
-        if op == Opcode::QP_2RST {
-            return self
-                .cmd
-                .cmd(0, qp.qpn, 2, Opcode::QP_2RST, timeout::CLASS_A);
-        }
-        let mut ctx = *context;
-        if cur == QpState::Rst
-            && new == QpState::Init
-            && let Some(m) = mtt
-        {
-            let a = self.mtt_addr(m);
-            ctx.mtt_base_addr_h = (a >> 32) as u8;
-            ctx.mtt_base_addr_l = a as u32;
-            ctx.log_page_size = (m.page_shift - mlx4_hw::icm::ICM_PAGE_SHIFT) as u8;
-        }
-        ctx.local_qpn = qp.qpn;
-        let mb = Mailbox::new(&self.pool)?;
-        mb.write(0, &optpar.to_be_bytes());
-        mb.write(QP_MODIFY_CONTEXT_OFFSET, &ctx.to_bytes());
-        let in_mod = qp.qpn | (u32::from(sqd_event) << 31);
-        let op_mod = if new == QpState::Rst { 2 } else { 0 };
-        self.cmd.cmd(mb.dma(), in_mod, op_mod, op, timeout::CLASS_C)
-    }
-
     /// Linux `mlx4_qp_query`: the QP context as the HCA holds it.
     #[doc(alias = "mlx4_qp_query")]
     pub fn qp_query(&mut self, qp: &Qp) -> Result<QpContext> {
-        let mb = Mailbox::new(&self.pool)?;
-        self.cmd
+        let mb = Mailbox::new(&self.hca.pool)?;
+        self.hca
+            .cmd
             .cmd_box(0, mb.dma(), qp.qpn, 0, Opcode::QUERY_QP, timeout::CLASS_A)?;
         let b: [u8; QP_MODIFY_CONTEXT_OFFSET + QpContext::SIZE] = mb.read();
         Ok(QpContext::from_bytes(&b[QP_MODIFY_CONTEXT_OFFSET..]))
@@ -340,15 +278,10 @@ impl Dev {
     /// QPs still out of RESET at teardown are moved there (2RST) so the HCA
     /// owns none when it is closed; returns how many.
     pub(crate) fn reclaim_qps(&mut self) -> usize {
-        let busy = match self.qp_table.as_ref() {
-            Some(t) => t
-                .live
-                .iter()
-                .filter(|(_, s)| **s != QpState::Rst)
-                .map(|(q, _)| *q)
-                .collect(),
-            None => return 0,
-        };
+        let busy = (self.tables.qp.live.iter())
+            .filter(|(_, s)| **s != QpState::Rst)
+            .map(|(q, _)| *q)
+            .collect();
         self.reclaim_each(busy, "2RST of leaked QP", |cmd, qpn| {
             cmd.cmd(0, qpn, 2, Opcode::QP_2RST, timeout::CLASS_A)
         })
@@ -356,8 +289,38 @@ impl Dev {
 
     /// Free QPNs and live QPs (leak checks).
     pub fn qp_avail(&self) -> (u32, usize) {
-        self.qp_table
-            .as_ref()
-            .map_or((0, 0), |t| (t.bitmap.avail(), t.live.len()))
+        let t = &self.tables.qp;
+        (t.bitmap.avail(), t.live.len())
+    }
+}
+
+impl Hca {
+    /// The QP's context memory (QPC, AUXC, ALTC, RDMARC, cMPT), taken
+    /// (`get`) or released in reverse (Linux `__mlx4_qp_alloc_icm`,
+    /// `__mlx4_qp_free_icm`).
+    fn qp_icm(&mut self, qpn: u32, get: bool) -> Result<()> {
+        let t = &mut self.icm;
+        let mut tabs = [
+            &mut t.qpc,
+            &mut t.auxc,
+            &mut t.altc,
+            &mut t.rdmarc,
+            &mut t.cmpt_qp,
+        ];
+        if get {
+            for i in 0..tabs.len() {
+                if let Err(e) = tabs[i].get(&mut self.cmd, &self.pool, qpn, &self.pci) {
+                    for tab in tabs[..i].iter_mut().rev() {
+                        tab.put(&mut self.cmd, qpn);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            for tab in tabs.iter_mut().rev() {
+                tab.put(&mut self.cmd, qpn);
+            }
+        }
+        Ok(())
     }
 }

@@ -1,14 +1,16 @@
-//! HCA reset with PCI header save/restore (Linux `reset.c`: `mlx4_reset`), plus the ownership semaphore of `main.c` (`mlx4_get_ownership`, `mlx4_free_ownership`); nothing left out.
+//! The HCA reset with PCI header save and restore, as Linux's `reset.c` does it.
+//!
+//! Linux: `reset.c` (`mlx4_reset`), plus the ownership semaphore of `main.c`
+//! (`mlx4_get_ownership`, `mlx4_free_ownership`). Nothing is left out.
 
 use core::time::Duration;
 
 use hal::pci::cfg;
 use hal::time::poll_until;
 use hal::{Bar, Clock, PciFunction};
-use log::error;
 use mlx4_hw::hcr::*;
 
-use crate::{Error, Result};
+use crate::{Error, Result, mlx4_err};
 
 /// Linux `MLX4_SEM_TIMEOUT_JIFFIES`: 10 s for the HW semaphore.
 pub const SEM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +43,7 @@ pub fn reset(pdev: &PciFunction, bar0: &Bar, clock: &dyn Clock) -> Result<()> {
     }
     let pcie_cap = pdev.find_capability(cfg::CAP_ID_EXP);
     let Some(reset) = bar0.slice(RESET_BASE, RESET_SIZE) else {
-        error!("mlx4_core {pci}: Couldn't map HCA reset register, aborting.");
+        mlx4_err!(pci, "Couldn't map HCA reset register, aborting.");
         return Err(Error::NoDevice);
     };
     // Grab the HW semaphore to lock out flash updates.
@@ -54,7 +56,7 @@ pub fn reset(pdev: &PciFunction, bar0: &Bar, clock: &dyn Clock) -> Result<()> {
         }
     });
     if sem.is_err() {
-        error!("mlx4_core {pci}: Failed to obtain HW semaphore, aborting");
+        mlx4_err!(pci, "Failed to obtain HW semaphore, aborting");
         return Err(Error::ResetSemaphore);
     }
     reset.write_be32(RESET_OFFSET, RESET_VALUE);
@@ -69,7 +71,7 @@ pub fn reset(pdev: &PciFunction, bar0: &Bar, clock: &dyn Clock) -> Result<()> {
         }
     });
     if back.is_err() {
-        error!("mlx4_core {pci}: PCI device did not come back after reset, aborting.");
+        mlx4_err!(pci, "PCI device did not come back after reset, aborting.");
         return Err(Error::ResetTimeout);
     }
     if let Some(cap) = pcie_cap {

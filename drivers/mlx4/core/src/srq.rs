@@ -1,20 +1,16 @@
-//! Shared receive queues: SRQN allocation, ICM, SRQ context, SW2HW_SRQ/HW2SW_SRQ, ARM_SRQ (Linux `srq.c`; LegoOS did not build it); QUERY_SRQ and per-SRQ callbacks are left out.
+//! Shared receive queues in the HCA, as Linux's `srq.c` creates, arms and frees them.
+//!
+//! Linux: `srq.c` (LegoOS did not build it): SRQN allocation, ICM, the SRQ
+//! context, SW2HW_SRQ/HW2SW_SRQ, ARM_SRQ, QUERY_SRQ. Per-SRQ callbacks are
+//! left out (events go through the interface registry).
 
-use log::warn;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::srq::SrqContext;
 
 use crate::bitmap::Bitmap;
 use crate::cmd::Mailbox;
-use crate::main::Dev;
-use crate::mr::Mtt;
-use crate::{Error, Result, Why};
-
-/// Linux `struct mlx4_srq_table`.
-pub struct SrqTable {
-    bitmap: Bitmap,
-    live: alloc::collections::BTreeSet<u32>,
-}
+use crate::dev::{Caps, Dev, Hca, Mtt, SrqTable};
+use crate::{Error, Result, Why, mlx4_warn};
 
 /// A hardware SRQ (Linux `struct mlx4_srq`, core part).
 #[derive(Debug)]
@@ -25,38 +21,42 @@ pub struct Srq {
     pub max: u32,
 }
 
-impl Dev {
-    pub(crate) fn init_srq_table(&mut self) -> Result<()> {
-        let n = self.caps.num_srqs;
-        self.srq_table = Some(SrqTable {
-            bitmap: Bitmap::new(n, n - 1, self.caps.reserved_srqs, 0)?,
+impl SrqTable {
+    /// Linux `mlx4_init_srq_table`.
+    pub(crate) fn init(caps: &Caps) -> Result<SrqTable> {
+        let n = caps.num_srqs;
+        Ok(SrqTable {
+            bitmap: Bitmap::new(n, n - 1, caps.reserved_srqs, 0)?,
             live: Default::default(),
-        });
-        Ok(())
+        })
     }
+}
 
+impl Hca {
+    /// The SRQ's context and cMPT entry in ICM, taken (`get`) or released
+    /// (Linux `__mlx4_srq_alloc_icm`, `__mlx4_srq_free_icm`).
     fn srq_icm(&mut self, srqn: u32, get: bool) -> Result<()> {
         if get {
-            let t = self.icm.srqc.as_mut().ok_or(Error::InvalidArg)?;
-            t.get(&mut self.cmd, &self.pool, srqn, &self.pci)?;
-            let c = self.icm.cmpt_srq.as_mut().ok_or(Error::InvalidArg)?;
-            if let Err(e) = c.get(&mut self.cmd, &self.pool, srqn, &self.pci) {
-                if let Some(t) = self.icm.srqc.as_mut() {
-                    t.put(&mut self.cmd, srqn);
-                }
+            self.icm
+                .srqc
+                .get(&mut self.cmd, &self.pool, srqn, &self.pci)?;
+            if let Err(e) = self
+                .icm
+                .cmpt_srq
+                .get(&mut self.cmd, &self.pool, srqn, &self.pci)
+            {
+                self.icm.srqc.put(&mut self.cmd, srqn);
                 return Err(e);
             }
         } else {
-            if let Some(c) = self.icm.cmpt_srq.as_mut() {
-                c.put(&mut self.cmd, srqn);
-            }
-            if let Some(t) = self.icm.srqc.as_mut() {
-                t.put(&mut self.cmd, srqn);
-            }
+            self.icm.cmpt_srq.put(&mut self.cmd, srqn);
+            self.icm.srqc.put(&mut self.cmd, srqn);
         }
         Ok(())
     }
+}
 
+impl Dev {
     /// Linux `mlx4_srq_alloc`: `max` WQEs (a power of two) of `2^wqe_shift`
     /// bytes in `mtt`, completions to `cqn`, doorbell record at `db_rec`.
     ///
@@ -77,17 +77,18 @@ impl Dev {
         max: u32,
         wqe_shift: u32,
     ) -> Result<Srq> {
-        Error::check_pow2("max", max.into(), self.caps.max_srq_wqes.into())?;
-        let max_shift = self.caps.max_rq_desc_sz.max(1).ilog2().min(11);
+        let caps = &self.hca.caps;
+        Error::check_pow2("max", max.into(), caps.max_srq_wqes.into())?;
+        let max_shift = caps.max_rq_desc_sz.max(1).ilog2().min(11);
         Error::check_range("wqe_shift", wqe_shift.into(), 5, max_shift.into())?;
         Dev::check_queue_mtt(mtt, "max", max.into(), u64::from(max) << wqe_shift)?;
         if !db_rec.is_multiple_of(4) {
             return Err(Error::bad_arg("db_rec", db_rec, Why::Misaligned(4)));
         }
-        let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
-        let srqn = t.bitmap.alloc()?;
-        let r = self.srq_icm(srqn, true).and_then(|()| {
-            let mtt_addr = self.mtt_addr(mtt);
+        let srqn = self.tables.srq.bitmap.alloc()?;
+        let hca = &mut self.hca;
+        let r = hca.srq_icm(srqn, true).and_then(|()| {
+            let mtt_addr = hca.mtt_addr(mtt);
             let ctx = SrqContext {
                 state_logsize_srqn: (max.ilog2() << 24) | srqn,
                 logstride: (wqe_shift - 4) as u8,
@@ -100,17 +101,17 @@ impl Dev {
                 db_rec_addr: db_rec,
                 ..Default::default()
             };
-            let mb = Mailbox::new(&self.pool)?;
+            let mb = Mailbox::new(&hca.pool)?;
             mb.write(0, &ctx.to_bytes());
-            let r = self
+            let r = hca
                 .cmd
                 .cmd(mb.dma(), srqn, 0, Opcode::SW2HW_SRQ, timeout::CLASS_A);
             if r.is_err() {
-                let _ = self.srq_icm(srqn, false);
+                let _ = hca.srq_icm(srqn, false);
             }
             r
         });
-        let t = self.srq_table.as_mut().ok_or(Error::InvalidArg)?;
+        let t = &mut self.tables.srq;
         match r {
             Ok(()) => {
                 t.live.insert(srqn);
@@ -127,21 +128,21 @@ impl Dev {
     #[doc(alias = "mlx4_srq_free")]
     pub fn srq_free(&mut self, srq: Srq) -> Result<()> {
         let r = self
+            .hca
             .cmd
             .cmd_box(0, 0, srq.srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A);
         if let Err(e) = &r {
-            warn!(
-                "mlx4_core {}: HW2SW_SRQ failed ({}) for SRQN {:06x}",
-                self.pci,
+            mlx4_warn!(
+                self.hca.pci,
+                "HW2SW_SRQ failed ({}) for SRQN {:06x}",
                 e.to_errno(),
                 srq.srqn
             );
         }
-        let _ = self.srq_icm(srq.srqn, false);
-        if let Some(t) = self.srq_table.as_mut() {
-            t.bitmap.free(srq.srqn);
-            t.live.remove(&srq.srqn);
-        }
+        let _ = self.hca.srq_icm(srq.srqn, false);
+        let t = &mut self.tables.srq;
+        t.bitmap.free(srq.srqn);
+        t.live.remove(&srq.srqn);
         r
     }
 
@@ -157,7 +158,7 @@ impl Dev {
                 Why::AboveMax(u64::from(srq.max.saturating_sub(1))),
             ));
         }
-        self.cmd.cmd(
+        self.hca.cmd.cmd(
             u64::from(limit_watermark),
             srq.srqn,
             0,
@@ -169,8 +170,8 @@ impl Dev {
     /// Linux `mlx4_srq_query`: the current limit watermark.
     #[doc(alias = "mlx4_srq_query")]
     pub fn srq_query(&mut self, srq: &Srq) -> Result<u32> {
-        let mb = Mailbox::new(&self.pool)?;
-        self.cmd.cmd_box(
+        let mb = Mailbox::new(&self.hca.pool)?;
+        self.hca.cmd.cmd_box(
             0,
             mb.dma(),
             srq.srqn,
@@ -184,11 +185,7 @@ impl Dev {
 
     /// SRQs still in hardware ownership at teardown go back (HW2SW_SRQ).
     pub(crate) fn reclaim_srqs(&mut self) -> usize {
-        let live = self
-            .srq_table
-            .as_ref()
-            .map(|t| t.live.iter().copied().collect())
-            .unwrap_or_default();
+        let live = self.tables.srq.live.iter().copied().collect();
         self.reclaim_each(live, "HW2SW_SRQ of leaked SRQ", |cmd, srqn| {
             cmd.cmd_box(0, 0, srqn, 1, Opcode::HW2SW_SRQ, timeout::CLASS_A)
                 .map(drop)
@@ -197,8 +194,7 @@ impl Dev {
 
     /// Free SRQNs and live SRQs (leak checks).
     pub fn srq_avail(&self) -> (u32, usize) {
-        self.srq_table
-            .as_ref()
-            .map_or((0, 0), |t| (t.bitmap.avail(), t.live.len()))
+        let t = &self.tables.srq;
+        (t.bitmap.avail(), t.live.len())
     }
 }

@@ -375,7 +375,7 @@ fn async_eq_and_catastrophic_error_are_polled() {
     // Play the HCA: a PORT_CHANGE(ACTIVE, port 2) EQE at index 0 of the
     // async EQ, owner bit 0 (software-owned in pass 0).
     {
-        let t = dev.eq_table.as_ref().unwrap();
+        let t = &dev.tables.eq;
         let eq = t.eqs.last().unwrap();
         let (buf, off) = eq_entry(eq, 0);
         buf.write_u8(off + 1, 0x09);

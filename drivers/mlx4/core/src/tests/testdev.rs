@@ -1,4 +1,8 @@
-//! Unit-test fake of a ConnectX-3 (not a port of anything): answers every firmware command with a programmable status and canned query mailboxes, so bring-up, unwinding and the resource paths can be tested without the device model.
+//! A unit-test fake of a ConnectX-3 (not a port of anything).
+//!
+//! It answers every firmware command with a programmable status and canned
+//! query mailboxes, so bring-up, unwinding and the resource paths can be
+//! tested without the device model.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
