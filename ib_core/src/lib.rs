@@ -9,8 +9,8 @@
 //!
 //! Files keep Linux's names: `device.rs` (registration, clients, events, the
 //! progress function), `verbs.rs` (`ib_verbs.h` + `verbs.c`: types, the
-//! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`ib_mad.h`,
-//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`, `cm.rs` + `cm_msgs.rs`.
+//! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`mad.c`;
+//! `ib_mad.h` and `ib_smi.h` in `mad/`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`, `cm.rs` + `cm_msgs.rs`.
 //!
 //! # Using it
 //!
