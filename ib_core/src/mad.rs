@@ -1,22 +1,27 @@
-//! Port of Linux `drivers/infiniband/core/mad.c` and `mad_priv.h` (3.11): the MAD layer of each port (QP0/QP1, agents, sends with their timeouts and retries, receives dispatched to agents or the driver's `process_mad`); RMPP reassembly is in `mad_rmpp.rs`, and sending RMPP transfers and redirection are left out.
+//! Port of Linux `drivers/infiniband/core/mad.c` (3.11): the MAD layer of each port (QP0/QP1, agents, sends with their timeouts and retries, receives dispatched to agents or the driver's `process_mad`); RMPP reassembly is in `mad_rmpp.rs`, and sending RMPP transfers and redirection are left out.
 //!
 //! The layouts and the agent API's types are Linux's `ib_mad.h` and
-//! `ib_smi.h` (`mad/ib_mad.rs`, `mad/ib_smi.rs`), re-exported here. Vendor
-//! classes of range 2 match one OUI per registration instead of Linux's
-//! OUI tables.
+//! `ib_smi.h` (`mad/ib_mad.rs`, `mad/ib_smi.rs`), re-exported here; the
+//! private state of a port, its agents and its sends is `mad_priv.h`
+//! (`mad/mad_priv.rs`), and every step of the layer takes it as one
+//! borrowed `MadCtx`. Vendor classes of range 2 match one OUI per
+//! registration instead of Linux's OUI tables.
 
 mod ib_mad;
 mod ib_smi;
+mod mad_priv;
 
 pub use ib_mad::*;
 pub use ib_smi::*;
+use mad_priv::{AgentPriv, MadQp, SendPriv, SendState};
+pub(crate) use mad_priv::{MadCtx, MadPort};
 
 use alloc::boxed::Box;
 use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use hal::{Clock, DmaBuf};
+use hal::Clock;
 
 use crate::device::{Device, DeviceId, IbCore, MadConfig};
 use crate::error::{Error, Result};
@@ -25,8 +30,8 @@ use crate::smi::{
     smi_handle_dr_smp_recv, smi_handle_dr_smp_send,
 };
 use crate::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, CqNotifyFlags, IB_QP1_QKEY, LinkLayer, Mr, NodeType,
-    Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
+    AccessFlags, Ah, AhAttr, CqInitAttr, CqNotifyFlags, IB_QP1_QKEY, LinkLayer, NodeType, Pd, Qp,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
     SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
 };
 
@@ -88,85 +93,6 @@ pub struct MadCounters {
     /// RMPP segments or transfers dropped (bad, out of order, aborted,
     /// timed out).
     pub rmpp_dropped: u64,
-}
-
-struct AgentPriv {
-    qp_type: QpType,
-    rmpp_version: u8,
-    reg: Option<MadRegReq>,
-    hi_tid: u32,
-    next_tid: u32,
-    mailbox: VecDeque<MadEvent>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SendState {
-    /// Waiting for room on the send queue.
-    Queued,
-    /// Posted in send slot `slot`.
-    OnWire(u32),
-    /// Sent; waiting for the response until `deadline` (ns).
-    WaitResp(u64),
-}
-
-struct SendPriv {
-    generation: u32,
-    agent: Option<u32>,
-    qpi: usize,
-    buf: MadSendBuf,
-    ah: Ah,
-    retries_left: u32,
-    state: SendState,
-    canceled: bool,
-    got_response: bool,
-    /// In flight when the QP went to SQE: repost it when it comes back
-    /// flushed (Linux `mark_sends_for_retry`).
-    retry_on_flush: bool,
-}
-
-struct MadQp {
-    qp: Qp,
-    recv_pages: Vec<DmaBuf>,
-    recv_per_page: usize,
-    send_pages: Vec<DmaBuf>,
-    send_per_page: usize,
-    /// Which send (slab index) occupies each send slot.
-    send_slot: Vec<Option<u32>>,
-    free_slots: Vec<u32>,
-    overflow: VecDeque<u32>,
-}
-
-impl MadQp {
-    fn recv_addr(&self, slot: usize) -> Option<(&DmaBuf, usize)> {
-        let page = self.recv_pages.get(slot / self.recv_per_page)?;
-        Some((page, (slot % self.recv_per_page) * MAD_RECV_BUF))
-    }
-    fn send_addr(&self, slot: usize) -> Option<(&DmaBuf, usize)> {
-        let page = self.send_pages.get(slot / self.send_per_page)?;
-        Some((page, (slot % self.send_per_page) * IB_MGMT_MAD_SIZE))
-    }
-}
-
-/// The MAD layer of one port (`struct ib_mad_port_private` + the port's
-/// `ib_agent_port_private`).
-pub(crate) struct MadPort {
-    port: u8,
-    pd: Option<Pd>,
-    mr: Option<Mr>,
-    cq: Option<Cq>,
-    qps: [Option<MadQp>; 2],
-    agents: Vec<Option<AgentPriv>>,
-    sends: Vec<Option<SendPriv>>,
-    free_sends: Vec<u32>,
-    next_gen: u32,
-    /// Agents' requests by (TID, send index), to match responses without a
-    /// scan of every send.
-    by_tid: BTreeSet<(u64, u32)>,
-    /// No response deadline falls before this (ns); `u64::MAX` if none.
-    next_deadline: u64,
-    /// RMPP transfers being received.
-    pub(crate) rmpp_recvs: Vec<crate::mad_rmpp::RmppRecv>,
-    pub(crate) counters: MadCounters,
 }
 
 fn qp_index(t: QpType) -> Option<usize> {
@@ -348,137 +274,27 @@ pub(crate) fn ib_mad_port_close(dev: &mut Device, mut mp: MadPort) {
     }
 }
 
-impl MadPort {
-    pub(crate) fn port(&self) -> u8 {
-        self.port
-    }
-
-    fn agent_rmpp(&self, idx: u32) -> bool {
-        self.agents
-            .get(idx as usize)
-            .and_then(|a| a.as_ref())
-            .is_some_and(|a| a.rmpp_version != 0)
-    }
-
-    fn agent(&mut self, idx: u32) -> Result<&mut AgentPriv> {
-        self.agents
-            .get_mut(idx as usize)
-            .and_then(|a| a.as_mut())
-            .ok_or(Error::NotFound)
-    }
-
-    fn deliver(&mut self, cfg: &MadConfig, agent: u32, ev: MadEvent) {
-        let Some(Some(a)) = self.agents.get_mut(agent as usize) else {
-            return;
-        };
-        if matches!(ev, MadEvent::Recv(_)) && a.mailbox.len() >= cfg.agent_mailbox {
-            self.counters.drop_mailbox_full += 1;
-            return;
-        }
-        a.mailbox.push_back(ev);
-    }
-
-    /// `find_mad_agent` for a request: the agent registered for its class,
-    /// class version and method on the QP it arrived on.
-    fn find_request_agent(&self, mad: &Mad, qpi: usize) -> Option<u32> {
-        self.agents.iter().enumerate().find_map(|(i, a)| {
-            let a = a.as_ref()?;
-            let r = a.reg.as_ref()?;
-            (qp_index(a.qp_type) == Some(qpi)
-                && r.mgmt_class == mad.mgmt_class()
-                && r.mgmt_class_version == mad.class_version()
-                && r.has_method(mad.method())
-                && (r.oui == [0; 3] || mad.0[37..40] == r.oui))
-                .then_some(i as u32)
-        })
-    }
-
-    /// `find_mad_agent` + `ib_find_send_mad` for a response: the agent whose
-    /// `hi_tid` is the TID's upper half, and its outstanding request with
-    /// that TID and class.
-    fn find_response_send(&self, mad: &Mad) -> Option<(u32, u32)> {
-        let hi = (mad.tid() >> 32) as u32;
-        let agent = self
-            .agents
-            .iter()
-            .position(|a| a.as_ref().is_some_and(|a| a.hi_tid == hi))? as u32;
-        let tid = mad.tid();
-        let send = self
-            .by_tid
-            .range((tid, 0)..=(tid, u32::MAX))
-            .map(|&(_, i)| i)
-            .find(|&i| {
-                self.sends
-                    .get(i as usize)
-                    .and_then(|x| x.as_ref())
-                    .is_some_and(|s| {
-                        s.agent == Some(agent)
-                            && !s.canceled
-                            && !s.got_response
-                            && s.buf.timeout_ms > 0
-                            && s.buf.mad.mgmt_class() == mad.mgmt_class()
-                            && !matches!(s.state, SendState::Queued)
-                    })
-            })?;
-        Some((agent, send))
-    }
-
-    /// Puts send `idx` on the wait list until `deadline`.
-    fn wait_resp(&mut self, idx: u32, deadline: u64) {
-        if let Some(s) = self.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
-            s.state = SendState::WaitResp(deadline);
-            self.next_deadline = self.next_deadline.min(deadline);
-        }
-    }
-
-    fn send_id(&self, idx: u32) -> MadSendId {
-        let generation = self
-            .sends
-            .get(idx as usize)
-            .and_then(|x| x.as_ref())
-            .map_or(0, |s| s.generation);
-        MadSendId((u64::from(generation) << 32) | u64::from(idx))
-    }
-
-    fn lookup_send(&self, id: MadSendId) -> Option<u32> {
-        let idx = (id.0 & 0xffff_ffff) as u32;
-        let generation = (id.0 >> 32) as u32;
-        self.sends
-            .get(idx as usize)
-            .and_then(|s| s.as_ref())
-            .filter(|s| s.generation == generation)
-            .map(|_| idx)
-    }
-}
-
 /// Finishes a send: drops it, destroys its AH, tells its agent.
-fn complete_send(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    cfg: &MadConfig,
-    idx: u32,
-    status: WcStatus,
-    vendor_err: u32,
-) {
-    let id = mp.send_id(idx);
-    let Some(s) = mp.sends.get_mut(idx as usize).and_then(|s| s.take()) else {
+fn complete_send(cx: &mut MadCtx<'_>, idx: u32, status: WcStatus, vendor_err: u32) {
+    let id = cx.mp.send_id(idx);
+    let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|s| s.take()) else {
         return;
     };
-    mp.free_sends.push(idx);
-    mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+    cx.mp.free_sends.push(idx);
+    cx.mp.by_tid.remove(&(s.buf.mad.tid(), idx));
     if let SendState::OnWire(slot) = s.state
-        && let Some(mq) = mp.qps[s.qpi].as_mut()
+        && let Some(mq) = cx.mp.qps[s.qpi].as_mut()
     {
         mq.send_slot[slot as usize] = None;
         mq.free_slots.push(slot);
     }
-    if let Some(mq) = mp.qps[s.qpi].as_mut() {
+    if let Some(mq) = cx.mp.qps[s.qpi].as_mut() {
         mq.overflow.retain(|&i| i != idx);
     }
-    let _ = dev.destroy_ah(s.ah);
+    let _ = cx.dev.destroy_ah(s.ah);
     if let Some(agent) = s.agent {
-        mp.deliver(
-            cfg,
+        cx.mp.deliver(
+            cx.cfg,
             agent,
             MadEvent::SendDone(MadSendWc {
                 id,
@@ -492,15 +308,15 @@ fn complete_send(
 
 /// Posts send `idx` if its QP has a free slot; otherwise queues it (Linux's
 /// overflow list). Ok(false) = queued.
-fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
-    let Some(mr) = mp.mr else {
+fn post_one(cx: &mut MadCtx<'_>, idx: u32) -> Result<bool> {
+    let Some(mr) = cx.mp.mr else {
         return Err(Error::NoDev);
     };
-    let Some(Some(s)) = mp.sends.get_mut(idx as usize) else {
+    let Some(Some(s)) = cx.mp.sends.get_mut(idx as usize) else {
         return Err(Error::NotFound);
     };
     let qpi = s.qpi;
-    let Some(mq) = mp.qps[qpi].as_mut() else {
+    let Some(mq) = cx.mp.qps[qpi].as_mut() else {
         return Err(Error::NoDev);
     };
     let Some(slot) = mq.free_slots.pop() else {
@@ -531,12 +347,12 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
             remote_qpn: s.buf.remote_qpn,
             remote_qkey: s.buf.remote_qkey,
             pkey_index: s.buf.pkey_index,
-            port_num: mp.port,
+            port_num: cx.mp.port,
         },
         inline_data: &[],
     }];
     let qp = mq.qp;
-    match dev.post_send(qp, &wr) {
+    match cx.dev.post_send(qp, &wr) {
         Ok(()) => {
             mq.send_slot[slot as usize] = Some(idx);
             s.state = SendState::OnWire(slot);
@@ -550,9 +366,9 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
 }
 
 /// Posts queued sends while slots are free.
-fn drain_overflow(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig, qpi: usize) {
+fn drain_overflow(cx: &mut MadCtx<'_>, qpi: usize) {
     loop {
-        let Some(mq) = mp.qps[qpi].as_mut() else {
+        let Some(mq) = cx.mp.qps[qpi].as_mut() else {
             return;
         };
         if mq.free_slots.is_empty() {
@@ -561,13 +377,13 @@ fn drain_overflow(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig, qpi: usiz
         let Some(idx) = mq.overflow.pop_front() else {
             return;
         };
-        if let Err(e) = post_one(dev, mp, idx) {
+        if let Err(e) = post_one(cx, idx) {
             log::warn!(
                 "{}: port {}: posting a queued MAD: {e}",
-                dev.name(),
-                mp.port
+                cx.dev.name(),
+                cx.mp.port
             );
-            complete_send(dev, mp, cfg, idx, WcStatus::GeneralErr, 0);
+            complete_send(cx, idx, WcStatus::GeneralErr, 0);
         }
     }
 }
@@ -593,15 +409,12 @@ fn build_smp_wc(qp_num: u32, slid: u16, pkey_index: u16, port: u8) -> Wc {
 /// The send half of `ib_post_send_mad` for one MAD, from an agent or (agent
 /// `None`) from the responder of agent.c.
 fn send_mad(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     agent: Option<u32>,
     qpi: usize,
     mut buf: MadSendBuf,
 ) -> Result<MadSendId> {
-    if mp.qps[qpi].is_none() {
+    if cx.mp.qps[qpi].is_none() {
         return Err(Error::Invalid("no such special QP on this port"));
     }
     if buf.mad.base_version() != IB_MGMT_BASE_VERSION {
@@ -617,7 +430,7 @@ fn send_mad(
         ));
     }
     if let Some(a) = agent {
-        let ap = mp.agent(a)?;
+        let ap = cx.mp.agent(a)?;
         if !ib_response_mad(&buf.mad) {
             let mut lo = buf.mad.tid() as u32;
             if lo == 0 {
@@ -640,7 +453,8 @@ fn send_mad(
             buf.mad.dr_slid()
         } == crate::verbs::IB_LID_PERMISSIVE;
         if lid_part_empty
-            && smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard
+            && smi_handle_dr_smp_send(&mut buf.mad, cx.dev.node_type(), cx.mp.port)
+                == SmiAction::Discard
         {
             return Err(Error::Invalid(
                 "directed-route SMP refused by the SMI send rules (hop count/pointer or path)",
@@ -648,22 +462,22 @@ fn send_mad(
         }
         local = smi_check_local_smp(&buf.mad, true) == SmiAction::Handle;
     }
-    let Some(pd) = mp.pd else {
+    let Some(pd) = cx.mp.pd else {
         return Err(Error::NoDev);
     };
     if local {
-        return handle_outgoing_dr_smp(dev, mp, clock, cfg, agent, buf, pd);
+        return handle_outgoing_dr_smp(cx, agent, buf, pd);
     }
-    let ah = dev.create_ah(pd, &buf.ah_attr)?;
-    let idx = alloc_send(mp, agent, qpi, buf, ah);
-    match post_one(dev, mp, idx) {
-        Ok(_) => Ok(mp.send_id(idx)),
+    let ah = cx.dev.create_ah(pd, &buf.ah_attr)?;
+    let idx = alloc_send(cx.mp, agent, qpi, buf, ah);
+    match post_one(cx, idx) {
+        Ok(_) => Ok(cx.mp.send_id(idx)),
         Err(e) => {
-            let _ = dev.destroy_ah(ah);
-            if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
-                mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+            let _ = cx.dev.destroy_ah(ah);
+            if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
+                cx.mp.by_tid.remove(&(s.buf.mad.tid(), idx));
             }
-            mp.free_sends.push(idx);
+            cx.mp.free_sends.push(idx);
             Err(e)
         }
     }
@@ -704,18 +518,16 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
 /// the driver passes on it) is delivered as a receive, then the send
 /// completes.
 fn handle_outgoing_dr_smp(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     agent: Option<u32>,
     buf: MadSendBuf,
     pd: Pd,
 ) -> Result<MadSendId> {
-    let port = mp.port;
+    let port = cx.mp.port;
     let wc = build_smp_wc(0, buf.mad.dr_slid(), buf.pkey_index, port);
     let mut out = Mad::default();
-    let ret = dev
+    let ret = cx
+        .dev
         .ops
         .process_mad(0, port, Some(&wc), None, &buf.mad, &mut out)
         .unwrap_or(MadResult::FAILURE);
@@ -724,24 +536,24 @@ fn handle_outgoing_dr_smp(
             "the local SMA refused the directed-route SMP",
         ));
     }
-    mp.counters.local_smps += 1;
+    cx.mp.counters.local_smps += 1;
     // A send record without an AH on the wire: the AH is created so that
     // completion is uniform.
-    let ah = dev.create_ah(pd, &buf.ah_attr)?;
+    let ah = cx.dev.create_ah(pd, &buf.ah_attr)?;
     let expects = buf.timeout_ms > 0;
     let mut b = buf;
     b.retries = 0;
     let req = b.mad.clone();
-    let idx = alloc_send(mp, agent, 0, b, ah);
-    let id = mp.send_id(idx);
+    let idx = alloc_send(cx.mp, agent, 0, b, ah);
+    let id = cx.mp.send_id(idx);
     let mut answered = false;
     if ret.contains(MadResult::REPLY) {
         if ib_response_mad(&out)
             && let Some(a) = agent
         {
             answered = expects;
-            mp.deliver(
-                cfg,
+            cx.mp.deliver(
+                cx.cfg,
                 a,
                 MadEvent::Recv(Box::new(MadRecvWc {
                     wc,
@@ -757,9 +569,9 @@ fn handle_outgoing_dr_smp(
         // Treat like an incoming request: to whichever agent takes it. (Linux
         // looks up and delivers the driver's untouched output buffer with the
         // request's TID here; the request itself is what an agent can use.)
-        if let Some(a) = mp.find_request_agent(&req, 0) {
-            mp.deliver(
-                cfg,
+        if let Some(a) = cx.mp.find_request_agent(&req, 0) {
+            cx.mp.deliver(
+                cx.cfg,
                 a,
                 MadEvent::Recv(Box::new(MadRecvWc {
                     wc,
@@ -773,36 +585,29 @@ fn handle_outgoing_dr_smp(
         }
     }
     if expects && !answered {
-        let ms = mp
+        let ms = cx
+            .mp
             .sends
             .get(idx as usize)
             .and_then(|x| x.as_ref())
             .map_or(0, |s| s.buf.timeout_ms);
-        let deadline = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
-        mp.wait_resp(idx, deadline);
+        let deadline = cx.clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+        cx.mp.wait_resp(idx, deadline);
     } else {
-        complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
+        complete_send(cx, idx, WcStatus::Success, 0);
     }
     Ok(id)
 }
 
 /// The receive half: `ib_mad_recv_done_handler` for one good or bad
 /// completion on slot `slot` of QP `qpi`.
-fn recv_done(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    slot: usize,
-    wc: &Wc,
-) {
+fn recv_done(cx: &mut MadCtx<'_>, qpi: usize, slot: usize, wc: &Wc) {
     let mut raw = [0u8; MAD_RECV_BUF];
-    let Some(mq) = mp.qps[qpi].as_ref() else {
+    let Some(mq) = cx.mp.qps[qpi].as_ref() else {
         return;
     };
     let Some((page, off)) = mq.recv_addr(slot) else {
-        mp.counters.recv_errors += 1;
+        cx.mp.counters.recv_errors += 1;
         return;
     };
     page.read_bytes(off, &mut raw);
@@ -810,18 +615,18 @@ fn recv_done(
         // The QP is in error and flushing: posting the buffer again would
         // only have it flushed again, forever. The port is closed or
         // restarted by its owner (Linux leaves the buffer too).
-        mp.counters.recv_flushed += 1;
+        cx.mp.counters.recv_flushed += 1;
         return;
     }
-    if post_recv_slot(dev, mp, qpi, slot).is_err() {
-        mp.counters.repost_failures += 1;
+    if post_recv_slot(cx.dev, cx.mp, qpi, slot).is_err() {
+        cx.mp.counters.repost_failures += 1;
     }
     if wc.status != WcStatus::Success {
-        mp.counters.recv_errors += 1;
+        cx.mp.counters.recv_errors += 1;
         return;
     }
     if (wc.byte_len as usize) < MAD_RECV_BUF {
-        mp.counters.drop_short += 1;
+        cx.mp.counters.drop_short += 1;
         return;
     }
     let grh = wc.wc_flags.contains(WcFlags::GRH).then(|| {
@@ -830,25 +635,15 @@ fn recv_done(
         Grh(g)
     });
     let mut mad = Mad::from_bytes(&raw[IB_GRH_BYTES..]);
-    mp.counters.recv += 1;
-    ib_mad_recv_one(dev, mp, clock, cfg, qpi, wc, grh, &mut mad);
+    cx.mp.counters.recv += 1;
+    ib_mad_recv_one(cx, qpi, wc, grh, &mut mad);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn ib_mad_recv_one(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    wc: &Wc,
-    grh: Option<Grh>,
-    mad: &mut Mad,
-) {
-    let port = mp.port;
+fn ib_mad_recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, mad: &mut Mad) {
+    let port = cx.mp.port;
     // validate_mad
     if mad.base_version() != IB_MGMT_BASE_VERSION {
-        mp.counters.drop_bad_version += 1;
+        cx.mp.counters.drop_bad_version += 1;
         return;
     }
     let smi_class = matches!(
@@ -856,45 +651,47 @@ fn ib_mad_recv_one(
         class::SUBN_LID_ROUTED | class::SUBN_DIRECTED_ROUTE
     );
     if smi_class != (qpi == 0) {
-        mp.counters.drop_wrong_qp += 1;
+        cx.mp.counters.drop_wrong_qp += 1;
         return;
     }
     if mad.mgmt_class() == class::SUBN_DIRECTED_ROUTE
-        && handle_ib_smi(dev.node_type(), dev.phys_port_cnt(), port, mad) == SmiAction::Discard
+        && handle_ib_smi(cx.dev.node_type(), cx.dev.phys_port_cnt(), port, mad)
+            == SmiAction::Discard
     {
-        mp.counters.drop_smi += 1;
+        cx.mp.counters.drop_smi += 1;
         return;
     }
     // The driver's first refusal.
     let mut out = Mad::default();
-    let ret = match dev
+    let ret = match cx
+        .dev
         .ops
         .process_mad(0, port, Some(wc), grh.as_ref(), mad, &mut out)
     {
         Ok(r) => r,
         Err(Error::NoSys) => MadResult::SUCCESS,
         Err(e) => {
-            log::debug!("{}: port {port}: process_mad: {e}", dev.name());
+            log::debug!("{}: port {port}: process_mad: {e}", cx.dev.name());
             MadResult::FAILURE
         }
     };
     if ret.contains(MadResult::SUCCESS) {
         if ret.contains(MadResult::CONSUMED) {
-            mp.counters.consumed += 1;
+            cx.mp.counters.consumed += 1;
             return;
         }
         if ret.contains(MadResult::REPLY) {
-            mp.counters.process_mad_replies += 1;
-            crate::agent::agent_send_response(dev, mp, clock, cfg, &out, grh.as_ref(), wc, qpi);
+            cx.mp.counters.process_mad_replies += 1;
+            crate::agent::agent_send_response(cx, &out, grh.as_ref(), wc, qpi);
             return;
         }
     }
     if ib_response_mad(mad) {
-        let Some((agent, send)) = mp.find_response_send(mad) else {
-            mp.counters.drop_unmatched_response += 1;
+        let Some((agent, send)) = cx.mp.find_response_send(mad) else {
+            cx.mp.counters.drop_unmatched_response += 1;
             return;
         };
-        let id = mp.send_id(send);
+        let id = cx.mp.send_id(send);
         let mut rw = Box::new(MadRecvWc {
             wc: *wc,
             grh,
@@ -903,14 +700,15 @@ fn ib_mad_recv_one(
             send_id: Some(id),
             rmpp_data: None,
         });
-        if mp.agent_rmpp(agent) {
+        if cx.mp.agent_rmpp(agent) {
             use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, Some(id)) {
+            match ib_process_rmpp_recv(cx, agent, wc, grh, mad, Some(id)) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed => {
                     // A transfer in progress keeps its request alive.
-                    let ms = mp
+                    let ms = cx
+                        .mp
                         .sends
                         .get(send as usize)
                         .and_then(|x| x.as_ref())
@@ -919,32 +717,33 @@ fn ib_mad_recv_one(
                             _ => None,
                         });
                     if let Some(ms) = ms {
-                        let d = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
-                        mp.wait_resp(send, d);
+                        let d = cx.clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+                        cx.mp.wait_resp(send, d);
                     }
                     return;
                 }
                 RmppResult::Aborted => {
-                    complete_send(dev, mp, cfg, send, WcStatus::RemAbortErr, 0);
+                    complete_send(cx, send, WcStatus::RemAbortErr, 0);
                     return;
                 }
             }
         }
-        mp.deliver(cfg, agent, MadEvent::Recv(rw));
-        let state = mp
+        cx.mp.deliver(cx.cfg, agent, MadEvent::Recv(rw));
+        let state = cx
+            .mp
             .sends
             .get(send as usize)
             .and_then(|x| x.as_ref())
             .map(|s| s.state);
         if let Some(SendState::WaitResp(_)) = state {
-            complete_send(dev, mp, cfg, send, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
+            complete_send(cx, send, WcStatus::Success, 0);
+        } else if let Some(s) = cx.mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
             // The response beat the send completion.
             s.got_response = true;
         }
         return;
     }
-    if let Some(agent) = mp.find_request_agent(mad, qpi) {
+    if let Some(agent) = cx.mp.find_request_agent(mad, qpi) {
         let mut rw = Box::new(MadRecvWc {
             wc: *wc,
             grh,
@@ -953,15 +752,15 @@ fn ib_mad_recv_one(
             send_id: None,
             rmpp_data: None,
         });
-        if mp.agent_rmpp(agent) {
+        if cx.mp.agent_rmpp(agent) {
             use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, None) {
+            match ib_process_rmpp_recv(cx, agent, wc, grh, mad, None) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed | RmppResult::Aborted => return,
             }
         }
-        mp.deliver(cfg, agent, MadEvent::Recv(rw));
+        cx.mp.deliver(cx.cfg, agent, MadEvent::Recv(rw));
         return;
     }
     // generate_unmatched_resp: a Get or Set nobody takes is answered.
@@ -973,11 +772,11 @@ fn ib_mad_recv_one(
             st |= status::IB_SMP_DIRECTION;
         }
         resp.set_status(st);
-        mp.counters.unsupported_replies += 1;
-        crate::agent::agent_send_response(dev, mp, clock, cfg, &resp, grh.as_ref(), wc, qpi);
+        cx.mp.counters.unsupported_replies += 1;
+        crate::agent::agent_send_response(cx, &resp, grh.as_ref(), wc, qpi);
         return;
     }
-    mp.counters.drop_no_agent += 1;
+    cx.mp.counters.drop_no_agent += 1;
 }
 
 /// `handle_ib_smi` (the DR part of the receive path, for a CA).
@@ -999,76 +798,70 @@ fn handle_ib_smi(node_type: NodeType, phys_port_cnt: u8, port: u8, smp: &mut Mad
 }
 
 /// A send completion (`ib_mad_send_done_handler`).
-fn send_done(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    slot: usize,
-    wc: &Wc,
-) {
-    let Some(mq) = mp.qps[qpi].as_mut() else {
+fn send_done(cx: &mut MadCtx<'_>, qpi: usize, slot: usize, wc: &Wc) {
+    let Some(mq) = cx.mp.qps[qpi].as_mut() else {
         return;
     };
     let Some(Some(idx)) = mq.send_slot.get(slot).copied() else {
         // A completion for a slot we do not have in flight: the device's
         // mistake; count it and go on.
-        mp.counters.send_errors += 1;
+        cx.mp.counters.send_errors += 1;
         return;
     };
     mq.send_slot[slot] = None;
     mq.free_slots.push(slot as u32);
-    if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+    if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
         s.state = SendState::Queued;
     }
-    let (canceled, timeout_ms, got) = match mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
+    let (canceled, timeout_ms, got) = match cx.mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
         Some(s) => (s.canceled, s.buf.timeout_ms, s.got_response),
         None => return,
     };
     if wc.status == WcStatus::WrFlushErr
-        && mp
+        && cx
+            .mp
             .sends
             .get(idx as usize)
             .and_then(|x| x.as_ref())
             .is_some_and(|s| s.retry_on_flush && !s.canceled)
     {
         // Flushed by the SQE of another send: post it again.
-        if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+        if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
             s.retry_on_flush = false;
         }
-        mp.counters.retries += 1;
-        if post_one(dev, mp, idx).is_err() {
-            mp.counters.send_errors += 1;
-            complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        cx.mp.counters.retries += 1;
+        if post_one(cx, idx).is_err() {
+            cx.mp.counters.send_errors += 1;
+            complete_send(cx, idx, wc.status, wc.vendor_err);
         }
     } else if wc.status != WcStatus::Success {
-        mp.counters.send_errors += 1;
+        cx.mp.counters.send_errors += 1;
         if wc.status != WcStatus::WrFlushErr {
-            mad_error_recover(dev, mp, qpi);
+            mad_error_recover(cx, qpi);
         }
-        complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        complete_send(cx, idx, wc.status, wc.vendor_err);
     } else {
-        mp.counters.sent += 1;
+        cx.mp.counters.sent += 1;
         if canceled {
-            complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+            complete_send(cx, idx, WcStatus::WrFlushErr, 0);
         } else if timeout_ms == 0 || got {
-            complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
+            complete_send(cx, idx, WcStatus::Success, 0);
         } else {
-            let deadline = clock
+            let deadline = cx
+                .clock
                 .now_ns()
                 .saturating_add(u64::from(timeout_ms) * 1_000_000);
-            mp.wait_resp(idx, deadline);
+            cx.mp.wait_resp(idx, deadline);
         }
     }
-    drain_overflow(dev, mp, cfg, qpi);
+    drain_overflow(cx, qpi);
 }
 
 /// `mad_error_handler` for a send error: the error put the QP in SQE, so
 /// bring it back to RTS and mark the sends still in flight to be posted
 /// again when they come back flushed.
-fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
-    let Some(qp) = mp.qps[qpi].as_ref().map(|q| q.qp) else {
+fn mad_error_recover(cx: &mut MadCtx<'_>, qpi: usize) {
+    let Some(qp) = cx.mp.qps[qpi].as_ref().map(|q| q.qp) else {
         return;
     };
     let attr = QpAttr {
@@ -1076,9 +869,12 @@ fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
         cur_qp_state: QpState::Sqe,
         ..QpAttr::default()
     };
-    match dev.modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE) {
+    match cx
+        .dev
+        .modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE)
+    {
         Ok(()) => {
-            for s in mp.sends.iter_mut().flatten() {
+            for s in cx.mp.sends.iter_mut().flatten() {
                 if s.qpi == qpi && matches!(s.state, SendState::OnWire(_)) {
                     s.retry_on_flush = true;
                 }
@@ -1086,22 +882,22 @@ fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
         }
         Err(e) => log::error!(
             "{}: port {}: mad_error_handler - ib_modify_qp to RTS: {e}",
-            dev.name(),
-            mp.port
+            cx.dev.name(),
+            cx.mp.port
         ),
     }
 }
 
 /// `timeout_sends`: retries or fails the requests whose response is late.
-fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &MadConfig) -> usize {
-    let now = clock.now_ns();
-    if now < mp.next_deadline {
+fn timeout_sends(cx: &mut MadCtx<'_>) -> usize {
+    let now = cx.clock.now_ns();
+    if now < cx.mp.next_deadline {
         return 0;
     }
     let mut work = 0;
     let mut next = u64::MAX;
-    for idx in 0..mp.sends.len() as u32 {
-        let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+    for idx in 0..cx.mp.sends.len() as u32 {
+        let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
             continue;
         };
         let SendState::WaitResp(deadline) = s.state else {
@@ -1114,17 +910,17 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
         work += 1;
         if s.retries_left > 0 && !s.canceled {
             s.retries_left -= 1;
-            mp.counters.retries += 1;
-            match post_one(dev, mp, idx) {
+            cx.mp.counters.retries += 1;
+            match post_one(cx, idx) {
                 Ok(_) => {}
-                Err(_) => complete_send(dev, mp, cfg, idx, WcStatus::GeneralErr, 0),
+                Err(_) => complete_send(cx, idx, WcStatus::GeneralErr, 0),
             }
         } else {
-            mp.counters.timeouts += 1;
-            complete_send(dev, mp, cfg, idx, WcStatus::RespTimeoutErr, 0);
+            cx.mp.counters.timeouts += 1;
+            complete_send(cx, idx, WcStatus::RespTimeoutErr, 0);
         }
     }
-    mp.next_deadline = next;
+    cx.mp.next_deadline = next;
     work
 }
 
@@ -1136,31 +932,35 @@ pub(crate) fn ib_mad_poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadC
         let Some(mut mp) = dev.mad[pi].take() else {
             continue;
         };
-        work += ib_mad_poll_port(dev, &mut mp, clock, cfg);
+        work += ib_mad_poll_port(&mut MadCtx {
+            dev,
+            mp: &mut mp,
+            clock,
+            cfg,
+        });
         dev.mad[pi] = Some(mp);
     }
     work
 }
 
-fn ib_mad_poll_port(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-) -> usize {
-    let Some(cq) = mp.cq else {
+fn ib_mad_poll_port(cx: &mut MadCtx<'_>) -> usize {
+    let Some(cq) = cx.mp.cq else {
         return 0;
     };
     let mut work = 0;
     let mut wcs = [Wc::default(); 16];
-    while work < cfg.poll_budget {
-        let n = match dev.poll_cq(cq, &mut wcs) {
+    while work < cx.cfg.poll_budget {
+        let n = match cx.dev.poll_cq(cq, &mut wcs) {
             Ok(n) => n.min(wcs.len()),
             Err(e) => {
-                if dev.poll_errors == 0 {
-                    log::warn!("{}: port {}: polling the MAD CQ: {e}", dev.name(), mp.port);
+                if cx.dev.poll_errors == 0 {
+                    log::warn!(
+                        "{}: port {}: polling the MAD CQ: {e}",
+                        cx.dev.name(),
+                        cx.mp.port
+                    );
                 }
-                dev.poll_errors += 1;
+                cx.dev.poll_errors += 1;
                 break;
             }
         };
@@ -1169,9 +969,9 @@ fn ib_mad_poll_port(
             let qpi = ((wc.wr_id >> 32) & 1) as usize;
             let slot = (wc.wr_id & 0xffff_ffff) as usize;
             if send {
-                send_done(dev, mp, clock, cfg, qpi, slot, wc);
+                send_done(cx, qpi, slot, wc);
             } else {
-                recv_done(dev, mp, clock, cfg, qpi, slot, wc);
+                recv_done(cx, qpi, slot, wc);
             }
         }
         work += n;
@@ -1179,12 +979,12 @@ fn ib_mad_poll_port(
             break;
         }
     }
-    let rmpp = if mp.rmpp_recvs.is_empty() {
+    let rmpp = if cx.mp.rmpp_recvs.is_empty() {
         0
     } else {
-        crate::mad_rmpp::rmpp_timeouts(mp, clock.now_ns())
+        crate::mad_rmpp::rmpp_timeouts(cx.mp, cx.clock.now_ns())
     };
-    work + timeout_sends(dev, mp, clock, cfg) + rmpp
+    work + timeout_sends(cx) + rmpp
 }
 
 // ---------------------------------------------------------------------------
@@ -1204,12 +1004,17 @@ impl IbCore {
         &mut self,
         dev: DeviceId,
         port: u8,
-        f: impl FnOnce(&mut Device, &mut MadPort, &dyn Clock, &MadConfig) -> Result<T>,
+        f: impl FnOnce(&mut MadCtx<'_>) -> Result<T>,
     ) -> Result<T> {
         let clock = self.clock.clone();
         let cfg = self.mad_config;
         let (d, mut mp) = self.mad_port(dev, port)?;
-        let r = f(d, &mut mp, &*clock, &cfg);
+        let r = f(&mut MadCtx {
+            dev: d,
+            mp: &mut mp,
+            clock: &*clock,
+            cfg: &cfg,
+        });
         d.mad[usize::from(port - 1)] = Some(mp);
         r
     }
@@ -1269,12 +1074,12 @@ impl IbCore {
         }
         self.next_hi_tid = self.next_hi_tid.wrapping_add(1).max(1);
         let hi_tid = self.next_hi_tid;
-        self.with_mad_port(dev, port, |_, mp, _, _| {
-            if mp.qps[qpi].is_none() {
+        self.with_mad_port(dev, port, |cx| {
+            if cx.mp.qps[qpi].is_none() {
                 return Err(Error::Invalid("this port has no such special QP"));
             }
             if let Some(r) = &reg_req {
-                for a in mp.agents.iter().flatten() {
+                for a in cx.mp.agents.iter().flatten() {
                     if let Some(o) = &a.reg
                         && o.mgmt_class == r.mgmt_class
                         && o.mgmt_class_version == r.mgmt_class_version
@@ -1294,14 +1099,14 @@ impl IbCore {
                 next_tid: 0,
                 mailbox: VecDeque::new(),
             };
-            let idx = match mp.agents.iter().position(|a| a.is_none()) {
+            let idx = match cx.mp.agents.iter().position(|a| a.is_none()) {
                 Some(i) => {
-                    mp.agents[i] = Some(a);
+                    cx.mp.agents[i] = Some(a);
                     i
                 }
                 None => {
-                    mp.agents.push(Some(a));
-                    mp.agents.len() - 1
+                    cx.mp.agents.push(Some(a));
+                    cx.mp.agents.len() - 1
                 }
             };
             Ok(MadAgent {
@@ -1316,13 +1121,13 @@ impl IbCore {
     /// `ib_unregister_mad_agent`: cancels its sends (no completions are
     /// reported any more) and drops its mailbox.
     pub fn ib_unregister_mad_agent(&mut self, agent: MadAgent) -> Result<()> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
-            mp.agent(agent.idx)?;
-            if mp.agents[agent.idx as usize].as_ref().map(|a| a.hi_tid) != Some(agent.hi_tid) {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            cx.mp.agent(agent.idx)?;
+            if cx.mp.agents[agent.idx as usize].as_ref().map(|a| a.hi_tid) != Some(agent.hi_tid) {
                 return Err(Error::NotFound);
             }
-            for idx in 0..mp.sends.len() as u32 {
-                let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+            for idx in 0..cx.mp.sends.len() as u32 {
+                let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                     continue;
                 };
                 if s.agent != Some(agent.idx) {
@@ -1334,11 +1139,11 @@ impl IbCore {
                     s.canceled = true;
                     s.buf.timeout_ms = 0;
                 } else {
-                    complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+                    complete_send(cx, idx, WcStatus::WrFlushErr, 0);
                 }
             }
-            mp.agents[agent.idx as usize] = None;
-            crate::mad_rmpp::rmpp_forget_agent(mp, agent.idx);
+            cx.mp.agents[agent.idx as usize] = None;
+            crate::mad_rmpp::rmpp_forget_agent(cx.mp, agent.idx);
             Ok(())
         })
     }
@@ -1357,20 +1162,20 @@ impl IbCore {
     /// the wire. The completion (and any response) arrives in the agent's
     /// mailbox ([`IbCore::ib_mad_poll_agent`]).
     pub fn ib_post_send_mad(&mut self, agent: MadAgent, buf: MadSendBuf) -> Result<MadSendId> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, clock, cfg| {
-            Self::check_agent(mp, &agent)?;
-            let qpi = qp_index(mp.agent(agent.idx)?.qp_type).ok_or(Error::NoDev)?;
-            send_mad(dev, mp, clock, cfg, Some(agent.idx), qpi, buf)
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let qpi = qp_index(cx.mp.agent(agent.idx)?.qp_type).ok_or(Error::NoDev)?;
+            send_mad(cx, Some(agent.idx), qpi, buf)
         })
     }
 
     /// `ib_cancel_mad`: the send completes with `IB_WC_WR_FLUSH_ERR` (at
     /// once, or when the device finishes with it).
     pub fn ib_cancel_mad(&mut self, agent: MadAgent, id: MadSendId) -> Result<()> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
-            Self::check_agent(mp, &agent)?;
-            let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let idx = cx.mp.lookup_send(id).ok_or(Error::NotFound)?;
+            let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) {
@@ -1379,7 +1184,7 @@ impl IbCore {
             if matches!(s.state, SendState::OnWire(_)) {
                 s.canceled = true;
             } else {
-                complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+                complete_send(cx, idx, WcStatus::WrFlushErr, 0);
             }
             Ok(())
         })
@@ -1391,10 +1196,10 @@ impl IbCore {
         if timeout_ms == 0 {
             return self.ib_cancel_mad(agent, id);
         }
-        self.with_mad_port(agent.dev, agent.port, |_, mp, clock, _| {
-            Self::check_agent(mp, &agent)?;
-            let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let idx = cx.mp.lookup_send(id).ok_or(Error::NotFound)?;
+            let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) || s.canceled {
@@ -1402,10 +1207,11 @@ impl IbCore {
             }
             s.buf.timeout_ms = timeout_ms;
             if let SendState::WaitResp(_) = s.state {
-                let deadline = clock
+                let deadline = cx
+                    .clock
                     .now_ns()
                     .saturating_add(u64::from(timeout_ms) * 1_000_000);
-                mp.wait_resp(idx, deadline);
+                cx.mp.wait_resp(idx, deadline);
             }
             Ok(())
         })
@@ -1413,9 +1219,9 @@ impl IbCore {
 
     /// The next event of an agent's mailbox, oldest first (does not poll).
     pub fn ib_mad_poll_agent(&mut self, agent: MadAgent) -> Option<MadEvent> {
-        self.with_mad_port(agent.dev, agent.port, |_, mp, _, _| {
-            Self::check_agent(mp, &agent)?;
-            Ok(mp.agent(agent.idx)?.mailbox.pop_front())
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            Ok(cx.mp.agent(agent.idx)?.mailbox.pop_front())
         })
         .ok()
         .flatten()
@@ -1427,8 +1233,8 @@ impl IbCore {
         id: MadSendId,
         resp: &mut Option<Box<MadRecvWc>>,
     ) -> Option<MadSendWc> {
-        self.with_mad_port(agent.dev, agent.port, |_, mp, _, _| {
-            let a = mp.agent(agent.idx)?;
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            let a = cx.mp.agent(agent.idx)?;
             let mut done = None;
             a.mailbox.retain(|ev| match ev {
                 MadEvent::Recv(r) if r.send_id == Some(id) && resp.is_none() => {
@@ -1539,7 +1345,7 @@ impl IbCore {
             }
         };
         mad.set_tid(0);
-        self.blocking_get(dev, port, QpType::Smi, mad, dlid, 0, timeout)
+        self.blocking_get(dev, port, QpType::Smi, mad, dlid, timeout)
     }
 
     /// A blocking PerfMgmt Get (what `perfquery` does) to the PMA at `dlid`
@@ -1558,10 +1364,11 @@ impl IbCore {
         let mut mad = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr_id, attr_mod);
         let n = data.len().min(IB_MGMT_MAD_SIZE - 64);
         mad.0[64..64 + n].copy_from_slice(&data[..n]);
-        self.blocking_get(dev, port, QpType::Gsi, mad, dlid, 1, timeout)
+        self.blocking_get(dev, port, QpType::Gsi, mad, dlid, timeout)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Sends `mad` from the QP0 (`Smi`) or QP1 (`Gsi`) of `port` to the
+    /// same QP at `dlid` and waits for the GetResp.
     fn blocking_get(
         &mut self,
         dev: DeviceId,
@@ -1569,9 +1376,9 @@ impl IbCore {
         qp_type: QpType,
         mad: Mad,
         dlid: u16,
-        remote_qpn: u32,
         timeout: Duration,
     ) -> Result<Mad> {
+        let remote_qpn = if qp_type == QpType::Smi { 0 } else { 1 };
         let agent = self.ib_register_mad_agent(dev, port, qp_type, None, 0)?;
         let try_ms = u32::try_from((timeout / 4).as_millis())
             .unwrap_or(u32::MAX)
@@ -1609,13 +1416,6 @@ impl IbCore {
 }
 
 /// Used by agent.c's responder.
-pub(crate) fn send_response(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    buf: MadSendBuf,
-) -> Result<MadSendId> {
-    send_mad(dev, mp, clock, cfg, None, qpi, buf)
+pub(crate) fn send_response(cx: &mut MadCtx<'_>, qpi: usize, buf: MadSendBuf) -> Result<MadSendId> {
+    send_mad(cx, None, qpi, buf)
 }
