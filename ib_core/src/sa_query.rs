@@ -621,20 +621,34 @@ fn sa_poll_device(core: &mut IbCore, dev: DeviceId, sd: &mut SaDevice) -> usize 
     work
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one query asks the SA: method, attribute, component mask and
+/// record (the MAD `init_mad` and the caller fill in Linux), the size an
+/// answer's records must have, and where a PathRecord answer is cached.
+struct SaRequest<'a> {
+    method: u8,
+    attr_id: u16,
+    comp_mask: u64,
+    rec: &'a [u8],
+    min_len: usize,
+    cache_key: Option<PathKey>,
+}
+
 fn start_query(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
     port: u8,
-    method: u8,
-    attr_id: u16,
-    comp_mask: u64,
-    rec: &[u8],
-    min_len: usize,
+    req: SaRequest<'_>,
     timeout: Duration,
-    cache_key: Option<PathKey>,
 ) -> Result<SaQueryId> {
+    let SaRequest {
+        method,
+        attr_id,
+        comp_mask,
+        rec,
+        min_len,
+        cache_key,
+    } = req;
     let mut mad = ib_sa_build_mad(method, attr_id, comp_mask, rec)?;
     if method == sa_method::GET_TABLE {
         sa_set_attr_offset(&mut mad, (min_len.div_ceil(8)) as u16);
@@ -686,23 +700,44 @@ pub fn ib_sa_path_rec_get(
     comp_mask: u64,
     timeout: Duration,
 ) -> Result<SaQueryId> {
-    start_query(
-        core,
-        sa,
-        dev,
-        port,
-        method::GET,
-        sa_attr::PATH_REC,
+    let req = SaRequest {
+        method: method::GET,
+        attr_id: sa_attr::PATH_REC,
         comp_mask,
-        &rec.pack(),
-        PATH_REC_SIZE,
-        timeout,
-        None,
-    )
+        rec: &rec.pack(),
+        min_len: PATH_REC_SIZE,
+        cache_key: None,
+    };
+    start_query(core, sa, dev, port, req, timeout)
 }
 
-/// NodeRecord query: Get (`table` false) or GetTable.
-#[allow(clippy::too_many_arguments)]
+/// A NodeRecord Get (one record: more than one match is an error) or
+/// GetTable (`method` [`method::GET`] or [`sa_method::GET_TABLE`]).
+fn node_rec_request(method: u8, rec: &[u8], comp_mask: u64) -> SaRequest<'_> {
+    SaRequest {
+        method,
+        attr_id: sa_attr::NODE_REC,
+        comp_mask,
+        rec: &rec[..108],
+        min_len: 108,
+        cache_key: None,
+    }
+}
+
+/// A PortInfoRecord Get or GetTable, as [`node_rec_request`].
+fn portinfo_rec_request(method: u8, rec: &[u8], comp_mask: u64) -> SaRequest<'_> {
+    SaRequest {
+        method,
+        attr_id: sa_attr::PORT_INFO_REC,
+        comp_mask,
+        rec: &rec[..68],
+        min_len: 68,
+        cache_key: None,
+    }
+}
+
+/// NodeRecord Get: the one record matching `rec` in the fields
+/// `comp_mask` names (several matches end the query with the SA's error).
 pub fn ib_sa_node_rec_get(
     core: &mut IbCore,
     sa: ClientId,
@@ -710,31 +745,30 @@ pub fn ib_sa_node_rec_get(
     port: u8,
     rec: &NodeRecord,
     comp_mask: u64,
-    table: bool,
     timeout: Duration,
 ) -> Result<SaQueryId> {
-    let m = if table {
-        sa_method::GET_TABLE
-    } else {
-        method::GET
-    };
-    start_query(
-        core,
-        sa,
-        dev,
-        port,
-        m,
-        sa_attr::NODE_REC,
-        comp_mask,
-        &rec.pack()[..108],
-        108,
-        timeout,
-        None,
-    )
+    let rec = rec.pack();
+    let req = node_rec_request(method::GET, &rec, comp_mask);
+    start_query(core, sa, dev, port, req, timeout)
 }
 
-/// PortInfoRecord query: Get (`table` false) or GetTable.
-#[allow(clippy::too_many_arguments)]
+/// NodeRecord GetTable: every record matching `rec` in the fields
+/// `comp_mask` names.
+pub fn ib_sa_node_rec_get_table(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    rec: &NodeRecord,
+    comp_mask: u64,
+    timeout: Duration,
+) -> Result<SaQueryId> {
+    let rec = rec.pack();
+    let req = node_rec_request(sa_method::GET_TABLE, &rec, comp_mask);
+    start_query(core, sa, dev, port, req, timeout)
+}
+
+/// PortInfoRecord Get, as [`ib_sa_node_rec_get`].
 pub fn ib_sa_portinfo_rec_get(
     core: &mut IbCore,
     sa: ClientId,
@@ -742,27 +776,26 @@ pub fn ib_sa_portinfo_rec_get(
     port: u8,
     rec: &PortInfoRecord,
     comp_mask: u64,
-    table: bool,
     timeout: Duration,
 ) -> Result<SaQueryId> {
-    let m = if table {
-        sa_method::GET_TABLE
-    } else {
-        method::GET
-    };
-    start_query(
-        core,
-        sa,
-        dev,
-        port,
-        m,
-        sa_attr::PORT_INFO_REC,
-        comp_mask,
-        &rec.pack()[..68],
-        68,
-        timeout,
-        None,
-    )
+    let rec = rec.pack();
+    let req = portinfo_rec_request(method::GET, &rec, comp_mask);
+    start_query(core, sa, dev, port, req, timeout)
+}
+
+/// PortInfoRecord GetTable, as [`ib_sa_node_rec_get_table`].
+pub fn ib_sa_portinfo_rec_get_table(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    rec: &PortInfoRecord,
+    comp_mask: u64,
+    timeout: Duration,
+) -> Result<SaQueryId> {
+    let rec = rec.pack();
+    let req = portinfo_rec_request(sa_method::GET_TABLE, &rec, comp_mask);
+    start_query(core, sa, dev, port, req, timeout)
 }
 
 /// The answer of a finished query (taken: a second call says `None`);
@@ -847,38 +880,39 @@ fn cached_path(
     .flatten()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A PathRecord Get of `req` from the cache or the SA (the answer is
+/// cached under `req.cache_key`).
 fn path_wait(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
     port: u8,
-    rec: PathRecord,
-    comp_mask: u64,
-    key: PathKey,
+    req: SaRequest<'_>,
     timeout: Duration,
 ) -> Result<PathRecord> {
-    if let Some(p) = cached_path(core, sa, dev, port, &key) {
+    if let Some(key) = &req.cache_key
+        && let Some(p) = cached_path(core, sa, dev, port, key)
+    {
         return Ok(p);
     }
-    let id = start_query(
-        core,
-        sa,
-        dev,
-        port,
-        method::GET,
-        sa_attr::PATH_REC,
-        comp_mask,
-        &rec.pack(),
-        PATH_REC_SIZE,
-        timeout,
-        Some(key),
-    )?;
+    let id = start_query(core, sa, dev, port, req, timeout)?;
     let resp = ib_sa_wait(core, sa, id, timeout)?;
     resp.path_records()?
         .into_iter()
         .next()
         .ok_or(Error::NotFound)
+}
+
+/// The PathRecord Get of `rec` with `comp_mask`, cached under `key`.
+fn path_request(rec: &[u8; PATH_REC_SIZE], comp_mask: u64, key: PathKey) -> SaRequest<'_> {
+    SaRequest {
+        method: method::GET,
+        attr_id: sa_attr::PATH_REC,
+        comp_mask,
+        rec,
+        min_len: PATH_REC_SIZE,
+        cache_key: Some(key),
+    }
 }
 
 /// A path from this port to `dlid` (SGID and SLID from the port cache,
@@ -907,7 +941,9 @@ pub fn sa_path_to_lid(
         | path_comp::PKEY
         | path_comp::NUMB_PATH
         | path_comp::REVERSIBLE;
-    path_wait(core, sa, dev, port, rec, mask, PathKey::Lid(dlid), timeout)
+    let rec = rec.pack();
+    let req = path_request(&rec, mask, PathKey::Lid(dlid));
+    path_wait(core, sa, dev, port, req, timeout)
 }
 
 /// A path from this port to `dgid` (SGID from the port cache), from the
@@ -934,7 +970,9 @@ pub fn sa_path_to_gid(
         | path_comp::PKEY
         | path_comp::NUMB_PATH
         | path_comp::REVERSIBLE;
-    path_wait(core, sa, dev, port, rec, mask, PathKey::Gid(dgid), timeout)
+    let rec = rec.pack();
+    let req = path_request(&rec, mask, PathKey::Gid(dgid));
+    path_wait(core, sa, dev, port, req, timeout)
 }
 
 /// Every NodeRecord the SA has (`saquery` without arguments): a GetTable
@@ -946,16 +984,7 @@ pub fn sa_node_records(
     port: u8,
     timeout: Duration,
 ) -> Result<Vec<NodeRecord>> {
-    let id = ib_sa_node_rec_get(
-        core,
-        sa,
-        dev,
-        port,
-        &NodeRecord::default(),
-        0,
-        true,
-        timeout,
-    )?;
+    let id = ib_sa_node_rec_get_table(core, sa, dev, port, &NodeRecord::default(), 0, timeout)?;
     ib_sa_wait(core, sa, id, timeout)?.node_records()
 }
 
@@ -972,7 +1001,7 @@ pub fn sa_portinfo_records(
         lid,
         ..PortInfoRecord::default()
     };
-    let id = ib_sa_portinfo_rec_get(core, sa, dev, port, &rec, portinfo_comp::LID, true, timeout)?;
+    let id = ib_sa_portinfo_rec_get_table(core, sa, dev, port, &rec, portinfo_comp::LID, timeout)?;
     ib_sa_wait(core, sa, id, timeout)?.portinfo_records()
 }
 

@@ -29,9 +29,9 @@ use core::time::Duration;
 
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail,
-    WrOpcode,
+    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, PortAttr, Qp, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc,
+    WcStatus, WrDetail, WrOpcode,
 };
 
 use crate::perftest::Peer;
@@ -832,33 +832,26 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     };
     let mut res = setup(env, p)?;
     let mut id = None;
-    let r = side(
-        env,
-        p,
-        &mut res,
-        &mut id,
-        attr.lid,
-        gid,
-        attr.active_mtu.bytes(),
-        out,
-    );
+    let r = side(env, p, &mut res, &mut id, &attr, gid, out);
     // A server that ran to the end says so (the client waits for it).
     let done = p.peer.is_none() && r.is_ok();
     teardown(env, res, id, done);
     r
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One side of the test on the port `attr` describes (its LID and active
+/// MTU) with `gid` as the source GID.
 fn side(
     env: &mut Env<'_>,
     p: &Params,
     res: &mut Res,
     id_out: &mut Option<CmId>,
-    lid: u16,
+    attr: &PortAttr,
     gid: Gid,
-    active_mtu: u32,
     out: &mut dyn Write,
 ) -> Result<(), String> {
+    let lid = attr.lid;
+    let active_mtu = attr.active_mtu.bytes();
     let t = p.transport;
     let ud_psn = res.qp.qp_num.wrapping_mul(0x9e37_79b1) & 0xff_ffff;
     if t == Transport::Ud {

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::fake::{add_hca, lock, world};
+use super::fake::{Arrival, add_hca, lock, world};
 use super::*;
 use crate::device::{ClientId, Device, IbClient};
 use crate::error::Error;
@@ -212,7 +212,7 @@ fn snooped_set_portinfo_changes_the_lid_and_the_cache_follows() {
         1,
     );
     m.smp_data_mut()[16..18].copy_from_slice(&33u16.to_be_bytes());
-    assert!(lock(&r.world).deliver(0, 1, 0, None, &m.0, 0, B_LID, 0, None, WcStatus::Success));
+    assert!(lock(&r.world).deliver(0, 1, 0, Arrival::mad(&m.0, 0, B_LID)));
     r.core.poll();
     r.core.poll();
     assert_eq!(r.core.device(r.a).unwrap().port_cache(1).unwrap().lid, 33);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hal::Clock;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::sa::{Rng, sa_rig};
 use super::*;
 use crate::cm::*;
@@ -148,18 +148,7 @@ impl CmRig {
     /// Delivers `mad` to HCA `hca`'s QP1 as if from the other HCA's QP1.
     fn inject(&mut self, hca: usize, mad: &Mad) {
         let slid = if hca == 0 { B_LID } else { A_LID };
-        assert!(lock(&self.r.world).deliver(
-            hca,
-            1,
-            1,
-            None,
-            &mad.0,
-            1,
-            slid,
-            0,
-            None,
-            WcStatus::Success
-        ));
+        assert!(lock(&self.r.world).deliver(hca, 1, 1, Arrival::mad(&mad.0, 1, slid)));
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::*;
 use crate::mad::*;
 use crate::verbs::*;
@@ -200,13 +200,13 @@ fn run(iterations: u64, seed: u64) {
             0,
             1,
             qpn,
-            grh,
-            &mad.0,
-            qpn,
-            slid,
-            rng.byte() & 15,
-            byte_len,
-            wc_status,
+            Arrival {
+                grh,
+                sl: rng.byte() & 15,
+                byte_len,
+                status: wc_status,
+                ..Arrival::mad(&mad.0, qpn, slid)
+            },
         );
         // Now and then the same MAD goes out through the send path instead:
         // the SMI send rules and the QP checks see it, nothing panics.

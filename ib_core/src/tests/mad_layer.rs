@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hal::Clock;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::*;
 use crate::agent::ib_init_ah_from_wc;
 use crate::error::Error;
@@ -402,7 +402,7 @@ fn a_response_with_an_unknown_tid_is_ignored() {
     let mut m2 = m.clone();
     m2.set_tid(0xdead_0000_0001);
     for x in [&m, &other_class, &m2] {
-        assert!(lock(&r.world).deliver(0, 1, 1, None, &x.0, 1, B_LID, 0, None, WcStatus::Success));
+        assert!(lock(&r.world).deliver(0, 1, 1, Arrival::mad(&x.0, 1, B_LID)));
     }
     r.core.poll();
     assert_eq!(
@@ -489,42 +489,28 @@ fn malformed_mads_are_counted_drops_and_the_agent_keeps_working() {
     // Bad base version.
     let mut m = good.clone();
     m.set_base_version(2);
-    w.deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 1, Arrival::mad(&m.0, 1, B_LID));
     // An SMP on QP1, a PMA MAD on QP0.
     let smp = dr_get(attr::NODE_INFO, &[1]);
-    w.deliver(0, 1, 1, None, &smp.0, 1, B_LID, 0, None, WcStatus::Success);
-    w.deliver(0, 1, 0, None, &good.0, 0, B_LID, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 1, Arrival::mad(&smp.0, 1, B_LID));
+    w.deliver(0, 1, 0, Arrival::mad(&good.0, 0, B_LID));
     // DR SMPs with a hop count of 64 and with an absurd hop pointer.
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_hop_cnt(64);
-    w.deliver(0, 1, 0, None, &m.0, 0, 0xffff, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 0, Arrival::mad(&m.0, 0, 0xffff));
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_hop_ptr(7);
-    w.deliver(0, 1, 0, None, &m.0, 0, 0xffff, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 0, Arrival::mad(&m.0, 0, 0xffff));
     // Too short, and a completion in error.
+    w.deliver(0, 1, 1, Arrival::mad(&good.0[..100], 1, B_LID));
     w.deliver(
         0,
         1,
         1,
-        None,
-        &good.0[..100],
-        1,
-        B_LID,
-        0,
-        None,
-        WcStatus::Success,
-    );
-    w.deliver(
-        0,
-        1,
-        1,
-        None,
-        &good.0,
-        1,
-        B_LID,
-        0,
-        None,
-        WcStatus::LocLenErr,
+        Arrival {
+            status: WcStatus::LocLenErr,
+            ..Arrival::mad(&good.0, 1, B_LID)
+        },
     );
     drop(w);
     r.core.poll();
@@ -686,7 +672,7 @@ fn a_full_mailbox_drops_receives_but_never_send_completions() {
         .unwrap();
     let m = Mad::new_request(class::DEVICE_MGMT, 1, method::GET, 0x10, 0);
     for _ in 0..10 {
-        lock(&w).deliver(0, 1, 1, None, &m.0, 1, 5, 0, None, WcStatus::Success);
+        lock(&w).deliver(0, 1, 1, Arrival::mad(&m.0, 1, 5));
     }
     core.poll();
     assert_eq!(core.mad_counters(a, 1).unwrap().drop_mailbox_full, 6);
@@ -795,7 +781,15 @@ fn flushed_receive_buffers_are_not_posted_again() {
     let mut r = rig();
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     for _ in 0..3 {
-        lock(&r.world).deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::WrFlushErr);
+        lock(&r.world).deliver(
+            0,
+            1,
+            1,
+            Arrival {
+                status: WcStatus::WrFlushErr,
+                ..Arrival::mad(&m.0, 1, B_LID)
+            },
+        );
     }
     r.core.poll();
     assert_eq!(r.core.mad_counters(r.a, 1).unwrap().recv_flushed, 3);
@@ -923,13 +917,11 @@ fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
         0,
         1,
         1,
-        Some(grh(a_gid)),
-        &m.0,
-        1,
-        B_LID,
-        3,
-        None,
-        WcStatus::Success,
+        Arrival {
+            grh: Some(grh(a_gid)),
+            sl: 3,
+            ..Arrival::mad(&m.0, 1, B_LID)
+        },
     );
     r.core.poll();
     {
@@ -948,13 +940,11 @@ fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
         0,
         1,
         1,
-        Some(grh(b_gid)),
-        &m.0,
-        1,
-        B_LID,
-        3,
-        None,
-        WcStatus::Success,
+        Arrival {
+            grh: Some(grh(b_gid)),
+            sl: 3,
+            ..Arrival::mad(&m.0, 1, B_LID)
+        },
     );
     r.core.poll();
     assert_eq!(lock(&r.world).wire.len(), 1);

@@ -662,24 +662,22 @@ fn fuzz_random_sa_answers_never_panic() {
                 path_comp::DLID,
                 t,
             ),
-            1 => ib_sa_node_rec_get(
+            1 => ib_sa_node_rec_get_table(
                 &mut s.r.core,
                 s.sa,
                 s.r.a,
                 1,
                 &NodeRecord::default(),
                 0,
-                true,
                 t,
             ),
-            _ => ib_sa_portinfo_rec_get(
+            _ => ib_sa_portinfo_rec_get_table(
                 &mut s.r.core,
                 s.sa,
                 s.r.a,
                 1,
                 &PortInfoRecord::default(),
                 0,
-                true,
                 t,
             ),
         }

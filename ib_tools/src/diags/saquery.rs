@@ -288,7 +288,7 @@ fn node_records(
         }
         None => (NodeRecord::default(), 0),
     };
-    let id = sa_query::ib_sa_node_rec_get(core, sa, src.dev, src.port, &rec, mask, true, timeout)
+    let id = sa_query::ib_sa_node_rec_get_table(core, sa, src.dev, src.port, &rec, mask, timeout)
         .map_err(|e| err("NodeRecord query", e))?;
     let recs = match sa_query::ib_sa_wait(core, sa, id, timeout) {
         Ok(r) => r.node_records().map_err(|e| err("NodeRecord", e))?,

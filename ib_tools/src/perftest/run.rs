@@ -592,7 +592,6 @@ fn serve(
     Ok(id)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn client(
     env: &mut Env<'_>,
     p: &Params,
@@ -744,26 +743,37 @@ fn poll(
     passive: bool,
     on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
-    poll_inner(env, res, cq, want, what, passive, false, on)
+    let mode = WaitMode {
+        passive,
+        flush_ok: false,
+    };
+    poll_inner(env, res, cq, want, what, mode, on)
 }
 
-/// [`poll`]; `flush_ok`: a flushed completion is handed to `on` too
-/// instead of ending the wait in an error.
-#[allow(clippy::too_many_arguments)]
+/// How [`poll_inner`] waits: `passive` as [`poll`] says; `flush_ok`: a
+/// flushed completion is handed to `on` too instead of ending the wait in
+/// an error.
+#[derive(Clone, Copy)]
+struct WaitMode {
+    passive: bool,
+    flush_ok: bool,
+}
+
+/// [`poll`] in a [`WaitMode`].
 fn poll_inner(
     env: &mut Env<'_>,
     res: &Res,
     cq: Cq,
     want: usize,
     what: &str,
-    passive: bool,
-    flush_ok: bool,
+    mode: WaitMode,
     mut on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut wc = [Wc::default(); 16];
     let mut got = 0;
     let mut last = now(env.core);
     let mut spins = 0u32;
+    let WaitMode { passive, flush_ok } = mode;
     let mut psn = if passive { rq_psn(env, res.qp) } else { None };
     while got < want {
         let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
@@ -1304,8 +1314,10 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
         cq,
         1,
         "the end-of-size SEND's completion",
-        false,
-        true,
+        WaitMode {
+            passive: false,
+            flush_ok: true,
+        },
         |_, _| Ok(()),
     )
 }
@@ -1314,7 +1326,6 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
 /// and cool-down margins): as many messages as fit in `secs`, then the
 /// final SEND; bandwidth reports no peak (0.00, as perftest), latency its
 /// duration line (mean latency and transactions per second).
-#[allow(clippy::too_many_arguments)]
 fn drive_duration(
     env: &mut Env<'_>,
     p: &Params,
