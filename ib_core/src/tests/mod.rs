@@ -4,6 +4,7 @@ mod bench;
 mod clients;
 mod cm;
 mod fake;
+mod flags;
 mod fuzz;
 mod mad_layer;
 mod rmpp;
