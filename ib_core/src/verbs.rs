@@ -48,53 +48,43 @@ macro_rules! c_enum {
     };
 }
 
+/// A C flag enum (`enum ib_*_flags`, `enum ib_*_attr_mask`) as a
+/// [`bitflags`] type over its raw value (`.0`, which keeps bits this port
+/// does not name, as the hardware may report them), with Linux's name of
+/// each flag beside it for printing: `Display` joins the names of the set
+/// flags with `|` (bits without a name in hex), `Debug` wraps that in the
+/// type's name.
 macro_rules! c_flags {
     (
         $(#[$m:meta])*
         $vis:vis struct $name:ident : $repr:ty {
-            $( $(#[$vm:meta])* const $flag:ident = $val:expr => $lname:literal; )*
+            $( $(#[$($vm:tt)*])* const $flag:ident = $val:expr => $lname:literal; )*
         }
     ) => {
         $(#[$m])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
         $vis struct $name(pub $repr);
+
+        bitflags::bitflags! {
+            impl $name: $repr {
+                $( $(#[$($vm)*])* const $flag = $val; )*
+            }
+        }
+
         impl $name {
-            $( $(#[$vm])* pub const $flag: $name = $name($val); )*
-            /// No flag.
-            pub const fn empty() -> $name { $name(0) }
-            /// The raw bits.
-            pub const fn bits(self) -> $repr { self.0 }
-            /// True if no flag is set.
-            pub const fn is_empty(self) -> bool { self.0 == 0 }
-            /// True if every flag of `other` is set.
-            pub const fn contains(self, other: $name) -> bool { self.0 & other.0 == other.0 }
-            /// True if any flag of `other` is set.
-            pub const fn intersects(self, other: $name) -> bool { self.0 & other.0 != 0 }
-            /// Union.
-            pub const fn union(self, other: $name) -> $name { $name(self.0 | other.0) }
-            /// Intersection.
-            pub const fn and(self, other: $name) -> $name { $name(self.0 & other.0) }
-            /// The flags of `self` not in `other`.
-            pub const fn difference(self, other: $name) -> $name { $name(self.0 & !other.0) }
-            const NAMES: &'static [($repr, &'static str)] = &[ $( ($val, $lname), )* ];
-        }
-        impl core::ops::BitOr for $name {
-            type Output = $name;
-            fn bitor(self, o: $name) -> $name { $name(self.0 | o.0) }
-        }
-        impl core::ops::BitOrAssign for $name {
-            fn bitor_assign(&mut self, o: $name) { self.0 |= o.0 }
-        }
-        impl core::ops::BitAnd for $name {
-            type Output = $name;
-            fn bitand(self, o: $name) -> $name { $name(self.0 & o.0) }
+            /// Linux's name of each flag, in declaration order.
+            const LINUX_NAMES: &'static [($repr, &'static str)] = &[ $( ($val, $lname), )* ];
+            /// The flags of `self` also in `other` (bitflags' `intersection`).
+            pub const fn and(self, other: $name) -> $name {
+                self.intersection(other)
+            }
         }
         impl fmt::Display for $name {
             /// The Linux names of the set flags joined by `|` (unknown bits in hex).
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 let mut rest = self.0;
                 let mut first = true;
-                for &(v, n) in Self::NAMES {
+                for &(v, n) in Self::LINUX_NAMES {
                     if v != 0 && rest & v == v {
                         if !first { f.write_str("|")?; }
                         f.write_str(n)?;
