@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/agent.c` (3.11): the responder that sends the answers of the driver's SMA/PMA (`process_mad` REPLY) and the "unsupported" answers back on QP0/QP1, with the address built from the request's completion (`ib_init_ah_from_wc` of verbs.c); switch port-0 forwarding is left out.
+//! Port of Linux `drivers/infiniband/core/agent.c` (3.11): the responder that sends the answers of the driver's SMA/PMA and the "unsupported" answers back on QP0/QP1.
+//!
+//! The address is built from the request's completion (`ib_init_ah_from_wc` of
+//! verbs.c). Switch port-0 forwarding is left out.
 
 use crate::device::Device;
 use crate::error::{Error, Result};

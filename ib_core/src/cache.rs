@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/cache.c` (3.11, as LegoOS runs it: refreshed synchronously on the event instead of on a workqueue): per-port copies of the GID and P_Key tables, LID, LMC, SM LID and SM SL, with `ib_get_cached_*`/`ib_find_cached_*`; RoCE GID management is left out.
+//! Port of Linux `drivers/infiniband/core/cache.c` (3.11): per-port copies of the GID and P_Key tables, LID, LMC, SM LID and SM SL, with `ib_get_cached_*`/`ib_find_cached_*`.
+//!
+//! As LegoOS runs it, the cache is refreshed synchronously on the event instead
+//! of on a workqueue. RoCE GID management is left out.
 
 use alloc::vec::Vec;
 

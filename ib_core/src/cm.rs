@@ -1,4 +1,12 @@
-//! Port of Linux `drivers/infiniband/core/cm.c` (3.11; ported but never exercised in LegoOS), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines, REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries from the REQ's response timeouts and max CM retries, duplicate and stale message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr` computes (driven by the CM itself on the QP the caller hands over); LAP/APR (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
+//! Port of Linux `drivers/infiniband/core/cm.c` (3.11), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines.
+//!
+//! Ported but never exercised in LegoOS. It covers
+//! REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries
+//! from the REQ's response timeouts and max CM retries, duplicate and stale
+//! message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr`
+//! computes (driven by the CM itself on the QP the caller hands over). LAP/APR
+//! (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are
+//! left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
 //!
 //! The CM is an [`IbClient`] whose state (one table of connection IDs per
 //! device, one MAD agent per port on QP1) lives in the device's client

@@ -1,4 +1,9 @@
-//! Port of Linux `drivers/infiniband/core/device.c` (3.11): device and client registration, client data, event handlers and dispatch, the verbs entry points of `struct ib_device`, and the progress function that replaces interrupts; sysfs, netlink, name templates ("mlx4_%d" is the provider's job) and the global locks are left out (the caller owns the one [`IbCore`]).
+//! Port of Linux `drivers/infiniband/core/device.c` (3.11): device and client registration, client data, events, the verbs entry points, and the progress function that replaces interrupts.
+//!
+//! Events are Linux's event handlers and their dispatch; the verbs entry points
+//! are those of `struct ib_device`. Sysfs, netlink, name templates ("mlx4_%d"
+//! is the provider's job) and the global locks are left out (the caller owns
+//! the one [`IbCore`]).
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;

@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules, RMPP reassembly, the SA client (`sa_query`) and the CM (`cm`, `cm_msgs`); sending RMPP, redirection, multicast, sysfs and every user-space path are left out.
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs, the cache, UD headers, the MAD layer, SMI, RMPP reassembly, the SA client and the CM.
+//!
+//! Sending RMPP, redirection, multicast, sysfs and every user-space path are
+//! left out.
 //!
 //! There are no interrupts: one progress function, [`IbCore::poll`], polls
 //! every device's event queues (through [`verbs::IbDevice::poll_events`]),

@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/mad.c` (3.11): the MAD layer of each port (QP0/QP1, agents, sends with their timeouts and retries, receives dispatched to agents or the driver's `process_mad`); RMPP reassembly is in `mad_rmpp.rs`, and sending RMPP transfers and redirection are left out.
+//! Port of Linux `drivers/infiniband/core/mad.c` (3.11): the MAD layer of each port (QP0/QP1, agents, sends with their timeouts and retries, receives for the agents or the driver's `process_mad`).
+//!
+//! RMPP reassembly is in `mad_rmpp.rs`; sending RMPP transfers and redirection
+//! are left out.
 //!
 //! The layouts and the agent API's types are Linux's `ib_mad.h` and
 //! `ib_smi.h` (`mad/ib_mad.rs`, `mad/ib_smi.rs`), re-exported here; the

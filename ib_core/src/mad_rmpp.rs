@@ -1,4 +1,8 @@
-//! Port of the receive half of Linux `drivers/infiniband/core/mad_rmpp.c` (3.11, IBTA Vol. 1 13.6): reassembly of multi-segment RMPP transfers (an SA GetTable response) with ACKs that open the sender's window, for agents registered with RMPP version 1; sending RMPP transfers, keeping out-of-order segments and the STOP/ABORT handling of our own transfers are left out.
+//! Port of the receive half of Linux `drivers/infiniband/core/mad_rmpp.c` (3.11): reassembly of multi-segment RMPP transfers (IBTA Vol. 1 13.6) for agents registered with RMPP version 1.
+//!
+//! ACKs open the sender's window; an SA GetTable response is the transfer this
+//! serves. Sending RMPP transfers, keeping out-of-order segments and the
+//! STOP/ABORT handling of our own transfers are left out.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;

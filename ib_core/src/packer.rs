@@ -1,4 +1,8 @@
-//! Port of Linux `drivers/infiniband/core/packer.c` (3.11): big-endian bit-field packing driven by field tables (`struct ib_field`); Linux's struct-offset half of the descriptor is replaced by an index into a value array, and its `memcpy` fields wider than 64 bits are left to the caller (the GIDs of a GRH).
+//! Port of Linux `drivers/infiniband/core/packer.c` (3.11): big-endian bit-field packing driven by field tables (`struct ib_field`).
+//!
+//! Linux's struct-offset half of the descriptor is replaced by an index into a
+//! value array, and its `memcpy` fields wider than 64 bits are left to the
+//! caller (the GIDs of a GRH).
 
 use crate::error::{Error, Result};
 

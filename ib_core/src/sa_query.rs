@@ -1,4 +1,12 @@
-//! Port of Linux `drivers/infiniband/core/sa_query.c` (3.11, absent in LegoOS), busy-polled: PathRecord, NodeRecord and PortInfoRecord queries (SubnAdmGet and SubnAdmGetTable) sent on QP1 to the SM's LID and SL (`update_sm_ah`), with retries and backoff while the SA does not answer, and a per-port PathRecord cache dropped on LID change, SM change and client re-register; ServiceRecord, MCMemberRecord (`multicast.c`), InformInfo/notices, SA redirection and sending RMPP are left out (a GetTable answer spanning several MADs is taken through the MAD layer's RMPP reassembly).
+//! Port of Linux `drivers/infiniband/core/sa_query.c` (3.11), busy-polled: PathRecord, NodeRecord and PortInfoRecord queries to the SA, with retries, backoff and a per-port PathRecord cache.
+//!
+//! Absent in LegoOS. Queries (SubnAdmGet and SubnAdmGetTable) go on QP1 to the
+//! SM's LID and SL (`update_sm_ah`) and are retried with backoff while the SA
+//! does not answer; the PathRecord cache is dropped on LID change, SM change
+//! and client re-register. ServiceRecord, MCMemberRecord (`multicast.c`),
+//! InformInfo/notices, SA redirection and sending RMPP are left out (a GetTable
+//! answer spanning several MADs is taken through the MAD layer's RMPP
+//! reassembly).
 //!
 //! The SA client is an [`IbClient`] whose per-device state lives in the
 //! device's client data (as Linux's `ib_sa_device`); it is driven by

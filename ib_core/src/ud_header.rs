@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/ud_header.c` (3.11): the UD packet headers a driver puts in front of a QP0/QP1 send (LRH, GRH, BTH, DETH, immediate), their init, pack and unpack; Ethernet/VLAN headers (RoCE) are left out, and ICRC/VCRC are the hardware's business.
+//! Port of Linux `drivers/infiniband/core/ud_header.c` (3.11): the UD packet headers (LRH, GRH, BTH, DETH, immediate) a driver puts in front of a QP0/QP1 send, with their init, pack and unpack.
+//!
+//! Ethernet/VLAN headers (RoCE) are left out, and ICRC/VCRC are the hardware's
+//! business.
 //!
 //! The field tables follow IBTA Vol. 1 9.2/8.2/8.3 (and Linux's `lrh_table`,
 //! `grh_table`, `bth_table`, `deth_table`). One deliberate difference from

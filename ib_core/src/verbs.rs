@@ -1,4 +1,8 @@
-//! Port of Linux `include/rdma/ib_verbs.h` and `drivers/infiniband/core/verbs.c` (3.11): verbs types with Linux's names and values, the provider trait (`struct ib_device`'s ops), and `ib_modify_qp_is_ok`; XRC, raw packet QPs, memory windows, FMRs, fast-reg page lists, multicast attach, flow steering and every user-space (`ib_udata`) path are left out.
+//! Port of Linux `include/rdma/ib_verbs.h` and `drivers/infiniband/core/verbs.c` (3.11): verbs types with Linux's names and values, the provider trait and `ib_modify_qp_is_ok`.
+//!
+//! The provider trait is `struct ib_device`'s ops. XRC, raw packet QPs, memory
+//! windows, FMRs, fast-reg page lists, multicast attach, flow steering and
+//! every user-space (`ib_udata`) path are left out.
 //!
 //! Objects are small typed handles chosen by the provider ([`Pd`], [`Cq`],
 //! [`Qp`], [`Srq`], [`Ah`], [`Mr`]); the provider keeps the state behind them.

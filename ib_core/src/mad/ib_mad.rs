@@ -1,4 +1,8 @@
-//! Port of Linux `include/rdma/ib_mad.h` (3.11): the 256-byte MAD with its common header, the management classes, methods and status values, and the agent API's types (registration request, send buffer, receive and send completions); the RMPP header is in `mad_rmpp.rs`, the SMP's fields in `ib_smi.rs`.
+//! Port of Linux `include/rdma/ib_mad.h` (3.11): the 256-byte MAD with its common header, the management classes, methods and status values, and the types of the agent API.
+//!
+//! The agent API's types are the registration request, the send buffer and the
+//! receive and send completions. The RMPP header is in `mad_rmpp.rs`, the SMP's
+//! fields in `ib_smi.rs`.
 //!
 //! `struct ib_grh` (Linux keeps it in `ib_verbs.h`) is here too, as the
 //! MAD layer hands it to agents with every MAD received through a GRH.

@@ -1,4 +1,7 @@
-//! Port of Linux `include/rdma/ib_smi.h` (3.11): the SMP's fields in a [`Mad`] (`struct ib_smp`: hop pointer and count, M_Key, DrSLID/DrDLID, the data and the two paths) and the attribute IDs of the SMA and PMA; `struct ib_port_info` is left to the readers of PortInfo.
+//! Port of Linux `include/rdma/ib_smi.h` (3.11): the SMP's fields in a [`Mad`] (`struct ib_smp`) and the attribute IDs of the SMA and PMA.
+//!
+//! The fields are the hop pointer and count, M_Key, DrSLID/DrDLID, the data and
+//! the two paths. `struct ib_port_info` is left to the readers of PortInfo.
 
 use super::ib_mad::{Mad, be16, be64, field, status};
 

@@ -1,4 +1,7 @@
-//! Figures, not assertions: the cost of the progress function when idle and of a MAD round trip, over the fake provider (so the provider's own cost is in them). `cargo test --release -p ib_core bench -- --ignored --nocapture`.
+//! Figures, not assertions: the cost of the progress function when idle and of a MAD round trip, over the fake provider.
+//!
+//! The provider's own cost is in them. Run with `cargo test --release -p
+//! ib_core bench -- --ignored --nocapture`.
 
 use std::time::{Duration, Instant};
 

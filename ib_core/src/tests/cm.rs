@@ -1,4 +1,10 @@
-//! The CM end to end between the two fake HCAs (paths from the fake SA): connect, accept and disconnect with both RC QPs driven to RTS with the attributes the REQ and REP carry; REJ with reason and private data; unknown service; MRA; duplicate REQ (REP re-sent), stale REQ in time-wait, REP for an unknown ID; a silent peer and a lost DREQ ending in their timeouts; random CM MADs.
+//! The CM end to end between the two fake HCAs, with paths from the fake SA.
+//!
+//! Connect, accept and disconnect with both RC QPs driven to RTS with the
+//! attributes the REQ and REP carry; REJ with reason and private data; unknown
+//! service; MRA; duplicate REQ (REP re-sent), stale REQ in time-wait, REP for
+//! an unknown ID; a silent peer and a lost DREQ ending in their timeouts;
+//! random CM MADs.
 
 use std::time::Duration;
 

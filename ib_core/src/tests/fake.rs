@@ -1,4 +1,7 @@
-//! A fake provider for ib_core's own tests: software HCAs whose ports are cabled back to back, moving QP0/QP1 traffic through DMA memory by bus address, with a small SMA/PMA behind `process_mad`; data-path QPs other than the special ones, MRs and SRQs are only bookkept.
+//! A fake provider for ib_core's own tests: software HCAs whose ports are cabled back to back, with a small SMA/PMA behind `process_mad`.
+//!
+//! QP0/QP1 traffic moves through DMA memory by bus address; data-path QPs other
+//! than the special ones, MRs and SRQs are only bookkept.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,4 +1,8 @@
-//! The SA client against a small fake SA (an agent on the other HCA's QP1, polled as a client): PathRecord by LID and GID, retries while the SA is silent, BUSY, no records, timeouts within the deadline, the cache and the events that drop it, NodeRecord and PortInfoRecord tables, and random answers.
+//! The SA client against a small fake SA (an agent on the other HCA's QP1, polled as a client).
+//!
+//! PathRecord by LID and GID, retries while the SA is silent, BUSY, no records,
+//! timeouts within the deadline, the cache and the events that drop it,
+//! NodeRecord and PortInfoRecord tables, and random answers.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
