@@ -12,7 +12,8 @@ use crate::verbs::{AhAttr, GlobalRoute, IB_QP_SET_QKEY, Wc, WcFlags};
 /// received packet: its LID, SL and path bits, and with a GRH the reverse
 /// route (hop limit 0xff) from the GID index of the GID the packet was sent
 /// to; a GRH to a GID this port does not have is an error, as in Linux.
-pub fn ib_init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> Result<AhAttr> {
+#[doc(alias = "ib_init_ah_from_wc")]
+pub fn init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> Result<AhAttr> {
     let grh = match (wc.wc_flags.contains(WcFlags::GRH), grh) {
         (true, Some(g)) => {
             let (p, i) = dev
@@ -54,7 +55,7 @@ pub(crate) fn agent_send_response(
     qpi: usize,
 ) {
     let port = cx.mp.port();
-    let ah_attr = match ib_init_ah_from_wc(cx.dev, port, wc, grh) {
+    let ah_attr = match init_ah_from_wc(cx.dev, port, wc, grh) {
         Ok(a) => a,
         Err(e) => {
             cx.mp.counters.send_errors += 1;

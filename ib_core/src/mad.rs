@@ -113,7 +113,8 @@ fn wr_id(send: bool, qpi: usize, slot: usize) -> u64 {
 /// `ib_mad_port_open` + `ib_mad_port_start`: PD, DMA MR, one CQ, QP0 (on an
 /// InfiniBand port) and QP1 brought to RTS, receive buffers with their GRH
 /// area posted.
-pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> Result<MadPort> {
+#[doc(alias = "ib_mad_port_open")]
+pub(crate) fn port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> Result<MadPort> {
     let mut mp = MadPort {
         port,
         pd: None,
@@ -132,7 +133,7 @@ pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> R
     match port_open_inner(dev, &mut mp, cfg) {
         Ok(()) => Ok(mp),
         Err(e) => {
-            ib_mad_port_close(dev, mp);
+            port_close(dev, mp);
             Err(e)
         }
     }
@@ -253,7 +254,8 @@ fn post_recv_slot(dev: &mut Device, mp: &MadPort, qpi: usize, slot: usize) -> Re
 
 /// `ib_mad_port_close`: destroys the QPs, CQ, MR and PD (whatever exists),
 /// and drops pending sends (destroying their AHs) and the agents.
-pub(crate) fn ib_mad_port_close(dev: &mut Device, mut mp: MadPort) {
+#[doc(alias = "ib_mad_port_close")]
+pub(crate) fn port_close(dev: &mut Device, mut mp: MadPort) {
     for s in mp.sends.iter_mut() {
         if let Some(s) = s.take() {
             let _ = dev.destroy_ah(s.ah);
@@ -434,7 +436,7 @@ fn send_mad(
     }
     if let Some(a) = agent {
         let ap = cx.mp.agent(a)?;
-        if !ib_response_mad(&buf.mad) {
+        if !response_mad(&buf.mad) {
             let mut lo = buf.mad.tid() as u32;
             if lo == 0 {
                 ap.next_tid = ap.next_tid.wrapping_add(1).max(1);
@@ -501,7 +503,7 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
         got_response: false,
         retry_on_flush: false,
     };
-    let tracked = s.agent.is_some() && !ib_response_mad(&s.buf.mad);
+    let tracked = s.agent.is_some() && !response_mad(&s.buf.mad);
     let tid = s.buf.mad.tid();
     let i = if let Some(i) = mp.free_sends.pop() {
         mp.sends[i as usize] = Some(s);
@@ -551,7 +553,7 @@ fn handle_outgoing_dr_smp(
     let id = cx.mp.send_id(idx);
     let mut answered = false;
     if ret.contains(MadResult::REPLY) {
-        if ib_response_mad(&out)
+        if response_mad(&out)
             && let Some(a) = agent
         {
             answered = expects;
@@ -639,10 +641,10 @@ fn recv_done(cx: &mut MadCtx<'_>, qpi: usize, slot: usize, wc: &Wc) {
     });
     let mut mad = Mad::from_bytes(&raw[IB_GRH_BYTES..]);
     cx.mp.counters.recv += 1;
-    ib_mad_recv_one(cx, qpi, wc, grh, &mut mad);
+    recv_one(cx, qpi, wc, grh, &mut mad);
 }
 
-fn ib_mad_recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, mad: &mut Mad) {
+fn recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, mad: &mut Mad) {
     let port = cx.mp.port;
     // validate_mad
     if mad.base_version() != IB_MGMT_BASE_VERSION {
@@ -689,7 +691,7 @@ fn ib_mad_recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, m
             return;
         }
     }
-    if ib_response_mad(mad) {
+    if response_mad(mad) {
         let Some((agent, send)) = cx.mp.find_response_send(mad) else {
             cx.mp.counters.drop_unmatched_response += 1;
             return;
@@ -704,8 +706,8 @@ fn ib_mad_recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, m
             rmpp_data: None,
         });
         if cx.mp.agent_rmpp(agent) {
-            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(cx, agent, wc, grh, mad, Some(id)) {
+            use crate::mad_rmpp::{RmppResult, process_rmpp_recv};
+            match process_rmpp_recv(cx, agent, wc, grh, mad, Some(id)) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed => {
@@ -756,8 +758,8 @@ fn ib_mad_recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, m
             rmpp_data: None,
         });
         if cx.mp.agent_rmpp(agent) {
-            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(cx, agent, wc, grh, mad, None) {
+            use crate::mad_rmpp::{RmppResult, process_rmpp_recv};
+            match process_rmpp_recv(cx, agent, wc, grh, mad, None) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed | RmppResult::Aborted => return,
@@ -929,13 +931,13 @@ fn timeout_sends(cx: &mut MadCtx<'_>) -> usize {
 
 /// The MAD completion handler and timeout work of every port of a device;
 /// returns the completions and timeouts handled.
-pub(crate) fn ib_mad_poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadConfig) -> usize {
+pub(crate) fn poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadConfig) -> usize {
     let mut work = 0;
     for pi in 0..dev.mad.len() {
         let Some(mut mp) = dev.mad[pi].take() else {
             continue;
         };
-        work += ib_mad_poll_port(&mut MadCtx {
+        work += poll_port(&mut MadCtx {
             dev,
             mp: &mut mp,
             clock,
@@ -946,7 +948,7 @@ pub(crate) fn ib_mad_poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadC
     work
 }
 
-fn ib_mad_poll_port(cx: &mut MadCtx<'_>) -> usize {
+fn poll_port(cx: &mut MadCtx<'_>) -> usize {
     let Some(cq) = cx.mp.cq else {
         return 0;
     };
@@ -1030,7 +1032,8 @@ impl IbCore {
     /// its OUI ([`MadRegReq::with_oui`]; its MADs are then matched on the
     /// OUI at byte 37, as Linux's vendor-class tables do), and any RMPP
     /// version); without, it only sends and gets responses.
-    pub fn ib_register_mad_agent(
+    #[doc(alias = "ib_register_mad_agent")]
+    pub fn register_mad_agent(
         &mut self,
         dev: DeviceId,
         port: u8,
@@ -1071,7 +1074,7 @@ impl IbCore {
             if smi != (qpi == 0) {
                 return Err(Error::Invalid("SM classes register on QP0, others on QP1"));
             }
-            if rmpp_version != 0 && !crate::mad_rmpp::ib_is_mad_class_rmpp(r.mgmt_class) {
+            if rmpp_version != 0 && !crate::mad_rmpp::is_mad_class_rmpp(r.mgmt_class) {
                 return Err(Error::Invalid("RMPP on a class that does not use it"));
             }
         }
@@ -1123,7 +1126,8 @@ impl IbCore {
 
     /// `ib_unregister_mad_agent`: cancels its sends (no completions are
     /// reported any more) and drops its mailbox.
-    pub fn ib_unregister_mad_agent(&mut self, agent: MadAgent) -> Result<()> {
+    #[doc(alias = "ib_unregister_mad_agent")]
+    pub fn unregister_mad_agent(&mut self, agent: MadAgent) -> Result<()> {
         self.with_mad_port(agent.dev, agent.port, |cx| {
             cx.mp.agent(agent.idx)?;
             if cx.mp.agents[agent.idx as usize].as_ref().map(|a| a.hi_tid) != Some(agent.hi_tid) {
@@ -1163,8 +1167,9 @@ impl IbCore {
     /// through the SMI send rules (refused with `-EINVAL` if they drop it)
     /// and one for this port's own SMA is answered by `process_mad` without
     /// the wire. The completion (and any response) arrives in the agent's
-    /// mailbox ([`IbCore::ib_mad_poll_agent`]).
-    pub fn ib_post_send_mad(&mut self, agent: MadAgent, buf: MadSendBuf) -> Result<MadSendId> {
+    /// mailbox ([`IbCore::mad_poll_agent`]).
+    #[doc(alias = "ib_post_send_mad")]
+    pub fn post_send_mad(&mut self, agent: MadAgent, buf: MadSendBuf) -> Result<MadSendId> {
         self.with_mad_port(agent.dev, agent.port, |cx| {
             Self::check_agent(cx.mp, &agent)?;
             let qpi = qp_index(cx.mp.agent(agent.idx)?.qp_type).ok_or(Error::NoDev)?;
@@ -1174,7 +1179,8 @@ impl IbCore {
 
     /// `ib_cancel_mad`: the send completes with `IB_WC_WR_FLUSH_ERR` (at
     /// once, or when the device finishes with it).
-    pub fn ib_cancel_mad(&mut self, agent: MadAgent, id: MadSendId) -> Result<()> {
+    #[doc(alias = "ib_cancel_mad")]
+    pub fn cancel_mad(&mut self, agent: MadAgent, id: MadSendId) -> Result<()> {
         self.with_mad_port(agent.dev, agent.port, |cx| {
             Self::check_agent(cx.mp, &agent)?;
             let idx = cx.mp.lookup_send(id).ok_or(Error::NotFound)?;
@@ -1195,9 +1201,10 @@ impl IbCore {
 
     /// `ib_modify_mad`: gives an outstanding request a new response timeout
     /// counted from now (what CM does on an MRA); 0 cancels it.
-    pub fn ib_modify_mad(&mut self, agent: MadAgent, id: MadSendId, timeout_ms: u32) -> Result<()> {
+    #[doc(alias = "ib_modify_mad")]
+    pub fn modify_mad(&mut self, agent: MadAgent, id: MadSendId, timeout_ms: u32) -> Result<()> {
         if timeout_ms == 0 {
-            return self.ib_cancel_mad(agent, id);
+            return self.cancel_mad(agent, id);
         }
         self.with_mad_port(agent.dev, agent.port, |cx| {
             Self::check_agent(cx.mp, &agent)?;
@@ -1221,7 +1228,7 @@ impl IbCore {
     }
 
     /// The next event of an agent's mailbox, oldest first (does not poll).
-    pub fn ib_mad_poll_agent(&mut self, agent: MadAgent) -> Option<MadEvent> {
+    pub fn mad_poll_agent(&mut self, agent: MadAgent) -> Option<MadEvent> {
         self.with_mad_port(agent.dev, agent.port, |cx| {
             Self::check_agent(cx.mp, &agent)?;
             Ok(cx.mp.agent(agent.idx)?.mailbox.pop_front())
@@ -1260,19 +1267,19 @@ impl IbCore {
     /// response, the last retry's timeout, or an error), at most `timeout`.
     /// Returns the send completion and the response, if one came; other
     /// events stay in the mailbox.
-    pub fn ib_send_mad_wait(
+    pub fn send_mad_wait(
         &mut self,
         agent: MadAgent,
         buf: MadSendBuf,
         timeout: Duration,
     ) -> Result<(MadSendWc, Option<Box<MadRecvWc>>)> {
-        let id = self.ib_post_send_mad(agent, buf)?;
+        let id = self.post_send_mad(agent, buf)?;
         let mut resp = None;
         let r = self.poll_until(timeout, |core| core.take_send_events(agent, id, &mut resp));
         match r {
             Ok(done) => Ok((done, resp)),
             Err(e) => {
-                let _ = self.ib_cancel_mad(agent, id);
+                let _ = self.cancel_mad(agent, id);
                 Err(e)
             }
         }
@@ -1382,7 +1389,7 @@ impl IbCore {
         timeout: Duration,
     ) -> Result<Mad> {
         let remote_qpn = if qp_type == QpType::Smi { 0 } else { 1 };
-        let agent = self.ib_register_mad_agent(dev, port, qp_type, None, 0)?;
+        let agent = self.register_mad_agent(dev, port, qp_type, None, 0)?;
         let try_ms = u32::try_from((timeout / 4).as_millis())
             .unwrap_or(u32::MAX)
             .max(1);
@@ -1397,12 +1404,12 @@ impl IbCore {
         );
         buf.timeout_ms = try_ms;
         buf.retries = 3;
-        let r = self.ib_send_mad_wait(
+        let r = self.send_mad_wait(
             agent,
             buf,
             timeout + Duration::from_millis(u64::from(try_ms)),
         );
-        let _ = self.ib_unregister_mad_agent(agent);
+        let _ = self.unregister_mad_agent(agent);
         let (done, resp) = r?;
         match (done.status, resp) {
             (WcStatus::Success, Some(resp)) => {

@@ -56,7 +56,8 @@ pub const RMPP_MAX_MESSAGE: usize = 4 << 20;
 pub const RMPP_MAX_RECVS: usize = 16;
 
 /// `ib_is_mad_class_rmpp`.
-pub fn ib_is_mad_class_rmpp(mgmt_class: u8) -> bool {
+#[doc(alias = "ib_is_mad_class_rmpp")]
+pub fn is_mad_class_rmpp(mgmt_class: u8) -> bool {
     matches!(
         mgmt_class,
         class::SUBN_ADM | class::DEVICE_MGMT | class::DEVICE_ADM | class::BIS
@@ -65,7 +66,8 @@ pub fn ib_is_mad_class_rmpp(mgmt_class: u8) -> bool {
 
 /// `ib_get_mad_data_offset`: where a class's data starts (the class header
 /// is repeated in every segment).
-pub fn ib_get_mad_data_offset(mgmt_class: u8) -> usize {
+#[doc(alias = "ib_get_mad_data_offset")]
+pub fn get_mad_data_offset(mgmt_class: u8) -> usize {
     match mgmt_class {
         class::SUBN_ADM => 56,
         class::DEVICE_MGMT | class::DEVICE_ADM | class::BIS => 64,
@@ -166,7 +168,7 @@ fn send_ack(
     newwin: u32,
     abort: Option<u8>,
 ) {
-    let hdr_len = ib_get_mad_data_offset(seg.mgmt_class()).min(IB_MGMT_MAD_SIZE);
+    let hdr_len = get_mad_data_offset(seg.mgmt_class()).min(IB_MGMT_MAD_SIZE);
     let mut ack = Mad::default();
     ack.0[..hdr_len].copy_from_slice(&seg.0[..hdr_len]);
     ack.set_method(seg.method() ^ crate::mad::method::RESP);
@@ -183,7 +185,7 @@ fn send_ack(
         paylen_newwin: newwin,
     }
     .write(&mut ack);
-    let Ok(ah) = crate::agent::ib_init_ah_from_wc(cx.dev, cx.mp.port(), wc, grh) else {
+    let Ok(ah) = crate::agent::init_ah_from_wc(cx.dev, cx.mp.port(), wc, grh) else {
         cx.mp.counters.send_errors += 1;
         return;
     };
@@ -196,7 +198,8 @@ fn send_ack(
 }
 
 /// `ib_process_rmpp_recv_wc` for an agent with RMPP on: takes one segment.
-pub(crate) fn ib_process_rmpp_recv(
+#[doc(alias = "ib_process_rmpp_recv_wc")]
+pub(crate) fn process_rmpp_recv(
     cx: &mut MadCtx<'_>,
     agent: u32,
     wc: &Wc,
@@ -205,7 +208,7 @@ pub(crate) fn ib_process_rmpp_recv(
     send_id: Option<crate::mad::MadSendId>,
 ) -> RmppResult {
     let h = RmppHdr::read(mad);
-    if !h.active() || !ib_is_mad_class_rmpp(mad.mgmt_class()) {
+    if !h.active() || !is_mad_class_rmpp(mad.mgmt_class()) {
         return RmppResult::NotRmpp;
     }
     cx.mp.counters.rmpp_segments += 1;
@@ -240,7 +243,7 @@ pub(crate) fn ib_process_rmpp_recv(
             return RmppResult::Consumed;
         }
     }
-    let hdr_len = ib_get_mad_data_offset(mad.mgmt_class());
+    let hdr_len = get_mad_data_offset(mad.mgmt_class());
     let seg_data = &mad.0[hdr_len..];
     let first = h.flags & rmpp_flag::FIRST != 0;
     let last = h.flags & rmpp_flag::LAST != 0;

@@ -42,7 +42,7 @@ fn response_records(mad: &Mad, rmpp_data: Option<&[u8]>, min_len: usize) -> Resu
     if mad.method() != sa_method::GET_TABLE_RESP {
         return Err(Error::Invalid("SA response with an unexpected method"));
     }
-    let stride = usize::from(sa_attr_offset(mad)) * 8;
+    let stride = usize::from(attr_offset(mad)) * 8;
     let data: &[u8] = match rmpp_data {
         Some(d) => d,
         None => {
@@ -282,18 +282,19 @@ pub struct SaClient {
 /// client already registered, so every user (perftest, the diags, the
 /// remote-memory service) shares its agents, its SM address and its path
 /// cache instead of asking the SA again for what another user learned.
-pub fn ib_sa_init(core: &mut IbCore) -> ClientId {
-    ib_sa_init_with(core, SaRetry::default())
+#[doc(alias = "ib_sa_init")]
+pub fn init(core: &mut IbCore) -> ClientId {
+    init_with(core, SaRetry::default())
 }
 
-/// [`ib_sa_init`] with another retry policy; the policy is the first
+/// [`init`] with another retry policy; the policy is the first
 /// registration's when the client already exists.
-pub fn ib_sa_init_with(core: &mut IbCore, retry: SaRetry) -> ClientId {
+pub fn init_with(core: &mut IbCore, retry: SaRetry) -> ClientId {
     let client = SaClient { retry };
     if let Some(id) = core.client_by_name(client.name()) {
         return id;
     }
-    core.ib_register_client(Box::new(client))
+    core.register_client(Box::new(client))
 }
 
 impl IbClient for SaClient {
@@ -327,14 +328,15 @@ impl IbClient for SaClient {
     fn remove(&mut self, _me: ClientId, _dev: &mut Device) {
         // The MAD agents go with the device's MAD ports.
     }
-    fn event(&mut self, me: ClientId, dev: &mut Device, event: &Event) {
-        let EventElement::Port(p) = event.element else {
+    #[doc(alias = "ib_sa_event")]
+    fn event(&mut self, me: ClientId, dev: &mut Device, ev: &Event) {
+        let EventElement::Port(p) = ev.element else {
             return;
         };
         let Some(SaSlot(Some(sd))) = dev.client_data::<SaSlot>(me) else {
             return;
         };
-        ib_sa_event(sd, p, event.event);
+        event(sd, p, ev.event);
     }
     fn poll(&mut self, me: ClientId, core: &mut IbCore) -> usize {
         let mut work = 0;
@@ -354,7 +356,7 @@ impl IbClient for SaClient {
 /// `ib_sa_event`: the SM's address is read again on the next send; the
 /// PathRecord cache goes on LID change, SM change, client re-register and
 /// port state changes.
-fn ib_sa_event(sd: &mut SaDevice, port: u8, ev: EventType) {
+fn event(sd: &mut SaDevice, port: u8, ev: EventType) {
     let Some(sp) = sd.ports.iter_mut().find(|p| p.port == port) else {
         return;
     };
@@ -422,7 +424,7 @@ fn ensure_agent(core: &mut IbCore, dev: DeviceId, sp: &mut SaPort) -> Result<Mad
     if let Some(a) = sp.agent {
         return Ok(a);
     }
-    let a = core.ib_register_mad_agent(
+    let a = core.register_mad_agent(
         dev,
         sp.port,
         QpType::Gsi,
@@ -464,7 +466,7 @@ fn send_query(core: &mut IbCore, dev: DeviceId, sp: &mut SaPort, qi: usize) -> R
     buf.context = q.seq;
     // A fresh TID per try: the core fills the low half when it is 0.
     buf.mad.set_tid(0);
-    let id = core.ib_post_send_mad(agent, buf)?;
+    let id = core.post_send_mad(agent, buf)?;
     q.tries += 1;
     q.state = QState::Sent(id);
     sp.counters.sent += 1;
@@ -560,7 +562,7 @@ fn sa_poll_device(core: &mut IbCore, dev: DeviceId, sd: &mut SaDevice) -> usize 
     for sp in sd.ports.iter_mut() {
         // Answers and send completions.
         if let Some(agent) = sp.agent {
-            while let Some(ev) = core.ib_mad_poll_agent(agent) {
+            while let Some(ev) = core.mad_poll_agent(agent) {
                 work += 1;
                 match ev {
                     MadEvent::Recv(r) => {
@@ -616,7 +618,7 @@ fn sa_poll_device(core: &mut IbCore, dev: DeviceId, sd: &mut SaDevice) -> usize 
                 {
                     // The MAD layer owes us a completion; do not wait forever.
                     if let Some(a) = sp.agent {
-                        let _ = core.ib_cancel_mad(a, id);
+                        let _ = core.cancel_mad(a, id);
                     }
                     finish(sp, qi, Err(Error::TimedOut));
                     continue;
@@ -657,9 +659,9 @@ fn start_query(
         min_len,
         cache_key,
     } = req;
-    let mut mad = ib_sa_build_mad(method, attr_id, comp_mask, rec)?;
+    let mut mad = build_mad(method, attr_id, comp_mask, rec)?;
     if method == sa_method::GET_TABLE {
-        sa_set_attr_offset(&mut mad, (min_len.div_ceil(8)) as u16);
+        set_attr_offset(&mut mad, (min_len.div_ceil(8)) as u16);
     }
     with_sa(core, sa, dev, |core, sd| {
         let retry = sd.retry;
@@ -697,9 +699,10 @@ fn start_query(
 
 /// `ib_sa_path_rec_get`: starts a PathRecord Get with `comp_mask` naming
 /// the fields of `rec` that matter; the answer is collected with
-/// [`ib_sa_query_result`]. The query is retried with backoff until
+/// [`query_result`]. The query is retried with backoff until
 /// `timeout` has passed, then ends with `-ETIMEDOUT`.
-pub fn ib_sa_path_rec_get(
+#[doc(alias = "ib_sa_path_rec_get")]
+pub fn path_rec_get(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -746,7 +749,7 @@ fn portinfo_rec_request(method: u8, rec: &[u8], comp_mask: u64) -> SaRequest<'_>
 
 /// NodeRecord Get: the one record matching `rec` in the fields
 /// `comp_mask` names (several matches end the query with the SA's error).
-pub fn ib_sa_node_rec_get(
+pub fn node_rec_get(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -762,7 +765,7 @@ pub fn ib_sa_node_rec_get(
 
 /// NodeRecord GetTable: every record matching `rec` in the fields
 /// `comp_mask` names.
-pub fn ib_sa_node_rec_get_table(
+pub fn node_rec_get_table(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -776,8 +779,8 @@ pub fn ib_sa_node_rec_get_table(
     start_query(core, sa, dev, port, req, timeout)
 }
 
-/// PortInfoRecord Get, as [`ib_sa_node_rec_get`].
-pub fn ib_sa_portinfo_rec_get(
+/// PortInfoRecord Get, as [`node_rec_get`].
+pub fn portinfo_rec_get(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -791,8 +794,8 @@ pub fn ib_sa_portinfo_rec_get(
     start_query(core, sa, dev, port, req, timeout)
 }
 
-/// PortInfoRecord GetTable, as [`ib_sa_node_rec_get_table`].
-pub fn ib_sa_portinfo_rec_get_table(
+/// PortInfoRecord GetTable, as [`node_rec_get_table`].
+pub fn portinfo_rec_get_table(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -808,11 +811,7 @@ pub fn ib_sa_portinfo_rec_get_table(
 
 /// The answer of a finished query (taken: a second call says `None`);
 /// `None` while it runs.
-pub fn ib_sa_query_result(
-    core: &mut IbCore,
-    sa: ClientId,
-    id: SaQueryId,
-) -> Option<Result<SaResponse>> {
+pub fn query_result(core: &mut IbCore, sa: ClientId, id: SaQueryId) -> Option<Result<SaResponse>> {
     with_sa(core, sa, id.dev, |_, sd| {
         let sp = port_of(sd, id.port)?;
         let i = sp.done.iter().position(|(s, _)| *s == id.seq);
@@ -823,7 +822,8 @@ pub fn ib_sa_query_result(
 }
 
 /// `ib_sa_cancel_query`: forgets a running query (its MAD is canceled).
-pub fn ib_sa_cancel_query(core: &mut IbCore, sa: ClientId, id: SaQueryId) -> Result<()> {
+#[doc(alias = "ib_sa_cancel_query")]
+pub fn cancel_query(core: &mut IbCore, sa: ClientId, id: SaQueryId) -> Result<()> {
     with_sa(core, sa, id.dev, |core, sd| {
         let sp = port_of(sd, id.port)?;
         let qi = sp
@@ -833,7 +833,7 @@ pub fn ib_sa_cancel_query(core: &mut IbCore, sa: ClientId, id: SaQueryId) -> Res
             .ok_or(Error::NotFound)?;
         let q = sp.queries.swap_remove(qi);
         if let (QState::Sent(mid), Some(a)) = (q.state, sp.agent) {
-            let _ = core.ib_cancel_mad(a, mid);
+            let _ = core.cancel_mad(a, mid);
         }
         Ok(())
     })
@@ -841,7 +841,7 @@ pub fn ib_sa_cancel_query(core: &mut IbCore, sa: ClientId, id: SaQueryId) -> Res
 
 /// Waits (polling the core) for a query's answer until `timeout` (plus a
 /// little slack: the query has its own deadline and ends itself).
-pub fn ib_sa_wait(
+pub fn wait(
     core: &mut IbCore,
     sa: ClientId,
     id: SaQueryId,
@@ -851,12 +851,12 @@ pub fn ib_sa_wait(
         if core.device(id.dev).is_none() {
             return Some(Err(Error::NoDev));
         }
-        ib_sa_query_result(core, sa, id)
+        query_result(core, sa, id)
     });
     match r {
         Ok(x) => x,
         Err(e) => {
-            let _ = ib_sa_cancel_query(core, sa, id);
+            let _ = cancel_query(core, sa, id);
             Err(e)
         }
     }
@@ -904,7 +904,7 @@ fn path_wait(
         return Ok(p);
     }
     let id = start_query(core, sa, dev, port, req, timeout)?;
-    let resp = ib_sa_wait(core, sa, id, timeout)?;
+    let resp = wait(core, sa, id, timeout)?;
     resp.path_records()?
         .into_iter()
         .next()
@@ -925,7 +925,7 @@ fn path_request(rec: &[u8; PATH_REC_SIZE], comp_mask: u64, key: PathKey) -> SaRe
 
 /// A path from this port to `dlid` (SGID and SLID from the port cache,
 /// P_Key 0xffff, one path), from the cache or the SA, within `timeout`.
-pub fn sa_path_to_lid(
+pub fn path_to_lid(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -956,7 +956,7 @@ pub fn sa_path_to_lid(
 
 /// A path from this port to `dgid` (SGID from the port cache), from the
 /// cache or the SA, within `timeout`.
-pub fn sa_path_to_gid(
+pub fn path_to_gid(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -985,19 +985,19 @@ pub fn sa_path_to_gid(
 
 /// Every NodeRecord the SA has (`saquery` without arguments): a GetTable
 /// with an empty component mask.
-pub fn sa_node_records(
+pub fn node_records(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
     port: u8,
     timeout: Duration,
 ) -> Result<Vec<NodeRecord>> {
-    let id = ib_sa_node_rec_get_table(core, sa, dev, port, &NodeRecord::default(), 0, timeout)?;
-    ib_sa_wait(core, sa, id, timeout)?.node_records()
+    let id = node_rec_get_table(core, sa, dev, port, &NodeRecord::default(), 0, timeout)?;
+    wait(core, sa, id, timeout)?.node_records()
 }
 
 /// The PortInfoRecords of the port at `lid` (GetTable by EndportLID).
-pub fn sa_portinfo_records(
+pub fn portinfo_records(
     core: &mut IbCore,
     sa: ClientId,
     dev: DeviceId,
@@ -1009,18 +1009,18 @@ pub fn sa_portinfo_records(
         lid,
         ..PortInfoRecord::default()
     };
-    let id = ib_sa_portinfo_rec_get_table(core, sa, dev, port, &rec, portinfo_comp::LID, timeout)?;
-    ib_sa_wait(core, sa, id, timeout)?.portinfo_records()
+    let id = portinfo_rec_get_table(core, sa, dev, port, &rec, portinfo_comp::LID, timeout)?;
+    wait(core, sa, id, timeout)?.portinfo_records()
 }
 
 /// What the SA client of a port counted.
-pub fn sa_counters(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Option<SaCounters> {
+pub fn counters(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Option<SaCounters> {
     with_sa(core, sa, dev, |_, sd| Ok(port_of(sd, port)?.counters)).ok()
 }
 
 /// The SA's address as the client last read it (None: not read yet, or
 /// the port has no SM).
-pub fn sa_sm_ah(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Option<SmAh> {
+pub fn sm_ah(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Option<SmAh> {
     with_sa(core, sa, dev, |_, sd| Ok(port_of(sd, port)?.sm_ah))
         .ok()
         .flatten()
@@ -1029,7 +1029,8 @@ pub fn sa_sm_ah(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Opt
 /// `ib_init_ah_from_path`: the address vector of a path from `port` (a GRH
 /// when the path leaves the subnet, hop limit above 1, with the SGID's
 /// index from the cache; source path bits from the SLID and the LMC).
-pub fn ib_init_ah_from_path(dev: &Device, port: u8, rec: &PathRecord) -> Result<AhAttr> {
+#[doc(alias = "ib_init_ah_from_path")]
+pub fn init_ah_from_path(dev: &Device, port: u8, rec: &PathRecord) -> Result<AhAttr> {
     let lmc = dev.get_cached_lmc(port)?;
     let mut ah = AhAttr {
         dlid: rec.dlid,
@@ -1061,10 +1062,9 @@ mod tests {
 
     #[test]
     fn get_table_records_split_by_attr_offset() {
-        let mut m =
-            ib_sa_build_mad(sa_method::GET_TABLE_RESP, sa_attr::PORT_INFO_REC, 0, &[]).unwrap();
+        let mut m = build_mad(sa_method::GET_TABLE_RESP, sa_attr::PORT_INFO_REC, 0, &[]).unwrap();
         m.set_method(sa_method::GET_TABLE_RESP);
-        sa_set_attr_offset(&mut m, 9);
+        set_attr_offset(&mut m, 9);
         // RMPP active, single segment, payload 20 + 2 * 72.
         m.0[26] = 0x01 | 0x06;
         m.0[32..36].copy_from_slice(&(20u32 + 144).to_be_bytes());
@@ -1075,13 +1075,13 @@ mod tests {
         assert_eq!(r[0][0], 0x11);
         assert_eq!(r[1][0], 0x22);
         // Attribute offset 0: no records.
-        sa_set_attr_offset(&mut m, 0);
+        set_attr_offset(&mut m, 0);
         assert!(response_records(&m, None, 68).unwrap().is_empty());
         // Shorter than the record: refused.
-        sa_set_attr_offset(&mut m, 2);
+        set_attr_offset(&mut m, 2);
         assert!(response_records(&m, None, 68).is_err());
         // A huge payload length is clamped to one MAD.
-        sa_set_attr_offset(&mut m, 9);
+        set_attr_offset(&mut m, 9);
         m.0[32..36].copy_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(response_records(&m, None, 68).unwrap().len(), 2);
     }

@@ -313,7 +313,8 @@ pub mod speed {
 }
 
 /// `ib_width_enum_to_int`: lanes of an [`width`] value, `None` if unknown.
-pub const fn ib_width_enum_to_int(w: u8) -> Option<u32> {
+#[doc(alias = "ib_width_enum_to_int")]
+pub const fn width_enum_to_int(w: u8) -> Option<u32> {
     match w {
         width::IB_WIDTH_1X => Some(1),
         width::IB_WIDTH_4X => Some(4),
@@ -347,7 +348,7 @@ impl PortRate {
             speed::IB_SPEED_EDR => (250, " EDR"),
             _ => (25, ""),
         };
-        match ib_width_enum_to_int(active_width) {
+        match width_enum_to_int(active_width) {
             Some(lanes) => Some(PortRate {
                 tenths_gbps: per_lane * lanes,
                 lanes,
@@ -1718,12 +1719,19 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
     tab
 };
 
+/// [`modify_qp_is_ok`]'s name before ib_core dropped Linux's `ib_` prefix,
+/// kept only until mlx4_ib's `provider.rs` (changing on another branch)
+/// follows.
+#[doc(hidden)]
+pub use self::modify_qp_is_ok as ib_modify_qp_is_ok;
+
 /// Linux `ib_modify_qp_is_ok`: checks a transition `cur -> next` of a QP of
 /// `qp_type` with attribute mask `mask` against the IBTA state table. `mask`
 /// must contain [`QpAttrMask::STATE`] for a state change (as Linux, a mask
 /// without it means "stay in `cur`", i.e. `next == cur`). The error names the
 /// transition and the missing or refused attributes.
-pub fn ib_modify_qp_is_ok(
+#[doc(alias = "ib_modify_qp_is_ok")]
+pub fn modify_qp_is_ok(
     cur: QpState,
     next: QpState,
     qp_type: QpType,
@@ -1891,7 +1899,7 @@ pub trait IbDevice: Send {
     /// `create_qp` (also the special QPs: `qp_type` SMI/GSI with `port_num`);
     /// returns the QP and the actual capacities.
     fn create_qp(&mut self, pd: Pd, attr: &QpInitAttr) -> Result<(Qp, QpCap)>;
-    /// `modify_qp`; the provider checks the mask with [`ib_modify_qp_is_ok`]
+    /// `modify_qp`; the provider checks the mask with [`modify_qp_is_ok`]
     /// against its current state, as `mlx4_ib_modify_qp` does.
     fn modify_qp(&mut self, qp: Qp, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
     /// `query_qp`.
@@ -2049,37 +2057,36 @@ mod tests {
     #[test]
     fn rc_bring_up_masks_pass() {
         use QpState::*;
-        ib_modify_qp_is_ok(Reset, Init, QpType::Rc, RC_INIT).unwrap();
-        ib_modify_qp_is_ok(Init, Rtr, QpType::Rc, RC_RTR).unwrap();
-        ib_modify_qp_is_ok(Rtr, Rts, QpType::Rc, RC_RTS).unwrap();
-        ib_modify_qp_is_ok(Rts, Err, QpType::Rc, A::STATE).unwrap();
-        ib_modify_qp_is_ok(Err, Reset, QpType::Rc, A::STATE).unwrap();
+        modify_qp_is_ok(Reset, Init, QpType::Rc, RC_INIT).unwrap();
+        modify_qp_is_ok(Init, Rtr, QpType::Rc, RC_RTR).unwrap();
+        modify_qp_is_ok(Rtr, Rts, QpType::Rc, RC_RTS).unwrap();
+        modify_qp_is_ok(Rts, Err, QpType::Rc, A::STATE).unwrap();
+        modify_qp_is_ok(Err, Reset, QpType::Rc, A::STATE).unwrap();
     }
 
     #[test]
     fn ud_and_special_bring_up_masks_pass() {
         use QpState::*;
         for ty in [QpType::Smi, QpType::Gsi] {
-            ib_modify_qp_is_ok(Reset, Init, ty, A::STATE | A::PKEY_INDEX | A::QKEY).unwrap();
-            ib_modify_qp_is_ok(Init, Rtr, ty, A::STATE).unwrap();
-            ib_modify_qp_is_ok(Rtr, Rts, ty, A::STATE | A::SQ_PSN).unwrap();
+            modify_qp_is_ok(Reset, Init, ty, A::STATE | A::PKEY_INDEX | A::QKEY).unwrap();
+            modify_qp_is_ok(Init, Rtr, ty, A::STATE).unwrap();
+            modify_qp_is_ok(Rtr, Rts, ty, A::STATE | A::SQ_PSN).unwrap();
         }
-        ib_modify_qp_is_ok(
+        modify_qp_is_ok(
             Reset,
             Init,
             QpType::Ud,
             A::STATE | A::PKEY_INDEX | A::PORT | A::QKEY,
         )
         .unwrap();
-        ib_modify_qp_is_ok(Sqe, Rts, QpType::Ud, A::STATE | A::CUR_STATE).unwrap();
+        modify_qp_is_ok(Sqe, Rts, QpType::Ud, A::STATE | A::CUR_STATE).unwrap();
     }
 
     #[test]
     fn wrong_masks_are_refused_naming_what() {
         use QpState::*;
         // RTR without the destination QPN.
-        let e =
-            ib_modify_qp_is_ok(Init, Rtr, QpType::Rc, RC_RTR.difference(A::DEST_QPN)).unwrap_err();
+        let e = modify_qp_is_ok(Init, Rtr, QpType::Rc, RC_RTR.difference(A::DEST_QPN)).unwrap_err();
         assert_eq!(
             e,
             Error::BadQpAttrMask {
@@ -2096,24 +2103,24 @@ mod tests {
         );
         assert_eq!(e.to_errno(), -22);
         // A Q_Key on an RC QP is never accepted.
-        let e = ib_modify_qp_is_ok(Reset, Init, QpType::Rc, RC_INIT | A::QKEY).unwrap_err();
+        let e = modify_qp_is_ok(Reset, Init, QpType::Rc, RC_INIT | A::QKEY).unwrap_err();
         assert!(format!("{e}").ends_with("not allowed IB_QP_QKEY"), "{e}");
         // UD needs no AV to reach RTR, and refuses one.
-        assert!(ib_modify_qp_is_ok(Init, Rtr, QpType::Ud, A::STATE | A::AV).is_err());
+        assert!(modify_qp_is_ok(Init, Rtr, QpType::Ud, A::STATE | A::AV).is_err());
         // Skipping a state.
-        let e = ib_modify_qp_is_ok(Reset, Rts, QpType::Ud, A::STATE).unwrap_err();
+        let e = modify_qp_is_ok(Reset, Rts, QpType::Ud, A::STATE).unwrap_err();
         assert_eq!(
             format!("{e}"),
             "modify_qp IB_QPT_UD: no transition IB_QPS_RESET -> IB_QPS_RTS"
         );
         // CUR_STATE only from RTR/RTS/SQD/SQE.
-        assert!(ib_modify_qp_is_ok(Init, Init, QpType::Ud, A::STATE | A::CUR_STATE).is_err());
+        assert!(modify_qp_is_ok(Init, Init, QpType::Ud, A::STATE | A::CUR_STATE).is_err());
         // Nothing enters SQE by modify_qp (the hardware puts a QP there).
-        assert!(ib_modify_qp_is_ok(Rts, Sqe, QpType::Ud, A::STATE).is_err());
+        assert!(modify_qp_is_ok(Rts, Sqe, QpType::Ud, A::STATE).is_err());
         // Reset -> Err is not in the table.
-        assert!(ib_modify_qp_is_ok(Reset, Err, QpType::Rc, A::STATE).is_err());
+        assert!(modify_qp_is_ok(Reset, Err, QpType::Rc, A::STATE).is_err());
         // UD RESET->INIT without PORT.
-        let e = ib_modify_qp_is_ok(Reset, Init, QpType::Ud, A::STATE | A::PKEY_INDEX | A::QKEY)
+        let e = modify_qp_is_ok(Reset, Init, QpType::Ud, A::STATE | A::PKEY_INDEX | A::QKEY)
             .unwrap_err();
         assert!(matches!(e, Error::BadQpAttrMask { missing, .. } if missing == A::PORT));
     }

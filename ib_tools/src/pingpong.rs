@@ -888,7 +888,7 @@ fn side(
                 }
             }
             let (id, rep) =
-                cm::cm_connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
+                cm::connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
                     .map_err(|x| match x {
                         ib_core::Error::Errno(cm::ECONNREFUSED) => format!(
                             "the server refused the connection (is {} running there, with the same options?)",
@@ -909,7 +909,7 @@ fn side(
             (p.clone(), theirs, peer_lid)
         }
         None => {
-            let listen = cm::ib_cm_listen(env.core, env.cm, env.dev, t.service_id())
+            let listen = cm::listen(env.core, env.cm, env.dev, t.service_id())
                 .map_err(|x| e("listen", x))?;
             let _ = writeln!(
                 out,
@@ -917,7 +917,7 @@ fn side(
                 CONNECT_TIMEOUT.as_secs()
             );
             let got = wait_cm(env, listen, "a client's CM REQ", CONNECT_TIMEOUT);
-            let _ = cm::ib_destroy_cm_id(env.core, env.cm, listen);
+            let _ = cm::destroy_id(env.core, env.cm, listen);
             let (id, private, remote_lid) = match got? {
                 CmEvent::ReqReceived {
                     id,
@@ -942,7 +942,7 @@ fn side(
             }) {
                 Ok(h) => h,
                 Err(m) => {
-                    let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+                    let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
                     return Err(format!("refused the client: {m}"));
                 }
             };
@@ -954,7 +954,7 @@ fn side(
             if q.size > p.size {
                 // Our buffer was sized for -s: build it again for theirs.
                 let fresh = setup(env, &q).inspect_err(|_| {
-                    let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+                    let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
                 })?;
                 let old = core::mem::replace(res, fresh);
                 teardown(env, old, None, false);
@@ -974,7 +974,7 @@ fn side(
                     post_recv(env, res, &q, n)?;
                 }
             }
-            cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| e("CM REP", x))?;
+            cm::send_rep(env.core, env.cm, id, &rep).map_err(|x| e("CM REP", x))?;
             if t == Transport::Rc {
                 for n in 0..u64::from(q.rx_depth.min(q.iters)) {
                     post_recv(env, res, &q, n)?;
@@ -989,7 +989,7 @@ fn side(
         Transport::Rc => {
             let (sq, rq) = sq_rq_psn(env, res.qp);
             let remote_qpn = id_out
-                .and_then(|id| cm::cm_remote(env.core, env.cm, id))
+                .and_then(|id| cm::remote(env.core, env.cm, id))
                 .map_or(0, |r| r.1);
             (
                 Dest {

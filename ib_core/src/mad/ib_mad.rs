@@ -361,7 +361,8 @@ impl Grh {
 }
 
 /// `ib_response_mad`: a response, a TrapRepress, or a BM response.
-pub fn ib_response_mad(mad: &Mad) -> bool {
+#[doc(alias = "ib_response_mad")]
+pub fn response_mad(mad: &Mad) -> bool {
     mad.method() & method::RESP != 0
         || mad.method() == method::TRAP_REPRESS
         || (mad.mgmt_class() == class::BM && mad.attr_mod() & 0x0000_0001 != 0)

@@ -437,7 +437,7 @@ impl PortInfoRecord {
 /// Builds an SA request MAD (`init_mad` + the SA header): class 0x03,
 /// version 2, `method`, `attr_id`, component mask at byte 48, the record at
 /// byte 56.
-pub fn ib_sa_build_mad(method: u8, attr_id: u16, comp_mask: u64, rec: &[u8]) -> Result<Mad> {
+pub fn build_mad(method: u8, attr_id: u16, comp_mask: u64, rec: &[u8]) -> Result<Mad> {
     if rec.len() > IB_SA_DATA_SIZE {
         return Err(Error::MsgSize);
     }
@@ -448,15 +448,15 @@ pub fn ib_sa_build_mad(method: u8, attr_id: u16, comp_mask: u64, rec: &[u8]) -> 
 }
 
 /// The SA header's component mask.
-pub fn sa_comp_mask(m: &Mad) -> u64 {
+pub fn comp_mask(m: &Mad) -> u64 {
     be64(&m.0, 48)
 }
 /// The SA header's attribute offset (in 8-byte words).
-pub fn sa_attr_offset(m: &Mad) -> u16 {
+pub fn attr_offset(m: &Mad) -> u16 {
     be16(&m.0, 44)
 }
 /// Sets the SA header's attribute offset.
-pub fn sa_set_attr_offset(m: &mut Mad, words: u16) {
+pub fn set_attr_offset(m: &mut Mad, words: u16) {
     m.0[44..46].copy_from_slice(&words.to_be_bytes());
 }
 
@@ -598,7 +598,7 @@ mod tests {
 
     #[test]
     fn sa_mad_header_golden_bytes() {
-        let m = ib_sa_build_mad(
+        let m = build_mad(
             method::GET,
             sa_attr::PATH_REC,
             path_comp::DLID | path_comp::SLID,
@@ -611,7 +611,7 @@ mod tests {
         assert_eq!(m.0[56], 0xaa);
         assert_eq!(m.0[119], 0xaa);
         assert_eq!(m.0[120], 0);
-        assert!(ib_sa_build_mad(method::GET, 1, 0, &[0; 201]).is_err());
+        assert!(build_mad(method::GET, 1, 0, &[0; 201]).is_err());
         // Component mask constants, as OpenSM and Linux number them.
         assert_eq!(path_comp::DGID, 0x4);
         assert_eq!(path_comp::PKEY, 0x2000);

@@ -29,7 +29,7 @@ fn bench_poll_idle_and_mad_round_trip() {
 
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let n = 20_000;
     let t = Instant::now();
@@ -47,7 +47,7 @@ fn bench_poll_idle_and_mad_round_trip() {
         buf.timeout_ms = 100;
         let (done, resp) = r
             .core
-            .ib_send_mad_wait(ag, buf, Duration::from_secs(5))
+            .send_mad_wait(ag, buf, Duration::from_secs(5))
             .unwrap();
         assert_eq!(done.status, WcStatus::Success);
         assert!(resp.is_some());

@@ -568,7 +568,7 @@ impl IbDevice for FakeDev {
         } else {
             q.state
         };
-        ib_modify_qp_is_ok(q.state, next, q.qp_type, mask)?;
+        modify_qp_is_ok(q.state, next, q.qp_type, mask)?;
         let (t, cur) = (q.qp_type, q.state);
         if mask.contains(QpAttrMask::QKEY) {
             q.qkey = attr.qkey;

@@ -106,7 +106,7 @@ fn run(iterations: u64, seed: u64) {
     // outstanding, so mutated responses can hit a real TID.
     let server = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -116,15 +116,15 @@ fn run(iterations: u64, seed: u64) {
         .unwrap();
     let client = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let smi = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     let rmpp = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -231,7 +231,7 @@ fn run(iterations: u64, seed: u64) {
             );
             buf.timeout_ms = rng.below(3) as u32;
             buf.retries = rng.below(2) as u32;
-            if r.core.ib_post_send_mad(ag, buf).is_err() {
+            if r.core.post_send_mad(ag, buf).is_err() {
                 send_refused += 1;
             }
         }
@@ -239,10 +239,10 @@ fn run(iterations: u64, seed: u64) {
             // Time moves on, so requests time out as they would.
             r.clock.advance(Duration::from_micros(300));
             r.core.poll();
-            while let Some(_e) = r.core.ib_mad_poll_agent(client) {}
-            while let Some(_e) = r.core.ib_mad_poll_agent(smi) {}
-            while let Some(_e) = r.core.ib_mad_poll_agent(rmpp) {}
-            while let Some(e) = r.core.ib_mad_poll_agent(server) {
+            while let Some(_e) = r.core.mad_poll_agent(client) {}
+            while let Some(_e) = r.core.mad_poll_agent(smi) {}
+            while let Some(_e) = r.core.mad_poll_agent(rmpp) {}
+            while let Some(e) = r.core.mad_poll_agent(server) {
                 if matches!(e, MadEvent::Recv(_)) {
                     delivered_to_agent += 1;
                 }
@@ -255,9 +255,9 @@ fn run(iterations: u64, seed: u64) {
         r.core.poll();
         r.clock.advance(Duration::from_millis(1));
     }
-    while r.core.ib_mad_poll_agent(client).is_some() {}
-    while r.core.ib_mad_poll_agent(smi).is_some() {}
-    while r.core.ib_mad_poll_agent(server).is_some() {}
+    while r.core.mad_poll_agent(client).is_some() {}
+    while r.core.mad_poll_agent(smi).is_some() {}
+    while r.core.mad_poll_agent(server).is_some() {}
     let c = r.core.mad_counters(r.a, 1).unwrap();
     eprintln!(
         "fuzz {iterations}: {c:?}, to the agent {delivered_to_agent}, sends refused {send_refused}"
@@ -294,7 +294,7 @@ fn run(iterations: u64, seed: u64) {
     buf.retries = 3;
     let (done, resp) = r
         .core
-        .ib_send_mad_wait(client, buf, Duration::from_secs(5))
+        .send_mad_wait(client, buf, Duration::from_secs(5))
         .unwrap();
     assert_eq!(done.status, WcStatus::Success);
     assert!(resp.is_some());
