@@ -1,17 +1,19 @@
-//! Port of Linux `drivers/infiniband/core/agent.c` (3.11): the responder that sends the answers of the driver's SMA/PMA (`process_mad` REPLY) and the "unsupported" answers back on QP0/QP1, with the address built from the request's completion (`ib_init_ah_from_wc` of verbs.c); switch port-0 forwarding is left out.
+//! Port of Linux `drivers/infiniband/core/agent.c` (3.11): the responder that sends the answers of the driver's SMA/PMA and the "unsupported" answers back on QP0/QP1.
+//!
+//! The address is built from the request's completion (`ib_init_ah_from_wc` of
+//! verbs.c). Switch port-0 forwarding is left out.
 
-use hal::Clock;
-
-use crate::device::{Device, MadConfig};
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::mad::{Grh, Mad, MadPort, MadSendBuf, send_response};
+use crate::mad::{Grh, Mad, MadCtx, MadSendBuf, send_response};
 use crate::verbs::{AhAttr, GlobalRoute, IB_QP_SET_QKEY, Wc, WcFlags};
 
 /// `ib_init_ah_from_wc`: the address vector that answers the sender of a
 /// received packet: its LID, SL and path bits, and with a GRH the reverse
 /// route (hop limit 0xff) from the GID index of the GID the packet was sent
 /// to; a GRH to a GID this port does not have is an error, as in Linux.
-pub fn ib_init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> Result<AhAttr> {
+#[doc(alias = "ib_init_ah_from_wc")]
+pub fn init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) -> Result<AhAttr> {
     let grh = match (wc.wc_flags.contains(WcFlags::GRH), grh) {
         (true, Some(g)) => {
             let (p, i) = dev
@@ -45,31 +47,27 @@ pub fn ib_init_ah_from_wc(dev: &Device, port: u8, wc: &Wc, grh: Option<&Grh>) ->
 /// same special QP, with the request's P_Key index and the QP's own Q_Key.
 /// A failure is logged and counted as a send error (the requester times out
 /// and retries, as with a lost packet).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn agent_send_response(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     mad: &Mad,
     grh: Option<&Grh>,
     wc: &Wc,
     qpi: usize,
 ) {
-    let port = mp.port();
-    let ah_attr = match ib_init_ah_from_wc(dev, port, wc, grh) {
+    let port = cx.mp.port();
+    let ah_attr = match init_ah_from_wc(cx.dev, port, wc, grh) {
         Ok(a) => a,
         Err(e) => {
-            mp.counters.send_errors += 1;
-            log::debug!("{}: port {port}: agent_send_response: {e}", dev.name());
+            cx.mp.counters.send_errors += 1;
+            log::debug!("{}: port {port}: agent_send_response: {e}", cx.dev.name());
             return;
         }
     };
     let mut buf = MadSendBuf::new(mad.clone(), ah_attr, wc.src_qp);
     buf.remote_qkey = IB_QP_SET_QKEY;
     buf.pkey_index = wc.pkey_index;
-    if let Err(e) = send_response(dev, mp, clock, cfg, qpi, buf) {
-        mp.counters.send_errors += 1;
-        log::warn!("{}: port {port}: agent_send_response: {e}", dev.name());
+    if let Err(e) = send_response(cx, qpi, buf) {
+        cx.mp.counters.send_errors += 1;
+        log::warn!("{}: port {port}: agent_send_response: {e}", cx.dev.name());
     }
 }

@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/cache.c` (3.11, as LegoOS runs it: refreshed synchronously on the event instead of on a workqueue): per-port copies of the GID and P_Key tables, LID, LMC, SM LID and SM SL, with `ib_get_cached_*`/`ib_find_cached_*`; RoCE GID management is left out.
+//! Port of Linux `drivers/infiniband/core/cache.c` (3.11): per-port copies of the GID and P_Key tables, LID, LMC, SM LID and SM SL, with `ib_get_cached_*`/`ib_find_cached_*`.
+//!
+//! As LegoOS runs it, the cache is refreshed synchronously on the event instead
+//! of on a workqueue. RoCE GID management is left out.
 
 use alloc::vec::Vec;
 
@@ -31,7 +34,7 @@ pub struct PortCache {
 }
 
 /// True for the events that make Linux's `ib_cache_event` refresh the port.
-pub fn ib_cache_event_wants(ev: EventType) -> bool {
+pub fn event_wants(ev: EventType) -> bool {
     matches!(
         ev,
         EventType::PortErr
@@ -47,7 +50,8 @@ pub fn ib_cache_event_wants(ev: EventType) -> bool {
 /// Linux `ib_cache_update`: reads the port's attributes, then every GID and
 /// every P_Key, and replaces the cache only if all reads succeeded (a failed
 /// refresh keeps the old contents and is counted).
-pub fn ib_cache_update(
+#[doc(alias = "ib_cache_update")]
+pub fn update(
     ops: &mut dyn IbDevice,
     port: u8,
     gid_tbl_len: u32,
@@ -87,7 +91,7 @@ pub fn ib_cache_update(
         }
         Err(e) => {
             cache.failures = cache.failures.wrapping_add(1);
-            log::warn!("ib_cache_update: port {port}: {e}; keeping the old cache");
+            log::warn!("update: port {port}: {e}; keeping the old cache");
             Err(e)
         }
     }

@@ -1,10 +1,18 @@
-//! Port of Linux `drivers/infiniband/core/cm.c` (3.11; ported but never exercised in LegoOS), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines, REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries from the REQ's response timeouts and max CM retries, duplicate and stale message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr` computes (driven by the CM itself on the QP the caller hands over); LAP/APR (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
+//! Port of Linux `drivers/infiniband/core/cm.c` (3.11), busy-polled: the IB CM for RC connections (IBTA Vol. 1 12) with its active and passive state machines.
+//!
+//! Ported but never exercised in LegoOS. It covers
+//! REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries
+//! from the REQ's response timeouts and max CM retries, duplicate and stale
+//! message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr`
+//! computes (driven by the CM itself on the QP the caller hands over). LAP/APR
+//! (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are
+//! left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
 //!
 //! The CM is an [`IbClient`] whose state (one table of connection IDs per
 //! device, one MAD agent per port on QP1) lives in the device's client
 //! data; [`IbClient::poll`] reads the agents' mailboxes, so everything moves
 //! from [`IbCore::poll`] and a caller waits for a [`CmEvent`] against a
-//! deadline with [`cm_wait_event`]. Where Linux calls a `cm_handler`, this
+//! deadline with [`wait_event`]. Where Linux calls a `cm_handler`, this
 //! port queues the event on the ID (a new connection's REQ on its
 //! listener's queue) for the caller to take.
 //!
@@ -27,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::mad::{
     Mad, MadAgent, MadEvent, MadRecvWc, MadRegReq, MadSendBuf, MadSendId, class, method,
 };
-use crate::sa_query::{PathRecord, ib_init_ah_from_path};
+use crate::sa_query::{PathRecord, init_ah_from_path};
 use crate::verbs::{
     AccessFlags, AhAttr, GlobalRoute, IB_QP1_QKEY, Mtu, Qp, QpAttr, QpAttrMask, QpState, QpType,
     WcStatus,
@@ -80,7 +88,7 @@ pub enum CmState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEvent {
     /// On a listener: a REQ for its service; `id` is the new connection,
-    /// to accept ([`ib_send_cm_rep`]) or reject ([`ib_send_cm_rej`]).
+    /// to accept ([`send_rep`]) or reject ([`send_rej`]).
     ReqReceived {
         /// The new connection.
         id: CmId,
@@ -129,7 +137,7 @@ pub enum CmEvent {
     },
 }
 
-/// `struct ib_cm_req_param` for [`ib_send_cm_req`].
+/// `struct ib_cm_req_param` for [`send_req`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmReqParam {
     /// The path (from the SA).
@@ -181,7 +189,7 @@ impl CmReqParam {
     }
 }
 
-/// `struct ib_cm_rep_param` for [`ib_send_cm_rep`].
+/// `struct ib_cm_rep_param` for [`send_rep`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmRepParam {
     /// The RC QP for this connection (in RESET).
@@ -311,7 +319,7 @@ impl CmIdPriv {
     }
 }
 
-/// `-ECONNREFUSED` (Linux x86 value), what [`cm_connect`] returns after a
+/// `-ECONNREFUSED` (Linux x86 value), what [`connect`] returns after a
 /// REJ.
 pub const ECONNREFUSED: i32 = 111;
 
@@ -342,11 +350,12 @@ pub struct CmClient;
 /// system: it owns the CM class on QP1 (a second one could not register
 /// its MAD agent), so a later call returns the CM already registered and
 /// every user shares its listeners and connections.
-pub fn ib_cm_init(core: &mut IbCore) -> ClientId {
+#[doc(alias = "ib_cm_init")]
+pub fn init(core: &mut IbCore) -> ClientId {
     if let Some(id) = core.client_by_name(CmClient.name()) {
         return id;
     }
-    core.ib_register_client(Box::new(CmClient))
+    core.register_client(Box::new(CmClient))
 }
 
 impl IbClient for CmClient {
@@ -493,7 +502,7 @@ fn ensure_agent(core: &mut IbCore, dev: DeviceId, cm: &mut CmDevice, port: u8) -
     if let Some(a) = *slot {
         return Ok(a);
     }
-    let a = core.ib_register_mad_agent(
+    let a = core.register_mad_agent(
         dev,
         port,
         QpType::Gsi,
@@ -530,9 +539,9 @@ fn cm_send(
         buf.timeout_ms = c.timeout_ms.max(1);
         buf.retries = u32::from(c.max_cm_retries);
     }
-    let id = core.ib_post_send_mad(agent, buf)?;
+    let id = core.post_send_mad(agent, buf)?;
     if expect && let Some(old) = c.msg.replace(id) {
-        let _ = core.ib_cancel_mad(agent, old);
+        let _ = core.cancel_mad(agent, old);
     }
     cm.counters.sent += 1;
     Ok(())
@@ -562,7 +571,7 @@ fn cm_send_response(core: &mut IbCore, agent: MadAgent, r: &MadRecvWc, mad: Mad)
     }
     buf.remote_qkey = IB_QP1_QKEY;
     buf.pkey_index = r.wc.pkey_index;
-    let _ = core.ib_post_send_mad(agent, buf);
+    let _ = core.post_send_mad(agent, buf);
 }
 
 /// `cm_issue_rej`: a REJ for a message that has no connection to go with.
@@ -590,7 +599,7 @@ fn cancel_msg(core: &mut IbCore, cm: &mut CmDevice, ci: usize) {
     if let Some(id) = cm.ids[ci].msg.take()
         && let Some(Some(a)) = cm.agents.get(usize::from(port).wrapping_sub(1))
     {
-        let _ = core.ib_cancel_mad(*a, id);
+        let _ = core.cancel_mad(*a, id);
     }
 }
 
@@ -603,7 +612,7 @@ fn modify_qp(
 ) -> Result<()> {
     let c = &cm.ids[ci];
     let qp = c.qp.ok_or(Error::Invalid("connection without a QP"))?;
-    let (attr, mask) = init_qp_attr(c, state)?;
+    let (attr, mask) = cm_init_qp_attr(c, state)?;
     core.device_mut(dev)
         .ok_or(Error::NoDev)?
         .modify_qp(qp, &attr, mask)
@@ -633,18 +642,19 @@ fn enter_timewait(core: &IbCore, cm: &mut CmDevice, ci: usize) {
 /// `ib_cm_init_qp_attr`: the attributes and mask that move the
 /// connection's QP to `state` (INIT, RTR or RTS), as Linux's
 /// `cm_init_qp_{init,rtr,rts}_attr` build them for RC.
-pub fn ib_cm_init_qp_attr(
+#[doc(alias = "ib_cm_init_qp_attr")]
+pub fn init_qp_attr(
     core: &mut IbCore,
     cm: ClientId,
     id: CmId,
     state: QpState,
 ) -> Result<(QpAttr, QpAttrMask)> {
     with_cm(core, cm, id.dev, |_, cd| {
-        init_qp_attr(cd.get(id.local_id)?, state)
+        cm_init_qp_attr(cd.get(id.local_id)?, state)
     })
 }
 
-fn init_qp_attr(c: &CmIdPriv, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+fn cm_init_qp_attr(c: &CmIdPriv, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
     let mut a = QpAttr {
         qp_state: state,
         ..QpAttr::default()
@@ -747,12 +757,8 @@ fn init_qp_attr(c: &CmIdPriv, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
 /// `ib_cm_listen`: a listener for `service_id` on every port of `dev`;
 /// REQs for it arrive as [`CmEvent::ReqReceived`] on the listener. A
 /// service ID already listened to is refused (`-EBUSY` in Linux).
-pub fn ib_cm_listen(
-    core: &mut IbCore,
-    cm: ClientId,
-    dev: DeviceId,
-    service_id: u64,
-) -> Result<CmId> {
+#[doc(alias = "ib_cm_listen")]
+pub fn listen(core: &mut IbCore, cm: ClientId, dev: DeviceId, service_id: u64) -> Result<CmId> {
     with_cm(core, cm, dev, |core, cd| {
         if cd
             .ids
@@ -782,7 +788,8 @@ pub fn ib_cm_listen(
 /// RTU sent), [`CmEvent::Rejected`] or [`CmEvent::TimedOut`] after
 /// `max_cm_retries` retries of `2 * packet life + remote response timeout`
 /// each.
-pub fn ib_send_cm_req(
+#[doc(alias = "ib_send_cm_req")]
+pub fn send_req(
     core: &mut IbCore,
     cm: ClientId,
     dev: DeviceId,
@@ -795,7 +802,7 @@ pub fn ib_send_cm_req(
     let mtu = mtu_from(param.path.mtu).ok_or(Error::Invalid("path MTU code out of range"))?;
     let (av, pkey_index, sgid) = {
         let d = core.device(dev).ok_or(Error::NoDev)?;
-        let av = ib_init_ah_from_path(d, port, &param.path)?;
+        let av = init_ah_from_path(d, port, &param.path)?;
         let pkey_index = d
             .port_cache(port)?
             .find_pkey(param.path.pkey)
@@ -876,7 +883,8 @@ pub fn ib_send_cm_req(
 /// `ib_send_cm_rep`: accepts a connection announced by
 /// [`CmEvent::ReqReceived`]: brings `param.qp` through INIT to RTR and
 /// sends the REP; the RTU moves the QP to RTS ([`CmEvent::Established`]).
-pub fn ib_send_cm_rep(core: &mut IbCore, cm: ClientId, id: CmId, param: &CmRepParam) -> Result<()> {
+#[doc(alias = "ib_send_cm_rep")]
+pub fn send_rep(core: &mut IbCore, cm: ClientId, id: CmId, param: &CmRepParam) -> Result<()> {
     if param.private_data.len() > private_len::REP {
         return Err(Error::MsgSize);
     }
@@ -924,7 +932,8 @@ pub fn ib_send_cm_rep(core: &mut IbCore, cm: ClientId, id: CmId, param: &CmRepPa
 
 /// `ib_send_cm_rej`: refuses a connection in REQ_RCVD/MRA_REQ_SENT (the
 /// REQ) or REP_RCVD (the REP) with `reason`.
-pub fn ib_send_cm_rej(
+#[doc(alias = "ib_send_cm_rej")]
+pub fn send_rej(
     core: &mut IbCore,
     cm: ClientId,
     id: CmId,
@@ -966,7 +975,8 @@ pub fn ib_send_cm_rej(
 
 /// `ib_send_cm_mra`: tells the active side the REQ needs more time
 /// (`service_timeout`, 4.096 us * 2^x); a duplicate REQ re-sends it.
-pub fn ib_send_cm_mra(
+#[doc(alias = "ib_send_cm_mra")]
+pub fn send_mra(
     core: &mut IbCore,
     cm: ClientId,
     id: CmId,
@@ -997,12 +1007,8 @@ pub fn ib_send_cm_mra(
 /// `ib_send_cm_dreq`: disconnects an established connection; the QP goes
 /// to the error state, and [`CmEvent::Disconnected`] follows the DREP (or
 /// the last DREQ retry).
-pub fn ib_send_cm_dreq(
-    core: &mut IbCore,
-    cm: ClientId,
-    id: CmId,
-    private_data: &[u8],
-) -> Result<()> {
+#[doc(alias = "ib_send_cm_dreq")]
+pub fn send_dreq(core: &mut IbCore, cm: ClientId, id: CmId, private_data: &[u8]) -> Result<()> {
     with_cm(core, cm, id.dev, |core, cd| {
         let ci = cd.find(id.local_id).ok_or(Error::NotFound)?;
         let c = &cd.ids[ci];
@@ -1027,7 +1033,8 @@ pub fn ib_send_cm_dreq(
 /// `cm_destroy_id` does (a REQ being waited for or considered is rejected,
 /// an established connection gets a DREQ) and forgets it; an ID in
 /// time-wait stays until the wait is over, so stale REQs are still caught.
-pub fn ib_destroy_cm_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
+#[doc(alias = "ib_destroy_cm_id")]
+pub fn destroy_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
     with_cm(core, cm, id.dev, |core, cd| {
         let ci = cd
             .ids
@@ -1097,7 +1104,8 @@ pub fn ib_destroy_cm_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()>
 /// `ib_cm_notify` with `IB_EVENT_COMM_EST`: data arrived on the QP before
 /// the RTU (which was lost), so the connection is established now. The CM
 /// does this itself when the provider reports the event on the QP.
-pub fn ib_cm_notify(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
+#[doc(alias = "ib_cm_notify")]
+pub fn notify(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
     with_cm(core, cm, id.dev, |core, cd| {
         let ci = cd.find(id.local_id).ok_or(Error::NotFound)?;
         if !matches!(cd.ids[ci].state, CmState::RepSent | CmState::MraRepRcvd) {
@@ -1109,7 +1117,7 @@ pub fn ib_cm_notify(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
 }
 
 /// The next event of an ID (does not poll).
-pub fn ib_cm_get_event(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmEvent> {
+pub fn get_event(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmEvent> {
     with_cm(core, cm, id.dev, |_, cd| {
         Ok(cd.get(id.local_id)?.events.pop_front())
     })
@@ -1119,12 +1127,7 @@ pub fn ib_cm_get_event(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmEv
 
 /// Polls the core until the ID has an event or `timeout` passes
 /// (`-ETIMEDOUT`).
-pub fn cm_wait_event(
-    core: &mut IbCore,
-    cm: ClientId,
-    id: CmId,
-    timeout: Duration,
-) -> Result<CmEvent> {
+pub fn wait_event(core: &mut IbCore, cm: ClientId, id: CmId, timeout: Duration) -> Result<CmEvent> {
     core.poll_until(timeout, |core| {
         match with_cm(core, cm, id.dev, |_, cd| {
             Ok(cd.get(id.local_id)?.events.pop_front())
@@ -1137,12 +1140,12 @@ pub fn cm_wait_event(
 }
 
 /// The state of an ID.
-pub fn cm_state(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmState> {
+pub fn state(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<CmState> {
     with_cm(core, cm, id.dev, |_, cd| Ok(cd.get(id.local_id)?.state)).ok()
 }
 
 /// The peer's communication ID and QPN.
-pub fn cm_remote(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<(u32, u32)> {
+pub fn remote(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<(u32, u32)> {
     with_cm(core, cm, id.dev, |_, cd| {
         let c = cd.get(id.local_id)?;
         Ok((c.remote_id, c.remote_qpn))
@@ -1151,15 +1154,15 @@ pub fn cm_remote(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<(u32, u32)
 }
 
 /// What the CM of a device counted.
-pub fn cm_counters(core: &mut IbCore, cm: ClientId, dev: DeviceId) -> Option<CmCounters> {
+pub fn counters(core: &mut IbCore, cm: ClientId, dev: DeviceId) -> Option<CmCounters> {
     with_cm(core, cm, dev, |_, cd| Ok(cd.counters)).ok()
 }
 
-/// Connect in one call: [`ib_send_cm_req`], then wait until the connection
+/// Connect in one call: [`send_req`], then wait until the connection
 /// is established (returns the ID) or fails: a REJ is
 /// [`Error::Errno`]`(ECONNREFUSED)` and a silent peer `-ETIMEDOUT`, both
 /// within `timeout`; the ID is destroyed on failure.
-pub fn cm_connect(
+pub fn connect(
     core: &mut IbCore,
     cm: ClientId,
     dev: DeviceId,
@@ -1167,9 +1170,9 @@ pub fn cm_connect(
     param: &CmReqParam,
     timeout: Duration,
 ) -> Result<(CmId, Vec<u8>)> {
-    let id = ib_send_cm_req(core, cm, dev, port, param)?;
+    let id = send_req(core, cm, dev, port, param)?;
     let r = loop {
-        match cm_wait_event(core, cm, id, timeout) {
+        match wait_event(core, cm, id, timeout) {
             Ok(CmEvent::Established { private_data }) => break Ok(private_data),
             Ok(CmEvent::MraReceived { .. }) => continue,
             Ok(CmEvent::Rejected { .. }) => break Err(Error::Errno(ECONNREFUSED)),
@@ -1181,18 +1184,18 @@ pub fn cm_connect(
     match r {
         Ok(pd) => Ok((id, pd)),
         Err(e) => {
-            let _ = ib_destroy_cm_id(core, cm, id);
+            let _ = destroy_id(core, cm, id);
             Err(e)
         }
     }
 }
 
-/// Accept in one call (a server's side of [`cm_connect`]): waits on
+/// Accept in one call (a server's side of [`connect`]): waits on
 /// `listen` for the next REQ, answers it with `param` (its QP is driven to
 /// RTS) and waits for the RTU, all within `timeout`. Returns the
 /// connection and the REQ's private data (92 bytes). A REQ whose
 /// connection then fails is destroyed and the error returned.
-pub fn cm_accept(
+pub fn accept(
     core: &mut IbCore,
     cm: ClientId,
     listen: CmId,
@@ -1202,16 +1205,16 @@ pub fn cm_accept(
     let deadline = hal::Deadline::after(core.clock(), timeout);
     let left = |core: &IbCore| deadline.remaining(core.clock());
     let (id, req_private) = loop {
-        match cm_wait_event(core, cm, listen, left(core))? {
+        match wait_event(core, cm, listen, left(core))? {
             CmEvent::ReqReceived {
                 id, private_data, ..
             } => break (id, private_data),
             _ => continue,
         }
     };
-    let r = ib_send_cm_rep(core, cm, id, param).and_then(|_| {
+    let r = send_rep(core, cm, id, param).and_then(|_| {
         loop {
-            match cm_wait_event(core, cm, id, left(core))? {
+            match wait_event(core, cm, id, left(core))? {
                 CmEvent::Established { .. } => break Ok(()),
                 CmEvent::Rejected { .. } => {
                     break Err(Error::Errno(ECONNREFUSED));
@@ -1224,7 +1227,7 @@ pub fn cm_accept(
     match r {
         Ok(()) => Ok((id, req_private)),
         Err(e) => {
-            let _ = ib_destroy_cm_id(core, cm, id);
+            let _ = destroy_id(core, cm, id);
             Err(e)
         }
     }
@@ -1241,7 +1244,7 @@ fn cm_poll_device(core: &mut IbCore, dev: DeviceId, cd: &mut CmDevice) -> usize 
         let Ok(agent) = ensure_agent(core, dev, cd, pi as u8 + 1) else {
             continue;
         };
-        while let Some(ev) = core.ib_mad_poll_agent(agent) {
+        while let Some(ev) = core.mad_poll_agent(agent) {
             work += 1;
             match ev {
                 MadEvent::Recv(r) => cm_recv_handler(core, dev, cd, agent, &r),
@@ -1770,7 +1773,7 @@ fn cm_mra_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {
     let timeout = cm_convert_to_ms(mra.service_timeout) + cm_convert_to_ms(c.ack_timeout);
     if let (Some(msg), Some(Some(a))) = (c.msg, cd.agents.get(usize::from(c.port).wrapping_sub(1)))
     {
-        let _ = core.ib_modify_mad(*a, msg, timeout);
+        let _ = core.modify_mad(*a, msg, timeout);
     }
     cd.ids[ci].push(CmEvent::MraReceived {
         service_timeout: mra.service_timeout,

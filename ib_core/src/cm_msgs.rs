@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/cm_msgs.h` (3.11): the IB CM messages (IBTA Vol. 1 12.6) REQ, MRA, REJ, REP, RTU, DREQ and DREP as host-order structs packed into and read from a 256-byte MAD; LAP, APR, SIDR_REQ and SIDR_REP are only named (the CM refuses them), and alternate paths are carried but never used.
+//! Port of Linux `drivers/infiniband/core/cm_msgs.h` (3.11): the IB CM messages REQ, MRA, REJ, REP, RTU, DREQ and DREP (IBTA Vol. 1 12.6) as host-order structs packed into and read from a MAD.
+//!
+//! LAP, APR, SIDR_REQ and SIDR_REP are only named (the CM refuses them), and
+//! alternate paths are carried but never used.
 
 use alloc::vec::Vec;
 

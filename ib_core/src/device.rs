@@ -1,4 +1,9 @@
-//! Port of Linux `drivers/infiniband/core/device.c` (3.11): device and client registration, client data, event handlers and dispatch, the verbs entry points of `struct ib_device`, and the progress function that replaces interrupts; sysfs, netlink, name templates ("mlx4_%d" is the provider's job) and the global locks are left out (the caller owns the one [`IbCore`]).
+//! Port of Linux `drivers/infiniband/core/device.c` (3.11): device and client registration, client data, events, the verbs entry points, and the progress function that replaces interrupts.
+//!
+//! Events are Linux's event handlers and their dispatch; the verbs entry points
+//! are those of `struct ib_device`. Sysfs, netlink, name templates ("mlx4_%d"
+//! is the provider's job) and the global locks are left out (the caller owns
+//! the one [`IbCore`]).
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -8,7 +13,7 @@ use core::time::Duration;
 
 use hal::{Clock, Deadline};
 
-use crate::cache::{PortCache, ib_cache_event_wants, ib_cache_update};
+use crate::cache::{PortCache, event_wants, update};
 use crate::error::{Error, PostError, Result};
 use crate::mad::MadPort;
 use crate::verbs::*;
@@ -223,7 +228,7 @@ impl Device {
     /// contents to the provider ([`IbDevice::cache_updated`]).
     pub fn cache_update(&mut self, port: u8) -> Result<()> {
         let i = self.port_index(port)?;
-        ib_cache_update(
+        update(
             &mut *self.ops,
             port,
             self.gid_tbl_len[i],
@@ -515,7 +520,8 @@ impl IbCore {
     /// On failure the provider is handed back in the [`RegisterError`], so
     /// the driver can tear its device down (as a Linux driver still owns its
     /// `ib_device` when `ib_register_device` fails).
-    pub fn ib_register_device(
+    #[doc(alias = "ib_register_device")]
+    pub fn register_device(
         &mut self,
         provider: Box<dyn IbDevice>,
     ) -> core::result::Result<DeviceId, RegisterError> {
@@ -574,7 +580,7 @@ impl IbCore {
         }
         // ib_mad_init_device + ib_agent_port_open
         for p in 1..=dev.info.phys_port_cnt {
-            match crate::mad::ib_mad_port_open(&mut dev, p, &self.mad_config) {
+            match crate::mad::port_open(&mut dev, p, &self.mad_config) {
                 Ok(mp) => dev.mad[usize::from(p - 1)] = Some(mp),
                 Err(e) => log::error!("{}: Couldn't open port {p}: {e}", dev.info.name),
             }
@@ -602,7 +608,8 @@ impl IbCore {
     /// `ib_unregister_device`: calls `remove` of every accepting client in
     /// reverse order of client registration, drops their data, closes the
     /// MAD ports (flushing every pending MAD) and gives the provider back.
-    pub fn ib_unregister_device(&mut self, id: DeviceId) -> Result<Box<dyn IbDevice>> {
+    #[doc(alias = "ib_unregister_device")]
+    pub fn unregister_device(&mut self, id: DeviceId) -> Result<Box<dyn IbDevice>> {
         let Some(slot) = self.devices.get_mut(id.0 as usize) else {
             return Err(Error::NoDev);
         };
@@ -620,7 +627,7 @@ impl IbCore {
         }
         for p in (1..=dev.info.phys_port_cnt).rev() {
             if let Some(mp) = dev.mad[usize::from(p - 1)].take() {
-                crate::mad::ib_mad_port_close(dev, mp);
+                crate::mad::port_close(dev, mp);
             }
         }
         let Some(dev) = slot.take() else {
@@ -631,7 +638,8 @@ impl IbCore {
 
     /// `ib_register_client`: appends the client and calls its `add` for
     /// every registered device it accepts.
-    pub fn ib_register_client(&mut self, client: Box<dyn IbClient>) -> ClientId {
+    #[doc(alias = "ib_register_client")]
+    pub fn register_client(&mut self, client: Box<dyn IbClient>) -> ClientId {
         let id = ClientId(self.clients.len() as u32);
         let mut slot = ClientSlot { client };
         for dev in self.devices.iter_mut().flatten() {
@@ -656,7 +664,8 @@ impl IbCore {
 
     /// `ib_unregister_client`: calls its `remove` for every device it took,
     /// drops its data and gives the client back.
-    pub fn ib_unregister_client(&mut self, id: ClientId) -> Result<Box<dyn IbClient>> {
+    #[doc(alias = "ib_unregister_client")]
+    pub fn unregister_client(&mut self, id: ClientId) -> Result<Box<dyn IbClient>> {
         let Some(mut slot) = self.clients.get_mut(id.0 as usize).and_then(|s| s.take()) else {
             return Err(Error::NotFound);
         };
@@ -681,7 +690,8 @@ impl IbCore {
     }
 
     /// `ib_register_event_handler`.
-    pub fn ib_register_event_handler(
+    #[doc(alias = "ib_register_event_handler")]
+    pub fn register_event_handler(
         &mut self,
         dev: DeviceId,
         handler: EventHandler,
@@ -693,7 +703,8 @@ impl IbCore {
     }
 
     /// `ib_unregister_event_handler`.
-    pub fn ib_unregister_event_handler(&mut self, dev: DeviceId, h: HandlerId) -> Result<()> {
+    #[doc(alias = "ib_unregister_event_handler")]
+    pub fn unregister_event_handler(&mut self, dev: DeviceId, h: HandlerId) -> Result<()> {
         let d = self.dev(dev)?;
         let before = d.handlers.len();
         d.handlers.retain(|(id, _)| *id != h);
@@ -707,12 +718,13 @@ impl IbCore {
     /// Linux's cache listens to (synchronously, as LegoOS does), then runs
     /// every registered handler in registration order, then the accepting
     /// clients' `event`.
-    pub fn ib_dispatch_event(&mut self, id: DeviceId, event: Event) -> Result<()> {
+    #[doc(alias = "ib_dispatch_event")]
+    pub fn dispatch_event(&mut self, id: DeviceId, event: Event) -> Result<()> {
         let Some(dev) = self.devices.get_mut(id.0 as usize).and_then(|d| d.as_mut()) else {
             return Err(Error::NoDev);
         };
         if let EventElement::Port(p) = event.element
-            && ib_cache_event_wants(event.event)
+            && event_wants(event.event)
         {
             let _ = dev.cache_update(p);
         }
@@ -755,7 +767,7 @@ impl IbCore {
             }
             for ev in events.drain(..) {
                 work += 1;
-                let _ = self.ib_dispatch_event(id, ev);
+                let _ = self.dispatch_event(id, ev);
             }
             self.event_buf = events;
             // A dead device is not polled for MADs any more: its owner is
@@ -764,7 +776,7 @@ impl IbCore {
             if let Some(Some(dev)) = self.devices.get_mut(i)
                 && !dev.fatal
             {
-                work += crate::mad::ib_mad_poll_device(dev, &*self.clock, &self.mad_config);
+                work += crate::mad::poll_device(dev, &*self.clock, &self.mad_config);
             }
         }
         for ci in 0..self.clients.len() {

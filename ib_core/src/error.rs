@@ -1,4 +1,7 @@
-//! The error type of ib_core: each error carries the errno Linux's `ib_core` would return; Linux has no such file (it passes bare `-errno` ints), so nothing is left out.
+//! The error type of ib_core, each error carrying the errno Linux's `ib_core` would return.
+//!
+//! Linux has no such file (it passes bare `-errno` ints), so nothing is left
+//! out.
 
 use core::fmt;
 

@@ -1,38 +1,46 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs types and the provider trait, the cache, UD headers, the MAD layer with its agents, the SMI rules, RMPP reassembly, the SA client (`sa_query`) and the CM (`cm`, `cm_msgs`); sending RMPP, redirection, multicast, sysfs and every user-space path are left out.
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs, the cache, UD headers, the MAD layer, SMI, RMPP reassembly, the SA client and the CM.
+//!
+//! Sending RMPP, redirection, multicast, sysfs and every user-space path are
+//! left out.
 //!
 //! There are no interrupts: one progress function, [`IbCore::poll`], polls
 //! every device's event queues (through [`verbs::IbDevice::poll_events`]),
 //! the QP0/QP1 completion queues (the MAD completion handler) and the MAD
 //! timeouts, and every blocking helper ([`IbCore::poll_until`],
-//! [`IbCore::ib_send_mad_wait`], [`IbCore::smp_query`], [`IbCore::pma_query`])
+//! [`IbCore::send_mad_wait`], [`IbCore::smp_query`], [`IbCore::pma_query`])
 //! calls it while it waits against a [`hal::Deadline`].
 //!
 //! Files keep Linux's names: `device.rs` (registration, clients, events, the
 //! progress function), `verbs.rs` (`ib_verbs.h` + `verbs.c`: types, the
-//! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`ib_mad.h`,
-//! `ib_smi.h`, `mad.c`), `mad_rmpp.rs` (receive side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`, `cm.rs` + `cm_msgs.rs`.
+//! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`mad.c`;
+//! `ib_mad.h`, `ib_smi.h` and `mad_priv.h` in `mad/`), `mad_rmpp.rs` (receive
+//! side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`
+//! (`ib_sa.h` in `sa_query/`), `cm.rs` + `cm_msgs.rs`. Functions drop Linux's
+//! `ib_` prefix (and the prefix their module already says:
+//! `sa_query::path_rec_get` is `ib_sa_path_rec_get`) and keep the C name in
+//! `#[doc(alias)]`, as mlx4_core does.
 //!
 //! # Using it
 //!
 //! A driver implements [`verbs::IbDevice`] (Linux's `struct ib_device`
-//! ops) and hands it to [`IbCore::ib_register_device`]; the core reads the
+//! ops) and hands it to [`IbCore::register_device`]; the core reads the
 //! port tables, fills the cache, opens QP0/QP1 on every port and tells the
 //! clients. The kernel keeps one [`IbCore`] and calls [`IbCore::poll`] from
 //! its idle loop. Verbs go through [`Device`] ([`IbCore::device_mut`]); the
 //! hot path (`post_send`, `post_recv`, `poll_cq`) is a direct call into the
 //! provider and allocates nothing. MAD users register an agent
-//! ([`IbCore::ib_register_mad_agent`]), post with
-//! [`IbCore::ib_post_send_mad`] and read their mailbox with
-//! [`IbCore::ib_mad_poll_agent`]; a client without a thread of its own (the
+//! ([`IbCore::register_mad_agent`]), post with
+//! [`IbCore::post_send_mad`] and read their mailbox with
+//! [`IbCore::mad_poll_agent`]; a client without a thread of its own (the
 //! SA and the CM) does that from [`IbClient::poll`], which every
 //! [`IbCore::poll`] calls.
 //!
-//! Paths come from the SA client ([`sa_query::ib_sa_init`] once, then
-//! [`sa_query::sa_path_to_lid`] / [`sa_query::sa_path_to_gid`], cached per
-//! port); RC connections from the CM ([`cm::ib_cm_init`] once, then
-//! [`cm::ib_cm_listen`] + [`cm::ib_send_cm_rep`] on the passive side,
-//! [`cm::ib_send_cm_req`] or [`cm::cm_connect`] on the active side, events
-//! taken with [`cm::cm_wait_event`] against a deadline).
+//! Paths come from the SA client ([`sa_query::init`] once, then
+//! [`sa_query::path_to_lid`] / [`sa_query::path_to_gid`], cached per
+//! port); RC connections from the CM ([`cm::init`] once, then
+//! [`cm::listen`] + [`cm::send_rep`] on the passive side,
+//! [`cm::send_req`] or [`cm::connect`] on the active side, events
+//! taken with [`cm::wait_event`] against a deadline).
 //!
 //! # Decisions
 //!

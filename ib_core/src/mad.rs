@@ -1,436 +1,30 @@
-//! Port of Linux `include/rdma/ib_mad.h`, `ib_smi.h` and `drivers/infiniband/core/mad.c` (3.11): the 256-byte MAD and SMP layouts with their constants, and the MAD layer (RMPP reassembly in `mad_rmpp.rs`); sending RMPP transfers and redirection are left out (vendor classes of range 2 match one OUI per registration instead of Linux's OUI tables).
+//! Port of Linux `drivers/infiniband/core/mad.c` (3.11): the MAD layer of each port (QP0/QP1, agents, sends with their timeouts and retries, receives for the agents or the driver's `process_mad`).
+//!
+//! RMPP reassembly is in `mad_rmpp.rs`; sending RMPP transfers and redirection
+//! are left out.
+//!
+//! The layouts and the agent API's types are Linux's `ib_mad.h` and
+//! `ib_smi.h` (`mad/ib_mad.rs`, `mad/ib_smi.rs`), re-exported here; the
+//! private state of a port, its agents and its sends is `mad_priv.h`
+//! (`mad/mad_priv.rs`), and every step of the layer takes it as one
+//! borrowed `MadCtx`. Vendor classes of range 2 match one OUI per
+//! registration instead of Linux's OUI tables.
 
-use core::fmt;
+mod ib_mad;
+mod ib_smi;
+mod mad_priv;
 
-/// Size of a MAD.
-pub const IB_MGMT_MAD_SIZE: usize = 256;
-/// Size of the common MAD header.
-pub const IB_MGMT_MAD_HDR: usize = 24;
-/// Bytes of data after the common header.
-pub const IB_MGMT_MAD_DATA: usize = 232;
-/// Size of a GRH (the area in front of every UD receive buffer).
-pub const IB_GRH_BYTES: usize = 40;
-/// Bytes of SMP data.
-pub const IB_SMP_DATA_SIZE: usize = 64;
-/// Longest directed route.
-pub const IB_SMP_MAX_PATH_HOPS: u8 = 64;
-
-/// `IB_MGMT_BASE_VERSION`.
-pub const IB_MGMT_BASE_VERSION: u8 = 1;
-
-/// Management classes (`IB_MGMT_CLASS_*`).
-pub mod class {
-    /// Subnet management, LID routed.
-    pub const SUBN_LID_ROUTED: u8 = 0x01;
-    /// Subnet management, directed route.
-    pub const SUBN_DIRECTED_ROUTE: u8 = 0x81;
-    /// Subnet administration.
-    pub const SUBN_ADM: u8 = 0x03;
-    /// Performance management.
-    pub const PERF_MGMT: u8 = 0x04;
-    /// Baseboard management.
-    pub const BM: u8 = 0x05;
-    /// Device management.
-    pub const DEVICE_MGMT: u8 = 0x06;
-    /// Communication management.
-    pub const CM: u8 = 0x07;
-    /// SNMP.
-    pub const SNMP: u8 = 0x08;
-    /// Device administration.
-    pub const DEVICE_ADM: u8 = 0x10;
-    /// Boot management.
-    pub const BOOT_MGMT: u8 = 0x11;
-    /// BIS.
-    pub const BIS: u8 = 0x12;
-    /// Congestion management.
-    pub const CONG_MGMT: u8 = 0x21;
-    /// First vendor class of range 2 (with OUI).
-    pub const VENDOR_RANGE2_START: u8 = 0x30;
-    /// Last vendor class of range 2.
-    pub const VENDOR_RANGE2_END: u8 = 0x4f;
-}
-
-/// Methods (`IB_MGMT_METHOD_*`).
-pub mod method {
-    /// Get.
-    pub const GET: u8 = 0x01;
-    /// Set.
-    pub const SET: u8 = 0x02;
-    /// Get response.
-    pub const GET_RESP: u8 = 0x81;
-    /// Send.
-    pub const SEND: u8 = 0x03;
-    /// Trap.
-    pub const TRAP: u8 = 0x05;
-    /// Report.
-    pub const REPORT: u8 = 0x06;
-    /// Report response.
-    pub const REPORT_RESP: u8 = 0x86;
-    /// Trap repress.
-    pub const TRAP_REPRESS: u8 = 0x07;
-    /// GetTable (SA).
-    pub const GET_TABLE: u8 = 0x12;
-    /// The response bit.
-    pub const RESP: u8 = 0x80;
-}
-
-/// MAD status values (`IB_MGMT_MAD_STATUS_*`), host order.
-pub mod status {
-    /// Success.
-    pub const SUCCESS: u16 = 0x0000;
-    /// Busy.
-    pub const BUSY: u16 = 0x0001;
-    /// Redirect required.
-    pub const REDIRECT_REQD: u16 = 0x0002;
-    /// Bad base or class version.
-    pub const BAD_VERSION: u16 = 0x0004;
-    /// Method not supported.
-    pub const UNSUPPORTED_METHOD: u16 = 0x0008;
-    /// Method/attribute combination not supported.
-    pub const UNSUPPORTED_METHOD_ATTRIB: u16 = 0x000c;
-    /// Invalid attribute or modifier.
-    pub const INVALID_ATTRIB_VALUE: u16 = 0x001c;
-    /// The direction bit of a directed-route SMP (`IB_SMP_DIRECTION`).
-    pub const IB_SMP_DIRECTION: u16 = 0x8000;
-}
-
-/// SMP attribute IDs (`IB_SMP_ATTR_*`).
-pub mod attr {
-    /// Notice.
-    pub const NOTICE: u16 = 0x0002;
-    /// NodeDescription.
-    pub const NODE_DESC: u16 = 0x0010;
-    /// NodeInfo.
-    pub const NODE_INFO: u16 = 0x0011;
-    /// SwitchInfo.
-    pub const SWITCH_INFO: u16 = 0x0012;
-    /// GUIDInfo.
-    pub const GUID_INFO: u16 = 0x0014;
-    /// PortInfo.
-    pub const PORT_INFO: u16 = 0x0015;
-    /// P_KeyTable.
-    pub const PKEY_TABLE: u16 = 0x0016;
-    /// SLtoVLMappingTable.
-    pub const SL_TO_VL_TABLE: u16 = 0x0017;
-    /// VLArbitrationTable.
-    pub const VL_ARB_TABLE: u16 = 0x0018;
-    /// SMInfo.
-    pub const SM_INFO: u16 = 0x0020;
-    /// VendorDiag.
-    pub const VENDOR_DIAG: u16 = 0x0030;
-    /// LedInfo.
-    pub const LED_INFO: u16 = 0x0031;
-    /// PMA ClassPortInfo.
-    pub const CLASS_PORT_INFO: u16 = 0x0001;
-    /// PMA PortCounters.
-    pub const PORT_COUNTERS: u16 = 0x0012;
-    /// PMA PortCountersExtended.
-    pub const PORT_COUNTERS_EXT: u16 = 0x001d;
-}
-
-/// `IB_MAD_RESULT_*` bits returned by `process_mad`.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-pub struct MadResult(pub u32);
-
-impl MadResult {
-    /// `IB_MAD_RESULT_FAILURE`: not handled.
-    pub const FAILURE: MadResult = MadResult(0);
-    /// `IB_MAD_RESULT_SUCCESS`: handled.
-    pub const SUCCESS: MadResult = MadResult(1);
-    /// `IB_MAD_RESULT_REPLY`: `out_mad` holds a response to send.
-    pub const REPLY: MadResult = MadResult(2);
-    /// `IB_MAD_RESULT_CONSUMED`: taken; deliver nowhere else.
-    pub const CONSUMED: MadResult = MadResult(4);
-    /// True if every bit of `o` is set.
-    pub const fn contains(self, o: MadResult) -> bool {
-        self.0 & o.0 == o.0
-    }
-}
-
-impl core::ops::BitOr for MadResult {
-    type Output = MadResult;
-    fn bitor(self, o: MadResult) -> MadResult {
-        MadResult(self.0 | o.0)
-    }
-}
-
-impl fmt::Debug for MadResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "MadResult(")?;
-        let mut first = true;
-        for (b, n) in [(1, "SUCCESS"), (2, "REPLY"), (4, "CONSUMED")] {
-            if self.0 & b != 0 {
-                if !first {
-                    f.write_str("|")?;
-                }
-                f.write_str(n)?;
-                first = false;
-            }
-        }
-        if first {
-            f.write_str("FAILURE")?;
-        }
-        f.write_str(")")
-    }
-}
-
-fn be16(b: &[u8], off: usize) -> u16 {
-    u16::from_be_bytes([b[off], b[off + 1]])
-}
-fn be32(b: &[u8], off: usize) -> u32 {
-    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-fn be64(b: &[u8], off: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[off..off + 8]);
-    u64::from_be_bytes(x)
-}
-
-/// A 256-byte management datagram in wire order (`struct ib_mad`, and
-/// through the SMP accessors `struct ib_smp`). All accessors read and write
-/// the big-endian wire fields at fixed offsets inside the array, so none can
-/// go out of bounds.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Mad(pub [u8; IB_MGMT_MAD_SIZE]);
-
-impl Default for Mad {
-    fn default() -> Self {
-        Mad([0; IB_MGMT_MAD_SIZE])
-    }
-}
-
-impl fmt::Debug for Mad {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Mad {{ class {:#04x} v{} method {:#04x} status {:#06x} tid {:#018x} attr {:#06x}/{:#x} }}",
-            self.mgmt_class(),
-            self.class_version(),
-            self.method(),
-            self.status(),
-            self.tid(),
-            self.attr_id(),
-            self.attr_mod()
-        )
-    }
-}
-
-macro_rules! field {
-    ($get:ident, $set:ident, u8, $off:expr, $doc:literal) => {
-        #[doc = $doc]
-        pub fn $get(&self) -> u8 {
-            self.0[$off]
-        }
-        #[doc = concat!("Sets: ", $doc)]
-        pub fn $set(&mut self, v: u8) {
-            self.0[$off] = v;
-        }
-    };
-    ($get:ident, $set:ident, u16, $off:expr, $doc:literal) => {
-        #[doc = $doc]
-        pub fn $get(&self) -> u16 {
-            be16(&self.0, $off)
-        }
-        #[doc = concat!("Sets: ", $doc)]
-        pub fn $set(&mut self, v: u16) {
-            self.0[$off..$off + 2].copy_from_slice(&v.to_be_bytes());
-        }
-    };
-    ($get:ident, $set:ident, u32, $off:expr, $doc:literal) => {
-        #[doc = $doc]
-        pub fn $get(&self) -> u32 {
-            be32(&self.0, $off)
-        }
-        #[doc = concat!("Sets: ", $doc)]
-        pub fn $set(&mut self, v: u32) {
-            self.0[$off..$off + 4].copy_from_slice(&v.to_be_bytes());
-        }
-    };
-    ($get:ident, $set:ident, u64, $off:expr, $doc:literal) => {
-        #[doc = $doc]
-        pub fn $get(&self) -> u64 {
-            be64(&self.0, $off)
-        }
-        #[doc = concat!("Sets: ", $doc)]
-        pub fn $set(&mut self, v: u64) {
-            self.0[$off..$off + 8].copy_from_slice(&v.to_be_bytes());
-        }
-    };
-}
-
-impl Mad {
-    /// A MAD from the first 256 bytes of `b` (shorter input is zero-padded).
-    pub fn from_bytes(b: &[u8]) -> Mad {
-        let mut m = Mad::default();
-        let n = b.len().min(IB_MGMT_MAD_SIZE);
-        m.0[..n].copy_from_slice(&b[..n]);
-        m
-    }
-
-    /// A request with the common header filled in.
-    pub fn new_request(
-        mgmt_class: u8,
-        class_version: u8,
-        method: u8,
-        attr_id: u16,
-        attr_mod: u32,
-    ) -> Mad {
-        let mut m = Mad::default();
-        m.set_base_version(IB_MGMT_BASE_VERSION);
-        m.set_mgmt_class(mgmt_class);
-        m.set_class_version(class_version);
-        m.set_method(method);
-        m.set_attr_id(attr_id);
-        m.set_attr_mod(attr_mod);
-        m
-    }
-
-    field!(base_version, set_base_version, u8, 0, "Base version (1).");
-    field!(mgmt_class, set_mgmt_class, u8, 1, "Management class.");
-    field!(class_version, set_class_version, u8, 2, "Class version.");
-    field!(method, set_method, u8, 3, "Method (bit 7: response).");
-    field!(
-        status,
-        set_status,
-        u16,
-        4,
-        "Status (bit 15 of a DR SMP: direction)."
-    );
-    field!(
-        class_specific,
-        set_class_specific,
-        u16,
-        6,
-        "Class-specific word (hop pointer and count of an SMP)."
-    );
-    field!(tid, set_tid, u64, 8, "Transaction ID.");
-    field!(attr_id, set_attr_id, u16, 16, "Attribute ID.");
-    field!(attr_mod, set_attr_mod, u32, 20, "Attribute modifier.");
-
-    // SMP (struct ib_smp)
-    field!(hop_ptr, set_hop_ptr, u8, 6, "SMP hop pointer.");
-    field!(hop_cnt, set_hop_cnt, u8, 7, "SMP hop count.");
-    field!(mkey, set_mkey, u64, 24, "SMP M_Key.");
-    field!(dr_slid, set_dr_slid, u16, 32, "DR SMP DrSLID.");
-    field!(dr_dlid, set_dr_dlid, u16, 34, "DR SMP DrDLID.");
-
-    /// True for a response (method bit 7).
-    pub fn is_response(&self) -> bool {
-        self.method() & method::RESP != 0
-    }
-
-    /// The 64 bytes of SMP data.
-    pub fn smp_data(&self) -> &[u8] {
-        &self.0[64..128]
-    }
-    /// The 64 bytes of SMP data, writable.
-    pub fn smp_data_mut(&mut self) -> &mut [u8] {
-        &mut self.0[64..128]
-    }
-    /// `initial_path[i]` of a DR SMP (index taken modulo 64, never out of
-    /// bounds).
-    pub fn initial_path(&self, i: u8) -> u8 {
-        self.0[128 + (i as usize & 63)]
-    }
-    /// Sets `initial_path[i]`.
-    pub fn set_initial_path(&mut self, i: u8, port: u8) {
-        self.0[128 + (i as usize & 63)] = port;
-    }
-    /// `return_path[i]` of a DR SMP (index modulo 64).
-    pub fn return_path(&self, i: u8) -> u8 {
-        self.0[192 + (i as usize & 63)]
-    }
-    /// Sets `return_path[i]`.
-    pub fn set_return_path(&mut self, i: u8, port: u8) {
-        self.0[192 + (i as usize & 63)] = port;
-    }
-    /// The 232 bytes after the common header.
-    pub fn data(&self) -> &[u8] {
-        &self.0[IB_MGMT_MAD_HDR..]
-    }
-    /// The 232 bytes after the common header, writable.
-    pub fn data_mut(&mut self) -> &mut [u8] {
-        &mut self.0[IB_MGMT_MAD_HDR..]
-    }
-    /// Bit 15 of the status of a DR SMP (`ib_get_smp_direction`).
-    pub fn smp_direction(&self) -> bool {
-        self.status() & status::IB_SMP_DIRECTION != 0
-    }
-}
-
-/// A global route header as received in the first 40 bytes of a UD receive
-/// buffer (`struct ib_grh`), wire order.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Grh(pub [u8; IB_GRH_BYTES]);
-
-impl Default for Grh {
-    fn default() -> Self {
-        Grh([0; IB_GRH_BYTES])
-    }
-}
-
-impl fmt::Debug for Grh {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Grh {{ tclass {} flow {:#x} hop {} sgid {} dgid {} }}",
-            self.traffic_class(),
-            self.flow_label(),
-            self.hop_limit(),
-            self.sgid(),
-            self.dgid()
-        )
-    }
-}
-
-impl Grh {
-    /// IP version (6).
-    pub fn ip_version(&self) -> u8 {
-        self.0[0] >> 4
-    }
-    /// Traffic class.
-    pub fn traffic_class(&self) -> u8 {
-        ((be32(&self.0, 0) >> 20) & 0xff) as u8
-    }
-    /// Flow label.
-    pub fn flow_label(&self) -> u32 {
-        be32(&self.0, 0) & 0xf_ffff
-    }
-    /// Payload length.
-    pub fn paylen(&self) -> u16 {
-        be16(&self.0, 4)
-    }
-    /// Next header (0x1b).
-    pub fn next_hdr(&self) -> u8 {
-        self.0[6]
-    }
-    /// Hop limit.
-    pub fn hop_limit(&self) -> u8 {
-        self.0[7]
-    }
-    /// Source GID.
-    pub fn sgid(&self) -> crate::verbs::Gid {
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&self.0[8..24]);
-        crate::verbs::Gid(g)
-    }
-    /// Destination GID.
-    pub fn dgid(&self) -> crate::verbs::Gid {
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&self.0[24..40]);
-        crate::verbs::Gid(g)
-    }
-}
-
-// ===========================================================================
-// The MAD layer (mad.c): per-port QP0/QP1, agents, sends, receives.
+pub use ib_mad::*;
+pub use ib_smi::*;
+use mad_priv::{AgentPriv, MadQp, SendPriv, SendState};
+pub(crate) use mad_priv::{MadCtx, MadPort};
 
 use alloc::boxed::Box;
 use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use hal::{Clock, DmaBuf};
+use hal::Clock;
 
 use crate::device::{Device, DeviceId, IbCore, MadConfig};
 use crate::error::{Error, Result};
@@ -439,9 +33,9 @@ use crate::smi::{
     smi_handle_dr_smp_recv, smi_handle_dr_smp_send,
 };
 use crate::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, CqNotifyFlags, IB_QP_SET_QKEY, IB_QP1_QKEY, LinkLayer,
-    Mr, NodeType, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Ah, AhAttr, CqInitAttr, CqNotifyFlags, IB_QP1_QKEY, LinkLayer, NodeType, Pd, Qp,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
+    SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
 };
 
 /// Classes an agent may register below (`MAX_MGMT_CLASS`; 0x81 is folded).
@@ -452,156 +46,6 @@ pub const MAX_MGMT_VERSION: u8 = 8;
 pub const MAD_RECV_BUF: usize = IB_GRH_BYTES + IB_MGMT_MAD_SIZE;
 const PAGE: usize = 4096;
 const WRID_SEND: u64 = 1 << 63;
-
-/// `ib_response_mad`: a response, a TrapRepress, or a BM response.
-pub fn ib_response_mad(mad: &Mad) -> bool {
-    mad.method() & method::RESP != 0
-        || mad.method() == method::TRAP_REPRESS
-        || (mad.mgmt_class() == class::BM && mad.attr_mod() & 0x0000_0001 != 0)
-}
-
-/// `struct ib_mad_reg_req`: class, class version and the methods an agent
-/// takes unsolicited MADs for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MadRegReq {
-    /// Management class.
-    pub mgmt_class: u8,
-    /// Class version.
-    pub mgmt_class_version: u8,
-    /// Method bitmap (bit `m` = method `m`).
-    pub method_mask: [u64; 2],
-    /// OUI of a vendor class of range 2 (0x30..0x4f; Linux's `oui[3]`);
-    /// zero for every other class.
-    pub oui: [u8; 3],
-}
-
-impl MadRegReq {
-    /// A request for `methods` of `mgmt_class` version `version`.
-    pub fn new(mgmt_class: u8, version: u8, methods: &[u8]) -> MadRegReq {
-        let mut method_mask = [0u64; 2];
-        for &m in methods {
-            method_mask[usize::from(m >> 6) & 1] |= 1 << (m & 63);
-        }
-        MadRegReq {
-            mgmt_class,
-            mgmt_class_version: version,
-            method_mask,
-            oui: [0; 3],
-        }
-    }
-    /// The same request for a vendor class of range 2 with this OUI (what
-    /// infiniband-diags' `ibping -S` registers: class 0x32, OUI 0x001405).
-    pub fn with_oui(mut self, oui: u32) -> MadRegReq {
-        let b = oui.to_be_bytes();
-        self.oui = [b[1], b[2], b[3]];
-        self
-    }
-    /// Whether method `m` is registered.
-    pub fn has_method(&self, m: u8) -> bool {
-        m < 128 && self.method_mask[usize::from(m >> 6)] & (1 << (m & 63)) != 0
-    }
-}
-
-/// A registered MAD agent (`struct ib_mad_agent`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MadAgent {
-    /// The device.
-    pub dev: DeviceId,
-    /// The port.
-    pub port: u8,
-    /// Its slot on the port.
-    pub(crate) idx: u32,
-    /// `hi_tid`: the upper 32 bits of the TIDs of its requests.
-    pub hi_tid: u32,
-}
-
-/// One MAD to send (`struct ib_mad_send_buf` with its address): the MAD,
-/// where it goes, and how long to wait for a response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MadSendBuf {
-    /// The MAD. For a request, ib_core puts the agent's `hi_tid` in the TID's
-    /// upper half (and a counter in the lower half if it is 0).
-    pub mad: Mad,
-    /// Address vector (the core creates and destroys the AH).
-    pub ah_attr: AhAttr,
-    /// Destination QP (0, 1, or a redirected QP).
-    pub remote_qpn: u32,
-    /// Q_Key; [`IB_QP_SET_QKEY`] (the default) uses the QP's own.
-    pub remote_qkey: u32,
-    /// P_Key index.
-    pub pkey_index: u16,
-    /// Milliseconds to wait for a response per try; 0 = none expected.
-    pub timeout_ms: u32,
-    /// Retries after a timeout.
-    pub retries: u32,
-    /// The caller's cookie, returned in the send completion.
-    pub context: u64,
-}
-
-impl MadSendBuf {
-    /// A send of `mad` to `remote_qpn` at `ah_attr`, expecting no response.
-    pub fn new(mad: Mad, ah_attr: AhAttr, remote_qpn: u32) -> MadSendBuf {
-        MadSendBuf {
-            mad,
-            ah_attr,
-            remote_qpn,
-            remote_qkey: IB_QP_SET_QKEY,
-            pkey_index: 0,
-            timeout_ms: 0,
-            retries: 0,
-            context: 0,
-        }
-    }
-}
-
-/// Identifies a posted MAD until its send completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MadSendId(pub u64);
-
-/// `struct ib_mad_recv_wc`: one received MAD.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MadRecvWc {
-    /// The work completion (for a locally handled SMP, one built as Linux's
-    /// `build_smp_wc` does).
-    pub wc: Wc,
-    /// The GRH, if the packet had one.
-    pub grh: Option<Grh>,
-    /// The MAD.
-    pub mad: Mad,
-    /// The port.
-    pub port: u8,
-    /// For a response: the request it answers.
-    pub send_id: Option<MadSendId>,
-    /// For an RMPP transfer (agents registered with RMPP version 1): the
-    /// data of all its segments after the class header, padding removed;
-    /// `mad` is then the first segment.
-    pub rmpp_data: Option<Vec<u8>>,
-}
-
-/// `struct ib_mad_send_wc`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MadSendWc {
-    /// Which send.
-    pub id: MadSendId,
-    /// `IB_WC_SUCCESS`, `IB_WC_RESP_TIMEOUT_ERR`, `IB_WC_WR_FLUSH_ERR`
-    /// (canceled), or the send's error status.
-    pub status: WcStatus,
-    /// Vendor syndrome of a failed send.
-    pub vendor_err: u32,
-    /// The caller's cookie.
-    pub context: u64,
-}
-
-/// What an agent's mailbox holds (the calls Linux makes to an agent's
-/// `recv_handler` and `send_handler`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MadEvent {
-    /// A MAD for the agent: an unsolicited request of a registered method,
-    /// or a response to one of its requests.
-    Recv(Box<MadRecvWc>),
-    /// A send is finished.
-    SendDone(MadSendWc),
-}
 
 /// What the MAD layer of one port counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -654,85 +98,6 @@ pub struct MadCounters {
     pub rmpp_dropped: u64,
 }
 
-struct AgentPriv {
-    qp_type: QpType,
-    rmpp_version: u8,
-    reg: Option<MadRegReq>,
-    hi_tid: u32,
-    next_tid: u32,
-    mailbox: VecDeque<MadEvent>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SendState {
-    /// Waiting for room on the send queue.
-    Queued,
-    /// Posted in send slot `slot`.
-    OnWire(u32),
-    /// Sent; waiting for the response until `deadline` (ns).
-    WaitResp(u64),
-}
-
-struct SendPriv {
-    generation: u32,
-    agent: Option<u32>,
-    qpi: usize,
-    buf: MadSendBuf,
-    ah: Ah,
-    retries_left: u32,
-    state: SendState,
-    canceled: bool,
-    got_response: bool,
-    /// In flight when the QP went to SQE: repost it when it comes back
-    /// flushed (Linux `mark_sends_for_retry`).
-    retry_on_flush: bool,
-}
-
-struct MadQp {
-    qp: Qp,
-    recv_pages: Vec<DmaBuf>,
-    recv_per_page: usize,
-    send_pages: Vec<DmaBuf>,
-    send_per_page: usize,
-    /// Which send (slab index) occupies each send slot.
-    send_slot: Vec<Option<u32>>,
-    free_slots: Vec<u32>,
-    overflow: VecDeque<u32>,
-}
-
-impl MadQp {
-    fn recv_addr(&self, slot: usize) -> Option<(&DmaBuf, usize)> {
-        let page = self.recv_pages.get(slot / self.recv_per_page)?;
-        Some((page, (slot % self.recv_per_page) * MAD_RECV_BUF))
-    }
-    fn send_addr(&self, slot: usize) -> Option<(&DmaBuf, usize)> {
-        let page = self.send_pages.get(slot / self.send_per_page)?;
-        Some((page, (slot % self.send_per_page) * IB_MGMT_MAD_SIZE))
-    }
-}
-
-/// The MAD layer of one port (`struct ib_mad_port_private` + the port's
-/// `ib_agent_port_private`).
-pub(crate) struct MadPort {
-    port: u8,
-    pd: Option<Pd>,
-    mr: Option<Mr>,
-    cq: Option<Cq>,
-    qps: [Option<MadQp>; 2],
-    agents: Vec<Option<AgentPriv>>,
-    sends: Vec<Option<SendPriv>>,
-    free_sends: Vec<u32>,
-    next_gen: u32,
-    /// Agents' requests by (TID, send index), to match responses without a
-    /// scan of every send.
-    by_tid: BTreeSet<(u64, u32)>,
-    /// No response deadline falls before this (ns); `u64::MAX` if none.
-    next_deadline: u64,
-    /// RMPP transfers being received.
-    pub(crate) rmpp_recvs: Vec<crate::mad_rmpp::RmppRecv>,
-    pub(crate) counters: MadCounters,
-}
-
 fn qp_index(t: QpType) -> Option<usize> {
     match t {
         QpType::Smi => Some(0),
@@ -748,7 +113,8 @@ fn wr_id(send: bool, qpi: usize, slot: usize) -> u64 {
 /// `ib_mad_port_open` + `ib_mad_port_start`: PD, DMA MR, one CQ, QP0 (on an
 /// InfiniBand port) and QP1 brought to RTS, receive buffers with their GRH
 /// area posted.
-pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> Result<MadPort> {
+#[doc(alias = "ib_mad_port_open")]
+pub(crate) fn port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> Result<MadPort> {
     let mut mp = MadPort {
         port,
         pd: None,
@@ -767,7 +133,7 @@ pub(crate) fn ib_mad_port_open(dev: &mut Device, port: u8, cfg: &MadConfig) -> R
     match port_open_inner(dev, &mut mp, cfg) {
         Ok(()) => Ok(mp),
         Err(e) => {
-            ib_mad_port_close(dev, mp);
+            port_close(dev, mp);
             Err(e)
         }
     }
@@ -888,7 +254,8 @@ fn post_recv_slot(dev: &mut Device, mp: &MadPort, qpi: usize, slot: usize) -> Re
 
 /// `ib_mad_port_close`: destroys the QPs, CQ, MR and PD (whatever exists),
 /// and drops pending sends (destroying their AHs) and the agents.
-pub(crate) fn ib_mad_port_close(dev: &mut Device, mut mp: MadPort) {
+#[doc(alias = "ib_mad_port_close")]
+pub(crate) fn port_close(dev: &mut Device, mut mp: MadPort) {
     for s in mp.sends.iter_mut() {
         if let Some(s) = s.take() {
             let _ = dev.destroy_ah(s.ah);
@@ -912,137 +279,27 @@ pub(crate) fn ib_mad_port_close(dev: &mut Device, mut mp: MadPort) {
     }
 }
 
-impl MadPort {
-    pub(crate) fn port(&self) -> u8 {
-        self.port
-    }
-
-    fn agent_rmpp(&self, idx: u32) -> bool {
-        self.agents
-            .get(idx as usize)
-            .and_then(|a| a.as_ref())
-            .is_some_and(|a| a.rmpp_version != 0)
-    }
-
-    fn agent(&mut self, idx: u32) -> Result<&mut AgentPriv> {
-        self.agents
-            .get_mut(idx as usize)
-            .and_then(|a| a.as_mut())
-            .ok_or(Error::NotFound)
-    }
-
-    fn deliver(&mut self, cfg: &MadConfig, agent: u32, ev: MadEvent) {
-        let Some(Some(a)) = self.agents.get_mut(agent as usize) else {
-            return;
-        };
-        if matches!(ev, MadEvent::Recv(_)) && a.mailbox.len() >= cfg.agent_mailbox {
-            self.counters.drop_mailbox_full += 1;
-            return;
-        }
-        a.mailbox.push_back(ev);
-    }
-
-    /// `find_mad_agent` for a request: the agent registered for its class,
-    /// class version and method on the QP it arrived on.
-    fn find_request_agent(&self, mad: &Mad, qpi: usize) -> Option<u32> {
-        self.agents.iter().enumerate().find_map(|(i, a)| {
-            let a = a.as_ref()?;
-            let r = a.reg.as_ref()?;
-            (qp_index(a.qp_type) == Some(qpi)
-                && r.mgmt_class == mad.mgmt_class()
-                && r.mgmt_class_version == mad.class_version()
-                && r.has_method(mad.method())
-                && (r.oui == [0; 3] || mad.0[37..40] == r.oui))
-                .then_some(i as u32)
-        })
-    }
-
-    /// `find_mad_agent` + `ib_find_send_mad` for a response: the agent whose
-    /// `hi_tid` is the TID's upper half, and its outstanding request with
-    /// that TID and class.
-    fn find_response_send(&self, mad: &Mad) -> Option<(u32, u32)> {
-        let hi = (mad.tid() >> 32) as u32;
-        let agent = self
-            .agents
-            .iter()
-            .position(|a| a.as_ref().is_some_and(|a| a.hi_tid == hi))? as u32;
-        let tid = mad.tid();
-        let send = self
-            .by_tid
-            .range((tid, 0)..=(tid, u32::MAX))
-            .map(|&(_, i)| i)
-            .find(|&i| {
-                self.sends
-                    .get(i as usize)
-                    .and_then(|x| x.as_ref())
-                    .is_some_and(|s| {
-                        s.agent == Some(agent)
-                            && !s.canceled
-                            && !s.got_response
-                            && s.buf.timeout_ms > 0
-                            && s.buf.mad.mgmt_class() == mad.mgmt_class()
-                            && !matches!(s.state, SendState::Queued)
-                    })
-            })?;
-        Some((agent, send))
-    }
-
-    /// Puts send `idx` on the wait list until `deadline`.
-    fn wait_resp(&mut self, idx: u32, deadline: u64) {
-        if let Some(s) = self.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
-            s.state = SendState::WaitResp(deadline);
-            self.next_deadline = self.next_deadline.min(deadline);
-        }
-    }
-
-    fn send_id(&self, idx: u32) -> MadSendId {
-        let generation = self
-            .sends
-            .get(idx as usize)
-            .and_then(|x| x.as_ref())
-            .map_or(0, |s| s.generation);
-        MadSendId((u64::from(generation) << 32) | u64::from(idx))
-    }
-
-    fn lookup_send(&self, id: MadSendId) -> Option<u32> {
-        let idx = (id.0 & 0xffff_ffff) as u32;
-        let generation = (id.0 >> 32) as u32;
-        self.sends
-            .get(idx as usize)
-            .and_then(|s| s.as_ref())
-            .filter(|s| s.generation == generation)
-            .map(|_| idx)
-    }
-}
-
 /// Finishes a send: drops it, destroys its AH, tells its agent.
-fn complete_send(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    cfg: &MadConfig,
-    idx: u32,
-    status: WcStatus,
-    vendor_err: u32,
-) {
-    let id = mp.send_id(idx);
-    let Some(s) = mp.sends.get_mut(idx as usize).and_then(|s| s.take()) else {
+fn complete_send(cx: &mut MadCtx<'_>, idx: u32, status: WcStatus, vendor_err: u32) {
+    let id = cx.mp.send_id(idx);
+    let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|s| s.take()) else {
         return;
     };
-    mp.free_sends.push(idx);
-    mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+    cx.mp.free_sends.push(idx);
+    cx.mp.by_tid.remove(&(s.buf.mad.tid(), idx));
     if let SendState::OnWire(slot) = s.state
-        && let Some(mq) = mp.qps[s.qpi].as_mut()
+        && let Some(mq) = cx.mp.qps[s.qpi].as_mut()
     {
         mq.send_slot[slot as usize] = None;
         mq.free_slots.push(slot);
     }
-    if let Some(mq) = mp.qps[s.qpi].as_mut() {
+    if let Some(mq) = cx.mp.qps[s.qpi].as_mut() {
         mq.overflow.retain(|&i| i != idx);
     }
-    let _ = dev.destroy_ah(s.ah);
+    let _ = cx.dev.destroy_ah(s.ah);
     if let Some(agent) = s.agent {
-        mp.deliver(
-            cfg,
+        cx.mp.deliver(
+            cx.cfg,
             agent,
             MadEvent::SendDone(MadSendWc {
                 id,
@@ -1056,15 +313,15 @@ fn complete_send(
 
 /// Posts send `idx` if its QP has a free slot; otherwise queues it (Linux's
 /// overflow list). Ok(false) = queued.
-fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
-    let Some(mr) = mp.mr else {
+fn post_one(cx: &mut MadCtx<'_>, idx: u32) -> Result<bool> {
+    let Some(mr) = cx.mp.mr else {
         return Err(Error::NoDev);
     };
-    let Some(Some(s)) = mp.sends.get_mut(idx as usize) else {
+    let Some(Some(s)) = cx.mp.sends.get_mut(idx as usize) else {
         return Err(Error::NotFound);
     };
     let qpi = s.qpi;
-    let Some(mq) = mp.qps[qpi].as_mut() else {
+    let Some(mq) = cx.mp.qps[qpi].as_mut() else {
         return Err(Error::NoDev);
     };
     let Some(slot) = mq.free_slots.pop() else {
@@ -1095,12 +352,12 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
             remote_qpn: s.buf.remote_qpn,
             remote_qkey: s.buf.remote_qkey,
             pkey_index: s.buf.pkey_index,
-            port_num: mp.port,
+            port_num: cx.mp.port,
         },
         inline_data: &[],
     }];
     let qp = mq.qp;
-    match dev.post_send(qp, &wr) {
+    match cx.dev.post_send(qp, &wr) {
         Ok(()) => {
             mq.send_slot[slot as usize] = Some(idx);
             s.state = SendState::OnWire(slot);
@@ -1114,9 +371,9 @@ fn post_one(dev: &mut Device, mp: &mut MadPort, idx: u32) -> Result<bool> {
 }
 
 /// Posts queued sends while slots are free.
-fn drain_overflow(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig, qpi: usize) {
+fn drain_overflow(cx: &mut MadCtx<'_>, qpi: usize) {
     loop {
-        let Some(mq) = mp.qps[qpi].as_mut() else {
+        let Some(mq) = cx.mp.qps[qpi].as_mut() else {
             return;
         };
         if mq.free_slots.is_empty() {
@@ -1125,13 +382,13 @@ fn drain_overflow(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig, qpi: usiz
         let Some(idx) = mq.overflow.pop_front() else {
             return;
         };
-        if let Err(e) = post_one(dev, mp, idx) {
+        if let Err(e) = post_one(cx, idx) {
             log::warn!(
                 "{}: port {}: posting a queued MAD: {e}",
-                dev.name(),
-                mp.port
+                cx.dev.name(),
+                cx.mp.port
             );
-            complete_send(dev, mp, cfg, idx, WcStatus::GeneralErr, 0);
+            complete_send(cx, idx, WcStatus::GeneralErr, 0);
         }
     }
 }
@@ -1157,15 +414,12 @@ fn build_smp_wc(qp_num: u32, slid: u16, pkey_index: u16, port: u8) -> Wc {
 /// The send half of `ib_post_send_mad` for one MAD, from an agent or (agent
 /// `None`) from the responder of agent.c.
 fn send_mad(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     agent: Option<u32>,
     qpi: usize,
     mut buf: MadSendBuf,
 ) -> Result<MadSendId> {
-    if mp.qps[qpi].is_none() {
+    if cx.mp.qps[qpi].is_none() {
         return Err(Error::Invalid("no such special QP on this port"));
     }
     if buf.mad.base_version() != IB_MGMT_BASE_VERSION {
@@ -1181,8 +435,8 @@ fn send_mad(
         ));
     }
     if let Some(a) = agent {
-        let ap = mp.agent(a)?;
-        if !ib_response_mad(&buf.mad) {
+        let ap = cx.mp.agent(a)?;
+        if !response_mad(&buf.mad) {
             let mut lo = buf.mad.tid() as u32;
             if lo == 0 {
                 ap.next_tid = ap.next_tid.wrapping_add(1).max(1);
@@ -1204,7 +458,8 @@ fn send_mad(
             buf.mad.dr_slid()
         } == crate::verbs::IB_LID_PERMISSIVE;
         if lid_part_empty
-            && smi_handle_dr_smp_send(&mut buf.mad, dev.node_type(), mp.port) == SmiAction::Discard
+            && smi_handle_dr_smp_send(&mut buf.mad, cx.dev.node_type(), cx.mp.port)
+                == SmiAction::Discard
         {
             return Err(Error::Invalid(
                 "directed-route SMP refused by the SMI send rules (hop count/pointer or path)",
@@ -1212,22 +467,22 @@ fn send_mad(
         }
         local = smi_check_local_smp(&buf.mad, true) == SmiAction::Handle;
     }
-    let Some(pd) = mp.pd else {
+    let Some(pd) = cx.mp.pd else {
         return Err(Error::NoDev);
     };
     if local {
-        return handle_outgoing_dr_smp(dev, mp, clock, cfg, agent, buf, pd);
+        return handle_outgoing_dr_smp(cx, agent, buf, pd);
     }
-    let ah = dev.create_ah(pd, &buf.ah_attr)?;
-    let idx = alloc_send(mp, agent, qpi, buf, ah);
-    match post_one(dev, mp, idx) {
-        Ok(_) => Ok(mp.send_id(idx)),
+    let ah = cx.dev.create_ah(pd, &buf.ah_attr)?;
+    let idx = alloc_send(cx.mp, agent, qpi, buf, ah);
+    match post_one(cx, idx) {
+        Ok(_) => Ok(cx.mp.send_id(idx)),
         Err(e) => {
-            let _ = dev.destroy_ah(ah);
-            if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
-                mp.by_tid.remove(&(s.buf.mad.tid(), idx));
+            let _ = cx.dev.destroy_ah(ah);
+            if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.take()) {
+                cx.mp.by_tid.remove(&(s.buf.mad.tid(), idx));
             }
-            mp.free_sends.push(idx);
+            cx.mp.free_sends.push(idx);
             Err(e)
         }
     }
@@ -1248,7 +503,7 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
         got_response: false,
         retry_on_flush: false,
     };
-    let tracked = s.agent.is_some() && !ib_response_mad(&s.buf.mad);
+    let tracked = s.agent.is_some() && !response_mad(&s.buf.mad);
     let tid = s.buf.mad.tid();
     let i = if let Some(i) = mp.free_sends.pop() {
         mp.sends[i as usize] = Some(s);
@@ -1268,18 +523,16 @@ fn alloc_send(mp: &mut MadPort, agent: Option<u32>, qpi: usize, buf: MadSendBuf,
 /// the driver passes on it) is delivered as a receive, then the send
 /// completes.
 fn handle_outgoing_dr_smp(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     agent: Option<u32>,
     buf: MadSendBuf,
     pd: Pd,
 ) -> Result<MadSendId> {
-    let port = mp.port;
+    let port = cx.mp.port;
     let wc = build_smp_wc(0, buf.mad.dr_slid(), buf.pkey_index, port);
     let mut out = Mad::default();
-    let ret = dev
+    let ret = cx
+        .dev
         .ops
         .process_mad(0, port, Some(&wc), None, &buf.mad, &mut out)
         .unwrap_or(MadResult::FAILURE);
@@ -1288,24 +541,24 @@ fn handle_outgoing_dr_smp(
             "the local SMA refused the directed-route SMP",
         ));
     }
-    mp.counters.local_smps += 1;
+    cx.mp.counters.local_smps += 1;
     // A send record without an AH on the wire: the AH is created so that
     // completion is uniform.
-    let ah = dev.create_ah(pd, &buf.ah_attr)?;
+    let ah = cx.dev.create_ah(pd, &buf.ah_attr)?;
     let expects = buf.timeout_ms > 0;
     let mut b = buf;
     b.retries = 0;
     let req = b.mad.clone();
-    let idx = alloc_send(mp, agent, 0, b, ah);
-    let id = mp.send_id(idx);
+    let idx = alloc_send(cx.mp, agent, 0, b, ah);
+    let id = cx.mp.send_id(idx);
     let mut answered = false;
     if ret.contains(MadResult::REPLY) {
-        if ib_response_mad(&out)
+        if response_mad(&out)
             && let Some(a) = agent
         {
             answered = expects;
-            mp.deliver(
-                cfg,
+            cx.mp.deliver(
+                cx.cfg,
                 a,
                 MadEvent::Recv(Box::new(MadRecvWc {
                     wc,
@@ -1321,9 +574,9 @@ fn handle_outgoing_dr_smp(
         // Treat like an incoming request: to whichever agent takes it. (Linux
         // looks up and delivers the driver's untouched output buffer with the
         // request's TID here; the request itself is what an agent can use.)
-        if let Some(a) = mp.find_request_agent(&req, 0) {
-            mp.deliver(
-                cfg,
+        if let Some(a) = cx.mp.find_request_agent(&req, 0) {
+            cx.mp.deliver(
+                cx.cfg,
                 a,
                 MadEvent::Recv(Box::new(MadRecvWc {
                     wc,
@@ -1337,36 +590,29 @@ fn handle_outgoing_dr_smp(
         }
     }
     if expects && !answered {
-        let ms = mp
+        let ms = cx
+            .mp
             .sends
             .get(idx as usize)
             .and_then(|x| x.as_ref())
             .map_or(0, |s| s.buf.timeout_ms);
-        let deadline = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
-        mp.wait_resp(idx, deadline);
+        let deadline = cx.clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+        cx.mp.wait_resp(idx, deadline);
     } else {
-        complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
+        complete_send(cx, idx, WcStatus::Success, 0);
     }
     Ok(id)
 }
 
 /// The receive half: `ib_mad_recv_done_handler` for one good or bad
 /// completion on slot `slot` of QP `qpi`.
-fn recv_done(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    slot: usize,
-    wc: &Wc,
-) {
+fn recv_done(cx: &mut MadCtx<'_>, qpi: usize, slot: usize, wc: &Wc) {
     let mut raw = [0u8; MAD_RECV_BUF];
-    let Some(mq) = mp.qps[qpi].as_ref() else {
+    let Some(mq) = cx.mp.qps[qpi].as_ref() else {
         return;
     };
     let Some((page, off)) = mq.recv_addr(slot) else {
-        mp.counters.recv_errors += 1;
+        cx.mp.counters.recv_errors += 1;
         return;
     };
     page.read_bytes(off, &mut raw);
@@ -1374,18 +620,18 @@ fn recv_done(
         // The QP is in error and flushing: posting the buffer again would
         // only have it flushed again, forever. The port is closed or
         // restarted by its owner (Linux leaves the buffer too).
-        mp.counters.recv_flushed += 1;
+        cx.mp.counters.recv_flushed += 1;
         return;
     }
-    if post_recv_slot(dev, mp, qpi, slot).is_err() {
-        mp.counters.repost_failures += 1;
+    if post_recv_slot(cx.dev, cx.mp, qpi, slot).is_err() {
+        cx.mp.counters.repost_failures += 1;
     }
     if wc.status != WcStatus::Success {
-        mp.counters.recv_errors += 1;
+        cx.mp.counters.recv_errors += 1;
         return;
     }
     if (wc.byte_len as usize) < MAD_RECV_BUF {
-        mp.counters.drop_short += 1;
+        cx.mp.counters.drop_short += 1;
         return;
     }
     let grh = wc.wc_flags.contains(WcFlags::GRH).then(|| {
@@ -1394,25 +640,15 @@ fn recv_done(
         Grh(g)
     });
     let mut mad = Mad::from_bytes(&raw[IB_GRH_BYTES..]);
-    mp.counters.recv += 1;
-    ib_mad_recv_one(dev, mp, clock, cfg, qpi, wc, grh, &mut mad);
+    cx.mp.counters.recv += 1;
+    recv_one(cx, qpi, wc, grh, &mut mad);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn ib_mad_recv_one(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    wc: &Wc,
-    grh: Option<Grh>,
-    mad: &mut Mad,
-) {
-    let port = mp.port;
+fn recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, mad: &mut Mad) {
+    let port = cx.mp.port;
     // validate_mad
     if mad.base_version() != IB_MGMT_BASE_VERSION {
-        mp.counters.drop_bad_version += 1;
+        cx.mp.counters.drop_bad_version += 1;
         return;
     }
     let smi_class = matches!(
@@ -1420,45 +656,47 @@ fn ib_mad_recv_one(
         class::SUBN_LID_ROUTED | class::SUBN_DIRECTED_ROUTE
     );
     if smi_class != (qpi == 0) {
-        mp.counters.drop_wrong_qp += 1;
+        cx.mp.counters.drop_wrong_qp += 1;
         return;
     }
     if mad.mgmt_class() == class::SUBN_DIRECTED_ROUTE
-        && handle_ib_smi(dev.node_type(), dev.phys_port_cnt(), port, mad) == SmiAction::Discard
+        && handle_ib_smi(cx.dev.node_type(), cx.dev.phys_port_cnt(), port, mad)
+            == SmiAction::Discard
     {
-        mp.counters.drop_smi += 1;
+        cx.mp.counters.drop_smi += 1;
         return;
     }
     // The driver's first refusal.
     let mut out = Mad::default();
-    let ret = match dev
+    let ret = match cx
+        .dev
         .ops
         .process_mad(0, port, Some(wc), grh.as_ref(), mad, &mut out)
     {
         Ok(r) => r,
         Err(Error::NoSys) => MadResult::SUCCESS,
         Err(e) => {
-            log::debug!("{}: port {port}: process_mad: {e}", dev.name());
+            log::debug!("{}: port {port}: process_mad: {e}", cx.dev.name());
             MadResult::FAILURE
         }
     };
     if ret.contains(MadResult::SUCCESS) {
         if ret.contains(MadResult::CONSUMED) {
-            mp.counters.consumed += 1;
+            cx.mp.counters.consumed += 1;
             return;
         }
         if ret.contains(MadResult::REPLY) {
-            mp.counters.process_mad_replies += 1;
-            crate::agent::agent_send_response(dev, mp, clock, cfg, &out, grh.as_ref(), wc, qpi);
+            cx.mp.counters.process_mad_replies += 1;
+            crate::agent::agent_send_response(cx, &out, grh.as_ref(), wc, qpi);
             return;
         }
     }
-    if ib_response_mad(mad) {
-        let Some((agent, send)) = mp.find_response_send(mad) else {
-            mp.counters.drop_unmatched_response += 1;
+    if response_mad(mad) {
+        let Some((agent, send)) = cx.mp.find_response_send(mad) else {
+            cx.mp.counters.drop_unmatched_response += 1;
             return;
         };
-        let id = mp.send_id(send);
+        let id = cx.mp.send_id(send);
         let mut rw = Box::new(MadRecvWc {
             wc: *wc,
             grh,
@@ -1467,14 +705,15 @@ fn ib_mad_recv_one(
             send_id: Some(id),
             rmpp_data: None,
         });
-        if mp.agent_rmpp(agent) {
-            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, Some(id)) {
+        if cx.mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, process_rmpp_recv};
+            match process_rmpp_recv(cx, agent, wc, grh, mad, Some(id)) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed => {
                     // A transfer in progress keeps its request alive.
-                    let ms = mp
+                    let ms = cx
+                        .mp
                         .sends
                         .get(send as usize)
                         .and_then(|x| x.as_ref())
@@ -1483,32 +722,33 @@ fn ib_mad_recv_one(
                             _ => None,
                         });
                     if let Some(ms) = ms {
-                        let d = clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
-                        mp.wait_resp(send, d);
+                        let d = cx.clock.now_ns().saturating_add(u64::from(ms) * 1_000_000);
+                        cx.mp.wait_resp(send, d);
                     }
                     return;
                 }
                 RmppResult::Aborted => {
-                    complete_send(dev, mp, cfg, send, WcStatus::RemAbortErr, 0);
+                    complete_send(cx, send, WcStatus::RemAbortErr, 0);
                     return;
                 }
             }
         }
-        mp.deliver(cfg, agent, MadEvent::Recv(rw));
-        let state = mp
+        cx.mp.deliver(cx.cfg, agent, MadEvent::Recv(rw));
+        let state = cx
+            .mp
             .sends
             .get(send as usize)
             .and_then(|x| x.as_ref())
             .map(|s| s.state);
         if let Some(SendState::WaitResp(_)) = state {
-            complete_send(dev, mp, cfg, send, WcStatus::Success, 0);
-        } else if let Some(s) = mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
+            complete_send(cx, send, WcStatus::Success, 0);
+        } else if let Some(s) = cx.mp.sends.get_mut(send as usize).and_then(|x| x.as_mut()) {
             // The response beat the send completion.
             s.got_response = true;
         }
         return;
     }
-    if let Some(agent) = mp.find_request_agent(mad, qpi) {
+    if let Some(agent) = cx.mp.find_request_agent(mad, qpi) {
         let mut rw = Box::new(MadRecvWc {
             wc: *wc,
             grh,
@@ -1517,15 +757,15 @@ fn ib_mad_recv_one(
             send_id: None,
             rmpp_data: None,
         });
-        if mp.agent_rmpp(agent) {
-            use crate::mad_rmpp::{RmppResult, ib_process_rmpp_recv};
-            match ib_process_rmpp_recv(dev, mp, clock, cfg, agent, wc, grh, mad, None) {
+        if cx.mp.agent_rmpp(agent) {
+            use crate::mad_rmpp::{RmppResult, process_rmpp_recv};
+            match process_rmpp_recv(cx, agent, wc, grh, mad, None) {
                 RmppResult::NotRmpp => {}
                 RmppResult::Complete(full) => rw = full,
                 RmppResult::Consumed | RmppResult::Aborted => return,
             }
         }
-        mp.deliver(cfg, agent, MadEvent::Recv(rw));
+        cx.mp.deliver(cx.cfg, agent, MadEvent::Recv(rw));
         return;
     }
     // generate_unmatched_resp: a Get or Set nobody takes is answered.
@@ -1537,11 +777,11 @@ fn ib_mad_recv_one(
             st |= status::IB_SMP_DIRECTION;
         }
         resp.set_status(st);
-        mp.counters.unsupported_replies += 1;
-        crate::agent::agent_send_response(dev, mp, clock, cfg, &resp, grh.as_ref(), wc, qpi);
+        cx.mp.counters.unsupported_replies += 1;
+        crate::agent::agent_send_response(cx, &resp, grh.as_ref(), wc, qpi);
         return;
     }
-    mp.counters.drop_no_agent += 1;
+    cx.mp.counters.drop_no_agent += 1;
 }
 
 /// `handle_ib_smi` (the DR part of the receive path, for a CA).
@@ -1563,76 +803,70 @@ fn handle_ib_smi(node_type: NodeType, phys_port_cnt: u8, port: u8, smp: &mut Mad
 }
 
 /// A send completion (`ib_mad_send_done_handler`).
-fn send_done(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    slot: usize,
-    wc: &Wc,
-) {
-    let Some(mq) = mp.qps[qpi].as_mut() else {
+fn send_done(cx: &mut MadCtx<'_>, qpi: usize, slot: usize, wc: &Wc) {
+    let Some(mq) = cx.mp.qps[qpi].as_mut() else {
         return;
     };
     let Some(Some(idx)) = mq.send_slot.get(slot).copied() else {
         // A completion for a slot we do not have in flight: the device's
         // mistake; count it and go on.
-        mp.counters.send_errors += 1;
+        cx.mp.counters.send_errors += 1;
         return;
     };
     mq.send_slot[slot] = None;
     mq.free_slots.push(slot as u32);
-    if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+    if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
         s.state = SendState::Queued;
     }
-    let (canceled, timeout_ms, got) = match mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
+    let (canceled, timeout_ms, got) = match cx.mp.sends.get(idx as usize).and_then(|x| x.as_ref()) {
         Some(s) => (s.canceled, s.buf.timeout_ms, s.got_response),
         None => return,
     };
     if wc.status == WcStatus::WrFlushErr
-        && mp
+        && cx
+            .mp
             .sends
             .get(idx as usize)
             .and_then(|x| x.as_ref())
             .is_some_and(|s| s.retry_on_flush && !s.canceled)
     {
         // Flushed by the SQE of another send: post it again.
-        if let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
+        if let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) {
             s.retry_on_flush = false;
         }
-        mp.counters.retries += 1;
-        if post_one(dev, mp, idx).is_err() {
-            mp.counters.send_errors += 1;
-            complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        cx.mp.counters.retries += 1;
+        if post_one(cx, idx).is_err() {
+            cx.mp.counters.send_errors += 1;
+            complete_send(cx, idx, wc.status, wc.vendor_err);
         }
     } else if wc.status != WcStatus::Success {
-        mp.counters.send_errors += 1;
+        cx.mp.counters.send_errors += 1;
         if wc.status != WcStatus::WrFlushErr {
-            mad_error_recover(dev, mp, qpi);
+            mad_error_recover(cx, qpi);
         }
-        complete_send(dev, mp, cfg, idx, wc.status, wc.vendor_err);
+        complete_send(cx, idx, wc.status, wc.vendor_err);
     } else {
-        mp.counters.sent += 1;
+        cx.mp.counters.sent += 1;
         if canceled {
-            complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+            complete_send(cx, idx, WcStatus::WrFlushErr, 0);
         } else if timeout_ms == 0 || got {
-            complete_send(dev, mp, cfg, idx, WcStatus::Success, 0);
+            complete_send(cx, idx, WcStatus::Success, 0);
         } else {
-            let deadline = clock
+            let deadline = cx
+                .clock
                 .now_ns()
                 .saturating_add(u64::from(timeout_ms) * 1_000_000);
-            mp.wait_resp(idx, deadline);
+            cx.mp.wait_resp(idx, deadline);
         }
     }
-    drain_overflow(dev, mp, cfg, qpi);
+    drain_overflow(cx, qpi);
 }
 
 /// `mad_error_handler` for a send error: the error put the QP in SQE, so
 /// bring it back to RTS and mark the sends still in flight to be posted
 /// again when they come back flushed.
-fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
-    let Some(qp) = mp.qps[qpi].as_ref().map(|q| q.qp) else {
+fn mad_error_recover(cx: &mut MadCtx<'_>, qpi: usize) {
+    let Some(qp) = cx.mp.qps[qpi].as_ref().map(|q| q.qp) else {
         return;
     };
     let attr = QpAttr {
@@ -1640,9 +874,12 @@ fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
         cur_qp_state: QpState::Sqe,
         ..QpAttr::default()
     };
-    match dev.modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE) {
+    match cx
+        .dev
+        .modify_qp(qp, &attr, QpAttrMask::STATE | QpAttrMask::CUR_STATE)
+    {
         Ok(()) => {
-            for s in mp.sends.iter_mut().flatten() {
+            for s in cx.mp.sends.iter_mut().flatten() {
                 if s.qpi == qpi && matches!(s.state, SendState::OnWire(_)) {
                     s.retry_on_flush = true;
                 }
@@ -1650,22 +887,22 @@ fn mad_error_recover(dev: &mut Device, mp: &mut MadPort, qpi: usize) {
         }
         Err(e) => log::error!(
             "{}: port {}: mad_error_handler - ib_modify_qp to RTS: {e}",
-            dev.name(),
-            mp.port
+            cx.dev.name(),
+            cx.mp.port
         ),
     }
 }
 
 /// `timeout_sends`: retries or fails the requests whose response is late.
-fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &MadConfig) -> usize {
-    let now = clock.now_ns();
-    if now < mp.next_deadline {
+fn timeout_sends(cx: &mut MadCtx<'_>) -> usize {
+    let now = cx.clock.now_ns();
+    if now < cx.mp.next_deadline {
         return 0;
     }
     let mut work = 0;
     let mut next = u64::MAX;
-    for idx in 0..mp.sends.len() as u32 {
-        let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+    for idx in 0..cx.mp.sends.len() as u32 {
+        let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
             continue;
         };
         let SendState::WaitResp(deadline) = s.state else {
@@ -1678,53 +915,57 @@ fn timeout_sends(dev: &mut Device, mp: &mut MadPort, clock: &dyn Clock, cfg: &Ma
         work += 1;
         if s.retries_left > 0 && !s.canceled {
             s.retries_left -= 1;
-            mp.counters.retries += 1;
-            match post_one(dev, mp, idx) {
+            cx.mp.counters.retries += 1;
+            match post_one(cx, idx) {
                 Ok(_) => {}
-                Err(_) => complete_send(dev, mp, cfg, idx, WcStatus::GeneralErr, 0),
+                Err(_) => complete_send(cx, idx, WcStatus::GeneralErr, 0),
             }
         } else {
-            mp.counters.timeouts += 1;
-            complete_send(dev, mp, cfg, idx, WcStatus::RespTimeoutErr, 0);
+            cx.mp.counters.timeouts += 1;
+            complete_send(cx, idx, WcStatus::RespTimeoutErr, 0);
         }
     }
-    mp.next_deadline = next;
+    cx.mp.next_deadline = next;
     work
 }
 
 /// The MAD completion handler and timeout work of every port of a device;
 /// returns the completions and timeouts handled.
-pub(crate) fn ib_mad_poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadConfig) -> usize {
+pub(crate) fn poll_device(dev: &mut Device, clock: &dyn Clock, cfg: &MadConfig) -> usize {
     let mut work = 0;
     for pi in 0..dev.mad.len() {
         let Some(mut mp) = dev.mad[pi].take() else {
             continue;
         };
-        work += ib_mad_poll_port(dev, &mut mp, clock, cfg);
+        work += poll_port(&mut MadCtx {
+            dev,
+            mp: &mut mp,
+            clock,
+            cfg,
+        });
         dev.mad[pi] = Some(mp);
     }
     work
 }
 
-fn ib_mad_poll_port(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-) -> usize {
-    let Some(cq) = mp.cq else {
+fn poll_port(cx: &mut MadCtx<'_>) -> usize {
+    let Some(cq) = cx.mp.cq else {
         return 0;
     };
     let mut work = 0;
     let mut wcs = [Wc::default(); 16];
-    while work < cfg.poll_budget {
-        let n = match dev.poll_cq(cq, &mut wcs) {
+    while work < cx.cfg.poll_budget {
+        let n = match cx.dev.poll_cq(cq, &mut wcs) {
             Ok(n) => n.min(wcs.len()),
             Err(e) => {
-                if dev.poll_errors == 0 {
-                    log::warn!("{}: port {}: polling the MAD CQ: {e}", dev.name(), mp.port);
+                if cx.dev.poll_errors == 0 {
+                    log::warn!(
+                        "{}: port {}: polling the MAD CQ: {e}",
+                        cx.dev.name(),
+                        cx.mp.port
+                    );
                 }
-                dev.poll_errors += 1;
+                cx.dev.poll_errors += 1;
                 break;
             }
         };
@@ -1733,9 +974,9 @@ fn ib_mad_poll_port(
             let qpi = ((wc.wr_id >> 32) & 1) as usize;
             let slot = (wc.wr_id & 0xffff_ffff) as usize;
             if send {
-                send_done(dev, mp, clock, cfg, qpi, slot, wc);
+                send_done(cx, qpi, slot, wc);
             } else {
-                recv_done(dev, mp, clock, cfg, qpi, slot, wc);
+                recv_done(cx, qpi, slot, wc);
             }
         }
         work += n;
@@ -1743,12 +984,12 @@ fn ib_mad_poll_port(
             break;
         }
     }
-    let rmpp = if mp.rmpp_recvs.is_empty() {
+    let rmpp = if cx.mp.rmpp_recvs.is_empty() {
         0
     } else {
-        crate::mad_rmpp::rmpp_timeouts(mp, clock.now_ns())
+        crate::mad_rmpp::rmpp_timeouts(cx.mp, cx.clock.now_ns())
     };
-    work + timeout_sends(dev, mp, clock, cfg) + rmpp
+    work + timeout_sends(cx) + rmpp
 }
 
 // ---------------------------------------------------------------------------
@@ -1768,12 +1009,17 @@ impl IbCore {
         &mut self,
         dev: DeviceId,
         port: u8,
-        f: impl FnOnce(&mut Device, &mut MadPort, &dyn Clock, &MadConfig) -> Result<T>,
+        f: impl FnOnce(&mut MadCtx<'_>) -> Result<T>,
     ) -> Result<T> {
         let clock = self.clock.clone();
         let cfg = self.mad_config;
         let (d, mut mp) = self.mad_port(dev, port)?;
-        let r = f(d, &mut mp, &*clock, &cfg);
+        let r = f(&mut MadCtx {
+            dev: d,
+            mp: &mut mp,
+            clock: &*clock,
+            cfg: &cfg,
+        });
         d.mad[usize::from(port - 1)] = Some(mp);
         r
     }
@@ -1786,7 +1032,8 @@ impl IbCore {
     /// its OUI ([`MadRegReq::with_oui`]; its MADs are then matched on the
     /// OUI at byte 37, as Linux's vendor-class tables do), and any RMPP
     /// version); without, it only sends and gets responses.
-    pub fn ib_register_mad_agent(
+    #[doc(alias = "ib_register_mad_agent")]
+    pub fn register_mad_agent(
         &mut self,
         dev: DeviceId,
         port: u8,
@@ -1827,18 +1074,18 @@ impl IbCore {
             if smi != (qpi == 0) {
                 return Err(Error::Invalid("SM classes register on QP0, others on QP1"));
             }
-            if rmpp_version != 0 && !crate::mad_rmpp::ib_is_mad_class_rmpp(r.mgmt_class) {
+            if rmpp_version != 0 && !crate::mad_rmpp::is_mad_class_rmpp(r.mgmt_class) {
                 return Err(Error::Invalid("RMPP on a class that does not use it"));
             }
         }
         self.next_hi_tid = self.next_hi_tid.wrapping_add(1).max(1);
         let hi_tid = self.next_hi_tid;
-        self.with_mad_port(dev, port, |_, mp, _, _| {
-            if mp.qps[qpi].is_none() {
+        self.with_mad_port(dev, port, |cx| {
+            if cx.mp.qps[qpi].is_none() {
                 return Err(Error::Invalid("this port has no such special QP"));
             }
             if let Some(r) = &reg_req {
-                for a in mp.agents.iter().flatten() {
+                for a in cx.mp.agents.iter().flatten() {
                     if let Some(o) = &a.reg
                         && o.mgmt_class == r.mgmt_class
                         && o.mgmt_class_version == r.mgmt_class_version
@@ -1858,14 +1105,14 @@ impl IbCore {
                 next_tid: 0,
                 mailbox: VecDeque::new(),
             };
-            let idx = match mp.agents.iter().position(|a| a.is_none()) {
+            let idx = match cx.mp.agents.iter().position(|a| a.is_none()) {
                 Some(i) => {
-                    mp.agents[i] = Some(a);
+                    cx.mp.agents[i] = Some(a);
                     i
                 }
                 None => {
-                    mp.agents.push(Some(a));
-                    mp.agents.len() - 1
+                    cx.mp.agents.push(Some(a));
+                    cx.mp.agents.len() - 1
                 }
             };
             Ok(MadAgent {
@@ -1879,14 +1126,15 @@ impl IbCore {
 
     /// `ib_unregister_mad_agent`: cancels its sends (no completions are
     /// reported any more) and drops its mailbox.
-    pub fn ib_unregister_mad_agent(&mut self, agent: MadAgent) -> Result<()> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
-            mp.agent(agent.idx)?;
-            if mp.agents[agent.idx as usize].as_ref().map(|a| a.hi_tid) != Some(agent.hi_tid) {
+    #[doc(alias = "ib_unregister_mad_agent")]
+    pub fn unregister_mad_agent(&mut self, agent: MadAgent) -> Result<()> {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            cx.mp.agent(agent.idx)?;
+            if cx.mp.agents[agent.idx as usize].as_ref().map(|a| a.hi_tid) != Some(agent.hi_tid) {
                 return Err(Error::NotFound);
             }
-            for idx in 0..mp.sends.len() as u32 {
-                let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+            for idx in 0..cx.mp.sends.len() as u32 {
+                let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                     continue;
                 };
                 if s.agent != Some(agent.idx) {
@@ -1898,11 +1146,11 @@ impl IbCore {
                     s.canceled = true;
                     s.buf.timeout_ms = 0;
                 } else {
-                    complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+                    complete_send(cx, idx, WcStatus::WrFlushErr, 0);
                 }
             }
-            mp.agents[agent.idx as usize] = None;
-            crate::mad_rmpp::rmpp_forget_agent(mp, agent.idx);
+            cx.mp.agents[agent.idx as usize] = None;
+            crate::mad_rmpp::rmpp_forget_agent(cx.mp, agent.idx);
             Ok(())
         })
     }
@@ -1919,22 +1167,24 @@ impl IbCore {
     /// through the SMI send rules (refused with `-EINVAL` if they drop it)
     /// and one for this port's own SMA is answered by `process_mad` without
     /// the wire. The completion (and any response) arrives in the agent's
-    /// mailbox ([`IbCore::ib_mad_poll_agent`]).
-    pub fn ib_post_send_mad(&mut self, agent: MadAgent, buf: MadSendBuf) -> Result<MadSendId> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, clock, cfg| {
-            Self::check_agent(mp, &agent)?;
-            let qpi = qp_index(mp.agent(agent.idx)?.qp_type).ok_or(Error::NoDev)?;
-            send_mad(dev, mp, clock, cfg, Some(agent.idx), qpi, buf)
+    /// mailbox ([`IbCore::mad_poll_agent`]).
+    #[doc(alias = "ib_post_send_mad")]
+    pub fn post_send_mad(&mut self, agent: MadAgent, buf: MadSendBuf) -> Result<MadSendId> {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let qpi = qp_index(cx.mp.agent(agent.idx)?.qp_type).ok_or(Error::NoDev)?;
+            send_mad(cx, Some(agent.idx), qpi, buf)
         })
     }
 
     /// `ib_cancel_mad`: the send completes with `IB_WC_WR_FLUSH_ERR` (at
     /// once, or when the device finishes with it).
-    pub fn ib_cancel_mad(&mut self, agent: MadAgent, id: MadSendId) -> Result<()> {
-        self.with_mad_port(agent.dev, agent.port, |dev, mp, _, cfg| {
-            Self::check_agent(mp, &agent)?;
-            let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+    #[doc(alias = "ib_cancel_mad")]
+    pub fn cancel_mad(&mut self, agent: MadAgent, id: MadSendId) -> Result<()> {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let idx = cx.mp.lookup_send(id).ok_or(Error::NotFound)?;
+            let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) {
@@ -1943,7 +1193,7 @@ impl IbCore {
             if matches!(s.state, SendState::OnWire(_)) {
                 s.canceled = true;
             } else {
-                complete_send(dev, mp, cfg, idx, WcStatus::WrFlushErr, 0);
+                complete_send(cx, idx, WcStatus::WrFlushErr, 0);
             }
             Ok(())
         })
@@ -1951,14 +1201,15 @@ impl IbCore {
 
     /// `ib_modify_mad`: gives an outstanding request a new response timeout
     /// counted from now (what CM does on an MRA); 0 cancels it.
-    pub fn ib_modify_mad(&mut self, agent: MadAgent, id: MadSendId, timeout_ms: u32) -> Result<()> {
+    #[doc(alias = "ib_modify_mad")]
+    pub fn modify_mad(&mut self, agent: MadAgent, id: MadSendId, timeout_ms: u32) -> Result<()> {
         if timeout_ms == 0 {
-            return self.ib_cancel_mad(agent, id);
+            return self.cancel_mad(agent, id);
         }
-        self.with_mad_port(agent.dev, agent.port, |_, mp, clock, _| {
-            Self::check_agent(mp, &agent)?;
-            let idx = mp.lookup_send(id).ok_or(Error::NotFound)?;
-            let Some(s) = mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            let idx = cx.mp.lookup_send(id).ok_or(Error::NotFound)?;
+            let Some(s) = cx.mp.sends.get_mut(idx as usize).and_then(|x| x.as_mut()) else {
                 return Err(Error::NotFound);
             };
             if s.agent != Some(agent.idx) || s.canceled {
@@ -1966,20 +1217,21 @@ impl IbCore {
             }
             s.buf.timeout_ms = timeout_ms;
             if let SendState::WaitResp(_) = s.state {
-                let deadline = clock
+                let deadline = cx
+                    .clock
                     .now_ns()
                     .saturating_add(u64::from(timeout_ms) * 1_000_000);
-                mp.wait_resp(idx, deadline);
+                cx.mp.wait_resp(idx, deadline);
             }
             Ok(())
         })
     }
 
     /// The next event of an agent's mailbox, oldest first (does not poll).
-    pub fn ib_mad_poll_agent(&mut self, agent: MadAgent) -> Option<MadEvent> {
-        self.with_mad_port(agent.dev, agent.port, |_, mp, _, _| {
-            Self::check_agent(mp, &agent)?;
-            Ok(mp.agent(agent.idx)?.mailbox.pop_front())
+    pub fn mad_poll_agent(&mut self, agent: MadAgent) -> Option<MadEvent> {
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            Self::check_agent(cx.mp, &agent)?;
+            Ok(cx.mp.agent(agent.idx)?.mailbox.pop_front())
         })
         .ok()
         .flatten()
@@ -1991,8 +1243,8 @@ impl IbCore {
         id: MadSendId,
         resp: &mut Option<Box<MadRecvWc>>,
     ) -> Option<MadSendWc> {
-        self.with_mad_port(agent.dev, agent.port, |_, mp, _, _| {
-            let a = mp.agent(agent.idx)?;
+        self.with_mad_port(agent.dev, agent.port, |cx| {
+            let a = cx.mp.agent(agent.idx)?;
             let mut done = None;
             a.mailbox.retain(|ev| match ev {
                 MadEvent::Recv(r) if r.send_id == Some(id) && resp.is_none() => {
@@ -2015,19 +1267,19 @@ impl IbCore {
     /// response, the last retry's timeout, or an error), at most `timeout`.
     /// Returns the send completion and the response, if one came; other
     /// events stay in the mailbox.
-    pub fn ib_send_mad_wait(
+    pub fn send_mad_wait(
         &mut self,
         agent: MadAgent,
         buf: MadSendBuf,
         timeout: Duration,
     ) -> Result<(MadSendWc, Option<Box<MadRecvWc>>)> {
-        let id = self.ib_post_send_mad(agent, buf)?;
+        let id = self.post_send_mad(agent, buf)?;
         let mut resp = None;
         let r = self.poll_until(timeout, |core| core.take_send_events(agent, id, &mut resp));
         match r {
             Ok(done) => Ok((done, resp)),
             Err(e) => {
-                let _ = self.ib_cancel_mad(agent, id);
+                let _ = self.cancel_mad(agent, id);
                 Err(e)
             }
         }
@@ -2103,7 +1355,7 @@ impl IbCore {
             }
         };
         mad.set_tid(0);
-        self.blocking_get(dev, port, QpType::Smi, mad, dlid, 0, timeout)
+        self.blocking_get(dev, port, QpType::Smi, mad, dlid, timeout)
     }
 
     /// A blocking PerfMgmt Get (what `perfquery` does) to the PMA at `dlid`
@@ -2122,10 +1374,11 @@ impl IbCore {
         let mut mad = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr_id, attr_mod);
         let n = data.len().min(IB_MGMT_MAD_SIZE - 64);
         mad.0[64..64 + n].copy_from_slice(&data[..n]);
-        self.blocking_get(dev, port, QpType::Gsi, mad, dlid, 1, timeout)
+        self.blocking_get(dev, port, QpType::Gsi, mad, dlid, timeout)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Sends `mad` from the QP0 (`Smi`) or QP1 (`Gsi`) of `port` to the
+    /// same QP at `dlid` and waits for the GetResp.
     fn blocking_get(
         &mut self,
         dev: DeviceId,
@@ -2133,10 +1386,10 @@ impl IbCore {
         qp_type: QpType,
         mad: Mad,
         dlid: u16,
-        remote_qpn: u32,
         timeout: Duration,
     ) -> Result<Mad> {
-        let agent = self.ib_register_mad_agent(dev, port, qp_type, None, 0)?;
+        let remote_qpn = if qp_type == QpType::Smi { 0 } else { 1 };
+        let agent = self.register_mad_agent(dev, port, qp_type, None, 0)?;
         let try_ms = u32::try_from((timeout / 4).as_millis())
             .unwrap_or(u32::MAX)
             .max(1);
@@ -2151,12 +1404,12 @@ impl IbCore {
         );
         buf.timeout_ms = try_ms;
         buf.retries = 3;
-        let r = self.ib_send_mad_wait(
+        let r = self.send_mad_wait(
             agent,
             buf,
             timeout + Duration::from_millis(u64::from(try_ms)),
         );
-        let _ = self.ib_unregister_mad_agent(agent);
+        let _ = self.unregister_mad_agent(agent);
         let (done, resp) = r?;
         match (done.status, resp) {
             (WcStatus::Success, Some(resp)) => {
@@ -2173,54 +1426,6 @@ impl IbCore {
 }
 
 /// Used by agent.c's responder.
-pub(crate) fn send_response(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
-    qpi: usize,
-    buf: MadSendBuf,
-) -> Result<MadSendId> {
-    send_mad(dev, mp, clock, cfg, None, qpi, buf)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn smp_fields_sit_at_ibta_offsets() {
-        let mut m = Mad::new_request(
-            class::SUBN_DIRECTED_ROUTE,
-            1,
-            method::GET,
-            attr::NODE_INFO,
-            0,
-        );
-        m.set_tid(0x0102_0304_0506_0708);
-        m.set_hop_cnt(3);
-        m.set_hop_ptr(1);
-        m.set_mkey(0x1122_3344_5566_7788);
-        m.set_dr_slid(0xffff);
-        m.set_dr_dlid(0xfffe);
-        m.set_initial_path(1, 7);
-        m.set_return_path(2, 9);
-        m.set_status(status::IB_SMP_DIRECTION);
-        let b = &m.0;
-        assert_eq!(&b[0..4], &[1, 0x81, 1, 1]);
-        assert_eq!(&b[4..8], &[0x80, 0, 1, 3]);
-        assert_eq!(&b[8..16], &[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(&b[16..18], &[0, 0x11]);
-        assert_eq!(
-            &b[24..32],
-            &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]
-        );
-        assert_eq!(&b[32..36], &[0xff, 0xff, 0xff, 0xfe]);
-        assert_eq!(b[0x80 + 1], 7);
-        assert_eq!(b[0xc0 + 2], 9);
-        assert!(m.smp_direction());
-        assert!(!m.is_response());
-        // Path indices never leave the array.
-        assert_eq!(m.initial_path(200), m.initial_path(200 & 63));
-    }
+pub(crate) fn send_response(cx: &mut MadCtx<'_>, qpi: usize, buf: MadSendBuf) -> Result<MadSendId> {
+    send_mad(cx, None, qpi, buf)
 }

@@ -1,12 +1,14 @@
-//! Port of the receive half of Linux `drivers/infiniband/core/mad_rmpp.c` (3.11, IBTA Vol. 1 13.6): reassembly of multi-segment RMPP transfers (an SA GetTable response) with ACKs that open the sender's window, for agents registered with RMPP version 1; sending RMPP transfers, keeping out-of-order segments and the STOP/ABORT handling of our own transfers are left out.
+//! Port of the receive half of Linux `drivers/infiniband/core/mad_rmpp.c` (3.11): reassembly of multi-segment RMPP transfers (IBTA Vol. 1 13.6) for agents registered with RMPP version 1.
+//!
+//! ACKs open the sender's window; an SA GetTable response is the transfer this
+//! serves. Sending RMPP transfers, keeping out-of-order segments and the
+//! STOP/ABORT handling of our own transfers are left out.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use hal::Clock;
-
-use crate::device::{Device, MadConfig};
-use crate::mad::{Grh, IB_MGMT_MAD_SIZE, Mad, MadPort, MadRecvWc, MadSendBuf, class};
+use crate::device::MadConfig;
+use crate::mad::{Grh, IB_MGMT_MAD_SIZE, Mad, MadCtx, MadPort, MadRecvWc, MadSendBuf, class};
 use crate::verbs::{IB_QP_SET_QKEY, Wc};
 
 /// `IB_MGMT_RMPP_VERSION`.
@@ -54,7 +56,8 @@ pub const RMPP_MAX_MESSAGE: usize = 4 << 20;
 pub const RMPP_MAX_RECVS: usize = 16;
 
 /// `ib_is_mad_class_rmpp`.
-pub fn ib_is_mad_class_rmpp(mgmt_class: u8) -> bool {
+#[doc(alias = "ib_is_mad_class_rmpp")]
+pub fn is_mad_class_rmpp(mgmt_class: u8) -> bool {
     matches!(
         mgmt_class,
         class::SUBN_ADM | class::DEVICE_MGMT | class::DEVICE_ADM | class::BIS
@@ -63,7 +66,8 @@ pub fn ib_is_mad_class_rmpp(mgmt_class: u8) -> bool {
 
 /// `ib_get_mad_data_offset`: where a class's data starts (the class header
 /// is repeated in every segment).
-pub fn ib_get_mad_data_offset(mgmt_class: u8) -> usize {
+#[doc(alias = "ib_get_mad_data_offset")]
+pub fn get_mad_data_offset(mgmt_class: u8) -> usize {
     match mgmt_class {
         class::SUBN_ADM => 56,
         class::DEVICE_MGMT | class::DEVICE_ADM | class::BIS => 64,
@@ -155,12 +159,8 @@ fn window_size(cfg: &MadConfig) -> u32 {
 
 /// Sends an ACK (or, with `abort`, an ABORT with that status) for the
 /// segment in `seg` back to its sender (`format_ack` / `nack_recv`).
-#[allow(clippy::too_many_arguments)]
 fn send_ack(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+    cx: &mut MadCtx<'_>,
     seg: &Mad,
     wc: &Wc,
     grh: Option<&Grh>,
@@ -168,7 +168,7 @@ fn send_ack(
     newwin: u32,
     abort: Option<u8>,
 ) {
-    let hdr_len = ib_get_mad_data_offset(seg.mgmt_class()).min(IB_MGMT_MAD_SIZE);
+    let hdr_len = get_mad_data_offset(seg.mgmt_class()).min(IB_MGMT_MAD_SIZE);
     let mut ack = Mad::default();
     ack.0[..hdr_len].copy_from_slice(&seg.0[..hdr_len]);
     ack.set_method(seg.method() ^ crate::mad::method::RESP);
@@ -185,25 +185,22 @@ fn send_ack(
         paylen_newwin: newwin,
     }
     .write(&mut ack);
-    let Ok(ah) = crate::agent::ib_init_ah_from_wc(dev, mp.port(), wc, grh) else {
-        mp.counters.send_errors += 1;
+    let Ok(ah) = crate::agent::init_ah_from_wc(cx.dev, cx.mp.port(), wc, grh) else {
+        cx.mp.counters.send_errors += 1;
         return;
     };
     let mut buf = MadSendBuf::new(ack, ah, wc.src_qp);
     buf.remote_qkey = IB_QP_SET_QKEY;
     buf.pkey_index = wc.pkey_index;
-    if crate::mad::send_response(dev, mp, clock, cfg, 1, buf).is_err() {
-        mp.counters.send_errors += 1;
+    if crate::mad::send_response(cx, 1, buf).is_err() {
+        cx.mp.counters.send_errors += 1;
     }
 }
 
 /// `ib_process_rmpp_recv_wc` for an agent with RMPP on: takes one segment.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ib_process_rmpp_recv(
-    dev: &mut Device,
-    mp: &mut MadPort,
-    clock: &dyn Clock,
-    cfg: &MadConfig,
+#[doc(alias = "ib_process_rmpp_recv_wc")]
+pub(crate) fn process_rmpp_recv(
+    cx: &mut MadCtx<'_>,
     agent: u32,
     wc: &Wc,
     grh: Option<Grh>,
@@ -211,25 +208,14 @@ pub(crate) fn ib_process_rmpp_recv(
     send_id: Option<crate::mad::MadSendId>,
 ) -> RmppResult {
     let h = RmppHdr::read(mad);
-    if !h.active() || !ib_is_mad_class_rmpp(mad.mgmt_class()) {
+    if !h.active() || !is_mad_class_rmpp(mad.mgmt_class()) {
         return RmppResult::NotRmpp;
     }
-    mp.counters.rmpp_segments += 1;
-    let now = clock.now_ns();
+    cx.mp.counters.rmpp_segments += 1;
+    let now = cx.clock.now_ns();
     if h.version != IB_MGMT_RMPP_VERSION {
-        mp.counters.rmpp_dropped += 1;
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            0,
-            0,
-            Some(rmpp_status::UNV),
-        );
+        cx.mp.counters.rmpp_dropped += 1;
+        send_ack(cx, mad, wc, grh.as_ref(), 0, 0, Some(rmpp_status::UNV));
         return RmppResult::Consumed;
     }
     let key = |r: &RmppRecv| {
@@ -242,52 +228,30 @@ pub(crate) fn ib_process_rmpp_recv(
     match h.rtype {
         rmpp_type::DATA => {}
         rmpp_type::STOP | rmpp_type::ABORT => {
-            mp.rmpp_recvs.retain(|r| !key(r));
-            mp.counters.rmpp_dropped += 1;
+            cx.mp.rmpp_recvs.retain(|r| !key(r));
+            cx.mp.counters.rmpp_dropped += 1;
             return RmppResult::Aborted;
         }
         rmpp_type::ACK => {
             // Only for transfers this side sends, and it sends none.
-            mp.counters.rmpp_dropped += 1;
+            cx.mp.counters.rmpp_dropped += 1;
             return RmppResult::Consumed;
         }
         _ => {
-            mp.counters.rmpp_dropped += 1;
-            send_ack(
-                dev,
-                mp,
-                clock,
-                cfg,
-                mad,
-                wc,
-                grh.as_ref(),
-                0,
-                0,
-                Some(rmpp_status::BADT),
-            );
+            cx.mp.counters.rmpp_dropped += 1;
+            send_ack(cx, mad, wc, grh.as_ref(), 0, 0, Some(rmpp_status::BADT));
             return RmppResult::Consumed;
         }
     }
-    let hdr_len = ib_get_mad_data_offset(mad.mgmt_class());
+    let hdr_len = get_mad_data_offset(mad.mgmt_class());
     let seg_data = &mad.0[hdr_len..];
     let first = h.flags & rmpp_flag::FIRST != 0;
     let last = h.flags & rmpp_flag::LAST != 0;
     let bad = h.status != 0 || (h.seg_num == 1) != first || h.seg_num == 0;
     if bad {
-        mp.rmpp_recvs.retain(|r| !key(r));
-        mp.counters.rmpp_dropped += 1;
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            0,
-            0,
-            Some(rmpp_status::BAD_SEG),
-        );
+        cx.mp.rmpp_recvs.retain(|r| !key(r));
+        cx.mp.counters.rmpp_dropped += 1;
+        send_ack(cx, mad, wc, grh.as_ref(), 0, 0, Some(rmpp_status::BAD_SEG));
         return RmppResult::Consumed;
     }
     // The payload of the last segment: IB_MGMT_RMPP_DATA minus padding.
@@ -302,44 +266,33 @@ pub(crate) fn ib_process_rmpp_recv(
     };
     if first {
         // start_rmpp: a new transfer replaces an old one with the same key.
-        mp.rmpp_recvs.retain(|r| !key(r));
+        cx.mp.rmpp_recvs.retain(|r| !key(r));
         if (h.paylen_newwin as usize) > RMPP_MAX_MESSAGE {
-            mp.counters.rmpp_dropped += 1;
-            send_ack(
-                dev,
-                mp,
-                clock,
-                cfg,
-                mad,
-                wc,
-                grh.as_ref(),
-                0,
-                0,
-                Some(rmpp_status::BAD_SEG),
-            );
+            cx.mp.counters.rmpp_dropped += 1;
+            send_ack(cx, mad, wc, grh.as_ref(), 0, 0, Some(rmpp_status::BAD_SEG));
             return RmppResult::Consumed;
         }
         let rw = Box::new(MadRecvWc {
             wc: *wc,
             grh,
             mad: mad.clone(),
-            port: mp.port(),
+            port: cx.mp.port(),
             send_id,
             rmpp_data: None,
         });
         if last {
             let mut rw = rw;
             rw.rmpp_data = Some(seg_data[..last_len(h.paylen_newwin)].to_vec());
-            mp.counters.rmpp_completed += 1;
-            send_ack(dev, mp, clock, cfg, mad, wc, grh.as_ref(), 1, 1, None);
+            cx.mp.counters.rmpp_completed += 1;
+            send_ack(cx, mad, wc, grh.as_ref(), 1, 1, None);
             return RmppResult::Complete(rw);
         }
-        if mp.rmpp_recvs.len() >= RMPP_MAX_RECVS {
-            mp.counters.rmpp_dropped += 1;
+        if cx.mp.rmpp_recvs.len() >= RMPP_MAX_RECVS {
+            cx.mp.counters.rmpp_dropped += 1;
             return RmppResult::Consumed;
         }
-        let newwin = 1 + window_size(cfg);
-        mp.rmpp_recvs.push(RmppRecv {
+        let newwin = 1 + window_size(cx.cfg);
+        cx.mp.rmpp_recvs.push(RmppRecv {
             agent,
             tid: mad.tid(),
             src_qp: wc.src_qp,
@@ -351,98 +304,54 @@ pub(crate) fn ib_process_rmpp_recv(
             newwin,
             deadline: now.saturating_add(RMPP_RECV_TIMEOUT_NS),
         });
-        send_ack(dev, mp, clock, cfg, mad, wc, grh.as_ref(), 1, newwin, None);
+        send_ack(cx, mad, wc, grh.as_ref(), 1, newwin, None);
         return RmppResult::Consumed;
     }
     // continue_rmpp
-    let Some(i) = mp.rmpp_recvs.iter().position(key) else {
-        mp.counters.rmpp_dropped += 1;
+    let Some(i) = cx.mp.rmpp_recvs.iter().position(key) else {
+        cx.mp.counters.rmpp_dropped += 1;
         return RmppResult::Consumed;
     };
-    let (seg_num, newwin) = (mp.rmpp_recvs[i].seg_num, mp.rmpp_recvs[i].newwin);
+    let (seg_num, newwin) = (cx.mp.rmpp_recvs[i].seg_num, cx.mp.rmpp_recvs[i].newwin);
     if h.seg_num <= seg_num {
         // A duplicate: the sender missed our ACK; acknowledge again.
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            seg_num,
-            newwin,
-            None,
-        );
+        send_ack(cx, mad, wc, grh.as_ref(), seg_num, newwin, None);
         return RmppResult::Consumed;
     }
     if h.seg_num != seg_num + 1 || h.seg_num > newwin {
         // Out of order or beyond the window: the sender resends after its
         // timeout (Linux keeps out-of-order segments; this port does not).
-        mp.counters.rmpp_dropped += 1;
+        cx.mp.counters.rmpp_dropped += 1;
         return RmppResult::Consumed;
     }
-    let r = &mut mp.rmpp_recvs[i];
+    let r = &mut cx.mp.rmpp_recvs[i];
     let take = if last {
         last_len(h.paylen_newwin)
     } else {
         seg_data.len()
     };
     if r.data.len() + take > RMPP_MAX_MESSAGE {
-        mp.rmpp_recvs.remove(i);
-        mp.counters.rmpp_dropped += 1;
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            0,
-            0,
-            Some(rmpp_status::BAD_SEG),
-        );
+        cx.mp.rmpp_recvs.remove(i);
+        cx.mp.counters.rmpp_dropped += 1;
+        send_ack(cx, mad, wc, grh.as_ref(), 0, 0, Some(rmpp_status::BAD_SEG));
         return RmppResult::Consumed;
     }
     r.data.extend_from_slice(&seg_data[..take]);
     r.seg_num = h.seg_num;
     r.deadline = now.saturating_add(RMPP_RECV_TIMEOUT_NS);
     if last {
-        let r = mp.rmpp_recvs.remove(i);
+        let r = cx.mp.rmpp_recvs.remove(i);
         let (seg_num, newwin) = (r.seg_num, r.newwin);
         let mut rw = r.first;
         rw.rmpp_data = Some(r.data);
-        mp.counters.rmpp_completed += 1;
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            seg_num,
-            newwin,
-            None,
-        );
+        cx.mp.counters.rmpp_completed += 1;
+        send_ack(cx, mad, wc, grh.as_ref(), seg_num, newwin, None);
         return RmppResult::Complete(rw);
     }
     if r.seg_num == r.newwin {
-        r.newwin += window_size(cfg);
+        r.newwin += window_size(cx.cfg);
         let (seg_num, newwin) = (r.seg_num, r.newwin);
-        send_ack(
-            dev,
-            mp,
-            clock,
-            cfg,
-            mad,
-            wc,
-            grh.as_ref(),
-            seg_num,
-            newwin,
-            None,
-        );
+        send_ack(cx, mad, wc, grh.as_ref(), seg_num, newwin, None);
     }
     RmppResult::Consumed
 }

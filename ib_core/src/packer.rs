@@ -1,4 +1,8 @@
-//! Port of Linux `drivers/infiniband/core/packer.c` (3.11): big-endian bit-field packing driven by field tables (`struct ib_field`); Linux's struct-offset half of the descriptor is replaced by an index into a value array, and its `memcpy` fields wider than 64 bits are left to the caller (the GIDs of a GRH).
+//! Port of Linux `drivers/infiniband/core/packer.c` (3.11): big-endian bit-field packing driven by field tables (`struct ib_field`).
+//!
+//! Linux's struct-offset half of the descriptor is replaced by an index into a
+//! value array, and its `memcpy` fields wider than 64 bits are left to the
+//! caller (the GIDs of a GRH).
 
 use crate::error::{Error, Result};
 
@@ -87,7 +91,8 @@ pub fn unpack_field(field: &IbField, buf: &[u8]) -> Result<u64> {
 
 /// Linux `ib_pack`: writes `values[i]` into field `desc[i]` of `buf`;
 /// `RESERVED` fields are written as zero whatever their value.
-pub fn ib_pack(desc: &[IbField], values: &[u64], buf: &mut [u8]) -> Result<()> {
+#[doc(alias = "ib_pack")]
+pub fn pack(desc: &[IbField], values: &[u64], buf: &mut [u8]) -> Result<()> {
     if desc.len() != values.len() {
         return Err(Error::Invalid("packer: one value per field"));
     }
@@ -100,7 +105,8 @@ pub fn ib_pack(desc: &[IbField], values: &[u64], buf: &mut [u8]) -> Result<()> {
 
 /// Linux `ib_unpack`: reads every field of `desc` from `buf` into `values`
 /// (`RESERVED` fields read as they are).
-pub fn ib_unpack(desc: &[IbField], buf: &[u8], values: &mut [u64]) -> Result<()> {
+#[doc(alias = "ib_unpack")]
+pub fn unpack(desc: &[IbField], buf: &[u8], values: &mut [u64]) -> Result<()> {
     if desc.len() != values.len() {
         return Err(Error::Invalid("packer: one value per field"));
     }
@@ -144,7 +150,7 @@ mod tests {
         );
         assert!(pack_field(&IbField::new("x", 0, 0, 0), 1, &mut b).is_err());
         assert!(unpack_field(&IbField::new("x", 0, 0, 65), &b).is_err());
-        assert!(ib_pack(&[IbField::new("x", 0, 0, 8)], &[], &mut b).is_err());
+        assert!(pack(&[IbField::new("x", 0, 0, 8)], &[], &mut b).is_err());
     }
 
     #[test]
@@ -154,7 +160,7 @@ mod tests {
             IbField::new("a", 0, 0, 8),
             IbField::new("RESERVED", 0, 8, 24),
         ];
-        ib_pack(&d, &[0x12, 0xabcdef], &mut b).unwrap();
+        pack(&d, &[0x12, 0xabcdef], &mut b).unwrap();
         assert_eq!(b, [0x12, 0, 0, 0]);
     }
 }

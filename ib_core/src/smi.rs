@@ -1,4 +1,8 @@
-//! Port of Linux `drivers/infiniband/core/smi.c` and `smi.h` (3.11, IBTA Vol. 1 14.2.2): the directed-route SMP rules on send and on receive (hop pointer, hop count, return path, permissive LIDs) and the local/forward decision; nothing is left out, but forwarding itself (switches) is not done by this port.
+//! Port of Linux `drivers/infiniband/core/smi.c` and `smi.h` (3.11): the directed-route SMP rules on send and on receive (IBTA Vol. 1 14.2.2) and the local/forward decision.
+//!
+//! The rules check the hop pointer, hop count, return path and permissive LIDs.
+//! Nothing is left out, but forwarding itself (switches) is not done by this
+//! port.
 
 use crate::mad::{IB_SMP_MAX_PATH_HOPS, Mad};
 use crate::verbs::{IB_LID_PERMISSIVE, NodeType};

@@ -1,4 +1,7 @@
-//! Port of Linux `drivers/infiniband/core/ud_header.c` (3.11): the UD packet headers a driver puts in front of a QP0/QP1 send (LRH, GRH, BTH, DETH, immediate), their init, pack and unpack; Ethernet/VLAN headers (RoCE) are left out, and ICRC/VCRC are the hardware's business.
+//! Port of Linux `drivers/infiniband/core/ud_header.c` (3.11): the UD packet headers (LRH, GRH, BTH, DETH, immediate) a driver puts in front of a QP0/QP1 send, with their init, pack and unpack.
+//!
+//! Ethernet/VLAN headers (RoCE) are left out, and ICRC/VCRC are the hardware's
+//! business.
 //!
 //! The field tables follow IBTA Vol. 1 9.2/8.2/8.3 (and Linux's `lrh_table`,
 //! `grh_table`, `bth_table`, `deth_table`). One deliberate difference from
@@ -7,7 +10,7 @@
 //! 7.7.8); Linux 3.11 leaves them out. MADs never carry one.
 
 use crate::error::{Error, Result};
-use crate::packer::{IbField, ib_pack, ib_unpack};
+use crate::packer::{self, IbField};
 use crate::verbs::Gid;
 
 /// LRH bytes.
@@ -177,9 +180,15 @@ pub struct UdHeader {
     pub immediate_data: u32,
 }
 
+/// [`init`]'s name before ib_core dropped Linux's `ib_` prefix, kept only
+/// until mlx4_ib's `provider.rs` (changing on another branch) follows.
+#[doc(hidden)]
+pub use self::init as ib_ud_header_init;
+
 /// Linux `ib_ud_header_init` (IB link only): the header of a UD SEND ONLY
 /// carrying `payload_bytes`, with lengths, LNH, opcode and pad filled in.
-pub fn ib_ud_header_init(
+#[doc(alias = "ib_ud_header_init")]
+pub fn init(
     payload_bytes: usize,
     lrh_present: bool,
     grh_present: bool,
@@ -260,7 +269,7 @@ impl UdHeader {
                 l.packet_length.into(),
                 l.source_lid.into(),
             ];
-            ib_pack(&LRH_TABLE, &v, &mut buf[off..off + IB_LRH_BYTES])?;
+            packer::pack(&LRH_TABLE, &v, &mut buf[off..off + IB_LRH_BYTES])?;
             off += IB_LRH_BYTES;
         }
         if self.grh_present {
@@ -273,7 +282,7 @@ impl UdHeader {
                 g.next_header.into(),
                 g.hop_limit.into(),
             ];
-            ib_pack(&GRH_TABLE, &v, &mut buf[off..off + 8])?;
+            packer::pack(&GRH_TABLE, &v, &mut buf[off..off + 8])?;
             buf[off + 8..off + 24].copy_from_slice(&g.source_gid.0);
             buf[off + 24..off + 40].copy_from_slice(&g.destination_gid.0);
             off += IB_GRH_BYTES;
@@ -292,10 +301,10 @@ impl UdHeader {
             0,
             b.psn.into(),
         ];
-        ib_pack(&BTH_TABLE, &v, &mut buf[off..off + IB_BTH_BYTES])?;
+        packer::pack(&BTH_TABLE, &v, &mut buf[off..off + IB_BTH_BYTES])?;
         off += IB_BTH_BYTES;
         let d = &self.deth;
-        ib_pack(
+        packer::pack(
             &DETH_TABLE,
             &[d.qkey.into(), 0, d.source_qpn.into()],
             &mut buf[off..off + IB_DETH_BYTES],
@@ -328,7 +337,7 @@ impl UdHeader {
         };
         need(off, IB_LRH_BYTES)?;
         let mut v = [0u64; 9];
-        ib_unpack(&LRH_TABLE, &buf[..IB_LRH_BYTES], &mut v)?;
+        packer::unpack(&LRH_TABLE, &buf[..IB_LRH_BYTES], &mut v)?;
         h.lrh = Lrh {
             virtual_lane: v[0] as u8,
             link_version: v[1] as u8,
@@ -347,7 +356,7 @@ impl UdHeader {
             IB_LNH_IBA_GLOBAL => {
                 need(off, IB_GRH_BYTES)?;
                 let mut g = [0u64; 6];
-                ib_unpack(&GRH_TABLE, &buf[off..off + 8], &mut g)?;
+                packer::unpack(&GRH_TABLE, &buf[off..off + 8], &mut g)?;
                 let mut sgid = [0u8; 16];
                 let mut dgid = [0u8; 16];
                 sgid.copy_from_slice(&buf[off + 8..off + 24]);
@@ -375,7 +384,7 @@ impl UdHeader {
         }
         need(off, IB_BTH_BYTES + IB_DETH_BYTES)?;
         let mut b = [0u64; 11];
-        ib_unpack(&BTH_TABLE, &buf[off..off + IB_BTH_BYTES], &mut b)?;
+        packer::unpack(&BTH_TABLE, &buf[off..off + IB_BTH_BYTES], &mut b)?;
         h.bth = Bth {
             opcode: b[0] as u8,
             solicited_event: b[1] as u8,
@@ -399,7 +408,7 @@ impl UdHeader {
             ));
         }
         let mut d = [0u64; 3];
-        ib_unpack(&DETH_TABLE, &buf[off..off + IB_DETH_BYTES], &mut d)?;
+        packer::unpack(&DETH_TABLE, &buf[off..off + IB_DETH_BYTES], &mut d)?;
         h.deth = Deth {
             qkey: d[0] as u32,
             source_qpn: d[2] as u32,
@@ -423,7 +432,7 @@ mod tests {
     /// and 9.3.3 (DETH).
     #[test]
     fn qp0_smp_header_golden_bytes() {
-        let mut h = ib_ud_header_init(256, true, false, false).unwrap();
+        let mut h = init(256, true, false, false).unwrap();
         h.lrh.virtual_lane = 15;
         h.lrh.service_level = 0;
         h.lrh.destination_lid = 0xffff;
@@ -454,7 +463,7 @@ mod tests {
     /// LNH 3, Q_Key and source QP 1.
     #[test]
     fn qp1_header_with_grh_and_immediate_golden_bytes() {
-        let mut h = ib_ud_header_init(255, true, true, true).unwrap();
+        let mut h = init(255, true, true, true).unwrap();
         h.lrh.virtual_lane = 0;
         h.lrh.service_level = 5;
         h.lrh.destination_lid = 0x0012;
@@ -536,7 +545,7 @@ mod tests {
 
     #[test]
     fn unpack_refuses_what_is_not_a_ud_send() {
-        let h = ib_ud_header_init(256, true, false, false).unwrap();
+        let h = init(256, true, false, false).unwrap();
         let mut buf = [0u8; 28];
         h.pack(&mut buf).unwrap();
         let mut bad = buf;

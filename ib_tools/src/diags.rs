@@ -477,7 +477,7 @@ pub(crate) fn path_to_guid(
         .device_mut(src.dev)
         .and_then(|d| d.query_gid(src.port, 0).ok())
         .map_or(0xfe80_0000_0000_0000, |x| x.subnet_prefix());
-    ib_core::sa_query::sa_path_to_gid(
+    ib_core::sa_query::path_to_gid(
         core,
         sa,
         src.dev,

@@ -65,7 +65,7 @@ impl Responder {
             }
             let req = MadRegReq::new(IB_VENDOR_OPENIB_PING_CLASS, 1, &[method::GET])
                 .with_oui(IB_OPENIB_OUI);
-            match core.ib_register_mad_agent(dev, port, QpType::Gsi, Some(req), 0) {
+            match core.register_mad_agent(dev, port, QpType::Gsi, Some(req), 0) {
                 Ok(a) => r.agents.push((a, desc)),
                 Err(e) => last = e,
             }
@@ -81,13 +81,13 @@ impl Responder {
     pub fn poll(&mut self, core: &mut IbCore) -> usize {
         let mut n = 0;
         for &(agent, desc) in &self.agents {
-            while let Some(ev) = core.ib_mad_poll_agent(agent) {
+            while let Some(ev) = core.mad_poll_agent(agent) {
                 let MadEvent::Recv(r) = ev else { continue };
                 if r.mad.method() != method::GET {
                     continue;
                 }
                 let ah = match core.device(agent.dev).and_then(|d| {
-                    ib_core::agent::ib_init_ah_from_wc(d, agent.port, &r.wc, r.grh.as_ref()).ok()
+                    ib_core::agent::init_ah_from_wc(d, agent.port, &r.wc, r.grh.as_ref()).ok()
                 }) {
                     Some(a) => a,
                     None => continue,
@@ -101,7 +101,7 @@ impl Responder {
                 let mut buf = MadSendBuf::new(resp, ah, r.wc.src_qp);
                 buf.remote_qkey = IB_QP1_QKEY;
                 buf.pkey_index = r.wc.pkey_index;
-                if core.ib_post_send_mad(agent, buf).is_ok() {
+                if core.post_send_mad(agent, buf).is_ok() {
                     n += 1;
                     self.answered += 1;
                 }
@@ -113,7 +113,7 @@ impl Responder {
     /// Unregisters the agents.
     pub fn unregister(self, core: &mut IbCore) {
         for (a, _) in self.agents {
-            let _ = core.ib_unregister_mad_agent(a);
+            let _ = core.unregister_mad_agent(a);
         }
     }
 }
@@ -220,10 +220,10 @@ pub fn ibping(
         }
     };
     let agent = core
-        .ib_register_mad_agent(src.dev, src.port, QpType::Gsi, None, 0)
+        .register_mad_agent(src.dev, src.port, QpType::Gsi, None, 0)
         .map_err(|e| format!("can't register a MAD agent: {e}"))?;
     let r = ping_loop(core, agent, src, lid, count, interrupted, out);
-    let _ = core.ib_unregister_mad_agent(agent);
+    let _ = core.unregister_mad_agent(agent);
     r
 }
 
@@ -284,7 +284,7 @@ fn ping_loop(
         buf.retries = 0;
         s.ntrans += 1;
         let t0 = core.clock().now_ns();
-        let r = core.ib_send_mad_wait(agent, buf, PING_TIMEOUT + Duration::from_millis(500));
+        let r = core.send_mad_wait(agent, buf, PING_TIMEOUT + Duration::from_millis(500));
         let rtt_us = core.clock().now_ns().saturating_sub(t0) / 1000;
         match r {
             Ok((done, Some(resp))) if done.status == WcStatus::Success => {

@@ -36,9 +36,9 @@ use core::time::Duration;
 
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail,
-    WrOpcode,
+    AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, PortAttr, Qp, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc,
+    WcStatus, WrDetail, WrOpcode,
 };
 
 use crate::perftest::Peer;
@@ -839,33 +839,26 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     };
     let mut res = setup(env, p)?;
     let mut id = None;
-    let r = side(
-        env,
-        p,
-        &mut res,
-        &mut id,
-        attr.lid,
-        gid,
-        attr.active_mtu.bytes(),
-        out,
-    );
+    let r = side(env, p, &mut res, &mut id, &attr, gid, out);
     // A server that ran to the end says so (the client waits for it).
     let done = p.peer.is_none() && r.is_ok();
     teardown(env, res, id, done);
     r
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One side of the test on the port `attr` describes (its LID and active
+/// MTU) with `gid` as the source GID.
 fn side(
     env: &mut Env<'_>,
     p: &Params,
     res: &mut Res,
     id_out: &mut Option<CmId>,
-    lid: u16,
+    attr: &PortAttr,
     gid: Gid,
-    active_mtu: u32,
     out: &mut dyn Write,
 ) -> Result<(), String> {
+    let lid = attr.lid;
+    let active_mtu = attr.active_mtu.bytes();
     let t = p.transport;
     let ud_psn = res.qp.qp_num.wrapping_mul(0x9e37_79b1) & 0xff_ffff;
     if t == Transport::Ud {
@@ -902,7 +895,7 @@ fn side(
                 }
             }
             let (id, rep) =
-                cm::cm_connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
+                cm::connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
                     .map_err(|x| match x {
                         ib_core::Error::Errno(cm::ECONNREFUSED) => format!(
                             "the server refused the connection (is {} running there, with the same options?)",
@@ -923,7 +916,7 @@ fn side(
             (p.clone(), theirs, peer_lid)
         }
         None => {
-            let listen = cm::ib_cm_listen(env.core, env.cm, env.dev, t.service_id())
+            let listen = cm::listen(env.core, env.cm, env.dev, t.service_id())
                 .map_err(|x| e("listen", x))?;
             let _ = writeln!(
                 out,
@@ -931,7 +924,7 @@ fn side(
                 CONNECT_TIMEOUT.as_secs()
             );
             let got = wait_cm(env, listen, "a client's CM REQ", CONNECT_TIMEOUT);
-            let _ = cm::ib_destroy_cm_id(env.core, env.cm, listen);
+            let _ = cm::destroy_id(env.core, env.cm, listen);
             let (id, private, remote_lid) = match got? {
                 CmEvent::ReqReceived {
                     id,
@@ -956,7 +949,7 @@ fn side(
             }) {
                 Ok(h) => h,
                 Err(m) => {
-                    let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+                    let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
                     return Err(format!("refused the client: {m}"));
                 }
             };
@@ -968,7 +961,7 @@ fn side(
             if q.size > p.size {
                 // Our buffer was sized for -s: build it again for theirs.
                 let fresh = setup(env, &q).inspect_err(|_| {
-                    let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+                    let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
                 })?;
                 let old = core::mem::replace(res, fresh);
                 teardown(env, old, None, false);
@@ -988,7 +981,7 @@ fn side(
                     post_recv(env, res, &q, n)?;
                 }
             }
-            cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| e("CM REP", x))?;
+            cm::send_rep(env.core, env.cm, id, &rep).map_err(|x| e("CM REP", x))?;
             if t == Transport::Rc {
                 for n in 0..u64::from(q.rx_depth.min(q.iters)) {
                     post_recv(env, res, &q, n)?;
@@ -1003,7 +996,7 @@ fn side(
         Transport::Rc => {
             let (sq, rq) = sq_rq_psn(env, res.qp);
             let remote_qpn = id_out
-                .and_then(|id| cm::cm_remote(env.core, env.cm, id))
+                .and_then(|id| cm::remote(env.core, env.cm, id))
                 .map_or(0, |r| r.1);
             (
                 Dest {

@@ -205,7 +205,7 @@ pub fn init() {
                 continue;
             }
         };
-        let id = match ib.core.ib_register_device(Box::new(mlx4ib)) {
+        let id = match ib.core.register_device(Box::new(mlx4ib)) {
             Ok(id) => id,
             Err(e) => {
                 log::error!("mlx4_ib: {name}: ib_register_device failed: {}", e.error);
@@ -215,7 +215,7 @@ pub fn init() {
         let n = name.clone();
         let _ = ib
             .core
-            .ib_register_event_handler(id, Box::new(move |id, e| on_event(&n, id, e)));
+            .register_event_handler(id, Box::new(move |id, e| on_event(&n, id, e)));
         log::info!(
             "{name}: registered with ib_core in {}",
             Ms(crate::time::uptime_us() - us)
@@ -265,7 +265,7 @@ pub fn poll() {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {
             continue;
         };
-        match ib.core.ib_unregister_device(id) {
+        match ib.core.unregister_device(id) {
             Ok(mut p) => {
                 if let Some(m) = p.as_any_mut().and_then(|a| a.downcast_mut::<Mlx4IbDev>()) {
                     m.remove();

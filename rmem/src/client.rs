@@ -217,8 +217,8 @@ impl Client {
         loop {
             let left = deadline.remaining(core.clock());
             let r = match dest {
-                Dest::Lid(l) => sa_query::sa_path_to_lid(core, sa, dev_id, cfg.port, l, left),
-                Dest::Gid(g) => sa_query::sa_path_to_gid(core, sa, dev_id, cfg.port, g, left),
+                Dest::Lid(l) => sa_query::path_to_lid(core, sa, dev_id, cfg.port, l, left),
+                Dest::Gid(g) => sa_query::path_to_gid(core, sa, dev_id, cfg.port, g, left),
             }
             .map_err(Error::Connect)
             .and_then(|path| {
@@ -276,7 +276,7 @@ impl Client {
     /// retry, not an error).
     fn forget_attempt(&mut self, core: &mut IbCore) {
         if let Some((cm, id)) = self.id.take() {
-            let _ = cm::ib_destroy_cm_id(core, cm, id);
+            let _ = cm::destroy_id(core, cm, id);
         }
         if let Some(d) = core.device_mut(self.dev) {
             let mut wc = [Wc::default(); RX_DEPTH];
@@ -318,7 +318,7 @@ impl Client {
         p.remote_cm_response_timeout = 16;
         p.local_cm_response_timeout = 16;
         let (id, _) =
-            cm::cm_connect(core, cm, self.dev, cfg.port, &p, timeout).map_err(Error::Connect)?;
+            cm::connect(core, cm, self.dev, cfg.port, &p, timeout).map_err(Error::Connect)?;
         self.id = Some((cm, id));
         Ok(())
     }
@@ -509,7 +509,7 @@ impl Client {
     /// Frees the verbs objects (after a failure or at close).
     fn destroy(self, core: &mut IbCore) {
         if let Some((cm, id)) = self.id {
-            let _ = cm::ib_destroy_cm_id(core, cm, id);
+            let _ = cm::destroy_id(core, cm, id);
         }
         if let Some(d) = core.device_mut(self.dev) {
             let _ = d.destroy_qp(self.qp);
@@ -971,8 +971,8 @@ impl Client {
     /// objects; the memory node frees this connection's chunks.
     pub fn close(self, core: &mut IbCore) -> Result<()> {
         if let Some((cm, id)) = self.id {
-            let _ = cm::ib_send_cm_dreq(core, cm, id, &[]);
-            let _ = cm::cm_wait_event(core, cm, id, Duration::from_millis(500));
+            let _ = cm::send_dreq(core, cm, id, &[]);
+            let _ = cm::wait_event(core, cm, id, Duration::from_millis(500));
         }
         dev(core, self.dev)?;
         self.destroy(core);

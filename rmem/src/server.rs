@@ -211,7 +211,7 @@ impl Server {
                 return Err(e.into());
             }
         };
-        let listen = match cm::ib_cm_listen(core, cm, dev_id, cfg.service_id) {
+        let listen = match cm::listen(core, cm, dev_id, cfg.service_id) {
             Ok(l) => l,
             Err(e) => {
                 undo(core, Some(lmr), Some(cq));
@@ -289,13 +289,13 @@ impl Server {
     fn accept(&mut self, core: &mut IbCore, id: CmId) -> Result<()> {
         let Some(c) = self.conns.iter().position(Option::is_none) else {
             self.stats.refused += 1;
-            let _ = cm::ib_send_cm_rej(core, self.cm, id, rej_reason::NO_RESOURCES, &[], &[]);
+            let _ = cm::send_rej(core, self.cm, id, rej_reason::NO_RESOURCES, &[], &[]);
             return Ok(());
         };
         let init = self.qp_init();
         let d = dev(core, self.dev)?;
         let (qp, _) = d.create_qp(self.pd, &init)?;
-        if let Err(e) = cm::ib_send_cm_rep(core, self.cm, id, &CmRepParam::new(qp)) {
+        if let Err(e) = cm::send_rep(core, self.cm, id, &CmRepParam::new(qp)) {
             let _ = dev(core, self.dev)?.destroy_qp(qp);
             return Err(e.into());
         }
@@ -400,7 +400,7 @@ impl Server {
             let freed = self.chunks.free_owner(conn.owner);
             log::info!("rmem: client {} gone, {freed} chunks freed", conn.owner);
             if let Some(id) = conn.id {
-                let _ = cm::ib_destroy_cm_id(core, self.cm, id);
+                let _ = cm::destroy_id(core, self.cm, id);
             }
             if let Some(d) = core.device_mut(self.dev) {
                 let _ = d.destroy_qp(conn.qp);
@@ -481,12 +481,12 @@ impl Server {
     /// many things happened.
     pub fn poll(&mut self, core: &mut IbCore) -> Result<usize> {
         let mut n = 0;
-        while let Some(ev) = cm::ib_cm_get_event(core, self.cm, self.listen) {
+        while let Some(ev) = cm::get_event(core, self.cm, self.listen) {
             if let CmEvent::ReqReceived { id, .. } = ev {
                 n += 1;
                 if let Err(e) = self.accept(core, id) {
                     log::warn!("rmem: accepting a client failed: {e}");
-                    let _ = cm::ib_destroy_cm_id(core, self.cm, id);
+                    let _ = cm::destroy_id(core, self.cm, id);
                 }
             }
         }
@@ -494,7 +494,7 @@ impl Server {
             let Some(conn) = &self.conns[c] else { continue };
             let id = conn.id;
             let mut gone = conn.dead;
-            while let Some(ev) = id.and_then(|id| cm::ib_cm_get_event(core, self.cm, id)) {
+            while let Some(ev) = id.and_then(|id| cm::get_event(core, self.cm, id)) {
                 n += 1;
                 match ev {
                     CmEvent::Disconnected { .. } | CmEvent::Rejected { .. } | CmEvent::TimedOut => {
@@ -542,7 +542,7 @@ impl Server {
             if !conn.established {
                 conn.established = true;
                 if let Some(id) = conn.id {
-                    let _ = cm::ib_cm_notify(core, self.cm, id);
+                    let _ = cm::notify(core, self.cm, id);
                 }
             }
             let len = (w.byte_len as usize).min(MSG_LEN);
@@ -602,7 +602,7 @@ impl Server {
         for c in 0..self.conns.len() {
             self.drop_conn(core, c);
         }
-        let _ = cm::ib_destroy_cm_id(core, self.cm, self.listen);
+        let _ = cm::destroy_id(core, self.cm, self.listen);
         let d = dev(core, self.dev)?;
         d.destroy_cq(self.cq)?;
         d.dereg_mr(self.mr)?;

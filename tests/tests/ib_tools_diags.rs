@@ -25,14 +25,14 @@ fn up(model: &Model) -> Stack {
     let ib = Mlx4IbDev::add(dev, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(model.clock());
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     Stack { core, id }
 }
 
 fn down(mut s: Stack) {
-    let mut provider = s.core.ib_unregister_device(s.id).expect("unregistered");
+    let mut provider = s.core.unregister_device(s.id).expect("unregistered");
     let ib = provider
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())

@@ -62,11 +62,11 @@ fn node(hca: SimHca, name: &str, fabric_port: PortId, port_guid: u64) -> Node {
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(clock);
     let dev = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("ib_register_device");
-    let sa = ib_core::sa_query::ib_sa_init(&mut core);
-    let cm = ib_core::cm::ib_cm_init(&mut core);
+    let sa = ib_core::sa_query::init(&mut core);
+    let cm = ib_core::cm::init(&mut core);
     Node {
         name: name.to_string(),
         hca,
@@ -96,7 +96,7 @@ impl Node {
     fn teardown(mut self) {
         let mut p = self
             .core
-            .ib_unregister_device(self.dev)
+            .unregister_device(self.dev)
             .expect("ib_unregister_device");
         let ib = p
             .as_any_mut()

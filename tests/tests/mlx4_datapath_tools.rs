@@ -81,11 +81,11 @@ fn fabric() -> (Wire, Vec<Node>) {
             let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
             let mut core = IbCore::new(hca.clock());
             let dev = core
-                .ib_register_device(Box::new(ib))
+                .register_device(Box::new(ib))
                 .map_err(|e| e.error)
                 .expect("registered");
-            let sa = ib_core::sa_query::ib_sa_init(&mut core);
-            let cm = ib_core::cm::ib_cm_init(&mut core);
+            let sa = ib_core::sa_query::init(&mut core);
+            let cm = ib_core::cm::init(&mut core);
             Node {
                 hca,
                 core,
@@ -99,7 +99,7 @@ fn fabric() -> (Wire, Vec<Node>) {
 }
 
 fn teardown(mut n: Node) {
-    let mut p = n.core.ib_unregister_device(n.dev).expect("unregistered");
+    let mut p = n.core.unregister_device(n.dev).expect("unregistered");
     let ib = p
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())

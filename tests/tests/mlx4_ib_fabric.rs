@@ -52,7 +52,7 @@ fn node(hca: Model, lid: u16) -> Node {
     let guid = ib.node_guid();
     let mut core = IbCore::new(hca.clock());
     let dev = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     Node {
@@ -150,12 +150,12 @@ impl Net {
             if from_a { &mut n.a.core } else { &mut n.b.core }
         }
         let id = core(self, from_a)
-            .ib_post_send_mad(agent, buf)
+            .post_send_mad(agent, buf)
             .expect("posted");
         let mut resp = None;
         let mut rounds = 0u64;
         loop {
-            while let Some(ev) = core(self, from_a).ib_mad_poll_agent(agent) {
+            while let Some(ev) = core(self, from_a).mad_poll_agent(agent) {
                 match ev {
                     MadEvent::Recv(r) => {
                         assert_eq!(r.send_id, Some(id), "a response to our request");
@@ -187,7 +187,7 @@ impl Net {
 
     fn finish(self) {
         for mut n in [self.a, self.b] {
-            let mut p = n.core.ib_unregister_device(n.dev).expect("unregistered");
+            let mut p = n.core.unregister_device(n.dev).expect("unregistered");
             let ib = p
                 .as_any_mut()
                 .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
@@ -201,7 +201,7 @@ impl Net {
 
 fn agent(n: &mut Node, t: QpType) -> MadAgent {
     n.core
-        .ib_register_mad_agent(n.dev, 1, t, None, 0)
+        .register_mad_agent(n.dev, 1, t, None, 0)
         .expect("agent")
 }
 
@@ -304,7 +304,7 @@ fn a_directed_route_smp_crosses_the_switch_both_ways_and_the_peer_driver_answers
         assert_eq!(c.drop_smi, 0);
         let me = if from_a { &mut n.a } else { &mut n.b };
         assert_eq!(me.core.mad_counters(me.dev, 1).unwrap().drop_smi, 0);
-        me.core.ib_unregister_mad_agent(ag).unwrap();
+        me.core.unregister_mad_agent(ag).unwrap();
     }
     for p in 1..=2 {
         assert_eq!(n.switch_counters(p).vl15_dropped, 0);
@@ -317,7 +317,7 @@ fn a_directed_route_smp_with_a_bad_path_is_refused_or_dropped() {
     let mut n = net();
     let ag = agent(&mut n.a, QpType::Smi);
     // Our own port is not 2: the SMI send rules refuse it at once.
-    let e = n.a.core.ib_post_send_mad(ag, dr_get(&[2, 2])).unwrap_err();
+    let e = n.a.core.post_send_mad(ag, dr_get(&[2, 2])).unwrap_err();
     assert!(matches!(e, ib_core::Error::Invalid(_)), "{e:?}");
     // The switch has no port 40: it drops the SMP (VL15Dropped on its
     // ingress port), and the request times out.
@@ -328,7 +328,7 @@ fn a_directed_route_smp_with_a_bad_path_is_refused_or_dropped() {
     assert!(resp.is_none());
     assert!(t >= 100_000_000, "two tries of 50 ms: {t} ns");
     assert!(n.switch_counters(1).vl15_dropped >= 2);
-    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    n.a.core.unregister_mad_agent(ag).unwrap();
     n.finish();
 }
 
@@ -362,7 +362,7 @@ fn the_switch_sma_answers_directed_route_and_lid_routed_smps() {
     let r = resp.expect("GetResp from the switch");
     assert_eq!(node_guid(&r), switch_guid);
     assert!(!r.smp_direction(), "no D bit on a LID-routed SMP");
-    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    n.a.core.unregister_mad_agent(ag).unwrap();
     n.finish();
 }
 
@@ -393,7 +393,7 @@ fn a_pma_query_is_answered_by_the_peer_agent_on_qp1() {
     let r = resp.expect("switch PortCounters");
     let rcv_pkts = u32::from_be_bytes(r.0[64 + 36..64 + 40].try_into().unwrap());
     assert!(rcv_pkts >= 2, "PortRcvPkts of switch port 1: {rcv_pkts}");
-    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    n.a.core.unregister_mad_agent(ag).unwrap();
     n.finish();
 }
 
@@ -454,7 +454,7 @@ fn a_dropped_response_is_retried_and_all_dropped_times_out_within_the_deadline()
         b_answers + 3,
         "the peer answered every try; only the wire lost them"
     );
-    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    n.a.core.unregister_mad_agent(ag).unwrap();
     n.fabric.lock().unwrap().faults.clear();
     n.finish();
 }
@@ -698,7 +698,7 @@ fn a_burst_of_mads_reads_the_pkey_from_the_cache_not_through_mad_ifc() {
         0,
         "16 QP1 sends (and their responses) cost no MAD_IFC: the P_Key comes from the cache"
     );
-    n.a.core.ib_unregister_mad_agent(ag).unwrap();
+    n.a.core.unregister_mad_agent(ag).unwrap();
     // The cache follows the events: a Set(PKeyTable) to our own SMA is
     // snooped, the P_Key change event refreshes ib_core's cache and the
     // driver's copy.
@@ -726,6 +726,6 @@ fn a_burst_of_mads_reads_the_pkey_from_the_cache_not_through_mad_ifc() {
         "ib_core refreshed its cache on the P_Key change event"
     );
     assert_eq!(d1 - d0, u1 - u0, "and handed each refresh to the driver");
-    n.a.core.ib_unregister_mad_agent(sm).unwrap();
+    n.a.core.unregister_mad_agent(sm).unwrap();
     n.finish();
 }

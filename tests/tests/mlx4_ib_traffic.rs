@@ -646,7 +646,7 @@ fn an_smp_and_a_pma_query_loop_back_through_qp0_and_qp1() {
     let guid = ib.node_guid();
     let mut core = ib_core::IbCore::new(hca.clock());
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .unwrap();
     assert!(

@@ -42,7 +42,7 @@ fn mlx4_ib_add_reads_node_data_and_registers_with_ib_core() {
     assert_ne!(info.node_guid, 0, "node GUID from NodeInfo");
     let mut core = core(&hca);
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     let dev = core.device_mut(id).unwrap();
@@ -76,7 +76,7 @@ fn mlx4_ib_add_reads_node_data_and_registers_with_ib_core() {
     assert!(failed.is_empty(), "{failed:#?}");
 
     // Unregister and remove: every object back, ports closed.
-    let mut provider = core.ib_unregister_device(id).unwrap();
+    let mut provider = core.unregister_device(id).unwrap();
     let ib = provider
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
@@ -111,7 +111,7 @@ fn registration_reads_the_gid_and_pkey_tables_in_blocks() {
     let mut core = core(&hca);
     let before = hca.trace_len();
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     let mad_ifcs = hca
@@ -151,7 +151,7 @@ fn registration_reads_the_gid_and_pkey_tables_in_blocks() {
         mad_ifcs <= blocks + 16,
         "registration issued {mad_ifcs} MAD_IFCs; the tables need {blocks}"
     );
-    let mut provider = core.ib_unregister_device(id).unwrap();
+    let mut provider = core.unregister_device(id).unwrap();
     let ib = provider
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
@@ -380,12 +380,12 @@ fn port_events_reach_ib_core_clients_and_the_cache() {
     let ib = add(&hca);
     let mut core = core(&hca);
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
-    core.ib_register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
+    core.register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
         .unwrap();
     assert!(tests::sm::sm_activate(&hca, 1, 0x11, 0x1));
     core.poll_until(Duration::from_secs(1), |c| {
@@ -468,12 +468,12 @@ fn a_catastrophic_error_is_device_fatal_and_the_device_is_removed() {
     let ib = add(&hca);
     let mut core = core(&hca);
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
-    core.ib_register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
+    core.register_event_handler(id, Box::new(move |_, e| s.lock().unwrap().push(*e)))
         .unwrap();
     hca.expect_firmware_left_behind("after a catastrophic error every command fails until a reset");
     hca.raise_catastrophic_error();
@@ -488,7 +488,7 @@ fn a_catastrophic_error_is_device_fatal_and_the_device_is_removed() {
     .expect("IB_EVENT_DEVICE_FATAL");
     // The owner removes it: the MAD ports close and mlx4_ib_remove runs
     // although every command now fails; nothing hangs, nothing panics.
-    let mut p = core.ib_unregister_device(id).unwrap();
+    let mut p = core.unregister_device(id).unwrap();
     let m = p
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())

@@ -20,16 +20,16 @@ fn stack(hca: &sim::SimHca) -> (IbCore, ib_core::DeviceId, ib_core::ClientId) {
     let dev = bring_up(hca, Profile::default()).expect("mlx4_core up");
     let ib = Mlx4IbDev::add(dev, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(hca.clock());
-    let cm = ib_core::cm::ib_cm_init(&mut core);
+    let cm = ib_core::cm::init(&mut core);
     let id = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     (core, id, cm)
 }
 
 fn teardown(mut core: IbCore, id: ib_core::DeviceId) {
-    let mut provider = core.ib_unregister_device(id).expect("unregistered");
+    let mut provider = core.unregister_device(id).expect("unregistered");
     let ib = provider
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())

@@ -38,7 +38,7 @@ fn node(hca: SimHca) -> Node {
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(clock);
     let dev = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     Node { hca, core, dev }
@@ -56,10 +56,7 @@ impl Node {
     }
 
     fn teardown(mut self) {
-        let mut p = self
-            .core
-            .ib_unregister_device(self.dev)
-            .expect("unregistered");
+        let mut p = self.core.unregister_device(self.dev).expect("unregistered");
         let ib = p
             .as_any_mut()
             .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
@@ -165,7 +162,7 @@ fn mem_node_deaf(mut n: Node, fabric: SharedFabric, deaf: Duration) -> MemNode {
     let (s2, e2, st2) = (stop.clone(), export_at.clone(), stats.clone());
     let thread = thread::spawn(move || {
         let mut deaf_until = None;
-        let cm = ib_core::cm::ib_cm_init(&mut n.core);
+        let cm = ib_core::cm::init(&mut n.core);
         let mut srv: Option<Server> = None;
         let t0 = Instant::now();
         let clock = n.hca.clock();
@@ -233,8 +230,8 @@ fn rmem_connect_asks_the_sa_for_the_path_and_waits_for_a_late_memory_node() {
     assert!(mem_lid != 0 && my_lid != 0 && mem_lid != my_lid);
     let clock = cn.hca.clock();
     let mem = mem_node(m, fabric);
-    let sa = ib_core::sa_query::ib_sa_init(&mut cn.core);
-    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let sa = ib_core::sa_query::init(&mut cn.core);
+    let cm = ib_core::cm::init(&mut cn.core);
     let cfg = ClientConfig {
         connect_timeout: Duration::from_secs(30),
         ..ClientConfig::default()
@@ -291,8 +288,8 @@ fn rmem_connect_says_hello_again_when_the_first_hello_goes_unanswered() {
     // Accepts the first connection, then answers nothing for 2 s: the
     // compute node's HELLO times out (op_timeout 500 ms).
     let mem = mem_node_deaf(m, fabric, Duration::from_secs(2));
-    let sa = ib_core::sa_query::ib_sa_init(&mut cn.core);
-    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let sa = ib_core::sa_query::init(&mut cn.core);
+    let cm = ib_core::cm::init(&mut cn.core);
     let cfg = ClientConfig {
         connect_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_millis(500),

@@ -55,7 +55,7 @@ fn node_with(hca: SimHca, clock: Arc<dyn hal::Clock>) -> Node {
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(clock);
     let dev = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("registered");
     Node { hca, core, dev }
@@ -72,7 +72,7 @@ fn activate(w: &Wire, nodes: &[(&SimHca, u16)]) {
 }
 
 fn teardown(mut n: Node) {
-    let mut p = n.core.ib_unregister_device(n.dev).expect("unregistered");
+    let mut p = n.core.unregister_device(n.dev).expect("unregistered");
     let ib = p
         .as_any_mut()
         .and_then(|a| a.downcast_mut::<Mlx4IbDev>())
@@ -106,7 +106,7 @@ fn mem_node(n: Node) -> MemNode {
     let s2 = stop.clone();
     let thread = thread::spawn(move || {
         let mut n = n;
-        let cm = ib_core::cm::ib_cm_init(&mut n.core);
+        let cm = ib_core::cm::init(&mut n.core);
         let mut srv = Some(
             Server::export(&mut n.core, cm, n.dev, REGION, ServerConfig::default())
                 .expect("exported"),
@@ -575,7 +575,7 @@ fn rmem_cm_request_before_the_rtu_establishes_the_connection() {
         packet_life_time: 14,
         ..Default::default()
     };
-    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let cm = ib_core::cm::init(&mut cn.core);
     let mut c = Client::connect_path(&mut cn.core, cm, cn.dev, path, cfg())
         .expect("HELLO answered although the RTU was lost");
     assert_eq!(
@@ -627,7 +627,7 @@ fn rmem_cm_connect_through_the_listener() {
         hop_limit: 0,
         ..Default::default()
     };
-    let cm = ib_core::cm::ib_cm_init(&mut cn.core);
+    let cm = ib_core::cm::init(&mut cn.core);
     let mut c = Client::connect_path(&mut cn.core, cm, cn.dev, path, cfg())
         .expect("connected through the CM");
     let r = c.region();

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use ib_core::mad::method;
 use ib_core::sa_query::{
-    NodeRecord, PathRecord, PortInfoRecord, ib_sa_build_mad, node_comp, path_comp, portinfo_comp,
+    NodeRecord, PathRecord, PortInfoRecord, build_mad, node_comp, path_comp, portinfo_comp,
     sa_attr, sa_method,
 };
 use ib_core::verbs::Gid;
@@ -119,7 +119,7 @@ fn path_record_request_from_ib_core_answered_and_parsed_back() {
         slid: 2,
         ..PathRecord::default()
     };
-    let m = ib_sa_build_mad(
+    let m = build_mad(
         method::GET,
         sa_attr::PATH_REC,
         path_comp::DLID | path_comp::SLID,
@@ -155,13 +155,13 @@ fn path_record_request_from_ib_core_answered_and_parsed_back() {
         | path_comp::NUMB_PATH
         | path_comp::REVERSIBLE
         | path_comp::PKEY;
-    let m = ib_sa_build_mad(method::GET, sa_attr::PATH_REC, cm, &q.pack()).unwrap();
+    let m = build_mad(method::GET, sa_attr::PATH_REC, cm, &q.pack()).unwrap();
     let a = s.ask(&m, 3);
     assert_eq!(status(&a.mad), 0);
     let p = PathRecord::unpack(&a.mad[56..]).unwrap();
     assert_eq!((p.dlid, p.slid), (2, 3));
     // GetTable of every path from CA 0, parsed by ib_core record by record.
-    let m = ib_sa_build_mad(sa_method::GET_TABLE, sa_attr::PATH_REC, 0, &[]).unwrap();
+    let m = build_mad(sa_method::GET_TABLE, sa_attr::PATH_REC, 0, &[]).unwrap();
     let a = s.ask(&m, 2);
     let data = a.table.expect("a table");
     let recs: Vec<PathRecord> = data
@@ -183,7 +183,7 @@ fn node_and_portinfo_records_read_the_same_on_both_sides() {
         lid: 3,
         ..NodeRecord::default()
     };
-    let m = ib_sa_build_mad(method::GET, sa_attr::NODE_REC, node_comp::LID, &q.pack()).unwrap();
+    let m = build_mad(method::GET, sa_attr::NODE_REC, node_comp::LID, &q.pack()).unwrap();
     let a = s.ask(&m, 2);
     assert_eq!(status(&a.mad), 0);
     assert_eq!(u16::from_be_bytes([a.mad[44], a.mad[45]]) as usize * 8, 112);
@@ -199,7 +199,7 @@ fn node_and_portinfo_records_read_the_same_on_both_sides() {
     // By port GUID.
     let mut q = NodeRecord::default();
     q.node_info.port_guid = CA[0] + 1;
-    let m = ib_sa_build_mad(
+    let m = build_mad(
         method::GET,
         sa_attr::NODE_REC,
         node_comp::PORT_GUID,
@@ -213,7 +213,7 @@ fn node_and_portinfo_records_read_the_same_on_both_sides() {
         lid: 2,
         ..PortInfoRecord::default()
     };
-    let m = ib_sa_build_mad(
+    let m = build_mad(
         method::GET,
         sa_attr::PORT_INFO_REC,
         portinfo_comp::LID,
@@ -231,7 +231,7 @@ fn node_and_portinfo_records_read_the_same_on_both_sides() {
         lid: 1,
         ..PortInfoRecord::default()
     };
-    let m = ib_sa_build_mad(
+    let m = build_mad(
         sa_method::GET_TABLE,
         sa_attr::PORT_INFO_REC,
         portinfo_comp::LID,

@@ -119,28 +119,16 @@ fn embedded_sm_brings_two_driver_run_hcas_to_active() {
     // The guest's SA client asks the embedded SM's SA for a path to the
     // other guest (a blocking query: the core's polling drives the wire),
     // then finds it in its cache.
-    let p = ib_core::sa_query::sa_path_to_lid(
-        &mut a.core,
-        a.sa,
-        a.dev,
-        1,
-        pb.lid,
-        Duration::from_secs(5),
-    )
-    .expect("PathRecord from the embedded SA");
+    let p =
+        ib_core::sa_query::path_to_lid(&mut a.core, a.sa, a.dev, 1, pb.lid, Duration::from_secs(5))
+            .expect("PathRecord from the embedded SA");
     assert_eq!((p.slid, p.dlid), (pa.lid, pb.lid));
     assert_eq!((p.mtu, p.rate), (5, 7), "4096, 40 Gb/s");
-    let again = ib_core::sa_query::sa_path_to_lid(
-        &mut a.core,
-        a.sa,
-        a.dev,
-        1,
-        pb.lid,
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let again =
+        ib_core::sa_query::path_to_lid(&mut a.core, a.sa, a.dev, 1, pb.lid, Duration::from_secs(5))
+            .unwrap();
     assert_eq!(again, p);
-    let c = ib_core::sa_query::sa_counters(&mut a.core, a.sa, a.dev, 1).unwrap();
+    let c = ib_core::sa_query::counters(&mut a.core, a.sa, a.dev, 1).unwrap();
     assert_eq!((c.answered, c.cache_hits), (1, 1), "{c:?}");
     a.teardown();
     b.teardown();

@@ -384,7 +384,7 @@ fn diags_and_the_sa_query_driver_run_guests() {
     };
     use ib_core::sa_query::path_comp as pc;
     let mask = pc::SGID | pc::SLID | pc::DLID | pc::PKEY | pc::NUMB_PATH | pc::REVERSIBLE;
-    let q = ib_core::sa_query::ib_sa_path_rec_get(
+    let q = ib_core::sa_query::path_rec_get(
         &mut g[0].core,
         sa,
         dev,
@@ -396,7 +396,7 @@ fn diags_and_the_sa_query_driver_run_guests() {
     .expect("PathRecord query started");
     let mut got = None;
     sm.pump_until(&mut g, Duration::from_secs(15), 1, |_, g| {
-        got = ib_core::sa_query::ib_sa_query_result(&mut g[0].core, sa, q);
+        got = ib_core::sa_query::query_result(&mut g[0].core, sa, q);
         got.is_some()
     });
     let resp = got
@@ -421,10 +421,10 @@ fn diags_and_the_sa_query_driver_run_guests() {
     assert_eq!(p.pkey, 0xffff);
     assert!(p.reversible);
     // ib_init_ah_from_path turns it into an address vector to guest b.
-    let ah = ib_core::sa_query::ib_init_ah_from_path(g[0].core.device(dev).unwrap(), 1, p)
+    let ah = ib_core::sa_query::init_ah_from_path(g[0].core.device(dev).unwrap(), 1, p)
         .expect("AH from the path");
     assert_eq!((ah.dlid, ah.port_num), (lb, 1));
-    let sac = ib_core::sa_query::sa_counters(&mut g[0].core, sa, dev, 1).unwrap();
+    let sac = ib_core::sa_query::counters(&mut g[0].core, sa, dev, 1).unwrap();
     assert_eq!(
         (sac.answered, sac.timeouts, sac.errors),
         (1, 0, 0),

@@ -1,4 +1,7 @@
-//! Figures, not assertions: the cost of the progress function when idle and of a MAD round trip, over the fake provider (so the provider's own cost is in them). `cargo test --release -p ib_core bench -- --ignored --nocapture`.
+//! Figures, not assertions: the cost of the progress function when idle and of a MAD round trip, over the fake provider.
+//!
+//! The provider's own cost is in them. Run with `cargo test --release -p
+//! ib_core bench -- --ignored --nocapture`.
 
 use std::time::{Duration, Instant};
 
@@ -26,7 +29,7 @@ fn bench_poll_idle_and_mad_round_trip() {
 
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let n = 20_000;
     let t = Instant::now();
@@ -44,7 +47,7 @@ fn bench_poll_idle_and_mad_round_trip() {
         buf.timeout_ms = 100;
         let (done, resp) = r
             .core
-            .ib_send_mad_wait(ag, buf, Duration::from_secs(5))
+            .send_mad_wait(ag, buf, Duration::from_secs(5))
             .unwrap();
         assert_eq!(done.status, WcStatus::Success);
         assert!(resp.is_some());

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::fake::{add_hca, lock, world};
+use super::fake::{Arrival, add_hca, lock, world};
 use super::*;
 use crate::device::{ClientId, Device, IbClient};
 use crate::error::Error;
@@ -65,14 +65,14 @@ fn clients_see_devices_before_and_after_and_are_removed_in_reverse() {
     let clock = Arc::new(hal::fake::FakeClock::new());
     let mut core = IbCore::new(clock);
     let log: Log = Arc::default();
-    let c1 = core.ib_register_client(recorder("sa", &log, None));
+    let c1 = core.register_client(recorder("sa", &log, None));
     let d0 = core
-        .ib_register_device(Box::new(add_hca(&w, "mlx4_0", 0x10, 2, 1)))
+        .register_device(Box::new(add_hca(&w, "mlx4_0", 0x10, 2, 1)))
         .unwrap();
-    let rnic = core.ib_register_client(recorder("iwcm", &log, Some(Transport::Iwarp)));
-    let c2 = core.ib_register_client(recorder("rmem", &log, Some(Transport::Ib)));
+    let rnic = core.register_client(recorder("iwcm", &log, Some(Transport::Iwarp)));
+    let c2 = core.register_client(recorder("rmem", &log, Some(Transport::Ib)));
     let d1 = core
-        .ib_register_device(Box::new(add_hca(&w, "mlx4_1", 0x20, 1, 5)))
+        .register_device(Box::new(add_hca(&w, "mlx4_1", 0x20, 1, 5)))
         .unwrap();
     assert_eq!(
         take(&log),
@@ -101,7 +101,7 @@ fn clients_see_devices_before_and_after_and_are_removed_in_reverse() {
         "typed"
     );
 
-    core.ib_unregister_device(d0).unwrap();
+    core.unregister_device(d0).unwrap();
     assert_eq!(
         take(&log),
         [
@@ -109,17 +109,17 @@ fn clients_see_devices_before_and_after_and_are_removed_in_reverse() {
             "sa remove mlx4_0 sa@mlx4_0"
         ]
     );
-    assert_eq!(core.ib_unregister_device(d0).err(), Some(Error::NoDev));
-    core.ib_unregister_client(c1).unwrap();
+    assert_eq!(core.unregister_device(d0).err(), Some(Error::NoDev));
+    core.unregister_client(c1).unwrap();
     assert_eq!(take(&log), ["sa remove mlx4_1 sa@mlx4_1"]);
-    assert!(core.ib_unregister_client(c1).is_err());
+    assert!(core.unregister_client(c1).is_err());
     // A device registered after a client left is not shown to it.
-    core.ib_register_device(Box::new(add_hca(&w, "mlx4_2", 0x30, 1, 9)))
+    core.register_device(Box::new(add_hca(&w, "mlx4_2", 0x30, 1, 9)))
         .unwrap();
     assert_eq!(take(&log), ["rmem add mlx4_2"]);
     // The freed slot is reused; names stay unique.
     let refused = core
-        .ib_register_device(Box::new(add_hca(&w, "mlx4_1", 0x40, 1, 11)))
+        .register_device(Box::new(add_hca(&w, "mlx4_1", 0x40, 1, 11)))
         .unwrap_err();
     assert!(matches!(refused.error, Error::Conflict(_)));
     // The driver gets its device back to tear it down.
@@ -130,13 +130,13 @@ fn clients_see_devices_before_and_after_and_are_removed_in_reverse() {
 fn events_reach_handlers_clients_and_the_cache() {
     let mut r = rig();
     let log: Log = Arc::default();
-    r.core.ib_register_client(recorder("cm", &log, None));
+    r.core.register_client(recorder("cm", &log, None));
     take(&log);
     let seen: Arc<Mutex<Vec<(DeviceId, Event)>>> = Arc::default();
     let s2 = seen.clone();
     let h = r
         .core
-        .ib_register_event_handler(r.a, Box::new(move |d, e| s2.lock().unwrap().push((d, *e))))
+        .register_event_handler(r.a, Box::new(move |d, e| s2.lock().unwrap().push((d, *e))))
         .unwrap();
     assert_eq!(
         r.core.device(r.a).unwrap().port_cache(1).unwrap().lid,
@@ -192,9 +192,9 @@ fn events_reach_handlers_clients_and_the_cache() {
     assert_eq!(take(&log).len(), 6);
     assert!(r.core.device(r.a).unwrap().is_fatal());
     assert!(!r.core.device(r.b).unwrap().is_fatal());
-    r.core.ib_unregister_event_handler(r.a, h).unwrap();
+    r.core.unregister_event_handler(r.a, h).unwrap();
     assert_eq!(
-        r.core.ib_unregister_event_handler(r.a, h),
+        r.core.unregister_event_handler(r.a, h),
         Err(Error::NotFound)
     );
 }
@@ -212,7 +212,7 @@ fn snooped_set_portinfo_changes_the_lid_and_the_cache_follows() {
         1,
     );
     m.smp_data_mut()[16..18].copy_from_slice(&33u16.to_be_bytes());
-    assert!(lock(&r.world).deliver(0, 1, 0, None, &m.0, 0, B_LID, 0, None, WcStatus::Success));
+    assert!(lock(&r.world).deliver(0, 1, 0, Arrival::mad(&m.0, 0, B_LID)));
     r.core.poll();
     r.core.poll();
     assert_eq!(r.core.device(r.a).unwrap().port_cache(1).unwrap().lid, 33);
@@ -343,7 +343,7 @@ fn a_port_whose_special_qps_cannot_be_created_has_no_mad_layer_but_the_device_re
     let dev = add_hca(&w, "mlx4_0", 0x10, 1, 1);
     lock(&w).hcas[0].fail_create_qp = true;
     let mut core = IbCore::new(Arc::new(hal::fake::FakeClock::new()));
-    let id = core.ib_register_device(Box::new(dev)).unwrap();
+    let id = core.register_device(Box::new(dev)).unwrap();
     assert!(!core.mad_port_open(id, 1));
     // Everything the failed open made was released.
     let wl = lock(&w);
@@ -355,7 +355,7 @@ fn a_port_whose_special_qps_cannot_be_created_has_no_mad_layer_but_the_device_re
     let w = super::fake::world_with_dma(64 << 10);
     let dev = add_hca(&w, "mlx4_0", 0x10, 1, 1);
     let mut core = IbCore::new(Arc::new(hal::fake::FakeClock::new()));
-    let id = core.ib_register_device(Box::new(dev)).unwrap();
+    let id = core.register_device(Box::new(dev)).unwrap();
     assert!(!core.mad_port_open(id, 1));
     let wl = lock(&w);
     assert!(!wl.hcas[0].qps.is_empty(), "a QP was created");
@@ -384,18 +384,18 @@ impl IbClient for Responder {
         use crate::mad::{MadEvent, MadSendBuf, method};
         let Some(ag) = self.agent else { return 0 };
         let mut n = 0;
-        while let Some(ev) = core.ib_mad_poll_agent(ag) {
+        while let Some(ev) = core.mad_poll_agent(ag) {
             if let MadEvent::Recv(req) = ev {
                 let mut resp = req.mad.clone();
                 resp.set_method(method::GET_RESP);
-                let ah = crate::agent::ib_init_ah_from_wc(
+                let ah = crate::agent::init_ah_from_wc(
                     core.device(ag.dev).unwrap(),
                     ag.port,
                     &req.wc,
                     req.grh.as_ref(),
                 )
                 .unwrap();
-                core.ib_post_send_mad(ag, MadSendBuf::new(resp, ah, req.wc.src_qp))
+                core.post_send_mad(ag, MadSendBuf::new(resp, ah, req.wc.src_qp))
                     .unwrap();
                 *self.answered.lock().unwrap() += 1;
                 n += 1;
@@ -414,7 +414,7 @@ fn clients_answer_from_the_progress_function() {
     let answered = Arc::new(Mutex::new(0));
     let agent = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.b,
             1,
             QpType::Gsi,
@@ -423,7 +423,7 @@ fn clients_answer_from_the_progress_function() {
         )
         .unwrap();
     let added = Arc::new(Mutex::new(0));
-    let c = r.core.ib_register_client(Box::new(Responder {
+    let c = r.core.register_client(Box::new(Responder {
         agent: Some(agent),
         answered: answered.clone(),
         added: added.clone(),
@@ -435,7 +435,7 @@ fn clients_answer_from_the_progress_function() {
     );
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     for i in 0..3 {
         let m = crate::mad::Mad::new_request(class::DEVICE_MGMT, 1, method::GET, 0x10, i);
@@ -451,13 +451,13 @@ fn clients_answer_from_the_progress_function() {
         buf.timeout_ms = 50;
         let (done, resp) = r
             .core
-            .ib_send_mad_wait(ag, buf, std::time::Duration::from_secs(5))
+            .send_mad_wait(ag, buf, std::time::Duration::from_secs(5))
             .unwrap();
         assert_eq!(done.status, WcStatus::Success);
         assert_eq!(resp.unwrap().mad.attr_mod(), i);
     }
     assert_eq!(*answered.lock().unwrap(), 3);
     // Unregistered, it is polled no more.
-    r.core.ib_unregister_client(c).unwrap();
+    r.core.unregister_client(c).unwrap();
     r.core.poll();
 }

@@ -1,18 +1,24 @@
-//! The CM end to end between the two fake HCAs (paths from the fake SA): connect, accept and disconnect with both RC QPs driven to RTS with the attributes the REQ and REP carry; REJ with reason and private data; unknown service; MRA; duplicate REQ (REP re-sent), stale REQ in time-wait, REP for an unknown ID; a silent peer and a lost DREQ ending in their timeouts; random CM MADs.
+//! The CM end to end between the two fake HCAs, with paths from the fake SA.
+//!
+//! Connect, accept and disconnect with both RC QPs driven to RTS with the
+//! attributes the REQ and REP carry; REJ with reason and private data; unknown
+//! service; MRA; duplicate REQ (REP re-sent), stale REQ in time-wait, REP for
+//! an unknown ID; a silent peer and a lost DREQ ending in their timeouts;
+//! random CM MADs.
 
 use std::time::Duration;
 
 use hal::Clock;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::sa::{Rng, sa_rig};
 use super::*;
-use crate::cm::*;
+use crate::cm::{self, *};
 use crate::cm_msgs::*;
 use crate::device::ClientId;
 use crate::error::Error;
 use crate::mad::*;
-use crate::sa_query::*;
+use crate::sa_query::{self, PathRecord, path_comp};
 use crate::verbs::*;
 
 const SID: u64 = 0x0000_0000_0001_0abc;
@@ -60,7 +66,7 @@ fn rc_qp(core: &mut IbCore, dev: DeviceId) -> Qp {
 fn cm_rig() -> CmRig {
     let s = sa_rig();
     let mut r = s.r;
-    let cm = ib_cm_init(&mut r.core);
+    let cm = cm::init(&mut r.core);
     r.core.poll();
     let qp_a = rc_qp(&mut r.core, r.a);
     let qp_b = rc_qp(&mut r.core, r.b);
@@ -75,7 +81,7 @@ fn cm_rig() -> CmRig {
 
 impl CmRig {
     fn path(&mut self) -> PathRecord {
-        sa_path_to_lid(&mut self.r.core, self.sa, self.r.a, 1, B_LID, T).unwrap()
+        sa_query::path_to_lid(&mut self.r.core, self.sa, self.r.a, 1, B_LID, T).unwrap()
     }
     fn req(&mut self) -> CmReqParam {
         let path = self.path();
@@ -98,7 +104,7 @@ impl CmRig {
         p
     }
     fn wait(&mut self, id: CmId) -> CmEvent {
-        cm_wait_event(&mut self.r.core, self.cm, id, T).unwrap()
+        cm::wait_event(&mut self.r.core, self.cm, id, T).unwrap()
     }
     fn wait_req(&mut self, listen: CmId) -> CmId {
         match self.wait(listen) {
@@ -135,12 +141,12 @@ impl CmRig {
             .collect()
     }
     fn connect(&mut self) -> (CmId, CmId, CmId) {
-        let listen = ib_cm_listen(&mut self.r.core, self.cm, self.r.b, SID).unwrap();
+        let listen = cm::listen(&mut self.r.core, self.cm, self.r.b, SID).unwrap();
         let p = self.req();
-        let a = ib_send_cm_req(&mut self.r.core, self.cm, self.r.a, 1, &p).unwrap();
+        let a = cm::send_req(&mut self.r.core, self.cm, self.r.a, 1, &p).unwrap();
         let b = self.wait_req(listen);
         let rp = self.rep();
-        ib_send_cm_rep(&mut self.r.core, self.cm, b, &rp).unwrap();
+        cm::send_rep(&mut self.r.core, self.cm, b, &rp).unwrap();
         assert!(matches!(self.wait(a), CmEvent::Established { .. }));
         assert!(matches!(self.wait(b), CmEvent::Established { .. }));
         (listen, a, b)
@@ -148,32 +154,21 @@ impl CmRig {
     /// Delivers `mad` to HCA `hca`'s QP1 as if from the other HCA's QP1.
     fn inject(&mut self, hca: usize, mad: &Mad) {
         let slid = if hca == 0 { B_LID } else { A_LID };
-        assert!(lock(&self.r.world).deliver(
-            hca,
-            1,
-            1,
-            None,
-            &mad.0,
-            1,
-            slid,
-            0,
-            None,
-            WcStatus::Success
-        ));
+        assert!(lock(&self.r.world).deliver(hca, 1, 1, Arrival::mad(&mad.0, 1, slid)));
     }
 }
 
 #[test]
 fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     assert_eq!(
-        ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap_err(),
+        cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap_err(),
         Error::Conflict("service ID already listened to")
     );
     let p = c.req();
     let path = p.path;
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     assert_eq!(c.qp_state(0, c.qp_a), QpState::Init);
     let (b, pd, rqpn, guid, rlid) = match c.wait(listen) {
         CmEvent::ReqReceived {
@@ -189,10 +184,10 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     assert_eq!(&pd[..12], b"hello from A");
     assert_eq!(pd.len(), 92);
     assert_eq!((rqpn, guid, rlid), (c.qp_a.qp_num, A_GUID, A_LID));
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::ReqRcvd));
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::ReqSent));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, b), Some(CmState::ReqRcvd));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::ReqSent));
     let rp = c.rep();
-    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    cm::send_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
     assert_eq!(c.qp_state(1, c.qp_b), QpState::Rtr);
     match c.wait(a) {
         CmEvent::Established { private_data } => assert_eq!(&private_data[..14], b"welcome from B"),
@@ -202,8 +197,8 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     assert_eq!(c.qp_state(0, c.qp_a), QpState::Rts);
     assert_eq!(c.qp_state(1, c.qp_b), QpState::Rts);
     // Comm IDs cross.
-    let (ra, rqa) = cm_remote(&mut c.r.core, c.cm, a).unwrap();
-    let (rb, rqb) = cm_remote(&mut c.r.core, c.cm, b).unwrap();
+    let (ra, rqa) = cm::remote(&mut c.r.core, c.cm, a).unwrap();
+    let (rb, rqb) = cm::remote(&mut c.r.core, c.cm, b).unwrap();
     assert_eq!((ra, rb), (b.local_id, a.local_id));
     assert_eq!((rqa, rqb), (c.qp_b.qp_num, c.qp_a.qp_num));
 
@@ -263,8 +258,8 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
         "B initiates up to A's responder resources"
     );
     assert_eq!(rts.timeout, 15);
-    // ib_cm_init_qp_attr agrees with what was applied.
-    let (x, _) = ib_cm_init_qp_attr(&mut c.r.core, c.cm, b, QpState::Rts).unwrap();
+    // cm::init_qp_attr agrees with what was applied.
+    let (x, _) = cm::init_qp_attr(&mut c.r.core, c.cm, b, QpState::Rts).unwrap();
     assert_eq!(x.sq_psn, 0x11_1111);
 
     // The messages on the wire: one REQ, one REP, one RTU.
@@ -282,7 +277,7 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     );
 
     // Disconnect from A.
-    ib_send_cm_dreq(&mut c.r.core, c.cm, a, b"bye").unwrap();
+    cm::send_dreq(&mut c.r.core, c.cm, a, b"bye").unwrap();
     match c.wait(b) {
         CmEvent::Disconnected {
             private_data,
@@ -304,26 +299,26 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
     }
     assert_eq!(c.qp_state(0, c.qp_a), QpState::Err);
     assert_eq!(c.qp_state(1, c.qp_b), QpState::Err);
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
     // Time-wait ends.
     c.r.core
         .poll_until(Duration::from_secs(2), |core| {
-            (cm_state(core, c.cm, a) == Some(CmState::Idle)).then_some(())
+            (cm::state(core, c.cm, a) == Some(CmState::Idle)).then_some(())
         })
         .unwrap();
     for id in [a, b, listen] {
-        ib_destroy_cm_id(&mut c.r.core, c.cm, id).unwrap();
+        cm::destroy_id(&mut c.r.core, c.cm, id).unwrap();
     }
 }
 
 #[test]
 fn reject_with_reason_and_private_data() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let p = c.req();
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b = c.wait_req(listen);
-    ib_send_cm_rej(
+    cm::send_rej(
         &mut c.r.core,
         c.cm,
         b,
@@ -344,7 +339,7 @@ fn reject_with_reason_and_private_data() {
         }
         e => panic!("{e:?}"),
     }
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Idle));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::Idle));
     // The REQ's retries stop: no second REQ after its timeout.
     let _ = c.r.core.poll_until(Duration::from_secs(10), |_| None::<()>);
     assert_eq!(c.sent(0, cm_attr::REQ).len(), 1);
@@ -352,7 +347,7 @@ fn reject_with_reason_and_private_data() {
     let p = c.req();
     let mut p2 = p.clone();
     p2.service_id = SID + 1;
-    let e = cm_connect(&mut c.r.core, c.cm, c.r.a, 1, &p2, T).unwrap_err();
+    let e = cm::connect(&mut c.r.core, c.cm, c.r.a, 1, &p2, T).unwrap_err();
     assert_eq!(e, Error::Errno(ECONNREFUSED));
     let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
     assert_eq!(rej.reason, rej_reason::INVALID_SERVICE_ID);
@@ -362,49 +357,49 @@ fn reject_with_reason_and_private_data() {
 #[test]
 fn mra_keeps_the_active_side_waiting_past_its_timeout() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let mut p = c.req();
     p.remote_cm_response_timeout = 16; // 256 ms
     p.max_cm_retries = 1;
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b = c.wait_req(listen);
-    ib_send_cm_mra(&mut c.r.core, c.cm, b, 21, b"wait").unwrap(); // ~8.6 s
+    cm::send_mra(&mut c.r.core, c.cm, b, 21, b"wait").unwrap(); // ~8.6 s
     assert!(matches!(
         c.wait(a),
         CmEvent::MraReceived {
             service_timeout: 21
         }
     ));
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
     // Far beyond 2 * 256 ms (the REQ's own retries), still waiting.
     let _ = c.r.core.poll_until(Duration::from_secs(3), |_| None::<()>);
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
-    assert!(ib_cm_get_event(&mut c.r.core, c.cm, a).is_none());
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::MraReqRcvd));
+    assert!(cm::get_event(&mut c.r.core, c.cm, a).is_none());
     let rp = c.rep();
-    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    cm::send_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
     assert!(matches!(c.wait(a), CmEvent::Established { .. }));
 }
 
 #[test]
 fn duplicate_req_resends_the_rep_and_a_stale_one_is_rejected() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let p = c.req();
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b = c.wait_req(listen);
     let req = c.sent(0, cm_attr::REQ)[0].clone();
     // While B considers it: the duplicate is dropped (no new listener
     // event, no answer).
     c.inject(1, &req);
     c.r.core.poll();
-    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+    assert!(cm::get_event(&mut c.r.core, c.cm, listen).is_none());
     assert_eq!(
         c.sent(1, cm_attr::REP).len() + c.sent(1, cm_attr::REJ).len(),
         0
     );
     // After the REP: the duplicate makes B send the REP again.
     let rp = c.rep();
-    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    cm::send_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
     c.inject(1, &req);
     assert!(matches!(c.wait(a), CmEvent::Established { .. }));
     assert!(matches!(c.wait(b), CmEvent::Established { .. }));
@@ -414,12 +409,12 @@ fn duplicate_req_resends_the_rep_and_a_stale_one_is_rejected() {
     // A got the second REP while established: its RTU was lost, so the
     // RTU goes again.
     assert_eq!(c.sent(0, cm_attr::RTU).len(), 2);
-    let counters = cm_counters(&mut c.r.core, c.cm, c.r.b).unwrap();
+    let counters = cm::counters(&mut c.r.core, c.cm, c.r.b).unwrap();
     assert_eq!(counters.duplicates, 2);
     // Disconnect; in time-wait the old REQ is a stale connection.
-    ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+    cm::send_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
     assert!(matches!(c.wait(b), CmEvent::Disconnected { .. }));
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Timewait));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, b), Some(CmState::Timewait));
     c.inject(1, &req);
     c.r.core.poll();
     let rej = CmRej::unpack(c.sent(1, cm_attr::REJ).last().unwrap());
@@ -436,7 +431,7 @@ fn duplicate_req_resends_the_rep_and_a_stale_one_is_rejected() {
         (rej.reason, rej.remote_comm_id),
         (rej_reason::STALE_CONN, 0x0bad_0001)
     );
-    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+    assert!(cm::get_event(&mut c.r.core, c.cm, listen).is_none());
 }
 
 #[test]
@@ -461,7 +456,7 @@ fn rep_for_an_unknown_comm_id_is_rejected_with_invalid_comm_id() {
         (0xdead_beef, 0x1234_5678)
     );
     assert_eq!(
-        cm_counters(&mut c.r.core, c.cm, c.r.a).unwrap().unknown_id,
+        cm::counters(&mut c.r.core, c.cm, c.r.a).unwrap().unknown_id,
         1
     );
     // An RTU or DREP for nothing is dropped; a DREQ for nothing still gets
@@ -503,7 +498,7 @@ fn a_peer_that_never_answers_times_out_after_its_retries() {
     p.max_cm_retries = 3;
     let per_try = 2 * 64 + 256;
     let t0 = c.r.clock.now_ns();
-    let e = cm_connect(&mut c.r.core, c.cm, c.r.a, 1, &p, T).unwrap_err();
+    let e = cm::connect(&mut c.r.core, c.cm, c.r.a, 1, &p, T).unwrap_err();
     let took = Duration::from_nanos(c.r.clock.now_ns() - t0);
     assert_eq!(e, Error::TimedOut);
     let budget = Duration::from_millis(4 * per_try);
@@ -513,7 +508,10 @@ fn a_peer_that_never_answers_times_out_after_its_retries() {
         "too late: {took:?}"
     );
     assert_eq!(c.sent(0, cm_attr::REQ).len(), 4, "first try + 3 retries");
-    assert_eq!(cm_counters(&mut c.r.core, c.cm, c.r.a).unwrap().timeouts, 1);
+    assert_eq!(
+        cm::counters(&mut c.r.core, c.cm, c.r.a).unwrap().timeouts,
+        1
+    );
 }
 
 #[test]
@@ -523,11 +521,11 @@ fn a_lost_dreq_ends_in_the_drep_timeout() {
     lock(&c.r.world).drop_next = 1000;
     c.r.clock.set_relax_step(Duration::from_millis(5));
     let t0 = c.r.clock.now_ns();
-    ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+    cm::send_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
     // Each try waits 2 * 64 ms (packet life 14) + 4096 ms (the REQ's
     // remote response timeout 20); 15 retries.
     let budget = Duration::from_millis(16 * (2 * 64 + 4096));
-    let ev = cm_wait_event(&mut c.r.core, c.cm, a, budget + Duration::from_secs(1)).unwrap();
+    let ev = cm::wait_event(&mut c.r.core, c.cm, a, budget + Duration::from_secs(1)).unwrap();
     let took = Duration::from_nanos(c.r.clock.now_ns() - t0);
     assert!(
         took >= budget && took < budget + Duration::from_millis(100),
@@ -546,29 +544,32 @@ fn a_lost_dreq_ends_in_the_drep_timeout() {
     }
     // REQ's max CM retries (15) + 1 DREQs, all lost.
     assert_eq!(c.sent(0, cm_attr::DREQ).len(), 16);
-    assert_eq!(cm_state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, a), Some(CmState::Timewait));
     assert_eq!(c.qp_state(0, c.qp_a), QpState::Err);
     // B never heard of it.
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Established));
+    assert_eq!(
+        cm::state(&mut c.r.core, c.cm, b),
+        Some(CmState::Established)
+    );
 }
 
 #[test]
 fn destroying_an_established_id_sends_a_dreq() {
     let mut c = cm_rig();
     let (_, a, b) = c.connect();
-    ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
+    cm::destroy_id(&mut c.r.core, c.cm, a).unwrap();
     assert!(matches!(
         c.wait(b),
         CmEvent::Disconnected { by_peer: true, .. }
     ));
-    assert_eq!(ib_cm_get_event(&mut c.r.core, c.cm, a), None);
+    assert_eq!(cm::get_event(&mut c.r.core, c.cm, a), None);
     assert_eq!(
-        ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap_err(),
+        cm::destroy_id(&mut c.r.core, c.cm, a).unwrap_err(),
         Error::NotFound
     );
     // Waiting on a destroyed ID says so at once.
     assert_eq!(
-        cm_wait_event(&mut c.r.core, c.cm, a, T).unwrap_err(),
+        cm::wait_event(&mut c.r.core, c.cm, a, T).unwrap_err(),
         Error::NotFound
     );
 }
@@ -627,7 +628,7 @@ fn fuzz_random_cm_mads_never_panic() {
             c.r.core.poll();
             // Drain the events so queues stay small.
             for id in [listen, a, b] {
-                while ib_cm_get_event(&mut c.r.core, c.cm, id).is_some() {}
+                while cm::get_event(&mut c.r.core, c.cm, id).is_some() {}
             }
         }
     }
@@ -636,10 +637,10 @@ fn fuzz_random_cm_mads_never_panic() {
     lock(&c.r.world).wire.clear();
     c.qp_a = rc_qp(&mut c.r.core, c.r.a);
     c.qp_b = rc_qp(&mut c.r.core, c.r.b);
-    let l2 = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID + 7).unwrap();
+    let l2 = cm::listen(&mut c.r.core, c.cm, c.r.b, SID + 7).unwrap();
     let mut p = c.req();
     p.service_id = SID + 7;
-    let a2 = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a2 = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b2 = loop {
         match c.wait(l2) {
             CmEvent::ReqReceived { id, remote_qpn, .. } if remote_qpn == c.qp_a.qp_num => break id,
@@ -647,18 +648,18 @@ fn fuzz_random_cm_mads_never_panic() {
         }
     };
     let rp = c.rep();
-    ib_send_cm_rep(&mut c.r.core, c.cm, b2, &rp).unwrap();
+    cm::send_rep(&mut c.r.core, c.cm, b2, &rp).unwrap();
     assert!(matches!(c.wait(a2), CmEvent::Established { .. }));
 }
 
 #[test]
 fn an_active_side_that_gives_up_rejects_with_timeout_and_its_guid() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let p = c.req();
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b = c.wait_req(listen);
-    ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
+    cm::destroy_id(&mut c.r.core, c.cm, a).unwrap();
     match c.wait(b) {
         CmEvent::Rejected { reason, ari, .. } => {
             assert_eq!(reason, rej_reason::TIMEOUT);
@@ -666,7 +667,7 @@ fn an_active_side_that_gives_up_rejects_with_timeout_and_its_guid() {
         }
         e => panic!("{e:?}"),
     }
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Idle));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, b), Some(CmState::Idle));
     let rej = CmRej::unpack(&c.sent(0, cm_attr::REJ)[0]);
     assert_eq!(
         (rej.local_comm_id, rej.msg_rejected),
@@ -675,9 +676,9 @@ fn an_active_side_that_gives_up_rejects_with_timeout_and_its_guid() {
     // The passive side's own REJ of a REQ carries no local ID (as Linux).
     let mut p2 = c.req();
     p2.qp = rc_qp(&mut c.r.core, c.r.a);
-    let a2 = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p2).unwrap();
+    let a2 = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p2).unwrap();
     let b2 = c.wait_req(listen);
-    ib_send_cm_rej(&mut c.r.core, c.cm, b2, rej_reason::NO_QP, &[], &[]).unwrap();
+    cm::send_rej(&mut c.r.core, c.cm, b2, rej_reason::NO_QP, &[], &[]).unwrap();
     assert!(matches!(
         c.wait(a2),
         CmEvent::Rejected {
@@ -700,7 +701,7 @@ fn bench_sa_and_cm() {
     let n = 2000u32;
     let t0 = std::time::Instant::now();
     for _ in 0..n {
-        let id = ib_sa_path_rec_get(
+        let id = sa_query::path_rec_get(
             &mut c.r.core,
             c.sa,
             c.r.a,
@@ -713,26 +714,26 @@ fn bench_sa_and_cm() {
             T,
         )
         .unwrap();
-        ib_sa_wait(&mut c.r.core, c.sa, id, T).unwrap();
+        sa_query::wait(&mut c.r.core, c.sa, id, T).unwrap();
     }
     let sa = t0.elapsed() / n;
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let path = c.path();
     let t0 = std::time::Instant::now();
     for _ in 0..n {
         let qa = rc_qp(&mut c.r.core, c.r.a);
         let qb = rc_qp(&mut c.r.core, c.r.b);
         let p = CmReqParam::new(path, SID, qa);
-        let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+        let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
         let b = c.wait_req(listen);
-        ib_send_cm_rep(&mut c.r.core, c.cm, b, &CmRepParam::new(qb)).unwrap();
+        cm::send_rep(&mut c.r.core, c.cm, b, &CmRepParam::new(qb)).unwrap();
         assert!(matches!(c.wait(a), CmEvent::Established { .. }));
         assert!(matches!(c.wait(b), CmEvent::Established { .. }));
-        ib_send_cm_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
+        cm::send_dreq(&mut c.r.core, c.cm, a, &[]).unwrap();
         assert!(matches!(c.wait(a), CmEvent::Disconnected { .. }));
         assert!(matches!(c.wait(b), CmEvent::Disconnected { .. }));
-        ib_destroy_cm_id(&mut c.r.core, c.cm, a).unwrap();
-        ib_destroy_cm_id(&mut c.r.core, c.cm, b).unwrap();
+        cm::destroy_id(&mut c.r.core, c.cm, a).unwrap();
+        cm::destroy_id(&mut c.r.core, c.cm, b).unwrap();
         // The QPs are kept: a reused QPN would meet its old connection in
         // time-wait and be refused as stale, as it should.
     }
@@ -752,19 +753,19 @@ fn bad_arguments_are_refused_with_clear_errors() {
     let mut p = good.clone();
     p.private_data = vec![0; 93];
     assert_eq!(
-        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap_err(),
+        cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap_err(),
         Error::MsgSize
     );
     let mut p = good.clone();
     p.path.mtu = 0;
     assert!(matches!(
-        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
+        cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
         Err(Error::Invalid(_))
     ));
     let mut p = good.clone();
     p.path.pkey = 0x1234;
     assert!(matches!(
-        ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
+        cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p),
         Err(Error::Invalid(_))
     ));
     let mut p = good.clone();
@@ -773,25 +774,25 @@ fn bad_arguments_are_refused_with_clear_errors() {
     p.max_cm_retries = 255;
     p.path.dlid = 99;
     // Absurd values are cut to their field widths, never overflow.
-    let id = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
-    ib_destroy_cm_id(&mut c.r.core, c.cm, id).unwrap();
-    assert!(ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 9, &good).is_err());
+    let id = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    cm::destroy_id(&mut c.r.core, c.cm, id).unwrap();
+    assert!(cm::send_req(&mut c.r.core, c.cm, c.r.a, 9, &good).is_err());
     // Calls in the wrong state.
     let (_, a, _) = c.connect();
     assert!(matches!(
-        ib_send_cm_rep(&mut c.r.core, c.cm, a, &CmRepParam::new(c.qp_a)),
+        cm::send_rep(&mut c.r.core, c.cm, a, &CmRepParam::new(c.qp_a)),
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        ib_send_cm_rej(&mut c.r.core, c.cm, a, rej_reason::NO_QP, &[], &[]),
+        cm::send_rej(&mut c.r.core, c.cm, a, rej_reason::NO_QP, &[], &[]),
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        ib_send_cm_mra(&mut c.r.core, c.cm, a, 20, &[]),
+        cm::send_mra(&mut c.r.core, c.cm, a, 20, &[]),
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        ib_cm_init_qp_attr(&mut c.r.core, c.cm, a, QpState::Sqd),
+        cm::init_qp_attr(&mut c.r.core, c.cm, a, QpState::Sqd),
         Err(Error::Invalid(_))
     ));
     let gone = CmId {
@@ -799,28 +800,28 @@ fn bad_arguments_are_refused_with_clear_errors() {
         local_id: 0x7777,
     };
     assert_eq!(
-        ib_send_cm_dreq(&mut c.r.core, c.cm, gone, &[]).unwrap_err(),
+        cm::send_dreq(&mut c.r.core, c.cm, gone, &[]).unwrap_err(),
         Error::NotFound
     );
     // The SA refuses a port it does not have.
-    assert!(sa_path_to_lid(&mut c.r.core, c.sa, c.r.a, 3, B_LID, T).is_err());
+    assert!(sa_query::path_to_lid(&mut c.r.core, c.sa, c.r.a, 3, B_LID, T).is_err());
 }
 
 #[test]
 fn a_lost_rtu_is_made_up_for_by_the_first_packet() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let p = c.req();
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let b = c.wait_req(listen);
     let rp = c.rep();
-    ib_send_cm_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    cm::send_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
     // The REP is on its way; the RTU that answers it is lost.
     lock(&c.r.world).drop_next = 1;
     assert!(matches!(c.wait(a), CmEvent::Established { .. }));
     assert_eq!(c.sent(0, cm_attr::RTU).len(), 1);
     c.r.core.poll();
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::RepSent));
+    assert_eq!(cm::state(&mut c.r.core, c.cm, b), Some(CmState::RepSent));
     assert_eq!(c.qp_state(1, c.qp_b), QpState::Rtr);
     // The first data packet on B's QP: the provider reports COMM_EST.
     lock(&c.r.world).hcas[1].events.push_back(Event {
@@ -828,7 +829,7 @@ fn a_lost_rtu_is_made_up_for_by_the_first_packet() {
         element: EventElement::Qp(c.qp_b),
     });
     // At once, not after the REP's retry (4.2 s) brought a second RTU.
-    let ev = cm_wait_event(&mut c.r.core, c.cm, b, Duration::from_millis(500)).unwrap();
+    let ev = cm::wait_event(&mut c.r.core, c.cm, b, Duration::from_millis(500)).unwrap();
     assert!(matches!(ev, CmEvent::Established { .. }));
     assert_eq!(c.sent(0, cm_attr::RTU).len(), 1);
     assert_eq!(c.qp_state(1, c.qp_b), QpState::Rts);
@@ -836,13 +837,13 @@ fn a_lost_rtu_is_made_up_for_by_the_first_packet() {
     let reps = c.sent(1, cm_attr::REP).len();
     let _ = c.r.core.poll_until(Duration::from_secs(10), |_| None::<()>);
     assert_eq!(c.sent(1, cm_attr::REP).len(), reps);
-    assert!(ib_cm_notify(&mut c.r.core, c.cm, b).is_err());
+    assert!(cm::notify(&mut c.r.core, c.cm, b).is_err());
 }
 
 #[test]
 fn a_req_for_a_gid_or_pkey_this_port_lacks_is_rejected_invalid_gid() {
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let p = c.req();
     let mut req = CmReq::unpack(
         &CmReq {
@@ -882,14 +883,14 @@ fn a_req_for_a_gid_or_pkey_this_port_lacks_is_rejected_invalid_gid() {
         (rej.reason, rej.remote_comm_id),
         (rej_reason::INVALID_GID, 0x0202_0202)
     );
-    assert!(ib_cm_get_event(&mut c.r.core, c.cm, listen).is_none());
+    assert!(cm::get_event(&mut c.r.core, c.cm, listen).is_none());
     // Both right: the listener hears of it.
     req.pkey = 0xffff;
     req.local_comm_id = 0x0303_0303;
     c.inject(1, &req.pack().unwrap());
     c.r.core.poll();
     assert!(matches!(
-        ib_cm_get_event(&mut c.r.core, c.cm, listen),
+        cm::get_event(&mut c.r.core, c.cm, listen),
         Some(CmEvent::ReqReceived {
             remote_qpn: 0x77,
             ..
@@ -902,13 +903,13 @@ fn one_call_connect_and_accept_exchange_private_data() {
     // The REQ goes out first; the server takes it and accepts in one call
     // (perftest-style tools trade rkey and address this way).
     let mut c = cm_rig();
-    let listen = ib_cm_listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
     let mut p = c.req();
     p.private_data = b"rkey=0x1234 addr=0x10000".to_vec();
-    let a = ib_send_cm_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
     let mut rp = c.rep();
     rp.private_data = b"rkey=0x5678 addr=0x20000".to_vec();
-    let (b, req_pd) = cm_accept(&mut c.r.core, c.cm, listen, &rp, T).unwrap();
+    let (b, req_pd) = cm::accept(&mut c.r.core, c.cm, listen, &rp, T).unwrap();
     assert_eq!(&req_pd[..24], b"rkey=0x1234 addr=0x10000");
     match c.wait(a) {
         CmEvent::Established { private_data } => {
@@ -916,10 +917,13 @@ fn one_call_connect_and_accept_exchange_private_data() {
         }
         e => panic!("{e:?}"),
     }
-    assert_eq!(cm_state(&mut c.r.core, c.cm, b), Some(CmState::Established));
+    assert_eq!(
+        cm::state(&mut c.r.core, c.cm, b),
+        Some(CmState::Established)
+    );
     // Nobody calls: accept gives up at its deadline.
     let t0 = c.r.clock.now_ns();
-    let e = cm_accept(&mut c.r.core, c.cm, listen, &rp, Duration::from_secs(1)).unwrap_err();
+    let e = cm::accept(&mut c.r.core, c.cm, listen, &rp, Duration::from_secs(1)).unwrap_err();
     assert_eq!(e, Error::TimedOut);
     assert!(c.r.clock.now_ns() - t0 < 1_100_000_000);
 }
@@ -927,25 +931,25 @@ fn one_call_connect_and_accept_exchange_private_data() {
 #[test]
 fn a_second_cm_user_shares_the_one_cm() {
     // Two tools in one kernel (a perftest run, then the remote-memory
-    // server) each call ib_cm_init: both get the one CM, whose MAD agent
+    // server) each call cm::init: both get the one CM, whose MAD agent
     // owns the CM class on QP1, and both can listen and connect.
     let mut c = cm_rig();
     let first = c.cm;
-    let l1 = ib_cm_listen(&mut c.r.core, first, c.r.b, SID).unwrap();
+    let l1 = cm::listen(&mut c.r.core, first, c.r.b, SID).unwrap();
     let p = c.req();
-    ib_send_cm_req(&mut c.r.core, first, c.r.a, 1, &p).unwrap();
+    cm::send_req(&mut c.r.core, first, c.r.a, 1, &p).unwrap();
     let rp = c.rep();
-    cm_accept(&mut c.r.core, first, l1, &rp, T).unwrap();
-    let second = ib_cm_init(&mut c.r.core);
+    cm::accept(&mut c.r.core, first, l1, &rp, T).unwrap();
+    let second = cm::init(&mut c.r.core);
     assert_eq!(second, first, "one CM per core");
-    let l2 = ib_cm_listen(&mut c.r.core, second, c.r.b, SID + 1).unwrap();
+    let l2 = cm::listen(&mut c.r.core, second, c.r.b, SID + 1).unwrap();
     c.qp_a = rc_qp(&mut c.r.core, c.r.a);
     c.qp_b = rc_qp(&mut c.r.core, c.r.b);
     let mut p = c.req();
     p.service_id = SID + 1;
-    let a = ib_send_cm_req(&mut c.r.core, second, c.r.a, 1, &p).unwrap();
+    let a = cm::send_req(&mut c.r.core, second, c.r.a, 1, &p).unwrap();
     let rp = c.rep();
-    cm_accept(&mut c.r.core, second, l2, &rp, T).unwrap();
+    cm::accept(&mut c.r.core, second, l2, &rp, T).unwrap();
     match c.wait(a) {
         CmEvent::Established { .. } => {}
         e => panic!("{e:?}"),
@@ -967,29 +971,29 @@ fn clients_registered_before_the_devices_work_too() {
         Duration::from_micros(50),
     ));
     let mut core = IbCore::new(clock);
-    let sa = ib_sa_init(&mut core);
-    let cm = ib_cm_init(&mut core);
+    let sa = sa_query::init(&mut core);
+    let cm = cm::init(&mut core);
     let st = Arc::new(Mutex::new(super::sa::FakeSaState {
         lids: vec![(super::sa::a_gid(), A_LID), (super::sa::b_gid(), B_LID)],
         ..Default::default()
     }));
-    core.ib_register_client(Box::new(super::sa::FakeSa {
+    core.register_client(Box::new(super::sa::FakeSa {
         dev: DeviceId(1),
         port: 1,
         agent: None,
         st,
     }));
-    let a = core.ib_register_device(Box::new(da)).unwrap();
-    let b = core.ib_register_device(Box::new(db)).unwrap();
+    let a = core.register_device(Box::new(da)).unwrap();
+    let b = core.register_device(Box::new(db)).unwrap();
     core.poll();
-    let path = sa_path_to_lid(&mut core, sa, a, 1, B_LID, T).unwrap();
-    let listen = ib_cm_listen(&mut core, cm, b, SID).unwrap();
+    let path = sa_query::path_to_lid(&mut core, sa, a, 1, B_LID, T).unwrap();
+    let listen = cm::listen(&mut core, cm, b, SID).unwrap();
     let qa = rc_qp(&mut core, a);
     let qb = rc_qp(&mut core, b);
-    let id = ib_send_cm_req(&mut core, cm, a, 1, &CmReqParam::new(path, SID, qa)).unwrap();
-    let (_, _) = cm_accept(&mut core, cm, listen, &CmRepParam::new(qb), T).unwrap();
+    let id = cm::send_req(&mut core, cm, a, 1, &CmReqParam::new(path, SID, qa)).unwrap();
+    let (_, _) = cm::accept(&mut core, cm, listen, &CmRepParam::new(qb), T).unwrap();
     assert!(matches!(
-        cm_wait_event(&mut core, cm, id, T).unwrap(),
+        cm::wait_event(&mut core, cm, id, T).unwrap(),
         CmEvent::Established { .. }
     ));
 }

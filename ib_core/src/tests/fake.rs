@@ -1,4 +1,7 @@
-//! A fake provider for ib_core's own tests: software HCAs whose ports are cabled back to back, moving QP0/QP1 traffic through DMA memory by bus address, with a small SMA/PMA behind `process_mad`; data-path QPs other than the special ones, MRs and SRQs are only bookkept.
+//! A fake provider for ib_core's own tests: software HCAs whose ports are cabled back to back, with a small SMA/PMA behind `process_mad`.
+//!
+//! QP0/QP1 traffic moves through DMA memory by bus address; data-path QPs other
+//! than the special ones, MRs and SRQs are only bookkept.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -213,22 +216,18 @@ impl World {
     }
 
     /// Puts a packet into the receive queue of a special QP: the GRH area
-    /// and `mad` bytes in the next posted buffer, a completion on its CQ.
+    /// and the payload in the next posted buffer, a completion on its CQ.
     /// Returns false if no buffer was posted.
-    #[allow(clippy::too_many_arguments)]
-    pub fn deliver(
-        &mut self,
-        hca: usize,
-        port: u8,
-        qpn: u32,
-        grh: Option<[u8; 40]>,
-        payload: &[u8],
-        src_qp: u32,
-        slid: u16,
-        sl: u8,
-        byte_len: Option<u32>,
-        status: WcStatus,
-    ) -> bool {
+    pub fn deliver(&mut self, hca: usize, port: u8, qpn: u32, a: Arrival<'_>) -> bool {
+        let Arrival {
+            grh,
+            payload,
+            src_qp,
+            slid,
+            sl,
+            byte_len,
+            status,
+        } = a;
         let Some(qi) = self.special_qp(hca, port, qpn) else {
             return false;
         };
@@ -271,6 +270,40 @@ impl World {
             c.push_back(wc);
         }
         true
+    }
+}
+
+/// What [`World::deliver`] hands a special QP: the packet (GRH and
+/// payload) and the fields of its receive completion.
+pub struct Arrival<'a> {
+    /// The 40-byte GRH area, if the packet had one.
+    pub grh: Option<[u8; 40]>,
+    /// The bytes after the GRH area (a MAD, or less).
+    pub payload: &'a [u8],
+    /// The sender's QP.
+    pub src_qp: u32,
+    /// The sender's LID.
+    pub slid: u16,
+    /// The SL.
+    pub sl: u8,
+    /// The completion's length, if not the buffer's.
+    pub byte_len: Option<u32>,
+    /// The completion's status.
+    pub status: WcStatus,
+}
+
+impl<'a> Arrival<'a> {
+    /// A good completion of `payload` from `src_qp` at `slid`, no GRH, SL 0.
+    pub fn mad(payload: &'a [u8], src_qp: u32, slid: u16) -> Arrival<'a> {
+        Arrival {
+            grh: None,
+            payload,
+            src_qp,
+            slid,
+            sl: 0,
+            byte_len: None,
+            status: WcStatus::Success,
+        }
     }
 }
 
@@ -535,7 +568,7 @@ impl IbDevice for FakeDev {
         } else {
             q.state
         };
-        ib_modify_qp_is_ok(q.state, next, q.qp_type, mask)?;
+        modify_qp_is_ok(q.state, next, q.qp_type, mask)?;
         let (t, cur) = (q.qp_type, q.state);
         if mask.contains(QpAttrMask::QKEY) {
             q.qkey = attr.qkey;
@@ -708,13 +741,11 @@ impl IbDevice for FakeDev {
                     th,
                     tp,
                     remote_qpn,
-                    grh,
-                    &payload,
-                    q.qp_num,
-                    slid,
-                    av.sl,
-                    None,
-                    WcStatus::Success,
+                    Arrival {
+                        grh,
+                        sl: av.sl,
+                        ..Arrival::mad(&payload, q.qp_num, slid)
+                    },
                 );
             }
             let h = w.hca(self.idx);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::*;
 use crate::mad::*;
 use crate::verbs::*;
@@ -106,7 +106,7 @@ fn run(iterations: u64, seed: u64) {
     // outstanding, so mutated responses can hit a real TID.
     let server = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -116,15 +116,15 @@ fn run(iterations: u64, seed: u64) {
         .unwrap();
     let client = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let smi = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     let rmpp = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -200,13 +200,13 @@ fn run(iterations: u64, seed: u64) {
             0,
             1,
             qpn,
-            grh,
-            &mad.0,
-            qpn,
-            slid,
-            rng.byte() & 15,
-            byte_len,
-            wc_status,
+            Arrival {
+                grh,
+                sl: rng.byte() & 15,
+                byte_len,
+                status: wc_status,
+                ..Arrival::mad(&mad.0, qpn, slid)
+            },
         );
         // Now and then the same MAD goes out through the send path instead:
         // the SMI send rules and the QP checks see it, nothing panics.
@@ -231,7 +231,7 @@ fn run(iterations: u64, seed: u64) {
             );
             buf.timeout_ms = rng.below(3) as u32;
             buf.retries = rng.below(2) as u32;
-            if r.core.ib_post_send_mad(ag, buf).is_err() {
+            if r.core.post_send_mad(ag, buf).is_err() {
                 send_refused += 1;
             }
         }
@@ -239,10 +239,10 @@ fn run(iterations: u64, seed: u64) {
             // Time moves on, so requests time out as they would.
             r.clock.advance(Duration::from_micros(300));
             r.core.poll();
-            while let Some(_e) = r.core.ib_mad_poll_agent(client) {}
-            while let Some(_e) = r.core.ib_mad_poll_agent(smi) {}
-            while let Some(_e) = r.core.ib_mad_poll_agent(rmpp) {}
-            while let Some(e) = r.core.ib_mad_poll_agent(server) {
+            while let Some(_e) = r.core.mad_poll_agent(client) {}
+            while let Some(_e) = r.core.mad_poll_agent(smi) {}
+            while let Some(_e) = r.core.mad_poll_agent(rmpp) {}
+            while let Some(e) = r.core.mad_poll_agent(server) {
                 if matches!(e, MadEvent::Recv(_)) {
                     delivered_to_agent += 1;
                 }
@@ -255,9 +255,9 @@ fn run(iterations: u64, seed: u64) {
         r.core.poll();
         r.clock.advance(Duration::from_millis(1));
     }
-    while r.core.ib_mad_poll_agent(client).is_some() {}
-    while r.core.ib_mad_poll_agent(smi).is_some() {}
-    while r.core.ib_mad_poll_agent(server).is_some() {}
+    while r.core.mad_poll_agent(client).is_some() {}
+    while r.core.mad_poll_agent(smi).is_some() {}
+    while r.core.mad_poll_agent(server).is_some() {}
     let c = r.core.mad_counters(r.a, 1).unwrap();
     eprintln!(
         "fuzz {iterations}: {c:?}, to the agent {delivered_to_agent}, sends refused {send_refused}"
@@ -294,7 +294,7 @@ fn run(iterations: u64, seed: u64) {
     buf.retries = 3;
     let (done, resp) = r
         .core
-        .ib_send_mad_wait(client, buf, Duration::from_secs(5))
+        .send_mad_wait(client, buf, Duration::from_secs(5))
         .unwrap();
     assert_eq!(done.status, WcStatus::Success);
     assert!(resp.is_some());

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use hal::Clock;
 
-use super::fake::lock;
+use super::fake::{Arrival, lock};
 use super::*;
-use crate::agent::ib_init_ah_from_wc;
+use crate::agent::init_ah_from_wc;
 use crate::error::Error;
 use crate::mad::*;
 use crate::verbs::*;
@@ -67,11 +67,11 @@ fn dr_smp_is_answered_by_the_peers_sma_through_process_mad() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     let mut buf = MadSendBuf::new(dr_get(attr::NODE_INFO, &[1]), to_lid(IB_LID_PERMISSIVE), 0);
     buf.timeout_ms = 100;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     let resp = resp.expect("a response");
     assert_eq!(resp.mad.method(), method::GET_RESP);
@@ -91,12 +91,12 @@ fn dr_smp_to_the_local_port_never_touches_the_wire() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     let mut buf = MadSendBuf::new(dr_get(attr::PORT_INFO, &[]), to_lid(IB_LID_PERMISSIVE), 0);
     buf.mad.set_attr_mod(1);
     buf.timeout_ms = 100;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     let resp = resp.unwrap();
     assert_eq!(
@@ -112,12 +112,12 @@ fn pma_query_is_answered_by_the_peers_agent() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 50;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     let resp = resp.unwrap();
     assert_eq!(resp.wc.slid, B_LID);
@@ -130,12 +130,12 @@ fn requests_nobody_handles_get_unsupported_method_attrib() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let m = Mad::new_request(class::DEVICE_MGMT, 1, method::GET, 0x10, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 50;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     let resp = resp.unwrap();
     assert_eq!(resp.mad.method(), method::GET_RESP);
@@ -147,7 +147,7 @@ fn requests_nobody_handles_get_unsupported_method_attrib() {
     let m = Mad::new_request(class::DEVICE_MGMT, 1, method::SEND, 0x10, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 20;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::RespTimeoutErr);
     assert!(resp.is_none());
     let cb = r.core.mad_counters(r.b, 1).unwrap();
@@ -160,11 +160,11 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     let mut r = rig();
     let client = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let server = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.b,
             1,
             QpType::Gsi,
@@ -176,11 +176,11 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 100;
     buf.context = 0xc0ffee;
-    let id = r.core.ib_post_send_mad(client, buf).unwrap();
+    let id = r.core.post_send_mad(client, buf).unwrap();
     // Serve on B.
     let req = r
         .core
-        .poll_until(WAIT, |c| match c.ib_mad_poll_agent(server) {
+        .poll_until(WAIT, |c| match c.mad_poll_agent(server) {
             Some(MadEvent::Recv(rw)) => Some(rw),
             _ => None,
         })
@@ -190,16 +190,16 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     let mut resp = req.mad.clone();
     resp.set_method(method::GET_RESP);
     resp.data_mut()[0] = 0x42;
-    let ah = ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref()).unwrap();
+    let ah = init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, req.grh.as_ref()).unwrap();
     assert_eq!(ah.dlid, A_LID);
     r.core
-        .ib_post_send_mad(server, MadSendBuf::new(resp, ah, req.wc.src_qp))
+        .post_send_mad(server, MadSendBuf::new(resp, ah, req.wc.src_qp))
         .unwrap();
     // Back on A: the response, then the send completion, in that order.
     let mut evs = Vec::new();
     r.core
         .poll_until(WAIT, |c| {
-            while let Some(e) = c.ib_mad_poll_agent(client) {
+            while let Some(e) = c.mad_poll_agent(client) {
                 evs.push(e);
             }
             (evs.len() >= 2).then_some(())
@@ -218,7 +218,7 @@ fn unsolicited_requests_reach_the_registered_agent_which_answers() {
     // The server's own send completed too.
     r.core.poll();
     assert!(matches!(
-        r.core.ib_mad_poll_agent(server),
+        r.core.mad_poll_agent(server),
         Some(MadEvent::SendDone(MadSendWc {
             status: WcStatus::Success,
             ..
@@ -231,11 +231,11 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     let mut r = rig();
     let req = MadRegReq::new(class::DEVICE_MGMT, 1, &[method::GET, method::SET]);
     r.core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, Some(req), 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, Some(req), 0)
         .unwrap();
     let e = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -247,7 +247,7 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     assert_eq!(e.to_errno(), -22);
     // Same class, other version or method: fine.
     r.core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -255,7 +255,7 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
             0,
         )
         .unwrap();
-    let bad = |core: &mut IbCore, t, req| core.ib_register_mad_agent(r.a, 1, t, Some(req), 0);
+    let bad = |core: &mut IbCore, t, req| core.register_mad_agent(r.a, 1, t, Some(req), 0);
     assert!(bad(&mut r.core, QpType::Gsi, MadRegReq::new(0, 1, &[1])).is_err());
     assert!(
         bad(
@@ -292,13 +292,13 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     );
     assert_eq!(
         r.core
-            .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 2)
+            .register_mad_agent(r.a, 1, QpType::Gsi, None, 2)
             .unwrap_err(),
         Error::NotSupported
     );
     // RMPP only where the class uses it.
     assert!(matches!(
-        r.core.ib_register_mad_agent(
+        r.core.register_mad_agent(
             r.a,
             1,
             QpType::Gsi,
@@ -309,12 +309,12 @@ fn agent_registration_refuses_conflicts_and_bad_requests() {
     ));
     assert!(
         r.core
-            .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 1)
+            .register_mad_agent(r.a, 1, QpType::Smi, None, 1)
             .is_err()
     );
     assert_eq!(
         r.core
-            .ib_register_mad_agent(r.a, 2, QpType::Gsi, None, 0)
+            .register_mad_agent(r.a, 2, QpType::Gsi, None, 0)
             .unwrap_err(),
         Error::Invalid("port number out of range")
     );
@@ -325,7 +325,7 @@ fn a_dropped_response_is_retried_and_then_times_out() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     // Every response is lost.
     lock(&r.world).drop_method = Some(method::GET_RESP);
@@ -334,7 +334,7 @@ fn a_dropped_response_is_retried_and_then_times_out() {
     buf.timeout_ms = 10;
     buf.retries = 2;
     let t0 = r.clock.now_ns();
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::RespTimeoutErr);
     assert_eq!(done.status.msg(), "response timeout error");
     assert!(resp.is_none());
@@ -363,7 +363,7 @@ fn a_dropped_response_is_retried_and_then_times_out() {
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 10;
     buf.retries = 2;
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     assert!(resp.is_some());
     assert_eq!(r.core.mad_counters(r.a, 1).unwrap().retries, 3);
@@ -374,14 +374,14 @@ fn a_response_with_an_unknown_tid_is_ignored() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     // A request whose real response is lost is outstanding.
     lock(&r.world).drop_method = Some(method::GET_RESP);
     let req = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(req, to_lid(B_LID), 1);
     buf.timeout_ms = 20;
-    let id = r.core.ib_post_send_mad(ag, buf).unwrap();
+    let id = r.core.post_send_mad(ag, buf).unwrap();
     r.core.poll();
     r.core.poll();
     let sent_tid = lock(&r.world).wire[0].mad.tid();
@@ -402,24 +402,21 @@ fn a_response_with_an_unknown_tid_is_ignored() {
     let mut m2 = m.clone();
     m2.set_tid(0xdead_0000_0001);
     for x in [&m, &other_class, &m2] {
-        assert!(lock(&r.world).deliver(0, 1, 1, None, &x.0, 1, B_LID, 0, None, WcStatus::Success));
+        assert!(lock(&r.world).deliver(0, 1, 1, Arrival::mad(&x.0, 1, B_LID)));
     }
     r.core.poll();
     assert_eq!(
         r.core.mad_counters(r.a, 1).unwrap().drop_unmatched_response,
         3
     );
-    assert!(r.core.ib_mad_poll_agent(ag).is_none());
+    assert!(r.core.mad_poll_agent(ag).is_none());
     // Nothing was answered either, and the request still times out.
     assert_eq!(
         lock(&r.world).wire.len(),
         2,
         "request and the lost response only"
     );
-    let done = r
-        .core
-        .poll_until(WAIT, |c| c.ib_mad_poll_agent(ag))
-        .unwrap();
+    let done = r.core.poll_until(WAIT, |c| c.mad_poll_agent(ag)).unwrap();
     assert!(
         matches!(done, MadEvent::SendDone(s) if s.id == id && s.status == WcStatus::RespTimeoutErr)
     );
@@ -430,25 +427,25 @@ fn cancel_completes_with_flush() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     lock(&r.world).drop_method = Some(method::GET_RESP);
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 60_000;
-    let id = r.core.ib_post_send_mad(ag, buf).unwrap();
+    let id = r.core.post_send_mad(ag, buf).unwrap();
     r.core.poll();
     r.core.poll();
-    assert!(r.core.ib_mad_poll_agent(ag).is_none());
-    r.core.ib_cancel_mad(ag, id).unwrap();
-    match r.core.ib_mad_poll_agent(ag) {
+    assert!(r.core.mad_poll_agent(ag).is_none());
+    r.core.cancel_mad(ag, id).unwrap();
+    match r.core.mad_poll_agent(ag) {
         Some(MadEvent::SendDone(s)) => {
             assert_eq!(s.id, id);
             assert_eq!(s.status, WcStatus::WrFlushErr);
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(r.core.ib_cancel_mad(ag, id), Err(Error::NotFound));
+    assert_eq!(r.core.cancel_mad(ag, id), Err(Error::NotFound));
     // Every AH the MAD layer made was destroyed.
     assert!(lock(&r.world).hcas[0].ahs.iter().all(|a| a.is_none()));
 }
@@ -458,19 +455,19 @@ fn sends_beyond_the_send_queue_wait_their_turn() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let mut ids = Vec::new();
     for i in 0..300u32 {
         let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, i);
         let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
         buf.timeout_ms = 1000;
-        ids.push(r.core.ib_post_send_mad(ag, buf).unwrap());
+        ids.push(r.core.post_send_mad(ag, buf).unwrap());
     }
     let mut ok = 0;
     r.core
         .poll_until(WAIT, |c| {
-            while let Some(e) = c.ib_mad_poll_agent(ag) {
+            while let Some(e) = c.mad_poll_agent(ag) {
                 if let MadEvent::SendDone(s) = e {
                     assert_eq!(s.status, WcStatus::Success);
                     ok += 1;
@@ -489,42 +486,28 @@ fn malformed_mads_are_counted_drops_and_the_agent_keeps_working() {
     // Bad base version.
     let mut m = good.clone();
     m.set_base_version(2);
-    w.deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 1, Arrival::mad(&m.0, 1, B_LID));
     // An SMP on QP1, a PMA MAD on QP0.
     let smp = dr_get(attr::NODE_INFO, &[1]);
-    w.deliver(0, 1, 1, None, &smp.0, 1, B_LID, 0, None, WcStatus::Success);
-    w.deliver(0, 1, 0, None, &good.0, 0, B_LID, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 1, Arrival::mad(&smp.0, 1, B_LID));
+    w.deliver(0, 1, 0, Arrival::mad(&good.0, 0, B_LID));
     // DR SMPs with a hop count of 64 and with an absurd hop pointer.
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_hop_cnt(64);
-    w.deliver(0, 1, 0, None, &m.0, 0, 0xffff, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 0, Arrival::mad(&m.0, 0, 0xffff));
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_hop_ptr(7);
-    w.deliver(0, 1, 0, None, &m.0, 0, 0xffff, 0, None, WcStatus::Success);
+    w.deliver(0, 1, 0, Arrival::mad(&m.0, 0, 0xffff));
     // Too short, and a completion in error.
+    w.deliver(0, 1, 1, Arrival::mad(&good.0[..100], 1, B_LID));
     w.deliver(
         0,
         1,
         1,
-        None,
-        &good.0[..100],
-        1,
-        B_LID,
-        0,
-        None,
-        WcStatus::Success,
-    );
-    w.deliver(
-        0,
-        1,
-        1,
-        None,
-        &good.0,
-        1,
-        B_LID,
-        0,
-        None,
-        WcStatus::LocLenErr,
+        Arrival {
+            status: WcStatus::LocLenErr,
+            ..Arrival::mad(&good.0, 1, B_LID)
+        },
     );
     drop(w);
     r.core.poll();
@@ -546,11 +529,11 @@ fn malformed_mads_are_counted_drops_and_the_agent_keeps_working() {
     // And the layer still works.
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     let mut buf = MadSendBuf::new(good, to_lid(B_LID), 1);
     buf.timeout_ms = 10;
-    let (done, _) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, _) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
 }
 
@@ -559,23 +542,23 @@ fn sends_the_smi_rules_refuse_are_errors() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     // The first hop must leave through this port.
     let buf = MadSendBuf::new(dr_get(attr::NODE_INFO, &[2]), to_lid(IB_LID_PERMISSIVE), 0);
     assert!(matches!(
-        r.core.ib_post_send_mad(ag, buf),
+        r.core.post_send_mad(ag, buf),
         Err(Error::Invalid(_))
     ));
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_hop_cnt(64);
     let buf = MadSendBuf::new(m, to_lid(IB_LID_PERMISSIVE), 0);
-    assert!(r.core.ib_post_send_mad(ag, buf).is_err());
+    assert!(r.core.post_send_mad(ag, buf).is_err());
     // A PMA MAD cannot go out of QP0.
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, 0x12, 0);
     assert!(
         r.core
-            .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
+            .post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
             .is_err()
     );
     assert!(lock(&r.world).wire.is_empty());
@@ -586,24 +569,24 @@ fn unregistering_an_agent_stops_its_mail_and_frees_its_sends() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     lock(&r.world).drop_method = Some(method::GET_RESP);
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 60_000;
-    r.core.ib_post_send_mad(ag, buf).unwrap();
+    r.core.post_send_mad(ag, buf).unwrap();
     r.core.poll();
-    r.core.ib_unregister_mad_agent(ag).unwrap();
-    assert!(r.core.ib_mad_poll_agent(ag).is_none());
-    assert_eq!(r.core.ib_unregister_mad_agent(ag), Err(Error::NotFound));
+    r.core.unregister_mad_agent(ag).unwrap();
+    assert!(r.core.mad_poll_agent(ag).is_none());
+    assert_eq!(r.core.unregister_mad_agent(ag), Err(Error::NotFound));
     assert!(lock(&r.world).hcas[0].ahs.iter().all(|a| a.is_none()));
 }
 
 #[test]
 fn unregistering_the_device_tears_the_mad_ports_down() {
     let mut r = rig();
-    r.core.ib_unregister_device(r.a).unwrap();
+    r.core.unregister_device(r.a).unwrap();
     let w = lock(&r.world);
     let h = &w.hcas[0];
     assert!(h.qps.iter().all(|q| q.is_none()));
@@ -674,9 +657,9 @@ fn a_full_mailbox_drops_receives_but_never_send_completions() {
         ..crate::device::MadConfig::default()
     };
     let mut core = IbCore::with_mad_config(clock, cfg);
-    let a = core.ib_register_device(Box::new(da)).unwrap();
+    let a = core.register_device(Box::new(da)).unwrap();
     let ag = core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             a,
             1,
             QpType::Gsi,
@@ -686,7 +669,7 @@ fn a_full_mailbox_drops_receives_but_never_send_completions() {
         .unwrap();
     let m = Mad::new_request(class::DEVICE_MGMT, 1, method::GET, 0x10, 0);
     for _ in 0..10 {
-        lock(&w).deliver(0, 1, 1, None, &m.0, 1, 5, 0, None, WcStatus::Success);
+        lock(&w).deliver(0, 1, 1, Arrival::mad(&m.0, 1, 5));
     }
     core.poll();
     assert_eq!(core.mad_counters(a, 1).unwrap().drop_mailbox_full, 6);
@@ -694,11 +677,11 @@ fn a_full_mailbox_drops_receives_but_never_send_completions() {
     let mut resp = m.clone();
     resp.set_method(method::GET_RESP);
     let id = core
-        .ib_post_send_mad(ag, MadSendBuf::new(resp, to_lid(A_LID), 1))
+        .post_send_mad(ag, MadSendBuf::new(resp, to_lid(A_LID), 1))
         .unwrap();
     core.poll();
     core.poll();
-    let evs: Vec<_> = std::iter::from_fn(|| core.ib_mad_poll_agent(ag)).collect();
+    let evs: Vec<_> = std::iter::from_fn(|| core.mad_poll_agent(ag)).collect();
     assert_eq!(evs.len(), 5);
     assert!(matches!(evs[4], MadEvent::SendDone(s) if s.id == id));
 }
@@ -714,27 +697,24 @@ fn modify_mad_extends_the_wait() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     lock(&r.world).drop_method = Some(method::GET_RESP);
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
     buf.timeout_ms = 10;
-    let id = r.core.ib_post_send_mad(ag, buf).unwrap();
+    let id = r.core.post_send_mad(ag, buf).unwrap();
     r.core.poll();
     r.core.poll();
-    r.core.ib_modify_mad(ag, id, 1000).unwrap();
+    r.core.modify_mad(ag, id, 1000).unwrap();
     let t0 = r.clock.now_ns();
-    let ev = r
-        .core
-        .poll_until(WAIT, |c| c.ib_mad_poll_agent(ag))
-        .unwrap();
+    let ev = r.core.poll_until(WAIT, |c| c.mad_poll_agent(ag)).unwrap();
     assert!(matches!(ev, MadEvent::SendDone(s) if s.status == WcStatus::RespTimeoutErr));
     assert!(
         r.clock.now_ns() - t0 >= 1_000_000_000,
         "waited the new timeout"
     );
-    assert_eq!(r.core.ib_modify_mad(ag, id, 5), Err(Error::NotFound));
+    assert_eq!(r.core.modify_mad(ag, id, 5), Err(Error::NotFound));
 }
 
 #[test]
@@ -742,14 +722,14 @@ fn a_dr_smp_starting_with_a_lid_routed_part_leaves_its_hop_pointer_alone() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
         .unwrap();
     let mut m = dr_get(attr::NODE_INFO, &[1]);
     m.set_dr_slid(A_LID);
     // The wrong first hop would be refused if the rules ran.
     m.set_initial_path(1, 9);
     r.core
-        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 0))
+        .post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 0))
         .unwrap();
     let w = lock(&r.world);
     assert_eq!(w.wire.len(), 1);
@@ -761,13 +741,13 @@ fn a_send_error_is_reported_and_the_qp_is_brought_back_from_sqe() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     lock(&r.world).fail_sends = 1;
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let mut buf = MadSendBuf::new(m.clone(), to_lid(B_LID), 1);
     buf.timeout_ms = 10;
-    let (done, _) = r.core.ib_send_mad_wait(ag, buf.clone(), WAIT).unwrap();
+    let (done, _) = r.core.send_mad_wait(ag, buf.clone(), WAIT).unwrap();
     assert_eq!(done.status, WcStatus::LocQpOpErr);
     assert_eq!(done.status.msg(), "local QP operation error");
     assert_eq!(done.vendor_err, 0x68);
@@ -785,7 +765,7 @@ fn a_send_error_is_reported_and_the_qp_is_brought_back_from_sqe() {
             )
         );
     }
-    let (done, resp) = r.core.ib_send_mad_wait(ag, buf, WAIT).unwrap();
+    let (done, resp) = r.core.send_mad_wait(ag, buf, WAIT).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     assert!(resp.is_some());
 }
@@ -795,7 +775,15 @@ fn flushed_receive_buffers_are_not_posted_again() {
     let mut r = rig();
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     for _ in 0..3 {
-        lock(&r.world).deliver(0, 1, 1, None, &m.0, 1, B_LID, 0, None, WcStatus::WrFlushErr);
+        lock(&r.world).deliver(
+            0,
+            1,
+            1,
+            Arrival {
+                status: WcStatus::WrFlushErr,
+                ..Arrival::mad(&m.0, 1, B_LID)
+            },
+        );
     }
     r.core.poll();
     assert_eq!(r.core.mad_counters(r.a, 1).unwrap().recv_flushed, 3);
@@ -814,17 +802,17 @@ fn sends_flushed_by_another_sends_error_are_posted_again() {
     let mut r = rig();
     let ag = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
         .unwrap();
     lock(&r.world).hold_sends = true;
     let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
     let a = r
         .core
-        .ib_post_send_mad(ag, MadSendBuf::new(m.clone(), to_lid(B_LID), 1))
+        .post_send_mad(ag, MadSendBuf::new(m.clone(), to_lid(B_LID), 1))
         .unwrap();
     let b = r
         .core
-        .ib_post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
+        .post_send_mad(ag, MadSendBuf::new(m, to_lid(B_LID), 1))
         .unwrap();
     // The first fails (the QP goes to SQE), the second comes back flushed.
     {
@@ -839,13 +827,13 @@ fn sends_flushed_by_another_sends_error_are_posted_again() {
         w.complete_held(0, 1, WcStatus::WrFlushErr);
     }
     r.core.poll();
-    match r.core.ib_mad_poll_agent(ag) {
+    match r.core.mad_poll_agent(ag) {
         Some(MadEvent::SendDone(s)) => {
             assert_eq!((s.id, s.status), (a, WcStatus::RemOpErr));
         }
         other => panic!("{other:?}"),
     }
-    assert!(r.core.ib_mad_poll_agent(ag).is_none(), "b is not finished");
+    assert!(r.core.mad_poll_agent(ag).is_none(), "b is not finished");
     // b went out again on the recovered QP; complete it.
     {
         let mut w = lock(&r.world);
@@ -853,7 +841,7 @@ fn sends_flushed_by_another_sends_error_are_posted_again() {
         w.complete_held(0, 2, WcStatus::Success);
     }
     r.core.poll();
-    match r.core.ib_mad_poll_agent(ag) {
+    match r.core.mad_poll_agent(ag) {
         Some(MadEvent::SendDone(s)) => assert_eq!((s.id, s.status), (b, WcStatus::Success)),
         other => panic!("{other:?}"),
     }
@@ -873,9 +861,9 @@ fn each_port_of_a_two_port_hca_has_its_own_mad_layer() {
         Duration::from_micros(50),
     ));
     let mut core = IbCore::new(clock);
-    let d = core.ib_register_device(Box::new(two)).unwrap();
-    core.ib_register_device(Box::new(x)).unwrap();
-    core.ib_register_device(Box::new(y)).unwrap();
+    let d = core.register_device(Box::new(two)).unwrap();
+    core.register_device(Box::new(x)).unwrap();
+    core.register_device(Box::new(y)).unwrap();
     assert!(core.mad_port_open(d, 1) && core.mad_port_open(d, 2));
     assert_ne!(
         core.mad_qp(d, 1, QpType::Gsi),
@@ -923,13 +911,11 @@ fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
         0,
         1,
         1,
-        Some(grh(a_gid)),
-        &m.0,
-        1,
-        B_LID,
-        3,
-        None,
-        WcStatus::Success,
+        Arrival {
+            grh: Some(grh(a_gid)),
+            sl: 3,
+            ..Arrival::mad(&m.0, 1, B_LID)
+        },
     );
     r.core.poll();
     {
@@ -948,13 +934,11 @@ fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
         0,
         1,
         1,
-        Some(grh(b_gid)),
-        &m.0,
-        1,
-        B_LID,
-        3,
-        None,
-        WcStatus::Success,
+        Arrival {
+            grh: Some(grh(b_gid)),
+            sl: 3,
+            ..Arrival::mad(&m.0, 1, B_LID)
+        },
     );
     r.core.poll();
     assert_eq!(lock(&r.world).wire.len(), 1);

@@ -4,6 +4,7 @@ mod bench;
 mod clients;
 mod cm;
 mod fake;
+mod flags;
 mod fuzz;
 mod mad_layer;
 mod rmpp;
@@ -39,8 +40,8 @@ pub fn rig() -> Rig {
     cable(&w, (0, 1), (1, 1));
     let clock = Arc::new(FakeClock::with_relax_step(Duration::from_micros(50)));
     let mut core = IbCore::new(clock.clone());
-    let a = core.ib_register_device(Box::new(da)).unwrap();
-    let b = core.ib_register_device(Box::new(db)).unwrap();
+    let a = core.register_device(Box::new(da)).unwrap();
+    let b = core.register_device(Box::new(db)).unwrap();
     Rig {
         core,
         world: w,

@@ -18,11 +18,11 @@ struct Sa {
 fn sa(r: &mut Rig) -> Sa {
     let client = r
         .core
-        .ib_register_mad_agent(r.a, 1, QpType::Gsi, None, 1)
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 1)
         .unwrap();
     let server = r
         .core
-        .ib_register_mad_agent(
+        .register_mad_agent(
             r.b,
             1,
             QpType::Gsi,
@@ -45,15 +45,13 @@ fn ask(r: &mut Rig, s: &Sa) -> (MadSendId, Box<MadRecvWc>) {
         1,
     );
     buf.timeout_ms = 100;
-    let id = r.core.ib_post_send_mad(s.client, buf).unwrap();
+    let id = r.core.post_send_mad(s.client, buf).unwrap();
     let server = s.server;
     let req = r
         .core
-        .poll_until(Duration::from_secs(1), |c| {
-            match c.ib_mad_poll_agent(server) {
-                Some(MadEvent::Recv(rw)) => Some(rw),
-                _ => None,
-            }
+        .poll_until(Duration::from_secs(1), |c| match c.mad_poll_agent(server) {
+            Some(MadEvent::Recv(rw)) => Some(rw),
+            _ => None,
         })
         .unwrap();
     (id, req)
@@ -94,10 +92,9 @@ fn segment(req: &MadRecvWc, i: u32, n: u32, last_len: usize) -> Mad {
 }
 
 fn send_seg(r: &mut Rig, s: &Sa, req: &MadRecvWc, m: Mad) {
-    let ah =
-        crate::agent::ib_init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, None).unwrap();
+    let ah = crate::agent::init_ah_from_wc(r.core.device(r.b).unwrap(), 1, &req.wc, None).unwrap();
     r.core
-        .ib_post_send_mad(s.server, MadSendBuf::new(m, ah, req.wc.src_qp))
+        .post_send_mad(s.server, MadSendBuf::new(m, ah, req.wc.src_qp))
         .unwrap();
     r.core.poll();
     r.core.poll();
@@ -106,7 +103,7 @@ fn send_seg(r: &mut Rig, s: &Sa, req: &MadRecvWc, m: Mad) {
 /// The ACKs (and ABORTs) the server got, as (type, status, seg_num, newwin).
 fn acks(r: &mut Rig, s: &Sa) -> Vec<(u8, u8, u32, u32)> {
     let mut v = Vec::new();
-    while let Some(e) = r.core.ib_mad_poll_agent(s.server) {
+    while let Some(e) = r.core.mad_poll_agent(s.server) {
         if let MadEvent::Recv(rw) = e {
             assert_eq!(
                 rw.mad.method(),
@@ -135,7 +132,7 @@ fn a_get_table_answer_in_five_segments_is_put_together() {
     send_seg(&mut r, &s, &req, segment(&req, 4, 5, 150));
     assert!(acks(&mut r, &s).is_empty());
     assert!(
-        r.core.ib_mad_poll_agent(s.client).is_none(),
+        r.core.mad_poll_agent(s.client).is_none(),
         "nothing before the end"
     );
     // Time passes beyond the request's 100 ms: the transfer keeps it alive.
@@ -145,7 +142,7 @@ fn a_get_table_answer_in_five_segments_is_put_together() {
     send_seg(&mut r, &s, &req, segment(&req, 4, 5, 150));
     send_seg(&mut r, &s, &req, segment(&req, 5, 5, 150));
     assert_eq!(acks(&mut r, &s), [(rmpp_type::ACK, 0, 5, 65)]);
-    let evs: Vec<_> = std::iter::from_fn(|| r.core.ib_mad_poll_agent(s.client)).collect();
+    let evs: Vec<_> = std::iter::from_fn(|| r.core.mad_poll_agent(s.client)).collect();
     assert_eq!(evs.len(), 2, "{evs:?}");
     let MadEvent::Recv(rw) = &evs[0] else {
         panic!("{evs:?}")
@@ -166,7 +163,7 @@ fn a_single_segment_answer_and_plain_mads_pass_through() {
     let s = sa(&mut r);
     let (id, req) = ask(&mut r, &s);
     send_seg(&mut r, &s, &req, segment(&req, 1, 1, 64));
-    let evs: Vec<_> = std::iter::from_fn(|| r.core.ib_mad_poll_agent(s.client)).collect();
+    let evs: Vec<_> = std::iter::from_fn(|| r.core.mad_poll_agent(s.client)).collect();
     let MadEvent::Recv(rw) = &evs[0] else {
         panic!("{evs:?}")
     };
@@ -178,7 +175,7 @@ fn a_single_segment_answer_and_plain_mads_pass_through() {
     let mut m = req.mad.clone();
     m.set_method(method::GET_RESP);
     send_seg(&mut r, &s, &req, m);
-    match r.core.ib_mad_poll_agent(s.client) {
+    match r.core.mad_poll_agent(s.client) {
         Some(MadEvent::Recv(rw)) => assert!(rw.rmpp_data.is_none()),
         other => panic!("{other:?}"),
     }
@@ -215,7 +212,7 @@ fn bad_segments_are_aborted_and_stalled_transfers_forgotten() {
     assert!(c.rmpp_dropped >= 3, "{c:?}");
     let ev = r
         .core
-        .poll_until(Duration::from_secs(1), |c| c.ib_mad_poll_agent(s.client))
+        .poll_until(Duration::from_secs(1), |c| c.mad_poll_agent(s.client))
         .unwrap();
     assert!(matches!(ev, MadEvent::SendDone(d) if d.status == WcStatus::RespTimeoutErr));
     // An ABORT from the sender ends the request at once.
@@ -224,7 +221,7 @@ fn bad_segments_are_aborted_and_stalled_transfers_forgotten() {
     let mut m = segment(&req, 2, 3, 10);
     m.0[25] = rmpp_type::ABORT;
     send_seg(&mut r, &s, &req, m);
-    let evs: Vec<_> = std::iter::from_fn(|| r.core.ib_mad_poll_agent(s.client)).collect();
+    let evs: Vec<_> = std::iter::from_fn(|| r.core.mad_poll_agent(s.client)).collect();
     assert!(
         evs.iter()
             .any(|e| matches!(e, MadEvent::SendDone(d) if d.id == id && d.status == WcStatus::RemAbortErr)),

@@ -1,4 +1,8 @@
-//! The SA client against a small fake SA (an agent on the other HCA's QP1, polled as a client): PathRecord by LID and GID, retries while the SA is silent, BUSY, no records, timeouts within the deadline, the cache and the events that drop it, NodeRecord and PortInfoRecord tables, and random answers.
+//! The SA client against a small fake SA (an agent on the other HCA's QP1, polled as a client).
+//!
+//! PathRecord by LID and GID, retries while the SA is silent, BUSY, no records,
+//! timeouts within the deadline, the cache and the events that drop it,
+//! NodeRecord and PortInfoRecord tables, and random answers.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +12,7 @@ use super::*;
 use crate::device::{ClientId, Device, IbClient};
 use crate::error::Error;
 use crate::mad::*;
-use crate::sa_query::*;
+use crate::sa_query::{self, *};
 use crate::verbs::*;
 use hal::Clock;
 
@@ -83,7 +87,7 @@ impl FakeSa {
             resp.set_status(status::BUSY);
             return Some(resp);
         }
-        let mask = sa_comp_mask(req);
+        let mask = sa_query::comp_mask(req);
         let no_records = |mut r: Mad| {
             r.set_status(sa_status::NO_RECORDS << 8);
             Some(r)
@@ -145,7 +149,7 @@ impl FakeSa {
                     let data: Vec<u8> = hits.iter().flat_map(|n| n.pack()).collect();
                     let chunks: Vec<&[u8]> = data.chunks(200).collect();
                     let total = chunks.len();
-                    sa_set_attr_offset(&mut resp, 14);
+                    sa_query::set_attr_offset(&mut resp, 14);
                     let mut segs = Vec::new();
                     for (i, c) in chunks.iter().enumerate() {
                         let mut m = resp.clone();
@@ -177,7 +181,7 @@ impl FakeSa {
                 }
                 // One NodeRecord per MAD (112 of 200 bytes).
                 resp.0[56..168].copy_from_slice(&first.pack());
-                sa_set_attr_offset(&mut resp, 14);
+                sa_query::set_attr_offset(&mut resp, 14);
                 if req.method() == sa_method::GET_TABLE {
                     resp.0[24] = 1; // RMPP version
                     resp.0[25] = 1; // DATA
@@ -201,7 +205,7 @@ impl FakeSa {
                 for (i, h) in hits.iter().take(n).enumerate() {
                     resp.0[56 + i * 72..56 + (i + 1) * 72].copy_from_slice(h);
                 }
-                sa_set_attr_offset(&mut resp, 9);
+                sa_query::set_attr_offset(&mut resp, 9);
                 resp.0[24] = 1;
                 resp.0[25] = 1;
                 resp.0[26] = 0x07;
@@ -226,7 +230,7 @@ impl IbClient for FakeSa {
         let agent = match self.agent {
             Some(a) => a,
             None => {
-                let Ok(a) = core.ib_register_mad_agent(
+                let Ok(a) = core.register_mad_agent(
                     self.dev,
                     self.port,
                     QpType::Gsi,
@@ -244,7 +248,7 @@ impl IbClient for FakeSa {
             }
         };
         let mut work = 0;
-        while let Some(ev) = core.ib_mad_poll_agent(agent) {
+        while let Some(ev) = core.mad_poll_agent(agent) {
             work += 1;
             let MadEvent::Recv(r) = ev else { continue };
             let mut out: Vec<Mad> = self.answer(&r.mad).into_iter().collect();
@@ -261,7 +265,7 @@ impl IbClient for FakeSa {
                     r.wc.src_qp,
                 );
                 buf.remote_qkey = IB_QP1_QKEY;
-                let _ = core.ib_post_send_mad(agent, buf);
+                let _ = core.post_send_mad(agent, buf);
             }
         }
         work
@@ -296,13 +300,13 @@ pub fn sa_rig() -> SaRig {
         lids: vec![(a_gid(), A_LID), (b_gid(), B_LID)],
         ..FakeSaState::default()
     }));
-    r.core.ib_register_client(Box::new(FakeSa {
+    r.core.register_client(Box::new(FakeSa {
         dev: r.b,
         port: 1,
         agent: None,
         st: st.clone(),
     }));
-    let sa = ib_sa_init(&mut r.core);
+    let sa = sa_query::init(&mut r.core);
     // Let the fake SA register its agent.
     r.core.poll();
     SaRig { r, sa, st }
@@ -317,7 +321,7 @@ const T: Duration = Duration::from_secs(2);
 #[test]
 fn path_to_a_lid_is_asked_of_the_sm_lid_and_answered() {
     let mut s = sa_rig();
-    let p = sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    let p = sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(p.dlid, B_LID);
     assert_eq!(p.slid, A_LID);
     assert_eq!(p.dgid, b_gid());
@@ -331,7 +335,7 @@ fn path_to_a_lid_is_asked_of_the_sm_lid_and_answered() {
     assert_eq!(req.class_version(), 2);
     assert_eq!(req.method(), method::GET);
     assert_eq!(req.attr_id(), sa_attr::PATH_REC);
-    let mask = sa_comp_mask(&req);
+    let mask = sa_query::comp_mask(&req);
     assert_eq!(
         mask,
         path_comp::SGID
@@ -351,33 +355,33 @@ fn path_to_a_lid_is_asked_of_the_sm_lid_and_answered() {
         .unwrap();
     assert_eq!((pkt.dlid, pkt.dest_qpn), (B_LID, 1));
     drop(w);
-    let sm = sa_sm_ah(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let sm = sa_query::sm_ah(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!(sm.dlid, B_LID);
-    let c = sa_counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!((c.sent, c.answered, c.retries), (1, 1, 0));
 }
 
 #[test]
 fn path_to_a_gid_is_found_and_its_ah_built() {
     let mut s = sa_rig();
-    let p = sa_path_to_gid(&mut s.r.core, s.sa, s.r.a, 1, b_gid(), T).unwrap();
+    let p = sa_query::path_to_gid(&mut s.r.core, s.sa, s.r.a, 1, b_gid(), T).unwrap();
     assert_eq!(p.dlid, B_LID);
     let req = st(&s.st).requests[0].clone();
-    assert_ne!(sa_comp_mask(&req) & path_comp::DGID, 0);
-    assert_eq!(sa_comp_mask(&req) & path_comp::DLID, 0);
+    assert_ne!(sa_query::comp_mask(&req) & path_comp::DGID, 0);
+    assert_eq!(sa_query::comp_mask(&req) & path_comp::DLID, 0);
     let dev = s.r.core.device(s.r.a).unwrap();
-    let ah = ib_init_ah_from_path(dev, 1, &p).unwrap();
+    let ah = sa_query::init_ah_from_path(dev, 1, &p).unwrap();
     assert_eq!((ah.dlid, ah.port_num, ah.static_rate), (B_LID, 1, 7));
     assert!(ah.grh.is_none());
     // A path that leaves the subnet gets a GRH with the SGID's index.
     let mut far = p;
     far.hop_limit = 4;
     far.sgid = dev.get_cached_gid(1, 2).unwrap();
-    let ah = ib_init_ah_from_path(dev, 1, &far).unwrap();
+    let ah = sa_query::init_ah_from_path(dev, 1, &far).unwrap();
     let g = ah.grh.unwrap();
     assert_eq!((g.sgid_index, g.hop_limit, g.dgid), (2, 4, b_gid()));
     far.sgid = Gid::new(1, 2);
-    assert!(ib_init_ah_from_path(dev, 1, &far).is_err());
+    assert!(sa_query::init_ah_from_path(dev, 1, &far).is_err());
 }
 
 #[test]
@@ -385,12 +389,12 @@ fn an_sa_that_never_answers_times_out_within_the_deadline() {
     let mut s = sa_rig();
     st(&s.st).silent = true;
     let t0 = s.r.clock.now_ns();
-    let e = sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap_err();
+    let e = sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap_err();
     let took = Duration::from_nanos(s.r.clock.now_ns() - t0);
     assert_eq!(e, Error::TimedOut);
     assert!(took >= T, "gave up early: {took:?}");
     assert!(took <= T + Duration::from_millis(150), "too late: {took:?}");
-    let c = sa_counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!(c.timeouts, 1);
     // 100 + 200 + 400 + 800 ms tries with backoffs fit in 2 s.
     assert!(c.sent >= 4, "{c:?}");
@@ -401,7 +405,7 @@ fn an_sa_that_never_answers_times_out_within_the_deadline() {
 fn an_sa_that_answers_after_some_retries_succeeds() {
     let mut s = sa_rig();
     st(&s.st).ignore = 3;
-    let id = ib_sa_path_rec_get(
+    let id = sa_query::path_rec_get(
         &mut s.r.core,
         s.sa,
         s.r.a,
@@ -414,38 +418,38 @@ fn an_sa_that_answers_after_some_retries_succeeds() {
         Duration::from_secs(5),
     )
     .unwrap();
-    let resp = ib_sa_wait(&mut s.r.core, s.sa, id, Duration::from_secs(5)).unwrap();
+    let resp = sa_query::wait(&mut s.r.core, s.sa, id, Duration::from_secs(5)).unwrap();
     assert_eq!(resp.tries, 4);
     assert_eq!(resp.path_records().unwrap()[0].dlid, B_LID);
     assert_eq!(requests(&s), 4);
     // Each try had its own TID.
     let tids: std::collections::HashSet<u64> = st(&s.st).requests.iter().map(|m| m.tid()).collect();
     assert_eq!(tids.len(), 4);
-    let c = sa_counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!((c.retries, c.answered), (3, 1));
     // Taken once.
-    assert!(ib_sa_query_result(&mut s.r.core, s.sa, id).is_none());
+    assert!(sa_query::query_result(&mut s.r.core, s.sa, id).is_none());
 }
 
 #[test]
 fn busy_answers_are_retried_and_no_records_is_not_found() {
     let mut s = sa_rig();
     st(&s.st).busy = 2;
-    let p = sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    let p = sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(p.dlid, B_LID);
     assert_eq!(requests(&s), 3);
     st(&s.st).no_records = true;
-    let e = sa_path_to_gid(&mut s.r.core, s.sa, s.r.a, 1, Gid::new(1, 1), T).unwrap_err();
+    let e = sa_query::path_to_gid(&mut s.r.core, s.sa, s.r.a, 1, Gid::new(1, 1), T).unwrap_err();
     assert_eq!(e, Error::NotFound);
 }
 
 #[test]
 fn paths_are_cached_and_dropped_on_lid_sm_and_reregister_events() {
     let mut s = sa_rig();
-    sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
-    sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(requests(&s), 1, "second query answered from the cache");
-    let c = sa_counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!(c.cache_hits, 1);
     let mut want = 1;
     for ev in [
@@ -461,11 +465,11 @@ fn paths_are_cached_and_dropped_on_lid_sm_and_reregister_events() {
             .events
             .push_back(Event::port(ev, 1));
         s.r.core.poll();
-        let p = sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+        let p = sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
         want += 1;
         assert_eq!(requests(&s), want, "{ev:?} must drop the cache");
         assert_eq!(p.slid, 11);
-        sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+        sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
         assert_eq!(requests(&s), want);
     }
     // Other events keep it.
@@ -473,29 +477,29 @@ fn paths_are_cached_and_dropped_on_lid_sm_and_reregister_events() {
         .events
         .push_back(Event::port(EventType::GidChange, 1));
     s.r.core.poll();
-    sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(requests(&s), want);
-    let c = sa_counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, s.sa, s.r.a, 1).unwrap();
     assert_eq!(c.cache_flushes, 3);
 }
 
 #[test]
 fn a_second_sa_user_shares_the_one_sa_client() {
     // perftest, saquery and the remote-memory service each call
-    // ib_sa_init: they get the one SA client, so a path one of them
+    // sa_query::init: they get the one SA client, so a path one of them
     // learned is not asked of the SA again for another.
     let mut s = sa_rig();
-    sa_path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
-    let second = ib_sa_init(&mut s.r.core);
+    sa_query::path_to_lid(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    let second = sa_query::init(&mut s.r.core);
     assert_eq!(second, s.sa, "one SA client per core");
-    let p = sa_path_to_lid(&mut s.r.core, second, s.r.a, 1, B_LID, T).unwrap();
+    let p = sa_query::path_to_lid(&mut s.r.core, second, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(p.dlid, B_LID);
     assert_eq!(
         requests(&s),
         1,
         "the second user's path came from the cache"
     );
-    let c = sa_counters(&mut s.r.core, second, s.r.a, 1).unwrap();
+    let c = sa_query::counters(&mut s.r.core, second, s.r.a, 1).unwrap();
     assert_eq!((c.sent, c.cache_hits), (1, 1));
 }
 
@@ -504,7 +508,7 @@ fn a_port_without_an_sm_waits_until_one_appears() {
     let mut s = sa_rig();
     lock(&s.r.world).hcas[0].ports[0].sm_lid = 0;
     s.r.core.device_mut(s.r.a).unwrap().cache_update(1).unwrap();
-    let id = ib_sa_path_rec_get(
+    let id = sa_query::path_rec_get(
         &mut s.r.core,
         s.sa,
         s.r.a,
@@ -521,13 +525,13 @@ fn a_port_without_an_sm_waits_until_one_appears() {
         s.r.core
             .poll_until(Duration::from_millis(500), |_| None::<()>);
     assert_eq!(requests(&s), 0, "nothing sent without an SM LID");
-    assert!(ib_sa_query_result(&mut s.r.core, s.sa, id).is_none());
+    assert!(sa_query::query_result(&mut s.r.core, s.sa, id).is_none());
     // The SM shows up.
     lock(&s.r.world).hcas[0].ports[0].sm_lid = B_LID;
     lock(&s.r.world).hcas[0]
         .events
         .push_back(Event::port(EventType::SmChange, 1));
-    let resp = ib_sa_wait(&mut s.r.core, s.sa, id, Duration::from_secs(3)).unwrap();
+    let resp = sa_query::wait(&mut s.r.core, s.sa, id, Duration::from_secs(3)).unwrap();
     assert_eq!(resp.path_records().unwrap()[0].dlid, B_LID);
 }
 
@@ -567,13 +571,13 @@ fn node_and_portinfo_records() {
             });
         }
     }
-    let nodes = sa_node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
+    let nodes = sa_query::node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
     assert_eq!(nodes, vec![node.clone()]);
     assert_eq!(nodes[0].desc(), "fake_b 1");
     let req = st(&s.st).requests[0].clone();
     assert_eq!(req.method(), sa_method::GET_TABLE);
-    assert_eq!(sa_attr_offset(&req), 14);
-    let pirs = sa_portinfo_records(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
+    assert_eq!(sa_query::attr_offset(&req), 14);
+    let pirs = sa_query::portinfo_records(&mut s.r.core, s.sa, s.r.a, 1, B_LID, T).unwrap();
     assert_eq!(pirs.len(), 2);
     assert_eq!(pirs[1].port_num, 1);
     assert_eq!(
@@ -583,7 +587,7 @@ fn node_and_portinfo_records() {
     let reqs: Vec<(u8, u16, u64)> = st(&s.st)
         .requests
         .iter()
-        .map(|m| (m.method(), m.attr_id(), sa_comp_mask(m)))
+        .map(|m| (m.method(), m.attr_id(), sa_query::comp_mask(m)))
         .collect();
     assert_eq!(
         reqs,
@@ -597,7 +601,7 @@ fn node_and_portinfo_records() {
         ]
     );
     assert_eq!(
-        sa_portinfo_records(&mut s.r.core, s.sa, s.r.a, 1, 99, T).unwrap_err(),
+        sa_query::portinfo_records(&mut s.r.core, s.sa, s.r.a, 1, 99, T).unwrap_err(),
         Error::NotFound
     );
 }
@@ -653,7 +657,7 @@ fn fuzz_random_sa_answers_never_panic() {
         st(&s.st).raw_answer = Some(random_answer(&mut rng));
         let t = Duration::from_millis(300);
         let id = match i % 3 {
-            0 => ib_sa_path_rec_get(
+            0 => sa_query::path_rec_get(
                 &mut s.r.core,
                 s.sa,
                 s.r.a,
@@ -662,29 +666,27 @@ fn fuzz_random_sa_answers_never_panic() {
                 path_comp::DLID,
                 t,
             ),
-            1 => ib_sa_node_rec_get(
+            1 => sa_query::node_rec_get_table(
                 &mut s.r.core,
                 s.sa,
                 s.r.a,
                 1,
                 &NodeRecord::default(),
                 0,
-                true,
                 t,
             ),
-            _ => ib_sa_portinfo_rec_get(
+            _ => sa_query::portinfo_rec_get_table(
                 &mut s.r.core,
                 s.sa,
                 s.r.a,
                 1,
                 &PortInfoRecord::default(),
                 0,
-                true,
                 t,
             ),
         }
         .unwrap();
-        match ib_sa_wait(&mut s.r.core, s.sa, id, t) {
+        match sa_query::wait(&mut s.r.core, s.sa, id, t) {
             Ok(r) => {
                 let _ = (r.path_records(), r.node_records(), r.portinfo_records());
                 outcomes[0] += 1
@@ -750,7 +752,7 @@ fn a_node_table_larger_than_one_mad_comes_through_rmpp() {
         .collect();
     st(&s.st).nodes = nodes.clone();
     // 5 * 112 bytes = 560: three segments of 200, 200 and 160 bytes.
-    let got = sa_node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
+    let got = sa_query::node_records(&mut s.r.core, s.sa, s.r.a, 1, T).unwrap();
     assert_eq!(got, nodes);
     assert_eq!(got[4].desc(), "node 4");
     let c = s.r.core.mad_counters(s.r.a, 1).unwrap();
@@ -770,19 +772,23 @@ fn running_queries_are_bounded() {
     let mut ids = Vec::new();
     for _ in 0..256 {
         ids.push(
-            ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).unwrap(),
+            sa_query::path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t)
+                .unwrap(),
         );
     }
     assert_eq!(
-        ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).unwrap_err(),
+        sa_query::path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t)
+            .unwrap_err(),
         Error::Again
     );
     // They all end by their deadline, and room comes back.
     for id in ids {
         assert_eq!(
-            ib_sa_wait(&mut s.r.core, s.sa, id, t).unwrap_err(),
+            sa_query::wait(&mut s.r.core, s.sa, id, t).unwrap_err(),
             Error::TimedOut
         );
     }
-    assert!(ib_sa_path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).is_ok());
+    assert!(
+        sa_query::path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).is_ok()
+    );
 }

@@ -295,9 +295,9 @@ fn node_records(
         }
         None => (NodeRecord::default(), 0),
     };
-    let id = sa_query::ib_sa_node_rec_get(core, sa, src.dev, src.port, &rec, mask, true, timeout)
+    let id = sa_query::node_rec_get_table(core, sa, src.dev, src.port, &rec, mask, timeout)
         .map_err(|e| err("NodeRecord query", e))?;
-    let recs = match sa_query::ib_sa_wait(core, sa, id, timeout) {
+    let recs = match sa_query::wait(core, sa, id, timeout) {
         Ok(r) => r.node_records().map_err(|e| err("NodeRecord", e))?,
         // An empty table.
         Err(ib_core::Error::NotFound) => Vec::new(),
@@ -350,9 +350,9 @@ fn path_to(
         | path_comp::NUMB_PATH
         | path_comp::REVERSIBLE;
     let what = format!("PathRecord query to LID {dlid}");
-    let id = sa_query::ib_sa_path_rec_get(core, sa, src.dev, src.port, &rec, mask, timeout)
+    let id = sa_query::path_rec_get(core, sa, src.dev, src.port, &rec, mask, timeout)
         .map_err(|e| err(&what, e))?;
-    sa_query::ib_sa_wait(core, sa, id, timeout)
+    sa_query::wait(core, sa, id, timeout)
         .and_then(|r| r.path_records())
         .map_err(|e| err(&what, e))?
         .into_iter()
@@ -412,7 +412,7 @@ pub fn wait_port_active(
 }
 
 /// `saquery`: asks the SA through `sa` (an SA client of ib_core,
-/// `sa_query::ib_sa_init`) on the port `src`, prints saquery's blocks.
+/// `sa_query::init`) on the port `src`, prints saquery's blocks.
 pub fn saquery(
     core: &mut IbCore,
     sa: ClientId,

@@ -87,9 +87,9 @@ const MAX_BUF: u64 = 16 << 20;
 pub struct Env<'a> {
     /// The core.
     pub core: &'a mut IbCore,
-    /// The SA client (`ib_sa_init`).
+    /// The SA client (`sa_query::init`).
     pub sa: ClientId,
-    /// The CM client (`ib_cm_init`).
+    /// The CM client (`cm::init`).
     pub cm: ClientId,
     /// The device.
     pub dev: DeviceId,
@@ -278,10 +278,10 @@ fn teardown(env: &mut Env<'_>, r: Res, id: Option<CmId>, done: bool) {
 /// a connection the peer already ended).
 pub(crate) fn disconnect(env: &mut Env<'_>, id: CmId, done: bool) {
     let data: &[u8] = if done { DONE } else { &[] };
-    if cm::ib_send_cm_dreq(env.core, env.cm, id, data).is_ok() && done {
+    if cm::send_dreq(env.core, env.cm, id, data).is_ok() && done {
         let _ = wait_cm(env, id, "the client's DREP", DREP_TIMEOUT);
     }
-    let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+    let _ = cm::destroy_id(env.core, env.cm, id);
 }
 
 /// The client's end of the closing handshake: waits for the server's DREQ
@@ -366,7 +366,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
         Some(res) => teardown(env, res, id, done),
         None => {
             if let Some(id) = id {
-                let _ = cm::ib_destroy_cm_id(env.core, env.cm, id);
+                let _ = cm::destroy_id(env.core, env.cm, id);
             }
         }
     }
@@ -425,7 +425,7 @@ pub(crate) fn wait_cm(
                 timeout.as_secs()
             ));
         }
-        match cm::cm_wait_event(env.core, env.cm, id, SLICE) {
+        match cm::wait_event(env.core, env.cm, id, SLICE) {
             Ok(ev) => return Ok(ev),
             Err(ib_core::Error::TimedOut) => continue,
             Err(x) => return Err(e(what, x)),
@@ -437,9 +437,7 @@ pub(crate) fn wait_cm(
 /// port's subnet prefix).
 pub(crate) fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRecord, String> {
     match peer {
-        Peer::Lid(l) => {
-            sa_query::sa_path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT)
-        }
+        Peer::Lid(l) => sa_query::path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT),
         Peer::Guid(g) => {
             let src = crate::diags::Src { dev: env.dev, port };
             crate::diags::path_to_guid(env.core, env.sa, src, g, CONNECT_TIMEOUT)
@@ -499,7 +497,7 @@ fn serve(
     out: &mut dyn Write,
     slot_res: &mut Option<Res>,
 ) -> Step<CmId> {
-    let listen = cm::ib_cm_listen(env.core, env.cm, env.dev, PERFTEST_SERVICE_ID)
+    let listen = cm::listen(env.core, env.cm, env.dev, PERFTEST_SERVICE_ID)
         .map_err(|x| (e("listen", x), None))?;
     let _ = writeln!(out, "{RESULT_LINE}");
     let _ = writeln!(
@@ -508,7 +506,7 @@ fn serve(
         CONNECT_TIMEOUT.as_secs()
     );
     let got = wait_cm(env, listen, "a client's CM REQ", CONNECT_TIMEOUT);
-    let _ = cm::ib_destroy_cm_id(env.core, env.cm, listen);
+    let _ = cm::destroy_id(env.core, env.cm, listen);
     let (id, private, remote_lid, remote_qpn) = match got {
         Ok(CmEvent::ReqReceived {
             id,
@@ -526,7 +524,7 @@ fn serve(
     }) {
         Ok(h) => h,
         Err(x) => {
-            let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+            let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
             return Err((format!("refused the client: {x}"), Some(id)));
         }
     };
@@ -542,7 +540,7 @@ fn serve(
     let res = match setup(env, &q, slot, slots) {
         Ok(r) => slot_res.insert(r),
         Err(m) => {
-            let _ = cm::ib_send_cm_rej(env.core, env.cm, id, 28, &[], &[]);
+            let _ = cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
             return Err((m, Some(id)));
         }
     };
@@ -563,7 +561,7 @@ fn serve(
             fill_slot(res, k, res.slot, k);
         }
     }
-    cm::ib_send_cm_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
+    cm::send_rep(env.core, env.cm, id, &rep).map_err(|x| (e("CM REP", x), Some(id)))?;
     // Receives for the client's SENDs: the REP took the QP out of RESET;
     // the client sends nothing before our RTU arrives.
     let recvs = if (q.tool.verb, q.tool.kind) == (Verb::Send, TestKind::Bw) {
@@ -601,7 +599,6 @@ fn serve(
     Ok(id)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn client(
     env: &mut Env<'_>,
     p: &Params,
@@ -630,7 +627,7 @@ fn client(
         out,
         " Connecting to the server (CM REQ, service {PERFTEST_SERVICE_ID:#x})"
     );
-    let (id, rep) = cm::cm_connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
+    let (id, rep) = cm::connect(env.core, env.cm, env.dev, p.ib_port, &req, CONNECT_TIMEOUT)
         .map_err(|x| {
             let why = match x {
                 ib_core::Error::Errno(cm::ECONNREFUSED) => String::from(
@@ -655,7 +652,7 @@ fn client(
         vaddr: res.buf.bus_addr().0,
         out_reads: p.out_reads,
     };
-    let remote_qpn = cm::cm_remote(env.core, env.cm, id).map_or(0, |r| r.1);
+    let remote_qpn = cm::remote(env.core, env.cm, id).map_or(0, |r| r.1);
     let remote = Dest {
         lid: remote_lid,
         qpn: remote_qpn,
@@ -753,26 +750,37 @@ fn poll(
     passive: bool,
     on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
-    poll_inner(env, res, cq, want, what, passive, false, on)
+    let mode = WaitMode {
+        passive,
+        flush_ok: false,
+    };
+    poll_inner(env, res, cq, want, what, mode, on)
 }
 
-/// [`poll`]; `flush_ok`: a flushed completion is handed to `on` too
-/// instead of ending the wait in an error.
-#[allow(clippy::too_many_arguments)]
+/// How [`poll_inner`] waits: `passive` as [`poll`] says; `flush_ok`: a
+/// flushed completion is handed to `on` too instead of ending the wait in
+/// an error.
+#[derive(Clone, Copy)]
+struct WaitMode {
+    passive: bool,
+    flush_ok: bool,
+}
+
+/// [`poll`] in a [`WaitMode`].
 fn poll_inner(
     env: &mut Env<'_>,
     res: &Res,
     cq: Cq,
     want: usize,
     what: &str,
-    passive: bool,
-    flush_ok: bool,
+    mode: WaitMode,
     mut on: impl FnMut(&Wc, u64) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut wc = [Wc::default(); 16];
     let mut got = 0;
     let mut last = now(env.core);
     let mut spins = 0u32;
+    let WaitMode { passive, flush_ok } = mode;
     let mut psn = if passive { rq_psn(env, res.qp) } else { None };
     while got < want {
         let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
@@ -1315,8 +1323,10 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
         cq,
         1,
         "the end-of-size SEND's completion",
-        false,
-        true,
+        WaitMode {
+            passive: false,
+            flush_ok: true,
+        },
         |_, _| Ok(()),
     )
 }
@@ -1325,7 +1335,6 @@ fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
 /// and cool-down margins): as many messages as fit in `secs`, then the
 /// final SEND; bandwidth reports no peak (0.00, as perftest), latency its
 /// duration line (mean latency and transactions per second).
-#[allow(clippy::too_many_arguments)]
 fn drive_duration(
     env: &mut Env<'_>,
     p: &Params,

@@ -106,7 +106,7 @@ pub fn saquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         diags::saquery::parse(args)?;
         let sa = *SA
             .lock()
-            .get_or_insert_with(|| ib_core::sa_query::ib_sa_init(core));
+            .get_or_insert_with(|| ib_core::sa_query::init(core));
         diags::saquery::wait_port_active(core, src, ctrl_c, out)?;
         diags::saquery::saquery(core, sa, src, args, out)
     })

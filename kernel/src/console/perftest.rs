@@ -24,8 +24,8 @@ pub(super) fn clients(ib: &mut Ib) -> (ClientId, ClientId) {
     let mut c = CLIENTS.lock();
     *c.get_or_insert_with(|| {
         (
-            ib_core::sa_query::ib_sa_init(&mut ib.core),
-            ib_core::cm::ib_cm_init(&mut ib.core),
+            ib_core::sa_query::init(&mut ib.core),
+            ib_core::cm::init(&mut ib.core),
         )
     })
 }

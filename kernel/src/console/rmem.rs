@@ -163,8 +163,8 @@ fn with_state(f: impl FnOnce(&mut IbCore, DeviceId, &mut State) -> CmdResult) ->
         let dev = first_dev(ib)?;
         let mut g = STATE.lock();
         let st = g.get_or_insert_with(|| State {
-            sa: ib_core::sa_query::ib_sa_init(&mut ib.core),
-            cm: ib_core::cm::ib_cm_init(&mut ib.core),
+            sa: ib_core::sa_query::init(&mut ib.core),
+            cm: ib_core::cm::init(&mut ib.core),
             server: None,
             client: None,
         });

@@ -62,10 +62,10 @@ pub fn guest(hca: SimHca, name: &str) -> Guest {
     let ib = Mlx4IbDev::add(d, "mlx4_0").expect("mlx4_ib_add");
     let mut core = IbCore::new(clock);
     let events = EventLog::default();
-    core.ib_register_client(Box::new(PortEvents(events.clone())));
-    let sa = ib_core::sa_query::ib_sa_init(&mut core);
+    core.register_client(Box::new(PortEvents(events.clone())));
+    let sa = ib_core::sa_query::init(&mut core);
     let dev = core
-        .ib_register_device(Box::new(ib))
+        .register_device(Box::new(ib))
         .map_err(|e| e.error)
         .expect("ib_register_device");
     Guest {
@@ -111,7 +111,7 @@ impl Guest {
     pub fn teardown(mut self) {
         let mut p = self
             .core
-            .ib_unregister_device(self.dev)
+            .unregister_device(self.dev)
             .expect("ib_unregister_device");
         if let Some(ib) = p.as_any_mut().and_then(|a| a.downcast_mut::<Mlx4IbDev>()) {
             ib.remove();
