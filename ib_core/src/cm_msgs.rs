@@ -8,6 +8,7 @@ use alloc::vec::Vec;
 use crate::error::{Error, Result};
 use crate::mad::{Mad, class, method};
 use crate::verbs::Gid;
+use hal::be::{get_be16, get_be32, get_be64, put_be16, put_be32, put_be64};
 
 /// CM class version (`IB_CM_CLASS_VERSION`).
 pub const IB_CM_CLASS_VERSION: u8 = 2;
@@ -146,26 +147,6 @@ pub const IB_CM_APR_UNSUPPORTED: u8 = 2;
 /// Bytes of a REJ's additional rejection information.
 pub const IB_CM_REJ_ARI_LENGTH: usize = 72;
 
-fn be16(b: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([b[o], b[o + 1]])
-}
-fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn be64(b: &[u8], o: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[o..o + 8]);
-    u64::from_be_bytes(x)
-}
-fn put16(b: &mut [u8], o: usize, v: u16) {
-    b[o..o + 2].copy_from_slice(&v.to_be_bytes());
-}
-fn put32(b: &mut [u8], o: usize, v: u32) {
-    b[o..o + 4].copy_from_slice(&v.to_be_bytes());
-}
-fn put64(b: &mut [u8], o: usize, v: u64) {
-    b[o..o + 8].copy_from_slice(&v.to_be_bytes());
-}
 fn gid(b: &[u8], o: usize) -> Gid {
     let mut g = [0u8; 16];
     g.copy_from_slice(&b[o..o + 16]);
@@ -214,11 +195,11 @@ pub struct CmReqPath {
 
 impl CmReqPath {
     fn pack(&self, b: &mut [u8], o: usize) {
-        put16(b, o, self.local_lid);
-        put16(b, o + 2, self.remote_lid);
+        put_be16(b, o, self.local_lid);
+        put_be16(b, o + 2, self.remote_lid);
         b[o + 4..o + 20].copy_from_slice(&self.local_gid.0);
         b[o + 20..o + 36].copy_from_slice(&self.remote_gid.0);
-        put32(
+        put_be32(
             b,
             o + 36,
             ((self.flow_label & 0xf_ffff) << 12) | u32::from(self.packet_rate & 0x3f),
@@ -229,10 +210,10 @@ impl CmReqPath {
         b[o + 43] = (self.local_ack_timeout & 0x1f) << 3;
     }
     fn unpack(b: &[u8], o: usize) -> CmReqPath {
-        let w = be32(b, o + 36);
+        let w = get_be32(b, o + 36);
         CmReqPath {
-            local_lid: be16(b, o),
-            remote_lid: be16(b, o + 2),
+            local_lid: get_be16(b, o),
+            remote_lid: get_be16(b, o + 2),
             local_gid: gid(b, o + 4),
             remote_gid: gid(b, o + 20),
             flow_label: w >> 12,
@@ -304,21 +285,21 @@ impl CmReq {
     pub fn pack(&self) -> Result<Mad> {
         let mut m = cm_mad(cm_attr::REQ);
         let b = &mut m.0;
-        put32(b, 24, self.local_comm_id);
-        put64(b, 32, self.service_id);
-        put64(b, 40, self.local_ca_guid);
-        put32(b, 52, self.local_qkey);
-        put32(
+        put_be32(b, 24, self.local_comm_id);
+        put_be64(b, 32, self.service_id);
+        put_be64(b, 40, self.local_ca_guid);
+        put_be32(b, 52, self.local_qkey);
+        put_be32(
             b,
             56,
             (self.local_qpn << 8) | u32::from(self.responder_resources),
         );
-        put32(
+        put_be32(
             b,
             60,
             (self.local_eecn << 8) | u32::from(self.initiator_depth),
         );
-        put32(
+        put_be32(
             b,
             64,
             (self.remote_eecn << 8)
@@ -326,14 +307,14 @@ impl CmReq {
                 | (u32::from(self.transport_type & 3) << 1)
                 | u32::from(self.flow_control),
         );
-        put32(
+        put_be32(
             b,
             68,
             (self.starting_psn << 8)
                 | (u32::from(self.local_cm_response_timeout & 0x1f) << 3)
                 | u32::from(self.retry_count & 7),
         );
-        put16(b, 72, self.pkey);
+        put_be16(b, 72, self.pkey);
         b[74] = ((self.path_mtu & 0xf) << 4)
             | (u8::from(self.rdc_exists) << 3)
             | (self.rnr_retry_count & 7);
@@ -347,16 +328,16 @@ impl CmReq {
     /// From a MAD.
     pub fn unpack(m: &Mad) -> CmReq {
         let b = &m.0;
-        let w64 = be32(b, 64);
-        let w68 = be32(b, 68);
+        let w64 = get_be32(b, 64);
+        let w68 = get_be32(b, 68);
         CmReq {
-            local_comm_id: be32(b, 24),
-            service_id: be64(b, 32),
-            local_ca_guid: be64(b, 40),
-            local_qkey: be32(b, 52),
-            local_qpn: be32(b, 56) >> 8,
+            local_comm_id: get_be32(b, 24),
+            service_id: get_be64(b, 32),
+            local_ca_guid: get_be64(b, 40),
+            local_qkey: get_be32(b, 52),
+            local_qpn: get_be32(b, 56) >> 8,
             responder_resources: b[59],
-            local_eecn: be32(b, 60) >> 8,
+            local_eecn: get_be32(b, 60) >> 8,
             initiator_depth: b[63],
             remote_eecn: w64 >> 8,
             remote_cm_response_timeout: ((w64 >> 3) & 0x1f) as u8,
@@ -365,7 +346,7 @@ impl CmReq {
             starting_psn: w68 >> 8,
             local_cm_response_timeout: ((w68 >> 3) & 0x1f) as u8,
             retry_count: (w68 & 7) as u8,
-            pkey: be16(b, 72),
+            pkey: get_be16(b, 72),
             path_mtu: b[74] >> 4,
             rdc_exists: b[74] & 0x08 != 0,
             rnr_retry_count: b[74] & 7,
@@ -418,19 +399,19 @@ impl CmRep {
     pub fn pack(&self) -> Result<Mad> {
         let mut m = cm_mad(cm_attr::REP);
         let b = &mut m.0;
-        put32(b, 24, self.local_comm_id);
-        put32(b, 28, self.remote_comm_id);
-        put32(b, 32, self.local_qkey);
-        put32(b, 36, self.local_qpn << 8);
-        put32(b, 40, self.local_eecn << 8);
-        put32(b, 44, self.starting_psn << 8);
+        put_be32(b, 24, self.local_comm_id);
+        put_be32(b, 28, self.remote_comm_id);
+        put_be32(b, 32, self.local_qkey);
+        put_be32(b, 36, self.local_qpn << 8);
+        put_be32(b, 40, self.local_eecn << 8);
+        put_be32(b, 44, self.starting_psn << 8);
         b[48] = self.responder_resources;
         b[49] = self.initiator_depth;
         b[50] = ((self.target_ack_delay & 0x1f) << 3)
             | ((self.failover_accepted & 3) << 1)
             | u8::from(self.flow_control);
         b[51] = ((self.rnr_retry_count & 7) << 5) | (u8::from(self.srq) << 4);
-        put64(b, 52, self.local_ca_guid);
+        put_be64(b, 52, self.local_ca_guid);
         put_private(&mut m, 60, private_len::REP, &self.private_data)?;
         Ok(m)
     }
@@ -438,12 +419,12 @@ impl CmRep {
     pub fn unpack(m: &Mad) -> CmRep {
         let b = &m.0;
         CmRep {
-            local_comm_id: be32(b, 24),
-            remote_comm_id: be32(b, 28),
-            local_qkey: be32(b, 32),
-            local_qpn: be32(b, 36) >> 8,
-            local_eecn: be32(b, 40) >> 8,
-            starting_psn: be32(b, 44) >> 8,
+            local_comm_id: get_be32(b, 24),
+            remote_comm_id: get_be32(b, 28),
+            local_qkey: get_be32(b, 32),
+            local_qpn: get_be32(b, 36) >> 8,
+            local_eecn: get_be32(b, 40) >> 8,
+            starting_psn: get_be32(b, 44) >> 8,
             responder_resources: b[48],
             initiator_depth: b[49],
             target_ack_delay: b[50] >> 3,
@@ -451,7 +432,7 @@ impl CmRep {
             flow_control: b[50] & 1 != 0,
             rnr_retry_count: b[51] >> 5,
             srq: b[51] & 0x10 != 0,
-            local_ca_guid: be64(b, 52),
+            local_ca_guid: get_be64(b, 52),
             private_data: b[60..60 + private_len::REP].to_vec(),
         }
     }
@@ -483,11 +464,11 @@ impl CmRej {
             return Err(Error::MsgSize);
         }
         let b = &mut m.0;
-        put32(b, 24, self.local_comm_id);
-        put32(b, 28, self.remote_comm_id);
+        put_be32(b, 24, self.local_comm_id);
+        put_be32(b, 28, self.remote_comm_id);
         b[32] = (self.msg_rejected & 3) << 6;
         b[33] = (self.ari.len() as u8) << 1;
-        put16(b, 34, self.reason);
+        put_be16(b, 34, self.reason);
         b[36..36 + self.ari.len()].copy_from_slice(&self.ari);
         put_private(&mut m, 108, private_len::REJ, &self.private_data)?;
         Ok(m)
@@ -497,10 +478,10 @@ impl CmRej {
         let b = &m.0;
         let ari_len = usize::from(b[33] >> 1).min(IB_CM_REJ_ARI_LENGTH);
         CmRej {
-            local_comm_id: be32(b, 24),
-            remote_comm_id: be32(b, 28),
+            local_comm_id: get_be32(b, 24),
+            remote_comm_id: get_be32(b, 28),
             msg_rejected: b[32] >> 6,
-            reason: be16(b, 34),
+            reason: get_be16(b, 34),
             ari: b[36..36 + ari_len].to_vec(),
             private_data: b[108..108 + private_len::REJ].to_vec(),
         }
@@ -527,8 +508,8 @@ impl CmMra {
     pub fn pack(&self) -> Result<Mad> {
         let mut m = cm_mad(cm_attr::MRA);
         let b = &mut m.0;
-        put32(b, 24, self.local_comm_id);
-        put32(b, 28, self.remote_comm_id);
+        put_be32(b, 24, self.local_comm_id);
+        put_be32(b, 28, self.remote_comm_id);
         b[32] = (self.msg_mraed & 3) << 6;
         b[33] = (self.service_timeout & 0x1f) << 3;
         put_private(&mut m, 34, private_len::MRA, &self.private_data)?;
@@ -538,8 +519,8 @@ impl CmMra {
     pub fn unpack(m: &Mad) -> CmMra {
         let b = &m.0;
         CmMra {
-            local_comm_id: be32(b, 24),
-            remote_comm_id: be32(b, 28),
+            local_comm_id: get_be32(b, 24),
+            remote_comm_id: get_be32(b, 28),
             msg_mraed: b[32] >> 6,
             service_timeout: b[33] >> 3,
             private_data: b[34..34 + private_len::MRA].to_vec(),
@@ -574,10 +555,10 @@ impl CmIds {
     pub fn pack(&self, attr_id: u16) -> Result<Mad> {
         let (off, len) = Self::layout(attr_id)?;
         let mut m = cm_mad(attr_id);
-        put32(&mut m.0, 24, self.local_comm_id);
-        put32(&mut m.0, 28, self.remote_comm_id);
+        put_be32(&mut m.0, 24, self.local_comm_id);
+        put_be32(&mut m.0, 28, self.remote_comm_id);
         if attr_id == cm_attr::DREQ {
-            put32(&mut m.0, 32, self.remote_qpn << 8);
+            put_be32(&mut m.0, 32, self.remote_qpn << 8);
         }
         put_private(&mut m, off, len, &self.private_data)?;
         Ok(m)
@@ -587,10 +568,10 @@ impl CmIds {
         let (off, len) = Self::layout(m.attr_id())?;
         let b = &m.0;
         Ok(CmIds {
-            local_comm_id: be32(b, 24),
-            remote_comm_id: be32(b, 28),
+            local_comm_id: get_be32(b, 24),
+            remote_comm_id: get_be32(b, 28),
             remote_qpn: if m.attr_id() == cm_attr::DREQ {
-                be32(b, 32) >> 8
+                get_be32(b, 32) >> 8
             } else {
                 0
             },

@@ -28,6 +28,7 @@ use crate::mad::{Mad, MadAgent, MadEvent, MadSendBuf, MadSendId, method};
 use crate::verbs::{
     AhAttr, Event, EventElement, EventType, Gid, GlobalRoute, IB_QP1_QKEY, PortState, QpType,
 };
+use hal::be::get_be32;
 
 /// Records of a response: `(first segment, reassembled data)` to one record
 /// slice each. A Get answer holds one record; a GetTable answer as many as
@@ -51,7 +52,7 @@ fn response_records(mad: &Mad, rmpp_data: Option<&[u8]>, min_len: usize) -> Resu
             // worth of data.
             let active = mad.0[26] & 1 != 0;
             let len = if active {
-                (be32(&mad.0, 32) as usize).saturating_sub(20)
+                (get_be32(&mad.0, 32) as usize).saturating_sub(20)
             } else {
                 IB_SA_DATA_SIZE
             };

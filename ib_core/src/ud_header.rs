@@ -180,11 +180,6 @@ pub struct UdHeader {
     pub immediate_data: u32,
 }
 
-/// [`init`]'s name before ib_core dropped Linux's `ib_` prefix, kept only
-/// until mlx4_ib's `provider.rs` (changing on another branch) follows.
-#[doc(hidden)]
-pub use self::init as ib_ud_header_init;
-
 /// Linux `ib_ud_header_init` (IB link only): the header of a UD SEND ONLY
 /// carrying `payload_bytes`, with lengths, LNH, opcode and pad filled in.
 #[doc(alias = "ib_ud_header_init")]

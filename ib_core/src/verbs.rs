@@ -78,10 +78,6 @@ macro_rules! c_flags {
         impl $name {
             /// Linux's name of each flag, in declaration order.
             const LINUX_NAMES: &'static [($repr, &'static str)] = &[ $( ($val, $lname), )* ];
-            /// The flags of `self` also in `other` (bitflags' `intersection`).
-            pub const fn and(self, other: $name) -> $name {
-                self.intersection(other)
-            }
         }
         impl fmt::Display for $name {
             /// The Linux names of the set flags joined by `|` (unknown bits in hex).
@@ -1729,12 +1725,6 @@ const QP_STATE_TABLE: [[Transition; 7]; 7] = {
     tab[6][6] = VALID;
     tab
 };
-
-/// [`modify_qp_is_ok`]'s name before ib_core dropped Linux's `ib_` prefix,
-/// kept only until mlx4_ib's `provider.rs` (changing on another branch)
-/// follows.
-#[doc(hidden)]
-pub use self::modify_qp_is_ok as ib_modify_qp_is_ok;
 
 /// Linux `ib_modify_qp_is_ok`: checks a transition `cur -> next` of a QP of
 /// `qp_type` with attribute mask `mask` against the IBTA state table. `mask`

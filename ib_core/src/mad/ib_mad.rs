@@ -13,6 +13,7 @@ use core::fmt;
 
 use crate::device::DeviceId;
 use crate::verbs::{AhAttr, IB_QP_SET_QKEY, Wc, WcStatus};
+use hal::be::{get_be16, get_be32, get_be64};
 
 /// Size of a MAD.
 pub const IB_MGMT_MAD_SIZE: usize = 256;
@@ -148,18 +149,6 @@ impl fmt::Debug for MadResult {
     }
 }
 
-pub(super) fn be16(b: &[u8], off: usize) -> u16 {
-    u16::from_be_bytes([b[off], b[off + 1]])
-}
-pub(super) fn be32(b: &[u8], off: usize) -> u32 {
-    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-pub(super) fn be64(b: &[u8], off: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[off..off + 8]);
-    u64::from_be_bytes(x)
-}
-
 /// A 256-byte management datagram in wire order (`struct ib_mad`, and
 /// through the SMP accessors `struct ib_smp`). All accessors read and write
 /// the big-endian wire fields at fixed offsets inside the array, so none can
@@ -203,7 +192,7 @@ macro_rules! field {
     ($get:ident, $set:ident, u16, $off:expr, $doc:literal) => {
         #[doc = $doc]
         pub fn $get(&self) -> u16 {
-            be16(&self.0, $off)
+            get_be16(&self.0, $off)
         }
         #[doc = concat!("Sets: ", $doc)]
         pub fn $set(&mut self, v: u16) {
@@ -213,7 +202,7 @@ macro_rules! field {
     ($get:ident, $set:ident, u32, $off:expr, $doc:literal) => {
         #[doc = $doc]
         pub fn $get(&self) -> u32 {
-            be32(&self.0, $off)
+            get_be32(&self.0, $off)
         }
         #[doc = concat!("Sets: ", $doc)]
         pub fn $set(&mut self, v: u32) {
@@ -223,7 +212,7 @@ macro_rules! field {
     ($get:ident, $set:ident, u64, $off:expr, $doc:literal) => {
         #[doc = $doc]
         pub fn $get(&self) -> u64 {
-            be64(&self.0, $off)
+            get_be64(&self.0, $off)
         }
         #[doc = concat!("Sets: ", $doc)]
         pub fn $set(&mut self, v: u64) {
@@ -328,15 +317,15 @@ impl Grh {
     }
     /// Traffic class.
     pub fn traffic_class(&self) -> u8 {
-        ((be32(&self.0, 0) >> 20) & 0xff) as u8
+        ((get_be32(&self.0, 0) >> 20) & 0xff) as u8
     }
     /// Flow label.
     pub fn flow_label(&self) -> u32 {
-        be32(&self.0, 0) & 0xf_ffff
+        get_be32(&self.0, 0) & 0xf_ffff
     }
     /// Payload length.
     pub fn paylen(&self) -> u16 {
-        be16(&self.0, 4)
+        get_be16(&self.0, 4)
     }
     /// Next header (0x1b).
     pub fn next_hdr(&self) -> u8 {

@@ -3,7 +3,8 @@
 //! The fields are the hop pointer and count, M_Key, DrSLID/DrDLID, the data and
 //! the two paths. `struct ib_port_info` is left to the readers of PortInfo.
 
-use super::ib_mad::{Mad, be16, be64, field, status};
+use super::ib_mad::{Mad, field, status};
+use hal::be::{get_be16, get_be64};
 
 /// Bytes of SMP data.
 pub const IB_SMP_DATA_SIZE: usize = 64;

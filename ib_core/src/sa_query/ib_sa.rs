@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::mad::{Mad, class};
 use crate::verbs::Gid;
+use hal::be::{get_be16, get_be32, get_be64};
 
 /// SA class version (`IB_SA_CLASS_VERSION`).
 pub const IB_SA_CLASS_VERSION: u8 = 2;
@@ -121,17 +122,6 @@ pub mod portinfo_comp {
     pub const OPTIONS: u64 = 1 << 2;
 }
 
-fn be16(b: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([b[o], b[o + 1]])
-}
-pub(super) fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn be64(b: &[u8], o: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[o..o + 8]);
-    u64::from_be_bytes(x)
-}
 fn gid_at(b: &[u8], o: usize) -> Gid {
     let mut g = [0u8; 16];
     g.copy_from_slice(&b[o..o + 16]);
@@ -224,15 +214,15 @@ impl PathRecord {
         if b.len() < PATH_REC_SIZE {
             return Err(Error::Invalid("PathRecord shorter than 64 bytes"));
         }
-        let w44 = be32(b, 44);
-        let w48 = be32(b, 48);
-        let w52 = be32(b, 52);
+        let w44 = get_be32(b, 44);
+        let w48 = get_be32(b, 48);
+        let w52 = get_be32(b, 52);
         Ok(PathRecord {
-            service_id: be64(b, 0),
+            service_id: get_be64(b, 0),
             dgid: gid_at(b, 8),
             sgid: gid_at(b, 24),
-            dlid: be16(b, 40),
-            slid: be16(b, 42),
+            dlid: get_be16(b, 40),
+            slid: get_be16(b, 42),
             raw_traffic: w44 >> 31 != 0,
             flow_label: (w44 >> 8) & 0xf_ffff,
             hop_limit: w44 as u8,
@@ -334,22 +324,22 @@ impl NodeRecord {
         if b.len() < 108 {
             return Err(Error::Invalid("NodeRecord shorter than 108 bytes"));
         }
-        let w = be32(b, 40);
+        let w = get_be32(b, 40);
         let mut node_desc = [0u8; 64];
         node_desc.copy_from_slice(&b[44..108]);
         Ok(NodeRecord {
-            lid: be16(b, 0),
+            lid: get_be16(b, 0),
             node_info: NodeInfo {
                 base_version: b[4],
                 class_version: b[5],
                 node_type: b[6],
                 num_ports: b[7],
-                sys_image_guid: be64(b, 8),
-                node_guid: be64(b, 16),
-                port_guid: be64(b, 24),
-                partition_cap: be16(b, 32),
-                device_id: be16(b, 34),
-                revision: be32(b, 36),
+                sys_image_guid: get_be64(b, 8),
+                node_guid: get_be64(b, 16),
+                port_guid: get_be64(b, 24),
+                partition_cap: get_be16(b, 32),
+                device_id: get_be16(b, 34),
+                revision: get_be32(b, 36),
                 local_port_num: (w >> 24) as u8,
                 vendor_id: w & 0xff_ffff,
             },
@@ -410,7 +400,7 @@ impl PortInfoRecord {
         let mut port_info = [0u8; 64];
         port_info.copy_from_slice(&b[4..68]);
         Ok(PortInfoRecord {
-            lid: be16(b, 0),
+            lid: get_be16(b, 0),
             port_num: b[2],
             options: b[3],
             port_info,
@@ -418,15 +408,15 @@ impl PortInfoRecord {
     }
     /// PortInfo.LID.
     pub fn base_lid(&self) -> u16 {
-        be16(&self.port_info, 16)
+        get_be16(&self.port_info, 16)
     }
     /// PortInfo.MasterSMLID.
     pub fn sm_lid(&self) -> u16 {
-        be16(&self.port_info, 18)
+        get_be16(&self.port_info, 18)
     }
     /// PortInfo.CapabilityMask.
     pub fn capability_mask(&self) -> u32 {
-        be32(&self.port_info, 20)
+        get_be32(&self.port_info, 20)
     }
     /// PortInfo.PortState (1 Down ... 4 Active).
     pub fn port_state(&self) -> u8 {
@@ -449,11 +439,11 @@ pub fn build_mad(method: u8, attr_id: u16, comp_mask: u64, rec: &[u8]) -> Result
 
 /// The SA header's component mask.
 pub fn comp_mask(m: &Mad) -> u64 {
-    be64(&m.0, 48)
+    get_be64(&m.0, 48)
 }
 /// The SA header's attribute offset (in 8-byte words).
 pub fn attr_offset(m: &Mad) -> u16 {
-    be16(&m.0, 44)
+    get_be16(&m.0, 44)
 }
 /// Sets the SA header's attribute offset.
 pub fn set_attr_offset(m: &mut Mad, words: u16) {

@@ -282,7 +282,7 @@ impl Dev {
     }
 
     fn decode_eqe(&mut self, eqn: u32, ci: u32, e: &[u8; EQ_ENTRY_SIZE]) -> Option<Event> {
-        use mlx4_hw::wire::{get_be32, get_u8};
+        use hal::be::{get_be32, get_u8};
         let ty = get_u8(e, eqe::TYPE);
         let sub = get_u8(e, eqe::SUBTYPE);
         let num = get_be32(e, eqe::EVENT) & 0xff_ffff;

@@ -11,9 +11,9 @@
 //! [`Error::BadCaps`] naming Linux's field, never a shift overflow.
 
 use hal::DmaPool;
+use hal::be::*;
 use mlx4_hw::cmd::{Opcode, timeout};
 use mlx4_hw::fw::*;
-use mlx4_hw::wire::*;
 
 use crate::cmd::{Cmd, Mailbox};
 use crate::dev::MAX_PORTS;

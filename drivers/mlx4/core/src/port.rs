@@ -5,9 +5,9 @@
 //! port capabilities by MAD_IFC, SET_PORT (IB), INIT_PORT and CLOSE_PORT.
 //! MAC/VLAN tables and the Ethernet SET_PORT flavours are left out.
 
+use hal::be::get_be32;
 use mlx4_hw::cmd::{Opcode, errno, timeout};
 use mlx4_hw::port::*;
-use mlx4_hw::wire::get_be32;
 
 use crate::cmd::Mailbox;
 use crate::dev::{Dev, PortType};

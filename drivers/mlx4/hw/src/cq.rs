@@ -2,7 +2,7 @@
 //!
 //! Left out: the CQ resize and moderation payloads beyond the context.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// Size of a CQE (64-byte CQEs stay disabled).
 pub const CQE_SIZE: usize = 32;

@@ -3,7 +3,7 @@
 //! With the opcode and syndrome values. Left out: the Ethernet checksum/VLAN
 //! fields and the 64-byte CQE layout (64-byte CQEs stay disabled).
 
-use crate::wire::*;
+use hal::be::*;
 
 /// Size of a CQE.
 pub const SIZE: usize = 32;

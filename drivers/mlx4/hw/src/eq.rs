@@ -2,7 +2,7 @@
 //!
 //! Left out: 64-byte EQEs and the payloads of the SR-IOV event types.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// Size of an EQE (`MLX4_EQ_ENTRY_SIZE`; 64-byte EQEs stay disabled).
 pub const EQ_ENTRY_SIZE: usize = 32;

@@ -4,7 +4,7 @@
 //! INIT_HCA/QUERY_HCA. Left out: the SR-IOV QUERY_FUNC_CAP and device-managed
 //! flow-steering blocks.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// QUERY_FW output offsets.
 pub mod query_fw {

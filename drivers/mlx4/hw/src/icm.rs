@@ -1,6 +1,6 @@
 //! ICM units and the page-list mailbox of MAP_FA / MAP_ICM_AUX / MAP_ICM (Linux `icm.h` and `mlx4_map_cmd` in `fw.c`).
 
-use crate::wire::put_be64;
+use hal::be::put_be64;
 
 /// `MLX4_ICM_PAGE_SHIFT`: ICM is managed in 4 KiB pages.
 pub const ICM_PAGE_SHIFT: u32 = 12;

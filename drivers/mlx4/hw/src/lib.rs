@@ -29,5 +29,4 @@ pub mod mr;
 pub mod port;
 pub mod qp;
 pub mod srq;
-pub mod wire;
 pub mod wqe;

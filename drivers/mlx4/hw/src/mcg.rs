@@ -2,7 +2,7 @@
 //!
 //! Left out: device-managed flow-steering rules.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// `next_gid_index`: BE32, the next entry's index << 6.
 pub const NEXT_GID_INDEX: usize = 0x00;

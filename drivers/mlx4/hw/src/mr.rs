@@ -2,7 +2,7 @@
 //!
 //! Memory windows and FMR-specific fields are carried as plain fields only.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// `MLX4_MTT_FLAG_PRESENT`.
 pub const MTT_FLAG_PRESENT: u64 = 1;

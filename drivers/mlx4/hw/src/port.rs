@@ -2,7 +2,7 @@
 //!
 //! Left out: the Ethernet SET_PORT flavours.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// SET_PORT dword 0: change the MTU cap.
 pub const CHANGE_PORT_MTU_CAP: u32 = 22;

@@ -4,7 +4,7 @@
 //! fields.
 
 use crate::cmd::Opcode;
-use crate::wire::*;
+use hal::be::*;
 
 /// QP states (`enum mlx4_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

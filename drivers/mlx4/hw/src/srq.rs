@@ -2,7 +2,7 @@
 //!
 //! ARM_SRQ limits and XRC are carried as plain fields only.
 
-use crate::wire::*;
+use hal::be::*;
 
 /// The 48-byte SRQ context.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -224,7 +224,7 @@ pub struct Av {
 impl Av {
     /// The wire bytes.
     pub fn to_bytes(&self) -> [u8; av::SIZE] {
-        use crate::wire::*;
+        use hal::be::*;
         let mut b = [0u8; av::SIZE];
         put_be32(&mut b, av::PORT_PD, self.port_pd);
         put_u8(&mut b, av::G_SLID, self.g_slid);
@@ -239,7 +239,7 @@ impl Av {
 
     /// Decodes the wire bytes.
     pub fn from_bytes(b: &[u8; av::SIZE]) -> Av {
-        use crate::wire::*;
+        use hal::be::*;
         let mut dgid = [0u8; 16];
         dgid.copy_from_slice(&b[av::DGID..av::DGID + 16]);
         Av {

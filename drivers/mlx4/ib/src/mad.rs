@@ -9,6 +9,7 @@
 //! forwarding to the SM, SR-IOV demultiplexing/tunnelling, paravirtualised
 //! GUIDs and the PMA counters of Ethernet ports.
 
+use hal::be::{get_be16, get_be32, get_be64};
 use mlx4_core::Dev;
 use mlx4_hw::port::MAD_SIZE;
 
@@ -87,16 +88,6 @@ mod ext {
     pub const END: usize = 0x168;
 }
 
-fn be16(b: &[u8], o: usize) -> u16 {
-    u16::from_be_bytes([b[o], b[o + 1]])
-}
-fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn be64(b: &[u8], o: usize) -> u64 {
-    (u64::from(be32(b, o)) << 32) | u64::from(be32(b, o + 4))
-}
-
 /// Linux `init_query_mad`: a LID-routed SubnGet() of `attr_id`.
 pub fn init_query_mad(attr_id: u16, attr_mod: u32) -> [u8; MAD_SIZE] {
     let mut m = [0u8; MAD_SIZE];
@@ -167,7 +158,7 @@ pub fn query(dev: &mut Dev, port: u8, attr_id: u16, attr_mod: u32) -> Result<[u8
         None,
         &init_query_mad(attr_id, attr_mod),
     )?;
-    let status = be16(&out, off::STATUS) & 0x7fff;
+    let status = get_be16(&out, off::STATUS) & 0x7fff;
     if status != 0 {
         return Err(Error::MadStatus(status));
     }
@@ -194,11 +185,11 @@ pub fn query_node_info(dev: &mut Dev) -> Result<NodeInfo> {
     let m = query(dev, 1, attr::NODE_INFO, 0)?;
     let d = &m[off::SMP_DATA..];
     Ok(NodeInfo {
-        sys_image_guid: be64(d, 4),
-        node_guid: be64(d, 12),
-        device_id: be16(d, 30),
-        revision: be32(d, 32),
-        vendor_id: be32(d, 36) & 0xff_ffff,
+        sys_image_guid: get_be64(d, 4),
+        node_guid: get_be64(d, 12),
+        device_id: get_be16(d, 30),
+        revision: get_be32(d, 32),
+        vendor_id: get_be32(d, 36) & 0xff_ffff,
     })
 }
 
@@ -252,10 +243,10 @@ pub fn query_port(dev: &mut Dev, port: u8) -> Result<PortAttr> {
         .copied()
         .unwrap_or_default();
     let mut a = PortAttr {
-        gid_prefix: be64(d, 8),
-        lid: be16(d, 16),
-        sm_lid: be16(d, 18),
-        port_cap_flags: be32(d, 20),
+        gid_prefix: get_be64(d, 8),
+        lid: get_be16(d, 16),
+        sm_lid: get_be16(d, 18),
+        port_cap_flags: get_be32(d, 20),
         active_width: d[31] & 0xf,
         state: d[32] & 0xf,
         phys_state: d[33] >> 4,
@@ -266,8 +257,8 @@ pub fn query_port(dev: &mut Dev, port: u8) -> Result<PortAttr> {
         max_vl_num: d[37] >> 4,
         max_mtu: d[41] & 0xf,
         init_type_reply: d[41] >> 4,
-        bad_pkey_cntr: be16(d, 46),
-        qkey_viol_cntr: be16(d, 48),
+        bad_pkey_cntr: get_be16(d, 46),
+        qkey_viol_cntr: get_be16(d, 48),
         subnet_timeout: d[51] & 0x1f,
         gid_tbl_len: pc.gid_table_len,
         pkey_tbl_len: pc.pkey_table_len,
@@ -336,7 +327,7 @@ pub fn query_pkey_table(dev: &mut Dev, port: u8, out: &mut [u16]) -> Result<()> 
     for (block, keys) in (0u32..).zip(out.chunks_mut(32)) {
         let m = query(dev, port, attr::PKEY_TABLE, block)?;
         for (i, k) in keys.iter_mut().enumerate() {
-            *k = be16(&m, off::SMP_DATA + i * 2);
+            *k = get_be16(&m, off::SMP_DATA + i * 2);
         }
     }
     Ok(())
@@ -346,7 +337,7 @@ pub fn query_pkey_table(dev: &mut Dev, port: u8, out: &mut [u16]) -> Result<()> 
 /// `index / 32`.
 pub fn query_pkey(dev: &mut Dev, port: u8, index: u16) -> Result<u16> {
     let m = query(dev, port, attr::PKEY_TABLE, u32::from(index / 32))?;
-    Ok(be16(&m, off::SMP_DATA + usize::from(index % 32) * 2))
+    Ok(get_be16(&m, off::SMP_DATA + usize::from(index % 32) * 2))
 }
 
 /// `IB_MAD_RESULT_*` bits of [`process_mad`].
@@ -411,7 +402,7 @@ pub fn process_mad(
     };
     let cls = in_mad[off::MGMT_CLASS];
     let meth = in_mad[off::METHOD];
-    let attr_id = be16(in_mad, off::ATTR_ID);
+    let attr_id = get_be16(in_mad, off::ATTR_ID);
     let slid = in_wc.map_or(0xffff, |w| w.slid);
     if meth == method::TRAP && slid == 0 {
         r.forward_trap = true;
@@ -452,7 +443,7 @@ pub fn process_mad(
         }
     };
     r.out_mad = out;
-    if be16(&r.out_mad, off::STATUS) == 0 {
+    if get_be16(&r.out_mad, off::STATUS) == 0 {
         let caps_flags = dev.caps().flags;
         // MLX4_DEV_CAP_FLAG_PORT_MNG_CHG_EV (bit 59): the firmware reports
         // these changes as events itself.
@@ -484,11 +475,11 @@ pub fn smp_snoop(mad: &[u8; MAD_SIZE], prev_lid: u16) -> Snooped {
         return s;
     }
     let d = &mad[off::SMP_DATA..];
-    match be16(mad, off::ATTR_ID) {
+    match get_be16(mad, off::ATTR_ID) {
         attr::PORT_INFO => {
-            s.sm = Some((be16(d, 18), d[36] & 0xf));
+            s.sm = Some((get_be16(d, 18), d[36] & 0xf));
             s.client_reregister = d[51] & 0x80 != 0;
-            s.lid_change = be16(d, 16) != prev_lid;
+            s.lid_change = get_be16(d, 16) != prev_lid;
         }
         attr::PKEY_TABLE => s.pkey_change = true,
         attr::GUID_INFO => s.gid_change = true,

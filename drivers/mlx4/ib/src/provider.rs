@@ -9,12 +9,12 @@ use alloc::string::String;
 
 use ib_core::error::{Error as IbError, PostError as IbPostError, Result as IbResult};
 use ib_core::mad::{Grh, Mad, MadResult};
-use ib_core::ud_header::ib_ud_header_init;
+use ib_core::ud_header;
 use ib_core::verbs::{
     self as v, Ah, Cq, CqInitAttr, CqNotifyFlags, DeviceAttr, DeviceInfo, Event, EventElement,
     EventType, IbDevice, MrPages, NodeType, Pd, PortAttr, PortCapFlags, PortState, Qp, QpAttr,
     QpAttrMask, QpCap, QpInitAttr as IbQpInitAttr, RecvWr, Srq, SrqAttr, SrqAttrMask, SrqInitAttr,
-    Wc, ib_modify_qp_is_ok,
+    Wc, modify_qp_is_ok,
 };
 use mlx4_core::Dev;
 use mlx4_hw::wqe::av;
@@ -119,7 +119,7 @@ impl MlxHeader for UdHeaderBuilder<'_> {
         let a = &qp.av;
         let is_grh = a.g_slid & av::GRH != 0;
         let imm = wr.opcode == WrOpcode::SendWithImm;
-        let mut h = ib_ud_header_init(payload, true, is_grh, imm)
+        let mut h = ud_header::init(payload, true, is_grh, imm)
             .map_err(|_| Error::Inval("MAD payload too large for a UD header"))?;
         h.lrh.service_level = (a.sl_tclass_flowlabel >> 28) as u8;
         h.lrh.destination_lid = a.dlid;
@@ -424,7 +424,7 @@ impl IbDevice for Mlx4IbDev {
             cur
         };
         // mlx4_ib_modify_qp: the IBTA table first.
-        ib_modify_qp_is_ok(cur, new, q.qp_type, mask)?;
+        modify_qp_is_ok(cur, new, q.qp_type, mask)?;
         ib(Mlx4IbDev::modify_qp(self, qp_id(qp), attr, mask))
     }
 

@@ -10,11 +10,11 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use core::time::Duration;
 use std::sync::Mutex;
 
+use hal::be::*;
 use hal::fake::{ArenaDma, FakeClock, MemBar, MemConfig};
 use hal::{Bar, BarInfo, BarKind, BusAddr, DmaPool, PciAddress, PciFunction, RegisterBackend};
 use mlx4_hw::fw::dev_cap::*;
 use mlx4_hw::hcr::*;
-use mlx4_hw::wire::*;
 
 /// Catastrophic error buffer offset in BAR0.
 pub const CATAS_OFFSET: usize = 0x2000;

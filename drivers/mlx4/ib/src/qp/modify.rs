@@ -213,7 +213,7 @@ impl crate::Mlx4IbDev {
                 qp.atomic_rd_en
             };
             if depth == 0 {
-                acc = acc.and(AccessFlags::REMOTE_WRITE);
+                acc &= AccessFlags::REMOTE_WRITE;
             }
             if acc.contains(AccessFlags::REMOTE_READ) {
                 ctx.params2 |= params2::RRE;

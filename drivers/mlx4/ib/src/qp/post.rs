@@ -9,6 +9,7 @@
 //! fast-register MRs.
 
 use hal::barrier::{dma_wmb, wmb};
+use hal::be::put_be64;
 use mlx4_hw::doorbell::SEND_DOORBELL;
 use mlx4_hw::wqe::{self, atomic, ctrl, data, datagram, inline, mlx, opcode, raddr};
 
@@ -874,16 +875,11 @@ impl Mlx4IbQp {
         let opi = wr.opcode as u32;
         let op = HW_OPCODE[opi as usize & 15];
         let mut st = [0u8; 128];
-        fn put64(st: &mut [u8; 128], o: usize, v: u64) {
-            if let Some(d) = st.get_mut(o..o + 8) {
-                d.copy_from_slice(&v.to_be_bytes());
-            }
-        }
         let mut off = ctrl::SIZE;
         match &wr.wr {
             WrDetail::Rdma { remote_addr, rkey } if RDMA_OPS & (1 << opi) != 0 => {
-                put64(&mut st, off, *remote_addr);
-                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                put_be64(&mut st, off, *remote_addr);
+                put_be64(&mut st, off + 8, u64::from(*rkey) << 32);
                 off += raddr::SIZE;
             }
             WrDetail::None if SEND_OPS & (1 << opi) != 0 && self.qp_type != QpType::Ud => {}
@@ -895,8 +891,8 @@ impl Mlx4IbQp {
                 swap_mask,
                 rkey,
             } if ATOMIC_OPS & (1 << opi) != 0 => {
-                put64(&mut st, off, *remote_addr);
-                put64(&mut st, off + 8, u64::from(*rkey) << 32);
+                put_be64(&mut st, off, *remote_addr);
+                put_be64(&mut st, off + 8, u64::from(*rkey) << 32);
                 off += raddr::SIZE;
                 let (a, b, masks) = match wr.opcode {
                     WrOpcode::AtomicCmpAndSwp => (*swap, *compare_add, None),
@@ -906,12 +902,12 @@ impl Mlx4IbQp {
                     }
                     _ => (*compare_add, *compare_add_mask, None),
                 };
-                put64(&mut st, off, a);
-                put64(&mut st, off + 8, b);
+                put_be64(&mut st, off, a);
+                put_be64(&mut st, off + 8, b);
                 off += atomic::SIZE;
                 if let Some((sm, cm)) = masks {
-                    put64(&mut st, off, sm);
-                    put64(&mut st, off + 8, cm);
+                    put_be64(&mut st, off, sm);
+                    put_be64(&mut st, off + 8, cm);
                     off += atomic::SIZE;
                 }
             }
@@ -925,7 +921,7 @@ impl Mlx4IbQp {
                 if let Some(d) = st.get_mut(off..off + 32) {
                     d.copy_from_slice(&ah.av);
                 }
-                put64(
+                put_be64(
                     &mut st,
                     off + datagram::DQPN,
                     (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
@@ -937,8 +933,8 @@ impl Mlx4IbQp {
         for s in wr.sg_list {
             // libmlx4 encodes a zero length as 0x80000000 (2 GiB).
             let bc = if s.length == 0 { 0x8000_0000 } else { s.length };
-            put64(&mut st, off, (u64::from(bc) << 32) | u64::from(s.lkey));
-            put64(&mut st, off + 8, s.addr);
+            put_be64(&mut st, off, (u64::from(bc) << 32) | u64::from(s.lkey));
+            put_be64(&mut st, off + 8, s.addr);
             off += data::SIZE;
         }
         if off > (1 << self.sq.wqe_shift) || off > st.len() {
@@ -952,7 +948,7 @@ impl Mlx4IbQp {
         } else {
             0
         };
-        put64(
+        put_be64(
             &mut st,
             ctrl::SRCRB_FLAGS,
             (u64::from(srcrb) << 32) | u64::from(imm),
