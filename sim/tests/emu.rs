@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use sim::ivshmem::{
+use sim::front::ivshmem::{
     BAR0_OFF, CONFIG_OFF, Emulator, Exit, GUEST_SHUT_DOWN, Log, MAGIC, Options, SharedFile, hdr,
 };
 use sim::{Opcode, Status};
@@ -548,8 +548,8 @@ fn bench_round_trips() {
 #[test]
 fn guest_ram_above_4_gib_and_faults_in_the_hole() {
     use sim::HostMemory;
-    use sim::ivshmem::GuestRam;
-    use sim::mem::DmaFaultKind;
+    use sim::front::ivshmem::GuestRam;
+    use sim::hca::mem::DmaFaultKind;
     let f = Files::new("bigram");
     let path = f.dir.join("big.ram");
     let size: u64 = 3 << 30;

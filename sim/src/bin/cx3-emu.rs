@@ -1,12 +1,12 @@
 //! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem, per
 //! `docs/ivshmem.md`, with the subnet manager `--sm` asks for (OpenSM as a
-//! child process that ends with it, docs/peers.md); see [`sim::ivshmem`]
+//! child process that ends with it, docs/peers.md); see [`sim::front::ivshmem`]
 //! for the logic and `--help` for the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::ivshmem::{Cli, Emulator, Exit, Log, USAGE, parse_args};
+use sim::front::ivshmem::{Cli, Emulator, Exit, Log, USAGE, parse_args};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

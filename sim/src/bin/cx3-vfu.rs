@@ -1,13 +1,13 @@
 //! `cx3-vfu`: serves the ConnectX-3 model as PCI functions (15b3:1003), one
 //! per socket and all on one emulated fabric with its subnet manager, to
-//! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::vfu`]
+//! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::front::vfu`]
 //! for the logic and `--help` for the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::ivshmem::Log;
-use sim::vfu::{Cli, Exit, Fleet, USAGE, irqs, parse_args, regions};
+use sim::front::ivshmem::Log;
+use sim::front::vfu::{Cli, Exit, Fleet, USAGE, irqs, parse_args, regions};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

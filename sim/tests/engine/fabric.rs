@@ -430,7 +430,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
     // port 1: the switch's SMA answers, back to A's QP0.
     let (mut qp0, _qp1) = crate::mlx::special_qps(&mut a, &ca);
     let m = a.mr(0x40_0000, 8192, acc::ALL);
-    let mut smp = sim::packet::Smp::dr_get(0x1234, 0x0011, 0, &[1]).unwrap();
+    let mut smp = sim::fabric::packet::Smp::dr_get(0x1234, 0x0011, 0, &[1]).unwrap();
     // The sender's own step of the route (IBTA C14-9; Linux does it in
     // ib_mad's smi_handle_dr_smp_send, not the HCA).
     smp.hop_ptr = 1;
@@ -746,7 +746,7 @@ fn an_unexpected_response_is_a_bad_response_error() {
     qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     assert!(ca.drain().is_empty());
     // Forge B -> A: RC ATOMIC Acknowledge for QP 0x80 at PSN 0x100.
-    use sim::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
+    use sim::fabric::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
     let hd = Headers {
         lrh: Lrh {
             dlid: a.lid,
@@ -791,7 +791,7 @@ fn an_unexpected_response_is_a_bad_response_error() {
 /// runs afterwards.
 #[test]
 fn random_packets_at_the_port_then_well_formed_traffic() {
-    use sim::packet::{Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, build, reseal};
+    use sim::fabric::packet::{Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, build, reseal};
     let (mut a, mut b, w) = b2b();
     let mut ca = a.cq(12);
     let cb = b.cq(6);

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use sim::fabric::packet::opcode;
 use sim::fabric::{FaultKind, FaultRule, Topology};
-use sim::packet::opcode;
 use sim::{SimConfig, SimHca, Wire};
 
 use crate::loopback::one;

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use sim::fabric::packet::opcode;
 use sim::fabric::{FaultKind, FaultRule};
-use sim::packet::opcode;
 
 use crate::fabric::b2b;
 use crate::mlx::pma_get;

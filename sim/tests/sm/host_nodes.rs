@@ -4,9 +4,9 @@
 //! own.
 
 use sim::fabric::host_node::{Handled, Mad};
+use sim::fabric::packet::{MAD_LEN, MadHdr, method};
 use sim::fabric::{Fabric, HostNode, SmConfig, Topology};
-use sim::packet::{MAD_LEN, MadHdr, method};
-use sim::port::LogicalState;
+use sim::hca::port::LogicalState;
 
 const SEC: u64 = 1_000_000_000;
 

@@ -1,25 +1,25 @@
 //! The device core: all model state behind one lock, the register handlers
 //! both front ends call, the HCR protocol engine, and the DMA and ICM access
 //! paths every firmware command uses; the command handlers themselves live in
-//! [`crate::fw`].
+//! [`crate::hca::fw`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hal::Clock;
 
-use crate::eq::EqState;
-use crate::faults::FaultPlan;
-use crate::frontend::SimConfig;
-use crate::fw::{self, Outcome};
-use crate::hcr::{Command, Opcode, Status, bits};
-use crate::icm::{Geometry, Icm, Table};
-use crate::layout::{DevCap, FwInfo, InitHca};
-use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
-use crate::pci::PciConfig;
-use crate::port::Port;
-use crate::regs::{self, RegFile};
-use crate::trace::TraceEntry;
+use crate::front::in_process::SimConfig;
+use crate::hca::eq::EqState;
+use crate::hca::faults::FaultPlan;
+use crate::hca::fw::{self, Outcome};
+use crate::hca::hcr::{Command, Opcode, Status, bits};
+use crate::hca::icm::{Geometry, Icm, Table};
+use crate::hca::layout::{DevCap, FwInfo, InitHca};
+use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::hca::pci::PciConfig;
+use crate::hca::port::Port;
+use crate::hca::regs::{self, RegFile};
+use crate::hca::trace::TraceEntry;
 
 /// Cap on recorded violations and faults (a runaway driver must not eat the
 /// host's memory).
@@ -223,9 +223,9 @@ pub struct Hca {
     /// value).
     pub pending_doorbells: Vec<(usize, u32)>,
     /// The data-path engines' state.
-    pub engine: crate::engine::Engine,
+    pub engine: crate::hca::engine::Engine,
     /// The fabric the ports are cabled to, if any.
-    pub fabric: Option<crate::engine::wire::FabricLink>,
+    pub fabric: Option<crate::hca::engine::wire::FabricLink>,
     /// What the threaded polling round looks at (see [`PollList`]).
     pub poll_list: PollList,
 }
@@ -258,8 +258,8 @@ impl Hca {
         clock: Arc<dyn Clock>,
         threaded: bool,
     ) -> Hca {
-        let bar0 = Arc::new(RegFile::new(crate::pci::BAR0_SIZE as usize));
-        let bar2 = Arc::new(RegFile::new(crate::pci::BAR2_SIZE as usize));
+        let bar0 = Arc::new(RegFile::new(crate::hca::pci::BAR0_SIZE as usize));
+        let bar2 = Arc::new(RegFile::new(crate::hca::pci::BAR2_SIZE as usize));
         Self::with_regs(cfg, mem, clock, threaded, bar0, bar2)
     }
 
@@ -306,7 +306,7 @@ impl Hca {
             catastrophic: false,
             clr_int_writes: 0,
             pending_doorbells: Vec::new(),
-            engine: crate::engine::Engine::default(),
+            engine: crate::hca::engine::Engine::default(),
             fabric: None,
             poll_list: PollList::default(),
             cfg,
@@ -406,8 +406,8 @@ impl Hca {
         let mut done = 0usize;
         while done < buf.len() {
             let at = va + done as u64;
-            let n =
-                ((crate::icm::ICM_PAGE - at % crate::icm::ICM_PAGE) as usize).min(buf.len() - done);
+            let n = ((crate::hca::icm::ICM_PAGE - at % crate::hca::icm::ICM_PAGE) as usize)
+                .min(buf.len() - done);
             let Some(bus) = self.icm.translate(at) else {
                 self.violation(format!("ICM read at {at:#x}: page not mapped"));
                 return Err(Status::ICM_ERROR);
@@ -423,8 +423,8 @@ impl Hca {
         let mut done = 0usize;
         while done < buf.len() {
             let at = va + done as u64;
-            let n =
-                ((crate::icm::ICM_PAGE - at % crate::icm::ICM_PAGE) as usize).min(buf.len() - done);
+            let n = ((crate::hca::icm::ICM_PAGE - at % crate::hca::icm::ICM_PAGE) as usize)
+                .min(buf.len() - done);
             let Some(bus) = self.icm.translate(at) else {
                 self.violation(format!("ICM write at {at:#x}: page not mapped"));
                 return Err(Status::ICM_ERROR);
@@ -491,7 +491,7 @@ impl Hca {
     /// firmware-reserved entry `BAD_RESOURCE`.
     pub fn mtt_lookup(&mut self, index: u64) -> Result<u64, Status> {
         let g = self.geo()?;
-        if index >= crate::layout::pow2(self.caps().log_max_mtts) {
+        if index >= crate::hca::layout::pow2(self.caps().log_max_mtts) {
             return Err(Status::BAD_PARAM);
         }
         self.mtt_reserved_check(index, 1, "MTT lookup")?;
@@ -504,7 +504,7 @@ impl Hca {
             ));
             return Err(Status::BAD_PARAM);
         }
-        match crate::ctx::mtt_decode(&b) {
+        match crate::hca::ctx::mtt_decode(&b) {
             Some(pa) => Ok(pa),
             None => {
                 self.violation(format!("MTT entry {index:#x} not present"));
@@ -580,7 +580,7 @@ impl Hca {
         self.special_qp_base = 0;
         self.catastrophic = false;
         self.pending_doorbells.clear();
-        self.engine = crate::engine::Engine::default();
+        self.engine = crate::hca::engine::Engine::default();
         self.poll_list.built_for = None;
     }
 
@@ -776,7 +776,7 @@ impl Hca {
             return;
         }
         if ctx_uar == uar {
-            crate::engine::cq_doorbell(self, cqn, cmd, (dw0 >> 28) as u8 & 3, ci);
+            crate::hca::engine::cq_doorbell(self, cqn, cmd, (dw0 >> 28) as u8 & 3, ci);
         }
     }
 
@@ -789,7 +789,7 @@ impl Hca {
             self.violation(format!("send doorbell for QP {qpn:#x} in RESET"));
             return;
         }
-        crate::engine::send_doorbell(self, qpn, uar);
+        crate::hca::engine::send_doorbell(self, qpn, uar);
     }
 
     // ---------------------------------------------------------------
@@ -842,7 +842,7 @@ impl Hca {
                 cmd.opcode, dw[6]
             ));
         }
-        if cmd.event && self.async_map[usize::from(crate::ctx::eqe::CMD)].is_none() {
+        if cmd.event && self.async_map[usize::from(crate::hca::ctx::eqe::CMD)].is_none() {
             self.violation(format!(
                 "{} posted in event mode (E bit) while no EQ is mapped for command-completion events: its completion EQE is lost",
                 cmd.opcode
@@ -935,7 +935,7 @@ impl Hca {
             ));
         }
         if b.event {
-            self.post_async(crate::ctx::Event::Cmd {
+            self.post_async(crate::hca::ctx::Event::Cmd {
                 token: b.token,
                 status: b.status,
                 out_param: b.imm_out.unwrap_or(0),
@@ -1057,7 +1057,7 @@ impl Hca {
             }
             None => {}
         }
-        active |= crate::engine::step(self);
+        active |= crate::hca::engine::step(self);
         active
     }
 
@@ -1093,7 +1093,7 @@ impl Hca {
         self.catastrophic = true;
         self.bar0.set_be(regs::CATAS_BASE, syndrome.max(1));
         self.bar0.set_be(regs::CATAS_BASE + 4, 0x0bad_0001);
-        self.post_async(crate::ctx::Event::LocalCatas);
+        self.post_async(crate::hca::ctx::Event::LocalCatas);
     }
 
     /// INIT_HCA parameters, if initialized.

@@ -38,11 +38,11 @@ use std::time::{Duration, Instant};
 use hal::ConfigSpace;
 use memmap2::MmapRaw;
 
-use crate::frontend::{SimConfig, SimHca};
-use crate::hcr::{Opcode, Status};
-use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
-use crate::pci::PciConfig;
-use crate::regs::RegFile;
+use crate::front::in_process::{SimConfig, SimHca};
+use crate::hca::hcr::{Opcode, Status};
+use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::hca::pci::PciConfig;
+use crate::hca::regs::RegFile;
 
 /// `C X 3 E` as a little-endian dword.
 pub const MAGIC: u32 = 0x4533_5843;
@@ -822,7 +822,7 @@ impl Emulator {
             for (op, st) in &opts.fail {
                 node.hca
                     .faults()
-                    .set(*op, crate::faults::OpcodeFault::status(*st));
+                    .set(*op, crate::hca::faults::OpcodeFault::status(*st));
             }
             nodes.push(node);
         }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::hcr::{Opcode, Status};
+use crate::hca::hcr::{Opcode, Status};
 
 /// What to do to one opcode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,11 +1,11 @@
 //! Port commands: QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT
 //! (IB flavour) and MAD_IFC (handed to the firmware SMA/PMA in
-//! [`crate::mad_ifc`]); the Ethernet SET_PORT flavours answer BAD_OP.
+//! [`crate::hca::mad_ifc`]); the Ethernet SET_PORT flavours answer BAD_OP.
 
 use super::{CmdResult, Outcome, need};
-use crate::device::{FwState, Hca};
-use crate::hcr::{Command, Status};
-use crate::layout::{PortCap, get8, get16, get32, get64, set_port_ib};
+use crate::hca::device::{FwState, Hca};
+use crate::hca::hcr::{Command, Status};
+use crate::hca::layout::{PortCap, get8, get16, get32, get64, set_port_ib};
 
 fn port_of(hca: &mut Hca, cmd: &Command) -> Result<usize, Status> {
     port_in(hca, cmd, cmd.in_mod)
@@ -49,7 +49,7 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     .encode();
     // iPXE's `link_state` (byte 0 bit 7) and `ib_link_speed` (byte 4); Linux
     // reads neither.
-    if p.phys == crate::port::PhysicalState::LinkUp {
+    if p.phys == crate::hca::port::PhysicalState::LinkUp {
         b[0] |= 0x80;
     }
     b[4] = 0x07;
@@ -123,7 +123,8 @@ pub fn set_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
             return Err(Status::EXCEED_LIM);
         }
     }
-    if flags & CHANGE_PKEY != 0 && (pkeys == 0 || usize::from(pkeys) > crate::port::PKEY_TABLE_LEN)
+    if flags & CHANGE_PKEY != 0
+        && (pkeys == 0 || usize::from(pkeys) > crate::hca::port::PKEY_TABLE_LEN)
     {
         return Err(Status::BAD_PARAM);
     }
@@ -158,8 +159,8 @@ pub fn mad_ifc(hca: &mut Hca, cmd: &Command) -> CmdResult {
     // Bits 7:0 port; bit 8 is iPXE/PRM's "extended info valid" (Linux uses
     // op_mod bit 2 instead); bits 31:16 the source LID; 15:9 reserved.
     let i = port_in(hca, cmd, cmd.in_mod & 0xfeff)?;
-    let mad = hca.read_mailbox(cmd.in_param, crate::mad_ifc::MAD_SIZE)?;
-    let resp = crate::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
+    let mad = hca.read_mailbox(cmd.in_param, crate::hca::mad_ifc::MAD_SIZE)?;
+    let resp = crate::hca::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
     hca.write_mailbox(cmd.out_param, &resp)?;
     Ok(Outcome::OK)
 }

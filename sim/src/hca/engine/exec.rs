@@ -52,10 +52,10 @@ use super::cq::{self, Cqe, Syndrome, rcv_op};
 use super::wqe::{self, Ctrl, Datagram, MAX_SEGS, MlxCtrl, Sge, op};
 use super::xlate::{self, Access, Seg};
 use super::{QpEng, Wait, WaitKind};
-use crate::ctx::{Event, eqe, st};
-use crate::device::{Hca, QpState};
-use crate::layout::{get16, get32, get64};
-use crate::port::LogicalState;
+use crate::hca::ctx::{Event, eqe, st};
+use crate::hca::device::{Hca, QpState};
+use crate::hca::layout::{get16, get32, get64};
+use crate::hca::port::LogicalState;
 
 /// Most bytes of a send WQE (63 units of 16).
 const WQE_MAX: usize = 1024;
@@ -707,12 +707,12 @@ fn ud_grh(hca: &Hca, port: u8, d: &Datagram, len: u64, imm: bool) -> Option<[u8;
     sgid[8..].copy_from_slice(&guid.to_be_bytes());
     let pad = (4 - len % 4) % 4;
     let pay = 12 + 8 + if imm { 4 } else { 0 } + len + pad + 4;
-    let g = crate::packet::Grh {
+    let g = crate::fabric::packet::Grh {
         ip_ver: 6,
         tclass: d.tclass,
         flow_label: d.flow_label,
         pay_len: u16::try_from(pay).unwrap_or(u16::MAX),
-        nxt_hdr: crate::packet::GRH_NXT_HDR_IBA,
+        nxt_hdr: crate::fabric::packet::GRH_NXT_HDR_IBA,
         hop_lmt: d.hop_limit,
         sgid,
         dgid: d.dgid,
@@ -889,10 +889,13 @@ pub(super) fn rq_commit(hca: &mut Hca, qpn: u32, r: &Rwqe) {
 fn srq_get(hca: &mut Hca, srqn: u32) -> Option<&mut super::SrqEng> {
     if !hca.engine.srqs.contains_key(&srqn) {
         let s = *hca.srqs.get(&srqn)?;
-        let va = hca.geo().ok()?.va(crate::icm::Table::Srqc, u64::from(srqn));
-        let mut b = [0u8; crate::ctx::srqc::SIZE];
+        let va = hca
+            .geo()
+            .ok()?
+            .va(crate::hca::icm::Table::Srqc, u64::from(srqn));
+        let mut b = [0u8; crate::hca::ctx::srqc::SIZE];
         hca.icm_read(va, &mut b).ok()?;
-        let c = crate::ctx::SrqCtx::decode(&b);
+        let c = crate::hca::ctx::SrqCtx::decode(&b);
         let shift = u32::from(c.log_stride) + 4;
         let cnt = 1u32 << s.log_size;
         let pages = hca
@@ -1611,9 +1614,11 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
         if xlate::gather(hca, &segs[..ns], &hdr_inline, 0, &mut body).is_err() {
             return Outcome::Fail(Syndrome::LocalProt);
         }
-        let grh = h.grh.and_then(|g| crate::packet::Grh::parse(&g).ok());
-        let hd = crate::packet::Headers {
-            lrh: crate::packet::Lrh {
+        let grh = h
+            .grh
+            .and_then(|g| crate::fabric::packet::Grh::parse(&g).ok());
+        let hd = crate::fabric::packet::Headers {
+            lrh: crate::fabric::packet::Lrh {
                 vl: h.vl,
                 sl: h.sl,
                 dlid: h.dlid,
@@ -1621,11 +1626,11 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
                 ..Default::default()
             },
             grh,
-            bth: crate::packet::Bth {
+            bth: crate::fabric::packet::Bth {
                 opcode: if h.imm.is_some() {
-                    crate::packet::opcode::UD_SEND_ONLY_IMM
+                    crate::fabric::packet::opcode::UD_SEND_ONLY_IMM
                 } else {
-                    crate::packet::opcode::UD_SEND_ONLY
+                    crate::fabric::packet::opcode::UD_SEND_ONLY
                 },
                 se: h.se,
                 pkey: h.pkey,
@@ -1633,14 +1638,14 @@ fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
                 psn: h.psn,
                 ..Default::default()
             },
-            deth: Some(crate::packet::Deth {
+            deth: Some(crate::fabric::packet::Deth {
                 qkey: h.qkey,
                 src_qp: h.sqpn,
             }),
             imm: h.imm,
             ..Default::default()
         };
-        match crate::packet::build(&hd, &body) {
+        match crate::fabric::packet::build(&hd, &body) {
             Ok(b) => {
                 super::wire::transmit(hca, port, b);
             }

@@ -13,8 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::hcr::Status;
-use crate::layout::{DevCap, InitHca, PageEntry};
+use crate::hca::hcr::Status;
+use crate::hca::layout::{DevCap, InitHca, PageEntry};
 
 /// ICM page size.
 pub const ICM_PAGE: u64 = 4096;

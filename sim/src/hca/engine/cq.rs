@@ -27,10 +27,10 @@
 //!   "solicited" arm pending until a solicited or error CQE arrives.
 //! * The arm sequence number (`sn`, 2 bits) is recorded, not checked.
 
-use crate::ctx::{CqCtx, Event, cqc};
-use crate::device::Hca;
-use crate::icm::Table;
-use crate::layout::{put8, put16, put32};
+use crate::hca::ctx::{CqCtx, Event, cqc};
+use crate::hca::device::Hca;
+use crate::hca::icm::Table;
+use crate::hca::layout::{put8, put16, put32};
 
 /// CQE opcodes of receive completions.
 pub mod rcv_op {
@@ -202,7 +202,7 @@ fn load(hca: &mut Hca, cqn: u32) -> Option<CqEng> {
     let page_size = 4096u64 << c.log_page_size.min(20);
     let bytes = u64::from(c.page_offset) + u64::from(nent) * 32;
     let pages = hca.mtt_pages(c.mtt_base, c.log_page_size, bytes).ok()?;
-    let prod = crate::layout::get32(&b, cqc::PROD_INDEX) & 0xff_ffff;
+    let prod = crate::hca::layout::get32(&b, cqc::PROD_INDEX) & 0xff_ffff;
     Some(CqEng {
         nent,
         pages,
@@ -261,7 +261,7 @@ pub fn push(hca: &mut Hca, cqn: u32, cqe: &Cqe) -> bool {
         ));
         hca.post_async(Event::CqError {
             cqn,
-            syndrome: crate::ctx::eqe::CQ_ERR_OVERRUN,
+            syndrome: crate::hca::ctx::eqe::CQ_ERR_OVERRUN,
         });
         return false;
     }

@@ -5,7 +5,7 @@
 //! Every DMA the model performs (mailboxes, ICM, MTT lookups, EQE writes)
 //! goes through one [`HostMemory`] object, gated on the bus-master bit of the
 //! config space. `hal::fake::ArenaDma` implements it for host tests; the
-//! ivshmem front end over the guest-RAM file ([`crate::ivshmem::GuestRam`]).
+//! ivshmem front end over the guest-RAM file ([`crate::front::ivshmem::GuestRam`]).
 
 use core::fmt;
 

@@ -4,11 +4,11 @@
 //! not modelled.
 
 use super::{CmdResult, Outcome, need};
-use crate::device::{FwState, Hca};
-use crate::faults::BadCap;
-use crate::hcr::{Command, Status};
-use crate::icm::{self, Geometry, Table};
-use crate::layout::{
+use crate::hca::device::{FwState, Hca};
+use crate::hca::faults::BadCap;
+use crate::hca::hcr::{Command, Status};
+use crate::hca::icm::{self, Geometry, Table};
+use crate::hca::layout::{
     self, InitHca, PageEntry, dev_cap, init_hca, mod_stat_cfg, put8, put16, put64,
 };
 
@@ -36,7 +36,7 @@ fn page_list(hca: &mut Hca, cmd: &Command) -> Result<Vec<PageEntry>, Status> {
         return Err(Status::BAD_PARAM);
     }
     let b = hca.read_mailbox(cmd.in_param, n as usize * 16)?;
-    let virt = cmd.opcode == crate::hcr::Opcode::MAP_ICM;
+    let virt = cmd.opcode == crate::hca::hcr::Opcode::MAP_ICM;
     for i in 0..n as usize {
         let (va, pa) = (layout::get64(&b, i * 16), layout::get64(&b, i * 16 + 8));
         if pa & 0xfc0 != 0 || (!virt && va != 0) {
@@ -270,7 +270,7 @@ fn icm_in_use(hca: &Hca, va: u64, len: u64) -> bool {
         || hca.mpts.keys().any(|&n| hit(Table::Dmpt, n))
         || hca.srqs.keys().any(|&n| hit(Table::Srqc, n))
         || hca.qps.iter().any(|(&n, q)| {
-            q.state != crate::device::QpState::Rst && hit(Table::Qpc, hca.qp_index(n) as u32)
+            q.state != crate::hca::device::QpState::Rst && hit(Table::Qpc, hca.qp_index(n) as u32)
         })
 }
 
@@ -292,7 +292,7 @@ fn ilog2(v: u32) -> u8 {
 
 /// Bits of INIT_HCA byte `off` that may be set (iPXE
 /// `hermonprm_init_hca_st` and its sub-blocks, plus the Linux-only fields
-/// listed in [`crate::layout`]); every other bit of the 0x200 bytes is
+/// listed in [`crate::hca::layout`]); every other bit of the 0x200 bytes is
 /// reserved. The flags dword and the 64-byte-entry dword are checked
 /// field by field in [`init_hca_fields`].
 fn init_hca_allowed(off: usize) -> u8 {
@@ -322,8 +322,8 @@ fn init_hca_allowed(off: usize) -> u8 {
 
 /// The first reserved bit set in an INIT_HCA mailbox, then the flag bits
 /// the device cannot honour; `Err` carries the recorded message.
-fn init_hca_fields(b: &[u8], c: &crate::layout::DevCap) -> Result<(), String> {
-    use crate::layout::cap_flags;
+fn init_hca_fields(b: &[u8], c: &crate::hca::layout::DevCap) -> Result<(), String> {
+    use crate::hca::layout::cap_flags;
     use init_hca::*;
     if let Some((off, v)) = b
         .iter()
@@ -510,7 +510,7 @@ pub fn close_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let live_qps = hca
         .qps
         .values()
-        .filter(|q| q.state != crate::device::QpState::Rst)
+        .filter(|q| q.state != crate::hca::device::QpState::Rst)
         .count();
     let counts = [
         ("EQs", hca.eqs.len()),
@@ -534,7 +534,7 @@ pub fn close_hca(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if !mapped.is_empty() {
         hca.violation(format!(
             "CLOSE_HCA with async events {} still mapped to an EQ (MAP_EQ unmap, in_mod bit 31, not done)",
-            crate::eq::event_list(&mapped)
+            crate::hca::eq::event_list(&mapped)
         ));
     }
     let open: Vec<String> = hca

@@ -9,13 +9,13 @@
 //! owned) at SW2HW.
 
 use super::{CmdResult, Outcome, need};
-use crate::ctx::{self, CqCtx, ENTRY_32, EqCtx, MptEntry, SrqCtx, cqc, eqc, mpt};
-use crate::device::{CqState, FwState, Hca, MptState, QpState, SrqState};
-use crate::eq::EqState;
-use crate::hcr::{Command, Status};
-use crate::icm::Table;
-use crate::layout::{get64, put8};
-use crate::regs;
+use crate::hca::ctx::{self, CqCtx, ENTRY_32, EqCtx, MptEntry, SrqCtx, cqc, eqc, mpt};
+use crate::hca::device::{CqState, FwState, Hca, MptState, QpState, SrqState};
+use crate::hca::eq::EqState;
+use crate::hca::hcr::{Command, Status};
+use crate::hca::icm::Table;
+use crate::hca::layout::{get64, put8};
+use crate::hca::regs;
 
 /// Reads the context mailbox.
 fn ctx_in(hca: &mut Hca, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
@@ -165,7 +165,7 @@ pub fn hw2sw_eq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if !still.is_empty() {
         hca.violation(format!(
             "HW2SW_EQ {eqn} while async events {} are still mapped to it (MAP_EQ with the unmap bit, in_mod bit 31, not done)",
-            crate::eq::event_list(&still)
+            crate::hca::eq::event_list(&still)
         ));
     }
     hca.eqs.remove(&eqn);
@@ -280,7 +280,7 @@ pub fn sw2hw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             arms: 0,
         },
     );
-    crate::engine::cq_changed(hca, cqn, false);
+    crate::hca::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -322,7 +322,7 @@ pub fn modify_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     hca.icm_write(va, &cur)?;
     if cmd.op_mod == 0 {
-        crate::engine::cq_changed(hca, cqn, true);
+        crate::hca::engine::cq_changed(hca, cqn, true);
     }
     Ok(Outcome::OK)
 }
@@ -356,7 +356,7 @@ pub(crate) fn pd_check(hca: &mut Hca, cmd: &Command, n: u32, pd: u32) -> Result<
     Ok(())
 }
 
-fn qp_uses(hca: &Hca, f: impl Fn(&crate::device::QpRt) -> bool) -> bool {
+fn qp_uses(hca: &Hca, f: impl Fn(&crate::hca::device::QpRt) -> bool) -> bool {
     hca.qps.values().any(|q| q.state != QpState::Rst && f(q))
 }
 
@@ -372,7 +372,7 @@ pub fn hw2sw_cq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, cqc::SIZE)?;
     }
     hca.cqs.remove(&cqn);
-    crate::engine::cq_changed(hca, cqn, false);
+    crate::hca::engine::cq_changed(hca, cqn, false);
     Ok(Outcome::OK)
 }
 
@@ -416,7 +416,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         || m.key & (nmpt - 1) != idx
         || (region && m.flags & mpt::FLAG_LR == 0)
         || m.lkey != 0
-        || u64::from(m.pd) >= crate::layout::pow2(hca.caps().log_max_pd)
+        || u64::from(m.pd) >= crate::hca::layout::pow2(hca.caps().log_max_pd)
     {
         return Err(Status::BAD_PARAM);
     }
@@ -457,7 +457,7 @@ pub fn sw2hw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
             free,
         },
     );
-    crate::engine::xlate::forget_mpt(hca, idx);
+    crate::hca::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -467,14 +467,14 @@ pub fn hw2sw_mpt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let (_, va) = owned(hca, Table::Dmpt, idx, |h| h.mpts.get(&idx).copied())?;
     // A region with memory windows bound to it stays with the hardware:
     // REG_BOUND (sources in engine::mw).
-    if crate::engine::mw::windows_on(hca, idx) > 0 {
+    if crate::hca::engine::mw::windows_on(hca, idx) > 0 {
         return Err(Status::REG_BOUND);
     }
     if hw2sw_mailbox(cmd)? {
         ctx_out(hca, cmd, va, mpt::SIZE)?;
     }
     hca.mpts.remove(&idx);
-    crate::engine::xlate::forget_mpt(hca, idx);
+    crate::hca::engine::xlate::forget_mpt(hca, idx);
     Ok(Outcome::OK)
 }
 
@@ -509,7 +509,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
     hca.mtt_reserved_check(first, u64::from(n), "WRITE_MTT")?;
     if first
         .checked_add(u64::from(n))
-        .is_none_or(|e| e > crate::layout::pow2(hca.caps().log_max_mtts))
+        .is_none_or(|e| e > crate::hca::layout::pow2(hca.caps().log_max_mtts))
     {
         return Err(Status::BAD_INDEX);
     }
@@ -520,7 +520,7 @@ pub fn write_mtt(hca: &mut Hca, cmd: &Command) -> CmdResult {
         return Err(Status::ICM_ERROR);
     }
     hca.icm_write(va, &b[16..])?;
-    crate::engine::xlate::forget_mtts(hca);
+    crate::hca::engine::xlate::forget_mtts(hca);
     Ok(Outcome::OK)
 }
 
@@ -543,7 +543,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let s = SrqCtx::decode(&b);
     if s.srqn != srqn
         || s.log_size > hca.caps().log_max_srq_sz
-        || u64::from(s.pd) >= crate::layout::pow2(hca.caps().log_max_pd)
+        || u64::from(s.pd) >= crate::hca::layout::pow2(hca.caps().log_max_pd)
         || !s.db_rec_addr.is_multiple_of(4)
     {
         return Err(Status::BAD_PARAM);
@@ -562,7 +562,7 @@ pub fn sw2hw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
             limit: 0,
         },
     );
-    crate::engine::srq_changed(hca, srqn);
+    crate::hca::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 
@@ -578,7 +578,7 @@ pub fn hw2sw_srq(hca: &mut Hca, cmd: &Command) -> CmdResult {
         ctx_out(hca, cmd, va, ctx::srqc::SIZE)?;
     }
     hca.srqs.remove(&srqn);
-    crate::engine::srq_changed(hca, srqn);
+    crate::hca::engine::srq_changed(hca, srqn);
     Ok(Outcome::OK)
 }
 

@@ -1,7 +1,7 @@
 //! QP commands: the state-transition commands with the QP state machine,
 //! QUERY_QP (with the PSNs the engines have reached) and CONF_SPECIAL_QP;
 //! each transition hands the QP to the data-path engines
-//! ([`crate::engine::qp_modified`]), which flush on entering ERR; RTS2SQD
+//! ([`crate::hca::engine::qp_modified`]), which flush on entering ERR; RTS2SQD
 //! with the SQD event bit reports SQ_DRAINED once no RC message is in
 //! flight (at once, or when the engines complete the last one).
 //!
@@ -17,11 +17,11 @@
 //! its optpar mask selects, and nothing else.
 
 use super::{CmdResult, Outcome, need};
-use crate::ctx::{QpCtx, qpc, st};
-use crate::device::{FwState, Hca, QpRt, QpState};
-use crate::hcr::{Command, Opcode, Status};
-use crate::icm::Table;
-use crate::layout::{get32, put32};
+use crate::hca::ctx::{QpCtx, qpc, st};
+use crate::hca::device::{FwState, Hca, QpRt, QpState};
+use crate::hca::hcr::{Command, Opcode, Status};
+use crate::hca::icm::Table;
+use crate::hca::layout::{get32, put32};
 
 /// Optional-parameter mask bits (mailbox dword 0).
 pub mod optpar {
@@ -154,7 +154,7 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
     if !st_ok
         || c.local_qpn != qpn
         || c.msgmax > caps.log_max_msg
-        || u64::from(c.pd) >= crate::layout::pow2(caps.log_max_pd)
+        || u64::from(c.pd) >= crate::hca::layout::pow2(caps.log_max_pd)
         || c.usr_page >= caps.num_uars()
         || c.usr_page < u32::from(caps.rsvd_uars)
         || c.sq_log_size > caps.log_max_qp_sz
@@ -294,7 +294,7 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
         if let Some(q) = hca.qps.get_mut(&qpn) {
             q.state = QpState::Rst;
         }
-        crate::engine::qp_modified(hca, qpn, cmd.opcode, QpState::Rst);
+        crate::hca::engine::qp_modified(hca, qpn, cmd.opcode, QpState::Rst);
         return Ok(Outcome::OK);
     }
     let mbox = hca.read_mailbox(cmd.in_param, qpc::MAILBOX_CTX + qpc::SIZE)?;
@@ -374,15 +374,15 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
     set_state(&mut ctx, to);
     hca.icm_write(va, &ctx)?;
     hca.qps.insert(qpn, next);
-    crate::engine::qp_modified(hca, qpn, cmd.opcode, to);
+    crate::hca::engine::qp_modified(hca, qpn, cmd.opcode, to);
     if cmd.opcode == Opcode::RTS2SQD_QP
         && cmd.in_mod >> 31 != 0
-        && crate::engine::sq_drained_or_later(hca, qpn)
+        && crate::hca::engine::sq_drained_or_later(hca, qpn)
     {
         // Nothing in flight: the SQ is drained at once (else the engines
         // report it when the last message in flight completes).
-        hca.post_async(crate::ctx::Event::Qp {
-            kind: crate::ctx::eqe::SQ_DRAINED,
+        hca.post_async(crate::hca::ctx::Event::Qp {
+            kind: crate::hca::ctx::eqe::SQ_DRAINED,
             qpn,
         });
     }

@@ -64,11 +64,11 @@ use super::xlate::{self, Access, Seg};
 use std::collections::VecDeque;
 
 use super::{QpEng, Wait, WaitKind};
-use crate::ctx::{eqe, st};
-use crate::device::{Hca, QpState};
+use crate::fabric::packet::{self, Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, aeth, opcode};
 use crate::fabric::{Packet, PortId, SharedFabric};
-use crate::packet::{self, Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, aeth, opcode};
-use crate::port::{LogicalState, PhysicalState};
+use crate::hca::ctx::{eqe, st};
+use crate::hca::device::{Hca, QpState};
+use crate::hca::port::{LogicalState, PhysicalState};
 
 /// An HCA's attachment to a fabric.
 #[derive(Debug, Clone)]
@@ -1053,7 +1053,7 @@ pub(super) fn retire(hca: &mut Hca, qpn: u32) {
             return;
         }
         if drained && exec::qp_state(hca, qpn) == Some(QpState::Sqd) {
-            hca.post_async(crate::ctx::Event::Qp {
+            hca.post_async(crate::hca::ctx::Event::Qp {
                 kind: eqe::SQ_DRAINED,
                 qpn,
             });

@@ -11,12 +11,12 @@
 //! buffers (porting map 12.4). The EQ context in ICM is kept current: each
 //! EQE updates its producer index, each doorbell its consumer index.
 
-use crate::ctx::{ENTRY_32, Event, eqc, eqe};
-use crate::device::Hca;
-use crate::faults::EqeCorruption;
-use crate::hcr::Status;
-use crate::icm::Table;
-use crate::layout::put32;
+use crate::hca::ctx::{ENTRY_32, Event, eqc, eqe};
+use crate::hca::device::Hca;
+use crate::hca::faults::EqeCorruption;
+use crate::hca::hcr::Status;
+use crate::hca::icm::Table;
+use crate::hca::layout::put32;
 
 /// An EQ in hardware ownership.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +100,7 @@ impl Hca {
     /// happened to poll already.
     pub fn post_event(&mut self, eqn: u32, ev: Event) {
         if self.threaded && self.eqs.contains_key(&eqn) {
-            let raw = self.bar2.swap_raw(crate::regs::eq_doorbell(eqn), 0);
+            let raw = self.bar2.swap_raw(crate::hca::regs::eq_doorbell(eqn), 0);
             if raw != 0 {
                 self.eq_doorbell(eqn, u32::from_be(raw));
             }

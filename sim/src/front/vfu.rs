@@ -40,11 +40,13 @@ use hal::{ConfigSpace, RegisterBackend};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::fabric::options::SmChoice;
-use crate::frontend::{SimConfig, SimHca};
-use crate::hcr::{Opcode, Status};
-use crate::ivshmem::{Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive};
-use crate::mem::{DmaFault, DmaFaultKind, HostMemory};
-use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
+use crate::front::in_process::{SimConfig, SimHca};
+use crate::front::ivshmem::{
+    Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive,
+};
+use crate::hca::hcr::{Opcode, Status};
+use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
 
 /// vfio region indices of a PCI device.
 pub mod region {
@@ -661,7 +663,7 @@ pub fn function_config(node: u32, opts: &Options) -> SimConfig {
     SimConfig {
         hcr_polls: 0,
         hcr_delay: opts.hcr_delay,
-        ..crate::ivshmem::node_config(node)
+        ..crate::front::ivshmem::node_config(node)
     }
 }
 
@@ -708,7 +710,7 @@ impl Function {
     ) -> Arc<Function> {
         for (op, st) in &opts.fail {
             hca.faults()
-                .set(*op, crate::faults::OpcodeFault::status(*st));
+                .set(*op, crate::hca::faults::OpcodeFault::status(*st));
         }
         let (Some(bar0), Some(bar2)) = (hca.registers(0), hca.registers(2)) else {
             unreachable!("BAR0 and BAR2 exist")
@@ -961,7 +963,7 @@ impl Function {
         let (c, v, d) = self.counts();
         let irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
         let wall = self.started.elapsed().as_secs_f64();
-        let cpu = crate::ivshmem::process_cpu_time().as_secs_f64();
+        let cpu = crate::front::ivshmem::process_cpu_time().as_secs_f64();
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
         format!(
             "node{}: commands {c}, violations {v}, DMA faults {d}\n\
@@ -1256,7 +1258,7 @@ impl Fleet {
     /// polls the fabric (20 µs rounds while busy, 1 ms once idle for
     /// 100 ms).
     pub fn serve(&mut self, servers: Vec<vfio_user::Server>, stop: &AtomicBool) -> Exit {
-        crate::ivshmem::set_timer_slack_1ns();
+        crate::front::ivshmem::set_timer_slack_1ns();
         let mut done = Vec::new();
         for (f, server) in self.functions.iter().zip(servers) {
             let d = Arc::new(AtomicBool::new(false));
@@ -1351,7 +1353,7 @@ impl Fleet {
             s.push_str(&format!("fabric: {:?}\n", f.stats()));
         }
         let wall = self.started.elapsed().as_secs_f64();
-        let cpu = crate::ivshmem::process_cpu_time().as_secs_f64();
+        let cpu = crate::front::ivshmem::process_cpu_time().as_secs_f64();
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
         let (mut c, mut v, mut d) = (0, 0, 0);
         for f in &self.functions {

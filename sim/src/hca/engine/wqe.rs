@@ -29,7 +29,7 @@
 //!   Linux's `mlx4_av` splits it into `reserved1` (0x04), `g_slid` (0x05) and
 //!   `dlid` (0x06). Same bits.
 
-use crate::layout::{get8, get16, get32, get64};
+use crate::hca::layout::{get8, get16, get32, get64};
 
 /// Send opcodes (control segment bits 4:0).
 pub mod op {
@@ -349,7 +349,7 @@ pub fn scatter_malformed(wqe: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{put32, put64};
+    use crate::hca::layout::{put32, put64};
 
     #[test]
     fn ctrl_golden_as_linux_writes_it() {

@@ -22,8 +22,8 @@ pub mod port;
 pub mod qp;
 pub mod res;
 
-use crate::device::{FwState, Hca};
-use crate::hcr::{Command, Opcode, Status};
+use crate::hca::device::{FwState, Hca};
+use crate::hca::hcr::{Command, Opcode, Status};
 
 /// What a command produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -88,10 +88,10 @@ use super::QpEng;
 use super::cq::Syndrome;
 use super::exec::Outcome;
 use super::xlate::{self, Access, KeyError, Xl};
-use crate::ctx::mpt;
-use crate::device::Hca;
-use crate::icm::Table;
-use crate::layout::{get32, get64};
+use crate::hca::ctx::mpt;
+use crate::hca::device::Hca;
+use crate::hca::icm::Table;
+use crate::hca::layout::{get32, get64};
 
 /// Bind flags1: remote read, remote write, remote atomic.
 const BIND_RR: u32 = 1 << 29;
@@ -148,7 +148,7 @@ fn window(hca: &mut Hca, idx: u32) -> Option<Window> {
     }
     let st = hca.mpts.get(&idx).copied()?;
     let m = xlate::mpt_entry(hca, idx)?;
-    if m.flags & crate::ctx::mpt::FLAG_REGION != 0 {
+    if m.flags & crate::hca::ctx::mpt::FLAG_REGION != 0 {
         return None;
     }
     let w = Window {

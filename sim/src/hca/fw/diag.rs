@@ -8,10 +8,10 @@
 //! yet (the data-path engines will), so every counter reads zero, which is
 //! what a card that has seen no error reports.
 
-use crate::device::FwState::Initialized;
-use crate::device::Hca;
-use crate::fw::{CmdResult, Outcome, need};
-use crate::hcr::{Command, Status};
+use crate::hca::device::FwState::Initialized;
+use crate::hca::device::Hca;
+use crate::hca::fw::{CmdResult, Outcome, need};
+use crate::hca::hcr::{Command, Status};
 
 /// DIAG_RPRT op_mod: query transport and CI error counters.
 pub const QUERY_TRANSPORT_CI_ERRORS: u8 = 2;

@@ -1,7 +1,7 @@
 //! Byte layouts of the firmware-command mailboxes the model reads or writes
 //! (QUERY_FW, QUERY_DEV_CAP, QUERY_PORT, QUERY_ADAPTER, INIT_HCA/QUERY_HCA,
-//! MOD_STAT_CFG, SET_PORT, ICM page lists); contexts live in [`crate::ctx`],
-//! MADs in [`crate::mad_ifc`]; Ethernet-only and SR-IOV blocks are not
+//! MOD_STAT_CFG, SET_PORT, ICM page lists); contexts live in [`crate::hca::ctx`],
+//! MADs in [`crate::hca::mad_ifc`]; Ethernet-only and SR-IOV blocks are not
 //! decoded.
 //!
 //! All multi-byte values are big-endian. Offsets are from iPXE's

@@ -33,11 +33,11 @@ pub mod xlate;
 
 use std::collections::BTreeMap;
 
-use crate::ctx::{MptEntry, QpCtx, qpc, st};
-use crate::device::{Hca, QpState};
-use crate::hcr::Opcode;
-use crate::icm::Table;
-use crate::layout::{get8, get16, get32};
+use crate::hca::ctx::{MptEntry, QpCtx, qpc, st};
+use crate::hca::device::{Hca, QpState};
+use crate::hca::hcr::Opcode;
+use crate::hca::icm::Table;
+use crate::hca::layout::{get8, get16, get32};
 
 /// What a QP's send queue waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 //! received from the link) moves it to Armed and Active;
 //! becoming Active, or leaving Active, raises a PORT_CHANGE event.
 
-use crate::frontend::SimConfig;
+use crate::front::in_process::SimConfig;
 
 /// PortInfo PortPhysicalState.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -267,7 +267,7 @@ impl Port {
     }
 }
 
-impl crate::device::Hca {
+impl crate::hca::device::Hca {
     /// The port `num` (1-based), if it exists.
     pub fn port_index(&self, num: u32) -> Option<usize> {
         let i = usize::try_from(num).ok()?.checked_sub(1)?;
@@ -279,11 +279,11 @@ impl crate::device::Hca {
         let after = self.ports[i].state;
         let port = self.ports[i].num;
         if before != LogicalState::Active && after == LogicalState::Active {
-            self.post_async(crate::ctx::Event::PortChange { port, up: true });
+            self.post_async(crate::hca::ctx::Event::PortChange { port, up: true });
         } else if before == LogicalState::Active && after != LogicalState::Active {
             self.ports[i].counters.link_downed =
                 self.ports[i].counters.link_downed.saturating_add(1);
-            self.post_async(crate::ctx::Event::PortChange { port, up: false });
+            self.post_async(crate::hca::ctx::Event::PortChange { port, up: false });
         }
     }
 

@@ -2,7 +2,7 @@
 //! `hal::PciFunction` (config space, BAR0, BAR2), a `hal::DmaPool` and a
 //! `hal::Clock` backed by the model, in a synchronous deterministic mode or a
 //! threaded mode that polls shared register memory like the ivshmem emulator;
-//! the ivshmem front end (`cx3-emu`, [`crate::ivshmem`]) uses the latter
+//! the ivshmem front end (`cx3-emu`, [`crate::front::ivshmem`]) uses the latter
 //! without a thread ([`SimHca::new_polled`]).
 //!
 //! * **Synchronous** ([`SimHca::new`]): every register access calls into the
@@ -39,17 +39,17 @@ use std::time::{Duration, Instant};
 use hal::fake::{ArenaDma, FakeClock};
 use hal::{Bar, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBackend};
 
-use crate::device::{FwState, Hca};
-use crate::eq::EqState;
 use crate::fabric::SharedFabric;
-use crate::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
-use crate::hcr::{Opcode, bits};
-use crate::layout::DevCap;
-use crate::mem::{DmaFault, HostMemory};
-use crate::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
-use crate::port::{LogicalState, PhysicalState};
-use crate::regs::{self, RegFile};
-use crate::trace::TraceEntry;
+use crate::hca::device::{FwState, Hca};
+use crate::hca::eq::EqState;
+use crate::hca::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
+use crate::hca::hcr::{Opcode, bits};
+use crate::hca::layout::DevCap;
+use crate::hca::mem::{DmaFault, HostMemory};
+use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
+use crate::hca::port::{LogicalState, PhysicalState};
+use crate::hca::regs::{self, RegFile};
+use crate::hca::trace::TraceEntry;
 
 /// Model configuration.
 #[derive(Debug, Clone)]
@@ -259,7 +259,7 @@ impl Wire {
                 h.try_lock().ok()
             };
             if let Some(mut g) = g {
-                any |= crate::engine::step(&mut g);
+                any |= crate::hca::engine::step(&mut g);
             }
         }
         any
@@ -439,7 +439,7 @@ impl SteppingClock {
         } else if let Some(h) = self.hca.upgrade()
             && let Ok(mut g) = h.try_lock()
         {
-            crate::engine::step(&mut g);
+            crate::hca::engine::step(&mut g);
         }
     }
 }
@@ -547,7 +547,7 @@ impl core::fmt::Debug for SimHca {
     }
 }
 
-/// Fault injection handle (see [`crate::faults`]).
+/// Fault injection handle (see [`crate::hca::faults`]).
 #[derive(Clone)]
 pub struct Faults(Arc<Mutex<Hca>>);
 
@@ -659,7 +659,7 @@ impl SimHca {
         };
         let mut hca = hca;
         if let Some((w, ports)) = wire {
-            hca.fabric = Some(crate::engine::wire::FabricLink::new(
+            hca.fabric = Some(crate::hca::engine::wire::FabricLink::new(
                 w.fabric.clone(),
                 ports,
             ));
@@ -820,7 +820,7 @@ impl SimHca {
 
     /// The fabric port of HCA port `port`, if the HCA is on a fabric.
     pub fn fabric_port(&self, port: u8) -> Option<crate::fabric::PortId> {
-        crate::engine::wire::fabric_port(&self.hca(), port)
+        crate::hca::engine::wire::fabric_port(&self.hca(), port)
     }
 
     /// A model served by its own thread polling shared register memory.
@@ -872,7 +872,7 @@ impl SimHca {
     /// A model whose registers are trapped access by access (every read and
     /// write is a model call, as in [`SimHca::new`]) over a caller's host
     /// memory, on real monotonic time and without a thread: the vfio-user
-    /// front end (`cx3-vfu`, [`crate::vfu`]). Set `cfg.hcr_polls` to 0 for a
+    /// front end (`cx3-vfu`, [`crate::front::vfu`]). Set `cfg.hcr_polls` to 0 for a
     /// driver that waits for command-completion events instead of polling
     /// GO; a nonzero `cfg.hcr_delay` completes on [`SimHca::tick`].
     pub fn new_trapped(cfg: SimConfig, mem: Arc<dyn HostMemory>) -> SimHca {
@@ -920,7 +920,7 @@ impl SimHca {
     pub fn tick(&self) {
         let mut h = self.hca();
         h.try_complete();
-        crate::engine::step(&mut h);
+        crate::hca::engine::step(&mut h);
     }
 
     /// Every EQ in hardware ownership as (EQN, interrupt vector from its
@@ -1094,7 +1094,7 @@ impl SimHca {
     /// Unlike the card, the SMP does not pass through the driver's QP0
     /// (mlx4_ib's MAD_IFC and its PortInfo snooping are not involved).
     pub fn sma_receive(&self, port: u8, smp: &[u8]) -> Result<Vec<u8>, SmpDropped> {
-        use crate::mad_ifc::{MAD_SIZE, class};
+        use crate::hca::mad_ifc::{MAD_SIZE, class};
         if smp.len() != MAD_SIZE {
             return Err(SmpDropped::NotAnSmp);
         }
@@ -1113,8 +1113,8 @@ impl SimHca {
         // BAD_PKT (bad base version, a response, an M_Key violation) is a
         // silent discard on the wire.
         let mut resp =
-            crate::mad_ifc::process(&mut h, i, 0, smp).map_err(|_| SmpDropped::Discarded)?;
-        if cls == class::SUBN_DIRECTED_ROUTE && resp[3] == crate::mad_ifc::method::GET_RESP {
+            crate::hca::mad_ifc::process(&mut h, i, 0, smp).map_err(|_| SmpDropped::Discarded)?;
+        if cls == class::SUBN_DIRECTED_ROUTE && resp[3] == crate::hca::mad_ifc::method::GET_RESP {
             resp[4] |= 0x80;
         }
         Ok(resp)
@@ -1137,7 +1137,7 @@ impl SimHca {
     /// Reports a CQ error (async CQ_ERROR EQE; syndrome 1 overrun, 2 access).
     pub fn inject_cq_error(&self, cqn: u32, syndrome: u8) {
         self.hca()
-            .post_async(crate::ctx::Event::CqError { cqn, syndrome });
+            .post_async(crate::hca::ctx::Event::CqError { cqn, syndrome });
     }
 
     /// Posts a completion event for `cqn` to its completion EQ (what the
@@ -1148,7 +1148,7 @@ impl SimHca {
         let Some(eqn) = h.cqs.get(&cqn).map(|c| c.eqn) else {
             return false;
         };
-        h.post_event(eqn, crate::ctx::Event::Completion { cqn });
+        h.post_event(eqn, crate::hca::ctx::Event::Completion { cqn });
         true
     }
 
@@ -1163,8 +1163,8 @@ impl SimHca {
     pub fn inject_sq_error(&self, qpn: u32) -> bool {
         let mut h = self.hca();
         match h.qps.get_mut(&qpn) {
-            Some(q) if q.state == crate::device::QpState::Rts => {
-                q.state = crate::device::QpState::Sqer;
+            Some(q) if q.state == crate::hca::device::QpState::Rts => {
+                q.state = crate::hca::device::QpState::Sqer;
                 true
             }
             _ => false,
@@ -1214,12 +1214,12 @@ impl SimHca {
     }
 
     /// What the data-path engines have done so far.
-    pub fn engine_stats(&self) -> crate::engine::Stats {
+    pub fn engine_stats(&self) -> crate::hca::engine::Stats {
         self.hca().engine.stats
     }
 
     /// The catastrophic-error buffer's first dword (0 = healthy).
     pub fn catas_syndrome(&self) -> u32 {
-        self.hca().bar0.be(crate::regs::CATAS_BASE)
+        self.hca().bar0.be(crate::hca::regs::CATAS_BASE)
     }
 }

@@ -39,7 +39,7 @@
 //!   puts `vlan_index` at +0x25. Path +0x00 bit 7: Linux uses it for SR-IOV
 //!   source checks, iPXE calls it `fl` (force loopback).
 
-use crate::layout::{get8, get16, get32, get64, put8, put32};
+use crate::hca::layout::{get8, get16, get32, get64, put8, put32};
 
 /// Size of an EQE/CQE in 32-byte mode.
 pub const ENTRY_32: usize = 32;
@@ -661,7 +661,7 @@ impl Event {
                 put8(&mut b, 0x06, (token >> 8) as u8);
                 put8(&mut b, 0x07, token as u8);
                 put8(&mut b, 0x0f, status);
-                crate::layout::put64(&mut b, 0x10, out_param);
+                crate::hca::layout::put64(&mut b, 0x10, out_param);
             }
             Event::EqOverflow { eqn } => put32(&mut b, DATA, eqn),
             Event::Qp { qpn, .. } => put32(&mut b, DATA, qpn & 0xff_ffff),
@@ -675,7 +675,7 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{put16, put64};
+    use crate::hca::layout::{put16, put64};
 
     #[test]
     fn eq_context_golden_as_linux_writes_it() {

@@ -5,7 +5,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use crate::hcr::{Opcode, Status};
+use crate::hca::hcr::{Opcode, Status};
 
 /// One executed command.
 #[derive(Debug, Clone, PartialEq, Eq)]

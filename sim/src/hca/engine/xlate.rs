@@ -6,9 +6,9 @@
 //! [`super::mw`]; fast-register MRs in the free state are not modelled (a
 //! free MR used as a key fails the key check).
 
-use crate::ctx::{MptEntry, mpt};
-use crate::device::Hca;
-use crate::icm::Table;
+use crate::hca::ctx::{MptEntry, mpt};
+use crate::hca::device::Hca;
+use crate::hca::icm::Table;
 
 /// Access a key is checked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,10 +12,10 @@
 //! (0x81) copies of the request with the IBA status field set; Linux's
 //! mlx4_ib adds the directed-route D bit itself, so the firmware does not.
 
-use crate::device::Hca;
-use crate::hcr::Status;
-use crate::layout::{get8, get16, get32, get64, put8, put16, put32, put64};
-use crate::port::{LogicalState, Port};
+use crate::hca::device::Hca;
+use crate::hca::hcr::Status;
+use crate::hca::layout::{get8, get16, get32, get64, put8, put16, put32, put64};
+use crate::hca::port::{LogicalState, Port};
 
 /// MAD size.
 pub const MAD_SIZE: usize = 256;
@@ -145,14 +145,14 @@ fn smp(hca: &mut Hca, pi: usize, op_mod: u8, mad: &[u8], r: &mut [u8]) -> Result
             put64(out, 4, hca.cfg.sys_image_guid);
             put64(out, 12, hca.cfg.node_guid);
             put64(out, 20, hca.ports[pi].guid());
-            put16(out, 28, crate::port::PKEY_TABLE_LEN as u16);
-            put16(out, 30, crate::pci::DEVICE_CONNECTX3);
+            put16(out, 28, crate::hca::port::PKEY_TABLE_LEN as u16);
+            put16(out, 30, crate::hca::pci::DEVICE_CONNECTX3);
             put32(out, 32, hca.cfg.hw_rev);
             put32(out, 36, u32::from(hca.ports[pi].num) << 24 | VENDOR_ID);
         }
         (attr::GUID_INFO, _) => {
             let block = modifier as usize;
-            if (block + 1) * 8 > crate::port::GUID_TABLE_LEN {
+            if (block + 1) * 8 > crate::hca::port::GUID_TABLE_LEN {
                 return Ok(mad_status::INVALID_FIELD);
             }
             if set {
@@ -169,7 +169,7 @@ fn smp(hca: &mut Hca, pi: usize, op_mod: u8, mad: &[u8], r: &mut [u8]) -> Result
         }
         (attr::PKEY_TABLE, _) => {
             let block = (modifier & 0xffff) as usize;
-            if (block + 1) * 32 > crate::port::PKEY_TABLE_LEN {
+            if (block + 1) * 32 > crate::hca::port::PKEY_TABLE_LEN {
                 return Ok(mad_status::INVALID_FIELD);
             }
             if set {
@@ -243,7 +243,7 @@ pub fn encode_port_info(p: &Port, out: &mut [u8]) {
     put16(out, 44, p.mkey_violations);
     put16(out, 46, p.pkey_violations);
     put16(out, 48, p.qkey_violations);
-    put8(out, 50, crate::port::GUID_TABLE_LEN as u8);
+    put8(out, 50, crate::hca::port::GUID_TABLE_LEN as u8);
     put8(
         out,
         51,
@@ -401,7 +401,7 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::SimConfig;
+    use crate::front::in_process::SimConfig;
 
     #[test]
     fn port_info_golden() {
