@@ -8,8 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use sim::front::host::Log;
 use sim::front::ivshmem::{
-    BAR0_OFF, CONFIG_OFF, Emulator, Exit, GUEST_SHUT_DOWN, Log, MAGIC, Options, SharedFile, hdr,
+    BAR0_OFF, CONFIG_OFF, Emulator, Exit, GUEST_SHUT_DOWN, MAGIC, Options, SharedFile, hdr,
 };
 use sim::{Opcode, Status};
 

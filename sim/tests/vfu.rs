@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use sim::front::ivshmem::Log;
+use sim::front::host::Log;
 use sim::front::vfu::{Function, Options, irqs, regions, serve};
 use vfio_user::Client;
 

@@ -6,7 +6,8 @@
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::front::ivshmem::{Cli, Emulator, Exit, Log, USAGE, parse_args};
+use sim::front::host::Log;
+use sim::front::ivshmem::{Cli, Emulator, Exit, USAGE, parse_args};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::front::ivshmem::Log;
+use sim::front::host::Log;
 use sim::front::vfu::{Cli, Exit, Fleet, USAGE, irqs, parse_args, regions};
 
 static STOP: AtomicBool = AtomicBool::new(false);

@@ -40,6 +40,8 @@ use hal::fake::{ArenaDma, FakeClock};
 use hal::{Bar, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBackend};
 
 use crate::fabric::SharedFabric;
+use crate::fabric::{LogicalState, PhysicalState};
+use crate::hca::HcaConfig;
 use crate::hca::device::{FwState, Hca};
 use crate::hca::eq::EqState;
 use crate::hca::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
@@ -47,11 +49,11 @@ use crate::hca::hcr::{Opcode, bits};
 use crate::hca::layout::DevCap;
 use crate::hca::mem::{DmaFault, HostMemory};
 use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
-use crate::hca::port::{LogicalState, PhysicalState};
 use crate::hca::regs::{self, RegFile};
 use crate::hca::trace::TraceEntry;
 
-/// Model configuration.
+/// Model configuration: the card's ([`HcaConfig`], field for field) and
+/// how this front end hosts it (DMA arena, clocks, polling).
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Number of IB ports (1 or 2).
@@ -103,29 +105,116 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
+        SimConfig::assemble(
+            HcaConfig::default(),
+            256 << 20,
+            0x1_0000_0000,
+            Duration::from_micros(1),
+            Duration::from_micros(20),
+        )
+    }
+}
+
+impl SimConfig {
+    /// The card's part, as the card takes it.
+    pub fn hca_config(&self) -> HcaConfig {
+        let SimConfig {
+            num_ports,
+            fw_version,
+            fw_pages,
+            cmd_if_rev,
+            node_guid,
+            sys_image_guid,
+            node_description,
+            board_id,
+            hw_rev,
+            inta_pin,
+            core_clock_mhz,
+            hcr_polls,
+            hcr_delay,
+            reset_duration,
+            cable_plugged,
+            max_vls,
+            strict_reset_semaphore,
+            dev_cap,
+            dma_size: _,
+            dma_bus_base: _,
+            relax_step: _,
+            poll_interval: _,
+        } = self.clone();
+        HcaConfig {
+            num_ports,
+            fw_version,
+            fw_pages,
+            cmd_if_rev,
+            node_guid,
+            sys_image_guid,
+            node_description,
+            board_id,
+            hw_rev,
+            inta_pin,
+            core_clock_mhz,
+            hcr_polls,
+            hcr_delay,
+            reset_duration,
+            cable_plugged,
+            max_vls,
+            strict_reset_semaphore,
+            dev_cap,
+        }
+    }
+
+    /// `card` hosted with the given arena, clock step and polling period.
+    fn assemble(
+        card: HcaConfig,
+        dma_size: usize,
+        dma_bus_base: u64,
+        relax_step: Duration,
+        poll_interval: Duration,
+    ) -> SimConfig {
+        let HcaConfig {
+            num_ports,
+            fw_version,
+            fw_pages,
+            cmd_if_rev,
+            node_guid,
+            sys_image_guid,
+            node_description,
+            board_id,
+            hw_rev,
+            inta_pin,
+            core_clock_mhz,
+            hcr_polls,
+            hcr_delay,
+            reset_duration,
+            cable_plugged,
+            max_vls,
+            strict_reset_semaphore,
+            dev_cap,
+        } = card;
         SimConfig {
-            num_ports: 2,
-            fw_version: (2, 42, 5000),
-            fw_pages: 256,
-            cmd_if_rev: 3,
-            node_guid: 0x0002_c903_0042_1000,
-            sys_image_guid: 0x0002_c903_0042_1003,
-            node_description: "MT25408 ConnectX Mellanox Technologies".into(),
-            board_id: "MT_1090120019".into(),
-            hw_rev: 0,
-            inta_pin: 0,
-            core_clock_mhz: 427,
-            hcr_polls: 2,
-            hcr_delay: Duration::ZERO,
-            reset_duration: Duration::from_millis(100),
-            dma_size: 256 << 20,
-            dma_bus_base: 0x1_0000_0000,
-            relax_step: Duration::from_micros(1),
-            poll_interval: Duration::from_micros(20),
-            cable_plugged: true,
-            max_vls: 8,
-            strict_reset_semaphore: true,
-            dev_cap: DevCap::default(),
+            num_ports,
+            fw_version,
+            fw_pages,
+            cmd_if_rev,
+            node_guid,
+            sys_image_guid,
+            node_description,
+            board_id,
+            hw_rev,
+            inta_pin,
+            core_clock_mhz,
+            hcr_polls,
+            hcr_delay,
+            reset_duration,
+            dma_size,
+            dma_bus_base,
+            relax_step,
+            poll_interval,
+            cable_plugged,
+            max_vls,
+            strict_reset_semaphore,
+            dev_cap,
         }
     }
 }
@@ -475,6 +564,9 @@ impl Clock for MonoClock {
 
 struct Inner {
     hca: Arc<Mutex<Hca>>,
+    /// The configuration built with (the card's part changes at run time:
+    /// SET_PORT's GUIDs).
+    cfg: SimConfig,
     arena: Arc<ArenaDma>,
     clock: Arc<dyn Clock>,
     fake_clock: Option<Arc<FakeClock>>,
@@ -650,12 +742,13 @@ impl SimHca {
         };
         let poll = cfg.poll_interval;
         let strict_reset = cfg.strict_reset_semaphore;
+        let card = cfg.hca_config();
         let hca = match backing {
             Backing::External {
                 mem, bar0, bar2, ..
-            } => Hca::with_regs(cfg, mem, clock.clone(), true, bar0, bar2),
-            Backing::Trapped { mem } => Hca::new(cfg, mem, clock.clone(), false),
-            _ => Hca::new(cfg, arena.clone(), clock.clone(), threaded),
+            } => Hca::with_regs(card, mem, clock.clone(), true, bar0, bar2),
+            Backing::Trapped { mem } => Hca::new(card, mem, clock.clone(), false),
+            _ => Hca::new(card, arena.clone(), clock.clone(), threaded),
         };
         let mut hca = hca;
         if let Some((w, ports)) = wire {
@@ -725,6 +818,7 @@ impl SimHca {
         SimHca {
             inner: Arc::new(Inner {
                 hca,
+                cfg,
                 arena,
                 clock,
                 fake_clock,
@@ -1210,7 +1304,14 @@ impl SimHca {
 
     /// The configuration in use.
     pub fn config(&self) -> SimConfig {
-        self.hca().cfg.clone()
+        let c = &self.inner.cfg;
+        SimConfig::assemble(
+            self.hca().cfg.clone(),
+            c.dma_size,
+            c.dma_bus_base,
+            c.relax_step,
+            c.poll_interval,
+        )
     }
 
     /// What the data-path engines have done so far.

@@ -40,10 +40,11 @@ use hal::{ConfigSpace, RegisterBackend};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::fabric::options::SmChoice;
-use crate::front::in_process::{SimConfig, SimHca};
-use crate::front::ivshmem::{
-    Log, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive,
+use crate::front::host::{
+    Log, node_config, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive,
+    process_cpu_time, set_timer_slack_1ns,
 };
+use crate::front::in_process::{SimConfig, SimHca};
 use crate::hca::hcr::{Opcode, Status};
 use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
 use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
@@ -663,7 +664,7 @@ pub fn function_config(node: u32, opts: &Options) -> SimConfig {
     SimConfig {
         hcr_polls: 0,
         hcr_delay: opts.hcr_delay,
-        ..crate::front::ivshmem::node_config(node)
+        ..node_config(node)
     }
 }
 
@@ -963,7 +964,7 @@ impl Function {
         let (c, v, d) = self.counts();
         let irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
         let wall = self.started.elapsed().as_secs_f64();
-        let cpu = crate::front::ivshmem::process_cpu_time().as_secs_f64();
+        let cpu = process_cpu_time().as_secs_f64();
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
         format!(
             "node{}: commands {c}, violations {v}, DMA faults {d}\n\
@@ -1258,7 +1259,7 @@ impl Fleet {
     /// polls the fabric (20 µs rounds while busy, 1 ms once idle for
     /// 100 ms).
     pub fn serve(&mut self, servers: Vec<vfio_user::Server>, stop: &AtomicBool) -> Exit {
-        crate::front::ivshmem::set_timer_slack_1ns();
+        set_timer_slack_1ns();
         let mut done = Vec::new();
         for (f, server) in self.functions.iter().zip(servers) {
             let d = Arc::new(AtomicBool::new(false));
@@ -1353,7 +1354,7 @@ impl Fleet {
             s.push_str(&format!("fabric: {:?}\n", f.stats()));
         }
         let wall = self.started.elapsed().as_secs_f64();
-        let cpu = crate::front::ivshmem::process_cpu_time().as_secs_f64();
+        let cpu = process_cpu_time().as_secs_f64();
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
         let (mut c, mut v, mut d) = (0, 0, 0);
         for f in &self.functions {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use hal::Clock;
 
-use crate::front::in_process::SimConfig;
+use crate::hca::config::HcaConfig;
 use crate::hca::eq::EqState;
 use crate::hca::faults::FaultPlan;
 use crate::hca::fw::{self, Outcome};
@@ -162,7 +162,7 @@ pub struct QpRt {
 /// Everything the model knows, behind one lock.
 pub struct Hca {
     /// Configuration.
-    pub cfg: SimConfig,
+    pub cfg: HcaConfig,
     /// Config space.
     pub pci: Arc<PciConfig>,
     /// Host memory.
@@ -253,7 +253,7 @@ fn be_dw(raw: u32) -> u32 {
 impl Hca {
     /// A powered-on device with register files of its own.
     pub fn new(
-        cfg: SimConfig,
+        cfg: HcaConfig,
         mem: Arc<dyn HostMemory>,
         clock: Arc<dyn Clock>,
         threaded: bool,
@@ -265,7 +265,7 @@ impl Hca {
 
     /// A powered-on device over the given register files.
     pub fn with_regs(
-        cfg: SimConfig,
+        cfg: HcaConfig,
         mem: Arc<dyn HostMemory>,
         clock: Arc<dyn Clock>,
         threaded: bool,
@@ -311,6 +311,14 @@ impl Hca {
             poll_list: PollList::default(),
             cfg,
         }
+    }
+
+    /// A powered-on card alone, over a 1 MiB arena and a fake clock: the
+    /// card's own unit tests (a front end builds the real ones).
+    #[cfg(test)]
+    pub(crate) fn for_tests(cfg: HcaConfig) -> Hca {
+        let mem = Arc::new(hal::fake::ArenaDma::with_bus_base(1 << 20, 0x1_0000_0000));
+        Self::new(cfg, mem, Arc::new(hal::fake::FakeClock::new()), false)
     }
 
     /// What QUERY_FW reports.

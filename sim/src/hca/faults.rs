@@ -1,8 +1,8 @@
 //! Fault injection: per-opcode status overrides, stuck GO bits and extra
 //! completion delay, absurd QUERY_DEV_CAP values, corrupt EQEs; packet-level
-//! faults belong to the (later) fabric.
+//! faults belong to the fabric ([`crate::fabric::faults`]).
 //!
-//! A [`FaultPlan`] is set through [`crate::SimHca::faults`]; the firmware
+//! A [`FaultPlan`] is set through a front end (`SimHca::faults`); the firmware
 //! consults it on every command. Injected statuses are applied *after* the
 //! command's checks but *instead of* its effects, so the device state is as
 //! if the card had refused the command.

@@ -12,10 +12,11 @@
 //! (0x81) copies of the request with the IBA status field set; Linux's
 //! mlx4_ib adds the directed-route D bit itself, so the firmware does not.
 
+use crate::fabric::LogicalState;
 use crate::hca::device::Hca;
 use crate::hca::hcr::Status;
 use crate::hca::layout::{get8, get16, get32, get64, put8, put16, put32, put64};
-use crate::hca::port::{LogicalState, Port};
+use crate::hca::port::Port;
 
 /// MAD size.
 pub const MAD_SIZE: usize = 256;
@@ -401,11 +402,11 @@ fn pma(hca: &mut Hca, pi: usize, mad: &[u8], r: &mut [u8]) -> Result<u16, Status
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::front::in_process::SimConfig;
+    use crate::hca::HcaConfig;
 
     #[test]
     fn port_info_golden() {
-        let mut p = Port::new(2, &SimConfig::default());
+        let mut p = Port::new(2, &HcaConfig::default());
         p.initialized = true;
         p.retrain();
         p.state = LogicalState::Active;
@@ -437,7 +438,7 @@ mod tests {
 
     #[test]
     fn port_info_set_rules() {
-        let mut p = Port::new(1, &SimConfig::default());
+        let mut p = Port::new(1, &HcaConfig::default());
         p.initialized = true;
         p.retrain();
         let mut d = [0u8; 64];
@@ -476,8 +477,7 @@ mod tests {
         // OpenSM's SubnSet(PortInfo) to a port advertising extended speeds
         // carries attribute modifier 0x8000_0001 (SMSupportsExtendedSpeeds
         // and port 1): the SMA answers for port 1, it does not refuse it.
-        let sim = crate::SimHca::new(SimConfig::default());
-        let mut hca = sim.hca();
+        let mut hca = Hca::for_tests(HcaConfig::default());
         let mut mad = [0u8; MAD_SIZE];
         mad[0] = 1;
         mad[1] = class::SUBN_DIRECTED_ROUTE;

@@ -4,8 +4,8 @@
 //!
 //! Every DMA the model performs (mailboxes, ICM, MTT lookups, EQE writes)
 //! goes through one [`HostMemory`] object, gated on the bus-master bit of the
-//! config space. `hal::fake::ArenaDma` implements it for host tests; the
-//! ivshmem front end over the guest-RAM file ([`crate::front::ivshmem::GuestRam`]).
+//! config space. `hal::fake::ArenaDma` implements it for host tests, and each
+//! front end over the guest memory it serves (`GuestRam`, `GuestMemory`).
 
 use core::fmt;
 

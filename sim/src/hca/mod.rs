@@ -6,9 +6,10 @@
 //!
 //! Dependencies point down only: the card uses the fabric (its ports are
 //! fabric ports, its engines put packets on the wire) and never a front
-//! end; a front end configures the card and owns it
+//! end; a front end builds the card's [`HcaConfig`] and owns the card
 //! behind its lock.
 
+pub mod config;
 pub mod ctx;
 pub(crate) mod device;
 pub mod engine;
@@ -24,3 +25,5 @@ pub mod pci;
 pub mod port;
 pub mod regs;
 pub mod trace;
+
+pub use config::HcaConfig;

@@ -5,72 +5,14 @@
 //! modelled.
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
-//! plugged (the default, see [`crate::SimHca::set_link`]) the physical state
+//! plugged (the default, [`HcaConfig::cable_plugged`]) the physical state
 //! becomes LinkUp and the logical state Init, waiting for the SM. Only the
 //! SM's SubnSet(PortInfo) through the firmware SMA (MAD_IFC, or an SMP
 //! received from the link) moves it to Armed and Active;
 //! becoming Active, or leaving Active, raises a PORT_CHANGE event.
 
-use crate::front::in_process::SimConfig;
-
-/// PortInfo PortPhysicalState.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum PhysicalState {
-    /// Sleep.
-    Sleep = 1,
-    /// Polling (no partner).
-    Polling = 2,
-    /// Disabled.
-    Disabled = 3,
-    /// Port configuration training.
-    Training = 4,
-    /// Link up.
-    LinkUp = 5,
-    /// Link error recovery.
-    LinkErrorRecovery = 6,
-}
-
-/// PortInfo PortState.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogicalState {
-    /// Down.
-    Down = 1,
-    /// Initialize: link up, not configured by the SM.
-    Init = 2,
-    /// Armed.
-    Armed = 3,
-    /// Active.
-    Active = 4,
-}
-
-impl LogicalState {
-    /// From the PortInfo encoding.
-    pub fn from_u8(v: u8) -> Option<LogicalState> {
-        Some(match v {
-            1 => LogicalState::Down,
-            2 => LogicalState::Init,
-            3 => LogicalState::Armed,
-            4 => LogicalState::Active,
-            _ => return None,
-        })
-    }
-
-    /// The state a SubnSet(PortInfo) PortState of `req` asks of a port in
-    /// state `self`: `Some(None)` keeps it (0), Down for 1, Armed for 3
-    /// from Init or Armed, Active for 4 from Armed or Active; `None` for
-    /// any other request (the SMA answers "invalid field" and changes
-    /// nothing).
-    pub fn set_by_sm(self, req: u8) -> Option<Option<LogicalState>> {
-        use LogicalState::*;
-        Some(match req {
-            0 => None,
-            1 => Some(Down),
-            3 if matches!(self, Init | Armed) => Some(Armed),
-            4 if matches!(self, Armed | Active) => Some(Active),
-            _ => return None,
-        })
-    }
-}
+use crate::fabric::{LogicalState, PhysicalState};
+use crate::hca::config::HcaConfig;
 
 /// Size of the P_Key table.
 pub const PKEY_TABLE_LEN: usize = 128;
@@ -176,7 +118,7 @@ pub const DEFAULT_CAP_MASK: u32 = 0x0251_4868;
 
 impl Port {
     /// A powered-on port.
-    pub fn new(num: u8, cfg: &SimConfig) -> Port {
+    pub fn new(num: u8, cfg: &HcaConfig) -> Port {
         let port_guid = cfg.node_guid.wrapping_add(u64::from(num));
         let mut guids = vec![0u64; GUID_TABLE_LEN];
         guids[0] = port_guid;

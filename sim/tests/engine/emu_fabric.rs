@@ -3,7 +3,8 @@
 
 use std::fs::File;
 
-use sim::front::ivshmem::{Cli, Emulator, Log, parse_args};
+use sim::front::host::Log;
+use sim::front::ivshmem::{Cli, Emulator, parse_args};
 
 fn files(tag: &str, n: u32) -> (std::path::PathBuf, Vec<String>) {
     let dir = std::env::temp_dir().join(format!("engine-emu-{}-{tag}", std::process::id()));

@@ -466,7 +466,7 @@ fn bench_emu_rounds_in_process() {
     let emu = sim::front::ivshmem::Emulator::open(
         &specs,
         sim::front::ivshmem::Options::default(),
-        sim::front::ivshmem::Log::capture(),
+        sim::front::host::Log::capture(),
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));

@@ -52,10 +52,10 @@ use super::cq::{self, Cqe, Syndrome, rcv_op};
 use super::wqe::{self, Ctrl, Datagram, MAX_SEGS, MlxCtrl, Sge, op};
 use super::xlate::{self, Access, Seg};
 use super::{QpEng, Wait, WaitKind};
+use crate::fabric::LogicalState;
 use crate::hca::ctx::{Event, eqe, st};
 use crate::hca::device::{Hca, QpState};
 use crate::hca::layout::{get16, get32, get64};
-use crate::hca::port::LogicalState;
 
 /// Most bytes of a send WQE (63 units of 16).
 const WQE_MAX: usize = 1024;

@@ -65,10 +65,10 @@ use std::collections::VecDeque;
 
 use super::{QpEng, Wait, WaitKind};
 use crate::fabric::packet::{self, Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, aeth, opcode};
+use crate::fabric::{LogicalState, PhysicalState};
 use crate::fabric::{Packet, PortId, SharedFabric};
 use crate::hca::ctx::{eqe, st};
 use crate::hca::device::{Hca, QpState};
-use crate::hca::port::{LogicalState, PhysicalState};
 
 /// An HCA's attachment to a fabric.
 #[derive(Debug, Clone)]
@@ -1977,15 +1977,28 @@ fn scatter_sges(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SimConfig;
+    use crate::fabric::Fabric;
+    use crate::hca::HcaConfig;
 
     /// A packet the engines cannot build (here a WRITE FIRST without its
     /// RETH, as a model bug would ask for) is recorded and counted, not
     /// lost without a trace; a good one still goes out.
     #[test]
     fn a_packet_the_model_cannot_build_is_recorded_not_dropped_in_silence() {
-        let (a, _b, _w) = crate::SimHca::back_to_back(SimConfig::default(), SimConfig::default());
-        let mut h = a.hca();
+        let fabric = Fabric::shared();
+        let cfg = HcaConfig {
+            cable_plugged: false,
+            ..HcaConfig::default()
+        };
+        let ports = {
+            let mut f = lock(&fabric);
+            [
+                Some(f.attach_hca_port(cfg.node_guid, 1)),
+                Some(f.attach_hca_port(cfg.node_guid, 2)),
+            ]
+        };
+        let mut h = Hca::for_tests(cfg);
+        h.fabric = Some(FabricLink::new(fabric, ports));
         let mut hd = Headers::for_opcode(opcode::RC | opcode::RDMA_WRITE_FIRST).unwrap();
         hd.bth.dest_qp = 0x91;
         hd.reth = None;

@@ -49,7 +49,7 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
     .encode();
     // iPXE's `link_state` (byte 0 bit 7) and `ib_link_speed` (byte 4); Linux
     // reads neither.
-    if p.phys == crate::hca::port::PhysicalState::LinkUp {
+    if p.phys == crate::fabric::PhysicalState::LinkUp {
         b[0] |= 0x80;
     }
     b[4] = 0x07;
