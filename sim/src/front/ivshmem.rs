@@ -39,11 +39,10 @@ use hal::ConfigSpace;
 use memmap2::MmapRaw;
 
 use crate::front::host::{
-    Log, node_config, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive,
-    process_cpu_time, set_timer_slack_1ns,
+    HostOptions, Log, node_config, parse_emu_args, pid_alive, process_cpu_time, set_timer_slack_1ns,
 };
 use crate::front::in_process::{SimConfig, SimHca};
-use crate::hca::hcr::{Opcode, Status};
+use crate::hca::hcr::Opcode;
 use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
 use crate::hca::pci::PciConfig;
 use crate::hca::regs::RegFile;
@@ -389,18 +388,8 @@ pub struct Options {
     /// Sleep per round once idle for `idle_after` (at most 5 ms: the
     /// heartbeat must move every 10 ms).
     pub idle_sleep: Duration,
-    /// Every command with this opcode completes with this status.
-    pub fail: Vec<(Opcode, Status)>,
-    /// Raise a catastrophic error this long after a node's INIT_HCA.
-    pub catas_after: Option<Duration>,
-    /// Print every command on stderr.
-    pub trace: bool,
-    /// Exit when the parent process is gone.
-    pub exit_with_parent: bool,
-    /// Exit when all of these processes are gone.
-    pub watch_pids: Vec<u32>,
-    /// Print statistics at exit.
-    pub stats: bool,
+    /// Fault injection, trace, exit conditions, statistics.
+    pub host: HostOptions,
     /// The fabric every node's ports are cabled to (topology, capture,
     /// latency, packet faults).
     pub fabric: Box<crate::fabric::options::FabricOptions>,
@@ -414,12 +403,7 @@ impl Default for Options {
             sleep: Duration::from_micros(20),
             idle_after: Duration::from_millis(100),
             idle_sleep: Duration::from_millis(1),
-            fail: Vec::new(),
-            catas_after: None,
-            trace: false,
-            exit_with_parent: false,
-            watch_pids: Vec::new(),
-            stats: false,
+            host: HostOptions::default(),
             fabric: Default::default(),
         }
     }
@@ -637,7 +621,7 @@ impl Node {
             return false;
         }
         self.report(opts, log);
-        if let (Some(after), Some(at)) = (opts.catas_after, self.init_at)
+        if let (Some(after), Some(at)) = (opts.host.catas_after, self.init_at)
             && !self.catas_done
             && at.elapsed() >= after
         {
@@ -669,7 +653,7 @@ impl Node {
                 }
                 self.trace_next += 1;
                 self.commands += 1;
-                if opts.trace {
+                if opts.host.trace {
                     log.line(format!("node{}: {e}", self.id));
                 }
                 if e.op() == Opcode::INIT_HCA && e.ok() && self.init_at.is_none() {
@@ -775,7 +759,7 @@ impl Emulator {
                 .get(id as usize)
                 .ok_or_else(|| EmuError(format!("the topology has no HCA for node {id}")))?;
             let node = Node::open(id, n, w, r, &wire, at)?;
-            for (op, st) in &opts.fail {
+            for (op, st) in &opts.host.fail {
                 node.hca
                     .faults()
                     .set(*op, crate::hca::faults::OpcodeFault::status(*st));
@@ -947,11 +931,12 @@ impl Emulator {
             }
             if now >= next_check {
                 next_check = now + Duration::from_millis(20);
-                if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                if self.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent
+                {
                     return Exit::ParentGone;
                 }
-                if !self.opts.watch_pids.is_empty()
-                    && self.opts.watch_pids.iter().all(|p| !pid_alive(*p))
+                if !self.opts.host.watch_pids.is_empty()
+                    && self.opts.host.watch_pids.iter().all(|p| !pid_alive(*p))
                 {
                     return Exit::PidsGone;
                 }
@@ -1008,185 +993,31 @@ impl Drop for Emulator {
     }
 }
 
-/// A parsed command line.
-#[derive(Debug, Clone)]
-pub enum Cli {
-    /// `-h`/`--help`.
-    Help,
-    /// Serve these nodes.
-    Run {
-        /// `(window, ram)` per node.
-        nodes: Vec<(PathBuf, PathBuf)>,
-        /// Everything else.
-        opts: Options,
-    },
-}
-
-/// The `--help` text.
-pub const USAGE: &str = "\
-usage: cx3-emu [OPTIONS] --node WINDOW_FILE,RAM_FILE [--node WINDOW_FILE,RAM_FILE ...]
-
-Serves the ConnectX-3 model to QEMU guests over ivshmem (docs/ivshmem.md).
-
-  --node W,R            one guest: its 16 MiB window file and its RAM file;
-                        node ids 0, 1, ... in order
-  --fail CMD[=STATUS]   every command CMD (name such as RUN_FW or an opcode
-                        such as 0xff6) completes with STATUS (a CMD_STAT name
-                        such as INTERNAL_ERR or BAD_PARAM, or a number;
-                        default INTERNAL_ERR); repeatable
-  --catas-after SECS    raise a catastrophic error on every node SECS seconds
-                        (fractions allowed) after its first successful INIT_HCA
-  --trace               print every firmware command on stderr (node<N>: ...)
-  --spin-us N           spin N µs after the last activity (default 5)
-  --busy-spin-us N      ... but N µs once work comes back within N µs of a
-                        pause: each request of a request/response exchange
-                        is taken at once, not after a nap (default 0, off:
-                        worth it only with a core to spare for the emulator)
-  --sleep-us N          then sleep N µs per round, 1 ns timer slack
-                        (default 20, at most 5000)
-  --idle-after-ms N     after N ms without activity (default 100) ...
-  --idle-sleep-us N     ... sleep N µs per round instead (default 1000, at
-                        most 5000); the first command after a long idle
-                        spell waits up to this long
-  --exit-with-parent    exit when the parent process is gone
-  --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
-  --stats               at exit, print per-node and total counts and CPU time
-Fabric (one fabric spans every node; node i is HCA i of the topology, port 1
-cabled, port 2 uncabled unless a topology file says otherwise):
-  --back-to-back        two nodes, port 1 to port 1 (default: one 36-port
-                        switch with every node's port 1)
-  --topology FILE       an ibsim net file (Switch/Ca entries, GUIDs, links)
-  --capture FILE        every packet on every cable to FILE (pcapng, or
-                        classic pcap with ERF records for a .pcap name)
-  --latency TIME        wire latency per cable (e.g. 2us)
-  --drop SPEC, --corrupt SPEC, --delay SPEC
-                        packet faults (rate=P, every=N, qpn=, opcode=,
-                        port=NODE/PORT, times=N; see docs/fabric.md)
-  --pull NODE/PORT@T[+D] pull a cable at T (a fabric time, or a byte count
-                        such as 64MiB crossing that cable), put it back D later
-  --fault-seed N        seed of the fault RNG
-Subnet manager (docs/peers.md):
-  --sm opensm|embedded|none
-                        opensm: Debian's OpenSM as a child process, attached
-                        through ibsim's protocol at host node smhost (the
-                        switch's last free port); embedded: the fabric's own
-                        SM and SA (first free switch port); none (default):
-                        no SM. Every choice also serves ibsim's protocol
-                        (socket lego-<pid>-0) for the diags (scripts/ib-host.sh)
-  --embedded-sm         the same as --sm embedded
-  --sm-dir DIR          OpenSM's log (DIR/opensm.log), cache and dumps
-                        (default: cx3-emu-<pid> in the temporary directory)
-  --opensm-args ARGS    OpenSM's options, words separated by spaces or commas
-                        (default \"-s 1\": a sweep every second)
-  --sockname-file FILE  write the ibsim socket name there (scripts/ib-host.sh
-                        reads target/fabric/ibsim-sockname); removed at exit
-  -h, --help            this text
-
-Exits 0 when every guest has written state 3, on SIGINT/SIGTERM/SIGHUP, or
-when the watched processes (or the parent) are gone; 2 on a usage or file
-error. Violations, DMA faults and the trace go to stderr, prefixed node<N>:.
-";
-
-/// Parses the command line (without the program name).
-pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
-    let mut nodes = Vec::new();
-    let mut opts = Options::default();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let takes_value = crate::fabric::options::FabricOptions::VALUE_FLAGS
-            .contains(&flag.as_str())
-            || matches!(
-                flag.as_str(),
-                "--node"
-                    | "--fail"
-                    | "--catas-after"
-                    | "--spin-us"
-                    | "--busy-spin-us"
-                    | "--sleep-us"
-                    | "--idle-after-ms"
-                    | "--idle-sleep-us"
-                    | "--watch-pid"
-            );
-        let value = if takes_value {
-            match inline {
-                Some(v) => v,
-                None => it.next().ok_or(format!("{flag} needs a value"))?,
-            }
-        } else {
-            if inline.is_some() {
-                return Err(format!("{flag} takes no value"));
-            }
-            String::new()
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Cli::Help),
-            "--node" => {
-                let (w, r) = value
-                    .split_once(',')
-                    .filter(|(w, r)| !w.is_empty() && !r.is_empty())
-                    .ok_or(format!("--node wants WINDOW_FILE,RAM_FILE, got {value:?}"))?;
-                nodes.push((PathBuf::from(w), PathBuf::from(r)));
-            }
-            "--fail" => opts.fail.push(parse_fail(&value)?),
-            "--catas-after" => opts.catas_after = Some(parse_catas_after(&value)?),
-            "--trace" => opts.trace = true,
-            "--stats" => opts.stats = true,
-            "--exit-with-parent" => opts.exit_with_parent = true,
-            "--spin-us" => {
-                let n = parse_num(&value)
-                    .filter(|n| *n <= 1_000_000)
-                    .ok_or(format!("--spin-us wants microseconds, got {value:?}"))?;
-                opts.spin = Duration::from_micros(n);
-            }
-            "--busy-spin-us" => {
-                let n = parse_num(&value)
-                    .filter(|n| *n <= 1_000_000)
-                    .ok_or(format!("--busy-spin-us wants microseconds, got {value:?}"))?;
-                opts.busy_spin = Duration::from_micros(n);
-            }
-            "--sleep-us" => {
-                let n = parse_num(&value)
-                    .filter(|n| *n <= 5000)
-                    .ok_or(format!(
-                        "--sleep-us wants 0..=5000 microseconds (the heartbeat must move every 10 ms), got {value:?}"
-                    ))?;
-                opts.sleep = Duration::from_micros(n);
-            }
-            "--idle-after-ms" => {
-                let n = parse_num(&value)
-                    .filter(|n| *n <= 3_600_000)
-                    .ok_or(format!("--idle-after-ms wants milliseconds, got {value:?}"))?;
-                opts.idle_after = Duration::from_millis(n);
-            }
-            "--idle-sleep-us" => {
-                let n = parse_num(&value).filter(|n| *n <= 5000).ok_or(format!(
-                    "--idle-sleep-us wants 0..=5000 microseconds (the heartbeat must move every 10 ms), got {value:?}"
-                ))?;
-                opts.idle_sleep = Duration::from_micros(n);
-            }
-            "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
-            f => {
-                let v = takes_value.then_some(value.as_str());
-                if !opts.fabric.parse_arg(f, v)? {
-                    return Err(format!("unknown argument {a:?} (try --help)"));
-                }
-            }
-        }
-    }
-    if nodes.is_empty() {
-        return Err("at least one --node WINDOW_FILE,RAM_FILE is required (try --help)".into());
-    }
-    Ok(Cli::Run { nodes, opts })
+/// Parses `cx3-emu`'s command line (without the program name;
+/// [`EmuArgs`](crate::front::host::EmuArgs)): each node's window and RAM files, and the options.
+pub fn parse_args<I, T>(args: I) -> Result<(Vec<(PathBuf, PathBuf)>, Options), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let a = parse_emu_args(args)?;
+    let opts = Options {
+        spin: a.spin,
+        busy_spin: a.busy_spin,
+        sleep: a.sleep,
+        idle_after: a.idle_after,
+        idle_sleep: a.idle_sleep,
+        host: a.common.host,
+        fabric: Box::new(a.common.fabric.0),
+    };
+    Ok((a.nodes, opts))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::front::host::{parse_opcode, parse_status};
+    use crate::hca::hcr::Status;
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
@@ -1249,7 +1080,10 @@ mod tests {
             .unwrap();
         std::fs::File::create(&r).unwrap().set_len(4 * MIB).unwrap();
         let opts = Options {
-            catas_after: Some(Duration::from_millis(10)),
+            host: HostOptions {
+                catas_after: Some(Duration::from_millis(10)),
+                ..HostOptions::default()
+            },
             ..Options::default()
         };
         let mut emu = Emulator::open(&[(w, r)], opts, Log::capture()).unwrap();
@@ -1273,8 +1107,8 @@ mod tests {
 
     #[test]
     fn command_line() {
-        let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
-        let Ok(Cli::Run { nodes, opts }) = args(
+        let args = |s: &str| parse_args(s.split_whitespace());
+        let Ok((nodes, opts)) = args(
             "--node a.win,a.ram --node=b.win,b.ram --fail RUN_FW --fail 0x3=BAD_PARAM \
              --fail 2err_qp=0x10 --catas-after 1.5 --trace --spin-us 0 --sleep-us 100 \
              --exit-with-parent --watch-pid 42 --watch-pid 43 --stats \
@@ -1285,26 +1119,26 @@ mod tests {
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[1].1, PathBuf::from("b.ram"));
         assert_eq!(
-            opts.fail,
+            opts.host.fail,
             vec![
                 (Opcode::RUN_FW, Status::INTERNAL_ERR),
                 (Opcode::QUERY_DEV_CAP, Status::BAD_PARAM),
                 (Opcode::ERR_QP, Status::BAD_QP_STATE),
             ]
         );
-        assert_eq!(opts.catas_after, Some(Duration::from_millis(1500)));
-        assert!(opts.trace && opts.stats && opts.exit_with_parent);
+        assert_eq!(opts.host.catas_after, Some(Duration::from_millis(1500)));
+        assert!(opts.host.trace && opts.host.stats && opts.host.exit_with_parent);
         assert_eq!(
             (opts.spin, opts.sleep),
             (Duration::ZERO, Duration::from_micros(100))
         );
-        assert_eq!(opts.watch_pids, vec![42, 43]);
+        assert_eq!(opts.host.watch_pids, vec![42, 43]);
         assert_eq!(opts.busy_spin, Duration::from_micros(50));
         assert_eq!(
             (opts.idle_after, opts.idle_sleep),
             (Duration::from_millis(7), Duration::from_micros(300))
         );
-        assert!(matches!(args("-h"), Ok(Cli::Help)));
+        assert!(matches!(args("-h"), Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp));
         for bad in [
             "",
             "--node a.win",

@@ -39,13 +39,11 @@ use std::time::{Duration, Instant};
 use hal::{ConfigSpace, RegisterBackend};
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::fabric::options::SmChoice;
 use crate::front::host::{
-    Log, node_config, parse_catas_after, parse_fail, parse_num, parse_watch_pid, pid_alive,
-    process_cpu_time, set_timer_slack_1ns,
+    HostOptions, Log, node_config, parse_vfu_args, pid_alive, process_cpu_time, set_timer_slack_1ns,
 };
 use crate::front::in_process::{SimConfig, SimHca};
-use crate::hca::hcr::{Opcode, Status};
+use crate::hca::hcr::Opcode;
 use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
 use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
 
@@ -422,18 +420,8 @@ impl Interrupts {
 /// How the server runs.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Every command with this opcode completes with this status.
-    pub fail: Vec<(Opcode, Status)>,
-    /// Raise a catastrophic error this long after the first INIT_HCA.
-    pub catas_after: Option<Duration>,
-    /// Print every command on stderr.
-    pub trace: bool,
-    /// Exit when the parent process is gone.
-    pub exit_with_parent: bool,
-    /// Exit when all of these processes are gone.
-    pub watch_pids: Vec<u32>,
-    /// Print statistics at exit.
-    pub stats: bool,
+    /// Fault injection, trace, exit conditions, statistics.
+    pub host: HostOptions,
     /// Model-clock time before GO clears (default 0: at once).
     pub hcr_delay: Duration,
     /// The fabric the functions' ports are cabled to (topology, capture,
@@ -443,167 +431,21 @@ pub struct Options {
     pub fabric: Box<crate::fabric::options::FabricOptions>,
 }
 
-/// A parsed command line.
-#[derive(Debug, Clone)]
-pub enum Cli {
-    /// `-h`/`--help`.
-    Help,
-    /// Serve one function per socket, all on one fabric.
-    Run {
-        /// The UNIX sockets to listen on (must not exist): node 0, 1, ...
-        sockets: Vec<std::path::PathBuf>,
-        /// Node id of the first socket (`--node`, one socket only).
-        node: u32,
-        /// Everything else.
-        opts: Options,
-    },
-}
-
-/// The `--help` text.
-pub const USAGE: &str = "\
-usage: cx3-vfu [OPTIONS] --socket PATH [--socket PATH ...]
-
-Serves the ConnectX-3 model as PCI functions (15b3:1003), one per socket, to
-QEMU vfio-user-pci clients (docs/vfio-user.md), all on one emulated fabric:
-  -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
-with guest RAM shared (memory-backend-memfd or -file, share=on).
-
-  --socket PATH         a UNIX socket to listen on (must not exist); repeat
-                        for more nodes: node 0, 1, ... in order
-  --node N              with one socket: its node id (GUIDs as cx3-emu's
-                        node N; default 0)
-  --fail CMD[=STATUS]   every command CMD (name such as RUN_FW or an opcode
-                        such as 0xff6) completes with STATUS (a CMD_STAT name
-                        or a number; default INTERNAL_ERR); repeatable
-  --catas-after SECS    raise a catastrophic error SECS seconds after the
-                        first successful INIT_HCA
-  --hcr-delay-us N      GO stays set N µs after a post (default 0)
-  --trace               print every firmware command on stderr
-  --exit-with-parent    exit when the parent process is gone
-  --watch-pid PID       exit when PID is gone (repeatable: when all are gone)
-  --stats               at exit, print counts (commands, violations, DMA
-                        faults, accesses, interrupts) and CPU time
-Subnet manager:
-  --sm opensm|embedded|none
-                        Debian's OpenSM on a host node of the fabric, attached
-                        through the ibsim protocol (default), the fabric's own
-                        SM, or none (the ibsim server still runs for diags)
-  --embedded-sm         the same as --sm embedded
-  --sm-args \"ARGS\"      extra OpenSM arguments (default \"-s 1\")
-  --sm-dir DIR          OpenSM's log, cache and dumps (default: a temporary
-                        directory, removed at exit)
-  --sockname-file FILE  write the ibsim socket name there (scripts/ib-host.sh)
-Fabric (one fabric spans every node; node i is HCA i of the topology, port 1
-cabled, port 2 uncabled unless a topology file says otherwise):
-  --back-to-back        two nodes, port 1 to port 1 (default: one 36-port
-                        switch with every node's port 1)
-  --topology FILE       an ibsim net file (Switch/Ca entries, GUIDs, links)
-  --capture FILE        every packet on every cable to FILE (pcapng, or
-                        classic pcap with ERF records for a .pcap name)
-  --latency TIME        wire latency per cable (e.g. 2us)
-  --drop SPEC, --corrupt SPEC, --delay SPEC
-                        packet faults (rate=P, every=N, qpn=, opcode=,
-                        port=NODE/PORT, times=N; see docs/fabric.md)
-  --pull NODE/PORT@T[+D] pull a cable at T (a fabric time, or a byte count
-                        such as 64MiB crossing that cable), put it back D later
-  --fault-seed N        seed of the fault RNG
-  -h, --help            this text
-
-Exits 0 when every client has disconnected, on SIGINT/SIGTERM/SIGHUP, or
-when the watched processes (or the parent) are gone; 2 on a usage error or
-when a socket cannot be created. Violations, DMA faults and the trace go to
-stderr, prefixed node<N>:.
-";
-
-/// Parses the command line (without the program name).
-pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Cli, String> {
-    use crate::fabric::options::FabricOptions;
-    let mut sockets = Vec::new();
-    let mut node = None;
-    let mut opts = Options::default();
-    // OpenSM unless --sm (or --embedded-sm) says otherwise.
-    opts.fabric.sm = SmChoice::OpenSm;
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let takes_value = FabricOptions::VALUE_FLAGS.contains(&flag.as_str())
-            || matches!(
-                flag.as_str(),
-                "--socket"
-                    | "--node"
-                    | "--fail"
-                    | "--catas-after"
-                    | "--watch-pid"
-                    | "--hcr-delay-us"
-            );
-        let value = if takes_value {
-            match inline {
-                Some(v) => v,
-                None => it.next().ok_or(format!("{flag} needs a value"))?,
-            }
-        } else {
-            if inline.is_some() {
-                return Err(format!("{flag} takes no value"));
-            }
-            String::new()
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Cli::Help),
-            "--socket" => {
-                if value.is_empty() {
-                    return Err("--socket wants a path".into());
-                }
-                let p = std::path::PathBuf::from(value);
-                if sockets.contains(&p) {
-                    return Err(format!("--socket {}: named twice", p.display()));
-                }
-                sockets.push(p);
-            }
-            "--node" => {
-                node = Some(
-                    parse_num(&value)
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|n| *n < 256)
-                        .ok_or(format!("--node wants 0..=255, got {value:?}"))?,
-                );
-            }
-            "--fail" => opts.fail.push(parse_fail(&value)?),
-            "--catas-after" => opts.catas_after = Some(parse_catas_after(&value)?),
-            "--hcr-delay-us" => {
-                let n = parse_num(&value)
-                    .filter(|n| *n <= 10_000_000)
-                    .ok_or(format!("--hcr-delay-us wants 0..=10000000, got {value:?}"))?;
-                opts.hcr_delay = Duration::from_micros(n);
-            }
-            "--trace" => opts.trace = true,
-            "--stats" => opts.stats = true,
-            "--exit-with-parent" => opts.exit_with_parent = true,
-            "--watch-pid" => opts.watch_pids.push(parse_watch_pid(&value)?),
-            f => {
-                let v = takes_value.then_some(value.as_str());
-                if !opts.fabric.parse_arg(f, v)? {
-                    return Err(format!("unknown argument {a:?} (try --help)"));
-                }
-            }
-        }
-    }
-    if sockets.is_empty() {
-        return Err("--socket PATH is required (try --help)".into());
-    }
-    if sockets.len() > 36 {
-        return Err(format!("{} sockets: at most 36 nodes", sockets.len()));
-    }
-    if node.is_some() && sockets.len() > 1 {
-        return Err("--node names the node of a single --socket".into());
-    }
-    Ok(Cli::Run {
-        sockets,
-        node: node.unwrap_or(0),
-        opts,
-    })
+/// Parses `cx3-vfu`'s command line (without the program name;
+/// [`VfuArgs`](crate::front::host::VfuArgs)): the sockets (node 0, 1, ...), the node id of a single
+/// socket, and the options.
+pub fn parse_args<I, T>(args: I) -> Result<(Vec<std::path::PathBuf>, u32, Options), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let a = parse_vfu_args(args)?;
+    let opts = Options {
+        host: a.common.host,
+        hcr_delay: a.hcr_delay,
+        fabric: Box::new(a.common.fabric.0),
+    };
+    Ok((a.sockets, a.node.unwrap_or(0), opts))
 }
 
 // ---------------------------------------------------------------------------
@@ -709,7 +551,7 @@ impl Function {
         opts: Options,
         log: Log,
     ) -> Arc<Function> {
-        for (op, st) in &opts.fail {
+        for (op, st) in &opts.host.fail {
             hca.faults()
                 .set(*op, crate::hca::faults::OpcodeFault::status(*st));
         }
@@ -887,7 +729,7 @@ impl Function {
             }
         }
         self.report_locked(&mut r);
-        if let (Some(after), Some(at)) = (self.opts.catas_after, r.init_at)
+        if let (Some(after), Some(at)) = (self.opts.host.catas_after, r.init_at)
             && !r.catas_done
             && at.elapsed() >= after
         {
@@ -914,7 +756,7 @@ impl Function {
                 }
                 r.trace_next += 1;
                 r.commands += 1;
-                if self.opts.trace {
+                if self.opts.host.trace {
                     r.log.line(format!("node{id}: {e}"));
                 }
                 if e.op() == Opcode::INIT_HCA && e.ok() && r.init_at.is_none() {
@@ -1123,10 +965,12 @@ pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) ->
             f.service();
             return Exit::ClientGone;
         }
-        if f.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+        if f.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent {
             return Exit::ParentGone;
         }
-        if !f.opts.watch_pids.is_empty() && f.opts.watch_pids.iter().all(|p| !pid_alive(*p)) {
+        if !f.opts.host.watch_pids.is_empty()
+            && f.opts.host.watch_pids.iter().all(|p| !pid_alive(*p))
+        {
             return Exit::PidsGone;
         }
         f.service();
@@ -1302,11 +1146,12 @@ impl Fleet {
             let now = Instant::now();
             if now >= next_check {
                 next_check = now + Duration::from_millis(20);
-                if self.opts.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                if self.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent
+                {
                     break Exit::ParentGone;
                 }
-                if !self.opts.watch_pids.is_empty()
-                    && self.opts.watch_pids.iter().all(|p| !pid_alive(*p))
+                if !self.opts.host.watch_pids.is_empty()
+                    && self.opts.host.watch_pids.iter().all(|p| !pid_alive(*p))
                 {
                     break Exit::PidsGone;
                 }
@@ -1379,6 +1224,7 @@ impl Drop for Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::options::SmChoice;
     use std::os::fd::FromRawFd;
 
     fn memfd(len: u64) -> File {
@@ -1584,28 +1430,25 @@ mod tests {
 
     #[test]
     fn command_line() {
-        let args = |s: &str| parse_args(s.split_whitespace().map(String::from));
-        let Ok(Cli::Run {
-            sockets,
-            node,
-            opts,
-        }) = args(
+        let args = |s: &str| parse_args(s.split_whitespace());
+        let Ok((sockets, node, opts)) = args(
             "--socket /tmp/x.sock --node 2 --fail RUN_FW --fail 0x3=BAD_PARAM --trace --stats \
              --exit-with-parent --watch-pid 7 --catas-after 0.5 --hcr-delay-us=100",
-        )
-        else {
+        ) else {
             panic!("parses");
         };
         assert_eq!(sockets, vec![std::path::PathBuf::from("/tmp/x.sock")]);
         assert_eq!(opts.fabric.sm, SmChoice::OpenSm, "OpenSM by default");
         assert_eq!(node, 2);
-        assert_eq!(opts.fail.len(), 2);
-        assert!(opts.trace && opts.stats && opts.exit_with_parent);
-        assert_eq!(opts.watch_pids, vec![7]);
+        assert_eq!(opts.host.fail.len(), 2);
+        assert!(opts.host.trace && opts.host.stats && opts.host.exit_with_parent);
+        assert_eq!(opts.host.watch_pids, vec![7]);
         assert_eq!(opts.hcr_delay, Duration::from_micros(100));
-        assert!(matches!(args("--help"), Ok(Cli::Help)));
+        assert!(
+            matches!(args("--help"), Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp)
+        );
         // Several sockets on one fabric, the fabric's options and the SM.
-        let Ok(Cli::Run { sockets, opts, .. }) = args(
+        let Ok((sockets, _, opts)) = args(
             "--socket a --socket b --socket c --latency 2us --drop every=5 --sm embedded \
              --sm-dir /tmp/o --capture /tmp/c.pcap --opensm-args -s,3",
         ) else {
@@ -1619,11 +1462,11 @@ mod tests {
             opts.fabric.opensm_args,
             Some(vec!["-s".to_string(), "3".to_string()])
         );
-        let Ok(Cli::Run { opts, .. }) = args("--socket a --embedded-sm") else {
+        let Ok((_, _, opts)) = args("--socket a --embedded-sm") else {
             panic!("parses");
         };
         assert_eq!(opts.fabric.sm, SmChoice::Embedded);
-        let Ok(Cli::Run { opts, .. }) = args("--socket a --sm none") else {
+        let Ok((_, _, opts)) = args("--socket a --sm none") else {
             panic!("parses");
         };
         assert_eq!(opts.fabric.sm, SmChoice::None);
