@@ -28,24 +28,30 @@
 //!   ([`SimHca::eq_interrupts`]: the model counts an interrupt when it writes
 //!   an EQE to an armed EQ) and raises the EQ's vector (its context's `intr`
 //!   field) over MSI-X when the client has enabled it, else INTx.
+//!
+//! Guest memory is in `memory.rs`, the interrupts in `interrupts.rs`; the
+//! command line is the host module's ([`crate::front::host::VfuArgs`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hal::{ConfigSpace, RegisterBackend};
-use memmap2::{MmapOptions, MmapRaw};
 
 use crate::front::host::{
     HostOptions, Log, node_config, parse_vfu_args, pid_alive, process_cpu_time, set_timer_slack_1ns,
 };
 use crate::front::in_process::{SimConfig, SimHca};
 use crate::hca::hcr::Opcode;
-use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
 use crate::hca::pci::{BAR0_SIZE, BAR2_SIZE, PciConfig};
+
+mod interrupts;
+mod memory;
+
+pub use interrupts::Interrupts;
+pub use memory::GuestMemory;
 
 /// vfio region indices of a PCI device.
 pub mod region {
@@ -155,263 +161,6 @@ pub fn irqs() -> Vec<vfio_user::IrqInfo> {
             }
         })
         .collect()
-}
-
-// ---------------------------------------------------------------------------
-// Guest memory
-
-/// One `dma_map`: `[iova, iova + len)` is the client's file from `offset`.
-struct DmaRegion {
-    iova: u64,
-    len: u64,
-    map: MmapRaw,
-}
-
-/// Guest RAM as the device reaches it: the client's DMA mappings, by I/O
-/// virtual address (= guest-physical); an address outside every mapping is
-/// a DMA fault.
-#[derive(Default)]
-pub struct GuestMemory {
-    regions: RwLock<Vec<DmaRegion>>,
-}
-
-fn fault(bus: u64, len: usize, write: bool) -> DmaFault {
-    DmaFault {
-        bus,
-        len,
-        write,
-        kind: DmaFaultKind::OutOfRange,
-    }
-}
-
-impl GuestMemory {
-    /// Maps `len` bytes of `file` from `offset` at `iova`. Overlapping an
-    /// existing mapping is refused.
-    pub fn map(&self, iova: u64, len: u64, file: &File, offset: u64) -> Result<(), String> {
-        let end = iova
-            .checked_add(len)
-            .ok_or_else(|| format!("DMA map {iova:#x}+{len:#x} wraps"))?;
-        if len == 0 {
-            return Err("DMA map of zero bytes".into());
-        }
-        let n = usize::try_from(len).map_err(|_| format!("DMA map of {len:#x} bytes"))?;
-        let map = MmapOptions::new()
-            .offset(offset)
-            .len(n)
-            .map_raw(file)
-            .map_err(|e| format!("DMA map {iova:#x}+{len:#x}: mmap failed: {e}"))?;
-        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        if r.iter().any(|x| iova < x.iova + x.len && x.iova < end) {
-            return Err(format!("DMA map {iova:#x}+{len:#x} overlaps a mapping"));
-        }
-        r.push(DmaRegion { iova, len, map });
-        r.sort_by_key(|x| x.iova);
-        Ok(())
-    }
-
-    /// Removes every mapping inside `[iova, iova + len)`; the number removed.
-    pub fn unmap(&self, iova: u64, len: u64) -> usize {
-        let end = iova.saturating_add(len);
-        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        let before = r.len();
-        r.retain(|x| !(x.iova >= iova && x.iova + x.len <= end));
-        before - r.len()
-    }
-
-    /// The mapped ranges as (iova, len).
-    pub fn ranges(&self) -> Vec<(u64, u64)> {
-        let r = self.regions.read().unwrap_or_else(|e| e.into_inner());
-        r.iter().map(|x| (x.iova, x.len)).collect()
-    }
-
-    /// Visits `[bus, bus + len)` piece by piece across adjacent mappings:
-    /// `f(pointer, offset in the access, bytes)`; a hole is a fault.
-    fn walk(
-        &self,
-        bus: u64,
-        len: usize,
-        write: bool,
-        mut f: impl FnMut(*mut u8, usize, usize),
-    ) -> Result<(), DmaFault> {
-        let r = self.regions.read().unwrap_or_else(|e| e.into_inner());
-        bus.checked_add(len as u64).ok_or(fault(bus, len, write))?;
-        let mut done = 0usize;
-        while done < len {
-            let at = bus + done as u64;
-            let i = r.partition_point(|x| x.iova + x.len <= at);
-            let Some(reg) = r.get(i).filter(|x| x.iova <= at) else {
-                return Err(fault(bus, len, write));
-            };
-            let off = (at - reg.iova) as usize;
-            let n = (reg.len as usize - off).min(len - done);
-            f(reg.map.as_mut_ptr().wrapping_add(off), done, n);
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-impl HostMemory for GuestMemory {
-    fn read(&self, bus: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let dst = buf.as_mut_ptr();
-        let len = buf.len();
-        // Check first, copy second: a faulting access copies nothing.
-        self.walk(bus, len, false, |_, _, _| {})?;
-        self.walk(bus, len, false, |p, at, n| {
-            // SAFETY: `p..p+n` lies inside a live mapping (walk holds the
-            // read lock, so no unmap can race), `dst + at..+n` inside `buf`;
-            // guest RAM is another party's memory, never a Rust reference.
-            unsafe { core::ptr::copy_nonoverlapping(p, dst.add(at), n) }
-        })?;
-        fence(Ordering::Acquire);
-        Ok(())
-    }
-
-    fn write(&self, bus: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        self.walk(bus, buf.len(), true, |_, _, _| {})?;
-        fence(Ordering::Release);
-        self.walk(bus, buf.len(), true, |p, at, n| {
-            // SAFETY: as in `read`, the other direction.
-            unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr().add(at), p, n) }
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Interrupts
-
-/// The eventfds the client handed over and INTx's mask state.
-#[derive(Default)]
-pub struct Interrupts {
-    intx: Option<File>,
-    intx_masked: bool,
-    intx_pending: bool,
-    msix: Vec<Option<File>>,
-    /// Interrupts delivered (INTx, MSI-X).
-    pub delivered: (u64, u64),
-    /// Interrupts of a vector with no eventfd (lost, as on a card whose
-    /// vector the OS has not set up).
-    pub lost: u64,
-}
-
-fn kick(f: &File) -> bool {
-    let mut f = f;
-    f.write_all(&1u64.to_ne_bytes()).is_ok()
-}
-
-impl Interrupts {
-    fn msix_enabled(&self) -> bool {
-        self.msix.iter().any(Option::is_some)
-    }
-
-    /// Raises vector `v`: over MSI-X when the client has enabled it, else
-    /// INTx (automasked until unmasked).
-    pub fn raise(&mut self, v: u16) {
-        if self.msix_enabled() {
-            match self.msix.get(usize::from(v)).and_then(Option::as_ref) {
-                Some(f) if kick(f) => self.delivered.1 += 1,
-                _ => self.lost += 1,
-            }
-            return;
-        }
-        let Some(f) = &self.intx else {
-            self.lost += 1;
-            return;
-        };
-        if self.intx_masked {
-            self.intx_pending = true;
-        } else if kick(f) {
-            self.intx_masked = true;
-            self.delivered.0 += 1;
-        } else {
-            self.lost += 1;
-        }
-    }
-
-    /// SET_IRQS; `Err` for what the function does not support.
-    pub fn set(
-        &mut self,
-        index: u32,
-        flags: u32,
-        start: u32,
-        count: u32,
-        mut fds: Vec<File>,
-    ) -> Result<(), String> {
-        let action = flags & (IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK | IRQ_SET_ACTION_TRIGGER);
-        let data = flags & (IRQ_SET_DATA_NONE | IRQ_SET_DATA_BOOL | IRQ_SET_DATA_EVENTFD);
-        match (index, action, data) {
-            (irq::INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) if start == 0 => {
-                self.intx = if count == 0 { None } else { fds.pop() };
-                self.intx_masked = false;
-                self.intx_pending = false;
-            }
-            (irq::INTX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE) if count == 0 => {
-                self.intx = None;
-            }
-            (irq::INTX, IRQ_SET_ACTION_MASK, IRQ_SET_DATA_NONE) => self.intx_masked = true,
-            (irq::INTX, IRQ_SET_ACTION_UNMASK, IRQ_SET_DATA_NONE) => {
-                self.intx_masked = false;
-                if core::mem::take(&mut self.intx_pending) {
-                    self.raise_intx_now();
-                }
-            }
-            (irq::INTX, IRQ_SET_ACTION_UNMASK | IRQ_SET_ACTION_MASK, IRQ_SET_DATA_EVENTFD) => {
-                // An unmask eventfd (irqfd resampling): the client unmasks
-                // with messages too; nothing to keep.
-            }
-            (irq::MSIX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
-                let end = start
-                    .checked_add(count)
-                    .filter(|e| *e <= MSIX_VECTORS)
-                    .ok_or(format!(
-                        "MSI-X vectors {start}+{count} beyond {MSIX_VECTORS}"
-                    ))?;
-                if self.msix.len() < MSIX_VECTORS as usize {
-                    self.msix.resize_with(MSIX_VECTORS as usize, || None);
-                }
-                let mut fds = fds.into_iter();
-                for v in start..end {
-                    self.msix[v as usize] = fds.next();
-                }
-            }
-            (irq::MSIX, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_NONE) if count == 0 => {
-                self.msix.clear();
-            }
-            (irq::MSIX, IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK, _) => {
-                // Per-vector masking lives in the table the client emulates.
-            }
-            (
-                irq::ERR | irq::REQ,
-                IRQ_SET_ACTION_TRIGGER,
-                IRQ_SET_DATA_EVENTFD | IRQ_SET_DATA_NONE,
-            ) if start == 0 && count <= 1 => {
-                // Kept by the client's side only: never raised.
-            }
-            _ => {
-                return Err(format!(
-                    "SET_IRQS index {index} flags {flags:#x} start {start} count {count} not supported"
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn raise_intx_now(&mut self) {
-        if let Some(f) = &self.intx
-            && kick(f)
-        {
-            self.intx_masked = true;
-            self.delivered.0 += 1;
-        }
-    }
-
-    /// The device was reset: every interrupt is disabled.
-    pub fn reset(&mut self) {
-        self.intx = None;
-        self.intx_masked = false;
-        self.intx_pending = false;
-        self.msix.clear();
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1225,126 +974,6 @@ impl Drop for Fleet {
 mod tests {
     use super::*;
     use crate::fabric::options::SmChoice;
-    use std::os::fd::FromRawFd;
-
-    fn memfd(len: u64) -> File {
-        // SAFETY: a fresh anonymous file; the name is a valid C string.
-        let fd = unsafe { libc::memfd_create(c"vfu-test".as_ptr(), 0) };
-        assert!(fd >= 0);
-        // SAFETY: `fd` is ours and open.
-        let f = unsafe { File::from_raw_fd(fd) };
-        f.set_len(len).unwrap();
-        f
-    }
-
-    #[test]
-    fn guest_memory_spans_adjacent_mappings_and_faults_in_holes() {
-        let m = GuestMemory::default();
-        let f = memfd(0x30_0000);
-        // Like QEMU's q35 layout: [0, 0xa0000) and [0x100000, 0x300000)
-        // from one RAM file, split at 2 MiB into two maps.
-        m.map(0, 0xa_0000, &f, 0).unwrap();
-        m.map(0x10_0000, 0x10_0000, &f, 0x10_0000).unwrap();
-        m.map(0x20_0000, 0x10_0000, &f, 0x20_0000).unwrap();
-        assert!(m.map(0x1f_f000, 0x2000, &f, 0).is_err(), "overlap refused");
-        let data: Vec<u8> = (0..64u8).collect();
-        m.write(0x1f_ffe0, &data).unwrap();
-        let mut back = [0u8; 64];
-        m.read(0x1f_ffe0, &mut back).unwrap();
-        assert_eq!(&back[..], &data[..]);
-        let e = m.read(0x9_fffc, &mut back[..8]).unwrap_err();
-        assert_eq!((e.bus, e.len, e.write), (0x9_fffc, 8, false));
-        assert!(m.write(0x30_0000 - 4, &[0; 8]).is_err(), "beyond the end");
-        assert!(m.write(u64::MAX - 2, &[0; 8]).is_err(), "wraps");
-        // A faulting write copies nothing.
-        m.write(0x2f_fff8, &[7; 8]).unwrap();
-        assert!(m.write(0x2f_fff8, &[9; 16]).is_err());
-        m.read(0x2f_fff8, &mut back[..8]).unwrap();
-        assert_eq!(back[..8], [7; 8]);
-        assert_eq!(m.unmap(0x20_0000, 0x10_0000), 1);
-        assert!(m.read(0x20_0000, &mut back[..4]).is_err());
-    }
-
-    #[test]
-    fn intx_is_automasked_until_unmasked_and_msix_goes_by_vector() {
-        let mut irqs = Interrupts::default();
-        let efd = |n| {
-            // SAFETY: creates a new eventfd.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
-            assert!(fd >= 0, "{n}");
-            // SAFETY: ours.
-            unsafe { File::from_raw_fd(fd) }
-        };
-        let read = |f: &File| {
-            let mut b = [0u8; 8];
-            use std::io::Read;
-            let mut f = f;
-            f.read(&mut b).map(|_| u64::from_ne_bytes(b)).unwrap_or(0)
-        };
-        let intx = efd(0);
-        irqs.set(
-            irq::INTX,
-            IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
-            0,
-            1,
-            vec![intx.try_clone().unwrap()],
-        )
-        .unwrap();
-        irqs.raise(0);
-        irqs.raise(0);
-        assert_eq!(read(&intx), 1, "second raise waits for the unmask");
-        irqs.set(
-            irq::INTX,
-            IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE,
-            0,
-            1,
-            vec![],
-        )
-        .unwrap();
-        assert_eq!(read(&intx), 1, "pending INTx delivered at unmask");
-        let (v0, v3) = (efd(1), efd(2));
-        let fds = vec![
-            v0.try_clone().unwrap(),
-            efd(3),
-            efd(4),
-            v3.try_clone().unwrap(),
-        ];
-        irqs.set(
-            irq::MSIX,
-            IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
-            0,
-            4,
-            fds,
-        )
-        .unwrap();
-        irqs.raise(3);
-        irqs.raise(3);
-        irqs.raise(9);
-        assert_eq!(read(&v3), 2);
-        assert_eq!(read(&v0), 0);
-        assert_eq!(read(&intx), 0, "MSI-X enabled: no INTx");
-        assert_eq!(irqs.lost, 1, "vector 9 has no eventfd");
-        assert!(
-            irqs.set(
-                irq::MSIX,
-                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
-                120,
-                9,
-                vec![]
-            )
-            .is_err()
-        );
-        assert!(
-            irqs.set(
-                irq::MSI,
-                IRQ_SET_ACTION_TRIGGER | IRQ_SET_DATA_EVENTFD,
-                0,
-                1,
-                vec![]
-            )
-            .is_err()
-        );
-    }
 
     #[test]
     fn config_space_bytes_and_rmw_keep_status_bits() {
