@@ -198,41 +198,10 @@ fn bench_polled_doorbell_to_cqe_latency() {
 /// (A's QP 0x80 to B's QP 0x90), A's CQ, and a 1 MiB source MR on A and
 /// sink MR on B (MTT-mapped, 4 KiB pages, as a guest's).
 fn through_switch() -> (Hca, Hca, sim::Wire, Cq, Qp, Mr, Mr) {
-    use sim::fabric::Topology;
-    let cfg = |guid: u64| sim::SimConfig {
-        node_guid: guid,
-        dma_size: 64 << 20,
-        ..sim::SimConfig::default()
-    };
-    let mut f = sim::fabric::Fabric::new();
-    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
-    let shared = std::sync::Arc::new(std::sync::Mutex::new(f));
-    let w = sim::Wire::over(shared.clone(), std::time::Duration::from_micros(1));
-    let mk = |i: usize| {
-        let h = &built.hcas[i];
-        sim::SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
-    };
-    let mut a = Hca::bare(mk(0));
-    let mut b = Hca::bare(mk(1));
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
-    shared
-        .lock()
-        .unwrap()
-        .switch_mut(built.switches[0].1)
-        .unwrap()
-        .configure(0x10, &[(1, 1), (2, 2)]);
+    let (mut a, mut b, w) = crate::pairs::switched();
     let ca = a.cq(10);
     let cb = b.cq(10);
-    let mut sa = QpSpec::new(RC, ca.cqn);
-    sa.sq_log = 8;
-    let sb = QpSpec::new(RC, cb.cqn);
-    let qa = a.qp(0x80, sa);
-    let qb = b.qp(0x90, sb);
-    a.connect(&qa, sa, 0x90, b.lid).unwrap();
-    b.connect(&qb, sb, 0x80, a.lid).unwrap();
+    let (qa, _qb) = crate::pairs::rc_pair(&mut a, &mut b, &ca, &cb, |s| s.sq_log = 8);
     let src = a.mr(0x10_0000_0000, 1 << 20, acc::ALL);
     let dst = b.mr(0x20_0000_0000, 1 << 20, acc::ALL);
     (a, b, w, ca, qa, src, dst)

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use crate::fabric::b2b;
 use crate::harness::{CmdError, profile::LOG_QPS};
 use crate::loopback::one;
+use crate::pairs::b2b;
 use crate::poster::*;
 
 /// A PMA PortCounters MAD for `port` (Get, or Set with `select`).
@@ -119,7 +119,7 @@ fn a_malformed_receive_wqe_is_a_remote_operation_error_on_the_wire() {
     // The same over the loopback: one packet.
     let mut h = Hca::new();
     let mut cq = h.cq(6);
-    let (mut x, mut y, _) = crate::loopback::pair(&mut h, RC, &cq);
+    let (mut x, mut y, _) = crate::pairs::pair(&mut h, RC, &cq);
     let m = h.mr(0x30_0000, 4096, acc::ALL);
     y.post_recv(&[m.sge(0, 0x8000_0000 | 64)]);
     x.post(&h, &send(16, &m));
