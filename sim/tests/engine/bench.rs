@@ -8,7 +8,17 @@ use std::time::Instant;
 
 use crate::poster::*;
 
-fn setup(phys: bool) -> (Hca, Cq, Qp, Mr, Mr) {
+/// One HCA writing from `src` to `dst` over its loopback: RC QP `a`
+/// (0x80, connected to 0x81), both on `cq`.
+struct Loop {
+    h: Hca,
+    cq: Cq,
+    a: Qp,
+    src: Mr,
+    dst: Mr,
+}
+
+fn setup(phys: bool) -> Loop {
     let mut h = Hca::new();
     let cq = h.cq(10);
     let mut s = QpSpec::new(RC, cq.cqn);
@@ -26,7 +36,7 @@ fn setup(phys: bool) -> (Hca, Cq, Qp, Mr, Mr) {
             h.mr(0x20_0000_0000, 1 << 20, acc::ALL),
         )
     };
-    (h, cq, a, src, dst)
+    Loop { h, cq, a, src, dst }
 }
 
 /// This thread's CPU time in seconds (utime + stime from
@@ -43,17 +53,8 @@ fn cpu_secs() -> f64 {
 
 /// Posts `n` RDMA WRITEs of `len` bytes, `batch` per doorbell, every
 /// `batch`-th signalled; returns (wall, CPU) seconds.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    h: &Hca,
-    cq: &mut Cq,
-    a: &mut Qp,
-    src: &Mr,
-    dst: &Mr,
-    len: u32,
-    n: u64,
-    batch: u32,
-) -> (f64, f64) {
+fn run(l: &mut Loop, len: u32, n: u64, batch: u32) -> (f64, f64) {
+    let Loop { h, cq, a, src, dst } = l;
     let mk = |i: u64, sig: bool| Wr {
         opcode: op::RDMA_WRITE,
         signalled: sig,
@@ -90,14 +91,14 @@ fn run(
 #[ignore]
 fn bench_rdma_write_throughput_and_rate() {
     for phys in [false, true] {
-        let (h, mut cq, mut a, src, dst) = setup(phys);
+        let mut l = setup(phys);
         let kind = if phys {
             "physical MRs"
         } else {
             "MTT MRs (4 KiB pages)"
         };
         let n = 40_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 64 << 10, n, 16);
+        let (w, c) = run(&mut l, 64 << 10, n, 16);
         let b = n as f64 * 65536.0 / 1e9;
         println!(
             "64 KiB RDMA WRITE, {kind}: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} GB/s wall, {:.2} GB/s per CPU second",
@@ -105,21 +106,21 @@ fn bench_rdma_write_throughput_and_rate() {
             b / c.max(0.01)
         );
         let n = 2_000_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 8, n, 32);
+        let (w, c) = run(&mut l, 8, n, 32);
         println!(
             "8-byte RDMA WRITE, {kind}, 32 per doorbell: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} M ops/s wall, {:.2} M ops per CPU second",
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
         let n = 500_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 8, n, 1);
+        let (w, c) = run(&mut l, 8, n, 1);
         println!(
             "8-byte RDMA WRITE, {kind}, one per doorbell, each signalled: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} M ops/s wall, {:.2} M ops per CPU second",
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
-        h.assert_no_violations();
-        assert_eq!(dst.read(0, 8), src.read(0, 8));
+        l.h.assert_no_violations();
+        assert_eq!(l.dst.read(0, 8), l.src.read(0, 8));
     }
 }
 

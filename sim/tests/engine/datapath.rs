@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::harness::{CmdError, profile::LOG_QPS};
 use crate::loopback::one;
+use crate::mlx::UdHeader;
 use crate::pairs::b2b;
 use crate::poster::*;
 
@@ -271,17 +272,16 @@ fn a_gmp_on_a_port_that_is_not_active_is_a_port_xmit_discard() {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((0, 5)),
-        raw: Some(crate::mlx::ud_header(
-            0,
-            0,
-            5,
-            0,
-            0xffff,
-            1,
-            0x8001_0000,
-            1,
-            256,
-        )),
+        raw: Some(
+            UdHeader {
+                dlid: 5,
+                dqpn: 1,
+                qkey: 0x8001_0000,
+                sqpn: 1,
+                ..UdHeader::default()
+            }
+            .segment(),
+        ),
         sges: vec![m.sge(0, 256)],
         tail: Some(crate::mlx::icrc_seg()),
         ..Wr::default()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hal::Clock;
 
 use crate::loopback::one;
-use crate::mlx::pma_get;
+use crate::mlx::{UdHeader, pma_get};
 use crate::pairs::{b2b, rc_pair, switched, threaded};
 use crate::poster::*;
 
@@ -377,9 +377,15 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
             opcode: op::SEND,
             signalled: true,
             mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
-            raw: Some(crate::mlx::ud_header(
-                15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256,
-            )),
+            raw: Some(
+                UdHeader {
+                    vl: 15,
+                    dlid: 0xffff,
+                    slid: 0xffff,
+                    ..UdHeader::default()
+                }
+                .segment(),
+            ),
             sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()
@@ -565,17 +571,16 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             opcode: op::SEND,
             signalled: true,
             mlx_flags: Some((0, blid)),
-            raw: Some(crate::mlx::ud_header(
-                0,
-                0,
-                blid,
-                0,
-                0xffff,
-                1,
-                0x8001_0000,
-                1,
-                256,
-            )),
+            raw: Some(
+                UdHeader {
+                    dlid: blid,
+                    dqpn: 1,
+                    qkey: 0x8001_0000,
+                    sqpn: 1,
+                    ..UdHeader::default()
+                }
+                .segment(),
+            ),
             sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()

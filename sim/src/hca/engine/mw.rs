@@ -87,7 +87,7 @@
 use super::QpEng;
 use super::cq::Syndrome;
 use super::exec::Outcome;
-use super::xlate::{self, Access, KeyError, Xl};
+use super::xlate::{self, Access, KeyError, KeyUse, Xl};
 use crate::hca::ctx::mpt;
 use crate::hca::device::Hca;
 use crate::hca::icm::Table;
@@ -229,21 +229,18 @@ fn write_back(hca: &mut Hca, idx: u32, old: Option<Bound>, new: Option<Bound>) {
     }
 }
 
-/// Checks R_Key `key` (dMPT `idx`, a window entry) for a remote access by
-/// QP `qpn` (None: the caller does not know it; the type 2 QP check is
-/// skipped) of PD `pd`; returns the parent's translation, shifted so that
-/// window addresses translate.
-#[allow(clippy::too_many_arguments)]
-pub fn check(
-    hca: &mut Hca,
-    idx: u32,
-    key: u32,
-    qpn: Option<u32>,
-    pd: u32,
-    access: Access,
-    addr: u64,
-    len: u64,
-) -> Result<Xl, KeyError> {
+/// Checks R_Key use `u` (dMPT `idx`, a window entry) for a remote access
+/// (the type 2 QP check is skipped when `u` names no QP); returns the
+/// parent's translation, shifted so that window addresses translate.
+pub fn check(hca: &mut Hca, idx: u32, u: KeyUse) -> Result<Xl, KeyError> {
+    let KeyUse {
+        key,
+        qpn,
+        pd,
+        access,
+        addr,
+        len,
+    } = u;
     let Some(w) = window(hca, idx) else {
         return Err(KeyError::BadKey);
     };

@@ -6,6 +6,7 @@
 //! [`super::mw`]; fast-register MRs in the free state are not modelled (a
 //! free MR used as a key fails the key check).
 
+use super::QpEng;
 use crate::hca::ctx::{MptEntry, mpt};
 use crate::hca::device::Hca;
 use crate::hca::icm::Table;
@@ -111,27 +112,45 @@ pub(super) fn key_index(hca: &mut Hca, key: u32) -> u32 {
     (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32
 }
 
+/// One use of an L_Key or R_Key: the key, the QP it comes with (a type 2
+/// window must be bound to it; None: not checked) and that QP's protection
+/// domain, what for, and which bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyUse {
+    /// The key.
+    pub key: u32,
+    /// The QP the access arrives at, if known.
+    pub qpn: Option<u32>,
+    /// The QP's protection domain.
+    pub pd: u32,
+    /// What for.
+    pub access: Access,
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+impl KeyUse {
+    /// A remote access (`key`, `access`, `len` bytes at `addr`) arriving at
+    /// responder QP `d`.
+    pub fn remote(d: &QpEng, key: u32, access: Access, addr: u64, len: u64) -> KeyUse {
+        KeyUse {
+            key,
+            qpn: Some(d.qpn),
+            pd: d.pd,
+            access,
+            addr,
+            len,
+        }
+    }
+}
+
 /// Checks `key` for `len` bytes at `addr` with `access` on behalf of a QP
 /// in protection domain `pd`. `rsvd_ok`: the QP may use the reserved L_Key.
 pub fn check(
     hca: &mut Hca,
     key: u32,
-    pd: u32,
-    access: Access,
-    addr: u64,
-    len: u64,
-    rsvd_ok: bool,
-) -> Result<Xl, KeyError> {
-    check_qp(hca, key, None, pd, access, addr, len, rsvd_ok)
-}
-
-/// [`check`] for a remote access arriving at QP `qpn` (a type 2 window
-/// must be bound to it; None: not checked).
-#[allow(clippy::too_many_arguments)]
-pub fn check_qp(
-    hca: &mut Hca,
-    key: u32,
-    qpn: Option<u32>,
     pd: u32,
     access: Access,
     addr: u64,
@@ -145,6 +164,28 @@ pub fn check_qp(
             ..Xl::default()
         });
     }
+    let u = KeyUse {
+        key,
+        qpn: None,
+        pd,
+        access,
+        addr,
+        len,
+    };
+    check_qp(hca, u)
+}
+
+/// [`check`] for a use `u` that names its QP (a remote access: the
+/// reserved L_Key is never taken).
+pub fn check_qp(hca: &mut Hca, u: KeyUse) -> Result<Xl, KeyError> {
+    let KeyUse {
+        key,
+        pd,
+        access,
+        addr,
+        len,
+        ..
+    } = u;
     let idx = (key.rotate_left(24) as u64 & (nmpt(hca) - 1)) as u32;
     let Some(st) = hca.mpts.get(&idx).copied() else {
         return Err(KeyError::BadKey);
@@ -154,7 +195,7 @@ pub fn check_qp(
     };
     if m.flags & mpt::FLAG_REGION == 0 {
         // A window: its key changes with every bind.
-        return super::mw::check(hca, idx, key, qpn, pd, access, addr, len);
+        return super::mw::check(hca, idx, u);
     }
     if m.key != key.rotate_left(24) {
         return Err(KeyError::BadKey);

@@ -251,13 +251,7 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
             if m.len > 0 {
                 let xl = match xlate::check_qp(
                     hca,
-                    m.rkey,
-                    Some(d.qpn),
-                    d.pd,
-                    Access::RemoteWrite,
-                    m.raddr,
-                    m.len,
-                    false,
+                    xlate::KeyUse::remote(&d, m.rkey, Access::RemoteWrite, m.raddr, m.len),
                 ) {
                     Ok(x) => x,
                     Err(_) => {
@@ -318,13 +312,7 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
             }
             match xlate::check_qp(
                 hca,
-                m.rkey,
-                Some(d.qpn),
-                d.pd,
-                Access::RemoteRead,
-                m.raddr,
-                m.len,
-                false,
+                xlate::KeyUse::remote(&d, m.rkey, Access::RemoteRead, m.raddr, m.len),
             ) {
                 Ok(xl) => Resp::Read(Seg {
                     addr: m.raddr,
@@ -364,13 +352,7 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
             }
             let xl = match xlate::check_qp(
                 hca,
-                m.rkey,
-                Some(d.qpn),
-                d.pd,
-                Access::RemoteAtomic,
-                m.raddr,
-                8,
-                false,
+                xlate::KeyUse::remote(&d, m.rkey, Access::RemoteAtomic, m.raddr, 8),
             ) {
                 Ok(x) => x,
                 Err(_) => {

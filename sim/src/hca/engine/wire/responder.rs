@@ -12,30 +12,28 @@ fn reply_atomic(hca: &mut Hca, d: &QpEng, h: &Headers, psn: u32, v: u64) {
         syndrome: aeth::ack(0x1f),
         msn: 0,
     };
-    reply(
-        hca,
-        d,
-        h,
-        opcode::ATOMIC_ACKNOWLEDGE,
+    let r = Response {
+        op: opcode::ATOMIC_ACKNOWLEDGE,
         psn,
-        Some(a),
-        Some(v),
-        &[],
-    );
+        aeth: Some(a),
+        atomic_ack: Some(v),
+    };
+    reply(hca, d, h, r, &[]);
 }
 
-/// Builds and sends a response packet from responder QP `d`.
-#[allow(clippy::too_many_arguments)]
-fn reply(
-    hca: &mut Hca,
-    d: &QpEng,
-    req: &Headers,
+/// What a response packet carries beside its payload: its opcode (RC), PSN
+/// and extended headers.
+#[derive(Debug, Clone, Copy)]
+struct Response {
     op: u8,
     psn: u32,
-    a: Option<Aeth>,
-    atomic: Option<u64>,
-    payload: &[u8],
-) {
+    aeth: Option<Aeth>,
+    atomic_ack: Option<u64>,
+}
+
+/// Builds response `r` to request `req` with `payload` and sends it from
+/// responder QP `d`.
+fn reply(hca: &mut Hca, d: &QpEng, req: &Headers, r: Response, payload: &[u8]) {
     let (lid, lmc) = exec::port_state(hca, d.port).map_or((0, 0), |(_, l, m)| (l, m));
     let mask = (1u16 << lmc.min(7)) - 1;
     let hd = Headers {
@@ -47,30 +45,27 @@ fn reply(
             ..Lrh::default()
         },
         bth: Bth {
-            opcode: opcode::RC | op,
+            opcode: opcode::RC | r.op,
             pkey: exec::pkey_at(hca, d.port, d.pkey_index),
             dest_qp: d.remote_qpn,
-            psn: psn & 0xff_ffff,
+            psn: r.psn & 0xff_ffff,
             ..Bth::default()
         },
-        aeth: a,
-        atomic_ack: atomic,
+        aeth: r.aeth,
+        atomic_ack: r.atomic_ack,
         ..Headers::default()
     };
     send_packet(hca, d.port, &hd, payload);
 }
 
 fn ack(hca: &mut Hca, d: &QpEng, req: &Headers, psn: u32, syndrome: u8) {
-    reply(
-        hca,
-        d,
-        req,
-        opcode::ACKNOWLEDGE,
+    let r = Response {
+        op: opcode::ACKNOWLEDGE,
         psn,
-        Some(Aeth { syndrome, msn: 0 }),
-        None,
-        &[],
-    );
+        aeth: Some(Aeth { syndrome, msn: 0 }),
+        atomic_ack: None,
+    };
+    reply(hca, d, req, r, &[]);
 }
 
 /// Sends the READ response for `len` bytes at `seg` starting at `psn`.
@@ -96,7 +91,13 @@ fn read_response(hca: &mut Hca, d: &QpEng, req: &Headers, psn: u32, seg: Seg, le
             syndrome: aeth::ack(0x1f),
             msn: 0,
         });
-        reply(hca, d, req, op, psn + k, a, None, &buf);
+        let r = Response {
+            op,
+            psn: psn + k,
+            aeth: a,
+            atomic_ack: None,
+        };
+        reply(hca, d, req, r, &buf);
     }
 }
 
@@ -158,13 +159,7 @@ fn duplicate(hca: &mut Hca, d: &QpEng, h: &Headers, op: u8, psn: u32, exp: u32, 
             }
             let xl = xlate::check_qp(
                 hca,
-                r.rkey,
-                Some(d.qpn),
-                d.pd,
-                Access::RemoteRead,
-                r.va,
-                len,
-                false,
+                xlate::KeyUse::remote(d, r.rkey, Access::RemoteRead, r.va, len),
             );
             if let Ok(xl) = xl {
                 let seg = Seg {
@@ -413,13 +408,7 @@ fn stream(hca: &mut Hca, d: &QpEng, h: &Headers, payload: &[u8], op: u8, psn: u3
             let len = u64::from(r.dma_len);
             let Ok(xl) = xlate::check_qp(
                 hca,
-                r.rkey,
-                Some(d.qpn),
-                d.pd,
-                Access::RemoteWrite,
-                r.va,
-                len,
-                false,
+                xlate::KeyUse::remote(d, r.rkey, Access::RemoteWrite, r.va, len),
             ) else {
                 fail(hca, d, Syndrome::RemoteAccess, None, eqe::WQ_ACCESS_ERROR);
                 return;
