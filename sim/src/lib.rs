@@ -1,7 +1,8 @@
 //! A strict software model of the Mellanox ConnectX-3 HCA (MT27500, PCI
 //! 15b3:1003) as the Linux `mlx4_core` driver sees it, with its data-path
-//! engines and the fabric its ports are cabled to; the subnet manager and SA
-//! are not modelled yet.
+//! engines and the fabric its ports are cabled to (switches, a subnet
+//! manager with its SA, the ibsim protocol for OpenSM and the diags);
+//! Ethernet, RoCE and SR-IOV are not modelled.
 //!
 //! The model is a *checker*: it answers firmware commands with the status the
 //! card would use, refuses out-of-order or malformed requests, records
@@ -14,7 +15,11 @@
 //! # Structure
 //!
 //! Three wings, with dependencies pointing one way: [`front`] uses
-//! [`hca`], [`hca`] uses [`fabric`], and nothing points back.
+//! [`hca`], [`hca`] uses [`fabric`], and nothing points back (no file under
+//! `fabric/` names `hca` or `front`, none under `hca/` names `front`). The
+//! card takes its configuration from a front end as an
+//! [`hca::HcaConfig`]; the IBTA port states both ends of a cable use are
+//! the fabric's ([`LogicalState`], [`PhysicalState`]).
 //!
 //! | module | models |
 //! |---|---|
@@ -133,7 +138,10 @@
 //! together after every register write and on every `relax` of their
 //! shared fake clock (RNR and retry timers run on fake time), threaded
 //! ones by their own model threads, `cx3-emu`'s by its poll loop. Lock
-//! order: one HCA, then the fabric; the fabric never calls an HCA.
+//! order: one HCA, then the fabric; the fabric never calls an HCA. That
+//! holds for the types too: the fabric's code names no type of the card
+//! (an HCA port is a [`fabric::PortId`] to it, a packet is bytes), so the
+//! order is one the compiler keeps, not only a convention.
 #![warn(missing_docs)]
 
 pub mod fabric;

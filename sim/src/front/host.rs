@@ -241,8 +241,8 @@ pub struct HostOptions {
     /// allowed) after its first successful INIT_HCA.
     #[arg(long, value_name = "SECS", value_parser = parse_catas_after)]
     pub catas_after: Option<Duration>,
-    /// Print every firmware command on stderr (node<N>: ...).
-    #[arg(long)]
+    /// Print every firmware command on stderr, after its node's number.
+    #[arg(long, help = "Print every firmware command on stderr (node<N>: ...)")]
     pub trace: bool,
     /// Exit when the parent process is gone.
     #[arg(long)]

@@ -1234,9 +1234,9 @@ impl SimHca {
             .post_async(crate::hca::ctx::Event::CqError { cqn, syndrome });
     }
 
-    /// Posts a completion event for `cqn` to its completion EQ (what the
-    /// CQ engine will do once it exists). False if the CQ is not in hardware
-    /// ownership.
+    /// Posts a completion event for `cqn` to its completion EQ, as the CQ
+    /// engine does for an armed CQ, without a CQE. False if the CQ is not in
+    /// hardware ownership.
     pub fn inject_completion_event(&self, cqn: u32) -> bool {
         let mut h = self.hca();
         let Some(eqn) = h.cqs.get(&cqn).map(|c| c.eqn) else {
@@ -1251,9 +1251,9 @@ impl SimHca {
         self.hca().eqs.get(&eqn).cloned()
     }
 
-    /// Stand-in for the (later) send engine hitting an error: a QP in RTS
-    /// moves to SQER, from where only SQERR2RTS, 2ERR and 2RST lead. False if
-    /// the QP is not in RTS.
+    /// A send-queue error without a WQE that causes it: a QP in RTS moves to
+    /// SQER, from where only SQERR2RTS, 2ERR and 2RST lead. False if the QP
+    /// is not in RTS.
     pub fn inject_sq_error(&self, qpn: u32) -> bool {
         let mut h = self.hca();
         match h.qps.get_mut(&qpn) {
@@ -1296,8 +1296,8 @@ impl SimHca {
         self.hca().icm.mapped_pages()
     }
 
-    /// UAR doorbells seen that belong to the (later) data-path engines, as
-    /// (BAR2 offset, big-endian value).
+    /// Every UAR doorbell seen (a log, capped), as (BAR2 offset, big-endian
+    /// value).
     pub fn pending_doorbells(&self) -> Vec<(usize, u32)> {
         self.hca().pending_doorbells.clone()
     }

@@ -1,7 +1,7 @@
 //! Byte layouts of the hardware contexts the firmware stores in ICM (EQC,
 //! CQC, QPC, SRQC, dMPT), MTT entries and EQEs, with the field checks
-//! SW2HW/modify commands apply; CQE/WQE formats belong to the (later)
-//! data-path engines.
+//! SW2HW/modify commands apply; CQE/WQE formats belong to the data-path
+//! engines ([`crate::hca::engine`]).
 //!
 //! Offsets from iPXE `MT25408_PRM.h` (`hermonprm_eqc_st`,
 //! `hermonprm_completion_queue_context_st`, `hermonprm_mpt_st`,

@@ -219,8 +219,8 @@ pub struct Hca {
     pub catastrophic: bool,
     /// Clear-interrupt writes seen.
     pub clr_int_writes: u64,
-    /// Doorbells seen that the (later) engines will consume: (BAR2 offset,
-    /// value).
+    /// Every UAR doorbell seen, as (BAR2 offset, value), up to a cap (the
+    /// engines act on them as they come; this is the log).
     pub pending_doorbells: Vec<(usize, u32)>,
     /// The data-path engines' state.
     pub engine: crate::hca::engine::Engine,
