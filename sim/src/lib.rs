@@ -1,7 +1,8 @@
 //! A strict software model of the Mellanox ConnectX-3 HCA (MT27500, PCI
 //! 15b3:1003) as the Linux `mlx4_core` driver sees it, with its data-path
-//! engines and the fabric its ports are cabled to; the subnet manager and SA
-//! are not modelled yet.
+//! engines and the fabric its ports are cabled to (switches, a subnet
+//! manager with its SA, the ibsim protocol for OpenSM and the diags);
+//! Ethernet, RoCE and SR-IOV are not modelled.
 //!
 //! The model is a *checker*: it answers firmware commands with the status the
 //! card would use, refuses out-of-order or malformed requests, records
@@ -13,35 +14,45 @@
 //!
 //! # Structure
 //!
+//! Three wings, with dependencies pointing one way: [`front`] uses
+//! [`hca`], [`hca`] uses [`fabric`], and nothing points back (no file under
+//! `fabric/` names `hca` or `front`, none under `hca/` names `front`). The
+//! card takes its configuration from a front end as an
+//! [`hca::HcaConfig`]; the IBTA port states both ends of a cable use are
+//! the fabric's ([`LogicalState`], [`PhysicalState`]).
+//!
 //! | module | models |
 //! |---|---|
-//! | [`pci`] | config space: ids, class, BARs, capability list, command register |
-//! | [`regs`] | BAR0/BAR2 register files and their offsets (HCR, ownership, reset, catas, clr_int, UAR) |
-//! | [`hcr`] | opcodes, status codes and the go/toggle protocol of the command register |
-//! | [`mem`] | the one path to host memory ([`HostMemory`]), DMA faults |
-//! | [`layout`] | byte layouts of the query mailboxes (QUERY_FW, QUERY_DEV_CAP, ...) |
-//! | [`ctx`] | byte layouts and validation of EQ/CQ/QP/SRQ/MPT contexts, MTT entries, EQEs |
-//! | [`icm`] | ICM: FA/aux pages, the ICM virtual-to-bus page table, table geometry |
-//! | [`eq`] | event queues: EQE writing, ownership, doorbells, overrun, async events |
-//! | [`port`] | the two IB ports: physical/logical state, LID, SM, P_Key and GUID tables |
-//! | [`mad_ifc`] | the firmware SMA/PMA behind MAD_IFC |
-//! | [`fw`] | the firmware command handlers, by area |
-//! | [`packet`] | InfiniBand packets: LRH/GRH/BTH/ETHs, MAD/SMP headers, ICRC/VCRC |
-//! | [`fabric`] | the wire: cables, switches (SMA, PMA, LFT, directed route), topologies, capture, packet faults |
-//! | [`faults`] | fault injection |
-//! | [`trace`] | the command trace |
-//! | [`frontend`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
-//! | [`ivshmem`] | the `cx3-emu` front end: the model served to QEMU guests over ivshmem |
-//! | [`vfu`] | the `cx3-vfu` front end: the model as a PCI function over vfio-user |
+//! | [`hca`] | the card |
+//! | [`hca::pci`] | config space: ids, class, BARs, capability list, command register |
+//! | [`hca::regs`] | BAR0/BAR2 register files and their offsets (HCR, ownership, reset, catas, clr_int, UAR) |
+//! | [`hca::hcr`] | opcodes, status codes and the go/toggle protocol of the command register |
+//! | [`hca::mem`] | the one path to host memory ([`HostMemory`]), DMA faults |
+//! | [`hca::layout`] | byte layouts of the query mailboxes (QUERY_FW, QUERY_DEV_CAP, ...) |
+//! | [`hca::ctx`] | byte layouts and validation of EQ/CQ/QP/SRQ/MPT contexts, MTT entries, EQEs |
+//! | [`hca::icm`] | ICM: FA/aux pages, the ICM virtual-to-bus page table, table geometry |
+//! | [`hca::eq`] | event queues: EQE writing, ownership, doorbells, overrun, async events |
+//! | [`hca::port`] | the two IB ports: physical/logical state, LID, SM, P_Key and GUID tables |
+//! | [`hca::mad_ifc`] | the firmware SMA/PMA behind MAD_IFC |
+//! | [`hca::fw`] | the firmware command handlers, by area |
+//! | [`hca::engine`] | the data-path engines: queues, transports, the HCA's end of the wire |
+//! | [`hca::faults`] | fault injection into the card |
+//! | [`hca::trace`] | the command trace |
+//! | [`fabric`] | the wire: cables, switches (SMA, PMA, LFT, directed route), topologies, capture, packet faults, host nodes, the SM and SA, the ibsim server |
+//! | [`fabric::packet`] | InfiniBand packets: LRH/GRH/BTH/ETHs, MAD/SMP headers, ICRC/VCRC |
+//! | [`front`] | the front ends |
+//! | [`front::in_process`] | [`SimHca`]: the `hal` backend for host tests (sync and threaded) |
+//! | [`front::ivshmem`] | the `cx3-emu` front end: the model served to QEMU guests over ivshmem |
+//! | [`front::vfu`] | the `cx3-vfu` front end: the model as a PCI function over vfio-user |
 //!
 //! # Where the two readings of a layout differ
 //!
 //! iPXE = `ipxe/ipxe` `src/drivers/infiniband/{hermon.h,MT25408_PRM.h,
 //! hermon.c}`; Linux = 3.11 mlx4. The per-field lists are in the module docs
-//! of [`layout`] (QUERY_DEV_CAP reserved EQs and BMME bits, INIT_HCA cache
+//! of [`hca::layout`] (QUERY_DEV_CAP reserved EQs and BMME bits, INIT_HCA cache
 //! line / 64-byte entries / memory windows, QUERY_PORT link state,
 //! MOD_STAT_CFG flavours, MAD_IFC extended-info bit, SET_PORT GUID bits) and
-//! [`ctx`] (EQC moderation and interrupt widths, CQC EQN width, dMPT bit 17
+//! [`hca::ctx`] (EQC moderation and interrupt widths, CQC EQN width, dMPT bit 17
 //! and lkey, QPC page offset and param3, QP path counter/VLAN index). Device
 //! level differences:
 //!
@@ -64,7 +75,7 @@
 //!   BAD_SEG_PARAM..MULTI_FUNC_REQ as 0x11..0x22; Linux `cmd.c` (all
 //!   versions checked) and the porting map use 0x20 BAD_SEG_PARAM, 0x21
 //!   REG_BOUND, 0x22 LAM_NOT_PRE, 0x30 BAD_PKT, 0x40 BAD_SIZE, 0x50
-//!   MULTI_FUNC_REQ. The model uses Linux's values ([`hcr::Status`]).
+//!   MULTI_FUNC_REQ. The model uses Linux's values ([`hca::hcr::Status`]).
 //!
 //! # What a driver must do for the model (and the card)
 //!
@@ -119,42 +130,27 @@
 //! # How the pieces fit
 //!
 //! The device core (`device`, private) owns all state behind one lock and
-//! hands doorbells to the data-path engines ([`engine`]): the send engine
+//! hands doorbells to the data-path engines ([`hca::engine`]): the send engine
 //! runs a QP's send queue on its doorbell, messages to this HCA's own LID
 //! run requester and responder together (the card's loopback), messages
-//! to anyone else become packets on the fabric ([`fabric`], [`packet`]).
+//! to anyone else become packets on the fabric ([`fabric`], [`fabric::packet`]).
 //! A [`Wire`] groups the HCAs on one fabric: synchronous HCAs are stepped
 //! together after every register write and on every `relax` of their
 //! shared fake clock (RNR and retry timers run on fake time), threaded
 //! ones by their own model threads, `cx3-emu`'s by its poll loop. Lock
-//! order: one HCA, then the fabric; the fabric never calls an HCA.
+//! order: one HCA, then the fabric; the fabric never calls an HCA. That
+//! holds for the types too: the fabric's code names no type of the card
+//! (an HCA port is a [`fabric::PortId`] to it, a packet is bytes), so the
+//! order is one the compiler keeps, not only a convention.
 #![warn(missing_docs)]
 
-pub mod ctx;
-pub mod engine;
-pub mod eq;
 pub mod fabric;
-pub mod faults;
-pub mod frontend;
-pub mod fw;
-pub mod hcr;
-pub mod icm;
-pub mod ivshmem;
-pub mod layout;
-pub mod mad_ifc;
-pub mod mem;
-pub mod packet;
-pub mod pci;
-pub mod port;
-pub mod regs;
-pub mod trace;
-pub mod vfu;
+pub mod front;
+pub mod hca;
 
-mod device;
-
-pub use faults::{FaultPlan, OpcodeFault};
-pub use frontend::{SimConfig, SimHca, Wire};
-pub use hcr::{Opcode, Status};
-pub use mem::{DmaFault, HostMemory};
-pub use port::{LogicalState, PhysicalState};
-pub use trace::TraceEntry;
+pub use fabric::{LogicalState, PhysicalState};
+pub use front::in_process::{SimConfig, SimHca, Wire};
+pub use hca::faults::{FaultPlan, OpcodeFault};
+pub use hca::hcr::{Opcode, Status};
+pub use hca::mem::{DmaFault, HostMemory};
+pub use hca::trace::TraceEntry;

@@ -8,8 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use sim::ivshmem::{
-    BAR0_OFF, CONFIG_OFF, Emulator, Exit, GUEST_SHUT_DOWN, Log, MAGIC, Options, SharedFile, hdr,
+use sim::front::host::{HostOptions, Log};
+use sim::front::ivshmem::{
+    BAR0_OFF, CONFIG_OFF, Emulator, Exit, GUEST_SHUT_DOWN, MAGIC, Options, SharedFile, hdr,
 };
 use sim::{Opcode, Status};
 
@@ -123,7 +124,10 @@ fn in_process_guest_session() {
     let f = Files::new("inproc");
     let (w, r) = f.node(0);
     let opts = Options {
-        trace: true,
+        host: HostOptions {
+            trace: true,
+            ..HostOptions::default()
+        },
         ..Options::default()
     };
     let mut emu = Emulator::open(&[(w.clone(), r.clone())], opts, Log::capture()).unwrap();
@@ -305,7 +309,10 @@ fn injected_status() {
     let f = Files::new("fail");
     let (w, r) = f.node(0);
     let opts = Options {
-        fail: vec![(Opcode::QUERY_FW, Status::BAD_PARAM)],
+        host: HostOptions {
+            fail: vec![(Opcode::QUERY_FW, Status::BAD_PARAM)],
+            ..HostOptions::default()
+        },
         ..Options::default()
     };
     let mut emu = Emulator::open(&[(w.clone(), r.clone())], opts, Log::capture()).unwrap();
@@ -468,7 +475,7 @@ fn binary_refuses_bad_arguments_and_files_with_status_2() {
     let missing = f.dir.join("missing.ram");
     let cases: [(Vec<String>, &str); 5] = [
         (vec![], "--node"),
-        (vec!["--bogus".into()], "unknown argument"),
+        (vec!["--bogus".into()], "unexpected argument '--bogus'"),
         (
             vec!["--node".into(), Files::arg(&w, &missing)],
             "cannot open",
@@ -548,8 +555,8 @@ fn bench_round_trips() {
 #[test]
 fn guest_ram_above_4_gib_and_faults_in_the_hole() {
     use sim::HostMemory;
-    use sim::ivshmem::GuestRam;
-    use sim::mem::DmaFaultKind;
+    use sim::front::ivshmem::GuestRam;
+    use sim::hca::mem::DmaFaultKind;
     let f = Files::new("bigram");
     let path = f.dir.join("big.ram");
     let size: u64 = 3 << 30;

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use sim::ivshmem::Log;
-use sim::vfu::{Function, Options, irqs, regions, serve};
+use sim::front::host::Log;
+use sim::front::vfu::{Function, Options, irqs, regions, serve};
 use vfio_user::Client;
 
 const HCR: u64 = 0x8_0680;

@@ -124,7 +124,7 @@ type Cmd = (&'static str, Option<u32>, Option<u8>);
 /// The teardown commands as (name, in_mod, op_mod), with the modifiers of
 /// UNMAP_ICM (ICM address and page count of each chunk) left out and its
 /// repeats collapsed.
-fn teardown_tail(trace: &[sim::trace::TraceEntry]) -> Vec<Cmd> {
+fn teardown_tail(trace: &[sim::hca::trace::TraceEntry]) -> Vec<Cmd> {
     let mut v: Vec<Cmd> = Vec::new();
     for e in trace {
         let c = match e.name {
@@ -208,7 +208,7 @@ fn dev_is_send() {
 #[test]
 fn cq_timestamp_capability_adds_query_hca() {
     let hca = sync_hca();
-    hca.faults().bad_cap(sim::faults::BadCap::Byte {
+    hca.faults().bad_cap(sim::hca::faults::BadCap::Byte {
         offset: 0x3e,
         value: 0x80,
     });
@@ -279,7 +279,7 @@ fn a_profile_linux_would_refuse_is_refused_by_name_before_the_device_is_touched(
     // Above what this device's firmware serves per QP (2^2): refused once
     // QUERY_DEV_CAP said so, and everything taken so far given back.
     let hca = Model::new(SimConfig {
-        dev_cap: sim::layout::DevCap {
+        dev_cap: sim::hca::layout::DevCap {
             log_max_ra_res_qp: 2,
             ..Default::default()
         },

@@ -11,7 +11,7 @@ use std::time::Duration;
 use mlx4_common::*;
 use mlx4_core::hw::cmd::Opcode;
 use mlx4_core::{Caps, Error, Event, Interface, Profile};
-use sim::faults::BadCap;
+use sim::hca::faults::BadCap;
 use sim::{OpcodeFault, SimConfig, Status};
 
 /// Commands whose failure Linux only warns about.

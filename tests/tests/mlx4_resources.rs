@@ -355,7 +355,7 @@ fn hundreds_of_port_events_wrap_the_async_eq() {
 
 #[test]
 fn corrupt_eqes_are_survived() {
-    use sim::faults::EqeCorruption;
+    use sim::hca::faults::EqeCorruption;
     for c in [
         EqeCorruption::BadType,
         EqeCorruption::GarbageData,
@@ -910,7 +910,7 @@ fn every_size_and_count_argument_is_refused_by_name() {
 fn the_largest_cq_the_device_allows_is_accepted_and_one_more_is_not() {
     // A device with CQs of at most 2^10 entries (32 KiB of CQEs).
     let hca = Model::new(sim::SimConfig {
-        dev_cap: sim::layout::DevCap {
+        dev_cap: sim::hca::layout::DevCap {
             log_max_cq_sz: 10,
             ..Default::default()
         },

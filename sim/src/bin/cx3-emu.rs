@@ -1,12 +1,14 @@
 //! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem, per
 //! `docs/ivshmem.md`, with the subnet manager `--sm` asks for (OpenSM as a
-//! child process that ends with it, docs/peers.md); see [`sim::ivshmem`]
-//! for the logic and `--help` for the command line.
+//! child process that ends with it, docs/peers.md); see [`sim::front::ivshmem`]
+//! for the logic, [`sim::front::host::EmuArgs`] and `--help` for the
+//! command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::ivshmem::{Cli, Emulator, Exit, Log, USAGE, parse_args};
+use sim::front::host::{Log, usage_exit};
+use sim::front::ivshmem::{Emulator, Exit, parse_args};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -15,23 +17,16 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    let (nodes, opts) = match parse_args(std::env::args().skip(1)) {
-        Ok(Cli::Help) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Cli::Run { nodes, opts }) => (nodes, opts),
-        Err(e) => {
-            eprintln!("cx3-emu: {e}");
-            return ExitCode::from(2);
-        }
+    let (nodes, opts) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(parsed) => parsed,
+        Err(e) => return usage_exit("cx3-emu", &e),
     };
     let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe).
         unsafe { libc::signal(sig, handler) };
     }
-    let stats = opts.stats;
+    let stats = opts.host.stats;
     let mut emu = match Emulator::open(&nodes, opts, Log::stderr()) {
         Ok(e) => e,
         Err(e) => {

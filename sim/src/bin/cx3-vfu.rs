@@ -1,13 +1,14 @@
 //! `cx3-vfu`: serves the ConnectX-3 model as PCI functions (15b3:1003), one
 //! per socket and all on one emulated fabric with its subnet manager, to
-//! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::vfu`]
-//! for the logic and `--help` for the command line.
+//! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::front::vfu`]
+//! for the logic, [`sim::front::host::VfuArgs`] and `--help` for the
+//! command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sim::ivshmem::Log;
-use sim::vfu::{Cli, Exit, Fleet, USAGE, irqs, parse_args, regions};
+use sim::front::host::{Log, usage_exit};
+use sim::front::vfu::{Exit, Fleet, irqs, parse_args, regions};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -16,27 +17,16 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    let (sockets, node, opts) = match parse_args(std::env::args().skip(1)) {
-        Ok(Cli::Help) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Cli::Run {
-            sockets,
-            node,
-            opts,
-        }) => (sockets, node, opts),
-        Err(e) => {
-            eprintln!("cx3-vfu: {e}");
-            return ExitCode::from(2);
-        }
+    let (sockets, node, opts) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(parsed) => parsed,
+        Err(e) => return usage_exit("cx3-vfu", &e),
     };
     let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe).
         unsafe { libc::signal(sig, handler) };
     }
-    let stats = opts.stats;
+    let stats = opts.host.stats;
     let mut servers = Vec::new();
     let remove_all = |n: usize| {
         for s in &sockets[..n] {

@@ -239,8 +239,8 @@ impl PacketFaults {
                 FaultKind::Corrupt => {
                     // Anything after the LRH and before the VCRC: the
                     // packet still routes, and both CRCs fail.
-                    let lo = crate::packet::LRH_LEN;
-                    let hi = bytes.len().saturating_sub(crate::packet::VCRC_LEN);
+                    let lo = crate::fabric::packet::LRH_LEN;
+                    let hi = bytes.len().saturating_sub(crate::fabric::packet::VCRC_LEN);
                     if hi > lo {
                         let at = lo + self.rng.below((hi - lo) as u64) as usize;
                         bytes[at] ^= 1 << self.rng.below(8);

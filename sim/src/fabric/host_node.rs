@@ -16,10 +16,10 @@
 
 use super::switch::PortCounters;
 use super::{Fabric, Packet, PortId};
-use crate::packet::{
+use super::{LogicalState, PhysicalState};
+use crate::fabric::packet::{
     self, GSI_QKEY, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, mad_status, method, mgmt_class,
 };
-use crate::port::{LogicalState, PhysicalState};
 
 /// P_Key table size (PartitionCap) of a host node.
 pub const HOST_PKEYS: usize = 128;

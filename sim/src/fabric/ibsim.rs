@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::Fabric;
 use super::host_node::{Handled, HostNode, Mad};
-use crate::packet::{MAD_LEN, method};
+use crate::fabric::packet::{MAD_LEN, method};
 
 /// Client slots of one server (IBSIM_MAX_CLIENTS).
 pub const MAX_CLIENTS: usize = 10;
@@ -168,7 +168,7 @@ pub fn decode_request(b: &[u8; REQ_LEN]) -> (Mad, u32) {
         dqp: be32(b, 8),
         sqp: be32(b, 12),
         sl: 0,
-        pkey: crate::packet::DEFAULT_PKEY,
+        pkey: crate::fabric::packet::DEFAULT_PKEY,
         len: if len == 0 || len > MAD_LEN as u64 {
             MAD_LEN
         } else {

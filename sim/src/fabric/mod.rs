@@ -5,7 +5,8 @@
 //! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself),
 //! ibsim's server protocol ([`ibsim`]: real OpenSM and infiniband-diags
 //! attach through it), and an embedded subnet manager ([`sm`]) with its
-//! SA ([`sa`]). Packet formats are in [`crate::packet`].
+//! SA ([`sa`]). Packet formats are in [`packet`], the IBTA port states
+//! in [`port_state`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!
@@ -58,9 +59,9 @@
 //! them again at every hop would spend most of a data packet's time (five
 //! passes over each payload) on checks whose outcome is known. The model's
 //! HCAs therefore send data-path packets with their CRCs *owed*
-//! ([`Fabric::transmit_owed`], built by [`crate::packet::build_owed_with`]):
+//! ([`Fabric::transmit_owed`], built by [`packet::build_owed_with`]):
 //! the last six bytes are placeholders, and the fabric computes the real
-//! CRCs ([`crate::packet::seal_owed`]) the moment anything could see or
+//! CRCs ([`packet::seal_owed`]) the moment anything could see or
 //! change the bytes: when a fault rule is set (before the faults act, so a
 //! corrupted packet fails its checks exactly as before), when a capture
 //! runs, when a switch's SMA or PMA or the embedded SM reads the packet,
@@ -72,7 +73,7 @@
 //! sealed (by a peer, a test, a fault, a capture) is checked in full.
 //! The owed state is never a sender's word alone: a packet is taken as
 //! owing its CRCs only while its last six bytes are still the builder's
-//! placeholders ([`crate::packet::crcs_owed`], checked when it is sent
+//! placeholders ([`packet::crcs_owed`], checked when it is sent
 //! and again by each switch), so a packet with real CRCs handed to
 //! [`Fabric::transmit_owed`] keeps them and is checked like any other.
 
@@ -85,6 +86,8 @@ pub mod faults;
 pub mod host_node;
 pub mod ibsim;
 pub mod options;
+pub mod packet;
+pub mod port_state;
 pub mod sa;
 pub mod sm;
 pub mod switch;
@@ -95,6 +98,7 @@ pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
 pub use host_node::HostNode;
 pub use ibsim::IbsimServer;
 pub use options::FabricOptions;
+pub use port_state::{LogicalState, PhysicalState};
 pub use sm::{SmConfig, SubnetManager};
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
@@ -193,7 +197,7 @@ impl InFlight {
     fn into_sealed(self) -> Packet {
         let mut pkt = self.pkt;
         if self.owed {
-            let _ = crate::packet::seal_owed(&mut pkt.bytes);
+            let _ = packet::seal_owed(&mut pkt.bytes);
         }
         pkt
     }
@@ -728,7 +732,7 @@ impl Fabric {
     }
 
     /// [`Fabric::transmit`] for a packet whose CRCs are owed (built by
-    /// [`crate::packet::build_owed_with`]; see "CRCs owed" above).
+    /// [`packet::build_owed_with`]; see "CRCs owed" above).
     pub fn transmit_owed(&mut self, p: PortId, pkt: Packet, now_ns: u64) -> bool {
         self.advance(now_ns);
         self.send(p, pkt, now_ns, 0, true)
@@ -737,7 +741,7 @@ impl Fabric {
     /// A buffer for the next packet a sender builds (one a receiver gave
     /// back with [`Fabric::recycle`], so the data path does not allocate
     /// once it runs). It may hold an old packet's bytes:
-    /// [`crate::packet::build_owed_with`] overwrites what it keeps.
+    /// [`packet::build_owed_with`] overwrites what it keeps.
     pub fn take_buffer(&mut self) -> Vec<u8> {
         self.spare.pop().unwrap_or_default()
     }
@@ -778,11 +782,11 @@ impl Fabric {
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
         // Owed only while the bytes say so: a packet with real CRCs keeps
         // them and is checked at every hop and by its receiver.
-        let mut owed = owed && crate::packet::crcs_owed(&pkt.bytes);
+        let mut owed = owed && packet::crcs_owed(&pkt.bytes);
         if owed && (!self.faults.rules.is_empty() || self.capture.is_some()) {
             // A fault may change the bytes, a capture shows them: the
             // sender's CRCs first.
-            let _ = crate::packet::seal_owed(&mut pkt.bytes);
+            let _ = packet::seal_owed(&mut pkt.bytes);
             owed = false;
         }
         let verdict = self.faults.apply(p, to_hca, &mut pkt.bytes);
@@ -944,7 +948,7 @@ impl Fabric {
         let mut f = f;
         if f.owed && !sw.only_forwards(&f.pkt.bytes) {
             // The switch's SMA or PMA reads it: the sender's CRCs first.
-            let _ = crate::packet::seal_owed(&mut f.pkt.bytes);
+            let _ = packet::seal_owed(&mut f.pkt.bytes);
             f.owed = false;
         }
         let action = if f.hops >= MAX_HOPS {
@@ -1129,7 +1133,7 @@ mod tests {
     /// and `receive` hands out sealed packets.
     #[test]
     fn owed_crcs_are_computed_before_anything_sees_or_changes_the_bytes() {
-        use crate::packet::{self, Headers, opcode};
+        use crate::fabric::packet::{self, Headers, opcode};
         let mut h = Headers::for_opcode(opcode::RDMA_WRITE_MIDDLE).unwrap();
         h.lrh.slid = 1;
         h.lrh.dlid = 2;
@@ -1208,10 +1212,12 @@ mod tests {
         let sw = built.switches[0].1;
         f.switch_mut(sw).unwrap().configure(0x10, &[(1, 1), (2, 2)]);
         f.latency_ns = 100;
-        let mut h = crate::packet::Headers::for_opcode(crate::packet::opcode::SEND_ONLY).unwrap();
+        let mut h =
+            crate::fabric::packet::Headers::for_opcode(crate::fabric::packet::opcode::SEND_ONLY)
+                .unwrap();
         h.lrh.slid = 1;
         h.lrh.dlid = 2;
-        let bytes = crate::packet::build(&h, &[7; 8]).unwrap();
+        let bytes = crate::fabric::packet::build(&h, &[7; 8]).unwrap();
         assert!(f.transmit(a, Packet { bytes }, 0));
         assert!(act.busy(), "a packet on the wire");
         assert_eq!(f.receive(b, 150), None, "at the switch, not yet at b");

@@ -6,8 +6,9 @@
 //! `--fault-seed`, see [`super::faults::FaultOptions`]), and the subnet
 //! manager: `--sm opensm|embedded|none` (`--embedded-sm` is `--sm
 //! embedded`), `--sm-dir DIR`, `--opensm-args ARGS`, `--sockname-file
-//! FILE`. The CLI itself belongs to the front end; this only parses
-//! values and builds the fabric and its SM from them. The OpenSM
+//! FILE`. The command line itself belongs to the front ends (one `clap`
+//! definition for both binaries); this only parses values and builds the
+//! fabric and its SM from them. The OpenSM
 //! process itself is [`super::ibsim::SmService`]'s; OpenSM options beyond
 //! a word list and remote (UDP) ibsim clients are left out.
 //!
@@ -155,8 +156,6 @@ impl FabricOptions {
         "--opensm-args",
         "--sockname-file",
     ];
-    /// Flags without a value.
-    pub const BARE_FLAGS: [&'static str; 2] = ["--back-to-back", "--embedded-sm"];
 
     /// Takes one option (`value` is `None` for a bare flag). `Ok(false)`:
     /// not a fabric option.

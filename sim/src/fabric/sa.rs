@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::sm::{EndPort, SmConfig};
-use crate::packet::{MAD_LEN, MadHdr, mad_status, method};
+use crate::fabric::packet::{MAD_LEN, MadHdr, mad_status, method};
 
 /// SA class version.
 pub const SA_CLASS_VERSION: u8 = 2;

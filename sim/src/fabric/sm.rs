@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{Fabric, Packet, PortId};
-use crate::packet::{
+use crate::fabric::packet::{
     self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, mad_status, method, mgmt_class,
 };
 

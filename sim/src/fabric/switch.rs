@@ -39,11 +39,11 @@
 //! switch port.
 
 use super::Packet;
-use crate::packet::{
+use super::{LogicalState, PhysicalState};
+use crate::fabric::packet::{
     self, Bth, Deth, GSI_QKEY, Headers, Lrh, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr,
     mad_status, method, mgmt_class,
 };
-use crate::port::{LogicalState, PhysicalState};
 
 /// The Notice attribute (traps).
 const ATTR_NOTICE: u16 = 0x0002;

@@ -8,7 +8,17 @@ use std::time::Instant;
 
 use crate::poster::*;
 
-fn setup(phys: bool) -> (Hca, Cq, Qp, Mr, Mr) {
+/// One HCA writing from `src` to `dst` over its loopback: RC QP `a`
+/// (0x80, connected to 0x81), both on `cq`.
+struct Loop {
+    h: Hca,
+    cq: Cq,
+    a: Qp,
+    src: Mr,
+    dst: Mr,
+}
+
+fn setup(phys: bool) -> Loop {
     let mut h = Hca::new();
     let cq = h.cq(10);
     let mut s = QpSpec::new(RC, cq.cqn);
@@ -26,7 +36,7 @@ fn setup(phys: bool) -> (Hca, Cq, Qp, Mr, Mr) {
             h.mr(0x20_0000_0000, 1 << 20, acc::ALL),
         )
     };
-    (h, cq, a, src, dst)
+    Loop { h, cq, a, src, dst }
 }
 
 /// This thread's CPU time in seconds (utime + stime from
@@ -43,17 +53,8 @@ fn cpu_secs() -> f64 {
 
 /// Posts `n` RDMA WRITEs of `len` bytes, `batch` per doorbell, every
 /// `batch`-th signalled; returns (wall, CPU) seconds.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    h: &Hca,
-    cq: &mut Cq,
-    a: &mut Qp,
-    src: &Mr,
-    dst: &Mr,
-    len: u32,
-    n: u64,
-    batch: u32,
-) -> (f64, f64) {
+fn run(l: &mut Loop, len: u32, n: u64, batch: u32) -> (f64, f64) {
+    let Loop { h, cq, a, src, dst } = l;
     let mk = |i: u64, sig: bool| Wr {
         opcode: op::RDMA_WRITE,
         signalled: sig,
@@ -90,14 +91,14 @@ fn run(
 #[ignore]
 fn bench_rdma_write_throughput_and_rate() {
     for phys in [false, true] {
-        let (h, mut cq, mut a, src, dst) = setup(phys);
+        let mut l = setup(phys);
         let kind = if phys {
             "physical MRs"
         } else {
             "MTT MRs (4 KiB pages)"
         };
         let n = 40_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 64 << 10, n, 16);
+        let (w, c) = run(&mut l, 64 << 10, n, 16);
         let b = n as f64 * 65536.0 / 1e9;
         println!(
             "64 KiB RDMA WRITE, {kind}: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} GB/s wall, {:.2} GB/s per CPU second",
@@ -105,21 +106,21 @@ fn bench_rdma_write_throughput_and_rate() {
             b / c.max(0.01)
         );
         let n = 2_000_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 8, n, 32);
+        let (w, c) = run(&mut l, 8, n, 32);
         println!(
             "8-byte RDMA WRITE, {kind}, 32 per doorbell: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} M ops/s wall, {:.2} M ops per CPU second",
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
         let n = 500_000;
-        let (w, c) = run(&h, &mut cq, &mut a, &src, &dst, 8, n, 1);
+        let (w, c) = run(&mut l, 8, n, 1);
         println!(
             "8-byte RDMA WRITE, {kind}, one per doorbell, each signalled: {n} in {w:.3} s wall, {c:.2} s CPU = {:.2} M ops/s wall, {:.2} M ops per CPU second",
             n as f64 / w / 1e6,
             n as f64 / c.max(0.01) / 1e6
         );
-        h.assert_no_violations();
-        assert_eq!(dst.read(0, 8), src.read(0, 8));
+        l.h.assert_no_violations();
+        assert_eq!(l.dst.read(0, 8), l.src.read(0, 8));
     }
 }
 
@@ -198,41 +199,10 @@ fn bench_polled_doorbell_to_cqe_latency() {
 /// (A's QP 0x80 to B's QP 0x90), A's CQ, and a 1 MiB source MR on A and
 /// sink MR on B (MTT-mapped, 4 KiB pages, as a guest's).
 fn through_switch() -> (Hca, Hca, sim::Wire, Cq, Qp, Mr, Mr) {
-    use sim::fabric::Topology;
-    let cfg = |guid: u64| sim::SimConfig {
-        node_guid: guid,
-        dma_size: 64 << 20,
-        ..sim::SimConfig::default()
-    };
-    let mut f = sim::fabric::Fabric::new();
-    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
-    let shared = std::sync::Arc::new(std::sync::Mutex::new(f));
-    let w = sim::Wire::over(shared.clone(), std::time::Duration::from_micros(1));
-    let mk = |i: usize| {
-        let h = &built.hcas[i];
-        sim::SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
-    };
-    let mut a = Hca::bare(mk(0));
-    let mut b = Hca::bare(mk(1));
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
-    shared
-        .lock()
-        .unwrap()
-        .switch_mut(built.switches[0].1)
-        .unwrap()
-        .configure(0x10, &[(1, 1), (2, 2)]);
+    let (mut a, mut b, w) = crate::pairs::switched();
     let ca = a.cq(10);
     let cb = b.cq(10);
-    let mut sa = QpSpec::new(RC, ca.cqn);
-    sa.sq_log = 8;
-    let sb = QpSpec::new(RC, cb.cqn);
-    let qa = a.qp(0x80, sa);
-    let qb = b.qp(0x90, sb);
-    a.connect(&qa, sa, 0x90, b.lid).unwrap();
-    b.connect(&qb, sb, 0x80, a.lid).unwrap();
+    let (qa, _qb) = crate::pairs::rc_pair(&mut a, &mut b, &ca, &cb, |s| s.sq_log = 8);
     let src = a.mr(0x10_0000_0000, 1 << 20, acc::ALL);
     let dst = b.mr(0x20_0000_0000, 1 << 20, acc::ALL);
     (a, b, w, ca, qa, src, dst)

@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
-use crate::fabric::b2b;
 use crate::harness::{CmdError, profile::LOG_QPS};
 use crate::loopback::one;
+use crate::mlx::UdHeader;
+use crate::pairs::b2b;
 use crate::poster::*;
 
 /// A PMA PortCounters MAD for `port` (Get, or Set with `select`).
@@ -119,7 +120,7 @@ fn a_malformed_receive_wqe_is_a_remote_operation_error_on_the_wire() {
     // The same over the loopback: one packet.
     let mut h = Hca::new();
     let mut cq = h.cq(6);
-    let (mut x, mut y, _) = crate::loopback::pair(&mut h, RC, &cq);
+    let (mut x, mut y, _) = crate::pairs::pair(&mut h, RC, &cq);
     let m = h.mr(0x30_0000, 4096, acc::ALL);
     y.post_recv(&[m.sge(0, 0x8000_0000 | 64)]);
     x.post(&h, &send(16, &m));
@@ -271,17 +272,16 @@ fn a_gmp_on_a_port_that_is_not_active_is_a_port_xmit_discard() {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((0, 5)),
-        raw: Some(crate::mlx::ud_header(
-            0,
-            0,
-            5,
-            0,
-            0xffff,
-            1,
-            0x8001_0000,
-            1,
-            256,
-        )),
+        raw: Some(
+            UdHeader {
+                dlid: 5,
+                dqpn: 1,
+                qkey: 0x8001_0000,
+                sqpn: 1,
+                ..UdHeader::default()
+            }
+            .segment(),
+        ),
         sges: vec![m.sge(0, 256)],
         tail: Some(crate::mlx::icrc_seg()),
         ..Wr::default()

@@ -3,7 +3,8 @@
 
 use std::fs::File;
 
-use sim::ivshmem::{Cli, Emulator, Log, parse_args};
+use sim::front::host::Log;
+use sim::front::ivshmem::{Emulator, parse_args};
 
 fn files(tag: &str, n: u32) -> (std::path::PathBuf, Vec<String>) {
     let dir = std::env::temp_dir().join(format!("engine-emu-{}-{tag}", std::process::id()));
@@ -25,7 +26,7 @@ fn files(tag: &str, n: u32) -> (std::path::PathBuf, Vec<String>) {
 fn one_fabric_spans_every_node() {
     // Default: one switch, every node's port 1 on it.
     let (dir, args) = files("switch", 3);
-    let Ok(Cli::Run { nodes, opts }) = parse_args(args) else {
+    let Ok((nodes, opts)) = parse_args(args) else {
         panic!("arguments refused")
     };
     let emu = Emulator::open(&nodes, opts, Log::capture()).unwrap();
@@ -55,7 +56,7 @@ fn one_fabric_spans_every_node() {
         "--latency".to_string(),
         "2us".to_string(),
     ]);
-    let Ok(Cli::Run { nodes, opts }) = parse_args(args) else {
+    let Ok((nodes, opts)) = parse_args(args) else {
         panic!("arguments refused")
     };
     let emu = Emulator::open(&nodes, opts, Log::capture()).unwrap();
@@ -70,7 +71,7 @@ fn one_fabric_spans_every_node() {
     // Three nodes cannot be back to back; unknown flags are refused.
     let (dir3, mut args) = files("bad", 3);
     args.push("--back-to-back".into());
-    let Ok(Cli::Run { nodes, opts }) = parse_args(args.clone()) else {
+    let Ok((nodes, opts)) = parse_args(args.clone()) else {
         panic!("arguments refused")
     };
     assert!(Emulator::open(&nodes, opts, Log::capture()).is_err());

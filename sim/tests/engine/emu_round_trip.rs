@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use hal::dma::{DmaAllocator, DmaRegion, DmaStats, RangeAllocator};
 use hal::{Bar, BusAddr, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBackend};
-use sim::ivshmem::{
+use sim::front::ivshmem::{
     BAR0_LEN, BAR0_OFF, BAR2_LEN, BAR2_OFF, CONFIG_OFF, GUEST_SHUT_DOWN, MAGIC, SharedFile, hdr,
 };
 
@@ -157,7 +157,7 @@ fn guest(n: &Node) -> (Hca, Arc<SharedFile>) {
     let pci = PciFunction::new(
         PciAddress::default(),
         Arc::new(WindowConfig(win.clone())),
-        sim::pci::PciConfig::bar_infos(),
+        sim::hca::pci::PciConfig::bar_infos(),
         [
             bar(BAR0_OFF, BAR0_LEN),
             None,
@@ -463,10 +463,10 @@ fn bench_emu_rounds_in_process() {
     let d = dir("inproc");
     let n0 = Node::new(&d, 0);
     let specs = [(n0.win.clone(), n0.ram.clone())];
-    let emu = sim::ivshmem::Emulator::open(
+    let emu = sim::front::ivshmem::Emulator::open(
         &specs,
-        sim::ivshmem::Options::default(),
-        sim::ivshmem::Log::capture(),
+        sim::front::ivshmem::Options::default(),
+        sim::front::host::Log::capture(),
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -549,7 +549,7 @@ fn bench_emu_rounds_in_process() {
 /// `valgrind --tool=callgrind --toggle-collect='*idle_rounds*'` counts
 /// the instructions of these rounds only).
 #[inline(never)]
-fn idle_rounds(emu: &mut sim::ivshmem::Emulator, full: bool, n: u32) {
+fn idle_rounds(emu: &mut sim::front::ivshmem::Emulator, full: bool, n: u32) {
     for _ in 0..n {
         let work = if full {
             emu.poll_round()
@@ -565,7 +565,7 @@ fn idle_rounds(emu: &mut sim::ivshmem::Emulator, full: bool, n: u32) {
 /// Its own function for callgrind (`--toggle-collect='*emu_round_trip*trips*'`).
 #[inline(never)]
 fn trips(
-    emu: &mut sim::ivshmem::Emulator,
+    emu: &mut sim::front::ivshmem::Emulator,
     h: &Hca,
     a: &mut Qp,
     cq: &mut Cq,

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::loopback::{one, pair};
+use crate::loopback::one;
+use crate::pairs::pair;
 use crate::poster::*;
 
 const EV_WQ_INVAL_REQ: u8 = 0x10;

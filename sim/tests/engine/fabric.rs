@@ -5,51 +5,11 @@
 use std::time::Duration;
 
 use hal::Clock;
-use sim::fabric::Topology;
-use sim::{SimConfig, SimHca, Wire};
 
 use crate::loopback::one;
-use crate::mlx::pma_get;
+use crate::mlx::{UdHeader, pma_get};
+use crate::pairs::{b2b, rc_pair, switched, threaded};
 use crate::poster::*;
-
-fn cfg(guid: u64) -> SimConfig {
-    SimConfig {
-        node_guid: guid,
-        dma_size: 64 << 20,
-        ..SimConfig::default()
-    }
-}
-
-/// Two HCAs, both ports 1 initialised and made Active with LIDs 1 and 2.
-pub fn b2b() -> (Hca, Hca, Wire) {
-    let (x, y, w) = SimHca::back_to_back(cfg(0x0002_c903_0000_1000), cfg(0x0002_c903_0000_2000));
-    let mut a = Hca::bare(x);
-    let mut b = Hca::bare(y);
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    assert_eq!(
-        a.r.sim.port_state(1).map(|s| s.1),
-        Some(sim::PhysicalState::Polling),
-        "no link until the partner is enabled"
-    );
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    assert_eq!(
-        a.r.sim.port_state(1),
-        Some((sim::LogicalState::Init, sim::PhysicalState::LinkUp))
-    );
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
-    (a, b, w)
-}
-
-fn rc_pair(a: &mut Hca, b: &mut Hca, ca: &Cq, cb: &Cq) -> (Qp, Qp) {
-    let sa = QpSpec::new(RC, ca.cqn);
-    let sb = QpSpec::new(RC, cb.cqn);
-    let qa = a.qp(0x80, sa);
-    let qb = b.qp(0x90, sb);
-    a.connect(&qa, sa, 0x90, b.lid).unwrap();
-    b.connect(&qb, sb, 0x80, a.lid).unwrap();
-    (qa, qb)
-}
 
 fn counters(h: &mut Hca) -> (u32, u32, u32, u32) {
     let pc = h.r.cmd_box(&pma_get(), 1, 3, sim::Opcode::MAD_IFC).unwrap();
@@ -62,7 +22,7 @@ fn every_rc_opcode_crosses_the_wire_in_mtu_segments() {
     let (mut a, mut b, _w) = b2b();
     let mut ca = a.cq(8);
     let mut cb = b.cq(8);
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x10_0000_0100, 64 << 10, acc::ALL);
     let rb = b.mr(0x20_0000_0200, 64 << 10, acc::ALL);
     let mut rng = Rng(42);
@@ -258,7 +218,7 @@ fn ud_uc_and_rnr_across_the_wire() {
     assert!(one(&mut ca, true).ok());
     assert_eq!(rb.read(8000, 3000), data);
     // RC SEND without a receive: RNR NAKs until one is posted.
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     qa.post(&a, &Wr::send(vec![la.sge(0, 100)]));
     wait_steps(&a.r, Duration::from_millis(5));
     assert!(ca.drain().is_empty(), "RNR: waiting");
@@ -333,7 +293,7 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
     let (mut a, mut b, w) = b2b();
     let mut ca = a.cq(6);
     let mut cb = b.cq(6);
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x1_0000, 32_768, acc::ALL);
     let rb = b.mr(0x2_0000, 32_768, acc::ALL);
     let data = Rng(11).bytes(12_000);
@@ -375,35 +335,10 @@ fn dropped_and_corrupted_packets_are_recovered_or_counted() {
 /// switch's LFT set by its SM stand-in.
 #[test]
 fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
-    let mut f = sim::fabric::Fabric::new();
-    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
-    let shared = std::sync::Arc::new(std::sync::Mutex::new(f));
-    let w = Wire::over(shared.clone(), Duration::from_micros(1));
-    let mk = |i: usize| {
-        let h = &built.hcas[i];
-        SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
-    };
-    let mut a = Hca::bare(mk(0));
-    let mut b = Hca::bare(mk(1));
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    assert_eq!(
-        a.r.sim.port_state(1).map(|s| s.1),
-        Some(sim::PhysicalState::LinkUp),
-        "cabled to a powered switch"
-    );
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
-    let sw = built.switches[0].1;
-    shared
-        .lock()
-        .unwrap()
-        .switch_mut(sw)
-        .unwrap()
-        .configure(0x10, &[(1, 1), (2, 2)]);
+    let (mut a, mut b, _w) = switched();
     let mut ca = a.cq(6);
     let mut cb = b.cq(6);
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x1_0000, 16_384, acc::ALL);
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     let data = Rng(77).bytes(9000);
@@ -430,7 +365,7 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
     // port 1: the switch's SMA answers, back to A's QP0.
     let (mut qp0, _qp1) = crate::mlx::special_qps(&mut a, &ca);
     let m = a.mr(0x40_0000, 8192, acc::ALL);
-    let mut smp = sim::packet::Smp::dr_get(0x1234, 0x0011, 0, &[1]).unwrap();
+    let mut smp = sim::fabric::packet::Smp::dr_get(0x1234, 0x0011, 0, &[1]).unwrap();
     // The sender's own step of the route (IBTA C14-9; Linux does it in
     // ib_mad's smi_handle_dr_smp_send, not the HCA).
     smp.hop_ptr = 1;
@@ -442,9 +377,15 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
             opcode: op::SEND,
             signalled: true,
             mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
-            raw: Some(crate::mlx::ud_header(
-                15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256,
-            )),
+            raw: Some(
+                UdHeader {
+                    vl: 15,
+                    dlid: 0xffff,
+                    slid: 0xffff,
+                    ..UdHeader::default()
+                }
+                .segment(),
+            ),
             sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()
@@ -469,28 +410,10 @@ fn two_hcas_through_a_switch_and_a_directed_route_smp_to_its_sma() {
 /// it on a shared monotonic clock.
 #[test]
 fn threaded_hcas_back_to_back() {
-    let w = Wire::threaded(sim::fabric::Fabric::shared());
-    let x = SimHca::new_on(cfg(0x0002_c903_0000_3000), &w);
-    let y = SimHca::new_on(cfg(0x0002_c903_0000_4000), &w);
-    w.fabric()
-        .lock()
-        .unwrap()
-        .connect(x.fabric_port(1).unwrap(), y.fabric_port(1).unwrap())
-        .unwrap();
-    let mut a = Hca::bare(x);
-    let mut b = Hca::bare(y);
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.r.sim.port_state(1).map(|s| s.1) != Some(sim::PhysicalState::LinkUp) {
-        assert!(std::time::Instant::now() < deadline, "link never came up");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
+    let (mut a, mut b, _w) = threaded(0x0002_c903_0000_3000, 0x0002_c903_0000_4000);
     let mut ca = a.cq(6);
     let mut cb = b.cq(6);
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x1_0000, 16_384, acc::ALL);
     let rb = b.mr(0x2_0000, 16_384, acc::ALL);
     let data = Rng(9).bytes(10_000);
@@ -563,7 +486,7 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
     );
     // RC: RNR NAK first, then SEND over 3 MTUs, WRITE over 3, READ of 3,
     // atomics, a remote access NAK.
-    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, mut qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     qa.post(&a, &Wr::send(vec![la.sge(0, 10_000)]));
     qb.post_recv(&[rb.sge(0, 10_000)]);
     wait_steps(&a.r, Duration::from_millis(1));
@@ -648,17 +571,16 @@ fn the_engines_packets_dissect_cleanly_in_tshark() {
             opcode: op::SEND,
             signalled: true,
             mlx_flags: Some((0, blid)),
-            raw: Some(crate::mlx::ud_header(
-                0,
-                0,
-                blid,
-                0,
-                0xffff,
-                1,
-                0x8001_0000,
-                1,
-                256,
-            )),
+            raw: Some(
+                UdHeader {
+                    dlid: blid,
+                    dqpn: 1,
+                    qkey: 0x8001_0000,
+                    sqpn: 1,
+                    ..UdHeader::default()
+                }
+                .segment(),
+            ),
             sges: vec![m.sge(0, 256)],
             tail: Some(crate::mlx::icrc_seg()),
             ..Wr::default()
@@ -746,7 +668,7 @@ fn an_unexpected_response_is_a_bad_response_error() {
     qa.post(&a, &Wr::send(vec![la.sge(0, 8)]));
     assert!(ca.drain().is_empty());
     // Forge B -> A: RC ATOMIC Acknowledge for QP 0x80 at PSN 0x100.
-    use sim::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
+    use sim::fabric::packet::{Aeth, Bth, Headers, Lrh, build, opcode};
     let hd = Headers {
         lrh: Lrh {
             dlid: a.lid,
@@ -791,11 +713,11 @@ fn an_unexpected_response_is_a_bad_response_error() {
 /// runs afterwards.
 #[test]
 fn random_packets_at_the_port_then_well_formed_traffic() {
-    use sim::packet::{Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, build, reseal};
+    use sim::fabric::packet::{Aeth, AtomicEth, Bth, Deth, Headers, Lrh, Reth, build, reseal};
     let (mut a, mut b, w) = b2b();
     let mut ca = a.cq(12);
     let cb = b.cq(6);
-    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let su = QpSpec::new(UD, ca.cqn);
     let mut ua = a.qp(0xa0, su);
     a.connect(&ua, su, 0, 0).unwrap();
@@ -947,7 +869,7 @@ fn a_write_completed_inside_its_doorbell_write_still_takes_time() {
     let (mut a, mut b, _w) = b2b();
     let mut ca = a.cq(8);
     let cb = b.cq(8);
-    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb);
+    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x10_0000_0100, 4096, acc::ALL);
     let rb = b.mr(0x20_0000_0200, 4096, acc::ALL);
     let clock = a.r.sim.clock();

@@ -1,18 +1,8 @@
 //! Every opcode on every service type over the HCA's loopback, with
 //! verified bytes.
 
+use crate::pairs::pair;
 use crate::poster::*;
-
-/// Two RC (or UC) QPs connected to each other on port 1.
-pub fn pair(h: &mut Hca, st: u8, cq: &Cq) -> (Qp, Qp, QpSpec) {
-    let s = QpSpec::new(st, cq.cqn);
-    let a = h.qp(0x80, s);
-    let b = h.qp(0x81, s);
-    let lid = h.lid;
-    h.connect(&a, s, 0x81, lid).unwrap();
-    h.connect(&b, s, 0x80, lid).unwrap();
-    (a, b, s)
-}
 
 #[test]
 fn rc_send_moves_bytes_and_completes_both_sides() {

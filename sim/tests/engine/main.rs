@@ -18,5 +18,6 @@ mod loopback;
 mod mlx;
 mod mw;
 mod mw_fabric;
+mod pairs;
 mod rings;
 mod window;

@@ -6,41 +6,75 @@ use crate::harness::profile::BASE_SQPN;
 use crate::loopback::one;
 use crate::poster::*;
 
-/// LRH + BTH + DETH for a UD SEND-only of `payload` bytes, as an inline
-/// segment (4-byte header + 28 bytes, padded to 16).
-#[allow(clippy::too_many_arguments)]
-pub fn ud_header(
-    vl: u8,
-    sl: u8,
-    dlid: u16,
-    slid: u16,
-    pkey: u16,
-    dqpn: u32,
-    qkey: u32,
-    sqpn: u32,
-    payload: usize,
-) -> Vec<u8> {
-    let pad = (4 - payload % 4) % 4;
-    let words = (8 + 12 + 8 + payload + pad + 4) / 4;
-    let mut h = Vec::new();
-    h.push(vl << 4);
-    h.push(sl << 4 | 2);
-    h.extend_from_slice(&dlid.to_be_bytes());
-    h.extend_from_slice(&(words as u16).to_be_bytes());
-    h.extend_from_slice(&slid.to_be_bytes());
-    h.push(0x64);
-    h.push((pad as u8) << 4);
-    h.extend_from_slice(&pkey.to_be_bytes());
-    h.extend_from_slice(&dqpn.to_be_bytes());
-    h.extend_from_slice(&7u32.to_be_bytes()); // PSN
-    h.extend_from_slice(&qkey.to_be_bytes());
-    h.extend_from_slice(&sqpn.to_be_bytes());
-    let mut seg = (0x8000_0000u32 | h.len() as u32).to_be_bytes().to_vec();
-    seg.extend_from_slice(&h);
-    while !seg.len().is_multiple_of(16) {
-        seg.push(0);
+/// The LRH, BTH and DETH of a UD SEND-only of `payload` bytes, as the
+/// driver writes them into an MLX WQE. The default is a 256-byte MAD to
+/// LID 0 with the default P_Key, every other field 0.
+#[derive(Debug, Clone, Copy)]
+pub struct UdHeader {
+    pub vl: u8,
+    pub sl: u8,
+    pub dlid: u16,
+    pub slid: u16,
+    pub pkey: u16,
+    pub dqpn: u32,
+    pub qkey: u32,
+    pub sqpn: u32,
+    pub payload: usize,
+}
+
+impl Default for UdHeader {
+    fn default() -> Self {
+        UdHeader {
+            vl: 0,
+            sl: 0,
+            dlid: 0,
+            slid: 0,
+            pkey: 0xffff,
+            dqpn: 0,
+            qkey: 0,
+            sqpn: 0,
+            payload: 256,
+        }
     }
-    seg
+}
+
+impl UdHeader {
+    /// The headers as an inline segment (4-byte header + 28 bytes, padded
+    /// to 16).
+    pub fn segment(&self) -> Vec<u8> {
+        let UdHeader {
+            vl,
+            sl,
+            dlid,
+            slid,
+            pkey,
+            dqpn,
+            qkey,
+            sqpn,
+            payload,
+        } = *self;
+        let pad = (4 - payload % 4) % 4;
+        let words = (8 + 12 + 8 + payload + pad + 4) / 4;
+        let mut h = Vec::new();
+        h.push(vl << 4);
+        h.push(sl << 4 | 2);
+        h.extend_from_slice(&dlid.to_be_bytes());
+        h.extend_from_slice(&(words as u16).to_be_bytes());
+        h.extend_from_slice(&slid.to_be_bytes());
+        h.push(0x64);
+        h.push((pad as u8) << 4);
+        h.extend_from_slice(&pkey.to_be_bytes());
+        h.extend_from_slice(&dqpn.to_be_bytes());
+        h.extend_from_slice(&7u32.to_be_bytes()); // PSN
+        h.extend_from_slice(&qkey.to_be_bytes());
+        h.extend_from_slice(&sqpn.to_be_bytes());
+        let mut seg = (0x8000_0000u32 | h.len() as u32).to_be_bytes().to_vec();
+        seg.extend_from_slice(&h);
+        while !seg.len().is_multiple_of(16) {
+            seg.push(0);
+        }
+        seg
+    }
 }
 
 pub fn icrc_seg() -> Vec<u8> {
@@ -87,7 +121,17 @@ fn qp1_mad_loops_back_after_the_grh_area() {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((2 << 8, lid)),
-        raw: Some(ud_header(0, 2, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)),
+        raw: Some(
+            UdHeader {
+                sl: 2,
+                dlid: lid,
+                dqpn: 1,
+                qkey: 0x8001_0000,
+                sqpn: 1,
+                ..UdHeader::default()
+            }
+            .segment(),
+        ),
         sges: vec![m.sge(0, 256)],
         tail: Some(icrc_seg()),
         ..Wr::default()
@@ -121,7 +165,17 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             false,
             Wr {
                 mlx_flags: Some((1 << 17, lid)),
-                raw: Some(ud_header(15, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 256)),
+                raw: Some(
+                    UdHeader {
+                        vl: 15,
+                        dlid: lid,
+                        dqpn: 1,
+                        qkey: 0x8001_0000,
+                        sqpn: 1,
+                        ..UdHeader::default()
+                    }
+                    .segment(),
+                ),
                 ..Wr::default()
             },
         ),
@@ -130,7 +184,16 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             false,
             Wr {
                 mlx_flags: Some((0, lid)),
-                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x1234, 1, 256)),
+                raw: Some(
+                    UdHeader {
+                        dlid: lid,
+                        dqpn: 1,
+                        qkey: 0x1234,
+                        sqpn: 1,
+                        ..UdHeader::default()
+                    }
+                    .segment(),
+                ),
                 ..Wr::default()
             },
         ),
@@ -139,7 +202,17 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             false,
             Wr {
                 mlx_flags: Some((0, lid)),
-                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 1, 0x8001_0000, 1, 252)),
+                raw: Some(
+                    UdHeader {
+                        dlid: lid,
+                        dqpn: 1,
+                        qkey: 0x8001_0000,
+                        sqpn: 1,
+                        payload: 252,
+                        ..UdHeader::default()
+                    }
+                    .segment(),
+                ),
                 ..Wr::default()
             },
         ),
@@ -148,7 +221,13 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             true,
             Wr {
                 mlx_flags: Some((0, lid)),
-                raw: Some(ud_header(0, 0, lid, 0, 0xffff, 0, 0, 0, 256)),
+                raw: Some(
+                    UdHeader {
+                        dlid: lid,
+                        ..UdHeader::default()
+                    }
+                    .segment(),
+                ),
                 ..Wr::default()
             },
         ),
@@ -157,7 +236,15 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             true,
             Wr {
                 mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
-                raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)),
+                raw: Some(
+                    UdHeader {
+                        vl: 15,
+                        dlid: 0xffff,
+                        slid: 0xffff,
+                        ..UdHeader::default()
+                    }
+                    .segment(),
+                ),
                 ..Wr::default()
             },
         ),
@@ -195,7 +282,15 @@ fn mlx_header_checks_vl15_qkey_length_and_permissive_lid() {
             opcode: op::SEND,
             signalled: true,
             mlx_flags: Some((1 << 17 | 1 << 16, 0xffff)),
-            raw: Some(ud_header(15, 0, 0xffff, 0xffff, 0xffff, 0, 0, 0, 256)),
+            raw: Some(
+                UdHeader {
+                    vl: 15,
+                    dlid: 0xffff,
+                    slid: 0xffff,
+                    ..UdHeader::default()
+                }
+                .segment(),
+            ),
             sges: body(512),
             tail: Some(icrc_seg()),
             ..Wr::default()
@@ -221,7 +316,14 @@ fn smps_to_a_qp0_that_is_not_ready_are_dropped_and_counted() {
         opcode: op::SEND,
         signalled: true,
         mlx_flags: Some((1 << 17, lid)),
-        raw: Some(ud_header(15, 0, lid, 0, 0xffff, 0, 0, 0, 256)),
+        raw: Some(
+            UdHeader {
+                vl: 15,
+                dlid: lid,
+                ..UdHeader::default()
+            }
+            .segment(),
+        ),
         sges: vec![m.sge(0, 256)],
         tail: Some(icrc_seg()),
         ..Wr::default()

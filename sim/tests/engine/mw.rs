@@ -6,7 +6,8 @@
 use sim::{Opcode, Status};
 
 use crate::harness::CmdError;
-use crate::loopback::{one, pair};
+use crate::loopback::one;
+use crate::pairs::pair;
 use crate::poster::*;
 
 const ERR: u8 = 6;

@@ -5,51 +5,18 @@
 
 use std::time::Duration;
 
-use sim::fabric::{FaultKind, FaultRule, Topology};
-use sim::packet::opcode;
-use sim::{SimConfig, SimHca, Wire};
+use sim::Wire;
+use sim::fabric::packet::opcode;
+use sim::fabric::{FaultKind, FaultRule};
 
 use crate::loopback::one;
+use crate::pairs::{rc_qps, switched};
 use crate::poster::*;
 
 const ERR: u8 = 6;
 const REM_ACCESS: u8 = 0x13;
 const REM_INV_REQ: u8 = 0x12;
 const LOC_ACCESS: u8 = 0x11;
-
-fn cfg(guid: u64) -> SimConfig {
-    SimConfig {
-        node_guid: guid,
-        dma_size: 64 << 20,
-        ..SimConfig::default()
-    }
-}
-
-/// Two HCAs through one switch (the `--nodes 2` topology), LIDs 1 and 2.
-fn switched() -> (Hca, Hca, Wire) {
-    let mut fab = sim::fabric::Fabric::new();
-    let built = Topology::for_nodes(2).unwrap().build(&mut fab).unwrap();
-    let shared = std::sync::Arc::new(std::sync::Mutex::new(fab));
-    let w = Wire::over(shared.clone(), Duration::from_micros(1));
-    let mk = |i: usize| {
-        let h = &built.hcas[i];
-        SimHca::new_on_ports(cfg(h.node_guid), &w, [Some(h.ports[0]), Some(h.ports[1])])
-    };
-    let mut a = Hca::bare(mk(0));
-    let mut b = Hca::bare(mk(1));
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
-    let sw = built.switches[0].1;
-    shared
-        .lock()
-        .unwrap()
-        .switch_mut(sw)
-        .unwrap()
-        .configure(0x10, &[(1, 1), (2, 2)]);
-    (a, b, w)
-}
 
 struct Fx {
     a: Hca,
@@ -75,15 +42,7 @@ fn setup() -> Fx {
     let (mut a, mut b, w) = switched();
     let ca = a.cq(8);
     let cb = b.cq(8);
-    let mut conn = |x: u32, y: u32| {
-        let sa = QpSpec::new(RC, ca.cqn);
-        let sb = QpSpec::new(RC, cb.cqn);
-        let qa = a.qp(x, sa);
-        let qb = b.qp(y, sb);
-        a.connect(&qa, sa, y, b.lid).unwrap();
-        b.connect(&qb, sb, x, a.lid).unwrap();
-        (qa, qb)
-    };
+    let mut conn = |x: u32, y: u32| rc_qps((&mut a, &ca, x), (&mut b, &cb, y), |_| {});
     let (qa, qb) = conn(0x80, 0x90);
     let (qa2, qb2) = conn(0x84, 0x94);
     let la = a.mr(0x10_0000, 65_536, acc::ALL);

@@ -3,7 +3,8 @@
 //! SRQ free lists and the limit event; the polled front end reading the
 //! doorbells of a QP moved to another UAR page.
 
-use crate::loopback::{one, pair};
+use crate::loopback::one;
+use crate::pairs::pair;
 use crate::poster::*;
 
 #[test]

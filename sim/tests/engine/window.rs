@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
+use sim::fabric::packet::opcode;
 use sim::fabric::{FaultKind, FaultRule};
-use sim::packet::opcode;
 
-use crate::fabric::b2b;
 use crate::mlx::pma_get;
+use crate::pairs::{b2b, rc_pair, threaded};
 use crate::poster::*;
 
 /// PortXmitPkts of port 1.
@@ -22,18 +22,6 @@ fn xmit_pkts(h: &mut Hca) -> u32 {
 
 fn fault(w: &sim::Wire, r: FaultRule) {
     w.fabric().lock().unwrap().faults.add(r);
-}
-
-/// A's QP 0x80 and B's QP 0x90, connected; `f` adjusts A's spec.
-fn pair(a: &mut Hca, b: &mut Hca, ca: &Cq, cb: &Cq, f: impl Fn(&mut QpSpec)) -> (Qp, Qp) {
-    let mut sa = QpSpec::new(RC, ca.cqn);
-    f(&mut sa);
-    let sb = QpSpec::new(RC, cb.cqn);
-    let qa = a.qp(0x80, sa);
-    let qb = b.qp(0x90, sb);
-    a.connect(&qa, sa, 0x90, b.lid).unwrap();
-    b.connect(&qb, sb, 0x80, a.lid).unwrap();
-    (qa, qb)
 }
 
 /// Two HCAs back to back: A's QP 0x80 connected to B's 0x90 (CQs of 256
@@ -54,7 +42,7 @@ fn link(len: u64) -> Link {
     let (mut a, mut b, w) = b2b();
     let ca = a.cq(8);
     let cb = b.cq(8);
-    let (qa, qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+    let (qa, qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let la = a.mr(0x10_0000, len, acc::ALL);
     let rb = b.mr(0x20_0000, len, acc::ALL);
     Link {
@@ -577,34 +565,10 @@ fn sq_drained_comes_when_the_last_message_in_flight_completes() {
 #[test]
 #[ignore]
 fn bench_threaded_rdma_write_64k() {
-    use sim::{SimConfig, SimHca, Wire};
-    let cfg = |guid: u64| SimConfig {
-        node_guid: guid,
-        dma_size: 64 << 20,
-        ..SimConfig::default()
-    };
-    let w = Wire::threaded(sim::fabric::Fabric::shared());
-    let x = SimHca::new_on(cfg(0x0002_c903_0000_5000), &w);
-    let y = SimHca::new_on(cfg(0x0002_c903_0000_6000), &w);
-    w.fabric()
-        .lock()
-        .unwrap()
-        .connect(x.fabric_port(1).unwrap(), y.fabric_port(1).unwrap())
-        .unwrap();
-    let mut a = Hca::bare(x);
-    let mut b = Hca::bare(y);
-    a.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    b.r.cmd(0, 1, 0, sim::Opcode::INIT_PORT).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.r.sim.port_state(1).map(|s| s.1) != Some(sim::PhysicalState::LinkUp) {
-        assert!(std::time::Instant::now() < deadline, "link never came up");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    a.activate(1, 1).unwrap();
-    b.activate(1, 2).unwrap();
+    let (mut a, mut b, _w) = threaded(0x0002_c903_0000_5000, 0x0002_c903_0000_6000);
     let mut ca = a.cq(10);
     let cb = b.cq(6);
-    let (mut qa, _qb) = pair(&mut a, &mut b, &ca, &cb, |_| {});
+    let (mut qa, _qb) = rc_pair(&mut a, &mut b, &ca, &cb, |_| {});
     let len = 64u32 << 10;
     let src = a.mr(0x10_0000_0000, 1 << 20, acc::ALL);
     let dst = b.mr(0x20_0000_0000, 1 << 20, acc::ALL);

@@ -5,7 +5,7 @@
 
 use crate::common::{Net, data_packet};
 use sim::fabric::Packet;
-use sim::packet::{self, opcode};
+use sim::fabric::packet::{self, opcode};
 use std::time::Instant;
 
 /// CPU time of this thread in seconds (from /proc/thread-self/schedstat),

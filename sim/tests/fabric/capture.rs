@@ -10,8 +10,8 @@
 //! skipped the dissection.
 
 use crate::common::Net;
+use sim::fabric::packet::{self, Aeth, AtomicEth, Grh, Headers, Reth, aeth, attr, method, opcode};
 use sim::fabric::{Capture, Packet};
-use sim::packet::{self, Aeth, AtomicEth, Grh, Headers, Reth, aeth, attr, method, opcode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

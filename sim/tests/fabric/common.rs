@@ -2,8 +2,8 @@
 //! SM that sends SMPs from an HCA port as an HCA's SMI would (IBTA
 //! C14-9:1: the sender moves the hop pointer to 1 before the SMP leaves).
 
+use sim::fabric::packet::{self, Headers, MAD_LEN, MadHdr, Smp, attr, method, mgmt_class};
 use sim::fabric::{Built, Fabric, Packet, PortId, SwitchId, Topology};
-use sim::packet::{self, Headers, MAD_LEN, MadHdr, Smp, attr, method, mgmt_class};
 
 pub struct Net {
     pub f: Fabric,

@@ -7,9 +7,9 @@
 //! is dropped and counts PortRcvErrors on every path.
 
 use crate::common::{Net, data_packet};
+use sim::fabric::packet::{self, Headers, MAD_LEN, MadHdr, Smp, attr, method, mgmt_class, opcode};
 use sim::fabric::switch::Action;
 use sim::fabric::{Packet, PortId};
-use sim::packet::{self, Headers, MAD_LEN, MadHdr, Smp, attr, method, mgmt_class, opcode};
 
 /// Flips one payload bit of a sealed packet (both CRCs now fail).
 fn corrupt(mut b: Vec<u8>) -> Vec<u8> {

@@ -1,8 +1,8 @@
 //! Packet faults and cable pulls.
 
 use crate::common::{Net, data_packet, port_counters};
+use sim::fabric::packet::{self, PacketError, attr, method, opcode};
 use sim::fabric::{Fabric, FaultKind, FaultOptions, FaultRule, Packet, PortId, Topology};
-use sim::packet::{self, PacketError, attr, method, opcode};
 
 /// Two HCAs back to back, both ports enabled.
 fn b2b() -> (Fabric, PortId, PortId) {

@@ -5,8 +5,8 @@
 
 use crate::common::{Net, data_packet};
 use sim::fabric::faults::Rng;
+use sim::fabric::packet::{self, attr, method, opcode};
 use sim::fabric::{Fabric, Packet, Switch};
-use sim::packet::{self, attr, method, opcode};
 
 fn fuzz(count: u64) {
     let mut n = Net::star(2);

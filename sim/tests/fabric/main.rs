@@ -1,6 +1,6 @@
 //! The fabric of the model (issue 8, "Links and a switch", "Capture and
 //! packet faults", topologies, bad input): a test SM and raw HCA ports,
-//! written from the IBTA layouts with `sim::packet`, drive the switch,
+//! written from the IBTA layouts with `sim::fabric::packet`, drive the switch,
 //! the capture and the faults through the public fabric API.
 
 mod bench;

@@ -2,7 +2,7 @@
 //! SMPs, unknown DLIDs, the PMA counters, port states.
 
 use crate::common::{Net, data_packet, port_counters};
-use sim::packet::{self, Smp, attr, mad_status, method, opcode};
+use sim::fabric::packet::{self, Smp, attr, mad_status, method, opcode};
 
 #[test]
 fn dr_nodeinfo_one_hop_answered_by_the_switch_sma() {

@@ -85,7 +85,7 @@ fn a_fabric_can_be_shared_between_threads() {
 
 #[test]
 fn directed_route_across_two_switches() {
-    use sim::packet::{self, Smp, attr, method};
+    use sim::fabric::packet::{self, Smp, attr, method};
     let text = "\
 Switch 8 \"S1\"
 [1] \"H1\"[1]
@@ -138,7 +138,7 @@ Hca 2 \"H1\"
 #[test]
 fn min_hop_routing_across_a_ring_of_switches() {
     use sim::fabric::Packet;
-    use sim::packet::{self, Headers, opcode};
+    use sim::fabric::packet::{self, Headers, opcode};
     // Three switches in a ring, an HCA on each.
     let text = "\
 Switch 8 \"A\"

@@ -3,7 +3,7 @@
 
 use crate::harness::profile::*;
 use crate::harness::*;
-use sim::faults::EqeCorruption;
+use sim::hca::faults::EqeCorruption;
 use sim::{Opcode, SimConfig, SimHca, Status};
 
 #[test]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::harness::*;
-use sim::faults::{BadCap, OpcodeFault};
+use sim::hca::faults::{BadCap, OpcodeFault};
 use sim::{Opcode, Status};
 
 #[test]

@@ -2,7 +2,7 @@
 //! the card gives for out-of-order or malformed use.
 
 use crate::harness::*;
-use sim::layout::PageEntry;
+use sim::hca::layout::PageEntry;
 use sim::{Opcode, Status};
 
 fn st(s: Status) -> R<()> {
@@ -251,7 +251,7 @@ fn icm_size_aux_and_map_rules() {
     let pa = r.pages(2);
     let mut b = vec![0u8; 32];
     PageEntry {
-        va: sim::icm::Icm::reach(ICM_SIZE),
+        va: sim::hca::icm::Icm::reach(ICM_SIZE),
         pa: pa[0],
         log_size: 0,
     }
@@ -308,7 +308,7 @@ fn icm_size_aux_and_map_rules() {
 }
 
 /// A change to the INIT_HCA parameters.
-type Edit = fn(&mut sim::layout::InitHca);
+type Edit = fn(&mut sim::hca::layout::InitHca);
 
 #[test]
 fn init_hca_twice_and_bad_parameters_are_refused() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hal::{Bar, Clock, DmaBuf, DmaPool, PciFunction};
-use sim::layout::{InitHca, PageEntry, put64};
+use sim::hca::layout::{InitHca, PageEntry, put64};
 use sim::{Opcode, SimConfig, SimHca, Status};
 
 pub const HCR: usize = 0x8_0680;
@@ -781,7 +781,7 @@ pub fn sm_port_info(
     sim: &SimHca,
     port: u8,
     edit: impl FnOnce(&mut [u8]),
-) -> Result<(u16, Vec<u8>), sim::frontend::SmpDropped> {
+) -> Result<(u16, Vec<u8>), sim::front::in_process::SmpDropped> {
     let got = sim.sma_receive(port, &smp_get(0x0015, u32::from(port)))?;
     let mut d = got[0x40..0x80].to_vec();
     // PortState and PortPhysicalState 0 = no change; everything else as read.
@@ -797,7 +797,11 @@ pub fn sm_port_info(
 
 /// Asks the SMA for PortState `state` (1 Down, 3 Armed, 4 Active) on `port`;
 /// returns the MAD status (0 accepted, 0x1c refused).
-pub fn sm_set_state(sim: &SimHca, port: u8, state: u8) -> Result<u16, sim::frontend::SmpDropped> {
+pub fn sm_set_state(
+    sim: &SimHca,
+    port: u8,
+    state: u8,
+) -> Result<u16, sim::front::in_process::SmpDropped> {
     sm_port_info(sim, port, |d| d[32] |= state & 0xf).map(|(st, _)| st)
 }
 

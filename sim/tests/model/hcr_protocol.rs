@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::harness::*;
-use sim::faults::OpcodeFault;
+use sim::hca::faults::OpcodeFault;
 use sim::{Opcode, SimConfig, SimHca, Status};
 
 #[test]
@@ -140,7 +140,7 @@ fn no_dma_without_bus_mastering_and_no_registers_without_memory_decode() {
     );
     assert_eq!(
         r.sim.dma_faults()[0].kind,
-        sim::mem::DmaFaultKind::BusMasterOff
+        sim::hca::mem::DmaFaultKind::BusMasterOff
     );
     r.pci.clear_command_bits(hal::pci::cfg::COMMAND_MEMORY);
     assert_eq!(r.bar0.read32(HCR + 0x18), u32::MAX);
@@ -271,7 +271,7 @@ fn the_handle_is_send_and_sync_and_clones_share_the_device() {
 
 #[test]
 fn a_model_over_external_memory_and_register_windows() {
-    use sim::regs::RegFile;
+    use sim::hca::regs::RegFile;
     use std::sync::Arc;
     // "Guest RAM" and the two BAR windows belong to someone else.
     let guest = Arc::new(hal::fake::ArenaDma::with_bus_base(1 << 20, 0x4000_0000));

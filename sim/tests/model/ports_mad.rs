@@ -1,7 +1,7 @@
 //! INIT_PORT/CLOSE_PORT/SET_PORT and the firmware SMA/PMA behind MAD_IFC.
 
 use crate::harness::*;
-use sim::frontend::SmpDropped;
+use sim::front::in_process::SmpDropped;
 use sim::{LogicalState, Opcode, PhysicalState, SimConfig, Status};
 
 fn st(s: Status) -> R<()> {

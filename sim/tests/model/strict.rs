@@ -6,7 +6,7 @@
 
 use crate::harness::profile::*;
 use crate::harness::*;
-use sim::layout::{get8, put32};
+use sim::hca::layout::{get8, put32};
 use sim::{Opcode, Status};
 
 fn st(s: Status) -> R {

@@ -4,8 +4,8 @@
 //! directed-route SMPs as an end node (C14-9:3, C14-13:1), and every other
 //! packet kept for the test.
 
+use sim::fabric::packet::{self, PERMISSIVE_LID, Smp, attr, mad_status, method};
 use sim::fabric::{Fabric, Packet, PortId};
-use sim::packet::{self, PERMISSIVE_LID, Smp, attr, mad_status, method};
 
 pub struct Ca {
     pub port: PortId,

@@ -3,7 +3,7 @@
 //! answering and sweeping.
 
 use sim::fabric::Packet;
-use sim::packet::{self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, method};
+use sim::fabric::packet::{self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, method};
 
 use crate::net::Net;
 

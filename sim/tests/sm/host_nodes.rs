@@ -3,10 +3,10 @@
 //! IBTA and ibsim, so the SM is checked by an SMA that is not the test's
 //! own.
 
+use sim::fabric::LogicalState;
 use sim::fabric::host_node::{Handled, Mad};
+use sim::fabric::packet::{MAD_LEN, MadHdr, method};
 use sim::fabric::{Fabric, HostNode, SmConfig, Topology};
-use sim::packet::{MAD_LEN, MadHdr, method};
-use sim::port::LogicalState;
 
 const SEC: u64 = 1_000_000_000;
 

@@ -1,7 +1,7 @@
 //! A star: one switch, `n` test CAs on ports 1..=n, the SM on port n+1.
 
+use sim::fabric::packet::{self, MadHdr};
 use sim::fabric::{Capture, Fabric, Packet, PortId, SmConfig, SwitchId, Topology};
-use sim::packet::{self, MadHdr};
 
 use crate::ca::Ca;
 

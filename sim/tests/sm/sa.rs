@@ -2,7 +2,7 @@
 //! the IBTA layouts (15.2.1 SA header, 15.2.5.16 PathRecord, 15.2.5.2
 //! NodeRecord, 15.2.5.3 PortInfoRecord).
 
-use sim::packet::{MAD_LEN, MadHdr, method};
+use sim::fabric::packet::{MAD_LEN, MadHdr, method};
 
 use crate::net::{Net, SM_GUID};
 
@@ -409,11 +409,11 @@ fn class_port_info_and_a_short_or_corrupt_mad_are_survived() {
     assert_eq!((r[56], r[57]), (1, 2), "BaseVersion 1, ClassVersion 2");
     // A corrupt packet to the SM: dropped and counted, nothing else.
     let sm_lid = net.f.sm().unwrap().lid();
-    let h = sim::packet::mad_headers(sm_lid, net.cas[0].lid, 1, 1, 0xffff);
-    let mut bytes = sim::packet::build(&h, &[0u8; 40]).unwrap();
+    let h = sim::fabric::packet::mad_headers(sm_lid, net.cas[0].lid, 1, 1, 0xffff);
+    let mut bytes = sim::fabric::packet::build(&h, &[0u8; 40]).unwrap();
     let n = bytes.len();
     bytes[n - 8] ^= 0xff; // ICRC
-    sim::packet::reseal_vcrc(&mut bytes).unwrap();
+    sim::fabric::packet::reseal_vcrc(&mut bytes).unwrap();
     let p = net.cas[0].port;
     let before = net.f.sm().unwrap().stats().bad_mads;
     net.f.transmit(p, sim::fabric::Packet { bytes }, net.now);
@@ -421,7 +421,7 @@ fn class_port_info_and_a_short_or_corrupt_mad_are_survived() {
     assert!(net.take_mads(0).is_empty());
     assert_eq!(net.f.sm().unwrap().stats().bad_mads, before + 1);
     // A short MAD (40 bytes) with a good ICRC: dropped too.
-    let bytes = sim::packet::build(&h, &[0u8; 40]).unwrap();
+    let bytes = sim::fabric::packet::build(&h, &[0u8; 40]).unwrap();
     net.f.transmit(p, sim::fabric::Packet { bytes }, net.now);
     net.run_for(10_000);
     assert!(net.take_mads(0).is_empty());

@@ -1,7 +1,7 @@
 //! Sweeps: discovery, LIDs, LFTs, Armed/Active, re-sweeps, restarts.
 
+use sim::fabric::packet::{self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, method, mgmt_class};
 use sim::fabric::sm::sm_state;
-use sim::packet::{self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, method, mgmt_class};
 
 use crate::net::{Net, SM_GUID};
 
@@ -56,11 +56,11 @@ fn two_cas_come_up_active_with_distinct_lids_and_routes() {
     for p in 1..=3 {
         assert_eq!(
             sw.port(p).unwrap().state,
-            sim::port::LogicalState::Active,
+            sim::fabric::LogicalState::Active,
             "switch port {p}"
         );
     }
-    assert_eq!(sw.port(4).unwrap().state, sim::port::LogicalState::Down);
+    assert_eq!(sw.port(4).unwrap().state, sim::fabric::LogicalState::Down);
     // Every SMP crossed a cable: the capture holds them and their answers.
     let captured = net.f.capture_mut().unwrap().packets();
     assert!(
@@ -109,7 +109,7 @@ fn a_ca_that_never_answers_is_reported_and_skipped() {
     assert_eq!(sm.subnet().len(), 4, "SM, switch, 2 CAs");
     // Its switch port is left in Init (no one to talk to).
     let sw = net.f.switch(net.sw).unwrap();
-    assert_eq!(sw.port(2).unwrap().state, sim::port::LogicalState::Init);
+    assert_eq!(sw.port(2).unwrap().state, sim::fabric::LogicalState::Init);
     // The SM tries again a second after a sweep with errors (not at the
     // 10 s light sweep): when the CA speaks up it joins.
     net.cas[1].mute = false;
@@ -475,7 +475,7 @@ fn the_sms_own_cable_pulled_and_back_resumes_without_a_new_lid() {
         (net.now - now) / 1_000_000
     );
     let sw = net.f.switch(net.sw).unwrap();
-    assert_eq!(sw.port(3).unwrap().state, sim::port::LogicalState::Active);
+    assert_eq!(sw.port(3).unwrap().state, sim::fabric::LogicalState::Active);
     assert!(sm.log().iter().any(|l| l.contains("SM port link down")));
     assert!(gmp_crosses(&mut net, 0, 1));
 }

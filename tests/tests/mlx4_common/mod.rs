@@ -32,7 +32,7 @@ use std::sync::{Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use mlx4_core::{Dev, Profile, Result};
-use sim::trace::TraceEntry;
+use sim::hca::trace::TraceEntry;
 use sim::{SimConfig, SimHca};
 
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
