@@ -804,7 +804,11 @@ impl SmService {
             if let Some(d) = f.parent() {
                 let _ = std::fs::create_dir_all(d);
             }
-            std::fs::write(f, format!("{}\n", opts.base))
+            // Written aside and renamed into place: a reader that sees the
+            // file sees all of it (a plain write let one read it empty).
+            let tmp = f.with_extension("tmp");
+            std::fs::write(&tmp, format!("{}\n", opts.base))
+                .and_then(|()| std::fs::rename(&tmp, f))
                 .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         let mut svc = SmService {
