@@ -1,3 +1,6 @@
+//! A strict software model of the Mellanox ConnectX-3 HCA and of the fabric its
+//! ports are cabled to.
+//!
 //! A strict software model of the Mellanox ConnectX-3 HCA (MT27500, PCI
 //! 15b3:1003) as the Linux `mlx4_core` driver sees it, with its data-path
 //! engines and the fabric its ports are cabled to (switches, a subnet

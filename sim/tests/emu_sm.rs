@@ -1,3 +1,5 @@
+//! `cx3-emu --sm`: the subnet manager the emulator runs.
+//!
 //! `cx3-emu --sm`: the subnet manager the emulator runs (docs/peers.md):
 //! OpenSM as a child process that ends with the emulator however it ends,
 //! the ibsim server the diags attach to, and the socket-name file

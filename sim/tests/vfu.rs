@@ -1,3 +1,5 @@
+//! cx3-vfu without QEMU, driven by the `vfio_user` crate's own client.
+//!
 //! cx3-vfu without QEMU: the `vfio_user` crate's own client drives the
 //! function over a real socket the way QEMU's does (config space, trapped
 //! BAR0, DMA into a shared memfd, MSI-X eventfds), and the binary's command

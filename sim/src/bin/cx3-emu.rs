@@ -1,8 +1,8 @@
-//! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem, per
-//! `docs/ivshmem.md`, with the subnet manager `--sm` asks for (OpenSM as a
-//! child process that ends with it, docs/peers.md); see [`sim::front::ivshmem`]
-//! for the logic, [`sim::front::host::EmuArgs`] and `--help` for the
-//! command line.
+//! `cx3-emu`: serves the ConnectX-3 model to QEMU guests over ivshmem.
+//!
+//! Per `docs/ivshmem.md`, with the subnet manager `--sm` asks for (OpenSM as a
+//! child process that ends with it, docs/peers.md); see [`sim::front::ivshmem`] for
+//! the logic, [`sim::front::host::EmuArgs`] and `--help` for the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,3 +1,5 @@
+//! `cx3-vfu`: serves the ConnectX-3 model as PCI functions over vfio-user.
+//!
 //! `cx3-vfu`: serves the ConnectX-3 model as PCI functions (15b3:1003), one
 //! per socket and all on one emulated fabric with its subnet manager, to
 //! QEMU `vfio-user-pci` clients, per `docs/vfio-user.md`; see [`sim::front::vfu`]

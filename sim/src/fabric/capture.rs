@@ -1,3 +1,5 @@
+//! The capture: every packet crossing a cable, for Wireshark and tshark.
+//!
 //! The capture: every packet crossing a cable, written for Wireshark and
 //! tshark as ERF records of type 21 (InfiniBand) with link type 197
 //! (LINKTYPE_ERF), because tshark 4.0 refuses the plain InfiniBand link

@@ -1,13 +1,13 @@
-//! Per-packet faults on the wire: drop (always, at a seeded random rate,
-//! every Nth, a number of times, or only packets matching a QPN, an
-//! opcode or a sending port), corrupt (one byte flipped after the sender
-//! computed the CRCs, so the receiver sees a bad VCRC/ICRC, drops the
-//! packet and counts PortRcvErrors), delay (the link holds the packet, and
-//! the ones behind it, for a while), and cable pulls at a given time with
-//! an optional reinsertion; plus the parser for cx3-emu's `--drop`,
-//! `--corrupt`, `--delay`, `--pull` and `--fault-seed` options. Bit-level
-//! errors in the link layer (symbol errors, link retraining) are not
-//! modelled.
+//! Per-packet faults on the wire.
+//!
+//! Drop (always, at a seeded random rate, every Nth, a number of times, or only
+//! packets matching a QPN, an opcode or a sending port), corrupt (one byte flipped
+//! after the sender computed the CRCs, so the receiver sees a bad VCRC/ICRC, drops
+//! the packet and counts PortRcvErrors), delay (the link holds the packet, and the
+//! ones behind it, for a while), and cable pulls at a given time with an optional
+//! reinsertion; plus the parser for cx3-emu's `--drop`, `--corrupt`, `--delay`,
+//! `--pull` and `--fault-seed` options. Bit-level errors in the link layer (symbol
+//! errors, link retraining) are not modelled.
 //!
 //! Where faults apply: a rule without a port applies to every packet sent
 //! onto a cable whose far end is an HCA port (so a corrupted packet

@@ -1,3 +1,5 @@
+//! A host node: a one-port channel adapter that the fabric itself models.
+//!
 //! A host node: a one-port channel adapter that the fabric itself models
 //! (no HCA model, no driver), the attach point of the ibsim server's
 //! clients (OpenSM, infiniband-diags) and a stand-in CA for tests. Its SMA

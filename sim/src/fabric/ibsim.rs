@@ -1,3 +1,5 @@
+//! ibsim's server protocol, so that unmodified OpenSM and infiniband-diags attach to our fabric.
+//!
 //! ibsim's server protocol (ibsim 0.10, local mode: AF_UNIX datagram
 //! sockets in the abstract namespace), so that unmodified OpenSM and
 //! infiniband-diags, run under `LD_PRELOAD=libumad2sim.so`, attach to our

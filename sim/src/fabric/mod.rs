@@ -1,12 +1,13 @@
-//! The wire between ports: cables joining two ports, the packets in flight
-//! and their delivery, switches ([`switch`]: SMA, PMA, LID routing,
-//! directed-route SMPs), topologies ([`topology`]: `--nodes N`, back to
-//! back, ibsim net files), the capture ([`capture`]) and per-packet faults
-//! ([`faults`]), host nodes ([`host_node`]: CAs the fabric models itself),
-//! ibsim's server protocol ([`ibsim`]: real OpenSM and infiniband-diags
-//! attach through it), and an embedded subnet manager ([`sm`]) with its
-//! SA ([`sa`]). Packet formats are in [`packet`], the IBTA port states
-//! in [`port_state`].
+//! The wire between ports.
+//!
+//! Cables joining two ports, the packets in flight and their delivery, switches
+//! ([`switch`]: SMA, PMA, LID routing, directed-route SMPs), topologies
+//! ([`topology`]: `--nodes N`, back to back, ibsim net files), the capture
+//! ([`capture`]) and per-packet faults ([`faults`]), host nodes ([`host_node`]: CAs
+//! the fabric models itself), ibsim's server protocol ([`ibsim`]: real OpenSM and
+//! infiniband-diags attach through it), and an embedded subnet manager ([`sm`])
+//! with its SA ([`sa`]). Packet formats are in [`packet`], the IBTA port states in
+//! [`port_state`].
 //!
 //! # The contract between the HCA engines and the fabric
 //!

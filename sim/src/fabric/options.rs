@@ -1,3 +1,5 @@
+//! The fabric's command-line options.
+//!
 //! The fabric's command-line options for cx3-emu (and `run-qemu.sh
 //! --emu-args`): the topology (`--topology FILE` in ibsim's net format,
 //! `--back-to-back`; otherwise one switch for the nodes), `--capture

@@ -1,3 +1,5 @@
+//! The subnet administrator beside the embedded SM.
+//!
 //! The subnet administrator beside the embedded SM ([`super::sm`]):
 //! SubnAdmGet and SubnAdmGetTable of PathRecord (by DGID/SGID or
 //! DLID/SLID, with MTU, rate and packet-lifetime selectors, SL and P_Key),

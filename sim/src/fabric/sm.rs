@@ -1,18 +1,18 @@
-//! An embedded subnet manager, like the SM inside a managed switch, sitting
-//! on a fabric-modelled node of its own (one CA port cabled to a switch):
+//! An embedded subnet manager, like the SM inside a managed switch.
+//!
+//! Sitting on a fabric-modelled node of its own (one CA port cabled to a switch):
 //! discovery by directed-route SMPs (NodeInfo, NodeDescription, SwitchInfo,
-//! PortInfo; a breadth-first walk through the switches' own DR processing,
-//! so every SMP is a packet on the wire), LID assignment (stable per port
-//! GUID across sweeps, and across SM restarts by keeping the LIDs the ports
-//! already report; LMC 0), min-hop LFT programming (SubnSet SwitchInfo
-//! LinearFDBTop and LinearForwardingTable blocks), ports through Armed to
-//! Active (ClientReregister on the SM's first sweep), SMInfo answered, a light sweep (SwitchInfo PortStateChange) on
-//! the model clock and a heavy sweep on a change or on a trap; the SA on
-//! the same port is [`super::sa`]. Left out: multicast (MFTs, MCMember),
-//! P_Key tables, SL-to-VL and VL arbitration programming, M_Key
-//! protection, SM-to-SM negotiation (this SM is always master), LMC > 0,
-//! up/down or balanced routing (ties go to the lowest port), LID-routed
-//! SMPs from the SM.
+//! PortInfo; a breadth-first walk through the switches' own DR processing, so every
+//! SMP is a packet on the wire), LID assignment (stable per port GUID across
+//! sweeps, and across SM restarts by keeping the LIDs the ports already report; LMC
+//! 0), min-hop LFT programming (SubnSet SwitchInfo LinearFDBTop and
+//! LinearForwardingTable blocks), ports through Armed to Active (ClientReregister
+//! on the SM's first sweep), SMInfo answered, a light sweep (SwitchInfo
+//! PortStateChange) on the model clock and a heavy sweep on a change or on a trap;
+//! the SA on the same port is [`super::sa`]. Left out: multicast (MFTs, MCMember),
+//! P_Key tables, SL-to-VL and VL arbitration programming, M_Key protection,
+//! SM-to-SM negotiation (this SM is always master), LMC > 0, up/down or balanced
+//! routing (ties go to the lowest port), LID-routed SMPs from the SM.
 //!
 //! Written from the IBTA (vol. 1, 14.2.2 directed route, 14.2.5 attributes,
 //! 14.4 SM state and sweeps), with OpenSM's defaults as facts (transaction

@@ -1,3 +1,5 @@
+//! A SwitchX-class InfiniBand switch.
+//!
 //! A SwitchX-class InfiniBand switch (vendor 0x02c9, device 0xc738, as
 //! ibsim's examples use; 36 ports by default): its SMA on port 0
 //! (NodeInfo, NodeDescription, SwitchInfo, PortInfo of every port,
@@ -23,20 +25,19 @@
 //! only through Armed or Active ports and leave only through Active ones
 //! (else PortXmitDiscards on the egress port).
 //!
-//! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet
-//! received (data in 4-byte words, LRH to ICRC), PortXmitPkts/Data for
-//! every packet sent; a bad VCRC, a wrong LRH length, a VL15 packet that
-//! is not an SMP or a permissive DLID off VL15 counts PortRcvErrors (a
-//! switch reads only the LRH and VCRC of a packet it forwards, so other
-//! transport-level faults reach the receiving HCA), and so does a bad
-//! ICRC on a packet the SMA or PMA takes (port 0 is its end port); a
+//! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet received (data
+//! in 4-byte words, LRH to ICRC), PortXmitPkts/Data for every packet sent; a bad
+//! VCRC, a wrong LRH length, a VL15 packet that is not an SMP or a permissive DLID
+//! off VL15 counts PortRcvErrors (a switch reads only the LRH and VCRC of a packet
+//! it forwards, so other transport-level faults reach the receiving HCA), and so
+//! does a bad ICRC on a packet the SMA or PMA takes (port 0 is its end port); a
 //! packet said to owe its CRCs is checked unless it provably does
 //! ([`Switch::receive_crc_owed`]); an unknown or unroutable DLID counts
-//! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards
-//! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
-//! VL15Dropped; a packet whose egress link is down or not Active counts
-//! PortXmitDiscards (so does a full queue at the far end); a link going down counts LinkDownedCounter on the
-//! switch port.
+//! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards (bad hop
+//! pointer, bad path, unsupported LID-routed DR part) counts VL15Dropped; a packet
+//! whose egress link is down or not Active counts PortXmitDiscards (so does a full
+//! queue at the far end); a link going down counts LinkDownedCounter on the switch
+//! port.
 
 use super::Packet;
 use super::{LogicalState, PhysicalState};

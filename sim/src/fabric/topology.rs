@@ -1,3 +1,5 @@
+//! Topologies: one switch for N nodes, two HCAs back to back, and ibsim's net files.
+//!
 //! Topologies: `--nodes N` (N HCAs with port 1 cabled to one 36-port
 //! switch, the default), two HCAs back to back, and ibsim's net-file
 //! format (the subset: `Switch`/`Hca`/`Ca` records, their port lines, the

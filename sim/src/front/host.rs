@@ -1,5 +1,6 @@
-//! What the two host front ends (`cx3-emu`, `cx3-vfu`) share: the model
-//! configuration of node N, the log their messages go to, the processes
+//! What the two host front ends (`cx3-emu`, `cx3-vfu`) share.
+//!
+//! The model configuration of node N, the log their messages go to, the processes
 //! they watch and the CPU time they report, and their command lines.
 //!
 //! The command lines are one `clap` definition: the options both take

@@ -1,9 +1,10 @@
-//! The front end for host tests: [`SimHca`] hands the driver a
-//! `hal::PciFunction` (config space, BAR0, BAR2), a `hal::DmaPool` and a
-//! `hal::Clock` backed by the model, in a synchronous deterministic mode or a
-//! threaded mode that polls shared register memory like the ivshmem emulator;
-//! the ivshmem front end (`cx3-emu`, [`crate::front::ivshmem`]) uses the latter
-//! without a thread ([`SimHca::new_polled`]).
+//! The front end for host tests.
+//!
+//! [`SimHca`] hands the driver a `hal::PciFunction` (config space, BAR0, BAR2), a
+//! `hal::DmaPool` and a `hal::Clock` backed by the model, in a synchronous
+//! deterministic mode or a threaded mode that polls shared register memory like the
+//! ivshmem emulator; the ivshmem front end (`cx3-emu`, [`crate::front::ivshmem`])
+//! uses the latter without a thread ([`SimHca::new_polled`]).
 //!
 //! * **Synchronous** ([`SimHca::new`]): every register access calls into the
 //!   model on the caller's thread. Writing HCR dword 6 with GO executes the

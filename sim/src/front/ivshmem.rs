@@ -1,8 +1,9 @@
-//! The ivshmem front end behind `cx3-emu`: serves the model to QEMU guests
-//! through two shared files per guest, exactly as `docs/ivshmem.md` (the
-//! contract with the kernel's `ivshmem.rs`) lays them out; ivshmem doorbells
-//! and interrupts (ivshmem-plain has none) and MSI-X delivery are not
-//! modelled.
+//! The ivshmem front end behind `cx3-emu`.
+//!
+//! Serves the model to QEMU guests through two shared files per guest, exactly as
+//! `docs/ivshmem.md` (the contract with the kernel's `ivshmem.rs`) lays them out;
+//! ivshmem doorbells and interrupts (ivshmem-plain has none) and MSI-X delivery are
+//! not modelled.
 //!
 //! * The **window** (16 MiB): a header, the config-space image, and BAR0 and
 //!   BAR2, which *are* the model's register files ([`RegFile::from_shared`]

@@ -1,3 +1,5 @@
+//! The front ends: what puts the card in front of a driver.
+//!
 //! The front ends: what puts the card in front of a driver. [`in_process`]
 //! hands a host test `hal` objects backed by the model ([`SimHca`],
 //! [`Wire`]), [`ivshmem`] serves QEMU guests over shared memory

@@ -1,7 +1,8 @@
-//! The card's configuration: identity (GUIDs, firmware version, board),
-//! the limits QUERY_DEV_CAP reports, and how the command register and a
-//! software reset behave in time; how a front end hosts the card (DMA
-//! arena, clocks, polling) is the front end's.
+//! The card's configuration.
+//!
+//! Identity (GUIDs, firmware version, board), the limits QUERY_DEV_CAP reports, and
+//! how the command register and a software reset behave in time; how a front end
+//! hosts the card (DMA arena, clocks, polling) is the front end's.
 
 use std::time::Duration;
 

@@ -1,3 +1,5 @@
+//! Byte layouts of the hardware contexts the firmware stores in ICM.
+//!
 //! Byte layouts of the hardware contexts the firmware stores in ICM (EQC,
 //! CQC, QPC, SRQC, dMPT), MTT entries and EQEs, with the field checks
 //! SW2HW/modify commands apply; CQE/WQE formats belong to the data-path

@@ -1,3 +1,5 @@
+//! The device core: the model's state, its registers, the HCR engine and DMA.
+//!
 //! The device core: all model state behind one lock, the register handlers
 //! both front ends call, the HCR protocol engine, and the DMA and ICM access
 //! paths every firmware command uses; the command handlers themselves live in

@@ -1,8 +1,9 @@
-//! Event queues: the state of each EQ in hardware ownership, EQE writing with
-//! the ownership bit, the EQ doorbell (consumer index and re-arm), overrun
-//! detection and async-event routing through MAP_EQ; interrupts are not
-//! generated (arming is recorded, nothing else), and event moderation is
-//! ignored.
+//! Event queues.
+//!
+//! The state of each EQ in hardware ownership, EQE writing with the ownership bit,
+//! the EQ doorbell (consumer index and re-arm), overrun detection and async-event
+//! routing through MAP_EQ; interrupts are not generated (arming is recorded,
+//! nothing else), and event moderation is ignored.
 //!
 //! Ownership: the EQE at producer index `p` is written with owner =
 //! `(p & nent) != 0`, so software owns it while its owner bit equals the

@@ -1,8 +1,9 @@
-//! The host command register as the firmware sees it: opcodes, completion
-//! status codes, the dword-6 bit layout and the go/toggle protocol; the
-//! multi-command (event-mode token) queue is not modelled: one command is in
-//! flight at a time, and an event-mode command completes both in the HCR and
-//! with a CMD EQE.
+//! The host command register as the firmware sees it.
+//!
+//! Opcodes, completion status codes, the dword-6 bit layout and the go/toggle
+//! protocol; the multi-command (event-mode token) queue is not modelled: one
+//! command is in flight at a time, and an event-mode command completes both in the
+//! HCR and with a CMD EQE.
 //!
 //! Protocol (Linux `cmd.c` `mlx4_cmd_post`/`cmd_pending`, iPXE
 //! `hermon_cmd`): the driver writes dwords 0..5 (in_param hi/lo, in_modifier,

@@ -1,8 +1,9 @@
-//! ICM (InfiniHost Context Memory) as the firmware manages it: the firmware
-//! area (MAP_FA), auxiliary pages (MAP_ICM_AUX), the ICM size
-//! (SET_ICM_SIZE) and the ICM-virtual to bus page table (MAP_ICM /
-//! UNMAP_ICM), plus the table geometry INIT_HCA defines; the firmware's own
-//! use of FA/aux memory is only imitated (RUN_FW fills the FA pages).
+//! ICM (InfiniHost Context Memory) as the firmware manages it.
+//!
+//! The firmware area (MAP_FA), auxiliary pages (MAP_ICM_AUX), the ICM size
+//! (SET_ICM_SIZE) and the ICM-virtual to bus page table (MAP_ICM / UNMAP_ICM), plus
+//! the table geometry INIT_HCA defines; the firmware's own use of FA/aux memory is
+//! only imitated (RUN_FW fills the FA pages).
 //!
 //! ICM pages are 4 KiB. A page-list entry maps a naturally aligned chunk of
 //! 2^n pages; the model records every 4 KiB page, refuses misaligned chunks,

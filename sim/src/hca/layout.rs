@@ -1,3 +1,5 @@
+//! Byte layouts of the firmware-command mailboxes the model reads or writes.
+//!
 //! Byte layouts of the firmware-command mailboxes the model reads or writes
 //! (QUERY_FW, QUERY_DEV_CAP, QUERY_PORT, QUERY_ADAPTER, INIT_HCA/QUERY_HCA,
 //! MOD_STAT_CFG, SET_PORT, ICM page lists); contexts live in [`crate::hca::ctx`],

@@ -1,10 +1,10 @@
-//! The firmware's subnet-management and performance-management agents behind
-//! MAD_IFC: SubnGet/SubnSet of NodeDescription, NodeInfo, PortInfo,
-//! GUIDInfo, PKeyTable (LID-routed and directed-route SMPs, processed
-//! locally), and PMA ClassPortInfo / PortCounters / PortCountersExtended
-//! (the counters the data-path engines keep); SMInfo, SL-to-VL and VL
-//! arbitration tables, traps, B_Key checks and directed-route forwarding are
-//! not modelled.
+//! The firmware's subnet-management and performance-management agents behind MAD_IFC.
+//!
+//! SubnGet/SubnSet of NodeDescription, NodeInfo, PortInfo, GUIDInfo, PKeyTable
+//! (LID-routed and directed-route SMPs, processed locally), and PMA ClassPortInfo /
+//! PortCounters / PortCountersExtended (the counters the data-path engines keep);
+//! SMInfo, SL-to-VL and VL arbitration tables, traps, B_Key checks and
+//! directed-route forwarding are not modelled.
 //!
 //! Layouts are the IBA's (vol. 1, 13.4 MAD header, 14.2.5 SMP attributes,
 //! 16.1 PMA): MAD header 24 bytes (attribute id at 0x10, modifier at 0x14),

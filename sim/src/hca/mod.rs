@@ -1,3 +1,5 @@
+//! The card: the ConnectX-3 function as a driver reaches it over PCI.
+//!
 //! The card: the ConnectX-3 function as a driver reaches it over PCI (config
 //! space, BAR0 and BAR2 registers, DMA), its firmware commands, ICM, event
 //! queues, the data-path engines and the firmware SMA/PMA; what the card

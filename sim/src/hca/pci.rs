@@ -1,8 +1,9 @@
-//! The PCI configuration space of an MT27500 (ConnectX-3) function: ids,
-//! class, two 64-bit memory BARs, a capability list (PM, VPD with a
-//! read-only VPD image, MSI-X, PCIe) and the command register the model
-//! obeys; MSI-X delivery, power states, VPD writes and extended (PCIe)
-//! config space are not modelled.
+//! The PCI configuration space of an MT27500 (ConnectX-3) function.
+//!
+//! Ids, class, two 64-bit memory BARs, a capability list (PM, VPD with a read-only
+//! VPD image, MSI-X, PCIe) and the command register the model obeys; MSI-X
+//! delivery, power states, VPD writes and extended (PCIe) config space are not
+//! modelled.
 //!
 //! Only the bits a real function implements are writable: the command
 //! register (I/O, memory, bus master, parity, SERR, INTx disable), the BAR

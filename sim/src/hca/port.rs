@@ -1,8 +1,9 @@
-//! The two InfiniBand ports: physical and logical link state, the subnet
-//! attributes an SM assigns (LID, SM LID/SL, LMC, GID prefix, M_Key), the
-//! P_Key and GUID tables, SET_PORT capabilities and the PMA counters; link
-//! training, speeds other than the reported QDR 4x and Ethernet are not
-//! modelled.
+//! The two InfiniBand ports.
+//!
+//! Physical and logical link state, the subnet attributes an SM assigns (LID, SM
+//! LID/SL, LMC, GID prefix, M_Key), the P_Key and GUID tables, SET_PORT
+//! capabilities and the PMA counters; link training, speeds other than the reported
+//! QDR 4x and Ethernet are not modelled.
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
 //! plugged (the default, [`HcaConfig::cable_plugged`]) the physical state

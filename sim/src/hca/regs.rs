@@ -1,3 +1,5 @@
+//! The register files behind BAR0 and BAR2.
+//!
 //! The register files behind BAR0 (HCR, ownership and reset semaphores,
 //! software reset, catastrophic-error buffer, clear-interrupt register,
 //! MSI-X table) and BAR2 (UAR pages with their doorbells); BlueFlame

@@ -1,6 +1,8 @@
-//! The command trace: one [`TraceEntry`] per command the firmware executed,
-//! with opcode name, modifiers, status and duration; doorbells and DMA are
-//! not traced here (violations and DMA faults have their own logs).
+//! The command trace.
+//!
+//! One [`TraceEntry`] per command the firmware executed, with opcode name,
+//! modifiers, status and duration; doorbells and DMA are not traced here
+//! (violations and DMA faults have their own logs).
 
 use core::fmt;
 use core::time::Duration;

@@ -1,9 +1,9 @@
-//! Data-path corrections found running the real stack on the model: QPNs
-//! with a tag above the QPC index (what Linux's QP bitmap hands out after
-//! a free), a malformed receive WQE answered with the Remote Operational
-//! Error NAK, PortXmitDiscards counted and cleared by its own
-//! CounterSelect bit, and UD sends with a GRH put on the wire and
-//! delivered into the receive buffer's GRH area.
+//! Data-path corrections found running the real stack on the model.
+//!
+//! QPNs with a tag above the QPC index (what Linux's QP bitmap hands out after a
+//! free), a malformed receive WQE answered with the Remote Operational Error NAK,
+//! PortXmitDiscards counted and cleared by its own CounterSelect bit, and UD sends
+//! with a GRH put on the wire and delivered into the receive buffer's GRH area.
 
 use std::time::Duration;
 

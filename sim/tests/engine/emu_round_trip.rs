@@ -1,3 +1,5 @@
+//! The emulator round trip: figures, not assertions.
+//!
 //! The emulator round trip (release build, `--ignored`, figures printed,
 //! nothing asserted about time): `cx3-emu` runs as its own process, as
 //! under QEMU, and this process plays the guests through the same shared

@@ -1,3 +1,5 @@
+//! Two HCAs on a fabric: back to back and through a switch.
+//!
 //! Two HCAs on a fabric: back to back and through a switch. Links follow
 //! INIT_PORT/CLOSE_PORT and cables; every opcode crosses the wire in
 //! packets (segmented at the MTU); counters and the firmware PMA.

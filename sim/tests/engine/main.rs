@@ -1,3 +1,5 @@
+//! The data-path engines driven by our own raw WQE poster.
+//!
 //! The data-path engines driven by our own raw WQE poster (no driver
 //! crate): bytes moved and verified, completions and errors as the card
 //! writes them, owner bits over several wraps, timers on the fake clock,

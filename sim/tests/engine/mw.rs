@@ -1,3 +1,5 @@
+//! Memory windows within one HCA.
+//!
 //! Memory windows: BIND_MW of type 1 and type 2 windows, RDMA through the
 //! window's R_Key checked against the window, each bind error with the
 //! memory-window bind syndrome, LOCAL_INVAL and SEND with Invalidate, and

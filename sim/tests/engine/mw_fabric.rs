@@ -1,7 +1,9 @@
-//! Memory windows across a fabric: two HCAs through a switch. SEND with
-//! Invalidate carries the R_Key in an IETH to the responder, which
-//! invalidates its own window (or NAKs a bad key with "invalid request");
-//! a type 2 window's bound-QP check on requests that arrive over the link.
+//! Memory windows across a fabric.
+//!
+//! Two HCAs through a switch. SEND with Invalidate carries the R_Key in an IETH to
+//! the responder, which invalidates its own window (or NAKs a bad key with "invalid
+//! request"); a type 2 window's bound-QP check on requests that arrive over the
+//! link.
 
 use std::time::Duration;
 

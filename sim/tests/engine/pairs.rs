@@ -1,7 +1,8 @@
-//! The set-ups the engine tests share: two HCAs on one fabric with their
-//! ports 1 Active (back to back, through a switch, or threaded), the RC QP
-//! pairs connected across them, and two QPs of one HCA connected to each
-//! other over its loopback.
+//! The set-ups the engine tests share.
+//!
+//! Two HCAs on one fabric with their ports 1 Active (back to back, through a
+//! switch, or threaded), the RC QP pairs connected across them, and two QPs of one
+//! HCA connected to each other over its loopback.
 
 use std::time::Duration;
 

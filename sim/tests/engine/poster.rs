@@ -1,3 +1,5 @@
+//! Our own raw work-request poster, written from the PRM reading, never from `mlx4_ib`.
+//!
 //! Our own raw work-request poster, written from the PRM reading (porting
 //! map 5-6, iPXE `MT25408_PRM.h`), never from `mlx4_ib`: CQs, QPs, SRQs and
 //! MRs created with raw commands, WQEs built byte by byte, doorbells rung on

@@ -1,3 +1,5 @@
+//! Owner bits, overruns, arming and the polled front end's doorbells.
+//!
 //! Owner bits over several wraps of the SQ, RQ and CQ; CQ overrun; CQ
 //! arming and completion events; stamped (unfinished) WQEs never run;
 //! SRQ free lists and the limit event; the polled front end reading the

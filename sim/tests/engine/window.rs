@@ -1,9 +1,10 @@
-//! The RC send window over the fabric: many messages in flight per QP
-//! before the first ACK, cumulative ACKs, go-back-N after a lost packet
-//! (sequence NAK) or a lost response (ACK timeout), duplicates answered
-//! without a second delivery (SEND re-ACKed, READ re-executed, atomic
-//! answered from its saved result), max_rd_atomic, and retry exhaustion
-//! with the window full.
+//! The RC send window over the fabric.
+//!
+//! Many messages in flight per QP before the first ACK, cumulative ACKs, go-back-N
+//! after a lost packet (sequence NAK) or a lost response (ACK timeout), duplicates
+//! answered without a second delivery (SEND re-ACKed, READ re-executed, atomic
+//! answered from its saved result), max_rd_atomic, and retry exhaustion with the
+//! window full.
 
 use std::time::Duration;
 

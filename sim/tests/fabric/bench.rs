@@ -1,3 +1,5 @@
+//! Figures for the wire.
+//!
 //! Figures for the wire (release build, prints, asserts nothing about
 //! speed): CRC throughput on 4 KiB packets, packet build rate, and
 //! forwarding through one switch.

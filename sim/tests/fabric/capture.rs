@@ -1,9 +1,10 @@
-//! The capture, dissected by tshark: SMPs (directed route and LID
-//! routed), PMA GMPs, UD sends (with and without GRH), RC and UC sends,
-//! an RDMA WRITE segmented over three MTUs, an RDMA READ with its
-//! responses, atomics with their acknowledgement, ACKs and NAKs, all
-//! through a switch (so each packet crosses two cables). Every frame must
-//! decode with its headers, with no "Malformed" and no expert info.
+//! The capture, dissected by tshark.
+//!
+//! SMPs (directed route and LID routed), PMA GMPs, UD sends (with and without GRH),
+//! RC and UC sends, an RDMA WRITE segmented over three MTUs, an RDMA READ with its
+//! responses, atomics with their acknowledgement, ACKs and NAKs, all through a
+//! switch (so each packet crosses two cables). Every frame must decode with its
+//! headers, with no "Malformed" and no expert info.
 //!
 //! tshark is a Debian package (`scripts/deps.sh` `ensure_tshark`); when
 //! it is missing the test installs nothing itself and says loudly that it

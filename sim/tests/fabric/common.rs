@@ -1,3 +1,5 @@
+//! Test helpers: raw HCA ports around one switch, and a tiny SM.
+//!
 //! Test helpers: a fabric of raw HCA ports around one switch, and a tiny
 //! SM that sends SMPs from an HCA port as an HCA's SMI would (IBTA
 //! C14-9:1: the sender moves the hop pointer to 1 before the SMP leaves).

@@ -1,10 +1,11 @@
-//! The switch checks the CRCs a real switch checks: the VCRC of every
-//! packet at every hop, and the ICRC too of a packet its own SMA or PMA
-//! takes (port 0 is that packet's end port). A packet the model's HCAs
-//! send with its CRCs owed (`sim::fabric`, "CRCs owed") passes unchecked
-//! only while it is provably as the builder left it; a packet merely
-//! *said* to owe its CRCs is checked like any other, so a corrupted one
-//! is dropped and counts PortRcvErrors on every path.
+//! The switch checks the CRCs a real switch checks.
+//!
+//! The VCRC of every packet at every hop, and the ICRC too of a packet its own SMA
+//! or PMA takes (port 0 is that packet's end port). A packet the model's HCAs send
+//! with its CRCs owed (`sim::fabric`, "CRCs owed") passes unchecked only while it
+//! is provably as the builder left it; a packet merely *said* to owe its CRCs is
+//! checked like any other, so a corrupted one is dropped and counts PortRcvErrors
+//! on every path.
 
 use crate::common::{Net, data_packet};
 use sim::fabric::packet::{self, Headers, MAD_LEN, MadHdr, Smp, attr, method, mgmt_class, opcode};

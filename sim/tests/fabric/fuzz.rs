@@ -1,7 +1,8 @@
-//! Bad input into the switch: random and mutated packets never panic or
-//! hang it, and it still answers afterwards. The default run sends 20 000
-//! packets; `cargo test -p sim --test fabric -- --ignored fuzz_million`
-//! sends 1 000 000.
+//! Bad input into the switch.
+//!
+//! Random and mutated packets never panic or hang it, and it still answers
+//! afterwards. The default run sends 20 000 packets; `cargo test -p sim --test
+//! fabric -- --ignored fuzz_million` sends 1 000 000.
 
 use crate::common::{Net, data_packet};
 use sim::fabric::faults::Rng;

@@ -1,3 +1,5 @@
+//! The fabric of the model, driven by a test SM and raw HCA ports.
+//!
 //! The fabric of the model (issue 8, "Links and a switch", "Capture and
 //! packet faults", topologies, bad input): a test SM and raw HCA ports,
 //! written from the IBTA layouts with `sim::fabric::packet`, drive the switch,

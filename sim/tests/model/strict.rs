@@ -1,8 +1,9 @@
-//! What the model refuses or records that it used to accept: teardown state
-//! a wrong modifier leaves behind (MAP_EQ without the unmap bit, CLOSE_PORT
-//! on the wrong port), firmware-reserved MTT entries and PDs, INIT_HCA
-//! reserved and flag bits (a byte-swapped flags dword) and the QUERY_HCA
-//! round trip, reserved modifier, context, mailbox and HCR bits.
+//! What the model refuses or records that it used to accept.
+//!
+//! Teardown state a wrong modifier leaves behind (MAP_EQ without the unmap bit,
+//! CLOSE_PORT on the wrong port), firmware-reserved MTT entries and PDs, INIT_HCA
+//! reserved and flag bits (a byte-swapped flags dword) and the QUERY_HCA round
+//! trip, reserved modifier, context, mailbox and HCR bits.
 
 use crate::harness::profile::*;
 use crate::harness::*;

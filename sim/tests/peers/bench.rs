@@ -1,3 +1,5 @@
+//! Figures: OpenSM's SUBNET UP time on our fabric beside ibsim's.
+//!
 //! Figures (ignored; run in release): OpenSM's SUBNET UP time on our
 //! fabric beside ibsim's own on the same net file, and the SMPs of a
 //! sweep. `cargo test --release -p sim --test peers -- --ignored --nocapture`

@@ -1,3 +1,5 @@
+//! Real peers on our fabric: Debian's OpenSM and infiniband-diags.
+//!
 //! Real peers on our fabric (issue 10, "Real OpenSM and the diags attach
 //! to the fabric"): Debian's OpenSM and infiniband-diags, run under
 //! `LD_PRELOAD=libumad2sim.so`, attach through our ibsim server to a

@@ -1,3 +1,5 @@
+//! The test rig for real peers on our fabric.
+//!
 //! The test rig: a fabric built from an ibsim net file, every CA a host
 //! node, our ibsim server polled by a thread, and real OpenSM and
 //! infiniband-diags run under umad2sim with a private socket name and a

@@ -1,6 +1,8 @@
-//! The subnet changes under OpenSM: a cable pulled and put back (the
-//! switch's Trap 128 makes OpenSM sweep at once), OpenSM restarted, and a
-//! request nobody answers (it comes back timed out instead of hanging).
+//! The subnet changes under OpenSM.
+//!
+//! A cable pulled and put back (the switch's Trap 128 makes OpenSM sweep at once),
+//! OpenSM restarted, and a request nobody answers (it comes back timed out instead
+//! of hanging).
 
 use std::time::{Duration, Instant};
 

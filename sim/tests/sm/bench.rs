@@ -1,7 +1,8 @@
-//! What the embedded SM costs the fabric: `Fabric::advance` on an idle
-//! subnet with and without the SM (it is polled from every advance), and
-//! a heavy sweep. Release build:
-//! `cargo test --release -p sim --test sm bench -- --ignored --nocapture`.
+//! What the embedded SM costs the fabric.
+//!
+//! `Fabric::advance` on an idle subnet with and without the SM (it is polled from
+//! every advance), and a heavy sweep. Release build: `cargo test --release -p sim
+//! --test sm bench -- --ignored --nocapture`.
 
 use std::time::Instant;
 

@@ -1,8 +1,8 @@
-//! A channel adapter the test models itself, written apart from the SM
-//! from the IBTA: one port, an SMA answering NodeInfo, NodeDescription and
-//! PortInfo (Get/Set with the Init -> Armed -> Active rules) to
-//! directed-route SMPs as an end node (C14-9:3, C14-13:1), and every other
-//! packet kept for the test.
+//! A channel adapter the test models itself, written apart from the SM from the IBTA.
+//!
+//! One port, an SMA answering NodeInfo, NodeDescription and PortInfo (Get/Set with
+//! the Init -> Armed -> Active rules) to directed-route SMPs as an end node
+//! (C14-9:3, C14-13:1), and every other packet kept for the test.
 
 use sim::fabric::packet::{self, PERMISSIVE_LID, Smp, attr, mad_status, method};
 use sim::fabric::{Fabric, Packet, PortId};

@@ -1,3 +1,5 @@
+//! The embedded subnet manager and SA.
+//!
 //! The embedded subnet manager and SA (issue 10, "An embedded SM in the
 //! fabric"): a switch, CAs the test models itself ([`ca`], its own SMA
 //! written from the IBTA), and the SM on a port of the switch, all on the

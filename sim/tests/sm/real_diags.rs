@@ -1,3 +1,5 @@
+//! The real infiniband-diags against the embedded SM and SA.
+//!
 //! The real infiniband-diags (Debian's, under umad2sim, through the
 //! fabric's ibsim server and a host node) against the embedded SM and SA:
 //! `sminfo`, `saquery -p`, `saquery` NodeRecord by LID, `smpquery

@@ -1,3 +1,5 @@
+//! The MADs on the wire.
+//!
 //! The MADs on the wire (IBTA vol. 1, 13.4: the common MAD header; 14.2.1:
 //! the SMP with its directed-route fields): classes, methods, attributes,
 //! status codes, and the headers that carry a MAD to QP0 or QP1.

@@ -1,3 +1,5 @@
+//! InfiniBand packets as the model puts them on the wire.
+//!
 //! InfiniBand packets as the model puts them on the wire (IBTA vol. 1,
 //! chapter 9 "Transport layer" and 7.7-7.8 "Link layer"): build and parse
 //! the LRH, GRH, BTH and the extended transport headers DETH, RETH, AETH,

@@ -1,7 +1,8 @@
-//! Guest RAM as a vfio-user device reaches it: the client's DMA mappings
-//! (`dma_map` with the file of guest RAM, which must be `share=on`), by I/O
-//! virtual address, which is guest-physical (no vIOMMU); an address outside
-//! every mapping is a DMA fault, never a crash.
+//! Guest RAM as a vfio-user device reaches it.
+//!
+//! The client's DMA mappings (`dma_map` with the file of guest RAM, which must be
+//! `share=on`), by I/O virtual address, which is guest-physical (no vIOMMU); an
+//! address outside every mapping is a DMA fault, never a crash.
 
 use std::fs::File;
 use std::sync::RwLock;

@@ -1,8 +1,9 @@
-//! The vfio-user front end behind `cx3-vfu`: serves the model as a real PCI
-//! function 15b3:1003 to QEMU's `vfio-user-pci` client (protocol from the
-//! rust-vmm `vfio_user` crate); sparse-mmapped BARs, vfio-user DMA
-//! read/write messages (guest RAM must be shared), migration, dirty-page
-//! tracking and several functions per server are not provided.
+//! The vfio-user front end behind `cx3-vfu`.
+//!
+//! Serves the model as a real PCI function 15b3:1003 to QEMU's `vfio-user-pci`
+//! client (protocol from the rust-vmm `vfio_user` crate); sparse-mmapped BARs,
+//! vfio-user DMA read/write messages (guest RAM must be shared), migration,
+//! dirty-page tracking and several functions per server are not provided.
 //!
 //! A thin adapter over [`SimHca::new_trapped`]:
 //!

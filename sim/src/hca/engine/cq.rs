@@ -1,8 +1,9 @@
-//! Completion queues as the card runs them: CQE writing with the owner bit
-//! of each pass, the consumer index read from the doorbell record, overrun
-//! (CQ_ERROR, the CQ stops), arming (next / solicited) and the completion
-//! EQE an armed CQ raises; CQ moderation, the resize CQE and 64-byte CQEs
-//! are not modelled.
+//! Completion queues as the card runs them.
+//!
+//! CQE writing with the owner bit of each pass, the consumer index read from the
+//! doorbell record, overrun (CQ_ERROR, the CQ stops), arming (next / solicited) and
+//! the completion EQE an armed CQ raises; CQ moderation, the resize CQE and 64-byte
+//! CQEs are not modelled.
 //!
 //! CQE layout: iPXE `hermonprm_completion_queue_entry_st` and
 //! `hermonprm_completion_with_error_st`, Linux 3.11 `struct mlx4_cqe` and

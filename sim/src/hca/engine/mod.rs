@@ -1,8 +1,9 @@
-//! The HCA's data-path engines: send and receive queues, SRQs, CQs, the
-//! RC/UC/UD transports and the MLX transport of QP0/QP1, run against host
-//! memory through the QP context's MTT translation and the dMPT's
-//! protection; what is not modelled is listed in each submodule's first
-//! line (no BlueFlame, LSO, fast registration, XRC, RD,
+//! The HCA's data-path engines.
+//!
+//! Send and receive queues, SRQs, CQs, the RC/UC/UD transports and the MLX
+//! transport of QP0/QP1, run against host memory through the QP context's MTT
+//! translation and the dMPT's protection; what is not modelled is listed in each
+//! submodule's first line (no BlueFlame, LSO, fast registration, XRC, RD,
 //! multicast, APM, CQ moderation).
 //!
 //! # How work moves

@@ -1,3 +1,5 @@
+//! Memory windows as the ConnectX-3 runs them.
+//!
 //! Memory windows as a ConnectX-3 runs them (IBTA vol. 1 10.6.7, the
 //! mlx4 window MPT of Linux `mlx4_mw_enable`): the BIND_MW WQE for type 1
 //! and type 2 (2B) windows, R_Key checks through a bound window (its own
@@ -23,17 +25,16 @@
 //! mailbox of HW2SW_MPT show it. The parent region's `win_cnt` (0x24)
 //! counts the windows bound to it, both types.
 //!
-//! HW2SW_MPT of a region with windows bound is refused with status
-//! REG_BOUND (0x21) and the region stays with the hardware, its windows
-//! working. Sources: Linux mlx4 `cmd.c` names status 0x21 "Memory Region
-//! has Memory Windows bound to" (mapped to -EBUSY) and
-//! `mlx4_closing_cmd_fatal_error` excepts exactly that status of
-//! HW2SW_MPT from the fatal errors ("memory region has memory windows
-//! bound to it"); `mlx4_mr_free_reserved` then keeps the MR enabled;
-//! libibverbs `ibv_alloc_mw(3)`: "ibv_dereg_mr() fails if any memory
-//! window is still bound to this MR". HW2SW_MPT of a bound window itself succeeds and releases it from its
-//! parent (`ibv_dealloc_mw(3)`: deallocation unbinds; Linux
-//! `mlx4_mw_free` is a plain HW2SW_MPT).
+//! HW2SW_MPT of a region with windows bound is refused with status REG_BOUND (0x21)
+//! and the region stays with the hardware, its windows working. Sources: Linux mlx4
+//! `cmd.c` names status 0x21 "Memory Region has Memory Windows bound to" (mapped to
+//! -EBUSY) and `mlx4_closing_cmd_fatal_error` excepts exactly that status of
+//! HW2SW_MPT from the fatal errors ("memory region has memory windows bound to
+//! it"); `mlx4_mr_free_reserved` then keeps the MR enabled; libibverbs
+//! `ibv_alloc_mw(3)`: "ibv_dereg_mr() fails if any memory window is still bound to
+//! this MR". HW2SW_MPT of a bound window itself succeeds and releases it from its
+//! parent (`ibv_dealloc_mw(3)`: deallocation unbinds; Linux `mlx4_mw_free` is a
+//! plain HW2SW_MPT).
 //!
 //! Bind segment (32 bytes after the control segment; Linux 3.11
 //! `mlx4_wqe_bind_seg`, rdma-core libmlx4 `wqe.h`, same layout): 0x00

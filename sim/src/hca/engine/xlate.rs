@@ -1,3 +1,5 @@
+//! Translation and protection: L_Key/R_Key lookup and MTT translation.
+//!
 //! Translation and protection: L_Key/R_Key lookup in the dMPT (the full
 //! key, hardware ownership, region flag, PD, access rights, bounds), MTT
 //! translation at the MPT's page size or none for a physical MPT, the

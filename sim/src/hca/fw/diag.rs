@@ -1,7 +1,8 @@
-//! DIAG_RPRT, the diagnostic counters report: op_mod 2 (transport and CI
-//! error counters, what Linux's `mlx4_query_diag_counters` reads for
-//! mlx4_ib's `hw_counters`), device-wide (in_mod 0) or per port; other
-//! reports answer BAD_OP.
+//! DIAG_RPRT, the diagnostic counters report.
+//!
+//! Op_mod 2 (transport and CI error counters, what Linux's
+//! `mlx4_query_diag_counters` reads for mlx4_ib's `hw_counters`), device-wide
+//! (in_mod 0) or per port; other reports answer BAD_OP.
 //!
 //! The report is a 1 KiB mailbox of big-endian 32-bit counters (Linux reads
 //! them at fixed offsets up to 0x104). The model counts none of these errors

@@ -1,7 +1,8 @@
-//! Bring-up and configuration commands: firmware load (QUERY_FW, MAP_FA,
-//! RUN_FW, UNMAP_FA), capability queries, ICM sizing and mapping, INIT_HCA /
-//! CLOSE_HCA / QUERY_HCA and NOP; firmware burning, DDR and LAM commands are
-//! not modelled.
+//! Bring-up and configuration commands.
+//!
+//! Firmware load (QUERY_FW, MAP_FA, RUN_FW, UNMAP_FA), capability queries, ICM
+//! sizing and mapping, INIT_HCA / CLOSE_HCA / QUERY_HCA and NOP; firmware burning,
+//! DDR and LAM commands are not modelled.
 
 use super::{CmdResult, Outcome, need};
 use crate::hca::device::{FwState, Hca};

@@ -1,7 +1,8 @@
-//! The firmware: one handler per command opcode, grouped by area, each
-//! validating the device state and its inputs and answering with the status
-//! the card uses; multicast (READ/WRITE_MCG, MGID_HASH), SR-IOV, Ethernet,
-//! DDR/LAM and the other diagnostic commands answer BAD_OP.
+//! The firmware: one handler per command opcode.
+//!
+//! Grouped by area, each validating the device state and its inputs and answering
+//! with the status the card uses; multicast (READ/WRITE_MCG, MGID_HASH), SR-IOV,
+//! Ethernet, DDR/LAM and the other diagnostic commands answer BAD_OP.
 //!
 //! | module | commands |
 //! |---|---|

@@ -1,6 +1,8 @@
-//! Port commands: QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT
-//! (IB flavour) and MAD_IFC (handed to the firmware SMA/PMA in
-//! [`crate::hca::mad_ifc`]); the Ethernet SET_PORT flavours answer BAD_OP.
+//! Port commands.
+//!
+//! QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT (IB flavour) and MAD_IFC
+//! (handed to the firmware SMA/PMA in [`crate::hca::mad_ifc`]); the Ethernet
+//! SET_PORT flavours answer BAD_OP.
 
 use super::{CmdResult, Outcome, need};
 use crate::hca::device::{FwState, Hca};

@@ -1,9 +1,10 @@
-//! QP commands: the state-transition commands with the QP state machine,
-//! QUERY_QP (with the PSNs the engines have reached) and CONF_SPECIAL_QP;
-//! each transition hands the QP to the data-path engines
-//! ([`crate::hca::engine::qp_modified`]), which flush on entering ERR; RTS2SQD
-//! with the SQD event bit reports SQ_DRAINED once no RC message is in
-//! flight (at once, or when the engines complete the last one).
+//! QP commands.
+//!
+//! The state-transition commands with the QP state machine, QUERY_QP (with the PSNs
+//! the engines have reached) and CONF_SPECIAL_QP; each transition hands the QP to
+//! the data-path engines ([`crate::hca::engine::qp_modified`]), which flush on
+//! entering ERR; RTS2SQD with the SQD event bit reports SQ_DRAINED once no RC
+//! message is in flight (at once, or when the engines complete the last one).
 //!
 //! Transitions (PRM, Linux `__mlx4_qp_modify`): RST2INIT from RST;
 //! INIT2INIT and INIT2RTR from INIT; RTR2RTS from RTR; RTS2RTS and RTS2SQD

@@ -1,3 +1,5 @@
+//! The transports within the HCA: send-queue execution and its responder.
+//!
 //! The transports: send-queue execution (RC, UC, UD and the MLX transport
 //! of QP0/QP1), the responder side of a message delivered within the HCA
 //! (receive queues, SRQs, RDMA WRITE/READ, atomics), RNR and transport

@@ -1,7 +1,9 @@
-//! The responder within the HCA: a message delivered to a QP of this card
-//! (from its own send queue, or reassembled from the wire) lands in a
-//! receive WQE or an SRQ's, or in memory for RDMA WRITE/READ and atomics,
-//! with the access checks, the RNR answer and the responder's errors.
+//! The responder within the HCA.
+//!
+//! A message delivered to a QP of this card (from its own send queue, or
+//! reassembled from the wire) lands in a receive WQE or an SRQ's, or in memory for
+//! RDMA WRITE/READ and atomics, with the access checks, the RNR answer and the
+//! responder's errors.
 
 use super::*;
 

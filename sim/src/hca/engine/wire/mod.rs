@@ -1,10 +1,11 @@
-//! The HCA on a fabric: its ports' physical link from the fabric's cables
-//! (INIT_PORT/CLOSE_PORT enable and disable the fabric port, LinkDowned
-//! counts links lost), packets built for the wire (RC/UC segmented at the
-//! path MTU, RDMA READ responses, atomics, ACK/NAK/RNR NAK, UD datagrams,
-//! the MADs of QP0/QP1 with the CRCs computed here), and the packets taken
-//! from the fabric when the engines are stepped (CRC and header checks,
-//! PortRcvErrors, P_Key/Q_Key checks, PSN checks with duplicate and
+//! The HCA on a fabric.
+//!
+//! Its ports' physical link from the fabric's cables (INIT_PORT/CLOSE_PORT enable
+//! and disable the fabric port, LinkDowned counts links lost), packets built for
+//! the wire (RC/UC segmented at the path MTU, RDMA READ responses, atomics,
+//! ACK/NAK/RNR NAK, UD datagrams, the MADs of QP0/QP1 with the CRCs computed here),
+//! and the packets taken from the fabric when the engines are stepped (CRC and
+//! header checks, PortRcvErrors, P_Key/Q_Key checks, PSN checks with duplicate and
 //! sequence-error handling, message reassembly straight into host memory);
 //! multicast, APM, congestion marking and credit-based flow control are not
 //! modelled.

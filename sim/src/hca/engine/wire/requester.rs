@@ -1,7 +1,9 @@
-//! The requester on the wire: a message's packets (RC and UC segmented at
-//! the path MTU, UD datagrams, the MADs of QP0/QP1), the RC send window
-//! with its retransmissions, and the responses it takes back (ACK, NAK,
-//! RNR NAK, READ responses, atomic ACKs) to complete the WQEs in order.
+//! The requester on the wire.
+//!
+//! A message's packets (RC and UC segmented at the path MTU, UD datagrams, the MADs
+//! of QP0/QP1), the RC send window with its retransmissions, and the responses it
+//! takes back (ACK, NAK, RNR NAK, READ responses, atomic ACKs) to complete the WQEs
+//! in order.
 
 use super::*;
 

@@ -1,7 +1,8 @@
-//! The responder on the wire: each request checked against the expected
-//! PSN, duplicates answered from the resources kept for them, messages
-//! reassembled straight into host memory, and the ACK, NAK, RNR NAK, READ
-//! responses or atomic ACK the requester is owed.
+//! The responder on the wire.
+//!
+//! Each request checked against the expected PSN, duplicates answered from the
+//! resources kept for them, messages reassembled straight into host memory, and the
+//! ACK, NAK, RNR NAK, READ responses or atomic ACK the requester is owed.
 
 use super::*;
 
