@@ -2,7 +2,21 @@
 //!
 //! Building the kernel image once, booting it under QEMU with a deadline through
 //! `run-qemu.sh`, and driving its serial console; an SM's PortInfo Sets through the
-//! model's SMA (`sm`).
+//! model's SMA (`sm`); the fixtures of the model-backed tests (`mlx4_common`, `subnet_common`).
 
+pub mod mlx4_common;
 pub mod qemu;
 pub mod sm;
+pub mod subnet_common;
+
+/// Cargo's scratch directory for integration tests (`target/tmp`, what
+/// `CARGO_TARGET_TMPDIR` names inside a test binary), found from the running
+/// test executable (`target/<profile>/deps/<test>`), so a helper of this
+/// library, built without that variable, puts its files where the tests do.
+pub fn target_tmpdir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    match exe.ancestors().nth(3) {
+        Some(target) if !target.as_os_str().is_empty() => target.join("tmp"),
+        _ => std::env::temp_dir(),
+    }
+}

@@ -7,7 +7,7 @@
 //! clear error. Two HCAs through the switch (perfquery of the peer, the switch in
 //! smpquery, ibnetdiscover) wait for the model's data path and an SM on main.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use ib_core::{DeviceId, IbCore};
 use ib_tools::diags::{self, Src};

@@ -15,7 +15,7 @@
 //! models share one synchronous wire and fake clock, stepped by whichever
 //! side polls (the tools relax the clock between empty polls).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

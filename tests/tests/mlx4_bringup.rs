@@ -3,7 +3,7 @@
 //! Command order against Linux's, capabilities, fw_ver, teardown back to baseline,
 //! in both model modes.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::time::Instant;
 

@@ -8,7 +8,7 @@
 //! after the other on one `IbCore` each, as a console script does (a second CM
 //! connection in the same boot).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::{Arc, Mutex};
 use std::thread;

@@ -14,7 +14,7 @@
 //! scheduler does, and the model's view of the consumer index is exactly
 //! what the driver has written by then.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,7 +3,7 @@
 //! Every bring-up command once with an error status and once with GO never
 //! clearing; absurd QUERY_DEV_CAP values; a catastrophic error while idle.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

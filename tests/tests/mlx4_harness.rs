@@ -5,7 +5,7 @@
 //! opt-outs, the watchdog that turns a hang into a failure, and that every `mlx4_*`
 //! test file uses the fixture.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::io::Read;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -217,7 +217,7 @@ fn every_model_backed_test_file_uses_the_fixture() {
         }
         files += 1;
         let src = std::fs::read_to_string(&p).unwrap();
-        if !src.contains("mod mlx4_common;") {
+        if !src.contains("use tests::mlx4_common;") {
             bad.push(format!("{name}: does not use mlx4_common"));
         }
         for (i, l) in src.lines().enumerate() {

@@ -8,7 +8,7 @@
 //! every response dropped, a timeout within its deadline; the ports are brought up
 //! by hand (no SM on these wires yet).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::{Arc, Mutex};
 

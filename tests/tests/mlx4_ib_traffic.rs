@@ -6,7 +6,7 @@
 //! with and without GRH; SRQ receives; error completions under Linux's
 //! `ib_wc_status` names.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use hal::DmaBuf;
 use ib_core::verbs::{

@@ -7,7 +7,7 @@
 //! reaching ib_core, removal with nothing leaked. Traffic (WQEs executed by the
 //! model) is not covered: the model's data path has not landed.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

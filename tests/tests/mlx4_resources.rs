@@ -3,7 +3,7 @@
 //! Thousands of PDs, multi-page non-contiguous MRs, CQs, QPs, SRQs; allocators and
 //! DMA back at baseline; port open/close and async events through the polled EQ.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::{Arc, Mutex};
 

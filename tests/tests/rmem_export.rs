@@ -8,7 +8,7 @@
 //! everything back. RPC and RDMA traffic between nodes waits for the
 //! model's data path (engine branch).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use ib_core::IbCore;
 use mlx4_common::*;

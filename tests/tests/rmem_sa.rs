@@ -8,7 +8,7 @@
 //! within `connect_timeout`. Each node is a model HCA with the real mlx4_core +
 //! mlx4_ib + ib_core.
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

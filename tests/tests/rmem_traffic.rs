@@ -11,7 +11,7 @@
 //! (`accept_peer`/`connect_peer`); one test connects through the CM listener with a
 //! hand-built path (no SA on these wires).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

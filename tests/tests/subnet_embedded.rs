@@ -7,8 +7,7 @@
 //! when ib_core opens QP0, the SM does the rest). Left out here: OpenSM
 //! (`subnet_opensm.rs`).
 
-mod mlx4_common;
-mod subnet_common;
+use tests::subnet_common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -8,8 +8,7 @@
 //! real diags query them. Skipped loudly without the packages (`scripts/deps.sh
 //! ensure_ib_peers`).
 
-mod mlx4_common;
-mod subnet_common;
+use tests::subnet_common;
 
 use std::path::Path;
 use std::process::Command;

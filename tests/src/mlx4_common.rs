@@ -22,7 +22,6 @@
 //! which test, which firmware command was posted last and how long ago, and
 //! ends the test process with status 101, so the suite fails instead of
 //! never ending (a hung Rust thread cannot be killed otherwise).
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -5,7 +5,6 @@
 //! cabled to a model switch, an ib_core client recording port events, and the loops
 //! that run the guests' progress functions while an SM works; no port is made
 //! Active by a test shortcut.
-#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -283,9 +282,7 @@ impl OpenSm {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join("subnet")
-            .join(&base);
+        let dir = crate::target_tmpdir().join("subnet").join(&base);
         let _ = std::fs::remove_dir_all(&dir);
         let opts = SmOptions {
             base: base.clone(),
