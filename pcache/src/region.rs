@@ -249,6 +249,22 @@ impl fmt::Debug for Pcache {
 /// for a completion (the CQs themselves are polled on every spin).
 const PROGRESS_EVERY: u32 = 64;
 
+/// Memory nodes of a region at most.
+pub const MAX_NODES: usize = 8;
+
+/// A connection with requests in flight and no completion for this long
+/// is sent one more small READ, which rings its send doorbell again. The
+/// emulated HCA over ivshmem (cx3-emu) sees each UAR's send doorbell as a
+/// value, not as writes: two connections sharing the kernel's UAR page
+/// that ring between two of its passes leave it only the second QP
+/// number, and the first connection's requests wait for a doorbell that
+/// never comes (seen: a flush's WRITEs to one node hung for rmem's 5 s
+/// `op_timeout` while the other node's completed). Requests are posted
+/// node by node to make that rarer; this repairs it. On a real card the
+/// extra READ is harmless (a completion this late is a loaded or failing
+/// link).
+pub const KICK_NS: u64 = 500_000;
+
 impl Pcache {
     /// Sets up a region of `cfg.pages` pages over `nodes` (connected
     /// clients on device `dev`): the cache's frames from the device's DMA
@@ -269,6 +285,9 @@ impl Pcache {
         }
         if usize::try_from(cfg.pages).is_err() || cfg.pages > 1 << 36 {
             return bad("region too large", nodes);
+        }
+        if nodes.len() > MAX_NODES {
+            return bad("at most 8 memory nodes", nodes);
         }
         if cfg.readahead > MAX_READAHEAD {
             return bad("read-ahead is 0 to 8 pages", nodes);
@@ -400,6 +419,7 @@ impl Pcache {
             n.stats.reads = 0;
             n.stats.writes = 0;
             n.stats.errors = 0;
+            n.stats.kicks = 0;
             n.stats.read_ns.clear();
         }
     }
@@ -822,12 +842,34 @@ impl Pcache {
     fn run_io(&mut self, core: &mut IbCore, ios: &mut [Io]) {
         let deadline = Deadline::after(core.clock(), self.cfg.io_timeout);
         let mut spins = 0u32;
+        let mut quiet_since = [core.clock().now_ns(); MAX_NODES];
         loop {
-            for io in ios.iter_mut() {
-                if io.state == IoState::ToPost {
-                    let mut one = *io;
-                    self.post(core, &mut one);
-                    *io = one;
+            // Posted node by node, the requests of one connection together,
+            // the first request's node last (see `KICK_NS`: the doorbell
+            // rung last is the one the emulator cannot lose).
+            let first = ios
+                .first()
+                .filter(|io| io.copy < self.place.replicas())
+                .map_or(0, |io| self.place.copy(io.page, io.copy).0);
+            let nn = self.nodes.len();
+            for k in 0..=nn {
+                let target = match k {
+                    k if k == nn => nn,
+                    k if k == nn - 1 => first,
+                    k if k >= first => k + 1,
+                    k => k,
+                };
+                for io in ios.iter_mut() {
+                    let to = if io.copy < self.place.replicas() {
+                        self.place.copy(io.page, io.copy).0
+                    } else {
+                        self.nodes.len()
+                    };
+                    if io.state == IoState::ToPost && to == target {
+                        let mut one = *io;
+                        self.post(core, &mut one);
+                        *io = one;
+                    }
                 }
             }
             if ios
@@ -848,12 +890,29 @@ impl Pcache {
                 }
                 return;
             }
+            // A connection with requests out and no completion for a while
+            // gets one more small request (its doorbell rung again).
+            let now = core.clock().now_ns();
+            for (ni, q) in quiet_since.iter_mut().enumerate().take(self.nodes.len()) {
+                let n = &mut self.nodes[ni];
+                if n.client.inflight() == 0 || n.down.is_some() {
+                    *q = now;
+                } else if now.saturating_sub(*q) > KICK_NS
+                    && let Some(c) = n.chunk
+                {
+                    if n.client.read_async(core, c.addr, 8).is_ok() {
+                        n.stats.kicks += 1;
+                    }
+                    *q = now;
+                }
+            }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(PROGRESS_EVERY) {
                 core.poll();
             }
             let mut progressed = false;
-            for ni in 0..self.nodes.len() {
+            let nn = self.nodes.len();
+            for (ni, quiet) in quiet_since.iter_mut().enumerate().take(nn) {
                 if self.nodes[ni].client.inflight() == 0 {
                     continue;
                 }
@@ -867,6 +926,9 @@ impl Pcache {
                 });
                 if let Err(e) = r {
                     self.node_down(ni, e);
+                }
+                if k > 0 {
+                    *quiet = core.clock().now_ns();
                 }
                 for (token, read, result, ns) in comps.iter().take(k).flatten().copied() {
                     progressed = true;
