@@ -60,7 +60,7 @@ impl Default for Config {
             cache_pages: 64,
             replicas: 1,
             readahead: 0,
-            io_timeout: Duration::from_secs(20),
+            io_timeout: Duration::from_secs(30),
             samples: 1 << 16,
             ticks: None,
         }
@@ -185,6 +185,10 @@ pub struct NodeView<'a> {
     pub stats: &'a NodeStats,
     /// Its chunk of the region.
     pub chunk: Option<RemoteChunk>,
+    /// The connection's QP number.
+    pub qpn: u32,
+    /// Requests in flight on it.
+    pub inflight: usize,
 }
 
 struct Node {
@@ -252,18 +256,22 @@ const PROGRESS_EVERY: u32 = 64;
 /// Memory nodes of a region at most.
 pub const MAX_NODES: usize = 8;
 
-/// A connection with requests in flight and no completion for this long
-/// is sent one more small READ, which rings its send doorbell again. The
-/// emulated HCA over ivshmem (cx3-emu) sees each UAR's send doorbell as a
-/// value, not as writes: two connections sharing the kernel's UAR page
-/// that ring between two of its passes leave it only the second QP
-/// number, and the first connection's requests wait for a doorbell that
-/// never comes (seen: a flush's WRITEs to one node hung for rmem's 5 s
-/// `op_timeout` while the other node's completed). Requests are posted
-/// node by node to make that rarer; this repairs it. On a real card the
-/// extra READ is harmless (a completion this late is a loaded or failing
-/// link).
-pub const KICK_NS: u64 = 500_000;
+/// Requests go to one connection at a time, and a connection with
+/// requests in flight and no completion for this long is sent one more
+/// small READ, which rings its send doorbell again. The emulated HCA over
+/// ivshmem (cx3-emu) sees each UAR's send doorbell as a value, not as
+/// writes: two QPs sharing the kernel's UAR page (every kernel QP does)
+/// that ring between two of its passes leave it only the second QP number,
+/// and the first QP's requests wait for a doorbell that never comes (seen:
+/// a write-back to two copies, and a flush to two nodes, hung until rmem's
+/// `op_timeout` on one node while the other's completed). One connection at
+/// a time leaves only the MAD QPs (an SMP answered while a request waits)
+/// to collide with; the kick repairs that. On a real card both cost a
+/// little parallelism and nothing else.
+pub const KICK_NS: u64 = 200_000_000;
+
+/// Kicks per connection and batch at most.
+const MAX_KICKS: u8 = 2;
 
 impl Pcache {
     /// Sets up a region of `cfg.pages` pages over `nodes` (connected
@@ -431,6 +439,8 @@ impl Pcache {
             down: n.down,
             stats: &n.stats,
             chunk: n.chunk,
+            qpn: n.client.qpn(),
+            inflight: n.client.inflight(),
         })
     }
 
@@ -843,29 +853,27 @@ impl Pcache {
         let deadline = Deadline::after(core.clock(), self.cfg.io_timeout);
         let mut spins = 0u32;
         let mut quiet_since = [core.clock().now_ns(); MAX_NODES];
+        let mut kicks = [0u8; MAX_NODES];
         loop {
-            // Posted node by node, the requests of one connection together,
-            // the first request's node last (see `KICK_NS`: the doorbell
-            // rung last is the one the emulator cannot lose).
-            let first = ios
-                .first()
-                .filter(|io| io.copy < self.place.replicas())
-                .map_or(0, |io| self.place.copy(io.page, io.copy).0);
+            // One connection at a time (see `KICK_NS`): the first request's
+            // node first, then the others in order; a read moved on to
+            // another copy is taken up when its node's turn comes (again).
+            let place = self.place;
             let nn = self.nodes.len();
-            for k in 0..=nn {
-                let target = match k {
-                    k if k == nn => nn,
-                    k if k == nn - 1 => first,
-                    k if k >= first => k + 1,
-                    k => k,
-                };
+            let target = move |io: &Io| match io.state {
+                IoState::Posted => io.node,
+                _ if io.copy < place.replicas() => place.copy(io.page, io.copy).0,
+                _ => nn,
+            };
+            let first = ios.first().map_or(0, target);
+            let active = core::iter::once(first).chain(0..=nn).find(|&t| {
+                ios.iter().any(|io| {
+                    matches!(io.state, IoState::ToPost | IoState::Posted) && target(io) == t
+                })
+            });
+            if let Some(t) = active {
                 for io in ios.iter_mut() {
-                    let to = if io.copy < self.place.replicas() {
-                        self.place.copy(io.page, io.copy).0
-                    } else {
-                        self.nodes.len()
-                    };
-                    if io.state == IoState::ToPost && to == target {
+                    if io.state == IoState::ToPost && target(io) == t {
                         let mut one = *io;
                         self.post(core, &mut one);
                         *io = one;
@@ -898,8 +906,10 @@ impl Pcache {
                 if n.client.inflight() == 0 || n.down.is_some() {
                     *q = now;
                 } else if now.saturating_sub(*q) > KICK_NS
+                    && kicks[ni] < MAX_KICKS
                     && let Some(c) = n.chunk
                 {
+                    kicks[ni] += 1;
                     if n.client.read_async(core, c.addr, 8).is_ok() {
                         n.stats.kicks += 1;
                     }

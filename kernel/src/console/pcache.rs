@@ -60,8 +60,11 @@ fn connect(names: &[&str], secs: u64) -> Result<Vec<MemNode>, String> {
             .ok_or_else(|| String::from("no HCA (see dmesg)"))?;
         let sa = ib_core::sa_query::ib_sa_init(&mut ib.core);
         let cm = ib_core::cm::ib_cm_init(&mut ib.core);
+        // A pulled cable ends in the transport's retry exhaustion (about
+        // 2 s, twice that in a loaded emulator), before `op_timeout`.
         let cfg = ClientConfig {
             connect_timeout: Duration::from_secs(secs),
+            op_timeout: Duration::from_secs(10),
             ..ClientConfig::default()
         };
         let mut out: Vec<MemNode> = vec![];
@@ -346,12 +349,13 @@ fn write_stats(out: &mut dyn Write, slot: usize) -> CmdResult {
             let rs = n.stats.read_ns.summary();
             let _ = writeln!(
                 out,
-                "node {i} ({}): {}, reads {} writes {} errors {} doorbell kicks {}, READ median {} ns 99% {} ns",
+                "node {i} ({}): {}, QP {:#x}, reads {} writes {} errors {} doorbell kicks {}, READ median {} ns 99% {} ns",
                 n.label,
                 match n.down {
                     None => String::from("up"),
                     Some(e) => alloc::format!("DOWN ({e})"),
                 },
+                n.qpn,
                 n.stats.reads,
                 n.stats.writes,
                 n.stats.errors,
@@ -588,7 +592,13 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
     let mut rows: Vec<String> = vec![];
     let mut fault_rows: Vec<String> = vec![];
     let r = (|| -> CmdResult {
-        for &kind in &o.workloads {
+        // Every workload without read-ahead; with --readahead K, seq again
+        // with it (read-ahead measured on and off).
+        let mut runs: Vec<(Kind, usize)> = o.workloads.iter().map(|&k| (k, 0)).collect();
+        if o.readahead > 0 && o.workloads.contains(&Kind::Seq) {
+            runs.push((Kind::Seq, o.readahead));
+        }
+        for &(kind, ra) in &runs {
             let (local_us, local) = run_local(kind, ws as usize * 512, o.seed, o.ops)?;
             for &n in &configs {
                 let mut base_us = None;
@@ -600,7 +610,7 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                         pages: ws,
                         cache_pages: cache,
                         replicas: 1,
-                        readahead: o.readahead,
+                        readahead: ra,
                         ticks: Some(crate::arch::rdtsc),
                         ..Config::default()
                     };
@@ -625,8 +635,13 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                     let norm = run.us * 1000 / base;
                     let _ = writeln!(
                         out,
-                        "pcache: {} over {n} node(s) at {frac}% local ({cache} of {ws} pages): {} ms (x{}.{:03}), checksum {}",
+                        "pcache: {}{} over {n} node(s) at {frac}% local ({cache} of {ws} pages): {} ms (x{}.{:03}), checksum {}",
                         kind.name(),
+                        if ra > 0 {
+                            alloc::format!(" (read-ahead {ra})")
+                        } else {
+                            String::new()
+                        },
                         run.us / 1000,
                         norm / 1000,
                         norm % 1000,
@@ -637,9 +652,8 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                         }
                     );
                     rows.push(alloc::format!(
-                        "{},{n},1,{},{frac},{ws},{cache},{},{local_us},{}.{:03},{},{},{},{},{},{},{},{},{},{},{}",
+                        "{},{n},1,{ra},{frac},{ws},{cache},{},{local_us},{}.{:03},{},{},{},{},{},{},{},{},{},{},{}",
                         kind.name(),
-                        o.readahead,
                         run.us,
                         norm / 1000,
                         norm % 1000,
