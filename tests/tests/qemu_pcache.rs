@@ -224,7 +224,7 @@ fn pcache_every_workload_at_25_percent_local_matches_local_memory() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{text}");
     for r in &rows {
-        assert_eq!(r.len(), 21, "{r:?}");
+        assert_eq!(r.len(), 22, "{r:?}");
         assert_eq!(r[10], "1", "checksum_ok: {r:?}");
         if r[4] == "100" {
             assert_eq!(r[9], "1.000", "normalised to the 100% run: {r:?}");

@@ -32,7 +32,7 @@ use crate::mm::pcache as region;
 const USAGE: &str = "usage: pcache attach SIZE --nodes GUID|LID[,...] [--cache SIZE|PCT%] [--replicas R] \
 [--readahead K] [-t SECONDS] | run seq|gups|sort|kv [-r REGION] [--seed N] [--ops N] | lat [-r REGION] | \
 stats [-r REGION] | flush [-r REGION] | detach [-r REGION] | experiment --nodes GUID|LID[,GUID|LID] \
-[--ws SIZE] [--fractions 100,75,50,25,10] [--workloads seq,gups,sort,kv] [--readahead K] [-t SECONDS]";
+[--ws SIZE] [--fractions 100,75,50,25,10] [--workloads seq,gups,sort,kv] [--readahead K] [--repeat N] [-t SECONDS]";
 
 /// A memory node named by its port GUID (`0x0002c90300000021` or ibstat's
 /// `0002:c903:0000:0021`) or its LID.
@@ -275,8 +275,11 @@ fn lat(slot: usize, seed: u64) -> Result<(u64, u64), String> {
     Ok((faults, us))
 }
 
+/// The parts of the fault time by name.
+type Parts = [(&'static str, Summary); 8];
+
 /// The parts of the fault time, as the CSV and `stats` print them.
-fn parts(pc: &Pcache) -> [(&'static str, Summary); 8] {
+fn parts(pc: &Pcache) -> Parts {
     let s = pc.split();
     [
         ("trap", s.trap.summary()),
@@ -389,6 +392,7 @@ struct Opts<'a> {
     ops: u64,
     fractions: Vec<u64>,
     workloads: Vec<Kind>,
+    repeat: u32,
 }
 
 fn parse<'a>(args: &[&'a str]) -> Result<(Vec<&'a str>, Opts<'a>), String> {
@@ -404,6 +408,7 @@ fn parse<'a>(args: &[&'a str]) -> Result<(Vec<&'a str>, Opts<'a>), String> {
         ops: 0,
         fractions: vec![100, 75, 50, 25, 10],
         workloads: Kind::ALL.to_vec(),
+        repeat: 1,
     };
     let mut free = vec![];
     let mut it = args.iter();
@@ -418,6 +423,7 @@ fn parse<'a>(args: &[&'a str]) -> Result<(Vec<&'a str>, Opts<'a>), String> {
             "-t" => o.secs = num(val()?)?.clamp(1, 3600),
             "-r" => o.region = Some(val()?),
             "--seed" => o.seed = num(val()?)?,
+            "--repeat" => o.repeat = num(val()?)?.clamp(1, 20) as u32,
             "--ops" => o.ops = num(val()?)?,
             "--fractions" => {
                 o.fractions = val()?
@@ -574,7 +580,7 @@ pub fn pcache(out: &mut dyn Write, args: &[&str]) -> CmdResult {
 }
 
 /// Header of the experiment's CSV (`pcache-experiment` block).
-pub const CSV_HEADER: &str = "workload,nodes,replicas,readahead,local_pct,ws_pages,cache_pages,time_us,local_time_us,norm_time,checksum_ok,pgfault,pgmajfault,hit,zero_fill,evictions,writebacks,read_median_cycles,read_p99_cycles,major_median_cycles,major_p99_cycles";
+pub const CSV_HEADER: &str = "workload,nodes,replicas,readahead,local_pct,ws_pages,cache_pages,time_us,local_time_us,norm_time,checksum_ok,pgfault,pgmajfault,hit,zero_fill,evictions,writebacks,read_median_cycles,read_p99_cycles,major_median_cycles,major_p99_cycles,runs";
 
 /// Header of the fault-time CSV (`pcache-faults` block).
 pub const FAULTS_HEADER: &str = "nodes,replicas,ws_pages,cache_pages,faults,faults_per_s,part,median_cycles,p99_cycles,median_ns,p99_ns,n";
@@ -604,31 +610,46 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                 let mut base_us = None;
                 for &frac in &o.fractions {
                     let cache = (ws * frac).div_ceil(100).max(1) as usize;
-                    let nodes: Vec<MemNode> =
-                        pool[..n].iter_mut().filter_map(Option::take).collect();
-                    let cfg = Config {
-                        pages: ws,
-                        cache_pages: cache,
-                        replicas: 1,
-                        readahead: ra,
-                        ticks: Some(crate::arch::rdtsc),
-                        ..Config::default()
-                    };
-                    let slot = attach(nodes, cfg).map_err(|(e, back)| {
-                        for (i, m) in back.into_iter().enumerate() {
+                    // Best of `repeat` runs: the least disturbed by the
+                    // host's other work (every run's result is checked).
+                    let mut best: Option<(RunResult, Summary, Summary)> = None;
+                    for _ in 0..o.repeat {
+                        let nodes: Vec<MemNode> =
+                            pool[..n].iter_mut().filter_map(Option::take).collect();
+                        let cfg = Config {
+                            pages: ws,
+                            cache_pages: cache,
+                            replicas: 1,
+                            readahead: ra,
+                            ticks: Some(crate::arch::rdtsc),
+                            ..Config::default()
+                        };
+                        let slot = attach(nodes, cfg).map_err(|(e, back)| {
+                            for (i, m) in back.into_iter().enumerate() {
+                                pool[i] = Some(m);
+                            }
+                            e
+                        })?;
+                        let run = run_on(slot, kind, o.seed, o.ops);
+                        let (read, major) = region::with(slot, |r, _| {
+                            (r.pc.split().read.summary(), r.pc.split().major.summary())
+                        })
+                        .unwrap_or_default();
+                        for (i, m) in detach(slot)?.into_iter().enumerate() {
                             pool[i] = Some(m);
                         }
-                        e
-                    })?;
-                    let run = run_on(slot, kind, o.seed, o.ops);
-                    let (read, major) = region::with(slot, |r, _| {
-                        (r.pc.split().read.summary(), r.pc.split().major.summary())
-                    })
-                    .unwrap_or_default();
-                    for (i, m) in detach(slot)?.into_iter().enumerate() {
-                        pool[i] = Some(m);
+                        let run = run?;
+                        if run.outcome != local || !run.outcome.ok {
+                            best = Some((run, read, major));
+                            break;
+                        }
+                        if best.as_ref().is_none_or(|b| run.us < b.0.us) {
+                            best = Some((run, read, major));
+                        }
                     }
-                    let run = run?;
+                    let Some((run, read, major)) = best else {
+                        return Err("--repeat 0".into());
+                    };
                     let same = run.outcome == local;
                     let base = *base_us.get_or_insert(run.us.max(1));
                     let c = run.counters;
@@ -652,7 +673,7 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                         }
                     );
                     rows.push(alloc::format!(
-                        "{},{n},1,{ra},{frac},{ws},{cache},{},{local_us},{}.{:03},{},{},{},{},{},{},{},{},{},{},{}",
+                        "{},{n},1,{ra},{frac},{ws},{cache},{},{local_us},{}.{:03},{},{},{},{},{},{},{},{},{},{},{},{}",
                         kind.name(),
                         run.us,
                         norm / 1000,
@@ -667,7 +688,8 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                         read.median,
                         read.p99,
                         major.median,
-                        major.p99
+                        major.p99,
+                        o.repeat
                     ));
                     if !same || !run.outcome.ok {
                         return Err(alloc::format!(
@@ -678,30 +700,41 @@ fn experiment(out: &mut dyn Write, o: &Opts<'_>) -> CmdResult {
                 }
             }
         }
-        // The fault-time split and the fault rate, over one node and two.
+        // The fault-time split and the fault rate, over one node and two
+        // (best of `repeat` probes: the highest rate).
         for &n in &configs {
             let cache = (ws / 4).max(1) as usize;
-            let nodes: Vec<MemNode> = pool[..n].iter_mut().filter_map(Option::take).collect();
-            let cfg = Config {
-                pages: ws,
-                cache_pages: cache,
-                replicas: 1,
-                readahead: 0,
-                ticks: Some(crate::arch::rdtsc),
-                ..Config::default()
-            };
-            let slot = attach(nodes, cfg).map_err(|(e, back)| {
-                for (i, m) in back.into_iter().enumerate() {
+            let mut best: Option<((u64, u64), Parts)> = None;
+            for _ in 0..o.repeat {
+                let nodes: Vec<MemNode> = pool[..n].iter_mut().filter_map(Option::take).collect();
+                let cfg = Config {
+                    pages: ws,
+                    cache_pages: cache,
+                    replicas: 1,
+                    readahead: 0,
+                    ticks: Some(crate::arch::rdtsc),
+                    ..Config::default()
+                };
+                let slot = attach(nodes, cfg).map_err(|(e, back)| {
+                    for (i, m) in back.into_iter().enumerate() {
+                        pool[i] = Some(m);
+                    }
+                    e
+                })?;
+                let probe = lat(slot, o.seed);
+                let split = region::with(slot, |r, _| parts(&r.pc)).unwrap_or_default();
+                for (i, m) in detach(slot)?.into_iter().enumerate() {
                     pool[i] = Some(m);
                 }
-                e
-            })?;
-            let probe = lat(slot, o.seed);
-            let split = region::with(slot, |r, _| parts(&r.pc)).unwrap_or_default();
-            for (i, m) in detach(slot)?.into_iter().enumerate() {
-                pool[i] = Some(m);
+                let (faults, us) = probe?;
+                let rate = |(f, us): (u64, u64)| f * 1_000_000 / us.max(1);
+                if best.as_ref().is_none_or(|b| rate((faults, us)) > rate(b.0)) {
+                    best = Some(((faults, us), split));
+                }
             }
-            let (faults, us) = probe?;
+            let Some(((faults, us), split)) = best else {
+                return Err("--repeat 0".into());
+            };
             let rate = faults * 1_000_000 / us.max(1);
             let _ = writeln!(
                 out,
