@@ -577,3 +577,42 @@ fn pcache_attach_refuses_what_makes_no_sense() {
     }
     f.finish();
 }
+
+/// The fault path's cost on the host model, for callgrind (release build:
+/// `cargo test --release -p tests --test pcache_model -- --ignored
+/// --nocapture pcache_fault_path_cost`, then `valgrind --tool=callgrind
+/// --toggle-collect='pcache::region::Pcache::fault*' target/release/deps/pcache_model-*
+/// --ignored pcache_fault_path_cost --test-threads 1`): every page written
+/// and flushed, then 2000 reads of random pages with a quarter of them
+/// cached, every miss a READ of a clean page (docs/pcache.md).
+#[test]
+#[ignore]
+fn pcache_fault_path_cost_on_the_model() {
+    let mut f = fabric();
+    let pages = 64;
+    let mut pc = f.attach(&[0], cfg(pages, 16, 1));
+    let mut mmu = SoftMmu::new(pages);
+    {
+        let mut r = SoftRegion::new(&mut pc, &mut f.cn.core, &mut mmu);
+        for p in 0..pages as usize {
+            r.set(p * 512, p as u64);
+        }
+    }
+    pc.flush(&mut f.cn.core, &mut mmu).expect("flushed");
+    pc.reset_stats();
+    let mut rng = workload::Rng::new(7);
+    {
+        let mut r = SoftRegion::new(&mut pc, &mut f.cn.core, &mut mmu);
+        for _ in 0..2000 {
+            let p = rng.below(pages) as usize;
+            assert_eq!(r.get(p * 512), p as u64);
+        }
+    }
+    let c = *pc.counters();
+    println!(
+        "faults {} (majors {}), evictions {}, writebacks {}",
+        c.pgfault, c.pgmajfault, c.evictions, c.writebacks
+    );
+    f.detach(pc, &mut mmu);
+    f.finish();
+}
