@@ -461,6 +461,15 @@ if [ "$scripted" = 1 ]; then
             say "run-qemu.sh: could not collect node $i's CSV into $exp"
         for f in $csv; do say "run-qemu.sh: node $i CSV: ${f#"$here"/}"; done
     done
+    # The paging experiment's plot (docs/pcache.md), drawn on the host.
+    for f in "$exp"/node*-pcache-experiment.csv; do
+        [ -f "$f" ] || continue
+        if plots=$("$here/scripts/pcache-plot.sh" "$f" "${f%.csv}.png"); then
+            for p in $plots; do say "run-qemu.sh: plot: ${p#"$here"/}"; done
+        else
+            say "run-qemu.sh: could not plot $f"
+        fi
+    done
     report_failures run-qemu.sh
 fi
 exit "$worst"

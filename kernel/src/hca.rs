@@ -308,6 +308,12 @@ pub fn with<R>(f: impl FnOnce(&mut Ib) -> R) -> Option<R> {
     IB.lock().as_mut().map(f)
 }
 
+/// [`with`] if the adapters are free, `None` if held (by the code a page
+/// fault interrupted: the page cache's fault path cannot wait for them).
+pub fn try_with<R>(f: impl FnOnce(&mut Ib) -> R) -> Option<R> {
+    IB.try_lock()?.as_mut().map(f)
+}
+
 /// `0002:c903:0010:a1b0`, as ibv_devinfo prints GUIDs.
 pub struct Guid(pub u64);
 

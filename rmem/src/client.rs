@@ -13,7 +13,7 @@
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use hal::{Deadline, DmaBuf};
+use hal::{BusAddr, Deadline, DmaBuf};
 use ib_core::cm::{self, CmId, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
@@ -127,6 +127,9 @@ struct Slot {
     addr: u64,
     len: u32,
     start_ns: u64,
+    /// The caller's DMA memory the request reads into or writes from
+    /// (`read_into_async`/`write_from_async`), instead of the slot's frame.
+    local: Option<u64>,
 }
 
 /// One finished request, as [`Client::poll`] reports it.
@@ -433,7 +436,8 @@ impl Client {
                     kind: Kind::Read,
                     addr: 0,
                     len: 0,
-                    start_ns: 0
+                    start_ns: 0,
+                    local: None,
                 };
                 cfg.window
             ],
@@ -688,6 +692,7 @@ impl Client {
         slot.kind = kind;
         slot.addr = addr;
         slot.len = len as u32;
+        slot.local = None;
         let token = Token(((slot.generation as u64) << 16) | s as u64);
         Ok((token, s))
     }
@@ -695,7 +700,9 @@ impl Client {
     fn post(&mut self, core: &mut IbCore, token: Token, s: usize) -> Result<Token> {
         let slot = self.slots[s];
         let sge = [Sge {
-            addr: self.frames.bus_addr().0 + (s * self.cfg.slot_len) as u64,
+            addr: slot
+                .local
+                .unwrap_or(self.frames.bus_addr().0 + (s * self.cfg.slot_len) as u64),
             length: slot.len,
             lkey: self.lmr.lkey,
         }];
@@ -741,14 +748,53 @@ impl Client {
         self.post(core, t, s)
     }
 
+    /// Starts an RDMA READ of `len` bytes (at most `slot_len`) at remote
+    /// `addr` straight into the caller's DMA memory at bus address `local`
+    /// (reached through the connection's DMA memory region, as the slot
+    /// frames are), with no copy through a slot frame: a page cache reads
+    /// a page into the frame it maps. The memory must stay allocated, and
+    /// be left alone, until [`Client::poll`] reports the request.
+    pub fn read_into_async(
+        &mut self,
+        core: &mut IbCore,
+        addr: u64,
+        local: BusAddr,
+        len: usize,
+    ) -> Result<Token> {
+        let (t, s) = self.start(Kind::Read, addr, len)?;
+        self.slots[s].local = Some(local.0);
+        self.post(core, t, s)
+    }
+
+    /// Starts an RDMA WRITE of `len` bytes (at most `slot_len`) from the
+    /// caller's DMA memory at bus address `local` to remote `addr`, with
+    /// no copy (a page cache writing a dirty frame back); the memory must
+    /// stay unchanged until [`Client::poll`] reports the request.
+    pub fn write_from_async(
+        &mut self,
+        core: &mut IbCore,
+        addr: u64,
+        local: BusAddr,
+        len: usize,
+    ) -> Result<Token> {
+        let (t, s) = self.start(Kind::Write, addr, len)?;
+        self.slots[s].local = Some(local.0);
+        self.post(core, t, s)
+    }
+
     /// Copies the data a finished READ brought (valid until its slot is
-    /// used again by the next request).
+    /// used again by the next request; not for `read_into_async`, whose
+    /// data is already where it was asked to go).
     pub fn read_data(&self, token: Token, dst: &mut [u8]) -> Result<()> {
         let s = (token.0 & 0xffff) as usize;
         let Some(slot) = self.slots.get(s) else {
             return Err(Error::Protocol("no such request"));
         };
-        if slot.busy || slot.generation != (token.0 >> 16) as u32 || dst.len() > slot.len as usize {
+        if slot.busy
+            || slot.local.is_some()
+            || slot.generation != (token.0 >> 16) as u32
+            || dst.len() > slot.len as usize
+        {
             return Err(Error::BadLength);
         }
         self.frames.read_bytes(s * self.cfg.slot_len, dst);

@@ -3,7 +3,9 @@
 //! Exception handling: assembly stubs save every register into a
 //! [`TrapFrame`], and one Rust handler prints the vector, error code, RIP,
 //! CR2, the registers and a frame-pointer backtrace, then stops the machine
-//! with a failure status. There are no interrupt handlers: this kernel polls.
+//! with a failure status; a page fault in a remote-backed region is served
+//! by the page cache first and resumed. There are no interrupt handlers:
+//! this kernel polls.
 
 use core::fmt::Write;
 use x86_64::VirtAddr;
@@ -65,8 +67,33 @@ macro_rules! stubs {
 
 stubs!(
     0 noerr, 1 noerr, 2 noerr, 3 noerr, 4 noerr, 5 noerr, 6 noerr, 7 noerr,
-    8 err, 10 err, 11 err, 12 err, 13 err, 14 err, 16 noerr, 17 err,
+    8 err, 10 err, 11 err, 12 err, 13 err, 16 noerr, 17 err,
     18 noerr, 19 noerr, 20 noerr, 21 err, 28 noerr, 29 err, 30 err,
+);
+
+// The page fault's stub returns when the page cache served the fault: the
+// registers come back, the vector and error code go, and `iretq` resumes
+// the faulting instruction; otherwise the same report as every exception.
+core::arch::global_asm!(
+    ".global exc_stub_14",
+    "exc_stub_14:",
+    "push 14",
+    "push rax", "push rbx", "push rcx", "push rdx", "push rsi", "push rdi", "push rbp",
+    "push r8", "push r9", "push r10", "push r11", "push r12", "push r13", "push r14", "push r15",
+    "mov rdi, rsp",
+    "call {pf}",
+    "test al, al",
+    "jz 2f",
+    "pop r15", "pop r14", "pop r13", "pop r12", "pop r11", "pop r10", "pop r9", "pop r8",
+    "pop rbp", "pop rdi", "pop rsi", "pop rdx", "pop rcx", "pop rbx", "pop rax",
+    "add rsp, 16",
+    "iretq",
+    "2:",
+    "mov rdi, rsp",
+    "call {handler}",
+    "ud2",
+    pf = sym page_fault_handler,
+    handler = sym exception_handler,
 );
 
 unsafe extern "C" {
@@ -171,6 +198,14 @@ fn name(vector: u64) -> (&'static str, &'static str) {
         30 => ("Security exception", "#SX"),
         _ => ("Unknown exception", "#??"),
     }
+}
+
+/// Called by the page fault's stub with the saved registers: whether the
+/// page cache served the fault (a fault in one of its regions), in which
+/// case the stub resumes the faulting code.
+extern "C" fn page_fault_handler(f: &TrapFrame) -> bool {
+    let t0 = super::rdtsc();
+    crate::mm::pcache::handle_fault(Cr2::read_raw(), f.error_code, t0)
 }
 
 /// Called by `exc_common` with the saved registers; never returns.

@@ -198,6 +198,12 @@ static COMMANDS: &[Command] = &[
         run: super::rmem::rmem,
     },
     Command {
+        name: "pcache",
+        usage: "pcache attach|run|lat|stats|flush|detach|experiment ...",
+        help: "remote paging: a region whose faults are served over RDMA from memory nodes",
+        run: super::pcache::pcache,
+    },
+    Command {
         name: "poweroff",
         usage: "poweroff",
         help: "power the machine off",

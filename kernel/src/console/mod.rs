@@ -9,6 +9,7 @@ mod commands;
 mod diags;
 mod ib;
 mod lspci;
+mod pcache;
 mod perftest;
 mod rmem;
 

@@ -57,7 +57,8 @@ fn addr(s: &str) -> Result<u64, String> {
 
 static STATE: spin::Mutex<Option<State>> = spin::Mutex::new(None);
 
-fn num(s: &str) -> Result<u64, String> {
+/// A number, decimal or 0x hexadecimal.
+pub(super) fn num(s: &str) -> Result<u64, String> {
     let r = match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16),
         None => s.parse(),
@@ -65,7 +66,8 @@ fn num(s: &str) -> Result<u64, String> {
     r.map_err(|_| alloc::format!("not a number: {s}"))
 }
 
-fn size(s: &str) -> Result<u64, String> {
+/// A size: a number with an optional K, M or G suffix.
+pub(super) fn size(s: &str) -> Result<u64, String> {
     let (n, mul) = match s.as_bytes().last() {
         Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
         Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),

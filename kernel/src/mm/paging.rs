@@ -132,3 +132,52 @@ pub fn map_mmio(pa: u64, len: u64) -> Result<u64, &'static str> {
     }
     Ok(pa)
 }
+
+/// The level-1 page tables covering `[va, va + pages * 4 KiB)`, made where
+/// missing (zeroed: every entry not present), one per 2 MiB of the range
+/// in order: their physical (= virtual) addresses, for the page cache,
+/// which writes those entries itself on its fault path. `va` must be
+/// 2 MiB aligned and in the lower half outside the RAM identity map; tables
+/// made stay for later regions at the same place (frames are never freed).
+pub fn l1_tables(va: u64, pages: u64) -> Result<alloc::vec::Vec<u64>, &'static str> {
+    if !va.is_multiple_of(TWO_MIB) {
+        return Err("region not 2 MiB aligned");
+    }
+    let end = pages
+        .checked_mul(4096)
+        .and_then(|l| va.checked_add(l))
+        .filter(|&e| e <= 0x0000_8000_0000_0000)
+        .ok_or("region outside the lower half")?;
+    let mut guard = MAPPER.lock();
+    let m = guard.as_mut().ok_or("paging not initialised")?;
+    let mut out = alloc::vec::Vec::new();
+    let mut a = va;
+    while a < end {
+        let v = VirtAddr::new(a);
+        let idx = [
+            usize::from(v.p4_index()),
+            usize::from(v.p3_index()),
+            usize::from(v.p2_index()),
+        ];
+        let mut table: &mut PageTable = m.level_4_table_mut();
+        for i in idx {
+            let e = &mut table[i];
+            if e.flags().contains(F::HUGE_PAGE) {
+                return Err("region overlaps a huge page");
+            }
+            if e.is_unused() {
+                let pa = frame::alloc_contiguous(4096, 4096, true)
+                    .ok_or("out of memory for page tables")?;
+                e.set_addr(PhysAddr::new(pa), F::PRESENT | F::WRITABLE);
+            }
+            let next = e.addr().as_u64();
+            // SAFETY: `next` is a page-table frame (made above or earlier
+            // by this function or the mapper), identity-mapped, reachable
+            // only through this entry and the mapper, whose lock is held.
+            table = unsafe { &mut *(next as *mut PageTable) };
+        }
+        out.push(core::ptr::from_mut(table) as u64);
+        a += TWO_MIB;
+    }
+    Ok(out)
+}
