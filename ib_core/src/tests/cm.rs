@@ -332,7 +332,10 @@ fn under_lmc_the_passive_side_answers_from_the_lid_it_was_called_on() {
         (A_LID, B_LID + 3)
     );
     let (rtr, _) = c.attrs(0, c.qp_a, QpState::Rtr);
-    assert_eq!((rtr.ah_attr.dlid, rtr.ah_attr.src_path_bits), (B_LID + 3, 0));
+    assert_eq!(
+        (rtr.ah_attr.dlid, rtr.ah_attr.src_path_bits),
+        (B_LID + 3, 0)
+    );
     // B's connection leaves from B_LID + 3 (Linux: the path reversed from
     // the REQ has the called LID as its SLID), so A sees the LID it called.
     let (rtr, _) = c.attrs(1, c.qp_b, QpState::Rtr);
