@@ -34,7 +34,7 @@ pub fn execute(line: &str) -> bool {
         return true;
     };
     let mut out = Console;
-    let ok = match commands::find(name) {
+    match commands::find(name) {
         Some(cmd) => match (cmd.run)(&mut out, args) {
             Ok(()) => true,
             Err(msg) => {
@@ -46,10 +46,7 @@ pub fn execute(line: &str) -> bool {
             let _ = writeln!(out, "{name}: command not found (type 'help' for the list)");
             false
         }
-    };
-    // Port transitions that happened while the command held the adapters.
-    crate::hca::log_port_events();
-    ok
+    }
 }
 
 /// Runs `;`-separated commands as if typed, echoing each after the prompt.
