@@ -526,7 +526,7 @@ mod tests {
                         Ok(seg) => {
                             let s = seg as usize;
                             assert!(
-                                s % len == 0 && s + len <= SEGS,
+                                s.is_multiple_of(len) && s + len <= SEGS,
                                 "{}: block {seg} of order {order}",
                                 ctx()
                             );
