@@ -13,6 +13,9 @@ use core::sync::atomic::{Ordering, compiler_fence};
 /// Full barrier: orders all earlier loads and stores before all later ones.
 #[inline(always)]
 pub fn mb() {
+    record!(crate::fake::record::Access::Barrier(
+        crate::fake::record::Barrier::Mb
+    ));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `mfence` only orders memory accesses; it has no other effect.
     unsafe {
@@ -25,6 +28,9 @@ pub fn mb() {
 /// Read barrier: earlier loads complete before later loads.
 #[inline(always)]
 pub fn rmb() {
+    record!(crate::fake::record::Access::Barrier(
+        crate::fake::record::Barrier::Rmb
+    ));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `lfence` only orders loads; it has no other effect.
     unsafe {
@@ -38,6 +44,9 @@ pub fn rmb() {
 /// mailbox and HCR fields before the GO bit, a WQE before its doorbell).
 #[inline(always)]
 pub fn wmb() {
+    record!(crate::fake::record::Access::Barrier(
+        crate::fake::record::Barrier::Wmb
+    ));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sfence` only orders stores; it has no other effect.
     unsafe {
@@ -51,6 +60,9 @@ pub fn wmb() {
 /// a CQE/EQE).
 #[inline(always)]
 pub fn dma_rmb() {
+    record!(crate::fake::record::Access::Barrier(
+        crate::fake::record::Barrier::DmaRmb
+    ));
     compiler_fence(Ordering::SeqCst);
 }
 
@@ -58,5 +70,8 @@ pub fn dma_rmb() {
 /// bit or doorbell record).
 #[inline(always)]
 pub fn dma_wmb() {
+    record!(crate::fake::record::Access::Barrier(
+        crate::fake::record::Barrier::DmaWmb
+    ));
     compiler_fence(Ordering::SeqCst);
 }

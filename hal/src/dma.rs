@@ -325,6 +325,10 @@ macro_rules! accessors {
             let p = self.ptr(off, core::mem::size_of::<$t>());
             // SAFETY: as in the load.
             unsafe { p.cast::<$t>().write_volatile(v) }
+            record!(crate::fake::record::Access::Store {
+                addr: p as usize,
+                len: core::mem::size_of::<$t>(),
+            });
         }
         #[doc = concat!("Loads a big-endian `", stringify!($t), "` at `off`.")]
         #[inline]
@@ -387,6 +391,10 @@ impl DmaWindow<'_> {
             core::ptr::copy_nonoverlapping(src.as_ptr(), self.cpu.as_ptr().add(off), src.len())
         };
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        record!(crate::fake::record::Access::Store {
+            addr: self.cpu.as_ptr() as usize + off,
+            len: src.len(),
+        });
     }
 }
 
@@ -457,6 +465,10 @@ impl<const N: usize> DmaBlock<'_, N> {
             core::ptr::copy_nonoverlapping(src.as_ptr(), self.cpu.as_ptr().add(off), src.len())
         };
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        record!(crate::fake::record::Access::Store {
+            addr: self.cpu.as_ptr() as usize + off,
+            len: src.len(),
+        });
     }
 }
 
@@ -558,6 +570,13 @@ impl DmaBuf {
         &self.pool
     }
 
+    /// The CPU address of byte 0, as a number (where [`crate::fake::record`]
+    /// places a store).
+    #[cfg(any(test, feature = "fake"))]
+    pub(crate) fn cpu_addr(&self) -> usize {
+        self.region.cpu.as_ptr() as usize
+    }
+
     #[inline(always)]
     fn region(&self) -> &DmaRegion {
         &self.region
@@ -599,6 +618,10 @@ impl DmaBuf {
         // `src` is ordinary memory that cannot overlap a DMA region we own.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        record!(crate::fake::record::Access::Store {
+            addr: p as usize,
+            len: src.len(),
+        });
     }
 
     /// Copies bytes at `off` out into `dst`.
@@ -635,6 +658,10 @@ impl DmaBuf {
         // SAFETY: the range is inside the region (checked above).
         unsafe { core::ptr::write_bytes(p, byte, len) };
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        record!(crate::fake::record::Access::Store {
+            addr: p as usize,
+            len,
+        });
     }
 }
 

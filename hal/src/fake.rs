@@ -7,12 +7,15 @@
 //! Tests use these directly; the device model builds its BAR backends and its
 //! DMA on top of [`ArenaDma`]'s device view, so the model reaches host memory
 //! only by bus address, as a card does. (The arena lives in [`crate::dma`],
-//! where `unsafe` is allowed; this module has none.)
+//! where `unsafe` is allowed; this module has none.) [`record`] logs the
+//! driver's DMA stores, barriers and register writes in program order.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use core::time::Duration;
+
+pub mod record;
 
 pub use crate::dma::arena::ArenaDma;
 use crate::mmio::RegisterBackend;

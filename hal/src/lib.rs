@@ -19,6 +19,16 @@
 
 extern crate alloc;
 
+/// Records an access for [`fake::record`] where its hooks are compiled in
+/// (debug builds with the fake); nothing otherwise, so the kernel's and
+/// every release build's accessors are unchanged.
+macro_rules! record {
+    ($a:expr) => {
+        #[cfg(all(any(test, feature = "fake"), debug_assertions))]
+        $crate::fake::record::note($a);
+    };
+}
+
 #[allow(unsafe_code)]
 pub mod barrier;
 pub mod be;

@@ -179,6 +179,11 @@ impl Bar {
             Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u32>().write_volatile(value) },
             Io::Backend(b) => b.write32(off, value),
         }
+        record!(crate::fake::record::Access::Mmio {
+            off,
+            len: 4,
+            value: u64::from(value),
+        });
     }
 
     /// One 64-bit store at `offset` (8-byte aligned) without swapping.
@@ -194,6 +199,7 @@ impl Bar {
             Io::Mmio(base) => unsafe { base.as_ptr().add(off).cast::<u64>().write_volatile(value) },
             Io::Backend(b) => b.write64(off, value),
         }
+        record!(crate::fake::record::Access::Mmio { off, len: 8, value });
     }
 
     /// Loads a big-endian 32-bit register (Linux `swab32(readl())`).
@@ -266,6 +272,11 @@ impl Doorbell {
             },
             Io::Backend(b) => b.write32(self.off, v),
         }
+        record!(crate::fake::record::Access::Mmio {
+            off: self.off,
+            len: 4,
+            value: u64::from(v),
+        });
     }
 }
 

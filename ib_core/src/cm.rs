@@ -1458,7 +1458,7 @@ fn cm_req_handler(
     // cm_init_av_by_path: our GID (the REQ's remote GID; a zero GID is
     // taken as "this port") and the P_Key must be this port's, or the REQ
     // is refused "invalid GID" with our GID in the ARI, as Linux does.
-    let (sgid_index, pkey_index, our_gid) =
+    let (sgid_index, pkey_index, our_gid, lmc) =
         match core.device(dev).and_then(|d| d.port_cache(r.port).ok()) {
             Some(pc) => (
                 if p_is_zero(&req.primary.remote_gid) {
@@ -1468,8 +1468,9 @@ fn cm_req_handler(
                 },
                 pc.find_pkey(req.pkey).ok(),
                 pc.get_gid(0).ok(),
+                pc.lmc,
             ),
-            None => (None, None, None),
+            None => (None, None, None, 0),
         };
     let (Some(sgid_index), Some(pkey_index)) = (sgid_index, pkey_index) else {
         let (their_local, _) = comm_ids(&r.mad);
@@ -1491,12 +1492,22 @@ fn cm_req_handler(
         return;
     };
     // cm_format_paths_from_req + cm_init_av_by_path: the reverse of the
-    // REQ's primary path.
+    // REQ's primary path. Its SLID is the LID the peer called (the REQ's
+    // remote LID), so under LMC the answers leave from that LID's path
+    // bits, not from the base LID (a card drops RC packets whose SLID is
+    // not the QP's remote LID).
+    // A routed REQ may name no LID (permissive): then the path bits it
+    // arrived at (cm_process_routed_req).
     let p = &req.primary;
+    let called = if p.remote_lid == crate::verbs::IB_LID_PERMISSIVE {
+        u16::from(r.wc.dlid_path_bits)
+    } else {
+        p.remote_lid
+    };
     let mut av = AhAttr {
         dlid: p.local_lid,
         sl: p.sl,
-        src_path_bits: 0,
+        src_path_bits: (called & ((1u16 << lmc.min(7)) - 1)) as u8,
         static_rate: p.packet_rate,
         port_num: r.port,
         grh: None,

@@ -23,6 +23,7 @@
 //! * [`pingpong`]: `ibv_rc_pingpong`, `ibv_ud_pingpong`.
 //! * [`ibnetdiscover`]: the directed-route walk and the topology file.
 //! * [`ibping`]: the client, and the responder the kernel runs from boot.
+//! * [`port_events`]: the line the console prints for each port transition.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -35,3 +36,4 @@ pub mod ibnetdiscover;
 pub mod ibping;
 pub mod perftest;
 pub mod pingpong;
+pub mod port_events;

@@ -19,6 +19,7 @@ use core::fmt::Write;
 use ib_core::IbCore;
 use ib_core::device::DeviceId;
 use ib_core::verbs::{Event, EventElement, EventType, IbDevice};
+use ib_tools::port_events::PortLog;
 use mlx4_core::{Profile, mlx4_err};
 use mlx4_ib::Mlx4IbDev;
 
@@ -65,92 +66,24 @@ static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 /// loop from boot on (a node busy in a console command answers after it).
 static PING: spin::Mutex<Vec<ib_tools::ibping::Responder>> = spin::Mutex::new(Vec::new());
 
-/// Port events waiting for [`poll`] to log them (at most
-/// [`PORT_EVENTS_MAX`]; more are counted and said once).
-static PORT_EVENTS: spin::Mutex<Vec<PortEvent>> = spin::Mutex::new(Vec::new());
-/// Port events dropped because [`PORT_EVENTS`] was full.
-static PORT_EVENTS_LOST: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
-const PORT_EVENTS_MAX: usize = 64;
-
-/// A port event as dispatched: by which adapter, and when (microseconds
-/// since kernel entry; a console command holding the adapters delays the
-/// line, not the figure).
-struct PortEvent {
-    name: String,
-    id: DeviceId,
-    event: Event,
-    at_us: u64,
-}
-
 /// ib_core's event handler: a catastrophic error is acted on at once; port
-/// events are queued and logged by [`poll`], which can read the port's new
-/// LID and SM LID (the handler runs inside ib_core and cannot).
+/// transitions are logged by the [`PortLog`] client as they are
+/// dispatched (the rarer port events here, at debug level).
 fn on_event(name: &str, id: DeviceId, e: &Event) {
     match (e.event, e.element) {
         (EventType::DeviceFatal, _) => {
             log::error!("{name}: catastrophic error: the HCA needs a reset");
             FATAL.lock().push(id);
         }
-        (_, EventElement::Port(_)) => {
-            let mut q = PORT_EVENTS.lock();
-            if q.len() < PORT_EVENTS_MAX {
-                q.push(PortEvent {
-                    name: String::from(name),
-                    id,
-                    event: *e,
-                    at_us: crate::time::uptime_us(),
-                });
-            } else {
-                PORT_EVENTS_LOST.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-            }
-        }
+        (
+            EventType::PortActive
+            | EventType::PortErr
+            | EventType::LidChange
+            | EventType::SmChange
+            | EventType::ClientReregister,
+            EventElement::Port(_),
+        ) => {}
         (ev, el) => log::debug!("{name}: {} on {el:?}", ev.name()),
-    }
-}
-
-/// The words of Linux's sysfs `ports/N/state` (ib_core `state_show`).
-fn state_word(s: Option<ib_core::verbs::PortState>) -> &'static str {
-    use ib_core::verbs::PortState as S;
-    match s {
-        Some(S::Down) => "DOWN",
-        Some(S::Init) => "INIT",
-        Some(S::Armed) => "ARMED",
-        Some(S::Active) => "ACTIVE",
-        Some(S::ActiveDefer) => "ACTIVE_DEFER",
-        _ => "NOP",
-    }
-}
-
-/// Logs one port transition per line, in the words of Linux's sysfs
-/// (`state`, `lid`, `sm_lid` under `/sys/class/infiniband/mlx4_0/ports/1/`):
-/// the state changes with the LID and SM LID the port now has, LID and
-/// SM changes with the new values, and a client re-register request. The
-/// ACTIVE line also says how long after kernel entry the event came (the
-/// figure `tests/tests/qemu_subnet.rs` reads).
-fn log_port_event(core: &IbCore, pe: &PortEvent) {
-    let PortEvent {
-        name,
-        id,
-        event: e,
-        at_us,
-    } = pe;
-    let EventElement::Port(p) = e.element else {
-        return;
-    };
-    let cache = core.device(*id).and_then(|d| d.port_cache(p).ok());
-    let (lid, sm_lid, state) = cache.map_or((0, 0, None), |c| (c.lid, c.sm_lid, c.state));
-    match e.event {
-        EventType::PortActive => log::info!(
-            "{name}: port {p} state: ACTIVE, lid 0x{lid:x}, sm_lid 0x{sm_lid:x} ({} after kernel entry)",
-            Ms(*at_us)
-        ),
-        EventType::PortErr => log::info!("{name}: port {p} state: {}", state_word(state)),
-        EventType::LidChange => log::info!("{name}: port {p}: lid changed to 0x{lid:x}"),
-        EventType::SmChange => log::info!("{name}: port {p}: sm_lid changed to 0x{sm_lid:x}"),
-        EventType::ClientReregister => {
-            log::info!("{name}: port {p}: the SM asks clients to re-register")
-        }
-        ev => log::debug!("{name}: port {p}: {}", ev.name()),
     }
 }
 
@@ -165,6 +98,13 @@ pub fn init() {
         core: IbCore::new(Arc::new(TscClock)),
         hcas: Vec::new(),
     };
+    // Each port transition, logged when it is dispatched (by the idle
+    // loop, or by a console command polling ib_core while it waits), with
+    // the time it came.
+    ib.core.register_client(Box::new(PortLog::new(
+        Box::new(|line| log::info!("{line}")),
+        Box::new(crate::time::uptime_us),
+    )));
     for d in pci::devices()
         .iter()
         .filter(|d| d.vendor == 0x15b3 && matches!(d.device, 0x1003 | 0x1007))
@@ -259,7 +199,6 @@ pub fn poll() {
     for r in PING.lock().iter_mut() {
         r.poll(&mut ib.core);
     }
-    drain_port_events(&ib.core);
     let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
     for id in fatal {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {
@@ -279,27 +218,6 @@ pub fn poll() {
             }
             Err(e) => log::error!("{}: ib_unregister_device failed: {e}", h.name),
         }
-    }
-}
-
-fn drain_port_events(core: &IbCore) {
-    let events: Vec<PortEvent> = core::mem::take(&mut *PORT_EVENTS.lock());
-    for pe in &events {
-        log_port_event(core, pe);
-    }
-    let lost = PORT_EVENTS_LOST.swap(0, core::sync::atomic::Ordering::Relaxed);
-    if lost > 0 {
-        log::warn!("ib: {lost} port event(s) not logged (too many at once)");
-    }
-}
-
-/// Logs the port events that came while a console command held the
-/// adapters (the shell calls it after each command; never blocks).
-pub fn log_port_events() {
-    if let Some(g) = IB.try_lock()
-        && let Some(ib) = g.as_ref()
-    {
-        drain_port_events(&ib.core);
     }
 }
 

@@ -369,6 +369,15 @@ fn ok(p: &Pair, what: &str) {
     );
 }
 
+/// The PSN on a perftest ` local address:` or ` remote address:` line.
+fn psn_of(out: &str, side: &str) -> Option<u32> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!(" {side} address:")))?;
+    let v = line.split(" PSN ").nth(1)?.split_whitespace().next()?;
+    u32::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+}
+
 #[test]
 fn every_perftest_tool_with_check_several_in_one_boot() {
     let Net {
@@ -409,6 +418,24 @@ fn every_perftest_tool_with_check_several_in_one_boot() {
         assert!(
             p.server_out.contains(" local address: LID"),
             "{name}: server's address lines\n{}",
+            p.server_out
+        );
+        // Each side prints the PSN the other's CM message named: the
+        // client's remote PSN is the server's local one and back.
+        let (cl, cr) = (psn_of(c, "local"), psn_of(c, "remote"));
+        let (sl, sr) = (
+            psn_of(&p.server_out, "local"),
+            psn_of(&p.server_out, "remote"),
+        );
+        assert!(
+            cl.is_some_and(|v| v != 0) && sl.is_some_and(|v| v != 0),
+            "{name}: both local PSNs printed\n{c}\n{}",
+            p.server_out
+        );
+        assert_eq!(
+            (cr, sr),
+            (sl, cl),
+            "{name}: each side prints the peer's PSN\n--- client:\n{c}\n--- server:\n{}",
             p.server_out
         );
     }

@@ -729,3 +729,83 @@ fn a_burst_of_mads_reads_the_pkey_from_the_cache_not_through_mad_ifc() {
     n.a.core.unregister_mad_agent(sm).unwrap();
     n.finish();
 }
+
+/// One PMA PortCounters answer: from the right class, attribute and
+/// port, with PortRcvPkts (which counts every request the port received).
+fn pma_answer(r: &Mad) -> u32 {
+    assert_eq!(
+        (r.mgmt_class(), r.method(), r.status(), r.attr_id()),
+        (class::PERF_MGMT, method::GET_RESP, 0, PORT_COUNTERS)
+    );
+    assert_eq!(r.0[64 + 1], 1, "PortSelect echoed");
+    u32::from_be_bytes(r.0[64 + 36..64 + 40].try_into().unwrap())
+}
+
+/// More MADs through QP0 and through QP1 than their send rings hold, on
+/// both nodes (A's requests, B's answers): ib_core's 128 send WRs make a
+/// 256-WQE ring (128 plus 2048 / 256 + 1 spare WQEs of 256 bytes, rounded
+/// up to a power of two), so 600 of each pass every slot twice, with the
+/// owner bit flipped, and the model refuses a WQE whose owner bit or
+/// stamp is wrong. Every answer is checked: the peer's NodeInfo by
+/// directed route and by LID, and the peer's PortCounters, whose packet
+/// count grows with each request.
+#[test]
+fn a_burst_past_the_special_qps_send_rings_gets_every_answer_checked() {
+    const BURST: usize = 600;
+    let mut n = net();
+    let smi = agent(&mut n.a, QpType::Smi);
+    let gsi = agent(&mut n.a, QpType::Gsi);
+    let b_guid = n.b.guid;
+    let before = n.b.core.mad_counters(n.b.dev, 1).unwrap();
+    let mut last_rcv = 0u32;
+    for i in 0..BURST {
+        // QP0: B's NodeInfo, by directed route and by LID in turn.
+        let buf = if i % 2 == 0 {
+            dr_get(&[1, 2])
+        } else {
+            let m = Mad::new_request(class::SUBN_LID_ROUTED, 1, method::GET, NODE_INFO, 0);
+            let mut b = MadSendBuf::new(
+                m,
+                AhAttr {
+                    dlid: n.b.lid,
+                    port_num: 1,
+                    ..AhAttr::default()
+                },
+                0,
+            );
+            b.timeout_ms = 50;
+            b
+        };
+        let (st, resp, _) = n.request(true, smi, buf, 1_000_000_000);
+        assert_eq!(st, WcStatus::Success, "SMP {i}");
+        let r = resp.unwrap_or_else(|| panic!("SMP {i}: no answer"));
+        assert_eq!(
+            (r.method(), r.status() & 0x7fff, node_guid(&r)),
+            (method::GET_RESP, 0, b_guid),
+            "SMP {i}: B's NodeInfo"
+        );
+        assert_eq!(r.smp_data()[2], 1, "SMP {i}: node type CA");
+        // QP1: B's PortCounters.
+        let (st, resp, _) = n.request(true, gsi, pma_get(n.b.lid), 1_000_000_000);
+        assert_eq!(st, WcStatus::Success, "PMA query {i}");
+        let rcv = pma_answer(&resp.unwrap_or_else(|| panic!("PMA query {i}: no answer")));
+        assert!(
+            rcv > last_rcv,
+            "PMA query {i}: PortRcvPkts {rcv} after {last_rcv}"
+        );
+        last_rcv = rcv;
+    }
+    let after = n.b.core.mad_counters(n.b.dev, 1).unwrap();
+    assert_eq!(
+        after.process_mad_replies - before.process_mad_replies,
+        2 * BURST as u64,
+        "B's driver answered every one"
+    );
+    for node in [&n.a, &n.b] {
+        let c = node.core.mad_counters(node.dev, 1).unwrap();
+        assert_eq!(c.drop_smi, 0);
+    }
+    n.a.core.unregister_mad_agent(smi).unwrap();
+    n.a.core.unregister_mad_agent(gsi).unwrap();
+    n.finish();
+}

@@ -414,6 +414,64 @@ fn port_events_reach_ib_core_clients_and_the_cache() {
     assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
 }
 
+/// The console's port lines (`ib_tools::port_events`, which the kernel
+/// registers) come while ib_core is polled, as a running command polls it,
+/// each with the time of its dispatch, DOWN included.
+#[test]
+fn port_transitions_are_logged_as_they_are_polled_with_their_time() {
+    let hca = sync_hca();
+    let ib = add(&hca);
+    let mut core = core(&hca);
+    let lines = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
+    let (l, clock, c2) = (lines.clone(), hca.clock(), hca.clock());
+    core.register_client(Box::new(ib_tools::port_events::PortLog::new(
+        Box::new(move |s| {
+            l.lock()
+                .unwrap()
+                .push((clock.now_ns() / 1000, s.to_string()))
+        }),
+        Box::new(move || c2.now_ns() / 1000),
+    )));
+    core.register_device(Box::new(ib))
+        .map_err(|e| e.error)
+        .unwrap();
+    let wait_line = |core: &mut IbCore, pat: &str| -> (u64, String) {
+        let t0 = hca.clock().now_ns() / 1000;
+        let got = core
+            .poll_until(Duration::from_secs(1), |c| {
+                c.poll();
+                lines
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|(_, s)| s.contains(pat))
+                    .cloned()
+            })
+            .unwrap_or_else(|_| panic!("no {pat:?} line: {:?}", lines.lock().unwrap()));
+        assert!(got.0 >= t0, "logged during this poll: {got:?}");
+        got
+    };
+    assert!(tests::sm::sm_activate(&hca, 1, 0x11, 0x1));
+    let (_, up) = wait_line(&mut core, "state: ACTIVE");
+    assert!(
+        up.starts_with("mlx4_0: port 1 state: ACTIVE, lid 0x11, sm_lid 0x1 (")
+            && up.ends_with(" ms after kernel entry)"),
+        "{up}"
+    );
+    assert!(hca.set_link(1, false));
+    let (at, down) = wait_line(&mut core, "state: DOWN");
+    assert_eq!(
+        down,
+        format!(
+            "mlx4_0: port 1 state: DOWN ({}.{:03} ms after kernel entry)",
+            at / 1000,
+            at % 1000
+        ),
+        "the DOWN line carries the time it was dispatched"
+    );
+    assert!(hca.violations().is_empty(), "{:#?}", hca.violations());
+}
+
 #[test]
 fn process_mad_answers_through_the_sma_and_snoops_sets() {
     let hca = sync_hca();

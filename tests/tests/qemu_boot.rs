@@ -168,6 +168,31 @@ fn interactive_console_edits_lines_and_survives_bad_input() {
 }
 
 #[test]
+fn typeahead_reaches_the_next_prompt_and_ctrl_c_still_interrupts() {
+    let mut c = Console::boot(NO_HCA, DEADLINE);
+    c.wait_for("lego> ");
+    // `retry` looks for Ctrl-C while it waits: what is typed meanwhile is
+    // kept for the next prompt, not swallowed.
+    c.send("retry -n 3 -i 1 sleep x\r");
+    c.wait_for("retry: sleep failed (1 of 3); again in 1 s");
+    c.send("uptime\r");
+    c.wait_for("retry: sleep failed 3 times");
+    c.wait_for("lego> uptime");
+    c.wait_for("since kernel entry");
+    c.wait_for("lego> ");
+    // Ctrl-C still interrupts, and discards what was typed before it (a
+    // tty flushes its input on SIGINT).
+    c.send("retry -n 5 -i 2 sleep x\r");
+    c.wait_for("retry: sleep failed (1 of 5); again in 2 s");
+    c.send("uptime\r\x03");
+    c.wait_for("retry: interrupted after 1 failed tries of sleep");
+    c.send("poweroff\r");
+    let rest = c.wait_for("Power down.");
+    assert!(!rest.contains("since kernel entry"), "{rest}");
+    assert_eq!(c.wait_exit(), 0);
+}
+
+#[test]
 fn grub_iso_boots_to_the_same_console() {
     let r = qemu::run("meminfo", &["--no-hca", "--iso"], DEADLINE);
     assert_eq!(r.status, 0, "{}", r.transcript);

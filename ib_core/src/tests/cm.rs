@@ -312,6 +312,41 @@ fn connect_accept_disconnect_drive_both_qps_with_the_negotiated_attributes() {
 }
 
 #[test]
+fn under_lmc_the_passive_side_answers_from_the_lid_it_was_called_on() {
+    let mut c = cm_rig();
+    // B's port has four LIDs, B_LID to B_LID + 3; A calls the last one.
+    lock(&c.r.world).hcas[1].ports[0].lmc = 2;
+    c.r.core.device_mut(c.r.b).unwrap().cache_update(1).unwrap();
+    let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();
+    let mut p = c.req();
+    p.path.dlid = B_LID + 3;
+    let a = cm::send_req(&mut c.r.core, c.cm, c.r.a, 1, &p).unwrap();
+    let b = c.wait_req(listen);
+    let rp = c.rep();
+    cm::send_rep(&mut c.r.core, c.cm, b, &rp).unwrap();
+    assert!(matches!(c.wait(a), CmEvent::Established { .. }));
+    assert!(matches!(c.wait(b), CmEvent::Established { .. }));
+    let req = CmReq::unpack(&c.sent(0, cm_attr::REQ)[0]);
+    assert_eq!(
+        (req.primary.local_lid, req.primary.remote_lid),
+        (A_LID, B_LID + 3)
+    );
+    let (rtr, _) = c.attrs(0, c.qp_a, QpState::Rtr);
+    assert_eq!(
+        (rtr.ah_attr.dlid, rtr.ah_attr.src_path_bits),
+        (B_LID + 3, 0)
+    );
+    // B's connection leaves from B_LID + 3 (Linux: the path reversed from
+    // the REQ has the called LID as its SLID), so A sees the LID it called.
+    let (rtr, _) = c.attrs(1, c.qp_b, QpState::Rtr);
+    assert_eq!(
+        (rtr.ah_attr.dlid, rtr.ah_attr.src_path_bits),
+        (A_LID, 3),
+        "the passive side answers from the LID it was called on"
+    );
+}
+
+#[test]
 fn reject_with_reason_and_private_data() {
     let mut c = cm_rig();
     let listen = cm::listen(&mut c.r.core, c.cm, c.r.b, SID).unwrap();

@@ -34,8 +34,8 @@ use hal::Deadline;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpAttrMask, QpCap, QpInitAttr, QpType,
-    RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpAttrMask, QpCap, QpInitAttr, QpState,
+    QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -583,7 +583,7 @@ fn serve(
     let remote = Dest {
         lid: remote_lid,
         qpn: remote_qpn,
-        psn: 0,
+        psn: peer_psn(env, id),
         rkey: hello.rkey,
         vaddr: hello.vaddr,
         out_reads: q.out_reads,
@@ -656,7 +656,7 @@ fn client(
     let remote = Dest {
         lid: remote_lid,
         qpn: remote_qpn,
-        psn: 0,
+        psn: peer_psn(env, id),
         rkey: reply.rkey,
         vaddr: reply.vaddr,
         out_reads: p.out_reads,
@@ -670,6 +670,13 @@ fn client(
     let _ = writeln!(out, "{RESULT_LINE}");
     await_done(env, id).map_err(|m| (m, Some(id)))?;
     Ok(id)
+}
+
+/// The starting PSN the peer's CM message named (the client's REQ for the
+/// server, the server's REP for the client): the PSN our QP sends from,
+/// as the CM gives it for RTS.
+fn peer_psn(env: &mut Env<'_>, id: CmId) -> u32 {
+    cm::init_qp_attr(env.core, env.cm, id, QpState::Rts).map_or(0, |(a, _)| a.sq_psn)
 }
 
 /// Posts receives with these ids; id `w` lands in slot `w % slots`, or in

@@ -405,7 +405,7 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         );
         while !end.expired(&crate::time::TscClock) {
             crate::hca::poll();
-            if crate::serial::try_read() == Some(0x03) {
+            if crate::console::ctrl_c() {
                 return Err(format!(
                     "interrupted after {attempt} failed tries of {name}"
                 ));

@@ -54,7 +54,7 @@ fn run(
         let Ib { core, hcas } = ib;
         let (dev, _) = super::perftest::pick(hcas, ca, |n| alloc::format!("CA '{n}' not found"))?;
         let src = Src { dev, port };
-        let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+        let mut ctrl_c = || crate::console::ctrl_c();
         tool(core, sa, src, &rest, &mut ctrl_c, out)
     })
     .unwrap_or_else(|| {

@@ -1,9 +1,10 @@
 //! The serial console shell.
 //!
-//! A line editor (backspace, Ctrl-U, Ctrl-C, history on the arrow keys), the
-//! command table, and the scripted mode behind `run-qemu.sh --run`, which runs
-//! commands from the kernel command line and exits with success only if every one
-//! of them succeeded.
+//! A line editor (backspace, Ctrl-U, Ctrl-C, history on the arrow keys; the
+//! `line_edit` crate), typeahead kept while a command runs, the command table,
+//! and the scripted mode behind `run-qemu.sh --run`, which runs commands from
+//! the kernel command line and exits with success only if every one of them
+//! succeeded.
 
 mod commands;
 mod diags;
@@ -17,11 +18,11 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt::Write;
 
+use line_edit::{Done, LineEditor, Typeahead};
+
 use crate::serial::{self, Console};
 
-/// Longest command line accepted.
-pub const MAX_LINE: usize = 256;
-const HISTORY: usize = 32;
+pub use line_edit::MAX_LINE;
 const PROMPT: &str = "lego> ";
 
 /// Outcome of a command: `Err` carries the message printed after the command's
@@ -35,7 +36,7 @@ pub fn execute(line: &str) -> bool {
         return true;
     };
     let mut out = Console;
-    let ok = match commands::find(name) {
+    match commands::find(name) {
         Some(cmd) => match (cmd.run)(&mut out, args) {
             Ok(()) => true,
             Err(msg) => {
@@ -47,10 +48,7 @@ pub fn execute(line: &str) -> bool {
             let _ = writeln!(out, "{name}: command not found (type 'help' for the list)");
             false
         }
-    };
-    // Port transitions that happened while the command held the adapters.
-    crate::hca::log_port_events();
-    ok
+    }
 }
 
 /// Runs `;`-separated commands as if typed, echoing each after the prompt.
@@ -67,144 +65,54 @@ pub fn run_script(script: &str) -> bool {
     ok
 }
 
-enum Key {
-    Char(u8),
-    Enter,
-    Backspace,
-    KillLine,
-    Cancel,
-    Up,
-    Down,
-    Ignore,
-}
+/// Bytes typed while a command runs, for the next prompt.
+static TYPEAHEAD: spin::Mutex<Typeahead> = spin::Mutex::new(Typeahead::new());
 
-/// Decodes input bytes, including the VT100 arrow-key sequences.
-struct Decoder {
-    esc: u8,
-}
-
-impl Decoder {
-    fn feed(&mut self, b: u8) -> Key {
-        match (self.esc, b) {
-            (0, 0x1b) => {
-                self.esc = 1;
-                Key::Ignore
-            }
-            (1, b'[') => {
-                self.esc = 2;
-                Key::Ignore
-            }
-            (2, b) => {
-                self.esc = 0;
-                match b {
-                    b'A' => Key::Up,
-                    b'B' => Key::Down,
-                    _ => Key::Ignore,
-                }
-            }
-            (1, _) => {
-                self.esc = 0;
-                Key::Ignore
-            }
-            (_, b'\r' | b'\n') => Key::Enter,
-            (_, 0x7f | 0x08) => Key::Backspace,
-            (_, 0x15) => Key::KillLine,
-            (_, 0x03) => Key::Cancel,
-            (_, b) if (0x20..0x7f).contains(&b) => Key::Char(b),
-            _ => Key::Ignore,
-        }
+/// Whether Ctrl-C was typed since the last look: what a running command
+/// calls while it waits. Every other byte waiting on the serial line is
+/// kept for the next prompt (a Ctrl-C discards those typed before it).
+pub fn ctrl_c() -> bool {
+    let mut t = TYPEAHEAD.lock();
+    let mut hit = false;
+    while let Some(b) = serial::try_read() {
+        hit |= t.take(b);
     }
+    hit
+}
+
+/// The next input byte: typeahead first, then the serial line.
+fn next_byte() -> Option<u8> {
+    TYPEAHEAD.lock().pop().or_else(serial::try_read)
 }
 
 /// The interactive shell; never returns. `idle` runs whenever no input waits
 /// (the progress loop: drivers' event queues are polled from here).
 pub fn shell(mut idle: impl FnMut()) -> ! {
-    let mut history: Vec<String> = Vec::new();
-    let mut line = String::new();
-    let mut too_long = false;
-    let mut hist_pos = 0usize;
-    let mut dec = Decoder { esc: 0 };
-    let mut last_was_cr = false;
+    let mut ed = LineEditor::new();
+    let mut echo = |s: &str| serial::write_str(s);
     serial::write_str(PROMPT);
     loop {
-        let Some(b) = serial::try_read() else {
+        let Some(b) = next_byte() else {
             idle();
             core::hint::spin_loop();
             continue;
         };
-        // CR LF from a terminal is one Enter.
-        if b == b'\n' && last_was_cr {
-            last_was_cr = false;
+        let Some(done) = ed.feed(b, &mut echo) else {
             continue;
+        };
+        match done {
+            Done::Run(cmd) => {
+                execute(&cmd);
+            }
+            Done::TooLong => {
+                crate::println!("error: line too long (at most {MAX_LINE} characters); discarded")
+            }
+            Done::Empty | Done::Cancelled => {}
         }
-        last_was_cr = b == b'\r';
-        let key = dec.feed(b);
-        match key {
-            Key::Char(c) => {
-                if line.len() < MAX_LINE {
-                    line.push(c as char);
-                    serial::write_str(core::str::from_utf8(&[c]).unwrap_or("?"));
-                } else {
-                    too_long = true;
-                }
-            }
-            Key::Backspace => {
-                if line.pop().is_some() {
-                    serial::write_str("\x08 \x08");
-                }
-            }
-            Key::KillLine => {
-                for _ in 0..line.len() {
-                    serial::write_str("\x08 \x08");
-                }
-                line.clear();
-            }
-            Key::Cancel => {
-                serial::write_str("^C\n");
-                line.clear();
-                too_long = false;
-                serial::write_str(PROMPT);
-            }
-            Key::Up | Key::Down => {
-                let up = matches!(key, Key::Up);
-                let next = if up {
-                    hist_pos.checked_sub(1)
-                } else {
-                    (hist_pos < history.len()).then_some(hist_pos + 1)
-                };
-                if let Some(p) = next {
-                    hist_pos = p;
-                    for _ in 0..line.len() {
-                        serial::write_str("\x08 \x08");
-                    }
-                    line = history.get(p).cloned().unwrap_or_default();
-                    serial::write_str(&line);
-                }
-            }
-            Key::Enter => {
-                serial::write_str("\n");
-                if too_long {
-                    crate::println!(
-                        "error: line too long (at most {MAX_LINE} characters); discarded"
-                    );
-                } else {
-                    let cmd = line.trim();
-                    if !cmd.is_empty() {
-                        if history.last().is_none_or(|h| h != cmd) {
-                            if history.len() == HISTORY {
-                                history.remove(0);
-                            }
-                            history.push(String::from(cmd));
-                        }
-                        execute(cmd);
-                    }
-                }
-                line.clear();
-                too_long = false;
-                hist_pos = history.len();
-                serial::write_str(PROMPT);
-            }
-            Key::Ignore => {}
+        let dropped = TYPEAHEAD.lock().take_dropped();
+        if dropped > 0 {
+            crate::println!("({dropped} characters typed during the command were dropped)");
         }
+        serial::write_str(PROMPT);
     }
 }

@@ -86,7 +86,7 @@ fn with_env(ib_dev: Option<&str>, f: impl FnOnce(&mut Env<'_>) -> CmdResult) -> 
         let (sa, cm) = clients(ib);
         let Ib { core, hcas } = ib;
         let (dev, name) = pick(hcas, ib_dev, |n| alloc::format!("IB device {n} not found"))?;
-        let mut ctrl_c = || crate::serial::try_read() == Some(0x03);
+        let mut ctrl_c = || crate::console::ctrl_c();
         let mut env = Env {
             core,
             sa,

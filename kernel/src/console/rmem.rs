@@ -509,7 +509,7 @@ fn probe(
                 );
                 return Ok(());
             }
-            if crate::serial::try_read() == Some(0x03) {
+            if crate::console::ctrl_c() {
                 let _ = writeln!(out, "^C\nrmem: probe: {n} reads of {addr:#x}, all well");
                 return Ok(());
             }
@@ -583,7 +583,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
             if clients.is_some_and(|n| s.stats().hellos - before >= n && s.clients() == 0) {
                 break;
             }
-            if crate::serial::try_read() == Some(0x03) {
+            if crate::console::ctrl_c() {
                 let _ = writeln!(out, "^C");
                 break;
             }

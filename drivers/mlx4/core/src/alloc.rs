@@ -477,6 +477,104 @@ mod tests {
         assert!(Bitmap::new(12, 11, 0, 0).is_err());
     }
 
+    /// SplitMix64: a small deterministic PRNG for the property test.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// The buddy allocator against a reference bitmap of its segments,
+    /// over random runs of allocations and frees: every block handed out
+    /// is aligned, inside the range and overlaps no live one; an
+    /// allocation fails only when no aligned free block of its size is
+    /// left (eager merging keeps every such block whole); the free counts
+    /// add up to the free segments; freeing everything merges back into
+    /// the one block of the whole range.
+    #[test]
+    fn buddy_matches_a_reference_bitmap_over_random_runs() {
+        const MAX_ORDER: u32 = 8;
+        const SEGS: usize = 1 << MAX_ORDER;
+        for seed in 0..64u64 {
+            let mut rng = Rng(seed);
+            let mut b = Buddy::new(MAX_ORDER).unwrap();
+            let mut used = [false; SEGS];
+            let mut live: Vec<(u32, u32)> = Vec::new();
+            for step in 0..600 {
+                let ctx = || format!("seed {seed}, step {step}");
+                if live.is_empty() || rng.below(100) < 55 {
+                    // Small orders mostly, the whole range now and then.
+                    let order = match rng.below(10) {
+                        0..=5 => rng.below(3) as u32,
+                        6..=8 => rng.below(u64::from(MAX_ORDER)) as u32,
+                        _ => MAX_ORDER,
+                    };
+                    let len = 1usize << order;
+                    let fits = (0..SEGS)
+                        .step_by(len)
+                        .any(|s| used[s..s + len].iter().all(|u| !u));
+                    match b.alloc(order) {
+                        Ok(seg) => {
+                            let s = seg as usize;
+                            assert!(
+                                s.is_multiple_of(len) && s + len <= SEGS,
+                                "{}: block {seg} of order {order}",
+                                ctx()
+                            );
+                            assert!(
+                                used[s..s + len].iter().all(|u| !u),
+                                "{}: block {seg} of order {order} overlaps a live one",
+                                ctx()
+                            );
+                            used[s..s + len].fill(true);
+                            live.push((seg, order));
+                        }
+                        Err(e) => {
+                            assert_eq!(e, Error::NoMem, "{}", ctx());
+                            assert!(
+                                !fits,
+                                "{}: order {order} refused with an aligned free block left",
+                                ctx()
+                            );
+                        }
+                    }
+                } else {
+                    let (seg, order) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    b.free(seg, order);
+                    let s = seg as usize;
+                    used[s..s + (1 << order)].fill(false);
+                }
+                let free_segs: u64 = (0..=MAX_ORDER)
+                    .map(|o| u64::from(b.num_free_at(o)) << o)
+                    .sum();
+                assert_eq!(
+                    free_segs,
+                    used.iter().filter(|u| !**u).count() as u64,
+                    "{}: free counts",
+                    ctx()
+                );
+            }
+            for (seg, order) in live.drain(..) {
+                b.free(seg, order);
+            }
+            assert!(b.is_empty(), "seed {seed}: everything came back");
+            assert!(
+                (0..MAX_ORDER).all(|o| b.num_free_at(o) == 0),
+                "seed {seed}: merged into one block"
+            );
+            assert_eq!(b.alloc(MAX_ORDER), Ok(0));
+        }
+    }
+
     #[test]
     fn buddy_splits_and_merges() {
         let mut b = Buddy::new(4).unwrap();

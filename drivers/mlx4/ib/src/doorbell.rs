@@ -74,6 +74,14 @@ impl Db {
         }
     }
 
+    /// The page the records live in and where record `i` is in it (for
+    /// the tests of store order).
+    #[cfg(test)]
+    pub(crate) fn place(&self, i: usize) -> (Arc<DmaBuf>, core::ops::Range<usize>) {
+        let at = self.slot * 4 + i * 4;
+        (self.rec.buf().clone(), at..at + 4)
+    }
+
     /// Loads record `i` (0 for record 1 of a single record).
     pub fn read(&self, i: usize) -> u32 {
         match (i, &self.rec1) {

@@ -259,6 +259,47 @@ mod tests {
         assert!(srq_size(&caps, 10, 32).is_err());
     }
 
+    /// The WQEs, a barrier, then the doorbell record (hal's recording
+    /// fake gives the program order).
+    #[test]
+    #[cfg_attr(
+        not(debug_assertions),
+        ignore = "hal's recorder exists in debug builds only"
+    )]
+    fn wqes_are_ordered_before_the_doorbell_record() {
+        let (_pool, mut s) = srq(16, 1);
+        let (page, at) = s.db.place(0);
+        let sg = [Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 0x300,
+        }];
+        for n in [1usize, 3, 2] {
+            let wrs: Vec<RecvWr> = (0..n as u64)
+                .map(|i| RecvWr {
+                    wr_id: i,
+                    sg_list: &sg,
+                })
+                .collect();
+            let mut rec = hal::fake::record::Recording::start();
+            s.post_recv(&wrs).unwrap();
+            let log = rec.take();
+            drop(rec);
+            let db = log
+                .iter()
+                .rposition(|a| a.in_buf(&page) == Some(at.clone()))
+                .expect("the doorbell record is written");
+            let last = log[..db]
+                .iter()
+                .rposition(|a| a.in_buf(&s.buf).is_some())
+                .expect("WQE stores");
+            assert!(
+                log[last + 1..db].iter().any(|a| a.is_dma_store_barrier()),
+                "{log:?}"
+            );
+        }
+    }
+
     #[test]
     fn free_list_posting_and_terminator() {
         let (_pool, mut s) = srq(4, 2);

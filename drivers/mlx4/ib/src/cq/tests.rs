@@ -438,6 +438,34 @@ fn arm_doorbell_and_record() {
     assert_eq!(r.bed.uar_mem.bytes(0x20, 4), [0x21, 0, 0, 0x81]);
 }
 
+/// `mlx4_cq_arm`'s order, from hal's recording fake: the arm record in
+/// host memory, a `wmb`, then the MMIO doorbell (x86 keeps the stores in
+/// order without it). `set_ci` has no barrier in Linux and none here.
+#[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "hal's recorder exists in debug builds only"
+)]
+fn the_arm_record_is_ordered_before_the_arm_doorbell() {
+    let r = rig(8, true);
+    let (page, arm) = r.cq.db.place(1);
+    for (solicited, sn) in [(false, 1), (true, 2), (false, 3)] {
+        let mut rec = hal::fake::record::Recording::start();
+        r.cq.req_notify(solicited, sn);
+        let log = rec.take();
+        drop(rec);
+        assert!(
+            log.iter().any(|a| a.in_buf(&page) == Some(arm.clone())),
+            "the arm record is written: {log:?}"
+        );
+        assert_eq!(
+            crate::qp::tests::check_doorbells(&log, "arm"),
+            Ok(1),
+            "{log:?}"
+        );
+    }
+}
+
 #[test]
 fn cleaning_removes_one_qps_entries_and_keeps_the_rest() {
     let mut r = rig(8, true);

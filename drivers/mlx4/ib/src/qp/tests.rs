@@ -957,3 +957,351 @@ fn a_list_builds_the_wqes_of_single_posts() {
         list.sq.tail = list.sq.head;
     }
 }
+
+/// Where a handover in a recording went wrong, if it did. The WQE at `wqe`
+/// of `buf`: the last store to its first dword (owner and opcode) comes
+/// after every other store into the WQE, with a barrier ordering DMA
+/// stores between the last of them and it. And Linux's rule for the HCA's
+/// prefetch, that no 64-byte chunk looks valid before the contents written
+/// ahead of it: in every other chunk the recording wrote into, the last
+/// store to the chunk's first dword (a segment's byte count or header,
+/// over the stamp) has such a barrier after the chunk's stores before it.
+/// (Later stores into the same chunk are allowed there, as in Linux's MLX
+/// path, whose data and ICRC segments follow the header's second segment.)
+pub(crate) fn check_handover(
+    log: &[hal::fake::record::Access],
+    buf: &hal::DmaBuf,
+    wqe: core::ops::Range<usize>,
+    what: &str,
+) -> core::result::Result<(), alloc::string::String> {
+    let overlaps = |a: &core::ops::Range<usize>, b: &core::ops::Range<usize>| {
+        a.start < b.end && b.start < a.end
+    };
+    for chunk in wqe.clone().step_by(64) {
+        let c = chunk..(chunk + 64).min(wqe.end);
+        let head = chunk..chunk + 4;
+        let hits: Vec<(usize, core::ops::Range<usize>)> = log
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.in_buf(buf).filter(|r| overlaps(r, &c)).map(|r| (i, r)))
+            .collect();
+        if hits.is_empty() && chunk != wqe.start {
+            continue;
+        }
+        let Some(&(at, _)) = hits.iter().rev().find(|(_, r)| overlaps(r, &head)) else {
+            return Err(alloc::format!(
+                "{what}: the chunk at {chunk} is written but its first dword is not"
+            ));
+        };
+        if chunk == wqe.start {
+            // Nothing anywhere in the WQE after the owner store.
+            let later = log[at + 1..]
+                .iter()
+                .filter_map(|a| a.in_buf(buf))
+                .find(|r| overlaps(r, &wqe));
+            if let Some(r) = later {
+                return Err(alloc::format!(
+                    "{what}: store {r:?} after the owner store (access {at})"
+                ));
+            }
+        }
+        let before = if chunk == wqe.start {
+            log[..at]
+                .iter()
+                .rposition(|a| a.in_buf(buf).is_some_and(|r| overlaps(&r, &wqe)))
+        } else {
+            hits.iter().rev().map(|(i, _)| *i).find(|i| *i < at)
+        };
+        if let Some(b) = before
+            && !log[b + 1..at].iter().any(|a| a.is_dma_store_barrier())
+        {
+            return Err(alloc::format!(
+                "{what}: no barrier between a store (access {b}) and the first dword of the chunk at {chunk} (access {at}): {:?}",
+                &log[b..=at]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where a doorbell in a recording went wrong, if one did: each register
+/// write has a barrier that orders memory before MMIO (`wmb`) after the
+/// last store before it. Returns how many register writes there were.
+pub(crate) fn check_doorbells(
+    log: &[hal::fake::record::Access],
+    what: &str,
+) -> core::result::Result<usize, alloc::string::String> {
+    use hal::fake::record::Access;
+    let mut n = 0;
+    for (i, a) in log.iter().enumerate() {
+        if !matches!(a, Access::Mmio { .. }) {
+            continue;
+        }
+        n += 1;
+        if let Some(s) = log[..i]
+            .iter()
+            .rposition(|a| matches!(a, Access::Store { .. }))
+            && !log[s + 1..i].iter().any(|a| a.is_mmio_barrier())
+        {
+            return Err(alloc::format!(
+                "{what}: doorbell (access {i}) with no wmb after the store (access {s}): {:?}",
+                &log[s..=i]
+            ));
+        }
+    }
+    Ok(n)
+}
+
+/// Posts `wrs` on `qp` while recording, and checks each WQE's handover and
+/// the doorbell; the queue is then emptied as if every send completed.
+fn post_checked(b: &Bed, qp: &mut Mlx4IbQp, wrs: &[SendWr<'_>], what: &str) {
+    let head = qp.sq.head;
+    let mut rec = hal::fake::record::Recording::start();
+    qp.post_send(&b.ahs, wrs).unwrap();
+    let log = rec.take();
+    drop(rec);
+    assert_eq!(qp.sq.head, head.wrapping_add(wrs.len() as u32), "{what}");
+    let stride = 1usize << qp.sq.wqe_shift;
+    for ind in head..qp.sq.head {
+        let w = qp.send_wqe_offset(ind);
+        check_handover(
+            &log,
+            &qp.buf,
+            w..w + stride,
+            &alloc::format!("{what}, WQE {ind}"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let rung = check_doorbells(&log, what).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rung, 1, "{what}: one doorbell per post");
+    qp.sq.tail = qp.sq.head;
+}
+
+/// A barrier separates every WQE's body from the store of its owner and
+/// control words, and a `wmb` precedes every doorbell, on each path that
+/// builds a WQE: the straight lines (one SGE, inline), the general
+/// builder's staged copy (two and four SGEs, atomics) and its direct one
+/// (five SGEs, long inline data), lists mixing them, the MLX path of a special QP, and
+/// the receive queue's doorbell record, over several passes of each ring. The program order comes from hal's recording
+/// fake; on x86 the stores would be in order without the barriers.
+#[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "hal's recorder exists in debug builds only"
+)]
+fn barriers_separate_wqes_from_their_owner_stores_and_precede_doorbells() {
+    let mut b = Bed::new();
+    let mut cap = rc_cap(5);
+    cap.max_inline_data = 160;
+    let mut qp = b.qp(QpType::Rc, cap, false);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 7,
+    }; 5];
+    let data = [0x5au8; 150];
+    let write = SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::RdmaWrite,
+        sg_list: &sg[..1],
+        wr: WrDetail::Rdma {
+            remote_addr: 0x9000,
+            rkey: 3,
+        },
+        ..Default::default()
+    };
+    let inline = SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+        inline_data: &data[..60],
+        ..Default::default()
+    };
+    let long_inline = SendWr {
+        inline_data: &data,
+        ..inline
+    };
+    let two_sges = SendWr {
+        wr_id: 3,
+        opcode: WrOpcode::Send,
+        sg_list: &sg[..2],
+        ..Default::default()
+    };
+    let five_sges = SendWr {
+        sg_list: &sg,
+        ..two_sges
+    };
+    // 16 + 16 + 4 * 16 = 96 bytes: the staged copy's second chunk.
+    let write_four = SendWr {
+        sg_list: &sg[..4],
+        ..write
+    };
+    let atomic = SendWr {
+        wr_id: 4,
+        opcode: WrOpcode::AtomicFetchAndAdd,
+        sg_list: &sg[..1],
+        wr: WrDetail::Atomic {
+            remote_addr: 0x9000,
+            compare_add: 1,
+            swap: 0,
+            compare_add_mask: 0,
+            swap_mask: 0,
+            rkey: 3,
+        },
+        ..Default::default()
+    };
+    // Three passes over the ring, so every slot is built more than once
+    // and the owner bit flips.
+    let rounds = 3 * qp.sq.wqe_cnt as usize / 16 + 1;
+    for round in 0..rounds {
+        post_checked(
+            &b,
+            &mut qp,
+            &[write],
+            &alloc::format!("WRITE, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[inline],
+            &alloc::format!("inline SEND, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[two_sges],
+            &alloc::format!("two SGEs, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[write, two_sges, inline, atomic, write],
+            &alloc::format!("list, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[atomic],
+            &alloc::format!("atomic, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[five_sges],
+            &alloc::format!("five SGEs, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[write_four],
+            &alloc::format!("WRITE, 4 SGEs, round {round}"),
+        );
+        post_checked(
+            &b,
+            &mut qp,
+            &[long_inline, five_sges, write],
+            &alloc::format!("long list, round {round}"),
+        );
+    }
+
+    // The MLX path (QP0), with a header in two inline segments.
+    let ah = create_ib_ah(
+        &b.caps,
+        1,
+        &AhAttr {
+            dlid: 0xffff,
+            port_num: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ah = ib_core::verbs::Ah(b.ahs.insert(ah));
+    let mut cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let db = b.dbs.alloc(&b.pool, 0).unwrap();
+    let mut qp0 = Mlx4IbQp::detached(
+        QpType::Smi,
+        0x40,
+        &mut cap,
+        true,
+        HostMemory {
+            caps: &b.caps,
+            pool: &b.pool,
+            uar: b.uar(),
+            db: Some(db),
+        },
+    )
+    .unwrap();
+    qp0.sqp = Some(Sqp::default());
+    let mad = [Sge {
+        addr: 0x5000,
+        length: 256,
+        lkey: 3,
+    }];
+    let wr = SendWr {
+        sg_list: &mad,
+        wr: WrDetail::Ud {
+            ah,
+            remote_qpn: 0,
+            remote_qkey: 0,
+            pkey_index: 0,
+            port_num: 0,
+        },
+        ..Default::default()
+    };
+    for (i, len) in [28u8, 68, 28].into_iter().cycle().take(40).enumerate() {
+        let head = qp0.sq.head;
+        let mut h = FixedHeader((1..=len).collect());
+        let mut rec = hal::fake::record::Recording::start();
+        qp0.post_send_mlx(&b.ahs, &mut h, &[wr]).unwrap();
+        let log = rec.take();
+        drop(rec);
+        let w = qp0.send_wqe_offset(head);
+        let what = alloc::format!("MLX send {i}");
+        check_handover(&log, &qp0.buf, w..w + (1 << qp0.sq.wqe_shift), &what)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(check_doorbells(&log, &what), Ok(1));
+        qp0.sq.tail = qp0.sq.head;
+    }
+
+    // Receives: the WQEs, a barrier, then the doorbell record.
+    let (dbuf, rec_at) = qp.db.as_ref().unwrap().place(0);
+    for (i, n) in [1usize, 3, 1, 5].into_iter().cycle().take(12).enumerate() {
+        let wrs: Vec<RecvWr<'_>> = (0..n)
+            .map(|k| RecvWr {
+                wr_id: k as u64,
+                sg_list: &sg[..1],
+            })
+            .collect();
+        let mut rec = hal::fake::record::Recording::start();
+        qp.post_recv(&wrs).unwrap();
+        let log = rec.take();
+        drop(rec);
+        let what = alloc::format!("receive post {i} of {n}");
+        let at = log
+            .iter()
+            .rposition(|a| a.in_buf(&dbuf).is_some_and(|r| r == rec_at))
+            .unwrap_or_else(|| panic!("{what}: no doorbell record store"));
+        let last_wqe = log[..at]
+            .iter()
+            .rposition(|a| a.in_buf(&qp.buf).is_some())
+            .unwrap_or_else(|| panic!("{what}: no WQE store"));
+        assert!(
+            log[last_wqe + 1..at]
+                .iter()
+                .any(|a| a.is_dma_store_barrier()),
+            "{what}: no barrier between the WQEs and the doorbell record: {:?}",
+            &log[last_wqe..=at]
+        );
+        assert!(
+            !log[at + 1..].iter().any(|a| a.in_buf(&qp.buf).is_some()),
+            "{what}: a WQE store after the doorbell record"
+        );
+        qp.rq.tail = qp.rq.head;
+    }
+}
