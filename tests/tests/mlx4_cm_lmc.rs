@@ -9,7 +9,7 @@
 //! LID; the model does not check that yet, so the capture is the witness here.
 //! The ports are brought up by hand (no SM on this wire).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::PathRecord;

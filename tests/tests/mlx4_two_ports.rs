@@ -10,7 +10,7 @@
 //! peer's port-2 agent, with port 1's MAD counters left alone. The ports are
 //! brought up by hand (no SM on these wires).
 
-mod mlx4_common;
+use tests::mlx4_common;
 
 use ib_core::mad::{Mad, MadEvent, MadSendBuf, class, method};
 use ib_core::verbs::{AhAttr, IB_QP_SET_QKEY, QpType, WcStatus};
