@@ -157,13 +157,15 @@ fn log_port_event(core: &IbCore, pe: &PortEvent) {
 /// Probes every ConnectX-3 / ConnectX-3 Pro and registers it with ib_core.
 /// A failure is logged and leaves the shell usable.
 pub fn init() {
-    let Some(pool) = crate::mm::dma::pool() else {
-        log::error!("mlx4: no DMA pool; HCAs left alone");
-        return;
-    };
     let mut ib = Ib {
         core: IbCore::new(Arc::new(TscClock)),
         hcas: Vec::new(),
+    };
+    let Some(pool) = crate::mm::dma::pool() else {
+        log::error!("mlx4: no DMA pool; HCAs left alone");
+        // An empty core still carries the IP stack's links (lo).
+        *IB.lock() = Some(ib);
+        return;
     };
     for d in pci::devices()
         .iter()
