@@ -184,9 +184,12 @@ impl<C: ?Sized> phy::TxToken for Tx<'_, C> {
             self.counters.tx_carrier += 1;
             return Self::discard(self.scratch, len, f);
         }
-        let Some(buf) = self.link.tx_buffer(self.ctx, len) else {
-            self.counters.tx_dropped += 1;
-            return Self::discard(self.scratch, len, f);
+        let buf = match self.link.tx_buffer(self.ctx, len) {
+            Some(b) if b.len() >= len => &mut b[..len],
+            _ => {
+                self.counters.tx_dropped += 1;
+                return Self::discard(self.scratch, len, f);
+            }
         };
         let r = f(&mut buf[..]);
         // The destination, for the next hop.

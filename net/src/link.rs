@@ -15,7 +15,7 @@
 use core::fmt;
 
 use smoltcp::phy::Medium;
-pub use smoltcp::wire::Ipv4Address;
+pub use smoltcp::wire::{Ipv4Address, Ipv4Cidr};
 
 /// What a link is, in the words of `ip link` (`link/infiniband`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +254,13 @@ pub trait Link<C: ?Sized = ()>: Send {
     /// smoltcp's, which the stack shows itself).
     fn neighbours(&self, f: &mut dyn FnMut(&Neighbour)) {
         let _ = f;
+    }
+
+    /// The link's IPv4 addresses changed (`ip addr add|del`, the command
+    /// line): `addrs` is the whole new list. A link that resolves below
+    /// the trait answers ARP requests for these (and may announce them).
+    fn addrs_changed(&mut self, addrs: &[Ipv4Cidr]) {
+        let _ = addrs;
     }
 
     /// Housekeeping once per stack poll, before receiving: resolution

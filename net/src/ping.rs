@@ -212,17 +212,22 @@ pub fn fmt_g(num: u128, den: u128) -> String {
     }
 }
 
-/// The round trip as iputils prints it after `time=`: three decimals
-/// under 1 ms, two under 10, one under 100, none above.
-pub fn fmt_time(us: u64) -> String {
-    if us >= 100_000 - 50 {
-        format!("{} ms", (us + 500) / 1000)
-    } else if us >= 10_000 - 5 {
-        format!("{}.{:01} ms", (us + 50) / 1000, (us + 50) % 1000 / 100)
-    } else if us >= 1000 {
-        format!("{}.{:02} ms", (us + 5) / 1000, (us + 5) % 1000 / 10)
-    } else {
-        format!("{}.{:03} ms", us / 1000, us % 1000)
+/// The round trip of `us` microseconds as iputils prints it after `time=`:
+/// three decimals under 1 ms, two under 10, one under 100, none above.
+pub struct RoundTrip(pub u64);
+
+impl core::fmt::Display for RoundTrip {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let us = self.0;
+        if us >= 100_000 - 50 {
+            write!(f, "{} ms", (us + 500) / 1000)
+        } else if us >= 10_000 - 5 {
+            write!(f, "{}.{:01} ms", (us + 50) / 1000, (us + 50) % 1000 / 100)
+        } else if us >= 1000 {
+            write!(f, "{}.{:02} ms", (us + 5) / 1000, (us + 5) % 1000 / 10)
+        } else {
+            write!(f, "{}.{:03} ms", us / 1000, us % 1000)
+        }
     }
 }
 
@@ -451,7 +456,7 @@ impl Ping {
                 return;
             }
             if self.timing {
-                let _ = write!(out, " time={}", fmt_time(trip));
+                let _ = write!(out, " time={}", RoundTrip(trip));
             }
             if dup {
                 let _ = write!(out, " (DUP!)");
@@ -673,16 +678,16 @@ mod tests {
 
     #[test]
     fn round_trips_print_with_iputils_precision() {
-        assert_eq!(fmt_time(0), "0.000 ms");
-        assert_eq!(fmt_time(123), "0.123 ms");
-        assert_eq!(fmt_time(999), "0.999 ms");
-        assert_eq!(fmt_time(1000), "1.00 ms");
-        assert_eq!(fmt_time(1234), "1.23 ms");
-        assert_eq!(fmt_time(9994), "9.99 ms");
-        assert_eq!(fmt_time(9995), "10.0 ms");
-        assert_eq!(fmt_time(12_345), "12.3 ms");
-        assert_eq!(fmt_time(99_950), "100 ms");
-        assert_eq!(fmt_time(123_456), "123 ms");
+        assert_eq!(RoundTrip(0).to_string(), "0.000 ms");
+        assert_eq!(RoundTrip(123).to_string(), "0.123 ms");
+        assert_eq!(RoundTrip(999).to_string(), "0.999 ms");
+        assert_eq!(RoundTrip(1000).to_string(), "1.00 ms");
+        assert_eq!(RoundTrip(1234).to_string(), "1.23 ms");
+        assert_eq!(RoundTrip(9994).to_string(), "9.99 ms");
+        assert_eq!(RoundTrip(9995).to_string(), "10.0 ms");
+        assert_eq!(RoundTrip(12_345).to_string(), "12.3 ms");
+        assert_eq!(RoundTrip(99_950).to_string(), "100 ms");
+        assert_eq!(RoundTrip(123_456).to_string(), "123 ms");
     }
 
     #[test]

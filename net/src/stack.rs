@@ -455,6 +455,7 @@ impl<C: ?Sized> Stack<C> {
             return Err(Error::NoSpace);
         }
         i.addrs.push(addr);
+        i.link.addrs_changed(&i.addrs);
         let lo = i.kind == LinkKind::Loopback;
         let route = |dst, table| Route {
             dst,
@@ -495,6 +496,7 @@ impl<C: ?Sized> Stack<C> {
             })
             .ok_or(Error::NoAddress)?;
         let gone = i.addrs.remove(pos);
+        i.link.addrs_changed(&i.addrs);
         i.iface
             .update_ip_addrs(|v| v.retain(|c| *c != IpCidr::Ipv4(gone)));
         let nets: Vec<Ipv4Cidr> = i.addrs.clone();

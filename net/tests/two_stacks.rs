@@ -545,3 +545,98 @@ fn command_line_addresses_wait_for_their_link() {
     assert!(!ip_out(&mut s, "route").unwrap().contains("192.168"));
     assert!(s.remove_link(s.link_id("lo").unwrap()).is_none());
 }
+
+/// An IP link that records the next hop of everything it is told to send,
+/// in the context the stack is polled with (as IPoIB gets ib_core).
+struct NextHops {
+    buf: Vec<u8>,
+    addrs: std::sync::Arc<std::sync::Mutex<Vec<Ipv4Cidr>>>,
+}
+
+impl net::Link<Vec<Ipv4Address>> for NextHops {
+    fn kind(&self) -> LinkKind {
+        LinkKind::Infiniband
+    }
+    fn mtu(&self) -> usize {
+        2044
+    }
+    fn carrier(&self) -> bool {
+        true
+    }
+    fn hw_addr(&self) -> net::HwAddr {
+        net::HwAddr::new(&[0; 20])
+    }
+    fn stats(&self) -> net::LinkStats {
+        net::LinkStats::default()
+    }
+    fn receive(&mut self, _: &mut Vec<Ipv4Address>, _: &mut [u8]) -> Option<usize> {
+        None
+    }
+    fn tx_ready(&mut self, _: &mut Vec<Ipv4Address>) -> bool {
+        true
+    }
+    fn tx_buffer(&mut self, _: &mut Vec<Ipv4Address>, len: usize) -> Option<&mut [u8]> {
+        self.buf.resize(len, 0);
+        Some(&mut self.buf)
+    }
+    fn tx_commit(&mut self, hops: &mut Vec<Ipv4Address>, next_hop: Ipv4Address) {
+        hops.push(next_hop);
+    }
+    fn addrs_changed(&mut self, addrs: &[Ipv4Cidr]) {
+        *self.addrs.lock().unwrap() = addrs.to_vec();
+    }
+}
+
+#[test]
+fn an_ip_link_hears_of_its_addresses_and_is_told_the_gateway_for_what_is_off_its_network() {
+    let mut s: Stack<Vec<Ipv4Address>> = Stack::new(0);
+    let addrs = std::sync::Arc::default();
+    let link = NextHops {
+        buf: Vec::new(),
+        addrs: std::sync::Arc::clone(&addrs),
+    };
+    let id = s.add_link("ib0", Box::new(link)).unwrap();
+    s.add_addr(id, cidr("10.0.0.1/24")).unwrap();
+    // The link hears of its addresses (for its own ARP).
+    s.add_addr(id, cidr("10.0.0.9/24")).unwrap();
+    s.del_addr(id, cidr("10.0.0.9/24")).unwrap();
+    assert_eq!(*addrs.lock().unwrap(), [cidr("10.0.0.1/24")]);
+    s.add_route(
+        cidr("0.0.0.0/0"),
+        Some(addr("10.0.0.254")),
+        None,
+        net::route::Proto::Static,
+    )
+    .unwrap();
+    s.add_route(
+        cidr("10.8.0.0/16"),
+        Some(addr("10.0.0.8")),
+        Some(id),
+        net::route::Proto::Static,
+    )
+    .unwrap();
+    let mut hops = Vec::new();
+    let mut now = 0;
+    for dst in ["10.0.0.2", "8.8.8.8", "10.8.1.1", "10.0.0.255"] {
+        let mut out = String::new();
+        let o = ping::parse(&["-c", "1", "-W", "0.01", dst]).unwrap();
+        let mut p = Ping::start(&mut s, o, now, &mut out).unwrap();
+        loop {
+            now += TICK_US;
+            s.poll(now, &mut hops);
+            if !p.step(&mut s, now, &mut out) {
+                break;
+            }
+        }
+        assert!(!p.finish(&mut s, &mut out));
+    }
+    assert_eq!(
+        hops,
+        [
+            addr("10.0.0.2"),
+            addr("10.0.0.254"),
+            addr("10.0.0.8"),
+            addr("10.0.0.255")
+        ]
+    );
+}
