@@ -58,7 +58,9 @@ Options:
   --kvm             use KVM (default: TCG, faster under nested virtualisation)
   --emu-args OPTS   cx3-emu options, e.g. "--fail RUN_FW" (cx3-emu --help);
                     if cx3-emu refuses them, nothing boots
-  --append TEXT     kernel command line, e.g. "log=debug"
+  --append TEXT     kernel command line, e.g. "log=debug"; with the emulated
+                    HCA node N also gets ip=ib0:10.0.0.<N+1>/24 (its IPoIB
+                    address, set once ib0 exists) unless TEXT has an ip=
   --memory SIZE     guest RAM: a number with an optional M or G suffix
                     (no suffix: MiB, as QEMU's -m), 64M to 64G (default 512M)
   --timeout SEC     deadline for --run, 1 to 86400 seconds (default 120)
@@ -220,18 +222,25 @@ if [ "$build" = 1 ] && [ "$dry" = 0 ]; then
     (cd "$here" && CARGO_TARGET_DIR="$emu_dir" cargo build --release --quiet -p sim --bin cx3-emu)
 fi
 
-cmdline="$append"
-[ -n "$run" ] && cmdline="${cmdline:+$cmdline }run=\"$run\""
+# Each node's IPoIB address on the emulated fabric: node N gets
+# 10.0.0.<N+1>/24 on ib0 (set once ib0 exists), unless --append has an ip=.
+node_ip() { # node -> its ip= word, or nothing
+    [ "$hca" = 1 ] || return 0
+    case " $append " in *" ip="*) return 0 ;; esac
+    echo "ip=ib0:10.0.0.$(($1 + 1))/24"
+}
 # Whether the guests run scripts (--run, or --run-on for each node).
 scripted=0
 { [ -n "$run" ] || [ "${#run_on[@]}" -gt 0 ]; } && scripted=1
-node_cmdline() { # node -> its kernel command line (its --run-on script, else --run's)
-    if [ -n "${run_on[$1]+x}" ]; then
-        echo "${append:+$append }run=\"${run_on[$1]}\""
-    else
-        echo "$cmdline"
-    fi
+node_cmdline() { # node -> its kernel command line: --append, its address, its --run-on script (else --run's)
+    local c="$append" ip r="$run"
+    ip=$(node_ip "$1")
+    [ -n "$ip" ] && c="${c:+$c }$ip"
+    [ -n "${run_on[$1]+x}" ] && r=${run_on[$1]}
+    [ -n "$r" ] && c="${c:+$c }run=\"$r\""
+    echo "$c"
 }
+cmdline=$(node_cmdline 0)
 
 if [ "$iso" = 1 ] && [ "$dry" = 0 ]; then
     ensure_iso_tools

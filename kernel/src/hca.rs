@@ -90,10 +90,6 @@ fn on_event(name: &str, id: DeviceId, e: &Event) {
 /// Probes every ConnectX-3 / ConnectX-3 Pro and registers it with ib_core.
 /// A failure is logged and leaves the shell usable.
 pub fn init() {
-    let Some(pool) = crate::mm::dma::pool() else {
-        log::error!("mlx4: no DMA pool; HCAs left alone");
-        return;
-    };
     let mut ib = Ib {
         core: IbCore::new(Arc::new(TscClock)),
         hcas: Vec::new(),
@@ -105,6 +101,12 @@ pub fn init() {
         Box::new(|line| log::info!("{line}")),
         Box::new(crate::time::uptime_us),
     )));
+    let Some(pool) = crate::mm::dma::pool() else {
+        log::error!("mlx4: no DMA pool; HCAs left alone");
+        // An empty core still carries the IP stack's links (lo).
+        *IB.lock() = Some(ib);
+        return;
+    };
     for d in pci::devices()
         .iter()
         .filter(|d| d.vendor == 0x15b3 && matches!(d.device, 0x1003 | 0x1007))

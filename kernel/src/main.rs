@@ -5,7 +5,8 @@
 //! the command line, for scripted runs).
 //!
 //! Leaves out: interrupts (everything is polled), SMP, user space, a file
-//! system. Drivers run in the shell's idle loop.
+//! system. Drivers and the IP stack run in the shell's idle loop
+//! ([`progress`]).
 #![no_std]
 #![no_main]
 
@@ -19,6 +20,7 @@ mod hca;
 mod ivshmem;
 mod logger;
 mod mm;
+mod net;
 mod pci;
 mod pci_ids;
 mod qemu;
@@ -102,6 +104,7 @@ fn kernel_main(info: &'static BootInfo) -> ! {
     pci::init(core::time::Duration::from_secs(emu_wait));
 
     hca::init();
+    net::init(info.cmdline());
 
     let boot_ns = time::tsc_to_ns(arch::rdtsc().saturating_sub(info.entry_tsc));
     log::info!(
@@ -127,7 +130,14 @@ fn kernel_main(info: &'static BootInfo) -> ! {
         });
     }
     println!("Type 'help' for the list of commands.");
-    console::shell(hca::poll)
+    console::shell(progress)
+}
+
+/// One pass of the progress loop: ib_core and the adapters, then the IP
+/// stack (each skipped while a command holds it; never blocks).
+pub fn progress() {
+    hca::poll();
+    net::poll();
 }
 
 #[panic_handler]

@@ -47,13 +47,30 @@ fn each_node_boots_with_its_own_script() {
         "1",
         "ib_write_bw 1",
     ]);
-    assert_eq!(s, ["run=\"ib_write_bw\"", "run=\"ib_write_bw 1\""]);
+    // Each node's IPoIB address comes first (run-qemu.sh: 10.0.0.<N+1>/24).
+    assert_eq!(
+        s,
+        [
+            "ip=ib0:10.0.0.1/24 run=\"ib_write_bw\"",
+            "ip=ib0:10.0.0.2/24 run=\"ib_write_bw 1\""
+        ]
+    );
     // --run for the nodes without their own.
     let s = dry_run_scripts(&["--nodes", "3", "--run", "uptime", "--run-on", "1", "lspci"]);
-    assert_eq!(s, ["run=\"uptime\"", "run=\"lspci\"", "run=\"uptime\""]);
+    assert_eq!(
+        s,
+        [
+            "ip=ib0:10.0.0.1/24 run=\"uptime\"",
+            "ip=ib0:10.0.0.2/24 run=\"lspci\"",
+            "ip=ib0:10.0.0.3/24 run=\"uptime\""
+        ]
+    );
     // --append comes along on every node.
     let s = dry_run_scripts(&["--append", "log=debug", "--run-on", "0", "uptime"]);
-    assert_eq!(s, ["log=debug run=\"uptime\""]);
+    assert_eq!(s, ["log=debug ip=ib0:10.0.0.1/24 run=\"uptime\""]);
+    // An ip= of --append's own replaces the default address.
+    let s = dry_run_scripts(&["--append", "ip=ib0:10.9.0.1/16", "--run-on", "0", "uptime"]);
+    assert_eq!(s, ["ip=ib0:10.9.0.1/16 run=\"uptime\""]);
 }
 
 #[test]

@@ -180,6 +180,18 @@ static COMMANDS: &[Command] = &[
         run: super::diags::ibping,
     },
     Command {
+        name: "ip",
+        usage: "ip [-s] addr|link|neigh|route [...]",
+        help: "IP addresses, links, neighbours and routes, as iproute2's ip (ip help)",
+        run: super::net::ip,
+    },
+    Command {
+        name: "ping",
+        usage: "ping [-c N] [-s SIZE] [-i SECONDS] [-W SECONDS] [-w SECONDS] ADDR",
+        help: "ICMP echo, as iputils' ping (Ctrl-C stops)",
+        run: super::net::ping,
+    },
+    Command {
         name: "mlx4",
         usage: "mlx4 caps|catas",
         help: "QUERY_DEV_CAP dump; internal-error buffer state",
@@ -352,7 +364,7 @@ fn sleep(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
     let d = core::time::Duration::from_secs(secs) + core::time::Duration::from_micros(micros);
     let end = hal::Deadline::after(&crate::time::TscClock, d);
     while !end.expired(&crate::time::TscClock) {
-        crate::hca::poll();
+        crate::progress();
         core::hint::spin_loop();
     }
     Ok(())
@@ -388,6 +400,7 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     for attempt in 1..=times {
         match (cmd.run)(out, cmd_args) {
             Ok(()) => return Ok(()),
+            Err(msg) if msg.is_empty() => {}
             Err(msg) => {
                 let _ = writeln!(out, "{name}: {msg}");
             }
@@ -404,7 +417,7 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             core::time::Duration::from_secs(every),
         );
         while !end.expired(&crate::time::TscClock) {
-            crate::hca::poll();
+            crate::progress();
             if crate::console::ctrl_c() {
                 return Err(format!(
                     "interrupted after {attempt} failed tries of {name}"

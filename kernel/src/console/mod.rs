@@ -10,6 +10,7 @@ mod commands;
 mod diags;
 mod ib;
 mod lspci;
+mod net;
 mod pcache;
 mod perftest;
 mod rmem;
@@ -26,7 +27,8 @@ pub use line_edit::MAX_LINE;
 const PROMPT: &str = "lego> ";
 
 /// Outcome of a command: `Err` carries the message printed after the command's
-/// name (`lspci: usage: ...`).
+/// name (`lspci: usage: ...`); an empty one fails silently (the command has
+/// said why, as `ping` does with its statistics).
 pub type CmdResult = Result<(), String>;
 
 /// Runs one command line; returns whether it succeeded.
@@ -40,7 +42,9 @@ pub fn execute(line: &str) -> bool {
         Some(cmd) => match (cmd.run)(&mut out, args) {
             Ok(()) => true,
             Err(msg) => {
-                let _ = writeln!(out, "{name}: {msg}");
+                if !msg.is_empty() {
+                    let _ = writeln!(out, "{name}: {msg}");
+                }
                 false
             }
         },

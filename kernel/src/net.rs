@@ -1,0 +1,96 @@
+//! The kernel's IP stack: the `net` crate's `Stack` over the links that drivers register, polled from the progress loop with ib_core as the links' context.
+//!
+//! `lo` is there from boot (127.0.0.1/8). A driver registers its link with
+//! [`register_link`] (IPoIB's `ib0` from its ib_client, mlx4_en's `eth0`):
+//! it appears in `ip link` and takes the addresses the kernel command line
+//! holds for it (`ip=ib0:10.0.0.1/24`, see the `net::config` module for
+//! both forms). The progress loop calls [`poll`], which never waits: it
+//! skips a pass while a console command holds the stack or the adapters,
+//! so a node busy in a perftest run answers pings after it. Commands reach
+//! the stack through [`with`] and [`with_stack`].
+//!
+//! Leaves out: links that go away other than by [`unregister_link`], and
+//! any use of the stack from a page fault (the page cache does not need it).
+
+use alloc::boxed::Box;
+
+use ib_core::IbCore;
+use net::{Link, LinkId, Stack};
+
+/// The stack, with ib_core as what its links are polled with.
+pub type NetStack = Stack<IbCore>;
+
+static NET: spin::Mutex<Option<NetStack>> = spin::Mutex::new(None);
+
+/// The stack's clock: microseconds since kernel entry.
+pub fn now_us() -> u64 {
+    crate::time::uptime_us()
+}
+
+/// Makes the stack with `lo`, and reads every `ip=` word of the command
+/// line: an address for a link that exists is set at once, the others wait
+/// for their link.
+pub fn init(cmdline: &str) {
+    let mut s = NetStack::new(now_us());
+    for (_, v) in crate::cmdline::pairs(cmdline).filter(|(k, _)| *k == "ip") {
+        match net::config::parse(v) {
+            Ok(cs) => {
+                for c in cs {
+                    s.configure(c);
+                }
+            }
+            Err(e) => log::warn!("{e}"),
+        }
+    }
+    for c in s.pending() {
+        log::info!(
+            "{} for {} once it appears",
+            c.addr,
+            c.dev.as_deref().unwrap_or("the first link")
+        );
+    }
+    *NET.lock() = Some(s);
+}
+
+/// Registers a driver's link as `name`; it takes its command-line
+/// addresses and shows in `ip link`.
+#[allow(dead_code)] // IPoIB and mlx4_en call it; neither is in the tree yet.
+pub fn register_link(name: &str, link: Box<dyn Link<IbCore>>) -> Result<LinkId, net::Error> {
+    let mut g = NET.lock();
+    let s = g.as_mut().ok_or(net::Error::Invalid("no IP stack"))?;
+    let id = s.add_link(name, link)?;
+    log::info!("{name}: registered with the IP stack as link {}", id.0);
+    Ok(id)
+}
+
+/// Takes a link out of the stack (its driver is going away) and hands it
+/// back.
+#[allow(dead_code)] // for the drivers' removal paths
+pub fn unregister_link(id: LinkId) -> Option<Box<dyn Link<IbCore>>> {
+    NET.lock().as_mut()?.remove_link(id)
+}
+
+/// One pass of the stack (receive, echo services, send), if neither the
+/// stack nor the adapters are held (never blocks).
+pub fn poll() {
+    let Some(mut g) = NET.try_lock() else {
+        return;
+    };
+    let Some(s) = g.as_mut() else {
+        return;
+    };
+    let _ = crate::hca::try_with(|ib| s.poll(now_us(), &mut ib.core));
+}
+
+/// Runs `f` on the stack and ib_core; `None` before [`init`].
+pub fn with<R>(f: impl FnOnce(&mut NetStack, &mut IbCore) -> R) -> Option<R> {
+    let mut g = NET.lock();
+    let s = g.as_mut()?;
+    crate::hca::with(|ib| f(s, &mut ib.core))
+}
+
+/// Runs `f` on the stack alone (configuration, `ip`); `None` before
+/// [`init`].
+pub fn with_stack<R>(f: impl FnOnce(&mut NetStack) -> R) -> Option<R> {
+    NET.lock().as_mut().map(f)
+}
