@@ -4,7 +4,9 @@
 //! answers NodeInfo, NodeDescription, PortInfo (Get/Set, LID assignment
 //! and the Down/Init/Armed/Active state machine), P_KeyTable, GUIDInfo,
 //! SL-to-VL and VL arbitration tables (kept, not applied); its PMA answers
-//! ClassPortInfo, PortCounters and PortCountersExtended. The subnet side
+//! ClassPortInfo, PortCounters and PortCountersExtended; its MAD layer
+//! answers a Get or Set that no client takes with status 0x000C
+//! ([`HostNode::unsupported_reply`]). The subnet side
 //! of the directed-route SMI at an end node is here too (IBTA 14.2.2:
 //! C14-9 at the source and destination, C14-13 on the way back). Left out:
 //! M_Key checking (the key is kept and reported, never enforced), a second
@@ -515,24 +517,52 @@ impl HostNode {
             let Some(resp) = self.sma(&smp) else {
                 return Handled::Up(m.clone());
             };
-            let mut r = m.clone();
-            r.data = resp.to_bytes();
-            r.len = MAD_LEN;
-            if smp.is_dr() {
-                r.dlid = PERMISSIVE_LID;
-                r.slid = PERMISSIVE_LID;
-            } else {
-                r.dlid = m.slid;
-                r.slid = self.lid;
-            }
-            r.dqp = 0;
-            r.sqp = 0;
-            return Handled::Reply(r);
+            return Handled::Reply(self.reply_to(m, resp.to_bytes()));
         }
         if h.mgmt_class == mgmt_class::PERF_MGMT && m.dqp == 1 {
             return Handled::Reply(self.pma(m));
         }
         Handled::Up(m.clone())
+    }
+
+    /// `data` (a response MAD) addressed back to the sender of `m`: a
+    /// directed-route SMP by the permissive LID (the SMI walks the return
+    /// path), anything else to the requester's LID and QP from this
+    /// port's LID and the QP `m` came to.
+    fn reply_to(&self, m: &Mad, data: [u8; MAD_LEN]) -> Mad {
+        let dr = m.hdr().mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE;
+        let mut r = m.clone();
+        r.data = data;
+        r.len = MAD_LEN;
+        (r.dlid, r.slid) = if dr {
+            (PERMISSIVE_LID, PERMISSIVE_LID)
+        } else {
+            (m.slid, self.lid)
+        };
+        (r.dqp, r.sqp) = if m.is_smp() { (0, 0) } else { (m.sqp, m.dqp) };
+        r
+    }
+
+    /// What the node's MAD layer does with a request no agent registered
+    /// for (Linux `ib_mad.c`, `generate_unmatched_resp`): a Get or Set is
+    /// answered with a GetResp carrying status 0x000C (unsupported
+    /// method/attribute; for a directed-route SMP with the D bit set, so
+    /// it returns along its path); any other method gets `None` and is
+    /// dropped.
+    pub fn unsupported_reply(&self, m: &Mad) -> Option<Mad> {
+        let h = m.hdr();
+        if m.is_response() || !matches!(h.method, method::GET | method::SET) {
+            return None;
+        }
+        let mut data = m.data;
+        let mut rh = h;
+        rh.method = method::GET_RESP;
+        rh.status = mad_status::ATTR_UNSUPPORTED;
+        if h.mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE {
+            rh.status |= mad_status::DIRECTION;
+        }
+        rh.write(&mut data);
+        Some(self.reply_to(m, data))
     }
 
     /// Whether a MAD a client of this node sends stays in the node: a

@@ -7,5 +7,6 @@
 mod bench;
 mod protocol;
 mod rig;
+mod stray;
 mod subnet;
 mod sweep;

@@ -24,6 +24,7 @@ pub mod method {
     pub const REPORT: u8 = 0x06;
     pub const TRAP_REPRESS: u8 = 0x07;
     pub const GET_TABLE: u8 = 0x12;
+    pub const DELETE: u8 = 0x15;
     pub const GET_RESP: u8 = 0x81;
     pub const REPORT_RESP: u8 = 0x86;
 }
