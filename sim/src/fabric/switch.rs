@@ -670,10 +670,8 @@ impl Switch {
     /// says to drop it silently.
     fn sma(&mut self, in_port: u8, smp: Smp) -> Option<Smp> {
         let meth = smp.hdr.method;
-        if self.mkey != 0
-            && smp.mkey != self.mkey
-            && (meth == method::SET || self.mkey_protect >= 2)
-        {
+        let key_ok = self.mkey == 0 || smp.mkey == self.mkey;
+        if !key_ok && (meth == method::SET || self.mkey_protect >= 2) {
             self.mkey_violations = self.mkey_violations.saturating_add(1);
             return None;
         }
@@ -728,11 +726,15 @@ impl Switch {
                 if port > self.nports() {
                     return mad_status::INVALID_FIELD;
                 }
+                // IBTA 14.2.4.1, protection level 1: a Get without the
+                // key is answered with the M_Key field 0 (level 2 and up
+                // do not answer it at all: `sma`).
+                let show_mkey = self.mkey == 0 || smp.mkey == self.mkey || self.mkey_protect != 1;
                 if set && let Err(s) = self.port_info_set(port, d) {
-                    self.encode_port_info(port, in_port, out);
+                    self.encode_port_info(port, in_port, show_mkey, out);
                     return s;
                 }
-                self.encode_port_info(port, in_port, out);
+                self.encode_port_info(port, in_port, show_mkey, out);
             }
             (attr::PKEY_TABLE, _) => {
                 let port = (m >> 16) as u8;
@@ -804,10 +806,12 @@ impl Switch {
         out[14..16].copy_from_slice(&0u16.to_be_bytes()); // PartitionEnforcementCap
     }
 
-    fn encode_port_info(&self, port: u8, in_port: u8, out: &mut [u8; 64]) {
+    fn encode_port_info(&self, port: u8, in_port: u8, show_mkey: bool, out: &mut [u8; 64]) {
         out.fill(0);
         let sp = &self.ports[usize::from(port)];
-        out[0..8].copy_from_slice(&self.mkey.to_be_bytes());
+        if show_mkey {
+            out[0..8].copy_from_slice(&self.mkey.to_be_bytes());
+        }
         out[8..16].copy_from_slice(&self.gid_prefix.to_be_bytes());
         out[16..18].copy_from_slice(&self.lid.to_be_bytes());
         out[18..20].copy_from_slice(&self.sm_lid.to_be_bytes());

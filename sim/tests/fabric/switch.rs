@@ -483,3 +483,57 @@ fn m_key_protects_the_switch_sma() {
         "M_KeyViolations counted"
     );
 }
+
+/// IBTA 14.2.4.1, protection level 1: a Get without the key succeeds and
+/// PortInfo's M_Key field reads 0; with the key it shows the key; a Set
+/// without it is refused as at level 2.
+#[test]
+fn m_key_level_1_hides_the_key_from_a_get_without_it() {
+    let mut n = Net::star(1);
+    let p0 = n.port(0);
+    let r = n.set_switch_port_info(0, |d| {
+        d[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+        d[34] = (d[34] & 0x3f) | 1 << 6; // protect bits 1
+    });
+    assert_eq!(r.hdr.status, 0);
+    for port in [0u32, 1] {
+        let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, port, &[0; 64]);
+        assert_eq!(r.hdr.status & 0x7fff, 0, "port {port}: answered");
+        assert_eq!(&r.data[0..8], &[0; 8], "port {port}: M_Key field 0");
+        assert_eq!(r.data[34] >> 6, 1, "protect bits shown");
+    }
+    let with_key = |n: &mut Net, meth: u8, data: &[u8; 64]| -> Vec<sim::fabric::Packet> {
+        let (_, mut b) = n.dr_packet(&[1], meth, attr::PORT_INFO, 0, data);
+        let mad = 8 + 12 + 8;
+        b[mad + 24..mad + 32].copy_from_slice(&0x1234u64.to_be_bytes());
+        packet::reseal(&mut b).unwrap();
+        assert!(n.send(p0, b));
+        n.drain(p0)
+    };
+    let got = with_key(&mut n, method::GET, &[0; 64]);
+    assert_eq!(got.len(), 1);
+    let r = Smp::parse(
+        packet::parse_checked(&got[0].bytes)
+            .unwrap()
+            .payload(&got[0].bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        &r.data[0..8],
+        &0x1234u64.to_be_bytes(),
+        "the key, to its holder"
+    );
+    // A Set without the key: dropped and counted.
+    let mut d = r.data;
+    d[32] &= 0xf0;
+    d[33] &= 0x0f;
+    let (_, b) = n.dr_packet(&[1], method::SET, attr::PORT_INFO, 0, &d);
+    assert!(n.send(p0, b));
+    assert!(n.drain(p0).is_empty(), "no answer to a Set without the key");
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 0, &[0; 64]);
+    assert_eq!(
+        u16::from_be_bytes([r.data[44], r.data[45]]),
+        1,
+        "M_KeyViolations"
+    );
+}
