@@ -3,6 +3,7 @@
 //! clients (OpenSM, infiniband-diags) and a stand-in CA for tests. Its SMA
 //! answers NodeInfo, NodeDescription, PortInfo (Get/Set, LID assignment
 //! and the Down/Init/Armed/Active state machine), P_KeyTable, GUIDInfo,
+//! Mellanox's ExtendedPortInfo (0xFF90, as a ConnectX-3 does),
 //! SL-to-VL and VL arbitration tables (kept, not applied); its PMA answers
 //! ClassPortInfo, PortCounters and PortCountersExtended; its MAD layer
 //! answers a Get or Set that no client takes with status 0x000C
@@ -141,6 +142,8 @@ pub struct HostNode {
     vlarb: [[u8; 64]; 4],
     counters: PortCounters,
     link_gen: u64,
+    mlnx_state_change_enable: u8,
+    mlnx_speed_enabled: u8,
 }
 
 impl HostNode {
@@ -179,6 +182,8 @@ impl HostNode {
             vlarb: [[0; 64]; 4],
             counters: PortCounters::default(),
             link_gen: u64::MAX,
+            mlnx_state_change_enable: 0,
+            mlnx_speed_enabled: 0,
         };
         n.sync_link(fabric);
         n
@@ -413,6 +418,20 @@ impl HostNode {
                 out.fill(0);
                 out[0..8].copy_from_slice(&self.port_guid().to_be_bytes());
             }
+            (attr::MLNX_EXT_PORT_INFO, _) => {
+                // As the switch answers it (`switch::mlnx_ext_port_info`).
+                if m & 0xff > 1 || m >> 8 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                if set {
+                    self.mlnx_state_change_enable = d[3] & 1;
+                    self.mlnx_speed_enabled = d[11] & super::switch::MLNX_SPEEDS_SUPPORTED;
+                }
+                *out = super::switch::mlnx_ext_port_info(
+                    self.mlnx_state_change_enable,
+                    self.mlnx_speed_enabled,
+                );
+            }
             (attr::SL_TO_VL_TABLE, _) => {
                 if set {
                     self.sl2vl.copy_from_slice(&d[..8]);
@@ -571,7 +590,9 @@ impl HostNode {
     pub fn is_local(&self, m: &Mad) -> bool {
         let h = m.hdr();
         if h.mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE {
-            return h.class_specific & 0xff == 0;
+            let dr_slid = u16::from_be_bytes([m.data[32], m.data[33]]);
+            return h.class_specific & 0xff == 0
+                && (dr_slid == PERMISSIVE_LID || self.owns_lid(m.dlid));
         }
         self.owns_lid(m.dlid)
     }
@@ -599,29 +620,44 @@ impl HostNode {
                     return Err("short SMP");
                 };
                 let cnt = smp.hop_cnt;
-                if cnt == 0 || cnt >= 64 {
-                    return Err("directed route with no hop or more than 63");
+                if cnt >= 64 {
+                    return Err("directed route with more than 63 hops");
                 }
-                if !smp.direction {
+                if smp.dr_dlid != PERMISSIVE_LID {
+                    return Err("a LID-routed end of a directed route is not modelled");
+                }
+                if !smp.direction && smp.dr_slid != PERMISSIVE_LID {
+                    // A directed route that starts at the node with LID
+                    // `m.dlid`: LID routed there as it is (IBTA 14.2.2;
+                    // the SMI there starts the directed part).
                     if smp.hop_ptr != 0 {
-                        return Err("outgoing SMP with a hop pointer (C14-9:1)");
+                        return Err("LID-routed start of a directed route with a hop pointer");
                     }
-                    if smp.initial_path[1] != 1 {
-                        return Err("initial path leaves by a port the node lacks");
+                    if m.dlid == 0 || m.dlid >= 0xc000 {
+                        return Err("LID-routed start of a directed route to no unicast LID");
                     }
-                    smp.hop_ptr = 1;
                 } else {
-                    if smp.return_path[usize::from(cnt)] > 1 {
-                        return Err("return path leaves by a port the node lacks");
+                    if cnt == 0 {
+                        return Err("directed route with no hop");
                     }
-                    smp.hop_ptr = cnt;
+                    if !smp.direction {
+                        if smp.hop_ptr != 0 {
+                            return Err("outgoing SMP with a hop pointer (C14-9:1)");
+                        }
+                        if smp.initial_path[1] != 1 {
+                            return Err("initial path leaves by a port the node lacks");
+                        }
+                        smp.hop_ptr = 1;
+                    } else {
+                        if smp.return_path[usize::from(cnt)] > 1 {
+                            return Err("return path leaves by a port the node lacks");
+                        }
+                        smp.hop_ptr = cnt;
+                    }
+                    data = smp.to_bytes();
+                    dlid = PERMISSIVE_LID;
+                    slid = PERMISSIVE_LID;
                 }
-                if smp.dr_slid != PERMISSIVE_LID || smp.dr_dlid != PERMISSIVE_LID {
-                    return Err("LID-routed parts of a directed route are not modelled");
-                }
-                data = smp.to_bytes();
-                dlid = PERMISSIVE_LID;
-                slid = PERMISSIVE_LID;
             }
         } else if m.dqp == 0 {
             return Err("a GMP addressed to QP0");
@@ -724,6 +760,9 @@ impl HostNode {
                 // the port this came in on.
                 smp.return_path[usize::from(cnt)] = 1;
                 smp.hop_ptr = cnt + 1;
+            } else if ptr == 0 && smp.dr_slid != PERMISSIVE_LID && self.owns_lid(m.dlid) {
+                // C14-13:4: the LID-routed last part brought it to the
+                // requester (its DrSLID).
             } else {
                 if ptr != 1 {
                     return Err("returning SMP not at its requester (C14-13)");

@@ -10,3 +10,4 @@ mod rig;
 mod stray;
 mod subnet;
 mod sweep;
+mod vs_ibsim;
