@@ -10,7 +10,8 @@
 //! ([`HostNode::unsupported_reply`]). The subnet side
 //! of the directed-route SMI at an end node is here too (IBTA 14.2.2:
 //! C14-9 at the source and destination, C14-13 on the way back). Left out:
-//! M_Key checking (the key is kept and reported, never enforced), a second
+//! M_Key checking (the key is kept, and at protection level 1 reads 0 to
+//! a Get without it, but never enforced), a second
 //! port, multicast, traps sent by the node itself, and everything a real
 //! HCA does for data traffic (a host node only carries MADs).
 //!
@@ -389,11 +390,17 @@ impl HostNode {
                 if m & 0xff > 1 {
                     return mad_status::INVALID_FIELD;
                 }
-                if set && let Err(s) = self.port_info_set(d) {
-                    *out = self.port_info();
+                // Protection level 1 (IBTA 14.2.4.1): the M_Key field
+                // reads 0 to a requester without the key.
+                let hide = self.mkey != 0 && smp.mkey != self.mkey && self.mkey_protect == 1;
+                let r = if set { self.port_info_set(d) } else { Ok(()) };
+                *out = self.port_info();
+                if hide {
+                    out[0..8].fill(0);
+                }
+                if let Err(s) = r {
                     return s;
                 }
-                *out = self.port_info();
             }
             (attr::PKEY_TABLE, _) => {
                 let block = (m & 0xffff) as usize;
