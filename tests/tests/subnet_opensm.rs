@@ -580,6 +580,15 @@ fn ibportstate_disable_and_enable_take_a_guests_link_down_and_back() {
     assert!(ok, "guest a answers again:\n{out}");
     assert!(g[1].active());
     assert!(!g[1].events().contains(&(EventType::PortErr, 1)));
+    // The switch, the SM host and the guests all answer Mellanox's
+    // ExtendedPortInfo: the discovery tools print no "bad status", OpenSM
+    // logs no ERR 3111.
+    for prog in ["/usr/sbin/iblinkinfo", "/usr/sbin/ibnetdiscover"] {
+        let (ok, out) = sm.diag(&mut g, prog, &[], DIAG_LIMIT);
+        assert!(ok && !out.contains("bad status"), "{prog}:\n{out}");
+    }
+    let log = sm.log();
+    assert!(!log.contains("ERR 3111"), "OpenSM's log:\n{log}");
     let Net { a, b, sm, .. } = n;
     sm.stop();
     a.teardown();
