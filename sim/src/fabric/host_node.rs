@@ -888,6 +888,44 @@ mod tests {
         assert_eq!(p.hdr.lrh.vl, 15);
     }
 
+    /// What no client takes (here SMInfo: the node has no SM) is the MAD
+    /// layer's: a DR Get comes back along its path with status 0x000C and
+    /// the D bit; a GMP Send is dropped (no reply).
+    #[test]
+    fn an_unregistered_get_is_answered_with_status_0x000c() {
+        let (mut f, mut n, b) = pair();
+        let mut s = Smp::dr_get(0x77, attr::SM_INFO, 0, &[1]).unwrap();
+        s.hop_ptr = 1;
+        let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, 0xffff);
+        assert!(f.transmit(
+            b,
+            Packet {
+                bytes: packet::build(&h, &s.to_bytes()).unwrap()
+            },
+            0
+        ));
+        let m = n.receive(&mut f, 0).unwrap().unwrap();
+        let Handled::Up(m) = n.handle(&m) else {
+            panic!("SMInfo is not the SMA's");
+        };
+        let r = n.unsupported_reply(&m).expect("a Get is answered");
+        n.transmit(&mut f, 0, &r).unwrap();
+        let back = f.receive(b, 0).expect("the answer crossed back");
+        let p = packet::parse_checked(&back.bytes).unwrap();
+        let resp = Smp::parse(p.payload(&back.bytes)).unwrap();
+        assert!(resp.direction, "D bit");
+        assert_eq!(
+            (resp.hdr.method, resp.hdr.status, resp.hdr.tid, resp.hop_ptr),
+            (method::GET_RESP, mad_status::ATTR_UNSUPPORTED, 0x77, 1)
+        );
+        let mut send = m.clone();
+        send.data[1] = mgmt_class::CM;
+        send.data[3] = method::SEND;
+        assert_eq!(n.unsupported_reply(&send), None, "a Send is dropped");
+        send.data[3] = method::GET_RESP;
+        assert_eq!(n.unsupported_reply(&send), None, "a response too");
+    }
+
     #[test]
     fn random_packets_are_refused_without_panic() {
         let (mut f, mut n, b) = pair();
