@@ -347,3 +347,71 @@ fn nothing_is_left_behind_after_a_guest_crash_or_ctrl_c() {
     assert!(!status.success(), "interrupted: {status:?}");
     assert_nothing_left(&id);
 }
+
+/// Issue 21, item 1: stray MADs from a guest to the SM's LID. `ib_write_bw
+/// 1` sends a CM REQ (class 0x07) to LID 1 (OpenSM's host node), `ibping
+/// 1` a Get of a vendor class nobody there registered (0x32); the host
+/// node's MAD layer drops the one and answers the other with status
+/// 0x000C, as a real host's does, and OpenSM (which umad2sim would crash
+/// on a class it has no agent for) keeps running: `sminfo` answers after
+/// them as before.
+#[test]
+fn stray_mads_to_the_sm_lid_leave_opensm_running() {
+    if !opensm_present("stray_mads_to_the_sm_lid_leave_opensm_running") {
+        return;
+    }
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let r = qemu::run(
+        "uptime",
+        &[
+            "--nodes",
+            "2",
+            "--sm",
+            "opensm",
+            "--run-on",
+            "0",
+            "retry -n 30 sminfo; sleep 15",
+            "--run-on",
+            "1",
+            "retry -n 30 sminfo; ib_write_bw -n 10 1; ibping -c 2 1; sminfo",
+        ],
+        DEADLINE,
+    );
+    let t = r.transcript.replace("\r\n", "\n");
+    let n1 = node(&t, 1);
+    // ib_write_bw and ibping fail (nobody serves them at LID 1), so the
+    // run says a command failed; nothing crashed or hung.
+    assert_eq!(r.status, 1, "{t}\n{}", r.stderr);
+    let after = n1
+        .split("> ib_write_bw -n 10 1")
+        .nth(1)
+        .unwrap_or_else(|| panic!("node 1 ran ib_write_bw:\n{n1}"));
+    let last = after
+        .split("> sminfo")
+        .nth(1)
+        .unwrap_or_else(|| panic!("node 1 ran sminfo after them:\n{n1}"));
+    assert!(
+        last.contains("sminfo: sm lid 1 sm guid 0x2c90300000f01")
+            && last.contains(" state 3 SMINFO_MASTER"),
+        "OpenSM still answers SMInfo after the stray MADs:\n{n1}"
+    );
+    // Each ping was answered at once (status 0x000C: no Pong, but no
+    // wait for the 1 s timeout either): two pings take the 1 s between
+    // them, not 3 s.
+    let ms: u64 = after
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .and_then(|l| l.split("time ").nth(1))
+        .and_then(|x| x.split(" ms").next())
+        .and_then(|x| x.trim().parse().ok())
+        .unwrap_or_else(|| panic!("ibping's statistics:\n{after}"));
+    assert!(ms < 2000, "both pings answered at once ({ms} ms):\n{after}");
+    let id = run_id(&r.stderr).expect("the run's OpenSM directory");
+    let log = std::fs::read_to_string(root().join(format!("target/fabric/run-{id}/opensm.log")))
+        .unwrap_or_default();
+    assert!(log.contains("SUBNET UP"), "OpenSM's log:\n{log}");
+    // Every node answers Mellanox's ExtendedPortInfo (no ERR 3111).
+    assert!(!log.contains("ERR 3111"), "OpenSM's log:\n{log}");
+    assert_nothing_left(&id);
+    eprintln!("node 1 after the stray MADs:\n{after}");
+}

@@ -501,6 +501,99 @@ fn a_pulled_cable_comes_back_active_with_its_lid_by_the_trap_alone() {
     b.teardown();
 }
 
+/// `ibportstate <switch> <port> disable` from the SM host takes guest a's
+/// link down (its driver sees the port go Down, a perfquery to it finds
+/// nobody) and `enable` brings it back to Active under OpenSM, by the
+/// switch's trap alone; guest b never notices.
+#[test]
+fn ibportstate_disable_and_enable_take_a_guests_link_down_and_back() {
+    if !peers_present("ibportstate_disable_and_enable_take_a_guests_link_down_and_back") {
+        return;
+    }
+    let mut n = net("portstate", &["-s", "0"]);
+    up(&mut n);
+    let lid = n.a.port(1).lid;
+    let (_, sw_port) = cable(&n, 0);
+    let (sw_lid, port) = {
+        let f = n.fabric.lock().unwrap();
+        let Some(sim::fabric::Owner::Switch { switch, port }) = f.owner(sw_port) else {
+            panic!("guest a is cabled to a switch");
+        };
+        (f.switch(switch).unwrap().lid(), port)
+    };
+    let (sw, port, la) = (sw_lid.to_string(), port.to_string(), lid.to_string());
+    let Net { a, b, sm, .. } = &mut n;
+    let mut g = [a, b];
+    let (ok, out) = sm.diag(
+        &mut g,
+        "/usr/sbin/ibportstate",
+        &[&sw, &port, "disable"],
+        DIAG_LIMIT,
+    );
+    assert!(ok, "ibportstate disable:\n{out}");
+    let down = sm.pump_until(&mut g, Duration::from_secs(5), 16, |_, g| {
+        g[0].port(1).state == PortState::Down
+    });
+    assert!(down, "guest a's port went Down: {:?}", g[0].port(1));
+    assert!(
+        g[0].events().contains(&(EventType::PortErr, 1)),
+        "IB_EVENT_PORT_ERR reached the client: {:?}",
+        g[0].events()
+    );
+    let (ok, out) = sm.diag(
+        &mut g,
+        "/usr/sbin/perfquery",
+        &["-t", "300", &la, "1"],
+        DIAG_LIMIT,
+    );
+    assert!(
+        !ok,
+        "nothing reaches guest a while its link is down:\n{out}"
+    );
+    let (ok, out) = sm.diag(
+        &mut g,
+        "/usr/sbin/ibportstate",
+        &[&sw, &port, "query"],
+        DIAG_LIMIT,
+    );
+    assert!(ok, "{out}");
+    assert_eq!(field(&out, "PhysLinkState"), "Disabled", "{out}");
+
+    let t = Instant::now();
+    let (ok, out) = sm.diag(
+        &mut g,
+        "/usr/sbin/ibportstate",
+        &[&sw, &port, "enable"],
+        DIAG_LIMIT,
+    );
+    assert!(ok, "ibportstate enable:\n{out}");
+    let back = sm.pump_until(&mut g, Duration::from_secs(15), 64, |_, g| g[0].active());
+    assert!(
+        back,
+        "Active again after the enable; OpenSM log:\n{}",
+        sm.log()
+    );
+    eprintln!("enable -> Active in {:?}", t.elapsed());
+    assert_eq!(g[0].port(1).lid, lid, "the same LID");
+    let (ok, out) = sm.diag(&mut g, "/usr/sbin/perfquery", &[&la, "1"], DIAG_LIMIT);
+    assert!(ok, "guest a answers again:\n{out}");
+    assert!(g[1].active());
+    assert!(!g[1].events().contains(&(EventType::PortErr, 1)));
+    // The switch, the SM host and the guests all answer Mellanox's
+    // ExtendedPortInfo: the discovery tools print no "bad status", OpenSM
+    // logs no ERR 3111.
+    for prog in ["/usr/sbin/iblinkinfo", "/usr/sbin/ibnetdiscover"] {
+        let (ok, out) = sm.diag(&mut g, prog, &[], DIAG_LIMIT);
+        assert!(ok && !out.contains("bad status"), "{prog}:\n{out}");
+    }
+    let log = sm.log();
+    assert!(!log.contains("ERR 3111"), "OpenSM's log:\n{log}");
+    let Net { a, b, sm, .. } = n;
+    sm.stop();
+    a.teardown();
+    b.teardown();
+}
+
 #[test]
 fn an_opensm_restart_keeps_the_lids() {
     if !peers_present("an_opensm_restart_keeps_the_lids") {

@@ -5,11 +5,15 @@
 //! clients (OpenSM, infiniband-diags) and a stand-in CA for tests. Its SMA
 //! answers NodeInfo, NodeDescription, PortInfo (Get/Set, LID assignment
 //! and the Down/Init/Armed/Active state machine), P_KeyTable, GUIDInfo,
+//! Mellanox's ExtendedPortInfo (0xFF90, as a ConnectX-3 does),
 //! SL-to-VL and VL arbitration tables (kept, not applied); its PMA answers
-//! ClassPortInfo, PortCounters and PortCountersExtended. The subnet side
+//! ClassPortInfo, PortCounters and PortCountersExtended; its MAD layer
+//! answers a Get or Set that no client takes with status 0x000C
+//! ([`HostNode::unsupported_reply`]). The subnet side
 //! of the directed-route SMI at an end node is here too (IBTA 14.2.2:
 //! C14-9 at the source and destination, C14-13 on the way back). Left out:
-//! M_Key checking (the key is kept and reported, never enforced), a second
+//! M_Key checking (the key is kept, and at protection level 1 reads 0 to
+//! a Get without it, but never enforced), a second
 //! port, multicast, traps sent by the node itself, and everything a real
 //! HCA does for data traffic (a host node only carries MADs).
 //!
@@ -141,6 +145,8 @@ pub struct HostNode {
     vlarb: [[u8; 64]; 4],
     counters: PortCounters,
     link_gen: u64,
+    mlnx_state_change_enable: u8,
+    mlnx_speed_enabled: u8,
 }
 
 impl HostNode {
@@ -179,6 +185,8 @@ impl HostNode {
             vlarb: [[0; 64]; 4],
             counters: PortCounters::default(),
             link_gen: u64::MAX,
+            mlnx_state_change_enable: 0,
+            mlnx_speed_enabled: 0,
         };
         n.sync_link(fabric);
         n
@@ -384,11 +392,17 @@ impl HostNode {
                 if m & 0xff > 1 {
                     return mad_status::INVALID_FIELD;
                 }
-                if set && let Err(s) = self.port_info_set(d) {
-                    *out = self.port_info();
+                // Protection level 1 (IBTA 14.2.4.1): the M_Key field
+                // reads 0 to a requester without the key.
+                let hide = self.mkey != 0 && smp.mkey != self.mkey && self.mkey_protect == 1;
+                let r = if set { self.port_info_set(d) } else { Ok(()) };
+                *out = self.port_info();
+                if hide {
+                    out[0..8].fill(0);
+                }
+                if let Err(s) = r {
                     return s;
                 }
-                *out = self.port_info();
             }
             (attr::PKEY_TABLE, _) => {
                 let block = (m & 0xffff) as usize;
@@ -412,6 +426,20 @@ impl HostNode {
                 }
                 out.fill(0);
                 out[0..8].copy_from_slice(&self.port_guid().to_be_bytes());
+            }
+            (attr::MLNX_EXT_PORT_INFO, _) => {
+                // As the switch answers it (`switch::mlnx_ext_port_info`).
+                if m & 0xff > 1 || m >> 8 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                if set {
+                    self.mlnx_state_change_enable = d[3] & 1;
+                    self.mlnx_speed_enabled = d[11] & super::switch::MLNX_SPEEDS_SUPPORTED;
+                }
+                *out = super::switch::mlnx_ext_port_info(
+                    self.mlnx_state_change_enable,
+                    self.mlnx_speed_enabled,
+                );
             }
             (attr::SL_TO_VL_TABLE, _) => {
                 if set {
@@ -517,24 +545,52 @@ impl HostNode {
             let Some(resp) = self.sma(&smp) else {
                 return Handled::Up(m.clone());
             };
-            let mut r = m.clone();
-            r.data = resp.to_bytes();
-            r.len = MAD_LEN;
-            if smp.is_dr() {
-                r.dlid = PERMISSIVE_LID;
-                r.slid = PERMISSIVE_LID;
-            } else {
-                r.dlid = m.slid;
-                r.slid = self.lid;
-            }
-            r.dqp = 0;
-            r.sqp = 0;
-            return Handled::Reply(r);
+            return Handled::Reply(self.reply_to(m, resp.to_bytes()));
         }
         if h.mgmt_class == mgmt_class::PERF_MGMT && m.dqp == 1 {
             return Handled::Reply(self.pma(m));
         }
         Handled::Up(m.clone())
+    }
+
+    /// `data` (a response MAD) addressed back to the sender of `m`: a
+    /// directed-route SMP by the permissive LID (the SMI walks the return
+    /// path), anything else to the requester's LID and QP from this
+    /// port's LID and the QP `m` came to.
+    fn reply_to(&self, m: &Mad, data: [u8; MAD_LEN]) -> Mad {
+        let dr = m.hdr().mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE;
+        let mut r = m.clone();
+        r.data = data;
+        r.len = MAD_LEN;
+        (r.dlid, r.slid) = if dr {
+            (PERMISSIVE_LID, PERMISSIVE_LID)
+        } else {
+            (m.slid, self.lid)
+        };
+        (r.dqp, r.sqp) = if m.is_smp() { (0, 0) } else { (m.sqp, m.dqp) };
+        r
+    }
+
+    /// What the node's MAD layer does with a request no agent registered
+    /// for (Linux `ib_mad.c`, `generate_unmatched_resp`): a Get or Set is
+    /// answered with a GetResp carrying status 0x000C (unsupported
+    /// method/attribute; for a directed-route SMP with the D bit set, so
+    /// it returns along its path); any other method gets `None` and is
+    /// dropped.
+    pub fn unsupported_reply(&self, m: &Mad) -> Option<Mad> {
+        let h = m.hdr();
+        if m.is_response() || !matches!(h.method, method::GET | method::SET) {
+            return None;
+        }
+        let mut data = m.data;
+        let mut rh = h;
+        rh.method = method::GET_RESP;
+        rh.status = mad_status::ATTR_UNSUPPORTED;
+        if h.mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE {
+            rh.status |= mad_status::DIRECTION;
+        }
+        rh.write(&mut data);
+        Some(self.reply_to(m, data))
     }
 
     /// Whether a MAD a client of this node sends stays in the node: a
@@ -543,7 +599,9 @@ impl HostNode {
     pub fn is_local(&self, m: &Mad) -> bool {
         let h = m.hdr();
         if h.mgmt_class == mgmt_class::SUBN_DIRECTED_ROUTE {
-            return h.class_specific & 0xff == 0;
+            let dr_slid = u16::from_be_bytes([m.data[32], m.data[33]]);
+            return h.class_specific & 0xff == 0
+                && (dr_slid == PERMISSIVE_LID || self.owns_lid(m.dlid));
         }
         self.owns_lid(m.dlid)
     }
@@ -571,29 +629,44 @@ impl HostNode {
                     return Err("short SMP");
                 };
                 let cnt = smp.hop_cnt;
-                if cnt == 0 || cnt >= 64 {
-                    return Err("directed route with no hop or more than 63");
+                if cnt >= 64 {
+                    return Err("directed route with more than 63 hops");
                 }
-                if !smp.direction {
+                if smp.dr_dlid != PERMISSIVE_LID {
+                    return Err("a LID-routed end of a directed route is not modelled");
+                }
+                if !smp.direction && smp.dr_slid != PERMISSIVE_LID {
+                    // A directed route that starts at the node with LID
+                    // `m.dlid`: LID routed there as it is (IBTA 14.2.2;
+                    // the SMI there starts the directed part).
                     if smp.hop_ptr != 0 {
-                        return Err("outgoing SMP with a hop pointer (C14-9:1)");
+                        return Err("LID-routed start of a directed route with a hop pointer");
                     }
-                    if smp.initial_path[1] != 1 {
-                        return Err("initial path leaves by a port the node lacks");
+                    if m.dlid == 0 || m.dlid >= 0xc000 {
+                        return Err("LID-routed start of a directed route to no unicast LID");
                     }
-                    smp.hop_ptr = 1;
                 } else {
-                    if smp.return_path[usize::from(cnt)] > 1 {
-                        return Err("return path leaves by a port the node lacks");
+                    if cnt == 0 {
+                        return Err("directed route with no hop");
                     }
-                    smp.hop_ptr = cnt;
+                    if !smp.direction {
+                        if smp.hop_ptr != 0 {
+                            return Err("outgoing SMP with a hop pointer (C14-9:1)");
+                        }
+                        if smp.initial_path[1] != 1 {
+                            return Err("initial path leaves by a port the node lacks");
+                        }
+                        smp.hop_ptr = 1;
+                    } else {
+                        if smp.return_path[usize::from(cnt)] > 1 {
+                            return Err("return path leaves by a port the node lacks");
+                        }
+                        smp.hop_ptr = cnt;
+                    }
+                    data = smp.to_bytes();
+                    dlid = PERMISSIVE_LID;
+                    slid = PERMISSIVE_LID;
                 }
-                if smp.dr_slid != PERMISSIVE_LID || smp.dr_dlid != PERMISSIVE_LID {
-                    return Err("LID-routed parts of a directed route are not modelled");
-                }
-                data = smp.to_bytes();
-                dlid = PERMISSIVE_LID;
-                slid = PERMISSIVE_LID;
             }
         } else if m.dqp == 0 {
             return Err("a GMP addressed to QP0");
@@ -696,6 +769,9 @@ impl HostNode {
                 // the port this came in on.
                 smp.return_path[usize::from(cnt)] = 1;
                 smp.hop_ptr = cnt + 1;
+            } else if ptr == 0 && smp.dr_slid != PERMISSIVE_LID && self.owns_lid(m.dlid) {
+                // C14-13:4: the LID-routed last part brought it to the
+                // requester (its DrSLID).
             } else {
                 if ptr != 1 {
                     return Err("returning SMP not at its requester (C14-13)");
@@ -812,6 +888,44 @@ mod tests {
         assert_eq!(resp.return_path[1], 1);
         assert_eq!(&resp.data[12..20], &0x10u64.to_be_bytes());
         assert_eq!(p.hdr.lrh.vl, 15);
+    }
+
+    /// What no client takes (here SMInfo: the node has no SM) is the MAD
+    /// layer's: a DR Get comes back along its path with status 0x000C and
+    /// the D bit; a GMP Send is dropped (no reply).
+    #[test]
+    fn an_unregistered_get_is_answered_with_status_0x000c() {
+        let (mut f, mut n, b) = pair();
+        let mut s = Smp::dr_get(0x77, attr::SM_INFO, 0, &[1]).unwrap();
+        s.hop_ptr = 1;
+        let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, 0xffff);
+        assert!(f.transmit(
+            b,
+            Packet {
+                bytes: packet::build(&h, &s.to_bytes()).unwrap()
+            },
+            0
+        ));
+        let m = n.receive(&mut f, 0).unwrap().unwrap();
+        let Handled::Up(m) = n.handle(&m) else {
+            panic!("SMInfo is not the SMA's");
+        };
+        let r = n.unsupported_reply(&m).expect("a Get is answered");
+        n.transmit(&mut f, 0, &r).unwrap();
+        let back = f.receive(b, 0).expect("the answer crossed back");
+        let p = packet::parse_checked(&back.bytes).unwrap();
+        let resp = Smp::parse(p.payload(&back.bytes)).unwrap();
+        assert!(resp.direction, "D bit");
+        assert_eq!(
+            (resp.hdr.method, resp.hdr.status, resp.hdr.tid, resp.hop_ptr),
+            (method::GET_RESP, mad_status::ATTR_UNSUPPORTED, 0x77, 1)
+        );
+        let mut send = m.clone();
+        send.data[1] = mgmt_class::CM;
+        send.data[3] = method::SEND;
+        assert_eq!(n.unsupported_reply(&send), None, "a Send is dropped");
+        send.data[3] = method::GET_RESP;
+        assert_eq!(n.unsupported_reply(&send), None, "a response too");
     }
 
     #[test]

@@ -8,6 +8,13 @@
 //! answers for itself: host nodes through their model SMA/PMA, switches
 //! through theirs, HCAs through their QP0/QP1 and driver).
 //!
+//! A request for QP0 or QP1 of a host node that its SMA or PMA does not
+//! answer goes to the node's SM client only if OpenSM registered an agent
+//! for its class, version and method ([`sm_takes`]); otherwise the node's
+//! MAD layer answers a Get or Set with status 0x000C and drops the rest,
+//! as a real host's does, so no peer's traffic reaches (and, through
+//! umad2sim, crashes) OpenSM.
+//!
 //! The server is polled ([`IbsimServer::poll`]) from whatever drives the
 //! fabric and never blocks. Every client request either gets its answer
 //! or, when none comes within [`IbsimServer::timeout`], comes back with
@@ -27,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::Fabric;
 use super::host_node::{Handled, HostNode, Mad};
-use crate::fabric::packet::{MAD_LEN, method};
+use crate::fabric::packet::{MAD_LEN, MadHdr, method, mgmt_class};
 
 /// Client slots of one server (IBSIM_MAX_CLIENTS).
 pub const MAX_CLIENTS: usize = 10;
@@ -86,6 +93,9 @@ pub struct ServerStats {
     pub to_clients: u64,
     /// Traps (SubnTrap) handed to an SM client.
     pub traps_to_sm: u64,
+    /// Gets and Sets no client's agent takes, answered by the node's MAD
+    /// layer with status 0x000C ([`HostNode::unsupported_reply`]).
+    pub unsupported_replies: u64,
     /// Requests returned with status 110 after the timeout.
     pub timeouts: u64,
     /// Requests returned with status 110 at once (no route, nobody to
@@ -615,8 +625,10 @@ impl IbsimServer {
                     self.clients
                         .iter()
                         .position(|c| c.as_ref().is_some_and(|c| c.node == node && c.qp == m.dqp))
-                } else {
+                } else if sm_takes(&m.hdr()) {
                     self.sm_client(node)
+                } else {
+                    None
                 };
                 match target {
                     Some(t) => {
@@ -627,6 +639,7 @@ impl IbsimServer {
                             self.bounce(node, m.tid());
                         }
                     }
+                    None if m.dqp <= 1 => self.unmatched(fabric, now_ns, node, m, local),
                     None => {
                         self.drop_for("no one to handle the request");
                         if local {
@@ -644,20 +657,66 @@ impl IbsimServer {
         }
     }
 
-    /// A response reached `node`: to the client whose request it answers.
+    /// A request for QP0 or QP1 of `node` that no client's agent takes
+    /// (see [`sm_takes`]): the node's MAD layer answers a Get or Set with
+    /// status 0x000C and drops anything else, as a real host's does.
+    fn unmatched(&mut self, fabric: &mut Fabric, now_ns: u64, node: usize, m: Mad, local: bool) {
+        let Some(r) = self.nodes[node].unsupported_reply(&m) else {
+            self.drop_for("no agent for the class and method");
+            if local {
+                self.bounce(node, m.tid());
+            }
+            return;
+        };
+        self.stats.unsupported_replies += 1;
+        if local {
+            self.response(node, r);
+        } else if let Err(why) = self.nodes[node].transmit(fabric, now_ns, &r) {
+            self.drop_for(why);
+        }
+    }
+
+    /// A response reached `node`: to the client whose request it answers
+    /// (same TID and class, as a MAD layer matches a response to its
+    /// send).
     fn response(&mut self, node: usize, mut m: Mad) {
         let tid = m.tid();
+        let class = m.hdr().mgmt_class;
         let Some(k) = self
             .pending
             .iter()
-            .position(|p| p.node == node && p.tid == tid)
+            .position(|p| p.node == node && p.tid == tid && p.req.hdr().mgmt_class == class)
         else {
-            self.drop_for("response nobody waits for (late or unknown TID)");
+            self.drop_for("response nobody waits for (late, unknown TID or class)");
             return;
         };
         let p = self.pending.swap_remove(k);
         m.set_tid(p.orig_tid);
         self.send_to_client(p.slot, &m, 0);
+    }
+}
+
+/// Whether the MAD layer of a host node hands the unsolicited request
+/// with header `h` to an SM client: what OpenSM registers (its ibumad
+/// vendor layer's `umad_register` calls): the SM's agents for both SMP
+/// classes, class version 1, as responder and trap processor (Get, Set,
+/// Trap, TrapRepress), and the SA's agent, class 0x03 version 2, as
+/// responder (Get, Set, GetTable, Delete). Its PerfMgr and
+/// congestion-control agents register no method (they take responses to
+/// their own requests only). umad2sim tells the server nothing of this
+/// and crashes on a MAD of a class nobody registered, so OpenSM gets
+/// only these; a real host's MAD layer delivers no more either.
+pub fn sm_takes(h: &MadHdr) -> bool {
+    match (h.mgmt_class, h.class_version) {
+        (mgmt_class::SUBN_LID_ROUTED | mgmt_class::SUBN_DIRECTED_ROUTE, 1) => matches!(
+            h.method,
+            method::GET | method::SET | method::TRAP | method::TRAP_REPRESS
+        ),
+        (mgmt_class::SUBN_ADM, 2) => matches!(
+            h.method,
+            method::GET | method::SET | method::GET_TABLE | method::DELETE
+        ),
+        _ => false,
     }
 }
 

@@ -238,6 +238,10 @@ pub const MAX_INBOUND: usize = 4096;
 /// Packet buffers [`Fabric::recycle`] keeps at most.
 pub const MAX_SPARE: usize = 256;
 
+/// How long a switch port's link stays down when an SMP makes it retrain
+/// (PortPhysicalState Polling on a live link: `ibportstate reset`).
+pub const RETRAIN_NS: u64 = 1_000_000;
+
 /// Switch hops after which a packet is taken to be looping and dropped.
 pub const MAX_HOPS: u8 = 64;
 
@@ -265,6 +269,9 @@ pub struct FabricStats {
 enum Event {
     Unplug(PortId),
     Connect(PortId, PortId),
+    /// A switch port whose link retrains is enabled again (if no SMP
+    /// disabled it meanwhile).
+    Retrained(PortId),
 }
 
 /// A cable pull waiting for traffic ([`Fabric::unplug_after_bytes`]).
@@ -885,6 +892,19 @@ impl Fabric {
             let _ = match ev {
                 Event::Unplug(p) => self.unplug(p),
                 Event::Connect(a, b) => self.connect(a, b),
+                Event::Retrained(p) => {
+                    let wanted = match self.owner(p) {
+                        Some(Owner::Switch { switch, port }) => {
+                            self.switch(switch).is_some_and(|sw| sw.port_enabled(port))
+                        }
+                        _ => false,
+                    };
+                    if wanted {
+                        self.set_enabled(p, true)
+                    } else {
+                        Ok(())
+                    }
+                }
             };
         }
         self.send_traps(now_ns);
@@ -958,12 +978,19 @@ impl Fabric {
             sw.receive_crc_owed(in_port, f.pkt, f.owed)
         };
         if smp {
-            self.sync_switch_enables(id);
+            self.sync_switch_enables(id, f.due);
         }
         match action {
             switch::Action::Send(e, pkt) => {
                 if let Some(out) = self.switch_port(id, e) {
                     self.send(out, pkt, f.due, f.hops.saturating_add(1), f.owed);
+                }
+            }
+            switch::Action::Replicate(copies) => {
+                for (e, pkt) in copies {
+                    if let Some(out) = self.switch_port(id, e) {
+                        self.send(out, pkt, f.due, f.hops.saturating_add(1), f.owed);
+                    }
                 }
             }
             switch::Action::Drop(why) => {
@@ -972,12 +999,21 @@ impl Fabric {
         }
     }
 
-    /// An SMP may have disabled or enabled switch ports (PortInfo
-    /// PortPhysicalState); the wire follows.
-    fn sync_switch_enables(&mut self, id: SwitchId) {
-        let Some((sw, ports)) = self.switches.get(id.0) else {
+    /// An SMP may have disabled, enabled or reset switch ports (PortInfo
+    /// PortPhysicalState); the wire follows. A reset takes the link down
+    /// now and enables it again [`RETRAIN_NS`] later.
+    fn sync_switch_enables(&mut self, id: SwitchId, now_ns: u64) {
+        let Some((sw, ports)) = self.switches.get_mut(id.0) else {
             return;
         };
+        let mut retrain = Vec::new();
+        for p in 1..=sw.nports() {
+            if sw.take_retrain(p)
+                && let Some(fp) = ports.get(usize::from(p))
+            {
+                retrain.push(*fp);
+            }
+        }
         let changes: Vec<(PortId, bool)> = (1..=sw.nports())
             .filter_map(|p| {
                 let fp = *ports.get(usize::from(p))?;
@@ -988,6 +1024,13 @@ impl Fabric {
         for (fp, en) in changes {
             let _ = self.set_enabled(fp, en);
         }
+        for fp in retrain {
+            let _ = self.set_enabled(fp, false);
+            self.events
+                .push((now_ns.saturating_add(RETRAIN_NS), Event::Retrained(fp)));
+            self.events.sort_by_key(|(t, _)| *t);
+        }
+        self.publish();
     }
 
     /// Programs every switch as an SM's min-hop routing would, without

@@ -3,15 +3,21 @@
 //! A SwitchX-class InfiniBand switch (vendor 0x02c9, device 0xc738, as
 //! ibsim's examples use; 36 ports by default): its SMA on port 0
 //! (NodeInfo, NodeDescription, SwitchInfo, PortInfo of every port,
-//! P_KeyTable of port 0, LinearForwardingTable get/set), directed-route
-//! SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9 and C14-13),
-//! LID routing by the linear forwarding table, and a PMA (ClassPortInfo,
-//! PortCounters, PortCountersExtended) per port; multicast forwarding,
-//! SL-to-VL mapping and VL arbitration (their tables are kept and
-//! reported, not applied), random forwarding tables, traps other than
-//! Trap 128 (sent once per port state change, not repeated),
-//! partition enforcement on external ports and the LID-routed parts of
-//! directed-route SMPs (non-permissive DrSLID/DrDLID) are not modelled.
+//! P_KeyTable of port 0 and the partition enforcement table of every
+//! external port, GUIDInfo, LinearForwardingTable and
+//! MulticastForwardingTable get/set, Mellanox's ExtendedPortInfo 0xFF90),
+//! directed-route SMP processing at each hop (IBTA vol. 1 14.2.2, C14-9
+//! and C14-13, with a LID-routed start whose response goes back by LID to
+//! the DrSLID), LID routing by the linear forwarding table, multicast
+//! replication by the multicast one, partition enforcement and raw
+//! filtering on external ports as the SM turns them on, M_Key protection
+//! levels 1 and 2, and a PMA (ClassPortInfo, PortCounters,
+//! PortCountersExtended) per port; SL-to-VL mapping and VL arbitration
+//! (their tables are kept and reported, not applied), random forwarding
+//! tables, FDR10 (ExtendedPortInfo reports none, as ibsim does by
+//! default), traps other than Trap 128 (sent once per port state change,
+//! not repeated) and a LID-routed end of a directed route (a
+//! non-permissive DrDLID) are not modelled.
 //!
 //! Written from the IBTA attribute layouts (14.2.5 and 16.1.3), with
 //! ibsim and OpenSM as facts; the directed-route rules follow the spec's
@@ -23,7 +29,12 @@
 //! PortInfo) moves it to Armed and Active, as on a real switch. SMPs
 //! (VL15) cross ports in any state with the link up; other packets enter
 //! only through Armed or Active ports and leave only through Active ones
-//! (else PortXmitDiscards on the egress port).
+//! (else PortXmitDiscards on the egress port). Base port 0 has no link:
+//! it is Initialize until the SM gives the switch a LID and Active after
+//! (ibsim reports it so). PortPhysicalState Disabled takes a port's link
+//! down (the peer sees its cable go dark) until a Set of Polling; Polling
+//! on a live link retrains it (down, then up [`super::RETRAIN_NS`]
+//! later), as `ibportstate disable`, `enable` and `reset` do.
 //!
 //! Counters (PortCounters): PortRcvPkts/PortRcvData for every packet received (data
 //! in 4-byte words, LRH to ICRC), PortXmitPkts/Data for every packet sent; a bad
@@ -33,11 +44,14 @@
 //! does a bad ICRC on a packet the SMA or PMA takes (port 0 is its end port); a
 //! packet said to owe its CRCs is checked unless it provably does
 //! ([`Switch::receive_crc_owed`]); an unknown or unroutable DLID counts
-//! PortRcvSwitchRelayErrors on the ingress port; an SMP the SMI discards (bad hop
-//! pointer, bad path, unsupported LID-routed DR part) counts VL15Dropped; a packet
-//! whose egress link is down or not Active counts PortXmitDiscards (so does a full
-//! queue at the far end); a link going down counts LinkDownedCounter on the switch
-//! port.
+//! PortRcvSwitchRelayErrors on the ingress port, and so does a multicast
+//! LID without an entry; a P_Key refused by partition enforcement (or a
+//! raw packet filtered) counts PortRcvConstraintErrors on the ingress
+//! port or PortXmitConstraintErrors on the egress one; an SMP the SMI discards
+//! (bad hop pointer, bad path, unsupported LID-routed DR part) counts
+//! VL15Dropped; a packet whose egress link is down or not Active counts
+//! PortXmitDiscards (so does a full queue at the far end); a link going
+//! down counts LinkDownedCounter on the switch port.
 
 use super::Packet;
 use super::{LogicalState, PhysicalState};
@@ -61,6 +75,25 @@ pub const LFT_CAP: usize = 0xc000;
 pub const PKEY_CAP: usize = 32;
 /// An LFT entry with no port.
 pub const LFT_NONE: u8 = 0xff;
+/// Multicast forwarding table capacity (MLIDs from 0xC000; ibsim's).
+pub const MCAST_CAP: usize = 1024;
+/// The first multicast LID.
+pub const MLID_BASE: u16 = 0xc000;
+/// P_Key entries of each external port's partition enforcement table
+/// (SwitchInfo PartitionEnforcementCap; ibsim's).
+pub const PART_ENFORCE_CAP: usize = 64;
+/// PortInfo CapabilityMask of port 0, as ibsim answers for a switch:
+/// IsTrapSupported, IsSLMappingSupported, IsExtendedSpeedsSupported,
+/// IsCapabilityMask2Supported (external ports report 0).
+pub const PORT0_CAP_MASK: u32 = 0xc048;
+/// PortInfo byte 43 (low nibble): PartitionEnforcementInbound.
+const ENFORCE_IN: u8 = 0x8;
+/// PartitionEnforcementOutbound.
+const ENFORCE_OUT: u8 = 0x4;
+/// FilterRawInbound.
+const FILTER_RAW_IN: u8 = 0x2;
+/// FilterRawOutbound.
+const FILTER_RAW_OUT: u8 = 0x1;
 
 /// Why a packet for port 0 with a bad ICRC was dropped.
 const BAD_ICRC: &str = "bad ICRC on a packet for the switch's SMA or PMA";
@@ -81,6 +114,11 @@ pub struct PortCounters {
     pub xmit_discards: u64,
     /// VL15Dropped.
     pub vl15_dropped: u64,
+    /// PortXmitConstraintErrors (outbound partition enforcement).
+    pub xmit_constraint_errors: u64,
+    /// PortRcvConstraintErrors (inbound partition enforcement, raw
+    /// filtering).
+    pub rcv_constraint_errors: u64,
     /// PortXmitData (4-byte words).
     pub xmit_data: u64,
     /// PortRcvData (4-byte words).
@@ -99,6 +137,8 @@ impl PortCounters {
         self.rcv_switch_relay_errors += o.rcv_switch_relay_errors;
         self.xmit_discards += o.xmit_discards;
         self.vl15_dropped += o.vl15_dropped;
+        self.xmit_constraint_errors += o.xmit_constraint_errors;
+        self.rcv_constraint_errors += o.rcv_constraint_errors;
         self.xmit_data += o.xmit_data;
         self.rcv_data += o.rcv_data;
         self.xmit_pkts += o.xmit_pkts;
@@ -121,6 +161,20 @@ pub struct SwitchPort {
     pub op_vls: u8,
     /// Counters.
     pub counters: PortCounters,
+    /// Partition enforcement and raw filtering (PortInfo byte 43, low
+    /// nibble), as the SM set them.
+    pub enforce: u8,
+    /// The partition enforcement table (SwitchInfo
+    /// PartitionEnforcementCap entries).
+    pub pkeys: [u16; PART_ENFORCE_CAP],
+    /// Mellanox ExtendedPortInfo StateChangeEnable.
+    pub mlnx_state_change_enable: u8,
+    /// Mellanox ExtendedPortInfo LinkSpeedEnabled.
+    pub mlnx_speed_enabled: u8,
+    /// SubnSet(PortInfo) asked an enabled port with its link up for
+    /// PortPhysicalState Polling: the fabric retrains the link (down, then
+    /// up again).
+    retrain: bool,
 }
 
 impl SwitchPort {
@@ -140,6 +194,15 @@ impl SwitchPort {
             neighbor_mtu: 5,
             op_vls: 4,
             counters: PortCounters::default(),
+            enforce: 0,
+            pkeys: {
+                let mut k = [0u16; PART_ENFORCE_CAP];
+                k[0] = 0xffff;
+                k
+            },
+            mlnx_state_change_enable: 0,
+            mlnx_speed_enabled: 0,
+            retrain: false,
         }
     }
 }
@@ -149,6 +212,8 @@ impl SwitchPort {
 pub enum Action {
     /// Send this packet out of this port.
     Send(u8, Packet),
+    /// Send a copy out of each of these ports (a multicast packet).
+    Replicate(Vec<(u8, Packet)>),
     /// Dropped (counted), for this reason.
     Drop(&'static str),
 }
@@ -171,6 +236,11 @@ pub struct Switch {
     ports: Vec<SwitchPort>,
     lft: Vec<u8>,
     lft_top: u16,
+    /// MulticastForwardingTable: per MLID, the port mask in 16-port
+    /// pieces (`mft_positions` of them).
+    mft: Vec<u16>,
+    mft_positions: usize,
+    mft_top: u16,
     pkeys: [u16; PKEY_CAP],
     /// SLtoVLMappingTable per (input port, output port), as written.
     sl2vl: std::collections::BTreeMap<(u8, u8), [u8; 8]>,
@@ -211,6 +281,9 @@ impl Switch {
             ports: (0..=n).map(|i| SwitchPort::new(i == 0)).collect(),
             lft: vec![LFT_NONE; LFT_CAP],
             lft_top: 0,
+            mft: vec![0; MCAST_CAP * (usize::from(n) / 16 + 1)],
+            mft_positions: usize::from(n) / 16 + 1,
+            mft_top: 0,
             pkeys,
             sl2vl: std::collections::BTreeMap::new(),
             vlarb: std::collections::BTreeMap::new(),
@@ -261,6 +334,33 @@ impl Switch {
         self.lft_top
     }
 
+    /// The ports the multicast forwarding table sends MLID `mlid` to
+    /// (empty for an MLID without an entry or outside the table).
+    pub fn mft_ports(&self, mlid: u16) -> Vec<u8> {
+        let Some(idx) = mlid.checked_sub(MLID_BASE).map(usize::from) else {
+            return Vec::new();
+        };
+        if idx >= MCAST_CAP {
+            return Vec::new();
+        }
+        let n = usize::from(self.nports());
+        (0..self.mft_positions)
+            .flat_map(|pos| {
+                let mask = self.mft[idx * self.mft_positions + pos];
+                (0..16)
+                    .filter(move |b| mask & (1 << b) != 0)
+                    .map(move |b| pos * 16 + b)
+            })
+            .filter(|&p| p <= n)
+            .map(|p| p as u8)
+            .collect()
+    }
+
+    /// MulticastFDBTop (0: not set, the whole table applies).
+    pub fn mft_top(&self) -> u16 {
+        self.mft_top
+    }
+
     /// Whether the physical link of port `p` is up.
     pub fn link_up(&self, p: u8) -> bool {
         self.port(p)
@@ -270,6 +370,14 @@ impl Switch {
     /// Whether port `p` is enabled (not disabled by an SMP).
     pub fn port_enabled(&self, p: u8) -> bool {
         self.port(p).is_some_and(|sp| !sp.disabled)
+    }
+
+    /// Whether an SMP asked port `p`'s link to retrain (PortPhysicalState
+    /// Polling on a live link); the flag is taken.
+    pub(crate) fn take_retrain(&mut self, p: u8) -> bool {
+        self.ports
+            .get_mut(usize::from(p))
+            .is_some_and(|sp| std::mem::take(&mut sp.retrain))
     }
 
     /// The fabric tells the switch that the physical link of port `p` went
@@ -325,7 +433,7 @@ impl Switch {
         let h = packet::mad_headers(self.sm_lid, self.lid, 0, 0, packet::DEFAULT_PKEY);
         match self.emit(e, &h, &smp.to_bytes()) {
             Action::Send(e, p) => Some((e, p)),
-            Action::Drop(_) => None,
+            Action::Replicate(_) | Action::Drop(_) => None,
         }
     }
 
@@ -459,6 +567,9 @@ impl Switch {
             }
             return self.receive_gmp(in_port, &pkt.bytes, &parsed);
         }
+        if (MLID_BASE..PERMISSIVE_LID).contains(&lrh.dlid) {
+            return self.multicast(in_port, lrh.dlid, pkt);
+        }
         match self.route(lrh.dlid) {
             Some(0) | None => {
                 self.ingress(in_port).rcv_switch_relay_errors += 1;
@@ -473,8 +584,112 @@ impl Switch {
                     self.count_xmit_discard(e);
                     return Action::Drop("egress port not Active");
                 }
+                if let Err(why) = self.partition_in(in_port, &pkt.bytes) {
+                    return Action::Drop(why);
+                }
+                if let Err(why) = self.partition_out(e, &pkt.bytes) {
+                    return Action::Drop(why);
+                }
                 Action::Send(e, pkt)
             }
+        }
+    }
+
+    /// A packet for a multicast LID: a copy out of every port of the
+    /// MLID's port mask that is Active, except the one it came in on. An
+    /// MLID without an entry (or above MulticastFDBTop) is dropped and
+    /// counted as a unicast DLID without a route is (PortRcvSwitchRelayErrors).
+    fn multicast(&mut self, in_port: u8, mlid: u16, pkt: Packet) -> Action {
+        let above_top = self.mft_top != 0 && mlid > self.mft_top;
+        let ports: Vec<u8> = if above_top {
+            Vec::new()
+        } else {
+            self.mft_ports(mlid)
+                .into_iter()
+                .filter(|&p| p != 0 && p != in_port)
+                .collect()
+        };
+        if ports.is_empty() {
+            self.ingress(in_port).rcv_switch_relay_errors += 1;
+            // As a unicast DLID without an LFT entry.
+            return Action::Drop("unknown DLID");
+        }
+        if let Err(why) = self.partition_in(in_port, &pkt.bytes) {
+            return Action::Drop(why);
+        }
+        let mut out = Vec::with_capacity(ports.len());
+        for e in ports {
+            if self.ports[usize::from(e)].state != LogicalState::Active {
+                self.count_xmit_discard(e);
+                continue;
+            }
+            if self.partition_out(e, &pkt.bytes).is_err() {
+                continue;
+            }
+            out.push((e, pkt.clone()));
+        }
+        if out.is_empty() {
+            return Action::Drop("no Active egress port in the MLID's port mask");
+        }
+        Action::Replicate(out)
+    }
+
+    /// Partition enforcement and raw filtering at ingress port `p`, if the
+    /// SM turned them on (PortInfo PartitionEnforcementInbound,
+    /// FilterRawInbound): the packet's P_Key must be in the port's table
+    /// (its 15-bit base: a switch does not check membership types).
+    /// A refusal counts PortRcvConstraintErrors.
+    fn partition_in(&mut self, p: u8, bytes: &[u8]) -> Result<(), &'static str> {
+        let r = self.partition_check(p, bytes, ENFORCE_IN, FILTER_RAW_IN);
+        if r.is_err() {
+            self.ingress(p).rcv_constraint_errors += 1;
+        }
+        r
+    }
+
+    /// The same at egress port `p` (PartitionEnforcementOutbound,
+    /// FilterRawOutbound; PortXmitConstraintErrors).
+    fn partition_out(&mut self, p: u8, bytes: &[u8]) -> Result<(), &'static str> {
+        let r = self.partition_check(p, bytes, ENFORCE_OUT, FILTER_RAW_OUT);
+        if r.is_err()
+            && let Some(sp) = self.ports.get_mut(usize::from(p))
+        {
+            sp.counters.xmit_constraint_errors += 1;
+        }
+        r
+    }
+
+    fn partition_check(
+        &self,
+        p: u8,
+        bytes: &[u8],
+        enforce: u8,
+        filter_raw: u8,
+    ) -> Result<(), &'static str> {
+        let Some(sp) = self.ports.get(usize::from(p)) else {
+            return Ok(());
+        };
+        if sp.enforce & (enforce | filter_raw) == 0 {
+            return Ok(());
+        }
+        // LRH LNH: 0 and 1 raw, 2 BTH next, 3 GRH then BTH.
+        let bth = match bytes.get(1).map(|b| b & 3) {
+            Some(2) => 8,
+            Some(3) => 8 + 40,
+            _ if sp.enforce & filter_raw != 0 => return Err("raw packet filtered"),
+            _ => return Ok(()),
+        };
+        if sp.enforce & enforce == 0 {
+            return Ok(());
+        }
+        let Some(pk) = bytes.get(bth + 2..bth + 4) else {
+            return Err("no BTH to read the P_Key from");
+        };
+        let pk = u16::from_be_bytes([pk[0], pk[1]]) & 0x7fff;
+        if pk != 0 && sp.pkeys.iter().any(|&k| k & 0x7fff == pk) {
+            Ok(())
+        } else {
+            Err("P_Key not in the switch port's partition table")
         }
     }
 
@@ -494,11 +709,11 @@ impl Switch {
     fn receive_smp(&mut self, in_port: u8, bytes: &[u8], p: &packet::Parsed) -> Action {
         let mad = p.payload(bytes);
         let dlid = p.hdr.lrh.dlid;
-        // Directed route (taken by the SMA at every hop), or for this
-        // switch: the SMA's. Its CRCs before anything reads the MAD.
-        let for_sma = mad.get(1) == Some(&mgmt_class::SUBN_DIRECTED_ROUTE)
-            || dlid == PERMISSIVE_LID
-            || self.is_own_lid(dlid);
+        // For this switch's SMA: the permissive LID (a directed route, at
+        // every hop) or its own LID (LID routed, or the LID-routed start
+        // of a directed route); anything else is LID-routed through. Its
+        // CRCs before anything reads the MAD.
+        let for_sma = dlid == PERMISSIVE_LID || self.is_own_lid(dlid);
         if for_sma && !self.end_port_check(in_port, bytes) {
             return Action::Drop(BAD_ICRC);
         }
@@ -509,7 +724,7 @@ impl Switch {
                 return Action::Drop("not an SMP this SMA takes");
             }
         };
-        if smp.is_dr() {
+        if smp.is_dr() && for_sma {
             return self.receive_dr(in_port, p, smp);
         }
         // LID routed.
@@ -569,7 +784,19 @@ impl Switch {
         }
         let ptr = smp.hop_ptr;
         let n = self.nports();
+        // Reached by LID routing (the first, LID-routed part of a directed
+        // route whose DrSLID is the requester's LID).
+        let lid_routed_start = self.is_own_lid(p.hdr.lrh.dlid) && smp.dr_slid != PERMISSIVE_LID;
         if !smp.direction {
+            if cnt != 0 && ptr == 0 && lid_routed_start {
+                // C14-9:1 here: the directed part starts at this switch.
+                smp.hop_ptr = 1;
+                let e = smp.initial_path[1];
+                if e == 0 || e > n {
+                    return drop(self, "initial path names no port");
+                }
+                return self.forward_smp(e, p, &smp);
+            }
             if cnt != 0 && ptr == 0 {
                 return drop(self, "outgoing SMP with hop pointer 0 (C14-9:1)");
             }
@@ -610,10 +837,29 @@ impl Switch {
             }
             return self.forward_smp(e, p, &smp);
         }
-        drop(
-            self,
-            "returning SMP ends at a switch (no SM here; LID-routed parts not modelled)",
-        )
+        if ptr == 1 && smp.dr_slid != PERMISSIVE_LID {
+            // C14-13:3: the end of the directed part; LID routed from here
+            // to the requester.
+            smp.hop_ptr = 0;
+            return self.lid_route_smp(in_port, p, &smp);
+        }
+        drop(self, "returning SMP ends at a switch (no SM here)")
+    }
+
+    /// Sends a directed-route SMP by LID routing to its DrSLID (the
+    /// LID-routed last part of a response), from this switch's LID.
+    fn lid_route_smp(&mut self, in_port: u8, p: &packet::Parsed, smp: &Smp) -> Action {
+        let Some(e) = self.route(smp.dr_slid).filter(|&e| e != 0) else {
+            self.ingress(in_port).rcv_switch_relay_errors += 1;
+            return Action::Drop("no route to the DrSLID");
+        };
+        if !self.link_up(e) {
+            self.count_xmit_discard(e);
+            return Action::Drop("egress link down");
+        }
+        let mut h = packet::mad_headers(smp.dr_slid, self.lid, 0, 0, p.hdr.bth.pkey);
+        h.lrh.sl = p.hdr.lrh.sl;
+        self.emit(e, &h, &smp.to_bytes())
     }
 
     /// Answers a DR SMP that reached this switch and sends the response
@@ -629,6 +875,11 @@ impl Switch {
         };
         resp.direction = true;
         let cnt = resp.hop_cnt;
+        if cnt == 0 && resp.dr_slid != PERMISSIVE_LID && self.is_own_lid(p.hdr.lrh.dlid) {
+            // Reached by LID routing alone: back the same way.
+            resp.hop_ptr = 0;
+            return self.lid_route_smp(in_port, p, &resp);
+        }
         if cnt == 0 {
             // A zero-hop SMP addressed to the switch by its neighbour.
             let h = packet::mad_headers(PERMISSIVE_LID, PERMISSIVE_LID, 0, 0, p.hdr.bth.pkey);
@@ -650,8 +901,15 @@ impl Switch {
             self.count_xmit_discard(e);
             return Action::Drop("egress link down");
         }
+        // The directed part travels with permissive LIDs (a directed route
+        // that began by LID routing arrived with this switch's LID).
+        let lrh = Lrh {
+            dlid: PERMISSIVE_LID,
+            slid: PERMISSIVE_LID,
+            ..p.hdr.lrh
+        };
         let h = Headers {
-            lrh: p.hdr.lrh,
+            lrh,
             bth: p.hdr.bth,
             deth: p.hdr.deth,
             grh: p.hdr.grh,
@@ -671,10 +929,8 @@ impl Switch {
     /// says to drop it silently.
     fn sma(&mut self, in_port: u8, smp: Smp) -> Option<Smp> {
         let meth = smp.hdr.method;
-        if self.mkey != 0
-            && smp.mkey != self.mkey
-            && (meth == method::SET || self.mkey_protect >= 2)
-        {
+        let key_ok = self.mkey == 0 || smp.mkey == self.mkey;
+        if !key_ok && (meth == method::SET || self.mkey_protect >= 2) {
             self.mkey_violations = self.mkey_violations.saturating_add(1);
             return None;
         }
@@ -721,6 +977,7 @@ impl Switch {
                         self.port_state_change = false;
                     }
                     self.life_time = d[11] >> 3;
+                    self.mft_top = u16::from_be_bytes([d[18], d[19]]);
                 }
                 self.encode_switch_info(out);
             }
@@ -729,26 +986,82 @@ impl Switch {
                 if port > self.nports() {
                     return mad_status::INVALID_FIELD;
                 }
+                // IBTA 14.2.4.1, protection level 1: a Get without the
+                // key is answered with the M_Key field 0 (level 2 and up
+                // do not answer it at all: `sma`).
+                let show_mkey = self.mkey == 0 || smp.mkey == self.mkey || self.mkey_protect != 1;
                 if set && let Err(s) = self.port_info_set(port, d) {
-                    self.encode_port_info(port, in_port, out);
+                    self.encode_port_info(port, in_port, show_mkey, out);
                     return s;
                 }
-                self.encode_port_info(port, in_port, out);
+                self.encode_port_info(port, in_port, show_mkey, out);
             }
             (attr::PKEY_TABLE, _) => {
+                // Port 0's table (NodeInfo PartitionCap) or an external
+                // port's partition enforcement table (SwitchInfo
+                // PartitionEnforcementCap), 32 entries a block.
                 let port = (m >> 16) as u8;
                 let block = (m & 0xffff) as usize;
-                if port != 0 || block != 0 {
+                let t: &mut [u16] = if port == 0 {
+                    &mut self.pkeys
+                } else if port <= self.nports() {
+                    &mut self.ports[usize::from(port)].pkeys
+                } else {
                     return mad_status::INVALID_FIELD;
-                }
+                };
+                let Some(t) = t.get_mut(block * 32..block * 32 + 32) else {
+                    return mad_status::INVALID_FIELD;
+                };
                 if set {
-                    for (k, e) in self.pkeys.iter_mut().enumerate() {
+                    for (k, e) in t.iter_mut().enumerate() {
                         *e = u16::from_be_bytes([d[2 * k], d[2 * k + 1]]);
                     }
                 }
-                for (k, e) in self.pkeys.iter().enumerate() {
+                for (k, e) in t.iter().enumerate() {
                     out[2 * k..2 * k + 2].copy_from_slice(&e.to_be_bytes());
                 }
+            }
+            (attr::GUID_INFO, _) => {
+                // GUIDCap 1: block 0, entry 0 is port 0's GUID, the node
+                // GUID (read-only; ibsim answers the same).
+                if m != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                out.fill(0);
+                out[0..8].copy_from_slice(&self.node_guid.to_be_bytes());
+            }
+            (attr::MULTICAST_FORWARDING_TABLE, _) => {
+                // Modifier: PortMask position (bits 31:28, 16 ports
+                // each) and the block of 32 MLIDs (bits 8:0).
+                let pos = (m >> 28) as usize;
+                let block = (m & 0x1ff) as usize;
+                if pos >= self.mft_positions || block >= MCAST_CAP / 32 {
+                    return mad_status::INVALID_FIELD;
+                }
+                for k in 0..32 {
+                    let e = &mut self.mft[(block * 32 + k) * self.mft_positions + pos];
+                    if set {
+                        *e = u16::from_be_bytes([d[2 * k], d[2 * k + 1]]);
+                    }
+                    out[2 * k..2 * k + 2].copy_from_slice(&e.to_be_bytes());
+                }
+            }
+            (attr::MLNX_EXT_PORT_INFO, _) => {
+                // Mellanox ExtendedPortInfo of port `m`: StateChangeEnable
+                // (byte 3), LinkSpeedSupported/Enabled/Active (bytes 7,
+                // 11, 15; bit 0 is FDR10). The model's links do not run
+                // FDR10, so none is supported, enabled or active (as
+                // ibsim answers by default); a Set keeps what it may.
+                let port = (m & 0xff) as u8;
+                if port > self.nports() || m >> 8 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                let sp = &mut self.ports[usize::from(port)];
+                if set {
+                    sp.mlnx_state_change_enable = d[3] & 1;
+                    sp.mlnx_speed_enabled = d[11] & MLNX_SPEEDS_SUPPORTED;
+                }
+                *out = mlnx_ext_port_info(sp.mlnx_state_change_enable, sp.mlnx_speed_enabled);
             }
             (attr::SL_TO_VL_TABLE, _) => {
                 // Kept and reported; forwarding does not remap VLs.
@@ -795,23 +1108,32 @@ impl Switch {
         out.fill(0);
         out[0..2].copy_from_slice(&(LFT_CAP as u16).to_be_bytes()); // LinearFDBCap
         out[2..4].copy_from_slice(&0u16.to_be_bytes()); // RandomFDBCap
-        out[4..6].copy_from_slice(&0u16.to_be_bytes()); // MulticastFDBCap
+        out[4..6].copy_from_slice(&(MCAST_CAP as u16).to_be_bytes()); // MulticastFDBCap
         out[6..8].copy_from_slice(&self.lft_top.to_be_bytes());
         out[8] = 0; // DefaultPort
-        out[9] = 0xff;
-        out[10] = 0xff;
+        out[9] = 0; // DefaultMulticastPrimaryPort
+        out[10] = 0; // DefaultMulticastNotPrimaryPort
         out[11] = (self.life_time & 0x1f) << 3 | u8::from(self.port_state_change) << 2;
         out[12..14].copy_from_slice(&0u16.to_be_bytes()); // LIDsPerPort
-        out[14..16].copy_from_slice(&0u16.to_be_bytes()); // PartitionEnforcementCap
+        out[14..16].copy_from_slice(&(PART_ENFORCE_CAP as u16).to_be_bytes());
+        // Inbound and outbound enforcement, raw filtering both ways; base
+        // port 0 (not enhanced).
+        out[16] = 0xf0;
+        out[18..20].copy_from_slice(&self.mft_top.to_be_bytes()); // MulticastFDBTop
     }
 
-    fn encode_port_info(&self, port: u8, in_port: u8, out: &mut [u8; 64]) {
+    fn encode_port_info(&self, port: u8, in_port: u8, show_mkey: bool, out: &mut [u8; 64]) {
         out.fill(0);
         let sp = &self.ports[usize::from(port)];
-        out[0..8].copy_from_slice(&self.mkey.to_be_bytes());
+        if show_mkey {
+            out[0..8].copy_from_slice(&self.mkey.to_be_bytes());
+        }
         out[8..16].copy_from_slice(&self.gid_prefix.to_be_bytes());
         out[16..18].copy_from_slice(&self.lid.to_be_bytes());
         out[18..20].copy_from_slice(&self.sm_lid.to_be_bytes());
+        if port == 0 {
+            out[20..24].copy_from_slice(&PORT0_CAP_MASK.to_be_bytes());
+        }
         out[26..28].copy_from_slice(&self.mkey_lease.to_be_bytes());
         out[28] = in_port; // LocalPortNum: where the SMP came in
         out[29] = 0x03; // LinkWidthEnabled 1x, 4x
@@ -827,7 +1149,7 @@ impl Switch {
         out[40] = 8;
         out[41] = 5; // MTUCap 4096
         out[42] = 0x1f; // HOQLife
-        out[43] = sp.op_vls << 4;
+        out[43] = sp.op_vls << 4 | sp.enforce;
         out[44..46].copy_from_slice(&self.mkey_violations.to_be_bytes());
         out[50] = 1; // GUIDCap
         out[51] = self.subnet_timeout & 0x1f;
@@ -873,6 +1195,9 @@ impl Switch {
         if (1..=4).contains(&vls) {
             sp.op_vls = vls;
         }
+        if port != 0 {
+            sp.enforce = d[43] & 0x0f;
+        }
         match phys_req {
             3 if port != 0 && !sp.disabled => {
                 // Down at once; the fabric takes the cable's link down
@@ -894,6 +1219,12 @@ impl Switch {
                 sp.phys = PhysicalState::Polling;
                 return Ok(());
             }
+            2 if port != 0 && sp.phys == PhysicalState::LinkUp => {
+                // Polling on a live link: it retrains (the fabric takes it
+                // down and up again right after this SMP).
+                sp.retrain = true;
+                return Ok(());
+            }
             _ => {}
         }
         match new_state {
@@ -907,6 +1238,11 @@ impl Switch {
             }
             Some(LogicalState::Down) => sp.state = LogicalState::Init,
             Some(s) => sp.state = s,
+            // Base port 0 has no link of its own: it is Active once the SM
+            // gave the switch a LID (ibsim reports it Active too).
+            None if port == 0 && self.lid != 0 && sp.state == LogicalState::Init => {
+                sp.state = LogicalState::Active;
+            }
             None => {}
         }
         Ok(())
@@ -1043,6 +1379,23 @@ impl Switch {
     }
 }
 
+/// Mellanox ExtendedPortInfo LinkSpeedSupported of every port (bit 0 is
+/// FDR10; the model's links do not run it).
+pub const MLNX_SPEEDS_SUPPORTED: u8 = 0;
+
+/// Mellanox ExtendedPortInfo as on the wire (OpenSM's
+/// `ib_mlnx_ext_port_info_t`, libibmad's `IB_MLNX_EXT_PORT_*` fields):
+/// StateChangeEnable, LinkSpeedSupported, LinkSpeedEnabled and
+/// LinkSpeedActive in the last byte of the first four 32-bit words.
+pub fn mlnx_ext_port_info(state_change_enable: u8, speed_enabled: u8) -> [u8; 64] {
+    let mut o = [0u8; 64];
+    o[3] = state_change_enable;
+    o[7] = MLNX_SPEEDS_SUPPORTED;
+    o[11] = speed_enabled;
+    o[15] = 0; // LinkSpeedActive: not FDR10
+    o
+}
+
 /// The link-level checks of a received packet: LRH LVer 0, PktLen equal
 /// to the bytes present, VCRC.
 fn link_check(b: &[u8], vcrc: bool) -> Result<Lrh, packet::PacketError> {
@@ -1079,6 +1432,8 @@ pub(crate) fn encode(c: &PortCounters, d: &mut [u8]) {
     d[8..10].copy_from_slice(&(sat(c.rcv_errors, 0xffff) as u16).to_be_bytes());
     d[12..14].copy_from_slice(&(sat(c.rcv_switch_relay_errors, 0xffff) as u16).to_be_bytes());
     d[14..16].copy_from_slice(&(sat(c.xmit_discards, 0xffff) as u16).to_be_bytes());
+    d[16] = sat(c.xmit_constraint_errors, 0xff) as u8;
+    d[17] = sat(c.rcv_constraint_errors, 0xff) as u8;
     d[22..24].copy_from_slice(&(sat(c.vl15_dropped, 0xffff) as u16).to_be_bytes());
     d[24..28].copy_from_slice(&(sat(c.xmit_data, 0xffff_ffff) as u32).to_be_bytes());
     d[28..32].copy_from_slice(&(sat(c.rcv_data, 0xffff_ffff) as u32).to_be_bytes());
@@ -1099,12 +1454,14 @@ pub(crate) fn encode_ext(c: &PortCounters, d: &mut [u8]) {
 
 /// PortCounters CounterSelect bits (IBTA table 247).
 pub(crate) fn clear(c: &mut PortCounters, sel: u16) {
-    let bits: [(u16, &mut u64); 9] = [
+    let bits: [(u16, &mut u64); 11] = [
         (0x0001, &mut c.symbol_errors),
         (0x0004, &mut c.link_downed),
         (0x0008, &mut c.rcv_errors),
         (0x0020, &mut c.rcv_switch_relay_errors),
         (0x0040, &mut c.xmit_discards),
+        (0x0080, &mut c.xmit_constraint_errors),
+        (0x0100, &mut c.rcv_constraint_errors),
         (0x0800, &mut c.vl15_dropped),
         (0x1000, &mut c.xmit_data),
         (0x2000, &mut c.rcv_data),

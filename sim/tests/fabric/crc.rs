@@ -153,6 +153,7 @@ fn receive_crc_owed_checks_what_is_not_provably_owed() {
 fn what(a: &Action) -> String {
     match a {
         Action::Send(p, _) => format!("sent out of port {p}"),
+        Action::Replicate(c) => format!("sent out of {} ports", c.len()),
         Action::Drop(why) => format!("dropped: {why}"),
     }
 }

@@ -483,3 +483,259 @@ fn m_key_protects_the_switch_sma() {
         "M_KeyViolations counted"
     );
 }
+
+/// IBTA 14.2.4.1, protection level 1: a Get without the key succeeds and
+/// PortInfo's M_Key field reads 0; with the key it shows the key; a Set
+/// without it is refused as at level 2.
+#[test]
+fn m_key_level_1_hides_the_key_from_a_get_without_it() {
+    let mut n = Net::star(1);
+    let p0 = n.port(0);
+    let r = n.set_switch_port_info(0, |d| {
+        d[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+        d[34] = (d[34] & 0x3f) | 1 << 6; // protect bits 1
+    });
+    assert_eq!(r.hdr.status, 0);
+    for port in [0u32, 1] {
+        let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, port, &[0; 64]);
+        assert_eq!(r.hdr.status & 0x7fff, 0, "port {port}: answered");
+        assert_eq!(&r.data[0..8], &[0; 8], "port {port}: M_Key field 0");
+        assert_eq!(r.data[34] >> 6, 1, "protect bits shown");
+    }
+    let with_key = |n: &mut Net, meth: u8, data: &[u8; 64]| -> Vec<sim::fabric::Packet> {
+        let (_, mut b) = n.dr_packet(&[1], meth, attr::PORT_INFO, 0, data);
+        let mad = 8 + 12 + 8;
+        b[mad + 24..mad + 32].copy_from_slice(&0x1234u64.to_be_bytes());
+        packet::reseal(&mut b).unwrap();
+        assert!(n.send(p0, b));
+        n.drain(p0)
+    };
+    let got = with_key(&mut n, method::GET, &[0; 64]);
+    assert_eq!(got.len(), 1);
+    let r = Smp::parse(
+        packet::parse_checked(&got[0].bytes)
+            .unwrap()
+            .payload(&got[0].bytes),
+    )
+    .unwrap();
+    assert_eq!(
+        &r.data[0..8],
+        &0x1234u64.to_be_bytes(),
+        "the key, to its holder"
+    );
+    // A Set without the key: dropped and counted.
+    let mut d = r.data;
+    d[32] &= 0xf0;
+    d[33] &= 0x0f;
+    let (_, b) = n.dr_packet(&[1], method::SET, attr::PORT_INFO, 0, &d);
+    assert!(n.send(p0, b));
+    assert!(n.drain(p0).is_empty(), "no answer to a Set without the key");
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 0, &[0; 64]);
+    assert_eq!(
+        u16::from_be_bytes([r.data[44], r.data[45]]),
+        1,
+        "M_KeyViolations"
+    );
+}
+
+/// SwitchInfo MulticastFDBCap and a MulticastForwardingTable the SM sets
+/// and reads back; a packet to an MLID goes out of every Active port of
+/// its port mask but the one it came in on; an MLID without an entry, or
+/// above MulticastFDBTop, is dropped and counted as an unknown DLID.
+#[test]
+fn multicast_is_replicated_by_the_mft() {
+    let mut n = Net::star(4);
+    n.sm_bring_up(4, 10);
+    let si = n.dr(0, &[1], method::GET, attr::SWITCH_INFO, 0, &[0; 64]);
+    assert_eq!(&si.data[4..6], &1024u16.to_be_bytes(), "MulticastFDBCap");
+    // MLID 0xc001: ports 1, 2 and 4 (block 0, position 0: ports 0-15).
+    let mut block = [0u8; 64];
+    block[2..4].copy_from_slice(&0b1_0110u16.to_be_bytes());
+    let r = n.dr(
+        0,
+        &[1],
+        method::SET,
+        attr::MULTICAST_FORWARDING_TABLE,
+        0,
+        &block,
+    );
+    assert_eq!((r.hdr.status, r.data), (0, block), "set and read back");
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::MULTICAST_FORWARDING_TABLE,
+        0,
+        &[0; 64],
+    );
+    assert_eq!(r.data, block);
+    // Position 3 (ports 48-63) does not exist on a 36-port switch.
+    let r = n.dr(
+        0,
+        &[1],
+        method::GET,
+        attr::MULTICAST_FORWARDING_TABLE,
+        3 << 28,
+        &[0; 64],
+    );
+    assert_eq!(r.hdr.status & 0x7fff, mad_status::INVALID_FIELD);
+    assert_eq!(n.f.switch(n.sw).unwrap().mft_ports(0xc001), vec![1, 2, 4]);
+
+    let ports: Vec<_> = (0..4).map(|i| n.port(i)).collect();
+    let ud = |dlid| data_packet(1, dlid, opcode::UD_SEND_ONLY, 0xffffff, 0, b"mcast");
+    assert!(n.send(ports[0], ud(0xc001)));
+    let got: Vec<usize> = (0..4).map(|i| n.drain(ports[i]).len()).collect();
+    assert_eq!(
+        got,
+        vec![0, 1, 0, 1],
+        "to ports 2 and 4, not back to 1, not 3"
+    );
+    // From node 3 (port 4): to ports 1 and 2.
+    assert!(n.send(ports[3], ud(0xc001)));
+    let got: Vec<usize> = (0..4).map(|i| n.drain(ports[i]).len()).collect();
+    assert_eq!(got, vec![1, 1, 0, 0]);
+    // No entry: dropped, PortRcvSwitchRelayErrors on the ingress port.
+    let before =
+        n.f.switch(n.sw)
+            .unwrap()
+            .counters(1)
+            .rcv_switch_relay_errors;
+    assert!(n.send(ports[0], ud(0xc002)));
+    let got: Vec<usize> = (0..4).map(|i| n.drain(ports[i]).len()).collect();
+    assert_eq!(got, vec![0; 4]);
+    let sw = n.f.switch(n.sw).unwrap();
+    assert_eq!(sw.counters(1).rcv_switch_relay_errors, before + 1);
+    // MulticastFDBTop below the MLID: outside the table.
+    let mut si = n
+        .dr(0, &[1], method::GET, attr::SWITCH_INFO, 0, &[0; 64])
+        .data;
+    si[18..20].copy_from_slice(&0xc000u16.to_be_bytes());
+    let r = n.dr(0, &[1], method::SET, attr::SWITCH_INFO, 0, &si);
+    assert_eq!(&r.data[18..20], &[0xc0, 0x00], "MulticastFDBTop");
+    assert!(n.send(ports[0], ud(0xc001)));
+    let got: Vec<usize> = (0..4).map(|i| n.drain(ports[i]).len()).collect();
+    assert_eq!(got, vec![0; 4], "above MulticastFDBTop");
+    si[18..20].copy_from_slice(&0xc3ffu16.to_be_bytes());
+    n.dr(0, &[1], method::SET, attr::SWITCH_INFO, 0, &si);
+    // An egress port not Active: that copy is a discard, the others go.
+    let r = n.set_switch_port_info(2, |d| d[32] |= 1);
+    assert_eq!(r.data[32] & 0xf, 2, "port 2 back to Init");
+    assert!(n.send(ports[0], ud(0xc001)));
+    let got: Vec<usize> = (0..4).map(|i| n.drain(ports[i]).len()).collect();
+    assert_eq!(got, vec![0, 0, 0, 1]);
+    assert_eq!(n.f.switch(n.sw).unwrap().counters(2).xmit_discards, 1);
+}
+
+/// Partition enforcement as an SM turns it on (PortInfo byte 43 and the
+/// port's P_Key table, PartitionEnforcementCap entries): a packet whose
+/// P_Key is not in the ingress port's table is dropped
+/// (PortRcvConstraintErrors), one not in the egress port's table too
+/// (PortXmitConstraintErrors); membership types are not compared.
+#[test]
+fn partition_enforcement_on_switch_ports() {
+    let mut n = Net::star(2);
+    n.sm_bring_up(2, 10);
+    let si = n.dr(0, &[1], method::GET, attr::SWITCH_INFO, 0, &[0; 64]);
+    assert_eq!(
+        &si.data[14..16],
+        &64u16.to_be_bytes(),
+        "PartitionEnforcementCap"
+    );
+    let (p0, p1) = (n.port(0), n.port(1));
+    let with_pkey = |pkey: u16| {
+        let mut h = packet::Headers::for_opcode(opcode::SEND_ONLY).unwrap();
+        h.lrh.dlid = 2;
+        h.lrh.slid = 1;
+        h.bth.pkey = pkey;
+        h.bth.dest_qp = 0x40;
+        packet::build(&h, b"p").unwrap()
+    };
+    // Port 1: table {0xffff, 0x8001 (full)}; port 2: {0xffff, 0x0001
+    // (limited)}; enforcement both ways on both.
+    for (port, key) in [(1u8, 0x8001u16), (2, 0x0001)] {
+        let mut t = [0u8; 64];
+        t[0..2].copy_from_slice(&0xffffu16.to_be_bytes());
+        t[2..4].copy_from_slice(&key.to_be_bytes());
+        let m = u32::from(port) << 16;
+        let r = n.dr(0, &[1], method::SET, attr::PKEY_TABLE, m, &t);
+        assert_eq!((r.hdr.status, r.data), (0, t), "port {port}'s table");
+        let r = n.dr(0, &[1], method::GET, attr::PKEY_TABLE, m | 1, &[0; 64]);
+        assert_eq!(r.hdr.status, 0, "block 1 of 2");
+        let r = n.dr(0, &[1], method::GET, attr::PKEY_TABLE, m | 2, &[0; 64]);
+        assert_eq!(
+            r.hdr.status & 0x7fff,
+            mad_status::INVALID_FIELD,
+            "no block 2"
+        );
+        let r = n.set_switch_port_info(port, |d| d[43] = (d[43] & 0xf0) | 0x0c);
+        assert_eq!(r.data[43] & 0x0f, 0x0c, "enforcement in and out");
+    }
+    // In the partition on both ports (either membership): through.
+    for k in [0x8001u16, 0x0001, 0xffff] {
+        assert!(n.send(p0, with_pkey(k)));
+        assert_eq!(n.drain(p1).len(), 1, "P_Key {k:#x}");
+    }
+    // Not in port 1's table: refused at ingress.
+    assert!(n.send(p0, with_pkey(0x8002)));
+    assert!(n.drain(p1).is_empty());
+    let sw = n.f.switch(n.sw).unwrap();
+    assert_eq!(sw.counters(1).rcv_constraint_errors, 1);
+    // In port 1's table, not in port 2's: refused at egress.
+    let mut t = [0u8; 64];
+    t[0..2].copy_from_slice(&0xffffu16.to_be_bytes());
+    t[2..4].copy_from_slice(&0x8003u16.to_be_bytes());
+    n.dr(0, &[1], method::SET, attr::PKEY_TABLE, 1 << 16, &t);
+    assert!(n.send(p0, with_pkey(0x8003)));
+    assert!(n.drain(p1).is_empty());
+    let sw = n.f.switch(n.sw).unwrap();
+    assert_eq!(sw.counters(2).xmit_constraint_errors, 1);
+    // The PMA reports both (PortCounters bytes 16 and 17).
+    let r = n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 2, 0xffff);
+    assert_eq!(r[64 + 16], 1, "PortXmitConstraintErrors of port 2");
+    let r = n.pma(0, 10, method::GET, attr::PORT_COUNTERS, 1, 0xffff);
+    assert_eq!(r[64 + 17], 1, "PortRcvConstraintErrors of port 1");
+    // Enforcement off: everything passes again.
+    n.set_switch_port_info(1, |d| d[43] &= 0xf0);
+    n.set_switch_port_info(2, |d| d[43] &= 0xf0);
+    assert!(n.send(p0, with_pkey(0x8002)));
+    assert_eq!(n.drain(p1).len(), 1);
+}
+
+/// Port 0 of a base switch: Initialize until the SM gives the switch its
+/// LID, Active after, with ibsim's CapabilityMask; external ports report
+/// none. GUIDInfo block 0 holds the node GUID.
+#[test]
+fn port_0_becomes_active_with_its_lid() {
+    let mut n = Net::star(1);
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 0, &[0; 64]);
+    assert_eq!(r.data[32] & 0xf, 2, "Initialize before the SM");
+    assert_eq!(&r.data[20..24], &0xc048u32.to_be_bytes(), "CapabilityMask");
+    let r = n.set_switch_port_info(0, |d| d[16..18].copy_from_slice(&7u16.to_be_bytes()));
+    assert_eq!(
+        (r.hdr.status, r.data[32] & 0xf),
+        (0, 4),
+        "Active with LID 7"
+    );
+    let r = n.dr(0, &[1], method::GET, attr::PORT_INFO, 1, &[0; 64]);
+    assert_eq!(
+        &r.data[20..24],
+        &[0; 4],
+        "external ports: no CapabilityMask"
+    );
+    let r = n.dr(0, &[1], method::GET, attr::GUID_INFO, 0, &[0; 64]);
+    assert_eq!(
+        &r.data[0..8],
+        &sim::fabric::topology::switch_guid(0).to_be_bytes()
+    );
+    assert_eq!(&r.data[8..], &[0; 56]);
+    // Mellanox ExtendedPortInfo of a port (none of FDR10).
+    let r = n.dr(0, &[1], method::GET, attr::MLNX_EXT_PORT_INFO, 1, &[0; 64]);
+    assert_eq!(r.hdr.status, 0);
+    assert_eq!(r.data, [0; 64]);
+    let r = n.dr(0, &[1], method::GET, attr::MLNX_EXT_PORT_INFO, 37, &[0; 64]);
+    assert_eq!(
+        r.hdr.status & 0x7fff,
+        mad_status::INVALID_FIELD,
+        "no port 37"
+    );
+}

@@ -9,5 +9,7 @@
 mod bench;
 mod protocol;
 mod rig;
+mod stray;
 mod subnet;
 mod sweep;
+mod vs_ibsim;

@@ -9,11 +9,11 @@ use sim::fabric::ibsim::{CTL_LEN, ETIMEDOUT, REQ_LEN, SIM_MAGIC, abstract_addr, 
 
 use crate::rig::{NET_SMALL, Rig};
 
-const WAIT: Duration = Duration::from_secs(5);
+pub(crate) const WAIT: Duration = Duration::from_secs(5);
 
-struct RawClient {
+pub(crate) struct RawClient {
     ctl: UnixDatagram,
-    data: UnixDatagram,
+    pub(crate) data: UnixDatagram,
     slot: u32,
 }
 
@@ -32,7 +32,12 @@ fn ty(r: &[u8]) -> u32 {
 }
 
 /// Binds and connects like umad2sim; `Err` carries the CONNECT reply.
-fn connect(base: &str, id: u32, node: &str, issm: bool) -> Result<RawClient, [u8; CTL_LEN]> {
+pub(crate) fn connect(
+    base: &str,
+    id: u32,
+    node: &str,
+    issm: bool,
+) -> Result<RawClient, [u8; CTL_LEN]> {
     let c = UnixDatagram::bind_addr(&abstract_addr(&format!("{base}:ctl{id}")).unwrap()).unwrap();
     c.connect_addr(&abstract_addr(&format!("{base}:ctl")).unwrap())
         .unwrap();
@@ -60,13 +65,13 @@ fn connect(base: &str, id: u32, node: &str, issm: bool) -> Result<RawClient, [u8
 }
 
 impl RawClient {
-    fn ctl(&self, ty_: u32, data: &[u8]) -> [u8; CTL_LEN] {
+    pub(crate) fn ctl(&self, ty_: u32, data: &[u8]) -> [u8; CTL_LEN] {
         self.ctl.send(&ctl_msg(self.slot, ty_, data)).unwrap();
         let mut r = [0u8; CTL_LEN];
         assert_eq!(self.ctl.recv(&mut r).expect("ctl reply"), CTL_LEN);
         r
     }
-    fn send(&self, dlid: u16, dqp: u32, mad: &[u8; 256]) {
+    pub(crate) fn send(&self, dlid: u16, dqp: u32, mad: &[u8; 256]) {
         let mut b = [0u8; REQ_LEN];
         b[0..2].copy_from_slice(&dlid.to_be_bytes());
         if dlid == 0xffff {
@@ -88,7 +93,7 @@ impl RawClient {
         }
     }
     /// (status, MAD) of the next message, or `None` after the wait.
-    fn recv(&self) -> Option<(u32, [u8; 256])> {
+    pub(crate) fn recv(&self) -> Option<(u32, [u8; 256])> {
         let mut b = [0u8; 512];
         let n = self.data.recv(&mut b).ok()?;
         assert_eq!(n, REQ_LEN, "the server sends 288-byte messages");
@@ -99,7 +104,14 @@ impl RawClient {
 }
 
 /// A directed-route SMP along `path` (empty: this node).
-fn dr_smp(meth: u8, tid: u64, attr: u16, amod: u32, path: &[u8], data: &[u8]) -> [u8; 256] {
+pub(crate) fn dr_smp(
+    meth: u8,
+    tid: u64,
+    attr: u16,
+    amod: u32,
+    path: &[u8],
+    data: &[u8],
+) -> [u8; 256] {
     let mut m = [0u8; 256];
     m[0] = 1;
     m[1] = 0x81;
@@ -115,7 +127,7 @@ fn dr_smp(meth: u8, tid: u64, attr: u16, amod: u32, path: &[u8], data: &[u8]) ->
     m
 }
 
-fn tid_of(m: &[u8; 256]) -> u64 {
+pub(crate) fn tid_of(m: &[u8; 256]) -> u64 {
     u64::from_be_bytes(m[8..16].try_into().unwrap())
 }
 

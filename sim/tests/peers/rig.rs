@@ -169,18 +169,6 @@ impl Rig {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn command(&self, prog: &str, host: &str) -> Command {
-        let mut c = Command::new(prog);
-        c.env("LD_PRELOAD", UMAD2SIM)
-            .env("IBSIM_SOCKNAME", &self.base)
-            .env("SIM_HOST", host)
-            .env("OSM_TMP_DIR", &self.dir)
-            .env("OSM_CACHE_DIR", &self.dir)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null());
-        c
-    }
-
     /// Starts OpenSM on `host` with `extra` arguments; its log is
     /// `opensm.log` in the scratch directory. Returns its pid.
     pub fn start_opensm(&mut self, host: &str, extra: &[&str]) -> u32 {
@@ -254,42 +242,67 @@ impl Rig {
         args: &[&str],
         limit: Duration,
     ) -> (bool, String, Duration) {
-        let t = Instant::now();
-        let mut child = self
-            .command(prog, host)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
-        let pid = child.id();
-        let mut ok = None;
-        while t.elapsed() < limit {
-            match child.try_wait() {
-                Ok(Some(st)) => {
-                    ok = Some(st.success());
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
-                Err(_) => break,
-            }
-        }
-        let timed_out = ok.is_none();
-        if timed_out {
-            end_child(&mut child);
-        }
-        let out = child.wait_with_output().ok();
-        let mut text = String::new();
-        if let Some(o) = out {
-            text.push_str(&String::from_utf8_lossy(&o.stdout));
-            text.push_str(&String::from_utf8_lossy(&o.stderr));
-        }
-        if timed_out {
-            text.push_str(&format!("\n[{prog} killed after {limit:?}]"));
-        }
-        let _ = std::fs::remove_dir_all(self.dir.join(format!("sys-{pid}")));
-        (ok.unwrap_or(false), text, t.elapsed())
+        run_diag(&self.base, &self.dir, host, prog, args, limit)
     }
+}
+
+fn command(base: &str, dir: &Path, prog: &str, host: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_PRELOAD", UMAD2SIM)
+        .env("IBSIM_SOCKNAME", base)
+        .env("SIM_HOST", host)
+        .env("OSM_TMP_DIR", dir)
+        .env("OSM_CACHE_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs an infiniband-diags tool on `host` of the fabric served under
+/// `base`, in `dir`, with a deadline: (exit success, stdout + stderr, how
+/// long it ran).
+pub fn run_diag(
+    base: &str,
+    dir: &Path,
+    host: &str,
+    prog: &str,
+    args: &[&str],
+    limit: Duration,
+) -> (bool, String, Duration) {
+    let t = Instant::now();
+    let mut child = command(base, dir, prog, host)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    let pid = child.id();
+    let mut ok = None;
+    while t.elapsed() < limit {
+        match child.try_wait() {
+            Ok(Some(st)) => {
+                ok = Some(st.success());
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Err(_) => break,
+        }
+    }
+    let timed_out = ok.is_none();
+    if timed_out {
+        end_child(&mut child);
+    }
+    let out = child.wait_with_output().ok();
+    let mut text = String::new();
+    if let Some(o) = out {
+        text.push_str(&String::from_utf8_lossy(&o.stdout));
+        text.push_str(&String::from_utf8_lossy(&o.stderr));
+    }
+    if timed_out {
+        text.push_str(&format!("\n[{prog} killed after {limit:?}]"));
+    }
+    let _ = std::fs::remove_dir_all(dir.join(format!("sys-{pid}")));
+    (ok.unwrap_or(false), text, t.elapsed())
 }
 
 fn end_child(c: &mut Child) {
@@ -327,6 +340,124 @@ impl Drop for Rig {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if std::env::var_os("KEEP_PEERS_SCRATCH").is_none() && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Whether Debian's ibsim is installed (the reference answers); if not,
+/// says so loudly.
+pub fn ibsim_present(test: &str) -> bool {
+    let ok = Path::new("/usr/bin/ibsim").exists();
+    if !ok {
+        eprintln!("\n!!!!! SKIPPED {test}: needs ibsim-utils (the reference fabric) !!!!!\n");
+    }
+    ok
+}
+
+/// The reference: the real ibsim serving `net` under a private socket
+/// name, with OpenSM on one of its nodes, for the same diag queries as
+/// on our fabric. OpenSM and the diags are ended before ibsim (their exit
+/// waits for ibsim's DISCONNECT reply).
+pub struct IbsimRef {
+    /// Socket base name.
+    pub base: String,
+    /// Scratch directory.
+    pub dir: PathBuf,
+    ibsim: Child,
+    children: Vec<Child>,
+}
+
+impl IbsimRef {
+    /// Starts ibsim on `net` (it takes a moment to bind its sockets).
+    pub fn start(test: &str, net: &str) -> IbsimRef {
+        let base = format!(
+            "ibsimref-{test}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("peers")
+            .join(&base);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        std::fs::write(dir.join("net"), net).expect("net file");
+        let ibsim = Command::new("/usr/bin/ibsim")
+            .args(["-s", "-n", "net"])
+            .env("IBSIM_SOCKNAME", &base)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ibsim");
+        // ibsim binds its control socket once it has read the net file.
+        let name = format!("@{base}:ctl@");
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            let unix = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+            if unix.lines().any(|l| l.ends_with(&name)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        IbsimRef {
+            base,
+            dir,
+            ibsim,
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts OpenSM on `host` (its log is `opensm.log` in the scratch
+    /// directory).
+    pub fn start_opensm(&mut self, host: &str, extra: &[&str]) {
+        let child = sim::fabric::ibsim::opensm_command(&self.base, host, &self.dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn opensm");
+        self.children.push(child);
+    }
+
+    /// The OpenSM log so far.
+    pub fn opensm_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("opensm.log")).unwrap_or_default()
+    }
+
+    /// Waits (at most `limit`) for OpenSM's first SUBNET UP.
+    pub fn wait_subnet_up(&self, limit: Duration) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if self.opensm_log().contains("SUBNET UP") {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// [`run_diag`] on this fabric.
+    pub fn diag(
+        &self,
+        host: &str,
+        prog: &str,
+        args: &[&str],
+        limit: Duration,
+    ) -> (bool, String, Duration) {
+        run_diag(&self.base, &self.dir, host, prog, args, limit)
+    }
+}
+
+impl Drop for IbsimRef {
+    fn drop(&mut self) {
+        while let Some(mut c) = self.children.pop() {
+            end_child(&mut c);
+        }
+        end_child(&mut self.ibsim);
         if std::env::var_os("KEEP_PEERS_SCRATCH").is_none() && !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }

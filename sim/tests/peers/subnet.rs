@@ -393,3 +393,55 @@ fn sm_service_in_a_single_threaded_loop() {
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// M_Key protection level 1 under OpenSM (`m_key`, `m_key_protection_level
+/// 1` in its options file): `smpquery -K` without the key reads M_Key 0
+/// from the switch and from a host node; with the key (`-y`) it reads the
+/// key.
+#[test]
+fn m_key_level_1_shows_no_key_to_a_get_without_it() {
+    if !tools_present("m_key_level_1_shows_no_key_to_a_get_without_it") {
+        return;
+    }
+    let mut rig = Rig::start("mkey1", NET_SMALL);
+    let conf = rig.dir.join("opensm.conf");
+    std::fs::write(
+        &conf,
+        "m_key 0x00000000000a1b2c\nm_key_protection_level 1\nm_key_lease_period 0\n",
+    )
+    .expect("options file");
+    let conf = conf.to_string_lossy().into_owned();
+    rig.start_opensm("H1", &["-F", &conf]);
+    assert!(
+        rig.wait_subnet_up(1, UP_LIMIT).is_some(),
+        "{}",
+        rig.opensm_log()
+    );
+    let smp = "/usr/sbin/smpquery";
+    // The switch (port 0) and H1, the SM's host node, one hop past it.
+    for path in [&["0,1", "0"][..], &["0,1,1"]] {
+        let mut a = vec!["-K", "-D", "portinfo"];
+        a.extend_from_slice(path);
+        let (ok, out, _) = rig.diag("H2", smp, &a, DIAG_LIMIT);
+        assert!(ok, "{out}");
+        assert_eq!(
+            field(&out, "ProtectBits"),
+            "1",
+            "OpenSM set level 1:\n{out}"
+        );
+        assert_eq!(
+            field(&out, "Mkey"),
+            "0x0000000000000000",
+            "{path:?}:\n{out}"
+        );
+        let mut a = vec!["-K", "-y", "0xa1b2c", "-D", "portinfo"];
+        a.extend_from_slice(path);
+        let (ok, out, _) = rig.diag("H2", smp, &a, DIAG_LIMIT);
+        assert!(ok, "{out}");
+        assert_eq!(
+            field(&out, "Mkey"),
+            "0x00000000000a1b2c",
+            "{path:?} with the key:\n{out}"
+        );
+    }
+}

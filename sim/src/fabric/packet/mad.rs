@@ -26,6 +26,7 @@ pub mod method {
     pub const REPORT: u8 = 0x06;
     pub const TRAP_REPRESS: u8 = 0x07;
     pub const GET_TABLE: u8 = 0x12;
+    pub const DELETE: u8 = 0x15;
     pub const GET_RESP: u8 = 0x81;
     pub const REPORT_RESP: u8 = 0x86;
 }
@@ -45,6 +46,9 @@ pub mod attr {
     pub const LINEAR_FORWARDING_TABLE: u16 = 0x0019;
     pub const MULTICAST_FORWARDING_TABLE: u16 = 0x001b;
     pub const SM_INFO: u16 = 0x0020;
+    /// Mellanox's vendor-specific ExtendedPortInfo (OpenSM's
+    /// `IB_MAD_ATTR_MLNX_EXTENDED_PORT_INFO`).
+    pub const MLNX_EXT_PORT_INFO: u16 = 0xff90;
     pub const PORT_COUNTERS: u16 = 0x0012;
     pub const PORT_COUNTERS_EXT: u16 = 0x001d;
 }
