@@ -19,5 +19,6 @@ mod mlx;
 mod mw;
 mod mw_fabric;
 mod pairs;
+mod polled;
 mod rings;
 mod window;
