@@ -15,6 +15,7 @@ mod errors;
 mod fabric;
 mod fuzz;
 mod loopback;
+mod mgmt;
 mod mlx;
 mod mw;
 mod mw_fabric;

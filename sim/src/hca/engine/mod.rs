@@ -288,6 +288,9 @@ pub struct Stats {
     pub received: u64,
     /// CQEs written.
     pub cqes: u64,
+    /// RC/UC packets dropped because their SLID is not the QP's remote
+    /// LID (the card's source check; no PMA counter counts them).
+    pub slid_drops: u64,
 }
 
 /// All engine state of one HCA.
@@ -554,6 +557,12 @@ pub fn cq_arms_coalesced(hca: &mut Hca, uar: u32, rung: u32) {
     for cqn in others {
         cq::arm_from_record(hca, cqn);
     }
+}
+
+/// Hook: a MAD the card generates (an SMA trap) for port `port`'s QP0,
+/// received there with SLID 0 ([`exec`]'s `local_smp`).
+pub fn deliver_local_smp(hca: &mut Hca, port: u8, mad: &[u8]) {
+    exec::local_smp(hca, port, mad);
 }
 
 /// Hook: a send doorbell for `qpn` on UAR page `uar`.
