@@ -250,6 +250,9 @@ fn smp(
                 return Ok(mad_status::INVALID_FIELD);
             };
             let ext_speeds = modifier & 0x8000_0000 != 0;
+            // Protection level 1: a Get without the key reads M_Key 0
+            // (judged before a Set, whose answer shows what it set).
+            let hide_mkey = !ignore_mkey && !mkey_visible(&hca.ports[ti], key);
             if set {
                 let before = hca.ports[ti].state;
                 if let Err(s) = port_info_set(&mut hca.ports[ti], data, ext_speeds) {
@@ -259,8 +262,7 @@ fn smp(
                 hca.port_changed(ti, before);
             }
             encode_port_info(&hca.ports[ti], out);
-            // Protection level 1: a Get without the key reads M_Key 0.
-            if !ignore_mkey && !mkey_visible(&hca.ports[ti], key) {
+            if hide_mkey {
                 out[..8].fill(0);
             }
         }
@@ -823,6 +825,25 @@ mod tests {
                 .expect("ignore M_Key");
             assert_eq!(get64(&r, DATA), 0x1234);
         }
+    }
+
+    /// The SM's first Set installs the key at level 1 with M_Key 0 in the
+    /// MAD (the port had none): its answer shows the key it set, as
+    /// OpenSM takes the port's key from it for its later SMPs.
+    #[test]
+    fn the_set_that_installs_a_key_answers_with_it() {
+        let mut hca = Hca::for_tests(HcaConfig::default());
+        let mut set = smp_mad(method::SET, attr::PORT_INFO, 1, 0);
+        let mut d = [0u8; 64];
+        encode_port_info(&hca.ports[0], &mut d);
+        d[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+        d[34] = 1 << 6;
+        d[32] &= 0xf0;
+        set[DATA..DATA + 64].copy_from_slice(&d);
+        let r = process(&mut hca, 0, 0, &set).unwrap();
+        assert_eq!(get64(&r, DATA), 0x1234);
+        let r = process(&mut hca, 0, 0, &smp_mad(method::GET, attr::PORT_INFO, 1, 0)).unwrap();
+        assert_eq!(get64(&r, DATA), 0, "a Get without it reads 0");
     }
 
     /// IBA 14.2.4.2: a failed check starts the lease timer; when it runs
