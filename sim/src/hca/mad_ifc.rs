@@ -171,6 +171,7 @@ fn smp(
     let modifier = get32(mad, 0x14);
     let ignore_mkey = op_mod & 1 != 0;
     let key = get64(mad, 0x18);
+    mkey_lease(hca, pi);
     if !ignore_mkey && !mkey_check(hca, pi, meth, key) {
         mkey_violation(hca, pi, slid, mad);
         return Err(Status::BAD_PKT);
@@ -297,17 +298,23 @@ fn smp(
     Ok(0)
 }
 
-/// M_Key check of an SMP with method `meth` and key `key` at port index
-/// `pi` (IBA 14.2.4.1): false if it fails. The lease timer runs out here
-/// (the model's clock is read when an SMP comes), and an SMP with the key
-/// stops it.
-fn mkey_check(hca: &mut Hca, pi: usize, meth: u8, key: u64) -> bool {
+/// The M_Key lease timer of port index `pi` runs out (IBA 14.2.4.2): the
+/// protection bits fall to 0. Looked at when an SMP comes (the model's
+/// clock is read then; nothing else sees the bits).
+fn mkey_lease(hca: &mut Hca, pi: usize) {
     let now = hca.clock.now_ns();
     let p = &mut hca.ports[pi];
     if p.mkey_lease_due.is_some_and(|due| due <= now) {
         p.mkey_lease_due = None;
         p.mkey_protect = 0;
     }
+}
+
+/// M_Key check of an SMP with method `meth` and key `key` at port index
+/// `pi` (IBA 14.2.4.1): false if it fails. An SMP with the key stops a
+/// running lease timer.
+fn mkey_check(hca: &mut Hca, pi: usize, meth: u8, key: u64) -> bool {
+    let p = &mut hca.ports[pi];
     if p.mkey == 0 {
         return true;
     }
