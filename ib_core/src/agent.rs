@@ -1,7 +1,9 @@
 //! Port of Linux `drivers/infiniband/core/agent.c` (3.11): the responder that sends the answers of the driver's SMA/PMA and the "unsupported" answers back on QP0/QP1.
 //!
 //! The address is built from the request's completion (`ib_init_ah_from_wc` of
-//! verbs.c). Switch port-0 forwarding is left out.
+//! verbs.c). Switch port-0 forwarding is left out. The forwarding of traps the
+//! HCA's own SMA generates (mlx4_ib's `forward_trap`) lives here too, as the
+//! SM agent's part ([`forward_trap`]).
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -69,5 +71,37 @@ pub(crate) fn agent_send_response(
     if let Err(e) = send_response(cx, qpi, buf) {
         cx.mp.counters.send_errors += 1;
         log::warn!("{}: port {port}: agent_send_response: {e}", cx.dev.name());
+    }
+}
+
+/// mlx4_ib's `forward_trap`: a Trap the HCA's firmware SMA generated comes
+/// to QP0 as a MAD received with SLID 0; it is sent on, as it is, to the
+/// port's master SM (SM LID and SL from the port cache, QP0, P_Key index 0)
+/// expecting no response. Nothing while the port knows no SM (Linux sends
+/// nothing without its `sm_ah`). Counted as `traps_forwarded`.
+pub(crate) fn forward_trap(cx: &mut MadCtx<'_>, mad: &Mad) {
+    let port = cx.mp.port();
+    let Ok(c) = cx.dev.port_cache(port) else {
+        return;
+    };
+    let (sm_lid, sm_sl) = (c.sm_lid, c.sm_sl);
+    if sm_lid == 0 {
+        return;
+    }
+    let ah_attr = AhAttr {
+        grh: None,
+        dlid: sm_lid,
+        sl: sm_sl,
+        src_path_bits: 0,
+        static_rate: 0,
+        port_num: port,
+    };
+    let buf = MadSendBuf::new(mad.clone(), ah_attr, 0);
+    match send_response(cx, 0, buf) {
+        Ok(_) => cx.mp.counters.traps_forwarded += 1,
+        Err(e) => {
+            cx.mp.counters.send_errors += 1;
+            log::warn!("{}: port {port}: forward_trap: {e}", cx.dev.name());
+        }
     }
 }

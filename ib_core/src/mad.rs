@@ -78,6 +78,8 @@ pub struct MadCounters {
     pub process_mad_replies: u64,
     /// MADs consumed by the driver.
     pub consumed: u64,
+    /// Traps of the HCA's own SMA forwarded to the SM.
+    pub traps_forwarded: u64,
     /// Directed-route SMPs handled locally, without the wire.
     pub local_smps: u64,
     /// Requests that ran out of retries.
@@ -664,6 +666,13 @@ fn recv_one(cx: &mut MadCtx<'_>, qpi: usize, wc: &Wc, grh: Option<Grh>, mad: &mu
             == SmiAction::Discard
     {
         cx.mp.counters.drop_smi += 1;
+        return;
+    }
+    // A trap of the HCA's own SMA (received with SLID 0): mlx4_ib's
+    // process_mad consumes it and forwards it to the SM (`forward_trap`).
+    if qpi == 0 && mad.method() == method::TRAP && wc.slid == 0 {
+        cx.mp.counters.consumed += 1;
+        crate::agent::forward_trap(cx, mad);
         return;
     }
     // The driver's first refusal.

@@ -201,6 +201,8 @@ fn check_node(t: &str, lid: u16, peer: u16, sm_lid: u16) {
     for want in [
         "\t\tState: Active".to_string(),
         "\t\tPhysical state: LinkUp".to_string(),
+        // A ConnectX-3 FDR port: 4x FDR (14.0625 Gb/s a lane).
+        "\t\tRate: 56\n".to_string(),
         format!("\t\tBase lid: {lid}\n"),
         format!("\t\tSM lid: {sm_lid}\n"),
         // saquery -p PEER: a path from this port to the peer.

@@ -944,3 +944,33 @@ fn answers_to_a_packet_with_a_grh_go_back_along_the_reverse_route() {
     assert_eq!(lock(&r.world).wire.len(), 1);
     assert_eq!(r.core.mad_counters(r.a, 1).unwrap().send_errors, 1);
 }
+
+/// A trap of the HCA's own SMA comes to QP0 with SLID 0 (the firmware
+/// hands it to the driver so): it is consumed and sent on, unchanged, to
+/// the port's SM (mlx4_ib's `forward_trap`); the same MAD from the wire
+/// (a real SLID) is the driver's as any other.
+#[test]
+fn a_trap_of_the_local_sma_is_forwarded_to_the_sm() {
+    let mut r = rig();
+    let mut trap = Mad::new_request(class::SUBN_LID_ROUTED, 1, method::TRAP, 0x0002, 0);
+    trap.set_tid(0x0000_0001_0000_0007);
+    trap.0[64..68].copy_from_slice(&[0x82, 0, 0, 1]);
+    trap.0[68..70].copy_from_slice(&257u16.to_be_bytes());
+    r.core.poll();
+    lock(&r.world).wire.clear();
+    assert!(lock(&r.world).deliver(0, 1, 0, Arrival::mad(&trap.0, 0, 0)));
+    r.core.poll();
+    let w = lock(&r.world);
+    let sent: Vec<_> = w.wire.iter().filter(|p| p.from == (0, 1)).collect();
+    assert_eq!(sent.len(), 1, "one packet");
+    let sm_lid = w.hcas[0].ports[0].sm_lid;
+    assert_eq!(
+        (sent[0].dlid, sent[0].dest_qpn),
+        (sm_lid, 0),
+        "to the SM's QP0"
+    );
+    assert_eq!(sent[0].mad.0, trap.0, "as it came");
+    drop(w);
+    let c = r.core.mad_counters(r.a, 1).unwrap();
+    assert_eq!((c.traps_forwarded, c.consumed), (1, 1), "{c:?}");
+}

@@ -990,15 +990,22 @@ impl Hca {
         }
         for &uar in &uars {
             let page = uar as usize * regs::UAR_PAGE;
+            // A page's doorbell word holds the last write since the previous
+            // pass: two objects of one page rung in between leave one
+            // doorbell. The others rung are found from host memory (see
+            // `crate::hca::engine::send_doorbells_coalesced`); only here, the
+            // synchronous front end sees every write.
             let cq0 = take_doorbell(&self.bar2, page + regs::UAR_CQ_DB);
             if cq0 != 0 {
                 let ci = self.bar2.raw(page + regs::UAR_CQ_DB + 4);
                 self.doorbell_pair(page + regs::UAR_CQ_DB, be_dw(cq0), be_dw(ci));
+                crate::hca::engine::cq_arms_coalesced(self, uar, be_dw(cq0) & 0xff_ffff);
                 active = true;
             }
             let send = take_doorbell(&self.bar2, page + regs::UAR_SEND_DB);
             if send != 0 {
                 self.doorbell(page + regs::UAR_SEND_DB, be_dw(send));
+                crate::hca::engine::send_doorbells_coalesced(self, uar, be_dw(send) >> 8);
                 active = true;
             }
         }

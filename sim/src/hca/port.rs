@@ -1,9 +1,10 @@
 //! The two InfiniBand ports.
 //!
-//! Physical and logical link state, the subnet attributes an SM assigns (LID, SM
-//! LID/SL, LMC, GID prefix, M_Key), the P_Key and GUID tables, SET_PORT
-//! capabilities and the PMA counters; link training, speeds other than the reported
-//! QDR 4x and Ethernet are not modelled.
+//! Physical and logical link state, the subnet attributes an SM assigns (LID,
+//! SM LID/SL, LMC, GID prefix, M_Key and its lease), the P_Key and GUID
+//! tables, the SL-to-VL and VL arbitration tables, SET_PORT capabilities and
+//! the PMA counters; link training (the speed is 4x FDR whenever the link is
+//! up), VL arbitration itself and Ethernet are not modelled.
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
 //! plugged (the default, [`HcaConfig::cable_plugged`]) the physical state
@@ -108,7 +109,33 @@ pub struct Port {
     pub pkey_violations: u16,
     /// Q_Key violations.
     pub qkey_violations: u16,
+    /// The M_Key lease timer (IBTA 14.2.4.2): when it runs out (model
+    /// clock, nanoseconds) the M_Key protection bits fall to 0. Started by
+    /// a failed M_Key check while the lease period is not 0, stopped by an
+    /// SMP with the right key.
+    pub mkey_lease_due: Option<u64>,
+    /// Traps the SMA has sent from this port (the low half of each trap's
+    /// TID).
+    pub traps_sent: u32,
+    /// LinkSpeedExtEnabled (IBTA 14.2.5.6; bit 0 = FDR 14.0625 Gb/s).
+    pub link_speed_ext_enabled: u8,
+    /// SLtoVLMappingTable (IBTA 14.2.5.8): the VL of SL `n` in nibble `n`
+    /// (SL 0 in the high nibble of byte 0), as the attribute carries it.
+    pub sl2vl: [u8; 8],
+    /// VLArbitrationTable low-priority entries (VL, weight), `VL_ARB_CAP`
+    /// of them.
+    pub vlarb_low: [[u8; 2]; VL_ARB_CAP],
+    /// VLArbitrationTable high-priority entries.
+    pub vlarb_high: [[u8; 2]; VL_ARB_CAP],
 }
+
+/// VLArbitrationHighCap and VLArbitrationLowCap: entries in each of the
+/// port's two VL arbitration tables.
+pub const VL_ARB_CAP: usize = 8;
+
+/// LinkSpeedExtSupported of a ConnectX-3 FDR port (MT27500 family, the
+/// FCBT parts): FDR (14.0625 Gb/s a lane) only.
+pub const LINK_SPEED_EXT_SUPPORTED: u8 = 0x1;
 
 /// PortInfo CapabilityMask the firmware SMA reports by default: what
 /// `ibstat` shows for a ConnectX-3 without an SM (0x02514868): IsTrap (3),
@@ -153,6 +180,12 @@ impl Port {
             mkey_violations: 0,
             pkey_violations: 0,
             qkey_violations: 0,
+            mkey_lease_due: None,
+            traps_sent: 0,
+            link_speed_ext_enabled: LINK_SPEED_EXT_SUPPORTED,
+            sl2vl: [0; 8],
+            vlarb_low: [[0; 2]; VL_ARB_CAP],
+            vlarb_high: [[0; 2]; VL_ARB_CAP],
         }
     }
 
@@ -181,6 +214,33 @@ impl Port {
         self.guids = vec![0; GUID_TABLE_LEN];
         self.guids[0] = guid;
         self.counters = Counters::default();
+        self.mkey_protect = 0;
+        self.mkey_lease = 0;
+        self.mkey_lease_due = None;
+        self.link_speed_ext_enabled = LINK_SPEED_EXT_SUPPORTED;
+        self.sl2vl = [0; 8];
+        self.vlarb_low = [[0; 2]; VL_ARB_CAP];
+        self.vlarb_high = [[0; 2]; VL_ARB_CAP];
+    }
+
+    /// The VL data packets of service level `sl` leave on: the
+    /// SLtoVLMappingTable's entry (15 for an SL the SM mapped to VL 15:
+    /// such data packets are dropped, VL 15 being the SMPs').
+    pub fn vl_of(&self, sl: u8) -> u8 {
+        let b = self.sl2vl[usize::from(sl & 0xf) / 2];
+        if sl & 1 == 0 { b >> 4 } else { b & 0xf }
+    }
+
+    /// LinkSpeedExtActive: FDR while the link is up with FDR enabled (the
+    /// cable's other end is taken to be FDR-capable, as a SwitchX is).
+    pub fn link_speed_ext_active(&self) -> u8 {
+        if self.phys == PhysicalState::LinkUp
+            && self.link_speed_ext_enabled & LINK_SPEED_EXT_SUPPORTED != 0
+        {
+            1
+        } else {
+            0
+        }
     }
 
     /// Port GUID.

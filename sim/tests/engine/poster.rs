@@ -186,10 +186,13 @@ impl Cq {
         }
         v
     }
-    /// Arms: cmd 2 next, cmd 1 solicited (CQ doorbell at UAR + 0x20).
+    /// Arms: cmd 2 next, cmd 1 solicited (CQ doorbell at UAR + 0x20),
+    /// the arm doorbell record written first as Linux's `mlx4_cq_arm`
+    /// does (`sn << 28 | cmd << 24 | ci`).
     pub fn arm(&self, r: &Raw, cmd: u32, sn: u32) {
         let dw0 = (sn & 3) << 28 | cmd << 24 | self.cqn;
-        self.db.write_be32(4, dw0);
+        self.db
+            .write_be32(4, (sn & 3) << 28 | cmd << 24 | (self.ci & 0xff_ffff));
         r.bar2
             .write_be32_pair(UAR as usize * 4096 + 0x20, dw0, self.ci & 0xff_ffff);
     }

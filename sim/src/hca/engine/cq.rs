@@ -179,6 +179,9 @@ pub struct CqEng {
     pub arm: Arm,
     /// Last arm sequence number seen.
     pub arm_sn: u8,
+    /// The last arm request taken (sn, command, consumer index), by
+    /// doorbell or from the arm doorbell record.
+    pub last_arm: Option<(u8, u32, u32)>,
     /// Overran: stopped.
     pub error: bool,
     /// CQEs dropped after the error.
@@ -214,6 +217,7 @@ fn load(hca: &mut Hca, cqn: u32) -> Option<CqEng> {
         eqn: c.comp_eqn,
         arm: Arm::None,
         arm_sn: 0,
+        last_arm: None,
         error: false,
         dropped: 0,
     })
@@ -303,11 +307,33 @@ pub fn arm(hca: &mut Hca, cqn: u32, cmd: u32, sn: u8, ci: u32) {
     if cq.error {
         return;
     }
+    cq.last_arm = Some((sn, cmd, ci & 0xff_ffff));
     cq.arm_sn = sn;
     cq.arm = if cmd == 1 { Arm::Solicited } else { Arm::Next };
     if cq.arm == Arm::Next && cq.prod != ci & 0xff_ffff {
         cq.arm = Arm::None;
         let eqn = cq.eqn;
         hca.post_event(eqn, Event::Completion { cqn });
+    }
+}
+
+/// Polled front ends: arms CQ `cqn` from its arm doorbell record (at the
+/// doorbell record + 4: `sn << 28 | cmd << 24 | ci`) if it holds an arm
+/// request other than the last one taken; a doorbell that another CQ's
+/// overwrote is recovered so.
+pub fn arm_from_record(hca: &mut Hca, cqn: u32) {
+    let Some(cq) = get(hca, cqn) else { return };
+    let (db, last) = (cq.db_rec, cq.last_arm);
+    let mut b = [0u8; 4];
+    if db == 0 || hca.dma_read(db + 4, &mut b).is_err() {
+        return;
+    }
+    let v = u32::from_be_bytes(b);
+    let (sn, cmd, ci) = ((v >> 28) as u8 & 3, (v >> 24) & 7, v & 0xff_ffff);
+    if (cmd == 1 || cmd == 2) && last != Some((sn, cmd, ci)) {
+        if let Some(c) = hca.cqs.get_mut(&cqn) {
+            c.arms += 1;
+        }
+        arm(hca, cqn, cmd, sn, ci);
     }
 }

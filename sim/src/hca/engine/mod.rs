@@ -289,6 +289,9 @@ pub struct Stats {
     pub received: u64,
     /// CQEs written.
     pub cqes: u64,
+    /// RC/UC packets dropped because their SLID is not the QP's remote
+    /// LID (the card's source check; no PMA counter counts them).
+    pub slid_drops: u64,
 }
 
 /// All engine state of one HCA.
@@ -490,6 +493,77 @@ pub fn cq_changed(hca: &mut Hca, cqn: u32, keep_prod: bool) {
 /// Hook: a CQ doorbell.
 pub fn cq_doorbell(hca: &mut Hca, cqn: u32, cmd: u32, sn: u8, ci: u32) {
     cq::arm(hca, cqn, cmd, sn, ci);
+}
+
+/// Polled front ends: a send doorbell was seen on UAR page `uar`, where
+/// another QP's doorbell may have been overwritten since the last pass
+/// (the page's doorbell word is read once a pass; the hardware sees every
+/// MMIO write). Every other QP bound to the page that has a WQE the
+/// hardware owns at its next-to-start index runs its send queue (one not
+/// yet in RTS keeps a pending doorbell for RTS). `rung` has run already.
+pub fn send_doorbells_coalesced(hca: &mut Hca, uar: u32, rung: u32) {
+    let others: Vec<(u32, QpState)> = hca
+        .qps
+        .iter()
+        .filter(|(q, rt)| **q != rung && rt.uar == uar && rt.state != QpState::Rst)
+        .map(|(q, rt)| (*q, rt.state))
+        .collect();
+    for (qpn, state) in others {
+        if !sq_owned_wqe(hca, qpn) {
+            continue;
+        }
+        match state {
+            QpState::Rts | QpState::Sqd | QpState::Err | QpState::Sqer => {
+                exec::process_sq(hca, qpn);
+            }
+            _ => {
+                if let Some(q) = hca.engine.qps.get_mut(&qpn) {
+                    q.db_pending = true;
+                }
+            }
+        }
+    }
+}
+
+/// QP `qpn`'s send WQE at the next-to-start index is the hardware's (its
+/// owner bit is the pass parity).
+fn sq_owned_wqe(hca: &mut Hca, qpn: u32) -> bool {
+    let Some(q) = hca.engine.qps.get(&qpn) else {
+        return false;
+    };
+    if q.sq_cnt == 0 {
+        return false;
+    }
+    let idx = q.sq_next;
+    let parity = idx & q.sq_cnt != 0;
+    let Some(addr) = q.sq_wqe(idx) else {
+        return false;
+    };
+    let mut b = [0u8; 16];
+    hca.dma_read(addr, &mut b).is_ok() && wqe::Ctrl::decode(&b).owner == parity
+}
+
+/// Polled front ends: a CQ doorbell was seen on UAR page `uar`, where
+/// another CQ's arm may have been overwritten since the last pass. Each
+/// other CQ bound to the page whose arm doorbell record (written by the
+/// driver before it rings, Linux `mlx4_cq_arm`) holds a request not yet
+/// taken is armed from the record. `rung` has been armed already.
+pub fn cq_arms_coalesced(hca: &mut Hca, uar: u32, rung: u32) {
+    let others: Vec<u32> = hca
+        .cqs
+        .iter()
+        .filter(|(c, st)| **c != rung && st.uar == uar)
+        .map(|(c, _)| *c)
+        .collect();
+    for cqn in others {
+        cq::arm_from_record(hca, cqn);
+    }
+}
+
+/// Hook: a MAD the card generates (an SMA trap) for port `port`'s QP0,
+/// received there with SLID 0 ([`exec`]'s `local_smp`).
+pub fn deliver_local_smp(hca: &mut Hca, port: u8, mad: &[u8]) {
+    exec::local_smp(hca, port, mad);
 }
 
 /// Hook: a send doorbell for `qpn` on UAR page `uar`.

@@ -162,7 +162,10 @@ pub fn mad_ifc(hca: &mut Hca, cmd: &Command) -> CmdResult {
     // op_mod bit 2 instead); bits 31:16 the source LID; 15:9 reserved.
     let i = port_in(hca, cmd, cmd.in_mod & 0xfeff)?;
     let mad = hca.read_mailbox(cmd.in_param, crate::hca::mad_ifc::MAD_SIZE)?;
-    let resp = crate::hca::mad_ifc::process(hca, i, cmd.op_mod, &mad)?;
+    // With the extended info (op_mod bit 2) the MAD came from the link
+    // and bits 31:16 are its SLID.
+    let slid = (cmd.op_mod & 0x4 != 0).then_some((cmd.in_mod >> 16) as u16);
+    let resp = crate::hca::mad_ifc::process_from(hca, i, cmd.op_mod, slid, &mad)?;
     hca.write_mailbox(cmd.out_param, &resp)?;
     Ok(Outcome::OK)
 }

@@ -309,7 +309,8 @@ pub(super) fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Out
 }
 
 /// A MAD arriving at QP0/QP1 `m.dst_qpn`: dropped unless that QP is ready
-/// (VL15Dropped counts dropped SMPs).
+/// (VL15Dropped counts dropped SMPs); a GMP whose P_Key matches no entry
+/// of the port's table is a P_Key violation (P_KeyViolations, trap 257).
 pub(in crate::hca::engine) fn mad_deliver(
     hca: &mut Hca,
     m: &Msg,
@@ -324,12 +325,13 @@ pub(in crate::hca::engine) fn mad_deliver(
     let d = hca.engine.qps.get(&m.dst_qpn).cloned();
     let dropped = match d {
         Some(d) if ready && d.st == st::MLX => {
-            let ok = smp
-                || hca.ports[hca.port_index(u32::from(d.port)).unwrap_or(0)]
-                    .pkeys
-                    .iter()
-                    .any(|&p| pkey_match(p, m.pkey));
-            !ok || !matches!(receive(hca, &d, m, src, inline, true), Resp::Ack)
+            let pi = hca.port_index(u32::from(d.port)).unwrap_or(0);
+            let ok = smp || hca.ports[pi].pkeys.iter().any(|&p| pkey_match(p, m.pkey));
+            if !ok {
+                pkey_violation(hca, pi, m, 1);
+                return;
+            }
+            !matches!(receive(hca, &d, m, src, inline, true), Resp::Ack)
         }
         _ => true,
     };
@@ -340,4 +342,78 @@ pub(in crate::hca::engine) fn mad_deliver(
         let c = &mut hca.ports[i].counters;
         c.vl15_dropped = c.vl15_dropped.saturating_add(1);
     }
+}
+
+/// A packet `m` to QP `dst_qp` of port index `pi` dropped for its P_Key:
+/// PortInfo's P_KeyViolations and the SMA's Bad P_Key trap.
+pub(in crate::hca::engine) fn pkey_violation(hca: &mut Hca, pi: usize, m: &Msg, dst_qp: u32) {
+    let p = &mut hca.ports[pi];
+    p.pkey_violations = p.pkey_violations.saturating_add(1);
+    let gids = m.grh.map(|g| {
+        let mut s = [0u8; 16];
+        let mut d = [0u8; 16];
+        s.copy_from_slice(&g[8..24]);
+        d.copy_from_slice(&g[24..40]);
+        (s, d)
+    });
+    let b = crate::hca::mad_ifc::BadKey {
+        key: m.pkey,
+        slid: m.slid,
+        dlid: m.dlid,
+        sl: m.sl,
+        src_qp: m.src_qpn,
+        dst_qp,
+        gids,
+    };
+    crate::hca::mad_ifc::bad_pkey_trap(hca, pi, &b);
+}
+
+/// A MAD the card generates itself (the SMA's traps) arriving at port
+/// `port`'s QP0 as a packet received with SLID 0, the way a ConnectX
+/// firmware hands its traps to the driver; nothing if QP0 is not ready.
+pub(in crate::hca::engine) fn local_smp(hca: &mut Hca, port: u8, mad: &[u8]) {
+    let base = hca.special_qp_base;
+    if base == 0 || port == 0 {
+        return;
+    }
+    let dst = base + u32::from(port) - 1;
+    let ready = matches!(
+        qp_state(hca, dst),
+        Some(QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqer)
+    );
+    let Some(d) = hca.engine.qps.get(&dst).cloned() else {
+        return;
+    };
+    if !ready || d.st != st::MLX {
+        return;
+    }
+    let lid = port_state(hca, port).map_or(0, |(_, l, _)| l);
+    let m = Msg {
+        kind: Kind::Send,
+        st: st::MLX,
+        src_qpn: 0,
+        dst_qpn: dst,
+        port,
+        len: mad.len() as u64,
+        imm: None,
+        se: false,
+        raddr: 0,
+        rkey: 0,
+        swap: 0,
+        cmp: 0,
+        slid: 0,
+        dlid: lid,
+        sl: 0,
+        pkey: 0xffff,
+        qkey: 0,
+        grh: None,
+        npkts: 1,
+        inv: None,
+    };
+    let src = [Seg {
+        addr: 0,
+        len: mad.len() as u64,
+        xl: None,
+    }];
+    let _ = receive(hca, &d, &m, &src, mad, true);
 }

@@ -70,8 +70,8 @@ mod mlx;
 mod responder;
 
 pub use errors::{enter_error, flush_rq, flush_sq};
-pub(in crate::hca::engine) use mlx::mad_deliver;
 use mlx::mlx_send;
+pub(in crate::hca::engine) use mlx::{local_smp, mad_deliver, pkey_violation};
 use responder::receive;
 pub(in crate::hca::engine) use responder::{
     Rwqe, lmc_mask, malformed_rwqe, respond, responder_error, rq_commit, rq_peek,

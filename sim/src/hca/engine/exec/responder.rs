@@ -203,10 +203,15 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
     {
         return Resp::Silent;
     }
+    // Connected service: only the QP's remote port (its LID with the path
+    // bits) may send to it, looped back or not.
+    if matches!(d.st, st::RC | st::UC) && m.slid != d.rlid {
+        hca.engine.stats.slid_drops += 1;
+        return Resp::Silent;
+    }
     let pi = hca.port_index(u32::from(d.port)).unwrap_or(0);
     if !pkey_match(m.pkey, pkey_at(hca, d.port, d.pkey_index)) {
-        let p = &mut hca.ports[pi];
-        p.pkey_violations = p.pkey_violations.saturating_add(1);
+        super::pkey_violation(hca, pi, m, d.qpn);
         return Resp::Silent;
     }
     // A GRH whose DGID is not this port's is not for us (IBTA 9.6.1.1):

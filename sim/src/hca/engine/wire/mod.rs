@@ -298,9 +298,24 @@ fn buffer(hca: &Hca) -> Vec<u8> {
     }
 }
 
-/// Builds a packet with owed CRCs in a spare buffer and sends it; one the
+/// Builds a packet with owed CRCs in a spare buffer and sends it on the VL
+/// the port's SLtoVLMappingTable gives its SL (one mapped to VL 15 is
+/// dropped at the port, as a data packet on VL 15 must not leave); one the
 /// model cannot build goes to [`unbuilt`].
 fn send_packet(hca: &mut Hca, port: u8, hd: &Headers, payload: &[u8]) {
+    let Some(vl) = hca
+        .port_index(u32::from(port))
+        .map(|i| hca.ports[i].vl_of(hd.lrh.sl))
+    else {
+        return;
+    };
+    if vl == 15 {
+        discard(hca, port);
+        return;
+    }
+    let mut hd = *hd;
+    hd.lrh.vl = vl;
+    let hd = &hd;
     let mut b = buffer(hca);
     match packet::build_owed_with(hd, payload.len(), &mut b, |p| p.copy_from_slice(payload)) {
         Ok(()) => {
@@ -558,6 +573,12 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
                     | opcode::RDMA_READ_RESPONSE_ONLY
             );
             if q.st != if is_rc { st::RC } else { st::UC } {
+                return;
+            }
+            // Connected service: the packet must come from the QP's remote
+            // port, the LID (with its path bits) of the primary path.
+            if h.lrh.slid != q.rlid {
+                hca.engine.stats.slid_drops += 1;
                 return;
             }
             if responder_op {

@@ -201,8 +201,8 @@ pub(super) fn request(hca: &mut Hca, port: u8, d: &QpEng, h: &Headers, payload: 
     }
     if !exec::pkey_match(h.bth.pkey, exec::pkey_at(hca, d.port, d.pkey_index)) {
         if let Some(i) = hca.port_index(u32::from(port)) {
-            let p = &mut hca.ports[i];
-            p.pkey_violations = p.pkey_violations.saturating_add(1);
+            let m = super::msg_from(h, d.st, d.remote_qpn, d.qpn, port, payload.len() as u64);
+            exec::pkey_violation(hca, i, &m, d.qpn);
         }
         return;
     }
