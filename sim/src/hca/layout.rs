@@ -418,7 +418,11 @@ impl Default for DevCap {
                 | ATOMIC
                 | RAW_MCAST
                 | UD_AV_PORT
-                | UD_MCAST,
+                | UD_MCAST
+                // B0 steering, as a ConnectX-3 runs natively (Linux's
+                // choose_steering_mode needs both).
+                | VEP_UC_STEER
+                | VEP_MC_STEER,
             rsvd_uars: 8,
             uar_sz: 3,
             log_pg_sz: 12,
