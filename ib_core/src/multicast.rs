@@ -1,6 +1,6 @@
 //! Port of Linux `drivers/infiniband/core/multicast.c` (3.11), busy-polled: joining and leaving multicast groups through the SA, one membership per port and group shared by its members, joins retried with backoff and made again when the SM asks clients to re-register.
 //!
-//! Absent in LegoOS. A join is a SubnAdmSet of an MCMemberRecord (JoinState
+//! Present but not built in LegoOS. A join is a SubnAdmSet of an MCMemberRecord (JoinState
 //! full member, or what the caller asks), a leave a SubnAdmDelete of the bits
 //! no remaining member needs, both through [`crate::sa_query`]. Left out: groups
 //! whose MGID the SA assigns (a join with a zero MGID), the callback interface
@@ -53,8 +53,7 @@ use crate::mad::method;
 use crate::sa_query::{self, McMemberRecord, SaQueryId, mcmember_comp, sa_method};
 use crate::verbs::{AhAttr, Event, EventElement, EventType, Gid, GlobalRoute, Mtu};
 
-/// The destination QPN of a multicast datagram (IBTA 10.5.2.2,
-/// `IB_MULTICAST_QPN`).
+/// The destination QPN of a multicast datagram (`IB_MULTICAST_QPN`).
 pub const IB_MULTICAST_QPN: u32 = 0xff_ffff;
 
 /// Events a member's mailbox keeps; older ones go first.

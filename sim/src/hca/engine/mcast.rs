@@ -8,8 +8,8 @@
 //! # Decisions
 //!
 //! * A packet to a multicast LID (0xC000 to 0xFFFE) must be a UD datagram to
-//!   QPN 0xFFFFFF with a GRH whose DGID is a multicast GID (IBTA 10.5.2.2,
-//!   C8-?): anything else is dropped and counted ([`McastStats::malformed`]);
+//!   QPN 0xFFFFFF with a GRH whose DGID is a multicast GID (the card steers by
+//!   it): anything else is dropped and counted ([`McastStats::malformed`]);
 //!   a group no QP of the port is attached to is dropped and counted too
 //!   ([`McastStats::not_attached`]).
 //! * Each attached QP gets its own copy through the responder, as a unicast
