@@ -163,8 +163,8 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "saquery",
-        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID]",
-        help: "NodeRecords and PathRecords from the SA, as infiniband-diags' tool",
+        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID] | saquery -g",
+        help: "NodeRecords, PathRecords and multicast groups from the SA, as infiniband-diags' tool",
         run: super::diags::saquery,
     },
     Command {

@@ -821,6 +821,60 @@ impl Mlx4IbDev {
         r
     }
 
+    // ------------------------------------------------------------- multicast
+
+    /// Linux `mlx4_ib_mcg_attach`: the UD QP `id` receives the datagrams of
+    /// multicast group `gid` (`mlx4_multicast_attach` over the MCG table,
+    /// B0/A0 steering, with the MGM block-loopback bit when the QP was
+    /// created with `IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK`); `lid` is not
+    /// used (the card steers by MGID). Attaching twice is not an error.
+    #[doc(alias = "mlx4_ib_mcg_attach")]
+    pub fn mcg_attach(&mut self, id: crate::QpId, gid: &[u8; 16], lid: u16) -> Result<()> {
+        let _ = lid;
+        if self.fatal {
+            return Err(Error::Fatal);
+        }
+        let qp = self.qps.get(id).ok_or(Error::NoObject)?;
+        if qp.qp_type != crate::verbs::QpType::Ud {
+            return Err(Error::Inval("multicast attach is for UD QPs only"));
+        }
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        let block = qp.block_mcast_loopback;
+        self.dev.multicast_attach(&hw.mqp, gid, block)?;
+        if let Some(qp) = self.qps.get_mut(id)
+            && !qp.mcast_gids.contains(gid)
+        {
+            qp.mcast_gids.push(*gid);
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_ib_mcg_detach`: undoes [`Mlx4IbDev::mcg_attach`].
+    #[doc(alias = "mlx4_ib_mcg_detach")]
+    pub fn mcg_detach(&mut self, id: crate::QpId, gid: &[u8; 16], lid: u16) -> Result<()> {
+        let _ = lid;
+        let qp = self.qps.get(id).ok_or(Error::NoObject)?;
+        if qp.qp_type != crate::verbs::QpType::Ud {
+            return Err(Error::Inval("multicast detach is for UD QPs only"));
+        }
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        self.dev.multicast_detach(&hw.mqp, gid)?;
+        if let Some(qp) = self.qps.get_mut(id) {
+            match qp.mcast_gids.iter().position(|g| g == gid) {
+                Some(i) => {
+                    qp.mcast_gids.swap_remove(i);
+                }
+                None => warn!("{}: could not find mgid entry", self.name),
+            }
+        }
+        Ok(())
+    }
+
+    /// The MGIDs QP `id` is attached to.
+    pub fn mcg_attached(&self, id: crate::QpId) -> Result<&[[u8; 16]]> {
+        Ok(&self.qps.get(id).ok_or(Error::NoObject)?.mcast_gids)
+    }
+
     /// Objects alive: (PDs, CQs, QPs, SRQs, MRs, AHs, doorbell records).
     pub fn live_objects(&self) -> [usize; 7] {
         [

@@ -6,9 +6,9 @@
 //! ACK/NAK/RNR NAK, UD datagrams, the MADs of QP0/QP1 with the CRCs computed here),
 //! and the packets taken from the fabric when the engines are stepped (CRC and
 //! header checks, PortRcvErrors, P_Key/Q_Key checks, PSN checks with duplicate and
-//! sequence-error handling, message reassembly straight into host memory);
-//! multicast, APM, congestion marking and credit-based flow control are not
-//! modelled.
+//! sequence-error handling, message reassembly straight into host memory;
+//! packets to a multicast LID go to [`super::mcast`]); APM, congestion marking
+//! and credit-based flow control are not modelled.
 //!
 //! The link (attachment, ports, transmit, receive and dispatch) is here;
 //! the requester's side is in `requester.rs`, the responder's in
@@ -508,6 +508,10 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
     let dqp = h.bth.dest_qp;
     let smp = dqp == 0;
     let (state, lid, lmc) = exec::port_state(hca, port).unwrap_or((LogicalState::Down, 0, 0));
+    if super::mcast::is_mcast_lid(h.lrh.dlid) {
+        super::mcast::receive(hca, port, &h, payload, state);
+        return;
+    }
     // VL15 carries SMPs to QP0 only; data needs an Active port; the DLID
     // must be this port's (the permissive LID only for SMPs).
     let mask = !((1u16 << lmc.min(7)) - 1);
