@@ -102,7 +102,14 @@ impl IbClient for SmClient {
                 continue;
             };
             work += s.poll(core);
-            put(core, me, dev, s);
+            let now = core.clock().now_ns();
+            if s.stop_done(now) {
+                s.note(now, String::from("Exiting SM"));
+                s.close(core);
+                work += 1;
+            } else {
+                put(core, me, dev, s);
+            }
         }
         work
     }
@@ -154,25 +161,23 @@ pub fn start(
     Ok(())
 }
 
-/// Stops the SM of `dev`: a master with a standby SM in the subnet hands
-/// over to the best one and waits (at most `timeout`, polling the core)
-/// for that SMP to be answered, then the agents close and IsSM is cleared.
-/// Returns whether a handover was sent.
-pub fn stop(core: &mut IbCore, me: ClientId, dev: DeviceId, timeout: Duration) -> Result<bool> {
+/// Stops the SM of `dev` (OpenSM's exit): a master first hands over to
+/// the best standby SM in the subnet (looking once more if it knows of
+/// none); the SM closes (its agents, IsSM) from the progress function once
+/// that is answered or `timeout` has passed: [`running`] says when, the
+/// log says whether a handover was sent.
+pub fn stop(core: &mut IbCore, me: ClientId, dev: DeviceId, timeout: Duration) -> Result<()> {
     let mut s = take(core, me, dev).ok_or(Error::NotFound)?;
     let now = core.clock().now_ns();
-    let handover = s.begin_stop(now);
-    let deadline = hal::Deadline::after(core.clock(), timeout);
-    while handover && !s.req.idle() && !deadline.expired(core.clock()) {
-        core.poll();
-        if s.poll(core) == 0 {
-            core.clock().relax();
-        }
+    s.stop_deadline = now.saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+    s.begin_stop(core, now);
+    if s.stop_done(now) {
+        s.note(now, String::from("Exiting SM"));
+        s.close(core);
+    } else {
+        put(core, me, dev, s);
     }
-    let now = core.clock().now_ns();
-    s.note(now, String::from("Exiting SM"));
-    s.close(core);
-    Ok(handover)
+    Ok(())
 }
 
 /// The status of the SM of `dev`, if one runs.

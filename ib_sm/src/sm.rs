@@ -141,6 +141,10 @@ pub struct Sm {
     pub(crate) log: VecDeque<String>,
     pub(crate) sa: SaState,
     pub(crate) stopping: bool,
+    /// When a stopping SM closes even if its handover is unanswered.
+    pub(crate) stop_deadline: u64,
+    /// A stopping master still looks for a standby SM.
+    pub(crate) stop_discover: bool,
 }
 
 /// Registration of an SM agent (class `c`; methods Get, Set, and for the
@@ -240,6 +244,8 @@ impl Sm {
             log: VecDeque::new(),
             sa: SaState::default(),
             stopping: false,
+            stop_deadline: u64::MAX,
+            stop_discover: false,
         };
         sm.note(
             now,

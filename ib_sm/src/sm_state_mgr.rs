@@ -163,33 +163,58 @@ impl Sm {
         ));
     }
 
-    /// Stops this SM (the console's `opensm stop`): a master with a
-    /// standby SM hands over to the best one first, as a master going away
-    /// politely does; returns whether it did.
-    pub(crate) fn begin_stop(&mut self, now: u64) -> bool {
-        self.stopping = true;
-        let standby: Vec<(u8, u64)> = self
-            .remote_sms
+    /// The best standby SM we know, if any.
+    pub(crate) fn best_standby(&self) -> Option<u64> {
+        self.remote_sms
             .iter()
             .filter(|(_, r)| r.smi.state == sm_state::STANDBY)
             .map(|(g, r)| (r.smi.priority, *g))
-            .collect();
-        let best = standby.into_iter().reduce(|a, b| {
-            if sm_is_greater_than(b.0, b.1, a.0, a.1) {
-                b
-            } else {
-                a
-            }
-        });
-        if self.state == sm_state::MASTER
-            && let Some((_, g)) = best
-        {
-            self.send_handover(g, now);
-            self.state = sm_state::STANDBY;
-            self.report_sm_state(now);
-            return true;
+            .reduce(|a, b| {
+                if sm_is_greater_than(b.0, b.1, a.0, a.1) {
+                    b
+                } else {
+                    a
+                }
+            })
+            .map(|b| b.1)
+    }
+
+    /// Stops this SM (the console's `opensm stop`): a master hands over to
+    /// the best standby SM first, as a master going away politely does.
+    /// A master that knows of none looks once more (a heavy sweep's
+    /// discovery: a standby SM that came after our last heavy sweep is
+    /// only seen by one) before it decides.
+    pub(crate) fn begin_stop(&mut self, core: &mut IbCore, now: u64) {
+        self.stopping = true;
+        if self.state != sm_state::MASTER {
+            return;
         }
-        false
+        let agent = self.dr_agent;
+        self.req.clear(core, agent);
+        self.sweep.stage = crate::state_mgr::Stage::Idle;
+        match self.best_standby() {
+            Some(g) => self.stop_handover(g, now),
+            None => {
+                self.stop_discover = true;
+                self.sweep.next_ns = 0;
+            }
+        }
+    }
+
+    /// The handover of a stopping master.
+    pub(crate) fn stop_handover(&mut self, g: u64, now: u64) {
+        self.send_handover(g, now);
+        self.state = sm_state::STANDBY;
+        self.report_sm_state(now);
+        self.sweep.stage = crate::state_mgr::Stage::Handover;
+    }
+
+    /// Whether a stopping SM is done (its handover answered, or nothing to
+    /// hand over).
+    pub(crate) fn stop_done(&self, now: u64) -> bool {
+        self.stopping
+            && (now >= self.stop_deadline
+                || (!self.stop_discover && !self.sweep.busy() && self.req.idle()))
     }
 
     /// The directed route and LID of the end port with GUID `g`, from this
@@ -199,7 +224,13 @@ impl Sm {
             for n in s.nodes.values() {
                 for (&p, pp) in &n.ports {
                     if pp.guid == g && n.is_end(p) {
-                        let lid = self.guid2lid.get(&g).copied().unwrap_or(0);
+                        // Ours if we gave it, else what the port says.
+                        let lid = self
+                            .guid2lid
+                            .get(&g)
+                            .copied()
+                            .or_else(|| pp.pi.map(|pi| pi.base_lid()))
+                            .unwrap_or(0);
                         return Some((pp.path.clone(), lid));
                     }
                 }

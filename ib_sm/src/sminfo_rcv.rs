@@ -1,11 +1,12 @@
 //! SMInfo, after OpenSM's `osm_sminfo_rcv.c`: answering other SMs' SubnGet and SubnSet(SMInfo), and reading their answers to ours (who is master, who is higher, is the master alive).
 //!
-//! The SM_Key is returned only to a requester that says it is master (p. 840
-//! line 20 of the IBTA 1.2 spec, as OpenSM reads it). A SubnSet is checked
+//! The SM_Key is returned in every answer (OpenSM withholds it only from a
+//! requester that fails M_Key protection, which is not used here). A SubnSet is checked
 //! as OpenSM does: ACKNOWLEDGE only from a standby SM, HANDOVER, DISABLE,
 //! STANDBY and DISCOVER only from a master, and only where our state allows
 //! the transition; otherwise it is answered with status 7. An SM whose
-//! SM_Key differs from ours is ignored (OpenSM exits there).
+//! SM_Key differs from ours (when ours is not 0) is ignored, as OpenSM
+//! 3.3.23 does ("ERR 2F18").
 
 use alloc::format;
 
@@ -33,7 +34,10 @@ impl Sm {
         let mut resp = m.clone();
         resp.set_method(method::GET_RESP);
         resp.smp_data_mut().fill(0);
-        let ours = self.our_sminfo(remote.state == sm_state::MASTER);
+        // Without M_Key protection the SM_Key is always returned
+        // (OpenSM 3.3.23 ignores an SM answering with another key, 0
+        // included).
+        let ours = self.our_sminfo(true);
         ours.write(resp.smp_data_mut());
         self.stats.sminfo_answered += 1;
         if m.method() == method::GET {
@@ -150,7 +154,7 @@ impl Sm {
         now: u64,
     ) {
         let smi = SmInfo::read(data);
-        if smi.sm_key != 0 && smi.sm_key != self.cfg.sm_key {
+        if self.cfg.sm_key != 0 && smi.sm_key != self.cfg.sm_key {
             self.note(
                 now,
                 format!(

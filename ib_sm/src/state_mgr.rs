@@ -117,8 +117,15 @@ impl Sm {
     pub(crate) fn advance(&mut self, core: &mut IbCore, now: u64) -> bool {
         match self.sweep.stage {
             Stage::Idle => {
-                if self.stopping
-                    || now < self.sweep.next_ns
+                if self.stopping {
+                    if !self.stop_discover {
+                        return false;
+                    }
+                    self.stop_discover = false;
+                    self.start_heavy(now);
+                    return true;
+                }
+                if now < self.sweep.next_ns
                     || !matches!(self.state, sm_state::MASTER | sm_state::DISCOVERING)
                 {
                     return false;
@@ -291,9 +298,16 @@ impl Sm {
                 return;
             }
         }
+        if self.stopping {
+            // The look of a stopping master for a standby SM.
+            match self.best_standby() {
+                Some(g) => self.stop_handover(g, now),
+                None => self.sweep.stage = Stage::Idle,
+            }
+            return;
+        }
         if self.sweep.master_sm_found {
             // OSM_SM_SIGNAL_MASTER_OR_HIGHER_SM_DETECTED.
-            self.note(now, "ENTERING STANDBY STATE".into());
             self.enter_standby(core, now);
             self.send_trap144(core, 0);
             self.sweep.stage = Stage::Idle;
