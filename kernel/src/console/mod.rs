@@ -9,6 +9,7 @@ mod commands;
 mod diags;
 mod ib;
 mod lspci;
+mod opensm;
 mod pcache;
 mod perftest;
 mod rmem;
