@@ -71,6 +71,12 @@ pub struct Sweep {
     pub heavy: bool,
     /// Suspected duplicate GUIDs reported this sweep.
     pub dups: Vec<u64>,
+    /// A trap (or our port) asked for a heavy sweep while one ran: the
+    /// next starts at once.
+    pub again_now: bool,
+    /// A node did not answer its NodeInfo this sweep: the next periodic
+    /// sweep is heavy, to find it again.
+    pub unresolved: bool,
 }
 
 impl Sweep {
@@ -88,6 +94,8 @@ impl Sweep {
             smps_at_start: 0,
             heavy: false,
             dups: Vec::new(),
+            again_now: false,
+            unresolved: false,
         }
     }
     /// Whether a sweep is under way.
@@ -107,7 +115,9 @@ impl Sm {
     /// (`osm_sm_signal(OSM_SIGNAL_SWEEP)` with `force_heavy_sweep`).
     pub(crate) fn request_heavy_sweep(&mut self) {
         self.sweep.force_heavy = true;
-        if !self.sweep.busy() {
+        if self.sweep.busy() {
+            self.sweep.again_now = true;
+        } else {
             self.sweep.next_ns = 0;
         }
     }
@@ -249,6 +259,7 @@ impl Sm {
         self.sweep.force_heavy = false;
         self.sweep.init_error = false;
         self.sweep.master_sm_found = false;
+        self.sweep.unresolved = false;
         self.sweep.dups.clear();
         self.sweep.start_ns = now;
         self.sweep.smps_at_start = self.req.counters.sent;
@@ -313,8 +324,9 @@ impl Sm {
             self.sweep.stage = Stage::Idle;
             return;
         }
-        if self.sweep.force_heavy {
+        if self.sweep.again_now {
             // Something changed while we looked: look again.
+            self.sweep.again_now = false;
             self.start_heavy(now);
             return;
         }
@@ -386,13 +398,17 @@ impl Sm {
             );
             self.note(now, msg);
         }
+        if self.sweep.unresolved {
+            self.sweep.force_heavy = true;
+        }
         self.sa_subnet_changed();
         self.end_sweep(now);
     }
 
     fn end_sweep(&mut self, now: u64) {
         self.sweep.stage = Stage::Idle;
-        self.sweep.next_ns = if self.sweep.force_heavy && !self.sweep.init_error {
+        let again = core::mem::take(&mut self.sweep.again_now);
+        self.sweep.next_ns = if again {
             // A trap came during the sweep: again at once.
             now
         } else if self.cfg.sweep_interval_ms == 0 {
@@ -495,11 +511,12 @@ impl Sm {
             }
             Ctx::SwitchInfo { light: true, .. } => {
                 // A switch that stopped answering: look at everything.
-                self.sweep.force_heavy = true;
+                self.request_heavy_sweep();
             }
             Ctx::SmInfo(g) => self.sminfo_failed(g, now),
             Ctx::SetSmInfo(g, m) => self.sminfo_set_failed(g, m, now),
-            Ctx::NodeInfo { .. } | Ctx::NodeDesc(_) | Ctx::SwitchInfo { .. } => {}
+            Ctx::NodeInfo { .. } => self.sweep.unresolved = true,
+            Ctx::NodeDesc(_) | Ctx::SwitchInfo { .. } => {}
         }
     }
 }
