@@ -345,3 +345,53 @@ fn kernel_sm_stands_by_for_the_embedded_master() {
         b.teardown();
     }
 }
+
+/// A pulled cable and its return: the switch's trap 128 makes our SM sweep
+/// heavily at once (not at the 10 s period); the port comes back Active
+/// with its LID.
+#[test]
+fn a_cable_back_is_taken_in_by_the_trap_alone() {
+    let mut f = Fabric::new();
+    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+    let b_port = built.hcas[1].ports[0];
+    let fabric = Arc::new(Mutex::new(f));
+    let (mut a, b) = sync_guests(&fabric, &built);
+    let sm = ib_sm::init(&mut a.core);
+    let mut n = Net { fabric, a, b, sm };
+    start(&mut n, SmConfig::default());
+    up(&mut n);
+    let lid = n.b.port(1).lid;
+    let sw_port = n.fabric.lock().unwrap().peer(b_port).unwrap();
+    n.fabric.lock().unwrap().unplug(b_port).unwrap();
+    let down = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 16, |g| {
+        g[1].port(1).state == PortState::Down
+    });
+    assert!(down);
+    let (sm, dev) = (n.sm, n.a.dev);
+    let heavy = ib_sm::status(&mut n.a.core, sm, dev)
+        .unwrap()
+        .stats
+        .heavy_sweeps;
+    let t0 = n.a.hca.clock().now_ns();
+    n.fabric.lock().unwrap().connect(b_port, sw_port).unwrap();
+    up(&mut n);
+    let took_ms = (n.a.hca.clock().now_ns() - t0) / 1_000_000;
+    let st = ib_sm::status(&mut n.a.core, sm, dev).unwrap();
+    let log = sm_log(&mut n);
+    assert!(
+        st.stats.traps >= 1 && st.stats.heavy_sweeps > heavy,
+        "{st:?}\n{log}"
+    );
+    assert!(
+        log.contains("Received Generic Notice type:1 num:128"),
+        "{log}"
+    );
+    assert!(
+        took_ms < 1000,
+        "trap-driven, not the 10 s sweep: {took_ms} ms\n{log}"
+    );
+    assert_eq!(n.b.port(1).lid, lid, "the same LID");
+    let Net { a, b, .. } = n;
+    a.teardown();
+    b.teardown();
+}
