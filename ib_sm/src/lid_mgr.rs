@@ -76,7 +76,7 @@ impl Sm {
         }
         for (&g, &l) in &got {
             if self.guid2lid.insert(g, l) != Some(l) {
-                self.note(now, format!("Port {g:#018x} gets LID {l}"));
+                self.note_quiet(now, format!("Port {g:#018x} gets LID {l}"));
             }
         }
         if let Some(&l) = got.get(&me) {

@@ -277,8 +277,20 @@ impl Sm {
     /// A log line: kept, and printed through `log` as OpenSM writes
     /// `osm.log` (the time is seconds since the SM started).
     pub(crate) fn note(&mut self, now: u64, s: String) {
-        let t = now.saturating_sub(self.started_ns);
         log::info!("{}: {s}", self.cfg.name);
+        self.keep(now, s);
+    }
+
+    /// A log line kept but printed only at debug level (OpenSM's
+    /// `OSM_LOG_INFO` lines, which its default log level leaves out of
+    /// the system log).
+    pub(crate) fn note_quiet(&mut self, now: u64, s: String) {
+        log::debug!("{}: {s}", self.cfg.name);
+        self.keep(now, s);
+    }
+
+    fn keep(&mut self, now: u64, s: String) {
+        let t = now.saturating_sub(self.started_ns);
         if self.log.len() >= LOG_LINES {
             self.log.pop_front();
         }

@@ -330,7 +330,7 @@ impl Sm {
             self.start_heavy(now);
             return;
         }
-        self.note(now, "HEAVY SWEEP COMPLETE".into());
+        self.note_quiet(now, "HEAVY SWEEP COMPLETE".into());
         if self.state == sm_state::MASTER {
             if let Some(g) = self.highest_remote_sm() {
                 self.send_handover(g, now);
@@ -374,7 +374,7 @@ impl Sm {
             .saturating_sub(self.sweep.smps_at_start);
         self.stats.last_heavy_ns = now.saturating_sub(self.sweep.start_ns);
         self.sweep.coming_out_of_standby = false;
-        self.sweep.first_time_master = false;
+        let first = core::mem::take(&mut self.sweep.first_time_master);
         // The SA answers from what this sweep found.
         let lids = self.guid2lid.clone();
         self.subn.index_ports(&lids);
@@ -396,7 +396,13 @@ impl Sm {
                 self.stats.last_heavy_ns / 1_000_000,
                 self.stats.last_heavy_ns / 1000 % 1000
             );
-            self.note(now, msg);
+            // `state_mgr_up_msg`: to the system log the first time as
+            // master, at the info level after.
+            if first {
+                self.note(now, msg);
+            } else {
+                self.note_quiet(now, msg);
+            }
         }
         if self.sweep.unresolved {
             self.sweep.force_heavy = true;

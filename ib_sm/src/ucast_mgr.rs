@@ -159,11 +159,101 @@ impl Sm {
                 ));
             }
             if changed > 0 {
-                self.note(
+                self.note_quiet(
                     now,
                     format!("Switch {g:#018x}: {changed} LFT block(s) written, LinearFDBTop {top}"),
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ib_types::{NodeInfo, PortInfo, SwitchInfo, node_type};
+    use crate::subnet::{Node, Physp, Switch};
+    use alloc::collections::BTreeMap;
+
+    fn node(guid: u64, t: u8, nports: u8) -> Node {
+        let mut ni = NodeInfo([0; 40]);
+        ni.set_node_type(t);
+        ni.set_num_ports(nports);
+        ni.set_node_guid(guid);
+        ni.set_port_guid(guid + u64::from(t == node_type::CA));
+        Node {
+            ni,
+            desc: [0; 64],
+            path: Vec::new(),
+            sw: (t == node_type::SWITCH).then(|| Switch {
+                info: SwitchInfo([0; 64]),
+                lft: Vec::new(),
+                mft: Vec::new(),
+            }),
+            ports: BTreeMap::new(),
+        }
+    }
+
+    fn cable(s: &mut Subnet, a: (u64, u8), b: (u64, u8)) {
+        for (x, y) in [(a, b), (b, a)] {
+            let n = s.nodes.get_mut(&x.0).unwrap();
+            let guid = n.ni.port_guid();
+            let mut pp = Physp::new(guid, Vec::new());
+            let mut pi = PortInfo::default();
+            pi.set_port_state(4);
+            pi.set_mtu_cap(5);
+            pi.0[31] = 2;
+            pi.0[35] = 0x40;
+            pp.pi = Some(pi);
+            pp.remote = Some(y);
+            n.ports.insert(x.1, pp);
+        }
+    }
+
+    /// CA 1 - switch A (ports 1, 3) - switch B (ports 2, 4) - CA 2.
+    fn two_switches() -> Subnet {
+        let mut s = Subnet::default();
+        for n in [
+            node(0x10, node_type::CA, 1),
+            node(0x20, node_type::CA, 1),
+            node(0xa0, node_type::SWITCH, 8),
+            node(0xb0, node_type::SWITCH, 8),
+        ] {
+            s.nodes.insert(n.guid(), n);
+        }
+        cable(&mut s, (0x10, 1), (0xa0, 1));
+        cable(&mut s, (0xa0, 3), (0xb0, 2));
+        cable(&mut s, (0xb0, 4), (0x20, 1));
+        for g in [0xa0, 0xb0] {
+            let mut p0 = Physp::new(g, Vec::new());
+            p0.pi = Some(PortInfo::default());
+            s.nodes.get_mut(&g).unwrap().ports.insert(0, p0);
+        }
+        let lids = BTreeMap::from([(0x11, 1), (0x21, 2), (0xa0, 3), (0xb0, 4)]);
+        s.index_ports(&lids);
+        s
+    }
+
+    #[test]
+    fn min_hop_routes_every_lid_toward_its_port() {
+        let s = two_switches();
+        let lfts = min_hop_lfts(&s);
+        let a = &lfts[&0xa0];
+        let b = &lfts[&0xb0];
+        assert_eq!((a[1], a[2], a[3], a[4]), (1, 3, 0, 3));
+        assert_eq!((b[1], b[2], b[3], b[4]), (2, 4, 2, 0));
+        assert_eq!(a[0], LFT_NO_PATH, "LID 0 goes nowhere");
+        // The PathRecord walk follows them: 4096 MTU, 40 Gb/s.
+        let (src, dst) = (s.port_by_lid(1).unwrap(), s.port_by_lid(2).unwrap());
+        let mut s2 = s.clone();
+        for (g, t) in &lfts {
+            s2.nodes.get_mut(g).unwrap().sw.as_mut().unwrap().lft = t.clone();
+        }
+        assert_eq!(
+            crate::sa::path_record::route_mtu_rate(&s2, src, dst),
+            Some((5, 7))
+        );
+        // Without LFTs there is no route.
+        assert_eq!(crate::sa::path_record::route_mtu_rate(&s, src, dst), None);
     }
 }
