@@ -101,7 +101,7 @@ fn two_guests_back_to_back_under_our_sm_run_ib_write_bw() {
 fn three_guests_on_a_switch_under_our_sm_discover_and_ask_the_sa() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // LIDs: the SM's port 1, then by port GUID: the switch 2, node 1 3,
-    // node 2 4.
+    // node 2 4 (the SM host 5).
     let r = qemu::run_args(
         &[
             "--nodes",
@@ -110,7 +110,9 @@ fn three_guests_on_a_switch_under_our_sm_discover_and_ask_the_sa() {
             "none",
             "--run-on",
             "0",
-            "opensm; sleep 20; opensm status",
+            // Once both other guests answer at the switch (so the first
+            // sweep sees them all and numbers them by GUID).
+            "retry -n 60 -i 1 smpquery -D nodeinfo 0,1,2; retry -n 60 -i 1 smpquery -D nodeinfo 0,1,3; opensm; sleep 20; opensm status",
             "--run-on",
             "1",
             &format!("{RETRY} saquery -p 4; ibnetdiscover; saquery -N"),
