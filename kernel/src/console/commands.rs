@@ -192,6 +192,12 @@ static COMMANDS: &[Command] = &[
         run: super::net::ping,
     },
     Command {
+        name: "opensm",
+        usage: "opensm [-p PRIO] [-s SECS] [-C CA] [-P PORT] | opensm status|log|stop",
+        help: "our subnet manager and SA on this port, as OpenSM (-p priority, -s sweep)",
+        run: super::opensm::opensm,
+    },
+    Command {
         name: "mlx4",
         usage: "mlx4 caps|catas",
         help: "QUERY_DEV_CAP dump; internal-error buffer state",

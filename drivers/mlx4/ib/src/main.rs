@@ -440,6 +440,27 @@ impl Mlx4IbDev {
         mad::query_port(&mut self.dev, port)
     }
 
+    /// Linux `mlx4_ib_modify_port`: the capability mask as the port has it,
+    /// plus `set` and minus `clr` (an SM's IsSM), written with SET_PORT;
+    /// an Ethernet port has none and succeeds without a command.
+    pub fn modify_port(
+        &mut self,
+        port: u8,
+        set: u32,
+        clr: u32,
+        reset_qkey_cntr: bool,
+    ) -> Result<()> {
+        self.check_port(port)?;
+        if self.dev.caps().port[usize::from(port)].port_type == mlx4_core::PortType::Eth {
+            return Ok(());
+        }
+        let attr = mad::query_port(&mut self.dev, port)?;
+        let cap_mask = (attr.port_cap_flags | set) & !clr;
+        self.dev
+            .set_port_cap_mask(port, cap_mask, reset_qkey_cntr)
+            .map_err(Error::from)
+    }
+
     /// Linux `mlx4_ib_query_gid`.
     pub fn query_gid(&mut self, port: u8, index: u32) -> Result<[u8; 16]> {
         self.check_port(port)?;

@@ -329,6 +329,21 @@ impl IbDevice for Mlx4IbDev {
         })
     }
 
+    fn modify_port(
+        &mut self,
+        port: u8,
+        mask: v::PortModifyFlags,
+        props: &v::PortModify,
+    ) -> IbResult<()> {
+        ib(Mlx4IbDev::modify_port(
+            self,
+            port,
+            props.set_port_cap_mask,
+            props.clr_port_cap_mask,
+            mask.contains(v::PortModifyFlags::RESET_QKEY_CNTR),
+        ))
+    }
+
     fn query_gid(&mut self, port: u8, index: u32) -> IbResult<v::Gid> {
         ib(Mlx4IbDev::query_gid(self, port, index)).map(v::Gid)
     }
