@@ -966,6 +966,7 @@ impl Fabric {
             return;
         };
         let smp = f.pkt.vl() == Some(15);
+        sw.set_time(f.due);
         let mut f = f;
         if f.owed && !sw.only_forwards(&f.pkt.bytes) {
             // The switch's SMA or PMA reads it: the sender's CRCs first.

@@ -11,7 +11,9 @@
 //! the DrSLID), LID routing by the linear forwarding table, multicast
 //! replication by the multicast one, partition enforcement and raw
 //! filtering on external ports as the SM turns them on, M_Key protection
-//! levels 1 and 2, and a PMA (ClassPortInfo, PortCounters,
+//! levels 1 and 2 with the lease period (IBTA 14.2.4.2: a failed check
+//! starts the lease timer, an SMP with the key stops it, and when it runs
+//! out the protection bits fall to 0), and a PMA (ClassPortInfo, PortCounters,
 //! PortCountersExtended) per port; SL-to-VL mapping and VL arbitration
 //! (their tables are kept and reported, not applied), random forwarding
 //! tables, FDR10 (ExtendedPortInfo reports none, as ibsim does by
@@ -262,6 +264,14 @@ pub struct Switch {
     gid_prefix: u64,
     subnet_timeout: u8,
     mkey_violations: u16,
+    /// The M_Key lease timer (IBTA 14.2.4.2): when it runs out (fabric
+    /// time, nanoseconds) the protection bits fall to 0. Started by a
+    /// failed M_Key check while the lease period is not 0, stopped by an
+    /// SMP with the key.
+    mkey_lease_due: Option<u64>,
+    /// The fabric's time as of the packet being processed
+    /// ([`Switch::set_time`]).
+    now_ns: u64,
 }
 
 impl Switch {
@@ -301,6 +311,8 @@ impl Switch {
             gid_prefix: 0xfe80_0000_0000_0000,
             subnet_timeout: 0,
             mkey_violations: 0,
+            mkey_lease_due: None,
+            now_ns: 0,
         }
     }
 
@@ -359,6 +371,23 @@ impl Switch {
     /// MulticastFDBTop (0: not set, the whole table applies).
     pub fn mft_top(&self) -> u16 {
         self.mft_top
+    }
+
+    /// The fabric's time is now `now_ns` (it calls this before handing the
+    /// switch a packet): an M_Key lease timer that ran out by then drops
+    /// the protection bits to 0 (IBTA 14.2.4.2), so the SM can read the
+    /// key again.
+    pub fn set_time(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+        if self.mkey_lease_due.is_some_and(|due| due <= self.now_ns) {
+            self.mkey_lease_due = None;
+            self.mkey_protect = 0;
+        }
+    }
+
+    /// M_KeyProtectBits of port 0 (the switch's one M_Key).
+    pub fn mkey_protect(&self) -> u8 {
+        self.mkey_protect
     }
 
     /// Whether the physical link of port `p` is up.
@@ -930,8 +959,16 @@ impl Switch {
     fn sma(&mut self, in_port: u8, smp: Smp) -> Option<Smp> {
         let meth = smp.hdr.method;
         let key_ok = self.mkey == 0 || smp.mkey == self.mkey;
+        if self.mkey != 0 && key_ok {
+            // The key stops a running lease timer.
+            self.mkey_lease_due = None;
+        }
         if !key_ok && (meth == method::SET || self.mkey_protect >= 2) {
             self.mkey_violations = self.mkey_violations.saturating_add(1);
+            if self.mkey_lease != 0 && self.mkey_lease_due.is_none() {
+                let lease_ns = u64::from(self.mkey_lease) * 1_000_000_000;
+                self.mkey_lease_due = Some(self.now_ns.saturating_add(lease_ns));
+            }
             return None;
         }
         let mut r = smp.clone();
@@ -1513,6 +1550,63 @@ mod tests {
         assert_eq!(&out[0..2], &[0xc0, 0x00], "LinearFDBCap");
         assert_eq!(&out[6..8], &[0x00, 0x20], "LinearFDBTop");
         assert_eq!(out[11] & 0x04, 0x04, "PortStateChange");
+    }
+
+    /// IBTA 14.2.4.2 at the switch: an SMP without the key at protection
+    /// level 2 is dropped and starts the lease timer; an SMP with the key
+    /// stops it; once it runs out the protection bits are 0 and a Get
+    /// without the key reads the key (what lets a new SM take over).
+    #[test]
+    fn the_mkey_lease_runs_out_and_the_protection_falls_to_zero() {
+        const KEY: u64 = 0xdead_beef;
+        const S: u64 = 1_000_000_000;
+        let mut sw = Switch::new("sw", 0x0002_c900_0000_0100, 8);
+        let mut set = Smp::lid_routed(1, method::SET, attr::PORT_INFO, 0);
+        set.data[0..8].copy_from_slice(&KEY.to_be_bytes());
+        set.data[16..18].copy_from_slice(&2u16.to_be_bytes()); // LID
+        set.data[26..28].copy_from_slice(&2u16.to_be_bytes()); // lease 2 s
+        set.data[34] = 2 << 6; // protection level 2
+        let r = sw.sma(1, set).expect("the first Set (no key yet)");
+        assert_eq!(r.hdr.status, 0);
+        assert_eq!(sw.mkey_protect(), 2);
+        let get = |key: u64| {
+            let mut g = Smp::lid_routed(2, method::GET, attr::PORT_INFO, 0);
+            g.mkey = key;
+            g
+        };
+        // Without the key: dropped, counted, the timer starts (at 1 s).
+        sw.set_time(S);
+        assert!(sw.sma(1, get(0)).is_none());
+        assert_eq!(sw.mkey_violations, 1);
+        sw.set_time(2 * S);
+        assert!(sw.sma(1, get(0)).is_none(), "the timer runs until 3 s");
+        // The key stops it: nothing runs out at 3 s.
+        assert!(sw.sma(1, get(KEY)).is_some());
+        sw.set_time(4 * S);
+        assert_eq!(sw.mkey_protect(), 2, "stopped by the key");
+        // Started again at 4 s, out at 6 s.
+        assert!(sw.sma(1, get(0)).is_none());
+        sw.set_time(6 * S - 1);
+        assert!(sw.sma(1, get(0)).is_none());
+        assert_eq!(sw.mkey_protect(), 2);
+        sw.set_time(6 * S);
+        assert_eq!(sw.mkey_protect(), 0, "the lease ran out");
+        let r = sw
+            .sma(1, get(0))
+            .expect("a Get without the key is answered");
+        assert_eq!(&r.data[0..8], &KEY.to_be_bytes(), "and shows the key");
+        assert_eq!(r.data[34] >> 6, 0);
+        assert_eq!(&r.data[26..28], &[0, 2], "the lease period stays");
+        // A lease period of 0 never runs out.
+        let mut set = Smp::lid_routed(3, method::SET, attr::PORT_INFO, 0);
+        set.mkey = KEY;
+        set.data[0..8].copy_from_slice(&KEY.to_be_bytes());
+        set.data[16..18].copy_from_slice(&2u16.to_be_bytes());
+        set.data[34] = 2 << 6;
+        assert!(sw.sma(1, set).is_some());
+        assert!(sw.sma(1, get(0)).is_none());
+        sw.set_time(1000 * S);
+        assert_eq!(sw.mkey_protect(), 2);
     }
 
     #[test]
