@@ -338,6 +338,28 @@ fn the_ports_come_up_4x_fdr_under_opensm() {
         "10.0 Gbps",
         "beside FDR: {out}"
     );
+    // iblinkinfo reads both ends of every link: each guest's cable runs 4x
+    // FDR, seen from the guest and from the switch (a SwitchX's ports have
+    // FDR too); the SM host's port (a host node without extended speeds)
+    // keeps its cable at 4x QDR, as link training picks the speed both
+    // ends have.
+    let (ok, out) = diag(&mut n, "/usr/sbin/iblinkinfo", &[]);
+    assert!(ok, "{out}");
+    let fdr = "==( 4X       14.0625 Gbps Active/  LinkUp)==>";
+    for (g, lid, sw_port) in [("node0", 3, 1), ("node1", 4, 2)] {
+        let guest_end = format!(" {lid}    1[  ] {fdr}       2 {sw_port:>4}[  ] \"sw0\"");
+        assert!(out.contains(&guest_end), "{g}'s end at 4x FDR:\n{out}");
+        let switch_end = format!("    2 {sw_port:>4}[  ] {fdr}       {lid}    1[  ] \"{g} HCA-1\"");
+        assert!(
+            out.contains(&switch_end),
+            "the switch's end of {g}'s cable at 4x FDR:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("==( 4X          10.0 Gbps Active/  LinkUp)==>       1    1[  ] \"smhost\""),
+        "the SM host's cable at 4x QDR:\n{out}"
+    );
+    assert_eq!(out.matches("14.0625 Gbps").count(), 4, "{out}");
     done(n);
 }
 

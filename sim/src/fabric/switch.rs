@@ -13,7 +13,10 @@
 //! filtering on external ports as the SM turns them on, M_Key protection
 //! levels 1 and 2 with the lease period (IBTA 14.2.4.2: a failed check
 //! starts the lease timer, an SMP with the key stops it, and when it runs
-//! out the protection bits fall to 0), and a PMA (ClassPortInfo, PortCounters,
+//! out the protection bits fall to 0), 4x FDR links (PortInfo's extended
+//! speeds: every external port supports and enables FDR, as an SX6036
+//! does, and runs it while its link is up and the far end has it too),
+//! and a PMA (ClassPortInfo, PortCounters,
 //! PortCountersExtended) per port; SL-to-VL mapping and VL arbitration
 //! (their tables are kept and reported, not applied), random forwarding
 //! tables, FDR10 (ExtendedPortInfo reports none, as ibsim does by
@@ -88,6 +91,9 @@ pub const PART_ENFORCE_CAP: usize = 64;
 /// IsTrapSupported, IsSLMappingSupported, IsExtendedSpeedsSupported,
 /// IsCapabilityMask2Supported (external ports report 0).
 pub const PORT0_CAP_MASK: u32 = 0xc048;
+/// LinkSpeedExtSupported of every external port (IBTA 14.2.5.6; a SwitchX
+/// SX6036 is FDR: bit 0, 14.0625 Gb/s a lane).
+pub const LINK_SPEEDS_EXT_SUPPORTED: u8 = 0x1;
 /// PortInfo byte 43 (low nibble): PartitionEnforcementInbound.
 const ENFORCE_IN: u8 = 0x8;
 /// PartitionEnforcementOutbound.
@@ -173,6 +179,11 @@ pub struct SwitchPort {
     pub mlnx_state_change_enable: u8,
     /// Mellanox ExtendedPortInfo LinkSpeedEnabled.
     pub mlnx_speed_enabled: u8,
+    /// PortInfo LinkSpeedExtEnabled (external ports; the SM may narrow it).
+    pub speeds_ext_enabled: u8,
+    /// The extended speeds the far end of the cable would train to, as the
+    /// fabric last said (0 without a cable).
+    peer_speeds_ext: u8,
     /// SubnSet(PortInfo) asked an enabled port with its link up for
     /// PortPhysicalState Polling: the fabric retrains the link (down, then
     /// up again).
@@ -204,6 +215,8 @@ impl SwitchPort {
             },
             mlnx_state_change_enable: 0,
             mlnx_speed_enabled: 0,
+            speeds_ext_enabled: if port0 { 0 } else { LINK_SPEEDS_EXT_SUPPORTED },
+            peer_speeds_ext: 0,
             retrain: false,
         }
     }
@@ -394,6 +407,36 @@ impl Switch {
     pub fn link_up(&self, p: u8) -> bool {
         self.port(p)
             .is_some_and(|sp| sp.phys == PhysicalState::LinkUp)
+    }
+
+    /// The extended link speeds external port `p` would train to
+    /// (LinkSpeedExtEnabled; 0 for port 0, which has no link).
+    pub fn link_speeds_ext(&self, p: u8) -> u8 {
+        match self.port(p) {
+            Some(sp) if p != 0 => sp.speeds_ext_enabled,
+            _ => 0,
+        }
+    }
+
+    /// The fabric tells the switch what the far end of port `p`'s cable
+    /// would train to.
+    pub(crate) fn set_peer_speeds_ext(&mut self, p: u8, speeds: u8) {
+        if let Some(sp) = self.ports.get_mut(usize::from(p))
+            && p != 0
+        {
+            sp.peer_speeds_ext = speeds;
+        }
+    }
+
+    /// LinkSpeedExtActive of port `p`: the fastest extended speed both
+    /// ends of its live link have (0: none, the link runs at QDR).
+    pub fn link_speed_ext_active(&self, p: u8) -> u8 {
+        match self.port(p) {
+            Some(sp) if p != 0 && sp.phys == PhysicalState::LinkUp => {
+                super::link_speed_ext_active(sp.speeds_ext_enabled, sp.peer_speeds_ext)
+            }
+            _ => 0,
+        }
     }
 
     /// Whether port `p` is enabled (not disabled by an SMP).
@@ -1027,7 +1070,11 @@ impl Switch {
                 // key is answered with the M_Key field 0 (level 2 and up
                 // do not answer it at all: `sma`).
                 let show_mkey = self.mkey == 0 || smp.mkey == self.mkey || self.mkey_protect != 1;
-                if set && let Err(s) = self.port_info_set(port, d) {
+                // Bit 31: the SM's SMSupportsExtendedSpeeds (OpenSM sets
+                // it for a port whose CapabilityMask, port 0's for a
+                // switch, has IsExtendedSpeedsSupported).
+                let ext = m & 0x8000_0000 != 0;
+                if set && let Err(s) = self.port_info_set(port, d, ext) {
                     self.encode_port_info(port, in_port, show_mkey, out);
                     return s;
                 }
@@ -1088,7 +1135,8 @@ impl Switch {
                 // (byte 3), LinkSpeedSupported/Enabled/Active (bytes 7,
                 // 11, 15; bit 0 is FDR10). The model's links do not run
                 // FDR10, so none is supported, enabled or active (as
-                // ibsim answers by default); a Set keeps what it may.
+                // ibsim answers by default): FDR comes through PortInfo's
+                // extended speeds. A Set keeps what it may.
                 let port = (m & 0xff) as u8;
                 if port > self.nports() || m >> 8 != 0 {
                     return mad_status::INVALID_FIELD;
@@ -1191,14 +1239,22 @@ impl Switch {
         out[50] = 1; // GUIDCap
         out[51] = self.subnet_timeout & 0x1f;
         out[52] = 0x10;
+        if port != 0 {
+            // LinkSpeedExtActive | LinkSpeedExtSupported; the reserved
+            // bits and LinkSpeedExtEnabled.
+            out[62] = self.link_speed_ext_active(port) << 4 | LINK_SPEEDS_EXT_SUPPORTED;
+            out[63] = sp.speeds_ext_enabled & 0x1f;
+        }
     }
 
     /// SubnSet(PortInfo) of port `port`: port 0 takes the subnet
     /// attributes (LID, LMC, SM LID/SL, M_Key, timeouts); every port takes
     /// PortState, PortPhysicalState (3 disables, 2 enables), NeighborMTU
-    /// and OperationalVLs. An invalid state change leaves everything as it
+    /// and OperationalVLs, an external port LinkSpeedExtEnabled when `ext`
+    /// (the modifier's SMSupportsExtendedSpeeds: 0 no change, 30 none, 31
+    /// all supported). An invalid state change leaves everything as it
     /// was and answers "invalid field".
-    fn port_info_set(&mut self, port: u8, d: &[u8; 64]) -> Result<(), u16> {
+    fn port_info_set(&mut self, port: u8, d: &[u8; 64], ext: bool) -> Result<(), u16> {
         let sp = &self.ports[usize::from(port)];
         let new_state = sp
             .state
@@ -1234,6 +1290,14 @@ impl Switch {
         }
         if port != 0 {
             sp.enforce = d[43] & 0x0f;
+        }
+        if port != 0 && ext {
+            sp.speeds_ext_enabled = match d[63] & 0x1f {
+                0 => sp.speeds_ext_enabled,
+                30 => 0,
+                31 => LINK_SPEEDS_EXT_SUPPORTED,
+                v => v & LINK_SPEEDS_EXT_SUPPORTED,
+            };
         }
         match phys_req {
             3 if port != 0 && !sp.disabled => {
