@@ -151,8 +151,9 @@ pub mod fabric;
 pub mod front;
 pub mod hca;
 
-pub use fabric::{LogicalState, PhysicalState};
+pub use fabric::{LinkLayer, LogicalState, PhysicalState};
 pub use front::in_process::{SimConfig, SimHca, Wire};
+pub use hca::config::PortType;
 pub use hca::faults::{FaultPlan, OpcodeFault};
 pub use hca::hcr::{Opcode, Status};
 pub use hca::mem::{DmaFault, HostMemory};

@@ -106,7 +106,7 @@ pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
 pub use host_node::HostNode;
 pub use ibsim::IbsimServer;
 pub use options::FabricOptions;
-pub use port_state::{LogicalState, PhysicalState};
+pub use port_state::{LinkLayer, LogicalState, PhysicalState};
 pub use sm::{SmConfig, SubnetManager};
 pub use switch::Switch;
 pub use topology::{Built, Topology, TopologyError};
@@ -175,6 +175,8 @@ pub enum FabricError {
     AlreadyCabled(PortId),
     /// A cable from a port to itself.
     SelfLoop(PortId),
+    /// A cable between an InfiniBand port and an Ethernet port.
+    LinkLayerMismatch(PortId, PortId),
 }
 
 impl core::fmt::Display for FabricError {
@@ -183,6 +185,11 @@ impl core::fmt::Display for FabricError {
             FabricError::NoSuchPort(p) => write!(f, "no fabric port {}", p.0),
             FabricError::AlreadyCabled(p) => write!(f, "fabric port {} already has a cable", p.0),
             FabricError::SelfLoop(p) => write!(f, "a cable from fabric port {} to itself", p.0),
+            FabricError::LinkLayerMismatch(a, b) => write!(
+                f,
+                "fabric ports {} and {} carry different link layers (InfiniBand and Ethernet)",
+                a.0, b.0
+            ),
         }
     }
 }
@@ -225,6 +232,8 @@ struct FabPort {
     /// The extended link speeds this end would train to (PortInfo
     /// LinkSpeedExtEnabled; 0: none, only SDR/DDR/QDR).
     speeds_ext: u8,
+    /// What its cable carries.
+    link_layer: LinkLayer,
 }
 
 impl FabPort {
@@ -238,6 +247,7 @@ impl FabPort {
             name: None,
             link: 0,
             speeds_ext: 0,
+            link_layer: LinkLayer::Ib,
         }
     }
 }
@@ -603,10 +613,41 @@ impl Fabric {
         &self.stats
     }
 
+    /// What port `p`'s cable carries (InfiniBand unless the port was made
+    /// an Ethernet port).
+    pub fn link_layer(&self, p: PortId) -> LinkLayer {
+        self.ports.get(&p).map_or(LinkLayer::Ib, |fp| fp.link_layer)
+    }
+
+    /// The link layer of the cable at `p`, if it has one.
+    pub fn cable_link_layer(&self, p: PortId) -> Option<LinkLayer> {
+        self.peer(p).map(|_| self.link_layer(p))
+    }
+
+    /// Makes port `p` an InfiniBand or an Ethernet port (before it is
+    /// cabled: a cable joins two ports of one link layer).
+    pub fn set_link_layer(&mut self, p: PortId, ll: LinkLayer) -> Result<(), FabricError> {
+        let fp = self.ports.get_mut(&p).ok_or(FabricError::NoSuchPort(p))?;
+        if fp.link_layer == ll {
+            return Ok(());
+        }
+        if let Some(q) = fp.peer {
+            return Err(FabricError::LinkLayerMismatch(p, q));
+        }
+        fp.link_layer = ll;
+        Ok(())
+    }
+
     /// Joins `a` and `b` with a cable.
     pub fn connect(&mut self, a: PortId, b: PortId) -> Result<(), FabricError> {
         if a == b {
             return Err(FabricError::SelfLoop(a));
+        }
+        if self.ports.contains_key(&a)
+            && self.ports.contains_key(&b)
+            && self.link_layer(a) != self.link_layer(b)
+        {
+            return Err(FabricError::LinkLayerMismatch(a, b));
         }
         for p in [a, b] {
             match self.ports.get(&p) {

@@ -3,7 +3,37 @@
 //! training between them is not modelled.
 //!
 //! Both ends of a cable use them: an HCA's ports and the fabric's own nodes
-//! (switches, host nodes).
+//! (switches, host nodes). What a cable carries, InfiniBand packets or
+//! Ethernet frames, is its [`LinkLayer`].
+
+/// What a cable carries: InfiniBand packets (LRH first) or Ethernet frames
+/// (destination MAC first, the FCS last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub enum LinkLayer {
+    /// InfiniBand.
+    #[default]
+    Ib,
+    /// Ethernet.
+    Eth,
+}
+
+impl LinkLayer {
+    /// `ib` or `eth`.
+    pub fn parse(s: &str) -> Option<LinkLayer> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ib" | "infiniband" => Some(LinkLayer::Ib),
+            "eth" | "ethernet" => Some(LinkLayer::Eth),
+            _ => None,
+        }
+    }
+    /// The word [`LinkLayer::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkLayer::Ib => "ib",
+            LinkLayer::Eth => "eth",
+        }
+    }
+}
 
 /// PortInfo PortPhysicalState.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

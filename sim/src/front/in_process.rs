@@ -43,6 +43,7 @@ use hal::{Bar, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBac
 use crate::fabric::SharedFabric;
 use crate::fabric::{LogicalState, PhysicalState};
 use crate::hca::HcaConfig;
+use crate::hca::config::PortType;
 use crate::hca::device::{FwState, Hca};
 use crate::hca::eq::EqState;
 use crate::hca::faults::{BadCap, EqeCorruption, FaultPlan, OpcodeFault};
@@ -102,6 +103,8 @@ pub struct SimConfig {
     pub strict_reset_semaphore: bool,
     /// Device limits reported by QUERY_DEV_CAP and enforced.
     pub dev_cap: DevCap,
+    /// Port types (ports 1 and 2); both InfiniBand by default.
+    pub port_types: [PortType; 2],
 }
 
 impl Default for SimConfig {
@@ -138,6 +141,7 @@ impl SimConfig {
             max_vls,
             strict_reset_semaphore,
             dev_cap,
+            port_types,
             dma_size: _,
             dma_bus_base: _,
             relax_step: _,
@@ -162,6 +166,7 @@ impl SimConfig {
             max_vls,
             strict_reset_semaphore,
             dev_cap,
+            port_types,
         }
     }
 
@@ -192,6 +197,7 @@ impl SimConfig {
             max_vls,
             strict_reset_semaphore,
             dev_cap,
+            port_types,
         } = card;
         SimConfig {
             num_ports,
@@ -216,6 +222,7 @@ impl SimConfig {
             max_vls,
             strict_reset_semaphore,
             dev_cap,
+            port_types,
         }
     }
 }

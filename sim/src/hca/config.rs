@@ -1,12 +1,76 @@
 //! The card's configuration.
 //!
 //! Identity (GUIDs, firmware version, board), the limits QUERY_DEV_CAP reports, and
-//! how the command register and a software reset behave in time; how a front end
+//! how the command register and a software reset behave in time, and what each
+//! port is (InfiniBand, Ethernet, or either: [`PortType`]); how a front end
 //! hosts the card (DMA arena, clocks, polling) is the front end's.
 
 use std::time::Duration;
 
 use crate::hca::layout::DevCap;
+
+impl HcaConfig {
+    /// Some port may run Ethernet (the card then reports what a VPI card
+    /// does: see `crate::hca::eth`).
+    pub fn has_eth(&self) -> bool {
+        self.port_types[..usize::from(self.num_ports.clamp(1, 2))]
+            .iter()
+            .any(|t| *t != PortType::Ib)
+    }
+}
+
+/// How a port is configured, as `mlxconfig`'s LINK_TYPE_P1/P2 configures
+/// a VPI card (ConnectX-3 VPI: each port InfiniBand or Ethernet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum PortType {
+    /// InfiniBand only (QUERY_PORT supported types 1).
+    #[default]
+    Ib,
+    /// Ethernet only (supported types 2).
+    Eth,
+    /// Both (supported types 3): the driver picks one, with SENSE_PORT's
+    /// help (the type of what the cable reaches), by the flavour of
+    /// SET_PORT it sends.
+    Auto,
+}
+
+impl PortType {
+    /// `ib`, `eth` or `auto`.
+    pub fn parse(s: &str) -> Option<PortType> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ib" | "infiniband" => Some(PortType::Ib),
+            "eth" | "ethernet" => Some(PortType::Eth),
+            "auto" | "vpi" => Some(PortType::Auto),
+            _ => None,
+        }
+    }
+    /// `P1[,P2]`: one type for both ports, or one per port.
+    pub fn parse_pair(s: &str) -> Option<[PortType; 2]> {
+        let mut it = s.split(',');
+        let a = PortType::parse(it.next()?)?;
+        let b = match it.next() {
+            Some(b) => PortType::parse(b)?,
+            None => a,
+        };
+        it.next().is_none().then_some([a, b])
+    }
+    /// The word [`PortType::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            PortType::Ib => "ib",
+            PortType::Eth => "eth",
+            PortType::Auto => "auto",
+        }
+    }
+    /// QUERY_PORT's supported-types bits (1 IB, 2 Ethernet).
+    pub fn supported_bits(self) -> u8 {
+        match self {
+            PortType::Ib => 1,
+            PortType::Eth => 2,
+            PortType::Auto => 3,
+        }
+    }
+}
 
 /// What the card is and how it behaves.
 #[derive(Debug, Clone)]
@@ -47,6 +111,8 @@ pub struct HcaConfig {
     pub strict_reset_semaphore: bool,
     /// Device limits reported by QUERY_DEV_CAP and enforced.
     pub dev_cap: DevCap,
+    /// Port types (ports 1 and 2); both InfiniBand by default.
+    pub port_types: [PortType; 2],
 }
 
 impl Default for HcaConfig {
@@ -70,6 +136,7 @@ impl Default for HcaConfig {
             max_vls: 8,
             strict_reset_semaphore: true,
             dev_cap: DevCap::default(),
+            port_types: [PortType::Ib; 2],
         }
     }
 }

@@ -274,6 +274,12 @@ impl Hca {
         bar0: Arc<RegFile>,
         bar2: Arc<RegFile>,
     ) -> Hca {
+        let mut cfg = cfg;
+        if cfg.has_eth() {
+            // What a VPI card reports (crate::hca::eth).
+            use crate::hca::layout::cap_flags::{DPDP, IBOE, SENSE_SUPPORT};
+            cfg.dev_cap.flags |= DPDP | SENSE_SUPPORT | IBOE;
+        }
         let pci = Arc::new(PciConfig::new(clock.clone()));
         let ports = (1..=cfg.num_ports.clamp(1, 2))
             .map(|n| Port::new(n, &cfg))

@@ -359,6 +359,8 @@ pub mod cap_flags {
     pub const IPOIB_CSUM: u64 = 1 << 7;
     pub const BAD_PKEY_CNTR: u64 = 1 << 8;
     pub const BAD_QKEY_CNTR: u64 = 1 << 9;
+    /// Dual port, different protocols (a VPI card: IB and Ethernet ports).
+    pub const DPDP: u64 = 1 << 12;
     pub const BLH: u64 = 1 << 15;
     pub const MEM_WINDOW: u64 = 1 << 16;
     pub const APM: u64 = 1 << 17;
@@ -366,9 +368,13 @@ pub mod cap_flags {
     pub const RAW_MCAST: u64 = 1 << 19;
     pub const UD_AV_PORT: u64 = 1 << 20;
     pub const UD_MCAST: u64 = 1 << 21;
+    /// RDMA over Ethernet (mlx4_ib takes Ethernet ports only with it).
+    pub const IBOE: u64 = 1 << 30;
     pub const VEP_UC_STEER: u64 = 1 << 41;
     pub const VEP_MC_STEER: u64 = 1 << 42;
     pub const COUNTERS: u64 = 1 << 48;
+    /// SENSE_PORT tells the link type of a port that may be either.
+    pub const SENSE_SUPPORT: u64 = 1 << 55;
     pub const PORT_MNG_CHG_EV: u64 = 1 << 59;
     pub const EQE_64B: u64 = 1 << 61;
     pub const CQE_64B: u64 = 1 << 62;

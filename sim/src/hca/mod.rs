@@ -16,6 +16,7 @@ pub mod ctx;
 pub(crate) mod device;
 pub mod engine;
 pub mod eq;
+pub mod eth;
 pub mod faults;
 pub mod fw;
 pub mod hcr;

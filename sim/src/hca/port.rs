@@ -1,11 +1,12 @@
-//! The two InfiniBand ports.
+//! The card's two ports, each InfiniBand or Ethernet.
 //!
 //! Physical and logical link state, the subnet attributes an SM assigns (LID,
 //! SM LID/SL, LMC, GID prefix, M_Key and its lease), the P_Key and GUID
 //! tables, the SL-to-VL and VL arbitration tables, SET_PORT capabilities and
-//! the PMA counters; link training beyond the speed (4x, at FDR when both
-//! ends of the cable have it: the fabric says what the far end has), VL
-//! arbitration itself and Ethernet are not modelled.
+//! the PMA counters, the port type and the Ethernet side ([`crate::hca::eth`]);
+//! link training beyond the speed (4x, at FDR when both ends of the cable have
+//! it: the fabric says what the far end has) and VL arbitration itself are not
+//! modelled.
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
 //! plugged (the default, [`HcaConfig::cable_plugged`]) the physical state
@@ -13,9 +14,13 @@
 //! SM's SubnSet(PortInfo) through the firmware SMA (MAD_IFC, or an SMP
 //! received from the link) moves it to Armed and Active;
 //! becoming Active, or leaving Active, raises a PORT_CHANGE event.
+//!
+//! An Ethernet port has no SM: when its link comes up it is Active at once
+//! (and PORT_CHANGE says so), when it goes down it is Down.
 
-use crate::fabric::{LogicalState, PhysicalState};
-use crate::hca::config::HcaConfig;
+use crate::fabric::{LinkLayer, LogicalState, PhysicalState};
+use crate::hca::config::{HcaConfig, PortType};
+use crate::hca::eth::EthPort;
 
 /// Size of the P_Key table.
 pub const PKEY_TABLE_LEN: usize = 128;
@@ -132,6 +137,13 @@ pub struct Port {
     pub vlarb_low: [[u8; 2]; VL_ARB_CAP],
     /// VLArbitrationTable high-priority entries.
     pub vlarb_high: [[u8; 2]; VL_ARB_CAP],
+    /// What the port is configured as.
+    pub port_type: PortType,
+    /// The link layer the driver's last SET_PORT flavour asked for (a
+    /// port of type `Auto` runs it).
+    pub asked: Option<LinkLayer>,
+    /// The Ethernet side (MAC, tables, counters).
+    pub eth: EthPort,
 }
 
 /// VLArbitrationHighCap and VLArbitrationLowCap: entries in each of the
@@ -192,7 +204,24 @@ impl Port {
             sl2vl: [0; 8],
             vlarb_low: [[0; 2]; VL_ARB_CAP],
             vlarb_high: [[0; 2]; VL_ARB_CAP],
+            port_type: cfg
+                .port_types
+                .get(usize::from(num.saturating_sub(1)))
+                .copied()
+                .unwrap_or_default(),
+            asked: None,
+            eth: EthPort::new(crate::hca::eth::port_mac(cfg.node_guid, num)),
         }
+    }
+
+    /// The link layer the port runs.
+    pub fn link_layer(&self) -> LinkLayer {
+        crate::hca::eth::link_layer(self.port_type, self.asked)
+    }
+
+    /// The port runs Ethernet.
+    pub fn is_eth(&self) -> bool {
+        self.link_layer() == LinkLayer::Eth
     }
 
     /// Back to power-on (software reset), keeping the cable state and GUID.
@@ -227,6 +256,8 @@ impl Port {
         self.sl2vl = [0; 8];
         self.vlarb_low = [[0; 2]; VL_ARB_CAP];
         self.vlarb_high = [[0; 2]; VL_ARB_CAP];
+        self.asked = None;
+        self.eth = EthPort::new(self.eth.mac);
     }
 
     /// The VL data packets of service level `sl` leave on: the
@@ -269,7 +300,10 @@ impl Port {
             }
             (true, true) => {
                 self.phys = PhysicalState::LinkUp;
-                if self.state == LogicalState::Down {
+                if self.is_eth() {
+                    // No SM on Ethernet: a live link is Active.
+                    self.state = LogicalState::Active;
+                } else if self.state == LogicalState::Down {
                     self.state = LogicalState::Init;
                 }
             }

@@ -1,15 +1,15 @@
 //! The firmware: one handler per command opcode.
 //!
 //! Grouped by area, each validating the device state and its inputs and answering
-//! with the status the card uses; SR-IOV, Ethernet, DDR/LAM and the other
-//! diagnostic commands answer BAD_OP.
+//! with the status the card uses; SR-IOV, device-managed flow steering,
+//! DDR/LAM and the other diagnostic commands answer BAD_OP.
 //!
 //! | module | commands |
 //! |---|---|
 //! | [`init`] | QUERY_FW, MAP_FA, UNMAP_FA, RUN_FW, MOD_STAT_CFG, QUERY_DEV_CAP, QUERY_ADAPTER, SET_ICM_SIZE, MAP_ICM_AUX, UNMAP_ICM_AUX, MAP_ICM, UNMAP_ICM, INIT_HCA, CLOSE_HCA, QUERY_HCA, NOP |
 //! | [`res`] | SW2HW/HW2SW/QUERY for EQ, CQ, MPT, SRQ; MAP_EQ; MODIFY_CQ; WRITE_MTT; ARM_SRQ |
 //! | [`qp`] | RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, RTS2SQD, SQD2RTS, SQD2SQD, 2ERR, 2RST, QUERY_QP, CONF_SPECIAL_QP |
-//! | [`port`] | QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
+//! | [`port`] | QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT (IB and Ethernet), SET_MCAST_FLTR, SET_VLAN_FLTR, DUMP_ETH_STATS, MAD_IFC |
 //! | [`diag`] | DIAG_RPRT (transport/CI error counters) |
 //! | [`mcg`] | MGID_HASH, READ_MCG, WRITE_MCG (the multicast group table) |
 //!
@@ -125,6 +125,9 @@ pub fn execute(hca: &mut Hca, cmd: &Command) -> Outcome {
         Opcode::CLOSE_PORT => port::close_port(hca, cmd),
         Opcode::SET_PORT => port::set_port(hca, cmd),
         Opcode::MAD_IFC => port::mad_ifc(hca, cmd),
+        Opcode::SET_MCAST_FLTR => port::set_mcast_fltr(hca, cmd),
+        Opcode::SET_VLAN_FLTR => port::set_vlan_fltr(hca, cmd),
+        Opcode::DUMP_ETH_STATS => port::dump_eth_stats(hca, cmd),
         Opcode::DIAG_RPRT => diag::diag_rprt(hca, cmd),
         Opcode::MGID_HASH => mcg::mgid_hash(hca, cmd),
         Opcode::READ_MCG => mcg::read_mcg(hca, cmd),

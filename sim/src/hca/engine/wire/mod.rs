@@ -277,6 +277,13 @@ pub fn attached(hca: &Hca, port: u8) -> bool {
     fabric_port(hca, port).is_some()
 }
 
+/// What port `port`'s cable carries, if it has a cable (SENSE_PORT).
+pub fn cable_link_layer(hca: &Hca, port: u8) -> Option<crate::fabric::LinkLayer> {
+    let pid = fabric_port(hca, port)?;
+    let l = hca.fabric.as_ref()?;
+    lock(&l.fabric).cable_link_layer(pid)
+}
+
 fn bump32(c: &mut u32, by: u32) {
     *c = c.saturating_add(by);
 }
