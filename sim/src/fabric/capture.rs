@@ -1,17 +1,21 @@
 //! The capture: every packet crossing a cable, for Wireshark and tshark.
 //!
 //! The capture: every packet crossing a cable, written for Wireshark and
-//! tshark as ERF records of type 21 (InfiniBand) with link type 197
-//! (LINKTYPE_ERF), because tshark 4.0 refuses the plain InfiniBand link
-//! type 247. Two containers:
+//! tshark: InfiniBand packets as ERF records of type 21 (InfiniBand) with
+//! link type 197 (LINKTYPE_ERF), because tshark 4.0 refuses the plain
+//! InfiniBand link type 247; Ethernet frames (RoCE v1, IPv4, ARP, ...) as
+//! Ethernet, FCS included. Two containers:
 //!
 //! * pcapng (the default, and any file name not ending in `.pcap`): one
 //!   interface per cable, named after its two ends (`"node0/1 <-> sw0/1"`),
-//!   each packet an Enhanced Packet Block with nanosecond timestamps and
-//!   the direction flag: outbound = from the first-named end to the
-//!   second, inbound = the other way (tshark: `frame.interface_name`,
-//!   `frame.packet_flags_direction`).
-//! * classic pcap (a name ending in `.pcap`): microsecond timestamps; the
+//!   of link type ERF for an InfiniBand cable and Ethernet (1, with
+//!   `if_fcslen` 4) for an Ethernet one; each packet an Enhanced Packet
+//!   Block with nanosecond timestamps and the direction flag: outbound =
+//!   from the first-named end to the second, inbound = the other way
+//!   (tshark: `frame.interface_name`, `frame.packet_flags_direction`).
+//! * classic pcap (a name ending in `.pcap`): microsecond timestamps, one
+//!   link type (ERF) for both: an Ethernet frame is an ERF record of type
+//!   2 (Ethernet, with its two-byte offset and pad, FCS included); the
 //!   link is not recorded and the direction is the ERF "capture interface"
 //!   field (0 = first-named end to second, 1 = back).
 //!
@@ -24,6 +28,8 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use super::LinkLayer;
+
 /// Which end sent the packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -35,6 +41,8 @@ pub enum Direction {
 
 const LINKTYPE_ERF: u16 = 197;
 const ERF_TYPE_INFINIBAND: u8 = 21;
+const ERF_TYPE_ETH: u8 = 2;
+const LINKTYPE_ETHERNET: u16 = 1;
 /// ERF flags: varying-length record.
 const ERF_FLAG_VLEN: u8 = 0x04;
 
@@ -134,15 +142,24 @@ impl Capture {
     }
 
     /// Records one packet crossing link `link` (a number the fabric gives
-    /// each cable, named `name` the first time) at fabric time `now_ns`.
-    pub fn record(&mut self, link: u64, name: &str, dir: Direction, now_ns: u64, pkt: &[u8]) {
+    /// each cable, named `name` the first time) at fabric time `now_ns`;
+    /// `ll` says what the cable carries.
+    pub fn record(
+        &mut self,
+        link: u64,
+        name: &str,
+        dir: Direction,
+        now_ns: u64,
+        pkt: &[u8],
+        ll: LinkLayer,
+    ) {
         if self.out.is_none() {
             return;
         }
         let r = if self.pcapng {
-            self.record_pcapng(link, name, dir, now_ns, pkt)
+            self.record_pcapng(link, name, dir, now_ns, pkt, ll)
         } else {
-            self.record_pcap(dir, now_ns, pkt)
+            self.record_pcap(dir, now_ns, pkt, ll)
         };
         match r {
             Ok(()) => self.packets += 1,
@@ -150,29 +167,41 @@ impl Capture {
         }
     }
 
-    fn erf(ts_ns: u64, dir: Direction, pkt: &[u8], rec: &mut Vec<u8>) {
+    fn erf(ts_ns: u64, dir: Direction, pkt: &[u8], ll: LinkLayer, rec: &mut Vec<u8>) {
         let secs = ts_ns / 1_000_000_000;
         let frac = ((ts_ns % 1_000_000_000) << 32) / 1_000_000_000;
         rec.extend_from_slice(&(secs << 32 | frac).to_le_bytes());
-        rec.push(ERF_TYPE_INFINIBAND);
+        let (ty, lead) = match ll {
+            LinkLayer::Ib => (ERF_TYPE_INFINIBAND, 0),
+            // An Ethernet record: a byte of offset and one of pad first.
+            LinkLayer::Eth => (ERF_TYPE_ETH, 2),
+        };
+        rec.push(ty);
         let iface = match dir {
             Direction::AtoB => 0,
             Direction::BtoA => 1,
         };
         rec.push(ERF_FLAG_VLEN | iface);
-        let unpadded = 16 + pkt.len();
+        let unpadded = 16 + lead + pkt.len();
         let rlen = unpadded.div_ceil(8) * 8;
         rec.extend_from_slice(&(rlen.min(0xffff) as u16).to_be_bytes());
         rec.extend_from_slice(&0u16.to_be_bytes()); // loss counter
         rec.extend_from_slice(&(pkt.len().min(0xffff) as u16).to_be_bytes()); // wlen
+        rec.resize(rec.len() + lead, 0);
         rec.extend_from_slice(pkt);
         rec.resize(rec.len() + (rlen - unpadded), 0);
     }
 
-    fn record_pcap(&mut self, dir: Direction, now_ns: u64, pkt: &[u8]) -> std::io::Result<()> {
+    fn record_pcap(
+        &mut self,
+        dir: Direction,
+        now_ns: u64,
+        pkt: &[u8],
+        ll: LinkLayer,
+    ) -> std::io::Result<()> {
         let ts = self.base_ns.saturating_add(now_ns);
         let mut rec = Vec::with_capacity(pkt.len() + 24);
-        Capture::erf(ts, dir, pkt, &mut rec);
+        Capture::erf(ts, dir, pkt, ll, &mut rec);
         let Some(w) = self.out.as_mut() else {
             return Ok(());
         };
@@ -190,6 +219,7 @@ impl Capture {
         dir: Direction,
         now_ns: u64,
         pkt: &[u8],
+        ll: LinkLayer,
     ) -> std::io::Result<()> {
         let Some(w) = self.out.as_mut() else {
             return Ok(());
@@ -198,11 +228,18 @@ impl Capture {
             Some(i) => i,
             None => {
                 let mut body = Vec::new();
-                body.extend_from_slice(&LINKTYPE_ERF.to_le_bytes());
+                let linktype = match ll {
+                    LinkLayer::Ib => LINKTYPE_ERF,
+                    LinkLayer::Eth => LINKTYPE_ETHERNET,
+                };
+                body.extend_from_slice(&linktype.to_le_bytes());
                 body.extend_from_slice(&0u16.to_le_bytes());
                 body.extend_from_slice(&0u32.to_le_bytes()); // no snap length
                 push_opt(&mut body, 2, name.as_bytes()); // if_name
                 push_opt(&mut body, 9, &[9]); // if_tsresol: nanoseconds
+                if ll == LinkLayer::Eth {
+                    push_opt(&mut body, 13, &[4]); // if_fcslen: the FCS is there
+                }
                 push_opt(&mut body, 0, b"");
                 write_block(w, 1, &body)?;
                 self.interfaces.push(link);
@@ -211,7 +248,10 @@ impl Capture {
         };
         let ts = self.base_ns.saturating_add(now_ns);
         let mut rec = Vec::with_capacity(pkt.len() + 24);
-        Capture::erf(ts, dir, pkt, &mut rec);
+        match ll {
+            LinkLayer::Ib => Capture::erf(ts, dir, pkt, ll, &mut rec),
+            LinkLayer::Eth => rec.extend_from_slice(pkt),
+        }
         let mut body = Vec::with_capacity(rec.len() + 40);
         body.extend_from_slice(&(iface as u32).to_le_bytes());
         body.extend_from_slice(&((ts >> 32) as u32).to_le_bytes());
@@ -263,7 +303,13 @@ mod tests {
     #[test]
     fn erf_record_layout() {
         let mut rec = Vec::new();
-        Capture::erf(1_500_000_000, Direction::BtoA, &[0xaa; 11], &mut rec);
+        Capture::erf(
+            1_500_000_000,
+            Direction::BtoA,
+            &[0xaa; 11],
+            LinkLayer::Ib,
+            &mut rec,
+        );
         assert_eq!(
             &rec[0..8],
             &(1u64 << 32 | 1 << 31).to_le_bytes(),

@@ -2,8 +2,8 @@
 //!
 //! Drop (always, at a seeded random rate, every Nth, a number of times, or only
 //! packets matching a QPN, an opcode or a sending port), corrupt (one byte flipped
-//! after the sender computed the CRCs, so the receiver sees a bad VCRC/ICRC, drops
-//! the packet and counts PortRcvErrors), delay (the link holds the packet, and the
+//! after the sender computed the CRCs, so the receiver sees a bad VCRC/ICRC, or on
+//! an Ethernet cable a bad FCS, drops the packet and counts it), delay (the link holds the packet, and the
 //! ones behind it, for a while), and cable pulls at a given time with an optional
 //! reinsertion; plus the parser for cx3-emu's `--drop`, `--corrupt`, `--delay`,
 //! `--pull` and `--fault-seed` options. Bit-level errors in the link layer (symbol
@@ -199,14 +199,25 @@ impl PacketFaults {
         self.rules.clear();
     }
 
-    /// Applies the rules to a packet sent out of `from` towards an HCA
-    /// (`to_hca`), corrupting `bytes` in place if a rule says so.
-    pub(crate) fn apply(&mut self, from: PortId, to_hca: bool, bytes: &mut [u8]) -> Verdict {
+    /// Applies the rules to a packet (an Ethernet frame if `eth`) sent out
+    /// of `from` towards an HCA (`to_hca`), corrupting `bytes` in place if
+    /// a rule says so.
+    pub(crate) fn apply(
+        &mut self,
+        from: PortId,
+        to_hca: bool,
+        eth: bool,
+        bytes: &mut [u8],
+    ) -> Verdict {
         let mut v = Verdict::default();
         if self.rules.is_empty() {
             return v;
         }
-        let (opcode, qpn) = bth_fields(bytes);
+        let (opcode, qpn) = if eth {
+            roce_bth_fields(bytes)
+        } else {
+            bth_fields(bytes)
+        };
         for r in &mut self.rules {
             let m = &r.matcher;
             let here = match m.port {
@@ -237,10 +248,20 @@ impl PacketFaults {
                     return v;
                 }
                 FaultKind::Corrupt => {
-                    // Anything after the LRH and before the VCRC: the
-                    // packet still routes, and both CRCs fail.
-                    let lo = crate::fabric::packet::LRH_LEN;
-                    let hi = bytes.len().saturating_sub(crate::fabric::packet::VCRC_LEN);
+                    // Anything after the LRH (the Ethernet header) and
+                    // before the VCRC (the FCS): the packet still routes,
+                    // and its CRCs fail.
+                    let (lo, hi) = if eth {
+                        (
+                            crate::fabric::packet::ETH_HLEN,
+                            bytes.len().saturating_sub(crate::fabric::packet::FCS_LEN),
+                        )
+                    } else {
+                        (
+                            crate::fabric::packet::LRH_LEN,
+                            bytes.len().saturating_sub(crate::fabric::packet::VCRC_LEN),
+                        )
+                    };
                     if hi > lo {
                         let at = lo + self.rng.below((hi - lo) as u64) as usize;
                         bytes[at] ^= 1 << self.rng.below(8);
@@ -271,6 +292,23 @@ fn bth_fields(b: &[u8]) -> (Option<u8>, Option<u32>) {
     };
     match b.get(off..off + 12) {
         Some(h) => (Some(h[0]), Some(u32::from_be_bytes([0, h[5], h[6], h[7]]))),
+        None => (None, None),
+    }
+}
+
+/// BTH opcode and destination QP of a RoCE v1 frame (BTH after the
+/// Ethernet header and the GRH); none for any other frame.
+fn roce_bth_fields(b: &[u8]) -> (Option<u8>, Option<u32>) {
+    use crate::fabric::packet::{ETHERTYPE_ROCE, EthHdr, GRH_LEN};
+    let Ok(h) = EthHdr::parse(b) else {
+        return (None, None);
+    };
+    if h.ethertype != ETHERTYPE_ROCE {
+        return (None, None);
+    }
+    let off = h.len() + GRH_LEN;
+    match b.get(off..off + 12) {
+        Some(x) => (Some(x[0]), Some(u32::from_be_bytes([0, x[5], x[6], x[7]]))),
         None => (None, None),
     }
 }
@@ -590,22 +628,22 @@ mod tests {
         let mut b = vec![0u8; 30];
         b[1] = 2;
         let drops: Vec<bool> = (0..6)
-            .map(|_| f.apply(PortId(0), true, &mut b).drop)
+            .map(|_| f.apply(PortId(0), true, false, &mut b).drop)
             .collect();
         assert_eq!(drops, [false, false, true, false, false, true]);
         assert!(
-            !f.apply(PortId(0), false, &mut b).drop,
+            !f.apply(PortId(0), false, false, &mut b).drop,
             "not towards an HCA"
         );
         f.clear();
         f.add(FaultRule::new(FaultKind::Drop).qpn(5));
-        assert!(!f.apply(PortId(0), true, &mut b).drop);
+        assert!(!f.apply(PortId(0), true, false, &mut b).drop);
         b[8 + 7] = 5;
-        assert!(f.apply(PortId(0), true, &mut b).drop);
+        assert!(f.apply(PortId(0), true, false, &mut b).drop);
         f.clear();
         f.add(FaultRule::new(FaultKind::Drop).rate(0.25));
         let n = (0..4000)
-            .filter(|_| f.apply(PortId(0), true, &mut b).drop)
+            .filter(|_| f.apply(PortId(0), true, false, &mut b).drop)
             .count();
         assert!((800..1200).contains(&n), "about a quarter: {n}");
     }

@@ -90,6 +90,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub mod capture;
+pub mod eth_switch;
 pub mod faults;
 pub mod host_node;
 pub mod ibsim;
@@ -102,6 +103,7 @@ pub mod switch;
 pub mod topology;
 
 pub use capture::{Capture, Direction};
+pub use eth_switch::{EthAction, EthSwitch};
 pub use faults::{FaultKind, FaultOptions, FaultRule, PacketFaults};
 pub use host_node::HostNode;
 pub use ibsim::IbsimServer;
@@ -147,6 +149,10 @@ pub struct PortId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SwitchId(pub usize);
 
+/// An Ethernet switch on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EthSwitchId(pub usize);
+
 /// What a fabric port belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
@@ -161,6 +167,13 @@ pub enum Owner {
     Switch {
         /// The switch.
         switch: SwitchId,
+        /// Port number on the switch (1-based).
+        port: u8,
+    },
+    /// Port `port` of Ethernet switch `switch`.
+    EthSwitch {
+        /// The switch.
+        switch: EthSwitchId,
         /// Port number on the switch (1-based).
         port: u8,
     },
@@ -208,13 +221,30 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// The packet, its CRCs computed if they were owed.
-    fn into_sealed(self) -> Packet {
+    /// The packet, its CRCs computed if they were owed (`ll`: what the
+    /// cable carries).
+    fn into_sealed(self, ll: LinkLayer) -> Packet {
         let mut pkt = self.pkt;
         if self.owed {
-            let _ = packet::seal_owed(&mut pkt.bytes);
+            seal(ll, &mut pkt.bytes);
         }
         pkt
+    }
+}
+
+/// Computes the owed CRCs of a packet (InfiniBand) or frame (Ethernet).
+fn seal(ll: LinkLayer, b: &mut [u8]) {
+    let _ = match ll {
+        LinkLayer::Ib => packet::seal_owed(b),
+        LinkLayer::Eth => packet::seal_eth_owed(b),
+    };
+}
+
+/// The packet's CRCs are still the builder's placeholders.
+fn crcs_owed(ll: LinkLayer, b: &[u8]) -> bool {
+    match ll {
+        LinkLayer::Ib => packet::crcs_owed(b),
+        LinkLayer::Eth => packet::eth_crcs_owed(b),
     }
 }
 
@@ -355,6 +385,7 @@ pub struct Fabric {
     /// Wire latency added to every packet, in nanoseconds.
     pub latency_ns: u64,
     switches: Vec<(Switch, Vec<PortId>)>,
+    eth_switches: Vec<(EthSwitch, Vec<PortId>)>,
     /// Switch ports with a packet waiting, in arrival order.
     switch_work: VecDeque<PortId>,
     /// Per-packet faults.
@@ -439,6 +470,42 @@ impl Fabric {
         }
         self.switches.push((sw, ports));
         id
+    }
+
+    /// Adds an Ethernet switch; its ports are Ethernet ports, enabled and
+    /// uncabled.
+    pub fn add_eth_switch(&mut self, sw: EthSwitch) -> EthSwitchId {
+        let id = EthSwitchId(self.eth_switches.len());
+        let mut ports = vec![PortId(u32::MAX)];
+        for p in 1..=sw.nports() {
+            let fp = self.add_port(Owner::EthSwitch {
+                switch: id,
+                port: p,
+            });
+            if let Some(x) = self.ports.get_mut(&fp) {
+                x.enabled = true;
+                x.link_layer = LinkLayer::Eth;
+            }
+            ports.push(fp);
+        }
+        self.eth_switches.push((sw, ports));
+        id
+    }
+
+    /// The Ethernet switch `id`.
+    pub fn eth_switch(&self, id: EthSwitchId) -> Option<&EthSwitch> {
+        self.eth_switches.get(id.0).map(|(s, _)| s)
+    }
+
+    /// The Ethernet switch `id`, to change (its ageing time, say).
+    pub fn eth_switch_mut(&mut self, id: EthSwitchId) -> Option<&mut EthSwitch> {
+        self.eth_switches.get_mut(id.0).map(|(s, _)| s)
+    }
+
+    /// The fabric port of port `port` of Ethernet switch `id`.
+    pub fn eth_switch_port(&self, id: EthSwitchId, port: u8) -> Option<PortId> {
+        let (_, ports) = self.eth_switches.get(id.0)?;
+        ports.get(usize::from(port)).copied().filter(|_| port != 0)
     }
 
     /// Adds the embedded subnet manager on a node of its own (one port,
@@ -540,7 +607,8 @@ impl Fabric {
     /// For a node the fabric models itself (the SM): the next packet due at
     /// `p`, without advancing the fabric.
     pub(crate) fn take_due(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
-        self.pop_due(p, now_ns).map(InFlight::into_sealed)
+        let ll = self.link_layer(p);
+        self.pop_due(p, now_ns).map(|f| f.into_sealed(ll))
     }
 
     /// The packet at the head of `p`'s queue if it is due by `now_ns`,
@@ -895,20 +963,31 @@ impl Fabric {
             return false;
         }
         let to_hca = matches!(self.owner(peer), Some(Owner::Hca { .. }));
+        let ll = self.link_layer(p);
         // Owed only while the bytes say so: a packet with real CRCs keeps
         // them and is checked at every hop and by its receiver.
-        let mut owed = owed && packet::crcs_owed(&pkt.bytes);
+        let mut owed = owed && crcs_owed(ll, &pkt.bytes);
         if owed && (!self.faults.rules.is_empty() || self.capture.is_some()) {
             // A fault may change the bytes, a capture shows them: the
             // sender's CRCs first.
-            let _ = packet::seal_owed(&mut pkt.bytes);
+            seal(ll, &mut pkt.bytes);
             owed = false;
         }
-        let verdict = self.faults.apply(p, to_hca, &mut pkt.bytes);
-        if let Some(Owner::Switch { switch, port }) = self.owner(p)
-            && let Some((sw, _)) = self.switches.get_mut(switch.0)
-        {
-            sw.count_xmit(port, pkt.bytes.len());
+        let verdict = self
+            .faults
+            .apply(p, to_hca, ll == LinkLayer::Eth, &mut pkt.bytes);
+        match self.owner(p) {
+            Some(Owner::Switch { switch, port }) => {
+                if let Some((sw, _)) = self.switches.get_mut(switch.0) {
+                    sw.count_xmit(port, pkt.bytes.len());
+                }
+            }
+            Some(Owner::EthSwitch { switch, port }) => {
+                if let Some((sw, _)) = self.eth_switches.get_mut(switch.0) {
+                    sw.count_tx(port, pkt.bytes.len());
+                }
+            }
+            _ => {}
         }
         self.stats.sent += 1;
         if !self.byte_pulls.is_empty() {
@@ -956,8 +1035,9 @@ impl Fabric {
         } else {
             format!("{} <-> {}", self.port_name(a), self.port_name(b))
         };
+        let ll = self.link_layer(from);
         if let Some(c) = self.capture.as_mut() {
-            c.record(link, &name, dir, now_ns, bytes);
+            c.record(link, &name, dir, now_ns, bytes, ll);
         }
     }
 
@@ -965,7 +1045,8 @@ impl Fabric {
     /// advanced to `now_ns`).
     pub fn receive(&mut self, p: PortId, now_ns: u64) -> Option<Packet> {
         self.advance(now_ns);
-        self.pop_due(p, now_ns).map(InFlight::into_sealed)
+        let ll = self.link_layer(p);
+        self.pop_due(p, now_ns).map(|f| f.into_sealed(ll))
     }
 
     /// [`Fabric::receive`] without sealing: the packet, and whether its
@@ -1048,10 +1129,11 @@ impl Fabric {
             };
             self.queued = self.queued.saturating_sub(1);
             budget -= 1;
-            let Some(Owner::Switch { switch, port }) = self.owner(sp) else {
-                continue;
-            };
-            self.switch_step(switch, port, f);
+            match self.owner(sp) {
+                Some(Owner::Switch { switch, port }) => self.switch_step(switch, port, f),
+                Some(Owner::EthSwitch { switch, port }) => self.eth_switch_step(switch, port, f),
+                _ => {}
+            }
         }
         budget != MAX_SWITCH_WORK
     }
@@ -1102,6 +1184,49 @@ impl Fabric {
                 }
             }
             switch::Action::Drop(why) => {
+                *self.stats.switch_drops.entry(why).or_default() += 1;
+            }
+        }
+    }
+
+    /// A frame at port `in_port` of Ethernet switch `id`: forwarded,
+    /// flooded or dropped ([`EthSwitch::receive`]); copies keep the
+    /// frame's owed state (nothing changed its bytes).
+    fn eth_switch_step(&mut self, id: EthSwitchId, in_port: u8, f: InFlight) {
+        let Some((_, ports)) = self.eth_switches.get(id.0) else {
+            return;
+        };
+        let live: Vec<bool> = ports.iter().map(|p| self.link_up(*p)).collect();
+        let Some((sw, _)) = self.eth_switches.get_mut(id.0) else {
+            return;
+        };
+        let action = if f.hops >= MAX_HOPS {
+            EthAction::Drop("looping: too many switch hops")
+        } else {
+            sw.receive(in_port, &f.pkt.bytes, f.owed, f.due, |p| {
+                live.get(usize::from(p)).copied().unwrap_or(false)
+            })
+        };
+        match action {
+            EthAction::Forward(out) => {
+                let n = out.len();
+                let mut pkt = Some(f.pkt);
+                for (k, e) in out.into_iter().enumerate() {
+                    let Some(fp) = self.eth_switch_port(id, e) else {
+                        continue;
+                    };
+                    // The last copy takes the frame itself.
+                    let copy = if k + 1 == n {
+                        pkt.take()
+                    } else {
+                        pkt.clone()
+                    };
+                    if let Some(c) = copy {
+                        self.send(fp, c, f.due, f.hops.saturating_add(1), f.owed);
+                    }
+                }
+            }
+            EthAction::Drop(why) => {
                 *self.stats.switch_drops.entry(why).or_default() += 1;
             }
         }
@@ -1188,7 +1313,7 @@ impl Fabric {
             }
             match f.owner(f.peer(fp)?)? {
                 Owner::Switch { switch, port } => Some((switch.0, port)),
-                Owner::Hca { .. } => None,
+                Owner::Hca { .. } | Owner::EthSwitch { .. } => None,
             }
         };
         let mut routes: Vec<Vec<(u16, u8)>> = vec![Vec::new(); nsw];
@@ -1255,6 +1380,14 @@ impl Fabric {
             {
                 sw.link_changed(port, now);
                 self.traps_owed = true;
+            }
+            // An Ethernet switch forgets what it learned on a port whose
+            // link went down.
+            if !now
+                && let Some(Owner::EthSwitch { switch, port }) = self.owner(p)
+                && let Some((sw, _)) = self.eth_switches.get_mut(switch.0)
+            {
+                sw.flush_port(port);
             }
         }
     }

@@ -2,7 +2,9 @@
 //!
 //! The fabric's command-line options for cx3-emu (and `run-qemu.sh
 //! --emu-args`): the topology (`--topology FILE` in ibsim's net format,
-//! `--back-to-back`; otherwise one switch for the nodes), `--capture
+//! `--back-to-back`; otherwise one switch for the nodes), the link layer
+//! of the nodes' ports (`--link-layer ib|eth|ib,eth`: which switch each
+//! port is cabled to, see [`Topology::for_nodes_with`]), `--capture
 //! FILE` (pcapng, or classic pcap for a `.pcap` name), `--latency TIME`,
 //! and the packet faults (`--drop`, `--corrupt`, `--delay`, `--pull`,
 //! `--fault-seed`, see [`super::faults::FaultOptions`]), and the subnet
@@ -41,7 +43,7 @@ use std::time::Duration;
 
 use super::faults::{FaultOptions, PullAt, parse_time};
 use super::ibsim::{SmOptions, SmService};
-use super::{Built, Capture, Fabric, Topology};
+use super::{Built, Capture, Fabric, LinkLayer, Topology};
 
 /// OpenSM's options unless `--opensm-args` replaces them: a sweep every
 /// second (`-s 1`), so a guest whose driver comes up after OpenSM's first
@@ -140,12 +142,16 @@ pub struct FabricOptions {
     pub opensm_args: Option<Vec<String>>,
     /// Where to record the ibsim socket name for `scripts/ib-host.sh`.
     pub sockname_file: Option<PathBuf>,
+    /// The link layers of every node's ports 1 and 2 (`--link-layer`;
+    /// both InfiniBand by default).
+    pub link_layers: Option<[LinkLayer; 2]>,
 }
 
 impl FabricOptions {
     /// Flags that take a value.
-    pub const VALUE_FLAGS: [&'static str; 12] = [
+    pub const VALUE_FLAGS: [&'static str; 13] = [
         "--topology",
+        "--link-layer",
         "--capture",
         "--latency",
         "--drop",
@@ -182,6 +188,11 @@ impl FabricOptions {
         let v = value.ok_or_else(|| format!("{flag} needs a value"))?;
         match flag {
             "--topology" => self.topology = TopologyChoice::File(PathBuf::from(v)),
+            "--link-layer" => {
+                self.link_layers = Some(parse_link_layers(v).ok_or_else(|| {
+                    format!("--link-layer takes ib, eth or P1,P2 (e.g. ib,eth), not {v:?}")
+                })?)
+            }
             "--capture" => self.capture = Some(PathBuf::from(v)),
             "--latency" => {
                 self.latency_ns = Some(parse_time(v).map_err(|e| format!("--latency {v}: {e}"))?)
@@ -223,16 +234,29 @@ impl FabricOptions {
         Ok(())
     }
 
+    /// The link layers of the nodes' ports 1 and 2 (`--link-layer`).
+    pub fn port_link_layers(&self) -> [LinkLayer; 2] {
+        self.link_layers.unwrap_or([LinkLayer::Ib; 2])
+    }
+
     /// The topology these options describe for `nodes` emulated nodes
     /// (the file's HCA count must equal `nodes`).
     pub fn topology(&self, nodes: usize) -> Result<Topology, String> {
+        let ll = self.port_link_layers();
         let t = match &self.topology {
-            TopologyChoice::Switch => Topology::for_nodes(nodes).map_err(|e| e.0)?,
+            TopologyChoice::Switch => Topology::for_nodes_with(nodes, ll).map_err(|e| e.0)?,
             TopologyChoice::BackToBack => {
                 if nodes != 2 {
                     return Err(format!("--back-to-back needs exactly 2 nodes, not {nodes}"));
                 }
-                Topology::back_to_back()
+                Topology::back_to_back_with(ll[0])
+            }
+            TopologyChoice::File(p) if ll.contains(&LinkLayer::Eth) => {
+                return Err(format!(
+                    "--topology {}: net files describe InfiniBand fabrics; --link-layer eth \
+                     takes the default switch or --back-to-back",
+                    p.display()
+                ));
             }
             TopologyChoice::File(p) => {
                 let text = std::fs::read_to_string(p)
@@ -286,7 +310,7 @@ impl FabricOptions {
             }
             .map_err(|e| e.to_string())?;
         }
-        if self.sm == SmChoice::Embedded {
+        if self.sm == SmChoice::Embedded && ib_cabled(fabric, &built) {
             fabric
                 .add_sm_on_free_port(embedded_sm_config())
                 .map_err(|_| {
@@ -321,6 +345,10 @@ impl FabricOptions {
         built: &Built,
         base: &str,
     ) -> Result<Option<SmService>, String> {
+        if !ib_cabled(fabric, built) {
+            // An all-Ethernet fabric: nothing for an SM or the diags.
+            return Ok(None);
+        }
         let switch = built.switches.first().map(|s| s.1);
         let free = switch.is_some_and(|sw| {
             fabric.switch(sw).is_some_and(|s| {
@@ -395,7 +423,7 @@ pub fn lid_plan(
     }
     for h in &built.hcas {
         for (i, p) in h.ports.iter().enumerate() {
-            if fabric.peer(*p).is_some() {
+            if fabric.cable_link_layer(*p) == Some(LinkLayer::Ib) {
                 let n = i as u8 + 1;
                 ends.push((h.node_guid, n, h.node_guid + u64::from(n)));
             }
@@ -413,6 +441,26 @@ pub fn lid_plan(
         }
     }
     plan
+}
+
+/// `ib`, `eth` (both ports), or `P1,P2`.
+pub fn parse_link_layers(v: &str) -> Option<[LinkLayer; 2]> {
+    let mut it = v.split(',');
+    let a = LinkLayer::parse(it.next()?)?;
+    let b = match it.next() {
+        Some(b) => LinkLayer::parse(b)?,
+        None => a,
+    };
+    it.next().is_none().then_some([a, b])
+}
+
+/// Some HCA port of `built` has an InfiniBand cable (a subnet to manage).
+fn ib_cabled(fabric: &Fabric, built: &Built) -> bool {
+    built.hcas.iter().any(|h| {
+        h.ports
+            .iter()
+            .any(|p| fabric.cable_link_layer(*p) == Some(LinkLayer::Ib))
+    })
 }
 
 /// Writes [`lid_plan`] into OpenSM's guid2lid cache in `dir`, in the

@@ -1,7 +1,9 @@
 //! Topologies: one switch for N nodes, two HCAs back to back, and ibsim's net files.
 //!
 //! Topologies: `--nodes N` (N HCAs with port 1 cabled to one 36-port
-//! switch, the default), two HCAs back to back, and ibsim's net-file
+//! switch, the default; with Ethernet ports, an Ethernet switch beside or
+//! instead of it: [`Topology::for_nodes_with`]), two HCAs back to back
+//! (over InfiniBand or Ethernet), and ibsim's net-file
 //! format (the subset: `Switch`/`Hca`/`Ca` records, their port lines, the
 //! `switchguid=`, `caguid=`, `sysimgguid=`, `vendid=`, `devid=`
 //! directives); routers, `include`, `do`, link width/speed attributes
@@ -17,7 +19,11 @@
 //! and lays the cables, and returns which fabric port each HCA port uses.
 
 use super::switch::{DEVICE_SWITCHX, SWITCHX_PORTS, Switch, VENDOR_MELLANOX};
-use super::{Fabric, PortId, SwitchId, faults::PortRef};
+use super::{EthSwitch, EthSwitchId, Fabric, LinkLayer, PortId, SwitchId, faults::PortRef};
+
+/// Ports of the Ethernet switch `--nodes N` lays (a 36-port 40 GbE
+/// top-of-rack switch, an SX1036's count).
+pub const ETH_SWITCH_PORTS: u8 = 36;
 
 /// Node kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +32,8 @@ pub enum NodeKind {
     Hca,
     /// A switch.
     Switch,
+    /// An Ethernet switch ([`EthSwitch`]).
+    EthSwitch,
 }
 
 /// One node of a topology.
@@ -63,6 +71,9 @@ pub struct Topology {
     pub nodes: Vec<NodeSpec>,
     /// Cables.
     pub links: Vec<LinkSpec>,
+    /// HCA ports (node index, port) that are Ethernet ports; every other
+    /// HCA port is InfiniBand (an Ethernet switch's ports are Ethernet).
+    pub eth_ports: Vec<(usize, u8)>,
 }
 
 /// Why a topology was refused.
@@ -113,6 +124,18 @@ fn switch(j: usize, name: String, ports: u8, guid: Option<u64>) -> NodeSpec {
     }
 }
 
+fn eth_switch(name: String, ports: u8) -> NodeSpec {
+    NodeSpec {
+        kind: NodeKind::EthSwitch,
+        name,
+        ports,
+        node_guid: 0,
+        sys_image_guid: 0,
+        vendor_id: VENDOR_MELLANOX,
+        device_id: 0,
+    }
+}
+
 /// What [`Topology::build`] made.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Built {
@@ -121,6 +144,8 @@ pub struct Built {
     pub hcas: Vec<BuiltHca>,
     /// Per switch: its name and id.
     pub switches: Vec<(String, SwitchId)>,
+    /// Per Ethernet switch: its name and id.
+    pub eth_switches: Vec<(String, EthSwitchId)>,
 }
 
 /// One built HCA.
@@ -175,6 +200,20 @@ impl Built {
                 .switch_port(*id, r.port)
                 .ok_or_else(|| format!("{}/{}: no such switch port", r.node, r.port));
         }
+        let esw_by_index = r
+            .node
+            .strip_prefix("esw")
+            .and_then(|n| n.parse::<usize>().ok());
+        let ei = self
+            .eth_switches
+            .iter()
+            .position(|(n, _)| *n == r.node)
+            .or(esw_by_index);
+        if let Some((_, id)) = ei.and_then(|j| self.eth_switches.get(j)) {
+            return fabric
+                .eth_switch_port(*id, r.port)
+                .ok_or_else(|| format!("{}/{}: no such switch port", r.node, r.port));
+        }
         Err(format!("{}/{}: no node named `{}`", r.node, r.port, r.node))
     }
 }
@@ -183,25 +222,66 @@ impl Topology {
     /// `n` HCAs (1..=36), port 1 of HCA i cabled to port i+1 of one
     /// 36-port switch.
     pub fn for_nodes(n: usize) -> Result<Topology, TopologyError> {
-        if n == 0 || n > usize::from(SWITCHX_PORTS) {
+        Self::for_nodes_with(n, [LinkLayer::Ib; 2])
+    }
+
+    /// `n` HCAs whose ports 1 and 2 run `ll`: port 1 of HCA i cabled to
+    /// port i+1 of the switch of its link layer (the 36-port switch `sw0`,
+    /// or the 36-port Ethernet switch `esw0`); port 2 cabled the same way
+    /// only when its link layer differs from port 1's (a card with port 1
+    /// InfiniBand and port 2 Ethernet has both cabled), else dark, as in
+    /// the all-InfiniBand fabric. The switches come first (`sw0`, then
+    /// `esw0`), each only if a port uses it.
+    pub fn for_nodes_with(n: usize, ll: [LinkLayer; 2]) -> Result<Topology, TopologyError> {
+        let most = SWITCHX_PORTS.min(ETH_SWITCH_PORTS);
+        if n == 0 || n > usize::from(most) {
             return Err(TopologyError(format!(
-                "--nodes {n}: one switch takes 1 to {SWITCHX_PORTS} nodes; use a topology file for more"
+                "--nodes {n}: one switch takes 1 to {most} nodes; use a topology file for more"
             )));
         }
         let mut t = Topology::default();
-        t.nodes.push(switch(0, "sw0".into(), SWITCHX_PORTS, None));
+        let cabled: Vec<u8> = if ll[1] != ll[0] { vec![1, 2] } else { vec![1] };
+        let uses = |l: LinkLayer| cabled.iter().any(|&p| ll[usize::from(p) - 1] == l);
+        let mut sw_of = [None, None];
+        if uses(LinkLayer::Ib) {
+            sw_of[0] = Some(t.nodes.len());
+            t.nodes.push(switch(0, "sw0".into(), SWITCHX_PORTS, None));
+        }
+        if uses(LinkLayer::Eth) {
+            sw_of[1] = Some(t.nodes.len());
+            t.nodes.push(eth_switch("esw0".into(), ETH_SWITCH_PORTS));
+        }
+        let first = t.nodes.len();
         for i in 0..n {
             t.nodes.push(hca(i, format!("node{i}"), 2, None));
-            t.links.push(LinkSpec {
-                a: (i + 1, 1),
-                b: (0, i as u8 + 1),
-            });
+            for &p in &cabled {
+                let l = ll[usize::from(p) - 1];
+                let sw = match l {
+                    LinkLayer::Ib => sw_of[0],
+                    LinkLayer::Eth => sw_of[1],
+                };
+                let Some(sw) = sw else { continue };
+                t.links.push(LinkSpec {
+                    a: (first + i, p),
+                    b: (sw, i as u8 + 1),
+                });
+            }
+            for p in [1u8, 2] {
+                if ll[usize::from(p) - 1] == LinkLayer::Eth {
+                    t.eth_ports.push((first + i, p));
+                }
+            }
         }
         Ok(t)
     }
 
     /// Two HCAs, port 1 to port 1, no switch.
     pub fn back_to_back() -> Topology {
+        Self::back_to_back_with(LinkLayer::Ib)
+    }
+
+    /// Two HCAs, port 1 to port 1 over `ll`, no switch.
+    pub fn back_to_back_with(ll: LinkLayer) -> Topology {
         Topology {
             nodes: vec![
                 hca(0, "node0".into(), 2, None),
@@ -211,6 +291,10 @@ impl Topology {
                 a: (0, 1),
                 b: (1, 1),
             }],
+            eth_ports: match ll {
+                LinkLayer::Ib => Vec::new(),
+                LinkLayer::Eth => vec![(0, 1), (1, 1)],
+            },
         }
     }
 
@@ -237,7 +321,12 @@ impl Topology {
     ) -> Result<Built, TopologyError> {
         let mut built = Built::default();
         // Fabric ports by node index: HCA ports 1,2 or switch ports.
-        let mut where_: Vec<Result<usize, SwitchId>> = Vec::with_capacity(self.nodes.len());
+        enum At {
+            Hca(usize),
+            Sw(SwitchId),
+            Esw(EthSwitchId),
+        }
+        let mut where_: Vec<At> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
             match n.kind {
                 NodeKind::Hca => {
@@ -258,12 +347,23 @@ impl Topology {
                     }
                     fabric.set_port_name(p1, &format!("{}/1", n.name));
                     fabric.set_port_name(p2, &format!("{}/2", n.name));
+                    let node = where_.len();
+                    for (p, num) in [(p1, 1u8), (p2, 2)] {
+                        let ll = if self.eth_ports.contains(&(node, num)) {
+                            LinkLayer::Eth
+                        } else {
+                            LinkLayer::Ib
+                        };
+                        fabric.set_link_layer(p, ll).map_err(|e| {
+                            TopologyError(format!("\"{}\" port {num}: {e}", n.name))
+                        })?;
+                    }
                     built.hcas.push(BuiltHca {
                         name: n.name.clone(),
                         node_guid: n.node_guid,
                         ports: [p1, p2],
                     });
-                    where_.push(Ok(built.hcas.len() - 1));
+                    where_.push(At::Hca(built.hcas.len() - 1));
                 }
                 NodeKind::Switch => {
                     let mut sw = Switch::new(&n.name, n.node_guid, n.ports);
@@ -277,7 +377,17 @@ impl Topology {
                         }
                     }
                     built.switches.push((n.name.clone(), id));
-                    where_.push(Err(id));
+                    where_.push(At::Sw(id));
+                }
+                NodeKind::EthSwitch => {
+                    let id = fabric.add_eth_switch(EthSwitch::new(&n.name, n.ports));
+                    for p in 1..=n.ports {
+                        if let Some(fp) = fabric.eth_switch_port(id, p) {
+                            fabric.set_port_name(fp, &format!("{}/{p}", n.name));
+                        }
+                    }
+                    built.eth_switches.push((n.name.clone(), id));
+                    where_.push(At::Esw(id));
                 }
             }
         }
@@ -288,8 +398,9 @@ impl Topology {
                 ))
             };
             match where_.get(node).ok_or_else(bad)? {
-                Ok(h) => built.hca_port(*h, port).ok_or_else(bad),
-                Err(id) => fabric.switch_port(*id, port).ok_or_else(bad),
+                At::Hca(h) => built.hca_port(*h, port).ok_or_else(bad),
+                At::Sw(id) => fabric.switch_port(*id, port).ok_or_else(bad),
+                At::Esw(id) => fabric.eth_switch_port(*id, port).ok_or_else(bad),
             }
         };
         let mut cables = Vec::new();
@@ -546,6 +657,7 @@ impl NetParser {
             return Err(TopologyError("topology: no nodes".into()));
         }
         Ok(Topology {
+            eth_ports: Vec::new(),
             nodes: self.nodes,
             links,
         })

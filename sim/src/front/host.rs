@@ -22,6 +22,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches, Parser};
 
 use crate::fabric::options::{FabricOptions, SmChoice};
 use crate::front::in_process::SimConfig;
+use crate::hca::config::PortType;
 use crate::hca::hcr::{Opcode, Status};
 
 /// The model configuration for node `id`: distinct node and system-image
@@ -256,6 +257,19 @@ pub struct HostOptions {
     /// the CPU time used.
     #[arg(long)]
     pub stats: bool,
+    /// What every node's ports are, as a VPI card's LINK_TYPE: ib, eth or
+    /// auto (either: the driver picks, SENSE_PORT tells the cable's), one
+    /// for both ports or P1,P2 (default: the link layer of each port's
+    /// cable, --link-layer).
+    #[arg(long, value_name = "TYPE[,TYPE]", value_parser = parse_port_types)]
+    pub port_type: Option<[PortType; 2]>,
+}
+
+/// `--port-type TYPE[,TYPE]`.
+pub fn parse_port_types(value: &str) -> Result<[PortType; 2], String> {
+    PortType::parse_pair(value).ok_or(format!(
+        "wants ib, eth or auto, or two of them separated by a comma, got {value:?}"
+    ))
 }
 
 /// The fabric every node is cabled to and its subnet manager, as
@@ -276,6 +290,12 @@ pub struct FabricFlags {
     /// An ibsim net file (Switch/Ca entries, GUIDs, links).
     #[arg(long, value_name = "FILE", help_heading = FABRIC)]
     pub topology: Vec<String>,
+    /// The link layer of every node's ports: ib (default), eth (port 1 on
+    /// an Ethernet switch; RoCE and mlx4_en), or P1,P2 such as ib,eth
+    /// (port 1 on the InfiniBand switch, port 2 on the Ethernet switch);
+    /// docs/ethernet.md.
+    #[arg(long, value_name = "LL[,LL]", help_heading = FABRIC)]
+    pub link_layer: Vec<String>,
     /// Every packet on every cable to FILE (pcapng, or classic pcap with
     /// ERF records for a .pcap name).
     #[arg(long, value_name = "FILE", help_heading = FABRIC)]

@@ -719,9 +719,20 @@ impl SimHca {
         backing: Backing,
         wire: Option<(&Wire, [Option<crate::fabric::PortId>; 2])>,
     ) -> SimHca {
-        if wire.is_some() {
+        if let Some((w, ports)) = wire {
             // The cables are the fabric's.
             cfg.cable_plugged = false;
+            // An InfiniBand-only port on an Ethernet cable could never come
+            // up: the emulator configures it Ethernet, as one would set
+            // the card's LINK_TYPE for that cable (crate::hca::eth).
+            let f = w.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            for (t, p) in cfg.port_types.iter_mut().zip(ports) {
+                if *t == PortType::Ib
+                    && p.is_some_and(|p| f.link_layer(p) == crate::fabric::LinkLayer::Eth)
+                {
+                    *t = PortType::Eth;
+                }
+            }
         }
         let threaded = !matches!(backing, Backing::Sync | Backing::Trapped { .. });
         let real_time = !matches!(backing, Backing::Sync);
@@ -859,10 +870,16 @@ impl SimHca {
     pub fn new_on(cfg: SimConfig, wire: &Wire) -> SimHca {
         let ports = {
             let mut f = wire.fabric.lock().unwrap_or_else(|e| e.into_inner());
-            [
-                Some(f.attach_hca_port(cfg.node_guid, 1)),
-                Some(f.attach_hca_port(cfg.node_guid, 2)),
-            ]
+            let mut attach = |n: u8| {
+                let p = f.attach_hca_port(cfg.node_guid, n);
+                // A port configured Ethernet gets an Ethernet port on the
+                // fabric (its cable carries frames).
+                if cfg.port_types[usize::from(n) - 1] == PortType::Eth {
+                    let _ = f.set_link_layer(p, crate::fabric::LinkLayer::Eth);
+                }
+                Some(p)
+            };
+            [attach(1), attach(2)]
         };
         Self::new_on_ports(cfg, wire, ports)
     }
@@ -905,7 +922,8 @@ impl SimHca {
     }
 
     /// Two synchronous models on one new wire, port 1 cabled to port 1
-    /// (node GUIDs `a.node_guid` and `b.node_guid` must differ).
+    /// (node GUIDs `a.node_guid` and `b.node_guid` must differ; an
+    /// Ethernet cable if their ports 1 are Ethernet ports).
     pub fn back_to_back(a: SimConfig, b: SimConfig) -> (SimHca, SimHca, Wire) {
         let w = Wire::new(a.relax_step);
         let x = SimHca::new_on(a, &w);

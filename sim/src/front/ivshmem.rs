@@ -440,6 +440,7 @@ impl Node {
         ram: &Path,
         wire: &crate::Wire,
         at: &crate::fabric::topology::BuiltHca,
+        port_types: Option<[crate::hca::config::PortType; 2]>,
     ) -> Result<Node, EmuError> {
         let w = SharedFile::open(window)?;
         if w.len() != WINDOW_LEN {
@@ -459,10 +460,12 @@ impl Node {
         ) else {
             return Err(EmuError("window too small for the BARs".into()));
         };
+        let base = node_config(id);
         let cfg = SimConfig {
             node_guid: at.node_guid,
             sys_image_guid: at.node_guid + 3,
-            ..node_config(id)
+            port_types: port_types.unwrap_or(base.port_types),
+            ..base
         };
         let hca = SimHca::new_polled_on(
             cfg,
@@ -759,7 +762,7 @@ impl Emulator {
                 .hcas
                 .get(id as usize)
                 .ok_or_else(|| EmuError(format!("the topology has no HCA for node {id}")))?;
-            let node = Node::open(id, n, w, r, &wire, at)?;
+            let node = Node::open(id, n, w, r, &wire, at, opts.host.port_type)?;
             for (op, st) in &opts.host.fail {
                 node.hca
                     .faults()

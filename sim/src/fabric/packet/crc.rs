@@ -304,6 +304,34 @@ pub fn icrc(b: &[u8]) -> u32 {
     !crc32_update(c, &b[hlen..])
 }
 
+/// The ICRC of a RoCE v1 packet, `b` = GRH..pad (IBTA annex A16: the
+/// LRH's place taken by 8 bytes of ones, the GRH and BTH variant fields
+/// masked as in a global packet).
+pub fn roce_icrc(b: &[u8]) -> u32 {
+    let mut h = [0u8; LRH_LEN + GRH_LEN + BTH_LEN];
+    h[..LRH_LEN].fill(0xff);
+    let n = (GRH_LEN + BTH_LEN).min(b.len());
+    h[LRH_LEN..LRH_LEN + n].copy_from_slice(&b[..n]);
+    if n >= 8 {
+        h[LRH_LEN] |= 0x0f;
+        h[LRH_LEN + 1] = 0xff;
+        h[LRH_LEN + 2] = 0xff;
+        h[LRH_LEN + 3] = 0xff;
+        h[LRH_LEN + 7] = 0xff;
+    }
+    if n > GRH_LEN + 4 {
+        h[LRH_LEN + GRH_LEN + 4] = 0xff;
+    }
+    let c = crc32_update(!0, &h[..LRH_LEN + n]);
+    !crc32_update(c, &b[n..])
+}
+
+/// The Ethernet FCS of `b` (destination MAC up to the FCS): CRC-32,
+/// stored least significant byte first.
+pub fn fcs(b: &[u8]) -> u32 {
+    crc32(b)
+}
+
 /// The VCRC of `b` = LRH..ICRC.
 pub fn vcrc(b: &[u8]) -> u16 {
     !crc16_update(!0, b)

@@ -434,7 +434,8 @@ pub fn layout(op: u8) -> Option<Layout> {
 /// All headers of a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Headers {
-    /// LRH (`lnh` and `pkt_len` are filled in by [`build`]).
+    /// LRH (`lnh` and `pkt_len` are filled in by [`build`]); in a RoCE
+    /// packet only its `sl` counts (the VLAN PCP carries it).
     pub lrh: Lrh,
     /// GRH, if LNH says IBA global.
     pub grh: Option<Grh>,
@@ -454,6 +455,10 @@ pub struct Headers {
     pub imm: Option<u32>,
     /// IETH: the R_Key to invalidate.
     pub ieth: Option<u32>,
+    /// The Ethernet header of a RoCE v1 packet, which takes the place of
+    /// the LRH (the GRH is then mandatory, and the FCS takes the VCRC's
+    /// place).
+    pub eth: Option<super::EthHdr>,
 }
 
 impl Headers {
@@ -481,7 +486,22 @@ impl Headers {
     /// Bytes of headers (LRH through the last extended header).
     pub fn header_len(&self) -> Result<usize, PacketError> {
         let l = layout(self.bth.opcode).ok_or(PacketError::UnsupportedOpcode(self.bth.opcode))?;
-        Ok(LRH_LEN + self.grh.map_or(0, |_| GRH_LEN) + BTH_LEN + l.eth_len())
+        Ok(self.link_len() + self.grh.map_or(0, |_| GRH_LEN) + BTH_LEN + l.eth_len())
+    }
+
+    /// Bytes before the GRH (or the BTH): the LRH, or a RoCE packet's
+    /// Ethernet header.
+    pub fn link_len(&self) -> usize {
+        self.eth.map_or(LRH_LEN, |e| e.len())
+    }
+
+    /// Bytes after the ICRC: the VCRC, or a RoCE packet's FCS.
+    pub fn tail_len(&self) -> usize {
+        if self.eth.is_some() {
+            super::FCS_LEN
+        } else {
+            VCRC_LEN
+        }
     }
 }
 
@@ -529,8 +549,22 @@ pub fn parse(b: &[u8]) -> Result<Parsed, PacketError> {
             bytes: body,
         });
     }
-    let mut off = LRH_LEN;
-    let grh = if lrh.lnh == lnh::IBA_GLOBAL {
+    let mut p = parse_transport(b, LRH_LEN, body, lrh.lnh == lnh::IBA_GLOBAL)?;
+    p.hdr.lrh = lrh;
+    p.vcrc = u16::from_le_bytes([b[body], b[body + 1]]);
+    Ok(p)
+}
+
+/// The GRH (if `global`), BTH, extended headers and payload of `b` from
+/// `off` (after the LRH or the Ethernet header) to `body` (the end of the
+/// ICRC); the link header and what follows the ICRC are the caller's.
+pub(super) fn parse_transport(
+    b: &[u8],
+    mut off: usize,
+    body: usize,
+    global: bool,
+) -> Result<Parsed, PacketError> {
+    let grh = if global {
         let g = Grh::parse(&b[off..body])?;
         if g.ip_ver != 6 {
             return Err(PacketError::BadGrh("IPVer is not 6"));
@@ -560,12 +594,11 @@ pub fn parse(b: &[u8]) -> Result<Parsed, PacketError> {
     if end < off + l.eth_len() {
         return Err(PacketError::Truncated {
             what: "extended transport headers and ICRC",
-            need: off + l.eth_len() + ICRC_LEN + VCRC_LEN,
+            need: off + l.eth_len() + ICRC_LEN + (b.len() - body),
             have: b.len(),
         });
     }
     let mut hdr = Headers {
-        lrh,
         grh,
         bth,
         ..Headers::default()
@@ -611,7 +644,7 @@ pub fn parse(b: &[u8]) -> Result<Parsed, PacketError> {
         payload_off: off,
         payload_len: padded - pad,
         icrc: u32::from_le_bytes([b[end], b[end + 1], b[end + 2], b[end + 3]]),
-        vcrc: u16::from_le_bytes([b[body], b[body + 1]]),
+        vcrc: 0,
     })
 }
 
@@ -704,25 +737,34 @@ fn write_headers(hdr: &Headers, len: usize, out: &mut Vec<u8>) -> Result<usize, 
             "payload on an opcode without one",
         ));
     }
+    if hdr.eth.is_some() && hdr.grh.is_none() {
+        return Err(PacketError::HeaderMismatch("RoCE without a GRH"));
+    }
     let pad = (4 - len % 4) % 4;
     let hlen = hdr.header_len()?;
+    let lead = hdr.link_len();
     let body = hlen + len + pad + ICRC_LEN;
-    if body / 4 > 0x7ff {
-        return Err(PacketError::TooLong(body + VCRC_LEN));
+    if (body - lead + LRH_LEN) / 4 > 0x7ff {
+        return Err(PacketError::TooLong(body + hdr.tail_len()));
     }
-    out.resize(body + VCRC_LEN, 0);
+    out.resize(body + hdr.tail_len(), 0);
     out[..hlen].fill(0);
-    let mut lrh = hdr.lrh;
-    lrh.lnh = if hdr.grh.is_some() {
-        lnh::IBA_GLOBAL
-    } else {
-        lnh::IBA_LOCAL
-    };
-    lrh.pkt_len = (body / 4) as u16;
-    lrh.write(&mut out[..LRH_LEN]);
-    let mut off = LRH_LEN;
+    match hdr.eth {
+        Some(e) => e.write(&mut out[..lead]),
+        None => {
+            let mut lrh = hdr.lrh;
+            lrh.lnh = if hdr.grh.is_some() {
+                lnh::IBA_GLOBAL
+            } else {
+                lnh::IBA_LOCAL
+            };
+            lrh.pkt_len = (body / 4) as u16;
+            lrh.write(&mut out[..LRH_LEN]);
+        }
+    }
+    let mut off = lead;
     if let Some(mut g) = hdr.grh {
-        g.pay_len = (body - LRH_LEN - GRH_LEN) as u16;
+        g.pay_len = (body - lead - GRH_LEN) as u16;
         g.write(&mut out[off..off + GRH_LEN]);
         off += GRH_LEN;
     }

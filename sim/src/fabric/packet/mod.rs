@@ -5,8 +5,9 @@
 //! the LRH, GRH, BTH and the extended transport headers DETH, RETH, AETH,
 //! AtomicETH, AtomicAckETH, ImmDt and IETH, the MAD header with the SMP
 //! fields (directed route included), and the ICRC and VCRC; RDETH
-//! (reliable datagram), raw packets (LNH 0/1), XRC and the RoCE
-//! encapsulations are deliberately left out.
+//! (reliable datagram), raw packets (LNH 0/1), XRC and RoCE v2 are
+//! deliberately left out; Ethernet frames and the RoCE v1 packets in them
+//! are in `eth.rs`.
 //!
 //! Written from the IBTA layouts and checked as facts against Linux
 //! `ib_pack.h`/`ud_header.c` and ibsim; it shares no code with the driver
@@ -34,13 +35,16 @@
 //!   does not validate either CRC), so this is our reading of 7.8.2.
 //!
 //! The headers and whole packets are in `headers.rs`, the CRCs in `crc.rs`,
-//! the MADs in `mad.rs`; everything is reached as `packet::NAME`.
+//! the MADs in `mad.rs`, Ethernet and RoCE v1 framing in `eth.rs`;
+//! everything is reached as `packet::NAME`.
 
 mod crc;
+mod eth;
 mod headers;
 mod mad;
 
 pub use crc::*;
+pub use eth::*;
 pub use headers::*;
 pub use mad::*;
 
@@ -142,6 +146,15 @@ pub enum PacketError {
     },
     /// A MAD field is out of range (e.g. directed-route hop count > 63).
     BadMad(&'static str),
+    /// An Ethernet frame's FCS does not match.
+    BadFcs {
+        /// Computed.
+        expected: u32,
+        /// In the frame.
+        found: u32,
+    },
+    /// An Ethernet frame that is not RoCE (its Ethertype).
+    NotRoce(u16),
 }
 
 impl core::fmt::Display for PacketError {
@@ -173,6 +186,10 @@ impl core::fmt::Display for PacketError {
                 write!(f, "VCRC {found:#06x}, expected {expected:#06x}")
             }
             PacketError::BadMad(w) => write!(f, "bad MAD: {w}"),
+            PacketError::BadFcs { expected, found } => {
+                write!(f, "FCS {found:#010x}, expected {expected:#010x}")
+            }
+            PacketError::NotRoce(t) => write!(f, "Ethertype {t:#06x} is not RoCE (0x8915)"),
         }
     }
 }
