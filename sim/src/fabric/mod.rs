@@ -1216,11 +1216,7 @@ impl Fabric {
                         continue;
                     };
                     // The last copy takes the frame itself.
-                    let copy = if k + 1 == n {
-                        pkt.take()
-                    } else {
-                        pkt.clone()
-                    };
+                    let copy = if k + 1 == n { pkt.take() } else { pkt.clone() };
                     if let Some(c) = copy {
                         self.send(fp, c, f.due, f.hops.saturating_add(1), f.owed);
                     }

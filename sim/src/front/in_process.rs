@@ -1247,6 +1247,26 @@ impl SimHca {
         Some((h.ports[i].state, h.ports[i].phys))
     }
 
+    /// The Ethernet side of a port (MAC, tables, counters), as the card
+    /// keeps it.
+    pub fn eth_port(&self, port: u8) -> Option<crate::hca::eth::EthPort> {
+        let h = self.hca();
+        let i = h.port_index(u32::from(port))?;
+        Some(h.ports[i].eth.clone())
+    }
+
+    /// A port's Ethernet counters.
+    pub fn eth_counters(&self, port: u8) -> Option<crate::hca::eth::EthCounters> {
+        self.eth_port(port).map(|e| e.counters)
+    }
+
+    /// The link layer a port runs.
+    pub fn link_layer(&self, port: u8) -> Option<crate::fabric::LinkLayer> {
+        let h = self.hca();
+        let i = h.port_index(u32::from(port))?;
+        Some(h.ports[i].link_layer())
+    }
+
     /// The LID of a port.
     pub fn port_lid(&self, port: u8) -> Option<u16> {
         let h = self.hca();

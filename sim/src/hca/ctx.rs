@@ -423,6 +423,7 @@ pub mod qpc {
     pub const DB_REC_ADDR: usize = 0xa0;
     pub const QKEY: usize = 0xa8;
     pub const SRQN: usize = 0xac;
+    pub const PARAM3: usize = 0xc0;
     pub const LOG_PAGE_SIZE: usize = 0xc8;
     pub const MTT_ADDR_H: usize = 0xcb;
     pub const MTT_ADDR_L: usize = 0xcc;
@@ -495,6 +496,9 @@ pub struct QpCtx {
     pub log_page_size: u8,
     /// MTT offset relative to the MTT table (bytes).
     pub mtt_base: u64,
+    /// RSS (flags bit 13; Linux `MLX4_RSS_QPC_FLAG_OFFSET`): a raw
+    /// Ethernet QP that spreads frames over rings and has no queues.
+    pub rss: bool,
 }
 
 impl QpCtx {
@@ -528,6 +532,7 @@ impl QpCtx {
             db_rec_addr: get64(b, DB_REC_ADDR),
             log_page_size: get8(b, LOG_PAGE_SIZE) & 0x3f,
             mtt_base: mtt_addr(b, MTT_ADDR_H, MTT_ADDR_L),
+            rss: flags & 1 << 13 != 0,
         }
     }
     /// The port the primary path's sched_queue names (1 or 2).

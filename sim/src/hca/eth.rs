@@ -383,7 +383,8 @@ impl EthPort {
         }
         let (pptx, pprx) = (get8(b, PPTX) & 0x80 != 0, get8(b, PPRX) & 0x80 != 0);
         let (pfctx, pfcrx) = (get8(b, PFCTX), get8(b, PFCRX));
-        if (flags & V_PPTX != 0 && pptx && pfctx != 0) || (flags & V_PPRX != 0 && pprx && pfcrx != 0)
+        if (flags & V_PPTX != 0 && pptx && pfctx != 0)
+            || (flags & V_PPRX != 0 && pprx && pfcrx != 0)
         {
             return Err("global pause and priority flow control both on".into());
         }
@@ -419,10 +420,16 @@ impl EthPort {
             }
             let m = e & 0xffff_ffff_ffff;
             if m >> 40 & 1 != 0 {
-                return Err(format!("entry {i}: {} is a multicast MAC", mac_str(&mac_of(m))));
+                return Err(format!(
+                    "entry {i}: {} is a multicast MAC",
+                    mac_str(&mac_of(m))
+                ));
             }
             if !seen.insert(m) {
-                return Err(format!("entry {i}: {} is in the table twice", mac_str(&mac_of(m))));
+                return Err(format!(
+                    "entry {i}: {} is in the table twice",
+                    mac_str(&mac_of(m))
+                ));
             }
         }
         self.macs = t;

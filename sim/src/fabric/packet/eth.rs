@@ -210,7 +210,11 @@ pub fn check_roce_crcs(b: &[u8]) -> Result<(), PacketError> {
     check_fcs(b)?;
     let e = EthHdr::parse(b)?;
     let n = b.len() - FCS_LEN;
-    need(b, e.len() + GRH_LEN + BTH_LEN + ICRC_LEN + FCS_LEN, "RoCE packet")?;
+    need(
+        b,
+        e.len() + GRH_LEN + BTH_LEN + ICRC_LEN + FCS_LEN,
+        "RoCE packet",
+    )?;
     let found = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
     let expected = roce_icrc(&b[e.len()..n - ICRC_LEN]);
     if found != expected {
@@ -223,7 +227,9 @@ pub fn check_roce_crcs(b: &[u8]) -> Result<(), PacketError> {
 /// `payload` (tests, peers).
 pub fn build_roce(hdr: &Headers, payload: &[u8]) -> Result<Vec<u8>, PacketError> {
     if hdr.eth.is_none() {
-        return Err(PacketError::HeaderMismatch("a RoCE packet without its Ethernet header"));
+        return Err(PacketError::HeaderMismatch(
+            "a RoCE packet without its Ethernet header",
+        ));
     }
     let mut v = build_owed(hdr, payload)?;
     seal_eth_owed(&mut v)?;
@@ -246,8 +252,12 @@ mod tests {
             ip_ver: 6,
             nxt_hdr: GRH_NXT_HDR_IBA,
             hop_lmt: 1,
-            sgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 2, 0xc9, 0xff, 0xfe, 0, 0, 0x11],
-            dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 2, 0xc9, 0xff, 0xfe, 0, 0, 0x21],
+            sgid: [
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 2, 0xc9, 0xff, 0xfe, 0, 0, 0x11,
+            ],
+            dgid: [
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 2, 0xc9, 0xff, 0xfe, 0, 0, 0x21,
+            ],
             ..Grh::default()
         });
         h.bth.dest_qp = 0x91;

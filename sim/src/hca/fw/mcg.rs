@@ -6,10 +6,13 @@
 //! allocates from. An entry (Linux `struct mlx4_mgm`, iPXE `hermonprm_mcg_entry`):
 //! next entry index << 6 (BE32), member count in bits 23:0 and protocol in bits
 //! 31:30 (BE32), 8 reserved bytes, the MGID, then one BE32 per member (QPN in
-//! bits 23:0, block-loopback in bit 30). Left out: WRITE_MCG's promiscuous form
-//! (opcode modifier 1, Ethernet steering), device-managed flow steering, and the
-//! card's own hash function (the model has its own; a driver only ever uses
-//! what MGID_HASH answers).
+//! bits 23:0, block-loopback in bit 30). Entries of protocol Ethernet (1) steer
+//! Ethernet frames (B0 steering: the MGID holds the port, the steer type and
+//! the MAC, [`crate::hca::eth`]); WRITE_MCG's promiscuous form (opcode modifier
+//! 1, input modifier port << 16 | steer type << 1) sets a port's promiscuous
+//! QPs. Left out: device-managed flow steering, and the card's own hash
+//! function (the model has its own; a driver only ever uses what MGID_HASH
+//! answers).
 //!
 //! What the card checks and the model records as violations: an index beyond
 //! the table (BAD_INDEX), a member count beyond what the entry holds, reserved
@@ -32,6 +35,8 @@ pub const BLCK_LB: u32 = 1 << 30;
 pub const PROT_IB_IPV6: u32 = 0;
 /// IB/IPv4.
 pub const PROT_IB_IPV4: u32 = 2;
+/// Ethernet (steering entries of B0 mode).
+pub const PROT_ETH: u32 = 1;
 
 /// The table INIT_HCA set up: (base, log entry size, log hash size, log
 /// table size); `BAD_SYS_STATE` (recorded) without one.
@@ -144,9 +149,10 @@ fn refuse(hca: &mut Hca, i: u32, msg: String) -> Status {
 /// entry and its chain are checked before it is written to ICM.
 pub fn write_mcg(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let (base, log_entry, log_hash, log_table) = table(hca, "WRITE_MCG")?;
+    if cmd.op_mod == 1 {
+        return write_promisc(hca, cmd, log_entry);
+    }
     if cmd.op_mod != 0 {
-        // The promiscuous form (Ethernet steering, in_mod port << 16 |
-        // steer << 1) is not modelled.
         return Err(Status::BAD_OP);
     }
     let i = index(hca, cmd, log_table)?;
@@ -236,6 +242,48 @@ pub fn write_mcg(hca: &mut Hca, cmd: &Command) -> CmdResult {
     Ok(Outcome::OK)
 }
 
+/// WRITE_MCG's promiscuous form (Linux `mlx4_WRITE_PROMISC`): in_mod =
+/// port << 16 | steer type << 1, an entry of protocol Ethernet whose
+/// members get the port's frames of that steer type that no entry names.
+fn write_promisc(hca: &mut Hca, cmd: &Command, log_entry: u8) -> CmdResult {
+    let port = cmd.in_mod >> 16;
+    let steer = (cmd.in_mod >> 1) & 0x7f;
+    if cmd.in_mod & 0x1 != 0 || steer > 1 {
+        hca.violation(format!(
+            "WRITE_MCG (promiscuous): input modifier {:#010x} is not port << 16 | steer << 1",
+            cmd.in_mod
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    let Some(i) = hca.port_index(port) else {
+        return Err(Status::BAD_PARAM);
+    };
+    if !hca.ports[i].is_eth() {
+        // No Ethernet steering on an InfiniBand port: the firmware of an
+        // IB-only card has no such form.
+        return Err(Status::BAD_OP);
+    }
+    let b = hca.read_mailbox(cmd.in_param, 1 << log_entry)?;
+    let capacity = ((1usize << log_entry) - MGM_HEADER) / 4;
+    let count = (get32(&b, 4) & 0xff_ffff) as usize;
+    if count > capacity {
+        hca.violation(format!(
+            "WRITE_MCG (promiscuous): member count {count} beyond the entry's capacity ({capacity})"
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    let e = decode(&b);
+    if !e.members.is_empty() && e.prot != PROT_ETH {
+        hca.violation(format!(
+            "WRITE_MCG (promiscuous): protocol {} is not Ethernet (1)",
+            e.prot
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    hca.ports[i].eth.promisc[steer as usize] = e.members;
+    Ok(Outcome::OK)
+}
+
 /// The MGID in IPv6 text (full form).
 pub fn mgid_str(g: &[u8; 16]) -> String {
     let mut s = String::new();
@@ -253,6 +301,16 @@ pub fn mgid_str(g: &[u8; 16]) -> String {
 /// size of steps: a loop in host memory ends the walk); `None` without a
 /// table or a group, or if an entry cannot be read.
 pub fn members(hca: &mut Hca, mgid: &[u8; 16]) -> Option<Vec<u32>> {
+    lookup(hca, mgid, |p| matches!(p, PROT_IB_IPV6 | PROT_IB_IPV4))
+}
+
+/// The member words of the Ethernet steering entry `gid` (protocol
+/// Ethernet), as [`members`] finds a group.
+pub fn eth_members(hca: &mut Hca, gid: &[u8; 16]) -> Option<Vec<u32>> {
+    lookup(hca, gid, |p| p == PROT_ETH)
+}
+
+fn lookup(hca: &mut Hca, mgid: &[u8; 16], prot_ok: impl Fn(u32) -> bool) -> Option<Vec<u32>> {
     let h = hca.geo.as_ref()?.hca;
     if h.mc_base == 0 && h.log_mc_table_sz == 0 {
         return None;
@@ -268,7 +326,7 @@ pub fn members(hca: &mut Hca, mgid: &[u8; 16]) -> Option<Vec<u32>> {
         if e.members.is_empty() {
             return None;
         }
-        if e.mgid == *mgid && matches!(e.prot, PROT_IB_IPV6 | PROT_IB_IPV4) {
+        if e.mgid == *mgid && prot_ok(e.prot) {
             return Some(e.members);
         }
         if e.next == 0 {

@@ -12,7 +12,9 @@ use crate::hca::config::PortType;
 use crate::hca::device::{FwState, Hca};
 use crate::hca::eth::{self, set_port_eth};
 use crate::hca::hcr::{Command, Status};
-use crate::hca::layout::{PortCap, get8, get16, get32, get64, put8, put16, put32, put64, set_port_ib};
+use crate::hca::layout::{
+    PortCap, get8, get16, get32, get64, put8, put16, put32, put64, set_port_ib,
+};
 
 fn port_of(hca: &mut Hca, cmd: &Command) -> Result<usize, Status> {
     port_in(hca, cmd, cmd.in_mod)
@@ -77,7 +79,11 @@ pub fn query_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
             | u8::from(auto) << 4;
         put16(&mut b, ETH_MTU, eth::ETH_MTU_CAP);
         put8(&mut b, 5, eth::LINK_SPEED_40G);
-        put8(&mut b, MAX_MACVLAN, eth::LOG_MAX_VLAN << 4 | eth::LOG_MAX_MAC);
+        put8(
+            &mut b,
+            MAX_MACVLAN,
+            eth::LOG_MAX_VLAN << 4 | eth::LOG_MAX_MAC,
+        );
         put64(&mut b, MAC, eth::mac_u64(&p.eth.mac));
     }
     hca.write_mailbox(cmd.out_param, &b)?;
@@ -378,7 +384,11 @@ pub fn dump_eth_stats(hca: &mut Hca, cmd: &Command) -> CmdResult {
     let rx_drops = c.rx_no_steer + c.rx_bad_qp + c.rx_no_wqe + c.rx_too_long_for_wqe;
     d(&mut b, 2956, c.rx_bad_fcs); // RCRC
     d(&mut b, 2964, c.rx_runt); // RSHORT
-    d(&mut b, 2968, rx_drops + c.rx_vlan_drop + c.rx_mcast_filtered); // RDROP
+    d(
+        &mut b,
+        2968,
+        rx_drops + c.rx_vlan_drop + c.rx_mcast_filtered,
+    ); // RDROP
     d(&mut b, 2972, c.rx_no_wqe); // RdropOvflw
     d(&mut b, 2976, c.rx_too_long_for_wqe); // RdropLength
     d(&mut b, 2980, c.rx_frames); // RTOTFRMS

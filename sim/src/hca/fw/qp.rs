@@ -147,9 +147,14 @@ fn set_state(ctx: &mut [u8], s: QpState) {
 fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(), Status> {
     let caps = hca.caps().clone();
     let is_special = special(hca, qpn).is_some();
+    // An MLX QP that is not a special QP is a raw Ethernet QP: its port
+    // (the path's sched_queue) must run Ethernet.
+    let eth = hca
+        .port_index(u32::from(c.port()))
+        .is_some_and(|i| hca.ports[i].is_eth());
     let st_ok = match c.st {
         st::RC | st::UC | st::UD => !is_special,
-        st::MLX => is_special,
+        st::MLX => is_special || eth,
         _ => false,
     };
     if !st_ok
@@ -180,6 +185,17 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
         let i = hca.qp_index(qpn);
         hca.ctx_va(t, i)?;
     }
+    if c.rss {
+        // An RSS QP (raw Ethernet only) has no queues of its own: it hands
+        // frames to its rings (Linux's RSS QP context names no MTT).
+        if !(c.st == st::MLX && eth && !is_special) {
+            hca.violation(format!(
+                "RST2INIT QP {qpn:#x}: the RSS bit on a QP that is not a raw Ethernet QP"
+            ));
+            return Err(Status::BAD_PARAM);
+        }
+        return Ok(());
+    }
     let rq = if c.has_srq {
         0
     } else {
@@ -187,7 +203,11 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
     };
     let sq = (1u64 << c.sq_log_size) << (c.sq_log_stride + 4);
     hca.mtt_pages(c.mtt_base, c.log_page_size, rq + sq)?;
-    if !c.has_srq {
+    // A raw Ethernet QP without an RQ size has no RQ, and its doorbell
+    // record is not read (mlx4_en writes none for its send rings and RSS
+    // QP).
+    let no_rq = c.st == st::MLX && !is_special && c.rq_log_size == 0 && c.rq_log_stride == 0;
+    if !c.has_srq && !no_rq {
         if !c.db_rec_addr.is_multiple_of(4) {
             return Err(Status::BAD_PARAM);
         }
@@ -217,6 +237,34 @@ fn check_init2rtr(hca: &mut Hca, qpn: u32, cur: &QpCtx, new: &QpCtx) -> Result<u
         }
     }
     Ok(port)
+}
+
+/// INIT2RTR of an RC/UC QP on an Ethernet port: RoCE has no LIDs, so the
+/// path must carry the GRH (Linux `mlx4_set_path` refuses an address
+/// without one) with a source GID index inside the RoCE GID table.
+fn check_roce_path(hca: &mut Hca, qpn: u32, port: u8, ctx: &[u8]) -> Result<(), Status> {
+    use crate::hca::layout::get8;
+    let eth = hca
+        .port_index(u32::from(port))
+        .is_some_and(|i| hca.ports[i].is_eth());
+    if !eth {
+        return Ok(());
+    }
+    let p = qpc::PRI_PATH;
+    if get8(ctx, p + 5) & 0x80 == 0 {
+        hca.violation(format!(
+            "INIT2RTR QP {qpn:#x} on Ethernet port {port}: the path has no GRH (RoCE needs one)"
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    if usize::from(get8(ctx, p + 9)) >= crate::hca::eth::GID_TABLE_LEN {
+        hca.violation(format!(
+            "INIT2RTR QP {qpn:#x}: source GID index {} beyond the RoCE GID table",
+            get8(ctx, p + 9)
+        ));
+        return Err(Status::BAD_PARAM);
+    }
+    Ok(())
 }
 
 /// The QPC slot of `qpn` (its index and ICM address) for a command on
@@ -340,6 +388,9 @@ pub fn modify(hca: &mut Hca, cmd: &Command) -> CmdResult {
             let cur = QpCtx::decode(&ctx);
             let required: &[(usize, usize)] = if cmd.opcode == Opcode::INIT2RTR_QP {
                 next.port = check_init2rtr(hca, qpn, &cur, &new)?;
+                if matches!(cur.st, st::RC | st::UC) {
+                    check_roce_path(hca, qpn, next.port, new_raw)?;
+                }
                 &[
                     (qpc::MTU_MSGMAX, 1),
                     (qpc::REMOTE_QPN, 4),
