@@ -116,6 +116,26 @@ pub struct Cqe {
     pub error: Option<Syndrome>,
     /// The message asked for a solicited event.
     pub solicited: bool,
+    /// The Ethernet fields of a receive on an Ethernet port.
+    pub eth: Option<CqeEth>,
+}
+
+/// What a CQE of a receive on an Ethernet port carries (Linux
+/// `struct mlx4_cqe`: `vlan_my_qpn` bit 29, `sl_vid`, the `smac` union with
+/// `rlid`/`status`/`badfcs_enc`, `checksum`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CqeEth {
+    /// The 802.1Q TCI of a tagged frame (the C-VLAN present bit, and the
+    /// TCI in `sl_vid`); for an untagged RoCE frame `sl_vid` gets 0.
+    pub vlan: Option<u16>,
+    /// RoCE: the source MAC (a raw frame's CQE has the status instead).
+    pub smac: Option<[u8; 6]>,
+    /// Raw frames: the status bits (`MLX4_CQE_STATUS_*`).
+    pub status: u16,
+    /// Raw frames: the L4 checksum (0xffff: verified).
+    pub checksum: u16,
+    /// Raw frames steered by RSS: the hash (in the immediate dword).
+    pub rss_hash: Option<u32>,
 }
 
 impl Cqe {
@@ -143,6 +163,24 @@ impl Cqe {
         put16(&mut b, 0x0e, self.slid);
         put32(&mut b, 0x14, self.byte_cnt);
         put8(&mut b, 0x1f, sr | (self.opcode & 0x1f));
+        if let Some(e) = self.eth {
+            let tci = e.vlan.unwrap_or(u16::from(self.sl & 7) << 13);
+            put16(&mut b, 0x0c, tci);
+            if e.vlan.is_some() {
+                put32(&mut b, 0x00, 1 << 29 | (self.qpn & 0xff_ffff));
+            }
+            match e.smac {
+                Some(m) => b[0x0e..0x14].copy_from_slice(&m),
+                None => {
+                    put16(&mut b, 0x0e, 0);
+                    put16(&mut b, 0x10, e.status);
+                    put16(&mut b, 0x1a, e.checksum);
+                }
+            }
+            if let Some(h) = e.rss_hash {
+                put32(&mut b, 0x04, h);
+            }
+        }
         b
     }
 }

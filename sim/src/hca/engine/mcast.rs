@@ -141,6 +141,7 @@ pub(super) fn receive(hca: &mut Hca, port: u8, h: &Headers, payload: &[u8], stat
         grh: Some(grh),
         npkts: 1,
         inv: None,
+        eth: h.eth,
     };
     let src = [Seg {
         addr: 0,
@@ -175,5 +176,5 @@ pub(super) fn loopback(hca: &mut Hca, m: &Msg, segs: &[Seg], inline: &[u8]) {
 /// The responder takes a datagram whose GRH names a multicast group only
 /// from these paths, which found the QP among the group's members.
 pub(super) fn steered(m: &Msg) -> bool {
-    is_mcast_lid(m.dlid) && m.grh.is_some_and(|g| g[24] == 0xff)
+    (is_mcast_lid(m.dlid) || m.eth.is_some()) && m.grh.is_some_and(|g| g[24] == 0xff)
 }

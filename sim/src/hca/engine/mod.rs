@@ -26,6 +26,7 @@
 //!   and on the RQ as the driver posts them.
 
 pub mod cq;
+pub mod eth;
 pub mod exec;
 pub mod mcast;
 pub mod mw;
@@ -171,6 +172,15 @@ pub struct QpEng {
     /// Responder resources: the READ and atomic requests executed last
     /// (at most `1 << rra_max`), for duplicates.
     pub rd_res: std::collections::VecDeque<wire::RdRes>,
+    /// The primary path's RoCE fields, for a QP on an Ethernet port.
+    pub roce: Option<eth::RocePath>,
+    /// A raw Ethernet QP's RSS context (QPC flags bit 13).
+    pub rss: Option<eth::Rss>,
+    /// A raw Ethernet QP: VLAN stripping disabled (QPC param3 bit 30).
+    pub vsd: bool,
+    /// An MLX QP on an Ethernet port that is not a special QP: a raw
+    /// Ethernet QP (mlx4_en's rings).
+    pub raw_eth: bool,
 }
 
 impl QpEng {
@@ -233,6 +243,10 @@ impl QpEng {
             nak_sent: self.nak_sent,
             rx: None,
             rd_res: std::collections::VecDeque::new(),
+            roce: self.roce,
+            rss: self.rss,
+            vsd: self.vsd,
+            raw_eth: self.raw_eth,
         }
     }
     /// log2 of the path MTU in bytes.
@@ -348,7 +362,18 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     let mut b = vec![0u8; qpc::SIZE];
     hca.icm_read(va, &mut b).ok()?;
     let c = QpCtx::decode(&b);
-    let rq_cnt = if c.has_srq { 0 } else { 1u32 << c.rq_log_size };
+    let port = if rt.port != 0 { rt.port } else { c.port() };
+    let eth_port = eth::port_is_eth(hca, port);
+    // A raw Ethernet QP (an MLX QP of an Ethernet port that is not a
+    // special QP) without an RQ size has no RQ (mlx4_en's send rings and
+    // its RSS QP write none).
+    let raw_eth = c.st == st::MLX && eth_port && special(hca, qpn).is_none();
+    let no_rq = raw_eth && get8(&b, qpc::RQ_SIZE_STRIDE) == 0;
+    let rq_cnt = if c.has_srq || no_rq {
+        0
+    } else {
+        1u32 << c.rq_log_size
+    };
     let rq_shift = u32::from(c.rq_log_stride) + 4;
     let sq_cnt = 1u32 << c.sq_log_size;
     let sq_shift = u32::from(c.sq_log_stride) + 4;
@@ -363,6 +388,8 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     };
     let pages = match &prev {
         Some(p) if !p.pages.is_empty() => p.pages.clone(),
+        // An RSS QP has no queues (RST2INIT checked it is raw Ethernet).
+        _ if c.rss => Vec::new().into(),
         _ => hca
             .mtt_pages(c.mtt_base, c.log_page_size, rq_bytes + sq_bytes)
             .ok()?
@@ -377,7 +404,11 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     q.qpn = qpn;
     q.st = c.st;
     q.pd = c.pd;
-    q.port = if rt.port != 0 { rt.port } else { c.port() };
+    q.port = port;
+    q.raw_eth = raw_eth;
+    q.roce = (eth_port && !raw_eth).then(|| eth::RocePath::decode(&b, p));
+    q.rss = (raw_eth && get32(&b, qpc::FLAGS) & 1 << 13 != 0).then(|| eth::Rss::decode(&b));
+    q.vsd = get32(&b, qpc::PARAM3) & 1 << 30 != 0;
     q.pages = pages;
     q.page_shift = 12 + u32::from(c.log_page_size.min(20));
     q.sq_off = sq_off;
@@ -392,7 +423,11 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     q.rcq = c.cqn_recv;
     q.remote_qpn = c.remote_qpn;
     q.rlid = get16(&b, p + qpc::PATH_RLID);
-    q.sl = (sched >> 2) & 0xf;
+    q.sl = if eth_port {
+        (sched >> 3) & 7
+    } else {
+        (sched >> 2) & 0xf
+    };
     q.grh = get8(&b, p + 5) & 0x80 != 0;
     q.path_bits = get8(&b, p + 5) & 0x7f;
     q.pkey_index = c.pkey_index;

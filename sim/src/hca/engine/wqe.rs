@@ -28,6 +28,11 @@
 //! * Address vector 0x04 (iPXE `rlid`/`g`/`my_lid_path_bits` in one dword):
 //!   Linux's `mlx4_av` splits it into `reserved1` (0x04), `g_slid` (0x05) and
 //!   `dlid` (0x06). Same bits.
+//! * The Ethernet address vector (RoCE; Linux `mlx4_eth_av`, iPXE has
+//!   none): byte 5 is the source MAC's index in the MAC table (no GRH bit:
+//!   the GRH is always there), the SL is bits 31:29 of dword 3, the 802.1Q
+//!   tag is at 0x28 (0xffff: none) and the destination MAC at 0x2a, where
+//!   the datagram segment has its `vlan` and `mac` (`set_datagram_seg`).
 
 use crate::hca::layout::{get8, get16, get32, get64};
 
@@ -175,6 +180,11 @@ pub struct Datagram {
     pub dqpn: u32,
     /// Q_Key as written (bit 31 set: use the QP's own).
     pub qkey: u32,
+    /// Ethernet (RoCE) address vector: the 802.1Q tag to send with
+    /// (0xffff: untagged; Linux `mlx4_eth_av.vlan`, `vlan | sl << 13`).
+    pub vlan: u16,
+    /// Ethernet address vector: the destination MAC.
+    pub mac: [u8; 6],
 }
 
 impl Datagram {
@@ -203,7 +213,15 @@ impl Datagram {
             dgid,
             dqpn: get32(b, 0x20) & 0xff_ffff,
             qkey: get32(b, 0x24),
+            vlan: get16(b, 0x28),
+            mac: [b[0x2a], b[0x2b], b[0x2c], b[0x2d], b[0x2e], b[0x2f]],
         }
+    }
+
+    /// The SL of an Ethernet address vector (bits 31:29; Linux
+    /// `create_iboe_ah`: `sl << 29`).
+    pub fn eth_sl(b: &[u8]) -> u8 {
+        (get32(b, 0x0c) >> 29) as u8
     }
 }
 

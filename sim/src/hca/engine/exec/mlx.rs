@@ -1,6 +1,11 @@
 //! The MLX transport of QP0 and QP1: the UD header the driver builds in
 //! the WQE's inline segment, parsed and checked, the MAD sent on it, and
 //! the MADs delivered to the special QPs.
+//!
+//! On an Ethernet port (RoCE) QP1's WQE holds the whole frame but its FCS:
+//! the Ethernet header, the GRH, BTH and DETH the driver built (Linux
+//! `build_mlx_header` for an Ethernet port), the MAD, and the ICRC's room,
+//! which the card fills; there is no QP0.
 
 use super::*;
 
@@ -83,9 +88,108 @@ fn parse_ud_header(h: &[u8]) -> Result<UdHeader, &'static str> {
     })
 }
 
+/// QP1 on an Ethernet port: the frame the WQE gathers (its last four
+/// bytes the ICRC's room) is checked as a RoCE UD packet from QP1, its
+/// ICRC filled in, and sent, or delivered inside the card (force loopback,
+/// or a destination that is this port).
+fn mlx_roce_send(hca: &mut Hca, q: &QpEng, wqe: &[u8]) -> Outcome {
+    use crate::fabric::packet;
+    let qpn = q.qpn;
+    let bad = |hca: &mut Hca, why: &str| {
+        hca.violation(format!("QP {qpn:#x} MLX send on an Ethernet port: {why}"));
+        Outcome::Fail(Syndrome::LocalQpOp)
+    };
+    if q.special == Some(true) {
+        return bad(hca, "QP0 on an Ethernet port (RoCE has no SMPs)");
+    }
+    let mlx = MlxCtrl::decode(&wqe[..16]);
+    let mut sges = [Sge::None; MAX_SEGS];
+    let n = match wqe::parse_gather(wqe, 16, wqe.len(), &mut sges) {
+        Ok(n) => n,
+        Err(e) => return bad(hca, &format!("malformed ({e:?})")),
+    };
+    let mut segs = [Seg::default(); MAX_SEGS];
+    let mut len = 0u64;
+    for (k, s) in sges[..n].iter().enumerate() {
+        segs[k] = match *s {
+            Sge::None => Seg::default(),
+            Sge::Inline { off, len } => Seg {
+                addr: u64::from(off),
+                len: u64::from(len),
+                xl: None,
+            },
+            Sge::Ptr { len, lkey, addr } => {
+                match xlate::check(hca, lkey, q.pd, Access::LocalRead, addr, len, q.rlkey) {
+                    Ok(xl) => Seg {
+                        addr,
+                        len,
+                        xl: Some(xl),
+                    },
+                    Err(_) => return Outcome::Fail(Syndrome::LocalProt),
+                }
+            }
+        };
+        len += segs[k].len;
+    }
+    if len > 8192 {
+        return bad(hca, "the frame is longer than a MAD packet can be");
+    }
+    let mut frame = vec![0u8; len as usize];
+    if xlate::gather(hca, &segs[..n], wqe, 0, &mut frame).is_err() {
+        return Outcome::Fail(Syndrome::LocalProt);
+    }
+    frame.extend_from_slice(&[0; packet::FCS_LEN]);
+    let p = match packet::parse_roce(&frame) {
+        Ok(p) => p,
+        Err(e) => return bad(hca, &format!("not a RoCE packet: {e}")),
+    };
+    let h = p.hdr;
+    let (Some(e), Some(g), Some(d)) = (h.eth, h.grh, h.deth) else {
+        return bad(hca, "not a UD packet with a GRH");
+    };
+    if !matches!(h.bth.opcode, 0x64 | 0x65) {
+        return bad(hca, "BTH opcode is not UD SEND only (with immediate)");
+    }
+    if d.src_qp != 1 {
+        return bad(hca, "DETH source QP is not QP1");
+    }
+    if h.bth.dest_qp == 1 && d.qkey != GSI_QKEY {
+        return bad(hca, "a GMP to QP1 without the Q_Key 0x80010000");
+    }
+    let port = q.port;
+    let Some(pi) = hca.port_index(u32::from(port)) else {
+        return Outcome::Fail(Syndrome::LocalQpOp);
+    };
+    if !hca.ports[pi]
+        .pkeys
+        .iter()
+        .any(|&k| k != 0 && k == h.bth.pkey)
+    {
+        return bad(hca, "BTH P_Key is not in the port's P_Key table");
+    }
+    if hca.ports[pi].eth.gid_index(&g.sgid).is_none() {
+        return bad(hca, "the source GID is not in the port's RoCE GID table");
+    }
+    // The ICRC's room: the card fills it.
+    let n = frame.len() - packet::FCS_LEN;
+    let icrc = packet::roce_icrc(&frame[e.len()..n - packet::ICRC_LEN]);
+    frame[n - packet::ICRC_LEN..n].copy_from_slice(&icrc.to_le_bytes());
+    frame.truncate(n);
+    packet::finish_frame(&mut frame, false);
+    let pe = &hca.ports[pi].eth;
+    let to_self = pe.owns_mac(&e.dst) && pe.gid_index(&g.dgid).is_some();
+    crate::hca::engine::eth::send_frame(hca, port, frame, mlx.force_lb || to_self);
+    Outcome::Done {
+        byte_cnt: p.payload_len as u32,
+    }
+}
+
 /// A send on QP0/QP1: the header is the driver's, checked here.
 pub(super) fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
     let qpn = q.qpn;
+    if crate::hca::engine::eth::port_is_eth(hca, q.port) {
+        return mlx_roce_send(hca, q, wqe);
+    }
     let mlx = MlxCtrl::decode(&wqe[..16]);
     let mut sges = [Sge::None; MAX_SEGS];
     let n = match wqe::parse_gather(wqe, 16, wqe.len(), &mut sges) {
@@ -252,6 +356,7 @@ pub(super) fn mlx_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Out
             grh: h.grh,
             npkts: 1,
             inv: None,
+            eth: None,
         };
         mad_deliver(hca, &m, &segs[..ns], &hdr_inline, is_qp0);
     } else if up && crate::hca::engine::wire::attached(hca, port) {
@@ -409,6 +514,7 @@ pub(in crate::hca::engine) fn local_smp(hca: &mut Hca, port: u8, mad: &[u8]) {
         grh: None,
         npkts: 1,
         inv: None,
+        eth: None,
     };
     let src = [Seg {
         addr: 0,

@@ -137,6 +137,8 @@ pub(super) struct Msg {
     pub(super) npkts: u32,
     /// SEND with Invalidate: the R_Key the responder invalidates.
     pub(super) inv: Option<u32>,
+    /// RoCE: the Ethernet header (to send with, or received with).
+    pub(super) eth: Option<crate::fabric::packet::EthHdr>,
 }
 
 /// The responder's answer.
@@ -525,6 +527,9 @@ fn execute_in(
             _ => {}
         }
     }
+    if q.raw_eth && ctrl.opcode != op::NOP {
+        return super::eth::raw_send(hca, &q, ctrl, wqe);
+    }
     if !opcode_ok(q.st, ctrl.opcode) {
         return Outcome::Fail(Syndrome::LocalQpOp);
     }
@@ -607,6 +612,7 @@ fn execute_in(
     let inv = (ctrl.opcode == op::SEND_INVAL).then_some(ctrl.imm);
     let (lid, lmc) = port_state(hca, port).map_or((0, 0), |(_, l, m)| (l, m));
     let path_bits = dg.map_or(q.path_bits, |d| d.path_bits) & ((1u8 << lmc.min(7)) - 1);
+    let eth_port = super::eth::port_is_eth(hca, port);
     let (dlid, dst_qpn, qkey, sl, force) = match dg {
         Some(d) => (
             d.dlid,
@@ -626,9 +632,52 @@ fn execute_in(
     } else {
         len.div_ceil(mtu).max(1) as u32
     };
+    // RoCE (an Ethernet port): the Ethernet header and GRH from the AV or
+    // the QP's path; what they cannot address is a bad WQE.
+    let mut roce = None;
+    let mut sl = sl;
+    if eth_port {
+        let link = match dg {
+            Some(d) => {
+                let av = &wqe[16..16 + Datagram::SIZE];
+                sl = Datagram::eth_sl(av);
+                let vlan = (d.vlan & 0xfff != 0xfff).then_some(d.vlan);
+                super::eth::roce_link(
+                    hca,
+                    port,
+                    d.path_bits,
+                    d.mac,
+                    vlan,
+                    d.gid_index,
+                    d.dgid,
+                    d.tclass,
+                    d.flow_label,
+                    d.hop_limit,
+                )
+            }
+            None => super::eth::path_link(hca, &q),
+        };
+        match link {
+            Ok(l) => roce = Some(l),
+            Err(why) => {
+                hca.violation(format!("QP {qpn:#x} SQ WQE {idx} (RoCE): {why}"));
+                return Outcome::Fail(Syndrome::LocalQpOp);
+            }
+        }
+    }
     // UD with the AV's GRH bit: a GRH from the AV (IBTA 8.3), the source
     // GID from the port's GID table; an index beyond it is the AV's fault.
     let grh = match dg {
+        _ if roce.is_some() => roce.map(|(_, mut g)| {
+            // PayLen as on the wire (the build recomputes it for a packet;
+            // a datagram delivered inside the card keeps this one).
+            let pad = (4 - len % 4) % 4;
+            let eths = if q.st == st::UD { 8 } else { 0 } + if imm.is_some() { 4 } else { 0 };
+            g.pay_len = u16::try_from(12 + eths + len + pad + 4).unwrap_or(u16::MAX);
+            let mut b = [0u8; 40];
+            g.write(&mut b);
+            b
+        }),
         Some(d) if d.grh => match ud_grh(hca, port, &d, len, imm.is_some()) {
             Some(g) => Some(g),
             None => {
@@ -663,6 +712,7 @@ fn execute_in(
         grh,
         npkts,
         inv,
+        eth: roce.map(|(e, _)| e),
     };
     // Retry bookkeeping: armed for a WQE that starts with nothing in
     // flight (later ones share the window's counters, which progress
@@ -676,12 +726,22 @@ fn execute_in(
         qm.retry_left = qm.retry_cnt;
         qm.rnr_left = qm.rnr_retry;
     }
-    if q.st == st::UD && super::mcast::is_mcast_lid(dlid) && retx.is_none() {
+    let mcast = if eth_port {
+        msg.grh.is_some_and(|g| g[24] == 0xff)
+    } else {
+        super::mcast::is_mcast_lid(dlid)
+    };
+    if q.st == st::UD && mcast && retx.is_none() {
         super::mcast::loopback(hca, &msg, &segs[..nseg], wqe);
     }
     let active = port_state(hca, port).is_some_and(|(s, _, _)| s == LogicalState::Active);
     let attached = super::wire::attached(hca, port);
-    let resp = if active && (force || is_local(hca, port, dlid)) {
+    let local = if eth_port {
+        !mcast && msg.grh.is_some_and(|g| dgid_is_ours(hca, port, &g))
+    } else {
+        is_local(hca, port, dlid)
+    };
+    let resp = if active && (force || local) {
         if !idle || retx.is_some() {
             return Outcome::Blocked;
         }
@@ -753,6 +813,12 @@ pub(super) fn dgid_is_ours(hca: &Hca, port: u8, grh: &[u8; 40]) -> bool {
         return false;
     };
     let p = &hca.ports[i];
+    if p.is_eth() {
+        // RoCE: a GID of the port's RoCE GID table.
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&grh[24..40]);
+        return p.eth.gid_index(&g).is_some();
+    }
     let prefix = u64::from_be_bytes(grh[24..32].try_into().unwrap_or([0; 8]));
     let guid = u64::from_be_bytes(grh[32..40].try_into().unwrap_or([0; 8]));
     prefix == p.gid_prefix && p.guids.contains(&guid)

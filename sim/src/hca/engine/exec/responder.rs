@@ -204,8 +204,8 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
         return Resp::Silent;
     }
     // Connected service: only the QP's remote port (its LID with the path
-    // bits) may send to it, looped back or not.
-    if matches!(d.st, st::RC | st::UC) && m.slid != d.rlid {
+    // bits) may send to it, looped back or not (RoCE has no LIDs).
+    if matches!(d.st, st::RC | st::UC) && m.eth.is_none() && m.slid != d.rlid {
         hca.engine.stats.slid_drops += 1;
         return Resp::Silent;
     }
@@ -561,6 +561,13 @@ fn receive_in(
         slid: if datagram { m.slid } else { 0 },
         wqe_counter: r.counter,
         solicited: m.se,
+        // RoCE datagrams: the source MAC and the tag (mlx4_ib's
+        // `IB_WC_WITH_SMAC`, `IB_WC_WITH_VLAN`).
+        eth: m.eth.filter(|_| datagram).map(|e| cq::CqeEth {
+            vlan: e.vlan,
+            smac: Some(e.src),
+            ..cq::CqeEth::default()
+        }),
         ..Cqe::default()
     };
     cq::push(hca, d.rcq, &c);

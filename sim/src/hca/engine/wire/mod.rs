@@ -320,12 +320,15 @@ fn send_packet(hca: &mut Hca, port: u8, hd: &Headers, payload: &[u8]) {
     else {
         return;
     };
-    if vl == 15 {
+    // RoCE has no VLs (its SL is the VLAN PCP).
+    if vl == 15 && hd.eth.is_none() {
         discard(hca, port);
         return;
     }
     let mut hd = *hd;
-    hd.lrh.vl = vl;
+    if hd.eth.is_none() {
+        hd.lrh.vl = vl;
+    }
     let hd = &hd;
     let mut b = buffer(hca);
     match packet::build_owed_with(hd, payload.len(), &mut b, |p| p.copy_from_slice(payload)) {
@@ -360,15 +363,18 @@ fn transmit_as(hca: &mut Hca, port: u8, bytes: Vec<u8>, owed: bool) -> bool {
     let Some(fabric) = hca.fabric.as_ref().map(|l| l.fabric.clone()) else {
         return false;
     };
+    let Some(i) = hca.port_index(u32::from(port)) else {
+        return false;
+    };
+    if hca.ports[i].is_eth() {
+        return transmit_frame(hca, i, pid, &fabric, bytes, owed);
+    }
     let words = packet::Lrh::parse(&bytes).map_or(0, |l| u32::from(l.pkt_len));
     let now = hca.clock.now_ns();
     let ok = if owed {
         lock(&fabric).transmit_owed(pid, Packet { bytes }, now)
     } else {
         lock(&fabric).transmit(pid, Packet { bytes }, now)
-    };
-    let Some(i) = hca.port_index(u32::from(port)) else {
-        return ok;
     };
     let c = &mut hca.ports[i].counters;
     if ok {
@@ -380,6 +386,55 @@ fn transmit_as(hca: &mut Hca, port: u8, bytes: Vec<u8>, owed: bool) -> bool {
         c.xmit_discards = c.xmit_discards.saturating_add(1);
     }
     ok
+}
+
+/// An Ethernet frame (FCS included, padded) out of port index `i`, counted
+/// on the port's Ethernet counters.
+fn transmit_frame(
+    hca: &mut Hca,
+    i: usize,
+    pid: PortId,
+    fabric: &SharedFabric,
+    bytes: Vec<u8>,
+    owed: bool,
+) -> bool {
+    let n = bytes.len() as u64;
+    if bytes.len() > usize::from(hca.ports[i].eth.mtu) {
+        // Longer than the port's MTU (a RoCE path MTU above the Ethernet
+        // MTU): the port does not send it.
+        hca.ports[i].eth.counters.tx_dropped += 1;
+        if let Some(l) = hca.fabric.as_ref() {
+            lock(&l.fabric).recycle(bytes);
+        }
+        return false;
+    }
+    let dst: [u8; 6] = bytes
+        .get(..6)
+        .and_then(|d| d.try_into().ok())
+        .unwrap_or([0; 6]);
+    let roce = packet::is_roce(&bytes[..bytes.len().saturating_sub(packet::FCS_LEN)]);
+    let now = hca.clock.now_ns();
+    let ok = if owed {
+        lock(fabric).transmit_owed(pid, Packet { bytes }, now)
+    } else {
+        lock(fabric).transmit(pid, Packet { bytes }, now)
+    };
+    let c = &mut hca.ports[i].eth.counters;
+    if !ok {
+        c.tx_dropped += 1;
+        return false;
+    }
+    c.tx_frames += 1;
+    c.tx_bytes += n;
+    if dst == packet::BROADCAST {
+        c.tx_broadcast += 1;
+    } else if packet::is_group_mac(&dst) {
+        c.tx_multicast += 1;
+    }
+    if roce {
+        c.roce_tx += 1;
+    }
+    true
 }
 
 /// Brings the ports' physical state in line with the fabric: tells the
@@ -508,6 +563,10 @@ fn psn_ge(a: u32, b: u32) -> bool {
 /// HCA built it and nothing has touched it since), so their comparison,
 /// which cannot fail, is skipped and every other check made.
 fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
+    if super::eth::port_is_eth(hca, port) {
+        super::eth::rx_frame(hca, port, bytes, crc_owed);
+        return;
+    }
     let parsed = if crc_owed {
         packet::parse(bytes)
     } else {
@@ -571,6 +630,86 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
     if state != LogicalState::Active {
         return;
     }
+    transport(hca, port, &h, payload);
+}
+
+/// A RoCE v1 frame (FCS included; `owed`: its CRCs are still owed) with
+/// Ethernet header `e` at Ethernet port `port`: parsed and checked (a
+/// packet that does not parse or fails its ICRC counts as bad; one to a
+/// MAC or a GID that is not the port's as "not ours"), then to QP1, a
+/// multicast group or the transport.
+pub(in crate::hca::engine) fn roce_rx(
+    hca: &mut Hca,
+    port: u8,
+    bytes: &[u8],
+    owed: bool,
+    e: &packet::EthHdr,
+) {
+    let Some(pi) = hca.port_index(u32::from(port)) else {
+        return;
+    };
+    let parsed = packet::parse_roce(bytes).and_then(|p| {
+        if !owed {
+            packet::check_roce_crcs(bytes)?;
+        }
+        Ok(p)
+    });
+    let Ok(p) = parsed else {
+        hca.ports[pi].eth.counters.roce_bad += 1;
+        return;
+    };
+    let h = p.hdr;
+    let payload = p.payload(bytes);
+    let Some(g) = h.grh else {
+        hca.ports[pi].eth.counters.roce_bad += 1;
+        return;
+    };
+    let pe = &hca.ports[pi].eth;
+    let mcast = g.dgid[0] == 0xff;
+    let ours = if mcast {
+        packet::is_group_mac(&e.dst)
+    } else {
+        pe.owns_mac(&e.dst) && pe.gid_index(&g.dgid).is_some()
+    };
+    if !ours || h.bth.dest_qp == 0 {
+        hca.ports[pi].eth.counters.roce_not_ours += 1;
+        return;
+    }
+    hca.ports[pi].eth.counters.roce_rx += 1;
+    if mcast {
+        super::mcast::receive(hca, port, &h, payload, LogicalState::Active);
+        return;
+    }
+    if h.bth.dest_qp == 1 {
+        let Some(d) = h.deth else {
+            hca.ports[pi].eth.counters.roce_bad += 1;
+            return;
+        };
+        let base = hca.special_qp_base;
+        if base == 0 {
+            return;
+        }
+        let dst = base + 2 + u32::from(port) - 1;
+        let m = msg_from(&h, st::MLX, d.src_qp, dst, port, payload.len() as u64);
+        let m = Msg { qkey: d.qkey, ..m };
+        if d.qkey != packet::GSI_QKEY {
+            let p = &mut hca.ports[pi];
+            p.qkey_violations = p.qkey_violations.saturating_add(1);
+            return;
+        }
+        let src = [inline_seg(payload.len())];
+        exec::mad_deliver(hca, &m, &src, payload, false);
+        return;
+    }
+    transport(hca, port, &h, payload);
+}
+
+/// A packet for a QP of an Active port (InfiniBand or RoCE) whose link
+/// and address checks passed: UD to the responder, RC/UC to the responder
+/// or the requester's side.
+fn transport(hca: &mut Hca, port: u8, h: &Headers, payload: &[u8]) {
+    let h = *h;
+    let dqp = h.bth.dest_qp;
     let Some(q) = hca.engine.qps.get(&dqp).cloned() else {
         return;
     };
@@ -604,8 +743,9 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
                 return;
             }
             // Connected service: the packet must come from the QP's remote
-            // port, the LID (with its path bits) of the primary path.
-            if h.lrh.slid != q.rlid {
+            // port, the LID (with its path bits) of the primary path (RoCE
+            // has no LIDs).
+            if h.eth.is_none() && h.lrh.slid != q.rlid {
                 hca.engine.stats.slid_drops += 1;
                 return;
             }
@@ -653,6 +793,7 @@ fn msg_from(h: &Headers, st_: u8, src_qpn: u32, dst_qpn: u32, port: u8, len: u64
         }),
         npkts: 1,
         inv: h.ieth,
+        eth: h.eth,
     }
 }
 

@@ -67,6 +67,9 @@ pub(in crate::hca::engine) fn send(
             dest_qp: m.dst_qpn,
             ..Bth::default()
         },
+        // RoCE: the Ethernet header and the (mandatory) GRH.
+        eth: m.eth,
+        grh: m.eth.and(m.grh).and_then(|g| packet::Grh::parse(&g).ok()),
         ..Headers::default()
     };
     if q.st == st::UD {

@@ -37,6 +37,17 @@ struct Response {
 fn reply(hca: &mut Hca, d: &QpEng, req: &Headers, r: Response, payload: &[u8]) {
     let (lid, lmc) = exec::port_state(hca, d.port).map_or((0, 0), |(_, l, m)| (l, m));
     let mask = (1u16 << lmc.min(7)) - 1;
+    // RoCE: the responder's own path addresses the answer.
+    let roce = match d.roce {
+        Some(_) => match super::super::eth::path_link(hca, d) {
+            Ok(l) => Some(l),
+            Err(why) => {
+                hca.violation(format!("QP {:#x}: no RoCE answer: {why}", d.qpn));
+                return;
+            }
+        },
+        None => None,
+    };
     let hd = Headers {
         lrh: Lrh {
             vl: 0,
@@ -54,8 +65,14 @@ fn reply(hca: &mut Hca, d: &QpEng, req: &Headers, r: Response, payload: &[u8]) {
         },
         aeth: r.aeth,
         atomic_ack: r.atomic_ack,
+        eth: roce.map(|l| l.0),
+        grh: roce.map(|l| l.1),
         ..Headers::default()
     };
+    let mut hd = hd;
+    if roce.is_some() {
+        hd.lrh.sl = d.sl;
+    }
     send_packet(hca, d.port, &hd, payload);
 }
 

@@ -1,0 +1,328 @@
+//! Raw Ethernet QPs (mlx4_en's rings) through the fabric's Ethernet
+//! switch: steering by destination MAC (A0 and B0), flooding, learning,
+//! RSS, VLAN insertion and stripping, checksum offload, the drops.
+
+use sim::Opcode;
+use sim::fabric::LinkLayer;
+
+use crate::common::*;
+use crate::poster::*;
+
+const ETH: [LinkLayer; 2] = [LinkLayer::Eth, LinkLayer::Eth];
+const RX: u32 = 0xa0;
+const TX: u32 = 0xa1;
+
+/// A node of the raw tests: its card, CQ, RX and TX QPs, a buffer, MAC.
+struct Node {
+    h: Hca,
+    cq: Cq,
+    rx: Qp,
+    tx: Qp,
+    buf: Mr,
+    mac: [u8; 6],
+}
+
+fn node(mut h: Hca) -> Node {
+    let (mac, _) = eth_up(&mut h, 1);
+    let cq = h.cq(8);
+    let (rx, _) = raw_qp(&mut h, RX, 1, cq.cqn);
+    let (tx, _) = raw_qp(&mut h, TX, 1, cq.cqn);
+    // A0 steering: our MAC (index 0) to RX, every multicast to RX.
+    set_rqp(&mut h.r, 1, RX, 0, false, 2).unwrap();
+    let buf = h.mr(0x10_0000_0000, 64 << 10, acc::ALL);
+    Node {
+        h,
+        cq,
+        rx,
+        tx,
+        buf,
+        mac,
+    }
+}
+
+fn nodes(
+    n: usize,
+) -> (
+    Vec<Node>,
+    sim::Wire,
+    sim::fabric::SharedFabric,
+    sim::fabric::Built,
+) {
+    let (hcas, w, f, b) = on_switches(n, ETH);
+    let v: Vec<Node> = hcas.into_iter().map(node).collect();
+    settle(&v[0].h);
+    (v, w, f, b)
+}
+
+impl Node {
+    /// Posts `n` receive buffers of 2 KiB (at 32 KiB + k * 2 KiB).
+    fn post_rx(&mut self, n: u64) {
+        for k in 0..n {
+            let s = self.buf.sge((32 << 10) + k * 2048, 2048);
+            self.rx.post_recv(&[s]);
+        }
+    }
+    fn send(&mut self, f: &[u8]) {
+        self.send_with(f, None, 0);
+    }
+    fn send_with(&mut self, f: &[u8], tci: Option<u16>, extra: u32) {
+        raw_send(&self.h, &mut self.tx, &self.buf, 0, f, tci, extra);
+    }
+    /// The receive CQEs now (raw), send CQEs dropped.
+    fn received(&mut self) -> Vec<[u8; 32]> {
+        settle(&self.h);
+        drain_raw(&mut self.cq)
+            .into_iter()
+            .filter(|c| !cqe_basics(c).1)
+            .collect()
+    }
+}
+
+#[test]
+fn frames_are_steered_by_mac_through_a_learning_switch() {
+    let (mut n, _w, fab, built) = nodes(3);
+    for x in n.iter_mut() {
+        x.post_rx(8);
+    }
+    let (a, b) = (n[0].mac, n[1].mac);
+    // A to B: B unknown to the switch, so it floods; C's port sees the
+    // frame and steers it nowhere (not its MAC, no promiscuous QP).
+    let payload: Vec<u8> = (0..100u8).collect();
+    let f = frame(b, a, 0x0800, &payload);
+    n[0].send(&f);
+    let rb = n[1].received();
+    assert_eq!(rb.len(), 1);
+    let (qpn, _, _, len) = cqe_basics(&rb[0]);
+    assert_eq!((qpn, len), (RX, f.len() as u32));
+    assert_eq!(n[1].buf.read(32 << 10, f.len()), f, "the frame as sent");
+    assert!(n[2].received().is_empty());
+    let c = n[2].h.r.sim.eth_counters(1).unwrap();
+    assert_eq!(
+        (c.rx_frames, c.rx_no_steer),
+        (1, 1),
+        "flooded to C, dropped"
+    );
+    // B answers: now the switch knows both; A to B no longer floods.
+    n[1].send(&frame(a, b, 0x0800, &payload));
+    assert_eq!(n[0].received().len(), 1);
+    n[0].send(&f);
+    assert_eq!(n[1].received().len(), 1);
+    assert_eq!(
+        n[2].h.r.sim.eth_counters(1).unwrap().rx_frames,
+        1,
+        "C saw only the first frame, flooded"
+    );
+    let sw = built.eth_switches[0].1;
+    let table = fab.lock().unwrap().eth_switch(sw).unwrap().table();
+    let ports: Vec<([u8; 6], u8)> = table.iter().map(|t| (t.0, t.1)).collect();
+    assert!(
+        ports.contains(&(a, 1)) && ports.contains(&(b, 2)),
+        "{ports:?}"
+    );
+    // Broadcast floods to everyone and lands on the default multicast QP.
+    n[0].send(&frame([0xff; 6], a, 0x0806, &[0u8; 28]));
+    assert_eq!(n[1].received().len(), 1);
+    assert_eq!(n[2].received().len(), 1);
+    assert!(n[0].received().is_empty(), "not back to the sender");
+    for x in &n {
+        x.h.assert_no_violations();
+    }
+}
+
+#[test]
+fn steering_b0_entries_promiscuous_qps_and_rss() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    let (a, bmac) = (n[0].mac, n[1].mac);
+    let h = &mut n[1].h;
+    // B0 (Linux with VEP_UC_STEER/VEP_MC_STEER): no RQP_CALC match for
+    // another MAC, an MCG entry of protocol Ethernet steers it to QP 0xa2.
+    let cq = h.cq(8);
+    let (mut q2, _) = raw_qp(h, 0xa2, 1, cq.cqn);
+    let other = [0x02, 0, 0, 0, 0, 0x42];
+    let gid = {
+        let mut g = [0u8; 16];
+        g[5] = 1;
+        g[7] = 1 << 1; // unicast steer
+        g[10..].copy_from_slice(&other);
+        g
+    };
+    h.r.inbox.write_bytes(0, &gid);
+    let ib = h.r.inbox.bus_addr().0;
+    let hash = h.r.post(ib, 0, 0, 1, Opcode::MGID_HASH).map(|_| ()).ok();
+    assert!(hash.is_some());
+    let idx = h.r.cmd_imm(ib, 0, 1, Opcode::MGID_HASH).unwrap() as u32;
+    let mut e = vec![0u8; 64];
+    e[4..8].copy_from_slice(&(1u32 << 30 | 1).to_be_bytes()); // Ethernet, 1 member
+    e[0x10..0x20].copy_from_slice(&gid);
+    e[0x20..0x24].copy_from_slice(&0xa2u32.to_be_bytes());
+    let mut entry = vec![0u8; 1 << 9];
+    entry[..64].copy_from_slice(&e);
+    h.r.cmd_in(&entry, idx, 0, Opcode::WRITE_MCG).unwrap();
+    q2.post_recv(&[n[1].buf.sge(16 << 10, 2048)]);
+    n[0].send(&frame(other, a, 0x0800, &[1; 50]));
+    settle(&n[0].h);
+    let mut cq = cq;
+    let got = drain_raw(&mut cq);
+    assert_eq!(got.len(), 1);
+    assert_eq!(cqe_basics(&got[0]).0, 0xa2);
+    // A promiscuous entry (WRITE_MCG op_mod 1, port << 16 | UC << 1) takes
+    // the unicast frames nothing else names.
+    let mut pe = vec![0u8; 1 << 9];
+    pe[4..8].copy_from_slice(&(1u32 << 30 | 1).to_be_bytes());
+    pe[0x20..0x24].copy_from_slice(&0xa2u32.to_be_bytes());
+    n[1].h
+        .r
+        .cmd_in(&pe, 1 << 16 | 1 << 1, 1, Opcode::WRITE_MCG)
+        .unwrap();
+    q2.post_recv(&[n[1].buf.sge(18 << 10, 2048)]);
+    n[0].send(&frame([0x02, 0, 0, 0, 0, 0x43], a, 0x0800, &[1; 50]));
+    settle(&n[0].h);
+    let got = drain_raw(&mut cq);
+    assert_eq!(got.len(), 1, "to the promiscuous QP");
+    // A frame for B's own MAC is still steered by RQP_CALC (the entry
+    // covers misses only): nothing names it in B0, so the promiscuous
+    // entry takes it too.
+    // RSS: QP 0xb1 spreads over rings 0xc0, 0xc1 by Toeplitz.
+    let h = &mut n[1].h;
+    let (mut r0, _) = raw_qp(h, 0xc0, 1, cq.cqn);
+    let (mut r1, _) = raw_qp(h, 0xc1, 1, cq.cqn);
+    let key: [u8; 40] = core::array::from_fn(|i| (i * 7 + 1) as u8);
+    rss_qp(h, 0xb1, 1, cq.cqn, 0xc0, 1, 1 << 5 | 1 << 4 | 1 << 1, &key);
+    set_rqp(&mut h.r, 1, 0xb1, 0, false, 0).unwrap();
+    // The promiscuous entry off again.
+    let empty = vec![0u8; 1 << 9];
+    h.r.cmd_in(&empty, 1 << 16 | 1 << 1, 1, Opcode::WRITE_MCG)
+        .unwrap();
+    for k in 0..8 {
+        r0.post_recv(&[n[1].buf.sge((20 << 10) + k * 1024, 1024)]);
+        r1.post_recv(&[n[1].buf.sge((28 << 10) + k * 1024, 1024)]);
+    }
+    // UDP frames with different ports: both rings get some, each CQE's
+    // hash is the Toeplitz hash of addresses and ports.
+    for sport in 0..8u16 {
+        let mut ip = vec![0u8; 20 + 8 + 4];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&32u16.to_be_bytes());
+        ip[8] = 64;
+        ip[9] = 17;
+        ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        ip[20..22].copy_from_slice(&(1000 + sport).to_be_bytes());
+        ip[22..24].copy_from_slice(&4791u16.to_be_bytes());
+        ip[24..26].copy_from_slice(&12u16.to_be_bytes());
+        n[0].send(&frame(bmac, a, 0x0800, &ip));
+    }
+    // A non-IP frame goes to the default QPN.
+    n[0].send(&frame(bmac, a, 0x88b5, &[7; 46]));
+    settle(&n[0].h);
+    let got = drain_raw(&mut cq);
+    let rings: Vec<u32> = got.iter().map(|c| cqe_basics(c).0).collect();
+    assert_eq!(rings.len(), 9, "{rings:x?}");
+    assert!(rings.contains(&0xc0) && rings.contains(&0xc1), "{rings:x?}");
+    assert_eq!(*rings.last().unwrap(), 0xc0, "non-IP: the default QPN");
+    // Each hashed CQE carries the Toeplitz hash of addresses and ports,
+    // whose low bit picked the ring.
+    for (k, c) in got[..8].iter().enumerate() {
+        let hashed = u32::from_be_bytes(c[4..8].try_into().unwrap());
+        let mut input = vec![10, 0, 0, 1, 10, 0, 0, 2];
+        input.extend_from_slice(&(1000 + k as u16).to_be_bytes());
+        input.extend_from_slice(&4791u16.to_be_bytes());
+        assert_eq!(hashed, sim::hca::engine::eth::toeplitz(&key, &input));
+        assert_eq!(cqe_basics(c).0, 0xc0 + (hashed & 1));
+    }
+    for x in &n {
+        x.h.assert_no_violations();
+    }
+}
+
+#[test]
+fn vlan_insertion_and_stripping_and_checksum_offload() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(4);
+    let (a, b) = (n[0].mac, n[1].mac);
+    // B is in VLAN 100.
+    let mut v = vec![0u8; 512];
+    v[4..8].copy_from_slice(&(1u32 << 31 | 100).to_be_bytes());
+    set_port_eth(&mut n[1].h.r, 1, 3, &v).unwrap();
+    // An IPv4/UDP frame with zero checksums, tagged by the card (PCP 5,
+    // VID 100), checksums computed by the card.
+    let mut ip = vec![0u8; 20 + 8 + 23];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&51u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    ip[20..22].copy_from_slice(&5000u16.to_be_bytes());
+    ip[22..24].copy_from_slice(&5001u16.to_be_bytes());
+    ip[24..26].copy_from_slice(&31u16.to_be_bytes());
+    ip[28..].copy_from_slice(b"checksummed by the card");
+    let f = frame(b, a, 0x0800, &ip);
+    let tci = 5 << 13 | 100;
+    n[0].send_with(&f, Some(tci), 1 << 4 | 1 << 5);
+    let got = n[1].received();
+    assert_eq!(got.len(), 1);
+    let c = got[0];
+    let be16 = |o: usize| u16::from_be_bytes([c[o], c[o + 1]]);
+    assert_ne!(c[0] & 0x20, 0, "C-VLAN present (vlan_my_qpn bit 29)");
+    assert_eq!(be16(0x0c), tci, "sl_vid");
+    let status = be16(0x10);
+    assert_eq!(
+        status & (1 << 6 | 1 << 11 | 1 << 12),
+        1 << 6 | 1 << 11 | 1 << 12
+    );
+    assert_eq!(be16(0x1a), 0xffff, "L4 checksum good");
+    let got_f = n[1].buf.read(32 << 10, f.len());
+    assert_eq!(&got_f[..12], &f[..12], "the tag stripped");
+    assert_ne!(&got_f[24..26], &[0, 0], "IPv4 header checksum filled in");
+    assert_ne!(&got_f[40..42], &[0, 0], "UDP checksum filled in");
+    // A VLAN B is not in: dropped and counted.
+    n[0].send_with(&f, Some(101), 0);
+    assert!(n[1].received().is_empty());
+    assert_eq!(n[1].h.r.sim.eth_counters(1).unwrap().rx_vlan_drop, 1);
+    for x in &n {
+        x.h.assert_no_violations();
+    }
+}
+
+#[test]
+fn frames_too_short_or_too_long_are_dropped_and_counted_without_stalling() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    let (a, b) = (n[0].mac, n[1].mac);
+    // No receive WQE: dropped, counted, nothing stalls.
+    n[0].send(&frame(b, a, 0x0800, &[1; 50]));
+    assert!(n[1].received().is_empty());
+    assert_eq!(n[1].h.r.sim.eth_counters(1).unwrap().rx_no_wqe, 1);
+    // A 256-byte buffer and a 1000-byte frame: dropped, the WQE stays.
+    let sge = n[1].buf.sge(32 << 10, 256);
+    n[1].rx.post_recv(&[sge]);
+    n[0].send(&frame(b, a, 0x0800, &[2; 986]));
+    assert!(n[1].received().is_empty());
+    assert_eq!(n[1].h.r.sim.eth_counters(1).unwrap().rx_too_long_for_wqe, 1);
+    n[0].send(&frame(b, a, 0x0800, &[3; 100]));
+    assert_eq!(n[1].received().len(), 1, "the WQE took the next frame");
+    // Longer than the port's MTU (1522): not sent, counted, completed.
+    n[1].post_rx(2);
+    n[0].send(&frame(b, a, 0x0800, &[4; 1600]));
+    settle(&n[0].h);
+    let sends: Vec<_> = drain_raw(&mut n[0].cq)
+        .into_iter()
+        .filter(|c| cqe_basics(c).1)
+        .collect();
+    assert_eq!(sends.len(), 4, "every send completed");
+    assert!(
+        sends.iter().all(|c| cqe_basics(c).2 != 0x1e),
+        "none in error"
+    );
+    assert_eq!(n[0].h.r.sim.eth_counters(1).unwrap().tx_dropped, 1);
+    assert!(n[1].received().is_empty());
+    // Shorter than an Ethernet header: recorded, dropped, completed.
+    n[0].send(&[0u8; 10]);
+    settle(&n[0].h);
+    assert!(n[0].h.r.sim.take_violations()[0].contains("shorter than an Ethernet header"));
+    assert_eq!(n[0].h.r.sim.eth_counters(1).unwrap().tx_dropped, 2);
+    // A short frame is padded to 60 bytes (64 with the FCS).
+    n[0].send(&frame(b, a, 0x0806, &[5; 28]));
+    let got = n[1].received();
+    assert_eq!(cqe_basics(&got[0]).3, 60);
+}
