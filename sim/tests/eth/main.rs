@@ -12,6 +12,7 @@ mod poster;
 
 mod capture;
 mod common;
+mod faults;
 mod mixed;
 mod ports;
 mod raw;

@@ -326,3 +326,116 @@ fn frames_too_short_or_too_long_are_dropped_and_counted_without_stalling() {
     let got = n[1].received();
     assert_eq!(cqe_basics(&got[0]).3, 60);
 }
+
+/// A raw send of `f` inline (mlx4_en's `build_inline_wqe`: one inline
+/// segment up to 44 bytes, else 44 bytes and the rest in a second at the
+/// next 64-byte boundary), with the card inserting `tci` if given.
+fn send_inline(x: &mut Node, f: &[u8], tci: Option<u16>) {
+    let w = Wr {
+        opcode: op::SEND,
+        signalled: true,
+        solicited: true,
+        inline: Some(f.to_vec()),
+        mlx_flags: Some((0, 0)),
+        ..Wr::default()
+    };
+    let mut b = x.tx.build(&w);
+    if let Some(t) = tci {
+        b[4..6].copy_from_slice(&t.to_be_bytes());
+        b[6] = 0x40;
+    }
+    x.tx.put(w.opcode, false, &b);
+    x.h.ring_send(x.tx.qpn);
+}
+
+#[test]
+fn inline_frames_as_mlx4_en_writes_them() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(4);
+    let (a, b) = (n[0].mac, n[1].mac);
+    // 40 bytes: one inline segment, padded by the card to 60.
+    let short = frame(b, a, 0x0806, &[9; 26]);
+    send_inline(&mut n[0], &short, None);
+    // 100 bytes: two inline segments (44 + 56).
+    let long: Vec<u8> = frame(b, a, 0x88b5, &(0..86u8).collect::<Vec<_>>());
+    send_inline(&mut n[0], &long, None);
+    // And one the card tags (VLAN 0: priority only, always taken).
+    send_inline(&mut n[0], &long, Some(3 << 13));
+    let got = n[1].received();
+    assert_eq!(got.len(), 3);
+    assert_eq!(cqe_basics(&got[0]).3, 60, "padded");
+    let mut padded = short.clone();
+    padded.resize(60, 0);
+    assert_eq!(n[1].buf.read(32 << 10, 60), padded);
+    assert_eq!(cqe_basics(&got[1]).3, 100);
+    assert_eq!(n[1].buf.read((32 << 10) + 2048, 100), long);
+    assert_eq!(
+        n[1].buf.read((32 << 10) + 4096, 100),
+        long,
+        "the tag stripped"
+    );
+    assert_ne!(got[2][0] & 0x20, 0, "C-VLAN present");
+    assert_eq!(u16::from_be_bytes([got[2][0x0c], got[2][0x0d]]), 3 << 13);
+    for x in &n {
+        x.h.assert_no_violations();
+    }
+}
+
+#[test]
+fn the_multicast_filter_the_port_mtu_and_dump_eth_stats() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(8);
+    let (a, b) = (n[0].mac, n[1].mac);
+    let g1 = [0x01, 0x00, 0x5e, 0, 0, 1];
+    let g2 = [0x01, 0x00, 0x5e, 0, 0, 2];
+    // B's multicast filter: clear, add g1, enable (Linux
+    // mlx4_SET_MCAST_FLTR: MLX4_MCAST_CONFIG, then MLX4_MCAST_ENABLE).
+    let r = &mut n[1].h.r;
+    r.cmd(1 << 63, 1, 0, Opcode::SET_MCAST_FLTR).unwrap();
+    r.cmd(mac_u64(&g1), 1, 0, Opcode::SET_MCAST_FLTR).unwrap();
+    r.cmd(0, 1, 2, Opcode::SET_MCAST_FLTR).unwrap();
+    n[0].send(&frame(g1, a, 0x0800, &[1; 46]));
+    assert_eq!(n[1].received().len(), 1, "g1 passes");
+    n[0].send(&frame(g2, a, 0x0800, &[2; 46]));
+    assert!(n[1].received().is_empty(), "g2 held back");
+    assert_eq!(n[1].h.r.sim.eth_counters(1).unwrap().rx_mcast_filtered, 1);
+    n[0].send(&frame([0xff; 6], a, 0x0806, &[3; 28]));
+    assert_eq!(n[1].received().len(), 1, "broadcast passes");
+    // Disabled: everything again.
+    n[1].h.r.cmd(0, 1, 1, Opcode::SET_MCAST_FLTR).unwrap();
+    n[0].send(&frame(g2, a, 0x0800, &[2; 46]));
+    assert_eq!(n[1].received().len(), 1);
+    // B's MTU 1000 (FCS included): a 1200-byte frame is too long for B's
+    // port (A's is 1522), dropped and counted there.
+    set_general(&mut n[1].h.r, 1, 1000).unwrap();
+    n[0].send(&frame(b, a, 0x0800, &[4; 1186]));
+    assert!(n[1].received().is_empty());
+    let c = n[1].h.r.sim.eth_counters(1).unwrap();
+    assert_eq!(c.rx_too_long, 1);
+    n[0].send(&frame(b, a, 0x0800, &[5; 100]));
+    assert_eq!(n[1].received().len(), 1, "no stall");
+    // DUMP_ETH_STATS: the frame counters where mlx4_en reads them, and
+    // the reset bit (in_mod bit 8) starts them again.
+    let c = n[1].h.r.sim.eth_counters(1).unwrap();
+    let s = n[1]
+        .h
+        .r
+        .cmd_out(1 << 8 | 1, 0, Opcode::DUMP_ETH_STATS)
+        .unwrap();
+    let be64 = |slot: usize| u64::from_be_bytes(s[slot * 8..slot * 8 + 8].try_into().unwrap());
+    let be32 = |o: usize| u32::from_be_bytes(s[o..o + 4].try_into().unwrap());
+    assert_eq!(be64(168), c.rx_frames, "RTOT_novlan");
+    assert_eq!(be64(98), c.rx_broadcast, "RBCAST_novlan");
+    assert_eq!(be64(107), c.rx_multicast, "MCAST_novlan");
+    assert_eq!(be64(177), 1, "RFrmTooLong");
+    assert_eq!(u64::from(be32(2980)), c.rx_frames, "RTOTFRMS");
+    assert!(c.rx_frames >= 5 && c.rx_multicast >= 3, "{c:?}");
+    assert_eq!(
+        n[1].h.r.sim.eth_counters(1).unwrap(),
+        sim::hca::eth::EthCounters::default(),
+        "reset"
+    );
+    for x in &n {
+        x.h.assert_no_violations();
+    }
+}

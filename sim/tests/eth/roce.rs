@@ -234,7 +234,15 @@ fn qp1_over_roce_carries_a_mad_with_its_ethernet_and_grh_headers() {
         tail: Some(vec![0x80, 0, 0, 4, 0, 0, 0, 0]),
         ..Wr::default()
     };
-    qa.post(&p.a, &w);
+    // As Linux writes it, the destination MAC also in the control
+    // segment (srcrb_flags16[0] and the rlid/imm dword), the PCP in
+    // sched_prio.
+    let mut b = qa.build(&w);
+    b[4..6].copy_from_slice(&0u16.to_be_bytes());
+    b[8..10].copy_from_slice(&p.idb.0[..2]);
+    b[12..16].copy_from_slice(&p.idb.0[2..]);
+    qa.put(w.opcode, false, &b);
+    p.a.ring_send(qa.qpn);
     assert!(one(&p.a, &mut ca, true).ok());
     let r = one(&p.b, &mut cb, false);
     assert_eq!((r.byte_cnt, r.rqpn, r.grh), (40 + 256, 1, true), "{r:?}");
@@ -244,4 +252,145 @@ fn qp1_over_roce_carries_a_mad_with_its_ethernet_and_grh_headers() {
     p.a.assert_no_violations();
     p.b.assert_no_violations();
     let _ = Opcode::NOP;
+}
+
+/// A UD receive CQE of B, raw, waiting (fake time) for it.
+fn raw_recv(h: &Hca, cq: &mut Cq) -> [u8; 32] {
+    for _ in 0..200 {
+        if let Some(c) = poll_raw(cq) {
+            return c;
+        }
+        settle(h);
+    }
+    panic!("no CQE");
+}
+
+#[test]
+fn roce_cqes_carry_the_source_mac_and_the_tag_and_vlans_are_checked() {
+    let mut p = pair();
+    let mut ca = p.a.cq(8);
+    let mut cb = p.b.cq(8);
+    // Both ports in VLAN 7 (VLAN table index 0).
+    let mut v = vec![0u8; 512];
+    v[0..4].copy_from_slice(&(1u32 << 31 | 7).to_be_bytes());
+    set_port_eth(&mut p.a.r, 1, 3, &v).unwrap();
+    set_port_eth(&mut p.b.r, 1, 3, &v).unwrap();
+    let mut qa = p.a.qp(0x80, QpSpec::new(UD, ca.cqn));
+    let mut sb = QpSpec::new(UD, cb.cqn);
+    sb.qkey = 0x1111;
+    let mut qb = p.b.qp(0x90, sb);
+    p.a.connect(&qa, QpSpec::new(UD, ca.cqn), 0, 0).unwrap();
+    p.b.connect(&qb, sb, 0, 0).unwrap();
+    let la = p.a.mr(0x10_0000_0000, 8192, acc::ALL);
+    let rb = p.b.mr(0x20_0000_0000, 8192, acc::ALL);
+    la.write(0, b"untagged, then tagged");
+    for k in 0..3 {
+        qb.post_recv(&[rb.sge(k * 1024, 1024)]);
+    }
+    // Untagged: the CQE has the source MAC where an IB CQE has the SLID
+    // (mlx4_ib's IB_WC_WITH_SMAC), no C-VLAN bit.
+    qa.post(
+        &p.a,
+        &ud_wr(roce_av(1, p.idb.1, p.idb.0, 0x90, 0x1111), la.sge(0, 8)),
+    );
+    let c = raw_recv(&p.b, &mut cb);
+    assert_eq!(cqe_basics(&c).3, 40 + 8);
+    assert_eq!(&c[0x0e..0x14], &p.ida.0, "smac");
+    assert_eq!(c[0] & 0x20, 0, "untagged");
+    assert_ne!(c[8] & 0x80, 0, "GRH present");
+    // Tagged (Linux create_iboe_ah: vlan | sl << 13): the tag in sl_vid.
+    let mut av = roce_av(1, p.idb.1, p.idb.0, 0x90, 0x1111);
+    av[0x0c..0x10].copy_from_slice(&(5u32 << 29).to_be_bytes());
+    av[0x28..0x2a].copy_from_slice(&(5u16 << 13 | 7).to_be_bytes());
+    qa.post(&p.a, &ud_wr(av.clone(), la.sge(0, 21)));
+    let c = raw_recv(&p.b, &mut cb);
+    assert_eq!(cqe_basics(&c).3, 40 + 21);
+    assert_ne!(c[0] & 0x20, 0, "C-VLAN present");
+    assert_eq!(u16::from_be_bytes([c[0x0c], c[0x0d]]), 5 << 13 | 7);
+    assert_eq!(&c[0x0e..0x14], &p.ida.0);
+    assert_eq!(rb.read(1024 + 40, 21), b"untagged, then tagged");
+    // VLAN 8, which B is not in: dropped and counted, nothing received.
+    av[0x28..0x2a].copy_from_slice(&8u16.to_be_bytes());
+    qa.post(&p.a, &ud_wr(av, la.sge(0, 8)));
+    settle(&p.a);
+    settle(&p.b);
+    assert!(poll_raw(&mut cb).is_none());
+    assert_eq!(p.b.r.sim.eth_counters(1).unwrap().rx_vlan_drop, 1);
+    let sends = drain_raw(&mut ca);
+    assert_eq!(sends.len(), 3, "every send completed");
+    p.a.assert_no_violations();
+    p.b.assert_no_violations();
+}
+
+#[test]
+fn uc_and_a_tagged_rc_path_over_roce() {
+    let mut p = pair();
+    let mut ca = p.a.cq(8);
+    let mut cb = p.b.cq(8);
+    let mut v = vec![0u8; 512];
+    v[4..8].copy_from_slice(&(1u32 << 31 | 300).to_be_bytes());
+    set_port_eth(&mut p.a.r, 1, 3, &v).unwrap();
+    set_port_eth(&mut p.b.r, 1, 3, &v).unwrap();
+    let la = p.a.mr(0x10_0000_0000, 64 << 10, acc::ALL);
+    let rb = p.b.mr(0x20_0000_0000, 64 << 10, acc::ALL);
+    let mut rng = Rng(9);
+    // UC: SEND and RDMA WRITE.
+    let sa = QpSpec::new(UC, ca.cqn);
+    let sb = QpSpec::new(UC, cb.cqn);
+    let mut qa = p.a.qp(0x80, sa);
+    let mut qb = p.b.qp(0x90, sb);
+    roce_connect(&mut p.a, &qa, sa, 0x90, RocePath::to(p.idb.0, p.idb.1)).unwrap();
+    roce_connect(&mut p.b, &qb, sb, 0x80, RocePath::to(p.ida.0, p.ida.1)).unwrap();
+    let d = rng.bytes(6000);
+    la.write(0, &d);
+    qb.post_recv(&[rb.sge(0, 8192)]);
+    qa.post(&p.a, &Wr::send(vec![la.sge(0, 6000)]));
+    assert_eq!(one(&p.b, &mut cb, false).byte_cnt, 6000);
+    assert_eq!(rb.read(0, 6000), d);
+    assert!(one(&p.a, &mut ca, true).ok());
+    qa.post(
+        &p.a,
+        &Wr {
+            opcode: op::RDMA_WRITE,
+            signalled: true,
+            raddr: rb.addr(16 << 10),
+            rkey: rb.key,
+            sges: vec![la.sge(0, 6000)],
+            ..Wr::default()
+        },
+    );
+    assert!(one(&p.a, &mut ca, true).ok());
+    settle(&p.b);
+    assert_eq!(rb.read(16 << 10, 6000), d);
+    // RC on a tagged path (VLAN table index 1, VID 300, SL 2): both ends
+    // in VLAN 300, the data arrives.
+    let sa = QpSpec::new(RC, ca.cqn);
+    let sb = QpSpec::new(RC, cb.cqn);
+    let mut qa = p.a.qp(0x81, sa);
+    let mut qb = p.b.qp(0x91, sb);
+    let tagged = |dmac, dgid| RocePath {
+        vlan_index: Some(1),
+        sl: 2,
+        ..RocePath::to(dmac, dgid)
+    };
+    roce_connect(&mut p.a, &qa, sa, 0x91, tagged(p.idb.0, p.idb.1)).unwrap();
+    roce_connect(&mut p.b, &qb, sb, 0x81, tagged(p.ida.0, p.ida.1)).unwrap();
+    let d = rng.bytes(9000);
+    la.write(32 << 10, &d);
+    qb.post_recv(&[rb.sge(32 << 10, 10_000)]);
+    qa.post(&p.a, &Wr::send(vec![la.sge(32 << 10, 9000)]));
+    assert_eq!(one(&p.b, &mut cb, false).byte_cnt, 9000);
+    assert_eq!(rb.read(32 << 10, 9000), d);
+    assert!(one(&p.a, &mut ca, true).ok());
+    // B leaves VLAN 300: A's next SEND is dropped at B and counted, and
+    // A's RC QP retries.
+    set_port_eth(&mut p.b.r, 1, 3, &vec![0u8; 512]).unwrap();
+    qb.post_recv(&[rb.sge(32 << 10, 10_000)]);
+    qa.post(&p.a, &Wr::send(vec![la.sge(32 << 10, 100)]));
+    settle(&p.a);
+    settle(&p.b);
+    assert!(ca.drain().is_empty(), "no ACK");
+    assert!(p.b.r.sim.eth_counters(1).unwrap().rx_vlan_drop >= 1);
+    p.a.assert_no_violations();
+    p.b.assert_no_violations();
 }
