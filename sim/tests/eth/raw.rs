@@ -439,3 +439,130 @@ fn the_multicast_filter_the_port_mtu_and_dump_eth_stats() {
         x.h.assert_no_violations();
     }
 }
+
+/// An LSO WQE as mlx4_en builds one: opcode 0x0E (with bit 6, as Linux
+/// writes it), the LSO segment (MSS << 16 | header length, the header
+/// padded to 16 bytes), then the payload by pointer; checksum bits set.
+fn send_lso(x: &mut Node, hdr: &[u8], mss: u16, payload_off: u64, payload_len: u32) {
+    let mut seg = (u32::from(mss) << 16 | hdr.len() as u32)
+        .to_be_bytes()
+        .to_vec();
+    seg.extend_from_slice(hdr);
+    seg.resize(seg.len().next_multiple_of(16), 0);
+    let w = Wr {
+        opcode: 0x0e,
+        signalled: true,
+        solicited: true,
+        raw: Some(seg),
+        sges: vec![x.buf.sge(payload_off, payload_len)],
+        mlx_flags: Some((1 << 4 | 1 << 5, 0)),
+        ..Wr::default()
+    };
+    let b = x.tx.build(&w);
+    x.tx.put(0x0e | 0x40, false, &b);
+    x.h.ring_send(x.tx.qpn);
+}
+
+#[test]
+fn lso_cuts_a_tcp_payload_into_frames_of_the_mss() {
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(8);
+    let (a, b) = (n[0].mac, n[1].mac);
+    let payload = Rng(4).bytes(3000);
+    n[0].buf.write(8192, &payload);
+    let tcp = |ip_payload_hdr: &mut Vec<u8>| {
+        let mut t = vec![0u8; 20];
+        t[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        t[2..4].copy_from_slice(&5201u16.to_be_bytes());
+        t[4..8].copy_from_slice(&0xffff_f800u32.to_be_bytes());
+        t[12] = 0x50;
+        t[13] = 0x80 | 0x10 | 0x08 | 0x01; // CWR ACK PSH FIN
+        t[14..16].copy_from_slice(&512u16.to_be_bytes());
+        ip_payload_hdr.extend_from_slice(&t);
+    };
+    // IPv4: MSS 1448, three frames of 1448, 1448 and 104 bytes.
+    let mut ip = vec![0u8; 20];
+    ip[0] = 0x45;
+    ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    tcp(&mut ip);
+    let h4 = frame(b, a, 0x0800, &ip);
+    send_lso(&mut n[0], &h4, 1448, 8192, 3000);
+    // IPv6: MSS 1428.
+    let mut ip6 = vec![0u8; 40];
+    ip6[0] = 0x60;
+    ip6[6] = 6;
+    ip6[7] = 64;
+    ip6[8] = 0xfe;
+    ip6[9] = 0x80;
+    ip6[23] = 1;
+    ip6[24] = 0xfe;
+    ip6[25] = 0x80;
+    ip6[39] = 2;
+    tcp(&mut ip6);
+    let h6 = frame(b, a, 0x86dd, &ip6);
+    send_lso(&mut n[0], &h6, 1428, 8192, 3000);
+    let got = n[1].received();
+    assert_eq!(got.len(), 6, "three frames each");
+    let be16 = |c: &[u8; 32], o: usize| u16::from_be_bytes([c[o], c[o + 1]]);
+    let mut seen4 = Vec::new();
+    let mut seen6 = Vec::new();
+    for (k, c) in got.iter().enumerate() {
+        let (_, _, _, len) = cqe_basics(c);
+        let f = n[1].buf.read((32 << 10) + k as u64 * 2048, len as usize);
+        let v4 = k < 3;
+        let (l4, mss) = if v4 { (34, 1448) } else { (54, 1428) };
+        let i = k % 3;
+        let chunk = &payload[i * mss..(i * mss + mss).min(3000)];
+        assert_eq!(&f[l4 + 20..], chunk, "frame {k}: the payload's part");
+        let seq = u32::from_be_bytes(f[l4 + 4..l4 + 8].try_into().unwrap());
+        assert_eq!(seq, 0xffff_f800u32.wrapping_add((i * mss) as u32));
+        let fl = f[l4 + 13];
+        assert_eq!(fl & 0x10, 0x10, "ACK on every frame");
+        assert_eq!(fl & 0x09 != 0, i == 2, "FIN/PSH on the last only: {fl:#x}");
+        assert_eq!(fl & 0x80 != 0, i == 0, "CWR on the first only: {fl:#x}");
+        if v4 {
+            let total = u16::from_be_bytes([f[16], f[17]]);
+            assert_eq!(usize::from(total), 40 + chunk.len());
+            assert_eq!(
+                u16::from_be_bytes([f[18], f[19]]),
+                0x1234 + i as u16,
+                "IP id"
+            );
+            seen4.extend_from_slice(chunk);
+        } else {
+            let pl = u16::from_be_bytes([f[18], f[19]]);
+            assert_eq!(usize::from(pl), 20 + chunk.len());
+            seen6.extend_from_slice(chunk);
+        }
+        // The receiving card verified both checksums.
+        let st = be16(c, 0x10);
+        assert_eq!(
+            st & (1 << 10 | 1 << 12),
+            1 << 10 | 1 << 12,
+            "TCP, IP OK: {st:#x}"
+        );
+        assert_eq!(be16(c, 0x1a), 0xffff, "frame {k}: TCP checksum good");
+    }
+    assert_eq!(
+        (seen4.as_slice(), seen6.as_slice()),
+        (&payload[..], &payload[..])
+    );
+    assert_eq!(n[0].h.r.sim.eth_counters(1).unwrap().tx_frames, 6);
+    // A header that is not TCP over IP: a bad WQE, recorded.
+    let mut udp = ip.clone();
+    udp[9] = 17;
+    send_lso(&mut n[0], &frame(b, a, 0x0800, &udp), 1448, 8192, 3000);
+    settle(&n[0].h);
+    let err: Vec<_> = drain_raw(&mut n[0].cq)
+        .into_iter()
+        .filter(|c| cqe_basics(c).2 == 0x1e)
+        .collect();
+    assert_eq!(err.len(), 1, "the LSO of a UDP header fails");
+    assert!(n[0].h.r.sim.take_violations()[0].contains("not an IPv4 TCP header"));
+    n[1].h.assert_no_violations();
+}

@@ -1,6 +1,6 @@
-//! The card's Ethernet data path: raw Ethernet QPs (mlx4_en's rings: frames sent as the WQE gathers them, with VLAN insertion and checksum offload; received frames steered to a QP by their destination MAC, spread by RSS, written to a receive WQE with the CQE's VLAN and checksum fields) and the RoCE v1 addressing of QPs on Ethernet ports.
+//! The card's Ethernet data path: raw Ethernet QPs (mlx4_en's rings: frames sent as the WQE gathers them, with VLAN insertion, checksum offload and TCP segmentation (LSO); received frames steered to a QP by their destination MAC, spread by RSS, written to a receive WQE with the CQE's VLAN and checksum fields) and the RoCE v1 addressing of QPs on Ethernet ports.
 //!
-//! Left out: LSO (opcode 0x0E fails the WQE, see the module's decisions),
+//! Left out: LSO over UD (IPoIB's), LSO of IPv6 with extension headers,
 //! tunnel (VXLAN) offloads, the S-VLAN, timestamps, BlueFlame, the
 //! eSwitch loopback of the `srcrb` destination MAC (SR-IOV), and RSS of
 //! inner headers.
@@ -45,9 +45,15 @@
 //! * Force loopback (control bit 0) hands the frame to the port's own
 //!   steering instead of the wire; without it, a frame to the port's own
 //!   MAC goes to the wire like any other.
-//! * LSO: the model reports BLH (QUERY_DEV_CAP bit 15) for IPoIB's sake
-//!   but does not segment; an LSO WQE completes with a local QP operation
-//!   error (recorded).
+//! * LSO (opcode 0x0E; mlx4_en uses it because QUERY_DEV_CAP reports
+//!   BLH, bit 15): the segment after the control segment is `MSS << 16 |
+//!   header length` and the header (Ethernet, IPv4 or IPv6, TCP) padded to
+//!   16 bytes (Linux `struct mlx4_wqe_lso_seg`), then the payload's data
+//!   segments. Each frame is the header and up to MSS bytes, with the IP
+//!   lengths, the IPv4 identification (+1 a frame), the TCP sequence
+//!   number and the flags (FIN and PSH on the last frame, CWR on the first
+//!   only) set, and both checksums computed, as Linux's own GSO would cut
+//!   it. A header that is not TCP over IP is a bad WQE (recorded).
 
 use super::QpEng;
 use super::cq::{self, Cqe, CqeEth, Syndrome, rcv_op};
@@ -274,18 +280,43 @@ pub fn path_link(hca: &Hca, q: &QpEng) -> Result<(EthHdr, Grh), String> {
 
 // ------------------------------------------------------------------ TX
 
-/// Sends one raw Ethernet WQE of QP `q` (see the module doc).
+/// The most an LSO WQE may carry (header and payload): Linux's GSO
+/// limit, 64 KiB, with room to spare.
+const LSO_MAX: u64 = 256 << 10;
+
+/// Sends one raw Ethernet WQE of QP `q` (see the module doc): a SEND is
+/// one frame, an LSO as many as its payload needs at its MSS.
 pub(super) fn raw_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Outcome {
     let qpn = q.qpn;
-    if ctrl.opcode != wqe::op::SEND {
+    let lso = ctrl.opcode == wqe::op::LSO;
+    if ctrl.opcode != wqe::op::SEND && !lso {
         hca.violation(format!(
-            "QP {qpn:#x} (raw Ethernet): opcode {:#04x}; the model sends SEND WQEs only (no LSO)",
+            "QP {qpn:#x} (raw Ethernet): opcode {:#04x}; a raw Ethernet QP sends SEND and LSO WQEs",
             ctrl.opcode
         ));
         return Outcome::Fail(Syndrome::LocalQpOp);
     }
+    // LSO: the segment after the control segment holds MSS << 16 | the
+    // header's length, then the header, padded to 16 bytes.
+    let (from, lso_hdr) = if lso {
+        let mh = if wqe.len() >= 20 { get32(wqe, 16) } else { 0 };
+        let (mss, hlen) = (mh >> 16, (mh & 0xffff) as usize);
+        if mss == 0 || hlen < ETH_HLEN || 20 + hlen > wqe.len() {
+            hca.violation(format!(
+                "QP {qpn:#x} LSO WQE: MSS {mss} and header of {hlen} bytes in a {}-byte WQE",
+                wqe.len()
+            ));
+            return Outcome::Fail(Syndrome::LocalQpOp);
+        }
+        (
+            (20 + hlen).next_multiple_of(16),
+            Some((mss, &wqe[20..20 + hlen])),
+        )
+    } else {
+        (16, None)
+    };
     let mut sges = [Sge::None; MAX_SEGS];
-    let n = match wqe::parse_gather(wqe, 16, wqe.len(), &mut sges) {
+    let n = match wqe::parse_gather(wqe, from, wqe.len(), &mut sges) {
         Ok(n) => n,
         Err(e) => {
             hca.violation(format!("QP {qpn:#x} raw Ethernet WQE malformed ({e:?})"));
@@ -319,57 +350,148 @@ pub(super) fn raw_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Out
         return Outcome::Fail(Syndrome::LocalQpOp);
     };
     let mtu = u64::from(hca.ports[pi].eth.mtu);
-    // A frame that cannot leave (nor fit the buffer) is not read.
-    if len < ETH_HLEN as u64 || len + FCS_LEN as u64 > mtu.max(MIN_FRAME_FCS as u64) + 4 {
-        if len < ETH_HLEN as u64 {
-            hca.violation(format!(
-                "QP {qpn:#x}: a {len}-byte frame is shorter than an Ethernet header; dropped"
-            ));
-        }
-        hca.ports[pi].eth.counters.tx_dropped += 1;
-        return Outcome::Done {
-            byte_cnt: len as u32,
-        };
-    }
-    let mut frame = vec![0u8; len as usize];
-    if xlate::gather(hca, &segs[..n], wqe, 0, &mut frame).is_err() {
-        return Outcome::Fail(Syndrome::LocalProt);
-    }
-    // 802.1Q insertion (control bytes 4-6).
+    let byte_cnt = len as u32;
     let flags = get32(wqe, 8);
-    if get8(wqe, 6) & 0x40 != 0 {
-        let tci = get16(wqe, 4);
-        let mut t = [0u8; 4];
-        t[..2].copy_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
-        t[2..].copy_from_slice(&tci.to_be_bytes());
-        frame.splice(12..12, t);
-    }
-    if frame.len() + FCS_LEN > hca.ports[pi].eth.mtu as usize {
-        hca.ports[pi].eth.counters.tx_dropped += 1;
-        return Outcome::Done {
-            byte_cnt: len as u32,
-        };
-    }
-    if flags & (1 << 4 | 1 << 5) != 0 {
-        tx_checksums(&mut frame, flags & 1 << 4 != 0, flags & 1 << 5 != 0);
-    }
-    let roce = packet::is_roce(&frame);
-    if roce && flags & 2 == 0 && frame.len() >= ETH_HLEN + 4 {
-        // The last four bytes are the ICRC's room: the card fills it.
-        if let Ok(h) = EthHdr::parse(&frame) {
-            let n = frame.len();
-            if n >= h.len() + 4 {
-                let i = packet::roce_icrc(&frame[h.len()..n - 4]);
-                frame[n - 4..].copy_from_slice(&i.to_le_bytes());
+    let frames = match lso_hdr {
+        None => {
+            // A frame that cannot leave (nor fit the buffer) is not read.
+            if len < ETH_HLEN as u64 || len + FCS_LEN as u64 > mtu.max(MIN_FRAME_FCS as u64) + 4 {
+                if len < ETH_HLEN as u64 {
+                    hca.violation(format!(
+                        "QP {qpn:#x}: a {len}-byte frame is shorter than an Ethernet header; dropped"
+                    ));
+                }
+                hca.ports[pi].eth.counters.tx_dropped += 1;
+                return Outcome::Done { byte_cnt };
+            }
+            let mut frame = vec![0u8; len as usize];
+            if xlate::gather(hca, &segs[..n], wqe, 0, &mut frame).is_err() {
+                return Outcome::Fail(Syndrome::LocalProt);
+            }
+            vec![frame]
+        }
+        Some((mss, hdr)) => {
+            if len > LSO_MAX {
+                hca.violation(format!(
+                    "QP {qpn:#x} LSO WQE: {len} bytes of payload (at most {LSO_MAX})"
+                ));
+                return Outcome::Fail(Syndrome::LocalQpOp);
+            }
+            let mut payload = vec![0u8; len as usize];
+            if xlate::gather(hca, &segs[..n], wqe, 0, &mut payload).is_err() {
+                return Outcome::Fail(Syndrome::LocalProt);
+            }
+            match lso_segments(hdr, &payload, mss as usize) {
+                Ok(f) => f,
+                Err(why) => {
+                    hca.violation(format!("QP {qpn:#x} LSO WQE: {why}"));
+                    return Outcome::Fail(Syndrome::LocalQpOp);
+                }
             }
         }
-    }
-    packet::finish_frame(&mut frame, false);
+    };
     let force_lb = flags & 1 != 0;
-    send_frame(hca, q.port, frame, force_lb);
-    Outcome::Done {
-        byte_cnt: len as u32,
+    for mut frame in frames {
+        // 802.1Q insertion (control bytes 4-6).
+        if get8(wqe, 6) & 0x40 != 0 {
+            let tci = get16(wqe, 4);
+            let mut t = [0u8; 4];
+            t[..2].copy_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
+            t[2..].copy_from_slice(&tci.to_be_bytes());
+            frame.splice(12..12, t);
+        }
+        if frame.len() + FCS_LEN > usize::from(hca.ports[pi].eth.mtu) {
+            hca.ports[pi].eth.counters.tx_dropped += 1;
+            continue;
+        }
+        // Checksums: as the control segment asks; every segment of an LSO.
+        let (ip, l4) = (flags & 1 << 4 != 0, flags & 1 << 5 != 0);
+        if ip || l4 || lso {
+            tx_checksums(&mut frame, ip || lso, l4 || lso);
+        }
+        if !lso && flags & 2 == 0 && packet::is_roce(&frame) {
+            // The last four bytes are the ICRC's room: the card fills it.
+            if let Ok(h) = EthHdr::parse(&frame) {
+                let n = frame.len();
+                if n >= h.len() + 4 {
+                    let i = packet::roce_icrc(&frame[h.len()..n - 4]);
+                    frame[n - 4..].copy_from_slice(&i.to_le_bytes());
+                }
+            }
+        }
+        packet::finish_frame(&mut frame, false);
+        send_frame(hca, q.port, frame, force_lb);
     }
+    Outcome::Done { byte_cnt }
+}
+
+/// The frames of an LSO: `hdr` (Ethernet, IPv4 or IPv6 without extension
+/// headers, TCP; the header the driver copied) before each `mss` bytes of
+/// `payload`, with the IPv4 total length and identification (+1 per
+/// segment) or the IPv6 payload length, the TCP sequence number, and the
+/// TCP flags FIN and PSH on the last segment only and CWR on the first
+/// only; the checksums are the caller's.
+fn lso_segments(hdr: &[u8], payload: &[u8], mss: usize) -> Result<Vec<Vec<u8>>, String> {
+    let (l3, ty) = l3(hdr).ok_or("the header does not start with an Ethernet header")?;
+    let (l4, v4) = match ty {
+        ETHERTYPE_IPV4 => {
+            let ihl = usize::from(hdr.get(l3).copied().unwrap_or(0) & 0xf) * 4;
+            if hdr.get(l3).map(|b| b >> 4) != Some(4) || ihl < 20 || hdr.get(l3 + 9) != Some(&6) {
+                return Err("not an IPv4 TCP header".into());
+            }
+            (l3 + ihl, true)
+        }
+        ETHERTYPE_IPV6 => {
+            if hdr.get(l3).map(|b| b >> 4) != Some(6) || hdr.get(l3 + 6) != Some(&6) {
+                return Err("not an IPv6 TCP header (extension headers are not segmented)".into());
+            }
+            (l3 + 40, false)
+        }
+        t => return Err(format!("Ethertype {t:#06x} is not IPv4 or IPv6")),
+    };
+    let thl = usize::from(hdr.get(l4 + 12).copied().unwrap_or(0) >> 4) * 4;
+    if thl < 20 || l4 + thl != hdr.len() {
+        return Err(format!(
+            "the header is {} bytes but ends its TCP header at {}",
+            hdr.len(),
+            l4 + thl
+        ));
+    }
+    let seq0 = u32::from_be_bytes([hdr[l4 + 4], hdr[l4 + 5], hdr[l4 + 6], hdr[l4 + 7]]);
+    let id0 = u16::from_be_bytes([hdr[l3 + 4], hdr[l3 + 5]]);
+    let chunks: Vec<&[u8]> = if payload.is_empty() {
+        vec![&[]]
+    } else {
+        payload.chunks(mss).collect()
+    };
+    let last = chunks.len() - 1;
+    Ok(chunks
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let mut f = Vec::with_capacity(hdr.len() + c.len());
+            f.extend_from_slice(hdr);
+            f.extend_from_slice(c);
+            if v4 {
+                let total = (l4 - l3 + thl + c.len()) as u16;
+                f[l3 + 2..l3 + 4].copy_from_slice(&total.to_be_bytes());
+                let id = id0.wrapping_add(k as u16);
+                f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+            } else {
+                let pl = (thl + c.len()) as u16;
+                f[l3 + 4..l3 + 6].copy_from_slice(&pl.to_be_bytes());
+            }
+            let seq = seq0.wrapping_add((k * mss) as u32);
+            f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+            if k != last {
+                f[l4 + 13] &= !(0x01 | 0x08);
+            }
+            if k != 0 {
+                f[l4 + 13] &= !0x80;
+            }
+            f
+        })
+        .collect())
 }
 
 /// Sends `frame` (padded, FCS owed) out of Ethernet port `port`, or hands

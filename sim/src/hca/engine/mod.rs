@@ -3,8 +3,8 @@
 //! Send and receive queues, SRQs, CQs, the RC/UC/UD transports and the MLX
 //! transport of QP0/QP1, UD multicast ([`mcast`]), run against host memory
 //! through the QP context's MTT translation and the dMPT's protection; what is
-//! not modelled is listed in each submodule's first line (no BlueFlame, LSO,
-//! fast registration, XRC, RD, APM, CQ moderation).
+//! not modelled is listed in each submodule's first line (no BlueFlame, LSO
+//! but a raw Ethernet QP's, fast registration, XRC, RD, APM, CQ moderation).
 //!
 //! # How work moves
 //!

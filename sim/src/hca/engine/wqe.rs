@@ -3,8 +3,9 @@
 //! The send control segment, remote-address, atomic, UD datagram (address vector),
 //! data and inline segments, the MLX control segment of QP0/QP1, receive scatter
 //! lists with their terminator and the SRQ "next" segment (the bind and
-//! local-invalidate segments are read by [`super::mw`]); LSO, fast registration and
-//! XRC segments are not decoded (their opcodes fail as unsupported).
+//! local-invalidate segments are read by [`super::mw`], the LSO segment of a raw
+//! Ethernet QP by [`super::eth`]); fast registration and XRC segments are not
+//! decoded (their opcodes fail as unsupported), nor LSO on other QPs.
 //!
 //! Offsets from iPXE `MT25408_PRM.h` (`hermonprm_wqe_segment_ctrl_send_st`,
 //! `hermonprm_ud_address_vector_st`, `hermonprm_wqe_segment_data_ptr_st`,
