@@ -31,3 +31,4 @@ pub mod poster;
 
 pub mod ibrig;
 pub mod madgen;
+pub mod fwdev;
