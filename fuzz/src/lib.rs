@@ -32,3 +32,45 @@ pub mod poster;
 pub mod ibrig;
 pub mod madgen;
 pub mod fwdev;
+
+/// The model's configuration for the fuzz targets: the default card with a
+/// DMA arena of `dma` bytes instead of 256 MiB (the arena is set up per
+/// run, and its size is most of a run's cost).
+pub fn sim_cfg(node_guid: u64, dma: usize) -> sim::SimConfig {
+    let d = sim::SimConfig::default();
+    sim::SimConfig {
+        node_guid: if node_guid == 0 { d.node_guid } else { node_guid },
+        dma_size: dma,
+        ..d
+    }
+}
+
+/// Runs `f` on a rig kept across inputs (the model's bring-up costs tens
+/// of milliseconds, a run of an input well under one), built by `make` on
+/// first use, every `every` inputs, and for every input when
+/// `LEGOIB_FUZZ_FRESH` is set (to replay or minimise a crash on its own).
+/// A rig whose run panicked is never reused: the process ends anyway; one
+/// for which `f` returns false is built again for the next input.
+pub fn persistent<R: 'static>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<(Option<R>, u32)>>,
+    every: u32,
+    make: impl FnOnce() -> R,
+    f: impl FnOnce(&mut R) -> bool,
+) {
+    let fresh = std::env::var_os("LEGOIB_FUZZ_FRESH").is_some();
+    slot.with(|s| {
+        let mut s = s.borrow_mut();
+        let (rig, runs) = &mut *s;
+        if rig.is_none() || fresh || *runs >= every {
+            *rig = None;
+            *rig = Some(make());
+            *runs = 0;
+        }
+        *runs += 1;
+        if let Some(r) = rig.as_mut()
+            && !f(r)
+        {
+            *rig = None;
+        }
+    });
+}
