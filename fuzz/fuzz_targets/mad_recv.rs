@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use ib_core::mad::{MadRegReq, MadSendBuf, class, method};
 use ib_core::verbs::{AhAttr, NodeType, QpType, WcStatus};
 use legoib_fuzz::ibfake::{Arrival, lock};
 use legoib_fuzz::ibrig::{self, A_LID, B_LID};
-use legoib_fuzz::madgen::MadSpec;
+use legoib_fuzz::madgen::{Base, MadSpec, TidPick};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -74,7 +74,45 @@ impl Slid {
 
 const MAX_STEPS: usize = 64;
 
-fuzz_target!(|input: Input| {
+/// Raw MADs from a capture (`fuzz/seeds/from-capture.py`): b"MAD0" then
+/// MADs of 256 bytes, each arriving at A from B on QP0 (SMPs) or QP1.
+fn raw_input(mads: &[u8]) -> Input {
+    let steps = mads
+        .chunks(256)
+        .map(|m| Step::Recv {
+            to_b: false,
+            qp1: !matches!(m.get(1), Some(0x01 | 0x81)),
+            mad: MadSpec {
+                base: Base::Raw(m.to_vec()),
+                tid: TidPick::Raw(0),
+                edits: Vec::new(),
+            },
+            slid: Slid::Peer,
+            src_qp: 1,
+            sl: 0,
+            grh: None,
+            byte_len: None,
+            status: 0,
+        })
+        .collect();
+    Input {
+        b_is_switch: false,
+        steps,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let input = match data.strip_prefix(b"MAD0") {
+        Some(mads) => raw_input(mads),
+        None => match Input::arbitrary_take_rest(Unstructured::new(data)) {
+            Ok(i) => i,
+            Err(_) => return,
+        },
+    };
+    run(input);
+});
+
+fn run(input: Input) {
     let mut r = ibrig::rig_with(false, |w| {
         if input.b_is_switch {
             lock(w).hcas[1].node_type = NodeType::Switch;
@@ -271,4 +309,4 @@ fuzz_target!(|input: Input| {
         .expect("the layer still sends");
     assert_eq!(done.status, WcStatus::Success);
     assert!(resp.is_some(), "B still answers");
-});
+}

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use ib_core::mad::{Mad, class};
 use ib_core::mad_rmpp::{RmppHdr, rmpp_type};
 use ib_core::sa_query::{
@@ -52,7 +52,61 @@ struct Input {
     answers: Vec<Answer>,
 }
 
-fuzz_target!(|input: Input| {
+/// Raw SA answers from a capture (`fuzz/seeds/from-capture.py`): b"MAD0"
+/// then MADs of 256 bytes; the query is the one the first answers
+/// (PathRecord, NodeRecord or PortInfoRecord, Get or GetTable).
+fn raw_input(mads: &[u8]) -> Input {
+    let first = mads.get(..256).unwrap_or(mads);
+    let attr = u16::from_be_bytes([*first.get(16).unwrap_or(&0), *first.get(17).unwrap_or(&0)]);
+    let table = first.get(3) == Some(&sa_method::GET_TABLE_RESP);
+    let query = match attr {
+        sa_attr::NODE_REC => Query::Node { table },
+        sa_attr::PORT_INFO_REC => Query::PortInfo { table },
+        _ => Query::Path {
+            dlid: B_LID,
+            by_gid: false,
+        },
+    };
+    let answers = mads
+        .chunks(256)
+        .map(|m| {
+            let m = Mad::from_bytes(m);
+            let rmpp = RmppHdr::read(&m);
+            Answer {
+                table: m.method() == sa_method::GET_TABLE_RESP,
+                status: m.status(),
+                attr_offset: sa_query::attr_offset(&m),
+                rmpp: rmpp.active().then_some((
+                    [rmpp_type::DATA, rmpp_type::ACK, rmpp_type::STOP, rmpp_type::ABORT]
+                        .iter()
+                        .position(|t| *t == rmpp.rtype)
+                        .unwrap_or(4) as u8,
+                    rmpp.flags,
+                    rmpp.seg_num as u8,
+                    rmpp.paylen_newwin as u16,
+                )),
+                data: m.0[56..].to_vec(),
+                edits: Vec::new(),
+                delay_us: 10,
+                grh: false,
+            }
+        })
+        .collect();
+    Input { query, answers }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let input = match data.strip_prefix(b"MAD0") {
+        Some(mads) => raw_input(mads),
+        None => match Input::arbitrary_take_rest(Unstructured::new(data)) {
+            Ok(i) => i,
+            Err(_) => return,
+        },
+    };
+    run(input);
+});
+
+fn run(input: Input) {
     let mut r = ibrig::rig(true);
     let sa = sa_query::init(&mut r.core);
     r.core.poll();
@@ -205,4 +259,4 @@ fuzz_target!(|input: Input| {
         }
     }
     let _ = sa_query::counters(&mut r.core, sa, r.a, 1);
-});
+}
