@@ -66,9 +66,19 @@ enum Step {
         wqe: u16,
     },
     Poll(u8),
-    PostSend { rc: bool, n: u8, signalled: u8, inline: bool },
-    PostRecv { rc: bool, n: u8 },
-    Clean { rc: bool },
+    PostSend {
+        rc: bool,
+        n: u8,
+        signalled: u8,
+        inline: bool,
+    },
+    PostRecv {
+        rc: bool,
+        n: u8,
+    },
+    Clean {
+        rc: bool,
+    },
     Arm(bool, u32),
 }
 
@@ -163,7 +173,11 @@ fn rig(nent: u32, sig_all: bool) -> Rig {
 
 impl Rig {
     fn write(&mut self, n: u32, mut b: [u8; 32], owner: Owner) {
-        let bit = if n & self.nent != 0 { cqe::OWNER_MASK } else { 0 };
+        let bit = if n & self.nent != 0 {
+            cqe::OWNER_MASK
+        } else {
+            0
+        };
         let o = &mut b[cqe::OWNER_SR_OPCODE];
         match owner {
             Owner::Right => *o = (*o & !cqe::OWNER_MASK) | bit,
@@ -228,7 +242,11 @@ fuzz_target!(|input: Input| {
                 b[cqe::VLAN_MY_QPN..cqe::VLAN_MY_QPN + 4].copy_from_slice(&q.to_be_bytes());
                 b[cqe::WQE_INDEX..cqe::WQE_INDEX + 2].copy_from_slice(&wqe.to_be_bytes());
                 let o = &mut b[cqe::OWNER_SR_OPCODE];
-                *o = if *send { *o | cqe::IS_SEND_MASK } else { *o & !cqe::IS_SEND_MASK };
+                *o = if *send {
+                    *o | cqe::IS_SEND_MASK
+                } else {
+                    *o & !cqe::IS_SEND_MASK
+                };
                 let n = r.cq.cons_index().wrapping_add(r.produced % r.nent);
                 r.produced = r.produced.wrapping_add(1);
                 r.write(n, b, Owner::Right);
@@ -269,9 +287,17 @@ fuzz_target!(|input: Input| {
                     }
                     let wr = SendWr {
                         wr_id,
-                        opcode: if *rc { WrOpcode::RdmaWrite } else { WrOpcode::Send },
+                        opcode: if *rc {
+                            WrOpcode::RdmaWrite
+                        } else {
+                            WrOpcode::Send
+                        },
                         send_flags: flags,
-                        sg_list: if *inline { &[] } else { &sg[..1 + usize::from(i & 1)] },
+                        sg_list: if *inline {
+                            &[]
+                        } else {
+                            &sg[..1 + usize::from(i & 1)]
+                        },
                         inline_data: if *inline { &data } else { &[] },
                         imm_data: 0,
                         wr: if *rc {

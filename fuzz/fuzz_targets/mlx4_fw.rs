@@ -53,7 +53,11 @@ fuzz_target!(|input: Input| {
             .take(64)
             .map(|(c, off, v)| (c.op(), usize::from(*off), *v))
             .collect(),
-        fail: input.fail.map(|(n, s)| (usize::from(n), s)).into_iter().collect(),
+        fail: input
+            .fail
+            .map(|(n, s)| (usize::from(n), s))
+            .into_iter()
+            .collect(),
         aux_pages: input.aux_pages.map(u64::from),
     };
     // Small tables (the research profile's ICM would take 64 MiB of DMA

@@ -122,6 +122,9 @@ fuzz_target!(|input: Input| {
             n += 1;
         }
         assert!(n <= cap);
-        assert_eq!(chunks.used_bytes(), chunks.iter().map(|c| c.len).sum::<u64>());
+        assert_eq!(
+            chunks.used_bytes(),
+            chunks.iter().map(|c| c.len).sum::<u64>()
+        );
     }
 });

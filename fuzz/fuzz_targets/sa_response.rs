@@ -77,10 +77,15 @@ fn raw_input(mads: &[u8]) -> Input {
                 status: m.status(),
                 attr_offset: sa_query::attr_offset(&m),
                 rmpp: rmpp.active().then_some((
-                    [rmpp_type::DATA, rmpp_type::ACK, rmpp_type::STOP, rmpp_type::ABORT]
-                        .iter()
-                        .position(|t| *t == rmpp.rtype)
-                        .unwrap_or(4) as u8,
+                    [
+                        rmpp_type::DATA,
+                        rmpp_type::ACK,
+                        rmpp_type::STOP,
+                        rmpp_type::ABORT,
+                    ]
+                    .iter()
+                    .position(|t| *t == rmpp.rtype)
+                    .unwrap_or(4) as u8,
                     rmpp.flags,
                     rmpp.seg_num as u8,
                     rmpp.paylen_newwin as u16,

@@ -44,12 +44,15 @@ enum Pkt {
         edits: Vec<(u16, u8)>,
         reseal: bool,
     },
-    Raw { bytes: Vec<u8>, reseal: bool },
+    Raw {
+        bytes: Vec<u8>,
+        reseal: bool,
+    },
 }
 
 const OPCODES: [u8; 24] = [
-    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
-    0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x64, 0x65, 0x16,
+    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x64, 0x65, 0x16,
 ];
 
 fn cfg(guid: u64) -> SimConfig {
@@ -186,7 +189,10 @@ fn run(rig: &mut Rig, pkts: &[Pkt]) {
                     d.qkey = *qkey;
                     d.src_qp = src_qp & 0xff_ffff;
                 }
-                let va = mr.addr(0).wrapping_add(u64::from(*va_off % (40 << 10))).wrapping_sub(4096);
+                let va = mr
+                    .addr(0)
+                    .wrapping_add(u64::from(*va_off % (40 << 10)))
+                    .wrapping_sub(4096);
                 let rkey = if *rkey_good { mr.key } else { guard.key };
                 if let Some(r) = h.reth.as_mut() {
                     r.va = va;
@@ -242,11 +248,18 @@ fn run(rig: &mut Rig, pkts: &[Pkt]) {
         a.r.sim.take_violations();
         a.r.sim.take_dma_faults();
     }
-    assert_eq!(guard.read(0, 8 << 10), *pattern, "memory of another PD untouched");
+    assert_eq!(
+        guard.read(0, 8 << 10),
+        *pattern,
+        "memory of another PD untouched"
+    );
     // The port still answers its SMA.
-    let pi = a
-        .r
-        .cmd_box(&legoib_fuzz::harness::smp_get(0x15, 1), 1, 1, sim::Opcode::MAD_IFC);
+    let pi = a.r.cmd_box(
+        &legoib_fuzz::harness::smp_get(0x15, 1),
+        1,
+        1,
+        sim::Opcode::MAD_IFC,
+    );
     assert!(pi.is_ok(), "MAD_IFC after the packets: {pi:?}");
     reset_qps(a, rc, ud, mr);
     let _ = cq.drain();

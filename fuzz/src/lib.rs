@@ -29,9 +29,9 @@ pub mod harness;
 #[allow(dead_code, unused_imports)]
 pub mod poster;
 
+pub mod fwdev;
 pub mod ibrig;
 pub mod madgen;
-pub mod fwdev;
 
 /// The model's configuration for the fuzz targets: the default card with a
 /// DMA arena of `dma` bytes instead of 256 MiB (the arena is set up per
@@ -39,7 +39,11 @@ pub mod fwdev;
 pub fn sim_cfg(node_guid: u64, dma: usize) -> sim::SimConfig {
     let d = sim::SimConfig::default();
     sim::SimConfig {
-        node_guid: if node_guid == 0 { d.node_guid } else { node_guid },
+        node_guid: if node_guid == 0 {
+            d.node_guid
+        } else {
+            node_guid
+        },
         dma_size: dma,
         ..d
     }
