@@ -39,7 +39,7 @@ step "kernel image and GRUB ISO"
 step "cargo test (unit, model-backed, QEMU end-to-end)"
 cargo test --quiet --no-fail-fast
 
-step "fuzz targets (build, replay the seeds, 2 s each: fuzz/README.md)"
+step "fuzz targets (build, replay the seeds: fuzz/README.md)"
 scripts/fuzz.sh --smoke
 
 printf '\n== all tests passed in %ss\n' "$(( $(date +%s) - start ))"
