@@ -211,11 +211,11 @@ fn a_second_opensm_becomes_standby() {
         "{:?}",
         rig.world().server.stats()
     );
-    let want = format!("Received Generic Notice type:4 num:144 (CapabilityMask");
+    let want = "Received Generic Notice type:4 num:144 (CapabilityMask";
     let from = format!("Producer:1 (Channel Adapter) from LID:{h2} ");
     let t = Instant::now();
     let mut master = rig.opensm_log();
-    let seen = |log: &str| log.lines().any(|l| l.contains(&want) && l.contains(&from));
+    let seen = |log: &str| log.lines().any(|l| l.contains(want) && l.contains(&from));
     while t.elapsed() < LIMIT && !seen(&master) {
         std::thread::sleep(Duration::from_millis(10));
         master = rig.opensm_log();
