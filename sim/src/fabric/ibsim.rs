@@ -580,7 +580,9 @@ impl IbsimServer {
         if !response {
             let stamped = (tid & 0x0000_ffff_ffff_ffff) | (slot as u64) << 48;
             m.set_tid(stamped);
-            if m.wants_response() {
+            // A client's trap waits for its TrapRepress (OpenSM's trap 144
+            // of a standby SM does, and umad2sim has no timeout to end it).
+            if m.wants_response() || h.method == method::TRAP {
                 if self.pending.len() >= MAX_PENDING {
                     self.stats.bounced += 1;
                     let mut b = m.clone();
@@ -626,7 +628,8 @@ impl IbsimServer {
             return;
         }
         if m.hdr().method == method::TRAP_REPRESS {
-            self.drop_for("TrapRepress at a host node");
+            // The answer to a client's trap; any other goes nowhere.
+            self.response(node, m);
             return;
         }
         match self.nodes[node].handle(&m) {

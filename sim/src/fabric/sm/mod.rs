@@ -599,8 +599,12 @@ impl SubnetManager {
             .chain(self.poll_target().map(|_| self.next_poll))
             .min();
         match self.stage {
-            // With its link down the SM waits for the link, not a time.
-            Stage::Idle if self.port_state != 1 => {
+            // With its link down the SM waits for the link, not a time; a
+            // standby SM sweeps not at all.
+            Stage::Idle
+                if self.port_state != 1
+                    && matches!(self.sm_state, sm_state::MASTER | sm_state::DISCOVERING) =>
+            {
                 Some(t.map_or(self.next_sweep, |t| t.min(self.next_sweep)))
             }
             _ => t,
