@@ -151,8 +151,13 @@ fn opensm_started_beside_the_embedded_sm_stands_by() {
             .iter()
             .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
             .collect();
+        // Light sweeps every second: the one after OpenSM's first sweep
+        // reads its SMInfo again (STANDBY by then).
         fabric
-            .add_sm_on_free_port(SmConfig::default())
+            .add_sm_on_free_port(SmConfig {
+                sweep_interval_ns: 1_000_000_000,
+                ..SmConfig::default()
+            })
             .expect("a free switch port");
         nodes
     });
@@ -180,8 +185,18 @@ fn opensm_started_beside_the_embedded_sm_stands_by() {
     let after: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
     assert_eq!(lids, after);
     // The embedded SM heard of it at once: H1's SMA sent trap 144 when
-    // OpenSM set IsSM, the heavy sweep that followed read its SMInfo.
+    // OpenSM set IsSM, the heavy sweep that followed read its SMInfo. That
+    // read may come while OpenSM still discovers (state 1, as on a loaded
+    // machine); as OpenSM's, only a later sweep's SMInfo Get shows it
+    // standing by (a standby's polls do not tell the master its state).
     let h1 = rig.world().server.node("H1").unwrap().port_guid();
+    let heard = rig.wait_for(Duration::from_secs(5), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.remote_sms().iter().any(|r| r.0 == h1))
+    });
+    let what = sm_report(&rig);
+    assert!(heard, "{what}");
     let found = rig.wait_for(Duration::from_secs(5), |w| {
         w.fabric
             .sm()
