@@ -887,7 +887,9 @@ impl SmService {
             }
             // Written aside and renamed into place: a reader that sees the
             // file sees all of it (a plain write let one read it empty).
-            let tmp = f.with_extension("tmp");
+            // The aside file is this process's own: two emulators starting
+            // together (parallel tests) must not rename each other's away.
+            let tmp = f.with_extension(format!("tmp.{}", std::process::id()));
             std::fs::write(&tmp, format!("{}\n", opts.base))
                 .and_then(|()| std::fs::rename(&tmp, f))
                 .map_err(|e| format!("{}: {e}", f.display()))?;
