@@ -6,17 +6,20 @@
 //! SMP is a packet on the wire), LID assignment (stable per port GUID across
 //! sweeps, and across SM restarts by keeping the LIDs the ports already report; LMC
 //! 0), min-hop LFT programming (SubnSet SwitchInfo LinearFDBTop and
-//! LinearForwardingTable blocks), ports through Armed to Active (ClientReregister
-//! on the SM's first sweep), SMInfo answered, a light sweep (SwitchInfo
-//! PortStateChange) on the model clock and a heavy sweep on a change or on a trap;
-//! the SA on the same port is [`super::sa`]. Left out: multicast (MFTs, MCMember),
-//! P_Key tables, SL-to-VL and VL arbitration programming, M_Key protection,
-//! SM-to-SM negotiation (this SM is always master), LMC > 0, up/down or balanced
-//! routing (ties go to the lowest port), LID-routed SMPs from the SM.
+//! LinearForwardingTable blocks), MFTs for the multicast groups that have members
+//! ([`mcast_mgr`]), ports through Armed to Active (ClientReregister on the SM's
+//! first sweep as master), a light sweep (SwitchInfo PortStateChange, the other
+//! SMs' SMInfo) on the model clock and a heavy sweep on a change or on a trap;
+//! SMInfo answered and the master/standby election and handover of IBTA 14.4.1
+//! as OpenSM does them ([`sminfo`]); the SA on the same port is [`super::sa`].
+//! Left out: P_Key tables, SL-to-VL and VL arbitration programming, M_Key
+//! protection, LMC > 0, up/down or balanced routing (ties go to the lowest port),
+//! LID-routed SMPs from the SM (traps aside).
 //!
 //! Written from the IBTA (vol. 1, 14.2.2 directed route, 14.2.5 attributes,
 //! 14.4 SM state and sweeps), with OpenSM's defaults as facts (transaction
-//! timeout 200 ms, 3 retries, 10 s sweep interval, subnet timeout 18).
+//! timeout 200 ms, 3 retries, 10 s sweep interval, subnet timeout 18, SMInfo
+//! polling every 10 s with 4 retries).
 //!
 //! Stepping: [`SubnetManager::poll`] is called by the fabric from
 //! [`super::Fabric::advance`] with the fabric's time; it takes the packets
@@ -25,8 +28,12 @@
 //! There are no threads and no wall clock: on a fake clock everything is
 //! deterministic.
 
+pub mod mcast_mgr;
+pub mod sminfo;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use super::sa::{SaState, SmRow};
 use super::{Fabric, Packet, PortId};
 use crate::fabric::packet::{
     self, MAD_LEN, MadHdr, PERMISSIVE_LID, Smp, attr, mad_status, method, mgmt_class,
@@ -73,6 +80,12 @@ pub struct SmConfig {
     /// that did not answer yet: a driver still loading); doubled after
     /// each further sweep with errors, up to `sweep_interval_ns`.
     pub error_resweep_ns: u64,
+    /// Time between SMInfo polls of the master by a standby SM (OpenSM's
+    /// `sminfo_polling_timeout`).
+    pub polling_interval_ns: u64,
+    /// Polls the master may leave unanswered before a standby SM takes
+    /// over (OpenSM's `polling_retry_number`).
+    pub polling_retries: u32,
 }
 
 impl Default for SmConfig {
@@ -92,6 +105,8 @@ impl Default for SmConfig {
             max_outstanding: 4,
             sweep_interval_ns: 10_000_000_000,
             error_resweep_ns: 1_000_000_000,
+            polling_interval_ns: 10_000_000_000,
+            polling_retries: 4,
         }
     }
 }
@@ -133,6 +148,14 @@ pub struct SmStats {
     pub sa_rmpp_aborted: u64,
     /// MADs refused with an error status or dropped as malformed.
     pub bad_mads: u64,
+    /// Handovers sent to a higher SM.
+    pub handovers_sent: u64,
+    /// Handovers received (this SM became master by one).
+    pub handovers_received: u64,
+    /// SMInfo polls of another SM sent.
+    pub sminfo_polls: u64,
+    /// MFT blocks written (a block of 32 MLIDs at one port position).
+    pub mft_blocks: u64,
 }
 
 /// A port of the subnet as the last heavy sweep left it.
@@ -242,6 +265,23 @@ enum Ctx {
     Light {
         node: u64,
     },
+    /// SubnGet(SMInfo) of another SM's port (discovery, light sweep or
+    /// polling): its port GUID and LID.
+    SmInfo {
+        guid: u64,
+        lid: u16,
+    },
+    /// SubnSet(SMInfo) to another SM (a handover).
+    SetSmInfo {
+        guid: u64,
+        amod: u32,
+    },
+    /// SubnSet(MulticastForwardingTable) block at a port position.
+    SetMft {
+        node: u64,
+        block: u16,
+        pos: u8,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -338,10 +378,44 @@ pub struct SubnetManager {
     error_sweeps: u32,
     log: Vec<String>,
     stats: SmStats,
+    // The SA's state and what the SA reads besides the subnet.
+    sa: SaState,
+    switch_infos: BTreeMap<u64, [u8; 64]>,
+    /// MFT per switch (a port mask per MLID from 0xC000), as computed.
+    mfts: BTreeMap<u64, Vec<u64>>,
+    /// MFT contents each switch was given.
+    programmed_mft: BTreeMap<u64, Vec<u64>>,
+    /// A join or leave changed a group: the MFTs need writing.
+    mcast_dirty: bool,
+    // Election (IBTA 14.4.1, OpenSM's `osm_sminfo_rcv.c`).
+    /// The other SMs found (port GUID -> what they said).
+    remote_sms: BTreeMap<u64, sminfo::RemoteSm>,
+    /// The master this SM stands by for (and polls).
+    master_guid: u64,
+    /// As master: another master this SM polls, waiting for it to hand
+    /// over.
+    polling_guid: u64,
+    next_poll: u64,
+    poll_retry: u32,
+    /// This discovery found a master, or a higher SM.
+    master_found: bool,
+    /// A trap 144 (SM priority) owed to the SM at this LID.
+    trap_owed: Option<u16>,
+    /// A heavy sweep as master completed: the SA answers.
+    up_done: bool,
+    // Our own port's SMA state beyond LID and PortState.
+    port_sm_lid: u16,
+    port_sm_sl: u8,
+    port_subnet_timeout: u8,
+    port_thresholds: u8,
+    /// P_KeyTable, SL-to-VL and VL arbitration blocks set on our SMA.
+    local_tables: BTreeMap<(u16, u32), [u8; 64]>,
 }
 
 /// PortInfo CapabilityMask IsClientReregistrationSupported (bit 25).
 pub const CAP_CLIENT_REREG: u32 = 1 << 25;
+/// PortInfo CapabilityMask IsSM (bit 1).
+pub const CAP_IS_SM: u32 = 1 << 1;
 
 /// Lines of the SM log kept (oldest dropped first).
 const LOG_CAP: usize = 256;
@@ -392,6 +466,24 @@ impl SubnetManager {
             error_sweeps: 0,
             log: Vec::new(),
             stats: SmStats::default(),
+            sa: SaState::default(),
+            switch_infos: BTreeMap::new(),
+            mfts: BTreeMap::new(),
+            programmed_mft: BTreeMap::new(),
+            mcast_dirty: false,
+            remote_sms: BTreeMap::new(),
+            master_guid: 0,
+            polling_guid: 0,
+            next_poll: 0,
+            poll_retry: 0,
+            master_found: false,
+            trap_owed: None,
+            up_done: false,
+            port_sm_lid: 0,
+            port_sm_sl: 0,
+            port_subnet_timeout: 0,
+            port_thresholds: 0,
+            local_tables: BTreeMap::new(),
         }
     }
 
@@ -403,6 +495,11 @@ impl SubnetManager {
         sm.lid = self.lid;
         sm.port_state = self.port_state;
         sm.link_gen = self.link_gen;
+        sm.port_sm_lid = self.port_sm_lid;
+        sm.port_sm_sl = self.port_sm_sl;
+        sm.port_subnet_timeout = self.port_subnet_timeout;
+        sm.port_thresholds = self.port_thresholds;
+        sm.local_tables = self.local_tables.clone();
         sm
     }
 
@@ -426,9 +523,19 @@ impl SubnetManager {
     pub fn sm_state(&self) -> u8 {
         self.sm_state
     }
-    /// Whether the first heavy sweep has completed (the SA answers then).
+    /// Whether this SM is master and a heavy sweep of its as master has
+    /// completed (the SA answers then).
     pub fn is_master(&self) -> bool {
-        self.sm_state == sm_state::MASTER
+        self.sm_state == sm_state::MASTER && self.up_done
+    }
+    /// The SA's multicast groups and services.
+    pub fn sa_state(&self) -> &SaState {
+        &self.sa
+    }
+    /// The MFT this SM computed for switch `node_guid`: a port mask per
+    /// MLID from 0xC000.
+    pub fn mft(&self, node_guid: u64) -> Option<&[u64]> {
+        self.mfts.get(&node_guid).map(Vec::as_slice)
     }
     /// Whether a sweep is in progress.
     pub fn sweeping(&self) -> bool {
@@ -489,10 +596,15 @@ impl SubnetManager {
             .iter()
             .map(|p| p.deadline)
             .chain(self.rmpp.iter().map(|r| r.deadline))
+            .chain(self.poll_target().map(|_| self.next_poll))
             .min();
         match self.stage {
-            // With its link down the SM waits for the link, not a time.
-            Stage::Idle if self.port_state != 1 => {
+            // With its link down the SM waits for the link, not a time; a
+            // standby SM sweeps not at all.
+            Stage::Idle
+                if self.port_state != 1
+                    && matches!(self.sm_state, sm_state::MASTER | sm_state::DISCOVERING) =>
+            {
                 Some(t.map_or(self.next_sweep, |t| t.min(self.next_sweep)))
             }
             _ => t,
@@ -506,6 +618,7 @@ impl SubnetManager {
         packet_due
             || link_gen != self.link_gen
             || !self.queue.is_empty()
+            || (self.mcast_dirty && self.stage == Stage::Idle && self.is_master())
             || self.next_due().is_some_and(|t| t <= now)
     }
 
@@ -567,6 +680,13 @@ impl SubnetManager {
             }
         }
         did |= self.rmpp_timeouts(f, now);
+        did |= self.sm_state_timers(now);
+        did |= self.send_owed_trap(f, now);
+        if self.mcast_dirty && self.stage == Stage::Idle && self.is_master() {
+            // A join or leave between sweeps: the MFTs now.
+            self.mcast_mgr_process(now);
+            did = true;
+        }
         did |= self.pump(f, now);
         did
     }
@@ -723,7 +843,11 @@ impl SubnetManager {
     fn advance_stage(&mut self, f: &mut Fabric, now: u64) -> bool {
         match self.stage {
             Stage::Idle => {
-                if now < self.next_sweep || self.port_state == 1 || !f.link_up(self.port) {
+                if now < self.next_sweep
+                    || self.port_state == 1
+                    || !f.link_up(self.port)
+                    || !matches!(self.sm_state, sm_state::MASTER | sm_state::DISCOVERING)
+                {
                     return false;
                 }
                 if self.heavy_requested || self.sweep_errors || self.subnet.is_empty() {
@@ -746,8 +870,13 @@ impl SubnetManager {
                 true
             }
             Stage::Discover => {
+                if !self.discovery_done(f, now) {
+                    self.stage = Stage::Idle;
+                    return true;
+                }
                 self.assign_lids(now);
                 self.compute_routes(now);
+                self.mcast_mgr_process(now);
                 self.stage = Stage::Routes;
                 true
             }
@@ -792,6 +921,15 @@ impl SubnetManager {
                 ctx: Ctx::Light { node: guid },
             });
         }
+        // The other SMs: still there, still in the state they were?
+        let sms: Vec<(u64, Vec<u8>, u16)> = self
+            .remote_sms
+            .iter()
+            .map(|(g, r)| (*g, r.path.clone(), r.lid))
+            .collect();
+        for (guid, path, lid) in sms {
+            self.queue_sminfo_get(guid, path, lid);
+        }
         let _ = now;
     }
 
@@ -799,6 +937,7 @@ impl SubnetManager {
         self.stage = Stage::Discover;
         self.heavy_requested = false;
         self.sweep_errors = false;
+        self.master_found = false;
         self.sweep_start = now;
         self.smps_at_start = self.stats.smps_sent;
         self.nodes.clear();
@@ -824,13 +963,18 @@ impl SubnetManager {
         self.stats.heavy_sweeps += 1;
         self.stats.smps_last_heavy = self.stats.smps_sent.saturating_sub(self.smps_at_start);
         self.stats.last_heavy_ns = now.saturating_sub(self.sweep_start);
-        if self.port_state == 4 {
-            if self.sm_state != sm_state::MASTER {
+        if self.port_state == 4 && self.sm_state == sm_state::MASTER {
+            if !self.up_done {
                 self.note(now, "SM state: MASTER".into());
             }
-            self.sm_state = sm_state::MASTER;
+            self.up_done = true;
         }
         self.subnet = self.collect_endports();
+        self.switch_infos = self
+            .nodes
+            .values()
+            .filter_map(|n| n.switch_info.map(|si| (n.guid, si)))
+            .collect();
         self.links = self
             .nodes
             .values()
@@ -850,6 +994,15 @@ impl SubnetManager {
             })
             .collect();
         self.act_count = self.act_count.wrapping_add(1);
+        // The SA's groups: the broadcast group from the first sweep on,
+        // members whose port went away dropped.
+        let rows = self.sm_rows();
+        let mut sa = std::mem::take(&mut self.sa);
+        let changed = super::sa::mcmember_record::subnet_changed(&mut sa, &self.view(&rows));
+        self.sa = sa;
+        if changed {
+            self.mcast_dirty = true;
+        }
         // After errors: again soon, then backing off (doubling) to the
         // light-sweep interval while the errors persist.
         let wait = if self.sweep_errors {
@@ -884,6 +1037,40 @@ impl SubnetManager {
             }
         );
         self.note(now, msg);
+    }
+
+    /// This SM and the other SMs it knows, for the SA's SMInfoRecords.
+    fn sm_rows(&self) -> Vec<SmRow> {
+        let mut rows = vec![SmRow {
+            lid: self.lid,
+            guid: self.port_guid(),
+            act_count: self.act_count,
+            priority: self.cfg.priority,
+            state: self.sm_state,
+        }];
+        rows.extend(self.remote_sms.iter().map(|(g, r)| SmRow {
+            lid: r.lid,
+            guid: *g,
+            act_count: r.act_count,
+            priority: r.priority,
+            state: r.state,
+        }));
+        rows
+    }
+
+    /// What the SA reads, from the last heavy sweep.
+    fn view<'a>(&'a self, rows: &'a [SmRow]) -> super::sa::View<'a> {
+        super::sa::View {
+            ports: &self.subnet,
+            lfts: &self.lfts,
+            links: &self.links,
+            port_infos: &self.port_infos,
+            cfg: &self.cfg,
+            sm_lid: self.lid,
+            switch_infos: &self.switch_infos,
+            mfts: &self.mfts,
+            sms: rows,
+        }
     }
 
     fn local_node(&self) -> Node {
@@ -922,7 +1109,7 @@ impl SubnetManager {
         let mut o = [0u8; 64];
         o[8..16].copy_from_slice(&self.cfg.subnet_prefix.to_be_bytes());
         o[16..18].copy_from_slice(&self.lid.to_be_bytes());
-        o[18..20].copy_from_slice(&self.lid.to_be_bytes());
+        o[18..20].copy_from_slice(&self.port_sm_lid.to_be_bytes());
         // CapabilityMask: IsSM (bit 1).
         o[20..24].copy_from_slice(&0x0000_0002u32.to_be_bytes());
         o[28] = 1;
@@ -933,12 +1120,13 @@ impl SubnetManager {
         let phys = if self.port_state == 1 { 2 } else { 5 };
         o[33] = phys << 4 | 2;
         o[35] = 0x40 | 0x07; // QDR
-        o[36] = 5 << 4 | (self.cfg.sm_sl & 0xf);
+        o[36] = 5 << 4 | (self.port_sm_sl & 0xf);
         o[37] = 4 << 4;
         o[41] = 5; // MTUCap 4096
         o[43] = 4 << 4;
         o[50] = 1;
-        o[51] = self.cfg.subnet_timeout & 0x1f;
+        o[51] = self.port_subnet_timeout & 0x1f;
+        o[53] = self.port_thresholds;
         o
     }
 
@@ -1006,7 +1194,7 @@ impl SubnetManager {
         }
         let mut r = smp.clone();
         r.hdr.method = method::GET_RESP;
-        r.hdr.status = self.local_sma(&smp, &mut r.data);
+        r.hdr.status = self.local_sma(now, &smp, &mut r.data);
         if smp.is_dr() {
             // C14-9:3 on receipt, then C14-13:1 on the way back.
             r.direction = true;
@@ -1034,41 +1222,99 @@ impl SubnetManager {
         }
     }
 
-    /// The SM node's SMA: NodeInfo, NodeDescription, PortInfo (Get),
-    /// SMInfo, P_KeyTable block 0.
-    fn local_sma(&mut self, smp: &Smp, out: &mut [u8; 64]) -> u16 {
+    /// The SM node's SMA: NodeInfo, NodeDescription, PortInfo (Get, and
+    /// Set by another master: LID, SM LID, PortState along the IBTA state
+    /// machine, SubnetTimeOut, thresholds), SMInfo ([`sminfo`]),
+    /// P_KeyTable block 0, GUIDInfo block 0, SL-to-VL and VL arbitration
+    /// tables (kept, not applied).
+    fn local_sma(&mut self, now: u64, smp: &Smp, out: &mut [u8; 64]) -> u16 {
         if smp.hdr.method != method::GET && smp.hdr.method != method::SET {
             return mad_status::METHOD_UNSUPPORTED;
         }
         let set = smp.hdr.method == method::SET;
+        let m = smp.hdr.attr_mod;
+        if smp.hdr.attr_id == ATTR_SM_INFO {
+            return self.sminfo_request(now, smp, out);
+        }
         let n = self.local_node();
         out.fill(0);
         match (smp.hdr.attr_id, set) {
             (attr::NODE_INFO, false) => out[..40].copy_from_slice(&n.node_info),
             (attr::NODE_DESC, false) => out.copy_from_slice(&n.description),
-            (attr::PORT_INFO, false) => {
-                if smp.hdr.attr_mod & 0xff > 1 {
+            (attr::PORT_INFO, _) => {
+                if m & 0xff > 1 {
                     return mad_status::INVALID_FIELD;
+                }
+                if set && let Err(st) = self.local_port_info_set(now, &smp.data) {
+                    out.copy_from_slice(&self.local_port_info());
+                    return st;
                 }
                 out.copy_from_slice(&self.local_port_info());
             }
-            (attr::PKEY_TABLE, false) => {
-                if smp.hdr.attr_mod != 0 {
+            (attr::PKEY_TABLE, _) => {
+                if m != 0 {
                     return mad_status::INVALID_FIELD;
                 }
-                out[0..2].copy_from_slice(&packet::DEFAULT_PKEY.to_be_bytes());
+                let key = (attr::PKEY_TABLE, 0);
+                if set {
+                    self.local_tables.insert(key, smp.data);
+                }
+                match self.local_tables.get(&key) {
+                    Some(t) => out.copy_from_slice(t),
+                    None => out[0..2].copy_from_slice(&packet::DEFAULT_PKEY.to_be_bytes()),
+                }
             }
-            (ATTR_SM_INFO, false) => {
+            (attr::GUID_INFO, false) => {
+                if m != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
                 out[0..8].copy_from_slice(&self.port_guid().to_be_bytes());
-                out[8..16].copy_from_slice(&self.cfg.sm_key.to_be_bytes());
-                out[16..20].copy_from_slice(&self.act_count.to_be_bytes());
-                out[20] = (self.cfg.priority & 0xf) << 4 | (self.sm_state & 0xf);
             }
-            (attr::NODE_INFO | attr::NODE_DESC | attr::PORT_INFO | attr::PKEY_TABLE, true)
-            | (ATTR_SM_INFO, true) => return mad_status::METHOD_UNSUPPORTED,
+            (attr::SL_TO_VL_TABLE | attr::VL_ARB_TABLE, _) => {
+                let key = (smp.hdr.attr_id, m);
+                if set {
+                    self.local_tables.insert(key, smp.data);
+                }
+                if let Some(t) = self.local_tables.get(&key) {
+                    out.copy_from_slice(t);
+                }
+            }
+            (attr::NODE_INFO | attr::NODE_DESC | attr::GUID_INFO, true) => {
+                return mad_status::METHOD_UNSUPPORTED;
+            }
             _ => return mad_status::ATTR_UNSUPPORTED,
         }
         0
+    }
+
+    /// SubnSet(PortInfo) of our own port by another master: PortState 0
+    /// keeps it, 1 (Down) retrains the link to Init, 3 arms a port in Init
+    /// or Armed, 4 activates an Armed or Active one; anything else, or a
+    /// multicast LID, changes nothing.
+    fn local_port_info_set(&mut self, now: u64, d: &[u8; 64]) -> Result<(), u16> {
+        let to = match (d[32] & 0xf, self.port_state) {
+            (0, s) => s,
+            (1, _) => 2,
+            (3, 2 | 3) => 3,
+            (4, 3 | 4) => 4,
+            _ => return Err(mad_status::INVALID_FIELD),
+        };
+        let lid = be16(d, 16);
+        if lid >= 0xc000 && lid != 0xffff {
+            return Err(mad_status::INVALID_FIELD);
+        }
+        if lid != self.lid {
+            self.note(now, format!("our port's LID set to {lid} by the master"));
+        }
+        self.lid = lid;
+        self.port_sm_lid = be16(d, 18);
+        self.port_sm_sl = d[36] & 0xf;
+        self.port_subnet_timeout = d[51] & 0x1f;
+        self.port_thresholds = d[53];
+        if self.port_state != 1 {
+            self.port_state = to;
+        }
+        Ok(())
     }
 
     /// A trap (LID-routed to our LID): TrapRepress, and a heavy sweep for
@@ -1129,6 +1375,7 @@ impl SubnetManager {
                     return;
                 }
             }
+            let rows = self.sm_rows();
             let view = super::sa::View {
                 ports: &self.subnet,
                 lfts: &self.lfts,
@@ -1136,8 +1383,19 @@ impl SubnetManager {
                 port_infos: &self.port_infos,
                 cfg: &self.cfg,
                 sm_lid: self.lid,
+                switch_infos: &self.switch_infos,
+                mfts: &self.mfts,
+                sms: &rows,
             };
-            let a = super::sa::answer(&view, &req, p.hdr.lrh.slid);
+            let (a, fx) = super::sa::answer_with(&view, &mut self.sa, &req, p.hdr.lrh.slid, now);
+            if fx.mcast_changed {
+                self.mcast_dirty = true;
+            }
+            let Some(a) = a else {
+                // What OpenSM drops.
+                self.stats.bad_mads += 1;
+                return;
+            };
             if a.status_error {
                 self.stats.bad_mads += 1;
             } else {
@@ -1157,7 +1415,7 @@ impl SubnetManager {
                     if self.rmpp.len() >= RMPP_MAX_SENDS {
                         let mut m = a.mad;
                         let mut h = hdr;
-                        h.method = super::sa::GET_TABLE_RESP;
+                        h.method = hdr.method | 0x80;
                         h.status = super::sa::sa_status::NO_RESOURCES;
                         h.write(&mut m);
                         m
@@ -1204,7 +1462,22 @@ impl SubnetManager {
     // --------------------------------------------------------- answers
 
     fn answered(&mut self, now: u64, req: Req, smp: &Smp) {
-        let status = smp.hdr.status;
+        let status = smp.hdr.status & !mad_status::DIRECTION;
+        match req.ctx {
+            Ctx::SmInfo { guid, lid } => {
+                if status == 0 {
+                    self.sminfo_answer(now, guid, lid, &req.path, &smp.data);
+                } else {
+                    self.sminfo_failed(now, guid);
+                }
+                return;
+            }
+            Ctx::SetSmInfo { guid, amod } => {
+                self.sminfo_set_done(now, guid, amod, status == 0);
+                return;
+            }
+            _ => {}
+        }
         if status != 0 {
             self.sweep_errors = true;
             let what = format!(
@@ -1251,6 +1524,8 @@ impl SubnetManager {
                 }
                 lft[base..base + 64].copy_from_slice(&d);
             }
+            Ctx::SetMft { node, block, pos } => self.mft_set_done(node, block, pos, &d),
+            Ctx::SmInfo { .. } | Ctx::SetSmInfo { .. } => {}
             Ctx::Light { node } => {
                 if d[11] & 0x04 != 0 {
                     self.note(now, format!("switch {node:#018x}: port state change"));
@@ -1271,6 +1546,12 @@ impl SubnetManager {
         );
         match req.ctx {
             Ctx::Light { .. } => self.heavy_requested = true,
+            Ctx::SmInfo { guid, .. } => self.sminfo_failed(now, guid),
+            Ctx::SetSmInfo { guid, amod } => self.sminfo_set_done(now, guid, amod, false),
+            Ctx::SetMft { node, .. } => {
+                self.programmed_mft.remove(&node);
+                self.sweep_errors = true;
+            }
             Ctx::SetLft { node, .. } => {
                 // Unknown contents now: reprogram it all next time.
                 self.programmed.remove(&node);
@@ -1374,8 +1655,17 @@ impl SubnetManager {
             return;
         };
         pr.info = Some(*d);
+        let (guid, port_path) = (pr.guid, pr.path.clone());
         let state = d[32] & 0xf;
         let phys = d[33] >> 4;
+        // An end port with IsSM has an SM to ask (OpenSM's
+        // `pi_rcv_process_endport`).
+        let end = !is_switch || port == 0;
+        let cap = u32::from_be_bytes([d[20], d[21], d[22], d[23]]);
+        if end && cap & CAP_IS_SM != 0 && guid != self.port_guid() && guid != 0 {
+            let lid = be16(d, 16);
+            self.queue_sminfo_get(guid, port_path, lid);
+        }
         // A switch port with its link up leads somewhere: probe it (not
         // the way we came in, whose far end is known).
         if is_switch && port != 0 && port != entry && state >= 2 && phys == 5 && path.len() < 63 {
@@ -1463,7 +1753,11 @@ impl SubnetManager {
             }
         }
         if let Some(&l) = want.get(&self.port_guid()) {
+            // Our own port, set locally: its LID, and us as its SM.
             self.lid = l;
+            self.port_sm_lid = l;
+            self.port_sm_sl = self.cfg.sm_sl & 0xf;
+            self.port_subnet_timeout = self.cfg.subnet_timeout & 0x1f;
         }
     }
 
