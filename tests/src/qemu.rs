@@ -184,6 +184,9 @@ pub struct Console {
     child: Child,
     rx: Receiver<Vec<u8>>,
     seen: String,
+    /// What `run-qemu.sh` and the emulator wrote to stderr (their own
+    /// messages, never the guest's): shown when the output ends early.
+    stderr: std::sync::Arc<Mutex<String>>,
     deadline: Instant,
 }
 
@@ -197,10 +200,23 @@ impl Console {
             .args(opts)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("run-qemu.sh runs");
         let mut out = child.stdout.take().expect("piped stdout");
+        let mut err = child.stderr.take().expect("piped stderr");
+        let stderr = std::sync::Arc::new(Mutex::new(String::new()));
+        let keep = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut s = keep.lock().unwrap_or_else(|e| e.into_inner());
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -214,6 +230,7 @@ impl Console {
             child,
             rx,
             seen: String::new(),
+            stderr,
             deadline: Instant::now() + deadline,
         }
     }
@@ -246,14 +263,21 @@ impl Console {
             match self.rx.recv_timeout(left) {
                 Ok(bytes) => self.seen.push_str(&String::from_utf8_lossy(&bytes)),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // The stderr reader may still be draining the last lines.
+                    std::thread::sleep(Duration::from_millis(200));
+                    let status = self.child.try_wait().ok().flatten();
+                    let stderr = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
                     return Err(format!(
-                        "QEMU's output ended while waiting for {needle:?}; console so far:\n{}",
+                        "QEMU's output ended while waiting for {needle:?} (run-qemu.sh: {status:?}); \
+                         its stderr:\n{stderr}\nconsole so far:\n{}",
                         self.seen
                     ));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let stderr = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
                     return Err(format!(
-                        "timed out waiting for {needle:?}; console so far:\n{}",
+                        "timed out waiting for {needle:?}; run-qemu.sh's stderr:\n{stderr}\n\
+                         console so far:\n{}",
                         self.seen
                     ));
                 }

@@ -7,7 +7,7 @@
 //! loopback, of the sender's port, not the sender itself when its QP blocks
 //! multicast loopback, not a QP that is not attached, and not one with another
 //! Q_Key; an MCG entry holds what its size allows. Back to back (no switch),
-//! and through the switch once it honours the SM's MulticastForwardingTable.
+//! and through the switch, by the MulticastForwardingTable entry a test sets.
 //! The ports are brought up by hand (no SM on these wires).
 
 use tests::mlx4_common;
@@ -600,7 +600,6 @@ impl SwNet {
 }
 
 #[test]
-#[ignore = "needs the switch's MFT (mgmt-fabric branch)"]
 fn a_multicast_datagram_crosses_the_switch_to_the_ports_of_its_mft_entry() {
     let mut f = sim::fabric::Fabric::new();
     let built = sim::fabric::Topology::for_nodes(2)

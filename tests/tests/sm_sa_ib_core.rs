@@ -95,15 +95,15 @@ impl Subnet {
     }
 
     fn ask(&self, mad: &ib_core::mad::Mad, from_lid: u16) -> sa::Answer {
-        let v = View {
-            ports: &self.ports,
-            lfts: &self.lfts,
-            links: &self.links,
-            port_infos: &self.infos,
-            cfg: &self.cfg,
-            sm_lid: 1,
-        };
-        sa::answer(&v, &mad.0, from_lid)
+        let v = View::new(
+            &self.ports,
+            &self.lfts,
+            &self.links,
+            &self.infos,
+            &self.cfg,
+            1,
+        );
+        sa::answer(&v, &mut sa::SaState::default(), &mad.0, from_lid, 0).expect("an answer")
     }
 }
 
@@ -161,7 +161,17 @@ fn path_record_request_from_ib_core_answered_and_parsed_back() {
     let p = PathRecord::unpack(&a.mad[56..]).unwrap();
     assert_eq!((p.dlid, p.slid), (2, 3));
     // GetTable of every path from CA 0, parsed by ib_core record by record.
-    let m = build_mad(sa_method::GET_TABLE, sa_attr::PATH_REC, 0, &[]).unwrap();
+    let q = PathRecord {
+        slid: 2,
+        ..PathRecord::default()
+    };
+    let m = build_mad(
+        sa_method::GET_TABLE,
+        sa_attr::PATH_REC,
+        path_comp::SLID,
+        &q.pack(),
+    )
+    .unwrap();
     let a = s.ask(&m, 2);
     let data = a.table.expect("a table");
     let recs: Vec<PathRecord> = data

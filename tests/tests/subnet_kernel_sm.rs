@@ -12,10 +12,16 @@ use tests::subnet_common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ib_core::verbs::{EventType, PortState};
+use ib_core::multicast::{self, McastId, MemberState};
+use ib_core::sa_query::{McMemberRecord, join_state, mcmember_comp};
+use ib_core::verbs::{
+    AccessFlags, AhAttr, Cq, CqInitAttr, EventType, Gid, GlobalRoute, MrPages, Pd, PortState, Qp,
+    QpAttr, QpAttrMask, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
+};
 use ib_sm::SmConfig;
 use ib_sm::ib_types::sm_state;
-use sim::fabric::{Fabric, Topology};
+use sim::fabric::{Fabric, Owner, Topology};
 use subnet_common::*;
 
 const UP_LIMIT: Duration = Duration::from_secs(30);
@@ -243,14 +249,13 @@ fn kernel_sm_brings_two_guests_back_to_back_to_active() {
             .unwrap()
             .process_mad_replies;
     assert!(after > before, "guest b answered the later sweeps");
-    // NodeInfo, NodeDescription and PortInfo of both nodes; then a
-    // PortInfo Set per port from the LID manager and one from the link
-    // manager, as OpenSM would send too: the model's SMA answers 0 for the
-    // LocalPhyErrors/OverrunErrors thresholds it was set to (8/8), so they
-    // always differ (a finding on the model, docs/sm.md).
+    // NodeInfo, NodeDescription and PortInfo of both nodes, and nothing
+    // set: the model's SMA keeps the LocalPhyErrors/OverrunErrors
+    // thresholds it was set to (8/8), as the card does (it read them back
+    // as 0 once, and every heavy sweep wrote them again).
     assert!(
-        st.stats.smps_last_heavy <= 10,
-        "a sweep of an unchanged subnet reads, and writes only the thresholds: {st:?}"
+        st.stats.smps_last_heavy <= 6,
+        "a sweep of an unchanged subnet only reads: {st:?}"
     );
     assert!(n.a.active() && n.b.active());
     let Net { a, b, .. } = n;
@@ -289,16 +294,20 @@ fn kernel_sm_brings_four_guests_on_a_switch_to_active_with_distinct_lids() {
     }
 }
 
-/// The fabric's embedded SM, already master: ours finds it and stands by,
-/// whatever the priorities (the embedded SM never hands over: see
-/// docs/sm.md).
+/// The fabric's embedded SM, already master, and ours started beside it:
+/// the priorities decide. A lower kernel SM stands by (and the embedded SM
+/// learns of it from the trap 144 guest a's HCA sends when IsSM is set); a
+/// higher one stands by only until the embedded SM, told by its trap 144,
+/// sweeps, finds it and hands over; stopping ours then hands the subnet
+/// back, no port leaving Active.
 #[test]
-fn kernel_sm_stands_by_for_the_embedded_master() {
+fn the_priorities_decide_between_the_kernel_sm_and_the_embedded_sm() {
     for (embedded, ours) in [(15u8, 0u8), (1, 10)] {
         let mut f = Fabric::new();
         let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
         f.add_sm_on_free_port(sim::fabric::SmConfig {
             priority: embedded,
+            polling_interval_ns: 1_000_000_000,
             ..Default::default()
         })
         .unwrap();
@@ -308,6 +317,7 @@ fn kernel_sm_stands_by_for_the_embedded_master() {
         let mut n = Net { fabric, a, b, sm };
         up(&mut n);
         let emb_lid = n.fabric.lock().unwrap().sm().unwrap().lid();
+        let traps0 = n.fabric.lock().unwrap().sm().unwrap().stats().traps;
         start(
             &mut n,
             SmConfig {
@@ -317,13 +327,49 @@ fn kernel_sm_stands_by_for_the_embedded_master() {
             },
         );
         let sm = n.sm;
+        let our_guid =
+            n.a.core
+                .device(n.a.dev)
+                .unwrap()
+                .port_cache(1)
+                .unwrap()
+                .get_gid(0)
+                .unwrap()
+                .0;
+        let our_guid = u64::from_be_bytes(our_guid[8..16].try_into().unwrap());
+        let want = if ours > embedded {
+            sm_state::MASTER
+        } else {
+            sm_state::STANDBY
+        };
+        let fab = n.fabric.clone();
         let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 64, |g| {
-            ib_sm::status(&mut g[0].core, sm, g[0].dev)
-                .is_some_and(|s| s.state == sm_state::STANDBY)
+            let st = ib_sm::status(&mut g[0].core, sm, g[0].dev);
+            let emb = fab
+                .lock()
+                .unwrap()
+                .sm()
+                .map(|s| (s.sm_state(), s.remote_sms()));
+            st.is_some_and(|s| s.state == want && !s.sweeping)
+                && emb.is_some_and(|(state, remote)| {
+                    remote.iter().any(|r| r.0 == our_guid)
+                        && (ours < embedded || state == sm_state::STANDBY)
+                })
         });
         let log = sm_log(&mut n);
-        assert!(ok, "embedded {embedded}, ours {ours}: standby; log:\n{log}");
-        // Polls keep it standing by; the ports keep the embedded SM.
+        let emb_log = n.fabric.lock().unwrap().sm().unwrap().log().join("\n");
+        assert!(
+            ok,
+            "embedded {embedded}, ours {ours}: ours {want}; log:\n{log}\nembedded:\n{emb_log}"
+        );
+        // The embedded SM heard of ours by trap 144 (IsSM set on guest
+        // a's port by modify_port: the HCA's SMA sends it).
+        let traps = n.fabric.lock().unwrap().sm().unwrap().stats().traps;
+        assert!(
+            traps > traps0,
+            "trap 144 reached the embedded SM\n{emb_log}"
+        );
+        // Polls keep it so; the ports follow the master.
         pump_until(
             &mut [&mut n.a, &mut n.b],
             Duration::from_secs(5),
@@ -331,15 +377,59 @@ fn kernel_sm_stands_by_for_the_embedded_master() {
             |_| false,
         );
         let st = ib_sm::status(&mut n.a.core, n.sm, n.a.dev).unwrap();
-        assert_eq!(st.state, sm_state::STANDBY, "{log}");
-        assert_eq!(st.master_lid, emb_lid);
-        assert_eq!(n.a.port(1).sm_lid, emb_lid);
-        assert_eq!(n.b.port(1).sm_lid, emb_lid);
-        let traps = n.fabric.lock().unwrap().sm().unwrap().stats().traps;
-        if ours > embedded {
-            assert!(traps >= 1, "a higher standby tells the master (trap 144)");
+        let log = sm_log(&mut n);
+        assert_eq!(st.state, want, "{log}");
+        let master_lid = if ours > embedded { st.lid } else { emb_lid };
+        if ours < embedded {
+            assert_eq!(st.master_lid, emb_lid);
+        } else {
+            let f = n.fabric.lock().unwrap();
+            let e = f.sm().unwrap();
+            assert_eq!(e.sm_state(), sim::fabric::sm::sm_state::STANDBY);
+            assert_eq!(e.master_guid(), our_guid);
+            assert_eq!(e.stats().handovers_sent, 1);
         }
+        let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 64, |g| {
+            g.iter_mut()
+                .all(|g| g.active() && g.port(1).sm_lid == master_lid)
+        });
+        assert!(ok, "ports Active under the master, LID {master_lid}\n{log}");
         eprintln!("embedded {embedded} / ours {ours}: {log}");
+        if ours > embedded {
+            // Ours stops: it hands over to the standby embedded SM.
+            let (ea, eb) = (n.a.events().len(), n.b.events().len());
+            ib_sm::stop(&mut n.a.core, n.sm, n.a.dev, Duration::from_secs(5)).unwrap();
+            let fab = n.fabric.clone();
+            let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 64, |g| {
+                fab.lock()
+                    .unwrap()
+                    .sm()
+                    .is_some_and(|s| s.is_master() && !s.sweeping())
+                    && g.iter_mut()
+                        .all(|g| g.active() && g.port(1).sm_lid == emb_lid)
+            });
+            let emb_log = n.fabric.lock().unwrap().sm().unwrap().log().join("\n");
+            assert!(ok, "the embedded SM took the subnet back\n{emb_log}");
+            assert_eq!(
+                n.fabric
+                    .lock()
+                    .unwrap()
+                    .sm()
+                    .unwrap()
+                    .stats()
+                    .handovers_received,
+                1,
+                "{emb_log}"
+            );
+            for (g, e0) in [(&n.a, ea), (&n.b, eb)] {
+                let ev = g.events()[e0..].to_vec();
+                assert!(
+                    !ev.contains(&(EventType::PortErr, 1)),
+                    "{}: no port left Active: {ev:?}",
+                    g.name
+                );
+            }
+        }
         let Net { a, b, .. } = n;
         a.teardown();
         b.teardown();
@@ -391,6 +481,308 @@ fn a_cable_back_is_taken_in_by_the_trap_alone() {
         "trap-driven, not the 10 s sweep: {took_ms} ms\n{log}"
     );
     assert_eq!(n.b.port(1).lid, lid, "the same LID");
+    let Net { a, b, .. } = n;
+    a.teardown();
+    b.teardown();
+}
+
+/// The IPv4 broadcast group's MGID (ff12:401b:ffff::ffff:ffff), which our
+/// SA makes as OpenSM does without a partitions file.
+fn bcast_mgid() -> Gid {
+    Gid(ib_sm::sa::mcmember_record::IPV4_BCAST_MGID)
+}
+
+/// Linux IPoIB's broadcast join through ib_core's multicast client.
+fn join_bcast(g: &mut Guest, mc: ib_core::ClientId) -> McastId {
+    let port_gid = g
+        .core
+        .device(g.dev)
+        .unwrap()
+        .port_cache(1)
+        .unwrap()
+        .get_gid(0)
+        .unwrap();
+    let rec = McMemberRecord {
+        mgid: bcast_mgid(),
+        port_gid,
+        pkey: 0xffff,
+        join_state: join_state::FULL_MEMBER,
+        ..McMemberRecord::default()
+    };
+    multicast::join(
+        &mut g.core,
+        mc,
+        g.dev,
+        1,
+        &rec,
+        mcmember_comp::IPOIB_BCAST_JOIN,
+    )
+    .expect("join started")
+}
+
+/// A UD QP in RTS with the group's Q_Key, attached to the group, with
+/// receives posted into a DMA buffer of its own.
+struct McastQp {
+    qp: Qp,
+    cq: Cq,
+    pd: Pd,
+    buf: hal::DmaBuf,
+}
+
+const SLOT: u64 = 256;
+
+fn mcast_qp(g: &mut Guest, qkey: u32, mlid: u16, recvs: u64) -> McastQp {
+    let d = g.core.device_mut(g.dev).unwrap();
+    let pd = d.alloc_pd().unwrap();
+    let buf = d.provider().dma_pool().alloc_pages(1).unwrap();
+    let base = buf.bus_addr().0;
+    let mr = d
+        .reg_mr(
+            pd,
+            &MrPages {
+                pages: &[base],
+                page_shift: 12,
+                iova: base,
+                length: 4096,
+                access: AccessFlags::LOCAL_WRITE,
+            },
+        )
+        .unwrap();
+    let (cq, _) = d
+        .create_cq(&CqInitAttr {
+            cqe: 16,
+            comp_vector: 0,
+        })
+        .unwrap();
+    let (qp, _) = d
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 8,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 64,
+                },
+                sq_sig_type: SigType::AllWr,
+                qp_type: QpType::Ud,
+                // As IPoIB: the card does not hand the sender its own copy.
+                create_flags: QpCreateFlags::BLOCK_MULTICAST_LOOPBACK,
+                port_num: 1,
+            },
+        )
+        .unwrap();
+    for (a, m) in [
+        (
+            QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                pkey_index: 0,
+                qkey,
+                ..Default::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::QKEY,
+        ),
+        (
+            QpAttr {
+                qp_state: QpState::Rtr,
+                ..Default::default()
+            },
+            QpAttrMask::STATE,
+        ),
+        (
+            QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 1,
+                ..Default::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        ),
+    ] {
+        d.modify_qp(qp, &a, m).expect("UD QP to RTS");
+    }
+    for i in 0..recvs {
+        let sg = [Sge {
+            addr: base + i * SLOT,
+            length: SLOT as u32,
+            lkey: mr.lkey,
+        }];
+        d.post_recv(
+            qp,
+            &[RecvWr {
+                wr_id: i,
+                sg_list: &sg,
+            }],
+        )
+        .unwrap();
+    }
+    d.attach_mcast(qp, &bcast_mgid(), mlid).expect("attached");
+    McastQp { qp, cq, pd, buf }
+}
+
+impl McastQp {
+    /// A datagram to the group (its MLID, a GRH to its MGID, QPN 0xFFFFFF).
+    fn send(&self, g: &mut Guest, mlid: u16, qkey: u32, payload: &[u8]) {
+        let d = g.core.device_mut(g.dev).unwrap();
+        let ah = d
+            .create_ah(
+                self.pd,
+                &AhAttr {
+                    dlid: mlid,
+                    port_num: 1,
+                    grh: Some(GlobalRoute {
+                        dgid: bcast_mgid(),
+                        sgid_index: 0,
+                        hop_limit: 1,
+                        ..GlobalRoute::default()
+                    }),
+                    ..AhAttr::default()
+                },
+            )
+            .unwrap();
+        d.post_send(
+            self.qp,
+            &[SendWr {
+                wr_id: 0x5e,
+                opcode: WrOpcode::Send,
+                send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+                wr: WrDetail::Ud {
+                    ah,
+                    remote_qpn: 0xff_ffff,
+                    remote_qkey: qkey,
+                    pkey_index: 0,
+                    port_num: 1,
+                },
+                inline_data: payload,
+                ..SendWr::default()
+            }],
+        )
+        .expect("posted");
+    }
+
+    fn completions(&self, g: &mut Guest) -> Vec<Wc> {
+        let d = g.core.device_mut(g.dev).unwrap();
+        let mut out = Vec::new();
+        let mut wc = [Wc::default(); 4];
+        while let Ok(n @ 1..) = d.poll_cq(self.cq, &mut wc) {
+            out.extend_from_slice(&wc[..n]);
+        }
+        out
+    }
+
+    /// The payload of receive `wc`, past the 40-byte GRH.
+    fn payload(&self, wc: &Wc) -> Vec<u8> {
+        let mut b = vec![0u8; (wc.byte_len as usize).min(SLOT as usize)];
+        self.buf.read_bytes((wc.wr_id * SLOT) as usize, &mut b);
+        b.get(40..).unwrap_or_default().to_vec()
+    }
+}
+
+/// Our SM's multicast routing on the model switch: both guests join the
+/// IPv4 broadcast group our SA makes (ib_core's multicast client, as IPoIB
+/// does); the SM writes the switch's MFT entry for the group's MLID with
+/// both guests' switch ports, and a datagram guest a sends to the group
+/// crosses the switch to guest b's attached QP. When b leaves, the SM takes
+/// b's port out of the entry, and the next datagram stops at the switch
+/// though b's QP is still attached on its card.
+#[test]
+fn our_sm_programs_the_switch_mft_and_a_multicast_datagram_crosses_it() {
+    let mut f = Fabric::new();
+    let built = Topology::for_nodes(2).unwrap().build(&mut f).unwrap();
+    let sw = built.switches[0].1;
+    let sw_port = |f: &Fabric, h: &sim::fabric::topology::BuiltHca| -> u8 {
+        match f.peer(h.ports[0]).and_then(|p| f.owner(p)) {
+            Some(Owner::Switch { port, .. }) => port,
+            o => panic!("{}'s port 1 is cabled to the switch, not {o:?}", h.name),
+        }
+    };
+    let (pa, pb) = (sw_port(&f, &built.hcas[0]), sw_port(&f, &built.hcas[1]));
+    let fabric = Arc::new(Mutex::new(f));
+    let (mut a, b) = sync_guests(&fabric, &built);
+    let sm = ib_sm::init(&mut a.core);
+    let mut n = Net { fabric, a, b, sm };
+    let mc = [
+        multicast::init(&mut n.a.core),
+        multicast::init(&mut n.b.core),
+    ];
+    start(&mut n, SmConfig::default());
+    up(&mut n);
+    let ids = [join_bcast(&mut n.a, mc[0]), join_bcast(&mut n.b, mc[1])];
+    let mut recs = [None, None];
+    let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 16, |g| {
+        for k in 0..2 {
+            recs[k] = multicast::status(&mut g[k].core, mc[k], ids[k])
+                .ok()
+                .filter(|s| s.state == MemberState::Joined)
+                .and_then(|s| s.rec);
+        }
+        recs.iter().all(Option::is_some)
+    });
+    let log = sm_log(&mut n);
+    assert!(ok, "both guests joined: {recs:?}\n{log}");
+    let recs = recs.map(Option::unwrap);
+    assert_eq!(recs[0].mlid, recs[1].mlid, "one group, one MLID");
+    let (mlid, qkey) = (recs[0].mlid, recs[0].qkey);
+    assert_eq!(qkey, 0x0b1b, "OpenSM's IPoIB Q_Key");
+    assert!((0xc000..0xffff).contains(&mlid), "MLID {mlid:#x}");
+    // The SM wrote the switch's MFT: the MLID goes to both guests' ports.
+    let fab = n.fabric.clone();
+    let mft = move || fab.lock().unwrap().switch(sw).unwrap().mft_ports(mlid);
+    let mut both = vec![pa, pb];
+    both.sort_unstable();
+    let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 16, |_| mft() == both);
+    let log = sm_log(&mut n);
+    assert!(
+        ok,
+        "the switch's MFT entry for {mlid:#x}: {:?}, not {both:?}\n{log}",
+        mft()
+    );
+    // A datagram from a to the group crosses the switch to b.
+    let qa = mcast_qp(&mut n.a, qkey, mlid, 2);
+    let qb = mcast_qp(&mut n.b, qkey, mlid, 2);
+    qa.send(&mut n.a, mlid, qkey, b"through our SM's MFT");
+    let mut got = Vec::new();
+    pump_until(&mut [&mut n.a, &mut n.b], Duration::from_secs(10), 4, |g| {
+        got.extend(qb.completions(g[1]));
+        !got.is_empty()
+    });
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].status, WcStatus::Success, "{:?}", got[0]);
+    assert_eq!(qb.payload(&got[0]), b"through our SM's MFT");
+    let sent = qa.completions(&mut n.a);
+    assert_eq!(sent.len(), 1, "only a's send completion: {sent:?}");
+    let delivered = n.b.hca.mcast_stats().delivered;
+    assert_eq!(delivered, 1);
+    // b leaves: the SM takes its port out of the entry.
+    multicast::leave(&mut n.b.core, mc[1], ids[1]).unwrap();
+    let only_a = vec![pa];
+    let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 16, |_| mft() == only_a);
+    let log = sm_log(&mut n);
+    assert!(ok, "after b's leave: {:?}\n{log}", mft());
+    // The next datagram stops at the switch: b's card, its QP still
+    // attached, sees nothing.
+    qa.send(&mut n.a, mlid, qkey, b"not past the switch");
+    pump_until(
+        &mut [&mut n.a, &mut n.b],
+        Duration::from_secs(2),
+        16,
+        |_| false,
+    );
+    let sent = qa.completions(&mut n.a);
+    assert!(
+        sent.len() == 1 && sent[0].status == WcStatus::Success,
+        "the send completed: {sent:?}"
+    );
+    let got = qb.completions(&mut n.b);
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(n.b.hca.mcast_stats().delivered, delivered);
+    assert_eq!(n.b.hca.mcast_stats().not_attached, 0);
+    // The buffers go back to the DMA pools before the devices do.
+    drop((qa, qb));
     let Net { a, b, .. } = n;
     a.teardown();
     b.teardown();

@@ -87,7 +87,12 @@ fn run(test: &str, ours: bool) -> (Run, Vec<(String, String)>) {
             .replace("{a}", &la.to_string())
             .replace("{b}", &lb.to_string())
             .replace("{sw}", &sw.to_string());
-        let argv: Vec<&str> = args.split_whitespace().collect();
+        // A patient timeout (the tools' default is 1 s): on a loaded
+        // machine OpenSM's SA answers late but it answers.
+        let argv: Vec<&str> = ["-t", "5000"]
+            .into_iter()
+            .chain(args.split_whitespace())
+            .collect();
         let (_, out) = osm.diag(&mut [&mut a, &mut b], prog, &argv, DIAG);
         let name = format!("{} {args}", prog.rsplit('/').next().unwrap_or(prog));
         outs.push((name, out));

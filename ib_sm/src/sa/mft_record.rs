@@ -27,10 +27,16 @@ pub fn process(sm: &Sm, m: &Mad) -> Answer {
         if lid == 0 || has(cm, 0) && lid != get_be16(q, 0) {
             continue;
         }
-        if sw.info.mcast_cap() == 0 || sw.mft.is_empty() {
+        // The blocks in use end at the last MLID with a port in its mask
+        // (OpenSM's max_block_in_use): a group nobody joined yet, such as
+        // the IPv4 broadcast group at start, lists no block.
+        let Some(last) = sw.mft.iter().rposition(|&m| m != 0) else {
+            continue;
+        };
+        if sw.info.mcast_cap() == 0 {
             continue;
         }
-        let max_block = (sw.mft.len() - 1) / 32;
+        let max_block = last / 32;
         let max_pos = usize::from(n.ni.num_ports()) / 16;
         let (blo, bhi) = if has(cm, 3) {
             let b = usize::from(qpb & 0x1ff);

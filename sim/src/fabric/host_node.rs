@@ -14,7 +14,8 @@
 //! C14-9 at the source and destination, C14-13 on the way back). Left out:
 //! M_Key checking (the key is kept, and at protection level 1 reads 0 to
 //! a Get without it, but never enforced), a second
-//! port, multicast, traps sent by the node itself, and everything a real
+//! port, multicast, traps other than 144 (sent when an SM client attaches
+//! or leaves: [`HostNode::take_trap`]), and everything a real
 //! HCA does for data traffic (a host node only carries MADs).
 //!
 //! Written from the IBTA attribute layouts (14.2.5, 16.1.3) with ibsim's
@@ -31,6 +32,8 @@ use crate::fabric::packet::{
 pub const HOST_PKEYS: usize = 128;
 /// CapabilityMask bit IsSM.
 pub const CAP_IS_SM: u32 = 1 << 1;
+/// The Notice attribute (traps).
+const ATTR_NOTICE: u16 = 0x0002;
 /// CapabilityMask of a host node without an SM: IsTrapSupported,
 /// IsSLMappingSupported, IsSystemImageGUIDsupported,
 /// IsCommunicationManagementSupported, IsCapabilityMaskNoticeSupported,
@@ -147,6 +150,10 @@ pub struct HostNode {
     link_gen: u64,
     mlnx_state_change_enable: u8,
     mlnx_speed_enabled: u8,
+    /// The CapabilityMask changed: trap 144 is owed to the SM.
+    trap_owed: bool,
+    /// Traps sent (the low half of each trap's TID).
+    traps_sent: u32,
 }
 
 impl HostNode {
@@ -187,6 +194,8 @@ impl HostNode {
             link_gen: u64::MAX,
             mlnx_state_change_enable: 0,
             mlnx_speed_enabled: 0,
+            trap_owed: false,
+            traps_sent: 0,
         };
         n.sync_link(fabric);
         n
@@ -790,13 +799,70 @@ impl HostNode {
         Ok(m)
     }
 
-    /// The node's IsSM capability bit (an SM client attached or left).
+    /// The node's IsSM capability bit (an SM client attached or left). A
+    /// change owes the SM a trap 144 ([`HostNode::take_trap`]), as ibsim
+    /// sends one on SET_ISSM and a ConnectX-3 SMA on a new CapabilityMask:
+    /// an SM only re-reads PortInfo in a heavy sweep, which the trap starts,
+    /// so without it a master finds a new SM only at its next heavy sweep.
     pub fn set_is_sm(&mut self, on: bool) {
+        let before = self.cap_mask;
         if on {
             self.cap_mask |= CAP_IS_SM;
         } else {
             self.cap_mask &= !CAP_IS_SM;
         }
+        if self.cap_mask != before {
+            self.trap_owed = true;
+        }
+    }
+
+    /// Traps this node has sent.
+    pub fn traps_sent(&self) -> u32 {
+        self.traps_sent
+    }
+
+    /// The trap 144 (local changes: a new CapabilityMask) the node owes its
+    /// SM, if any: a LID-routed SubnTrap(Notice) from the port's LID to the
+    /// SM's, with IBTA 14.2.5.1's DataDetails (LIDADDR, OtherLocalChanges
+    /// 0, the new CapabilityMask, no change flags). Only a port that is
+    /// Active and knows its SM sends it; otherwise the change is simply
+    /// read by the next sweep.
+    pub fn take_trap(&mut self) -> Option<Mad> {
+        if !std::mem::take(&mut self.trap_owed)
+            || self.state != LogicalState::Active
+            || self.sm_lid == 0
+        {
+            return None;
+        }
+        self.traps_sent = self.traps_sent.wrapping_add(1);
+        let mut data = [0u8; MAD_LEN];
+        MadHdr {
+            base_version: 1,
+            mgmt_class: mgmt_class::SUBN_LID_ROUTED,
+            class_version: 1,
+            method: method::TRAP,
+            tid: 0x7100_0000 | u64::from(self.traps_sent),
+            attr_id: ATTR_NOTICE,
+            ..MadHdr::default()
+        }
+        .write(&mut data);
+        let n = &mut data[64..128];
+        n[0] = 0x80 | 4; // generic, informational
+        n[1..4].copy_from_slice(&[0, 0, 1]); // ProducerType: CA
+        n[4..6].copy_from_slice(&144u16.to_be_bytes());
+        n[6..8].copy_from_slice(&self.lid.to_be_bytes());
+        n[12..14].copy_from_slice(&self.lid.to_be_bytes());
+        n[16..20].copy_from_slice(&self.cap_mask.to_be_bytes());
+        Some(Mad {
+            dlid: self.sm_lid,
+            slid: self.lid,
+            dqp: 0,
+            sqp: 0,
+            sl: self.sm_sl,
+            pkey: 0xffff,
+            len: MAD_LEN,
+            data,
+        })
     }
 }
 

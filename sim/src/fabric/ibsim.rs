@@ -93,6 +93,8 @@ pub struct ServerStats {
     pub to_clients: u64,
     /// Traps (SubnTrap) handed to an SM client.
     pub traps_to_sm: u64,
+    /// Traps 144 host nodes sent when an SM client came or went (IsSM).
+    pub traps_from_nodes: u64,
     /// Gets and Sets no client's agent takes, answered by the node's MAD
     /// layer with status 0x000C ([`HostNode::unsupported_reply`]).
     pub unsupported_replies: u64,
@@ -306,6 +308,21 @@ impl IbsimServer {
                 let mut req = [0u8; REQ_LEN];
                 req.copy_from_slice(&buf[..REQ_LEN]);
                 self.client_mad(fabric, now_ns, slot, &req);
+            }
+        }
+        // A node whose CapabilityMask changed (an SM client came or went)
+        // tells its SM: trap 144.
+        for i in 0..self.nodes.len() {
+            if let Some(t) = self.nodes[i].take_trap() {
+                work += 1;
+                self.stats.traps_from_nodes += 1;
+                if t.dlid == self.nodes[i].lid() {
+                    // The node's own SM (a restarted OpenSM): delivered in
+                    // the node, as an HCA loops it back.
+                    self.arrive(fabric, now_ns, i, t, true);
+                } else if let Err(why) = self.nodes[i].transmit(fabric, now_ns, &t) {
+                    self.drop_for(why);
+                }
             }
         }
         // Host nodes answer each other within one poll (a request and its
@@ -563,7 +580,9 @@ impl IbsimServer {
         if !response {
             let stamped = (tid & 0x0000_ffff_ffff_ffff) | (slot as u64) << 48;
             m.set_tid(stamped);
-            if m.wants_response() {
+            // A client's trap waits for its TrapRepress (OpenSM's trap 144
+            // of a standby SM does, and umad2sim has no timeout to end it).
+            if m.wants_response() || h.method == method::TRAP {
                 if self.pending.len() >= MAX_PENDING {
                     self.stats.bounced += 1;
                     let mut b = m.clone();
@@ -609,7 +628,8 @@ impl IbsimServer {
             return;
         }
         if m.hdr().method == method::TRAP_REPRESS {
-            self.drop_for("TrapRepress at a host node");
+            // The answer to a client's trap; any other goes nowhere.
+            self.response(node, m);
             return;
         }
         match self.nodes[node].handle(&m) {
@@ -867,7 +887,9 @@ impl SmService {
             }
             // Written aside and renamed into place: a reader that sees the
             // file sees all of it (a plain write let one read it empty).
-            let tmp = f.with_extension("tmp");
+            // The aside file is this process's own: two emulators starting
+            // together (parallel tests) must not rename each other's away.
+            let tmp = f.with_extension(format!("tmp.{}", std::process::id()));
             std::fs::write(&tmp, format!("{}\n", opts.base))
                 .and_then(|()| std::fs::rename(&tmp, f))
                 .map_err(|e| format!("{}: {e}", f.display()))?;

@@ -368,8 +368,30 @@ fn mkey_violation(hca: &mut Hca, pi: usize, slid: Option<u16>, mad: &[u8]) {
 /// Trap numbers of the SMA (IBA 14.2.5.1).
 pub mod trap {
     #![allow(missing_docs)]
+    pub const LOCAL_CHANGES: u16 = 144;
     pub const BAD_MKEY: u16 = 256;
     pub const BAD_PKEY: u16 = 257;
+}
+
+/// Notice types (IBA 13.4.8.2).
+pub mod notice_type {
+    #![allow(missing_docs)]
+    pub const SECURITY: u8 = 2;
+    pub const INFO: u8 = 4;
+}
+
+/// Trap 144 (local changes) for a new CapabilityMask of port index `pi`,
+/// as a ConnectX-3 SMA sends it when the driver changes the mask (SET_PORT:
+/// IsSM set or cleared by an SM starting or stopping on the port). IBA
+/// 14.2.5.1 DataDetails: reserved 16, LIDADDR, reserved 7 /
+/// OtherLocalChanges 1 (0: the change is the mask's), CapabilityMask,
+/// change flags 0 (no link speed/width or NodeDescription change).
+pub fn capability_mask_trap(hca: &mut Hca, pi: usize) {
+    let p = &hca.ports[pi];
+    let mut d = [0u8; NOTICE_DETAILS];
+    put16(&mut d, 2, p.lid);
+    put32(&mut d, 6, p.cap_mask);
+    send_notice(hca, pi, notice_type::INFO, trap::LOCAL_CHANGES, &d);
 }
 
 /// A P_Key violation seen at the port (IBA 10.9.3) for trap 257: the
@@ -423,6 +445,12 @@ pub const NOTICE_DETAILS: usize = 54;
 /// with SLID 0, for the driver to forward (the module's "Decisions").
 /// Nothing while the port is not Active or knows no SM.
 pub fn send_trap(hca: &mut Hca, pi: usize, num: u16, details: &[u8; NOTICE_DETAILS]) {
+    send_notice(hca, pi, notice_type::SECURITY, num, details);
+}
+
+/// [`send_trap`] with the Notice's type `ntype` (security for 256/257,
+/// informational for 144).
+pub fn send_notice(hca: &mut Hca, pi: usize, ntype: u8, num: u16, details: &[u8; NOTICE_DETAILS]) {
     let p = &mut hca.ports[pi];
     if p.state != LogicalState::Active || p.sm_lid == 0 {
         return;
@@ -436,10 +464,10 @@ pub fn send_trap(hca: &mut Hca, pi: usize, num: u16, details: &[u8; NOTICE_DETAI
     put64(&mut m, 8, u64::from(p.num) << 32 | u64::from(p.traps_sent));
     put16(&mut m, 0x10, attr::NOTICE);
     put64(&mut m, 0x18, p.mkey);
-    // Notice: IsGeneric | Type 2 (security), ProducerType 1 (CA),
-    // TrapNumber, IssuerLID; NoticeToggle/Count 0; DataDetails.
+    // Notice: IsGeneric | Type, ProducerType 1 (CA), TrapNumber,
+    // IssuerLID; NoticeToggle/Count 0; DataDetails.
     let n = &mut m[DATA..DATA + 64];
-    put32(n, 0, 0x82 << 24 | 1);
+    put32(n, 0, u32::from(0x80 | (ntype & 0x7f)) << 24 | 1);
     put16(n, 4, num);
     put16(n, 6, p.lid);
     n[10..10 + NOTICE_DETAILS].copy_from_slice(details);
@@ -487,6 +515,7 @@ pub fn encode_port_info(p: &Port, out: &mut [u8]) {
         u8::from(p.client_rereg) << 7 | (p.subnet_timeout & 0x1f),
     );
     put8(out, 52, 0x10); // response time value
+    put8(out, 53, p.error_thresholds); // LocalPhyErrors, OverrunErrors
     put8(
         out,
         62,
@@ -525,6 +554,7 @@ fn port_info_set(p: &mut Port, d: &[u8], ext_speeds: bool) -> Result<(), u16> {
     }
     p.client_rereg = get8(d, 51) & 0x80 != 0;
     p.subnet_timeout = get8(d, 51) & 0x1f;
+    p.error_thresholds = get8(d, 53);
     if ext_speeds {
         p.link_speed_ext_enabled = match get8(d, 63) & 0x1f {
             0 => p.link_speed_ext_enabled,
@@ -898,6 +928,40 @@ mod tests {
         assert_eq!(port_info_get(&mut hca, 0), Err(Status::BAD_PKT));
         assert_eq!(hca.ports[0].traps_sent, 1, "no trap from an Armed port");
         assert_eq!(hca.ports[0].mkey_violations, 2);
+    }
+
+    /// LocalPhyErrors/OverrunErrors thresholds are read-write: a Get
+    /// after OpenSM's Set of 8/8 reads 8/8 (it read 0, so every heavy
+    /// sweep wrote them again).
+    #[test]
+    fn error_thresholds_read_back_as_set() {
+        let mut hca = protected(0, 0);
+        let d = port_info_get(&mut hca, 0).expect("PortInfo");
+        let mut pi = [0u8; 64];
+        pi.copy_from_slice(&d[DATA..DATA + 64]);
+        pi[32] &= 0xf0;
+        pi[53] = 0x88;
+        let mut set = smp_mad(method::SET, attr::PORT_INFO, 1, 0x1234);
+        set[DATA..DATA + 64].copy_from_slice(&pi);
+        let r = process(&mut hca, 0, 0, &set).expect("a response");
+        assert_eq!(get16(&r, 4), 0);
+        assert_eq!(r[DATA + 53], 0x88, "the Set's answer");
+        let d = port_info_get(&mut hca, 0).expect("PortInfo");
+        assert_eq!(d[DATA + 53], 0x88, "LocalPhyErrors 8, OverrunErrors 8");
+    }
+
+    /// A new CapabilityMask (SET_PORT) is reported to the SM with trap
+    /// 144, only from an Active port that knows its SM.
+    #[test]
+    fn a_capability_mask_change_sends_trap_144_from_an_active_port() {
+        let mut hca = protected(0, 0);
+        let before = hca.ports[0].traps_sent;
+        hca.ports[0].cap_mask |= 2;
+        capability_mask_trap(&mut hca, 0);
+        assert_eq!(hca.ports[0].traps_sent, before + 1);
+        hca.ports[0].sm_lid = 0;
+        capability_mask_trap(&mut hca, 0);
+        assert_eq!(hca.ports[0].traps_sent, before + 1, "no SM to tell");
     }
 
     /// SLtoVLMappingTable and VLArbitrationTable: Get and Set kept per

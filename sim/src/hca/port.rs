@@ -125,6 +125,10 @@ pub struct Port {
     pub traps_sent: u32,
     /// LinkSpeedExtEnabled (IBTA 14.2.5.6; bit 0 = FDR 14.0625 Gb/s).
     pub link_speed_ext_enabled: u8,
+    /// PortInfo LocalPhyErrors (high nibble) and OverrunErrors (low
+    /// nibble) thresholds, read-write (IBTA 14.2.5.6): kept as the SM set
+    /// them (OpenSM writes 8/8).
+    pub error_thresholds: u8,
     /// The extended speeds the far end of the cable would train to, as the
     /// fabric last said ([`crate::fabric::Fabric::peer_link_speeds_ext`]);
     /// without a fabric, FDR (the far end is taken to be an FDR switch).
@@ -200,6 +204,7 @@ impl Port {
             mkey_lease_due: None,
             traps_sent: 0,
             link_speed_ext_enabled: LINK_SPEED_EXT_SUPPORTED,
+            error_thresholds: 0,
             peer_speeds_ext: LINK_SPEED_EXT_SUPPORTED,
             sl2vl: [0; 8],
             vlarb_low: [[0; 2]; VL_ARB_CAP],
@@ -253,6 +258,7 @@ impl Port {
         self.mkey_lease = 0;
         self.mkey_lease_due = None;
         self.link_speed_ext_enabled = LINK_SPEED_EXT_SUPPORTED;
+        self.error_thresholds = 0;
         self.sl2vl = [0; 8];
         self.vlarb_low = [[0; 2]; VL_ARB_CAP];
         self.vlarb_high = [[0; 2]; VL_ARB_CAP];

@@ -201,4 +201,24 @@ fn a_second_opensm_becomes_standby() {
     );
     let (ok, out, _) = rig.diag("H3", "/usr/sbin/sminfo", &[], Duration::from_secs(20));
     assert!(ok && out.contains("SMINFO_MASTER"), "{out}");
+    // H2's CapabilityMask gained IsSM when the second SM attached: its
+    // node sent the master trap 144 (as ibsim does on SET_ISSM), which
+    // makes OpenSM sweep heavily and find the new SM at once instead of at
+    // its next heavy sweep.
+    let h2 = node_state(&rig, "H2").0;
+    assert!(
+        rig.world().server.stats().traps_from_nodes >= 1,
+        "{:?}",
+        rig.world().server.stats()
+    );
+    let want = "Received Generic Notice type:4 num:144 (CapabilityMask";
+    let from = format!("Producer:1 (Channel Adapter) from LID:{h2} ");
+    let t = Instant::now();
+    let mut master = rig.opensm_log();
+    let seen = |log: &str| log.lines().any(|l| l.contains(want) && l.contains(&from));
+    while t.elapsed() < LIMIT && !seen(&master) {
+        std::thread::sleep(Duration::from_millis(10));
+        master = rig.opensm_log();
+    }
+    assert!(seen(&master), "master's log:\n{master}");
 }

@@ -2,7 +2,9 @@
 //!
 //! One port, an SMA answering NodeInfo, NodeDescription and PortInfo (Get/Set with
 //! the Init -> Armed -> Active rules) to directed-route SMPs as an end node
-//! (C14-9:3, C14-13:1), and every other packet kept for the test.
+//! (C14-9:3, C14-13:1), optionally an SM of its own that only answers SMInfo
+//! (IsSM set; SubnSet(SMInfo) recorded, a HANDOVER making it master), and
+//! every other packet kept for the test.
 
 use sim::fabric::packet::{self, PERMISSIVE_LID, Smp, attr, mad_status, method};
 use sim::fabric::{Fabric, Packet, PortId};
@@ -27,6 +29,22 @@ pub struct Ca {
     pub reregs: u64,
     pub inbox: Vec<Packet>,
     link_gen: u64,
+    /// An SM on this port (IsSM; answers SMInfo).
+    pub sm: Option<FakeSm>,
+}
+
+/// What the test CA's SM says in SMInfo, and what it was told.
+#[derive(Debug, Clone, Default)]
+pub struct FakeSm {
+    pub priority: u8,
+    pub state: u8,
+    pub key: u64,
+    /// Stops answering SMInfo (the SM died).
+    pub silent: bool,
+    /// SubnSet(SMInfo) attribute modifiers received.
+    pub sets: Vec<u32>,
+    /// SubnGet(SMInfo) received.
+    pub gets: u64,
 }
 
 impl Ca {
@@ -48,7 +66,44 @@ impl Ca {
             reregs: 0,
             inbox: Vec::new(),
             link_gen: 0,
+            sm: None,
         }
+    }
+
+    /// Sends the SM at `sm_lid` trap 144 (local changes: a new
+    /// CapabilityMask), LID-routed, as the CA's SMA would when IsSM is set.
+    pub fn send_trap144(&mut self, f: &mut Fabric, now: u64) {
+        let mut m = [0u8; packet::MAD_LEN];
+        packet::MadHdr {
+            base_version: 1,
+            mgmt_class: 0x01,
+            class_version: 1,
+            method: method::TRAP,
+            tid: 0x144,
+            attr_id: 0x0002,
+            ..packet::MadHdr::default()
+        }
+        .write(&mut m);
+        m[64] = 0x84;
+        m[67] = 1;
+        m[68..70].copy_from_slice(&144u16.to_be_bytes());
+        m[70..72].copy_from_slice(&self.lid.to_be_bytes());
+        m[76..78].copy_from_slice(&self.lid.to_be_bytes());
+        m[80..84].copy_from_slice(&self.cap_mask().to_be_bytes());
+        let h = packet::mad_headers(self.sm_lid, self.lid, 0, 0, 0xffff);
+        let bytes = packet::build(&h, &m).unwrap();
+        f.transmit(self.port, Packet { bytes }, now);
+    }
+
+    fn cap_mask(&self) -> u32 {
+        let mut c = 0;
+        if self.rereg_cap {
+            c |= 1 << 25;
+        }
+        if self.sm.is_some() {
+            c |= 1 << 1;
+        }
+        c
     }
 
     pub fn port_guid(&self) -> u64 {
@@ -60,9 +115,7 @@ impl Ca {
         o[8..16].copy_from_slice(&self.prefix.to_be_bytes());
         o[16..18].copy_from_slice(&self.lid.to_be_bytes());
         o[18..20].copy_from_slice(&self.sm_lid.to_be_bytes());
-        if self.rereg_cap {
-            o[20..24].copy_from_slice(&(1u32 << 25).to_be_bytes());
-        }
+        o[20..24].copy_from_slice(&self.cap_mask().to_be_bytes());
         o[28] = 1;
         o[31] = 2; // 4x
         o[32] = 0x10 | self.state;
@@ -101,7 +154,9 @@ impl Ca {
                 continue;
             }
             self.smps += 1;
-            if self.mute {
+            if self.mute
+                || smp.hdr.attr_id == attr::SM_INFO && self.sm.as_ref().is_some_and(|s| s.silent)
+            {
                 continue;
             }
             let mut r = smp.clone();
@@ -172,6 +227,23 @@ impl Ca {
                     }
                 }
                 *out = self.port_info();
+            }
+            attr::SM_INFO if self.sm.is_some() => {
+                let guid = self.port_guid();
+                let Some(sm) = self.sm.as_mut() else {
+                    return mad_status::ATTR_UNSUPPORTED;
+                };
+                if set {
+                    sm.sets.push(smp.hdr.attr_mod);
+                    if smp.hdr.attr_mod == 1 {
+                        sm.state = 3; // HANDOVER: master now
+                    }
+                } else {
+                    sm.gets += 1;
+                }
+                out[0..8].copy_from_slice(&guid.to_be_bytes());
+                out[8..16].copy_from_slice(&sm.key.to_be_bytes());
+                out[20] = sm.priority << 4 | sm.state;
             }
             _ => return mad_status::ATTR_UNSUPPORTED,
         }

@@ -124,9 +124,11 @@ fn mutated_mads_to_the_sm_never_panic_it() {
         ..MadHdr::default()
     }
     .write(&mut m);
-    m[48..56].copy_from_slice(&(1u64 << 4).to_be_bytes());
+    m[48..56].copy_from_slice(&(1u64 << 4 | 1 << 5).to_be_bytes());
     let b = net.cas[1].lid;
     m[56 + 40..56 + 42].copy_from_slice(&b.to_be_bytes());
+    let a = net.cas[0].lid;
+    m[56 + 42..56 + 44].copy_from_slice(&a.to_be_bytes());
     net.run_for(20_000_000_000);
     assert!(net.send_gmp(0, sm_lid, &m));
     net.run_for(10_000);

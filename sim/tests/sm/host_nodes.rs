@@ -112,9 +112,11 @@ fn host_nodes_come_up_active_under_the_embedded_sm_and_query_its_sa() {
         ..MadHdr::default()
     }
     .write(&mut m.data);
-    m.data[48..56].copy_from_slice(&(1u64 << 4).to_be_bytes());
+    m.data[48..56].copy_from_slice(&(1u64 << 4 | 1 << 5).to_be_bytes());
     let dlid = r.nodes[2].lid();
     m.data[56 + 40..56 + 42].copy_from_slice(&dlid.to_be_bytes());
+    let slid = r.nodes[0].lid();
+    m.data[56 + 42..56 + 44].copy_from_slice(&slid.to_be_bytes());
     let now = r.now;
     r.nodes[0].transmit(&mut r.f, now, &m).unwrap();
     assert!(r.run_until(SEC, |r| !r.inbox[0].is_empty()));

@@ -7,10 +7,12 @@
 
 mod bench;
 mod ca;
+mod election;
 mod fuzz;
 mod host_nodes;
 mod net;
 mod real_diags;
+mod records;
 mod sa;
 
 mod sweep;

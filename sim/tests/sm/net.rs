@@ -25,6 +25,17 @@ impl Net {
     /// The HCAs of `t` as test CAs (port 1), the SM on the first free
     /// switch port.
     pub fn build(t: &Topology) -> Net {
+        Net::build_with(t, SmConfig::default())
+    }
+
+    /// [`Net::build`] with the SM configured as `cfg` (its node GUID
+    /// always [`SM_GUID`]).
+    pub fn build_with(t: &Topology, cfg: SmConfig) -> Net {
+        Net::build_prepared(t, cfg, |_| {})
+    }
+
+    /// [`Net::build_with`], the CAs prepared by `prep` first.
+    pub fn build_prepared(t: &Topology, cfg: SmConfig, prep: impl FnOnce(&mut [Ca])) -> Net {
         let mut f = Fabric::new();
         let built = t.build(&mut f).unwrap();
         let sw = built.switches[0].1;
@@ -41,9 +52,10 @@ impl Net {
         ));
         f.set_capture(Some(Capture::create(&cap).unwrap()));
         let _ = std::fs::remove_file(&cap);
+        prep(&mut cas);
         let cfg = SmConfig {
             node_guid: SM_GUID,
-            ..SmConfig::default()
+            ..cfg
         };
         f.add_sm_on_free_port(cfg).unwrap();
         Net {

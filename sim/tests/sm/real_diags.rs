@@ -28,6 +28,21 @@ fn field(out: &str, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The embedded SM's log, counters and remote SMs, and the server's
+/// counters (one lock of the world).
+fn sm_report(rig: &Rig) -> String {
+    let w = rig.world();
+    let sm = w.fabric.sm().expect("the embedded SM");
+    format!(
+        "{}\n{:?}\nremote SMs {:?}\nserver {:?}, {} pending",
+        sm.log().join("\n"),
+        sm.stats(),
+        sm.remote_sms(),
+        w.server.stats(),
+        w.server.pending()
+    )
+}
+
 #[test]
 fn diags_read_the_embedded_sm_and_its_sa() {
     if !tools_present("diags_read_the_embedded_sm_and_its_sa") {
@@ -136,8 +151,13 @@ fn opensm_started_beside_the_embedded_sm_stands_by() {
             .iter()
             .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
             .collect();
+        // Light sweeps every second: the one after OpenSM's first sweep
+        // reads its SMInfo again (STANDBY by then).
         fabric
-            .add_sm_on_free_port(SmConfig::default())
+            .add_sm_on_free_port(SmConfig {
+                sweep_interval_ns: 1_000_000_000,
+                ..SmConfig::default()
+            })
             .expect("a free switch port");
         nodes
     });
@@ -164,4 +184,125 @@ fn opensm_started_beside_the_embedded_sm_stands_by() {
     std::thread::sleep(Duration::from_millis(200));
     let after: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
     assert_eq!(lids, after);
+    // The embedded SM heard of it at once: H1's SMA sent trap 144 when
+    // OpenSM set IsSM, the heavy sweep that followed read its SMInfo. That
+    // read may come while OpenSM still discovers (state 1, as on a loaded
+    // machine); as OpenSM's, only a later sweep's SMInfo Get shows it
+    // standing by (a standby's polls do not tell the master its state).
+    let h1 = rig.world().server.node("H1").unwrap().port_guid();
+    let heard = rig.wait_for(Duration::from_secs(5), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.remote_sms().iter().any(|r| r.0 == h1))
+    });
+    let what = sm_report(&rig);
+    assert!(heard, "{what}");
+    let found = rig.wait_for(Duration::from_secs(5), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.remote_sms().iter().any(|r| r.0 == h1 && r.3 == 2))
+    });
+    let what = sm_report(&rig);
+    assert!(found, "{what}");
+    assert!(rig.world().fabric.sm().unwrap().is_master());
+}
+
+/// OpenSM of a higher priority started beside the embedded SM (master):
+/// the embedded SM finds it (trap 144, heavy sweep, SMInfo), hands over
+/// and stands by, polling it; OpenSM is master ("SUBNET UP"), no port
+/// leaving Active. When OpenSM ends, the embedded SM's polls go unanswered
+/// and it takes the subnet back, every LID kept.
+#[test]
+fn a_higher_opensm_gets_the_handover_and_the_embedded_sm_takes_over_when_it_ends() {
+    if !tools_present("a_higher_opensm_gets_the_handover") {
+        return;
+    }
+    let mut rig = Rig::start_with("embsm-handover", |fabric| {
+        let topo = Topology::from_netfile(NET_SMALL).expect("net file");
+        let built = topo.build(fabric).expect("build");
+        let nodes = built
+            .hcas
+            .iter()
+            .map(|h| HostNode::new(fabric, &h.name, h.node_guid, h.ports[0]))
+            .collect();
+        fabric
+            .add_sm_on_free_port(SmConfig {
+                priority: 1,
+                polling_interval_ns: 1_000_000_000,
+                ..SmConfig::default()
+            })
+            .expect("a free switch port");
+        nodes
+    });
+    assert!(rig.wait_for(Duration::from_secs(10), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.is_master() && !s.sweeping())
+    }));
+    let lids: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
+    let h1_lid = lids[0];
+    let pid = rig.start_opensm("H1", &["-p", "10", "-s", "1"]);
+    let t = Instant::now();
+    let standby = rig.wait_for(Duration::from_secs(30), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.sm_state() == sim::fabric::sm::sm_state::STANDBY)
+    });
+    let log = rig.opensm_log();
+    let what = sm_report(&rig);
+    assert!(standby, "{what}\nOpenSM:\n{log}");
+    let waited = Instant::now();
+    let mut log = String::new();
+    while waited.elapsed() < Duration::from_secs(30) {
+        log = rig.opensm_log();
+        if log.contains("SUBNET UP") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let what = sm_report(&rig);
+    assert!(
+        log.contains("SUBNET UP"),
+        "OpenSM is master:\n{log}\nembedded SM: {what}"
+    );
+    println!("handover to OpenSM in {:?}", t.elapsed());
+    assert_eq!(rig.world().fabric.sm().unwrap().stats().handovers_sent, 1);
+    let (ok, out, _) = rig.diag("H3", "/usr/sbin/sminfo", &[], DIAG_LIMIT);
+    assert!(ok, "sminfo:\n{out}");
+    assert!(
+        out.contains(&format!("sminfo: sm lid {h1_lid} "))
+            && out.contains("priority 10")
+            && out.contains("SMINFO_MASTER"),
+        "OpenSM on H1 is master:\n{out}"
+    );
+    assert!(
+        rig.world()
+            .server
+            .nodes()
+            .iter()
+            .all(|n| { n.state() == sim::LogicalState::Active && n.sm_lid() == h1_lid })
+    );
+    // OpenSM ends: the embedded SM takes over.
+    rig.stop_pid(pid);
+    let t = Instant::now();
+    let back = rig.wait_for(Duration::from_secs(30), |w| {
+        w.fabric
+            .sm()
+            .is_some_and(|s| s.is_master() && !s.sweeping())
+    });
+    let what = sm_report(&rig);
+    assert!(back, "{what}");
+    println!(
+        "embedded SM master again {:?} after OpenSM ended",
+        t.elapsed()
+    );
+    let sm_lid = rig.world().fabric.sm().unwrap().lid();
+    let after: Vec<u16> = rig.world().server.nodes().iter().map(|n| n.lid()).collect();
+    assert_eq!(lids, after, "LIDs kept");
+    assert!(rig.wait_for(Duration::from_secs(5), |w| {
+        w.server
+            .nodes()
+            .iter()
+            .all(|n| n.state() == sim::LogicalState::Active && n.sm_lid() == sm_lid)
+    }));
 }

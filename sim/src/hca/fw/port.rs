@@ -224,7 +224,9 @@ fn set_port_ib(hca: &mut Hca, cmd: &Command) -> CmdResult {
     if get8(&b, 3) & RESET_QKEY_CNTR as u8 != 0 {
         p.qkey_violations = 0;
     }
+    let old_mask = p.cap_mask;
     p.cap_mask = get32(&b, CAP_MASK);
+    let mask_changed = p.cap_mask != old_mask;
     // iPXE/PRM only: replace GUID0, the node GUID, the system image GUID.
     if flags & CHANGE_GUID0 != 0 {
         p.guids[0] = get64(&b, GUID0);
@@ -234,6 +236,10 @@ fn set_port_ib(hca: &mut Hca, cmd: &Command) -> CmdResult {
     }
     if flags & CHANGE_SYS_IMAGE_GUID != 0 {
         hca.cfg.sys_image_guid = get64(&b, SYS_IMAGE_GUID);
+    }
+    if mask_changed {
+        // The SMA tells the SM (IsCapabilityMaskNoticeSupported): trap 144.
+        crate::hca::mad_ifc::capability_mask_trap(hca, i);
     }
     Ok(Outcome::OK)
 }
