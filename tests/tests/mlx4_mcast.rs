@@ -600,7 +600,6 @@ impl SwNet {
 }
 
 #[test]
-#[ignore = "needs the switch's MFT (mgmt-fabric branch)"]
 fn a_multicast_datagram_crosses_the_switch_to_the_ports_of_its_mft_entry() {
     let mut f = sim::fabric::Fabric::new();
     let built = sim::fabric::Topology::for_nodes(2)
