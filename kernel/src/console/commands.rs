@@ -192,6 +192,18 @@ static COMMANDS: &[Command] = &[
         run: super::net::ping,
     },
     Command {
+        name: "ethtool",
+        usage: "ethtool -S DEV",
+        help: "a link driver's own counters (IPoIB's drops by reason), as ethtool -S",
+        run: super::net::ethtool,
+    },
+    Command {
+        name: "tcpecho",
+        usage: "tcpecho ADDR [-n BYTES] [-p PORT] [-t SECONDS]",
+        help: "bytes (1 MiB) through a peer's TCP echo (port 7), checked and timed",
+        run: super::net::tcpecho,
+    },
+    Command {
         name: "opensm",
         usage: "opensm [-p PRIO] [-s SECS] [-C CA] [-P PORT] | opensm status|log|stop",
         help: "our subnet manager and SA on this port, as OpenSM (-p priority, -s sweep)",

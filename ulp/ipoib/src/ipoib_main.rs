@@ -1112,6 +1112,14 @@ impl Link<IbCore> for IpoibDev {
         self.stage.get_mut(IPOIB_ENCAP_LEN..IPOIB_ENCAP_LEN + len)
     }
 
+    fn as_any(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn core::any::Any> {
+        Some(self)
+    }
+
     fn tx_commit(&mut self, core: &mut IbCore, next_hop: Ipv4Address) {
         let len = core::mem::take(&mut self.staged);
         if self.t.is_none() {

@@ -349,6 +349,42 @@ pub struct Counters {
     pub joins: u64,
 }
 
+impl Counters {
+    /// Each counter with its name (what `ethtool -S` prints).
+    pub fn for_each(&self, mut f: impl FnMut(&'static str, u64)) {
+        f("rx_wc_errors", self.rx_wc_errors);
+        f("rx_flushed", self.rx_flushed);
+        f("rx_short", self.rx_short);
+        f("rx_unknown_type", self.rx_unknown_type);
+        f("rx_bad_ipv4", self.rx_bad_ipv4);
+        f("rx_too_long", self.rx_too_long);
+        f("rx_own", self.rx_own);
+        f("rx_post_errors", self.rx_post_errors);
+        f("arp_rx", self.arp_rx);
+        f("arp_bad", self.arp_bad);
+        f("arp_unsolicited", self.arp_unsolicited);
+        f("arp_probes_ignored", self.arp_probes_ignored);
+        f("arp_requests_tx", self.arp_requests_tx);
+        f("arp_replies_tx", self.arp_replies_tx);
+        f("neigh_failed", self.neigh_failed);
+        f("tx_unresolved", self.tx_unresolved);
+        f("tx_queue_full", self.tx_queue_full);
+        f("tx_no_path", self.tx_no_path);
+        f("tx_multicast", self.tx_multicast);
+        f("tx_too_long", self.tx_too_long);
+        f("tx_no_dest", self.tx_no_dest);
+        f("tx_ring_full", self.tx_ring_full);
+        f("tx_post_errors", self.tx_post_errors);
+        f("tx_wc_errors", self.tx_wc_errors);
+        f("path_queries", self.path_queries);
+        f("path_failures", self.path_failures);
+        f("path_ahs", self.path_ahs);
+        f("path_flushes", self.path_flushes);
+        f("join_failures", self.join_failures);
+        f("joins", self.joins);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
