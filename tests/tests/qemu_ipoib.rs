@@ -48,6 +48,16 @@ fn link_addr(t: &str) -> Option<&str> {
     t[i..].split_whitespace().next()
 }
 
+/// The median of the `time=X ms` of a ping's reply lines.
+fn median(lines: &[&str]) -> Option<f64> {
+    let mut t: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l.split("time=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t.get(t.len() / 2).copied()
+}
+
 /// The `min/avg/max` of a ping summary line (iputils' `rtt ...` or
 /// busybox's `round-trip ...`).
 fn rtt(lines: &[&str]) -> Option<String> {
@@ -82,7 +92,11 @@ fn two_of_our_guests_ping_each_other_over_ib0() {
                 .any(|l| l.starts_with("100 packets transmitted, 100 received, 0% packet loss")),
             "{all}"
         );
-        eprintln!("ping -c 100 to {peer}: rtt {:?}", rtt(&ping));
+        eprintln!(
+            "ping -c 100 to {peer}: rtt {:?}, median {:?} ms",
+            rtt(&ping),
+            median(&ping)
+        );
     }
     // Each side's neighbour is the other's own address: flags 0, QPN, GID.
     let (a0, a1) = (
@@ -146,7 +160,7 @@ fn two_of_our_guests_ping_each_other_over_ib0() {
 const LINUX: &str = "wait-active 120; modprobe ib_ipoib; ip link set ib0 up; \
      ip addr add 192.168.100.1/24 dev ib0; cat /sys/class/net/ib0/mode; ip link show ib0; \
      retry 120 ping -c 1 -W 2 192.168.100.2; ping -c 100 -i 0.2 192.168.100.2; \
-     ip neigh show dev ib0; head -c 1048576 /dev/urandom > /tmp/a; \
+     lid=$(peer-lid 2) && ibping -c 100 $lid; ip neigh show dev ib0; head -c 1048576 /dev/urandom > /tmp/a; \
      time nc 192.168.100.2 7 < /tmp/a > /tmp/b; cmp /tmp/a /tmp/b && echo tcp-echo-same; \
      echo hello-lego | nc 192.168.100.2 7; nc -l -p 7 -e cat; ifconfig ib0; wait-down 2 300";
 const OURS_WITH_LINUX: &str = "retry -n 60 -i 1 ip addr add 192.168.100.2/24 dev ib0; \
@@ -205,10 +219,21 @@ fn linux_and_our_guest_ping_resolve_and_echo_over_ipoib() {
         "our ping:\n{all}"
     );
     eprintln!(
-        "Linux to ours: rtt {:?}; ours to Linux: rtt {:?}",
+        "Linux to ours: rtt {:?}, median {:?} ms; ours to Linux: rtt {:?}, median {:?} ms",
         rtt(&lping),
-        rtt(&oping)
+        median(&lping),
+        rtt(&oping),
+        median(&oping)
     );
+    // The same path below IP: Linux's ibping to our kernel's responder.
+    let ibping = linux("lid=$(peer-lid 2) && ibping -c 100 $lid");
+    assert!(
+        ibping
+            .iter()
+            .any(|l| l.contains("100 packets transmitted, 100 received")),
+        "Linux's ibping of our guest:\n{all}"
+    );
+    eprintln!("Linux's ibping to ours: {:?}", rtt(&ibping));
     // Linux's neighbour entry names our QPN and GID (flags 0); ours names
     // Linux's.
     let lneigh = linux("ip neigh show dev ib0");

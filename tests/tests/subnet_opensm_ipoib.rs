@@ -694,3 +694,44 @@ fn bad_frames_and_unanswered_pings_are_counted_and_the_link_carries_on() {
     a.teardown();
     b.teardown();
 }
+
+#[test]
+fn a_refused_broadcast_join_keeps_the_carrier_down_and_is_counted() {
+    if !peers_present("a_refused_broadcast_join_keeps_the_carrier_down_and_is_counted") {
+        return;
+    }
+    // A partitions.conf without `ipoib`: OpenSM makes no broadcast group,
+    // and a join without the create components is refused.
+    let dir = tests::target_tmpdir().join(format!("ipoib-nogroup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("partitions.conf");
+    std::fs::write(&conf, "Default=0x7fff : ALL=full ;\n").unwrap();
+    let conf = conf.display().to_string();
+    let mut s = subnet("ipoib-nogroup", 2, &["-s", "1", "-P", &conf]);
+    let mut a = s.guest(0, "10.0.0.1/24");
+    let mut b = s.guest(1, "10.0.0.2/24");
+    let sm = &mut s.sm;
+    let ok = run(sm, &mut [&mut a, &mut b], UP_LIMIT, |n| {
+        n.iter().all(|x| x.link.is_some() && x.dev().counters().join_failures >= 2)
+    });
+    assert!(ok, "joins refused and tried again:\n{}", sm.current_log());
+    for n in [&mut a, &mut b] {
+        assert!(!n.carrier(), "{}: no carrier without the group", n.g.name);
+        assert!(n.dev().bcast_record().is_none());
+        assert!(n.g.active(), "the port itself is Active");
+    }
+    assert!(
+        a.ip("link show ib0").contains("NO-CARRIER"),
+        "{}",
+        a.ip("link show ib0")
+    );
+    // A ping has nothing to go by: every request a counted carrier drop,
+    // the ping ends at its deadline.
+    let (out, ok) = ping(sm, &mut [&mut a, &mut b], 0, "-c 2 -i 0.2 -W 1 10.0.0.2");
+    assert!(!ok && out.contains("100% packet loss"), "{out}");
+    assert!(a.stats().tx_carrier_errors >= 2, "{:?}", a.stats());
+    s.sm.stop();
+    a.teardown();
+    b.teardown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
