@@ -712,7 +712,8 @@ fn a_refused_broadcast_join_keeps_the_carrier_down_and_is_counted() {
     let mut b = s.guest(1, "10.0.0.2/24");
     let sm = &mut s.sm;
     let ok = run(sm, &mut [&mut a, &mut b], UP_LIMIT, |n| {
-        n.iter().all(|x| x.link.is_some() && x.dev().counters().join_failures >= 2)
+        n.iter()
+            .all(|x| x.link.is_some() && x.dev().counters().join_failures >= 2)
     });
     assert!(ok, "joins refused and tried again:\n{}", sm.current_log());
     for n in [&mut a, &mut b] {
