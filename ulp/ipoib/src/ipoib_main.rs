@@ -479,6 +479,12 @@ impl IpoibDev {
         self.bcast.rec
     }
 
+    /// Why the last broadcast join failed, while the group is not joined
+    /// (the SA's refusal, no answer, or a group MTU the port cannot carry).
+    pub fn join_error(&self) -> Option<ib_core::Error> {
+        self.bcast.last_error
+    }
+
     /// The neighbour table.
     pub fn neigh_table(&self) -> &NeighTable {
         &self.neighs
