@@ -141,7 +141,7 @@ done < "$r/lib/modules/$kver/modules.dep"
 
 for a in sh mount umount mkdir cat echo ls dmesg modprobe rmmod insmod lsmod poweroff sleep \
          grep sed head tail dd printf timeout seq test true false env uname ps kill wc tr cut setsid \
-         ifconfig ip ping hostname awk; do
+         ifconfig ip ping hostname awk nc cmp md5sum time; do
     ln -sf busybox "$r/bin/$a"
 done
 

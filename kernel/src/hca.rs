@@ -45,6 +45,9 @@ pub struct Ib {
     pub core: IbCore,
     /// Adapters in probe order.
     pub hcas: Vec<Hca>,
+    /// The IPoIB client: each InfiniBand port becomes `ib0`, `ib1`, ...
+    /// (registered with the IP stack by `crate::net` once its link trains).
+    pub ipoib: ib_core::ClientId,
 }
 
 impl Ib {
@@ -86,9 +89,14 @@ fn on_event(name: &str, id: DeviceId, e: &Event) {
 /// Probes every ConnectX-3 / ConnectX-3 Pro and registers it with ib_core.
 /// A failure is logged and leaves the shell usable.
 pub fn init() {
+    let mut core = IbCore::new(Arc::new(TscClock));
+    // Before any device, as Linux loads ib_ipoib: every port is named in
+    // device and port order.
+    let ipoib = ipoib::init(&mut core);
     let mut ib = Ib {
-        core: IbCore::new(Arc::new(TscClock)),
+        core,
         hcas: Vec::new(),
+        ipoib,
     };
     // Each port transition, logged when it is dispatched (by the idle
     // loop, or by a console command polling ib_core while it waits), with

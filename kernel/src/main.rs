@@ -105,6 +105,9 @@ fn kernel_main(info: &'static BootInfo) -> ! {
 
     hca::init();
     net::init(info.cmdline());
+    // IPoIB ports whose link trained during the probe get their links now
+    // (the others when they come up).
+    net::poll();
 
     let boot_ns = time::tsc_to_ns(arch::rdtsc().saturating_sub(info.entry_tsc));
     log::info!(

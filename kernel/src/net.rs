@@ -9,10 +9,17 @@
 //! so a node busy in a perftest run answers pings after it. Commands reach
 //! the stack through [`with`] and [`with_stack`].
 //!
+//! IPoIB's links are registered here, from the progress loop: each
+//! InfiniBand port the ipoib client took becomes `ib0`, `ib1`, ... once its
+//! link has trained (a port without a cable waits for one), checked every
+//! 100 ms until every port has its link ([`attach_ipoib`]).
+//!
 //! Leaves out: links that go away other than by [`unregister_link`], and
 //! any use of the stack from a page fault (the page cache does not need it).
 
 use alloc::boxed::Box;
+use alloc::string::ToString;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use ib_core::IbCore;
 use net::{Link, LinkId, Stack};
@@ -54,7 +61,7 @@ pub fn init(cmdline: &str) {
 
 /// Registers a driver's link as `name`; it takes its command-line
 /// addresses and shows in `ip link`.
-#[allow(dead_code)] // IPoIB and mlx4_en call it; neither is in the tree yet.
+#[allow(dead_code)] // for mlx4_en (IPoIB's links come from `attach_ipoib`)
 pub fn register_link(name: &str, link: Box<dyn Link<IbCore>>) -> Result<LinkId, net::Error> {
     let mut g = NET.lock();
     let s = g.as_mut().ok_or(net::Error::Invalid("no IP stack"))?;
@@ -70,8 +77,49 @@ pub fn unregister_link(id: LinkId) -> Option<Box<dyn Link<IbCore>>> {
     NET.lock().as_mut()?.remove_link(id)
 }
 
+/// When [`attach_ipoib`] looks next (microseconds since kernel entry);
+/// `u64::MAX` once every IPoIB port has its link.
+static IPOIB_NEXT_US: AtomicU64 = AtomicU64::new(0);
+
+/// How often [`attach_ipoib`] looks for ports that came up.
+const IPOIB_CHECK_US: u64 = 100_000;
+
+/// `ipoib_add_port`'s registration: every InfiniBand port whose link has
+/// trained and has no link yet gets one (`ib0`, ...), registered with the
+/// stack (it takes its `ip=` addresses). A port whose link cannot be made
+/// is logged and left.
+pub fn attach_ipoib(s: &mut NetStack, ib: &mut crate::hca::Ib) {
+    let now = now_us();
+    if now < IPOIB_NEXT_US.load(Ordering::Relaxed) {
+        return;
+    }
+    IPOIB_NEXT_US.store(now + IPOIB_CHECK_US, Ordering::Relaxed);
+    for p in ipoib::ports_ready(&mut ib.core, ib.ipoib) {
+        let dev = ib.core.device(p.dev).map_or("?", |d| d.name()).to_string();
+        match ipoib::IpoibDev::open(&mut ib.core, ib.ipoib, &p, ipoib::Config::default()) {
+            Ok(link) => match s.add_link(&p.name, Box::new(link)) {
+                Ok(id) => log::info!(
+                    "{}: {dev} port {}: registered with the IP stack as link {}",
+                    p.name,
+                    p.port,
+                    id.0
+                ),
+                Err(e) => log::error!("{}: cannot register the link: {e}", p.name),
+            },
+            Err(e) => log::error!("{}: {dev} port {}: no IPoIB link: {e}", p.name, p.port),
+        }
+    }
+    if ipoib::ports(&mut ib.core, ib.ipoib)
+        .iter()
+        .all(|p| p.opened)
+    {
+        IPOIB_NEXT_US.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
 /// One pass of the stack (receive, echo services, send), if neither the
-/// stack nor the adapters are held (never blocks).
+/// stack nor the adapters are held (never blocks); IPoIB ports that came
+/// up get their links first.
 pub fn poll() {
     let Some(mut g) = NET.try_lock() else {
         return;
@@ -79,7 +127,10 @@ pub fn poll() {
     let Some(s) = g.as_mut() else {
         return;
     };
-    let _ = crate::hca::try_with(|ib| s.poll(now_us(), &mut ib.core));
+    let _ = crate::hca::try_with(|ib| {
+        attach_ipoib(s, ib);
+        s.poll(now_us(), &mut ib.core)
+    });
 }
 
 /// Runs `f` on the stack and ib_core; `None` before [`init`].

@@ -12,6 +12,7 @@
 //! below the trait, from the next-hop address the stack hands to
 //! [`Link::tx_commit`], and shows its table through [`Link::neighbours`].
 
+use core::any::Any;
 use core::fmt;
 
 use smoltcp::phy::Medium;
@@ -292,4 +293,16 @@ pub trait Link<C: ?Sized = ()>: Send {
     /// link resolves it; an Ethernet link can ignore it, smoltcp has
     /// already put the resolved address into the frame).
     fn tx_commit(&mut self, ctx: &mut C, next_hop: Ipv4Address);
+
+    /// The driver behind the link, for what only it knows (IPoIB's
+    /// counters by reason, its paths): the console and tests downcast it.
+    /// `None` (the default) for a link that offers nothing more.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
+
+    /// [`as_any`](Link::as_any), mutable.
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        None
+    }
 }

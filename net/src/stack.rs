@@ -290,6 +290,17 @@ impl<C: ?Sized> Stack<C> {
         }
     }
 
+    /// Link `id` itself (its driver reached through
+    /// [`Link::as_any`]).
+    pub fn link(&self, id: LinkId) -> Option<&dyn Link<C>> {
+        self.iface(id).map(|i| &*i.link)
+    }
+
+    /// Link `id` itself, mutable.
+    pub fn link_mut(&mut self, id: LinkId) -> Option<&mut (dyn Link<C> + 'static)> {
+        self.iface_mut(id).map(|i| &mut *i.link)
+    }
+
     /// Every route, both tables.
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter()

@@ -69,9 +69,10 @@ fn lo_shows_in_ip_and_answers_ping_with_iputils_lines() {
         .strip_prefix("3 packets transmitted, 3 received, 0% packet loss, time ")
         .and_then(|r| r.strip_suffix("ms"))
         .unwrap_or_else(|| panic!("{:?}", ping[6]));
-    // Two intervals of a second between the three requests.
+    // Two intervals of a second between the three requests (never less;
+    // a loaded TCG host may stretch them, as it would iputils' own).
     let ms: u64 = summary.parse().unwrap();
-    assert!((1990..2200).contains(&ms), "{}", ping[6]);
+    assert!((1990..6000).contains(&ms), "{}", ping[6]);
     let rtt = ping[7]
         .strip_prefix("rtt min/avg/max/mdev = ")
         .and_then(|r| r.strip_suffix(" ms"))

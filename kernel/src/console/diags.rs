@@ -51,7 +51,7 @@ fn run(
     }
     hca::with(|ib| {
         let sa = sa.then(|| super::perftest::clients(ib).0);
-        let Ib { core, hcas } = ib;
+        let Ib { core, hcas, .. } = ib;
         let (dev, _) = super::perftest::pick(hcas, ca, |n| alloc::format!("CA '{n}' not found"))?;
         let src = Src { dev, port };
         let mut ctrl_c = || crate::console::ctrl_c();

@@ -26,7 +26,7 @@ fn for_devices(
     mut f: impl FnMut(&Hca, &mut Device) -> CmdResult,
 ) -> CmdResult {
     hca::with(|ib| {
-        let Ib { core, hcas } = ib;
+        let Ib { core, hcas, .. } = ib;
         let mut found = false;
         let mut any = false;
         for h in hcas.iter() {
@@ -309,7 +309,7 @@ pub fn mlx4(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         return Err(usage());
     }
     hca::with(|ib| {
-        let Ib { core, hcas } = ib;
+        let Ib { core, hcas, .. } = ib;
         if hcas.is_empty() {
             return Err(NO_HCA.to_string());
         }

@@ -48,3 +48,179 @@ pub fn ping(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         None => Err(NO_STACK.to_string()),
     }
 }
+
+/// `ethtool -S DEV`: the driver's statistics, as ethtool prints them.
+pub fn ethtool(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    let ["-S", dev] = args else {
+        return Err("usage: ethtool -S DEV".to_string());
+    };
+    crate::net::with_stack(|s| {
+        let id = s.dev(dev).map_err(|e| alloc::format!("{e}"))?;
+        let link = s.link(id).ok_or(NO_STACK)?;
+        match link
+            .as_any()
+            .and_then(|a| a.downcast_ref::<ipoib::IpoibDev>())
+        {
+            Some(d) => {
+                let _ = writeln!(out, "NIC statistics:");
+                d.counters().for_each(|k, v| {
+                    let _ = writeln!(out, "     {k}: {v}");
+                });
+                Ok(())
+            }
+            None => {
+                let _ = writeln!(out, "no stats available");
+                Ok(())
+            }
+        }
+    })
+    .unwrap_or_else(|| Err(NO_STACK.to_string()))
+}
+
+/// The byte at `i` of what `tcpecho` sends.
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 8)) as u8
+}
+
+/// `tcpecho ADDR [-n BYTES] [-p PORT] [-t SECONDS]`: sends BYTES (1 MiB by
+/// default) through the TCP echo service at ADDR (port 7), checks every
+/// byte that comes back, and prints the time and the rate; fails at the
+/// deadline (60 s), on a wrong byte, or if the peer closes first.
+pub fn tcpecho(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    use net::smoltcp::socket::tcp::State;
+    let usage = || "usage: tcpecho ADDR [-n BYTES] [-p PORT] [-t SECONDS]".to_string();
+    let (mut total, mut port, mut secs, mut dst) = (1usize << 20, 7u16, 60u64, None);
+    let mut it = args.iter();
+    while let Some(&a) = it.next() {
+        let mut val = || it.next().copied().ok_or_else(usage);
+        match a {
+            "-n" => {
+                total = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1usize << 30).contains(n))
+                    .ok_or_else(usage)?
+            }
+            "-p" => port = val()?.parse().map_err(|_| usage())?,
+            "-t" => {
+                secs = val()?
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=3600).contains(s))
+                    .ok_or_else(usage)?
+            }
+            a => dst = Some(a.parse::<net::Ipv4Address>().map_err(|_| usage())?),
+        }
+    }
+    let dst = dst.ok_or_else(usage)?;
+    static NEXT_PORT: core::sync::atomic::AtomicU16 = core::sync::atomic::AtomicU16::new(0);
+    let local = 41000 + NEXT_PORT.fetch_add(1, core::sync::atomic::Ordering::Relaxed) % 1000;
+    let now = crate::net::now_us;
+    let sock = crate::net::with(|s, _| s.tcp_connect(dst, port, local, 64 * 1024))
+        .ok_or(NO_STACK)?
+        .map_err(|e| alloc::format!("connect: {e}"))?;
+    let t0 = now();
+    let deadline = t0 + secs * 1_000_000;
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut chunk = alloc::vec![0u8; 16 * 1024];
+    let mut result: Result<(), String> = Ok(());
+    let mut connected_us = None;
+    while got < total {
+        crate::hca::poll();
+        let step = crate::net::with(|s, core| {
+            s.poll(now(), core);
+            let Some(t) = s.tcp(sock) else {
+                return Err("the socket is gone".to_string());
+            };
+            if t.may_send() && connected_us.is_none() {
+                connected_us = Some(now());
+            }
+            while t.can_send() && sent < total {
+                let n = (total - sent).min(chunk.len());
+                for (k, b) in chunk[..n].iter_mut().enumerate() {
+                    *b = pattern(sent + k);
+                }
+                match t.send_slice(&chunk[..n]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => sent += k,
+                }
+            }
+            while t.can_recv() {
+                let n = t.recv_slice(&mut chunk).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                if let Some(k) = (0..n).find(|&k| chunk[k] != pattern(got + k)) {
+                    return Err(alloc::format!("byte {} came back wrong", got + k));
+                }
+                got += n;
+            }
+            match t.state() {
+                State::Closed | State::TimeWait | State::CloseWait | State::LastAck
+                    if got < total =>
+                {
+                    Err(alloc::format!(
+                        "the connection ended after {got} of {total} bytes ({})",
+                        t.state()
+                    ))
+                }
+                _ => Ok(()),
+            }
+        });
+        match step {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                result = Err(e);
+                break;
+            }
+            None => {
+                result = Err(NO_STACK.to_string());
+                break;
+            }
+        }
+        if now() > deadline {
+            result = Err(alloc::format!(
+                "timed out after {secs} s: {sent} bytes sent, {got} back"
+            ));
+            break;
+        }
+        if crate::console::ctrl_c() {
+            result = Err("interrupted".to_string());
+            break;
+        }
+        core::hint::spin_loop();
+    }
+    let t1 = now();
+    // A clean close, bounded; then the socket goes.
+    let _ = crate::net::with(|s, _| {
+        if let Some(t) = s.tcp(sock) {
+            t.close();
+        }
+    });
+    let end = now() + 1_000_000;
+    while now() < end {
+        crate::hca::poll();
+        let closed = crate::net::with(|s, core| {
+            s.poll(now(), core);
+            s.tcp(sock)
+                .is_none_or(|t| matches!(t.state(), State::Closed | State::TimeWait))
+        });
+        if closed != Some(false) {
+            break;
+        }
+    }
+    let _ = crate::net::with(|s, _| s.close(sock));
+    result?;
+    let from = connected_us.unwrap_or(t0);
+    let us = t1.saturating_sub(from).max(1);
+    let _ = writeln!(
+        out,
+        "tcpecho: {total} bytes echoed by {dst}:{port} in {}.{:03} s ({} KB/s each way; connect {}.{:03} ms)",
+        us / 1_000_000,
+        us / 1000 % 1000,
+        total as u64 * 1_000_000 / us / 1000,
+        from.saturating_sub(t0) / 1000,
+        from.saturating_sub(t0) % 1000
+    );
+    Ok(())
+}

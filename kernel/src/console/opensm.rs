@@ -90,7 +90,7 @@ fn start(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         if let Some((_, p)) = ib_sm::running(&mut ib.core, me) {
             return Err(format!("already running on port {p} (opensm stop first)"));
         }
-        let Ib { core, hcas } = ib;
+        let Ib { core, hcas, .. } = ib;
         let (dev, name) = super::perftest::pick(hcas, ca, |n| format!("CA '{n}' not found"))?;
         let name = name.to_string();
         let prio = cfg.priority;

@@ -84,7 +84,7 @@ pub(super) fn pick<'a>(
 fn with_env(ib_dev: Option<&str>, f: impl FnOnce(&mut Env<'_>) -> CmdResult) -> CmdResult {
     hca::with(|ib| {
         let (sa, cm) = clients(ib);
-        let Ib { core, hcas } = ib;
+        let Ib { core, hcas, .. } = ib;
         let (dev, name) = pick(hcas, ib_dev, |n| alloc::format!("IB device {n} not found"))?;
         let mut ctrl_c = || crate::console::ctrl_c();
         let mut env = Env {

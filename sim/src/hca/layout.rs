@@ -411,14 +411,18 @@ impl Default for DevCap {
             log_max_gids: 7,
             log_max_pkeys: 7,
             stat_rate_support: 0x018f,
+            // IPOIB_CSUM (bit 7) and BLH (bit 15) stay clear, though a
+            // real ConnectX-3 sets both: with them a Linux guest's IPoIB
+            // turns on checksum offload (and, with max_gso_sz, LSO), which
+            // the model's engines do not do (no IPOK in the CQE, no
+            // segmentation); without them it computes checksums itself, as
+            // our stack does.
             flags: RC
                 | UC
                 | UD
                 | SRQ
-                | IPOIB_CSUM
                 | BAD_PKEY_CNTR
                 | BAD_QKEY_CNTR
-                | BLH
                 | MEM_WINDOW
                 | APM
                 | ATOMIC
@@ -951,9 +955,10 @@ mod tests {
             (15, 2, 31, 7, 7)
         );
         assert_eq!(&b[0x3c..0x3e], &[0x01, 0x8f]);
-        // RC UC UD SRQ CSUM PKEY QKEY BLH MW APM ATOMIC RAW_MCAST AV_PORT UD_MCAST,
-        // and VEP_UC_STEER VEP_MC_STEER (bits 41 and 42: B0 steering).
-        assert_eq!(&b[0x40..0x48], &[0, 0, 0x06, 0, 0x00, 0x3f, 0x83, 0xc7]);
+        // RC UC UD SRQ PKEY QKEY MW APM ATOMIC RAW_MCAST AV_PORT UD_MCAST,
+        // and VEP_UC_STEER VEP_MC_STEER (bits 41 and 42: B0 steering); no
+        // IPOIB_CSUM (bit 7) and no BLH (bit 15): IPoIB offloads stay off.
+        assert_eq!(&b[0x40..0x48], &[0, 0, 0x06, 0, 0x00, 0x3f, 0x03, 0x47]);
         assert_eq!(&b[0x48..0x4c], &[0x80, 3, 0, 12]);
         assert_eq!(&b[0x50..0x58], &[0, 32, 0x03, 0xf0, 0, 32, 0x02, 0x00]);
         assert_eq!(&b[0x60..0x68], &[0, 3, 0, 13, 0x40, 17, 0x00, 16]);

@@ -384,3 +384,53 @@ fn error_state_flushes_posted_receives_and_later_ones() {
         "posted in ERR: flushed"
     );
 }
+
+/// An RQ doorbell record claiming more receives than the RQ holds (fuzz
+/// finding `sim_wqe-overrun-6bf13e65`: a counter of 15 617 over an RQ of
+/// 64) is the driver's mistake, recorded once while it lasts. The card
+/// takes the counter
+/// as it is: a QP in error flushes that many WQEs, as fast as the CQ's
+/// consumer index lets it (the doorbell record read afresh for every
+/// CQE), and a CQ not polled meanwhile overruns.
+#[test]
+fn rq_counter_past_the_ring_is_recorded_and_flushed_as_counted() {
+    let (mut h, mut cq, _a, b, _la, _rb) = setup();
+    let claimed = 0x3d01u32;
+    b.db.write_be32(0, claimed);
+    let m = crate::harness::QpMbox::new(6, RC);
+    h.r.cmd_in(&m.0, b.qpn, 0, sim::Opcode::ERR_QP).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut flushed = 0u32;
+    while flushed < claimed {
+        for c in cq.drain() {
+            assert!(!c.send && c.qpn == b.qpn && c.syndrome == 0x05, "{c:?}");
+            assert_eq!(u32::from(c.wqe_counter), flushed);
+            flushed += 1;
+        }
+        assert!(std::time::Instant::now() < deadline, "{flushed} flushed");
+        h.r.clock.relax();
+    }
+    for _ in 0..8 {
+        h.r.clock.relax();
+    }
+    assert!(cq.drain().is_empty(), "no more than the counter says");
+    let v = h.r.sim.take_violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("QP 0x81 claims 15617 receive WQEs posted"),
+        "{v:?}"
+    );
+    // Another 1 000 with nobody polling: recorded again, and the 256-entry
+    // CQ overruns.
+    b.db.write_be32(0, claimed + 1000);
+    for _ in 0..32 {
+        h.r.clock.relax();
+    }
+    let v = h.r.sim.take_violations();
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(v[0].contains("claims 1000 receive WQEs posted"), "{v:?}");
+    assert!(
+        v[1].contains("overrun: 256 CQEs outstanding of 256"),
+        "{v:?}"
+    );
+}

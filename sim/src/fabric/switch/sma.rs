@@ -472,7 +472,7 @@ impl Switch {
         out[37] = 4 << 4; // VLCap VL0-7
         out[39] = 8;
         out[40] = 8;
-        out[41] = 5; // MTUCap 4096
+        out[41] = sp.mtu_cap; // MTUCap (4096 by default)
         out[42] = 0x1f; // HOQLife
         out[43] = sp.op_vls << 4 | sp.enforce;
         out[44..46].copy_from_slice(&self.mkey_violations.to_be_bytes());
@@ -522,7 +522,7 @@ impl Switch {
         let sp = &mut self.ports[usize::from(port)];
         let nmtu = d[36] >> 4;
         if (1..=5).contains(&nmtu) {
-            sp.neighbor_mtu = nmtu;
+            sp.neighbor_mtu = nmtu.min(sp.mtu_cap);
         }
         let vls = d[43] >> 4;
         if (1..=4).contains(&vls) {

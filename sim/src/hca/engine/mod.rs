@@ -169,6 +169,9 @@ pub struct QpEng {
     /// expected PSN has not come since; later requests are dropped
     /// without another NAK (IBTA 9.7.5.2.2).
     pub nak_sent: bool,
+    /// The RQ doorbell record claims more WQEs than the RQ holds (the
+    /// violation is recorded when this turns true).
+    pub rq_overclaim: bool,
     /// Responder resources: the READ and atomic requests executed last
     /// (at most `1 << rra_max`), for duplicates.
     pub rd_res: std::collections::VecDeque<wire::RdRes>,
@@ -241,6 +244,7 @@ impl QpEng {
             pkts_sent: self.pkts_sent,
             db_pending: self.db_pending,
             nak_sent: self.nak_sent,
+            rq_overclaim: self.rq_overclaim,
             rx: None,
             rd_res: std::collections::VecDeque::new(),
             roce: self.roce,

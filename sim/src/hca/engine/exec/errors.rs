@@ -89,11 +89,9 @@ pub fn flush_rq(hca: &mut Hca, qpn: u32) -> u32 {
     if q.srq.is_some() || q.rq_cnt == 0 {
         return 0;
     }
-    let mut d = [0u8; 4];
-    if hca.dma_read(q.db_rec, &mut d).is_err() {
+    let Some(head) = super::responder::rq_head(hca, &q) else {
         return 0;
-    }
-    let head = (u32::from_be_bytes(d) & 0xffff) as u16;
+    };
     let pending = head.wrapping_sub(q.rq_ci).min(q.rq_cnt as u16);
     for k in 0..pending {
         let c = Cqe {

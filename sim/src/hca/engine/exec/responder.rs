@@ -52,9 +52,7 @@ pub(in crate::hca::engine) fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch
     if q.rq_cnt == 0 {
         return None;
     }
-    let mut d = [0u8; 4];
-    hca.dma_read(q.db_rec, &mut d).ok()?;
-    let head = (u32::from_be_bytes(d) & 0xffff) as u16;
+    let head = rq_head(hca, q)?;
     if head == q.rq_ci {
         return None;
     }
@@ -68,6 +66,34 @@ pub(in crate::hca::engine) fn rq_peek(hca: &mut Hca, q: &QpEng, sc: &mut Scratch
         srq_next: None,
         malformed: wqe::scatter_malformed(&buf[..stride]),
     })
+}
+
+/// The driver's RQ producer counter (the doorbell record's low 16 bits),
+/// `None` if the record cannot be read. A counter more WQEs ahead of the
+/// card's consumer counter than the RQ holds is the driver's mistake
+/// (a driver posts only into free slots): recorded once until the counter
+/// is back within the ring; the card goes on as the counter says, taking
+/// the ring's WQEs again as it wraps, and a QP in error flushes that many
+/// (so a small CQ overruns).
+pub(in crate::hca::engine) fn rq_head(hca: &mut Hca, q: &QpEng) -> Option<u16> {
+    let mut d = [0u8; 4];
+    hca.dma_read(q.db_rec, &mut d).ok()?;
+    let head = (u32::from_be_bytes(d) & 0xffff) as u16;
+    let ahead = head.wrapping_sub(q.rq_ci);
+    let over = u32::from(ahead) > q.rq_cnt;
+    let Some(live) = hca.engine.qps.get_mut(&q.qpn) else {
+        return Some(head);
+    };
+    let first = over && !live.rq_overclaim;
+    live.rq_overclaim = over;
+    if first {
+        hca.violation(format!(
+            "RQ doorbell record of QP {:#x} claims {ahead} receive WQEs posted \
+             (counter {head}, consumer {}) in an RQ of {}",
+            q.qpn, q.rq_ci, q.rq_cnt
+        ));
+    }
+    Some(head)
 }
 
 /// Consumes the receive WQE `r` peeked from `qpn`'s queue.
