@@ -157,6 +157,20 @@ pub fn on_switches(
     sim::fabric::SharedFabric,
     sim::fabric::Built,
 ) {
+    on_switches_with(n, ll, |_| {})
+}
+
+/// [`on_switches`] with each card's configuration changed by `tweak`.
+pub fn on_switches_with(
+    n: usize,
+    ll: [LinkLayer; 2],
+    tweak: impl Fn(&mut SimConfig),
+) -> (
+    Vec<Hca>,
+    Wire,
+    sim::fabric::SharedFabric,
+    sim::fabric::Built,
+) {
     let mut f = sim::fabric::Fabric::new();
     let built = Topology::for_nodes_with(n, ll)
         .unwrap()
@@ -169,11 +183,9 @@ pub fn on_switches(
         .hcas
         .iter()
         .map(|b| {
-            let s = SimHca::new_on_ports(
-                cfg(b.node_guid, [PortType::Ib; 2]),
-                &w,
-                [Some(b.ports[0]), Some(b.ports[1])],
-            );
+            let mut c = cfg(b.node_guid, [PortType::Ib; 2]);
+            tweak(&mut c);
+            let s = SimHca::new_on_ports(c, &w, [Some(b.ports[0]), Some(b.ports[1])]);
             bring_up(s, eth)
         })
         .collect();

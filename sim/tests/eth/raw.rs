@@ -48,7 +48,20 @@ fn nodes(
     sim::fabric::SharedFabric,
     sim::fabric::Built,
 ) {
-    let (hcas, w, f, b) = on_switches(n, ETH);
+    nodes_with(n, |_| {})
+}
+
+/// [`nodes`] of cards whose configuration `tweak` changed.
+fn nodes_with(
+    n: usize,
+    tweak: impl Fn(&mut sim::SimConfig),
+) -> (
+    Vec<Node>,
+    sim::Wire,
+    sim::fabric::SharedFabric,
+    sim::fabric::Built,
+) {
+    let (hcas, w, f, b) = on_switches_with(n, ETH, tweak);
     let v: Vec<Node> = hcas.into_iter().map(node).collect();
     settle(&v[0].h);
     (v, w, f, b)
@@ -465,7 +478,9 @@ fn send_lso(x: &mut Node, hdr: &[u8], mss: u16, payload_off: u64, payload_len: u
 
 #[test]
 fn lso_cuts_a_tcp_payload_into_frames_of_the_mss() {
-    let (mut n, _w, _f, _b) = nodes(2);
+    // Cards that report BLH (a real ConnectX-3 does; the model's default
+    // leaves it clear for IPoIB's sake), as mlx4_en needs for LSO.
+    let (mut n, _w, _f, _b) = nodes_with(2, |c| c.dev_cap.flags |= 1 << 15);
     n[1].post_rx(8);
     let (a, b) = (n[0].mac, n[1].mac);
     let payload = Rng(4).bytes(3000);
@@ -565,4 +580,14 @@ fn lso_cuts_a_tcp_payload_into_frames_of_the_mss() {
     assert_eq!(err.len(), 1, "the LSO of a UDP header fails");
     assert!(n[0].h.r.sim.take_violations()[0].contains("not an IPv4 TCP header"));
     n[1].h.assert_no_violations();
+    // A card that does not report BLH takes no LSO WQE.
+    let (mut m, _w, _f, _b) = nodes(2);
+    m[1].post_rx(1);
+    m[0].buf.write(8192, &payload);
+    send_lso(&mut m[0], &h4, 1448, 8192, 3000);
+    settle(&m[0].h);
+    let sends = drain_raw(&mut m[0].cq);
+    assert_eq!(cqe_basics(&sends[0]).2, 0x1e, "an error CQE");
+    assert!(m[0].h.r.sim.take_violations()[0].contains("did not report BLH"));
+    assert!(m[1].received().is_empty());
 }

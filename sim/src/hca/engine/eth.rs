@@ -45,8 +45,9 @@
 //! * Force loopback (control bit 0) hands the frame to the port's own
 //!   steering instead of the wire; without it, a frame to the port's own
 //!   MAC goes to the wire like any other.
-//! * LSO (opcode 0x0E; mlx4_en uses it because QUERY_DEV_CAP reports
-//!   BLH, bit 15): the segment after the control segment is `MSS << 16 |
+//! * LSO (opcode 0x0E; mlx4_en uses it when QUERY_DEV_CAP reports BLH,
+//!   bit 15, which the model's default configuration leaves clear: an LSO
+//!   WQE without it is a recorded bad WQE): the segment after the control segment is `MSS << 16 |
 //!   header length` and the header (Ethernet, IPv4 or IPv6, TCP) padded to
 //!   16 bytes (Linux `struct mlx4_wqe_lso_seg`), then the payload's data
 //!   segments. Each frame is the header and up to MSS bytes, with the IP
@@ -293,6 +294,12 @@ pub(super) fn raw_send(hca: &mut Hca, q: &QpEng, ctrl: &Ctrl, wqe: &[u8]) -> Out
         hca.violation(format!(
             "QP {qpn:#x} (raw Ethernet): opcode {:#04x}; a raw Ethernet QP sends SEND and LSO WQEs",
             ctrl.opcode
+        ));
+        return Outcome::Fail(Syndrome::LocalQpOp);
+    }
+    if lso && hca.caps().flags & crate::hca::layout::cap_flags::BLH == 0 {
+        hca.violation(format!(
+            "QP {qpn:#x}: an LSO WQE, but QUERY_DEV_CAP did not report BLH (bit 15)"
         ));
         return Outcome::Fail(Syndrome::LocalQpOp);
     }
