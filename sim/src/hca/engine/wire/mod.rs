@@ -103,6 +103,9 @@ pub struct FabricLink {
     /// The fabric's link epoch when the links were last read
     /// ([`crate::fabric::Activity::links`]; `u64::MAX`: never).
     pub links_seen: u64,
+    /// The LinkSpeedExtEnabled the fabric was last told (`u8::MAX`:
+    /// never).
+    pub speeds_ext: [u8; 2],
 }
 
 impl FabricLink {
@@ -117,6 +120,7 @@ impl FabricLink {
             generation: [0; 2],
             up: [false; 2],
             links_seen: u64::MAX,
+            speeds_ext: [u8::MAX; 2],
         }
     }
 }
@@ -372,9 +376,10 @@ fn transmit_as(hca: &mut Hca, port: u8, bytes: Vec<u8>, owed: bool) -> bool {
 }
 
 /// Brings the ports' physical state in line with the fabric: tells the
-/// fabric about INIT_PORT/CLOSE_PORT, and follows the link (LinkUp and
-/// logical Init when both ends are enabled and cabled; Down, LinkDowned
-/// and PORT_CHANGE when it goes).
+/// fabric about INIT_PORT/CLOSE_PORT and the extended speeds the port
+/// would train to, and follows the link (LinkUp and logical Init when
+/// both ends are enabled and cabled; Down, LinkDowned and PORT_CHANGE when
+/// it goes) and the speeds the far end would train to.
 pub fn sync_ports(hca: &mut Hca) -> bool {
     let Some(l) = hca.fabric.as_ref() else {
         return false;
@@ -387,7 +392,9 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
     if epoch == l.links_seen
         && (0..n).all(|i| {
             l.ports[i].is_none()
-                || (hca.ports[i].initialized == l.enabled[i] && hca.ports[i].cable == l.up[i])
+                || (hca.ports[i].initialized == l.enabled[i]
+                    && hca.ports[i].cable == l.up[i]
+                    && hca.ports[i].link_speed_ext_enabled == l.speeds_ext[i])
         })
     {
         return false;
@@ -400,17 +407,27 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
     for i in 0..n {
         let Some(pid) = link.ports[i] else { continue };
         let want = hca.ports[i].initialized;
-        let (up, generation) = {
+        let speeds = hca.ports[i].link_speed_ext_enabled;
+        let (up, generation, peer_speeds) = {
             let mut f = lock(&link.fabric);
             if want != link.enabled[i] {
                 let _ = f.set_enabled(pid, want);
             }
-            (f.link_up(pid), f.link_generation(pid))
+            if speeds != link.speeds_ext[i] {
+                let _ = f.set_link_speeds_ext(pid, speeds);
+            }
+            (
+                f.link_up(pid),
+                f.link_generation(pid),
+                f.peer_link_speeds_ext(pid),
+            )
         };
         if let Some(l) = hca.fabric.as_mut() {
             l.enabled[i] = want;
             l.up[i] = up;
+            l.speeds_ext[i] = speeds;
         }
+        hca.ports[i].peer_speeds_ext = peer_speeds;
         let was_up = hca.ports[i].phys == PhysicalState::LinkUp;
         if want != link.enabled[i] || generation != link.generation[i] || hca.ports[i].cable != up {
             if let Some(l) = hca.fabric.as_mut() {
