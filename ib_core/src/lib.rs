@@ -65,10 +65,12 @@
 
 extern crate alloc;
 
+pub mod addr;
 pub mod agent;
 pub mod cache;
 pub mod cm;
 pub mod cm_msgs;
+pub mod cma;
 pub mod device;
 pub mod error;
 pub mod mad;

@@ -43,6 +43,7 @@ pub mod ipoib_ib;
 pub mod ipoib_main;
 pub mod ipoib_multicast;
 pub mod ipoib_verbs;
+pub mod rdma_net;
 
 use core::fmt;
 
