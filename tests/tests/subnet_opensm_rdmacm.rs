@@ -22,10 +22,12 @@ use ib_core::verbs::{
     RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, IbCore};
+use ib_tools::rping::{self, Rping};
 use ipoib::IpoibDev;
 use ipoib::rdma_net::StackNet;
 use net::{Ipv4Cidr, LinkId, Stack};
 use sim::fabric::{Fabric, Topology};
+use std::task::Poll;
 use subnet_common::*;
 
 const UP_LIMIT: Duration = Duration::from_secs(90);
@@ -686,4 +688,130 @@ fn raw_req(
     d.destroy_cq(cq).unwrap();
     d.dealloc_pd(pd).unwrap();
     reason.expect("a REJ")
+}
+
+/// Starts rping with `args` on node `who`.
+fn rping_start(n: &mut Node, args: &[&str], out: &mut String) -> Result<Rping, String> {
+    let p = rping::Params::parse(args)?;
+    let cma = n.cma;
+    n.with_net(|core, net| Rping::start(core, cma, net, &p, out))
+}
+
+/// Steps rpings on the nodes (index, rping, output) until all are over;
+/// their results.
+fn rping_run(
+    sm: &mut OpenSm,
+    nodes: &mut [&mut Node],
+    mut rp: Vec<(usize, Rping, String)>,
+    limit: Duration,
+) -> Vec<(Result<(), String>, String)> {
+    let mut res: Vec<Option<Result<(), String>>> = rp.iter().map(|_| None).collect();
+    run(sm, nodes, limit, |n| {
+        for (k, (who, r, out)) in rp.iter_mut().enumerate() {
+            if res[k].is_none()
+                && let Poll::Ready(x) = r.step(&mut n[*who].g.core, out)
+            {
+                res[k] = Some(x);
+            }
+        }
+        res.iter().all(|x| x.is_some())
+    });
+    rp.into_iter()
+        .zip(res)
+        .map(|((who, r, out), x)| {
+            r.finish(&mut nodes[who].g.core);
+            (
+                x.unwrap_or_else(|| Err(format!("still running after {limit:?}"))),
+                out,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rping_ours_against_ours_under_opensm() {
+    let name = "rping_ours_against_ours_under_opensm";
+    if !peers_present(name) {
+        return;
+    }
+    let mut s = subnet(name, 2);
+    let mut a = s.guest(0, "10.0.0.1/24");
+    let mut b = s.guest(1, "10.0.0.2/24");
+    let sm = &mut s.sm;
+    let ok = run(sm, &mut [&mut a, &mut b], UP_LIMIT, |n| {
+        n.iter().all(|x| x.carrier())
+    });
+    assert!(ok, "both ib0 up\n{}", sm.current_log());
+
+    // `rping -s -a 10.0.0.2 -v` against `rping -c -a 10.0.0.2 -C 100 -S 100
+    // -v -V`: 100 pings, the data checked, rping's lines on both sides.
+    let (mut so, mut co) = (String::new(), String::new());
+    let srv = rping_start(&mut b, &["-s", "-a", "10.0.0.2", "-v"], &mut so).unwrap();
+    let cli = rping_start(
+        &mut a,
+        &["-c", "-a", "10.0.0.2", "-C", "100", "-S", "100", "-v", "-V"],
+        &mut co,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let r = rping_run(
+        sm,
+        &mut [&mut a, &mut b],
+        vec![(1, srv, so), (0, cli, co)],
+        Duration::from_secs(60),
+    );
+    let took = t.elapsed();
+    let (ref sres, ref sout) = r[0];
+    let (ref cres, ref cout) = r[1];
+    assert!(
+        cres.is_ok() && sres.is_ok(),
+        "client {cres:?}\n{cout}\nserver {sres:?}\n{sout}"
+    );
+    let pings: Vec<&str> = cout
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    assert_eq!(pings.len(), 100, "{cout}");
+    let mut want = vec![0u8; 100];
+    rping::fill_ping(&mut want, 0, 65);
+    assert_eq!(pings[0], format!("ping data: {}", rping::c_str(&want)));
+    rping::fill_ping(&mut want, 99, 65 + (99 % 58) as u8);
+    assert_eq!(pings[99], format!("ping data: {}", rping::c_str(&want)));
+    assert_eq!(
+        sout.lines()
+            .filter(|l| l.starts_with("server ping data: rdma-ping-"))
+            .count(),
+        100,
+        "{sout}"
+    );
+    assert!(sout.contains("server DISCONNECT EVENT..."), "{sout}");
+    assert!(cout.contains("client DISCONNECT EVENT..."), "{cout}");
+    eprintln!("rping -C 100 -S 100 -V: {took:?} on the model");
+
+    // A client to a port nobody listens on: REJECTED 8, said plainly.
+    let mut co = String::new();
+    let cli = rping_start(
+        &mut a,
+        &["-c", "-a", "10.0.0.2", "-p", "9", "-C", "1"],
+        &mut co,
+    )
+    .unwrap();
+    let r = rping_run(sm, &mut [&mut a, &mut b], vec![(0, cli, co)], STEP_LIMIT);
+    let (ref cres, ref cout) = r[0];
+    assert!(
+        cout.contains("cma event RDMA_CM_EVENT_REJECTED, error 8"),
+        "{cout}"
+    );
+    let e = cres.as_ref().unwrap_err();
+    assert!(e.contains("IB_CM_REJ_INVALID_SERVICE_ID"), "{e}");
+    // No route: rdma_resolve_addr fails at once, as perror words it.
+    let mut co = String::new();
+    let e = rping_start(&mut a, &["-c", "-a", "192.168.9.9"], &mut co)
+        .err()
+        .unwrap();
+    assert_eq!(e, "rdma_resolve_addr: Network is unreachable");
+
+    a.teardown();
+    b.teardown();
+    s.sm.stop();
 }
