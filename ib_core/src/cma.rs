@@ -490,6 +490,8 @@ struct Cma {
     next_id: u32,
     listeners: Vec<CmListener>,
     netdevs: Vec<NetDev>,
+    /// When `netdevs` was last read (ns).
+    netdevs_at: u64,
     rand: u32,
     counters: CmaCounters,
 }
@@ -514,6 +516,7 @@ pub fn init(core: &mut IbCore) -> ClientId {
         next_id: 1,
         listeners: Vec::new(),
         netdevs: Vec::new(),
+        netdevs_at: 0,
         rand: seed | 1,
         counters: CmaCounters::default(),
     })))))
@@ -1296,13 +1299,24 @@ pub fn counters(core: &mut IbCore, cma: ClientId) -> Option<CmaCounters> {
     with_cma(core, cma, |_, st| Ok(st.counters)).ok()
 }
 
+/// How often [`net_poll`] reads the devices again (a bind or an address
+/// resolution reads them at once).
+pub const NETDEV_REFRESH: Duration = Duration::from_millis(50);
+
 /// The IP side's turn (Linux's netevent notifier and `addr.c`'s delayed
-/// work): refreshes the RDMA CM's view of the network devices and steps
-/// every address request waiting for ARP. The owner of the IP stack calls
-/// it each time it polls the stack. Returns the requests finished.
+/// work): refreshes the RDMA CM's view of the network devices (every
+/// [`NETDEV_REFRESH`]) and steps every address request waiting for ARP.
+/// The owner of the IP stack calls it each time it polls the stack.
+/// Returns the requests finished.
 pub fn net_poll(core: &mut IbCore, cma: ClientId, net: &mut dyn IpNet) -> usize {
     with_cma(core, cma, |core, st| {
-        refresh_netdevs(st, net);
+        let now = core.clock().now_ns();
+        if now.saturating_sub(st.netdevs_at) >= NETDEV_REFRESH.as_nanos() as u64
+            || st.netdevs.is_empty()
+        {
+            st.netdevs_at = now;
+            refresh_netdevs(st, net);
+        }
         let mut done = 0;
         for i in 0..st.ids.len() {
             let Some(r) = st.ids[i].addr_req.as_ref() else {
