@@ -93,6 +93,7 @@ fn rc_qp(core: &mut IbCore, dev: DeviceId) -> Qp {
             sq_sig_type: SigType::AllWr,
             qp_type: QpType::Rc,
             port_num: 1,
+            create_flags: QpCreateFlags::empty(),
         },
     )
     .unwrap()

@@ -62,7 +62,8 @@ fn a_failing_command_fails_the_run_and_the_rest_still_runs() {
 #[test]
 fn retry_reruns_a_failing_command_and_stops_at_the_first_success() {
     let r = qemu::run(
-        "retry -n 3 -i 0 lspci -x; retry -i 0 uptime; retry",
+        "retry -n 3 -i 0 lspci -x; retry -i 0 uptime; retry; \
+         retry -u -i 0 lspci -x; retry -u -n 2 -i 0 uptime",
         NO_HCA,
         DEADLINE,
     );
@@ -73,7 +74,15 @@ fn retry_reruns_a_failing_command_and_stops_at_the_first_success() {
         .expect("lspci: usage: lspci [-v] [-n]")
         .expect("retry: lspci failed 3 times")
         .expect("since kernel entry")
-        .expect("retry: usage: retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]")
+        .expect("retry: usage: retry [-n TIMES] [-i SECONDS] [-u] COMMAND [ARGS...]")
+        // -u: until it fails, which ends the retry at once ...
+        .expect("lspci: usage: lspci [-v] [-n]")
+        .expect("retry: lspci failed (try 1 of 10)")
+        // ... and a command that keeps succeeding makes it fail.
+        .expect("since kernel entry")
+        .expect("retry: uptime succeeded (1 of 2); again in 0 s")
+        .expect("since kernel entry")
+        .expect("retry: uptime succeeded 2 times")
         .reject("retry: uptime failed");
 }
 

@@ -736,3 +736,76 @@ fn a_refused_broadcast_join_keeps_the_carrier_down_and_is_counted() {
     b.teardown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_broadcast_group_with_a_larger_mtu_than_the_port_is_not_joined_and_is_counted() {
+    if !peers_present(
+        "a_broadcast_group_with_a_larger_mtu_than_the_port_is_not_joined_and_is_counted",
+    ) {
+        return;
+    }
+    // OpenSM makes the broadcast group with MTU 4096 (`mtu=5`), and node 0's
+    // cable goes into a switch port that carries 2048 at most: OpenSM sets
+    // NeighborMTU 2048 on both ends of that cable, node 1's stays 4096.
+    let dir = tests::target_tmpdir().join(format!("ipoib-mtu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("partitions.conf");
+    std::fs::write(&conf, "Default=0x7fff, ipoib, mtu=5 : ALL=full ;\n").unwrap();
+    let conf = conf.display().to_string();
+    let mut s = subnet("ipoib-mtu", 2, &["-s", "1", "-P", &conf]);
+    {
+        let fabric = s.wire.fabric();
+        let mut f = fabric.lock().unwrap();
+        let peer = f.peer(s.built.hcas[0].ports[0]).expect("node 0 cabled");
+        let Some(sim::fabric::Owner::Switch { switch, port }) = f.owner(peer) else {
+            panic!("node 0 is cabled to a switch");
+        };
+        assert!(f.switch_mut(switch).unwrap().set_mtu_cap(port, 4));
+    }
+    let mut a = s.guest(0, "10.0.0.1/24");
+    let mut b = s.guest(1, "10.0.0.2/24");
+    let sm = &mut s.sm;
+    let ok = run(sm, &mut [&mut a, &mut b], UP_LIMIT, |n| {
+        n[1].carrier() && n[0].link.is_some() && n[0].dev().counters().join_failures >= 2
+    });
+    assert!(
+        ok,
+        "node 1 joined, node 0 refused twice: {:?} {:?}\n{}",
+        a.link.map(|_| a.dev().counters()),
+        b.link.map(|_| b.dev().counters()),
+        sm.current_log()
+    );
+    assert_eq!(a.g.port(1).active_mtu, ib_core::verbs::Mtu::Mtu2048);
+    assert_eq!(b.g.port(1).active_mtu, ib_core::verbs::Mtu::Mtu4096);
+    let r = b.dev().bcast_record().expect("node 1 joined");
+    assert_eq!(r.mtu, ib_core::verbs::Mtu::Mtu4096 as u8, "{r:?}");
+    // Node 0: the refusal is a clear error, counted, and keeps the
+    // carrier down (and the QP off the group).
+    let why = a.dev().join_error();
+    eprintln!("node 0's join: {why:?}; {:?}", a.dev().counters());
+    assert!(why.is_some());
+    assert!(!a.carrier() && a.dev().bcast_record().is_none());
+    assert!(a.g.active(), "the port itself is Active");
+    assert!(
+        a.ip("link show ib0").contains("NO-CARRIER"),
+        "{}",
+        a.ip("link show ib0")
+    );
+    // Its ping is a counted carrier drop that ends at its deadline; node 1's
+    // ARP for it goes unanswered (node 0 is not in the group) and fails.
+    let (out, ok) = ping(sm, &mut [&mut a, &mut b], 0, "-c 1 -W 1 10.0.0.2");
+    assert!(!ok && out.contains("100% packet loss"), "{out}");
+    assert!(a.stats().tx_carrier_errors >= 1, "{:?}", a.stats());
+    let (out, ok) = ping(sm, &mut [&mut a, &mut b], 1, "-c 1 -W 1 10.0.0.1");
+    assert!(!ok && out.contains("100% packet loss"), "{out}");
+    // The multicast client keeps trying (with backoff): more refusals.
+    let before = a.dev().counters().join_failures;
+    let more = run(sm, &mut [&mut a, &mut b], STEP_LIMIT, |n| {
+        n[0].dev().counters().join_failures > before
+    });
+    assert!(more && !a.carrier());
+    s.sm.stop();
+    a.teardown();
+    b.teardown();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -67,8 +67,8 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "retry",
-        usage: "retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]",
-        help: "run COMMAND until it succeeds (10 times, 1 s apart by default; Ctrl-C stops)",
+        usage: "retry [-n TIMES] [-i SECONDS] [-u] COMMAND [ARGS...]",
+        help: "run COMMAND until it succeeds, or with -u until it fails (10 times, 1 s apart by default; Ctrl-C stops)",
         run: retry,
     },
     Command {
@@ -396,10 +396,13 @@ fn sleep(_out: &mut dyn Write, args: &[&str]) -> CmdResult {
 
 /// Runs a command until it succeeds: a scripted client started before its
 /// server listens, or a query sent before the SM has finished, gets more
-/// tries instead of a sleep long enough for the slowest machine.
+/// tries instead of a sleep long enough for the slowest machine. With `-u`,
+/// until it fails: a node that serves a peer's script stays up (running
+/// the progress loop between tries) until the peer stops answering.
 fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    let usage = || "usage: retry [-n TIMES] [-i SECONDS] COMMAND [ARGS...]".to_string();
+    let usage = || "usage: retry [-n TIMES] [-i SECONDS] [-u] COMMAND [ARGS...]".to_string();
     let (mut times, mut every, mut rest) = (10u32, 1u64, args);
+    let mut until_fail = false;
     loop {
         match rest {
             ["-n", v, more @ ..] => {
@@ -414,6 +417,10 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 every = v.parse().ok().filter(|s| *s <= 3600).ok_or_else(usage)?;
                 rest = more;
             }
+            ["-u", more @ ..] => {
+                until_fail = true;
+                rest = more;
+            }
             _ => break,
         }
     }
@@ -421,20 +428,33 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         return Err(usage());
     };
     let cmd = find(name).ok_or_else(|| format!("{name}: command not found"))?;
+    let (wanted, other) = if until_fail {
+        ("failed", "succeeded")
+    } else {
+        ("succeeded", "failed")
+    };
     for attempt in 1..=times {
-        match (cmd.run)(out, cmd_args) {
-            Ok(()) => return Ok(()),
-            Err(msg) if msg.is_empty() => {}
+        let ok = match (cmd.run)(out, cmd_args) {
+            Ok(()) => true,
             Err(msg) => {
-                let _ = writeln!(out, "{name}: {msg}");
+                if !msg.is_empty() {
+                    let _ = writeln!(out, "{name}: {msg}");
+                }
+                false
             }
+        };
+        if ok != until_fail {
+            if until_fail {
+                let _ = writeln!(out, "retry: {name} {wanted} (try {attempt} of {times})");
+            }
+            return Ok(());
         }
         if attempt == times {
             break;
         }
         let _ = writeln!(
             out,
-            "retry: {name} failed ({attempt} of {times}); again in {every} s"
+            "retry: {name} {other} ({attempt} of {times}); again in {every} s"
         );
         let end = hal::Deadline::after(
             &crate::time::TscClock,
@@ -450,7 +470,7 @@ fn retry(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             core::hint::spin_loop();
         }
     }
-    Err(format!("{name} failed {times} times"))
+    Err(format!("{name} {other} {times} times"))
 }
 
 fn poweroff(_out: &mut dyn Write, args: &[&str]) -> CmdResult {

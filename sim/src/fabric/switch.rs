@@ -165,6 +165,9 @@ pub struct SwitchPort {
     pub disabled: bool,
     /// Neighbor MTU (PortInfo encoding).
     pub neighbor_mtu: u8,
+    /// MTUCap (PortInfo encoding; 4096 unless a test narrows the port with
+    /// [`Switch::set_mtu_cap`]): NeighborMTU is never set above it.
+    pub mtu_cap: u8,
     /// Operational VLs.
     pub op_vls: u8,
     /// Counters.
@@ -205,6 +208,7 @@ impl SwitchPort {
             },
             disabled: false,
             neighbor_mtu: 5,
+            mtu_cap: 5,
             op_vls: 4,
             counters: PortCounters::default(),
             enforce: 0,
@@ -337,6 +341,22 @@ impl Switch {
     /// Port `p` (0 = management port).
     pub fn port(&self, p: u8) -> Option<&SwitchPort> {
         self.ports.get(usize::from(p))
+    }
+
+    /// Narrows external port `p`'s MTUCap to `mtu` (PortInfo encoding, 1 =
+    /// 256 bytes .. 5 = 4096), as a switch that carries no larger packets:
+    /// an SM then sets both ends of its cable to at most that NeighborMTU.
+    /// False for port 0, a port that does not exist or an invalid MTU.
+    pub fn set_mtu_cap(&mut self, p: u8, mtu: u8) -> bool {
+        if p == 0 || !(1..=5).contains(&mtu) {
+            return false;
+        }
+        let Some(sp) = self.ports.get_mut(usize::from(p)) else {
+            return false;
+        };
+        sp.mtu_cap = mtu;
+        sp.neighbor_mtu = sp.neighbor_mtu.min(mtu);
+        true
     }
 
     /// The counters of port `p`.
@@ -1232,7 +1252,7 @@ impl Switch {
         out[37] = 4 << 4; // VLCap VL0-7
         out[39] = 8;
         out[40] = 8;
-        out[41] = 5; // MTUCap 4096
+        out[41] = sp.mtu_cap; // MTUCap (4096 by default)
         out[42] = 0x1f; // HOQLife
         out[43] = sp.op_vls << 4 | sp.enforce;
         out[44..46].copy_from_slice(&self.mkey_violations.to_be_bytes());
@@ -1282,7 +1302,7 @@ impl Switch {
         let sp = &mut self.ports[usize::from(port)];
         let nmtu = d[36] >> 4;
         if (1..=5).contains(&nmtu) {
-            sp.neighbor_mtu = nmtu;
+            sp.neighbor_mtu = nmtu.min(sp.mtu_cap);
         }
         let vls = d[43] >> 4;
         if (1..=4).contains(&vls) {
@@ -1671,6 +1691,24 @@ mod tests {
         assert!(sw.sma(1, get(0)).is_none());
         sw.set_time(1000 * S);
         assert_eq!(sw.mkey_protect(), 2);
+    }
+
+    /// A port narrowed to MTU 2048 says so in its MTUCap, and an SM's
+    /// NeighborMTU above it is held to it; the other ports stay at 4096.
+    #[test]
+    fn a_narrowed_port_reports_its_mtu_cap_and_holds_neighbor_mtu_to_it() {
+        let mut sw = Switch::new("sw", 0x0002_c900_0000_0100, 8);
+        assert!(sw.set_mtu_cap(3, 4));
+        assert!(!sw.set_mtu_cap(0, 4) && !sw.set_mtu_cap(9, 4) && !sw.set_mtu_cap(3, 6));
+        let get = |port: u32| Smp::lid_routed(1, method::GET, attr::PORT_INFO, port);
+        let r = sw.sma(1, get(3)).expect("PortInfo of port 3");
+        assert_eq!((r.data[41], r.data[36] >> 4), (4, 4), "MTUCap, NeighborMTU");
+        let r = sw.sma(1, get(2)).expect("PortInfo of port 2");
+        assert_eq!((r.data[41], r.data[36] >> 4), (5, 5));
+        let mut set = Smp::lid_routed(2, method::SET, attr::PORT_INFO, 3);
+        set.data[36] = 5 << 4;
+        assert_eq!(sw.sma(1, set).expect("answered").hdr.status, 0);
+        assert_eq!(sw.port(3).map(|p| p.neighbor_mtu), Some(4));
     }
 
     #[test]

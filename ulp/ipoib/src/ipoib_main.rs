@@ -259,13 +259,24 @@ pub(crate) struct Path {
     pub used_us: u64,
 }
 
-/// What waits for resolution, and for what.
+/// Where a resolved frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// The broadcast group.
+    Bcast,
+    /// The QP at this address, through its GID's path.
+    Addr(IpoibAddr),
+}
+
+/// What a held frame waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
     /// For the neighbour's ARP.
     Neigh(Ipv4Address),
     /// For the path to this address's GID.
     Path(IpoibAddr),
+    /// For a free send slot (the ring was full: Linux's qdisc queue).
+    Ring(Dest),
 }
 
 /// A held frame (header and packet), in a slot allocated once.
@@ -466,6 +477,12 @@ impl IpoibDev {
     /// The broadcast group's record while joined.
     pub fn bcast_record(&self) -> Option<ib_core::sa_query::McMemberRecord> {
         self.bcast.rec
+    }
+
+    /// Why the last broadcast join failed, while the group is not joined
+    /// (the SA's refusal, no answer, or a group MTU the port cannot carry).
+    pub fn join_error(&self) -> Option<ib_core::Error> {
+        self.bcast.last_error
     }
 
     /// The neighbour table.
@@ -743,13 +760,71 @@ impl IpoibDev {
     }
 
     /// Sends `frame` (header and packet) to the broadcast group.
-    fn send_bcast(&mut self, core: &mut IbCore, frame: &[u8]) -> bool {
-        let Some(ah) = self.bcast.ah else {
+    fn send_bcast(&mut self, core: &mut IbCore, frame: &[u8]) {
+        if self.bcast.ah.is_none() {
             self.counters.tx_no_dest += 1;
             self.stats.tx_dropped += 1;
-            return false;
+            return;
+        }
+        self.send_or_queue(core, frame, Dest::Bcast);
+    }
+
+    /// Whether frames wait for send slots.
+    fn ring_waiting(&self) -> bool {
+        self.pending
+            .iter()
+            .any(|p| matches!(p.wait, Some(Wait::Ring(_))))
+    }
+
+    /// Sends a resolved frame now, or holds it until a send slot frees
+    /// (behind the frames held before it), or drops and counts it when
+    /// nothing can hold it.
+    fn send_or_queue(&mut self, core: &mut IbCore, frame: &[u8], dest: Dest) {
+        if self.ring_waiting() || !self.tx_slot_free(core) {
+            let slot = self.pending.iter().position(|p| p.wait.is_none());
+            match slot {
+                Some(s) if frame.len() <= self.pending[s].buf.len() => {
+                    self.pending_seq += 1;
+                    let p = &mut self.pending[s];
+                    p.buf[..frame.len()].copy_from_slice(frame);
+                    p.len = frame.len();
+                    p.seq = self.pending_seq;
+                    p.wait = Some(Wait::Ring(dest));
+                }
+                _ => {
+                    self.counters.tx_ring_full += 1;
+                    self.stats.tx_dropped += 1;
+                }
+            }
+            // Held only to keep the order: the ring may take them now.
+            self.flush_pending(core);
+            return;
+        }
+        self.send_resolved(core, frame, dest);
+    }
+
+    /// Sends to `dest` with the address handle it has now (dropped and
+    /// counted if it has none any more).
+    fn send_resolved(&mut self, core: &mut IbCore, frame: &[u8], dest: Dest) {
+        let (ah, qpn) = match dest {
+            Dest::Bcast => (self.bcast.ah, crate::IPOIB_MCAST_QPN),
+            Dest::Addr(a) => (
+                self.path_index(&a.gid()).and_then(|i| self.paths[i].ah),
+                a.qpn(),
+            ),
         };
-        self.ib_send(core, frame, ah, crate::IPOIB_MCAST_QPN)
+        match ah {
+            Some(ah) => {
+                self.ib_send(core, frame, ah, qpn);
+            }
+            None => {
+                match dest {
+                    Dest::Bcast => self.counters.tx_no_dest += 1,
+                    Dest::Addr(_) => self.counters.tx_no_path += 1,
+                }
+                self.stats.tx_dropped += 1;
+            }
+        }
     }
 
     /// `ipoib_start_xmit` for a unicast next hop: resolve, then send or
@@ -782,9 +857,7 @@ impl IpoibDev {
         };
         let p = &self.paths[i];
         match p.ah {
-            Some(ah) => {
-                self.ib_send(core, frame, ah, a.qpn());
-            }
+            Some(_) => self.send_or_queue(core, frame, Dest::Addr(a)),
             None if p.failed && p.query.is_none() => {
                 self.counters.tx_no_path += 1;
                 self.stats.tx_dropped += 1;
@@ -820,7 +893,11 @@ impl IpoibDev {
     /// Sends what was held and can go now, oldest first; drops what waited
     /// for a neighbour that failed or a path whose query failed.
     fn flush_pending(&mut self, core: &mut IbCore) {
+        if self.pending.iter().all(|p| p.wait.is_none()) {
+            return;
+        }
         loop {
+            let ring_free = self.tx_slot_free(core);
             // The oldest slot that can move.
             let mut best: Option<(usize, u64)> = None;
             for (i, p) in self.pending.iter().enumerate() {
@@ -832,8 +909,9 @@ impl IpoibDev {
                         .is_none_or(|n| n.state != net::NeighState::Incomplete),
                     Wait::Path(a) => self.path_index(&a.gid()).is_none_or(|pi| {
                         let p = &self.paths[pi];
-                        p.ah.is_some() || (p.failed && p.query.is_none())
+                        (p.ah.is_some() && ring_free) || (p.failed && p.query.is_none())
                     }),
+                    Wait::Ring(_) => ring_free,
                 };
                 if movable && best.is_none_or(|(_, s)| p.seq < s) {
                     best = Some((i, p.seq));
@@ -857,25 +935,27 @@ impl IpoibDev {
                     None => self.drop_pending(i, DropWhy::Unresolved),
                 },
                 Wait::Path(a) => {
-                    let ah = self.path_index(&a.gid()).and_then(|pi| self.paths[pi].ah);
-                    match ah {
-                        Some(ah) => {
-                            if !self.tx_slot_free(core) {
-                                // The ring is full: the rest waits for the
-                                // next poll.
-                                return;
-                            }
-                            let len = self.pending[i].len;
-                            let buf = core::mem::take(&mut self.pending[i].buf);
-                            self.ib_send(core, &buf[..len], ah, a.qpn());
-                            self.pending[i].buf = buf;
-                            self.pending[i].wait = None;
-                        }
-                        None => self.drop_pending(i, DropWhy::NoPath),
+                    let has_ah = self
+                        .path_index(&a.gid())
+                        .is_some_and(|pi| self.paths[pi].ah.is_some());
+                    if has_ah {
+                        self.send_pending(core, i, Dest::Addr(a));
+                    } else {
+                        self.drop_pending(i, DropWhy::NoPath);
                     }
                 }
+                Wait::Ring(dest) => self.send_pending(core, i, dest),
             }
         }
+    }
+
+    /// Sends held slot `i` to `dest` (a send slot is free).
+    fn send_pending(&mut self, core: &mut IbCore, i: usize, dest: Dest) {
+        let len = self.pending[i].len;
+        let buf = core::mem::take(&mut self.pending[i].buf);
+        self.pending[i].wait = None;
+        self.send_resolved(core, &buf[..len], dest);
+        self.pending[i].buf = buf;
     }
 
     fn drop_pending(&mut self, i: usize, why: DropWhy) {
@@ -918,9 +998,7 @@ impl IpoibDev {
         }
         match to {
             Some(a) => self.send_to_addr(core, &f, a),
-            None => {
-                self.send_bcast(core, &f);
-            }
+            None => self.send_bcast(core, &f),
         }
     }
 
@@ -1123,6 +1201,7 @@ impl Link<IbCore> for IpoibDev {
         self.mcast_poll(core);
         self.ib_poll_tx(core);
         self.path_completions(core);
+        // (This flushes what was held, send slots first.)
         self.neigh_timers(core);
         self.ib_refill_receives(core);
     }
@@ -1140,7 +1219,8 @@ impl Link<IbCore> for IpoibDev {
     }
 
     fn tx_ready(&mut self, core: &mut IbCore) -> bool {
-        self.t.is_some() && self.tx_slot_free(core)
+        // While frames wait for send slots the stack keeps its own.
+        self.t.is_some() && !self.ring_waiting() && self.tx_slot_free(core)
     }
 
     fn tx_buffer(&mut self, _core: &mut IbCore, len: usize) -> Option<&mut [u8]> {

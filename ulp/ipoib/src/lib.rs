@@ -262,8 +262,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            recv_queue_size: 128,
-            send_queue_size: 64,
+            recv_queue_size: 256,
+            send_queue_size: 128,
             max_neighs: 64,
             max_paths: 64,
             pending_slots: 32,
@@ -329,7 +329,8 @@ pub struct Counters {
     pub tx_too_long: u64,
     /// Packets with no address to go to (unspecified next hop).
     pub tx_no_dest: u64,
-    /// Packets dropped for want of a send slot.
+    /// Packets dropped for want of a send slot (and of a slot to wait
+    /// in).
     pub tx_ring_full: u64,
     /// Send WRs the device refused.
     pub tx_post_errors: u64,
