@@ -352,7 +352,7 @@ fn write_stats(out: &mut dyn Write, slot: usize) -> CmdResult {
             let rs = n.stats.read_ns.summary();
             let _ = writeln!(
                 out,
-                "node {i} ({}): {}, QP {:#x}, reads {} writes {} errors {} doorbell kicks {}, READ median {} ns 99% {} ns",
+                "node {i} ({}): {}, QP {:#x}, reads {} writes {} errors {}, READ median {} ns 99% {} ns",
                 n.label,
                 match n.down {
                     None => String::from("up"),
@@ -362,7 +362,6 @@ fn write_stats(out: &mut dyn Write, slot: usize) -> CmdResult {
                 n.stats.reads,
                 n.stats.writes,
                 n.stats.errors,
-                n.stats.kicks,
                 rs.median,
                 rs.p99
             );
