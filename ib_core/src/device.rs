@@ -359,6 +359,22 @@ impl Device {
     pub fn destroy_qp(&mut self, qp: Qp) -> Result<()> {
         self.ops.destroy_qp(qp)
     }
+    /// `ib_attach_mcast`: the UD QP `qp` receives what is sent to multicast
+    /// group `gid` (a GID whose first byte is 0xff) with MLID `lid` (a
+    /// multicast LID, 0xC000 to 0xFFFE, as later kernels check). Linux
+    /// checks the QP type here from its `ib_qp`; a handle here does not
+    /// carry it, so the provider refuses a QP that is not UD.
+    #[doc(alias = "ib_attach_mcast")]
+    pub fn attach_mcast(&mut self, qp: Qp, gid: &Gid, lid: u16) -> Result<()> {
+        mcast_check(gid, lid)?;
+        self.ops.attach_mcast(qp, gid, lid)
+    }
+    /// `ib_detach_mcast`, with the checks of [`Device::attach_mcast`].
+    #[doc(alias = "ib_detach_mcast")]
+    pub fn detach_mcast(&mut self, qp: Qp, gid: &Gid, lid: u16) -> Result<()> {
+        mcast_check(gid, lid)?;
+        self.ops.detach_mcast(qp, gid, lid)
+    }
     /// `ib_post_send` (hot path).
     #[inline]
     pub fn post_send(&mut self, qp: Qp, wr: &[SendWr<'_>]) -> core::result::Result<(), PostError> {
@@ -423,6 +439,18 @@ impl Device {
     pub fn dereg_mr(&mut self, mr: Mr) -> Result<()> {
         self.ops.dereg_mr(mr)
     }
+}
+
+/// The checks of `ib_attach_mcast`/`ib_detach_mcast` on the group's GID and
+/// LID.
+fn mcast_check(gid: &Gid, lid: u16) -> Result<()> {
+    if gid.0[0] != 0xff {
+        return Err(Error::Invalid("not a multicast GID (first byte 0xff)"));
+    }
+    if !(0xc000..0xffff).contains(&lid) {
+        return Err(Error::Invalid("not a multicast LID (0xC000 to 0xFFFE)"));
+    }
+    Ok(())
 }
 
 /// A refused `ib_register_device`: why, and the provider back.

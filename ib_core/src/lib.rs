@@ -1,7 +1,6 @@
-//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs, the cache, UD headers, the MAD layer, SMI, RMPP reassembly, the SA client and the CM.
+//! Port of Linux `drivers/infiniband/core` (3.11, as LegoOS kept it), busy-polled: devices and clients, verbs, the cache, UD headers, the MAD layer, SMI, RMPP reassembly, the SA client, multicast joins and the CM.
 //!
-//! Sending RMPP, redirection, multicast, sysfs and every user-space path are
-//! left out.
+//! Sending RMPP, redirection, sysfs and every user-space path are left out.
 //!
 //! There are no interrupts: one progress function, [`IbCore::poll`], polls
 //! every device's event queues (through [`verbs::IbDevice::poll_events`]),
@@ -15,7 +14,7 @@
 //! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`mad.c`;
 //! `ib_mad.h`, `ib_smi.h` and `mad_priv.h` in `mad/`), `mad_rmpp.rs` (receive
 //! side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`
-//! (`ib_sa.h` in `sa_query/`), `cm.rs` + `cm_msgs.rs`. Functions drop Linux's
+//! (`ib_sa.h` in `sa_query/`), `multicast.rs`, `cm.rs` + `cm_msgs.rs`. Functions drop Linux's
 //! `ib_` prefix (and the prefix their module already says:
 //! `sa_query::path_rec_get` is `ib_sa_path_rec_get`) and keep the C name in
 //! `#[doc(alias)]`, as mlx4_core does.
@@ -37,7 +36,9 @@
 //!
 //! Paths come from the SA client ([`sa_query::init`] once, then
 //! [`sa_query::path_to_lid`] / [`sa_query::path_to_gid`], cached per
-//! port); RC connections from the CM ([`cm::init`] once, then
+//! port); multicast groups from the multicast client ([`multicast::init`]
+//! once, then [`multicast::join`] / [`multicast::leave`], a UD QP attached
+//! with [`Device::attach_mcast`]); RC connections from the CM ([`cm::init`] once, then
 //! [`cm::listen`] + [`cm::send_rep`] on the passive side,
 //! [`cm::send_req`] or [`cm::connect`] on the active side, events
 //! taken with [`cm::wait_event`] against a deadline).
@@ -72,6 +73,7 @@ pub mod device;
 pub mod error;
 pub mod mad;
 pub mod mad_rmpp;
+pub mod multicast;
 pub mod packer;
 pub mod sa_query;
 pub mod smi;

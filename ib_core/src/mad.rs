@@ -34,8 +34,8 @@ use crate::smi::{
 };
 use crate::verbs::{
     AccessFlags, Ah, AhAttr, CqInitAttr, CqNotifyFlags, IB_QP1_QKEY, LinkLayer, NodeType, Pd, Qp,
-    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
-    SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
+    QpAttr, QpAttrMask, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
 };
 
 /// Classes an agent may register below (`MAX_MGMT_CLASS`; 0x81 is folded).
@@ -178,6 +178,7 @@ fn port_open_inner(dev: &mut Device, mp: &mut MadPort, cfg: &MadConfig) -> Resul
                 },
                 sq_sig_type: SigType::AllWr,
                 qp_type,
+                create_flags: QpCreateFlags::empty(),
                 port_num: port,
             },
         )?;

@@ -1,12 +1,12 @@
-//! Port of Linux `drivers/infiniband/core/sa_query.c` (3.11), busy-polled: PathRecord, NodeRecord and PortInfoRecord queries to the SA, with retries, backoff and a per-port PathRecord cache.
+//! Port of Linux `drivers/infiniband/core/sa_query.c` (3.11), busy-polled: PathRecord, NodeRecord, PortInfoRecord and MCMemberRecord queries to the SA, with retries, backoff and a per-port PathRecord cache.
 //!
-//! Absent in LegoOS. Queries (SubnAdmGet and SubnAdmGetTable) go on QP1 to the
+//! Absent in LegoOS. Queries (SubnAdmGet, SubnAdmGetTable, and SubnAdmSet and
+//! SubnAdmDelete of MCMemberRecords for [`crate::multicast`]) go on QP1 to the
 //! SM's LID and SL (`update_sm_ah`) and are retried with backoff while the SA
 //! does not answer; the PathRecord cache is dropped on LID change, SM change
-//! and client re-register. ServiceRecord, MCMemberRecord (`multicast.c`),
-//! InformInfo/notices, SA redirection and sending RMPP are left out (a GetTable
-//! answer spanning several MADs is taken through the MAD layer's RMPP
-//! reassembly).
+//! and client re-register. ServiceRecord, InformInfo/notices, SA redirection
+//! and sending RMPP are left out (a GetTable answer spanning several MADs is
+//! taken through the MAD layer's RMPP reassembly).
 //!
 //! The SA client is an [`IbClient`] whose per-device state lives in the
 //! device's client data (as Linux's `ib_sa_device`); it is driven by
@@ -36,7 +36,7 @@ use hal::be::get_be32;
 /// of a single-MAD answer, or the reassembled data of a multi-MAD one).
 fn response_records(mad: &Mad, rmpp_data: Option<&[u8]>, min_len: usize) -> Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
-    if mad.method() == method::GET_RESP {
+    if mad.method() == method::GET_RESP || mad.method() == sa_method::DELETE_RESP {
         out.push(mad.0[IB_SA_DATA_OFFSET..].to_vec());
         return Ok(out);
     }
@@ -88,6 +88,7 @@ pub(crate) fn sa_query_parse_for_fuzz(
     let min_len = match attr_id {
         sa_attr::NODE_REC => 108,
         sa_attr::PORT_INFO_REC => 68,
+        sa_attr::MC_MEMBER_REC => MC_MEMBER_REC_SIZE,
         _ => PATH_REC_SIZE,
     };
     let mut sp = SaPort {
@@ -158,6 +159,13 @@ impl SaResponse {
         self.records
             .iter()
             .map(|r| PortInfoRecord::unpack(r))
+            .collect()
+    }
+    /// The records as MCMemberRecords.
+    pub fn mcmember_records(&self) -> Result<Vec<McMemberRecord>> {
+        self.records
+            .iter()
+            .map(|r| McMemberRecord::unpack(r))
             .collect()
     }
 }
@@ -808,6 +816,71 @@ pub fn portinfo_rec_get_table(
     let rec = rec.pack();
     let req = portinfo_rec_request(sa_method::GET_TABLE, &rec, comp_mask);
     start_query(core, sa, dev, port, req, timeout)
+}
+
+/// `ib_sa_mcmember_rec_query`: an MCMemberRecord request, `method` one of
+/// SubnAdmSet ([`method::SET`], a join), SubnAdmDelete
+/// ([`sa_method::DELETE`], a leave), SubnAdmGet or SubnAdmGetTable, with
+/// `comp_mask` naming the fields of `rec` that matter; the answer is
+/// collected with [`query_result`]. [`crate::multicast`] joins and leaves
+/// through it.
+#[doc(alias = "ib_sa_mcmember_rec_query")]
+#[allow(clippy::too_many_arguments)]
+pub fn mcmember_rec_query(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    method: u8,
+    rec: &McMemberRecord,
+    comp_mask: u64,
+    timeout: Duration,
+) -> Result<SaQueryId> {
+    if !matches!(
+        method,
+        method::GET | method::SET | sa_method::GET_TABLE | sa_method::DELETE
+    ) {
+        return Err(Error::Invalid(
+            "MCMemberRecord method is not Get, Set, GetTable or Delete",
+        ));
+    }
+    let rec = rec.pack();
+    let req = SaRequest {
+        method,
+        attr_id: sa_attr::MC_MEMBER_REC,
+        comp_mask,
+        rec: &rec,
+        min_len: MC_MEMBER_REC_SIZE,
+        cache_key: None,
+    };
+    start_query(core, sa, dev, port, req, timeout)
+}
+
+/// Every MCMemberRecord the SA gives (`saquery -g`: a GetTable with an
+/// empty component mask; OpenSM answers one record per group to a
+/// requester without the SM_Key). An empty table is an empty list.
+pub fn mcmember_records(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    timeout: Duration,
+) -> Result<Vec<McMemberRecord>> {
+    let id = mcmember_rec_query(
+        core,
+        sa,
+        dev,
+        port,
+        sa_method::GET_TABLE,
+        &McMemberRecord::default(),
+        0,
+        timeout,
+    )?;
+    match wait(core, sa, id, timeout) {
+        Ok(r) => r.mcmember_records(),
+        Err(Error::NotFound) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The answer of a finished query (taken: a second call says `None`);

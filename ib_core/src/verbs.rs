@@ -1410,6 +1410,17 @@ pub struct QpCap {
     pub max_inline_data: u32,
 }
 
+c_flags! {
+    /// `enum ib_qp_create_flags`.
+    pub struct QpCreateFlags: u32 {
+        /// IPoIB LSO (not offered: the model and our ipoib keep LSO off).
+        const IPOIB_UD_LSO = 1 => "IB_QP_CREATE_IPOIB_UD_LSO";
+        /// The QP does not receive the multicast datagrams it sends itself
+        /// (UD only; Linux's IPoIB asks for it).
+        const BLOCK_MULTICAST_LOOPBACK = 1 << 1 => "IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK";
+    }
+}
+
 /// `struct ib_qp_init_attr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInitAttr {
@@ -1425,6 +1436,8 @@ pub struct QpInitAttr {
     pub sq_sig_type: SigType,
     /// Type.
     pub qp_type: QpType,
+    /// Creation flags (`create_flags`).
+    pub create_flags: QpCreateFlags,
     /// Port, for the special QPs.
     pub port_num: u8,
 }
@@ -1950,6 +1963,18 @@ pub trait IbDevice: Send {
     }
     /// `dereg_mr`.
     fn dereg_mr(&mut self, mr: Mr) -> Result<()>;
+
+    /// `attach_mcast`: the UD QP receives the datagrams sent to multicast
+    /// group `gid` (`lid` is its MLID, which mlx4 does not use: the card
+    /// steers by MGID). [`crate::Device::attach_mcast`] checked the GID and
+    /// the LID; the provider refuses a QP that is not UD (`-EINVAL`).
+    fn attach_mcast(&mut self, _qp: Qp, _gid: &Gid, _lid: u16) -> Result<()> {
+        Err(Error::NoSys)
+    }
+    /// `detach_mcast`: undoes [`IbDevice::attach_mcast`].
+    fn detach_mcast(&mut self, _qp: Qp, _gid: &Gid, _lid: u16) -> Result<()> {
+        Err(Error::NoSys)
+    }
 
     /// `process_mad`: the driver's "first refusal" on MADs arriving on QP0/QP1
     /// (`in_wc`/`in_grh` given) and the way the core queries the local

@@ -7,10 +7,18 @@
 //! description; flood mode (`-f`), `-o OUI`, `-S` from the console (the kernel's
 //! responder runs from boot) and node-name maps are left out.
 //!
+//! Linux's `ibping -S` is a process of its own, answering whatever the node is
+//! doing; here the kernel's responder is an ib_core client
+//! ([`ResponderClient`]) whose agents' mailboxes are read by ib_core's
+//! progress function, which every blocking helper calls: the node answers
+//! while any command polls ib_core, `ibping` to its own LID included (the
+//! card loops that ping back to its own QP1).
+//!
 //! One deliberate difference: ibping pings until Ctrl-C; a console command
 //! must end on its own, so `-c` defaults to [`DEFAULT_COUNT`] here (Ctrl-C
 //! still stops it, with the summary).
 
+use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -18,6 +26,7 @@ use core::fmt::Write;
 use core::time::Duration;
 
 use hal::Deadline;
+use ib_core::device::{ClientId, Device, IbClient};
 use ib_core::mad::{Mad, MadSendBuf, method};
 use ib_core::verbs::{AhAttr, IB_QP1_QKEY, QpType, WcStatus};
 use ib_core::{DeviceId, IbCore, MadAgent, MadEvent, MadRegReq};
@@ -115,6 +124,71 @@ impl Responder {
         for (a, _) in self.agents {
             let _ = core.unregister_mad_agent(a);
         }
+    }
+}
+
+/// The kernel's `ibping -S` as an ib_core client: a [`Responder`] for every
+/// device it is told of, registered from the first progress pass after the
+/// device came (its MAD ports are open by then), and answering from every
+/// pass after that, whoever runs it: the idle loop, or a console command
+/// waiting for its own MADs.
+pub struct ResponderClient {
+    /// Devices told of and not yet registered.
+    pending: Vec<DeviceId>,
+    live: Vec<(DeviceId, Responder)>,
+    /// Where a device without a responder is reported.
+    warn: Box<dyn FnMut(&str) + Send>,
+}
+
+impl ResponderClient {
+    /// ib_core's client name.
+    pub const NAME: &'static str = "ibping";
+
+    /// A client reporting a device it cannot answer on to `warn` (one line).
+    pub fn new(warn: Box<dyn FnMut(&str) + Send>) -> ResponderClient {
+        ResponderClient {
+            pending: Vec::new(),
+            live: Vec::new(),
+            warn,
+        }
+    }
+
+    /// Pings answered on every device so far.
+    pub fn answered(&self) -> u64 {
+        self.live.iter().map(|(_, r)| r.answered).sum()
+    }
+}
+
+impl IbClient for ResponderClient {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+    fn accepts(&self, _n: ib_core::verbs::NodeType, t: ib_core::verbs::Transport) -> bool {
+        t == ib_core::verbs::Transport::Ib
+    }
+    fn add(&mut self, _me: ClientId, dev: &mut Device) {
+        self.pending.push(dev.id());
+    }
+    fn remove(&mut self, _me: ClientId, dev: &mut Device) {
+        // The agents go with the device's MAD ports.
+        let id = dev.id();
+        self.pending.retain(|d| *d != id);
+        self.live.retain(|(d, _)| *d != id);
+    }
+    fn poll(&mut self, _me: ClientId, core: &mut IbCore) -> usize {
+        if !self.pending.is_empty() {
+            for dev in core::mem::take(&mut self.pending) {
+                match Responder::register(core, dev) {
+                    Ok(r) => self.live.push((dev, r)),
+                    Err(e) => {
+                        let name = core.device(dev).map(|d| d.name()).unwrap_or("?");
+                        let line = format!("{name}: no ibping responder: {e}");
+                        (self.warn)(&line);
+                    }
+                }
+            }
+        }
+        self.live.iter_mut().map(|(_, r)| r.poll(core)).sum()
     }
 }
 

@@ -37,8 +37,8 @@ use core::time::Duration;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::verbs::{
     AccessFlags, Ah, AhAttr, Cq, CqInitAttr, Gid, Mr, MrPages, Pd, PortAttr, Qp, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc,
-    WcStatus, WrDetail, WrOpcode,
+    QpAttrMask, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
+    SigType, Wc, WcStatus, WrDetail, WrOpcode,
 };
 
 use crate::perftest::Peer;
@@ -443,6 +443,7 @@ fn build(dev: &mut ib_core::Device, p: &Params, made: &mut Undo) -> Result<Res, 
                 },
                 sq_sig_type: SigType::ReqWr,
                 qp_type: t,
+                create_flags: QpCreateFlags::empty(),
                 port_num: p.ib_port,
             },
         )

@@ -62,10 +62,6 @@ static IB: spin::Mutex<Option<Ib>> = spin::Mutex::new(None);
 /// Devices that reported IB_EVENT_DEVICE_FATAL, removed by the next poll.
 static FATAL: spin::Mutex<Vec<DeviceId>> = spin::Mutex::new(Vec::new());
 
-/// infiniband-diags' `ibping -S`, one per HCA, answered from the progress
-/// loop from boot on (a node busy in a console command answers after it).
-static PING: spin::Mutex<Vec<ib_tools::ibping::Responder>> = spin::Mutex::new(Vec::new());
-
 /// ib_core's event handler: a catastrophic error is acted on at once; port
 /// transitions are logged by the [`PortLog`] client as they are
 /// dispatched (the rarer port events here, at debug level).
@@ -101,6 +97,13 @@ pub fn init() {
         Box::new(|line| log::info!("{line}")),
         Box::new(crate::time::uptime_us),
     )));
+    // infiniband-diags' `ibping -S` on every HCA from boot on, answered by
+    // ib_core's progress function: from the idle loop, and while a console
+    // command polls ib_core (an `ibping` to this node's own LID included).
+    ib.core
+        .register_client(Box::new(ib_tools::ibping::ResponderClient::new(Box::new(
+            |line| log::warn!("{line}"),
+        ))));
     let Some(pool) = crate::mm::dma::pool() else {
         log::error!("mlx4: no DMA pool; HCAs left alone");
         // An empty core still carries the IP stack's links (lo).
@@ -162,10 +165,6 @@ pub fn init() {
             "{name}: registered with ib_core in {}",
             Ms(crate::time::uptime_us() - us)
         );
-        match ib_tools::ibping::Responder::register(&mut ib.core, id) {
-            Ok(r) => PING.lock().push(r),
-            Err(e) => log::warn!("{name}: no ibping responder: {e}"),
-        }
         if let Backing::Emulated(w) = d.backing {
             w.set_guest_state(crate::ivshmem::GuestState::DriverUp);
         }
@@ -198,9 +197,6 @@ pub fn poll() {
         return;
     };
     ib.core.poll();
-    for r in PING.lock().iter_mut() {
-        r.poll(&mut ib.core);
-    }
     let fatal: Vec<DeviceId> = core::mem::take(&mut *FATAL.lock());
     for id in fatal {
         let Some(h) = ib.hcas.iter_mut().find(|h| h.id == Some(id)) else {

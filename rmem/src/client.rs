@@ -17,8 +17,9 @@ use hal::{BusAddr, Deadline, DmaBuf};
 use ib_core::cm::{self, CmId, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpCreateFlags,
+    QpInitAttr, QpState, QpType, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail,
+    WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -409,6 +410,7 @@ impl Client {
                 },
                 sq_sig_type: SigType::ReqWr,
                 qp_type: QpType::Rc,
+                create_flags: QpCreateFlags::empty(),
                 port_num: cfg.port,
             },
         ) {

@@ -17,8 +17,8 @@ use hal::DmaBuf;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::cm_msgs::rej_reason;
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpInitAttr, QpType, SigType, Wc,
-    WcFlags, WcOpcode, WcStatus,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpCreateFlags, QpInitAttr,
+    QpType, SigType, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -391,6 +391,7 @@ impl Server {
             },
             sq_sig_type: SigType::ReqWr,
             qp_type: QpType::Rc,
+            create_flags: QpCreateFlags::empty(),
             port_num: self.cfg.port,
         }
     }

@@ -540,8 +540,9 @@ fn end_child(c: &mut Child, serve: &mut dyn FnMut()) {
 // --- RC traffic between two guests -----------------------------------------
 
 use ib_core::verbs::{
-    AccessFlags, AhAttr, CqInitAttr, Mr, MrPages, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
-    QpState, QpType, SendFlags, SendWr, Sge, SigType, Wc, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, AhAttr, CqInitAttr, Mr, MrPages, Mtu, QpAttr, QpAttrMask as M, QpCap,
+    QpCreateFlags, QpInitAttr, QpState, QpType, SendFlags, SendWr, Sge, SigType, Wc, WcStatus,
+    WrDetail, WrOpcode,
 };
 use ib_core::verbs::{Cq, Pd, Qp};
 
@@ -585,6 +586,7 @@ fn rc_end(g: &mut Guest) -> RcEnd {
                 },
                 sq_sig_type: SigType::AllWr,
                 qp_type: QpType::Rc,
+                create_flags: QpCreateFlags::empty(),
                 port_num: 1,
             },
         )

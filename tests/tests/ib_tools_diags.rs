@@ -4,13 +4,16 @@
 //! ib_core on the model): `smpquery` to this port goes through ib_core's SMI to
 //! mlx4_ib's MAD_IFC and the model's firmware SMA, and prints what the device says
 //! in libibmad's words; the queries that need a subnet (a LID, an SM) end with a
-//! clear error. Two HCAs through the switch (perfquery of the peer, the switch in
-//! smpquery, ibnetdiscover) wait for the model's data path and an SM on main.
+//! clear error. `ibping` to the node's own LID is answered by its own responder
+//! while the ping itself polls ib_core. Two HCAs through the switch (perfquery of
+//! the peer, the switch in smpquery, ibnetdiscover) are in `ib_tools_two_nodes.rs`.
 
 use tests::mlx4_common;
 
+use ib_core::verbs::PortState;
 use ib_core::{DeviceId, IbCore};
 use ib_tools::diags::{self, Src};
+use ib_tools::ibping;
 use mlx4_common::*;
 use mlx4_core::Profile;
 use mlx4_ib::Mlx4IbDev;
@@ -144,6 +147,59 @@ fn queries_that_need_a_subnet_say_so() {
     assert_eq!(e, "bad port '256' (0 to 254, or 255 for all ports)");
     let e = run(&mut s, 1, diags::smpquery, &["-D", "portinfo", "0", "255"]).unwrap_err();
     assert_eq!(e, "bad port '255' (0 to 254)");
+    down(s);
+    model.finish();
+}
+
+/// `ibping` to this node's own LID (issue 21, item 7): the card loops the
+/// ping back to its own QP1 and the responder answers it, although nothing
+/// but the running `ibping` polls ib_core, as in the kernel where a console
+/// command holds the adapters and the idle loop does not run: the responder
+/// is an ib_core client, dispatched by the progress function every
+/// blocking helper calls.
+#[test]
+fn ibping_to_its_own_lid_is_answered_while_the_ping_polls() {
+    let model = sync_hca();
+    let mut s = up(&model);
+    let warned = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let w = warned.clone();
+    s.core
+        .register_client(Box::new(ibping::ResponderClient::new(Box::new(move |l| {
+            w.lock().unwrap().push(l.to_string())
+        }))));
+    // What an SM does: a LID, then Armed and Active.
+    const LID: u16 = 0x11;
+    assert!(tests::sm::sm_activate(&model, 1, LID, LID));
+    let id = s.id;
+    let active = s.core.poll_until(std::time::Duration::from_secs(5), |c| {
+        let pc = c.device(id)?.port_cache(1).ok()?;
+        (pc.state == Some(PortState::Active) && pc.lid == LID).then_some(())
+    });
+    assert!(active.is_ok(), "port 1 Active with LID {LID} in ib_core");
+    let desc = s.core.device(id).unwrap().info().node_desc.clone();
+    let mut out = String::new();
+    let mut never = || false;
+    let r = ibping::ibping(
+        &mut s.core,
+        None,
+        Src { dev: id, port: 1 },
+        &["-c", "2", &LID.to_string()],
+        &mut never,
+        &mut out,
+    );
+    assert!(r.is_ok(), "{r:?}\n{out}");
+    let pong = format!("Pong from {desc} (Lid {LID}): time ");
+    assert_eq!(out.matches(&pong).count(), 2, "{pong:?} twice:\n{out}");
+    assert!(
+        out.contains("2 packets transmitted, 2 received, 0% packet loss"),
+        "{out}"
+    );
+    assert!(warned.lock().unwrap().is_empty(), "{:?}", warned.lock());
+    let c = s
+        .core
+        .client_by_name(ibping::ResponderClient::NAME)
+        .expect("the responder client");
+    drop(s.core.unregister_client(c));
     down(s);
     model.finish();
 }

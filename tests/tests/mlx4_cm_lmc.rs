@@ -14,8 +14,8 @@ use tests::mlx4_common;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::PathRecord;
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags,
-    SendWr, Sge, SigType, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpCap, QpCreateFlags, QpInitAttr, QpType,
+    RecvWr, SendFlags, SendWr, Sge, SigType, WcStatus, WrDetail, WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 use mlx4_common::*;
@@ -75,6 +75,7 @@ fn node(hca: Model) -> Node {
                 },
                 sq_sig_type: SigType::AllWr,
                 qp_type: QpType::Rc,
+                create_flags: QpCreateFlags::empty(),
                 port_num: 1,
             },
         )

@@ -467,7 +467,9 @@ fn ud_qp(
     qkey: u32,
     max_inline: u32,
 ) -> (ib_core::verbs::Qp, ib_core::verbs::QpCap) {
-    use ib_core::verbs::{QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, SigType};
+    use ib_core::verbs::{
+        QpAttr, QpAttrMask as M, QpCap, QpCreateFlags, QpInitAttr, QpState, SigType,
+    };
     let (qp, cap) = d
         .create_qp(
             pd,
@@ -484,6 +486,7 @@ fn ud_qp(
                 },
                 sq_sig_type: SigType::AllWr,
                 qp_type: QpType::Ud,
+                create_flags: QpCreateFlags::empty(),
                 port_num: 1,
             },
         )

@@ -15,7 +15,7 @@ use ib_core::verbs::{
 };
 use mlx4_common::*;
 use mlx4_core::Profile;
-use mlx4_ib::verbs::{QpInitAttr, SendWr, WrDetail, WrOpcode};
+use mlx4_ib::verbs::{QpCreateFlags, QpInitAttr, SendWr, WrDetail, WrOpcode};
 use mlx4_ib::{CqId, Mlx4IbDev, MrId, PdId, QpId};
 use sim::{SimConfig, SimHca, Wire};
 
@@ -104,6 +104,7 @@ fn qp(s: &mut Side, t: QpType, srq: Option<mlx4_ib::SrqId>) -> QpId {
         },
         sq_sig_type: SigType::ReqWr,
         qp_type: t,
+        create_flags: QpCreateFlags::empty(),
         port_num: 0,
     };
     s.ib.create_qp(s.pd, &mut init).unwrap()

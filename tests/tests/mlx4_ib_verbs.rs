@@ -15,8 +15,8 @@ use std::time::Duration;
 use ib_core::IbCore;
 use ib_core::verbs::{
     AccessFlags, AhAttr, CqInitAttr, EventType, Gid, GlobalRoute, IbDevice, Mtu, NodeType,
-    PortState, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, SigType, SrqAttr,
-    SrqAttrMask, SrqInitAttr,
+    PortState, QpAttr, QpAttrMask, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType, SigType,
+    SrqAttr, SrqAttrMask, SrqInitAttr,
 };
 use mlx4_common::*;
 use mlx4_core::Profile;
@@ -186,6 +186,7 @@ fn verbs_objects_reach_rts_with_linux_contexts() {
         },
         sq_sig_type: SigType::ReqWr,
         qp_type: t,
+        create_flags: QpCreateFlags::empty(),
         port_num: 0,
     };
     let (rc, cap) = IbDevice::create_qp(&mut ib, pd, &init(QpType::Rc)).unwrap();

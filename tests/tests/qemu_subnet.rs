@@ -170,7 +170,8 @@ fn assert_nothing_left(id: &str) {
 
 /// Both guests wait for their port (saquery waits, as perftest's tools
 /// do), give the other time to come up, then read their port and ask the
-/// SA for a path to the other.
+/// SA for a path to the other; node 0 pings its own LID (answered by its
+/// own responder while `ibping` holds the console).
 fn two_guests(sm: &str) -> qemu::Run {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let r = qemu::run(
@@ -182,7 +183,7 @@ fn two_guests(sm: &str) -> qemu::Run {
             sm,
             "--run-on",
             "0",
-            "saquery -t 20000 -p 3; sleep 10; ibstat; saquery -t 20000 -p 4; sminfo",
+            "saquery -t 20000 -p 3; sleep 10; ibstat; saquery -t 20000 -p 4; sminfo; ibping -c 2 3",
             "--run-on",
             "1",
             "saquery -t 20000 -p 4; sleep 10; ibstat; saquery -t 20000 -p 3; saquery -t 20000 3",
@@ -197,7 +198,24 @@ fn two_guests(sm: &str) -> qemu::Run {
     }
 }
 
-fn check_node(t: &str, lid: u16, peer: u16, sm_lid: u16) {
+/// `ibping -c 2 LID` to the guest's own LID: the card loops each ping
+/// back and the guest's own responder answers it while `ibping` polls
+/// ib_core (the idle loop does not run meanwhile).
+fn check_self_ping(t: &str, lid: u16) {
+    assert_eq!(
+        t.matches(&format!(" (Lid {lid}): time ")).count(),
+        2,
+        "two pongs from itself:\n{t}"
+    );
+    assert!(
+        t.contains("2 packets transmitted, 2 received, 0% packet loss"),
+        "{t}"
+    );
+}
+
+/// A guest's part: its port, and the path to `peer` at `rate` (saquery's
+/// rate field).
+fn check_node(t: &str, lid: u16, peer: u16, sm_lid: u16, rate: &str) {
     for want in [
         "\t\tState: Active".to_string(),
         "\t\tPhysical state: LinkUp".to_string(),
@@ -210,9 +228,9 @@ fn check_node(t: &str, lid: u16, peer: u16, sm_lid: u16) {
         format!("\t\tdlid....................{peer}\n\t\tslid....................{lid}\n"),
         "\t\tnum_path_revers.........0x80\n".to_string(),
         "\t\tpkey....................0xFFFF\n".to_string(),
-        // 4096-byte MTU and 40 Gb/s, "exactly" (selector 2).
+        // 4096-byte MTU and the rate, "exactly" (selector 2).
         "\t\tmtu.....................0x85\n".to_string(),
-        "\t\trate....................0x87\n".to_string(),
+        format!("\t\trate....................{rate}\n"),
         format!("port 1 state: ACTIVE, lid 0x{lid:x}, sm_lid 0x{sm_lid:x}"),
     ] {
         assert!(t.contains(&want), "expected {want:?} in:\n{t}");
@@ -231,8 +249,11 @@ fn two_guests_come_up_active_under_opensm() {
     let (n0, n1) = (node(&r.transcript, 0), node(&r.transcript, 1));
     // OpenSM's host node is LID 1, the switch 2, node i 3 + i (the
     // guid2lid cache cx3-emu seeds: the embedded SM's rule).
-    check_node(n0, 3, 4, 1);
-    check_node(n1, 4, 3, 1);
+    // OpenSM reads the extended speeds: 4x FDR from end to end, 56 Gb/s
+    // (rate 12 | selector 2).
+    check_node(n0, 3, 4, 1, "0x8C");
+    check_node(n1, 4, 3, 1, "0x8C");
+    check_self_ping(n0, 3);
     // sminfo from a guest finds OpenSM (its host node's port GUID).
     assert!(
         n0.contains("sminfo: sm lid 1 sm guid 0x2c90300000f01, activity count ")
@@ -272,8 +293,11 @@ fn two_guests_come_up_active_under_the_embedded_sm() {
     let took = t0.elapsed();
     let (n0, n1) = (node(&r.transcript, 0), node(&r.transcript, 1));
     // The embedded SM takes LID 1 itself; the same LIDs as under OpenSM.
-    check_node(n0, 3, 4, 1);
-    check_node(n1, 4, 3, 1);
+    // Its SA rates a link by LinkSpeedActive alone (no extended speeds):
+    // 4x QDR, 40 Gb/s.
+    check_node(n0, 3, 4, 1, "0x87");
+    check_node(n1, 4, 3, 1, "0x87");
+    check_self_ping(n0, 3);
     assert!(n0.contains(" state 3 SMINFO_MASTER"), "{n0}");
     assert!(
         r.stderr

@@ -338,6 +338,28 @@ fn the_ports_come_up_4x_fdr_under_opensm() {
         "10.0 Gbps",
         "beside FDR: {out}"
     );
+    // iblinkinfo reads both ends of every link: each guest's cable runs 4x
+    // FDR, seen from the guest and from the switch (a SwitchX's ports have
+    // FDR too); the SM host's port (a host node without extended speeds)
+    // keeps its cable at 4x QDR, as link training picks the speed both
+    // ends have.
+    let (ok, out) = diag(&mut n, "/usr/sbin/iblinkinfo", &[]);
+    assert!(ok, "{out}");
+    let fdr = "==( 4X       14.0625 Gbps Active/  LinkUp)==>";
+    for (g, lid, sw_port) in [("node0", 3, 1), ("node1", 4, 2)] {
+        let guest_end = format!(" {lid}    1[  ] {fdr}       2 {sw_port:>4}[  ] \"sw0\"");
+        assert!(out.contains(&guest_end), "{g}'s end at 4x FDR:\n{out}");
+        let switch_end = format!("    2 {sw_port:>4}[  ] {fdr}       {lid}    1[  ] \"{g} HCA-1\"");
+        assert!(
+            out.contains(&switch_end),
+            "the switch's end of {g}'s cable at 4x FDR:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("==( 4X          10.0 Gbps Active/  LinkUp)==>       1    1[  ] \"smhost\""),
+        "the SM host's cable at 4x QDR:\n{out}"
+    );
+    assert_eq!(out.matches("14.0625 Gbps").count(), 4, "{out}");
     done(n);
 }
 
@@ -345,25 +367,27 @@ fn the_ports_come_up_4x_fdr_under_opensm() {
 /// (OpenSM restarted with another key and no cache) cannot read or set
 /// them at protection level 2; its failed SMPs start the ports' lease
 /// timers, the protection bits fall to 0 when they run out, OpenSM reads
-/// the old key from PortInfo and with it installs its own.
-///
-/// Ignored until the switch keeps the same lease: OpenSM protects the
-/// switch's port 0 with its key too, and a switch whose protection never
-/// falls leaves the new OpenSM blind beyond its own port (its log: ERR
-/// 3120 "Possible mis-set mkey?" for the switch's NodeInfo, then a SUBNET
-/// UP of the SM host alone).
+/// the old key from PortInfo and with it installs its own. OpenSM
+/// protects the switch's port 0 with its key too, so the switch keeps the
+/// same lease (without it the new OpenSM stays blind beyond its own port:
+/// ERR 3120 "Possible mis-set mkey?" for the switch's NodeInfo, then a
+/// SUBNET UP of the SM host alone). The lease period OpenSM gives is
+/// more than its sweep interval (it raises a smaller one to the interval
+/// plus one when it reads its options): both OpenSMs sweep every second
+/// from their config file, so the leases are 2 s.
 #[test]
-#[ignore = "needs the switch's M_Key lease (the fabric's part of issue 21 item 2)"]
 fn a_new_sm_without_the_key_takes_the_ports_over_when_the_lease_runs_out() {
     if !peers_present("a_new_sm_without_the_key_takes_the_ports_over_when_the_lease_runs_out") {
         return;
     }
     let k2 = "0x00000000cafef00d";
-    let conf2 = format!("m_key {k2}\nm_key_protection_level 2\nm_key_lease_period 1\n");
+    let conf1 = format!("{}sweep_interval 1\n", mkey_conf(2, 1));
+    let conf2 =
+        format!("m_key {k2}\nm_key_protection_level 2\nm_key_lease_period 1\nsweep_interval 1\n");
     let mut n = net(
         "lease",
         &["-F", "{conf}/opensm.conf", "-s", "1"],
-        &[("opensm.conf", &mkey_conf(2, 1)), ("opensm2.conf", &conf2)],
+        &[("opensm.conf", &conf1), ("opensm2.conf", &conf2)],
     );
     up(&mut n);
     let la = n.a.port(1).lid.to_string();
@@ -375,6 +399,7 @@ fn a_new_sm_without_the_key_takes_the_ports_over_when_the_lease_runs_out() {
     assert!(ok, "{out}");
     assert_eq!(field(&out, "Mkey"), MKEY, "{out}");
     assert_eq!(field(&out, "ProtectBits"), "2", "{out}");
+    assert_eq!(field(&out, "MkeyLeasePeriod"), "2", "{out}");
     let second = n.conf.join("opensm2.conf").display().to_string();
     {
         let Net { a, b, sm, .. } = &mut n;
@@ -387,9 +412,35 @@ fn a_new_sm_without_the_key_takes_the_ports_over_when_the_lease_runs_out() {
             sm.subnet_ups() >= 1
         })
     };
+    let up_after = t.elapsed();
+    // Its first SUBNET UP is of the SM host alone: the switch's lease
+    // has to run out (started by the new SM's first SMP to it), then each
+    // guest's (started by the new SM's first SMPs to it), before a sweep
+    // reports both guests' ports as new and ends with SUBNET UP. (No
+    // smpquery meanwhile: a diag whose query times out may hang in
+    // libumad2sim at exit.)
+    let limit = Duration::from_secs(60);
+    let taken = {
+        let Net { a, b, sm, .. } = &mut n;
+        sm.pump_until(&mut [a, b], limit, 256, |sm, g| {
+            let log = sm.current_log();
+            let names = g.iter().map(|g| format!("of node: {} HCA-1", g.name));
+            names.into_iter().all(|w| log.contains(&w))
+                && log
+                    .rfind("state_mgr_report_new_ports")
+                    .is_some_and(|i| log[i..].contains("SUBNET UP"))
+        })
+    };
     let log = n.sm.current_log();
     assert!(ok, "the new OpenSM brought the subnet up:\n{log}");
-    eprintln!("new SM: SUBNET UP {:?} after its start", t.elapsed());
+    assert!(
+        taken,
+        "the new SM took the guests over within {limit:?}:\n{log}"
+    );
+    eprintln!(
+        "new SM: SUBNET UP {up_after:?} after its start, the guests' ports its own {:?} after it",
+        t.elapsed()
+    );
     for g in [&mut n.a, &mut n.b] {
         assert!(g.active(), "{}", g.name);
     }

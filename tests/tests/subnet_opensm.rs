@@ -358,10 +358,12 @@ fn diags_and_the_sa_query_driver_run_guests() {
         "0x85",
         "exactly 4096 (both ends' MTUCap):\n{out}"
     );
+    // Both CAs and the switch's ports run 4x FDR: 56 Gb/s (OpenSM's
+    // IB_PATH_RECORD_RATE_56_GBS, 12), exactly (selector 2).
     assert_eq!(
         field(&out, "rate"),
-        "0x87",
-        "exactly 40 Gb/s (4x QDR):\n{out}"
+        "0x8C",
+        "exactly 56 Gb/s (4x FDR):\n{out}"
     );
     assert_eq!(
         field(&out, "sgid"),
@@ -416,7 +418,7 @@ fn diags_and_the_sa_query_driver_run_guests() {
             .unwrap()
     );
     assert_eq!((p.mtu_selector, p.mtu), (2, 5), "exactly 4096");
-    assert_eq!((p.rate_selector, p.rate), (2, 7), "exactly 40 Gb/s");
+    assert_eq!((p.rate_selector, p.rate), (2, 12), "exactly 56 Gb/s");
     assert_eq!(p.pkey, 0xffff);
     assert!(p.reversible);
     // ib_init_ah_from_path turns it into an address vector to guest b.

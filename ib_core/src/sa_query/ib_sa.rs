@@ -1,8 +1,9 @@
-//! Port of Linux `include/rdma/ib_sa.h` (3.11): the SA MAD header, attribute IDs, methods, status codes, component masks and the PathRecord, NodeRecord and PortInfoRecord layouts.
+//! Port of Linux `include/rdma/ib_sa.h` (3.11): the SA MAD header, attribute IDs, methods, status codes, component masks and the PathRecord, NodeRecord, PortInfoRecord and MCMemberRecord layouts.
 //!
 //! Layouts: IBTA Vol. 1 15.2.5 (PathRecord 15.2.5.16, NodeRecord 15.2.5.2,
-//! PortInfoRecord 15.2.5.3), checked against Linux's `path_rec_table` and
-//! OpenSM's `ib_types.h` as facts.
+//! PortInfoRecord 15.2.5.3, MCMemberRecord 15.2.5.17), checked against
+//! Linux's `path_rec_table`/`mcmember_rec_table` and OpenSM's `ib_types.h`
+//! as facts. ServiceRecord, InformInfo and the other records are left out.
 
 use crate::error::{Error, Result};
 use crate::mad::{Mad, class};
@@ -24,6 +25,8 @@ pub mod sa_attr {
     pub const PORT_INFO_REC: u16 = 0x0012;
     /// PathRecord.
     pub const PATH_REC: u16 = 0x0035;
+    /// MCMemberRecord.
+    pub const MC_MEMBER_REC: u16 = 0x0038;
 }
 
 /// SA methods beyond the common ones (`IB_SA_METHOD_*`).
@@ -34,6 +37,8 @@ pub mod sa_method {
     pub const GET_TABLE_RESP: u8 = 0x92;
     /// Delete.
     pub const DELETE: u8 = 0x15;
+    /// DeleteResp.
+    pub const DELETE_RESP: u8 = 0x95;
 }
 
 /// SA class-specific status codes (MAD status bits 14:8, IBTA 15.2.1.1).
@@ -50,6 +55,37 @@ pub mod sa_status {
     pub const INVALID_GID: u16 = 5;
     /// ERR_REQ_INSUFFICIENT_COMPONENTS.
     pub const INSUFFICIENT_COMPONENTS: u16 = 6;
+    /// ERR_REQ_DENIED.
+    pub const REQ_DENIED: u16 = 7;
+}
+
+/// The name of a MAD status as the SA uses it: the common bits (busy,
+/// unsupported method or attribute, invalid value) or the SA's own code in
+/// bits 14:8 (IBTA 15.2.1.1), as OpenSM's `ib_get_sa_status_str` words
+/// them; `None` for 0 and for codes without a name.
+pub fn sa_status_str(st: u16) -> Option<&'static str> {
+    use crate::mad::status;
+    let code = (st >> 8) & 0x7f;
+    Some(match code {
+        0 => match st & 0x1f {
+            status::BUSY => "busy",
+            0x04 => "bad base or class version",
+            0x08 => "method not supported",
+            0x0c => "method/attribute combination not supported",
+            0x1c => "invalid attribute or modifier",
+            _ => return None,
+        },
+        sa_status::NO_RESOURCES => "ERR_NO_RESOURCES (insufficient resources)",
+        sa_status::REQ_INVALID => "ERR_REQ_INVALID (request invalid or refused)",
+        sa_status::NO_RECORDS => "ERR_NO_RECORDS (no matching record)",
+        sa_status::TOO_MANY_RECORDS => "ERR_REQ_TOO_MANY_RECORDS",
+        sa_status::INVALID_GID => "ERR_REQ_INVALID_GID",
+        sa_status::INSUFFICIENT_COMPONENTS => {
+            "ERR_REQ_INSUFFICIENT_COMPONENTS (component mask lacks fields the SA needs)"
+        }
+        sa_status::REQ_DENIED => "ERR_REQ_DENIED",
+        _ => return None,
+    })
 }
 
 /// PathRecord component mask bits (`IB_SA_PATH_REC_*`, IBTA order).
@@ -120,6 +156,82 @@ pub mod portinfo_comp {
     pub const PORT_NUM: u64 = 1 << 1;
     /// Options (reserved in IBTA 1.2).
     pub const OPTIONS: u64 = 1 << 2;
+}
+
+/// MCMemberRecord component mask bits (`IB_SA_MCMEMBER_REC_*`, IBTA
+/// order).
+pub mod mcmember_comp {
+    /// MGID.
+    pub const MGID: u64 = 1 << 0;
+    /// PortGID.
+    pub const PORT_GID: u64 = 1 << 1;
+    /// Q_Key.
+    pub const QKEY: u64 = 1 << 2;
+    /// MLID.
+    pub const MLID: u64 = 1 << 3;
+    /// MTUSelector.
+    pub const MTU_SELECTOR: u64 = 1 << 4;
+    /// MTU.
+    pub const MTU: u64 = 1 << 5;
+    /// TClass.
+    pub const TRAFFIC_CLASS: u64 = 1 << 6;
+    /// P_Key.
+    pub const PKEY: u64 = 1 << 7;
+    /// RateSelector.
+    pub const RATE_SELECTOR: u64 = 1 << 8;
+    /// Rate.
+    pub const RATE: u64 = 1 << 9;
+    /// PacketLifeTimeSelector.
+    pub const PACKET_LIFE_TIME_SELECTOR: u64 = 1 << 10;
+    /// PacketLifeTime.
+    pub const PACKET_LIFE_TIME: u64 = 1 << 11;
+    /// SL.
+    pub const SL: u64 = 1 << 12;
+    /// FlowLabel.
+    pub const FLOW_LABEL: u64 = 1 << 13;
+    /// HopLimit.
+    pub const HOP_LIMIT: u64 = 1 << 14;
+    /// Scope.
+    pub const SCOPE: u64 = 1 << 15;
+    /// JoinState.
+    pub const JOIN_STATE: u64 = 1 << 16;
+    /// ProxyJoin.
+    pub const PROXY_JOIN: u64 = 1 << 17;
+
+    /// What Linux's IPoIB asks to join the broadcast group with
+    /// (`ipoib_mcast_join`, the `mcast == priv->broadcast` case): the group
+    /// must exist already (the SM makes it).
+    pub const IPOIB_BCAST_JOIN: u64 = MGID | PORT_GID | PKEY | JOIN_STATE;
+    /// What Linux's IPoIB adds to join (and so create) any other group,
+    /// its values copied from the broadcast group (RFC 4391).
+    pub const IPOIB_CREATE: u64 = IPOIB_BCAST_JOIN
+        | QKEY
+        | MTU_SELECTOR
+        | MTU
+        | TRAFFIC_CLASS
+        | RATE_SELECTOR
+        | RATE
+        | SL
+        | FLOW_LABEL
+        | HOP_LIMIT;
+    /// What OpenSM needs to join an existing group (`JOIN_MC_COMP_MASK`).
+    pub const OPENSM_JOIN: u64 = MGID | PORT_GID | JOIN_STATE;
+    /// What OpenSM needs beyond [`OPENSM_JOIN`] to create a group
+    /// (`REQUIRED_MC_CREATE_COMP_MASK`); without them a join of an unknown
+    /// group is refused with ERR_REQ_INSUFFICIENT_COMPONENTS.
+    pub const OPENSM_CREATE: u64 = OPENSM_JOIN | QKEY | TRAFFIC_CLASS | PKEY | FLOW_LABEL | SL;
+}
+
+/// JoinState bits of an MCMemberRecord (IBTA 15.2.5.17).
+pub mod join_state {
+    /// FullMember.
+    pub const FULL_MEMBER: u8 = 1 << 0;
+    /// NonMember.
+    pub const NON_MEMBER: u8 = 1 << 1;
+    /// SendOnlyNonMember.
+    pub const SEND_ONLY_NON_MEMBER: u8 = 1 << 2;
+    /// SendOnlyFullMember (IBTA 1.3).
+    pub const SEND_ONLY_FULL_MEMBER: u8 = 1 << 3;
 }
 
 fn gid_at(b: &[u8], o: usize) -> Gid {
@@ -424,6 +536,116 @@ impl PortInfoRecord {
     }
 }
 
+/// `struct ib_sa_mcmember_rec`, host order (IBTA 15.2.5.17; 52 bytes on
+/// the wire, 56 with the padding the attribute offset counts). `mtu` and
+/// `rate` hold the raw IBTA codes; `scope` and `join_state` are 4 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct McMemberRecord {
+    /// Multicast GID.
+    pub mgid: Gid,
+    /// The member port's GID.
+    pub port_gid: Gid,
+    /// Q_Key of the group.
+    pub qkey: u32,
+    /// Multicast LID.
+    pub mlid: u16,
+    /// MTUSelector (2 bits).
+    pub mtu_selector: u8,
+    /// MTU (6 bits, `ib_mtu` code).
+    pub mtu: u8,
+    /// TClass.
+    pub traffic_class: u8,
+    /// P_Key.
+    pub pkey: u16,
+    /// RateSelector (2 bits).
+    pub rate_selector: u8,
+    /// Rate (6 bits, `ib_rate` code).
+    pub rate: u8,
+    /// PacketLifeTimeSelector (2 bits).
+    pub packet_life_time_selector: u8,
+    /// PacketLifeTime (6 bits).
+    pub packet_life_time: u8,
+    /// SL (4 bits).
+    pub sl: u8,
+    /// FlowLabel (20 bits).
+    pub flow_label: u32,
+    /// HopLimit.
+    pub hop_limit: u8,
+    /// Scope (4 bits; 2 = link-local).
+    pub scope: u8,
+    /// JoinState (4 bits, [`join_state`]).
+    pub join_state: u8,
+    /// ProxyJoin.
+    pub proxy_join: bool,
+}
+
+/// Bytes of an MCMemberRecord on the wire (without the padding).
+pub const MC_MEMBER_REC_SIZE: usize = 52;
+/// Bytes an MCMemberRecord takes in a GetTable answer (attribute offset
+/// 7: padded to 8 bytes).
+pub const MC_MEMBER_REC_PADDED: usize = 56;
+
+impl McMemberRecord {
+    /// `ib_pack(mcmember_rec_table, ...)`: the 52 wire bytes.
+    pub fn pack(&self) -> [u8; MC_MEMBER_REC_SIZE] {
+        let mut b = [0u8; MC_MEMBER_REC_SIZE];
+        b[0..16].copy_from_slice(&self.mgid.0);
+        b[16..32].copy_from_slice(&self.port_gid.0);
+        b[32..36].copy_from_slice(&self.qkey.to_be_bytes());
+        b[36..38].copy_from_slice(&self.mlid.to_be_bytes());
+        b[38] = ((self.mtu_selector & 3) << 6) | (self.mtu & 0x3f);
+        b[39] = self.traffic_class;
+        b[40..42].copy_from_slice(&self.pkey.to_be_bytes());
+        b[42] = ((self.rate_selector & 3) << 6) | (self.rate & 0x3f);
+        b[43] = ((self.packet_life_time_selector & 3) << 6) | (self.packet_life_time & 0x3f);
+        let w44 = (u32::from(self.sl & 0xf) << 28)
+            | ((self.flow_label & 0xf_ffff) << 8)
+            | u32::from(self.hop_limit);
+        b[44..48].copy_from_slice(&w44.to_be_bytes());
+        b[48] = ((self.scope & 0xf) << 4) | (self.join_state & 0xf);
+        b[49] = u8::from(self.proxy_join) << 7;
+        b
+    }
+
+    /// `ib_unpack(mcmember_rec_table, ...)`: from at least 52 bytes.
+    pub fn unpack(b: &[u8]) -> Result<McMemberRecord> {
+        if b.len() < MC_MEMBER_REC_SIZE {
+            return Err(Error::Invalid("MCMemberRecord shorter than 52 bytes"));
+        }
+        let w44 = get_be32(b, 44);
+        Ok(McMemberRecord {
+            mgid: gid_at(b, 0),
+            port_gid: gid_at(b, 16),
+            qkey: get_be32(b, 32),
+            mlid: get_be16(b, 36),
+            mtu_selector: b[38] >> 6,
+            mtu: b[38] & 0x3f,
+            traffic_class: b[39],
+            pkey: get_be16(b, 40),
+            rate_selector: b[42] >> 6,
+            rate: b[42] & 0x3f,
+            packet_life_time_selector: b[43] >> 6,
+            packet_life_time: b[43] & 0x3f,
+            sl: (w44 >> 28) as u8,
+            flow_label: (w44 >> 8) & 0xf_ffff,
+            hop_limit: w44 as u8,
+            scope: b[48] >> 4,
+            join_state: b[48] & 0xf,
+            proxy_join: b[49] & 0x80 != 0,
+        })
+    }
+
+    /// The MTU byte as saquery prints it (selector in bits 7:6).
+    pub fn mtu_raw(&self) -> u8 {
+        ((self.mtu_selector & 3) << 6) | (self.mtu & 0x3f)
+    }
+
+    /// The rate byte as saquery prints it (selector in bits 7:6).
+    pub fn rate_raw(&self) -> u8 {
+        ((self.rate_selector & 3) << 6) | (self.rate & 0x3f)
+    }
+}
+
 /// Builds an SA request MAD (`init_mad` + the SA header): class 0x03,
 /// version 2, `method`, `attr_id`, component mask at byte 48, the record at
 /// byte 56.
@@ -584,6 +806,106 @@ mod tests {
         assert_eq!(back.sm_lid(), 1);
         assert_eq!(back.capability_mask(), 0x0251_0868);
         assert_eq!(back.port_state(), 4);
+    }
+
+    /// The IPv4 broadcast group OpenSM makes without a partitions.conf,
+    /// as a member's join answer carries it.
+    pub(crate) fn ipv4_bcast_rec() -> McMemberRecord {
+        let mut mgid = [0u8; 16];
+        mgid[..6].copy_from_slice(&[0xff, 0x12, 0x40, 0x1b, 0xff, 0xff]);
+        mgid[12..].copy_from_slice(&[0xff; 4]);
+        McMemberRecord {
+            mgid: Gid(mgid),
+            port_gid: Gid::new(0xfe80_0000_0000_0000, 0x0002_c903_0000_0a01),
+            qkey: 0x0b1b,
+            mlid: 0xc001,
+            mtu_selector: 2,
+            mtu: 4,
+            traffic_class: 0,
+            pkey: 0xffff,
+            rate_selector: 2,
+            rate: 3,
+            packet_life_time_selector: 2,
+            packet_life_time: 0x12,
+            sl: 0,
+            flow_label: 0,
+            hop_limit: 0,
+            scope: 2,
+            join_state: join_state::FULL_MEMBER,
+            proxy_join: false,
+        }
+    }
+
+    #[test]
+    fn mcmember_record_golden_bytes() {
+        let r = ipv4_bcast_rec();
+        let b = r.pack();
+        let mut want = [0u8; 52];
+        want[0..16].copy_from_slice(&[
+            0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+        ]);
+        want[16..32].copy_from_slice(&[
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x02, 0xc9, 0x03, 0, 0, 0x0a, 0x01,
+        ]);
+        // Q_Key, MLID, MTUSel|MTU 0x84, TClass, P_Key, RateSel|Rate 0x83,
+        // PLTSel|PLT 0x92.
+        want[32..44].copy_from_slice(&[
+            0, 0, 0x0b, 0x1b, 0xc0, 0x01, 0x84, 0, 0xff, 0xff, 0x83, 0x92,
+        ]);
+        // SL 0 | FlowLabel 0 | HopLimit 0; Scope 2 | JoinState 1.
+        want[48] = 0x21;
+        assert_eq!(b, want);
+        assert_eq!(McMemberRecord::unpack(&b).unwrap(), r);
+        assert_eq!((r.mtu_raw(), r.rate_raw()), (0x84, 0x83));
+        // SL, flow label and hop limit share a word; the proxy-join bit is
+        // the top of byte 49.
+        let r = McMemberRecord {
+            sl: 0xf,
+            flow_label: 0xabcde,
+            hop_limit: 0x40,
+            proxy_join: true,
+            scope: 0xe,
+            join_state: join_state::SEND_ONLY_FULL_MEMBER,
+            ..McMemberRecord::default()
+        };
+        let b = r.pack();
+        assert_eq!(&b[44..52], &[0xfa, 0xbc, 0xde, 0x40, 0xe8, 0x80, 0, 0]);
+        assert_eq!(McMemberRecord::unpack(&b).unwrap(), r);
+        // Fields past their width do not bleed into their neighbours.
+        let r = McMemberRecord {
+            sl: 0xff,
+            flow_label: u32::MAX,
+            mtu: 0xff,
+            rate: 0xff,
+            join_state: 0xff,
+            ..McMemberRecord::default()
+        };
+        let b = r.pack();
+        assert_eq!(
+            &b[38..50],
+            &[0x3f, 0, 0, 0, 0x3f, 0, 0xff, 0xff, 0xff, 0, 0x0f, 0]
+        );
+        assert!(McMemberRecord::unpack(&[0u8; 51]).is_err());
+        // The component masks, as Linux and OpenSM number them.
+        assert_eq!(mcmember_comp::JOIN_STATE, 0x1_0000);
+        assert_eq!(mcmember_comp::IPOIB_BCAST_JOIN, 0x1_0083);
+        assert_eq!(mcmember_comp::OPENSM_JOIN, 0x1_0003);
+        assert_eq!(mcmember_comp::OPENSM_CREATE, 0x1_30c7);
+        assert_eq!(mcmember_comp::IPOIB_CREATE, 0x1_73f7);
+        assert_eq!(sa_attr::MC_MEMBER_REC, 0x38);
+    }
+
+    #[test]
+    fn sa_status_names() {
+        assert_eq!(sa_status_str(0), None);
+        assert_eq!(sa_status_str(crate::mad::status::BUSY), Some("busy"));
+        assert!(
+            sa_status_str(0x0600)
+                .unwrap()
+                .contains("INSUFFICIENT_COMPONENTS")
+        );
+        assert!(sa_status_str(0x0200).unwrap().contains("ERR_REQ_INVALID"));
+        assert_eq!(sa_status_str(0x7f00), None);
     }
 
     #[test]

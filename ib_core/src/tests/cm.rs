@@ -56,6 +56,7 @@ fn rc_qp(core: &mut IbCore, dev: DeviceId) -> Qp {
             },
             sq_sig_type: SigType::AllWr,
             qp_type: QpType::Rc,
+            create_flags: QpCreateFlags::empty(),
             port_num: 1,
         },
     )

@@ -24,6 +24,7 @@ pub struct FakePort {
     pub gids: Vec<Gid>,
     pub pkeys: Vec<u16>,
     pub link_layer: LinkLayer,
+    pub active_mtu: Mtu,
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +39,7 @@ pub struct FakeQp {
     pub recv: VecDeque<(u64, Sge)>,
     pub qp_num: u32,
     pub max_recv: u32,
+    pub create_flags: QpCreateFlags,
 }
 
 #[derive(Debug)]
@@ -60,6 +62,10 @@ pub struct FakeHca {
     pub qp_attr_log: Vec<(u32, QpAttr, QpAttrMask)>,
     /// Fail create_qp (to test a port that cannot open).
     pub fail_create_qp: bool,
+    /// Multicast attachments: (QP handle, MGID, MLID).
+    pub mcast: Vec<(u32, Gid, u16)>,
+    /// attach_mcast/detach_mcast answer NoSys (a provider without them).
+    pub no_mcast: bool,
 }
 
 /// One packet on the wire, as the capture keeps it.
@@ -143,6 +149,7 @@ pub fn add_hca(w: &SharedWorld, name: &str, node_guid: u64, ports: u8, base_lid:
                     .collect(),
                 pkeys: vec![0xffff, 0x8001, 0x7fff, 0],
                 link_layer: LinkLayer::Infiniband,
+                active_mtu: Mtu::Mtu2048,
             })
             .collect(),
         has_sma: true,
@@ -156,6 +163,8 @@ pub fn add_hca(w: &SharedWorld, name: &str, node_guid: u64, ports: u8, base_lid:
         modify_log: Vec::new(),
         qp_attr_log: Vec::new(),
         fail_create_qp: false,
+        mcast: Vec::new(),
+        no_mcast: false,
     });
     FakeDev {
         world: w.clone(),
@@ -435,6 +444,7 @@ impl IbDevice for FakeDev {
             lmc: p.lmc,
             gid_tbl_len: p.gids.len() as u32,
             pkey_tbl_len: p.pkeys.len() as u16,
+            active_mtu: p.active_mtu,
             ..PortAttr::default()
         })
     }
@@ -548,6 +558,7 @@ impl IbDevice for FakeDev {
             recv: VecDeque::new(),
             qp_num: 0,
             max_recv: attr.cap.max_recv_wr,
+            create_flags: attr.create_flags,
         };
         let handle = slot(&mut h.qps, q);
         let qp_num = qp_num_hint.unwrap_or(0x40 + handle);
@@ -602,6 +613,7 @@ impl IbDevice for FakeDev {
                 cap: QpCap::default(),
                 sq_sig_type: SigType::AllWr,
                 qp_type: q.qp_type,
+                create_flags: q.create_flags,
                 port_num: q.port,
             },
         ))
@@ -617,6 +629,38 @@ impl IbDevice for FakeDev {
             }
             _ => Err(Error::Invalid("no such QP")),
         }
+    }
+
+    fn attach_mcast(&mut self, qp: Qp, gid: &Gid, lid: u16) -> Result<()> {
+        let mut w = self.w();
+        let h = w.hca(self.idx);
+        if h.no_mcast {
+            return Err(Error::NoSys);
+        }
+        match h.qps.get(qp.handle as usize) {
+            Some(Some(q)) if q.qp_type == QpType::Ud => {}
+            Some(Some(_)) => return Err(Error::Invalid("multicast attach is for UD QPs only")),
+            _ => return Err(Error::Invalid("no such QP")),
+        }
+        if !h.mcast.contains(&(qp.handle, *gid, lid)) {
+            h.mcast.push((qp.handle, *gid, lid));
+        }
+        Ok(())
+    }
+
+    fn detach_mcast(&mut self, qp: Qp, gid: &Gid, lid: u16) -> Result<()> {
+        let mut w = self.w();
+        let h = w.hca(self.idx);
+        if h.no_mcast {
+            return Err(Error::NoSys);
+        }
+        let n = h.mcast.len();
+        h.mcast.retain(|&(q, g, _)| !(q == qp.handle && g == *gid));
+        if h.mcast.len() == n {
+            return Err(Error::Invalid("QP not attached to that group"));
+        }
+        let _ = lid;
+        Ok(())
     }
 
     fn post_send(&mut self, qp: Qp, wrs: &[SendWr<'_>]) -> core::result::Result<(), PostError> {

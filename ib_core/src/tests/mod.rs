@@ -7,6 +7,7 @@ mod fake;
 mod flags;
 mod fuzz;
 mod mad_layer;
+mod mcast;
 mod rmpp;
 mod sa;
 

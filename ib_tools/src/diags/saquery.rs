@@ -1,11 +1,12 @@
 //! infiniband-diags' `saquery` through ib_core's SA client.
 //!
 //! infiniband-diags' `saquery` (rdma-core `saquery.c`) through ib_core's SA client
-//! (`sa_query`): NodeRecords (every one, or those of one LID or node description)
-//! and PathRecords from this port (to one LID, or to every LID the SA's NodeRecords
-//! name), printed in saquery's `NodeRecord dump:` / `PathRecord dump:` blocks;
-//! ServiceRecords, InformInfo, multicast, LinkRecords, ClassPortInfo, `-s`, SM_Key,
-//! node-name maps and arbitrary source LIDs are left out.
+//! (`sa_query`): NodeRecords (every one, or those of one LID or node description),
+//! PathRecords from this port (to one LID, or to every LID the SA's NodeRecords
+//! name) and the multicast groups (`-g`), printed in saquery's `NodeRecord dump:` /
+//! `PathRecord dump:` / `MCMemberRecord group dump:` blocks; ServiceRecords,
+//! InformInfo, multicast member records (`-m`), LinkRecords, ClassPortInfo, `-s`,
+//! SM_Key, node-name maps and arbitrary source LIDs are left out.
 //!
 //! One difference in meaning: the real `saquery -p` asks the SA for every
 //! path between every pair of ports (a GetTable with an empty component
@@ -20,7 +21,7 @@ use alloc::vec::Vec;
 use core::fmt::{self, Write};
 use core::time::Duration;
 
-use ib_core::sa_query::{self, NodeRecord, PathRecord, path_comp};
+use ib_core::sa_query::{self, McMemberRecord, NodeRecord, PathRecord, path_comp};
 use ib_core::{ClientId, IbCore};
 
 use super::Src;
@@ -31,8 +32,7 @@ use super::Src;
 pub const SA_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The usage line.
-pub const USAGE: &str =
-    "usage: saquery [-t MS] [-N|NR] [LID|NODE_DESC] | saquery [-t MS] -p|PR [LID|--dlid LID]";
+pub const USAGE: &str = "usage: saquery [-t MS] [-N|NR] [LID|NODE_DESC] | saquery [-t MS] -p|PR [LID|--dlid LID] | saquery [-t MS] -g";
 
 /// A parsed command line: what to ask, and how long each query may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +51,8 @@ pub enum Query {
     Nodes(Option<NodeSel>),
     /// PathRecords from this port: to one LID, or to every LID.
     Paths(Option<u16>),
+    /// The multicast groups (`-g`: every MCMemberRecord the SA gives).
+    Groups,
 }
 
 /// Which NodeRecords.
@@ -77,6 +79,7 @@ pub fn parse(args: &[&str]) -> Result<Args, String> {
     let mut timeout = SA_TIMEOUT;
     let mut paths = false;
     let mut nodes = false;
+    let mut groups = false;
     let mut dlid = None;
     let mut target: Option<&str> = None;
     let mut it = args.iter();
@@ -84,6 +87,7 @@ pub fn parse(args: &[&str]) -> Result<Args, String> {
         match a {
             "-p" | "PR" | "PathRecord" => paths = true,
             "-N" | "NR" | "NodeRecord" => nodes = true,
+            "-g" => groups = true,
             "--dlid" => {
                 let v = it.next().ok_or("--dlid needs a LID")?;
                 dlid = Some(parse_lid(v).ok_or_else(|| format!("bad LID '{v}'"))?);
@@ -108,10 +112,19 @@ pub fn parse(args: &[&str]) -> Result<Args, String> {
             }
         }
     }
-    if paths && nodes {
+    if u8::from(paths) + u8::from(nodes) + u8::from(groups) > 1 {
         return Err(String::from(
-            "-p and -N ask for different records: one at a time",
+            "-p, -N and -g ask for different records: one at a time",
         ));
+    }
+    if groups {
+        if target.is_some() || dlid.is_some() {
+            return Err(String::from(USAGE));
+        }
+        return Ok(Args {
+            query: Query::Groups,
+            timeout,
+        });
     }
     if paths {
         let lid = match (dlid, target) {
@@ -256,6 +269,19 @@ pub fn print_path_record(out: &mut dyn Write, p: &PathRecord) -> fmt::Result {
     )?;
     field(out, "preference", format_args!("0x{:X}", p.preference))?;
     field(out, "resv2", format_args!("0x000000000000"))
+}
+
+/// saquery's `dump_multicast_group_record` (`-g`): MGID as `inet_ntop`
+/// writes it, MLID, the MTU and rate bytes with their selectors, P_Key and
+/// SL.
+pub fn print_group_record(out: &mut dyn Write, r: &McMemberRecord) -> fmt::Result {
+    writeln!(out, "MCMemberRecord group dump:")?;
+    field(out, "MGID", format_args!("{}", GidStr(r.mgid)))?;
+    field(out, "Mlid", format_args!("0x{:X}", r.mlid))?;
+    field(out, "Mtu", format_args!("0x{:X}", r.mtu_raw()))?;
+    field(out, "pkey", format_args!("0x{:X}", r.pkey))?;
+    field(out, "Rate", format_args!("0x{:X}", r.rate_raw()))?;
+    field(out, "SL", format_args!("0x{:X}", r.sl & 0xf))
 }
 
 fn err(what: &str, e: ib_core::Error) -> String {
@@ -432,6 +458,14 @@ pub fn saquery(
             }
             Ok(())
         }
+        Query::Groups => {
+            let recs = sa_query::mcmember_records(core, sa, src.dev, src.port, timeout)
+                .map_err(|e| err("MCMemberRecord query", e))?;
+            for r in &recs {
+                let _ = print_group_record(out, r);
+            }
+            Ok(())
+        }
         Query::Paths(Some(l)) => {
             let p = path_to(core, sa, src, l, timeout)?;
             let _ = print_path_record(out, &p);
@@ -515,6 +549,11 @@ mod tests {
             Ok(Query::Nodes(Some(NodeSel::Desc(String::from("sw0")))))
         );
         assert_eq!(q(&["-p"]), Ok(Query::Paths(None)));
+        assert_eq!(q(&["-g"]), Ok(Query::Groups));
+        assert_eq!(
+            parse(&["-t", "500", "-g"]).unwrap().timeout,
+            Duration::from_millis(500)
+        );
         assert_eq!(q(&["-p", "4"]), Ok(Query::Paths(Some(4))));
         assert_eq!(q(&["PR", "--dlid", "0x4"]), Ok(Query::Paths(Some(4))));
         assert_eq!(parse(&["-p"]).unwrap().timeout, SA_TIMEOUT);
@@ -537,10 +576,45 @@ mod tests {
             &["-t"],
             &["-t", "0"],
             &["-t", "1s"],
+            &["-g", "-p"],
+            &["-N", "-g"],
+            &["-g", "3"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
         assert!(parse(&["-x"]).unwrap_err().contains("not supported"));
+    }
+
+    #[test]
+    fn groups_print_as_saquery_dumps_them() {
+        let mut mgid = [0u8; 16];
+        mgid[..6].copy_from_slice(&[0xff, 0x12, 0x40, 0x1b, 0xff, 0xff]);
+        mgid[12..].copy_from_slice(&[0xff; 4]);
+        let r = McMemberRecord {
+            mgid: Gid(mgid),
+            mlid: 0xc000,
+            mtu_selector: 2,
+            mtu: 4,
+            pkey: 0xffff,
+            rate_selector: 2,
+            rate: 3,
+            sl: 0,
+            qkey: 0x0b1b,
+            ..McMemberRecord::default()
+        };
+        let mut s = String::new();
+        print_group_record(&mut s, &r).unwrap();
+        // OpenSM's IPv4 broadcast group as Debian's saquery -g prints it.
+        assert_eq!(
+            s,
+            "MCMemberRecord group dump:\n\
+             \t\tMGID....................ff12:401b:ffff::ffff:ffff\n\
+             \t\tMlid....................0xC000\n\
+             \t\tMtu.....................0x84\n\
+             \t\tpkey....................0xFFFF\n\
+             \t\tRate....................0x83\n\
+             \t\tSL......................0x0\n"
+        );
     }
 
     #[test]

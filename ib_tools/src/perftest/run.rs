@@ -34,8 +34,9 @@ use hal::Deadline;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
-    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, Cq, CqInitAttr, Mr, MrPages, Pd, Qp, QpAttrMask, QpCap, QpCreateFlags, QpInitAttr,
+    QpState, QpType, RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcStatus, WrDetail,
+    WrOpcode,
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
@@ -213,6 +214,7 @@ fn build(
                 },
                 sq_sig_type: SigType::ReqWr,
                 qp_type: QpType::Rc,
+                create_flags: QpCreateFlags::empty(),
                 port_num: p.ib_port,
             },
         )

@@ -163,8 +163,8 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "saquery",
-        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID]",
-        help: "NodeRecords and PathRecords from the SA, as infiniband-diags' tool",
+        usage: "saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC] | saquery -p [LID] | saquery -g",
+        help: "NodeRecords, PathRecords and multicast groups from the SA, as infiniband-diags' tool",
         run: super::diags::saquery,
     },
     Command {
@@ -190,6 +190,12 @@ static COMMANDS: &[Command] = &[
         usage: "ping [-c N] [-s SIZE] [-i SECONDS] [-W SECONDS] [-w SECONDS] ADDR",
         help: "ICMP echo, as iputils' ping (Ctrl-C stops)",
         run: super::net::ping,
+    },
+    Command {
+        name: "opensm",
+        usage: "opensm [-p PRIO] [-s SECS] [-C CA] [-P PORT] | opensm status|log|stop",
+        help: "our subnet manager and SA on this port, as OpenSM (-p priority, -s sweep)",
+        run: super::opensm::opensm,
     },
     Command {
         name: "mlx4",

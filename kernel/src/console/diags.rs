@@ -99,7 +99,8 @@ pub fn ibping(out: &mut dyn Write, args: &[&str]) -> CmdResult {
 /// The SA client `saquery` asks through, registered on first use.
 static SA: spin::Mutex<Option<ib_core::ClientId>> = spin::Mutex::new(None);
 
-/// `saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC]`, `saquery -p [LID]`.
+/// `saquery [-C CA] [-P PORT] [-N] [LID|NODE_DESC]`, `saquery -p [LID]`,
+/// `saquery -g`.
 pub fn saquery(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     run(out, args, false, |core, _, src, args, ctrl_c, out| {
         // Arguments first: a usage error needs no port.

@@ -11,6 +11,7 @@ mod diags;
 mod ib;
 mod lspci;
 mod net;
+mod opensm;
 mod pcache;
 mod perftest;
 mod rmem;

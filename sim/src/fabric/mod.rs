@@ -24,6 +24,13 @@
 //!   cable are enabled ([`Fabric::link_up`]). Each change of a port's link
 //!   bumps [`Fabric::link_generation`], so an HCA notices a change (cable
 //!   pulled, partner closed) the next time it looks, without callbacks.
+//! * Link speed: each end publishes the extended link speeds it would
+//!   train to (PortInfo LinkSpeedExtEnabled, [`Fabric::set_link_speeds_ext`];
+//!   a switch's ports from its SMA, nodes the fabric models itself none),
+//!   and reads its peer's ([`Fabric::peer_link_speeds_ext`]); a live link
+//!   runs at the fastest speed both ends have, as link training picks it
+//!   ([`link_speed_ext_active`]). A change moves the link epoch, so the HCA
+//!   at the other end reads it on its next look.
 //! * Sending is [`Fabric::transmit`]: counted, and queued for delivery at
 //!   the far end of the cable (later: through the switch, captured,
 //!   faulted). Delivery is pull-based: the receiving HCA takes its due
@@ -215,6 +222,9 @@ struct FabPort {
     name: Option<String>,
     /// The capture's number for the cable at this port.
     link: u64,
+    /// The extended link speeds this end would train to (PortInfo
+    /// LinkSpeedExtEnabled; 0: none, only SDR/DDR/QDR).
+    speeds_ext: u8,
 }
 
 impl FabPort {
@@ -227,6 +237,7 @@ impl FabPort {
             inbound: VecDeque::new(),
             name: None,
             link: 0,
+            speeds_ext: 0,
         }
     }
 }
@@ -237,6 +248,19 @@ pub const MAX_INBOUND: usize = 4096;
 
 /// Packet buffers [`Fabric::recycle`] keeps at most.
 pub const MAX_SPARE: usize = 256;
+
+/// The LinkSpeedExtActive a link trains to when its ends would train to
+/// the extended speeds `a` and `b` (LinkSpeedExtEnabled bit masks: bit 0
+/// FDR 14.0625 Gb/s, bit 1 EDR 25.78125 Gb/s): the fastest both have, as
+/// its PortInfo encoding (1 FDR, 2 EDR; 0 none: the link runs at its
+/// LinkSpeedActive).
+pub fn link_speed_ext_active(a: u8, b: u8) -> u8 {
+    match a & b & 0x3 {
+        0 => 0,
+        1 => 1,
+        _ => 2,
+    }
+}
 
 /// How long a switch port's link stays down when an SMP makes it retrain
 /// (PortPhysicalState Polling on a live link: `ibportstate reset`).
@@ -399,6 +423,7 @@ impl Fabric {
             });
             if let Some(x) = self.ports.get_mut(&fp) {
                 x.enabled = true;
+                x.speeds_ext = sw.link_speeds_ext(p);
             }
             ports.push(fp);
         }
@@ -598,6 +623,8 @@ impl Fabric {
             fp.peer = Some(q);
             fp.link = link;
         }
+        self.tell_switch_its_peer(a);
+        self.tell_switch_its_peer(b);
         self.note_link_change(a, before[0]);
         self.note_link_change(b, before[1]);
         self.links_changed();
@@ -615,6 +642,8 @@ impl Fabric {
         for (q, was) in [(p, before[0]), (peer, before[1])] {
             let fp = self.port_mut(q);
             fp.peer = None;
+            self.tell_switch_its_peer(q);
+            let fp = self.port_mut(q);
             let lost = fp.inbound.len();
             fp.inbound.clear();
             self.queued = self.queued.saturating_sub(lost);
@@ -711,6 +740,43 @@ impl Fabric {
         self.links_changed();
         self.publish();
         Ok(())
+    }
+
+    /// Port `p`'s end of its cable would train to the extended link speeds
+    /// `speeds` (PortInfo LinkSpeedExtEnabled): what an HCA publishes of
+    /// its port. The peer reads it ([`Fabric::peer_link_speeds_ext`]); a
+    /// change moves the link epoch.
+    pub fn set_link_speeds_ext(&mut self, p: PortId, speeds: u8) -> Result<(), FabricError> {
+        let fp = self.ports.get_mut(&p).ok_or(FabricError::NoSuchPort(p))?;
+        if fp.speeds_ext == speeds {
+            return Ok(());
+        }
+        fp.speeds_ext = speeds;
+        let peer = fp.peer;
+        if let Some(q) = peer {
+            self.tell_switch_its_peer(q);
+        }
+        self.links_changed();
+        Ok(())
+    }
+
+    /// The extended link speeds the other end of `p`'s cable would train
+    /// to (0 without a cable).
+    pub fn peer_link_speeds_ext(&self, p: PortId) -> u8 {
+        self.peer(p)
+            .and_then(|q| self.ports.get(&q))
+            .map_or(0, |fp| fp.speeds_ext)
+    }
+
+    /// If `q` is a switch port, tells its switch what the other end of its
+    /// cable would train to (0 without a cable).
+    fn tell_switch_its_peer(&mut self, q: PortId) {
+        let speeds = self.peer_link_speeds_ext(q);
+        if let Some(Owner::Switch { switch, port }) = self.owner(q)
+            && let Some((sw, _)) = self.switches.get_mut(switch.0)
+        {
+            sw.set_peer_speeds_ext(port, speeds);
+        }
     }
 
     /// The physical link at `p` is up: cabled, and both ends enabled.
@@ -966,6 +1032,7 @@ impl Fabric {
             return;
         };
         let smp = f.pkt.vl() == Some(15);
+        sw.set_time(f.due);
         let mut f = f;
         if f.owed && !sw.only_forwards(&f.pkt.bytes) {
             // The switch's SMA or PMA reads it: the sender's CRCs first.
@@ -1029,6 +1096,16 @@ impl Fabric {
             self.events
                 .push((now_ns.saturating_add(RETRAIN_NS), Event::Retrained(fp)));
             self.events.sort_by_key(|(t, _)| *t);
+        }
+        // LinkSpeedExtEnabled as the SMA now has it, for the far ends.
+        let speeds: Vec<(PortId, u8)> = match self.switches.get(id.0) {
+            Some((sw, ports)) => (1..=sw.nports())
+                .filter_map(|p| Some((*ports.get(usize::from(p))?, sw.link_speeds_ext(p))))
+                .collect(),
+            None => Vec::new(),
+        };
+        for (fp, s) in speeds {
+            let _ = self.set_link_speeds_ext(fp, s);
         }
         self.publish();
     }

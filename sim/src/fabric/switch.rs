@@ -11,7 +11,12 @@
 //! the DrSLID), LID routing by the linear forwarding table, multicast
 //! replication by the multicast one, partition enforcement and raw
 //! filtering on external ports as the SM turns them on, M_Key protection
-//! levels 1 and 2, and a PMA (ClassPortInfo, PortCounters,
+//! levels 1 and 2 with the lease period (IBTA 14.2.4.2: a failed check
+//! starts the lease timer, an SMP with the key stops it, and when it runs
+//! out the protection bits fall to 0), 4x FDR links (PortInfo's extended
+//! speeds: every external port supports and enables FDR, as an SX6036
+//! does, and runs it while its link is up and the far end has it too),
+//! and a PMA (ClassPortInfo, PortCounters,
 //! PortCountersExtended) per port; SL-to-VL mapping and VL arbitration
 //! (their tables are kept and reported, not applied), random forwarding
 //! tables, FDR10 (ExtendedPortInfo reports none, as ibsim does by
@@ -86,6 +91,9 @@ pub const PART_ENFORCE_CAP: usize = 64;
 /// IsTrapSupported, IsSLMappingSupported, IsExtendedSpeedsSupported,
 /// IsCapabilityMask2Supported (external ports report 0).
 pub const PORT0_CAP_MASK: u32 = 0xc048;
+/// LinkSpeedExtSupported of every external port (IBTA 14.2.5.6; a SwitchX
+/// SX6036 is FDR: bit 0, 14.0625 Gb/s a lane).
+pub const LINK_SPEEDS_EXT_SUPPORTED: u8 = 0x1;
 /// PortInfo byte 43 (low nibble): PartitionEnforcementInbound.
 const ENFORCE_IN: u8 = 0x8;
 /// PartitionEnforcementOutbound.
@@ -171,6 +179,11 @@ pub struct SwitchPort {
     pub mlnx_state_change_enable: u8,
     /// Mellanox ExtendedPortInfo LinkSpeedEnabled.
     pub mlnx_speed_enabled: u8,
+    /// PortInfo LinkSpeedExtEnabled (external ports; the SM may narrow it).
+    pub speeds_ext_enabled: u8,
+    /// The extended speeds the far end of the cable would train to, as the
+    /// fabric last said (0 without a cable).
+    peer_speeds_ext: u8,
     /// SubnSet(PortInfo) asked an enabled port with its link up for
     /// PortPhysicalState Polling: the fabric retrains the link (down, then
     /// up again).
@@ -202,6 +215,8 @@ impl SwitchPort {
             },
             mlnx_state_change_enable: 0,
             mlnx_speed_enabled: 0,
+            speeds_ext_enabled: if port0 { 0 } else { LINK_SPEEDS_EXT_SUPPORTED },
+            peer_speeds_ext: 0,
             retrain: false,
         }
     }
@@ -262,6 +277,14 @@ pub struct Switch {
     gid_prefix: u64,
     subnet_timeout: u8,
     mkey_violations: u16,
+    /// The M_Key lease timer (IBTA 14.2.4.2): when it runs out (fabric
+    /// time, nanoseconds) the protection bits fall to 0. Started by a
+    /// failed M_Key check while the lease period is not 0, stopped by an
+    /// SMP with the key.
+    mkey_lease_due: Option<u64>,
+    /// The fabric's time as of the packet being processed
+    /// ([`Switch::set_time`]).
+    now_ns: u64,
 }
 
 impl Switch {
@@ -301,6 +324,8 @@ impl Switch {
             gid_prefix: 0xfe80_0000_0000_0000,
             subnet_timeout: 0,
             mkey_violations: 0,
+            mkey_lease_due: None,
+            now_ns: 0,
         }
     }
 
@@ -361,10 +386,57 @@ impl Switch {
         self.mft_top
     }
 
+    /// The fabric's time is now `now_ns` (it calls this before handing the
+    /// switch a packet): an M_Key lease timer that ran out by then drops
+    /// the protection bits to 0 (IBTA 14.2.4.2), so the SM can read the
+    /// key again.
+    pub fn set_time(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+        if self.mkey_lease_due.is_some_and(|due| due <= self.now_ns) {
+            self.mkey_lease_due = None;
+            self.mkey_protect = 0;
+        }
+    }
+
+    /// M_KeyProtectBits of port 0 (the switch's one M_Key).
+    pub fn mkey_protect(&self) -> u8 {
+        self.mkey_protect
+    }
+
     /// Whether the physical link of port `p` is up.
     pub fn link_up(&self, p: u8) -> bool {
         self.port(p)
             .is_some_and(|sp| sp.phys == PhysicalState::LinkUp)
+    }
+
+    /// The extended link speeds external port `p` would train to
+    /// (LinkSpeedExtEnabled; 0 for port 0, which has no link).
+    pub fn link_speeds_ext(&self, p: u8) -> u8 {
+        match self.port(p) {
+            Some(sp) if p != 0 => sp.speeds_ext_enabled,
+            _ => 0,
+        }
+    }
+
+    /// The fabric tells the switch what the far end of port `p`'s cable
+    /// would train to.
+    pub(crate) fn set_peer_speeds_ext(&mut self, p: u8, speeds: u8) {
+        if let Some(sp) = self.ports.get_mut(usize::from(p))
+            && p != 0
+        {
+            sp.peer_speeds_ext = speeds;
+        }
+    }
+
+    /// LinkSpeedExtActive of port `p`: the fastest extended speed both
+    /// ends of its live link have (0: none, the link runs at QDR).
+    pub fn link_speed_ext_active(&self, p: u8) -> u8 {
+        match self.port(p) {
+            Some(sp) if p != 0 && sp.phys == PhysicalState::LinkUp => {
+                super::link_speed_ext_active(sp.speeds_ext_enabled, sp.peer_speeds_ext)
+            }
+            _ => 0,
+        }
     }
 
     /// Whether port `p` is enabled (not disabled by an SMP).
@@ -930,8 +1002,16 @@ impl Switch {
     fn sma(&mut self, in_port: u8, smp: Smp) -> Option<Smp> {
         let meth = smp.hdr.method;
         let key_ok = self.mkey == 0 || smp.mkey == self.mkey;
+        if self.mkey != 0 && key_ok {
+            // The key stops a running lease timer.
+            self.mkey_lease_due = None;
+        }
         if !key_ok && (meth == method::SET || self.mkey_protect >= 2) {
             self.mkey_violations = self.mkey_violations.saturating_add(1);
+            if self.mkey_lease != 0 && self.mkey_lease_due.is_none() {
+                let lease_ns = u64::from(self.mkey_lease) * 1_000_000_000;
+                self.mkey_lease_due = Some(self.now_ns.saturating_add(lease_ns));
+            }
             return None;
         }
         let mut r = smp.clone();
@@ -990,7 +1070,11 @@ impl Switch {
                 // key is answered with the M_Key field 0 (level 2 and up
                 // do not answer it at all: `sma`).
                 let show_mkey = self.mkey == 0 || smp.mkey == self.mkey || self.mkey_protect != 1;
-                if set && let Err(s) = self.port_info_set(port, d) {
+                // Bit 31: the SM's SMSupportsExtendedSpeeds (OpenSM sets
+                // it for a port whose CapabilityMask, port 0's for a
+                // switch, has IsExtendedSpeedsSupported).
+                let ext = m & 0x8000_0000 != 0;
+                if set && let Err(s) = self.port_info_set(port, d, ext) {
                     self.encode_port_info(port, in_port, show_mkey, out);
                     return s;
                 }
@@ -1051,7 +1135,8 @@ impl Switch {
                 // (byte 3), LinkSpeedSupported/Enabled/Active (bytes 7,
                 // 11, 15; bit 0 is FDR10). The model's links do not run
                 // FDR10, so none is supported, enabled or active (as
-                // ibsim answers by default); a Set keeps what it may.
+                // ibsim answers by default): FDR comes through PortInfo's
+                // extended speeds. A Set keeps what it may.
                 let port = (m & 0xff) as u8;
                 if port > self.nports() || m >> 8 != 0 {
                     return mad_status::INVALID_FIELD;
@@ -1154,14 +1239,22 @@ impl Switch {
         out[50] = 1; // GUIDCap
         out[51] = self.subnet_timeout & 0x1f;
         out[52] = 0x10;
+        if port != 0 {
+            // LinkSpeedExtActive | LinkSpeedExtSupported; the reserved
+            // bits and LinkSpeedExtEnabled.
+            out[62] = self.link_speed_ext_active(port) << 4 | LINK_SPEEDS_EXT_SUPPORTED;
+            out[63] = sp.speeds_ext_enabled & 0x1f;
+        }
     }
 
     /// SubnSet(PortInfo) of port `port`: port 0 takes the subnet
     /// attributes (LID, LMC, SM LID/SL, M_Key, timeouts); every port takes
     /// PortState, PortPhysicalState (3 disables, 2 enables), NeighborMTU
-    /// and OperationalVLs. An invalid state change leaves everything as it
+    /// and OperationalVLs, an external port LinkSpeedExtEnabled when `ext`
+    /// (the modifier's SMSupportsExtendedSpeeds: 0 no change, 30 none, 31
+    /// all supported). An invalid state change leaves everything as it
     /// was and answers "invalid field".
-    fn port_info_set(&mut self, port: u8, d: &[u8; 64]) -> Result<(), u16> {
+    fn port_info_set(&mut self, port: u8, d: &[u8; 64], ext: bool) -> Result<(), u16> {
         let sp = &self.ports[usize::from(port)];
         let new_state = sp
             .state
@@ -1197,6 +1290,14 @@ impl Switch {
         }
         if port != 0 {
             sp.enforce = d[43] & 0x0f;
+        }
+        if port != 0 && ext {
+            sp.speeds_ext_enabled = match d[63] & 0x1f {
+                0 => sp.speeds_ext_enabled,
+                30 => 0,
+                31 => LINK_SPEEDS_EXT_SUPPORTED,
+                v => v & LINK_SPEEDS_EXT_SUPPORTED,
+            };
         }
         match phys_req {
             3 if port != 0 && !sp.disabled => {
@@ -1513,6 +1614,63 @@ mod tests {
         assert_eq!(&out[0..2], &[0xc0, 0x00], "LinearFDBCap");
         assert_eq!(&out[6..8], &[0x00, 0x20], "LinearFDBTop");
         assert_eq!(out[11] & 0x04, 0x04, "PortStateChange");
+    }
+
+    /// IBTA 14.2.4.2 at the switch: an SMP without the key at protection
+    /// level 2 is dropped and starts the lease timer; an SMP with the key
+    /// stops it; once it runs out the protection bits are 0 and a Get
+    /// without the key reads the key (what lets a new SM take over).
+    #[test]
+    fn the_mkey_lease_runs_out_and_the_protection_falls_to_zero() {
+        const KEY: u64 = 0xdead_beef;
+        const S: u64 = 1_000_000_000;
+        let mut sw = Switch::new("sw", 0x0002_c900_0000_0100, 8);
+        let mut set = Smp::lid_routed(1, method::SET, attr::PORT_INFO, 0);
+        set.data[0..8].copy_from_slice(&KEY.to_be_bytes());
+        set.data[16..18].copy_from_slice(&2u16.to_be_bytes()); // LID
+        set.data[26..28].copy_from_slice(&2u16.to_be_bytes()); // lease 2 s
+        set.data[34] = 2 << 6; // protection level 2
+        let r = sw.sma(1, set).expect("the first Set (no key yet)");
+        assert_eq!(r.hdr.status, 0);
+        assert_eq!(sw.mkey_protect(), 2);
+        let get = |key: u64| {
+            let mut g = Smp::lid_routed(2, method::GET, attr::PORT_INFO, 0);
+            g.mkey = key;
+            g
+        };
+        // Without the key: dropped, counted, the timer starts (at 1 s).
+        sw.set_time(S);
+        assert!(sw.sma(1, get(0)).is_none());
+        assert_eq!(sw.mkey_violations, 1);
+        sw.set_time(2 * S);
+        assert!(sw.sma(1, get(0)).is_none(), "the timer runs until 3 s");
+        // The key stops it: nothing runs out at 3 s.
+        assert!(sw.sma(1, get(KEY)).is_some());
+        sw.set_time(4 * S);
+        assert_eq!(sw.mkey_protect(), 2, "stopped by the key");
+        // Started again at 4 s, out at 6 s.
+        assert!(sw.sma(1, get(0)).is_none());
+        sw.set_time(6 * S - 1);
+        assert!(sw.sma(1, get(0)).is_none());
+        assert_eq!(sw.mkey_protect(), 2);
+        sw.set_time(6 * S);
+        assert_eq!(sw.mkey_protect(), 0, "the lease ran out");
+        let r = sw
+            .sma(1, get(0))
+            .expect("a Get without the key is answered");
+        assert_eq!(&r.data[0..8], &KEY.to_be_bytes(), "and shows the key");
+        assert_eq!(r.data[34] >> 6, 0);
+        assert_eq!(&r.data[26..28], &[0, 2], "the lease period stays");
+        // A lease period of 0 never runs out.
+        let mut set = Smp::lid_routed(3, method::SET, attr::PORT_INFO, 0);
+        set.mkey = KEY;
+        set.data[0..8].copy_from_slice(&KEY.to_be_bytes());
+        set.data[16..18].copy_from_slice(&2u16.to_be_bytes());
+        set.data[34] = 2 << 6;
+        assert!(sw.sma(1, set).is_some());
+        assert!(sw.sma(1, get(0)).is_none());
+        sw.set_time(1000 * S);
+        assert_eq!(sw.mkey_protect(), 2);
     }
 
     #[test]

@@ -1282,6 +1282,18 @@ impl SimHca {
         self.hca().async_map[usize::from(event_type & 0x3f)]
     }
 
+    /// What the multicast steering counted (UD datagrams to a multicast
+    /// LID, in and looped back).
+    pub fn mcast_stats(&self) -> crate::hca::engine::mcast::McastStats {
+        self.hca().engine.mcast
+    }
+
+    /// The member words (QPN | block-loopback bit) of IB multicast group
+    /// `mgid` as the card finds them in its MCG table (`None`: no group).
+    pub fn mcg_members(&self, mgid: &[u8; 16]) -> Option<Vec<u32>> {
+        crate::hca::fw::mcg::members(&mut self.hca(), mgid)
+    }
+
     /// INIT_HCA has been done (and not undone).
     pub fn is_initialized(&self) -> bool {
         self.hca().fw == FwState::Initialized

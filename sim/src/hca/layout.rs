@@ -418,7 +418,11 @@ impl Default for DevCap {
                 | ATOMIC
                 | RAW_MCAST
                 | UD_AV_PORT
-                | UD_MCAST,
+                | UD_MCAST
+                // B0 steering, as a ConnectX-3 runs natively (Linux's
+                // choose_steering_mode needs both).
+                | VEP_UC_STEER
+                | VEP_MC_STEER,
             rsvd_uars: 8,
             uar_sz: 3,
             log_pg_sz: 12,
@@ -941,8 +945,9 @@ mod tests {
             (15, 2, 31, 7, 7)
         );
         assert_eq!(&b[0x3c..0x3e], &[0x01, 0x8f]);
-        // RC UC UD SRQ CSUM PKEY QKEY BLH MW APM ATOMIC RAW_MCAST AV_PORT UD_MCAST
-        assert_eq!(&b[0x40..0x48], &[0, 0, 0, 0, 0x00, 0x3f, 0x83, 0xc7]);
+        // RC UC UD SRQ CSUM PKEY QKEY BLH MW APM ATOMIC RAW_MCAST AV_PORT UD_MCAST,
+        // and VEP_UC_STEER VEP_MC_STEER (bits 41 and 42: B0 steering).
+        assert_eq!(&b[0x40..0x48], &[0, 0, 0x06, 0, 0x00, 0x3f, 0x83, 0xc7]);
         assert_eq!(&b[0x48..0x4c], &[0x80, 3, 0, 12]);
         assert_eq!(&b[0x50..0x58], &[0, 32, 0x03, 0xf0, 0, 32, 0x02, 0x00]);
         assert_eq!(&b[0x60..0x68], &[0, 3, 0, 13, 0x40, 17, 0x00, 16]);

@@ -3,8 +3,9 @@
 //! Physical and logical link state, the subnet attributes an SM assigns (LID,
 //! SM LID/SL, LMC, GID prefix, M_Key and its lease), the P_Key and GUID
 //! tables, the SL-to-VL and VL arbitration tables, SET_PORT capabilities and
-//! the PMA counters; link training (the speed is 4x FDR whenever the link is
-//! up), VL arbitration itself and Ethernet are not modelled.
+//! the PMA counters; link training beyond the speed (4x, at FDR when both
+//! ends of the cable have it: the fabric says what the far end has), VL
+//! arbitration itself and Ethernet are not modelled.
 //!
 //! A port starts Down/Disabled. INIT_PORT enables it: with the cable
 //! plugged (the default, [`HcaConfig::cable_plugged`]) the physical state
@@ -119,6 +120,10 @@ pub struct Port {
     pub traps_sent: u32,
     /// LinkSpeedExtEnabled (IBTA 14.2.5.6; bit 0 = FDR 14.0625 Gb/s).
     pub link_speed_ext_enabled: u8,
+    /// The extended speeds the far end of the cable would train to, as the
+    /// fabric last said ([`crate::fabric::Fabric::peer_link_speeds_ext`]);
+    /// without a fabric, FDR (the far end is taken to be an FDR switch).
+    pub peer_speeds_ext: u8,
     /// SLtoVLMappingTable (IBTA 14.2.5.8): the VL of SL `n` in nibble `n`
     /// (SL 0 in the high nibble of byte 0), as the attribute carries it.
     pub sl2vl: [u8; 8],
@@ -183,6 +188,7 @@ impl Port {
             mkey_lease_due: None,
             traps_sent: 0,
             link_speed_ext_enabled: LINK_SPEED_EXT_SUPPORTED,
+            peer_speeds_ext: LINK_SPEED_EXT_SUPPORTED,
             sl2vl: [0; 8],
             vlarb_low: [[0; 2]; VL_ARB_CAP],
             vlarb_high: [[0; 2]; VL_ARB_CAP],
@@ -231,16 +237,17 @@ impl Port {
         if sl & 1 == 0 { b >> 4 } else { b & 0xf }
     }
 
-    /// LinkSpeedExtActive: FDR while the link is up with FDR enabled (the
-    /// cable's other end is taken to be FDR-capable, as a SwitchX is).
+    /// LinkSpeedExtActive: the fastest extended speed both ends of the
+    /// live link have (FDR with FDR enabled here and at the far end; 0:
+    /// the link runs at QDR).
     pub fn link_speed_ext_active(&self) -> u8 {
-        if self.phys == PhysicalState::LinkUp
-            && self.link_speed_ext_enabled & LINK_SPEED_EXT_SUPPORTED != 0
-        {
-            1
-        } else {
-            0
+        if self.phys != PhysicalState::LinkUp {
+            return 0;
         }
+        crate::fabric::link_speed_ext_active(
+            self.link_speed_ext_enabled & LINK_SPEED_EXT_SUPPORTED,
+            self.peer_speeds_ext,
+        )
     }
 
     /// Port GUID.

@@ -1,8 +1,9 @@
 //! What the card checks and counts for the subnet's management: the source
 //! LID of connected packets, the VL a data packet leaves on (the port's
 //! SLtoVLMappingTable), a P_Key violation at QP1 (P_KeyViolations and the
-//! SMA's Bad P_Key trap on QP0), and packets to the port's own LIDs, which
-//! never leave it.
+//! SMA's Bad P_Key trap on QP0), packets to the port's own LIDs, which
+//! never leave it, and the link's speed: FDR only when both ends of the
+//! cable have it.
 
 use std::time::Duration;
 
@@ -350,4 +351,43 @@ fn a_packet_to_the_ports_own_lids_never_leaves_the_port() {
     assert!(take(&w, raw).is_empty(), "nothing went on the cable");
     assert_eq!(pkts(&mut h), before, "PortXmitPkts");
     h.assert_no_violations();
+}
+
+/// The port runs 4x FDR only while the far end of its cable would train
+/// to FDR too (link training takes the fastest speed both ends have): a
+/// bare fabric port that says nothing of its speeds keeps the link at
+/// QDR; once it says FDR the HCA reports FDR active, and the fabric hears
+/// the HCA's own LinkSpeedExtEnabled, narrowed by the SM.
+#[test]
+fn the_link_runs_fdr_only_when_both_ends_have_it() {
+    let (mut h, w, raw) = on_a_raw_cable();
+    let d = port_info(&mut h);
+    assert_eq!(
+        (d[62], d[63] & 0x1f),
+        (0x01, 0x01),
+        "FDR supported and enabled, not active: the far end has none"
+    );
+    assert_eq!(d[35] >> 4, 4, "LinkSpeedActive QDR");
+    let fab = w.fabric();
+    assert_eq!(
+        fab.lock().unwrap().peer_link_speeds_ext(raw),
+        0x1,
+        "what the HCA publishes"
+    );
+    fab.lock().unwrap().set_link_speeds_ext(raw, 0x1).unwrap();
+    wait_steps(&h.r, Duration::from_micros(5));
+    assert_eq!(port_info(&mut h)[62], 0x11, "FDR active");
+    // The SM turns FDR off (LinkSpeedExtEnabled 30, SMSupportsExtendedSpeeds).
+    let mut d = port_info(&mut h);
+    d[32] &= 0xf0;
+    d[33] &= 0x0f;
+    d[63] = 30;
+    let r = smp_set(&mut h, 0x0015, 0x8000_0001, &d);
+    assert_eq!((r[0x40 + 62], r[0x40 + 63] & 0x1f), (0x01, 0));
+    wait_steps(&h.r, Duration::from_micros(5));
+    assert_eq!(
+        fab.lock().unwrap().peer_link_speeds_ext(raw),
+        0,
+        "the far end hears it"
+    );
 }

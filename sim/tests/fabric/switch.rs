@@ -739,3 +739,61 @@ fn port_0_becomes_active_with_its_lid() {
         "no port 37"
     );
 }
+
+/// 4x FDR as link training gives it: an external port supports and
+/// enables FDR (PortInfo's extended speeds, as an SX6036's) and runs it
+/// while its link is up and the far end would train to FDR too; the SM
+/// narrows it with SMSupportsExtendedSpeeds (modifier bit 31), and the far
+/// end reads what the switch port would now train to.
+#[test]
+fn external_ports_run_fdr_when_both_ends_have_it() {
+    let mut n = Net::star(2);
+    let get = |n: &mut Net, port: u32| {
+        n.dr(0, &[1], method::GET, attr::PORT_INFO, port, &[0; 64])
+            .data
+    };
+    // Node 1 (switch port 2) has published no extended speeds: QDR.
+    let d = get(&mut n, 2);
+    assert_eq!(
+        (d[62], d[63] & 0x1f),
+        (0x01, 0x01),
+        "FDR supported and enabled, none active"
+    );
+    assert_eq!(d[35] >> 4, 4, "LinkSpeedActive QDR");
+    let p1 = n.port(1);
+    n.f.set_link_speeds_ext(p1, 0x1).unwrap();
+    assert_eq!(get(&mut n, 2)[62], 0x11, "FDR active: both ends have it");
+    assert_eq!(n.f.peer_link_speeds_ext(p1), 0x1, "what node 1 reads");
+    // Port 0 has no link: its CapabilityMask says the switch has
+    // extended speeds, its own fields stay 0.
+    let d = get(&mut n, 0);
+    assert_eq!(&d[20..24], &0xc048u32.to_be_bytes());
+    assert_eq!(&d[62..64], &[0, 0]);
+    // A port without a cable: none active.
+    assert_eq!(get(&mut n, 5)[62], 0x01);
+    // The SM turns FDR off on port 2 (LinkSpeedExtEnabled 30 with bit
+    // 31), then tries to turn it on without bit 31 (ignored), then with.
+    let set = |n: &mut Net, v: u8, ext: bool| {
+        let mut d = get(n, 2);
+        d[32] &= 0xf0;
+        d[33] &= 0x0f;
+        d[63] = v;
+        let m = 2 | if ext { 0x8000_0000 } else { 0 };
+        let r = n.dr(0, &[1], method::SET, attr::PORT_INFO, m, &d);
+        assert_eq!(r.hdr.status & 0x7fff, 0);
+        r.data
+    };
+    let d = set(&mut n, 30, true);
+    assert_eq!((d[62], d[63] & 0x1f), (0x01, 0), "FDR off: QDR");
+    assert_eq!(n.f.peer_link_speeds_ext(p1), 0, "node 1 reads it");
+    assert_eq!(set(&mut n, 31, false)[63] & 0x1f, 0, "no bit 31: unchanged");
+    let d = set(&mut n, 31, true);
+    assert_eq!((d[62], d[63] & 0x1f), (0x11, 0x01), "all supported: FDR");
+    assert_eq!(n.f.peer_link_speeds_ext(p1), 0x1);
+    // The link goes down: nothing active; the cable pulled: nothing at
+    // the far end either.
+    n.f.set_enabled(p1, false).unwrap();
+    assert_eq!(get(&mut n, 2)[62], 0x01);
+    n.f.unplug(p1).unwrap();
+    assert_eq!(n.f.peer_link_speeds_ext(p1), 0);
+}

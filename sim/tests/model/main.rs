@@ -10,6 +10,7 @@ mod faults;
 mod fuzz;
 mod fw_init;
 mod hcr_protocol;
+mod mcg;
 mod polled;
 mod ports_mad;
 mod qp;

@@ -186,6 +186,18 @@ fn the_switch_answers_as_ibsim_does_for_a_switchx() {
         &b,
         &["LinkState", "PhysLinkState", "CapMask", "LinkWidthActive"],
     );
+    // Apart by design: a SwitchX's external ports support and enable FDR
+    // (PortInfo's extended speeds, 14.0625 Gb/s a lane; port 0's
+    // CapabilityMask, the same as ibsim's, says IsExtendedSpeedsSupported),
+    // where ibsim's switch reports none by default. H2 is a host node with
+    // no extended speeds (as ibsim's CAs), so its cable trains to QDR and
+    // none is active: FDR runs only where both ends have it.
+    for f in ["LinkSpeedExtSupported", "LinkSpeedExtEnabled"] {
+        assert_eq!(field(&a, f), "0", "ibsim: no extended speeds\n{a}");
+        assert_eq!(field(&b, f), "14.0625 Gbps", "{b}");
+    }
+    assert_eq!(field(&a, "LinkSpeedExtActive"), "No Extended Speed", "{a}");
+    assert_eq!(field(&b, "LinkSpeedExtActive"), "No Extended Speed", "{b}");
 
     // Mellanox ExtendedPortInfo: switch ports 0 and 2, and H2's own port
     // (the host node).

@@ -434,7 +434,9 @@ impl Hca {
             f |= mlx4_hw::fw::init_hca::FLAG_COUNTERS;
         }
         self.layout.init_hca.flags = f;
-        self.layout.init_hca.uc_steering = c.flags & flags::VEP_MC_STEER != 0;
+        // Linux 3.5+ `mlx4_INIT_HCA`: the bit asks for B0 steering, chosen
+        // only when both VEP steering capabilities are there.
+        self.layout.init_hca.uc_steering = c.steering_mode == SteeringMode::B0;
         // Linux 3.10+: memory windows when the device has them.
         self.layout.init_hca.mw_enabled =
             c.flags & flags::MEM_WINDOW != 0 || c.bmme_flags & BMME_FLAG_TYPE_2_WIN != 0;

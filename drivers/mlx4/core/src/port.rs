@@ -72,6 +72,27 @@ impl Dev {
         }
     }
 
+    /// SET_PORT (IB) with a new capability mask and nothing else changed,
+    /// as mlx4_ib's `mlx4_SET_PORT` sends it for `ib_modify_port` (an SM
+    /// setting IsSM on its port).
+    pub fn set_port_cap_mask(
+        &mut self,
+        port: u8,
+        cap_mask: u32,
+        reset_qkey_cntrs: bool,
+    ) -> Result<()> {
+        self.check_port(port)?;
+        let mb = Mailbox::new(&self.hca.pool)?;
+        mb.write(0, &set_port_ib_cap_mask(cap_mask, reset_qkey_cntrs));
+        self.hca.cmd.cmd(
+            mb.dma(),
+            u32::from(port),
+            0,
+            Opcode::SET_PORT,
+            timeout::CLASS_B,
+        )
+    }
+
     /// Linux `mlx4_INIT_PORT` (issued by mlx4_ib when QP0 reaches RTR).
     #[doc(alias = "mlx4_INIT_PORT")]
     pub fn init_port(&mut self, port: u8) -> Result<()> {

@@ -46,6 +46,16 @@ pub fn set_port_ib(
     b
 }
 
+/// SET_PORT (IB, op_mod 0) input as mlx4_ib's own `mlx4_SET_PORT` builds it
+/// for `ib_modify_port`: no change flags, byte 3 bit 0 resets the Q_Key
+/// violation counter, dword 1 is the new port capability mask.
+pub fn set_port_ib_cap_mask(cap_mask: u32, reset_qkey_cntrs: bool) -> [u8; SET_PORT_IN_SIZE] {
+    let mut b = [0u8; SET_PORT_IN_SIZE];
+    b[3] = u8::from(reset_qkey_cntrs);
+    put_be32(&mut b, 4, cap_mask);
+    b
+}
+
 /// MAD_IFC op_mod: ignore M_Key and B_Key.
 pub const MAD_IFC_IGNORE_KEYS: u8 = 3;
 /// Size of a MAD.

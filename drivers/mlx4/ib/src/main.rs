@@ -440,6 +440,27 @@ impl Mlx4IbDev {
         mad::query_port(&mut self.dev, port)
     }
 
+    /// Linux `mlx4_ib_modify_port`: the capability mask as the port has it,
+    /// plus `set` and minus `clr` (an SM's IsSM), written with SET_PORT;
+    /// an Ethernet port has none and succeeds without a command.
+    pub fn modify_port(
+        &mut self,
+        port: u8,
+        set: u32,
+        clr: u32,
+        reset_qkey_cntr: bool,
+    ) -> Result<()> {
+        self.check_port(port)?;
+        if self.dev.caps().port[usize::from(port)].port_type == mlx4_core::PortType::Eth {
+            return Ok(());
+        }
+        let attr = mad::query_port(&mut self.dev, port)?;
+        let cap_mask = (attr.port_cap_flags | set) & !clr;
+        self.dev
+            .set_port_cap_mask(port, cap_mask, reset_qkey_cntr)
+            .map_err(Error::from)
+    }
+
     /// Linux `mlx4_ib_query_gid`.
     pub fn query_gid(&mut self, port: u8, index: u32) -> Result<[u8; 16]> {
         self.check_port(port)?;
@@ -819,6 +840,60 @@ impl Mlx4IbDev {
         }
         self.dbs.free(s.db);
         r
+    }
+
+    // ------------------------------------------------------------- multicast
+
+    /// Linux `mlx4_ib_mcg_attach`: the UD QP `id` receives the datagrams of
+    /// multicast group `gid` (`mlx4_multicast_attach` over the MCG table,
+    /// B0/A0 steering, with the MGM block-loopback bit when the QP was
+    /// created with `IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK`); `lid` is not
+    /// used (the card steers by MGID). Attaching twice is not an error.
+    #[doc(alias = "mlx4_ib_mcg_attach")]
+    pub fn mcg_attach(&mut self, id: crate::QpId, gid: &[u8; 16], lid: u16) -> Result<()> {
+        let _ = lid;
+        if self.fatal {
+            return Err(Error::Fatal);
+        }
+        let qp = self.qps.get(id).ok_or(Error::NoObject)?;
+        if qp.qp_type != crate::verbs::QpType::Ud {
+            return Err(Error::Inval("multicast attach is for UD QPs only"));
+        }
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        let block = qp.block_mcast_loopback;
+        self.dev.multicast_attach(&hw.mqp, gid, block)?;
+        if let Some(qp) = self.qps.get_mut(id)
+            && !qp.mcast_gids.contains(gid)
+        {
+            qp.mcast_gids.push(*gid);
+        }
+        Ok(())
+    }
+
+    /// Linux `mlx4_ib_mcg_detach`: undoes [`Mlx4IbDev::mcg_attach`].
+    #[doc(alias = "mlx4_ib_mcg_detach")]
+    pub fn mcg_detach(&mut self, id: crate::QpId, gid: &[u8; 16], lid: u16) -> Result<()> {
+        let _ = lid;
+        let qp = self.qps.get(id).ok_or(Error::NoObject)?;
+        if qp.qp_type != crate::verbs::QpType::Ud {
+            return Err(Error::Inval("multicast detach is for UD QPs only"));
+        }
+        let hw = qp.hw.as_ref().ok_or(Error::NoObject)?;
+        self.dev.multicast_detach(&hw.mqp, gid)?;
+        if let Some(qp) = self.qps.get_mut(id) {
+            match qp.mcast_gids.iter().position(|g| g == gid) {
+                Some(i) => {
+                    qp.mcast_gids.swap_remove(i);
+                }
+                None => warn!("{}: could not find mgid entry", self.name),
+            }
+        }
+        Ok(())
+    }
+
+    /// The MGIDs QP `id` is attached to.
+    pub fn mcg_attached(&self, id: crate::QpId) -> Result<&[[u8; 16]]> {
+        Ok(&self.qps.get(id).ok_or(Error::NoObject)?.mcast_gids)
     }
 
     /// Objects alive: (PDs, CQs, QPs, SRQs, MRs, AHs, doorbell records).

@@ -2,8 +2,8 @@
 //!
 //! With them `build_mlx_header` on ib_core's `ud_header` (Linux `qp.c`), and
 //! the events of `mlx4_ib_event` and of MAD snooping delivered through the
-//! progress function. Left out: multicast attach, user contexts, memory
-//! windows, FMRs and port modification.
+//! progress function. Left out: user contexts, memory windows, FMRs and port
+//! modification.
 
 use alloc::string::String;
 
@@ -11,10 +11,10 @@ use ib_core::error::{Error as IbError, PostError as IbPostError, Result as IbRes
 use ib_core::mad::{Grh, Mad, MadResult};
 use ib_core::ud_header;
 use ib_core::verbs::{
-    self as v, Ah, Cq, CqInitAttr, CqNotifyFlags, DeviceAttr, DeviceInfo, Event, EventElement,
-    EventType, IbDevice, MrPages, NodeType, Pd, PortAttr, PortCapFlags, PortState, Qp, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr as IbQpInitAttr, RecvWr, Srq, SrqAttr, SrqAttrMask, SrqInitAttr,
-    Wc, modify_qp_is_ok,
+    self as v, Ah, Cq, CqInitAttr, CqNotifyFlags, DeviceAttr, DeviceCapFlags, DeviceInfo, Event,
+    EventElement, EventType, IbDevice, MrPages, NodeType, Pd, PortAttr, PortCapFlags, PortState,
+    Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr as IbQpInitAttr, RecvWr, Srq, SrqAttr, SrqAttrMask,
+    SrqInitAttr, Wc, modify_qp_is_ok,
 };
 use mlx4_core::Dev;
 use mlx4_hw::wqe::av;
@@ -298,6 +298,8 @@ impl IbDevice for Mlx4IbDev {
             local_ca_ack_delay: d.local_ca_ack_delay,
             max_mcast_grp: c.num_mgms + c.num_amgms,
             max_mcast_qp_attach: c.num_qp_per_mgm,
+            max_total_mcast_qp_attach: (c.num_mgms + c.num_amgms).saturating_mul(c.num_qp_per_mgm),
+            device_cap_flags: DeviceCapFlags::BLOCK_MULTICAST_LOOPBACK,
             ..Default::default()
         })
     }
@@ -325,6 +327,21 @@ impl IbDevice for Mlx4IbDev {
             active_speed: a.active_speed,
             phys_state: a.phys_state,
         })
+    }
+
+    fn modify_port(
+        &mut self,
+        port: u8,
+        mask: v::PortModifyFlags,
+        props: &v::PortModify,
+    ) -> IbResult<()> {
+        ib(Mlx4IbDev::modify_port(
+            self,
+            port,
+            props.set_port_cap_mask,
+            props.clr_port_cap_mask,
+            mask.contains(v::PortModifyFlags::RESET_QKEY_CNTR),
+        ))
     }
 
     fn query_gid(&mut self, port: u8, index: u32) -> IbResult<v::Gid> {
@@ -395,6 +412,7 @@ impl IbDevice for Mlx4IbDev {
             cap: attr.cap,
             sq_sig_type: attr.sq_sig_type,
             qp_type: attr.qp_type,
+            create_flags: attr.create_flags,
             port_num: attr.port_num,
         };
         let id = ib(Mlx4IbDev::create_qp(self, PdId(pd.0), &mut init))?;
@@ -439,9 +457,18 @@ impl IbDevice for Mlx4IbDev {
                 cap: i.cap,
                 sq_sig_type: i.sq_sig_type,
                 qp_type: i.qp_type,
+                create_flags: i.create_flags,
                 port_num: i.port_num,
             },
         ))
+    }
+
+    fn attach_mcast(&mut self, qp: Qp, gid: &v::Gid, lid: u16) -> IbResult<()> {
+        ib(Mlx4IbDev::mcg_attach(self, qp_id(qp), &gid.0, lid))
+    }
+
+    fn detach_mcast(&mut self, qp: Qp, gid: &v::Gid, lid: u16) -> IbResult<()> {
+        ib(Mlx4IbDev::mcg_detach(self, qp_id(qp), &gid.0, lid))
     }
 
     fn destroy_qp(&mut self, qp: Qp) -> IbResult<()> {

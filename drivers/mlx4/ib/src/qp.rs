@@ -134,6 +134,11 @@ pub struct Mlx4IbQp {
     pub(crate) srq: Option<SrqId>,
     pub(crate) sqp: Option<Sqp>,
     pub(crate) hw: Option<QpHw>,
+    /// `MLX4_IB_QP_BLOCK_MULTICAST_LOOPBACK`: the QP's multicast
+    /// attachments carry the MGM block-loopback bit.
+    pub(crate) block_mcast_loopback: bool,
+    /// MGIDs the QP is attached to (Linux's `gid_list`).
+    pub(crate) mcast_gids: alloc::vec::Vec<[u8; 16]>,
 }
 
 impl core::fmt::Debug for Mlx4IbQp {

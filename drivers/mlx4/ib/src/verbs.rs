@@ -6,9 +6,9 @@
 //! does not name their opcodes).
 
 pub use ib_core::verbs::{
-    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, SigType, SrqAttr, SrqAttrMask, Wc, WcFlags, WcOpcode, WcStatus,
-    WrDetail, WrOpcode,
+    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCap, QpCreateFlags, QpState,
+    QpType, RecvWr, SendFlags, SendWr, Sge, SigType, SrqAttr, SrqAttrMask, Wc, WcFlags, WcOpcode,
+    WcStatus, WrDetail, WrOpcode,
 };
 
 /// `struct ib_qp_init_attr` with this driver's handles.
@@ -26,6 +26,8 @@ pub struct QpInitAttr {
     pub sq_sig_type: SigType,
     /// Transport.
     pub qp_type: QpType,
+    /// Creation flags: block multicast loopback (UD only).
+    pub create_flags: QpCreateFlags,
     /// Port (QP0/QP1 only).
     pub port_num: u8,
 }

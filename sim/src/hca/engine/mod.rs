@@ -1,10 +1,10 @@
 //! The HCA's data-path engines.
 //!
 //! Send and receive queues, SRQs, CQs, the RC/UC/UD transports and the MLX
-//! transport of QP0/QP1, run against host memory through the QP context's MTT
-//! translation and the dMPT's protection; what is not modelled is listed in each
-//! submodule's first line (no BlueFlame, LSO, fast registration, XRC, RD,
-//! multicast, APM, CQ moderation).
+//! transport of QP0/QP1, UD multicast ([`mcast`]), run against host memory
+//! through the QP context's MTT translation and the dMPT's protection; what is
+//! not modelled is listed in each submodule's first line (no BlueFlame, LSO,
+//! fast registration, XRC, RD, APM, CQ moderation).
 //!
 //! # How work moves
 //!
@@ -27,6 +27,7 @@
 
 pub mod cq;
 pub mod exec;
+pub mod mcast;
 pub mod mw;
 pub mod wire;
 pub mod wqe;
@@ -326,6 +327,8 @@ pub struct Engine {
     /// The send windows of RC QPs on a fabric (kept apart from [`QpEng`],
     /// which the receive path copies per packet).
     pub windows: BTreeMap<u32, wire::Window>,
+    /// Multicast steering counters.
+    pub mcast: mcast::McastStats,
 }
 
 /// The special-QP role of `qpn`: `Some((port, is_qp0))`.

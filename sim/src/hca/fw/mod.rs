@@ -1,8 +1,8 @@
 //! The firmware: one handler per command opcode.
 //!
 //! Grouped by area, each validating the device state and its inputs and answering
-//! with the status the card uses; multicast (READ/WRITE_MCG, MGID_HASH), SR-IOV,
-//! Ethernet, DDR/LAM and the other diagnostic commands answer BAD_OP.
+//! with the status the card uses; SR-IOV, Ethernet, DDR/LAM and the other
+//! diagnostic commands answer BAD_OP.
 //!
 //! | module | commands |
 //! |---|---|
@@ -11,6 +11,7 @@
 //! | [`qp`] | RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, RTS2SQD, SQD2RTS, SQD2SQD, 2ERR, 2RST, QUERY_QP, CONF_SPECIAL_QP |
 //! | [`port`] | QUERY_PORT, SENSE_PORT, INIT_PORT, CLOSE_PORT, SET_PORT, MAD_IFC |
 //! | [`diag`] | DIAG_RPRT (transport/CI error counters) |
+//! | [`mcg`] | MGID_HASH, READ_MCG, WRITE_MCG (the multicast group table) |
 //!
 //! State gates (the card's behaviour as the PRM describes it): before RUN_FW
 //! only QUERY_FW and MAP_FA work; between RUN_FW and INIT_HCA the
@@ -19,6 +20,7 @@
 
 pub mod diag;
 pub mod init;
+pub mod mcg;
 pub mod port;
 pub mod qp;
 pub mod res;
@@ -124,6 +126,9 @@ pub fn execute(hca: &mut Hca, cmd: &Command) -> Outcome {
         Opcode::SET_PORT => port::set_port(hca, cmd),
         Opcode::MAD_IFC => port::mad_ifc(hca, cmd),
         Opcode::DIAG_RPRT => diag::diag_rprt(hca, cmd),
+        Opcode::MGID_HASH => mcg::mgid_hash(hca, cmd),
+        Opcode::READ_MCG => mcg::read_mcg(hca, cmd),
+        Opcode::WRITE_MCG => mcg::write_mcg(hca, cmd),
         _ => Err(Status::BAD_OP),
     };
     r.unwrap_or_else(Outcome::status)

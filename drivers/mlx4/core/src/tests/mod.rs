@@ -397,6 +397,35 @@ fn eq_entry(eq: &crate::eq::Eq, i: u32) -> (&hal::DmaBuf, usize) {
     eq.entry_for_test(i)
 }
 
+/// Linux's `mlx4_INIT_HCA` sets the unicast-steering bit (byte 0xd8 bit 3)
+/// only in B0 steering, which needs both VEP steering capabilities; a card
+/// reporting multicast steering alone runs A0 with the bit clear.
+#[test]
+fn init_hca_asks_for_b0_steering_only_in_b0_mode() {
+    use mlx4_hw::fw::dev_cap::EXT_FLAGS;
+    // EXT_FLAGS holds flag bits 63:32: VEP_UC_STEER (41) and VEP_MC_STEER
+    // (42) are bits 1 and 2 of its third byte.
+    for (ext, mode, bit) in [
+        (0x00u8, crate::dev::SteeringMode::A0, false),
+        (0x04, crate::dev::SteeringMode::A0, false),
+        (0x02, crate::dev::SteeringMode::A0, false),
+        (0x06, crate::dev::SteeringMode::B0, true),
+    ] {
+        let rig = Rig::new();
+        rig.dev.faults.lock().unwrap().dev_cap = vec![(EXT_FLAGS + 2, ext)];
+        let dev = up(&rig).unwrap();
+        assert_eq!(dev.caps().steering_mode, mode, "flags {ext:#x}");
+        let b = rig.dev.init_hca.lock().unwrap().clone();
+        assert_eq!(
+            b[0xd8] & 0x08 != 0,
+            bit,
+            "flags {ext:#x}: byte 0xd8 {:#x}",
+            b[0xd8]
+        );
+        dev.teardown();
+    }
+}
+
 #[test]
 fn multicast_attach_detach_with_amgm_chains() {
     let rig = Rig::new();

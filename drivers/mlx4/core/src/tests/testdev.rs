@@ -39,6 +39,8 @@ pub struct FakeDev {
     dma: Arc<ArenaDma>,
     pub posted: Mutex<Vec<(u16, u8, u32)>>,
     pub faults: Mutex<Faults>,
+    /// The last INIT_HCA mailbox.
+    pub init_hca: Mutex<Vec<u8>>,
     hcr: [AtomicU32; 7],
 }
 
@@ -139,6 +141,11 @@ impl FakeDev {
                 self.mailbox_out(out_param, &o);
             }
             0xffd => return (0, 8),
+            0x007 => {
+                let mut b = vec![0u8; 0x200];
+                self.dma.device_read(BusAddr(in_param), &mut b).unwrap();
+                *self.init_hca.lock().unwrap() = b;
+            }
             0x027 => {
                 let mut gid = [0u8; 16];
                 self.dma.device_read(BusAddr(in_param), &mut gid).unwrap();
@@ -241,6 +248,7 @@ impl Rig {
             dma: dma.clone(),
             posted: Mutex::new(Vec::new()),
             faults: Mutex::new(Faults::default()),
+            init_hca: Mutex::new(Vec::new()),
             hcr: Default::default(),
         });
         Rig {

@@ -16,7 +16,7 @@ use super::post::{FAST_INLINE_MAX, SRCRB_FLAGS, ops_allowed};
 use super::{Mlx4IbQp, QpHw, Sqp, Wq, to_ib_state, to_mlx4_state};
 use crate::doorbell::Db;
 use crate::table::{CqId, PdId};
-use crate::verbs::{AccessFlags, QpCap, QpState, QpType, SendFlags};
+use crate::verbs::{AccessFlags, QpCap, QpCreateFlags, QpState, QpType, SendFlags};
 use crate::{Error, Result};
 
 /// Linux `send_wqe_overhead`: bytes of a send WQE before its data segments.
@@ -254,6 +254,8 @@ impl Mlx4IbQp {
             srq: None,
             sqp: None,
             hw: None,
+            block_mcast_loopback: false,
+            mcast_gids: alloc::vec::Vec::new(),
         }
     }
 }
@@ -277,6 +279,16 @@ impl crate::Mlx4IbDev {
             self.srqs.get(s.0).ok_or(Error::NoObject)?;
         }
         let t = init.qp_type;
+        // mlx4_ib_create_qp: of the creation flags only multicast
+        // loopback blocking (LSO is not offered), and only on a UD QP.
+        if !(init.create_flags & !QpCreateFlags::BLOCK_MULTICAST_LOOPBACK).is_empty() {
+            return Err(Error::Inval(
+                "QP creation flags other than block-multicast-loopback",
+            ));
+        }
+        if !init.create_flags.is_empty() && t != QpType::Ud {
+            return Err(Error::Inval("QP creation flags on a QP that is not UD"));
+        }
         let special = matches!(t, QpType::Smi | QpType::Gsi);
         let (qpn, reserved) = if special {
             if init.port_num == 0 || init.port_num > self.num_ports() {
@@ -377,6 +389,9 @@ impl crate::Mlx4IbDev {
         qp.send_cq = init.send_cq;
         qp.recv_cq = init.recv_cq;
         qp.srq = init.srq;
+        qp.block_mcast_loopback = init
+            .create_flags
+            .contains(QpCreateFlags::BLOCK_MULTICAST_LOOPBACK);
         if special {
             qp.port = init.port_num;
             qp.sqp = Some(Sqp::default());
@@ -477,6 +492,11 @@ impl crate::Mlx4IbDev {
                 crate::verbs::SigType::ReqWr
             },
             qp_type: qp.qp_type,
+            create_flags: if qp.block_mcast_loopback {
+                QpCreateFlags::BLOCK_MULTICAST_LOOPBACK
+            } else {
+                QpCreateFlags::empty()
+            },
             port_num: qp.port,
         };
         Ok((a, init))
@@ -485,6 +505,24 @@ impl crate::Mlx4IbDev {
     /// Linux `mlx4_ib_destroy_qp` / `destroy_qp_common`: CLOSE_PORT for
     /// QP0, the QP to RESET, its CQEs cleaned, then its resources.
     pub fn destroy_qp(&mut self, id: crate::QpId) -> Result<()> {
+        // A QP still attached to multicast groups would stay in their MGM
+        // entries: detach it first (Linux leaves that to the ULP).
+        let gids = self
+            .qps
+            .slab
+            .get(id.0)
+            .map(|q| q.mcast_gids.clone())
+            .unwrap_or_default();
+        if !gids.is_empty() {
+            log::warn!(
+                "{}: QP destroyed while attached to {} multicast group(s): detaching",
+                self.name,
+                gids.len()
+            );
+        }
+        for g in gids {
+            let _ = self.mcg_detach(id, &g, 0);
+        }
         let qp = self.qps.slab.get(id.0).ok_or(Error::NoObject)?;
         if qp.qp_type == QpType::Smi && qp.state != QpState::Reset {
             let _ = self.dev.close_port(qp.port);

@@ -676,6 +676,9 @@ fn execute_in(
         qm.retry_left = qm.retry_cnt;
         qm.rnr_left = qm.rnr_retry;
     }
+    if q.st == st::UD && super::mcast::is_mcast_lid(dlid) && retx.is_none() {
+        super::mcast::loopback(hca, &msg, &segs[..nseg], wqe);
+    }
     let active = port_state(hca, port).is_some_and(|(s, _, _)| s == LogicalState::Active);
     let attached = super::wire::attached(hca, port);
     let resp = if active && (force || is_local(hca, port, dlid)) {
@@ -743,7 +746,8 @@ fn ud_grh(hca: &Hca, port: u8, d: &Datagram, len: u64, imm: bool) -> Option<[u8;
 }
 
 /// The DGID of a received GRH names this port (the port's prefix and a
-/// GUID of its table); multicast GIDs are not modelled.
+/// GUID of its table); a multicast DGID is the business of
+/// [`super::mcast`], which finds the QPs attached to it.
 pub(super) fn dgid_is_ours(hca: &Hca, port: u8, grh: &[u8; 40]) -> bool {
     let Some(i) = hca.port_index(u32::from(port)) else {
         return false;

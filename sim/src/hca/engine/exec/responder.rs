@@ -219,6 +219,7 @@ pub(in crate::hca::engine) fn respond(hca: &mut Hca, m: &Msg, src: &[Seg], inlin
     if d.st == st::UD
         && let Some(g) = &m.grh
         && !dgid_is_ours(hca, d.port, g)
+        && !crate::hca::engine::mcast::steered(m)
     {
         return Resp::Silent;
     }

@@ -6,9 +6,9 @@
 //! ACK/NAK/RNR NAK, UD datagrams, the MADs of QP0/QP1 with the CRCs computed here),
 //! and the packets taken from the fabric when the engines are stepped (CRC and
 //! header checks, PortRcvErrors, P_Key/Q_Key checks, PSN checks with duplicate and
-//! sequence-error handling, message reassembly straight into host memory);
-//! multicast, APM, congestion marking and credit-based flow control are not
-//! modelled.
+//! sequence-error handling, message reassembly straight into host memory;
+//! packets to a multicast LID go to [`super::mcast`]); APM, congestion marking
+//! and credit-based flow control are not modelled.
 //!
 //! The link (attachment, ports, transmit, receive and dispatch) is here;
 //! the requester's side is in `requester.rs`, the responder's in
@@ -103,6 +103,9 @@ pub struct FabricLink {
     /// The fabric's link epoch when the links were last read
     /// ([`crate::fabric::Activity::links`]; `u64::MAX`: never).
     pub links_seen: u64,
+    /// The LinkSpeedExtEnabled the fabric was last told (`u8::MAX`:
+    /// never).
+    pub speeds_ext: [u8; 2],
 }
 
 impl FabricLink {
@@ -117,6 +120,7 @@ impl FabricLink {
             generation: [0; 2],
             up: [false; 2],
             links_seen: u64::MAX,
+            speeds_ext: [u8::MAX; 2],
         }
     }
 }
@@ -372,9 +376,10 @@ fn transmit_as(hca: &mut Hca, port: u8, bytes: Vec<u8>, owed: bool) -> bool {
 }
 
 /// Brings the ports' physical state in line with the fabric: tells the
-/// fabric about INIT_PORT/CLOSE_PORT, and follows the link (LinkUp and
-/// logical Init when both ends are enabled and cabled; Down, LinkDowned
-/// and PORT_CHANGE when it goes).
+/// fabric about INIT_PORT/CLOSE_PORT and the extended speeds the port
+/// would train to, and follows the link (LinkUp and logical Init when
+/// both ends are enabled and cabled; Down, LinkDowned and PORT_CHANGE when
+/// it goes) and the speeds the far end would train to.
 pub fn sync_ports(hca: &mut Hca) -> bool {
     let Some(l) = hca.fabric.as_ref() else {
         return false;
@@ -387,7 +392,9 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
     if epoch == l.links_seen
         && (0..n).all(|i| {
             l.ports[i].is_none()
-                || (hca.ports[i].initialized == l.enabled[i] && hca.ports[i].cable == l.up[i])
+                || (hca.ports[i].initialized == l.enabled[i]
+                    && hca.ports[i].cable == l.up[i]
+                    && hca.ports[i].link_speed_ext_enabled == l.speeds_ext[i])
         })
     {
         return false;
@@ -400,17 +407,27 @@ pub fn sync_ports(hca: &mut Hca) -> bool {
     for i in 0..n {
         let Some(pid) = link.ports[i] else { continue };
         let want = hca.ports[i].initialized;
-        let (up, generation) = {
+        let speeds = hca.ports[i].link_speed_ext_enabled;
+        let (up, generation, peer_speeds) = {
             let mut f = lock(&link.fabric);
             if want != link.enabled[i] {
                 let _ = f.set_enabled(pid, want);
             }
-            (f.link_up(pid), f.link_generation(pid))
+            if speeds != link.speeds_ext[i] {
+                let _ = f.set_link_speeds_ext(pid, speeds);
+            }
+            (
+                f.link_up(pid),
+                f.link_generation(pid),
+                f.peer_link_speeds_ext(pid),
+            )
         };
         if let Some(l) = hca.fabric.as_mut() {
             l.enabled[i] = want;
             l.up[i] = up;
+            l.speeds_ext[i] = speeds;
         }
+        hca.ports[i].peer_speeds_ext = peer_speeds;
         let was_up = hca.ports[i].phys == PhysicalState::LinkUp;
         if want != link.enabled[i] || generation != link.generation[i] || hca.ports[i].cable != up {
             if let Some(l) = hca.fabric.as_mut() {
@@ -508,6 +525,10 @@ fn handle(hca: &mut Hca, port: u8, bytes: &[u8], crc_owed: bool) {
     let dqp = h.bth.dest_qp;
     let smp = dqp == 0;
     let (state, lid, lmc) = exec::port_state(hca, port).unwrap_or((LogicalState::Down, 0, 0));
+    if super::mcast::is_mcast_lid(h.lrh.dlid) {
+        super::mcast::receive(hca, port, &h, payload, state);
+        return;
+    }
     // VL15 carries SMPs to QP0 only; data needs an Active port; the DLID
     // must be this port's (the permissive LID only for SMPs).
     let mask = !((1u16 << lmc.min(7)) - 1);
