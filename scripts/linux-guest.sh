@@ -2,7 +2,8 @@
 # Builds the Linux guest that drives the model over vfio-user: Debian 12's
 # 6.1 kernel with its own, unmodified mlx4_core/mlx4_ib/ib_core/ib_uverbs/
 # ib_umad modules, busybox, and rdma-core's userspace (ibverbs-utils,
-# ibverbs-providers with libmlx4, infiniband-diags, perftest, pciutils) with
+# ibverbs-providers with libmlx4, infiniband-diags, perftest, rdmacm-utils for
+# rping, pciutils) with
 # their libraries, packed into an initramfs. Prints the directory holding
 # `vmlinuz` and `initrd.cpio.gz`.
 #
@@ -68,7 +69,7 @@ fi
 kver=${kpkg#linux-image-}
 
 pkgs=("$kpkg" busybox-static kmod libkmod2 liblzma5 libzstd1 libssl3
-      ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 perftest
+      ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils perftest
       infiniband-diags libibumad3 libibmad5 libibnetdisc5
       libnl-3-200 libnl-route-3-200 libc6 libgcc-s1 pciutils libpci3 pci.ids
       zlib1g libudev1)
@@ -96,7 +97,8 @@ mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64,etc,proc
 cp -a "$x/bin/busybox" "$r/bin/busybox"
 for b in ibv_devinfo ibv_devices ibv_rc_pingpong ibv_ud_pingpong ibstat ibstatus ibaddr ibportstate \
          perfquery smpquery sminfo ibping ibnetdiscover ibroute saquery \
-         ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat; do
+         ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat ib_atomic_bw ib_atomic_lat \
+         rping; do
     for d in usr/bin usr/sbin sbin bin; do
         if [ -e "$x/$d/$b" ]; then cp -a "$x/$d/$b" "$r/usr/bin/"; break; fi
     done

@@ -4,7 +4,9 @@
 # Draws the paging experiment as the papers do (LegoOS, Fastswap,
 # Infiniswap): run time normalised to the run with all of the working set
 # in the local cache, against the local fraction in percent, one line per
-# workload; one panel per number of memory nodes. Reads the CSV that
+# workload; one panel per number of memory nodes. Each point is the best
+# run; a bar from it up to the worst run (the CSV's time_max_us, when it
+# has one) shows the spread, the workloads' bars set a little apart. Reads the CSV that
 # `pcache experiment` prints (collected by run-qemu.sh as
 # nodeN-pcache-experiment.csv) and writes a PNG (default: beside the CSV,
 # pcache-experiment.png) and an SVG of the same name. Uses gnuplot
@@ -32,10 +34,12 @@ awk -F, -v dir="$tmp" 'NR > 1 {
         # seq with read-ahead K is its own line, "seq+raK".
         w = $1 ($4 > 0 ? "+ra" $4 : "")
         f = dir "/" $2 "-" w ".dat"
-        print $5, $10 > f
+        # The worst run, normalised as the best is (time_max_us, column 24).
+        worst = (NF >= 24 && $8 > 0) ? $10 * $24 / $8 : $10
+        print $5, $10, worst > f
         nodes[$2] = 1; work[w] = 1
         ws = $6
-        if ($10 + 0 > ymax) ymax = $10 + 0
+        if (worst + 0 > ymax) ymax = worst + 0
     }
     END {
         for (n in nodes) printf "%s ", n > (dir "/nodes")
@@ -72,8 +76,12 @@ plot_cmds() { # terminal line
             [ -f "$tmp/$n-$w.dat" ] || continue
             [ $first = 1 ] || line+=", "
             first=0
-            # The same colour for a workload in every panel.
-            line+="'$tmp/$n-$w.dat' using 1:2 with linespoints lw 2 pt 7 lc $c title '$w'"
+            # The same colour for a workload in every panel; its points
+            # and bars moved by a fraction of a percent from the others'.
+            local dx
+            dx=$(awk -v c=$c 'BEGIN { printf "%.1f", (c - 3) * 0.9 }')
+            line+="'$tmp/$n-$w.dat' using (\$1+$dx):2 with linespoints lw 2 pt 7 lc $c title '$w'"
+            line+=", '$tmp/$n-$w.dat' using (\$1+$dx):2:2:3 with yerrorbars lw 1 ps 0 lc $c notitle"
         done
         echo "$line"
     done

@@ -4,8 +4,9 @@
 //! REQ/MRA/REJ/REP/RTU/DREQ/DREP, listening by service ID, timeouts and retries
 //! from the REQ's response timeouts and max CM retries, duplicate and stale
 //! message handling, time-wait, and the QP transitions `ib_cm_init_qp_attr`
-//! computes (driven by the CM itself on the QP the caller hands over). LAP/APR
-//! (path migration) and SIDR are refused; UC/RD/XRC and alternate paths are
+//! computes (driven by the CM itself on the QP the caller hands over), and
+//! SIDR (service ID resolution for UD: [`send_sidr_req`], [`send_sidr_rep`]).
+//! LAP/APR (path migration) are refused; UC/RD/XRC and alternate paths are
 //! left out; `ib_cm_notify` (COMM_EST before a lost RTU) is kept.
 //!
 //! The CM is an [`IbClient`] whose state (one table of connection IDs per
@@ -82,6 +83,10 @@ pub enum CmState {
     DreqRcvd,
     /// IB_CM_TIMEWAIT.
     Timewait,
+    /// IB_CM_SIDR_REQ_SENT.
+    SidrReqSent,
+    /// IB_CM_SIDR_REQ_RCVD.
+    SidrReqRcvd,
 }
 
 /// What happened to a connection (`enum ib_cm_event_type` with its data).
@@ -102,6 +107,53 @@ pub enum CmEvent {
         remote_ca_guid: u64,
         /// The peer's LID.
         remote_lid: u16,
+        /// The P_Key of the REQ's primary path.
+        pkey: u16,
+        /// The GID the peer called (the primary path's remote GID: ours).
+        local_gid: crate::verbs::Gid,
+        /// The peer's GID (the primary path's local GID).
+        remote_gid: crate::verbs::Gid,
+        /// The service ID asked for.
+        service_id: u64,
+        /// The REQ's responder resources (RDMA READs it accepts at once).
+        responder_resources: u8,
+        /// The REQ's initiator depth.
+        initiator_depth: u8,
+        /// The REQ's retry count.
+        retry_count: u8,
+        /// The REQ's RNR retry count.
+        rnr_retry_count: u8,
+    },
+    /// On a listener: a SIDR_REQ for its service (`IB_CM_SIDR_REQ_RECEIVED`);
+    /// `id` is the request, to answer with [`send_sidr_rep`].
+    SidrReqReceived {
+        /// The request.
+        id: CmId,
+        /// Port it came in on.
+        port: u8,
+        /// The SIDR_REQ's P_Key.
+        pkey: u16,
+        /// The service ID asked for.
+        service_id: u64,
+        /// The SIDR_REQ's private data (216 bytes).
+        private_data: Vec<u8>,
+        /// The requester's LID and QPN (where the SIDR_REP goes).
+        remote_lid: u16,
+        /// The requester's QPN (its QP1, as a rule).
+        remote_qpn: u32,
+    },
+    /// The answer to our SIDR_REQ (`IB_CM_SIDR_REP_RECEIVED`).
+    SidrRepReceived {
+        /// Status ([`crate::cm_msgs::sidr_status`]).
+        status: u8,
+        /// The service's QPN.
+        qpn: u32,
+        /// The service's Q_Key.
+        qkey: u32,
+        /// Additional information.
+        info: Vec<u8>,
+        /// Private data (136 bytes).
+        private_data: Vec<u8>,
     },
     /// The peer needs more time (an MRA); the timeout was extended.
     MraReceived {
@@ -122,8 +174,8 @@ pub enum CmEvent {
         /// Private data.
         private_data: Vec<u8>,
     },
-    /// The peer never answered the REQ or REP (all retries used:
-    /// `IB_CM_REQ_ERROR`/`IB_CM_REP_ERROR`).
+    /// The peer never answered the REQ, REP or SIDR_REQ (all retries used:
+    /// `IB_CM_REQ_ERROR`/`IB_CM_REP_ERROR`/`IB_CM_SIDR_REQ_ERROR`).
     TimedOut,
     /// The connection is closed and in time-wait; the QP is in the error
     /// state.
@@ -225,8 +277,8 @@ impl CmRepParam {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CmCounters {
     /// CM MADs received, by attribute (REQ, MRA, REJ, REP, RTU, DREQ,
-    /// DREP, other).
-    pub recv: [u64; 8],
+    /// DREP, other, SIDR_REQ/SIDR_REP).
+    pub recv: [u64; 9],
     /// CM MADs sent (first tries; MAD-layer retries not counted).
     pub sent: u64,
     /// Duplicates handled (REQ, REP, DREQ).
@@ -1078,6 +1130,15 @@ pub fn destroy_id(core: &mut IbCore, cm: ClientId, id: CmId) -> Result<()> {
             }
             .pack(cm_attr::DREQ)
             .ok(),
+            // cm_reject_sidr_req: a request no one answered is refused.
+            CmState::SidrReqRcvd => CmSidrRep {
+                request_id: c.remote_id,
+                status: sidr_status::REJECT,
+                service_id: c.service_id,
+                ..CmSidrRep::default()
+            }
+            .pack()
+            .ok(),
             _ => None,
         };
         let was = c.state;
@@ -1156,6 +1217,114 @@ pub fn remote(core: &mut IbCore, cm: ClientId, id: CmId) -> Option<(u32, u32)> {
 /// What the CM of a device counted.
 pub fn counters(core: &mut IbCore, cm: ClientId, dev: DeviceId) -> Option<CmCounters> {
     with_cm(core, cm, dev, |_, cd| Ok(cd.counters)).ok()
+}
+
+/// `struct ib_cm_sidr_req_param` for [`send_sidr_req`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmSidrReqParam {
+    /// The path to the service's port.
+    pub path: PathRecord,
+    /// Service ID.
+    pub service_id: u64,
+    /// How long one try waits for the SIDR_REP.
+    pub timeout_ms: u32,
+    /// Retries after the first try.
+    pub max_cm_retries: u8,
+    /// Private data (up to 216 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// `ib_send_cm_sidr_req`: asks the CM of the path's destination which UD
+/// QPN and Q_Key serve `param.service_id`. The answer arrives on the
+/// returned ID as [`CmEvent::SidrRepReceived`], or [`CmEvent::TimedOut`]
+/// after the retries.
+#[doc(alias = "ib_send_cm_sidr_req")]
+pub fn send_sidr_req(
+    core: &mut IbCore,
+    cm: ClientId,
+    dev: DeviceId,
+    port: u8,
+    param: &CmSidrReqParam,
+) -> Result<CmId> {
+    if param.private_data.len() > private_len::SIDR_REQ {
+        return Err(Error::MsgSize);
+    }
+    let (av, pkey_index) = {
+        let d = core.device(dev).ok_or(Error::NoDev)?;
+        let av = init_ah_from_path(d, port, &param.path)?;
+        let pkey_index = d
+            .port_cache(port)?
+            .find_pkey(param.path.pkey)
+            .map_err(|_| Error::Invalid("path P_Key is not in the port's table"))?;
+        (av, pkey_index)
+    };
+    with_cm(core, cm, dev, |core, cd| {
+        ensure_agent(core, dev, cd, port)?;
+        let ci = cd.alloc_id(port)?;
+        let c = &mut cd.ids[ci];
+        c.service_id = param.service_id;
+        c.av = av;
+        c.pkey_index = pkey_index;
+        c.timeout_ms = param.timeout_ms.max(1);
+        c.max_cm_retries = param.max_cm_retries;
+        let local_id = c.local_id;
+        let req = CmSidrReq {
+            request_id: local_id,
+            pkey: param.path.pkey,
+            service_id: param.service_id,
+            private_data: param.private_data.clone(),
+        };
+        let r = req
+            .pack()
+            .and_then(|mad| cm_send(core, dev, cd, ci, mad, true));
+        if let Err(e) = r {
+            cd.ids.swap_remove(ci);
+            return Err(e);
+        }
+        cd.ids[ci].state = CmState::SidrReqSent;
+        Ok(CmId { dev, local_id })
+    })
+}
+
+/// `ib_send_cm_sidr_rep`: answers a request announced by
+/// [`CmEvent::SidrReqReceived`] with `status` and, on success, the QPN and
+/// Q_Key of the service. The ID stays (a repeated SIDR_REQ gets the same
+/// answer) until [`destroy_id`].
+#[doc(alias = "ib_send_cm_sidr_rep")]
+pub fn send_sidr_rep(
+    core: &mut IbCore,
+    cm: ClientId,
+    id: CmId,
+    status: u8,
+    qpn: u32,
+    qkey: u32,
+    private_data: &[u8],
+) -> Result<()> {
+    if private_data.len() > private_len::SIDR_REP {
+        return Err(Error::MsgSize);
+    }
+    with_cm(core, cm, id.dev, |core, cd| {
+        let ci = cd.find(id.local_id).ok_or(Error::NotFound)?;
+        let c = &cd.ids[ci];
+        if c.state != CmState::SidrReqRcvd {
+            return Err(Error::Invalid("no SIDR_REQ to answer in this CM state"));
+        }
+        let rep = CmSidrRep {
+            request_id: c.remote_id,
+            status,
+            info_length: 0,
+            qpn,
+            service_id: c.service_id,
+            qkey,
+            info: Vec::new(),
+            private_data: private_data.to_vec(),
+        };
+        let mad = rep.pack()?;
+        cm_send(core, id.dev, cd, ci, mad.clone(), false)?;
+        cd.ids[ci].last_sent = Some(mad);
+        cd.ids[ci].state = CmState::Idle;
+        Ok(())
+    })
 }
 
 /// Connect in one call: [`send_req`], then wait until the connection
@@ -1299,7 +1468,11 @@ fn cm_send_handler(
     cd.counters.timeouts += 1;
     let c = &mut cd.ids[ci];
     match c.state {
-        CmState::ReqSent | CmState::MraReqRcvd | CmState::RepSent | CmState::MraRepRcvd => {
+        CmState::ReqSent
+        | CmState::MraReqRcvd
+        | CmState::RepSent
+        | CmState::MraRepRcvd
+        | CmState::SidrReqSent => {
             c.state = CmState::Idle;
             c.push(CmEvent::TimedOut);
         }
@@ -1347,6 +1520,7 @@ fn cm_recv_handler(
         cm_attr::RTU => 4,
         cm_attr::DREQ => 5,
         cm_attr::DREP => 6,
+        cm_attr::SIDR_REQ | cm_attr::SIDR_REP => 8,
         _ => 7,
     };
     cd.counters.recv[slot] += 1;
@@ -1373,6 +1547,8 @@ fn cm_recv_handler(
         cm_attr::RTU => cm_rtu_handler(core, dev, cd, r),
         cm_attr::DREQ => cm_dreq_handler(core, dev, cd, agent, r),
         cm_attr::DREP => cm_drep_handler(core, cd, r),
+        cm_attr::SIDR_REQ => cm_sidr_req_handler(core, dev, cd, agent, r),
+        cm_attr::SIDR_REP => cm_sidr_rep_handler(core, cd, r),
         cm_attr::LAP => {
             // No path migration: an APR "unsupported" answers the LAP and
             // leaves the connection as it is.
@@ -1551,6 +1727,14 @@ fn cm_req_handler(
         remote_qpn: req.local_qpn,
         remote_ca_guid: req.local_ca_guid,
         remote_lid: p.local_lid,
+        pkey: req.pkey,
+        local_gid: p.remote_gid,
+        remote_gid: p.local_gid,
+        service_id: req.service_id,
+        responder_resources: req.responder_resources,
+        initiator_depth: req.initiator_depth,
+        retry_count: req.retry_count,
+        rnr_retry_count: req.rnr_retry_count,
     };
     cd.ids[li].push(ev);
 }
@@ -1870,6 +2054,116 @@ fn cm_drep_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {
         private_data: drep.private_data,
         by_peer: false,
         dreq_timed_out: false,
+    });
+}
+
+/// `cm_sidr_req_handler`: a request for a service we listen to becomes a
+/// new ID and an event on the listener; one for no service is answered
+/// "unsupported" at once; a repeated one gets the answer sent before.
+fn cm_sidr_req_handler(
+    core: &mut IbCore,
+    _dev: DeviceId,
+    cd: &mut CmDevice,
+    agent: MadAgent,
+    r: &MadRecvWc,
+) {
+    let req = CmSidrReq::unpack(&r.mad);
+    let respond = |core: &mut IbCore, status: u8| {
+        let rep = CmSidrRep {
+            request_id: req.request_id,
+            status,
+            service_id: req.service_id,
+            ..CmSidrRep::default()
+        };
+        if let Ok(m) = rep.pack() {
+            cm_send_response(core, agent, r, m);
+        }
+    };
+    // A duplicate: the same request ID from the same port (LID and QPN).
+    if let Some(ci) = cd.ids.iter().position(|c| {
+        !c.listen
+            && matches!(c.state, CmState::SidrReqRcvd | CmState::Idle)
+            && c.remote_id == req.request_id
+            && c.av.dlid == r.wc.slid
+            && c.remote_qpn == r.wc.src_qp
+            && c.service_id == req.service_id
+    }) {
+        cd.counters.duplicates += 1;
+        if let Some(m) = cd.ids[ci].last_sent.clone() {
+            cm_send_response(core, agent, r, m);
+        }
+        return;
+    }
+    let Some(li) = cd
+        .ids
+        .iter()
+        .position(|c| c.listen && !c.destroyed && c.service_id == req.service_id)
+    else {
+        respond(core, sidr_status::UNSUPPORTED);
+        return;
+    };
+    let Ok(ci) = cd.alloc_id(r.port) else {
+        respond(core, sidr_status::NO_QP);
+        return;
+    };
+    let c = &mut cd.ids[ci];
+    c.state = CmState::SidrReqRcvd;
+    c.remote_id = req.request_id;
+    c.remote_qpn = r.wc.src_qp;
+    c.service_id = req.service_id;
+    c.pkey_index = r.wc.pkey_index;
+    // cm_init_av_for_response: the answer goes back where the request
+    // came from.
+    c.av = AhAttr {
+        dlid: r.wc.slid,
+        sl: r.wc.sl,
+        src_path_bits: r.wc.dlid_path_bits,
+        port_num: r.port,
+        ..AhAttr::default()
+    };
+    if let Some(g) = &r.grh {
+        c.av.grh = Some(GlobalRoute {
+            dgid: g.sgid(),
+            flow_label: g.flow_label(),
+            sgid_index: 0,
+            hop_limit: 0xff,
+            traffic_class: g.traffic_class(),
+        });
+    }
+    let ev = CmEvent::SidrReqReceived {
+        id: CmId {
+            dev: _dev,
+            local_id: c.local_id,
+        },
+        port: r.port,
+        pkey: req.pkey,
+        service_id: req.service_id,
+        private_data: req.private_data,
+        remote_lid: r.wc.slid,
+        remote_qpn: r.wc.src_qp,
+    };
+    cd.ids[li].push(ev);
+}
+
+/// `cm_sidr_rep_handler`: the answer to our SIDR_REQ.
+fn cm_sidr_rep_handler(core: &mut IbCore, cd: &mut CmDevice, r: &MadRecvWc) {
+    let rep = CmSidrRep::unpack(&r.mad);
+    let Some(ci) = cd
+        .find(rep.request_id)
+        .filter(|&ci| cd.ids[ci].state == CmState::SidrReqSent)
+    else {
+        cd.counters.unknown_id += 1;
+        return;
+    };
+    cancel_msg(core, cd, ci);
+    let c = &mut cd.ids[ci];
+    c.state = CmState::Idle;
+    c.push(CmEvent::SidrRepReceived {
+        status: rep.status,
+        qpn: rep.qpn,
+        qkey: rep.qkey,
+        info: rep.info,
+        private_data: rep.private_data,
     });
 }
 

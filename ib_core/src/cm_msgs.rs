@@ -1,7 +1,8 @@
 //! Port of Linux `drivers/infiniband/core/cm_msgs.h` (3.11): the IB CM messages REQ, MRA, REJ, REP, RTU, DREQ and DREP (IBTA Vol. 1 12.6) as host-order structs packed into and read from a MAD.
 //!
-//! LAP, APR, SIDR_REQ and SIDR_REP are only named (the CM refuses them), and
-//! alternate paths are carried but never used.
+//! SIDR_REQ and SIDR_REP (IBTA 12.11) are here too. LAP and APR are only
+//! named (the CM refuses them), and alternate paths are carried but never
+//! used.
 
 use alloc::vec::Vec;
 
@@ -138,7 +139,30 @@ pub mod private_len {
     pub const DREQ: usize = 220;
     /// DREP.
     pub const DREP: usize = 224;
+    /// SIDR_REQ.
+    pub const SIDR_REQ: usize = 216;
+    /// SIDR_REP.
+    pub const SIDR_REP: usize = 136;
 }
+
+/// SIDR_REP status (`enum ib_cm_sidr_status`, IBTA Table 118).
+pub mod sidr_status {
+    /// The service is there: QPN and Q_Key are valid.
+    pub const SUCCESS: u8 = 0;
+    /// No one serves this service ID.
+    pub const UNSUPPORTED: u8 = 1;
+    /// The consumer refused.
+    pub const REJECT: u8 = 2;
+    /// No QP for the service.
+    pub const NO_QP: u8 = 3;
+    /// Redirected (ClassPortInfo in the additional information).
+    pub const REDIRECT: u8 = 4;
+    /// Unsupported class version.
+    pub const UNSUPPORTED_VERSION: u8 = 5;
+}
+
+/// Bytes of a SIDR_REP's additional information (`IB_CM_SIDR_REP_INFO_LENGTH`).
+pub const IB_CM_SIDR_REP_INFO_LENGTH: usize = 72;
 
 /// APR status "unsupported" (`IB_CM_APR_UNSUPPORTED`), the answer to a LAP
 /// by a CM without path migration; the APR's status byte is at offset 33.
@@ -580,9 +604,142 @@ impl CmIds {
     }
 }
 
+/// `struct cm_sidr_req_msg`: request ID at 24, P_Key at 28, service ID at
+/// 32, 216 bytes of private data at 40.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CmSidrReq {
+    /// Request ID (the requester's ID for it).
+    pub request_id: u32,
+    /// P_Key of the path.
+    pub pkey: u16,
+    /// Service ID.
+    pub service_id: u64,
+    /// Private data.
+    pub private_data: Vec<u8>,
+}
+
+impl CmSidrReq {
+    /// The MAD.
+    pub fn pack(&self) -> Result<Mad> {
+        let mut m = cm_mad(cm_attr::SIDR_REQ);
+        put_be32(&mut m.0, 24, self.request_id);
+        put_be16(&mut m.0, 28, self.pkey);
+        put_be64(&mut m.0, 32, self.service_id);
+        put_private(&mut m, 40, private_len::SIDR_REQ, &self.private_data)?;
+        Ok(m)
+    }
+    /// From the MAD.
+    pub fn unpack(m: &Mad) -> CmSidrReq {
+        let b = &m.0;
+        CmSidrReq {
+            request_id: get_be32(b, 24),
+            pkey: get_be16(b, 28),
+            service_id: get_be64(b, 32),
+            private_data: b[40..40 + private_len::SIDR_REQ].to_vec(),
+        }
+    }
+}
+
+/// `struct cm_sidr_rep_msg`: request ID at 24, status 28, additional
+/// information length 29, QPN (24 bits) at 32, service ID 36, Q_Key 44,
+/// 72 bytes of additional information at 48, 136 bytes of private data at
+/// 120.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CmSidrRep {
+    /// The request ID of the SIDR_REQ answered.
+    pub request_id: u32,
+    /// Status ([`sidr_status`]).
+    pub status: u8,
+    /// Bytes of `info` that matter.
+    pub info_length: u8,
+    /// The service's QPN (24 bits).
+    pub qpn: u32,
+    /// Service ID.
+    pub service_id: u64,
+    /// The service's Q_Key.
+    pub qkey: u32,
+    /// Additional information (ClassPortInfo on a redirect).
+    pub info: Vec<u8>,
+    /// Private data.
+    pub private_data: Vec<u8>,
+}
+
+impl CmSidrRep {
+    /// The MAD.
+    pub fn pack(&self) -> Result<Mad> {
+        let mut m = cm_mad(cm_attr::SIDR_REP);
+        put_be32(&mut m.0, 24, self.request_id);
+        m.0[28] = self.status;
+        m.0[29] = self.info_length;
+        put_be32(&mut m.0, 32, (self.qpn & 0xff_ffff) << 8);
+        put_be64(&mut m.0, 36, self.service_id);
+        put_be32(&mut m.0, 44, self.qkey);
+        put_private(&mut m, 48, IB_CM_SIDR_REP_INFO_LENGTH, &self.info)?;
+        put_private(&mut m, 120, private_len::SIDR_REP, &self.private_data)?;
+        Ok(m)
+    }
+    /// From the MAD.
+    pub fn unpack(m: &Mad) -> CmSidrRep {
+        let b = &m.0;
+        CmSidrRep {
+            request_id: get_be32(b, 24),
+            status: b[28],
+            info_length: b[29],
+            qpn: get_be32(b, 32) >> 8,
+            service_id: get_be64(b, 36),
+            qkey: get_be32(b, 44),
+            info: b[48..48 + IB_CM_SIDR_REP_INFO_LENGTH].to_vec(),
+            private_data: b[120..120 + private_len::SIDR_REP].to_vec(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sidr_golden_bytes() {
+        let r = CmSidrReq {
+            request_id: 0x0102_0304,
+            pkey: 0xffff,
+            service_id: 0x0000_0000_0111_1c06,
+            private_data: vec![0x00, 0x40, 0x1c, 0x06],
+        };
+        let m = r.pack().unwrap();
+        assert_eq!(m.attr_id(), cm_attr::SIDR_REQ);
+        assert_eq!(&m.0[24..32], &[1, 2, 3, 4, 0xff, 0xff, 0, 0]);
+        assert_eq!(&m.0[32..40], &[0, 0, 0, 0, 1, 0x11, 0x1c, 0x06]);
+        assert_eq!(&m.0[40..44], &[0x00, 0x40, 0x1c, 0x06]);
+        let mut back = CmSidrReq::unpack(&m);
+        back.private_data.truncate(4);
+        assert_eq!(back, r);
+        let p = CmSidrRep {
+            request_id: 0x0102_0304,
+            status: sidr_status::SUCCESS,
+            info_length: 0,
+            qpn: 0x48,
+            service_id: 0x0000_0000_0111_1c06,
+            qkey: 0x0123_4567,
+            info: Vec::new(),
+            private_data: b"ok".to_vec(),
+        };
+        let m = p.pack().unwrap();
+        assert_eq!(&m.0[24..30], &[1, 2, 3, 4, 0, 0]);
+        assert_eq!(&m.0[32..36], &[0, 0, 0x48, 0]);
+        assert_eq!(&m.0[44..48], &[0x01, 0x23, 0x45, 0x67]);
+        assert_eq!(&m.0[120..122], b"ok");
+        let back = CmSidrRep::unpack(&m);
+        assert_eq!((back.qpn, back.qkey, back.status), (0x48, 0x0123_4567, 0));
+        assert!(
+            CmSidrReq {
+                private_data: vec![0; 217],
+                ..CmSidrReq::default()
+            }
+            .pack()
+            .is_err()
+        );
+    }
 
     #[test]
     fn req_golden_bytes() {

@@ -57,6 +57,12 @@ pub trait IbClient: Send {
     fn poll(&mut self, _me: ClientId, _core: &mut IbCore) -> usize {
         0
     }
+    /// The client itself, for a client whose state is not per device
+    /// (the RDMA CM's IDs): its module downcasts it through
+    /// [`IbCore::client_mut`]. `None` (the default) for the others.
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        None
+    }
 }
 
 /// An event handler (`ib_register_event_handler`'s callback).

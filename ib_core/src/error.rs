@@ -39,8 +39,24 @@ pub mod errno {
     pub const EPROTONOSUPPORT: i32 = 93;
     /// Operation not supported.
     pub const EOPNOTSUPP: i32 = 95;
+    /// Address family not supported by protocol.
+    pub const EAFNOSUPPORT: i32 = 97;
+    /// Address already in use.
+    pub const EADDRINUSE: i32 = 98;
+    /// Cannot assign requested address.
+    pub const EADDRNOTAVAIL: i32 = 99;
+    /// Network is unreachable.
+    pub const ENETUNREACH: i32 = 101;
+    /// Connection reset by peer.
+    pub const ECONNRESET: i32 = 104;
+    /// Transport endpoint is already connected.
+    pub const EISCONN: i32 = 106;
     /// Connection timed out.
     pub const ETIMEDOUT: i32 = 110;
+    /// Connection refused.
+    pub const ECONNREFUSED: i32 = 111;
+    /// No route to host.
+    pub const EHOSTUNREACH: i32 = 113;
     /// Operation canceled.
     pub const ECANCELED: i32 = 125;
 }

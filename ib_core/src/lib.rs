@@ -14,7 +14,8 @@
 //! provider trait, `ib_modify_qp_is_ok`), `cache.rs`, `mad.rs` (`mad.c`;
 //! `ib_mad.h`, `ib_smi.h` and `mad_priv.h` in `mad/`), `mad_rmpp.rs` (receive
 //! side), `agent.rs`, `smi.rs`, `ud_header.rs`, `packer.rs`, `sa_query.rs`
-//! (`ib_sa.h` in `sa_query/`), `multicast.rs`, `cm.rs` + `cm_msgs.rs`. Functions drop Linux's
+//! (`ib_sa.h` in `sa_query/`), `multicast.rs`, `cm.rs` + `cm_msgs.rs`,
+//! `cma.rs` + `addr.rs` (the RDMA CM: connections by IP address). Functions drop Linux's
 //! `ib_` prefix (and the prefix their module already says:
 //! `sa_query::path_rec_get` is `ib_sa_path_rec_get`) and keep the C name in
 //! `#[doc(alias)]`, as mlx4_core does.
@@ -41,7 +42,10 @@
 //! with [`Device::attach_mcast`]); RC connections from the CM ([`cm::init`] once, then
 //! [`cm::listen`] + [`cm::send_rep`] on the passive side,
 //! [`cm::send_req`] or [`cm::connect`] on the active side, events
-//! taken with [`cm::wait_event`] against a deadline).
+//! taken with [`cm::wait_event`] against a deadline); connections by IPv4
+//! address and port from the RDMA CM ([`cma::init`], then
+//! [`cma::resolve_addr`] / [`cma::listen`] as Linux's `rdma_cm`, the IP
+//! stack lent through [`addr::IpNet`]).
 //!
 //! # Decisions
 //!
@@ -65,10 +69,12 @@
 
 extern crate alloc;
 
+pub mod addr;
 pub mod agent;
 pub mod cache;
 pub mod cm;
 pub mod cm_msgs;
+pub mod cma;
 pub mod device;
 pub mod error;
 pub mod mad;

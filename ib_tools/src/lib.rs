@@ -37,3 +37,4 @@ pub mod ibping;
 pub mod perftest;
 pub mod pingpong;
 pub mod port_events;
+pub mod rping;

@@ -129,8 +129,36 @@ pub fn poll() {
     };
     let _ = crate::hca::try_with(|ib| {
         attach_ipoib(s, ib);
-        s.poll(now_us(), &mut ib.core)
+        let busy = s.poll(now_us(), &mut ib.core);
+        // The RDMA CM's turn with the stack, once someone uses it.
+        if let Some(cma) = ib.core.client_by_name("rdma_cm") {
+            rdma_cm_poll(s, &mut ib.core, cma);
+        }
+        busy
     });
+}
+
+/// The stack's clock for [`ipoib::rdma_net::StackNet`].
+fn stack_now(_: &IbCore) -> u64 {
+    now_us()
+}
+
+/// `ib_core::cma::net_poll` with this stack: address requests waiting for
+/// ARP move, the RDMA CM sees the devices' addresses.
+pub fn rdma_cm_poll(s: &mut NetStack, core: &mut IbCore, cma: ib_core::ClientId) -> usize {
+    let mut n = ipoib::rdma_net::StackNet::new(s, &stack_now);
+    ib_core::cma::net_poll(core, cma, &mut n)
+}
+
+/// Runs `f` with the stack as the RDMA CM's IP side
+/// ([`ipoib::rdma_net::StackNet`]), and ib_core.
+pub fn with_rdma_net<R>(
+    f: impl FnOnce(&mut ipoib::rdma_net::StackNet<'_>, &mut IbCore) -> R,
+) -> Option<R> {
+    with(|s, core| {
+        let mut n = ipoib::rdma_net::StackNet::new(s, &stack_now);
+        f(&mut n, core)
+    })
 }
 
 /// Runs `f` on the stack and ib_core; `None` before [`init`].

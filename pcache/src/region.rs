@@ -253,25 +253,12 @@ impl fmt::Debug for Pcache {
 /// for a completion (the CQs themselves are polled on every spin).
 const PROGRESS_EVERY: u32 = 64;
 
+/// Write requests in flight at most in one batch of a write-back (a
+/// fault's dirty victims, each to every copy; a flush's pages).
+const WRITE_BATCH: usize = 2 * (1 + MAX_READAHEAD);
+
 /// Memory nodes of a region at most.
 pub const MAX_NODES: usize = 8;
-
-/// Requests go to one connection at a time, and a connection with
-/// requests in flight and no completion for this long is sent one more
-/// small READ, which rings its send doorbell again. The emulated HCA over
-/// ivshmem (cx3-emu) sees each UAR's send doorbell as a value, not as
-/// writes: two QPs sharing the kernel's UAR page (every kernel QP does)
-/// that ring between two of its passes leave it only the second QP number,
-/// and the first QP's requests wait for a doorbell that never comes (seen:
-/// a write-back to two copies, and a flush to two nodes, hung until rmem's
-/// `op_timeout` on one node while the other's completed). One connection at
-/// a time leaves only the MAD QPs (an SMP answered while a request waits)
-/// to collide with; the kick repairs that. On a real card both cost a
-/// little parallelism and nothing else.
-pub const KICK_NS: u64 = 200_000_000;
-
-/// Kicks per connection and batch at most.
-const MAX_KICKS: u8 = 2;
 
 impl Pcache {
     /// Sets up a region of `cfg.pages` pages over `nodes` (connected
@@ -427,7 +414,6 @@ impl Pcache {
             n.stats.reads = 0;
             n.stats.writes = 0;
             n.stats.errors = 0;
-            n.stats.kicks = 0;
             n.stats.read_ns.clear();
         }
     }
@@ -677,7 +663,9 @@ impl Pcache {
             .resident()
             .map(|(f, fr)| (f, fr.page, fr.state, fr.dirty))
             .collect();
-        let mut batch = [(0u64, 0u32); MAX_READAHEAD];
+        // As many as one write-back batch holds: spread over the nodes by
+        // the placement, all in flight together.
+        let mut batch = [(0u64, 0u32); WRITE_BATCH];
         let mut n = 0;
         let mut total = 0;
         for (f, page, state, soft) in resident {
@@ -735,7 +723,7 @@ impl Pcache {
             node: 0,
             token: Token(0),
             state: IoState::ToPost,
-        }; 2 * (1 + MAX_READAHEAD)];
+        }; WRITE_BATCH];
         let mut all = 0;
         // At most `ios.len()` requests a batch.
         for group in pages.chunks((ios.len() / r).max(1)) {
@@ -849,35 +837,19 @@ impl Pcache {
 
     /// Runs a batch to its end: every request done or failed (reads moved
     /// on to the next copy when their node fails), within `io_timeout`.
+    /// Every request is posted at once, whatever its node (a replicated
+    /// write-back's copies, a flush or a read-ahead spread over the nodes go
+    /// out together), the batch's first request first; a read whose node
+    /// fails is posted to its next copy as soon as that is seen.
     fn run_io(&mut self, core: &mut IbCore, ios: &mut [Io]) {
         let deadline = Deadline::after(core.clock(), self.cfg.io_timeout);
         let mut spins = 0u32;
-        let mut quiet_since = [core.clock().now_ns(); MAX_NODES];
-        let mut kicks = [0u8; MAX_NODES];
         loop {
-            // One connection at a time (see `KICK_NS`): the first request's
-            // node first, then the others in order; a read moved on to
-            // another copy is taken up when its node's turn comes (again).
-            let place = self.place;
-            let nn = self.nodes.len();
-            let target = move |io: &Io| match io.state {
-                IoState::Posted => io.node,
-                _ if io.copy < place.replicas() => place.copy(io.page, io.copy).0,
-                _ => nn,
-            };
-            let first = ios.first().map_or(0, target);
-            let active = core::iter::once(first).chain(0..=nn).find(|&t| {
-                ios.iter().any(|io| {
-                    matches!(io.state, IoState::ToPost | IoState::Posted) && target(io) == t
-                })
-            });
-            if let Some(t) = active {
-                for io in ios.iter_mut() {
-                    if io.state == IoState::ToPost && target(io) == t {
-                        let mut one = *io;
-                        self.post(core, &mut one);
-                        *io = one;
-                    }
+            for io in ios.iter_mut() {
+                if io.state == IoState::ToPost {
+                    let mut one = *io;
+                    self.post(core, &mut one);
+                    *io = one;
                 }
             }
             if ios
@@ -898,31 +870,13 @@ impl Pcache {
                 }
                 return;
             }
-            // A connection with requests out and no completion for a while
-            // gets one more small request (its doorbell rung again).
-            let now = core.clock().now_ns();
-            for (ni, q) in quiet_since.iter_mut().enumerate().take(self.nodes.len()) {
-                let n = &mut self.nodes[ni];
-                if n.client.inflight() == 0 || n.down.is_some() {
-                    *q = now;
-                } else if now.saturating_sub(*q) > KICK_NS
-                    && kicks[ni] < MAX_KICKS
-                    && let Some(c) = n.chunk
-                {
-                    kicks[ni] += 1;
-                    if n.client.read_async(core, c.addr, 8).is_ok() {
-                        n.stats.kicks += 1;
-                    }
-                    *q = now;
-                }
-            }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(PROGRESS_EVERY) {
                 core.poll();
             }
             let mut progressed = false;
             let nn = self.nodes.len();
-            for (ni, quiet) in quiet_since.iter_mut().enumerate().take(nn) {
+            for ni in 0..nn {
                 if self.nodes[ni].client.inflight() == 0 {
                     continue;
                 }
@@ -936,9 +890,6 @@ impl Pcache {
                 });
                 if let Err(e) = r {
                     self.node_down(ni, e);
-                }
-                if k > 0 {
-                    *quiet = core.clock().now_ns();
                 }
                 for (token, read, result, ns) in comps.iter().take(k).flatten().copied() {
                     progressed = true;

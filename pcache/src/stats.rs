@@ -185,9 +185,6 @@ pub struct NodeStats {
     pub writes: u64,
     /// Requests that failed.
     pub errors: u64,
-    /// Small READs sent to ring a quiet connection's doorbell again
-    /// (`region::KICK_NS`).
-    pub kicks: u64,
     /// READ round trips as rmem measures them (post to completion seen,
     /// nanoseconds).
     pub read_ns: Samples,

@@ -132,6 +132,8 @@ impl MemThread {
 
 /// The `--nodes 3` fabric: compute node LID 1, memory nodes LIDs 2 and 3.
 struct Fabric {
+    /// The HCAs are polled models (threaded wire), not synchronous ones.
+    polled: bool,
     cn: Node,
     mems: Vec<MemThread>,
     /// The memory nodes' fabric ports (to pull their cables).
@@ -139,14 +141,28 @@ struct Fabric {
     wire: Wire,
 }
 
+/// The fabric with synchronous models: every register write reaches the
+/// model at once, on the writer's thread, on one fake clock.
 fn fabric() -> Fabric {
+    fabric_on(false)
+}
+
+/// The fabric with `polled` models: each HCA's registers are shared
+/// memory that its own model thread reads once a pass, in real time, as
+/// cx3-emu serves the QEMU guests over ivshmem (a UAR page's send doorbell
+/// is one word there: two QPs rung between two passes leave one value).
+fn fabric_on(polled: bool) -> Fabric {
     let mut f = sim::fabric::Fabric::new();
     let built = sim::fabric::Topology::for_nodes(3)
         .unwrap()
         .build(&mut f)
         .unwrap();
     let shared = Arc::new(Mutex::new(f));
-    let w = Wire::over(shared.clone(), SimConfig::default().relax_step);
+    let w = if polled {
+        Wire::threaded(shared.clone())
+    } else {
+        Wire::over(shared.clone(), SimConfig::default().relax_step)
+    };
     let hcas: Vec<SimHca> = built
         .hcas
         .iter()
@@ -186,6 +202,7 @@ fn fabric() -> Fabric {
         mems.push(serve(m));
     }
     Fabric {
+        polled,
         cn,
         mems,
         mem_ports,
@@ -193,7 +210,19 @@ fn fabric() -> Fabric {
     }
 }
 
-fn client_cfg() -> ClientConfig {
+fn client_cfg(polled: bool) -> ClientConfig {
+    if polled {
+        // Real time on a shared machine, where a model thread may wait its
+        // turn for a while: 4.096 us * 2^16 = 268 ms per try, 8 tries
+        // (2.1 s, under `op_timeout`).
+        return ClientConfig {
+            window: 16,
+            op_timeout: Duration::from_secs(5),
+            ack_timeout: 16,
+            retry_count: 7,
+            ..ClientConfig::default()
+        };
+    }
     ClientConfig {
         window: 16,
         op_timeout: Duration::from_secs(5),
@@ -211,8 +240,8 @@ impl Fabric {
         which
             .iter()
             .map(|&i| {
-                let c =
-                    Client::create(&mut self.cn.core, self.cn.dev, client_cfg()).expect("client");
+                let c = Client::create(&mut self.cn.core, self.cn.dev, client_cfg(self.polled))
+                    .expect("client");
                 let theirs = self.mems[i].accept(Peer {
                     lid: 1,
                     qpn: c.qpn(),
@@ -416,6 +445,82 @@ fn pcache_readahead_turns_sequential_misses_into_hits() {
         on.pgmajfault,
         off.pgmajfault
     );
+    f.finish();
+}
+
+/// Under polled models (cx3-emu's way of serving a guest) requests go to
+/// both memory nodes at once: a replicated write-back's two WRITEs, a
+/// read-ahead batch spread over the nodes, a flush. The two connections'
+/// QPs share the kernel's UAR page, whose one send-doorbell word the second
+/// ring overwrites before the model's next pass. Every request must still
+/// complete: a doorbell lost so leaves its request unsent, waiting for
+/// rmem's `op_timeout`, which takes the node down (a degraded write, a
+/// fall-back, a node down, an error).
+#[test]
+fn pcache_polled_model_requests_to_both_nodes_at_once_all_complete() {
+    let mut f = fabric_on(true);
+    let pages = 64;
+    let t0 = Instant::now();
+    let mut pc = f.attach(
+        &[0, 1],
+        Config {
+            readahead: 4,
+            ..cfg(pages, 16, 2)
+        },
+    );
+    let mut mmu = SoftMmu::new(pages);
+    for kind in [Kind::Gups, Kind::Seq] {
+        let want = local(kind, pages as usize * 512, 11);
+        let mut r = SoftRegion::new(&mut pc, &mut f.cn.core, &mut mmu);
+        assert_eq!(workload::run(kind, &mut r, 11, 0), Ok(want), "{kind:?}");
+        assert_eq!(r.error, None);
+    }
+    let c = *pc.counters();
+    eprintln!("{c:?} in {:?}", t0.elapsed());
+    assert!(c.writebacks > 0 && c.readahead > 0, "{c:?}");
+    assert_eq!(
+        (c.errors, c.fallbacks, c.degraded_writes),
+        (0, 0, 0),
+        "nothing waited for a doorbell: {c:?}"
+    );
+    for n in pc.nodes() {
+        assert_eq!(n.down, None, "{n:?}");
+        assert_eq!(n.inflight, 0);
+        // Two nodes, two copies: each node takes every write-back.
+        assert_eq!(n.stats.writes, c.writebacks, "{n:?}");
+        assert!(n.stats.reads > 0, "{n:?}");
+    }
+    f.detach(pc, &mut mmu);
+    // One copy, every page resident and written, then one flush: its
+    // batches spread over both nodes, all in flight together; each page's
+    // word where the placement puts it.
+    let mut pc = f.attach(&[0, 1], cfg(pages, pages as usize, 1));
+    let mut mmu = SoftMmu::new(pages);
+    {
+        let mut r = SoftRegion::new(&mut pc, &mut f.cn.core, &mut mmu);
+        for p in 0..pages as usize {
+            r.set(p * 512, 0x5eed_0000 + p as u64);
+        }
+    }
+    assert_eq!(pc.flush(&mut f.cn.core, &mut mmu), Ok(pages as usize));
+    let chunks: Vec<u64> = pc.nodes().map(|n| n.chunk.unwrap().addr).collect();
+    for (i, n) in pc.nodes().enumerate() {
+        assert_eq!((n.down, n.stats.writes), (None, pages / 2), "node {i}");
+    }
+    let word = |m: &[u8], off: usize| u64::from_le_bytes(m[off..off + 8].try_into().unwrap());
+    for (i, chunk) in chunks.iter().enumerate() {
+        let (base, mem) = f.mems[i].memory();
+        for slot in 0..pages / 2 {
+            let page = slot * 2 + i as u64;
+            assert_eq!(
+                word(&mem, (chunk - base) as usize + slot as usize * 4096),
+                0x5eed_0000 + page,
+                "page {page} on node {i}"
+            );
+        }
+    }
+    f.detach(pc, &mut mmu);
+    eprintln!("both regions in {:?}", t0.elapsed());
     f.finish();
 }
 

@@ -224,8 +224,13 @@ fn pcache_every_workload_at_25_percent_local_matches_local_memory() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{text}");
     for r in &rows {
-        assert_eq!(r.len(), 22, "{r:?}");
+        assert_eq!(r.len(), 24, "{r:?}");
         assert_eq!(r[10], "1", "checksum_ok: {r:?}");
+        // The spread: best (time_us) <= median <= worst, over `runs` runs
+        // (the 100% point three times a round).
+        let us = |i: usize| r[i].parse::<u64>().unwrap();
+        assert!(us(7) <= us(22) && us(22) <= us(23), "{r:?}");
+        assert_eq!(r[21], if r[4] == "100" { "3" } else { "1" }, "{r:?}");
         if r[4] == "100" {
             assert_eq!(r[9], "1.000", "normalised to the 100% run: {r:?}");
         }

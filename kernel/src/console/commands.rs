@@ -192,6 +192,12 @@ static COMMANDS: &[Command] = &[
         run: super::net::ping,
     },
     Command {
+        name: "rping",
+        usage: "rping -s [-vVd] [-S SIZE] [-C COUNT] [-a ADDR] [-p PORT] | rping -c [-vVd] [-S SIZE] [-C COUNT] [-I ADDR] -a ADDR [-p PORT]",
+        help: "RDMA CM ping-pong by IP address (SEND, RDMA READ and WRITE), as rdma-core's rping",
+        run: super::net::rping,
+    },
+    Command {
         name: "ethtool",
         usage: "ethtool -S DEV",
         help: "a link driver's own counters (IPoIB's drops by reason), as ethtool -S",

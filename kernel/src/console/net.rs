@@ -1,4 +1,8 @@
-//! iproute2's `ip` and iputils' `ping` in the shell, over the kernel's IP stack.
+//! iproute2's `ip`, iputils' `ping` and rdma-core's `rping` in the shell, over the kernel's IP stack.
+//!
+//! `rping` runs `ib_tools::rping` on the RDMA CM, which finds its peer by
+//! IP address through this stack (IPoIB's ARP); ib_core, the stack and the
+//! RDMA CM's turn with it are polled between its steps, Ctrl-C ends it.
 //!
 //! `ip` runs `net::iproute` on the stack; `ping` runs `net::ping`, polling
 //! ib_core and the stack between its steps, each wait bounded by ping's own
@@ -223,4 +227,53 @@ pub fn tcpecho(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         from.saturating_sub(t0) % 1000
     );
     Ok(())
+}
+
+/// `rping`.
+pub fn rping(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    use core::task::Poll;
+    use ib_tools::rping::{self, Rping};
+    let p = match rping::Params::parse(args) {
+        Ok(p) => p,
+        Err(e) if e.is_empty() => {
+            let _ = writeln!(out, "{}", rping::usage());
+            return Ok(());
+        }
+        Err(e) => return Err(alloc::format!("{e} (rping -h for the options)")),
+    };
+    let now = crate::net::now_us;
+    let start = crate::net::with_rdma_net(|n, core| {
+        let cma = ib_core::cma::init(core);
+        Rping::start(core, cma, n, &p, out).map(|r| (r, cma))
+    });
+    let (mut r, cma) = match start {
+        Some(x) => x?,
+        None => return Err(NO_STACK.to_string()),
+    };
+    let res = loop {
+        let step = crate::net::with(|s, core| {
+            core.poll();
+            s.poll(now(), core);
+            crate::net::rdma_cm_poll(s, core, cma);
+            r.step(core, out)
+        });
+        match step {
+            Some(Poll::Ready(x)) => break x,
+            Some(Poll::Pending) => {}
+            None => break Err(NO_STACK.to_string()),
+        }
+        if crate::console::ctrl_c() {
+            let _ = writeln!(out, "^C");
+            break Err(String::from("interrupted"));
+        }
+        core::hint::spin_loop();
+    };
+    crate::net::with(|_, core| r.finish(core));
+    res.map_err(|e| {
+        if p.server {
+            alloc::format!("rping server failed: {e}")
+        } else {
+            alloc::format!("rping client failed: {e}")
+        }
+    })
 }

@@ -1013,6 +1013,45 @@ impl IpoibDev {
     }
 
     /// The neighbour state machine: requests out, failures dropped.
+    /// The neighbour `ip` for the RDMA CM's address resolution (what
+    /// Linux's `addr.c` gets from `dst_fetch_ha` and `neigh_event_send`):
+    /// its hardware address once resolved, `None` while ARP asks. `start`
+    /// creates the entry (or restarts a failed one) and sends the first
+    /// request at once; without it a failed entry is `-EHOSTUNREACH`.
+    pub fn neigh_resolve(
+        &mut self,
+        core: &mut IbCore,
+        ip: Ipv4Address,
+        start: bool,
+    ) -> ib_core::Result<Option<IpoibAddr>> {
+        if let Some(n) = self.neighs.get(&ip) {
+            match n.state {
+                net::NeighState::Failed if !start => {
+                    return Err(ib_core::Error::Errno(ib_core::error::errno::EHOSTUNREACH));
+                }
+                // Already asking.
+                net::NeighState::Incomplete => return Ok(None),
+                net::NeighState::Failed => {}
+                _ => {
+                    if let Some(a) = n.addr {
+                        return Ok(Some(a));
+                    }
+                }
+            }
+        }
+        let now = self.now_us;
+        let pending = &self.pending;
+        let busy = |x: &Ipv4Address| pending.iter().any(|p| p.wait == Some(Wait::Neigh(*x)));
+        match self.neighs.output(ip, now, &self.cfg, &busy) {
+            Output::Send(a) => Ok(Some(a)),
+            Output::Hold => {
+                self.neigh_timers(core);
+                Ok(None)
+            }
+            Output::NoRoom => Err(ib_core::Error::NoMem),
+        }
+    }
+
     fn neigh_timers(&mut self, core: &mut IbCore) {
         let mut acts: [Option<Action>; 8] = [None; 8];
         let mut n = 0;

@@ -19,6 +19,9 @@
 //! `net/core/neighbour.c` an IPoIB device needs (the kernel's generic ARP
 //! runs over a device of type `ARPHRD_INFINIBAND` in Linux; here it sits
 //! below the link trait, since smoltcp's ARP knows only Ethernet).
+//! [`rdma_net`] lends the stack and these links' ARP tables to ib_core's
+//! RDMA CM (its `addr::IpNet`), as Linux's `addr.c` reads the neighbour
+//! table of the device a route leaves by.
 //!
 //! # Using it
 //!
@@ -43,6 +46,7 @@ pub mod ipoib_ib;
 pub mod ipoib_main;
 pub mod ipoib_multicast;
 pub mod ipoib_verbs;
+pub mod rdma_net;
 
 use core::fmt;
 

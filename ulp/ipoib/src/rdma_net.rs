@@ -1,0 +1,113 @@
+//! The kernel's IP stack as the RDMA CM's address resolution sees it: ib_core's `addr::IpNet` over a `net::Stack` whose IPoIB links are this crate's.
+//!
+//! Linux's `addr.c` reads the routing table and the neighbour table of the
+//! device a route leaves by; here [`StackNet`] answers those questions for
+//! ib_core from the stack's routes and the IPoIB links' own ARP tables.
+//! Only IPoIB links have an RDMA port behind them so far: a RoCE port's
+//! Ethernet link would answer [`IpNet::neigh`] from the stack's ARP cache
+//! and name its port in [`NetDev::rdma_port`], with its device type
+//! [`ARPHRD_ETHER`](ib_core::addr::ARPHRD_ETHER).
+
+use alloc::string::ToString;
+
+use ib_core::addr::{self, ARPHRD_ETHER, ARPHRD_INFINIBAND, DevAddrBytes, IpNet, IpRoute, NetDev};
+use ib_core::error::errno;
+use ib_core::{Error, IbCore, Result};
+use net::{Ipv4Address, LinkId, LinkKind, Stack};
+
+use crate::IpoibDev;
+
+/// A stack lent to ib_core's address resolution, with the clock it is
+/// polled by (microseconds).
+pub struct StackNet<'a> {
+    /// The stack.
+    pub stack: &'a mut Stack<IbCore>,
+    /// Its clock.
+    pub now_us: &'a dyn Fn(&IbCore) -> u64,
+}
+
+impl<'a> StackNet<'a> {
+    /// `stack`, polled at `now_us`.
+    pub fn new(stack: &'a mut Stack<IbCore>, now_us: &'a dyn Fn(&IbCore) -> u64) -> StackNet<'a> {
+        StackNet { stack, now_us }
+    }
+}
+
+fn ipoib(stack: &mut Stack<IbCore>, id: LinkId) -> Option<&mut IpoibDev> {
+    stack.link_mut(id)?.as_any_mut()?.downcast_mut::<IpoibDev>()
+}
+
+impl IpNet for StackNet<'_> {
+    fn route(&mut self, src: Option<Ipv4Address>, dst: Ipv4Address) -> Result<IpRoute> {
+        if let Some(s) = src {
+            let ours = self
+                .stack
+                .links()
+                .any(|(id, _)| self.stack.addrs(id).iter().any(|c| c.address() == s));
+            if !ours {
+                return Err(Error::Errno(errno::EADDRNOTAVAIL));
+            }
+        }
+        let e = self
+            .stack
+            .route_get(dst)
+            .map_err(|_| Error::Errno(errno::ENETUNREACH))?;
+        Ok(IpRoute {
+            src: src.unwrap_or(e.src),
+            next_hop: e.next_hop,
+            ifindex: e.dev.0,
+            local: e.local,
+        })
+    }
+
+    fn netdevs(&self, f: &mut dyn FnMut(&NetDev)) {
+        for (id, name) in self.stack.links() {
+            let Some(l) = self.stack.link(id) else {
+                continue;
+            };
+            let dev_type = match l.kind() {
+                LinkKind::Infiniband => ARPHRD_INFINIBAND,
+                LinkKind::Ether => ARPHRD_ETHER,
+                LinkKind::Loopback => 772,
+                LinkKind::None => 65534,
+            };
+            let rdma_port = l
+                .as_any()
+                .and_then(|a| a.downcast_ref::<IpoibDev>())
+                .map(|d| d.port());
+            f(&NetDev {
+                ifindex: id.0,
+                name: name.to_string(),
+                dev_type,
+                dev_addr: addr::dev_addr_bytes(l.hw_addr().as_bytes()),
+                broadcast: addr::dev_addr_bytes(l.broadcast().as_bytes()),
+                mtu: l.mtu() as u32,
+                carrier: l.carrier(),
+                addrs: self
+                    .stack
+                    .addrs(id)
+                    .iter()
+                    .map(|c| (c.address(), c.prefix_len()))
+                    .collect(),
+                rdma_port,
+            });
+        }
+    }
+
+    fn neigh(
+        &mut self,
+        core: &mut IbCore,
+        ifindex: u32,
+        ip: Ipv4Address,
+        start: bool,
+    ) -> Result<Option<DevAddrBytes>> {
+        let d = ipoib(self.stack, LinkId(ifindex)).ok_or(Error::Errno(errno::ENODEV))?;
+        Ok(d.neigh_resolve(core, ip, start)?
+            .map(|a| addr::dev_addr_bytes(&a.0)))
+    }
+
+    fn poll(&mut self, core: &mut IbCore) {
+        let now = (self.now_us)(core);
+        self.stack.poll(now, core);
+    }
+}
