@@ -106,6 +106,8 @@ pub const CONFIG_SIZE: u64 = 4096;
 const REGION_FLAG_READ: u32 = 1 << 0;
 const REGION_FLAG_WRITE: u32 = 1 << 1;
 const REGION_FLAG_MMAP: u32 = 1 << 2;
+/// PCI command register: Interrupt Disable (INTx).
+const PCI_COMMAND_INTX_DISABLE: u32 = 1 << 10;
 const IRQ_INFO_EVENTFD: u32 = 1 << 0;
 const IRQ_INFO_MASKABLE: u32 = 1 << 1;
 const IRQ_INFO_AUTOMASKED: u32 = 1 << 2;
@@ -723,8 +725,12 @@ impl Function {
         if r.eq_seen.len() != eqs.len() {
             r.eq_seen.retain(|n, _| eqs.iter().any(|(e, _, _)| e == n));
         }
-        if !raise.is_empty() {
+        {
+            // The command register's Interrupt Disable bit (all ones during
+            // a reset: disabled).
+            let intx_disabled = self.pci.read32(4) & PCI_COMMAND_INTX_DISABLE != 0;
             let mut irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
+            irqs.set_intx_disabled(intx_disabled);
             for v in raise {
                 irqs.raise(v);
             }
