@@ -4,7 +4,8 @@
 # infiniband-diags, libumad2sim0, ibsim-utils with apt-get
 # when root; a QEMU with the vfio-user client and the Linux guest, cached
 # under target/), then formatting, clippy on the host crates and on the kernel,
-# the host unit and model-backed tests, and the QEMU end-to-end tests.
+# the host unit and model-backed tests, the QEMU end-to-end tests, and a
+# short run of every fuzz target (cargo-fuzz, installed under target/tools).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,5 +38,8 @@ step "kernel image and GRUB ISO"
 
 step "cargo test (unit, model-backed, QEMU end-to-end)"
 cargo test --quiet --no-fail-fast
+
+step "fuzz targets (build, replay the seeds: fuzz/README.md)"
+scripts/fuzz.sh --smoke
 
 printf '\n== all tests passed in %ss\n' "$(( $(date +%s) - start ))"

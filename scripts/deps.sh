@@ -82,3 +82,18 @@ ensure_ib_peers() {
     [ ${#missing[@]} -eq 0 ] && return 0
     apt_install "${missing[@]}" || say "warning: ${missing[*]} could not be installed; the OpenSM and diags tests will skip"
 }
+
+# cargo-fuzz (the libFuzzer driver of fuzz/), from crates.io into
+# target/tools, once; scripts/fuzz.sh puts it on PATH.
+ensure_cargo_fuzz() {
+    local here root
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    root="$here/target/tools"
+    export PATH="$root/bin:$PATH"
+    command -v cargo-fuzz >/dev/null 2>&1 && return 0
+    say "installing cargo-fuzz into target/tools (crates.io)"
+    cargo install cargo-fuzz --locked --quiet --root "$root" >&2 || {
+        say "error: cargo install cargo-fuzz failed"
+        return 1
+    }
+}

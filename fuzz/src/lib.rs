@@ -1,0 +1,80 @@
+//! Shared rigs of the fuzz targets: the test fixtures of the crates under test, included as they are, and a few helpers.
+//!
+//! The fixtures are the crates' own test code, compiled here through
+//! `#[path]` so the targets drive exactly what the unit tests drive and the
+//! two cannot drift apart: ib_core's fake provider (two software HCAs
+//! cabled back to back), the model's raw HCR poster and its WQE poster.
+//! They reach the crates only through their public API, which is why they
+//! can live in another crate; the `crate::` paths they use resolve to the
+//! re-exports below.
+
+#![allow(clippy::all)]
+
+// ib_core's fake provider says `crate::error`, `crate::mad`, `crate::verbs`.
+pub use ib_core::{error, mad, verbs};
+
+/// ib_core's fake provider (`ib_core/src/tests/fake.rs`).
+#[path = "../../ib_core/src/tests/fake.rs"]
+#[allow(dead_code, unused_imports)]
+pub mod ibfake;
+
+/// The model's raw HCR poster and Linux-order bring-up
+/// (`sim/tests/model/harness.rs`).
+#[path = "../../sim/tests/model/harness.rs"]
+#[allow(dead_code, unused_imports)]
+pub mod harness;
+
+/// The model's WQE/CQE poster (`sim/tests/engine/poster.rs`).
+#[path = "../../sim/tests/engine/poster.rs"]
+#[allow(dead_code, unused_imports)]
+pub mod poster;
+
+pub mod fwdev;
+pub mod ibrig;
+pub mod madgen;
+
+/// The model's configuration for the fuzz targets: the default card with a
+/// DMA arena of `dma` bytes instead of 256 MiB (the arena is set up per
+/// run, and its size is most of a run's cost).
+pub fn sim_cfg(node_guid: u64, dma: usize) -> sim::SimConfig {
+    let d = sim::SimConfig::default();
+    sim::SimConfig {
+        node_guid: if node_guid == 0 {
+            d.node_guid
+        } else {
+            node_guid
+        },
+        dma_size: dma,
+        ..d
+    }
+}
+
+/// Runs `f` on a rig kept across inputs (the model's bring-up costs tens
+/// of milliseconds, a run of an input well under one), built by `make` on
+/// first use, every `every` inputs, and for every input when
+/// `LEGOIB_FUZZ_FRESH` is set (to replay or minimise a crash on its own).
+/// A rig whose run panicked is never reused: the process ends anyway; one
+/// for which `f` returns false is built again for the next input.
+pub fn persistent<R: 'static>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<(Option<R>, u32)>>,
+    every: u32,
+    make: impl FnOnce() -> R,
+    f: impl FnOnce(&mut R) -> bool,
+) {
+    let fresh = std::env::var_os("LEGOIB_FUZZ_FRESH").is_some();
+    slot.with(|s| {
+        let mut s = s.borrow_mut();
+        let (rig, runs) = &mut *s;
+        if rig.is_none() || fresh || *runs >= every {
+            *rig = None;
+            *rig = Some(make());
+            *runs = 0;
+        }
+        *runs += 1;
+        if let Some(r) = rig.as_mut()
+            && !f(r)
+        {
+            *rig = None;
+        }
+    });
+}

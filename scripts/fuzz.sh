@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the parsers of wire and device data and of the
+# model (fuzz/README.md): builds every cargo-fuzz target, runs each for
+# SECONDS (60 by default) from its corpus (fuzz/corpus/TARGET, seeded from
+# fuzz/seeds/TARGET), and prints per target the executions, executions per
+# second, libFuzzer's coverage (cov: edges, ft: features), the corpus size
+# and the crashes (left in fuzz/artifacts/TARGET/).
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+#   scripts/fuzz.sh --smoke          # CI: build every target and replay each
+#                                    # seed corpus once (a target that no longer
+#                                    # builds, or crashes on a seed, fails)
+#
+# Environment: FUZZ_SANITIZER (none by default; address for ASan, slower),
+# FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2").
+# Installs cargo-fuzz under target/tools on first use (crates.io); the
+# libFuzzer build runs on the pinned stable toolchain with RUSTC_BOOTSTRAP=1.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+# shellcheck source=scripts/deps.sh
+. scripts/deps.sh
+
+smoke=0
+secs=60
+if [ "${1:-}" = "--smoke" ]; then
+    smoke=1
+    secs=2
+    shift
+elif [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+    secs=$1
+    shift
+fi
+
+ensure_cargo_fuzz || exit 1
+export RUSTC_BOOTSTRAP=1
+san=${FUZZ_SANITIZER:-none}
+profile=()  # release with debug assertions and overflow checks (cargo-fuzz default)
+bindir=fuzz/target/x86_64-unknown-linux-gnu/release
+if [ $smoke = 1 ]; then
+    # Unoptimised: builds in about half the time, runs slower, enough to
+    # see that every target builds and replays its seeds.
+    profile=(--dev)
+    bindir=fuzz/target/x86_64-unknown-linux-gnu/debug
+fi
+
+mapfile -t all < <(cd fuzz && cargo fuzz list)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+
+say "== building ${#targets[@]} fuzz targets (sanitizer $san)"
+one=()
+[ ${#targets[@]} -eq 1 ] && one=("${targets[0]}")
+(cd fuzz && cargo fuzz build "${profile[@]}" -s "$san" "${one[@]}" >&2)
+
+failed=0
+printf '%-12s %6s %12s %8s %7s %7s %7s %s\n' target seconds execs exec/s cov ft corpus crashes
+for t in "${targets[@]}"; do
+    corpus=fuzz/corpus/$t
+    art=fuzz/artifacts/$t
+    mkdir -p "$corpus" "$art"
+    log=$(mktemp)
+    seeds=()
+    [ -d "fuzz/seeds/$t" ] && seeds=("fuzz/seeds/$t")
+    before=$(find "$art" -type f | wc -l)
+    # shellcheck disable=SC2086
+    extra=()
+    [ $smoke = 1 ] && extra=(-runs=0)
+    "$bindir/$t" "$corpus" "${seeds[@]}" "${extra[@]}" -max_total_time="$secs" -print_final_stats=1 \
+        -artifact_prefix="$art/" -timeout=10 -rss_limit_mb=2048 ${FUZZ_ARGS:-} >"$log" 2>&1 || true
+    after=$(find "$art" -type f | wc -l)
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+    last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1)
+    cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
+    ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
+    corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
+    crashes=$((after - before))
+    printf '%-12s %6s %12s %8s %7s %7s %7s %s\n' "$t" "$secs" "${execs:-?}" "${rate:-?}" \
+        "${cov:-?}" "${ft:-?}" "${corp:-?}" "$crashes"
+    if [ "$crashes" -gt 0 ] || [ -z "$execs" ]; then
+        failed=1
+        grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /'
+    fi
+    rm -f "$log"
+done
+if [ $failed = 1 ]; then
+    say "fuzz: a target crashed or did not run (inputs in fuzz/artifacts/; replay with the binary in $bindir and LEGOIB_FUZZ_FRESH=1)"
+    exit 1
+fi
