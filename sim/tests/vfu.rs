@@ -634,6 +634,23 @@ mod mapped {
         assert_eq!(dst.read(8, 8), b"ordered!");
         assert!(g.violations().is_empty(), "{:?}", g.violations());
 
+        // The same doorbell as a BAR2 message (QEMU traps a mapped BAR
+        // again after the function's first INTx, for good): it lands in the
+        // page and is taken at once, as the store would be.
+        src.write(16, b"message!");
+        a.put(op::RDMA_WRITE, false, &a.build(&write8(&src, &dst, 16)));
+        let before = g.f.counters.bar2.load(Ordering::Relaxed);
+        let db = u64::from(UAR) * 4096 + 0x14;
+        g.client
+            .lock()
+            .unwrap()
+            .region_write(2, db, &(a.qpn << 8).to_be_bytes())
+            .unwrap();
+        assert!(next(&mut cq).ok());
+        assert_eq!(dst.read(16, 8), b"message!");
+        assert_eq!(g.f.counters.bar2.load(Ordering::Relaxed), before + 1);
+        assert_eq!(g.bar2.load32(db as usize), 0, "taken from the page");
+
         // A doorbell for a WQE not completely written (its second 64-byte
         // chunk still stamped): a violation, and the WQE waits.
         let w = Wr {

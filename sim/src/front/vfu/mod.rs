@@ -804,12 +804,17 @@ impl Function {
         // Doorbells stored before the reset were the card's; taken first,
         // then forgotten with everything else.
         self.poll_uar();
+        // The rest under the report lock, which `service` holds throughout:
+        // another function's thread servicing this one must not find it
+        // half reset (the command register cleared, so INTx no longer
+        // disabled, while the interrupts still hold the client's eventfds
+        // and a held INTx).
+        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
         self.hca.function_reset();
         if let Some(u) = &self.uar {
             u.clear();
         }
         self.irqs.lock().unwrap_or_else(|e| e.into_inner()).reset();
-        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
         r.eq_seen.clear();
         self.report_locked(&mut r);
     }
