@@ -40,6 +40,8 @@ pub mod cfg {
     pub const COMMAND_MEMORY: u16 = 1 << 1;
     /// Command: bus master enable.
     pub const COMMAND_MASTER: u16 = 1 << 2;
+    /// Command: INTx emulation disable (the function must not assert INTx).
+    pub const COMMAND_INTX_DISABLE: u16 = 1 << 10;
     /// Status: capability list present.
     pub const STATUS_CAP_LIST: u16 = 1 << 4;
     /// Capability ID: PCI Express.

@@ -2,8 +2,9 @@
 //!
 //! cx3-vfu without QEMU: the `vfio_user` crate's own client drives the
 //! function over a real socket the way QEMU's does (config space, trapped
-//! BAR0, DMA into a shared memfd, MSI-X eventfds), and the binary's command
-//! line, signal and error behaviour.
+//! BAR0, DMA into a shared memfd, MSI-X eventfds, BAR2 mapped from the
+//! function's own file with the engine tests' raw poster ringing doorbells
+//! into it), and the binary's command line, signal and error behaviour.
 
 use std::fs::File;
 use std::io::Read;
@@ -17,6 +18,11 @@ use std::time::{Duration, Instant};
 use sim::front::host::Log;
 use sim::front::vfu::{Function, Options, irqs, regions, serve};
 use vfio_user::Client;
+
+#[path = "model/harness.rs"]
+mod harness;
+#[path = "engine/poster.rs"]
+mod poster;
 
 const HCR: u64 = 0x8_0680;
 const GO: u32 = 1 << 23;
@@ -317,5 +323,438 @@ fn wait_deadline(child: &mut std::process::Child) -> Option<i32> {
             panic!("cx3-vfu did not exit within 10 s");
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// BAR2 mapped: the guest's doorbells are stores into the function's file
+
+mod mapped {
+    use std::sync::Mutex;
+
+    use hal::dma::{DmaAllocator, DmaRegion, DmaStats, RangeAllocator};
+    use hal::{
+        Bar, BusAddr, Clock, ConfigSpace, DmaPool, PciAddress, PciFunction, RegisterBackend,
+    };
+    use sim::front::ivshmem::SharedFile;
+    use sim::front::vfu::{Function, PollOptions, regions_with};
+
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::harness::{Raw, profile::UAR};
+    use crate::poster::*;
+
+    /// Guest RAM: a memfd mapped at this I/O virtual address (= bus address).
+    const DMA_BASE: u64 = 16 << 20;
+    const DMA_LEN: u64 = 64 << 20;
+    const BAR2_LEN: u64 = 8 << 20;
+
+    /// The client, shared by the config-space and BAR0 views (one message
+    /// per access, as QEMU's trapped regions).
+    type Shared = Arc<Mutex<Client>>;
+
+    struct ClientConfig(Shared);
+
+    impl ConfigSpace for ClientConfig {
+        fn read32(&self, off: u16) -> u32 {
+            let mut b = [0u8; 4];
+            let mut c = self.0.lock().unwrap();
+            c.region_read(7, u64::from(off & !3), &mut b).unwrap();
+            u32::from_le_bytes(b)
+        }
+        fn write32(&self, off: u16, v: u32) {
+            let mut c = self.0.lock().unwrap();
+            c.region_write(7, u64::from(off & !3), &v.to_le_bytes())
+                .unwrap();
+        }
+    }
+
+    struct ClientBar0(Shared);
+
+    impl RegisterBackend for ClientBar0 {
+        fn read32(&self, off: usize) -> u32 {
+            let mut b = [0u8; 4];
+            let mut c = self.0.lock().unwrap();
+            c.region_read(0, off as u64, &mut b).unwrap();
+            u32::from_ne_bytes(b)
+        }
+        fn write32(&self, off: usize, raw: u32) {
+            let mut c = self.0.lock().unwrap();
+            c.region_write(0, off as u64, &raw.to_ne_bytes()).unwrap();
+        }
+        fn write64(&self, off: usize, raw: u64) {
+            let mut c = self.0.lock().unwrap();
+            c.region_write(0, off as u64, &raw.to_ne_bytes()).unwrap();
+        }
+    }
+
+    /// BAR2 as the guest has it: the region's file, mapped here (what
+    /// QEMU maps into the guest); a store is a store, no message.
+    struct MappedBar2(Arc<SharedFile>);
+
+    impl RegisterBackend for MappedBar2 {
+        fn read32(&self, off: usize) -> u32 {
+            self.0.load32(off)
+        }
+        fn write32(&self, off: usize, raw: u32) {
+            self.0.store32(off, raw)
+        }
+        fn write64(&self, off: usize, raw: u64) {
+            self.0.store64(off, raw)
+        }
+    }
+
+    /// DMA memory in the RAM memfd, bus address = DMA_BASE + file offset.
+    struct RamDma {
+        map: memmap2::MmapRaw,
+        ranges: Mutex<RangeAllocator>,
+    }
+
+    // SAFETY: `alloc` hands out non-overlapping, zeroed ranges of the RAM
+    // mapping (bookkeeping under the mutex), which the function reaches at
+    // the same bus address through its own mapping of the file (the
+    // client's dma_map); the mapping lives as long as the allocator, which
+    // every `DmaBuf` keeps alive through its pool.
+    unsafe impl DmaAllocator for RamDma {
+        fn alloc(&self, len: usize, align: usize) -> hal::Result<DmaRegion> {
+            let (off, size) = self.ranges.lock().unwrap().alloc(len, align, DMA_BASE)?;
+            // SAFETY: `[off, off + size)` is inside the mapping (the range
+            // allocator covers DMA_LEN bytes).
+            let cpu = unsafe { self.map.as_mut_ptr().add(off) };
+            // SAFETY: just reserved, so no other region overlaps it.
+            unsafe { core::ptr::write_bytes(cpu, 0, size) };
+            let cpu = core::ptr::NonNull::new(cpu).ok_or(hal::Error::NoMemory)?;
+            // SAFETY: see the impl's comment.
+            Ok(unsafe { DmaRegion::new(cpu, BusAddr(DMA_BASE + off as u64), len) })
+        }
+        unsafe fn free(&self, region: DmaRegion) {
+            let off = (region.bus().0 - DMA_BASE) as usize;
+            self.ranges.lock().unwrap().free(off);
+        }
+        fn stats(&self) -> DmaStats {
+            self.ranges.lock().unwrap().stats()
+        }
+    }
+
+    /// Real time; delays capped at 200 ms (the model's software reset
+    /// takes 100 ms, the harness waits Linux's second).
+    struct Mono(Instant);
+
+    impl Clock for Mono {
+        fn now_ns(&self) -> u64 {
+            self.0.elapsed().as_nanos() as u64
+        }
+        fn relax(&self) {
+            std::hint::spin_loop();
+        }
+        fn delay(&self, d: Duration) {
+            std::thread::sleep(d.min(Duration::from_millis(200)));
+        }
+    }
+
+    /// A function served on its own thread with BAR2 mapped, and the raw
+    /// poster driving it as a guest would: config and BAR0 by messages,
+    /// BAR2 by stores into the mapped file, DMA in a shared memfd.
+    struct Guest {
+        f: Arc<Function>,
+        h: Hca,
+        bar2: Arc<SharedFile>,
+        client: Shared,
+        path: PathBuf,
+    }
+
+    impl Drop for Guest {
+        fn drop(&mut self) {
+            let _ = self.client.lock().map(|c| c.shutdown());
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    fn guest(tag: &str, poll: PollOptions) -> Guest {
+        let path = sock_path(tag);
+        let _ = std::fs::remove_file(&path);
+        let opts = Options {
+            poll,
+            ..Options::default()
+        };
+        let f = Function::new(0, opts, Log::capture());
+        let server = vfio_user::Server::new(&path, true, irqs(), f.regions()).unwrap();
+        let f2 = f.clone();
+        std::thread::spawn(move || {
+            static NEVER: AtomicBool = AtomicBool::new(false);
+            serve(&f2, server, &NEVER);
+        });
+        let mut c = Client::new(&path).unwrap();
+        // BAR2 is mmappable: one sparse area over the whole BAR, backed by
+        // the file that came with the region's info (what QEMU maps).
+        let r2 = c.region(2).expect("BAR2");
+        assert_eq!(r2.size, BAR2_LEN);
+        assert_ne!(r2.flags & (1 << 2), 0, "VFIO_REGION_INFO_FLAG_MMAP");
+        let areas: Vec<_> = r2.sparse_areas.iter().map(|a| (a.offset, a.size)).collect();
+        assert_eq!(areas, vec![(0, BAR2_LEN)]);
+        let fo = r2.file_offset.as_ref().expect("BAR2's file");
+        assert_eq!(fo.start(), 0);
+        let bar2 = Arc::new(
+            SharedFile::open(Path::new(&format!(
+                "/proc/self/fd/{}",
+                fo.file().as_raw_fd()
+            )))
+            .unwrap(),
+        );
+        assert_eq!(bar2.len() as u64, BAR2_LEN);
+        // BAR0 stays trapped.
+        let r0 = c.region(0).expect("BAR0");
+        assert_eq!(r0.flags & (1 << 2), 0);
+        assert!(r0.file_offset.is_none());
+        let ram = memfd(DMA_LEN);
+        c.dma_map(0, DMA_BASE, DMA_LEN, ram.as_raw_fd()).unwrap();
+        let client: Shared = Arc::new(Mutex::new(c));
+        let b0: Arc<dyn RegisterBackend> = Arc::new(ClientBar0(client.clone()));
+        let b2: Arc<dyn RegisterBackend> = Arc::new(MappedBar2(bar2.clone()));
+        let pci = PciFunction::new(
+            PciAddress::default(),
+            Arc::new(ClientConfig(client.clone())),
+            sim::hca::pci::PciConfig::bar_infos(),
+            [
+                Some(Bar::from_backend(b0, 1 << 20)),
+                None,
+                Some(Bar::from_backend(b2, BAR2_LEN as usize)),
+                None,
+                None,
+                None,
+            ],
+        );
+        let dma = RamDma {
+            map: memmap2::MmapRaw::map_raw(&ram).unwrap(),
+            ranges: Mutex::new(RangeAllocator::new(DMA_LEN as usize, 64)),
+        };
+        let pool = DmaPool::new(Arc::new(dma));
+        let clock: Arc<dyn Clock> = Arc::new(Mono(Instant::now()));
+        // The placeholder model is never used: the device is the function.
+        let placeholder = sim::SimHca::new(sim::SimConfig::default());
+        let mut h = Hca::bare_raw(Raw::over(placeholder, pci, pool, clock));
+        h.port_up(1, 1).unwrap();
+        Guest {
+            f,
+            h,
+            bar2,
+            client,
+            path,
+        }
+    }
+
+    impl Guest {
+        /// The function's violations so far (streamed to its log).
+        fn violations(&self) -> Vec<String> {
+            self.f.service();
+            self.f
+                .log_lines()
+                .into_iter()
+                .filter(|l| l.contains("violation"))
+                .collect()
+        }
+
+        /// Waits until the model has taken the send doorbell stored on the
+        /// poster's UAR page (the poll swaps the word back to zero).
+        fn wait_taken(&self) {
+            let t = Instant::now();
+            while self.bar2.load32(UAR as usize * 4096 + 0x14) != 0 {
+                assert!(t.elapsed() < Duration::from_secs(5), "doorbell never taken");
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// The next completion, within 5 s.
+    fn next(cq: &mut Cq) -> Cqe {
+        let t = Instant::now();
+        loop {
+            if let Some(c) = cq.poll() {
+                return c;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no CQE within 5 s");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// An 8-byte RDMA WRITE from `src` to `dst` at `at`, signalled.
+    fn write8(src: &Mr, dst: &Mr, at: u64) -> Wr {
+        Wr {
+            opcode: op::RDMA_WRITE,
+            signalled: true,
+            raddr: dst.addr(at),
+            rkey: dst.key,
+            sges: vec![src.sge(at, 8)],
+            ..Wr::default()
+        }
+    }
+
+    #[test]
+    fn a_doorbell_stored_into_the_mapped_uar_page_runs_its_wqe_and_the_checks_stay() {
+        let mut g = guest("uar", PollOptions::default());
+        let h = &mut g.h;
+        let mut cq = h.cq(6);
+        let s = QpSpec::new(RC, cq.cqn);
+        let mut a = h.qp(0x80, s);
+        let b = h.qp(0x81, s);
+        let lid = h.lid;
+        h.connect(&a, s, 0x81, lid).unwrap();
+        h.connect(&b, s, 0x80, lid).unwrap();
+        let src = h.mr(0x1000, 4096, acc::ALL);
+        let dst = h.mr(0x9000, 4096, acc::ALL);
+        src.write(0, b"doorbell");
+        let bar2_messages = g.f.counters.bar2.load(Ordering::Relaxed);
+
+        // The WQE, then its doorbell: a store into the mapped page, which
+        // the model's poll takes; the WQE runs.
+        a.post(&g.h, &write8(&src, &dst, 0));
+        let c = next(&mut cq);
+        assert!(c.ok() && c.send && c.qpn == 0x80, "{c:?}");
+        assert_eq!(dst.read(0, 8), b"doorbell");
+        assert!(g.f.counters.uar_polls.load(Ordering::Relaxed) > 0);
+        assert_eq!(
+            g.f.counters.bar2.load(Ordering::Relaxed),
+            bar2_messages,
+            "no BAR2 message: the doorbell was a store"
+        );
+
+        // A doorbell before its WQE: taken with nothing to run, the WQE
+        // written after it is the software's until the next doorbell, as
+        // when the card sees the doorbell first.
+        src.write(8, b"ordered!");
+        g.h.ring_send(a.qpn);
+        g.wait_taken();
+        a.put(op::RDMA_WRITE, false, &a.build(&write8(&src, &dst, 8)));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(cq.poll().is_none(), "a WQE ran without a doorbell after it");
+        assert_eq!(dst.read(8, 8), [0; 8]);
+        g.h.ring_send(a.qpn);
+        assert!(next(&mut cq).ok());
+        assert_eq!(dst.read(8, 8), b"ordered!");
+        assert!(g.violations().is_empty(), "{:?}", g.violations());
+
+        // The same doorbell as a BAR2 message (QEMU traps a mapped BAR
+        // again after the function's first INTx, for good): it lands in the
+        // page and is taken at once, as the store would be.
+        src.write(16, b"message!");
+        a.put(op::RDMA_WRITE, false, &a.build(&write8(&src, &dst, 16)));
+        let before = g.f.counters.bar2.load(Ordering::Relaxed);
+        let db = u64::from(UAR) * 4096 + 0x14;
+        g.client
+            .lock()
+            .unwrap()
+            .region_write(2, db, &(a.qpn << 8).to_be_bytes())
+            .unwrap();
+        assert!(next(&mut cq).ok());
+        assert_eq!(dst.read(16, 8), b"message!");
+        assert_eq!(g.f.counters.bar2.load(Ordering::Relaxed), before + 1);
+        assert_eq!(g.bar2.load32(db as usize), 0, "taken from the page");
+
+        // A doorbell for a WQE not completely written (its second 64-byte
+        // chunk still stamped): a violation, and the WQE waits.
+        let w = Wr {
+            sges: (0..4).map(|i| src.sge(i * 8, 8)).collect(),
+            raddr: dst.addr(64),
+            ..write8(&src, &dst, 0)
+        };
+        let mut bytes = a.build(&w);
+        let good = bytes[64..68].to_vec();
+        bytes[64..68].copy_from_slice(&[0xff; 4]);
+        let idx = a.put(w.opcode, false, &bytes);
+        g.h.ring_send(a.qpn);
+        g.wait_taken();
+        assert!(
+            g.violations().iter().any(|v| v.contains("stamp")),
+            "{:?}",
+            g.violations()
+        );
+        assert!(cq.poll().is_none());
+        let stride = 1usize << a.sq_shift;
+        let base = a.sq_off + (idx & (a.sq_cnt - 1)) as usize * stride;
+        a.buf.write_bytes(base + 64, &good);
+        g.h.ring_send(a.qpn);
+        assert!(next(&mut cq).ok());
+        assert_eq!(dst.read(64, 32), src.read(0, 32));
+
+        // A send doorbell for a QP in RESET (never created) on the page:
+        // recorded as when trapped.
+        g.h.ring_send(0x85);
+        g.wait_taken();
+        assert!(
+            g.violations()
+                .iter()
+                .any(|v| v.contains("send doorbell for QP 0x85 in RESET")),
+            "{:?}",
+            g.violations()
+        );
+    }
+
+    /// The model takes what the mapped page holds before each BAR0 write:
+    /// a doorbell stored just before a command (here the QP's 2RST) runs
+    /// its WQE first, as on the card, even when the poll is far off.
+    #[test]
+    fn a_doorbell_stored_before_a_command_reaches_the_model_first() {
+        let slow = PollOptions {
+            spin: Duration::ZERO,
+            sleep: Duration::from_millis(5),
+            idle_sleep: Duration::from_millis(5),
+            ..PollOptions::default()
+        };
+        let mut g = guest("uar-order", slow);
+        let h = &mut g.h;
+        let mut cq = h.cq(6);
+        let s = QpSpec::new(RC, cq.cqn);
+        let mut a = h.qp(0x80, s);
+        let b = h.qp(0x81, s);
+        let lid = h.lid;
+        h.connect(&a, s, 0x81, lid).unwrap();
+        h.connect(&b, s, 0x80, lid).unwrap();
+        let src = h.mr(0x1000, 4096, acc::ALL);
+        let dst = h.mr(0x9000, 4096, acc::ALL);
+        src.write(0, b"1st then");
+        for _ in 0..5 {
+            a.post(&g.h, &write8(&src, &dst, 0));
+            g.h.r.cmd(0, a.qpn, 2, sim::Opcode::RST_QP).unwrap();
+            let c = next(&mut cq);
+            assert!(c.ok() && c.send, "{c:?}");
+            assert_eq!(dst.read(0, 8), b"1st then");
+            dst.write(0, &[0; 8]);
+            g.h.reinit(&mut a);
+            g.h.connect(&a, s, 0x81, lid).unwrap();
+        }
+        assert!(g.violations().is_empty(), "{:?}", g.violations());
+    }
+
+    #[test]
+    fn with_trap_uar_bar2_is_announced_trapped_and_a_reset_clears_the_mapped_pages() {
+        let trapped = Function::new(
+            0,
+            Options {
+                poll: PollOptions {
+                    trap_uar: true,
+                    ..PollOptions::default()
+                },
+                ..Options::default()
+            },
+            Log::capture(),
+        );
+        assert!(trapped.uar_pages().is_none());
+        let r = trapped.regions();
+        assert_eq!(r[2].region_info.flags & (1 << 2), 0);
+        assert!(r[2].mmap_fd.is_none() && r[2].sparse_areas.is_empty());
+        assert_eq!(
+            regions()[2].region_info.flags,
+            regions_with(None)[2].region_info.flags
+        );
+
+        // A doorbell stored before a function-level reset is not taken
+        // after it (the pages read zero again).
+        let f = Function::new(0, Options::default(), Log::capture());
+        let u = f.uar_pages().expect("mapped by default");
+        u.regs().set_raw(128 * 4096 + 0x14, (0x80u32 << 8).to_be());
+        f.reset();
+        assert_eq!(u.regs().raw(128 * 4096 + 0x14), 0);
+        assert_eq!(f.counts(), (0, 0, 0));
     }
 }

@@ -150,6 +150,22 @@ pub fn run_vfu(args: &[&str], deadline: Duration, linux_guest: bool) -> Run {
     }
 }
 
+/// cx3-vfu's `--stats` line of node `n`'s accesses (`nodeN: accesses:
+/// config C, BAR0 B, BAR2 M (mapped: P polls took doorbells), ...`), or "".
+pub fn vfu_accesses(stderr: &str, n: usize) -> &str {
+    let tag = format!("node{n}: accesses: ");
+    stderr.lines().find(|l| l.starts_with(&tag)).unwrap_or("")
+}
+
+/// The number right after `key` in `line` (`count_after(a, "BAR2 ")`).
+pub fn count_after(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Runs one of the scripts that fetch and cache what the vfio-user runs
 /// need.
 fn fetch(s: &str) {

@@ -7,12 +7,16 @@ use tests::mlx4_common;
 
 use std::time::Instant;
 
+use hal::ConfigSpace as _;
+
 use mlx4_common::*;
 use mlx4_core::Profile;
 use sim::{SimConfig, SimHca};
 
 fn bring_up_and_check(hca: &SimHca, mode: &str) {
     let dma0 = hca.dma_pool().stats();
+    let pci = hca.config_space();
+    let command0 = pci.read32(4) & 0xffff;
     let t0 = Instant::now();
     let dev = match bring_up(hca, Profile::default()) {
         Ok(d) => d,
@@ -40,6 +44,11 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
         hca.dma_faults()
     );
     assert!(hca.is_initialized(), "{mode}");
+    // Memory decoding and bus mastering on; INTx disabled, since the EQs
+    // are polled and nothing would take it (and over vfio-user an INTx
+    // makes QEMU trap the UAR pages it had mapped into the guest).
+    let command = pci.read32(4) & 0xffff;
+    assert_eq!(command & 0x406, 0x406, "{mode}: command {command:#x}");
     assert_eq!(dev.fw_ver_string(), "2.42.5000");
     assert_eq!(dev.board_id(), "MT_1090120019");
     assert_eq!(c.num_ports, 2);
@@ -114,6 +123,11 @@ fn bring_up_and_check(hca: &SimHca, mode: &str) {
     );
     assert_eq!(hca.icm_mapped_pages(), 0, "{mode}");
     assert_eq!(hca.dma_pool().stats(), dma0, "{mode}: DMA back to baseline");
+    assert_eq!(
+        pci.read32(4) & 0xffff,
+        command0,
+        "{mode}: command register as before the probe"
+    );
     let bad: Vec<_> = hca.trace().into_iter().filter(|e| !e.ok()).collect();
     assert!(bad.is_empty(), "{mode}: failed commands {bad:#?}");
 }

@@ -63,6 +63,61 @@ fn fault_injection_reaches_our_kernel_over_vfio_user() {
     assert!(o.transcript.contains("ibv_devinfo: no HCA"), "{all}");
 }
 
+/// Two of our guests over vfio-user, each HCA's UAR pages mapped into its
+/// guest: `ib_write_bw` and `ib_write_lat` between them run with every
+/// doorbell a plain store (no BAR2 message reaches cx3-vfu, which takes the
+/// doorbells from the pages), no INTx (mlx4_core polls and disables it:
+/// QEMU would trap the mapped pages again at the first one), and nothing
+/// wrong in the model's eyes.
+#[test]
+fn our_doorbells_over_vfio_user_are_stores_into_the_mapped_uar_pages() {
+    let o = qemu::run_vfu(
+        &[
+            "--vfu",
+            "--nodes",
+            "2",
+            "--emu-args",
+            "--stats",
+            "--run-on",
+            "0",
+            "ib_write_bw -s 65536 -n 300; ib_write_lat -s 8 -n 200",
+            "--run-on",
+            "1",
+            "retry -n 30 -i 1 ib_write_bw -s 65536 -n 300 3; \
+             retry -n 30 -i 1 ib_write_lat -s 8 -n 200 3",
+        ],
+        Duration::from_secs(100),
+        false,
+    );
+    let all = format!("{}\n--- cx3-vfu ---\n{}", o.transcript, o.stderr);
+    assert_eq!(o.status, 0, "{all}");
+    // The client prints the figures (our RDMA WRITE servers print none).
+    let client = qemu::node(&o.transcript, 1).unwrap_or("");
+    assert!(client.contains(" 65536      300 "), "ib_write_bw:\n{all}");
+    assert!(client.contains(" 8       200 "), "ib_write_lat:\n{all}");
+    for n in 0..2 {
+        let a = qemu::vfu_accesses(&o.stderr, n);
+        assert_eq!(
+            qemu::count_after(a, "BAR2 "),
+            Some(0),
+            "node {n}: {a}\n{all}"
+        );
+        assert!(
+            qemu::count_after(a, "mapped: ").is_some_and(|p| p > 0),
+            "node {n}: doorbells taken from the pages: {a}\n{all}"
+        );
+        assert_eq!(
+            qemu::count_after(a, "INTx "),
+            Some(0),
+            "node {n}: {a}\n{all}"
+        );
+    }
+    assert!(
+        o.stderr.contains("total: commands") && o.stderr.contains("violations 0, DMA faults 0;"),
+        "{all}"
+    );
+}
+
 /// Boot to "mlx4_core ready", firmware command round trip, register read
 /// and doorbell store on both transports; prints the figures.
 #[test]

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sim::front::host::{Log, usage_exit};
-use sim::front::vfu::{Exit, Fleet, irqs, parse_args, regions};
+use sim::front::vfu::{Exit, Fleet, irqs, parse_args};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -35,8 +35,21 @@ fn main() -> ExitCode {
             let _ = std::fs::remove_file(s);
         }
     };
-    for s in &sockets {
-        match vfio_user::Server::new(s, true, irqs(), regions()) {
+    // Another server's socket: refused before the fabric and its SM start.
+    if let Some(s) = sockets.iter().find(|s| s.exists()) {
+        eprintln!("cx3-vfu: {}: cannot listen: the path exists", s.display());
+        return ExitCode::from(2);
+    }
+    // The functions first: each announces its own BAR2 file.
+    let mut fleet = match Fleet::open(sockets.len(), node, opts, |_| Log::stderr()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cx3-vfu: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for (s, f) in sockets.iter().zip(fleet.functions()) {
+        match vfio_user::Server::new(s, true, irqs(), f.regions()) {
             Ok(v) => servers.push(v),
             Err(e) => {
                 eprintln!("cx3-vfu: {}: cannot listen: {e}", s.display());
@@ -45,14 +58,6 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut fleet = match Fleet::open(sockets.len(), node, opts, |_| Log::stderr()) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cx3-vfu: {e}");
-            remove_all(sockets.len());
-            return ExitCode::from(2);
-        }
-    };
     for (f, s) in fleet.functions().iter().zip(&sockets) {
         eprintln!(
             "cx3-vfu: serving node{} as 15b3:1003 on {}",

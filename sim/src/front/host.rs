@@ -214,6 +214,28 @@ pub struct VfuArgs {
     /// GO stays set N µs after a post.
     #[arg(long = "hcr-delay-us", value_name = "N", default_value = "0", value_parser = micros(10_000_000, ""))]
     pub hcr_delay: Duration,
+    /// Trap BAR2 (the UAR pages) access by access, as BAR0 is: every
+    /// doorbell a message, acted on when it arrives (the exact checker;
+    /// default: the UAR pages are memory the guest maps and the model polls).
+    #[arg(long = "trap-uar", help_heading = POLL)]
+    pub trap_uar: bool,
+    /// Spin N µs after the last doorbell or packet (mapped UAR pages).
+    #[arg(long = "spin-us", value_name = "N", default_value = "5", value_parser = micros(1_000_000, ""), help_heading = POLL)]
+    pub spin: Duration,
+    /// ... but N µs once work comes back within N µs of a pause (0: off;
+    /// worth it only with a core to spare).
+    #[arg(long = "busy-spin-us", value_name = "N", default_value = "0", value_parser = micros(1_000_000, ""), help_heading = POLL)]
+    pub busy_spin: Duration,
+    /// Then sleep N µs per round, 1 ns timer slack.
+    #[arg(long = "sleep-us", value_name = "N", default_value = "20", value_parser = micros(5000, ""), help_heading = POLL)]
+    pub sleep: Duration,
+    /// After N ms without activity ...
+    #[arg(long = "idle-after-ms", value_name = "N", default_value = "100", value_parser = millis(3_600_000), help_heading = POLL)]
+    pub idle_after: Duration,
+    /// ... sleep N µs per round instead; the first doorbell after a long
+    /// idle spell waits up to this long.
+    #[arg(long = "idle-sleep-us", value_name = "N", default_value = "1000", value_parser = micros(5000, ""), help_heading = POLL)]
+    pub idle_sleep: Duration,
     /// What both front ends take.
     #[command(flatten)]
     pub common: CommonArgs,
@@ -341,6 +363,7 @@ pub struct FabricFlags {
 }
 
 const FABRIC: &str = "Fabric";
+const POLL: &str = "Polling the UAR pages";
 const SM: &str = "Subnet manager (docs/peers.md)";
 const HEARTBEAT: &str = " (the heartbeat must move every 10 ms)";
 const SM_HELP_NONE: &str = "opensm: Debian's OpenSM as a child process, attached through \
@@ -738,6 +761,7 @@ mod tests {
         let d = vfu::Options::default();
         assert_eq!(node, 0);
         assert_eq!((o.hcr_delay, o.host), (d.hcr_delay, d.host));
+        assert_eq!(o.poll, d.poll);
         let opensm = FabricOptions {
             sm: SmChoice::OpenSm,
             ..*d.fabric

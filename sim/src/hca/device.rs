@@ -177,6 +177,11 @@ pub struct Hca {
     pub clock: Arc<dyn Clock>,
     /// Threaded front end (registers are only polled, reads are invisible).
     pub threaded: bool,
+    /// BAR2 alone is shared memory a front end polls ([`Hca::poll_doorbells`])
+    /// while BAR0 stays trapped (cx3-vfu with the UAR pages mapped into the
+    /// guest): EQ doorbells are taken from it before an EQE is written, as in
+    /// the threaded front ends.
+    pub bar2_polled: bool,
     /// HCR state.
     pub hcr: HcrState,
     /// Ownership semaphore claimed.
@@ -291,6 +296,7 @@ impl Hca {
             bar2,
             clock,
             threaded,
+            bar2_polled: false,
             hcr: HcrState::default(),
             owned: false,
             reset_sem: false,
@@ -1018,6 +1024,13 @@ impl Hca {
         self.poll_list.eqs = eqs;
         self.poll_list.uars = uars;
         active
+    }
+
+    /// The doorbells written to a shared BAR2 since the last pass (a front
+    /// end that polls BAR2 while trapping BAR0: [`Hca::bar2_polled`]),
+    /// taken as [`Hca::poll_shared`] takes them; true if there were any.
+    pub fn poll_doorbells(&mut self) -> bool {
+        self.consume_doorbells()
     }
 
     /// One polling pass over the shared registers; true if anything

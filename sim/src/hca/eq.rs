@@ -100,7 +100,7 @@ impl Hca {
     /// would, its doorbells having landed), not only those the model thread
     /// happened to poll already.
     pub fn post_event(&mut self, eqn: u32, ev: Event) {
-        if self.threaded && self.eqs.contains_key(&eqn) {
+        if (self.threaded || self.bar2_polled) && self.eqs.contains_key(&eqn) {
             let raw = self.bar2.swap_raw(crate::hca::regs::eq_doorbell(eqn), 0);
             if raw != 0 {
                 self.eq_doorbell(eqn, u32::from_be(raw));

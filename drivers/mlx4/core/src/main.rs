@@ -103,6 +103,11 @@ pub fn probe(
             return Err(Error::NoDevice);
         }
     };
+    // The EQs are polled and nothing takes INTx: the function must not
+    // assert it (Linux's `pci_intx(pdev, 0)`, which `pci_intx_for_msi` does
+    // once MSI-X is on). Over vfio-user this also keeps QEMU from turning
+    // the mapped UAR pages back into a trapped BAR at the first interrupt.
+    pdev.set_command_bits(hal::pci::cfg::COMMAND_INTX_DISABLE);
     let cmd = Cmd::new(hcr, clock.clone(), pci);
     let mut hca = Hca {
         pdev: Some(pdev),
@@ -672,10 +677,13 @@ impl Hca {
             if let Some(b) = self.uar_bar.take() {
                 pdev.release_bar(2, b);
             }
-            // pci_disable_device: no more DMA or MMIO decoding.
+            // pci_disable_device: no more DMA or MMIO decoding (and INTx
+            // as it was before the probe).
             if self.enabled_here {
                 pdev.clear_command_bits(
-                    hal::pci::cfg::COMMAND_MASTER | hal::pci::cfg::COMMAND_MEMORY,
+                    hal::pci::cfg::COMMAND_MASTER
+                        | hal::pci::cfg::COMMAND_MEMORY
+                        | hal::pci::cfg::COMMAND_INTX_DISABLE,
                 );
             }
         }

@@ -1,5 +1,6 @@
 //! The interrupts of a vfio-user function: INTx (one eventfd, automasked
-//! until the client unmasks it, as vfio's INTx is) and MSI-X (one eventfd
+//! until the client unmasks it, as vfio's INTx is, and held while the
+//! command register's Interrupt Disable bit is set) and MSI-X (one eventfd
 //! per vector), each raised by a write to its eventfd.
 
 use std::fs::File;
@@ -13,6 +14,9 @@ pub struct Interrupts {
     intx: Option<File>,
     intx_masked: bool,
     intx_pending: bool,
+    /// The command register's Interrupt Disable bit (PCI: the function
+    /// must not assert INTx while it is set).
+    intx_disabled: bool,
     msix: Vec<Option<File>>,
     /// Interrupts delivered (INTx, MSI-X).
     pub delivered: (u64, u64),
@@ -45,7 +49,7 @@ impl Interrupts {
             self.lost += 1;
             return;
         };
-        if self.intx_masked {
+        if self.intx_masked || self.intx_disabled {
             self.intx_pending = true;
         } else if kick(f) {
             self.intx_masked = true;
@@ -78,7 +82,7 @@ impl Interrupts {
             (irq::INTX, IRQ_SET_ACTION_MASK, IRQ_SET_DATA_NONE) => self.intx_masked = true,
             (irq::INTX, IRQ_SET_ACTION_UNMASK, IRQ_SET_DATA_NONE) => {
                 self.intx_masked = false;
-                if core::mem::take(&mut self.intx_pending) {
+                if !self.intx_disabled && core::mem::take(&mut self.intx_pending) {
                     self.raise_intx_now();
                 }
             }
@@ -121,6 +125,18 @@ impl Interrupts {
             }
         }
         Ok(())
+    }
+
+    /// The command register's Interrupt Disable bit as the guest left it:
+    /// INTx raised while it was set is asserted once it clears. (A guest
+    /// that never takes INTx should set it: QEMU's vfio-user client turns
+    /// the mapped BARs back into trapped ones for good at the first INTx,
+    /// to see the guest's acknowledgement.)
+    pub fn set_intx_disabled(&mut self, disabled: bool) {
+        self.intx_disabled = disabled;
+        if !disabled && !self.intx_masked && core::mem::take(&mut self.intx_pending) {
+            self.raise_intx_now();
+        }
     }
 
     fn raise_intx_now(&mut self) {
@@ -183,6 +199,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read(&intx), 1, "pending INTx delivered at unmask");
+        // Interrupt Disable set: held, asserted once it clears.
+        irqs.set(
+            irq::INTX,
+            IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE,
+            0,
+            1,
+            vec![],
+        )
+        .unwrap();
+        irqs.set_intx_disabled(true);
+        irqs.raise(0);
+        assert_eq!(read(&intx), 0, "INTx disabled");
+        irqs.set_intx_disabled(false);
+        assert_eq!(read(&intx), 1, "asserted once enabled");
+        irqs.set(
+            irq::INTX,
+            IRQ_SET_ACTION_UNMASK | IRQ_SET_DATA_NONE,
+            0,
+            1,
+            vec![],
+        )
+        .unwrap();
         let (v0, v3) = (efd(1), efd(2));
         let fds = vec![
             v0.try_clone().unwrap(),

@@ -1,16 +1,20 @@
-//! Guest RAM as a vfio-user device reaches it.
+//! Guest RAM as a vfio-user device reaches it, and the UAR pages the guest maps.
 //!
 //! The client's DMA mappings (`dma_map` with the file of guest RAM, which must be
 //! `share=on`), by I/O virtual address, which is guest-physical (no vIOMMU); an
-//! address outside every mapping is a DMA fault, never a crash.
+//! address outside every mapping is a DMA fault, never a crash. [`UarPages`] is
+//! the other direction: a file of ours the client maps into the guest as BAR2.
 
+use std::any::Any;
 use std::fs::File;
-use std::sync::RwLock;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, RwLock};
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::hca::mem::{DmaFault, DmaFaultKind, HostMemory};
+use crate::hca::regs::RegFile;
 
 /// One `dma_map`: `[iova, iova + len)` is the client's file from `offset`.
 struct DmaRegion {
@@ -129,6 +133,91 @@ impl HostMemory for GuestMemory {
     }
 }
 
+/// BAR2 as memory: an anonymous shared file of the BAR's size that the
+/// client maps into the guest (the vfio-user region's file, from offset 0)
+/// and that is, mapped here too, the model's BAR2 register file. The
+/// guest's doorbells are plain stores into it; the model polls the doorbell
+/// words of its live objects ([`crate::hca::device::Hca::poll_doorbells`]).
+pub struct UarPages {
+    file: File,
+    regs: Arc<RegFile>,
+    len: usize,
+}
+
+impl UarPages {
+    /// A zeroed file of `len` bytes (a multiple of 4 KiB), mapped.
+    pub fn new(len: usize) -> Result<UarPages, String> {
+        if len == 0 || !len.is_multiple_of(4096) {
+            return Err(format!("UAR pages of {len:#x} bytes"));
+        }
+        // SAFETY: creates a new anonymous file; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c"cx3-vfu-bar2".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(format!(
+                "memfd_create for BAR2: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: `fd` was just created and nothing else owns it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len as u64)
+            .map_err(|e| format!("sizing the BAR2 file: {e}"))?;
+        let map = MmapRaw::map_raw(&file).map_err(|e| format!("mapping the BAR2 file: {e}"))?;
+        let ptr = core::ptr::NonNull::new(map.as_mut_ptr().cast::<u32>())
+            .ok_or("mapping the BAR2 file: null")?;
+        let owner: Arc<dyn Any + Send + Sync> = Arc::new(map);
+        // SAFETY: the mapping is page aligned, `len` bytes long and lives as
+        // long as `owner`, which the file holds; this process touches it
+        // only through the register file's atomics, and the other party is
+        // the guest, whose doorbell stores are single aligned dwords or
+        // qwords.
+        let regs = unsafe { RegFile::from_shared(owner, ptr, len / 4) };
+        Ok(UarPages {
+            file,
+            regs: Arc::new(regs),
+            len,
+        })
+    }
+
+    /// The file the client maps (the region's `mmap_fd`).
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// The mapping as the model's register file.
+    pub fn regs(&self) -> Arc<RegFile> {
+        self.regs.clone()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true (`new` refuses an empty file).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Zeroes every page (a reset: doorbells stored before it and not yet
+    /// taken must not be taken after it), giving the memory back.
+    pub fn clear(&self) {
+        // SAFETY: punches a hole in our own file; both mappings then read
+        // zeros there. No memory of this process is passed.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            self.regs.clear(0, self.len);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +259,25 @@ mod tests {
         assert_eq!(back[..8], [7; 8]);
         assert_eq!(m.unmap(0x20_0000, 0x10_0000), 1);
         assert!(m.read(0x20_0000, &mut back[..4]).is_err());
+    }
+
+    #[test]
+    fn uar_pages_are_one_memory_through_the_file_and_the_register_file() {
+        use std::os::unix::fs::FileExt;
+        let u = UarPages::new(0x2000).unwrap();
+        assert!(UarPages::new(0x1001).is_err());
+        // What the client (the guest) stores through its own mapping of the
+        // file is what the register file reads, and the other way round.
+        // SAFETY: `dup` of a descriptor we own; the copy is ours.
+        let dup = unsafe { File::from_raw_fd(libc::dup(u.fd())) };
+        dup.write_all_at(&0x1234_5678u32.to_ne_bytes(), 0x1014)
+            .unwrap();
+        assert_eq!(u.regs().raw(0x1014), 0x1234_5678);
+        u.regs().set_raw(0x20, 7);
+        let mut b = [0u8; 4];
+        dup.read_exact_at(&mut b, 0x20).unwrap();
+        assert_eq!(u32::from_ne_bytes(b), 7);
+        u.clear();
+        assert_eq!((u.regs().raw(0x1014), u.regs().raw(0x20)), (0, 0));
     }
 }

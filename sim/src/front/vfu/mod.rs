@@ -1,21 +1,31 @@
 //! The vfio-user front end behind `cx3-vfu`.
 //!
 //! Serves the model as a real PCI function 15b3:1003 to QEMU's `vfio-user-pci`
-//! client (protocol from the rust-vmm `vfio_user` crate); sparse-mmapped BARs,
-//! vfio-user DMA read/write messages (guest RAM must be shared), migration,
-//! dirty-page tracking and several functions per server are not provided.
+//! client (protocol from the rust-vmm `vfio_user` crate); vfio-user DMA
+//! read/write messages (guest RAM must be shared), migration, dirty-page
+//! tracking and several functions per server are not provided.
 //!
 //! A thin adapter over [`SimHca::new_trapped`]:
 //!
 //! * **config space** (region 7) is the model's [`PciConfig`] (all ones
 //!   while a reset is in progress); sub-dword writes are read-modify-write
 //!   with the status register's write-one-to-clear bits left alone;
-//! * **BAR0** and **BAR2** (regions 0 and 2) are trapped access by access,
-//!   so every read is seen (ownership and reset semaphores, the HCR status
-//!   dword) and the HCR protocol is checked exactly; 64-bit stores go to the
-//!   model as one store (`bar0_write64`: a 64-bit store into the HCR is a
-//!   violation), 1- and 2-byte accesses, which the card's registers do not
-//!   take, are logged and dropped (reads return all ones);
+//! * **BAR0** (region 0) is trapped access by access, so every read is seen
+//!   (ownership and reset semaphores, the HCR status dword) and the HCR
+//!   protocol is checked exactly; 64-bit stores go to the model as one store
+//!   (`bar0_write64`: a 64-bit store into the HCR is a violation), 1- and
+//!   2-byte accesses, which the card's registers do not take, are logged
+//!   and dropped (reads return all ones);
+//! * **BAR2** (region 2, the UAR pages) is by default memory the client maps
+//!   into the guest ([`UarPages`]: the region is mmappable, one sparse area
+//!   over all of it, backed by our file), so a doorbell is a plain store and
+//!   no message; the model polls the doorbell words of its live EQs, CQs
+//!   and QPs as cx3-emu's does ([`Function::poll_uar`], adaptively: spin a
+//!   few µs after work, then nap, 1 ms naps once idle), and takes what is
+//!   there before every BAR0 or config write and before a reset, so a
+//!   doorbell still reaches the model before any command the guest issues
+//!   after it. With `--trap-uar` BAR2 is trapped as BAR0 is (every doorbell
+//!   acted on when its message arrives);
 //! * **DMA**: every `dma_map` maps the client's file (guest RAM, which must be
 //!   `share=on`) and [`GuestMemory`] serves the model's accesses by I/O
 //!   virtual address, which is guest-physical (no vIOMMU); anything outside a
@@ -52,7 +62,7 @@ mod interrupts;
 mod memory;
 
 pub use interrupts::Interrupts;
-pub use memory::GuestMemory;
+pub use memory::{GuestMemory, UarPages};
 
 /// vfio region indices of a PCI device.
 pub mod region {
@@ -95,6 +105,9 @@ pub const CONFIG_SIZE: u64 = 4096;
 // no bindings.
 const REGION_FLAG_READ: u32 = 1 << 0;
 const REGION_FLAG_WRITE: u32 = 1 << 1;
+const REGION_FLAG_MMAP: u32 = 1 << 2;
+/// PCI command register: Interrupt Disable (INTx).
+const PCI_COMMAND_INTX_DISABLE: u32 = 1 << 10;
 const IRQ_INFO_EVENTFD: u32 = 1 << 0;
 const IRQ_INFO_MASKABLE: u32 = 1 << 1;
 const IRQ_INFO_AUTOMASKED: u32 = 1 << 2;
@@ -109,6 +122,30 @@ const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
 /// The regions the server announces: config, BAR0, BAR2, read/write and
 /// trapped; the others are empty.
 pub fn regions() -> Vec<vfio_user::ServerRegion> {
+    regions_with(None)
+}
+
+/// [`regions`], with BAR2 mmappable from `uar` (one sparse area over the
+/// whole BAR, file offset 0) when given: the client maps it into the guest
+/// and sends no message for its accesses.
+pub fn regions_with(uar: Option<&UarPages>) -> Vec<vfio_user::ServerRegion> {
+    let mut r = trapped_regions();
+    if let Some(u) = uar
+        && let Some(bar2) = r.get_mut(region::BAR2 as usize)
+    {
+        bar2.region_info.flags |= REGION_FLAG_MMAP;
+        bar2.sparse_areas = vec![vfio_user::SparseArea {
+            area: vfio_bindings::bindings::vfio::vfio_region_sparse_mmap_area {
+                offset: 0,
+                size: u.len() as u64,
+            },
+        }];
+        bar2.mmap_fd = Some(u.fd());
+    }
+    r
+}
+
+fn trapped_regions() -> Vec<vfio_user::ServerRegion> {
     (0..region::COUNT)
         .map(|index| {
             let size = match index {
@@ -179,7 +216,97 @@ pub struct Options {
     /// `--sm-dir`, `--opensm-args`, `--sockname-file`), parsed by the
     /// same code as cx3-emu's.
     pub fabric: Box<crate::fabric::options::FabricOptions>,
+    /// How the UAR pages reach the model and how often it looks at them.
+    pub poll: PollOptions,
 }
+
+/// BAR2 trapped or mapped, and the pace of the loop that polls the mapped
+/// UAR pages and the fabric (cx3-emu's, `docs/ivshmem.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollOptions {
+    /// BAR2 trapped access by access (`--trap-uar`) instead of mapped.
+    pub trap_uar: bool,
+    /// Spin this long after the last work.
+    pub spin: Duration,
+    /// Spin this long after each piece of work while work keeps coming back
+    /// within this long of a pause (0: off).
+    pub busy_spin: Duration,
+    /// Then sleep this long per round.
+    pub sleep: Duration,
+    /// After this long without work ...
+    pub idle_after: Duration,
+    /// ... sleep this long per round instead.
+    pub idle_sleep: Duration,
+}
+
+impl Default for PollOptions {
+    /// The command line's defaults.
+    fn default() -> PollOptions {
+        PollOptions {
+            trap_uar: false,
+            spin: Duration::from_micros(5),
+            busy_spin: Duration::ZERO,
+            sleep: Duration::from_micros(20),
+            idle_after: Duration::from_millis(100),
+            idle_sleep: Duration::from_millis(1),
+        }
+    }
+}
+
+/// The loop's pace: spin `spin` after work (or `busy_spin` while work
+/// keeps coming back within it), then nap `sleep`, and `idle_sleep` once
+/// nothing has happened for `idle_after`.
+struct Pacer {
+    o: PollOptions,
+    busy_spin: Duration,
+    spin_for: Duration,
+    last_active: Instant,
+}
+
+impl Pacer {
+    fn new(o: &PollOptions) -> Pacer {
+        Pacer {
+            busy_spin: o.busy_spin.max(o.spin),
+            spin_for: o.spin,
+            o: o.clone(),
+            last_active: Instant::now(),
+        }
+    }
+
+    /// A round found work.
+    fn worked(&mut self) {
+        let done = Instant::now();
+        let gap = done.duration_since(self.last_active);
+        if gap > self.busy_spin {
+            self.spin_for = self.o.spin;
+        } else if gap > self.o.spin {
+            self.spin_for = self.busy_spin;
+        }
+        self.last_active = done;
+    }
+
+    /// Spins, yields or sleeps before the next round.
+    fn pause(&self) {
+        let idle = Instant::now().saturating_duration_since(self.last_active);
+        let nap = if idle >= self.o.idle_after {
+            self.o.idle_sleep
+        } else {
+            self.o.sleep
+        };
+        if idle < self.spin_for {
+            core::hint::spin_loop();
+        } else if nap.is_zero() {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap);
+        }
+    }
+}
+
+/// Full rounds of the fleet's loop (the fabric's clock, the SM, every
+/// function's interrupts and reports) come at least this often; the rounds
+/// between them poll the mapped UAR pages only.
+pub const FULL_ROUND_EVERY: Duration = Duration::from_micros(20);
 
 /// Parses `cx3-vfu`'s command line (without the program name;
 /// [`VfuArgs`](crate::front::host::VfuArgs)): the sockets (node 0, 1, ...), the node id of a single
@@ -194,6 +321,14 @@ where
         host: a.common.host,
         hcr_delay: a.hcr_delay,
         fabric: Box::new(a.common.fabric.0),
+        poll: PollOptions {
+            trap_uar: a.trap_uar,
+            spin: a.spin,
+            busy_spin: a.busy_spin,
+            sleep: a.sleep,
+            idle_after: a.idle_after,
+            idle_sleep: a.idle_sleep,
+        },
     };
     Ok((a.sockets, a.node.unwrap_or(0), opts))
 }
@@ -208,8 +343,10 @@ pub struct Counters {
     pub config: AtomicU64,
     /// BAR0 accesses.
     pub bar0: AtomicU64,
-    /// BAR2 accesses.
+    /// BAR2 accesses (messages: none while the guest maps the UAR pages).
     pub bar2: AtomicU64,
+    /// Polls of the mapped UAR pages that took a doorbell.
+    pub uar_polls: AtomicU64,
     /// Accesses the function does not take (size, region).
     pub refused: AtomicU64,
     /// DMA maps that came without a file (not guest RAM: ROM, VGA memory);
@@ -224,6 +361,10 @@ pub struct Function {
     pci: Arc<PciConfig>,
     bar0: Arc<dyn RegisterBackend>,
     bar2: Arc<dyn RegisterBackend>,
+    /// BAR2 as memory the guest maps (`None`: trapped, `--trap-uar`).
+    uar: Option<UarPages>,
+    /// The wire the function's ports are on, if any.
+    wire: Option<crate::Wire>,
     mem: Arc<GuestMemory>,
     /// Interrupt state.
     pub irqs: Mutex<Interrupts>,
@@ -266,7 +407,7 @@ impl Function {
     pub fn new(id: u32, opts: Options, log: Log) -> Arc<Function> {
         let mem = Arc::new(GuestMemory::default());
         let hca = SimHca::new_trapped(function_config(id, &opts), mem.clone());
-        Self::with_hca(id, hca, mem, opts, log)
+        Self::with_hca(id, hca, mem, None, opts, log)
     }
 
     /// A powered-on function for node `id`, its ports those of topology
@@ -291,13 +432,14 @@ impl Function {
             wire,
             [Some(at.ports[0]), Some(at.ports[1])],
         );
-        Self::with_hca(id, hca, mem, opts, log)
+        Self::with_hca(id, hca, mem, Some(wire.clone()), opts, log)
     }
 
     fn with_hca(
         id: u32,
         hca: SimHca,
         mem: Arc<GuestMemory>,
+        wire: Option<crate::Wire>,
         opts: Options,
         log: Log,
     ) -> Arc<Function> {
@@ -308,18 +450,38 @@ impl Function {
         let (Some(bar0), Some(bar2)) = (hca.registers(0), hca.registers(2)) else {
             unreachable!("BAR0 and BAR2 exist")
         };
+        let mut report = Report {
+            log,
+            ..Report::default()
+        };
+        let uar = if opts.poll.trap_uar {
+            None
+        } else {
+            match UarPages::new(BAR2_SIZE as usize) {
+                Ok(u) => {
+                    // The model's BAR2 is the file the guest maps.
+                    let mut h = hca.hca();
+                    h.bar2 = u.regs();
+                    h.bar2_polled = true;
+                    Some(u)
+                }
+                Err(e) => {
+                    report.log.line(format!("node{id}: BAR2 trapped: {e}"));
+                    None
+                }
+            }
+        };
         Arc::new(Function {
             id,
             pci: hca.config_space(),
             hca,
             bar0,
             bar2,
+            uar,
+            wire,
             mem,
             irqs: Mutex::new(Interrupts::default()),
-            report: Mutex::new(Report {
-                log,
-                ..Report::default()
-            }),
+            report: Mutex::new(report),
             opts,
             counters: Counters::default(),
             started: Instant::now(),
@@ -342,6 +504,39 @@ impl Function {
         &self.mem
     }
 
+    /// The UAR pages the guest maps (`None` with `--trap-uar`).
+    pub fn uar_pages(&self) -> Option<&UarPages> {
+        self.uar.as_ref()
+    }
+
+    /// The regions to announce for this function: BAR2 mmappable from
+    /// its UAR pages unless trapped ([`regions_with`]).
+    pub fn regions(&self) -> Vec<vfio_user::ServerRegion> {
+        regions_with(self.uar.as_ref())
+    }
+
+    /// Takes the doorbells the guest stored into the mapped UAR pages since
+    /// the last look (none with `--trap-uar`), then, if there were any,
+    /// settles the wire (the packets they sent, their acknowledgements) and
+    /// services this function and the others, as a trapped doorbell's
+    /// message does; true if there were any.
+    pub fn poll_uar(&self) -> bool {
+        if self.uar.is_none() {
+            return false;
+        }
+        let took = self.hca.hca().poll_doorbells();
+        if took {
+            self.counters.uar_polls.fetch_add(1, Ordering::Relaxed);
+            match &self.wire {
+                Some(w) => w.settle(),
+                None => self.hca.tick(),
+            }
+            self.service();
+            self.service_peers();
+        }
+        took
+    }
+
     /// A config read of `data.len()` bytes at `off`.
     pub fn config_read(&self, off: u64, data: &mut [u8]) -> Result<(), String> {
         self.counters.config.fetch_add(1, Ordering::Relaxed);
@@ -360,6 +555,9 @@ impl Function {
     /// status register's write-one-to-clear bits are not written back).
     pub fn config_write(&self, off: u64, data: &[u8]) -> Result<(), String> {
         self.counters.config.fetch_add(1, Ordering::Relaxed);
+        // Doorbells stored before this write reach the model before it (a
+        // doorbell, then bus mastering off: the work runs first).
+        self.poll_uar();
         let end = off
             .checked_add(data.len() as u64)
             .filter(|e| *e <= CONFIG_SIZE)
@@ -415,6 +613,20 @@ impl Function {
             return Ok(());
         }
         let o = off as usize;
+        if bar == region::BAR2
+            && let Some(u) = &self.uar
+        {
+            self.uar_message(&u.regs(), o, data);
+            return Ok(());
+        }
+        let writes = matches!(data, BarData::Write(_));
+        if writes {
+            // Doorbells the guest stored before this write reach the model
+            // first, as on the card: a command (HW2SW_CQ, 2RST_QP) or a
+            // reset after a doorbell finds the doorbell done.
+            self.poll_uar();
+        }
+        let config_seen = self.pci.changes();
         match data {
             BarData::Read(d) => {
                 for (k, chunk) in d.chunks_exact_mut(4).enumerate() {
@@ -432,9 +644,50 @@ impl Function {
                 regs.write32(o, u32::from_ne_bytes(b));
             }
         }
+        if writes
+            && self.pci.changes() != config_seen
+            && let Some(u) = &self.uar
+        {
+            // A software reset (the only BAR write that moves the config
+            // space) forgets doorbells not yet taken.
+            u.clear();
+        }
         self.service();
         self.service_peers();
         Ok(())
+    }
+
+    /// A BAR2 access that came as a message although the UAR pages are
+    /// mapped (a client that does not map them, or maps part): the store
+    /// lands in the pages as a mapped store would (the next poll takes it),
+    /// the load reads them.
+    fn uar_message(&self, regs: &crate::hca::regs::RegFile, o: usize, data: BarData<'_>) {
+        if !self.pci.memory_enabled() {
+            self.hca.hca().violation(format!(
+                "BAR2 access at {o:#x} with memory decoding disabled"
+            ));
+            if let BarData::Read(d) = data {
+                d.fill(0xff);
+            }
+            return;
+        }
+        match data {
+            BarData::Read(d) => {
+                for (k, chunk) in d.chunks_exact_mut(4).enumerate() {
+                    chunk.copy_from_slice(&regs.raw(o + 4 * k).to_ne_bytes());
+                }
+            }
+            BarData::Write(d) => {
+                // The high dword first: a CQ doorbell's consumer index is in
+                // place when the poll swaps its command dword.
+                for (k, chunk) in d.chunks_exact(4).enumerate().rev() {
+                    let mut b = [0u8; 4];
+                    b.copy_from_slice(chunk);
+                    regs.set_raw(o + 4 * k, u32::from_ne_bytes(b));
+                }
+            }
+        }
+        self.poll_uar();
     }
 
     /// Services the other functions on the fabric (see `peers`).
@@ -472,8 +725,12 @@ impl Function {
         if r.eq_seen.len() != eqs.len() {
             r.eq_seen.retain(|n, _| eqs.iter().any(|(e, _, _)| e == n));
         }
-        if !raise.is_empty() {
+        {
+            // The command register's Interrupt Disable bit (all ones during
+            // a reset: disabled).
+            let intx_disabled = self.pci.read32(4) & PCI_COMMAND_INTX_DISABLE != 0;
             let mut irqs = self.irqs.lock().unwrap_or_else(|e| e.into_inner());
+            irqs.set_intx_disabled(intx_disabled);
             for v in raise {
                 irqs.raise(v);
             }
@@ -544,9 +801,20 @@ impl Function {
     /// firmware, objects, ownership), config space restored at once, every
     /// interrupt disabled.
     pub fn reset(&self) {
-        self.hca.function_reset();
-        self.irqs.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        // Doorbells stored before the reset were the card's; taken first,
+        // then forgotten with everything else.
+        self.poll_uar();
+        // The rest under the report lock, which `service` holds throughout:
+        // another function's thread servicing this one must not find it
+        // half reset (the command register cleared, so INTx no longer
+        // disabled, while the interrupts still hold the client's eventfds
+        // and a held INTx).
         let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        self.hca.function_reset();
+        if let Some(u) = &self.uar {
+            u.clear();
+        }
+        self.irqs.lock().unwrap_or_else(|e| e.into_inner()).reset();
         r.eq_seen.clear();
         self.report_locked(&mut r);
     }
@@ -560,13 +828,20 @@ impl Function {
         let pct = if wall > 0.0 { 100.0 * cpu / wall } else { 0.0 };
         format!(
             "node{}: commands {c}, violations {v}, DMA faults {d}\n\
-             node{}: accesses: config {}, BAR0 {}, BAR2 {}, refused {}; interrupts: INTx {}, MSI-X {}, lost {}\n\
+             node{}: accesses: config {}, BAR0 {}, BAR2 {} ({}), refused {}; interrupts: INTx {}, MSI-X {}, lost {}\n\
              total: CPU {cpu:.3} s over {wall:.3} s wall ({pct:.1}%)\n",
             self.id,
             self.id,
             self.counters.config.load(Ordering::Relaxed),
             self.counters.bar0.load(Ordering::Relaxed),
             self.counters.bar2.load(Ordering::Relaxed),
+            match &self.uar {
+                Some(_) => format!(
+                    "mapped: {} polls took doorbells",
+                    self.counters.uar_polls.load(Ordering::Relaxed)
+                ),
+                None => "trapped".into(),
+            },
             self.counters.refused.load(Ordering::Relaxed),
             irqs.delivered.0,
             irqs.delivered.1,
@@ -684,7 +959,8 @@ pub enum Exit {
 
 /// Serves `f` on `server` until the client goes, `stop` is set, or the
 /// watched processes are gone. The connection runs on its own thread; this
-/// one watches and services the function every 10 ms.
+/// one polls the mapped UAR pages (paced as [`Fleet::serve`]), and watches
+/// and services the function every 10 ms.
 pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) -> Exit {
     let done = Arc::new(AtomicBool::new(false));
     let (f2, d2) = (f.clone(), done.clone());
@@ -707,6 +983,9 @@ pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) ->
         return Exit::ClientGone;
     }
     let parent = std::os::unix::process::parent_id();
+    set_timer_slack_1ns();
+    let mut pacer = Pacer::new(&f.opts.poll);
+    let mut next_check = Instant::now();
     loop {
         if stop.load(Ordering::Acquire) {
             return Exit::Stopped;
@@ -715,16 +994,27 @@ pub fn serve(f: &Arc<Function>, server: vfio_user::Server, stop: &AtomicBool) ->
             f.service();
             return Exit::ClientGone;
         }
-        if f.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent {
-            return Exit::ParentGone;
+        if f.poll_uar() {
+            pacer.worked();
         }
-        if !f.opts.host.watch_pids.is_empty()
-            && f.opts.host.watch_pids.iter().all(|p| !pid_alive(*p))
-        {
-            return Exit::PidsGone;
+        let now = Instant::now();
+        if now >= next_check {
+            next_check = now + Duration::from_millis(10);
+            if f.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                return Exit::ParentGone;
+            }
+            if !f.opts.host.watch_pids.is_empty()
+                && f.opts.host.watch_pids.iter().all(|p| !pid_alive(*p))
+            {
+                return Exit::PidsGone;
+            }
+            f.service();
         }
-        f.service();
-        std::thread::sleep(Duration::from_millis(10));
+        if f.uar.is_some() {
+            pacer.pause();
+        } else {
+            std::thread::sleep(next_check.saturating_duration_since(now));
+        }
     }
 }
 
@@ -850,8 +1140,10 @@ impl Fleet {
     /// Serves one function per server (node i on `servers[i]`) until every
     /// client has gone, `stop` is set, or the watched processes are gone;
     /// then stops OpenSM. Each connection runs on its own thread; this one
-    /// polls the fabric (20 µs rounds while busy, 1 ms once idle for
-    /// 100 ms).
+    /// polls the mapped UAR pages and the fabric at the pace of
+    /// [`PollOptions`] (spin 5 µs after work, then 20 µs naps, 1 ms naps
+    /// once idle for 100 ms; a full round at most every
+    /// [`FULL_ROUND_EVERY`]).
     pub fn serve(&mut self, servers: Vec<vfio_user::Server>, stop: &AtomicBool) -> Exit {
         set_timer_slack_1ns();
         let mut done = Vec::new();
@@ -881,19 +1173,31 @@ impl Fleet {
             }
         }
         let parent = std::os::unix::process::parent_id();
-        let mut last_active = Instant::now();
+        let mut pacer = Pacer::new(&self.opts.poll);
         let mut next_check = Instant::now();
+        let mut next_full = Instant::now();
         let why = loop {
             if stop.load(Ordering::Acquire) {
                 break Exit::Stopped;
             }
-            if self.poll_round() {
-                last_active = Instant::now();
+            // Light rounds: the mapped UAR pages of every function (a
+            // doorbell's work, its packets and interrupts are done within
+            // the round that finds it); full rounds every FULL_ROUND_EVERY.
+            let mut active = false;
+            for f in &self.functions {
+                active |= f.poll_uar();
+            }
+            let now = Instant::now();
+            if now >= next_full {
+                next_full = now + FULL_ROUND_EVERY;
+                active |= self.poll_round();
+            }
+            if active {
+                pacer.worked();
             }
             if done.iter().all(|d| d.load(Ordering::Acquire)) {
                 break Exit::ClientGone;
             }
-            let now = Instant::now();
             if now >= next_check {
                 next_check = now + Duration::from_millis(20);
                 if self.opts.host.exit_with_parent && std::os::unix::process::parent_id() != parent
@@ -906,12 +1210,7 @@ impl Fleet {
                     break Exit::PidsGone;
                 }
             }
-            let idle = now.duration_since(last_active);
-            std::thread::sleep(if idle >= Duration::from_millis(100) {
-                Duration::from_millis(1)
-            } else {
-                Duration::from_micros(20)
-            });
+            pacer.pause();
         };
         self.stop_sm();
         for f in &self.functions {
@@ -1092,6 +1391,25 @@ mod tests {
             opts.fabric.opensm_args,
             Some(vec!["-s".to_string(), "3".to_string()])
         );
+        assert_eq!(opts.poll, PollOptions::default(), "UAR pages mapped");
+        // The UAR pages trapped, and the polling pace (cx3-emu's options).
+        let Ok((_, _, opts)) = args(
+            "--socket a --trap-uar --spin-us 0 --busy-spin-us 50 --sleep-us 100 \
+             --idle-after-ms 7 --idle-sleep-us=300",
+        ) else {
+            panic!("parses");
+        };
+        assert_eq!(
+            opts.poll,
+            PollOptions {
+                trap_uar: true,
+                spin: Duration::ZERO,
+                busy_spin: Duration::from_micros(50),
+                sleep: Duration::from_micros(100),
+                idle_after: Duration::from_millis(7),
+                idle_sleep: Duration::from_micros(300),
+            }
+        );
         let Ok((_, _, opts)) = args("--socket a --embedded-sm") else {
             panic!("parses");
         };
@@ -1114,6 +1432,8 @@ mod tests {
             "--socket x --sm none --embedded-sm",
             "--socket x --sm-dir",
             "--socket x --latency soon",
+            "--socket x --idle-sleep-us 6000",
+            "--socket x --trap-uar=1",
         ] {
             assert!(args(bad).is_err(), "{bad:?} must be refused");
         }
