@@ -347,8 +347,9 @@ impl Client {
     /// turn at it ([`cma::net_poll`]), as the attempt waits. Attempts that
     /// fail (no route yet, no ARP answer, no path, rejected, unanswered)
     /// are made again after [`CONNECT_PAUSE`] until `connect_timeout`, as
-    /// by LID; the last attempt's error is returned
-    /// ([`Error::ConnectIp`], which says what failed).
+    /// by LID; the last attempt's error is returned, or the one before it
+    /// when the deadline cut the last one short ([`Error::ConnectIp`],
+    /// which says what failed).
     pub fn connect_ip(
         core: &mut IbCore,
         cma: ClientId,
@@ -361,6 +362,10 @@ impl Client {
         // moved back to RESET) from one attempt to the next.
         let mut client: Option<Client> = None;
         let mut retries = 0u64;
+        // The previous attempt's error: an attempt the deadline cut short
+        // says less than the one before it (an ARP wait ended by the
+        // deadline after a port that refused the REQ).
+        let mut prev: Option<Error> = None;
         loop {
             let r = Self::ip_attempt(core, cma, net, dst, cfg, &mut client, deadline);
             let r = r.and_then(|()| match client.as_mut() {
@@ -387,6 +392,7 @@ impl Client {
                     if deadline.remaining(core.clock()) > CONNECT_PAUSE =>
                 {
                     log::debug!("rmem: connecting to {dst}: {e}; trying again");
+                    prev = Some(e);
                     retries += 1;
                     let pause = Deadline::after(core.clock(), CONNECT_PAUSE);
                     while !pause.expired(core.clock()) {
@@ -414,7 +420,12 @@ impl Client {
                     if let Some(c) = client.take() {
                         c.destroy(core);
                     }
-                    return Err(e);
+                    let cut =
+                        matches!(e, Error::ConnectIp { .. }) && deadline.expired(core.clock());
+                    return Err(match prev {
+                        Some(p) if cut => p,
+                        _ => e,
+                    });
                 }
             }
         }

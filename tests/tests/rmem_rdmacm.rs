@@ -334,6 +334,7 @@ fn rmem_client_reaches_a_memory_node_by_ip_through_the_rdma_cm() {
         "{msg}"
     );
     assert!(took < Duration::from_secs(8), "{took:?}: {msg}");
+    eprintln!("port 9: {msg} after {took:?}");
 
     srv.close(&mut b.g.core).unwrap();
     a.teardown();
