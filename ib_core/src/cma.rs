@@ -4,7 +4,8 @@
 //! local route (`cma_resolve_iboe_route`; the seam is [`crate::addr::IpNet`],
 //! where an Ethernet port's link answers with its own device type), the
 //! `rdma_ucm` user interface, network namespaces, ECE, `rdma_set_option`
-//! beyond the two CM timings ([`set_cm_timeout`]), reuse of a bound
+//! beyond the two CM timings ([`set_cm_timeout`]) and the ACK timeout
+//! ([`set_ack_timeout`]), reuse of a bound
 //! address, and the per-device listen-on-every-device IDs (one ID listens
 //! on every device here).
 //!
@@ -456,6 +457,8 @@ struct IdPriv {
     listens: Vec<(DeviceId, u64)>,
     cm_timeout: u8,
     max_cm_retries: u8,
+    /// `rdma_set_ack_timeout`: the bound on the QP's local ACK timeout.
+    ack_timeout: Option<u8>,
     events: VecDeque<RdmaCmEvent>,
 }
 
@@ -615,6 +618,7 @@ impl Cma {
             listens: Vec::new(),
             cm_timeout: CMA_CM_RESPONSE_TIMEOUT,
             max_cm_retries: CMA_MAX_CM_RETRIES,
+            ack_timeout: None,
             events: VecDeque::new(),
         });
         self.ids.len() - 1
@@ -999,6 +1003,38 @@ pub fn set_cm_timeout(
     })
 }
 
+/// `rdma_set_ack_timeout`: the local ACK timeout (4.096 us * 2^`timeout`)
+/// of the ID's RC QP, which with the retry count bounds how long a silent
+/// peer takes to be noticed. Here the IB CM drives the QP and gives it the
+/// path's packet life time + 1, so [`connect`] lowers the packet life time
+/// in the REQ's path to `timeout - 1` when the SA's is longer: the ACK
+/// timeout is then at most `timeout` (Linux sets it exactly, through
+/// `rdma_init_qp_attr`). RC only (`-EINVAL`).
+#[doc(alias = "rdma_set_ack_timeout")]
+pub fn set_ack_timeout(core: &mut IbCore, cma: ClientId, id: RdmaCmId, timeout: u8) -> Result<()> {
+    st_id(core, cma, id, |_, st, i| {
+        if st.ids[i].qp_type != QpType::Rc {
+            return Err(Error::Invalid("rdma_set_ack_timeout on a UD ID"));
+        }
+        st.ids[i].ack_timeout = Some(timeout.clamp(1, 31));
+        Ok(())
+    })
+}
+
+/// `rdma_notify` with `IB_EVENT_COMM_EST`: data arrived on the ID's QP
+/// before the RTU (lost, or not processed yet), so the connection is
+/// established now; [`RdmaCmEventType::Established`] follows.
+#[doc(alias = "rdma_notify")]
+pub fn notify(core: &mut IbCore, cma: ClientId, id: RdmaCmId) -> Result<()> {
+    let (cm, cm_id) = st_id(core, cma, id, |_, st, i| {
+        Ok((
+            st.cm,
+            st.ids[i].cm_id.ok_or(Error::Invalid("not connected"))?,
+        ))
+    })?;
+    cm::notify(core, cm, cm_id)
+}
+
 /// `rdma_connect`: on a resolved route, a REQ (RC) or a SIDR_REQ (UD) with
 /// the cma header and `param`'s private data. The answer comes as
 /// [`RdmaCmEventType::Established`] (the QP in RTS, or for UD the peer's
@@ -1017,7 +1053,11 @@ pub fn connect(
         if p.state != RdmaCmState::RouteResolved {
             return Err(Error::Invalid("rdma_connect before the route is resolved"));
         }
-        let path = p.path.ok_or(Error::Invalid("no route"))?;
+        let mut path = p.path.ok_or(Error::Invalid("no route"))?;
+        if let Some(t) = p.ack_timeout {
+            // The IB CM gives the QP the path's packet life time + 1.
+            path.packet_life_time = path.packet_life_time.min(t.saturating_sub(1));
+        }
         let (dev, port) = p.port.ok_or(Error::NoDev)?;
         let sid = service_id(p.ps, p.dst.port());
         let mut pd = CmaHdr::ipv4(p.src, p.dst).pack().to_vec();

@@ -89,14 +89,19 @@ const IPOIB_CHECK_US: u64 = 100_000;
 /// stack (it takes its `ip=` addresses). A port whose link cannot be made
 /// is logged and left.
 pub fn attach_ipoib(s: &mut NetStack, ib: &mut crate::hca::Ib) {
+    attach_ipoib_ports(s, &mut ib.core, ib.ipoib);
+}
+
+/// [`attach_ipoib`] with ib_core and the IPoIB client given apart.
+fn attach_ipoib_ports(s: &mut NetStack, core: &mut IbCore, ipoib_client: ib_core::ClientId) {
     let now = now_us();
     if now < IPOIB_NEXT_US.load(Ordering::Relaxed) {
         return;
     }
     IPOIB_NEXT_US.store(now + IPOIB_CHECK_US, Ordering::Relaxed);
-    for p in ipoib::ports_ready(&mut ib.core, ib.ipoib) {
-        let dev = ib.core.device(p.dev).map_or("?", |d| d.name()).to_string();
-        match ipoib::IpoibDev::open(&mut ib.core, ib.ipoib, &p, ipoib::Config::default()) {
+    for p in ipoib::ports_ready(core, ipoib_client) {
+        let dev = core.device(p.dev).map_or("?", |d| d.name()).to_string();
+        match ipoib::IpoibDev::open(core, ipoib_client, &p, ipoib::Config::default()) {
             Ok(link) => match s.add_link(&p.name, Box::new(link)) {
                 Ok(id) => log::info!(
                     "{}: {dev} port {}: registered with the IP stack as link {}",
@@ -109,10 +114,7 @@ pub fn attach_ipoib(s: &mut NetStack, ib: &mut crate::hca::Ib) {
             Err(e) => log::error!("{}: {dev} port {}: no IPoIB link: {e}", p.name, p.port),
         }
     }
-    if ipoib::ports(&mut ib.core, ib.ipoib)
-        .iter()
-        .all(|p| p.opened)
-    {
+    if ipoib::ports(core, ipoib_client).iter().all(|p| p.opened) {
         IPOIB_NEXT_US.store(u64::MAX, Ordering::Relaxed);
     }
 }
@@ -158,6 +160,60 @@ pub fn with_rdma_net<R>(
     with(|s, core| {
         let mut n = ipoib::rdma_net::StackNet::new(s, &stack_now);
         f(&mut n, core)
+    })
+}
+
+/// The stack lent to the RDMA CM by a console command that holds it and
+/// the adapters for long (`rmem serve`, connecting to memory nodes by IP
+/// address): the progress loop cannot poll them meanwhile, so each of the
+/// command's own polls ([`IpNet::poll`]) does what the loop would, IPoIB
+/// links of ports that came up included (a memory node that serves from
+/// boot, before its port trained, still gets its `ib0` and answers ARP).
+pub struct CommandNet<'a> {
+    net: ipoib::rdma_net::StackNet<'a>,
+    ipoib: ib_core::ClientId,
+}
+
+impl ib_core::addr::IpNet for CommandNet<'_> {
+    fn route(
+        &mut self,
+        src: Option<core::net::Ipv4Addr>,
+        dst: core::net::Ipv4Addr,
+    ) -> ib_core::Result<ib_core::addr::IpRoute> {
+        self.net.route(src, dst)
+    }
+    fn netdevs(&self, f: &mut dyn FnMut(&ib_core::addr::NetDev)) {
+        self.net.netdevs(f);
+    }
+    fn neigh(
+        &mut self,
+        core: &mut IbCore,
+        ifindex: u32,
+        ip: core::net::Ipv4Addr,
+        start: bool,
+    ) -> ib_core::Result<Option<ib_core::addr::DevAddrBytes>> {
+        self.net.neigh(core, ifindex, ip, start)
+    }
+    fn poll(&mut self, core: &mut IbCore) {
+        attach_ipoib_ports(self.net.stack, core, self.ipoib);
+        self.net.poll(core);
+    }
+}
+
+/// Runs `f` with the stack lent as a [`CommandNet`] and the adapters (NET,
+/// then the adapters: the order of [`with`]); `None` before [`init`] or
+/// without an adapter.
+pub fn with_command_net<R>(
+    f: impl FnOnce(&mut CommandNet<'_>, &mut crate::hca::Ib) -> R,
+) -> Option<R> {
+    let mut g = NET.lock();
+    let s = g.as_mut()?;
+    crate::hca::with(|ib| {
+        let mut n = CommandNet {
+            net: ipoib::rdma_net::StackNet::new(s, &stack_now),
+            ipoib: ib.ipoib,
+        };
+        f(&mut n, ib)
     })
 }
 

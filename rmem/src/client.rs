@@ -1,7 +1,7 @@
 //! The compute node's side of rmem.
 //!
 //! The compute node's side: one RC connection to a memory node (made by the
-//! CM), the RPC (hello/alloc/free over SEND with immediate) and RDMA
+//! IB CM to a LID or port GID, or by the RDMA CM to an IPv4 address), the RPC (hello/alloc/free over SEND with immediate) and RDMA
 //! READ/WRITE with a window of K requests in flight, completions
 //! busy-polled (LITE's `lite_read`/`lite_write` and LegoOS FIT's RPC in
 //! spirit); leaves out reconnecting and sharing one QP between threads.
@@ -11,10 +11,13 @@
 //! [`Client::write_async`], [`Client::poll`]) allocates nothing.
 
 use alloc::vec::Vec;
+use core::net::SocketAddrV4;
 use core::time::Duration;
 
 use hal::{BusAddr, Deadline, DmaBuf};
+use ib_core::addr::IpNet;
 use ib_core::cm::{self, CmId, CmReqParam};
+use ib_core::cma::{self, PortSpace, RdmaCmEvent, RdmaCmEventType, RdmaCmId, RdmaConnParam};
 use ib_core::sa_query::{self, PathRecord};
 use ib_core::verbs::{
     AccessFlags, Cq, CqInitAttr, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpCreateFlags,
@@ -34,6 +37,9 @@ const RX_DEPTH: usize = 4;
 const RPC_WRID: u64 = 1 << 63;
 /// Pause between two attempts of [`Client::connect`].
 pub const CONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// `rdma_resolve_addr`'s and `rdma_resolve_route`'s timeouts of one
+/// attempt by IP address (less when the connect deadline is nearer).
+const RESOLVE_MS: u32 = 2000;
 
 /// How a client connects and what it may have in flight.
 #[derive(Debug, Clone, Copy)]
@@ -154,6 +160,8 @@ pub struct Completion {
 pub struct Client {
     dev: DeviceId,
     id: Option<(ClientId, CmId)>,
+    /// The RDMA CM's ID of a connection made by IP address.
+    rid: Option<(ClientId, RdmaCmId)>,
     pd: Pd,
     scq: Cq,
     rcq: Cq,
@@ -282,6 +290,9 @@ impl Client {
         if let Some((cm, id)) = self.id.take() {
             let _ = cm::destroy_id(core, cm, id);
         }
+        if let Some((cma, id)) = self.rid.take() {
+            let _ = cma::destroy_id(core, cma, id);
+        }
         if let Some(d) = core.device_mut(self.dev) {
             let mut wc = [Wc::default(); RX_DEPTH];
             for cq in [self.scq, self.rcq] {
@@ -325,6 +336,217 @@ impl Client {
             cm::connect(core, cm, self.dev, cfg.port, &p, timeout).map_err(Error::Connect)?;
         self.id = Some((cm, id));
         Ok(())
+    }
+
+    /// [`Client::connect`] by IPv4 address and port (the memory node's
+    /// [`crate::IP_PORT`] unless it serves another) through the RDMA CM: the
+    /// address resolved by IPoIB ARP, the route by the SA, then the RDMA
+    /// CM's REQ (TCP port space, the cma header), and HELLO as on every
+    /// connection. The QP is made on the device and port the address
+    /// resolves to. `net` is the IP stack: it is polled, with the RDMA CM's
+    /// turn at it ([`cma::net_poll`]), as the attempt waits. Attempts that
+    /// fail (no route yet, no ARP answer, no path, rejected, unanswered)
+    /// are made again after [`CONNECT_PAUSE`] until `connect_timeout`, as
+    /// by LID; the last attempt's error is returned, or the one before it
+    /// when the deadline cut the last one short ([`Error::ConnectIp`],
+    /// which says what failed).
+    pub fn connect_ip(
+        core: &mut IbCore,
+        cma: ClientId,
+        net: &mut dyn IpNet,
+        dst: SocketAddrV4,
+        cfg: ClientConfig,
+    ) -> Result<Client> {
+        let deadline = Deadline::after(core.clock(), cfg.connect_timeout);
+        // Made once the address says which device and port; kept (its QP
+        // moved back to RESET) from one attempt to the next.
+        let mut client: Option<Client> = None;
+        let mut retries = 0u64;
+        // The previous attempt's error: an attempt the deadline cut short
+        // says less than the one before it (an ARP wait ended by the
+        // deadline after a port that refused the REQ).
+        let mut prev: Option<Error> = None;
+        loop {
+            let r = Self::ip_attempt(core, cma, net, dst, cfg, &mut client, deadline);
+            let r = r.and_then(|()| match client.as_mut() {
+                Some(c) => match c.hello(core) {
+                    Err(Error::TimedOut(_) | Error::Unreachable(_) | Error::Completion(_))
+                        if deadline.remaining(core.clock()) > CONNECT_PAUSE =>
+                    {
+                        c.forget_attempt(core);
+                        Err(Error::Connect(ib_core::Error::Invalid("no reply to HELLO")))
+                    }
+                    other => other,
+                },
+                None => Err(Error::Protocol("no connection")),
+            });
+            match r {
+                Ok(()) => {
+                    let Some(mut c) = client else {
+                        return Err(Error::Protocol("no connection"));
+                    };
+                    c.stats.retries = retries;
+                    return Ok(c);
+                }
+                Err(e @ (Error::Connect(_) | Error::ConnectIp { .. }))
+                    if deadline.remaining(core.clock()) > CONNECT_PAUSE =>
+                {
+                    log::debug!("rmem: connecting to {dst}: {e}; trying again");
+                    prev = Some(e);
+                    retries += 1;
+                    let pause = Deadline::after(core.clock(), CONNECT_PAUSE);
+                    while !pause.expired(core.clock()) {
+                        pump(core, cma, net);
+                        core.clock().relax();
+                    }
+                    if let Some(c) = client.as_mut() {
+                        let reset = QpAttr {
+                            qp_state: QpState::Reset,
+                            ..QpAttr::default()
+                        };
+                        let r = dev(core, c.dev).and_then(|d| {
+                            d.modify_qp(c.qp, &reset, QpAttrMask::STATE)
+                                .map_err(Error::from)
+                        });
+                        if let Err(e) = r {
+                            if let Some(c) = client.take() {
+                                c.destroy(core);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(c) = client.take() {
+                        c.destroy(core);
+                    }
+                    let cut =
+                        matches!(e, Error::ConnectIp { .. }) && deadline.expired(core.clock());
+                    return Err(match prev {
+                        Some(p) if cut => p,
+                        _ => e,
+                    });
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`Client::connect_ip`]: a new RDMA CM ID, resolve the
+    /// address, the route, make the client (or keep the one made) on the
+    /// resolved device and port, connect; the ID is the client's once
+    /// established, destroyed otherwise.
+    fn ip_attempt(
+        core: &mut IbCore,
+        cma: ClientId,
+        net: &mut dyn IpNet,
+        dst: SocketAddrV4,
+        cfg: ClientConfig,
+        client: &mut Option<Client>,
+        deadline: Deadline,
+    ) -> Result<()> {
+        let id = cma::create_id(core, cma, PortSpace::Tcp).map_err(Error::Connect)?;
+        let refused = |e: ib_core::Error| Error::ConnectIp {
+            dst,
+            event: None,
+            status: e.to_errno(),
+        };
+        let failed = |ev: &RdmaCmEvent| Error::ConnectIp {
+            dst,
+            event: Some(ev.event),
+            status: ev.status,
+        };
+        let ms = |core: &IbCore| {
+            let left = deadline.remaining(core.clock()).as_millis();
+            u32::try_from(left).unwrap_or(u32::MAX).clamp(1, RESOLVE_MS)
+        };
+        let r = (|| {
+            // Interactive: a silent memory node fails the attempt within
+            // seconds, not after Linux's minute of CM retries; the QP's ACK
+            // timeout at most `ack_timeout`, as on connections by LID.
+            cma::set_cm_timeout(core, cma, id, 16, 3).map_err(refused)?;
+            cma::set_ack_timeout(core, cma, id, cfg.ack_timeout).map_err(refused)?;
+            let t = ms(core);
+            cma::resolve_addr(core, cma, net, id, None, dst, t).map_err(refused)?;
+            let ev = wait_ip(
+                core,
+                cma,
+                net,
+                id,
+                deadline,
+                RdmaCmEventType::AddrError,
+                dst,
+            )?;
+            if ev.event != RdmaCmEventType::AddrResolved {
+                return Err(failed(&ev));
+            }
+            let t = ms(core);
+            cma::resolve_route(core, cma, id, t).map_err(refused)?;
+            let ev = wait_ip(
+                core,
+                cma,
+                net,
+                id,
+                deadline,
+                RdmaCmEventType::RouteError,
+                dst,
+            )?;
+            if ev.event != RdmaCmEventType::RouteResolved {
+                return Err(failed(&ev));
+            }
+            let (dev_id, port) = cma::query(core, cma, id)
+                .map_err(refused)?
+                .port
+                .ok_or_else(|| refused(ib_core::Error::NoDev))?;
+            if client
+                .as_ref()
+                .is_some_and(|c| c.dev != dev_id || c.cfg.port != port)
+                && let Some(c) = client.take()
+            {
+                c.destroy(core);
+            }
+            let c = match client {
+                Some(c) => c,
+                None => client.insert(Self::create(core, dev_id, ClientConfig { port, ..cfg })?),
+            };
+            cma::set_qp(core, cma, id, c.qp).map_err(refused)?;
+            let retry = cfg.retry_count.min(7);
+            let param = RdmaConnParam {
+                responder_resources: 4,
+                initiator_depth: 4,
+                retry_count: retry,
+                rnr_retry_count: retry,
+                ..RdmaConnParam::default()
+            };
+            cma::connect(core, cma, id, &param).map_err(refused)?;
+            loop {
+                let ev = wait_ip(
+                    core,
+                    cma,
+                    net,
+                    id,
+                    deadline,
+                    RdmaCmEventType::Unreachable,
+                    dst,
+                )?;
+                match ev.event {
+                    RdmaCmEventType::Established => break Ok(()),
+                    RdmaCmEventType::ConnectResponse => continue,
+                    _ => break Err(failed(&ev)),
+                }
+            }
+        })();
+        match r {
+            Ok(()) => {
+                if let Some(c) = client.as_mut() {
+                    c.rid = Some((cma, id));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let _ = cma::destroy_id(core, cma, id);
+                Err(e)
+            }
+        }
     }
 
     /// Connects over a known path (the CM drives the QP to RTS).
@@ -423,6 +645,7 @@ impl Client {
         Ok(Client {
             dev: dev_id,
             id: None,
+            rid: None,
             pd,
             scq,
             rcq,
@@ -517,6 +740,9 @@ impl Client {
         if let Some((cm, id)) = self.id {
             let _ = cm::destroy_id(core, cm, id);
         }
+        if let Some((cma, id)) = self.rid {
+            let _ = cma::destroy_id(core, cma, id);
+        }
         if let Some(d) = core.device_mut(self.dev) {
             let _ = d.destroy_qp(self.qp);
             let _ = d.destroy_cq(self.scq);
@@ -554,6 +780,12 @@ impl Client {
     /// The configuration.
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
+    }
+
+    /// The device the connection runs on (for a connection by IP address,
+    /// the one the address resolved to).
+    pub fn device(&self) -> DeviceId {
+        self.dev
     }
 
     fn post_rpc_recv(&mut self, core: &mut IbCore, i: usize) -> Result<()> {
@@ -1022,8 +1254,49 @@ impl Client {
             let _ = cm::send_dreq(core, cm, id, &[]);
             let _ = cm::wait_event(core, cm, id, Duration::from_millis(500));
         }
+        if let Some((cma, id)) = self.rid {
+            // rdma_disconnect, and the DREP waited for as above.
+            if cma::disconnect(core, cma, id).is_ok() {
+                let _ = cma::wait_cm_event(core, cma, id, Duration::from_millis(500));
+            }
+        }
         dev(core, self.dev)?;
         self.destroy(core);
         Ok(())
+    }
+}
+
+/// One turn of everything an attempt by IP address waits on: ib_core, the
+/// IP stack (ARP replies), the RDMA CM's turn at it.
+fn pump(core: &mut IbCore, cma: ClientId, net: &mut dyn IpNet) {
+    core.poll();
+    net.poll(core);
+    cma::net_poll(core, cma, net);
+}
+
+/// The next RDMA CM event of `id`, everything pumped meanwhile; past
+/// `deadline`, the error of `late` with `-ETIMEDOUT`.
+fn wait_ip(
+    core: &mut IbCore,
+    cma: ClientId,
+    net: &mut dyn IpNet,
+    id: RdmaCmId,
+    deadline: Deadline,
+    late: RdmaCmEventType,
+    dst: SocketAddrV4,
+) -> Result<RdmaCmEvent> {
+    loop {
+        if let Some(ev) = cma::get_cm_event(core, cma, id) {
+            return Ok(ev);
+        }
+        if deadline.expired(core.clock()) {
+            return Err(Error::ConnectIp {
+                dst,
+                event: Some(late),
+                status: -ib_core::error::errno::ETIMEDOUT,
+            });
+        }
+        pump(core, cma, net);
+        core.clock().relax();
     }
 }

@@ -5,6 +5,8 @@
 //! through MTTs with an rkey scoped to it; compute nodes ([`Client`]) connect with
 //! the CM, allocate and free chunks over a small RPC ([`proto`]) and read and write
 //! them with RDMA READ/WRITE, many requests in flight, completions busy-polled.
+//! A memory node is reached by LID or port GUID through the IB CM, or by IPv4
+//! address through the RDMA CM (TCP port space, port [`IP_PORT`]).
 //! Leaves out: paging integration (who maps the fetched page), replication,
 //! multiple regions per node, memory windows.
 //!
@@ -32,7 +34,9 @@ pub use server::{Server, ServerConfig, ServerStats};
 pub use stats::{Percentiles, Stats};
 
 use core::fmt;
+use core::net::SocketAddrV4;
 
+use ib_core::cma::RdmaCmEventType;
 use ib_core::verbs::{Qp, RecvWr, SendFlags, SendWr, Sge, WcStatus, WrOpcode};
 use ib_core::{Device, DeviceId, IbCore};
 
@@ -40,6 +44,10 @@ use ib_core::{Device, DeviceId, IbCore};
 /// locally administered range has the top byte 0x02... we use a private
 /// value as ib_srp/ib_ipoib do for theirs).
 pub const SERVICE_ID: u64 = 0x0000_4c45_474f_524d;
+
+/// The memory node's port in the RDMA CM's TCP port space (service ID
+/// `0x0000000001060000 | port`): 21069, `0x524d`, the RPC's magic "RM".
+pub const IP_PORT: u16 = 0x524d;
 
 /// Bytes in a page (page-granular accesses and chunk rounding).
 pub const PAGE_SIZE: usize = 4096;
@@ -79,6 +87,18 @@ pub enum Error {
     Busy,
     /// The CM connection could not be made (refused or timed out).
     Connect(ib_core::Error),
+    /// The memory node could not be reached by IP address through the
+    /// RDMA CM.
+    ConnectIp {
+        /// Its address and port.
+        dst: SocketAddrV4,
+        /// The RDMA CM event that ended the attempt (`None`: refused at
+        /// once, by `rdma_resolve_addr` or another call).
+        event: Option<RdmaCmEventType>,
+        /// The event's status: a negative errno, or the REJ reason of a
+        /// [`RdmaCmEventType::Rejected`].
+        status: i32,
+    },
 }
 
 impl From<ib_core::Error> for Error {
@@ -123,7 +143,70 @@ impl fmt::Display for Error {
             Error::WindowFull => f.write_str("all requests in flight; poll first"),
             Error::Busy => f.write_str("asynchronous requests in flight"),
             Error::Connect(e) => write!(f, "cannot connect to the memory node: {e}"),
+            Error::ConnectIp { dst, event, status } => {
+                write!(f, "cannot connect to the memory node at {dst}: ")?;
+                why_ip(f, *dst, *event, *status)
+            }
         }
+    }
+}
+
+/// strerror for the errnos the RDMA CM reports.
+fn errno_text(e: i32) -> &'static str {
+    use ib_core::error::errno::*;
+    match -e {
+        ENODEV => "No such device",
+        EINVAL => "Invalid argument",
+        EADDRINUSE => "Address already in use",
+        EADDRNOTAVAIL => "Cannot assign requested address",
+        ENETUNREACH => "Network is unreachable",
+        ECONNRESET => "Connection reset by peer",
+        ETIMEDOUT => "Connection timed out",
+        ECONNREFUSED => "Connection refused",
+        EHOSTUNREACH => "No route to host",
+        _ => "error",
+    }
+}
+
+/// What ended an attempt by IP address, in words.
+fn why_ip(
+    f: &mut fmt::Formatter<'_>,
+    dst: SocketAddrV4,
+    event: Option<RdmaCmEventType>,
+    status: i32,
+) -> fmt::Result {
+    use RdmaCmEventType as E;
+    use ib_core::error::errno::*;
+    let ip = dst.ip();
+    match (event, -status) {
+        (None, ENETUNREACH) => write!(
+            f,
+            "no route to {ip} (Network is unreachable: no address of ours on its network yet?)"
+        ),
+        (Some(E::AddrError), ETIMEDOUT) => write!(
+            f,
+            "no ARP answer from {ip} (address resolution timed out: no such node, or its ib0 is not up)"
+        ),
+        (Some(E::RouteError), _) => write!(
+            f,
+            "no path to {ip} from the SA (route resolution failed: {})",
+            errno_text(status)
+        ),
+        (Some(E::Rejected), _) => write!(
+            f,
+            "it rejected the connection ({}{})",
+            ib_core::cm_msgs::rej_reason_str(status as u16),
+            match status {
+                8 => ": nothing listens on that port (is rmem serve running?)",
+                28 => ": its RDMA CM refused the request",
+                _ => "",
+            }
+        ),
+        (Some(E::Unreachable), ETIMEDOUT) => {
+            f.write_str("it never answered the connection request (timed out)")
+        }
+        (Some(e), _) => write!(f, "{} ({})", e.name(), errno_text(status)),
+        (None, _) => write!(f, "{}", errno_text(status)),
     }
 }
 
@@ -175,4 +258,39 @@ fn post_msg_send(d: &mut Device, qp: Qp, wr_id: u64, addr: u64, lkey: u32, imm: 
         }],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::net::Ipv4Addr;
+
+    #[test]
+    fn ip_connect_errors_say_what_failed() {
+        let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 77), IP_PORT);
+        let e = |event, status| Error::ConnectIp { dst, event, status }.to_string();
+        assert_eq!(
+            e(Some(RdmaCmEventType::AddrError), -110),
+            "cannot connect to the memory node at 10.0.0.77:21069: no ARP answer from \
+             10.0.0.77 (address resolution timed out: no such node, or its ib0 is not up)"
+        );
+        assert!(e(None, -101).ends_with(
+            "no route to 10.0.0.77 (Network is unreachable: no address of ours on its network yet?)"
+        ));
+        assert!(e(Some(RdmaCmEventType::Rejected), 8).ends_with(
+            "it rejected the connection (IB_CM_REJ_INVALID_SERVICE_ID: nothing listens on that port (is rmem serve running?))"
+        ));
+        assert!(
+            e(Some(RdmaCmEventType::Unreachable), -110)
+                .ends_with("it never answered the connection request (timed out)")
+        );
+        assert!(e(Some(RdmaCmEventType::RouteError), -110).ends_with(
+            "no path to 10.0.0.77 from the SA (route resolution failed: Connection timed out)"
+        ));
+        assert!(
+            e(Some(RdmaCmEventType::ConnectError), -22)
+                .ends_with("RDMA_CM_EVENT_CONNECT_ERROR (Invalid argument)")
+        );
+        assert_eq!(IP_PORT, 21069);
+    }
 }

@@ -1,8 +1,9 @@
 //! The memory node's side of rmem.
 //!
 //! The memory node's side: one exported region (DMA memory registered
-//! through MTTs with an rkey scoped to it, remote read and write only), a CM
-//! listener, and a poll loop answering hello/alloc/free RPCs (LegoOS FIT's
+//! through MTTs with an rkey scoped to it, remote read and write only), an IB
+//! CM listener (and, with [`Server::listen_ip`], an RDMA CM one for compute
+//! nodes that come by IP address), and a poll loop answering hello/alloc/free RPCs (LegoOS FIT's
 //! RPC server in spirit); leaves out several regions, memory windows and
 //! per-chunk keys.
 //!
@@ -11,11 +12,13 @@
 //! MPT bounds with a remote access error.
 
 use alloc::vec::Vec;
+use core::net::SocketAddrV4;
 use core::time::Duration;
 
 use hal::DmaBuf;
 use ib_core::cm::{self, CmEvent, CmId, CmRepParam};
 use ib_core::cm_msgs::rej_reason;
+use ib_core::cma::{self, PortSpace, RdmaCmEventType, RdmaCmId};
 use ib_core::verbs::{
     AccessFlags, Cq, CqInitAttr, Mr, MrPages, Mtu, Pd, Qp, QpCap, QpCreateFlags, QpInitAttr,
     QpType, SigType, Wc, WcFlags, WcOpcode, WcStatus,
@@ -80,9 +83,20 @@ pub struct ServerStats {
     pub errors: u64,
 }
 
+/// How a connection was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnId {
+    /// Without a CM ([`Server::accept_peer`]).
+    None,
+    /// By the IB CM (LID or GID).
+    Ib(CmId),
+    /// By the RDMA CM (IP address).
+    Ip(RdmaCmId),
+}
+
 #[derive(Debug)]
 struct Conn {
-    id: Option<CmId>,
+    id: ConnId,
     qp: Qp,
     owner: u32,
     dead: bool,
@@ -95,6 +109,8 @@ pub struct Server {
     dev: DeviceId,
     cm: ClientId,
     listen: CmId,
+    /// The RDMA CM and its listener ([`Server::listen_ip`]).
+    ip_listen: Option<(ClientId, RdmaCmId)>,
     pd: Pd,
     cq: Cq,
     mr: Mr,
@@ -228,6 +244,7 @@ impl Server {
             dev: dev_id,
             cm,
             listen,
+            ip_listen: None,
             pd,
             cq,
             mr,
@@ -302,7 +319,7 @@ impl Server {
         let owner = self.next_owner;
         self.next_owner = self.next_owner.wrapping_add(1).max(1);
         self.conns[c] = Some(Conn {
-            id: Some(id),
+            id: ConnId::Ib(id),
             qp,
             owner,
             dead: false,
@@ -311,6 +328,85 @@ impl Server {
         // The QP is in RTR once the REP went out: receives may be posted.
         for i in 0..RX_DEPTH {
             self.post_recv(core, c, i)?;
+        }
+        self.stats.connects += 1;
+        Ok(())
+    }
+
+    /// Listens on the RDMA CM as well: compute nodes that come by IPv4
+    /// address (`Client::connect_ip`) to `addr` (an address of ours, or
+    /// `0.0.0.0` for any; the port [`crate::IP_PORT`] or another) in the TCP
+    /// port space, service ID `0x0000000001060000 | port`. The RDMA CM
+    /// checks a REQ's destination against the IP side's view of our
+    /// addresses, which whoever runs the IP stack keeps fresh
+    /// ([`cma::net_poll`]).
+    pub fn listen_ip(
+        &mut self,
+        core: &mut IbCore,
+        cma: ClientId,
+        addr: SocketAddrV4,
+    ) -> Result<()> {
+        if self.ip_listen.is_some() {
+            return Err(Error::Verbs(ib_core::Error::Invalid(
+                "already listening by IP address",
+            )));
+        }
+        let id = cma::create_id(core, cma, PortSpace::Tcp)?;
+        let backlog = self.cfg.max_clients as u32;
+        let r =
+            cma::bind_addr(core, cma, id, addr).and_then(|()| cma::listen(core, cma, id, backlog));
+        if let Err(e) = r {
+            let _ = cma::destroy_id(core, cma, id);
+            return Err(e.into());
+        }
+        log::info!("rmem: listening on {addr} (RDMA CM, TCP port space)");
+        self.ip_listen = Some((cma, id));
+        Ok(())
+    }
+
+    /// The address and port the RDMA CM listener is bound to, if any.
+    pub fn ip_addr(&self, core: &mut IbCore) -> Option<SocketAddrV4> {
+        let (cma, id) = self.ip_listen?;
+        cma::query(core, cma, id).ok().map(|i| i.src)
+    }
+
+    /// A CONNECT_REQUEST on the RDMA CM listener: a QP through the RDMA CM
+    /// on the request's port, its receives posted, `rdma_accept` (the REP
+    /// takes the resources the REQ offered).
+    fn accept_ip(&mut self, core: &mut IbCore, cma: ClientId, id: RdmaCmId) -> Result<()> {
+        let Some(c) = self.conns.iter().position(Option::is_none) else {
+            self.stats.refused += 1;
+            let _ = cma::reject(core, cma, id, &[]);
+            let _ = cma::destroy_id(core, cma, id);
+            return Ok(());
+        };
+        let on = cma::query(core, cma, id)?.port;
+        if on.is_none_or(|(d, _)| d != self.dev) {
+            // A request that came in on another device: not ours to serve.
+            self.stats.refused += 1;
+            let _ = cma::reject(core, cma, id, &[]);
+            let _ = cma::destroy_id(core, cma, id);
+            return Ok(());
+        }
+        let qp = cma::create_qp(core, cma, id, self.pd, &self.qp_init())?;
+        let owner = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1).max(1);
+        self.conns[c] = Some(Conn {
+            id: ConnId::Ip(id),
+            qp,
+            owner,
+            dead: false,
+            established: false,
+        });
+        // The QP is in INIT: receives may be posted before the REP.
+        let r = (0..RX_DEPTH)
+            .try_for_each(|i| self.post_recv(core, c, i))
+            .and_then(|()| cma::accept(core, cma, id, None).map_err(Error::from));
+        if let Err(e) = r {
+            self.conns[c] = None;
+            let _ = cma::destroy_id(core, cma, id);
+            let _ = dev(core, self.dev)?.destroy_qp(qp);
+            return Err(e);
         }
         self.stats.connects += 1;
         Ok(())
@@ -344,7 +440,7 @@ impl Server {
         let owner = self.next_owner;
         self.next_owner = self.next_owner.wrapping_add(1).max(1);
         self.conns[c] = Some(Conn {
-            id: None,
+            id: ConnId::None,
             qp,
             owner,
             dead: false,
@@ -400,8 +496,16 @@ impl Server {
         if let Some(conn) = self.conns.get_mut(c).and_then(Option::take) {
             let freed = self.chunks.free_owner(conn.owner);
             log::info!("rmem: client {} gone, {freed} chunks freed", conn.owner);
-            if let Some(id) = conn.id {
-                let _ = cm::destroy_id(core, self.cm, id);
+            match conn.id {
+                ConnId::Ib(id) => {
+                    let _ = cm::destroy_id(core, self.cm, id);
+                }
+                ConnId::Ip(id) => {
+                    if let Some((cma, _)) = self.ip_listen {
+                        let _ = cma::destroy_id(core, cma, id);
+                    }
+                }
+                ConnId::None => {}
             }
             if let Some(d) = core.device_mut(self.dev) {
                 let _ = d.destroy_qp(conn.qp);
@@ -491,11 +595,44 @@ impl Server {
                 }
             }
         }
+        if let Some((cma, lid)) = self.ip_listen {
+            while let Some(ev) = cma::get_cm_event(core, cma, lid) {
+                n += 1;
+                if ev.event == RdmaCmEventType::ConnectRequest
+                    && let Err(e) = self.accept_ip(core, cma, ev.id)
+                {
+                    log::warn!("rmem: accepting a client by IP address failed: {e}");
+                    let _ = cma::destroy_id(core, cma, ev.id);
+                }
+            }
+        }
         for c in 0..self.conns.len() {
             let Some(conn) = &self.conns[c] else { continue };
             let id = conn.id;
             let mut gone = conn.dead;
-            while let Some(ev) = id.and_then(|id| cm::get_event(core, self.cm, id)) {
+            if let (ConnId::Ip(rid), Some((cma, _))) = (id, self.ip_listen) {
+                while let Some(ev) = cma::get_cm_event(core, cma, rid) {
+                    n += 1;
+                    match ev.event {
+                        RdmaCmEventType::Established => {
+                            if let Some(Some(conn)) = self.conns.get_mut(c) {
+                                conn.established = true;
+                            }
+                        }
+                        RdmaCmEventType::Disconnected
+                        | RdmaCmEventType::Rejected
+                        | RdmaCmEventType::Unreachable
+                        | RdmaCmEventType::ConnectError
+                        | RdmaCmEventType::DeviceRemoval => gone = true,
+                        _ => {}
+                    }
+                }
+            }
+            let ib_id = match id {
+                ConnId::Ib(i) => Some(i),
+                _ => None,
+            };
+            while let Some(ev) = ib_id.and_then(|id| cm::get_event(core, self.cm, id)) {
                 n += 1;
                 match ev {
                     CmEvent::Disconnected { .. } | CmEvent::Rejected { .. } | CmEvent::TimedOut => {
@@ -542,8 +679,16 @@ impl Server {
             // the reply can be sent.
             if !conn.established {
                 conn.established = true;
-                if let Some(id) = conn.id {
-                    let _ = cm::notify(core, self.cm, id);
+                match conn.id {
+                    ConnId::Ib(id) => {
+                        let _ = cm::notify(core, self.cm, id);
+                    }
+                    ConnId::Ip(id) => {
+                        if let Some((cma, _)) = self.ip_listen {
+                            let _ = cma::notify(core, cma, id);
+                        }
+                    }
+                    ConnId::None => {}
                 }
             }
             let len = (w.byte_len as usize).min(MSG_LEN);
@@ -604,6 +749,9 @@ impl Server {
             self.drop_conn(core, c);
         }
         let _ = cm::destroy_id(core, self.cm, self.listen);
+        if let Some((cma, id)) = self.ip_listen.take() {
+            let _ = cma::destroy_id(core, cma, id);
+        }
         let d = dev(core, self.dev)?;
         d.destroy_cq(self.cq)?;
         d.dereg_mr(self.mr)?;

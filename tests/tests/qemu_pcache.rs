@@ -1,4 +1,4 @@
-//! Remote paging between QEMU guests, as a researcher runs it: `run-qemu.sh --nodes 3`, node 0 the compute node whose `pcache` region faults its pages in over RDMA from nodes 1 and 2, the memory nodes (`rmem serve`), named by port GUID. Three boots, one after the other: every workload at 25% local memory ending with the checksum it has on local memory, with the fault-time probe and a small `pcache experiment` whose CSV run-qemu.sh collects; two copies of every page and memory node 2's cable pulled by cx3-emu (`--pull`, by bytes) in the middle of a GUPS run that still ends with the local checksum; and the same pull with one copy ending the run with the fault's error (page, node, completion status) within the deadline while the console goes on (stats, detach, a new region on the surviving node). Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
+//! Remote paging between QEMU guests, as a researcher runs it: `run-qemu.sh --nodes 3`, node 0 the compute node whose `pcache` region faults its pages in over RDMA from nodes 1 and 2, the memory nodes (`rmem serve`), named by port GUID or by IP address (10.0.0.2, 10.0.0.3: the RDMA CM). Three boots, one after the other: every workload at 25% local memory ending with the checksum it has on local memory, with the fault-time probe and a small `pcache experiment` whose CSV run-qemu.sh collects; two copies of every page and memory node 2's cable pulled by cx3-emu (`--pull`, by bytes) in the middle of a GUPS run that still ends with the local checksum; and the same pull with one copy ending the run with the fault's error (page, node, completion status) within the deadline while the console goes on (stats, detach, a new region on the surviving node). Every run has a deadline; QEMU and cx3-emu are ended by run-qemu.sh.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -13,6 +13,11 @@ const DEADLINE: Duration = Duration::from_secs(400);
 /// (i+1)*0x10, port 1 that plus 1).
 const MEM1: &str = "0x0002c90300000021";
 const MEM2: &str = "0x0002c90300000031";
+
+/// The memory nodes' IPoIB addresses (run-qemu.sh gives node N
+/// `ip=ib0:10.0.0.<N+1>/24`).
+const MEM1_IP: &str = "10.0.0.2";
+const MEM2_IP: &str = "10.0.0.3";
 
 /// Node 2's cable is pulled once this much has crossed it: past the
 /// connection and GUPS's fill (about 1 MiB through node 2 with two
@@ -127,17 +132,23 @@ fn csv_files(stderr: &str) -> Vec<(usize, PathBuf)> {
 
 #[test]
 fn pcache_every_workload_at_25_percent_local_matches_local_memory() {
-    let attach = format!("pcache attach 1M --nodes {MEM1},{MEM2} --cache 25% -t 120");
+    // The region's memory nodes named one by IP address (the RDMA CM), one
+    // by port GUID (the IB CM); the experiment's both by IP address; then
+    // `rmem connect` by IP address to node 2, a pattern written and
+    // checked.
+    let attach = format!("pcache attach 1M --nodes {MEM1_IP},{MEM2} --cache 25% -t 120");
     let experiment = format!(
-        "pcache experiment --nodes {MEM1},{MEM2} --ws 256K --fractions 100,25 --workloads seq,kv -t 60"
+        "pcache experiment --nodes {MEM1_IP},{MEM2_IP} --ws 256K --fractions 100,25 --workloads seq,kv -t 60"
     );
+    let rmem_ip = format!("rmem connect {MEM2_IP} -t 60");
     let compute = format!(
         "{attach}; pcache run seq; pcache run gups; pcache run sort; pcache run kv; pcache lat; \
-         pcache stats; pcache detach; {experiment}; pcache stats"
+         pcache stats; pcache detach; {experiment}; pcache stats; {rmem_ip}; rmem alloc 64K; \
+         rmem write @ 64K; rmem read @ 64K --check; rmem close"
     );
-    let mem = memory_node(300, Some(2));
+    let (m1, m2) = (memory_node(300, Some(2)), memory_node(300, Some(3)));
     let o = run_qemu(&[
-        "--nodes", "3", "--run-on", "0", &compute, "--run-on", "1", &mem, "--run-on", "2", &mem,
+        "--nodes", "3", "--run-on", "0", &compute, "--run-on", "1", &m1, "--run-on", "2", &m2,
     ]);
     let all = format!("{}\n--- stderr ---\n{}", o.stdout, o.stderr);
     assert_eq!(o.status, 0, "{all}");
@@ -145,8 +156,29 @@ fn pcache_every_workload_at_25_percent_local_matches_local_memory() {
     line_with(
         t,
         &attach,
-        "1024 KiB (256 pages) over 2 memory node(s) (0x0002c90300000021, 0x0002c90300000031), replicas 1, cache 64 pages (25%)",
+        "1024 KiB (256 pages) over 2 memory node(s) (10.0.0.2, 0x0002c90300000031), replicas 1, cache 64 pages (25%)",
     );
+    // The memory nodes listened on the RDMA CM beside the IB CM, and were
+    // reached both ways: node 1 served two connections by IP address (the
+    // region's and the experiment's), node 2 one by GUID and two by IP
+    // address (the experiment's and rmem's).
+    for (n, mem, clients) in [(1, &m1, 2), (2, &m2, 3)] {
+        let m = node(&o.stdout, n);
+        let serve = line_with(m, mem, "rmem: serving ");
+        assert!(serve.contains(" and TCP port 21069 (RDMA CM); "), "{serve}");
+        let done = line_with(m, mem, " clients served, ");
+        assert!(
+            done.starts_with(&format!("rmem: {clients} clients served, ")),
+            "{done}"
+        );
+    }
+    line_with(
+        t,
+        &rmem_ip,
+        "connected to 10.0.0.3: region 0x10000000000..0x10004000000 (65536 KiB)",
+    );
+    line_with(t, "rmem read @ 64K --check", "read 65536 bytes at 0x");
+    line_with(t, "rmem read @ 64K --check", ": pattern ok");
     for w in ["seq", "gups", "sort", "kv"] {
         let cmd = format!("pcache run {w}");
         check_run(t, &cmd, w);

@@ -3,8 +3,9 @@
 //! region over memory nodes, `pcache run` a workload on it, `pcache lat`
 //! the fault-time probe, `pcache stats`, `pcache flush`, `pcache detach`)
 //! and `pcache experiment`, the paging experiment of the papers as one
-//! command ending in CSV blocks; leaves out naming memory nodes by IP (no
-//! RDMA CM address resolution from an IP yet: by port GUID or LID).
+//! command ending in CSV blocks, its memory nodes named by IPv4 address (the
+//! RDMA CM), port GUID or LID; leaves out memory nodes on another HCA than
+//! the first (a region's frames and connections are on one device).
 //!
 //! A workload runs with no lock held: its accesses fault, and the fault
 //! path takes the adapters and the region table itself.
@@ -21,38 +22,35 @@ use pcache::region::MAX_READAHEAD;
 use pcache::stats::{Counters, Summary};
 use pcache::workload::{self, Kind};
 use pcache::{Config, MemNode, Pcache};
-use rmem::client::Dest;
 use rmem::{Client, ClientConfig};
 
-use super::rmem::{num, size};
+use super::rmem::{Node, num, size};
 use crate::console::CmdResult;
 use crate::hca;
 use crate::mm::pcache as region;
+use crate::net::CommandNet;
 
-const USAGE: &str = "usage: pcache attach SIZE --nodes GUID|LID[,...] [--cache SIZE|PCT%] [--replicas R] \
+const USAGE: &str = "usage: pcache attach SIZE --nodes IPV4[:PORT]|GUID|LID[,...] [--cache SIZE|PCT%] [--replicas R] \
 [--readahead K] [-t SECONDS] | run seq|gups|sort|kv [-r REGION] [--seed N] [--ops N] | lat [-r REGION] | \
-stats [-r REGION] | flush [-r REGION] | detach [-r REGION] | experiment --nodes GUID|LID[,GUID|LID] \
+stats [-r REGION] | flush [-r REGION] | detach [-r REGION] | experiment --nodes NODE[,NODE] \
 [--ws SIZE] [--fractions 100,75,50,25,10] [--workloads seq,gups,sort,kv] [--readahead K] [--repeat N] [-t SECONDS]";
 
-/// A memory node named by its port GUID (`0x0002c90300000021` or ibstat's
-/// `0002:c903:0000:0021`) or its LID.
-fn dest(s: &str) -> Result<Dest, String> {
-    let v = num(&s.replace(':', ""))
-        .or_else(|_| u64::from_str_radix(&s.replace(':', ""), 16).map_err(|_| String::new()))
-        .map_err(|_| alloc::format!("not a LID or port GUID: {s}"))?;
-    Ok(match u16::try_from(v) {
-        Ok(l) if !s.contains(':') && v < 0xc000 => Dest::Lid(l),
-        _ => Dest::Gid(ib_core::verbs::Gid::new(0xfe80_0000_0000_0000, v)),
-    })
-}
-
-/// Connects to every node of `names` (closing those made if one fails).
+/// Connects to every node of `names` (closing those made if one fails):
+/// each by IPv4 address (the RDMA CM), port GUID or LID (the IB CM), as
+/// `rmem connect` names them; a mix is fine.
 fn connect(names: &[&str], secs: u64) -> Result<Vec<MemNode>, String> {
     let dests = names
         .iter()
-        .map(|n| dest(n))
+        .map(|n| super::rmem::node(n))
         .collect::<Result<Vec<_>, _>>()?;
-    hca::with(|ib| {
+    // A pulled cable ends in the transport's retry exhaustion (about
+    // 2 s, twice that in a loaded emulator), before `op_timeout`.
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(secs),
+        op_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    };
+    let go = |ib: &mut hca::Ib, mut net: Option<&mut CommandNet<'_>>| {
         let dev = ib
             .hcas
             .iter()
@@ -60,16 +58,29 @@ fn connect(names: &[&str], secs: u64) -> Result<Vec<MemNode>, String> {
             .ok_or_else(|| String::from("no HCA (see dmesg)"))?;
         let sa = ib_core::sa_query::init(&mut ib.core);
         let cm = ib_core::cm::init(&mut ib.core);
-        // A pulled cable ends in the transport's retry exhaustion (about
-        // 2 s, twice that in a loaded emulator), before `op_timeout`.
-        let cfg = ClientConfig {
-            connect_timeout: Duration::from_secs(secs),
-            op_timeout: Duration::from_secs(10),
-            ..ClientConfig::default()
-        };
         let mut out: Vec<MemNode> = vec![];
-        for (name, d) in names.iter().zip(dests) {
-            match Client::connect_to(&mut ib.core, cm, sa, dev, d, cfg) {
+        for (name, d) in names.iter().zip(&dests) {
+            let r = match (d, net.as_deref_mut()) {
+                (Node::Ib(d), _) => Client::connect_to(&mut ib.core, cm, sa, dev, *d, cfg),
+                (Node::Ip(..), Some(net)) => {
+                    let cma = ib_core::cma::init(&mut ib.core);
+                    let dst = d.ip().ok_or_else(|| String::from("no address"))?;
+                    Client::connect_ip(&mut ib.core, cma, net, dst, cfg)
+                }
+                (Node::Ip(..), None) => Err(rmem::Error::Protocol("no IP stack")),
+            };
+            match r {
+                // The region's frames and every connection on one device.
+                Ok(c) if c.device() != dev => {
+                    out.push(MemNode {
+                        label: String::from(*name),
+                        client: c,
+                    });
+                    close(&mut ib.core, out);
+                    return Err(alloc::format!(
+                        "memory node {name}: reached through another HCA than the first"
+                    ));
+                }
                 Ok(c) => out.push(MemNode {
                     label: String::from(*name),
                     client: c,
@@ -81,8 +92,14 @@ fn connect(names: &[&str], secs: u64) -> Result<Vec<MemNode>, String> {
             }
         }
         Ok(out)
-    })
-    .unwrap_or_else(|| Err(String::from("no HCA (see dmesg)")))
+    };
+    let r = if dests.iter().any(|d| matches!(d, Node::Ip(..))) {
+        // By IP address: the IP stack too, polled while connecting.
+        crate::net::with_command_net(|net, ib| go(ib, Some(net)))
+    } else {
+        hca::with(|ib| go(ib, None))
+    };
+    r.unwrap_or_else(|| Err(String::from("no HCA (see dmesg)")))
 }
 
 fn close(core: &mut IbCore, nodes: Vec<MemNode>) {
@@ -457,7 +474,9 @@ pub fn pcache(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             let bytes = size(sz)?;
             let pages = bytes.div_ceil(4096);
             if o.nodes.is_empty() {
-                return Err("attach needs --nodes (memory nodes by port GUID or LID)".into());
+                return Err(
+                    "attach needs --nodes (memory nodes by IPv4 address, port GUID or LID)".into(),
+                );
             }
             let cache_pages = match o.cache {
                 None => pages,

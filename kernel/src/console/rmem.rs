@@ -1,18 +1,22 @@
 //! The `rmem` shell command.
 //!
 //! The rmem crate's memory node and compute node from the console (`rmem serve
-//! SIZE`, `rmem connect LID`, `rmem alloc|free|read|write`, `rmem probe`, `rmem
+//! SIZE`, `rmem connect LID|GUID|IPV4`, `rmem alloc|free|read|write`, `rmem probe`, `rmem
 //! bench [--csv]`, `rmem stats`, `rmem close`); leaves out several connections per
 //! node (one client and one server per kernel).
 //!
 //! The CM and SA clients are registered with ib_core on first use. While a
 //! command runs it holds the adapters and polls ib_core itself; `rmem
-//! serve` serves until its time is up or Ctrl-C.
+//! serve` serves until its time is up or Ctrl-C, on the IB CM and on the
+//! RDMA CM (TCP port `rmem::IP_PORT` unless `-p`), and holds the IP stack
+//! too, polling it (ARP answers) with the RDMA CM's turn at it, as `rmem
+//! connect` to an IPv4 address does while it connects.
 
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt::Write;
+use core::net::{Ipv4Addr, SocketAddrV4};
 use core::time::Duration;
 
 use ib_core::{ClientId, DeviceId, IbCore};
@@ -21,9 +25,10 @@ use rmem::{Client, ClientConfig, Server, ServerConfig};
 
 use crate::console::CmdResult;
 use crate::hca::{self, Ib};
+use crate::net::CommandNet;
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] | connect LID|PORT_GUID [-k K] [-t SECONDS] | alloc LEN | \
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] [-p PORT] | connect LID|PORT_GUID|IPV4[:PORT] [-p PORT] [-k K] [-t SECONDS] | alloc LEN | \
 free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
 probe ADDR [-i MS] [-t SECONDS] | bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
@@ -64,6 +69,16 @@ pub(super) fn num(s: &str) -> Result<u64, String> {
         None => s.parse(),
     };
     r.map_err(|_| alloc::format!("not a number: {s}"))
+}
+
+/// `-p PORT`'s value: a port of the RDMA CM's TCP port space.
+fn ip_port(v: Option<&&str>) -> Result<u16, String> {
+    let v = v.ok_or_else(|| String::from(USAGE))?;
+    num(v)
+        .ok()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p != 0)
+        .ok_or_else(|| alloc::format!("bad port: {v} (1 to 65535)"))
 }
 
 /// A size: a number with an optional K, M or G suffix.
@@ -159,20 +174,84 @@ fn first_dev(ib: &Ib) -> Result<DeviceId, String> {
         .ok_or_else(|| String::from("no HCA (see dmesg)"))
 }
 
+/// The rmem state, made on first use.
+fn state<'a>(g: &'a mut Option<State>, core: &mut IbCore) -> &'a mut State {
+    g.get_or_insert_with(|| State {
+        sa: ib_core::sa_query::init(core),
+        cm: ib_core::cm::init(core),
+        server: None,
+        client: None,
+    })
+}
+
 /// Runs `f` with ib_core, the first HCA and the rmem state.
 fn with_state(f: impl FnOnce(&mut IbCore, DeviceId, &mut State) -> CmdResult) -> CmdResult {
     hca::with(|ib| {
         let dev = first_dev(ib)?;
         let mut g = STATE.lock();
-        let st = g.get_or_insert_with(|| State {
-            sa: ib_core::sa_query::init(&mut ib.core),
-            cm: ib_core::cm::init(&mut ib.core),
-            server: None,
-            client: None,
-        });
+        let st = state(&mut g, &mut ib.core);
         f(&mut ib.core, dev, st)
     })
     .unwrap_or_else(|| Err(String::from("no HCA (see dmesg)")))
+}
+
+/// [`with_state`] with the IP stack too (the stack, then the adapters,
+/// then the rmem state), and the RDMA CM registered: for `rmem serve` and
+/// `rmem connect` by IP address, which poll the stack themselves.
+fn with_state_net(
+    f: impl FnOnce(&mut IbCore, DeviceId, &mut State, ClientId, &mut CommandNet<'_>) -> CmdResult,
+) -> CmdResult {
+    crate::net::with_command_net(|net, ib| {
+        let dev = first_dev(ib)?;
+        let cma = ib_core::cma::init(&mut ib.core);
+        let mut g = STATE.lock();
+        let st = state(&mut g, &mut ib.core);
+        f(&mut ib.core, dev, st, cma, net)
+    })
+    .unwrap_or_else(|| Err(String::from("no HCA or no IP stack (see dmesg)")))
+}
+
+/// A memory node by name: an IPv4 address with an optional port
+/// (`10.0.0.2`, `10.0.0.2:21070`), or a LID or port GUID
+/// (`0x0002c90300000011` or ibstat's `0002:c903:0000:0011`), which no SM
+/// changes.
+pub(super) enum Node {
+    /// By IP address (port `rmem::IP_PORT` unless given), through the
+    /// RDMA CM.
+    Ip(Ipv4Addr, Option<u16>),
+    /// By LID or GID, through the IB CM.
+    Ib(rmem::client::Dest),
+}
+
+impl Node {
+    /// Its address and port, by IP.
+    pub(super) fn ip(&self) -> Option<SocketAddrV4> {
+        match *self {
+            Node::Ip(a, p) => Some(SocketAddrV4::new(a, p.unwrap_or(rmem::IP_PORT))),
+            Node::Ib(_) => None,
+        }
+    }
+}
+
+/// Parses a memory node's name (see [`Node`]).
+pub(super) fn node(s: &str) -> Result<Node, String> {
+    if s.contains('.') {
+        let bad = || alloc::format!("not an IPv4 address[:PORT]: {s}");
+        return match s.split_once(':') {
+            Some((a, p)) => Ok(Node::Ip(
+                a.parse().map_err(|_| bad())?,
+                Some(p.parse().ok().filter(|&p| p != 0).ok_or_else(bad)?),
+            )),
+            None => Ok(Node::Ip(s.parse().map_err(|_| bad())?, None)),
+        };
+    }
+    let v = num(&s.replace(':', ""))
+        .or_else(|_| u64::from_str_radix(&s.replace(':', ""), 16))
+        .map_err(|_| alloc::format!("not a LID, port GUID or IPv4 address: {s}"))?;
+    Ok(Node::Ib(match u16::try_from(v) {
+        Ok(l) if !s.contains(':') && v < 0xc000 => rmem::client::Dest::Lid(l),
+        _ => rmem::client::Dest::Gid(ib_core::verbs::Gid::new(0xfe80_0000_0000_0000, v)),
+    }))
 }
 
 fn err(e: rmem::Error) -> String {
@@ -195,6 +274,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             let bytes = size(sz)?;
             let mut secs = None;
             let mut clients = None;
+            let mut port = rmem::IP_PORT;
             let mut it = more.iter();
             while let Some(&o) = it.next() {
                 match o {
@@ -202,25 +282,23 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                         let n = it.next().ok_or_else(|| String::from(USAGE))?;
                         clients = Some(num(n)?.max(1));
                     }
+                    "-p" => port = ip_port(it.next())?,
                     s if secs.is_none() => secs = Some(num(s)?),
                     _ => return Err(USAGE.into()),
                 }
             }
-            serve(out, bytes, secs, clients)
+            serve(out, bytes, secs, clients, port)
         }
         ("connect", [to, more @ ..]) => {
-            // A LID, or the memory node's port GUID (0x0002c90300000011 or
-            // ibstat's 0002:c903:0000:0011), which no SM changes.
-            let v = num(&to.replace(':', ""))
-                .or_else(|_| u64::from_str_radix(&to.replace(':', ""), 16))
-                .map_err(|_| alloc::format!("not a LID or port GUID: {to}"))?;
-            let dest = match u16::try_from(v) {
-                Ok(l) if !to.contains(':') && v < 0xc000 => rmem::client::Dest::Lid(l),
-                _ => rmem::client::Dest::Gid(ib_core::verbs::Gid::new(0xfe80_0000_0000_0000, v)),
-            };
+            let dest = node(to)?;
             let mut cfg = ClientConfig::default();
+            let mut port = None;
             let mut it = more.iter();
             while let Some(&o) = it.next() {
+                if o == "-p" {
+                    port = Some(ip_port(it.next())?);
+                    continue;
+                }
                 let v = it.next().ok_or_else(|| String::from(USAGE))?;
                 match o {
                     "-k" => cfg.window = num(v)?.clamp(1, 1024) as usize,
@@ -228,11 +306,7 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                     _ => return Err(USAGE.into()),
                 }
             }
-            with_state(|core, dev, st| {
-                if st.client.is_some() {
-                    return Err("already connected (rmem close first)".into());
-                }
-                let c = Client::connect_to(core, st.cm, st.sa, dev, dest, cfg).map_err(err)?;
+            let connected = |out: &mut dyn Write, st: &mut State, c: Client| -> CmdResult {
                 let r = c.region();
                 let _ = writeln!(
                     out,
@@ -250,6 +324,26 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 );
                 st.client = Some(c);
                 Ok(())
+            };
+            if let Some(d) = dest.ip() {
+                let dst = SocketAddrV4::new(*d.ip(), port.unwrap_or(d.port()));
+                return with_state_net(|core, _, st, cma, net| {
+                    if st.client.is_some() {
+                        return Err("already connected (rmem close first)".into());
+                    }
+                    let c = Client::connect_ip(core, cma, net, dst, cfg).map_err(err)?;
+                    connected(out, st, c)
+                });
+            }
+            let (Node::Ib(d), None) = (dest, port) else {
+                return Err("-p is for a memory node named by IP address".into());
+            };
+            with_state(|core, dev, st| {
+                if st.client.is_some() {
+                    return Err("already connected (rmem close first)".into());
+                }
+                let c = Client::connect_to(core, st.cm, st.sa, dev, d, cfg).map_err(err)?;
+                connected(out, st, c)
             })
         }
         ("alloc", [len]) => {
@@ -519,9 +613,16 @@ fn probe(
 }
 
 /// Serves until `secs` pass, `clients` compute nodes have come and all
-/// gone, or Ctrl-C.
-fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64>) -> CmdResult {
-    with_state(|core, dev, st| {
+/// gone, or Ctrl-C: compute nodes by LID or GUID (the IB CM) and by IP
+/// address (the RDMA CM, TCP `port`).
+fn serve(
+    out: &mut dyn Write,
+    bytes: u64,
+    secs: Option<u64>,
+    clients: Option<u64>,
+    port: u16,
+) -> CmdResult {
+    with_state_net(|core, dev, st, cma, net| {
         if st.server.is_none() {
             let s =
                 Server::export(core, st.cm, dev, bytes, ServerConfig::default()).map_err(|e| {
@@ -539,6 +640,23 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
         let Some(s) = st.server.as_mut() else {
             return Err("no region".into());
         };
+        // The RDMA CM's view of our addresses first (what it checks a
+        // REQ's destination against).
+        ib_core::cma::net_poll(core, cma, net);
+        match s.ip_addr(core) {
+            None => s
+                .listen_ip(core, cma, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+                .map_err(|e| alloc::format!("cannot listen on TCP port {port} (RDMA CM): {e}"))?,
+            Some(a) if a.port() != port => {
+                let _ = writeln!(
+                    out,
+                    "rmem: already listening on port {} (rmem close first to change it)",
+                    a.port()
+                );
+            }
+            Some(_) => {}
+        }
+        let port = s.ip_addr(core).map_or(port, |a| a.port());
         let r = s.region();
         if r.len != bytes.div_ceil(4096) * 4096 {
             let _ = writeln!(
@@ -553,7 +671,7 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
             .map_or(0, |a| a.lid);
         let _ = writeln!(
             out,
-            "rmem: serving {} KiB at {:#x} rkey {:#x} on {}; {}{}",
+            "rmem: serving {} KiB at {:#x} rkey {:#x} on {} and TCP port {port} (RDMA CM); {}{}",
             r.len / 1024,
             r.base,
             r.rkey,
@@ -574,6 +692,10 @@ fn serve(out: &mut dyn Write, bytes: u64, secs: Option<u64>, clients: Option<u64
         let end = secs.map(|n| hal::Deadline::after(&TscClock, Duration::from_secs(n)));
         loop {
             core.poll();
+            // The IP stack's turn (ARP answers for compute nodes coming by
+            // IP address) and the RDMA CM's with it.
+            ib_core::addr::IpNet::poll(net, core);
+            ib_core::cma::net_poll(core, cma, net);
             s.poll(core).map_err(err)?;
             if end.is_some_and(|e| e.expired(&TscClock)) {
                 break;
