@@ -773,9 +773,22 @@ fn timed_runs_with_d_report_what_fit_in_the_time() {
             .unwrap_or_else(|| panic!("{name}: result line\n{c}"));
         let cols: Vec<&str> = line.split_whitespace().collect();
         let n: u64 = cols[1].parse().unwrap_or(0);
-        assert!(n > 10, "{name}: messages in 1 s of model time: {line}");
+        // How many fit depends on how busy the host is (10 exchanges of
+        // 50 ms were seen at load 7); what -D promises is that the run
+        // lasted its second and says what fitted.
+        assert!(n >= 1, "{name}: messages in 1 s of model time: {line}");
         if peak0 {
             assert_eq!(cols[2], "0.00", "{name}: -D reports no peak, as perftest");
+            let avg: f64 = cols[3].parse().unwrap_or(0.0);
+            assert!(avg > 0.0, "{name}: an average over the second: {line}");
+        } else {
+            // Transactions per second over the one-second run: the count.
+            let tps: f64 = cols[3].parse().unwrap_or(0.0);
+            let want = n as f64;
+            assert!(
+                (tps - want).abs() <= 0.25 * want + 1.0,
+                "{name}: {n} exchanges in a 1 s run report {tps} per second: {line}"
+            );
         }
     }
     // -D with --check is refused with a reason, before anything is sent.
