@@ -2,8 +2,10 @@
 //!
 //! Building the kernel image once, booting it under QEMU with a deadline through
 //! `run-qemu.sh`, and driving its serial console; an SM's PortInfo Sets through the
-//! model's SMA (`sm`); the fixtures of the model-backed tests (`mlx4_common`, `subnet_common`).
+//! model's SMA (`sm`); the fixtures of the model-backed tests (`mlx4_common`, `subnet_common`,
+//! `ip_node`: guests with IPoIB, the IP stack and the RDMA CM under OpenSM).
 
+pub mod ip_node;
 pub mod mlx4_common;
 pub mod qemu;
 pub mod sm;
