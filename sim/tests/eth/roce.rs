@@ -99,6 +99,59 @@ fn rc_send_write_read_over_roce_with_data_checked() {
 }
 
 #[test]
+fn rc_and_uc_receives_over_roce_get_no_grh_in_their_buffer() {
+    // Every RoCE packet has a GRH, but only UD (and MLX) receives scatter
+    // it: an RC or UC receive gets the payload alone, at offset 0 (Linux
+    // mlx4_ib reserves GRH room in UD receive buffers only).
+    let mut p = pair();
+    let mut ca = p.a.cq(8);
+    let mut cb = p.b.cq(8);
+    let la = p.a.mr(0x10_0000_0000, 8192, acc::ALL);
+    let rb = p.b.mr(0x20_0000_0000, 8192, acc::ALL);
+    la.write(0, b"xRoCE payload");
+    for (st, qpn) in [(RC, 0x80u32), (UC, 0x81)] {
+        let sa = QpSpec::new(st, ca.cqn);
+        let sb = QpSpec::new(st, cb.cqn);
+        let mut qa = p.a.qp(qpn, sa);
+        let mut qb = p.b.qp(qpn + 0x10, sb);
+        roce_connect(
+            &mut p.a,
+            &qa,
+            sa,
+            qpn + 0x10,
+            RocePath::to(p.idb.0, p.idb.1),
+        )
+        .unwrap();
+        roce_connect(&mut p.b, &qb, sb, qpn, RocePath::to(p.ida.0, p.ida.1)).unwrap();
+        // A 1-byte SEND into a 1-byte buffer.
+        rb.write(0, &[0xee; 64]);
+        qb.post_recv(&[rb.sge(0, 1)]);
+        qa.post(&p.a, &Wr::send(vec![la.sge(0, 1)]));
+        let r = one(&p.b, &mut cb, false);
+        assert!(r.ok(), "{st}: {r:?}");
+        assert_eq!((r.byte_cnt, r.grh), (1, false), "{st}: {r:?}");
+        assert_eq!(
+            rb.read(0, 2),
+            b"x\xee",
+            "{st}: the byte at 0, nothing after it"
+        );
+        assert!(one(&p.a, &mut ca, true).ok(), "{st}");
+        // 13 bytes into a 64-byte buffer: the payload at 0, the rest
+        // untouched.
+        rb.write(0, &[0xee; 64]);
+        qb.post_recv(&[rb.sge(0, 64)]);
+        qa.post(&p.a, &Wr::send(vec![la.sge(0, 13)]));
+        let r = one(&p.b, &mut cb, false);
+        assert_eq!((r.byte_cnt, r.grh), (13, false), "{st}: {r:?}");
+        assert_eq!(rb.read(0, 13), b"xRoCE payload", "{st}");
+        assert_eq!(rb.read(13, 51), vec![0xee; 51], "{st}: no GRH bytes");
+        assert!(one(&p.a, &mut ca, true).ok(), "{st}");
+    }
+    p.a.assert_no_violations();
+    p.b.assert_no_violations();
+}
+
+#[test]
 fn ud_send_over_roce_lands_after_the_grh_with_the_source_mac() {
     let mut p = pair();
     let mut ca = p.a.cq(8);

@@ -532,7 +532,10 @@ fn receive_in(
             Syndrome::RemoteInvalidReq,
         );
     }
-    if let Some(g) = &m.grh
+    // Only datagram receives get the GRH (40 bytes at the head of the
+    // buffer); an RC/UC receive gets the payload alone even though every
+    // RoCE packet (and a globally routed IB one) carries a GRH.
+    if let Some(g) = m.grh.as_ref().filter(|_| datagram)
         && xlate::scatter(hca, &segs[..n], 0, g).is_err()
     {
         bad = true;
