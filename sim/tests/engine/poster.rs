@@ -341,6 +341,9 @@ pub struct QpSpec {
     pub rq_log: u8,
     pub rq_shift: u8,
     pub srq: Option<u32>,
+    /// No RQ at all (RQ size byte 0, as mlx4_en's send rings): only for
+    /// raw Ethernet QPs, where the card reads it so.
+    pub no_rq: bool,
     pub scq: u32,
     pub rcq: u32,
     pub port: u8,
@@ -364,6 +367,7 @@ impl QpSpec {
             rq_log: 6,
             rq_shift: 6,
             srq: None,
+            no_rq: false,
             scq: cq,
             rcq: cq,
             port: 1,
@@ -559,7 +563,11 @@ impl Hca {
 
     /// [`Hca::qp`], with RST2INIT's status.
     pub fn try_qp(&mut self, qpn: u32, s: QpSpec) -> R<Qp> {
-        let rq_cnt = if s.srq.is_some() { 0 } else { 1u32 << s.rq_log };
+        let rq_cnt = if s.srq.is_some() || s.no_rq {
+            0
+        } else {
+            1u32 << s.rq_log
+        };
         let sq_cnt = 1u32 << s.sq_log;
         let rq_bytes = (rq_cnt as usize) << s.rq_shift;
         let sq_bytes = (sq_cnt as usize) << s.sq_shift;

@@ -92,6 +92,26 @@ impl Node {
 }
 
 #[test]
+fn a_send_ring_without_an_rq_needs_mtt_entries_for_its_sq_only() {
+    // mlx4_en's TX ring: RQ size byte 0 (no RQ), a 4 KiB SQ (64 TXBBs) in
+    // one page described by one MTT entry, as Linux sizes the buffer
+    // (en_tx.c: size * TXBB_SIZE). The card must not want a second entry
+    // for an RQ the QP does not have.
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(2);
+    let mut s = QpSpec::new(MLX, n[0].cq.cqn);
+    (s.no_rq, s.sq_log, s.sq_shift) = (true, 6, 6);
+    let mut tx = n[0].h.qp(0xb0, s);
+    n[0].h.connect(&tx, s, 0, 0).unwrap();
+    let f = frame(n[1].mac, n[0].mac, 0x0800, &[7u8; 50]);
+    raw_send(&n[0].h, &mut tx, &n[0].buf, 0, &f, None, 0);
+    let rb = n[1].received();
+    assert_eq!(rb.len(), 1);
+    assert_eq!(n[1].buf.read(32 << 10, f.len()), f);
+    n[0].h.assert_no_violations();
+}
+
+#[test]
 fn frames_are_steered_by_mac_through_a_learning_switch() {
     let (mut n, _w, fab, built) = nodes(3);
     for x in n.iter_mut() {

@@ -196,17 +196,19 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
         }
         return Ok(());
     }
-    let rq = if c.has_srq {
+    // A raw Ethernet QP without an RQ size has no RQ: its buffer is the SQ
+    // alone (mlx4_en's send rings) and its doorbell record is not read
+    // (mlx4_en writes none for its send rings and RSS QP). Any other QP
+    // with RQ size byte 0 has one 16-byte receive WQE (Linux mlx4_ib
+    // set_rq_size never makes an RQ of 0 WQEs without an SRQ).
+    let no_rq = c.st == st::MLX && !is_special && c.rq_log_size == 0 && c.rq_log_stride == 0;
+    let rq = if c.has_srq || no_rq {
         0
     } else {
         (1u64 << c.rq_log_size) << (c.rq_log_stride + 4)
     };
     let sq = (1u64 << c.sq_log_size) << (c.sq_log_stride + 4);
     hca.mtt_pages(c.mtt_base, c.log_page_size, rq + sq)?;
-    // A raw Ethernet QP without an RQ size has no RQ, and its doorbell
-    // record is not read (mlx4_en writes none for its send rings and RSS
-    // QP).
-    let no_rq = c.st == st::MLX && !is_special && c.rq_log_size == 0 && c.rq_log_stride == 0;
     if !c.has_srq && !no_rq {
         if !c.db_rec_addr.is_multiple_of(4) {
             return Err(Status::BAD_PARAM);
