@@ -54,6 +54,40 @@ fn a_vpi_card_reports_its_port_types_macs_and_capabilities() {
 }
 
 #[test]
+fn sense_port_is_answered_before_init_hca_as_linux_sends_it() {
+    // Linux mlx4_dev_cap runs SENSE_PORT for a "default sense" port after
+    // QUERY_DEV_CAP, before INIT_HCA; a refusal is its "Sense command
+    // failed" error and the port keeps the firmware's suggestion.
+    let t = [PortType::Auto, PortType::Eth];
+    let (x, _y, _w) =
+        SimHca::back_to_back(cfg(0x0002_c903_0000_1000, t), cfg(0x0002_c903_0000_2000, t));
+    let mut r = Raw::with(x);
+    crate::harness::reset(&mut r);
+    assert_eq!(
+        r.cmd_imm(0, 1, 0, Opcode::SENSE_PORT),
+        Err(CmdError::Status(Status::BAD_SYS_STATE)),
+        "no firmware running yet"
+    );
+    crate::harness::load_fw_no_reset(&mut r).unwrap();
+    dev_cap_flags(&mut r);
+    assert_eq!(r.cmd_imm(0, 1, 0, Opcode::SENSE_PORT), Ok(1), "an IB cable");
+    assert_eq!(
+        r.cmd_imm(0, 2, 0, Opcode::SENSE_PORT),
+        Ok(2),
+        "fixed Ethernet"
+    );
+    assert_eq!(
+        r.cmd_imm(0, 3, 0, Opcode::SENSE_PORT),
+        Err(CmdError::Status(Status::BAD_PARAM)),
+        "no port 3"
+    );
+    assert!(r.sim.violations().is_empty(), "{:?}", r.sim.violations());
+    // The bring-up goes on as before.
+    crate::harness::init_after_fw_pub(&mut r).unwrap();
+    assert_eq!(r.cmd_imm(0, 1, 0, Opcode::SENSE_PORT), Ok(1));
+}
+
+#[test]
 fn an_auto_port_senses_the_cable_and_takes_the_drivers_flavour() {
     let t = [PortType::Auto, PortType::Auto];
     let (x, y, _w) =

@@ -101,8 +101,10 @@ fn sensed(hca: &Hca, i: usize) -> Option<LinkLayer> {
 /// may be either the type of what its cable reaches (0, "none", without a
 /// cable). Linux (`mlx4_SENSE_PORT`) and iPXE (`hermon_cmd_sense_port`, an
 /// 8-byte "out" that fits the HCR) both read it from HCR dwords 3..4.
+/// Taken once the firmware runs: Linux's `mlx4_dev_cap` senses a "default
+/// sense" port after QUERY_DEV_CAP, before INIT_HCA.
 pub fn sense_port(hca: &mut Hca, cmd: &Command) -> CmdResult {
-    need(hca, &[FwState::Initialized])?;
+    need(hca, &[FwState::Running, FwState::Initialized])?;
     let i = port_of(hca, cmd)?;
     let t = match hca.ports[i].port_type {
         PortType::Ib => 1,
