@@ -133,3 +133,48 @@ fn two_cq_arms_on_one_uar_page_in_one_pass_both_take() {
     assert_eq!(ev, vec![c1.cqn, c2.cqn], "each armed CQ raised its event");
     h.assert_no_violations();
 }
+
+/// Zeroes `q`'s SQ as Linux mlx4_en leaves its TX ring at activation
+/// (`memset(ring->buf, 0, ...)`, no pre-stamp): in the first pass every
+/// slot's owner bit reads "hardware" although nothing was posted there.
+fn zero_sq(q: &Qp) {
+    q.buf.fill(q.sq_off, (q.sq_cnt as usize) << q.sq_shift, 0);
+}
+
+#[test]
+fn a_coalesced_doorbell_runs_no_slot_that_was_never_posted() {
+    let (sim, h, mut cq, mut a, mut b, src, dst) = polled_pair();
+    zero_sq(&b);
+    src.write(0, &[0xa5; 64]);
+    b.post_recv(&[dst.sge(0, 64)]);
+    let send = |from: u64| Wr {
+        opcode: op::SEND,
+        signalled: true,
+        sges: vec![src.sge(from, 64)],
+        ..Wr::default()
+    };
+    // Only A rings; the model's pass looks at B (same UAR page) too, whose
+    // head slot is all zero: not a WQE, so B runs nothing and stays RTS.
+    a.post(&h, &send(0));
+    for _ in 0..8 {
+        sim.poll();
+    }
+    let cqes = cq.drain();
+    assert!(cqes.iter().all(Cqe::ok), "{cqes:?}");
+    assert!(!cqes.iter().any(|c| c.send && c.qpn == 0x81), "{cqes:?}");
+    assert_eq!(dst.read(0, 64), vec![0xa5; 64], "A's SEND reached B");
+    h.assert_no_violations();
+    // B's first real WQE runs at its doorbell, and the zero slot after it
+    // ends the work quietly.
+    a.post_recv(&[dst.sge(4096, 64)]);
+    src.write(4096, &[0x5a; 64]);
+    b.post(&h, &send(4096));
+    for _ in 0..8 {
+        sim.poll();
+    }
+    let cqes = cq.drain();
+    assert!(cqes.iter().all(Cqe::ok), "{cqes:?}");
+    assert!(cqes.iter().any(|c| c.send && c.qpn == 0x81), "{cqes:?}");
+    assert_eq!(dst.read(4096, 64), vec![0x5a; 64], "B's SEND reached A");
+    h.assert_no_violations();
+}

@@ -540,9 +540,13 @@ pub fn cq_doorbell(hca: &mut Hca, cqn: u32, cmd: u32, sn: u8, ci: u32) {
 /// Polled front ends: a send doorbell was seen on UAR page `uar`, where
 /// another QP's doorbell may have been overwritten since the last pass
 /// (the page's doorbell word is read once a pass; the hardware sees every
-/// MMIO write). Every other QP bound to the page that has a WQE the
-/// hardware owns at its next-to-start index runs its send queue (one not
-/// yet in RTS keeps a pending doorbell for RTS). `rung` has run already.
+/// MMIO write). Every other QP bound to the page whose next-to-start slot
+/// holds a posted WQE runs its send queue (one not yet in RTS keeps a
+/// pending doorbell for RTS). `rung` has run already. Posted means handed
+/// over whole, as a driver does before it rings: the owner bit of the
+/// pass, a DS count, no stamp; a slot that only reads hardware-owned (an
+/// mlx4_en TX ring cleared to zero, a stamped slot) was announced by no
+/// doorbell and is left alone.
 pub fn send_doorbells_coalesced(hca: &mut Hca, uar: u32, rung: u32) {
     let others: Vec<(u32, QpState)> = hca
         .qps
@@ -567,8 +571,9 @@ pub fn send_doorbells_coalesced(hca: &mut Hca, uar: u32, rung: u32) {
     }
 }
 
-/// QP `qpn`'s send WQE at the next-to-start index is the hardware's (its
-/// owner bit is the pass parity).
+/// QP `qpn`'s send WQE at the next-to-start index is a posted WQE the
+/// hardware owns (its owner bit is the pass parity, it has a DS count and
+/// its first dword is no stamp).
 fn sq_owned_wqe(hca: &mut Hca, qpn: u32) -> bool {
     let Some(q) = hca.engine.qps.get(&qpn) else {
         return false;
@@ -582,7 +587,11 @@ fn sq_owned_wqe(hca: &mut Hca, qpn: u32) -> bool {
         return false;
     };
     let mut b = [0u8; 16];
-    hca.dma_read(addr, &mut b).is_ok() && wqe::Ctrl::decode(&b).owner == parity
+    if hca.dma_read(addr, &mut b).is_err() || wqe::unwritten(&b) {
+        return false;
+    }
+    let c = wqe::Ctrl::decode(&b);
+    c.owner == parity && c.ds != 0 && u32::from_be_bytes([b[0], b[1], b[2], b[3]]) != wqe::STAMP
 }
 
 /// Polled front ends: a CQ doorbell was seen on UAR page `uar`, where

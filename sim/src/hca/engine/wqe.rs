@@ -65,6 +65,16 @@ pub const STAMP: u32 = 0xffff_ffff;
 /// Most segments a WQE of 63 16-byte units can hold.
 pub const MAX_SEGS: usize = 64;
 
+/// A send queue slot the driver never wrote: an all-zero control segment.
+/// Linux mlx4_en clears its TX ring at activation and pre-stamps nothing,
+/// so in the ring's first pass every unused slot's owner bit reads
+/// "hardware"; a posted WQE always has its DS count (written before the
+/// owner bit), so a zero slot is no WQE and the send engine stops there
+/// as at a software-owned one.
+pub fn unwritten(ctrl: &[u8]) -> bool {
+    ctrl.len() >= 16 && ctrl[..16].iter().all(|&b| b == 0)
+}
+
 /// The send control segment (16 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Ctrl {

@@ -298,7 +298,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             return;
         }
         let ctrl = Ctrl::decode(&wqe[..16]);
-        if ctrl.owner != parity {
+        if ctrl.owner != parity || (retx.is_none() && wqe::unwritten(&wqe[..16])) {
             if retx.is_some() {
                 hca.violation(format!(
                     "QP {qpn:#x} SQ WQE {idx}: owner bit handed back to software while the \
