@@ -112,6 +112,31 @@ fn a_send_ring_without_an_rq_needs_mtt_entries_for_its_sq_only() {
 }
 
 #[test]
+fn an_rx_ring_with_equal_strides_has_its_rq_after_the_one_txbb_sq() {
+    // Linux mlx4_en's RX ring: RQ stride 64 (MLX4_EN_MAX_RX_FRAGS data
+    // segments), an SQ of one 64-byte TXBB (sq_size_stride = 2). With equal
+    // strides the SQ comes first (mlx4_ib `rq.wqe_shift > sq.wqe_shift`
+    // puts the RQ first only when larger; mlx4_en_activate_rx_rings moves
+    // `ring->buf` past the TXBB when the stride is <= TXBB_SIZE): the
+    // receive WQEs start at +64.
+    let (mut n, _w, _f, _b) = nodes(2);
+    let mut s = QpSpec::new(MLX, n[1].cq.cqn);
+    (s.sq_log, s.sq_shift, s.rq_log, s.rq_shift) = (0, 6, 3, 6);
+    let mut rx = n[1].h.qp(0xb1, s);
+    assert_eq!((rx.sq_off, rx.rq_off), (0, 64), "Linux's layout");
+    n[1].h.connect(&rx, s, 0, 0).unwrap();
+    set_rqp(&mut n[1].h.r, 1, 0xb1, 0, false, 2).unwrap();
+    rx.post_recv(&[n[1].buf.sge(40 << 10, 2048)]);
+    let f = frame(n[1].mac, n[0].mac, 0x0800, &[9u8; 80]);
+    n[0].send(&f);
+    let rb = n[1].received();
+    assert_eq!(rb.len(), 1, "one frame");
+    assert_eq!(cqe_basics(&rb[0]).0, 0xb1);
+    assert_eq!(n[1].buf.read(40 << 10, f.len()), f);
+    n[1].h.assert_no_violations();
+}
+
+#[test]
 fn frames_are_steered_by_mac_through_a_learning_switch() {
     let (mut n, _w, fab, built) = nodes(3);
     for x in n.iter_mut() {

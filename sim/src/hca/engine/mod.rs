@@ -383,8 +383,10 @@ fn load_qp(hca: &mut Hca, qpn: u32, prev: Option<QpEng>, op: Opcode) -> Option<Q
     let sq_shift = u32::from(c.sq_log_stride) + 4;
     let rq_bytes = u64::from(rq_cnt) << rq_shift;
     let sq_bytes = u64::from(sq_cnt) << sq_shift;
-    // The queue with the larger stride comes first (Linux
-    // mlx4_ib create_qp_common; the card must agree).
+    // The queue with the larger stride comes first, the SQ on equal
+    // strides (Linux mlx4_ib set_kernel_sq_size and libmlx4: the RQ first
+    // only when `rq.wqe_shift > sq.wqe_shift`; mlx4_en's RX ring, stride
+    // <= one TXBB, starts its RQ after the one-TXBB SQ).
     let (rq_off, sq_off) = if rq_cnt > 0 && rq_shift > sq_shift {
         (0, rq_bytes)
     } else {
