@@ -636,3 +636,108 @@ fn lso_cuts_a_tcp_payload_into_frames_of_the_mss() {
     assert!(m[0].h.r.sim.take_violations()[0].contains("did not report BLH"));
     assert!(m[1].received().is_empty());
 }
+
+/// Writes descriptor `d` (control segment first) the way Linux mlx4_en
+/// does on its TX ring of 64-byte TXBBs: at the producer's TXBB, spanning
+/// as many TXBBs as it needs and wrapping at the end of the ring (its
+/// bounce-buffer copy), the DS count, then the owner and opcode dword
+/// last; no doorbell. Returns the first TXBB's index.
+fn put_txbbs(q: &mut Qp, opcode: u8, d: &[u8]) -> u32 {
+    let idx = q.sq_pi;
+    let bbs = d.len().div_ceil(64) as u32;
+    let slot = |k: u32| q.sq_off + (((idx + k) & (q.sq_cnt - 1)) as usize) * 64;
+    for k in (0..bbs).rev() {
+        let from = k as usize * 64;
+        let to = d.len().min(from + 64);
+        let skip = if k == 0 { 8 } else { 0 };
+        q.buf.write_bytes(slot(k) + skip, &d[from + skip..to]);
+    }
+    q.buf.write_bytes(slot(0) + 4, &d[4..8]);
+    q.buf.write_u8(slot(0) + 7, d.len().div_ceil(16) as u8);
+    let owner = if idx & q.sq_cnt != 0 { 1u32 << 31 } else { 0 };
+    hal::barrier::wmb();
+    q.buf.write_be32(slot(0), owner | u32::from(opcode));
+    q.sq_pi = idx.wrapping_add(bbs);
+    idx
+}
+
+#[test]
+fn tx_descriptors_of_several_txbbs_run_and_wrap_as_mlx4_ens() {
+    // mlx4_en's TX ring: stride 64, no RQ, cleared to zero (no pre-stamp);
+    // an inline frame over 44 bytes takes two TXBBs (its second inline
+    // segment starts the second), the next descriptor follows it, one
+    // wraps at the end of the ring, and freed TXBBs are stamped
+    // 0x7fffffff | owner of the pass they were used in.
+    let (mut n, _w, _f, _b) = nodes(2);
+    n[1].post_rx(12);
+    let mut s = QpSpec::new(MLX, n[0].cq.cqn);
+    (s.no_rq, s.sq_log, s.sq_shift) = (true, 3, 6);
+    let mut tx = n[0].h.qp(0xb2, s);
+    tx.buf.fill(tx.sq_off, 8 * 64, 0);
+    n[0].h.connect(&tx, s, 0, 0).unwrap();
+    let (a, b) = (n[0].mac, n[1].mac);
+    let mut sent = Vec::new();
+    let mut firsts = Vec::new();
+    let inline = |q: &Qp, f: &[u8]| {
+        q.build(&Wr {
+            opcode: op::SEND,
+            signalled: true,
+            inline: Some(f.to_vec()),
+            mlx_flags: Some((0, 0)),
+            ..Wr::default()
+        })
+    };
+    let big = frame(b, a, 0x0800, &[0x42; 84]);
+    let d = inline(&tx, &big);
+    assert_eq!(d.len(), 128, "two TXBBs");
+    firsts.push(put_txbbs(&mut tx, op::SEND, &d));
+    sent.push(big.clone());
+    // Five one-TXBB descriptors (a pointer to the frame): TXBBs 2..6.
+    for k in 0..5u8 {
+        let f = frame(b, a, 0x0800, &[k; 46]);
+        n[0].buf.write(u64::from(k) * 256, &f);
+        let w = raw_wr(n[0].buf.sge(u64::from(k) * 256, f.len() as u32), 0);
+        let d = tx.build(&w);
+        firsts.push(put_txbbs(&mut tx, op::SEND, &d));
+        sent.push(f);
+    }
+    n[0].h.ring_send(tx.qpn);
+    settle(&n[0].h);
+    // Freed TXBBs stamped as mlx4_en_free_tx_desc does (pass 0: owner 0).
+    for k in 0..7usize {
+        tx.buf.write_be32(tx.sq_off + k * 64, 0x7fff_ffff);
+    }
+    // A two-TXBB descriptor at TXBB 7, wrapping to TXBB 0 (index 8).
+    let f = frame(b, a, 0x0800, &[0x77; 90]);
+    let d = inline(&tx, &f);
+    firsts.push(put_txbbs(&mut tx, op::SEND, &d));
+    sent.push(f);
+    n[0].h.ring_send(tx.qpn);
+    settle(&n[0].h);
+    // The next at TXBB 1 of the second pass (index 9, owner 1).
+    let f = frame(b, a, 0x0800, &[0x99; 46]);
+    let d = inline(&tx, &f);
+    firsts.push(put_txbbs(&mut tx, op::SEND, &d));
+    sent.push(f);
+    n[0].h.ring_send(tx.qpn);
+    assert_eq!(firsts, [0, 2, 3, 4, 5, 6, 7, 9]);
+    let rx = n[1].received();
+    assert_eq!(rx.len(), sent.len(), "every frame arrived");
+    for (k, f) in sent.iter().enumerate() {
+        let at = (32 << 10) + k as u64 * 2048;
+        assert_eq!(n[1].buf.read(at, f.len()), *f, "frame {k}");
+    }
+    settle(&n[0].h);
+    let done: Vec<u16> = drain_raw(&mut n[0].cq)
+        .iter()
+        .filter(|c| cqe_basics(c).1)
+        .map(|c| u16::from_be_bytes([c[0x18], c[0x19]]))
+        .collect();
+    assert_eq!(
+        done,
+        [0, 2, 3, 4, 5, 6, 7, 9],
+        "each CQE names its first TXBB"
+    );
+    n[0].h.assert_no_violations();
+    n[1].h.assert_no_violations();
+}

@@ -61,12 +61,22 @@ pub fn flush_sq(hca: &mut Hca, qpn: u32) -> u32 {
         };
         let idx = q.sq_ci;
         let parity = idx & q.sq_cnt != 0;
+        let (raw, stride) = (q.raw_eth, 1u32 << q.sq_shift);
         let Some(addr) = q.sq_wqe(idx) else { break };
-        let mut b = [0u8; 4];
-        if hca.dma_read(addr, &mut b).is_err() || (b[0] & 0x80 != 0) != parity {
+        let mut b = [0u8; 16];
+        if hca.dma_read(addr, &mut b).is_err()
+            || (b[0] & 0x80 != 0) != parity
+            || super::wqe::unwritten(&b)
+        {
             break;
         }
-        advance(hca, qpn);
+        // A raw Ethernet WQE spans its DS count's basic blocks.
+        let bbs = if raw {
+            (u32::from(b[7] & 0x3f) * 16).div_ceil(stride).clamp(1, cnt)
+        } else {
+            1
+        };
+        super::advance_by(hca, qpn, bbs);
         let c = Cqe {
             qpn,
             send: true,

@@ -292,6 +292,15 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             return;
         };
         let stride = 1usize << q.sq_shift;
+        // A raw Ethernet WQE may span several basic blocks of the stride
+        // (mlx4_en's TX descriptors are 1 to MAX_DESC_TXBBS TXBBs of 64
+        // bytes, the next one at the following free TXBB); other QPs keep
+        // one WQE per stride (Linux mlx4_ib's constant stride).
+        let most = if q.raw_eth {
+            WQE_MAX
+        } else {
+            stride.min(WQE_MAX)
+        };
         let Some(addr) = q.sq_wqe(idx) else { return };
         let parity = idx & q.sq_cnt != 0;
         if hca.dma_read(addr, &mut wqe[..16]).is_err() {
@@ -312,15 +321,16 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             return;
         }
         let size = usize::from(ctrl.ds) * 16;
+        let bbs = size.div_ceil(stride).max(1) as u32;
         let outcome = if exhausted {
             Outcome::Fail(Syndrome::RetryExceeded)
-        } else if ctrl.ds == 0 || size > stride.min(WQE_MAX) {
+        } else if ctrl.ds == 0 || size > most || bbs >= cnt {
             hca.violation(format!(
                 "QP {qpn:#x} SQ WQE {idx}: DS count {} does not fit the {stride}-byte stride",
                 ctrl.ds
             ));
             Outcome::Fail(Syndrome::LocalQpOp)
-        } else if hca.dma_read(addr + 16, &mut wqe[16..size]).is_err() {
+        } else if read_wqe(hca, qpn, idx, stride, &mut wqe[..size]).is_err() {
             Outcome::Fail(Syndrome::LocalProt)
         } else if let Some(k) = (64..size)
             .step_by(64)
@@ -384,7 +394,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             }
             Outcome::Done { byte_cnt } => {
                 hca.engine.stats.executed += 1;
-                let scq = advance(hca, qpn);
+                let scq = advance_by(hca, qpn, bbs);
                 if ctrl.signalled() {
                     let c = Cqe {
                         qpn,
@@ -399,7 +409,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
             }
             Outcome::Fail(s) => {
                 hca.engine.stats.executed += 1;
-                let scq = advance(hca, qpn);
+                let scq = advance_by(hca, qpn, bbs);
                 let c = Cqe {
                     qpn,
                     send: true,
@@ -417,16 +427,48 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
 
 /// Moves past the WQE at the consumer counter; returns the send CQ.
 pub(super) fn advance(hca: &mut Hca, qpn: u32) -> u32 {
+    advance_by(hca, qpn, 1)
+}
+
+/// Moves past the WQE of `bbs` basic blocks at the consumer counter;
+/// returns the send CQ.
+pub(super) fn advance_by(hca: &mut Hca, qpn: u32, bbs: u32) -> u32 {
     let Some(q) = hca.engine.qps.get_mut(&qpn) else {
         return 0;
     };
     let old = q.sq_ci;
-    q.sq_ci = old.wrapping_add(1);
+    q.sq_ci = old.wrapping_add(bbs);
     if q.sq_next == old {
         q.sq_next = q.sq_ci;
     }
     q.retrying = false;
     q.scq
+}
+
+/// Reads the rest of SQ WQE `idx` of QP `qpn` (its first 16 bytes are in
+/// `out` already) into `out`, basic block by basic block: a WQE of several
+/// blocks may cross a page of the buffer or wrap at the end of the ring
+/// (mlx4_en copies such a descriptor from its bounce buffer).
+fn read_wqe(hca: &mut Hca, qpn: u32, idx: u32, stride: usize, out: &mut [u8]) -> Result<(), ()> {
+    let mut at = 16;
+    let mut bb = 0u32;
+    while at < out.len() {
+        let Some(addr) = hca
+            .engine
+            .qps
+            .get(&qpn)
+            .and_then(|q| q.sq_wqe(idx.wrapping_add(bb)))
+        else {
+            return Err(());
+        };
+        let within = at - bb as usize * stride;
+        let end = out.len().min((bb as usize + 1) * stride);
+        hca.dma_read(addr + within as u64, &mut out[at..end])
+            .map_err(|_| ())?;
+        at = end;
+        bb += 1;
+    }
+    Ok(())
 }
 
 /// Checks a gather (or READ/atomic target) list and turns it into segments.
