@@ -7,9 +7,10 @@
 # and the crashes (left in fuzz/artifacts/TARGET/).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
-#   scripts/fuzz.sh --smoke          # CI: build every target and replay each
-#                                    # seed corpus once (a target that no longer
-#                                    # builds, or crashes on a seed, fails)
+#   scripts/fuzz.sh --smoke          # CI: clippy on the fuzz crate, build every
+#                                    # target and replay each seed corpus once (a
+#                                    # target that no longer builds, has a clippy
+#                                    # warning, or crashes on a seed, fails)
 #
 # Environment: FUZZ_SANITIZER (none by default; address for ASan, slower),
 # FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2").
@@ -49,6 +50,11 @@ mapfile -t all < <(cd fuzz && cargo fuzz list)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
+if [ $smoke = 1 ]; then
+    # The targets are code too: clippy holds them to the workspace's bar.
+    say "== cargo clippy (fuzz crate)"
+    (cd fuzz && cargo clippy --quiet --bins --lib -- -D warnings >&2)
+fi
 say "== building ${#targets[@]} fuzz targets (sanitizer $san)"
 one=()
 [ ${#targets[@]} -eq 1 ] && one=("${targets[0]}")

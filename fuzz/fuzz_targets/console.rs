@@ -67,10 +67,8 @@ fuzz_target!(|data: &[u8]| {
         None => (0, data),
     };
     for (i, &b) in data.iter().enumerate() {
-        if i % 7 < split % 8 {
-            if ahead.take(b) {
-                continue;
-            }
+        if i % 7 < split % 8 && ahead.take(b) {
+            continue;
         }
         while let Some(k) = ahead.pop() {
             let _ = ed.feed(k, &mut |s| echoed += s.len());

@@ -158,7 +158,7 @@ fn run(input: Input) {
             &mut r,
             a,
             QpType::Gsi,
-            Some(MadRegReq::new(0x32, 1, &[method::GET]).with_oui(0x0014_05)),
+            Some(MadRegReq::new(0x32, 1, &[method::GET]).with_oui(0x00_14_05)),
             0,
         ),
         // An SMI agent for traps on B.

@@ -1,10 +1,12 @@
-//! ib_core's SA client: answers to its PathRecord, NodeRecord and PortInfoRecord queries (Get and GetTable), in one MAD or in RMPP segments, arriving from the wire through the MAD layer.
+//! ib_core's SA client: answers to its PathRecord, NodeRecord, PortInfoRecord and MCMemberRecord queries (Get, GetTable, and the Set of a join), in one MAD or in RMPP segments, arriving from the wire through the MAD layer.
 //!
 //! The query is started with the client's API and goes out on QP1 (the
 //! capture gives its TID); the fuzzed answers come back carrying that TID
 //! (unless an edit changes it). The records the client hands out are then
 //! unpacked, and a path's address vector is built from them
-//! (`init_ah_from_path`), as the CM and the tools do.
+//! (`init_ah_from_path`), as the CM and the tools do; a group's address
+//! vector is built from the MCMemberRecords (`init_ah_from_mcmember`), as
+//! IPoIB does after a join.
 
 #![no_main]
 
@@ -14,7 +16,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use ib_core::mad::{Mad, class};
 use ib_core::mad_rmpp::{RmppHdr, rmpp_type};
 use ib_core::sa_query::{
-    self, NodeRecord, PathRecord, PortInfoRecord, path_comp, sa_attr, sa_method,
+    self, McMemberRecord, NodeRecord, PathRecord, PortInfoRecord, path_comp, sa_attr, sa_method,
 };
 use legoib_fuzz::ibfake::{Arrival, lock};
 use legoib_fuzz::ibrig::{self, B_LID};
@@ -23,9 +25,21 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Query {
-    Path { dlid: u16, by_gid: bool },
-    Node { table: bool },
-    PortInfo { table: bool },
+    Path {
+        dlid: u16,
+        by_gid: bool,
+    },
+    Node {
+        table: bool,
+    },
+    PortInfo {
+        table: bool,
+    },
+    /// A join of the IPv4 broadcast group (a SubnAdmSet), or every group
+    /// (`saquery -g`, a GetTable).
+    McMember {
+        join: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -62,6 +76,7 @@ fn raw_input(mads: &[u8]) -> Input {
     let query = match attr {
         sa_attr::NODE_REC => Query::Node { table },
         sa_attr::PORT_INFO_REC => Query::PortInfo { table },
+        sa_attr::MC_MEMBER_REC => Query::McMember { join: !table },
         _ => Query::Path {
             dlid: B_LID,
             by_gid: false,
@@ -163,6 +178,22 @@ fn run(input: Input) {
         Query::PortInfo { table: true } => {
             sa_query::portinfo_rec_get_table(core, sa, a, 1, &PortInfoRecord::default(), 0, t)
         }
+        Query::McMember { join } => {
+            let mut rec = McMemberRecord::default();
+            let (method, mask) = if join {
+                // IPoIB's broadcast group of P_Key 0xffff.
+                let mut mgid = [0u8; 16];
+                mgid[..12].copy_from_slice(&[0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0]);
+                mgid[12..].copy_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+                rec.mgid = ib_core::verbs::Gid(mgid);
+                rec.port_gid = core.device(a).unwrap().get_cached_gid(1, 0).unwrap();
+                rec.join_state = 1;
+                (ib_core::mad::method::SET, 0x1_0003)
+            } else {
+                (sa_method::GET_TABLE, 0)
+            };
+            sa_query::mcmember_rec_query(core, sa, a, 1, method, &rec, mask, t)
+        }
     }
     .expect("the query starts");
     r.core.poll();
@@ -255,6 +286,14 @@ fn run(input: Input) {
                 if let Ok(nodes) = resp.node_records() {
                     for n in &nodes {
                         let _ = n.desc();
+                    }
+                }
+            }
+            sa_attr::MC_MEMBER_REC => {
+                if let Ok(groups) = resp.mcmember_records() {
+                    let dev = r.core.device(r.a).unwrap();
+                    for g in &groups {
+                        let _ = ib_core::multicast::init_ah_from_mcmember(dev, 1, g);
                     }
                 }
             }
