@@ -409,60 +409,83 @@ impl PortInfo {
     pub fn link_up(&self) -> bool {
         self.port_state() >= link::INIT && self.phys_state() == 5
     }
-    /// The IBTA rate code of the link (LinkWidthActive x LinkSpeedActive).
+    /// The IBTA rate code of the link (`ib_port_info_compute_rate`):
+    /// LinkWidthActive x LinkSpeedExtActive where the CapabilityMask says
+    /// the port has extended speeds (IsExtendedSpeedsSupported) and one is
+    /// active, else LinkWidthActive x LinkSpeedActive. A switch's external
+    /// port (CapabilityMask 0) goes by its port 0's: [`PortInfo::rate_ext`].
     pub fn rate(&self) -> u8 {
-        let lanes: u32 = match self.link_width_active() {
-            1 => 1,
-            2 => 4,
-            4 => 8,
-            8 => 12,
-            16 => 2,
-            _ => 1,
+        self.rate_ext(self.capability_mask() & CAP_HAS_EXT_SPEEDS != 0)
+    }
+    /// [`PortInfo::rate`] with whether extended speeds count given.
+    pub fn rate_ext(&self, extended: bool) -> u8 {
+        // Rate codes by width: 1x, 2x, 4x, 8x, 12x.
+        let by_width = |codes: [u8; 5]| match self.link_width_active() {
+            16 => codes[1],
+            2 => codes[2],
+            4 => codes[3],
+            8 => codes[4],
+            _ => codes[0],
         };
-        let tenths: u32 = match self.link_speed_active() {
-            2 => 50,
-            4 => 100,
-            _ => 25,
-        };
-        rate_code(lanes * tenths)
+        if extended {
+            // LinkSpeedExtActive: 14.0625 (FDR), 25.78125 (EDR), 53.125 Gb/s.
+            match self.0[62] >> 4 {
+                1 => return by_width([11, 19, 12, 13, 14]),
+                2 => return by_width([15, 20, 16, 17, 18]),
+                4 => return by_width([20, 16, 17, 21, 22]),
+                _ => {}
+            }
+        }
+        match self.link_speed_active() {
+            2 => by_width([5, 3, 6, 7, 8]),
+            4 => by_width([3, 6, 7, 9, 10]),
+            _ => by_width([2, 5, 3, 6, 4]),
+        }
     }
 }
 
-/// The IBTA rate code of `gbps_tenths` (tenths of Gb/s), 2 (2.5) if none.
-pub fn rate_code(gbps_tenths: u32) -> u8 {
-    match gbps_tenths {
-        25 => 2,
-        50 => 5,
-        100 => 3,
-        200 => 6,
-        300 => 4,
-        400 => 7,
-        600 => 8,
-        800 => 9,
-        1200 => 10,
-        _ => 2,
-    }
-}
+/// PortInfo CapabilityMask IsExtendedSpeedsSupported.
+pub const CAP_HAS_EXT_SPEEDS: u32 = 0x4000;
 
-/// Tenths of Gb/s of a rate code, 0 if unknown (to compare rates).
+/// A rate code's tenths of Gb/s for ordering, 0 if unknown (OpenSM's
+/// `ordered_rates`: a 64b/66b-coded rate by its 8b/10b equivalent, 56 Gb/s
+/// as 68).
 pub fn rate_value(code: u8) -> u32 {
     match code {
         2 => 25,
         5 => 50,
         3 => 100,
+        11 => 170,
         6 => 200,
         4 => 300,
+        15 => 312,
+        19 => 350,
         7 => 400,
         8 => 600,
+        20 => 625,
+        12 => 680,
         9 => 800,
         10 => 1200,
+        16 => 1250,
+        13 => 1360,
+        14 => 2040,
+        17 => 2500,
+        18 => 3750,
+        21 => 5000,
+        22 => 7500,
         _ => 0,
     }
 }
 
-/// Whether a rate code is one the IBTA defines (`ib_rate_is_valid`).
+/// The rate codes from slowest to fastest, in OpenSM's order.
+pub const RATES: [u8; 21] = [
+    2, 5, 3, 11, 6, 4, 15, 19, 7, 8, 20, 12, 9, 10, 16, 13, 14, 17, 18, 21, 22,
+];
+
+/// Whether a rate code is one OpenSM 3.3.23 knows (`ib_rate_is_valid`:
+/// 2.5 to 600 Gb/s).
 pub fn rate_is_valid(code: u8) -> bool {
-    (2..=10).contains(&code)
+    (2..=22).contains(&code)
 }
 
 /// Whether an MTU code is one the IBTA defines (`ib_mtu_is_valid`).
@@ -587,6 +610,13 @@ mod tests {
         p.0[31] = 2;
         p.0[35] = 0x40;
         assert_eq!(p.rate(), 7, "4x QDR: 40 Gb/s");
+        // 4x FDR: 56 Gb/s where the port says it has extended speeds.
+        p.0[62] = 0x11;
+        assert_eq!(p.rate(), 7);
+        p.set_capability_mask(CAP_HAS_EXT_SPEEDS);
+        assert_eq!(p.rate(), 12, "4x FDR: 56 Gb/s");
+        assert_eq!(p.rate_ext(false), 7);
+        assert!(rate_value(12) > rate_value(7) && rate_value(11) < rate_value(6));
     }
 
     #[test]

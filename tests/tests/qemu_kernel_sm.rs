@@ -5,7 +5,10 @@
 //! answered), its SM brings both ports to Active (the first SUBNET UP within
 //! 2 s of its start) and `ib_write_bw --check` runs between them. Three guests on the
 //! switch: `ibnetdiscover` and `saquery -p` from the other guests, answered by
-//! node 0's SM and SA. One QEMU run at a time.
+//! node 0's SM and SA. Beside Debian's OpenSM (started by the test on the
+//! fabric's SM host, its log under `target/fabric/`): the priorities decide
+//! who is master and stopping the master hands over, in one interactive
+//! boot. One QEMU run at a time.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -159,4 +162,248 @@ fn three_guests_on_a_switch_under_our_sm_discover_and_ask_the_sa() {
         n2.contains("sm lid 1") && n2.contains("SMINFO_MASTER"),
         "{n2}"
     );
+}
+
+/// Debian's OpenSM on the fabric's SM host (the `--sm none` fabric's
+/// ibsim server), started and ended by the test: its log in `dir`.
+struct HostOpenSm {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl HostOpenSm {
+    fn start(sock: &str, dir: &std::path::Path, args: &[&str]) -> HostOpenSm {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).expect("OpenSM's directory");
+        let child = sim::fabric::ibsim::opensm_command(sock, "smhost", dir)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("OpenSM starts");
+        HostOpenSm {
+            child,
+            log: dir.join("opensm.log"),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until OpenSM's log holds `needle`.
+    fn wait_log(&self, needle: &str, limit: Duration, console: &str) -> String {
+        let t = std::time::Instant::now();
+        loop {
+            let l = self.log();
+            if l.contains(needle) {
+                return l;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "OpenSM's log said no {needle:?} within {limit:?}:\n{l}\n--- node 0:\n{console}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s.
+    fn stop(mut self) -> String {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return self.log();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log()
+    }
+}
+
+impl Drop for HostOpenSm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Node 0's console: every command's output kept for the report.
+struct Session {
+    c: qemu::Console,
+    seen: String,
+}
+
+impl Session {
+    fn wait(&mut self, needle: &str) -> String {
+        let s = self.c.try_wait_for(needle).unwrap_or_else(|e| {
+            panic!("{e}\n--- node 0 so far:\n{}", self.seen);
+        });
+        let s = s.replace("\r\n", "\n");
+        self.seen.push_str(&s);
+        s
+    }
+
+    /// Runs `cmd` until it prints `needle`, a few times a second.
+    fn run_until(&mut self, cmd: &str, needle: &str, limit: Duration) -> String {
+        let t = std::time::Instant::now();
+        loop {
+            let out = self.run(cmd);
+            if out.contains(needle) {
+                return out;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "{cmd:?} printed no {needle:?} within {limit:?}:\n{out}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Runs the `;`-separated commands of `cmds` one at a time (the
+    /// console takes one a line) and returns what they printed up to the
+    /// last one's prompt.
+    fn run(&mut self, cmds: &str) -> String {
+        let mut out = String::new();
+        for cmd in cmds.split(';').map(str::trim) {
+            self.c.send(&format!("{cmd}\r"));
+            out.push_str(&self.wait("lego> "));
+        }
+        out
+    }
+}
+
+#[test]
+fn beside_opensm_the_priorities_decide_and_stopping_the_master_hands_over() {
+    if !tests::subnet_common::peers_present(
+        "beside_opensm_the_priorities_decide_and_stopping_the_master_hands_over",
+    ) {
+        return;
+    }
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = qemu::root().join("target/fabric");
+    let sockfile = fabric.join("ibsim-sockname");
+    let _ = std::fs::remove_file(&sockfile);
+    let t0 = std::time::Instant::now();
+    let c = qemu::Console::boot(&["--nodes", "2", "--sm", "none"], Duration::from_secs(85));
+    let mut s = Session {
+        c,
+        seen: String::new(),
+    };
+    s.wait("lego> ");
+    let sock = std::fs::read_to_string(&sockfile)
+        .unwrap_or_else(|e| panic!("{}: {e}", sockfile.display()))
+        .trim()
+        .to_string();
+    let dir = fabric.join(format!("ksm-handover-{}", std::process::id()));
+    // LIDs by our SM: its own port 1, then by port GUID the switch 2,
+    // node 1 3, the SM host 4.
+    let t_sm = std::time::Instant::now();
+    let out = s.run("retry -n 60 -i 1 smpquery -D nodeinfo 0,1,2; opensm -p 5 -s 1");
+    assert!(out.contains("priority 5: sweeping"), "{out}");
+    s.wait("opensm: SUBNET UP");
+    // OpenSM at a lower priority finds our master and stands by.
+    let osm = HostOpenSm::start(&sock, &dir.join("p1"), &["-p", "1", "-s", "1"]);
+    osm.wait_log("Entering STANDBY state", Duration::from_secs(20), &s.seen);
+    // Its trap 144 (IsSM set) makes our master sweep and find it (the
+    // SUBNET UP of a later sweep goes to the log quietly, as OpenSM's).
+    s.wait("Received trap:144");
+    // Read during its discovery, OpenSM's SMInfo says STANDBY at our next
+    // (light) sweep's poll.
+    s.run_until(
+        "opensm status",
+        "Other SM               : 0x0002c90300000f01 STANDBY (priority 1)",
+        Duration::from_secs(10),
+    );
+    let out = s.run("sminfo; sminfo 4; opensm status");
+    for want in [
+        "sminfo: sm lid 1 sm guid 0x2c90300000011",
+        "priority 5 state 3 SMINFO_MASTER",
+        "sminfo: sm lid 4 sm guid 0x2c90300000f01",
+        "priority 1 state 2 SMINFO_STANDBY",
+        "SM State               : MASTER (priority 5)",
+        "Other SM               : 0x0002c90300000f01 STANDBY (priority 1)",
+    ] {
+        assert!(out.contains(want), "{want:?} in:\n{out}");
+    }
+    // Our master stops: it hands over to OpenSM, which takes the subnet.
+    let out = s.run("opensm stop");
+    assert!(out.contains("exiting"), "{out}");
+    let log = osm.wait_log("Entering MASTER state", Duration::from_secs(20), &s.seen);
+    let _ = log;
+    s.run_until(
+        "sminfo 4",
+        "priority 1 state 3 SMINFO_MASTER",
+        Duration::from_secs(10),
+    );
+    osm.stop();
+    // Ours again at 5 (no master now: it takes the subnet, keeping every
+    // LID), then OpenSM at 10: we hand over and stand by.
+    let out = s.run("opensm -p 5 -s 1");
+    assert!(out.contains("sweeping"), "{out}");
+    s.wait("opensm: SUBNET UP");
+    let osm = HostOpenSm::start(&sock, &dir.join("p10"), &["-p", "10", "-s", "1"]);
+    let log = osm.wait_log("Entering MASTER state", Duration::from_secs(20), &s.seen);
+    // The ports learn their new SM LID from OpenSM's sweep as master.
+    let mut out = s.run_until(
+        "sminfo",
+        "priority 10 state 3 SMINFO_MASTER",
+        Duration::from_secs(10),
+    );
+    out.push_str(&s.run("opensm status; ibstat"));
+    for want in [
+        "sminfo: sm lid 4 sm guid 0x2c90300000f01",
+        "priority 10 state 3 SMINFO_MASTER",
+        "SM State               : STANDBY (priority 5)",
+        "Master SM              : 0x0002c90300000f01, LID 4",
+        "\t\tBase lid: 1\n",
+        "\t\tSM lid: 4\n",
+        "\t\tState: Active",
+    ] {
+        assert!(
+            out.contains(want),
+            "{want:?} in:\n{out}\n--- OpenSM:\n{log}"
+        );
+    }
+    let guest_s = t_sm.elapsed().as_secs_f64();
+    let out = s.run("opensm stop");
+    assert!(out.contains("exiting"), "{out}");
+    osm.stop();
+    drop(s.c);
+    let n1 = std::fs::read_to_string(qemu::root().join("target/nodes/node1.log"))
+        .unwrap_or_default()
+        .replace("\r\n", "\n");
+    let n0 = s.seen.replace("\r\n", "\n");
+    eprintln!(
+        "SM start to OpenSM (10) master: {guest_s:.1} s; the run {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    // Both ports went Active once, at our first SUBNET UP, and kept their
+    // LIDs (1 and 3) through four changes of master.
+    for (t, lid) in [(&n0, 1), (&n1, 3)] {
+        let active = t.matches("port 1 state: ACTIVE").count();
+        assert_eq!(active, 1, "port 1 Active once:\n{t}");
+        assert!(
+            t.contains(&format!("port 1 state: ACTIVE, lid 0x{lid:x}")),
+            "{t}"
+        );
+        // The one LID change: 0 to its LID at our first sweep.
+        assert_eq!(t.matches("lid changed to").count(), 1, "{t}");
+        assert!(
+            t.contains(&format!("port 1: lid changed to 0x{lid:x}\n")),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("port 1 state:").count(),
+            1,
+            "never left Active:\n{t}"
+        );
+    }
 }

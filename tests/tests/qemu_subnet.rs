@@ -293,10 +293,9 @@ fn two_guests_come_up_active_under_the_embedded_sm() {
     let took = t0.elapsed();
     let (n0, n1) = (node(&r.transcript, 0), node(&r.transcript, 1));
     // The embedded SM takes LID 1 itself; the same LIDs as under OpenSM.
-    // Its SA rates a link by LinkSpeedActive alone (no extended speeds):
-    // 4x QDR, 40 Gb/s.
-    check_node(n0, 3, 4, 1, "0x87");
-    check_node(n1, 4, 3, 1, "0x87");
+    // Its SA rates the 4x FDR link 56 Gb/s, as OpenSM does.
+    check_node(n0, 3, 4, 1, "0x8C");
+    check_node(n1, 4, 3, 1, "0x8C");
     check_self_ping(n0, 3);
     assert!(n0.contains(" state 3 SMINFO_MASTER"), "{n0}");
     assert!(

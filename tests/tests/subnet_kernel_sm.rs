@@ -122,7 +122,8 @@ fn kernel_sm_brings_two_guests_on_a_switch_to_active() {
     eprintln!("path b -> a: {p:?}");
     assert_eq!((p.slid, p.dlid), (pb.lid, pa.lid));
     assert_eq!((p.mtu_selector, p.mtu), (2, 5), "exactly 4096");
-    assert_eq!((p.rate_selector, p.rate), (2, 7), "exactly 40 Gb/s");
+    // 4x FDR, rated 56 Gb/s as OpenSM rates it.
+    assert_eq!((p.rate_selector, p.rate), (2, 12), "exactly 56 Gb/s");
     assert!(p.reversible);
     // Every NodeRecord: three records of 112 bytes, two RMPP segments.
     let nodes = sa_query(&mut n, false, |core, sa, dev| {
@@ -222,7 +223,7 @@ fn kernel_sm_brings_two_guests_back_to_back_to_active() {
         )
     });
     let p = &p.path_records().unwrap()[0];
-    assert_eq!((p.slid, p.dlid, p.mtu, p.rate), (2, 1, 5, 7));
+    assert_eq!((p.slid, p.dlid, p.mtu, p.rate), (2, 1, 5, 12));
     // Back to back there is no switch: every periodic sweep is heavy, as
     // OpenSM's; after the first, nothing is set again.
     let before =

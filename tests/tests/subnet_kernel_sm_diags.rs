@@ -5,7 +5,8 @@
 //! SM in guest a (the server alone, `--sm none`), once with the real OpenSM on
 //! the SM host: `sminfo`, `saquery` of every record type, `ibroute` and
 //! `ibnetdiscover` print the same structure both times (the LIDs, GUIDs and
-//! counts that differ by who is SM are masked). umad2sim hands a host tool
+//! counts that differ by who is SM are masked; a path's MTU, rate and
+//! lifetime and a port's error thresholds are compared as printed). umad2sim hands a host tool
 //! only the first 256 bytes of a MAD, so a table longer than one segment is
 //! cut the same way for both SAs (the guests' own consoles reassemble RMPP;
 //! `qemu_kernel_sm.rs`). Skipped loudly without the packages.
@@ -108,9 +109,33 @@ fn ours_switch_lid(osm: &mut OpenSm, a: &mut Guest, b: &mut Guest) -> u16 {
     (1..=4).find(|l| !taken.contains(l)).unwrap_or(0)
 }
 
+/// saquery fields compared as printed: they do not depend on who is SM
+/// (a path's MTU, rate and packet lifetime, a port's error thresholds).
+const EXACT: &[&str] = &[
+    "mtu..",
+    "rate..",
+    "pkt_life..",
+    "LocalPhysErr:",
+    "OverrunErr:",
+];
+
 /// An output with what depends on who is SM masked: every number (LIDs,
-/// GUIDs, ActCount, capability masks of the SM's port).
+/// GUIDs, ActCount, capability masks of the SM's port) but on the lines of
+/// [`EXACT`] fields.
 fn mask(s: &str) -> String {
+    s.lines()
+        .map(|l| {
+            if EXACT.iter().any(|f| l.trim_start().starts_with(f)) {
+                format!("{l}\n")
+            } else {
+                mask_numbers(&format!("{l}\n"))
+            }
+        })
+        .collect()
+}
+
+/// `s` with every number, decimal or 0x-hex, as `#`.
+fn mask_numbers(s: &str) -> String {
     let mut out = String::new();
     let mut chars = s.chars().peekable();
     while let Some(c) = chars.next() {

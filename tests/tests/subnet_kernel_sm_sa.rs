@@ -289,7 +289,7 @@ fn the_sa_answers_every_record_type_with_opensms_statuses() {
     assert_eq!(p.0, 0);
     assert_eq!(
         (be16(&p.2, 40), be16(&p.2, 42), p.2[54], p.2[55], p.2[56]),
-        (la, lb, 0x85, 0x87, 0x92)
+        (la, lb, 0x85, 0x8c, 0x92)
     );
     let mut pr = [0u8; 64];
     pr[8..24].copy_from_slice(&ga);

@@ -13,7 +13,8 @@ use ib_core::mad::{Mad, method};
 
 use super::{Answer, gid, has, rec};
 use crate::ib_types::{
-    LINK_LOCAL_PREFIX, mtu_is_valid, rate_is_valid, rate_value, sa_method, status,
+    CAP_HAS_EXT_SPEEDS, LINK_LOCAL_PREFIX, mtu_is_valid, rate_is_valid, rate_value, sa_method,
+    status,
 };
 use crate::sm::Sm;
 use crate::subnet::{EndPort, Subnet};
@@ -115,9 +116,16 @@ pub fn route_mtu_rate(s: &Subnet, src: &EndPort, dst: &EndPort) -> Option<(u8, u
             if !n.is_switch() {
                 return None;
             }
+            // A switch's ports rate extended speeds by its port 0's
+            // CapabilityMask (OpenSM's `p0_extended`).
+            let p0_ext = n
+                .ports
+                .get(&0)
+                .and_then(|p| p.pi)
+                .is_some_and(|pi| pi.capability_mask() & CAP_HAS_EXT_SPEEDS != 0);
             let inp = n.ports.get(&next.1)?.pi?;
             mtu = mtu.min(inp.mtu_cap());
-            slow(&mut rate, inp.rate());
+            slow(&mut rate, inp.rate_ext(p0_ext));
             let out = *n.sw.as_ref()?.lft.get(usize::from(dst.lid))?;
             if out == crate::ib_types::LFT_NO_PATH {
                 return None;
@@ -128,7 +136,7 @@ pub fn route_mtu_rate(s: &Subnet, src: &EndPort, dst: &EndPort) -> Option<(u8, u
             }
             let outp = n.ports.get(&out)?.pi?;
             mtu = mtu.min(outp.mtu_cap());
-            slow(&mut rate, outp.rate());
+            slow(&mut rate, outp.rate_ext(p0_ext));
             hops += 1;
             if hops > 64 {
                 return None;
@@ -140,12 +148,9 @@ pub fn route_mtu_rate(s: &Subnet, src: &EndPort, dst: &EndPort) -> Option<(u8, u
     Some((mtu, rate))
 }
 
-/// The rate codes by speed.
-const RATES: [u8; 9] = [2, 5, 3, 6, 4, 7, 8, 9, 10];
-
 /// The fastest rate slower than `r` (`ib_path_rate_get_prev`).
-fn rate_prev(r: u8) -> Option<u8> {
-    RATES
+pub(crate) fn rate_prev(r: u8) -> Option<u8> {
+    crate::ib_types::RATES
         .iter()
         .rev()
         .copied()

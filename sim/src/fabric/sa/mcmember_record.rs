@@ -183,7 +183,8 @@ fn more_fields_ok(g: &Group, q: &[u8], cm: u64) -> bool {
 /// `validate_port_caps`: the joining port's MTUCap and rate carry the
 /// group's.
 fn port_caps_ok(g: &Group, pi: &[u8; 64]) -> bool {
-    pi[41] & 0xf >= g.rec[38] & 0x3f && link_rate(pi) >= g.rec[42] & 0x3f
+    pi[41] & 0xf >= g.rec[38] & 0x3f
+        && super::rate_value(link_rate(pi)) >= super::rate_value(g.rec[42] & 0x3f)
 }
 
 /// `validate_requested_mgid` (o15-0.1.5).
@@ -245,17 +246,19 @@ fn realizable(cm: u64, q: &[u8], pi: &[u8; 64]) -> Option<(u8, u8)> {
     } else {
         let (sel, req) = (q[42] >> 6, q[42] & 0x3f);
         let r = match sel {
+            // Ordered as OpenSM orders them (`ib_path_compare_rates`),
+            // not by code.
             0 => {
-                if req >= port_rate {
+                if super::rate_value(req) >= super::rate_value(port_rate) {
                     return None;
                 }
                 port_rate
             }
             1 => {
-                if req > port_rate {
+                if super::rate_value(req) > super::rate_value(port_rate) {
                     port_rate
                 } else {
-                    req.wrapping_sub(1)
+                    super::path_record::rate_prev(req).unwrap_or(0)
                 }
             }
             _ => req,

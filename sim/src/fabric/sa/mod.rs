@@ -523,54 +523,78 @@ pub fn segments(len: usize) -> u32 {
     len.div_ceil(SA_DATA_LEN).max(1) as u32
 }
 
-/// IBTA rate code of a port's link: LinkWidthActive x LinkSpeedActive.
+/// IBTA rate code of a port's link (`ib_port_info_compute_rate`):
+/// LinkWidthActive x LinkSpeedExtActive where the port's CapabilityMask
+/// says it has extended speeds (IsExtendedSpeedsSupported) and one is
+/// active, else LinkWidthActive x LinkSpeedActive. For a switch's external
+/// port, whose own CapabilityMask is 0, see [`link_rate_ext`].
 pub fn link_rate(info: &[u8; 64]) -> u8 {
-    let lanes: u32 = match info[31] {
-        1 => 1,
-        2 => 4,
-        4 => 8,
-        8 => 12,
-        16 => 2,
-        _ => 1,
+    link_rate_ext(info, be32(info, 20) & CAP_HAS_EXT_SPEEDS != 0)
+}
+
+/// PortInfo CapabilityMask IsExtendedSpeedsSupported.
+pub const CAP_HAS_EXT_SPEEDS: u32 = 0x4000;
+
+/// [`link_rate`] with whether extended speeds count given: for a switch
+/// port, by the CapabilityMask of the switch's port 0 (OpenSM's
+/// `p0_extended`).
+pub fn link_rate_ext(info: &[u8; 64], extended: bool) -> u8 {
+    // Rate codes by width: 1x, 2x, 4x, 8x, 12x.
+    let by_width = |codes: [u8; 5]| match info[31] {
+        16 => codes[1],
+        2 => codes[2],
+        4 => codes[3],
+        8 => codes[4],
+        _ => codes[0],
     };
-    let lane_tenths: u32 = match info[35] >> 4 {
-        2 => 50,
-        4 => 100,
-        _ => 25,
-    };
-    match lanes * lane_tenths {
-        25 => 2,
-        50 => 5,
-        100 => 3,
-        200 => 6,
-        300 => 4,
-        400 => 7,
-        600 => 8,
-        800 => 9,
-        1200 => 10,
-        _ => 2,
+    if extended {
+        match info[62] >> 4 {
+            1 => return by_width([11, 19, 12, 13, 14]),
+            2 => return by_width([15, 20, 16, 17, 18]),
+            4 => return by_width([20, 16, 17, 21, 22]),
+            _ => {}
+        }
+    }
+    match info[35] >> 4 {
+        2 => by_width([5, 3, 6, 7, 8]),
+        4 => by_width([3, 6, 7, 9, 10]),
+        _ => by_width([2, 5, 3, 6, 4]),
     }
 }
 
-/// Gb/s x 10 of a rate code, to compare rates.
+/// A rate code's Gb/s x 10 for ordering (OpenSM's `ordered_rates`: the
+/// 64b/66b-coded rates by their 8b/10b equivalent, 56 Gb/s as 68).
 pub fn rate_value(code: u8) -> u32 {
     match code {
         2 => 25,
         5 => 50,
         3 => 100,
+        11 => 170,
         6 => 200,
         4 => 300,
+        15 => 312,
+        19 => 350,
         7 => 400,
         8 => 600,
+        20 => 625,
+        12 => 680,
         9 => 800,
         10 => 1200,
+        16 => 1250,
+        13 => 1360,
+        14 => 2040,
+        17 => 2500,
+        18 => 3750,
+        21 => 5000,
+        22 => 7500,
         _ => 0,
     }
 }
 
-/// Whether a rate code is one OpenSM 3.3.23 knows (`ib_rate_is_valid`).
+/// Whether a rate code is one OpenSM 3.3.23 knows (`ib_rate_is_valid`:
+/// 2.5 to 600 Gb/s).
 pub fn rate_is_valid(code: u8) -> bool {
-    (2..=10).contains(&code)
+    (2..=22).contains(&code)
 }
 
 /// Whether an MTU code is one the IBTA defines.
@@ -593,5 +617,14 @@ mod tests {
         assert_eq!(padded(NODE_RECORD_LEN), 112);
         assert_eq!(padded(PORTINFO_RECORD_LEN), 72);
         assert!(rate_value(7) > rate_value(4) && rate_value(4) > rate_value(6));
+        // 4x FDR: 56 Gb/s where the port has extended speeds, as OpenSM
+        // rates it; the 10 Gb/s lane rate (QDR, 40) where it has not.
+        i[35] = 0x40;
+        i[62] = 0x11;
+        assert_eq!(link_rate(&i), 7);
+        i[20..24].copy_from_slice(&CAP_HAS_EXT_SPEEDS.to_be_bytes());
+        assert_eq!(link_rate(&i), 12, "4x FDR is 56 Gb/s");
+        assert_eq!(link_rate_ext(&i, false), 7);
+        assert!(rate_value(12) > rate_value(7) && rate_value(11) < rate_value(6));
     }
 }

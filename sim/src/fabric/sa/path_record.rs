@@ -8,8 +8,8 @@
 //! only ones; QoS levels, routers, alias GUIDs and LMC > 0 are left out.
 
 use super::{
-    Reply, Request, SaState, View, be16, be64, gid, has, link_rate, mtu_is_valid, rate_is_valid,
-    rate_value, sa_status,
+    CAP_HAS_EXT_SPEEDS, Reply, Request, SaState, View, be16, be32, be64, gid, has, link_rate,
+    link_rate_ext, mtu_is_valid, rate_is_valid, rate_value, sa_status,
 };
 use crate::fabric::packet::mad_status;
 use crate::fabric::sm::EndPort;
@@ -103,10 +103,16 @@ pub fn route_mtu_rate(v: &View, src: &EndPort, dst: &EndPort) -> Option<(u8, u8)
         if out == 0 || out == 0xff {
             return None;
         }
+        // A switch's ports rate their extended speeds by its port 0's
+        // CapabilityMask (OpenSM's `p0_extended`).
+        let p0_extended = v
+            .port_infos
+            .get(&(node, 0))
+            .is_some_and(|i| be32(i, 20) & CAP_HAS_EXT_SPEEDS != 0);
         for p in [in_port, out] {
             if let Some(i) = v.port_infos.get(&(node, p)) {
                 mtu = mtu.min(i[41] & 0xf);
-                slow(&mut rate, link_rate(i));
+                slow(&mut rate, link_rate_ext(i, p0_extended));
             }
         }
         at = *v.links.get(&(node, out))?;
@@ -115,10 +121,12 @@ pub fn route_mtu_rate(v: &View, src: &EndPort, dst: &EndPort) -> Option<(u8, u8)
 }
 
 /// The rate codes by speed.
-const RATES: [u8; 9] = [2, 5, 3, 6, 4, 7, 8, 9, 10];
+const RATES: [u8; 21] = [
+    2, 5, 3, 11, 6, 4, 15, 19, 7, 8, 20, 12, 9, 10, 16, 13, 14, 17, 18, 21, 22,
+];
 
 /// The fastest rate slower than `r` (`ib_path_rate_get_prev`).
-fn rate_prev(r: u8) -> Option<u8> {
+pub(super) fn rate_prev(r: u8) -> Option<u8> {
     RATES
         .iter()
         .rev()
@@ -376,7 +384,11 @@ mod tests {
 
     #[test]
     fn the_next_slower_rate() {
-        assert_eq!(rate_prev(7), Some(4), "30 Gb/s is the next below 40");
+        // OpenSM 3.3.23's order: 28 Gb/s (2x FDR, 35 equivalent) is next
+        // below 40, then 25 Gb/s (1x EDR), then 30.
+        assert_eq!(rate_prev(7), Some(19));
+        assert_eq!(rate_prev(19), Some(15));
+        assert_eq!(rate_prev(15), Some(4));
         assert_eq!(rate_prev(2), None);
         assert_eq!(rate_prev(3), Some(5));
     }

@@ -79,6 +79,7 @@ impl SubnetManager {
             self.port_sm_lid = l;
             self.port_sm_sl = self.cfg.sm_sl & 0xf;
             self.port_subnet_timeout = self.cfg.subnet_timeout & 0x1f;
+            self.port_thresholds = ERROR_THRESHOLDS;
         }
     }
 
@@ -233,6 +234,9 @@ impl SubnetManager {
                 d[36] = mtu << 4 | (self.cfg.sm_sl & 0xf);
                 d[43] = vls << 4;
                 d[51] = self.cfg.subnet_timeout & 0x1f;
+                if n.node_type != 2 {
+                    d[53] = ERROR_THRESHOLDS;
+                }
                 // The first sweep of this SM asks every port that can
                 // (CapabilityMask IsClientReregistrationSupported) to
                 // re-register with the SA, as OpenSM does.
@@ -249,7 +253,8 @@ impl SubnetManager {
                     && cur(34) & 7 == 0
                     && cur(36) & 0xf == self.cfg.sm_sl & 0xf
                     && (mtu == 0 || cur(36) >> 4 == mtu)
-                    && cur(51) & 0x1f == self.cfg.subnet_timeout & 0x1f;
+                    && cur(51) & 0x1f == self.cfg.subnet_timeout & 0x1f
+                    && (n.node_type == 2 || cur(53) == ERROR_THRESHOLDS);
                 if same {
                     continue;
                 }

@@ -113,6 +113,11 @@ impl Default for SmConfig {
     }
 }
 
+/// PortInfo LocalPhyErrors and OverrunErrors thresholds the SM writes in
+/// every PortInfo it sets but a switch's base port 0: 8 and 8, OpenSM's
+/// defaults (`local_phy_errors_threshold`, `overrun_errors_threshold`).
+pub const ERROR_THRESHOLDS: u8 = 0x88;
+
 /// SMInfo SMState values.
 pub mod sm_state {
     #![allow(missing_docs)]
@@ -1336,12 +1341,26 @@ impl SubnetManager {
                 let mut d = info;
                 d[29] = 0;
                 d[32] = (d[32] & 0xf0) | to;
+                // Every port but a switch's base port 0 (OpenSM's
+                // `osm_link_mgr.c`).
+                if n.node_type != 2 || p != 0 {
+                    d[53] = ERROR_THRESHOLDS;
+                }
                 d[33] = 0;
                 d[35] &= 0xf0;
                 if !end {
                     let (mtu, vls) = self.link_params(n.guid, p);
                     d[36] = mtu << 4 | (d[36] & 0xf);
-                    d[43] = vls << 4;
+                    // Partition enforcement, inbound and outbound, on a
+                    // switch port toward a CA where the switch can enforce
+                    // (SwitchInfo PartitionEnforcementCap): OpenSM's
+                    // default `part_enforce both` (`osm_pkey_mgr.c`).
+                    let leaf = pr
+                        .peer
+                        .and_then(|(g, _)| self.nodes.get(&g))
+                        .is_some_and(|x| x.node_type != 2);
+                    let can = n.switch_info.is_some_and(|si| be16(&si, 14) != 0);
+                    d[43] = vls << 4 | if leaf && can { 0xc } else { 0 };
                 }
                 reqs.push(Req {
                     path: pr.path.clone(),

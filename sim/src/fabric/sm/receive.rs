@@ -159,7 +159,7 @@ impl SubnetManager {
     /// Set by another master: LID, SM LID, PortState along the IBTA state
     /// machine, SubnetTimeOut, thresholds), SMInfo ([`sminfo`]),
     /// P_KeyTable block 0, GUIDInfo block 0, SL-to-VL and VL arbitration
-    /// tables (kept, not applied).
+    /// tables (kept, not applied), Mellanox's ExtendedPortInfo.
     pub(super) fn local_sma(&mut self, now: u64, smp: &Smp, out: &mut [u8; 64]) -> u16 {
         if smp.hdr.method != method::GET && smp.hdr.method != method::SET {
             return mad_status::METHOD_UNSUPPORTED;
@@ -211,6 +211,26 @@ impl SubnetManager {
                 if let Some(t) = self.local_tables.get(&key) {
                     out.copy_from_slice(t);
                 }
+            }
+            (attr::MLNX_EXT_PORT_INFO, _) => {
+                // Our node is a ConnectX-3 (device 0x1003) and answers it as
+                // one does, like the fabric's host nodes
+                // (`switch::mlnx_ext_port_info`); ibnetdiscover asks it of
+                // every Mellanox port at QDR (FDR10 or not).
+                if m & 0xff > 1 || m >> 8 != 0 {
+                    return mad_status::INVALID_FIELD;
+                }
+                let key = (attr::MLNX_EXT_PORT_INFO, 0);
+                if set {
+                    self.local_tables.insert(key, smp.data);
+                }
+                let (sce, speeds) = self.local_tables.get(&key).map_or((0, 0), |d| {
+                    (
+                        d[3] & 1,
+                        d[11] & crate::fabric::switch::MLNX_SPEEDS_SUPPORTED,
+                    )
+                });
+                *out = crate::fabric::switch::mlnx_ext_port_info(sce, speeds);
             }
             (attr::NODE_INFO | attr::NODE_DESC | attr::GUID_INFO, true) => {
                 return mad_status::METHOD_UNSUPPORTED;
