@@ -45,7 +45,6 @@ impl RxRing {
     /// `mlx4_en_create_rx_ring` + `mlx4_en_activate_rx_rings`: `size`
     /// descriptors, each with its buffer, all posted; the QP `qpn` (the
     /// one RQP_CALC steers the port's MAC to) through RTS on `port`.
-    #[expect(clippy::too_many_arguments)]
     pub fn create(
         dev: &mut Dev,
         port: u8,
@@ -96,6 +95,13 @@ impl RxRing {
         pdn: u32,
         lkey: u32,
     ) -> Result<()> {
+        // The QP's one send WQE (it sends nothing) owned by software, as
+        // mlx4_ib stamps a new SQ: a card that looks at the send queues of
+        // a UAR page's QPs after a doorbell there (the model's polled front
+        // ends) must not find a zeroed, hardware-owned WQE.
+        if let Some((d, o)) = self.qp_buf.locate(0) {
+            d.write_be32(o, mlx4_hw::wqe::ctrl::OWNER);
+        }
         // Descriptor i points at buffer i for good (`mlx4_en_init_rx_desc`).
         for i in 0..self.size as usize {
             let (Some((d, o)), Some((b, bo))) = (
@@ -148,13 +154,17 @@ impl RxRing {
         loop {
             let c = self.cq.peek()?;
             self.cq.consume(dev, 1);
+            // A send completion or another QP's is not one of the ring's
+            // descriptors: counted, the ring left as it is.
+            let qpn = u32::from_be_bytes([c[0], c[1], c[2], c[3]]) & 0xff_ffff;
+            if c[31] & 0x40 != 0 || Some(qpn) != self.qp.as_ref().map(|q| q.qpn & 0xff_ffff) {
+                self.stats.errors += 1;
+                continue;
+            }
             let idx = (self.cons & (self.size - 1)) as usize;
             self.cons = self.cons.wrapping_add(1);
             let len = u32::from_be_bytes([c[0x14], c[0x15], c[0x16], c[0x17]]) as usize;
-            let got = if c[31] & 0x1f == CQE_OPCODE_ERROR {
-                self.stats.errors += 1;
-                None
-            } else if c[CQE_BADFCS_ENC] & CQE_BAD_FCS != 0 {
+            let got = if c[31] & 0x1f == CQE_OPCODE_ERROR || c[CQE_BADFCS_ENC] & CQE_BAD_FCS != 0 {
                 self.stats.errors += 1;
                 None
             } else if !(ETH_HLEN..=RX_BUF_SIZE).contains(&len) || len > out.len() {
