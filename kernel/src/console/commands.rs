@@ -90,6 +90,12 @@ static COMMANDS: &[Command] = &[
         run: super::ib::ibstat,
     },
     Command {
+        name: "show_gids",
+        usage: "show_gids [DEV]",
+        help: "the ports' GIDs (RoCE: from the MAC and the IPv4 addresses), as Mellanox's script",
+        run: super::ib::show_gids,
+    },
+    Command {
         name: "ib_write_bw",
         usage: "ib_write_bw [-s SIZE] [-n ITERS] [-a] [--check] [-d DEV] [-i PORT] [LID|GUID]",
         help: "RDMA WRITE bandwidth, as perftest (no peer: server; -h for the options)",
