@@ -73,6 +73,7 @@ fuzz_target!(|input: Input| {
         num_mtt_segs: 1 << 8,
         log_mgm_entry_size: 10,
         eth_fc_qp_regions: false,
+        port_type: [None; mlx4_core::MAX_PORTS],
     };
     if let Ok(dev) = mlx4_core::probe(rig.pdev(), rig.pool.clone(), rig.clock.clone(), profile) {
         let _ = dev.fw_ver_string();

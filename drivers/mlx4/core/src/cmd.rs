@@ -46,6 +46,10 @@ impl Mailbox {
         self.buf.read_bytes(0, &mut b);
         b
     }
+    /// Copies `dst.len()` bytes out from `off`.
+    pub fn read_into(&self, off: usize, dst: &mut [u8]) {
+        self.buf.read_bytes(off, dst);
+    }
     /// Zeroes the first `len` bytes.
     pub fn clear(&self, len: usize) {
         self.buf.fill(0, len, 0);

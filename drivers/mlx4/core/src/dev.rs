@@ -75,13 +75,13 @@ macro_rules! mlx4_dbg {
     };
 }
 
-/// Port link type.
+/// Port link type (Linux `enum mlx4_port_type`, IB and ETH).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PortType {
-    /// InfiniBand (the only type this port drives).
+    /// InfiniBand: mlx4_ib's.
     #[default]
     Ib,
-    /// Ethernet: left alone (no SET_PORT, no events acted upon).
+    /// Ethernet: mlx4_en's (and mlx4_ib's for RoCE when the card has IBOE).
     Eth,
 }
 
@@ -99,6 +99,15 @@ pub struct PortCaps {
     pub port_width_cap: u8,
     pub eth_mtu_cap: u16,
     pub def_mac: u64,
+    /// log2 of the MAC table size (`log_num_macs`, at most 7).
+    pub log_num_macs: u8,
+    /// log2 of the VLAN table size (`log_num_vlans`).
+    pub log_num_vlans: u8,
+    /// The port may be either type and link sensing is allowed
+    /// (`sense.sense_allowed[port]`: supported type 3, DPDP, SENSE_SUPPORT).
+    pub sense_allowed: bool,
+    /// The type was sensed at start (`possible_type == MLX4_PORT_TYPE_AUTO`).
+    pub auto_sensed: bool,
     /// Port capability mask from PortInfo (MAD_IFC), CPU order.
     pub ib_port_def_cap: u32,
 }
@@ -177,6 +186,21 @@ pub struct Caps {
     pub cq_timestamp: bool,
     pub hca_core_clock: u16,
     pub max_fmr_maps: u32,
+}
+
+impl Caps {
+    /// Some port runs Ethernet.
+    pub fn has_eth_port(&self) -> bool {
+        (1..=usize::from(self.num_ports).min(MAX_PORTS))
+            .any(|p| self.port[p].port_type == PortType::Eth)
+    }
+
+    /// The ports of type `t`, in order (Linux `mlx4_foreach_port`).
+    #[doc(alias = "mlx4_foreach_port")]
+    pub fn ports_of_type(&self, t: PortType) -> impl Iterator<Item = u8> + '_ {
+        (1..=self.num_ports.min(MAX_PORTS as u8))
+            .filter(move |&p| self.port[usize::from(p)].port_type == t)
+    }
 }
 
 /// A user access region: one 4 KiB page of BAR2 (Linux `struct mlx4_uar`).
@@ -423,6 +447,7 @@ pub struct Dev {
     pub(crate) intf: Registry,
     pub(crate) catas: Catas,
     pub(crate) port_open: [bool; MAX_PORTS + 1],
+    pub(crate) eth: [crate::port::EthTables; MAX_PORTS + 1],
     pub(crate) db_pages: DbPages,
 }
 

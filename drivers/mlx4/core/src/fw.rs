@@ -148,11 +148,40 @@ pub fn mod_stat_cfg(cmd: &mut Cmd, pool: &DmaPool) -> Result<()> {
     cmd.cmd(mb.dma(), 0, 0, Opcode::MOD_STAT_CFG, timeout::CLASS_A)
 }
 
+/// Linux `mlx4_SENSE_PORT`: the type the firmware senses on `port` (`None`
+/// when it senses nothing); a value above 2 is refused as Linux does.
+#[doc(alias = "mlx4_SENSE_PORT")]
+pub fn sense_port(
+    cmd: &mut Cmd,
+    port: u8,
+    pci: &hal::PciAddress,
+) -> Result<Option<crate::dev::PortType>> {
+    let v = cmd
+        .cmd_imm(0, u32::from(port), 0, Opcode::SENSE_PORT, timeout::CLASS_B)
+        .inspect_err(|_| mlx4_err!(pci, "Sense command failed for port: {port}"))?;
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some(crate::dev::PortType::Ib)),
+        2 => Ok(Some(crate::dev::PortType::Eth)),
+        _ => {
+            mlx4_err!(pci, "Sense returned illegal value: {v:#x}");
+            Err(Error::BadCaps {
+                field: "sense_port",
+                value: v,
+            })
+        }
+    }
+}
+
 /// Per-port capabilities from QUERY_PORT.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub struct PortCap {
     pub supported_port_types: u8,
+    /// QUERY_PORT byte 0 bit 3: the firmware suggests Ethernet.
+    pub suggested_eth: bool,
+    /// QUERY_PORT byte 0 bit 4: sense the port's type at start.
+    pub default_sense: bool,
     pub ib_mtu: u8,
     pub max_port_width: u8,
     pub max_gids: u32,
@@ -318,6 +347,8 @@ impl DevCap {
         let f = |off| get_u8(o, off);
         self.port[p] = PortCap {
             supported_port_types: f(SUPPORTED_TYPE) & 3,
+            suggested_eth: f(SUPPORTED_TYPE) & 0x08 != 0,
+            default_sense: f(SUPPORTED_TYPE) & 0x10 != 0,
             ib_mtu: f(MTU) & 0xf,
             max_port_width: f(WIDTH) & 0xf,
             max_gids: 1 << (f(MAX_GID_PKEY) >> 4),

@@ -1,10 +1,19 @@
-//! The interface registry through which mlx4_ib attaches and receives events, as Linux's `intf.c` keeps it.
+//! The interface registry through which mlx4_ib and mlx4_en attach, take their ports and receive events, as Linux's `intf.c` keeps it.
 //!
 //! Linux: `intf.c` (`mlx4_register_interface`, `mlx4_unregister_interface`,
-//! `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`)
-//! and `struct mlx4_interface` of `driver.h`. `mlx4_get_protocol_dev` and
-//! the global device list are left out (the kernel keeps one registry per
-//! device).
+//! `mlx4_dispatch_event`, `mlx4_register_device`/`mlx4_unregister_device`,
+//! `mlx4_get_protocol_dev`), `struct mlx4_interface` and `enum
+//! mlx4_protocol` of `driver.h`, `mlx4_foreach_port` and
+//! `mlx4_foreach_ib_transport_port` of `device.h`. The global device list
+//! is left out (the kernel keeps one registry per device).
+//!
+//! Which ports a protocol takes ([`Dev::protocol_ports`]): mlx4_en every
+//! Ethernet port; mlx4_ib every InfiniBand port and, on a card with IBOE,
+//! the Ethernet ports too (RoCE), sharing them with mlx4_en. A client
+//! names its protocol ([`Interface::protocol`]) and describes its device
+//! on a port ([`Interface::get_dev`]) so that the other can find it:
+//! mlx4_ib asks for mlx4_en's device on a RoCE port
+//! ([`Dev::get_protocol_dev`]) for its MAC and state.
 //!
 //! Linux's `add` receives the device and sets up the client's resources; here
 //! the device cannot be lent to a callback it owns, so a client (mlx4_ib)
@@ -19,7 +28,7 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use crate::dev::{Caps, Dev};
+use crate::dev::{Caps, Dev, PortType};
 
 /// An event of the device (Linux `enum mlx4_dev_event` plus the per-object
 /// events of `eq.c`).
@@ -74,8 +83,41 @@ pub enum Event {
     },
 }
 
+/// The protocol a client drives (Linux `enum mlx4_protocol`, IB and EN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// mlx4_ib: InfiniBand, and RoCE on Ethernet ports.
+    Ib,
+    /// mlx4_en: Ethernet network devices.
+    En,
+}
+
+/// What a client's device on a port is (Linux `get_dev` hands back the
+/// `ib_device` or `net_device`; here a description of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolDev {
+    /// The device's name (`eth1`, `mlx4_0`).
+    pub name: alloc::string::String,
+    /// Its MAC (Ethernet), low 48 bits; 0 for InfiniBand.
+    pub mac: u64,
+    /// Its MTU (Ethernet payload bytes).
+    pub mtu: u32,
+    /// The link is up and the device open.
+    pub up: bool,
+}
+
 /// A client of the device (Linux `struct mlx4_interface`).
 pub trait Interface: Send {
+    /// The protocol this client drives (Linux `protocol`); `None` for a
+    /// client that owns no ports (a test's event listener).
+    fn protocol(&self) -> Option<Protocol> {
+        None
+    }
+    /// Its device on `port`, if it drives that port (Linux `get_dev`).
+    fn get_dev(&self, port: u8) -> Option<ProtocolDev> {
+        let _ = port;
+        None
+    }
     /// The device is available (Linux `add`).
     fn add(&mut self, caps: &Caps) {
         let _ = caps;
@@ -137,6 +179,37 @@ impl Dev {
     #[doc(alias = "mlx4_dispatch_event")]
     pub fn dispatch_event(&mut self, ev: Event) {
         self.intf.dispatch(&self.hca.caps, ev);
+    }
+
+    /// Linux `mlx4_get_protocol_dev`: the device of the client of protocol
+    /// `proto` on `port`.
+    #[doc(alias = "mlx4_get_protocol_dev")]
+    pub fn get_protocol_dev(&self, proto: Protocol, port: u8) -> Option<ProtocolDev> {
+        self.intf
+            .entries
+            .iter()
+            .filter(|(_, i)| i.protocol() == Some(proto))
+            .find_map(|(_, i)| i.get_dev(port))
+    }
+
+    /// The ports protocol `proto` takes: Ethernet ports for mlx4_en
+    /// (`mlx4_foreach_port(.., MLX4_PORT_TYPE_ETH)`); InfiniBand ports,
+    /// and Ethernet ones when the card has IBOE, for mlx4_ib
+    /// (`mlx4_foreach_ib_transport_port`).
+    #[doc(alias = "mlx4_foreach_port")]
+    #[doc(alias = "mlx4_foreach_ib_transport_port")]
+    pub fn protocol_ports(&self, proto: Protocol) -> Vec<u8> {
+        let c = &self.hca.caps;
+        let iboe = c.flags & mlx4_hw::fw::dev_cap_flags::IBOE != 0;
+        (1..=c.num_ports.min(crate::MAX_PORTS as u8))
+            .filter(|&p| {
+                let t = c.port[usize::from(p)].port_type;
+                match proto {
+                    Protocol::En => t == PortType::Eth,
+                    Protocol::Ib => t == PortType::Ib || iboe,
+                }
+            })
+            .collect()
     }
 
     pub(crate) fn unregister_device(&mut self) {

@@ -1,9 +1,11 @@
-//! Port of Linux's mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007): native PF, InfiniBand ports, fully polled.
+//! Port of Linux's mlx4_core for the ConnectX-3 (15b3:1003, 15b3:1007): native PF, InfiniBand and Ethernet ports, fully polled.
 //!
-//! It covers firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports,
-//! catastrophic-error polling and the interface registry; SR-IOV,
-//! Ethernet/RoCE, interrupts, BlueFlame, flow steering and the resource
-//! tracker are left out.
+//! It covers firmware commands, ICM, EQ/CQ/QP/SRQ/MR/PD/UAR, ports
+//! (InfiniBand and Ethernet: port types, SENSE_PORT, the Ethernet SET_PORT
+//! flavours, MAC/VLAN/GID tables), catastrophic-error polling and the
+//! interface registry with its protocols (mlx4_ib, mlx4_en); SR-IOV,
+//! interrupts, BlueFlame, device-managed flow steering, changing a port's
+//! type at run time and the resource tracker are left out.
 //!
 //! Linux: `drivers/net/ethernet/mellanox/mlx4/` (3.11 as LegoOS ported it;
 //! checked against newer kernels for fixes), headers
@@ -54,8 +56,9 @@ mod tests;
 
 pub use dev::{Caps, Dev, MAX_PORTS, PortCaps, PortType};
 pub use error::{Error, Result, Why};
-pub use intf::{Event, Interface, IntfId};
+pub use intf::{Event, Interface, IntfId, Protocol, ProtocolDev};
 pub use main::probe;
+pub use port::{EthPortState, EthTables};
 pub use profile::Profile;
 
 // The log macros (`mlx4_err!`, ...) reach `log` through this path, so that

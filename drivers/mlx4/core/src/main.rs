@@ -142,6 +142,7 @@ pub fn probe(
         intf: Registry::default(),
         catas: Catas::default(),
         port_open: [false; MAX_PORTS + 1],
+        eth: Default::default(),
         db_pages: DbPages::default(),
     };
     if let Err(e) = dev.setup_ports() {
@@ -257,14 +258,37 @@ impl Hca {
             .inspect_err(|e| mlx4_err!(pci, "{e}, aborting."))?;
         let c = &mut self.caps;
         c.num_ports = d.num_ports;
+        let sense_flags = d.flags & flags::DPDP != 0 && d.flags & flags::SENSE_SUPPORT != 0;
         for p in 1..=usize::from(d.num_ports) {
             let pc = &d.port[p];
-            c.port[p] = PortCaps {
-                port_type: if pc.supported_port_types & 1 != 0 {
-                    PortType::Ib
-                } else {
+            // Linux `mlx4_dev_cap`: a port of one type is that type; one
+            // that may be either takes the user's choice, else the type
+            // the firmware suggests, and is sensed when the firmware says
+            // "default sense" and sensing is allowed.
+            let sense_allowed = pc.supported_port_types == 3 && sense_flags;
+            let chosen = self.profile.port_type.get(p - 1).copied().flatten();
+            let mut port_type = match pc.supported_port_types {
+                1 => PortType::Ib,
+                2 => PortType::Eth,
+                3 => chosen.unwrap_or(if pc.suggested_eth {
                     PortType::Eth
-                },
+                } else {
+                    PortType::Ib
+                }),
+                // No type reported: as before Ethernet support, a port that
+                // is not InfiniBand is left to Ethernet.
+                _ => PortType::Eth,
+            };
+            let auto_sensed = sense_allowed && pc.default_sense && chosen.is_none();
+            if auto_sensed {
+                // Linux ignores a failed sense and keeps the suggestion.
+                if let Ok(Some(t)) = fw::sense_port(&mut self.cmd, p as u8, &pci) {
+                    port_type = t;
+                }
+            }
+            let log_macs = pc.log_max_macs.min(7);
+            c.port[p] = PortCaps {
+                port_type,
                 supported_type: pc.supported_port_types,
                 vl_cap: pc.max_vl,
                 ib_mtu_cap: pc.ib_mtu,
@@ -274,8 +298,19 @@ impl Hca {
                 port_width_cap: pc.max_port_width,
                 eth_mtu_cap: pc.eth_mtu,
                 def_mac: pc.def_mac,
+                log_num_macs: if log_macs == 0 { 7 } else { log_macs },
+                log_num_vlans: pc.log_max_vlans.min(7),
+                sense_allowed,
+                auto_sensed,
                 ib_port_def_cap: 0,
             };
+            mlx4_dbg!(
+                pci,
+                "port {p}: supported types {}, {:?}{}",
+                pc.supported_port_types,
+                port_type,
+                if auto_sensed { " (sensed)" } else { "" }
+            );
         }
         // Bounded by validate(); the narrowing casts below cannot truncate.
         c.uar_page_size = 4096;
@@ -327,6 +362,11 @@ impl Hca {
             c.reserved_qps_cnt[1] = per;
             c.reserved_qps_cnt[2] = per;
             c.reserved_qps_cnt[3] = 64 * 1024;
+        } else if c.has_eth_port() {
+            // Linux's ETH_ADDR region, which RQP_CALC steers into: a QP per
+            // MAC-table entry per port (log_num_mac 7, no VLAN/priority
+            // bits). The FC regions stay out.
+            c.reserved_qps_cnt[1] = (1u32 << 7) * u32::from(d.num_ports);
         }
         c.reserved_qps = c.reserved_qps_cnt.iter().sum();
         self.dev_cap = d;
@@ -391,6 +431,8 @@ impl Hca {
         };
         let eth_fc = if p.eth_fc_qp_regions {
             (2u64 << 7) * u64::from(d.num_ports) + (64 << 10)
+        } else if self.caps.has_eth_port() {
+            (1u64 << 7) * u64::from(d.num_ports)
         } else {
             0
         };

@@ -20,6 +20,7 @@
 //!   352 MiB of tables; 11016 KiB mapped at bring-up, 8 MiB of it the MCG
 //!   table.
 
+use crate::dev::{MAX_PORTS, PortType};
 use crate::fw::DevCap;
 use crate::{Error, Result, mlx4_dbg, mlx4_err};
 use mlx4_hw::fw::InitHcaParam;
@@ -48,6 +49,10 @@ pub struct Profile {
     /// (log_num_mac 7 per port, 64 Ki FC exchange QPs). Useless for an
     /// InfiniBand-only driver; on in [`Profile::linux`] for fidelity.
     pub eth_fc_qp_regions: bool,
+    /// The type of each port that may be either (Linux's `port_type_array`
+    /// module parameter), indexed by port - 1: `None` takes the type the
+    /// card senses or suggests. A port of one type only ignores it.
+    pub port_type: [Option<PortType>; MAX_PORTS],
 }
 
 impl Profile {
@@ -63,6 +68,7 @@ impl Profile {
             num_mtt_segs: 1 << 14,
             log_mgm_entry_size: 10,
             eth_fc_qp_regions: false,
+            port_type: [None; MAX_PORTS],
         }
     }
 
@@ -78,6 +84,7 @@ impl Profile {
             num_mtt_segs: 1 << 20,
             log_mgm_entry_size: 10,
             eth_fc_qp_regions: true,
+            port_type: [None; MAX_PORTS],
         }
     }
 }
