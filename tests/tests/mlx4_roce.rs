@@ -374,6 +374,12 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
     let mac = r.a.hca.eth_port(1).unwrap().mac;
     let ll = roce::iboe_mac_vlan_to_ll(&mac, None);
     assert_eq!(gid0(&r.a, 1).0, ll, "fe80::EUI-64 of the port's MAC");
+    // The source MAC is registered (MAC table index 0 of a fresh port).
+    assert_eq!(r.a.ib().roce_port(1).unwrap().smac_index, Some(0));
+    assert_eq!(
+        r.a.ib().core().find_cached_mac(1, mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))),
+        Some(0)
+    );
     assert_eq!(r.a.ib().query_gid(1, 1).unwrap(), [0; 16]);
     // The interface gets two addresses: the table follows, ib_core is told.
     r.a.ib()

@@ -101,28 +101,6 @@ impl Dev {
         )
     }
 
-    /// SET_PORT op_mod 1 (Ethernet), GID_TABLE (5): the port's RoCE GID
-    /// table, `gids` from index 0 and the rest of the 128 entries zero
-    /// (Linux mlx4_ib's `update_gids_task`). For mlx4_ib on an Ethernet
-    /// port only.
-    pub fn set_port_gid_table(&mut self, port: u8, gids: &[[u8; 16]]) -> Result<()> {
-        self.check_port(port)?;
-        if gids.len() > 128 {
-            return Err(Error::InvalidArg);
-        }
-        let mb = Mailbox::new(&self.hca.pool)?;
-        for (i, g) in gids.iter().enumerate() {
-            mb.write(i * 16, g);
-        }
-        self.hca.cmd.cmd(
-            mb.dma(),
-            (5 << 8) | u32::from(port),
-            1,
-            Opcode::SET_PORT,
-            timeout::CLASS_B,
-        )
-    }
-
     /// Linux `mlx4_INIT_PORT` (issued by mlx4_ib when QP0 reaches RTR).
     #[doc(alias = "mlx4_INIT_PORT")]
     pub fn init_port(&mut self, port: u8) -> Result<()> {

@@ -128,7 +128,7 @@ pub fn create_iboe_ah(
     let a = Av {
         port_pd: pdn | (u32::from(attr.port_num) << 24),
         // mlx4_eth_av: byte 5 is the source MAC index, not the GRH bit.
-        g_slid: 0,
+        g_slid: rp.smac_idx(),
         dlid: 0,
         gid_index: grh.sgid_index,
         stat_rate: static_rate(caps, attr.static_rate),

@@ -284,6 +284,7 @@ impl Mlx4IbDev {
                 self.dev.counter_free(i);
             }
         }
+        self.roce_remove();
         if let Some(id) = self.intf.take() {
             self.dev.unregister_interface(id);
         }

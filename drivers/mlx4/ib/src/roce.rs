@@ -9,9 +9,10 @@
 //! A destination MAC comes from a link-local or multicast DGID directly; for
 //! an IPv4-mapped DGID it comes from the neighbour entries the interface's
 //! ARP gives the driver ([`crate::Mlx4IbDev::set_roce_neigh`]: the seam
-//! where mlx4_en's interface plugs in). The source MAC is entry 0 of the
-//! port's MAC table (what mlx4_en registers first; the card uses the port's
-//! own MAC while the table is empty). Left out: RoCE v2, VLAN interfaces
+//! where mlx4_en's interface plugs in). The source MAC is the port's MAC,
+//! registered in the port's MAC table (`mlx4_register_mac`, shared with
+//! mlx4_en by reference count) and named by its index in QP paths and
+//! address vectors, as Linux 3.15+ does. Left out: RoCE v2, VLAN interfaces
 //! (a VLAN is recognised in a GID but no VLAN is registered), DCB priorities
 //! and IPv6 addresses of the interface.
 
@@ -127,6 +128,9 @@ pub struct RocePort {
     pub active: bool,
     /// SET_PORT GID_TABLE commands that succeeded.
     pub gid_table_writes: u32,
+    /// The MAC-table index of `mac` (None: registration failed; the card
+    /// then sends from index 0).
+    pub smac_index: Option<u8>,
 }
 
 impl RocePort {
@@ -139,6 +143,7 @@ impl RocePort {
             netdev_mtu: 1500,
             active: false,
             gid_table_writes: 0,
+            smac_index: None,
         }
     }
 
@@ -149,6 +154,11 @@ impl RocePort {
         g.extend(self.ipv4.iter().map(|&ip| ipv4_gid(ip)));
         g.truncate(ROCE_MAX_GIDS);
         g
+    }
+
+    /// The source MAC index paths and address vectors carry.
+    pub fn smac_idx(&self) -> u8 {
+        self.smac_index.unwrap_or(0)
     }
 
     /// Linux `mlx4_ib_resolve_grh` (and, for an IPv4-mapped GID, the
@@ -181,6 +191,10 @@ impl RocePort {
 fn mac_of(def_mac: u64) -> [u8; 6] {
     let b = def_mac.to_be_bytes();
     [b[2], b[3], b[4], b[5], b[6], b[7]]
+}
+
+fn mac_u64(mac: &[u8; 6]) -> u64 {
+    mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))
 }
 
 impl crate::Mlx4IbDev {
@@ -217,8 +231,13 @@ impl crate::Mlx4IbDev {
                 continue;
             }
             let mac = mac_of(self.dev.caps().port[usize::from(port)].def_mac);
+            let mut rp = RocePort::new(mac);
+            match self.dev.register_mac(port, mac_u64(&mac)) {
+                Ok(i) => rp.smac_index = u8::try_from(i).ok(),
+                Err(e) => warn!("{}: port {port}: MAC not registered: {e}", self.name),
+            }
             if let Some(slot) = self.roce.get_mut(usize::from(port - 1)) {
-                *slot = Some(RocePort::new(mac));
+                *slot = Some(rp);
             }
             if let Err(e) = self.update_gids(port) {
                 warn!("{}: port {port}: GID table not written: {e}", self.name);
@@ -227,6 +246,19 @@ impl crate::Mlx4IbDev {
                 && let Err(e) = self.dev.init_port(port)
             {
                 warn!("{}: INIT_PORT of Ethernet port {port} failed: {e}", self.name);
+            }
+        }
+    }
+
+    /// The Ethernet ports' part of `mlx4_ib_remove`: the MAC registrations
+    /// go.
+    pub(crate) fn roce_remove(&mut self) {
+        for port in 1..=self.num_ports() {
+            let Some(rp) = self.roce.get_mut(usize::from(port - 1)).and_then(|r| r.take()) else {
+                continue;
+            };
+            if rp.smac_index.is_some() {
+                self.dev.unregister_mac(port, mac_u64(&rp.mac));
             }
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! InfiniBand and Ethernet (RoCE) paths: on an Ethernet port the GRH is
 //! mandatory, the destination MAC comes from the DGID and the source MAC is
-//! entry 0 of the MAC table. Left out: VLAN table indices (a path whose
+//! named by its MAC-table index. Left out: VLAN table indices (a path whose
 //! source GID names a VLAN is refused), alternate paths and SR-IOV.
 
 use mlx4_core::Caps;
@@ -66,8 +66,8 @@ fn mlx4_set_path(
             DEFAULT_SCHED_QUEUE | ((port.wrapping_sub(1) & 1) << 6) | ((ah.sl & 7) << 3);
         p.dmac = rp.resolve_dmac(&grh.dgid.0)?;
         p.ackto = crate::roce::LINK_TYPE_ETH;
-        // Source MAC index 0 (the MAC table's first entry).
-        p.grh_mylmc &= 0x80;
+        // The source MAC by its MAC-table index.
+        p.grh_mylmc = (p.grh_mylmc & 0x80) | rp.smac_idx();
         let sgid = rp.gids.get(usize::from(grh.sgid_index)).copied().unwrap_or([0; 16]);
         if crate::roce::rdma_get_vlan_id(&sgid) < 0x1000 {
             return Err(Error::Inval("VLAN RoCE GIDs are not supported"));
@@ -291,11 +291,11 @@ impl crate::Mlx4IbDev {
             } else {
                 DEFAULT_SCHED_QUEUE
             };
-            if self.is_eth(port) {
-                // Linux 3.15+: UD/GSI on Ethernet say so in ackto, source
-                // MAC index 0.
+            if let Some(rp) = self.roce_port(port) {
+                // Linux 3.15+: UD/GSI on Ethernet say so in ackto, with
+                // their source MAC index.
                 ctx.pri_path.ackto = (ctx.pri_path.ackto & 0xf8) | crate::roce::LINK_TYPE_ETH;
-                ctx.pri_path.grh_mylmc = 0x80;
+                ctx.pri_path.grh_mylmc = 0x80 | rp.smac_idx();
             }
         }
         let sqd_event = cur == QpState::Rts
