@@ -1122,6 +1122,21 @@ pub fn path_to_gid(
     timeout: Duration,
 ) -> Result<PathRecord> {
     let (sgid, _) = source_of(core, dev, port)?;
+    path_between(core, sa, dev, port, sgid, dgid, timeout)
+}
+
+/// A path from `sgid` (one of this port's GIDs: on RoCE, `-g GIDX`'s) to
+/// `dgid`, from the cache or the SA (made locally on an Ethernet port),
+/// within `timeout`.
+pub fn path_between(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    sgid: Gid,
+    dgid: Gid,
+    timeout: Duration,
+) -> Result<PathRecord> {
     let rec = PathRecord {
         sgid,
         dgid,

@@ -467,7 +467,7 @@ fn rc_send_over_roce_with_data_checked() {
     let (ea, eb) = rc_pair(&mut r, 1);
     let data = pattern(9, 3000);
     ea.buf.write_bytes(0, &data);
-    post_recv(&mut r.b, &eb, 8192, 4096);
+    post_recv(&mut r.b, &eb, 8192, 3000);
     post(&mut r.a, &ea, WrOpcode::Send, 0, 3000, WrDetail::None);
     let w = r.wc(true, ea.cq, "SEND completion");
     assert_eq!(w.status, WcStatus::Success, "{w:?}");
@@ -478,6 +478,29 @@ fn rc_send_over_roce_with_data_checked() {
         "{w:?}"
     );
     assert_eq!(read(&eb, 8192, 3000), data);
+    free(&mut r.a, ea);
+    free(&mut r.b, eb);
+    r.a.teardown();
+    r.b.teardown();
+}
+
+/// A 16-byte SEND into a 16-byte receive (perftest's end-of-size message
+/// is such a one): what the model's bug breaks (it scatters the 40-byte GRH
+/// into RC receives too: REM_OP_ERR). Passes with branch simfix's
+/// responder.
+#[test]
+#[ignore = "model bug: GRH scattered into RC receives (simfix)"]
+fn rc_send_shorter_than_a_grh_into_an_exact_receive() {
+    let mut r = eth_rig();
+    let (ea, eb) = rc_pair(&mut r, 1);
+    ea.buf.write_bytes(100, b"sixteen bytes!!!");
+    post_recv(&mut r.b, &eb, 16_384, 16);
+    post(&mut r.a, &ea, WrOpcode::Send, 100, 16, WrDetail::None);
+    let w = r.wc(true, ea.cq, "small SEND completion");
+    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    let w = r.wc(false, eb.cq, "small receive");
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, 16), "{w:?}");
+    assert_eq!(read(&eb, 16_384, 16), b"sixteen bytes!!!");
     free(&mut r.a, ea);
     free(&mut r.b, eb);
     r.a.teardown();
@@ -760,4 +783,97 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     free(&mut r.b, eb);
     r.a.teardown();
     r.b.teardown();
+}
+
+/// Output of a tool's console, readable from the other thread.
+#[derive(Clone, Default)]
+struct Out(Arc<Mutex<String>>);
+
+impl std::fmt::Write for Out {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.lock().unwrap().push_str(s);
+        Ok(())
+    }
+}
+
+impl Out {
+    fn text(&self) -> String {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn run_tool(g: &mut Guest, cm: ib_core::ClientId, tool: &str, args: &[&str], out: &mut Out) -> Result<(), String> {
+    let t = ib_tools::perftest::Tool::from_name(tool).expect("a perftest tool");
+    let p = ib_tools::perftest::Params::parse(t, args).map_err(|e| e.to_string())?;
+    let mut no = || false;
+    let mut env = ib_tools::perftest::run::Env {
+        core: &mut g.core,
+        sa: g.sa,
+        cm,
+        dev: g.dev,
+        dev_name: "mlx4_0",
+        interrupted: &mut no,
+    };
+    ib_tools::perftest::run::run(&mut env, &p, out)
+}
+
+/// Our perftest tools over RoCE: the server waits on its Ethernet port, the
+/// client names it by GID (as show_gids prints it) with `-g 0`; the path is
+/// made locally, the CM connects over QP1, and `--check` verifies every
+/// byte; the banner says Ethernet and the GIDs. The tools' end-of-size
+/// SEND lands in a receive of exactly its size, which the model's bug
+/// breaks; passes with branch simfix's responder.
+#[test]
+#[ignore = "model bug: GRH scattered into RC receives (simfix)"]
+fn perftest_tools_over_roce_with_the_peer_given_by_gid() {
+    let r = eth_rig();
+    let Rig {
+        _fabric: fabric,
+        mut a,
+        mut b,
+    } = r;
+    let cma = cm::init(&mut a.core);
+    let cmb = cm::init(&mut b.core);
+    let gb = gid0(&b, 1).0;
+    let gid: String = gb
+        .chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":");
+    for (tool, args) in [
+        ("ib_write_bw", &["-s", "65536", "-n", "20", "--check"][..]),
+        ("ib_read_lat", &["-s", "64", "-n", "20", "--check"][..]),
+        ("ib_send_bw", &["-s", "4096", "-n", "20", "--check"][..]),
+    ] {
+        let sout = Out::default();
+        let mut s2 = sout.clone();
+        let sargs: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let h = std::thread::spawn(move || {
+            let a: Vec<&str> = sargs.iter().map(String::as_str).collect();
+            let res = run_tool(&mut b, cmb, tool, &a, &mut s2);
+            (b, res)
+        });
+        let t = Instant::now();
+        while !sout.text().contains("Waiting for") && t.elapsed() < LIMIT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut cargs: Vec<&str> = args.to_vec();
+        cargs.extend(["-g", "0", gid.as_str()]);
+        let mut cout = Out::default();
+        let c = run_tool(&mut a, cma, tool, &cargs, &mut cout);
+        let (bb, s) = h.join().expect("server thread");
+        b = bb;
+        assert!(c.is_ok() && s.is_ok(), "{tool}: {c:?} {s:?}\n{}\n{}", cout.text(), sout.text());
+        let text = cout.text();
+        assert!(text.contains("Link type       : Ethernet"), "{text}");
+        assert!(text.contains("GID index       : 0"), "{text}");
+        assert!(text.contains(" GID: 254:128:00:00"), "{text}");
+    }
+    // An Ethernet port has no LIDs: a LID peer is refused with a sentence.
+    let mut o = Out::default();
+    let e = run_tool(&mut a, cma, "ib_write_bw", &["3"], &mut o).unwrap_err();
+    assert!(e.contains("give the peer by its GID"), "{e}");
+    drop(fabric);
+    a.teardown();
+    b.teardown();
 }
