@@ -704,7 +704,10 @@ pub fn join(
         ));
     }
     // An Ethernet (RoCE) port has no SA to join through.
-    let link = core.device(dev).ok_or(Error::NoDev)?.port_link_layer(port)?;
+    let link = core
+        .device(dev)
+        .ok_or(Error::NoDev)?
+        .port_link_layer(port)?;
     if link == crate::verbs::LinkLayer::Ethernet {
         return Err(Error::NotSupported);
     }

@@ -259,7 +259,12 @@ impl UdHeader {
     /// Bytes [`UdHeader::pack`] writes.
     pub fn packed_len(&self) -> usize {
         self.eth.map_or(0, |e| {
-            IB_ETH_BYTES + if e.vlan_tag.is_some() { IB_VLAN_BYTES } else { 0 }
+            IB_ETH_BYTES
+                + if e.vlan_tag.is_some() {
+                    IB_VLAN_BYTES
+                } else {
+                    0
+                }
         }) + (if self.lrh_present { IB_LRH_BYTES } else { 0 })
             + (if self.grh_present { IB_GRH_BYTES } else { 0 })
             + IB_BTH_BYTES
@@ -478,7 +483,10 @@ mod tests {
         let mut buf = [0u8; 96];
         let n = h.pack(&mut buf).unwrap();
         assert_eq!(n, 14 + 40 + 12 + 8);
-        assert_eq!(buf[..14], [0, 2, 0xc9, 1, 2, 3, 0, 2, 0xc9, 4, 5, 6, 0x89, 0x15]);
+        assert_eq!(
+            buf[..14],
+            [0, 2, 0xc9, 1, 2, 3, 0, 2, 0xc9, 4, 5, 6, 0x89, 0x15]
+        );
         assert_eq!(buf[14] >> 4, 6, "GRH right after the Ethernet header");
         assert_eq!(u16::from_be_bytes([buf[18], buf[19]]), 12 + 8 + 256 + 4);
         assert_eq!(buf[20], 0x1b);

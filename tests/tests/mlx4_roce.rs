@@ -377,7 +377,9 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
     // The source MAC is registered (MAC table index 0 of a fresh port).
     assert_eq!(r.a.ib().roce_port(1).unwrap().smac_index, Some(0));
     assert_eq!(
-        r.a.ib().core().find_cached_mac(1, mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))),
+        r.a.ib()
+            .core()
+            .find_cached_mac(1, mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))),
         Some(0)
     );
     assert_eq!(r.a.ib().query_gid(1, 1).unwrap(), [0; 16]);
@@ -396,7 +398,9 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
         roce::ipv4_gid([10, 0, 0, 1])
     );
     // One address goes: the table is written again without it.
-    r.a.ib().set_roce_ipv4_addrs(1, &[[192, 168, 7, 1]]).unwrap();
+    r.a.ib()
+        .set_roce_ipv4_addrs(1, &[[192, 168, 7, 1]])
+        .unwrap();
     assert_eq!(
         r.a.ib().query_gid(1, 1).unwrap(),
         roce::ipv4_gid([192, 168, 7, 1])
@@ -539,7 +543,11 @@ fn ud_send_over_roce_lands_after_the_grh() {
     let w = r.wc(true, ea.cq, "UD send completion");
     assert_eq!(w.status, WcStatus::Success, "{w:?}");
     let w = r.wc(false, eb.cq, "UD receive");
-    assert_eq!((w.status, w.byte_len), (WcStatus::Success, 40 + 900), "{w:?}");
+    assert_eq!(
+        (w.status, w.byte_len),
+        (WcStatus::Success, 40 + 900),
+        "{w:?}"
+    );
     assert!(w.wc_flags.contains(WcFlags::GRH));
     assert_eq!(w.src_qp, ea.qp.qp_num);
     let grh = read(&eb, 0, 40);
@@ -639,7 +647,12 @@ fn an_address_handle_without_a_grh_is_refused_on_an_ethernet_port() {
                 },
                 ..Default::default()
             },
-            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
                 | M::MIN_RNR_TIMER,
         )
         .expect_err("an RC path without a GRH");
@@ -712,11 +725,19 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     r.wait_active(1);
     r.wait_active(2);
     assert_eq!(
-        r.a.core.device(r.a.dev).unwrap().port_link_layer(1).unwrap(),
+        r.a.core
+            .device(r.a.dev)
+            .unwrap()
+            .port_link_layer(1)
+            .unwrap(),
         LinkLayer::Infiniband
     );
     assert_eq!(
-        r.a.core.device(r.a.dev).unwrap().port_link_layer(2).unwrap(),
+        r.a.core
+            .device(r.a.dev)
+            .unwrap()
+            .port_link_layer(2)
+            .unwrap(),
         LinkLayer::Ethernet
     );
     // InfiniBand: an RC pair between the LIDs the SM gave (path by LID).
@@ -802,7 +823,13 @@ impl Out {
     }
 }
 
-fn run_tool(g: &mut Guest, cm: ib_core::ClientId, tool: &str, args: &[&str], out: &mut Out) -> Result<(), String> {
+fn run_tool(
+    g: &mut Guest,
+    cm: ib_core::ClientId,
+    tool: &str,
+    args: &[&str],
+    out: &mut Out,
+) -> Result<(), String> {
     let t = ib_tools::perftest::Tool::from_name(tool).expect("a perftest tool");
     let p = ib_tools::perftest::Params::parse(t, args).map_err(|e| e.to_string())?;
     let mut no = || false;
@@ -863,7 +890,12 @@ fn perftest_tools_over_roce_with_the_peer_given_by_gid() {
         let c = run_tool(&mut a, cma, tool, &cargs, &mut cout);
         let (bb, s) = h.join().expect("server thread");
         b = bb;
-        assert!(c.is_ok() && s.is_ok(), "{tool}: {c:?} {s:?}\n{}\n{}", cout.text(), sout.text());
+        assert!(
+            c.is_ok() && s.is_ok(),
+            "{tool}: {c:?} {s:?}\n{}\n{}",
+            cout.text(),
+            sout.text()
+        );
         let text = cout.text();
         assert!(text.contains("Link type       : Ethernet"), "{text}");
         assert!(text.contains("GID index       : 0"), "{text}");
@@ -923,7 +955,8 @@ fn rmem_over_roce_with_the_memory_node_given_by_gid() {
     let data = pattern(17, 3 * 4096 + 100);
     c.write(&mut a.core, chunk.addr + 7, &data).expect("write");
     let mut back = vec![0u8; data.len()];
-    c.read(&mut a.core, chunk.addr + 7, &mut back).expect("read");
+    c.read(&mut a.core, chunk.addr + 7, &mut back)
+        .expect("read");
     assert_eq!(back, data);
     c.free(&mut a.core, chunk).expect("free");
     c.close(&mut a.core).expect("closed");

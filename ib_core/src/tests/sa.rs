@@ -808,7 +808,9 @@ fn an_ethernet_port_makes_its_paths_locally_and_asks_no_sa() {
         h.ports[0].sm_lid = 0;
         h.ports[0].active_mtu = Mtu::Mtu1024;
     }
-    let clock = Arc::new(hal::fake::FakeClock::with_relax_step(Duration::from_micros(50)));
+    let clock = Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
     let mut core = crate::device::IbCore::new(clock);
     let a = core.register_device(Box::new(da)).unwrap();
     let _b = core.register_device(Box::new(db)).unwrap();
@@ -822,7 +824,10 @@ fn an_ethernet_port_makes_its_paths_locally_and_asks_no_sa() {
     let c = sa_query::counters(&mut core, sa, a, 1).unwrap();
     assert_eq!((c.sent, c.local_paths), (0, 1));
     assert!(
-        lock(&w).wire.iter().all(|p| p.mad.mgmt_class() != class::SUBN_ADM),
+        lock(&w)
+            .wire
+            .iter()
+            .all(|p| p.mad.mgmt_class() != class::SUBN_ADM),
         "nothing asked of an SA"
     );
     let ah = sa_query::init_ah_from_path(core.device(a).unwrap(), 1, &p).unwrap();

@@ -505,7 +505,10 @@ pub(crate) fn path_from(
 /// A GID as `fe80::202:c9ff:fe00:1001` (the longest run of zero groups
 /// folded, as inet_ntop does).
 pub(crate) fn gid_text(g: &[u8; 16]) -> String {
-    let w: Vec<u16> = g.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+    let w: Vec<u16> = g
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
     let (mut best, mut best_len, mut i) = (8, 0, 0);
     while i < 8 {
         let start = i;

@@ -295,11 +295,19 @@ fn a_peer_given_by_gid_and_a_gid_index() {
     m[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 2]);
     assert_eq!(v4, Some(Peer::Gid(m)));
     assert_eq!(parse("ib_send_bw", "").unwrap().gid_index, None);
-    for bad in ["fe80::1::2", "fe80:0:0:0:0:0:0:0:1", "fe80::12345", "1:2:3:4:5:6:7:g"] {
+    for bad in [
+        "fe80::1::2",
+        "fe80:0:0:0:0:0:0:0:1",
+        "fe80::12345",
+        "1:2:3:4:5:6:7:g",
+    ] {
         assert!(
             matches!(parse("ib_write_bw", bad), Err(ParseError::BadPeer(_))),
             "{bad}"
         );
     }
-    assert!(parse("ib_write_bw", "-g 128 fe80::1").is_err(), "a GID index above 127");
+    assert!(
+        parse("ib_write_bw", "-g 128 fe80::1").is_err(),
+        "a GID index above 127"
+    );
 }

@@ -133,7 +133,11 @@ fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> Cmd
         let _ = writeln!(out, "\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         let _ = writeln!(out, "\t\t\tport_lid:\t\t{}", p.lid);
         let _ = writeln!(out, "\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
-        let _ = writeln!(out, "\t\t\tlink_layer:\t\t{}", link_layer_name(dev, port_num));
+        let _ = writeln!(
+            out,
+            "\t\t\tlink_layer:\t\t{}",
+            link_layer_name(dev, port_num)
+        );
         if verbose {
             let _ = writeln!(out, "\t\t\tmax_msg_sz:\t\t{:#x}", p.max_msg_sz);
             let _ = writeln!(
@@ -191,7 +195,10 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
         return Err("usage: show_gids [DEV]".to_string());
     }
     let _ = writeln!(out, "DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV");
-    let _ = writeln!(out, "---\t----\t-----\t---\t\t\t\t\t------------  \t---\t---");
+    let _ = writeln!(
+        out,
+        "---\t----\t-----\t---\t\t\t\t\t------------  \t---\t---"
+    );
     let mut n = 0;
     for_devices(
         args.first().copied(),

@@ -516,7 +516,9 @@ impl Mlx4IbDev {
         self.check_port(port)?;
         if self.is_eth(port) {
             // One P_Key, the default (Linux `eth_link_query_port`'s table).
-            out.iter_mut().enumerate().for_each(|(i, p)| *p = if i == 0 { 0xffff } else { 0 });
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, p)| *p = if i == 0 { 0xffff } else { 0 });
             return Ok(());
         }
         if out.len() as u64 > u64::from(self.dev.caps().port[usize::from(port)].pkey_table_len) {

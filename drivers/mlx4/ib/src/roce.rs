@@ -245,7 +245,10 @@ impl crate::Mlx4IbDev {
             if !self.dev.port_is_open(port)
                 && let Err(e) = self.dev.init_port(port)
             {
-                warn!("{}: INIT_PORT of Ethernet port {port} failed: {e}", self.name);
+                warn!(
+                    "{}: INIT_PORT of Ethernet port {port} failed: {e}",
+                    self.name
+                );
             }
         }
     }
@@ -254,7 +257,11 @@ impl crate::Mlx4IbDev {
     /// go.
     pub(crate) fn roce_remove(&mut self) {
         for port in 1..=self.num_ports() {
-            let Some(rp) = self.roce.get_mut(usize::from(port - 1)).and_then(|r| r.take()) else {
+            let Some(rp) = self
+                .roce
+                .get_mut(usize::from(port - 1))
+                .and_then(|r| r.take())
+            else {
                 continue;
             };
             if rp.smac_index.is_some() {
@@ -327,7 +334,9 @@ impl crate::Mlx4IbDev {
     /// Linux `eth_link_query_port`: no LID, no SM, one P_Key, the GID table
     /// of RoCE, state from the link, the active MTU from the interface's.
     pub(crate) fn eth_link_query_port(&self, port: u8) -> Result<PortAttr> {
-        let rp = self.roce_port(port).ok_or(Error::Inval("not an Ethernet port"))?;
+        let rp = self
+            .roce_port(port)
+            .ok_or(Error::Inval("not an Ethernet port"))?;
         let caps = self.dev.caps();
         let (state, phys) = if rp.active { (4, 5) } else { (1, 3) };
         Ok(PortAttr {
@@ -350,7 +359,9 @@ impl crate::Mlx4IbDev {
 
     /// Entry `index` of an Ethernet port's GID table (zero where unused).
     pub(crate) fn roce_query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
-        let rp = self.roce_port(port).ok_or(Error::Inval("not an Ethernet port"))?;
+        let rp = self
+            .roce_port(port)
+            .ok_or(Error::Inval("not an Ethernet port"))?;
         if index as usize >= ROCE_MAX_GIDS {
             return Err(Error::Inval("GID index beyond the table"));
         }
@@ -368,7 +379,9 @@ mod tests {
         let ll = iboe_mac_vlan_to_ll(&mac, None);
         assert_eq!(
             ll,
-            [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x02, 0xc9, 0xff, 0xfe, 0xab, 0xcd, 0xef]
+            [
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x02, 0xc9, 0xff, 0xfe, 0xab, 0xcd, 0xef
+            ]
         );
         assert!(rdma_link_local_addr(&ll));
         assert_eq!(rdma_get_ll_mac(&ll), mac);
@@ -388,13 +401,19 @@ mod tests {
     fn destination_macs_by_kind_of_gid() {
         let mut rp = RocePort::new([0, 2, 0xc9, 1, 2, 3]);
         let peer = [0, 2, 0xc9, 4, 5, 6];
-        assert_eq!(rp.resolve_dmac(&iboe_mac_vlan_to_ll(&peer, None)).unwrap(), peer);
+        assert_eq!(
+            rp.resolve_dmac(&iboe_mac_vlan_to_ll(&peer, None)).unwrap(),
+            peer
+        );
         let mut mc = [0u8; 16];
         mc[0] = 0xff;
         mc[12..].copy_from_slice(&[1, 2, 3, 4]);
         assert_eq!(rp.resolve_dmac(&mc).unwrap(), [0x33, 0x33, 1, 2, 3, 4]);
         let g = ipv4_gid([10, 0, 0, 9]);
-        assert!(matches!(rp.resolve_dmac(&g), Err(Error::Inval(_))), "no ARP entry yet");
+        assert!(
+            matches!(rp.resolve_dmac(&g), Err(Error::Inval(_))),
+            "no ARP entry yet"
+        );
         rp.neigh.push(([10, 0, 0, 9], peer));
         assert_eq!(rp.resolve_dmac(&g).unwrap(), peer);
         let mut global = [0u8; 16];

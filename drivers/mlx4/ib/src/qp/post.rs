@@ -1139,8 +1139,10 @@ impl Mlx4IbQp {
                 base + mlx::FLAGS,
                 (u32::from(d[0]) << 24) | (u32::from(d[1]) << 16) | (mflags & 0xffff),
             );
-            self.buf
-                .write_be32(base + mlx::RLID, u32::from_be_bytes([d[2], d[3], d[4], d[5]]));
+            self.buf.write_be32(
+                base + mlx::RLID,
+                u32::from_be_bytes([d[2], d[3], d[4], d[5]]),
+            );
         } else {
             self.write_mlx_ib_flags(base, av, f, mflags);
         }
