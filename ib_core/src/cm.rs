@@ -1688,7 +1688,13 @@ fn cm_req_handler(
         port_num: r.port,
         grh: None,
     };
-    if !p.subnet_local {
+    // On Ethernet (RoCE) the GRH is always there (ib_init_ah_from_path's
+    // force_grh).
+    let eth = core
+        .device(dev)
+        .and_then(|d| d.port_link_layer(r.port).ok())
+        == Some(crate::verbs::LinkLayer::Ethernet);
+    if !p.subnet_local || eth {
         av.grh = Some(GlobalRoute {
             dgid: p.local_gid,
             flow_label: p.flow_label,

@@ -703,6 +703,14 @@ pub fn join(
             "the MGID is not a multicast GID (SA-assigned MGIDs are not supported)",
         ));
     }
+    // An Ethernet (RoCE) port has no SA to join through.
+    let link = core
+        .device(dev)
+        .ok_or(Error::NoDev)?
+        .port_link_layer(port)?;
+    if link == crate::verbs::LinkLayer::Ethernet {
+        return Err(Error::NotSupported);
+    }
     let mut rec = *rec;
     if rec.join_state == 0 {
         rec.join_state = sa_query::join_state::FULL_MEMBER;

@@ -7,6 +7,8 @@
 //! and client re-register. ServiceRecord, InformInfo/notices, SA redirection
 //! and sending RMPP are left out (a GetTable answer spanning several MADs is
 //! taken through the MAD layer's RMPP reassembly).
+//! An Ethernet (RoCE) port has no SA: PathRecord Gets are answered locally
+//! from the GIDs (`local_query`) and the other queries refused.
 //!
 //! The SA client is an [`IbClient`] whose per-device state lives in the
 //! device's client data (as Linux's `ib_sa_device`); it is driven by
@@ -26,7 +28,8 @@ use crate::device::{ClientId, Device, DeviceId, IbClient, IbCore};
 use crate::error::{Error, Result};
 use crate::mad::{Mad, MadAgent, MadEvent, MadSendBuf, MadSendId, method};
 use crate::verbs::{
-    AhAttr, Event, EventElement, EventType, Gid, GlobalRoute, IB_QP1_QKEY, PortState, QpType,
+    AhAttr, Event, EventElement, EventType, Gid, GlobalRoute, IB_QP1_QKEY, LinkLayer, PortState,
+    QpType,
 };
 use hal::be::get_be32;
 
@@ -211,6 +214,8 @@ pub struct SaCounters {
     pub cache_flushes: u64,
     /// Answers that could not be parsed.
     pub bad_answers: u64,
+    /// PathRecords made locally (an Ethernet port has no SA).
+    pub local_paths: u64,
 }
 
 /// The address of the SA (Linux's `ib_sa_sm_ah`): SM LID, SM SL and the
@@ -668,6 +673,13 @@ fn start_query(
         min_len,
         cache_key,
     } = req;
+    let link = core
+        .device(dev)
+        .ok_or(Error::NoDev)?
+        .port_link_layer(port)?;
+    if link == LinkLayer::Ethernet {
+        return local_query(core, sa, dev, port, method, attr_id, rec);
+    }
     let mut mad = build_mad(method, attr_id, comp_mask, rec)?;
     if method == sa_method::GET_TABLE {
         set_attr_offset(&mut mad, (min_len.div_ceil(8)) as u16);
@@ -705,6 +717,77 @@ fn start_query(
         Ok(SaQueryId { dev, port, seq })
     })
 }
+
+/// An Ethernet (RoCE) port has no SA: a PathRecord Get is answered at once
+/// with a path made from the GIDs, as Linux's RDMAoE makes it
+/// (`cma_resolve_iboe_route`, `ib_init_ah_from_path` forcing the GRH): no
+/// LIDs, P_Key 0xffff, hop limit 1, the port's active MTU, 40 Gb/s, the SGID
+/// asked for (the port's GID 0 if none). Every other query ends with
+/// `-EOPNOTSUPP`, and nothing goes on the wire.
+fn local_query(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    method: u8,
+    attr_id: u16,
+    rec: &[u8],
+) -> Result<SaQueryId> {
+    if attr_id != sa_attr::PATH_REC || method != method::GET {
+        return Err(Error::NotSupported);
+    }
+    let asked = PathRecord::unpack(rec)?;
+    let d = core.device_mut(dev).ok_or(Error::NoDev)?;
+    let pa = d.query_port(port)?;
+    let sgid = if asked.sgid == Gid::default() {
+        d.port_cache(port)?.get_gid(0)?
+    } else {
+        asked.sgid
+    };
+    let path = PathRecord {
+        service_id: asked.service_id,
+        dgid: asked.dgid,
+        sgid,
+        dlid: 0,
+        slid: 0,
+        flow_label: asked.flow_label,
+        hop_limit: 1,
+        traffic_class: asked.traffic_class,
+        reversible: true,
+        numb_path: 1,
+        pkey: 0xffff,
+        sl: asked.sl & 7,
+        mtu_selector: IB_SA_EQ,
+        mtu: pa.active_mtu as u8,
+        rate_selector: IB_SA_EQ,
+        rate: IB_RATE_40_GBPS,
+        packet_life_time_selector: IB_SA_EQ,
+        ..PathRecord::default()
+    };
+    with_sa(core, sa, dev, |_, sd| {
+        let sp = port_of(sd, port)?;
+        if sp.done.len() >= MAX_DONE {
+            return Err(Error::Again);
+        }
+        let seq = sp.next_seq;
+        sp.next_seq += 1;
+        sp.counters.local_paths += 1;
+        sp.done.push((
+            seq,
+            Ok(SaResponse {
+                attr_id,
+                records: alloc::vec![path.pack().to_vec()],
+                tries: 0,
+            }),
+        ));
+        Ok(SaQueryId { dev, port, seq })
+    })
+}
+
+/// `IB_SA_EQ`: a selector asking for exactly the value given.
+const IB_SA_EQ: u8 = 2;
+/// `IB_RATE_40_GBPS`.
+const IB_RATE_40_GBPS: u8 = 7;
 
 /// `ib_sa_path_rec_get`: starts a PathRecord Get with `comp_mask` naming
 /// the fields of `rec` that matter; the answer is collected with
@@ -1039,6 +1122,21 @@ pub fn path_to_gid(
     timeout: Duration,
 ) -> Result<PathRecord> {
     let (sgid, _) = source_of(core, dev, port)?;
+    path_between(core, sa, dev, port, sgid, dgid, timeout)
+}
+
+/// A path from `sgid` (one of this port's GIDs: on RoCE, `-g GIDX`'s) to
+/// `dgid`, from the cache or the SA (made locally on an Ethernet port),
+/// within `timeout`.
+pub fn path_between(
+    core: &mut IbCore,
+    sa: ClientId,
+    dev: DeviceId,
+    port: u8,
+    sgid: Gid,
+    dgid: Gid,
+    timeout: Duration,
+) -> Result<PathRecord> {
     let rec = PathRecord {
         sgid,
         dgid,
@@ -1106,6 +1204,8 @@ pub fn sm_ah(core: &mut IbCore, sa: ClientId, dev: DeviceId, port: u8) -> Option
 #[doc(alias = "ib_init_ah_from_path")]
 pub fn init_ah_from_path(dev: &Device, port: u8, rec: &PathRecord) -> Result<AhAttr> {
     let lmc = dev.get_cached_lmc(port)?;
+    // On Ethernet (RoCE) the GRH is always there (3.11's `force_grh`).
+    let force_grh = dev.port_link_layer(port)? == LinkLayer::Ethernet;
     let mut ah = AhAttr {
         dlid: rec.dlid,
         sl: rec.sl & 0xf,
@@ -1114,7 +1214,7 @@ pub fn init_ah_from_path(dev: &Device, port: u8, rec: &PathRecord) -> Result<AhA
         port_num: port,
         grh: None,
     };
-    if rec.hop_limit > 1 {
+    if rec.hop_limit > 1 || force_grh {
         let c = dev.port_cache(port)?;
         let idx = c
             .find_gid(&rec.sgid)

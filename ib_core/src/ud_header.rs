@@ -1,7 +1,8 @@
 //! Port of Linux `drivers/infiniband/core/ud_header.c` (3.11): the UD packet headers (LRH, GRH, BTH, DETH, immediate) a driver puts in front of a QP0/QP1 send, with their init, pack and unpack.
 //!
-//! Ethernet/VLAN headers (RoCE) are left out, and ICRC/VCRC are the hardware's
-//! business.
+//! With the Ethernet (and 802.1Q) header a RoCE v1 QP1 send carries instead
+//! of the LRH (3.11's `eth_present`/`vlan_present`); ICRC/VCRC and the FCS
+//! are the hardware's business. Unpacking reads IB packets only.
 //!
 //! The field tables follow IBTA Vol. 1 9.2/8.2/8.3 (and Linux's `lrh_table`,
 //! `grh_table`, `bth_table`, `deth_table`). One deliberate difference from
@@ -25,7 +26,16 @@ pub const IB_DETH_BYTES: usize = 8;
 pub const IB_IMM_BYTES: usize = 4;
 /// ICRC bytes.
 pub const IB_ICRC_BYTES: usize = 4;
-/// Longest packed UD header (LRH + GRH + BTH + DETH + IMM).
+/// Ethernet header bytes (two MACs and the Ethertype).
+pub const IB_ETH_BYTES: usize = 14;
+/// 802.1Q tag bytes (TPID and TCI).
+pub const IB_VLAN_BYTES: usize = 4;
+/// RoCE v1's Ethertype (Linux `MLX4_IB_IBOE_ETHERTYPE`).
+pub const ETH_P_IBOE: u16 = 0x8915;
+
+/// Longest packed UD header on InfiniBand (LRH + GRH + BTH + DETH + IMM);
+/// an Ethernet header with a tag is 10 bytes longer (18 for the 8-byte
+/// LRH).
 pub const IB_UD_HEADER_MAX: usize =
     IB_LRH_BYTES + IB_GRH_BYTES + IB_BTH_BYTES + IB_DETH_BYTES + IB_IMM_BYTES;
 
@@ -159,9 +169,25 @@ pub struct Deth {
     pub source_qpn: u32,
 }
 
+/// The Ethernet header of a RoCE v1 packet (`struct ib_unpacked_eth` and
+/// `ib_unpacked_vlan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EthHeader {
+    /// Destination MAC.
+    pub dmac: [u8; 6],
+    /// Source MAC.
+    pub smac: [u8; 6],
+    /// The 802.1Q TCI (priority << 13 | VLAN id), if tagged.
+    pub vlan_tag: Option<u16>,
+    /// Ethertype after the MACs (and the tag): [`ETH_P_IBOE`].
+    pub ether_type: u16,
+}
+
 /// `struct ib_ud_header`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UdHeader {
+    /// The Ethernet header (RoCE v1; then no LRH).
+    pub eth: Option<EthHeader>,
     /// LRH present.
     pub lrh_present: bool,
     /// LRH.
@@ -232,7 +258,14 @@ pub fn init(
 impl UdHeader {
     /// Bytes [`UdHeader::pack`] writes.
     pub fn packed_len(&self) -> usize {
-        (if self.lrh_present { IB_LRH_BYTES } else { 0 })
+        self.eth.map_or(0, |e| {
+            IB_ETH_BYTES
+                + if e.vlan_tag.is_some() {
+                    IB_VLAN_BYTES
+                } else {
+                    0
+                }
+        }) + (if self.lrh_present { IB_LRH_BYTES } else { 0 })
             + (if self.grh_present { IB_GRH_BYTES } else { 0 })
             + IB_BTH_BYTES
             + IB_DETH_BYTES
@@ -251,6 +284,18 @@ impl UdHeader {
             return Err(Error::MsgSize);
         }
         let mut off = 0;
+        if let Some(e) = &self.eth {
+            buf[..6].copy_from_slice(&e.dmac);
+            buf[6..12].copy_from_slice(&e.smac);
+            off = 12;
+            if let Some(tag) = e.vlan_tag {
+                buf[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+                buf[14..16].copy_from_slice(&tag.to_be_bytes());
+                off = 16;
+            }
+            buf[off..off + 2].copy_from_slice(&e.ether_type.to_be_bytes());
+            off += 2;
+        }
         if self.lrh_present {
             let l = &self.lrh;
             let v = [
@@ -421,6 +466,34 @@ impl UdHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A RoCE v1 MAD leaving QP1 (Linux `build_mlx_header` on an Ethernet
+    /// port): MACs, Ethertype 0x8915 (after an 802.1Q tag when tagged),
+    /// then the GRH with no LRH before it.
+    #[test]
+    fn roce_qp1_header_golden_bytes() {
+        let mut h = init(256, false, true, false).unwrap();
+        h.eth = Some(EthHeader {
+            dmac: [0, 2, 0xc9, 1, 2, 3],
+            smac: [0, 2, 0xc9, 4, 5, 6],
+            vlan_tag: None,
+            ether_type: ETH_P_IBOE,
+        });
+        h.grh.hop_limit = 1;
+        let mut buf = [0u8; 96];
+        let n = h.pack(&mut buf).unwrap();
+        assert_eq!(n, 14 + 40 + 12 + 8);
+        assert_eq!(
+            buf[..14],
+            [0, 2, 0xc9, 1, 2, 3, 0, 2, 0xc9, 4, 5, 6, 0x89, 0x15]
+        );
+        assert_eq!(buf[14] >> 4, 6, "GRH right after the Ethernet header");
+        assert_eq!(u16::from_be_bytes([buf[18], buf[19]]), 12 + 8 + 256 + 4);
+        assert_eq!(buf[20], 0x1b);
+        h.eth.as_mut().unwrap().vlan_tag = Some(5 << 13 | 7);
+        assert_eq!(h.pack(&mut buf).unwrap(), 18 + 40 + 12 + 8);
+        assert_eq!(buf[12..18], [0x81, 0, 0xa0, 7, 0x89, 0x15]);
+    }
 
     /// A directed-route SMP leaving QP0: VL15, permissive LIDs, P_Key
     /// 0xffff, to QP0. Bytes written by hand from IBTA 7.7 (LRH), 9.2 (BTH)

@@ -195,13 +195,57 @@ impl Tool {
     }
 }
 
-/// Whom the client connects to: the server's LID or its port GUID.
+/// Whom the client connects to: the server's LID, its port GUID, or its
+/// GID (RoCE: an Ethernet port has no LID).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peer {
     /// A unicast LID.
     Lid(u16),
     /// A port GUID (the tool resolves it through the SA).
     Guid(u64),
+    /// A GID (`fe80::202:c9ff:fe00:1001`, or show_gids' eight groups).
+    Gid([u8; 16]),
+}
+
+/// Parses an IPv6-style GID: eight groups of up to four hex digits, with
+/// at most one `::` standing for the zero groups it leaves out.
+pub fn parse_gid(s: &str) -> Option<[u8; 16]> {
+    fn groups(part: &str) -> Option<Vec<u16>> {
+        if part.is_empty() {
+            return Some(Vec::new());
+        }
+        part.split(':')
+            .map(|g| {
+                (!g.is_empty() && g.len() <= 4)
+                    .then(|| u16::from_str_radix(g, 16).ok())
+                    .flatten()
+            })
+            .collect()
+    }
+    let words: Vec<u16> = match s.split_once("::") {
+        Some((head, tail)) => {
+            if tail.contains("::") {
+                return None;
+            }
+            let (h, t) = (groups(head)?, groups(tail)?);
+            if h.len() + t.len() > 7 {
+                return None;
+            }
+            let mut w = h;
+            w.resize(8 - t.len(), 0);
+            w.extend(t);
+            w
+        }
+        None => groups(s)?,
+    };
+    if words.len() != 8 {
+        return None;
+    }
+    let mut g = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        g[2 * i..2 * i + 2].copy_from_slice(&w.to_be_bytes());
+    }
+    Some(g)
 }
 
 impl Peer {
@@ -210,6 +254,9 @@ impl Peer {
     /// ibstat's colon form).
     pub fn parse(s: &str) -> Result<Peer, ParseError> {
         let bad = || ParseError::BadPeer(String::from(s));
+        if s.contains("::") || s.split(':').count() == 8 {
+            return parse_gid(s).map(Peer::Gid).ok_or_else(bad);
+        }
         if s.contains(':') {
             let groups: Vec<&str> = s.split(':').collect();
             if groups.len() != 4 || groups.iter().any(|g| g.is_empty() || g.len() > 4) {
@@ -285,7 +332,7 @@ impl fmt::Display for ParseError {
             ParseError::Conflict(w) => write!(f, "{w}"),
             ParseError::BadPeer(p) => write!(
                 f,
-                "'{p}' is neither a LID (1 to 0xBFFF) nor a port GUID (0x... or xxxx:xxxx:xxxx:xxxx)"
+                "'{p}' is neither a LID (1 to 0xBFFF), a port GUID (0x... or xxxx:xxxx:xxxx:xxxx) nor a GID (fe80::...)"
             ),
             ParseError::NotUnicastLid(l) => {
                 write!(f, "LID {l:#x} is not a unicast LID (1 to 0xBFFF)")
@@ -317,6 +364,8 @@ pub struct Params {
     pub peer: Option<Peer>,
     /// `-d`: the device (default: the first).
     pub ib_dev: Option<String>,
+    /// `-g`/`-x GIDX`: the source GID index (RoCE; default 0).
+    pub gid_index: Option<u8>,
     /// `-i`: the port (default 1).
     pub ib_port: u8,
     /// `-t`: send queue depth.
@@ -338,13 +387,14 @@ pub fn usage(tool: Tool) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER (LID, or port GUID)\n\
+        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER (LID, port GUID or GID)\n\
          \x20 -s, --size=SIZE        message size (K and M suffixes; default {1})\n\
          \x20 -n, --iters=ITERS      iterations (at least {2}; default {3})\n\
          \x20 -a, --all              every size from 2 to 2^23\n\
          \x20 -D, --duration=SECONDS run for SECONDS instead of ITERS\n\
          \x20 -d, --ib-dev=DEV       device (default: the first)\n\
          \x20 -i, --ib-port=PORT     port (default 1)\n\
+         \x20 -g, -x, --gid-index=N  source GID index (RoCE; default 0)\n\
          \x20 -t, --tx-depth=N       send queue depth\n\
          \x20 -r, --rx-depth=N       receive queue depth\n\
          \x20 -Q, --cq-mod=N         signal one send completion in N (bandwidth)\n\
@@ -390,6 +440,7 @@ impl Params {
             check: false,
             peer: None,
             ib_dev: None,
+            gid_index: None,
             ib_port: 1,
             tx_depth: if bw { 128 } else { 1 },
             rx_depth: if tool.verb == Verb::Send { 512 } else { 1 },
@@ -449,6 +500,7 @@ impl Params {
                 "D" | "duration" => "-D",
                 "d" | "ib-dev" => "-d",
                 "i" | "ib-port" => "-i",
+                "g" | "x" | "gid-index" => "-g",
                 "t" | "tx-depth" => "-t",
                 "r" | "rx-depth" => "-r",
                 "Q" | "cq-mod" => "-Q",
@@ -495,6 +547,7 @@ impl Params {
                 "-D" => p.duration = Some(num(1, 3600, "1 to 3600 seconds")? as u32),
                 "-d" => p.ib_dev = Some(String::from(val)),
                 "-i" => p.ib_port = num(1, 2, "1 or 2")? as u8,
+                "-g" => p.gid_index = Some(num(0, 127, "0 to 127")? as u8),
                 "-t" => p.tx_depth = num(1, 8192, "1 to 8192")? as u32,
                 "-r" => p.rx_depth = num(1, 8192, "1 to 8192")? as u32,
                 "-Q" => p.cq_mod = num(1, 1024, "1 to 1024")? as u32,
@@ -602,6 +655,9 @@ pub fn print_test_info(out: &mut dyn Write, p: &Params, link: &LinkInfo) -> fmt:
     }
     writeln!(out, " Mtu             : {}[B]", link.mtu)?;
     writeln!(out, " Link type       : {}", link.link_type)?;
+    if let Some(g) = p.gid_index.or((link.link_type == "Ethernet").then_some(0)) {
+        writeln!(out, " GID index       : {g}")?;
+    }
     if matches!(p.tool.verb, Verb::Read | Verb::Atomic) {
         writeln!(out, " Outstand reads  : {}", p.out_reads)?;
     } else {
@@ -630,6 +686,19 @@ pub struct Dest {
     pub vaddr: u64,
     /// Outstanding reads (read).
     pub out_reads: u32,
+}
+
+/// The GID line perftest prints after an address on RoCE: the sixteen
+/// bytes in decimal, two digits each (`PERF_GID_FMT`).
+pub fn print_gid(out: &mut dyn Write, gid: &[u8; 16]) -> fmt::Result {
+    write!(out, " GID: ")?;
+    for (i, b) in gid.iter().enumerate() {
+        if i > 0 {
+            write!(out, ":")?;
+        }
+        write!(out, "{b:02}")?;
+    }
+    writeln!(out)
 }
 
 /// perftest's `ctx_print_pingpong_data`: ` local address: LID 0x01 QPN ...`.

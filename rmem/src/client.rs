@@ -69,6 +69,9 @@ pub struct ClientConfig {
     pub ack_timeout: u8,
     /// Latencies kept for the exact percentiles.
     pub sample: usize,
+    /// The source GID index of a connection to a GID (RoCE's `-g`; 0: the
+    /// port's first GID, its link-local one on an Ethernet port).
+    pub gid_index: u8,
 }
 
 impl Default for ClientConfig {
@@ -83,6 +86,7 @@ impl Default for ClientConfig {
             retry_count: 7,
             ack_timeout: 16,
             sample: crate::stats::DEFAULT_SAMPLE,
+            gid_index: 0,
         }
     }
 }
@@ -230,7 +234,18 @@ impl Client {
             let left = deadline.remaining(core.clock());
             let r = match dest {
                 Dest::Lid(l) => sa_query::path_to_lid(core, sa, dev_id, cfg.port, l, left),
-                Dest::Gid(g) => sa_query::path_to_gid(core, sa, dev_id, cfg.port, g, left),
+                Dest::Gid(g) if cfg.gid_index == 0 => {
+                    sa_query::path_to_gid(core, sa, dev_id, cfg.port, g, left)
+                }
+                // From another of the port's GIDs (on RoCE an IPv4-mapped
+                // one; the path is made locally there).
+                Dest::Gid(g) => core
+                    .device(dev_id)
+                    .ok_or(ib_core::Error::NoDev)
+                    .and_then(|d| d.get_cached_gid(cfg.port, usize::from(cfg.gid_index)))
+                    .and_then(|sgid| {
+                        sa_query::path_between(core, sa, dev_id, cfg.port, sgid, g, left)
+                    }),
             }
             .map_err(Error::Connect)
             .and_then(|path| {

@@ -792,3 +792,62 @@ fn running_queries_are_bounded() {
         sa_query::path_rec_get(&mut s.r.core, s.sa, s.r.a, 1, &rec, path_comp::DLID, t).is_ok()
     );
 }
+
+/// An Ethernet (RoCE) port has no SA: a path is made from the GIDs at once
+/// (no LIDs, P_Key 0xffff, the port's MTU, 40 Gb/s), nothing goes on the
+/// wire, the address handle built from it has the GRH, and the queries only
+/// an SA could answer (and multicast joins) are refused.
+#[test]
+fn an_ethernet_port_makes_its_paths_locally_and_asks_no_sa() {
+    let w = fake::world();
+    let da = fake::add_hca(&w, "fake_a", A_GUID, 1, 0);
+    let db = fake::add_hca(&w, "fake_b", B_GUID, 1, 0);
+    fake::cable(&w, (0, 1), (1, 1));
+    for h in lock(&w).hcas.iter_mut() {
+        h.ports[0].link_layer = LinkLayer::Ethernet;
+        h.ports[0].sm_lid = 0;
+        h.ports[0].active_mtu = Mtu::Mtu1024;
+    }
+    let clock = Arc::new(hal::fake::FakeClock::with_relax_step(
+        Duration::from_micros(50),
+    ));
+    let mut core = crate::device::IbCore::new(clock);
+    let a = core.register_device(Box::new(da)).unwrap();
+    let _b = core.register_device(Box::new(db)).unwrap();
+    let sa = sa_query::init(&mut core);
+    core.poll();
+    let sgid = core.device(a).unwrap().get_cached_gid(1, 0).unwrap();
+    let p = sa_query::path_to_gid(&mut core, sa, a, 1, b_gid(), T).unwrap();
+    assert_eq!((p.sgid, p.dgid), (sgid, b_gid()));
+    assert_eq!((p.slid, p.dlid, p.pkey, p.hop_limit), (0, 0, 0xffff, 1));
+    assert_eq!((p.mtu, p.rate), (Mtu::Mtu1024 as u8, 7));
+    let c = sa_query::counters(&mut core, sa, a, 1).unwrap();
+    assert_eq!((c.sent, c.local_paths), (0, 1));
+    assert!(
+        lock(&w)
+            .wire
+            .iter()
+            .all(|p| p.mad.mgmt_class() != class::SUBN_ADM),
+        "nothing asked of an SA"
+    );
+    let ah = sa_query::init_ah_from_path(core.device(a).unwrap(), 1, &p).unwrap();
+    let g = ah.grh.expect("the GRH is mandatory on RoCE");
+    assert_eq!((g.dgid, g.sgid_index, ah.dlid), (b_gid(), 0, 0));
+    assert!(matches!(
+        sa_query::node_records(&mut core, sa, a, 1, T),
+        Err(Error::NotSupported)
+    ));
+    let mc = crate::multicast::init(&mut core);
+    let mut mgid = [0u8; 16];
+    mgid[0] = 0xff;
+    mgid[1] = 0x12;
+    let rec = McMemberRecord {
+        mgid: Gid(mgid),
+        port_gid: sgid,
+        ..McMemberRecord::default()
+    };
+    assert!(matches!(
+        crate::multicast::join(&mut core, mc, a, 1, &rec, 0),
+        Err(Error::NotSupported)
+    ));
+}

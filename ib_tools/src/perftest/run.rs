@@ -331,7 +331,12 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
             "-D and --check do not go together here (the check needs the message count): use -n",
         ));
     }
-    let attr = if attr.lid == 0 || attr.state != ib_core::verbs::PortState::Active {
+    let eth = env
+        .core
+        .device(env.dev)
+        .and_then(|d| d.port_link_layer(p.ib_port).ok())
+        == Some(ib_core::verbs::LinkLayer::Ethernet);
+    let attr = if (attr.lid == 0 && !eth) || attr.state != ib_core::verbs::PortState::Active {
         let _ = writeln!(
             out,
             " Waiting for port {} to become Active (up to {} s; Ctrl-C stops)",
@@ -345,7 +350,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     let link = LinkInfo {
         ib_dev: String::from(env.dev_name),
         mtu: 128u32 << attr.active_mtu.raw(),
-        link_type: "IB",
+        link_type: if eth { "Ethernet" } else { "IB" },
     };
     // Both sides size their buffers from the same (the client's)
     // parameters, so slot k is at the same offset on both.
@@ -390,7 +395,12 @@ pub(crate) fn wait_port_active(
             .ok_or("the device is gone")?
             .query_port(port)
             .map_err(|x| e("query_port", x))?;
-        if a.lid != 0 && a.state == ib_core::verbs::PortState::Active {
+        let eth = env
+            .core
+            .device(env.dev)
+            .and_then(|d| d.port_link_layer(port).ok())
+            == Some(ib_core::verbs::LinkLayer::Ethernet);
+        if (a.lid != 0 || eth) && a.state == ib_core::verbs::PortState::Active {
             return Ok(a);
         }
         if (env.interrupted)() {
@@ -438,7 +448,51 @@ pub(crate) fn wait_cm(
 /// The SA's path from `port` to `peer` (a LID, or a port GUID under this
 /// port's subnet prefix).
 pub(crate) fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRecord, String> {
+    path_from(env, port, None, peer)
+}
+
+/// [`path_to`] from source GID index `gid_index` (RoCE's `-g`; default 0).
+/// A peer given by GID is reached from that GID (on an Ethernet port the
+/// path is made locally: no SA); an Ethernet port has no LIDs, so there
+/// the peer must be a GID.
+pub(crate) fn path_from(
+    env: &mut Env<'_>,
+    port: u8,
+    gid_index: Option<u8>,
+    peer: Peer,
+) -> Result<PathRecord, String> {
+    let eth = env
+        .core
+        .device(env.dev)
+        .and_then(|d| d.port_link_layer(port).ok())
+        == Some(ib_core::verbs::LinkLayer::Ethernet);
     match peer {
+        Peer::Gid(g) => {
+            let idx = usize::from(gid_index.unwrap_or(0));
+            let sgid = env
+                .core
+                .device(env.dev)
+                .ok_or(ib_core::Error::NoDev)
+                .and_then(|d| d.get_cached_gid(port, idx))
+                .map_err(|x| e("source GID", x))?;
+            if sgid.0 == [0; 16] {
+                return Err(format!("GID index {idx} of port {port} is empty (see show_gids)"));
+            }
+            sa_query::path_between(
+                env.core,
+                env.sa,
+                env.dev,
+                port,
+                sgid,
+                ib_core::verbs::Gid(g),
+                CONNECT_TIMEOUT,
+            )
+        }
+        _ if eth => {
+            return Err(format!(
+                "port {port} is an Ethernet (RoCE) port: give the peer by its GID (see show_gids there)"
+            ));
+        }
         Peer::Lid(l) => sa_query::path_to_lid(env.core, env.sa, env.dev, port, l, CONNECT_TIMEOUT),
         Peer::Guid(g) => {
             let src = crate::diags::Src { dev: env.dev, port };
@@ -446,6 +500,36 @@ pub(crate) fn path_to(env: &mut Env<'_>, port: u8, peer: Peer) -> Result<PathRec
         }
     }
     .map_err(|x| e("path record query", x))
+}
+
+/// A GID as `fe80::202:c9ff:fe00:1001` (the longest run of zero groups
+/// folded, as inet_ntop does).
+pub(crate) fn gid_text(g: &[u8; 16]) -> String {
+    let w: Vec<u16> = g
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    let (mut best, mut best_len, mut i) = (8, 0, 0);
+    while i < 8 {
+        let start = i;
+        while i < 8 && w[i] == 0 {
+            i += 1;
+        }
+        if i - start > best_len {
+            (best, best_len) = (start, i - start);
+        }
+        i += 1;
+    }
+    let hex = |ws: &[u16]| {
+        ws.iter()
+            .map(|x| format!("{x:x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    if best_len < 2 {
+        return hex(&w);
+    }
+    format!("{}::{}", hex(&w[..best]), hex(&w[best + best_len..]))
 }
 
 /// The clients' CM REQ on `path` (its packet life time capped at
@@ -613,14 +697,16 @@ fn client(
     let whom = match peer {
         Peer::Lid(l) => format!("LID {l}"),
         Peer::Guid(g) => format!("port GUID {g:#018x}"),
+        Peer::Gid(g) => format!("GID {}", gid_text(&g)),
     };
     let _ = writeln!(
         out,
         " Asking the SA for a path to {whom} (up to {} s)",
         CONNECT_TIMEOUT.as_secs()
     );
-    let path = path_to(env, p.ib_port, peer).map_err(|m| (m, None))?;
+    let path = path_from(env, p.ib_port, p.gid_index, peer).map_err(|m| (m, None))?;
     let remote_lid = path.dlid;
+    let (sgid, dgid) = (path.sgid.0, path.dgid.0);
     let mut req = cm_req(path, PERFTEST_SERVICE_ID, res.qp);
     req.private_data =
         Hello::from_params(p, res.buf.bus_addr().0, res.mr.rkey, res.slot * res.slots).encode();
@@ -664,7 +750,13 @@ fn client(
         out_reads: p.out_reads,
     };
     let _ = print_pingpong_data(out, false, p.tool.verb, &local);
+    if link.link_type == "Ethernet" {
+        let _ = super::print_gid(out, &sgid);
+    }
     let _ = print_pingpong_data(out, true, p.tool.verb, &remote);
+    if link.link_type == "Ethernet" {
+        let _ = super::print_gid(out, &dgid);
+    }
     let _ = print_result_header(out, p);
     for size in p.sizes() {
         drive_size(env, p, res, size, &reply, out).map_err(|m| (m, Some(id)))?;

@@ -79,7 +79,8 @@ fn bad_options_are_refused_with_a_reason() {
     assert!(e("ib_write_bw", "-s 9M").contains("1 to 8388608"));
     assert!(e("ib_write_bw", "-s abc").contains("'abc'"));
     assert!(e("ib_write_bw", "-s").contains("needs a value"));
-    assert!(e("ib_write_bw", "-x").contains("unknown option"));
+    assert!(e("ib_write_bw", "-y").contains("unknown option"));
+    assert!(e("ib_write_bw", "-x").contains("needs a value"));
     assert!(e("ib_write_bw", "-a -s 64").contains("-a"));
     assert!(e("ib_write_bw", "-D 2 -n 10").contains("-D"));
     assert!(e("ib_atomic_lat", "-s 64").contains("8 bytes"));
@@ -272,5 +273,41 @@ fn latency_refuses_what_it_cannot_measure() {
     assert_eq!(
         out,
         " 2             1000            1.00           500000.00\n"
+    );
+}
+
+#[test]
+fn a_peer_given_by_gid_and_a_gid_index() {
+    let g = [
+        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x02, 0xc9, 0xff, 0xfe, 0x00, 0x10, 0x01,
+    ];
+    let c = parse("ib_write_bw", "-g 1 fe80::202:c9ff:fe00:1001").unwrap();
+    assert_eq!((c.peer, c.gid_index), (Some(Peer::Gid(g)), Some(1)));
+    // show_gids' eight groups, and perftest's own -x.
+    let c = parse(
+        "ib_read_lat",
+        "-x 0 fe80:0000:0000:0000:0202:c9ff:fe00:1001",
+    )
+    .unwrap();
+    assert_eq!((c.peer, c.gid_index), (Some(Peer::Gid(g)), Some(0)));
+    let v4 = parse("ib_send_bw", "::ffff:a00:2").unwrap().peer;
+    let mut m = [0u8; 16];
+    m[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 2]);
+    assert_eq!(v4, Some(Peer::Gid(m)));
+    assert_eq!(parse("ib_send_bw", "").unwrap().gid_index, None);
+    for bad in [
+        "fe80::1::2",
+        "fe80:0:0:0:0:0:0:0:1",
+        "fe80::12345",
+        "1:2:3:4:5:6:7:g",
+    ] {
+        assert!(
+            matches!(parse("ib_write_bw", bad), Err(ParseError::BadPeer(_))),
+            "{bad}"
+        );
+    }
+    assert!(
+        parse("ib_write_bw", "-g 128 fe80::1").is_err(),
+        "a GID index above 127"
     );
 }

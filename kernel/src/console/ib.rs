@@ -1,6 +1,6 @@
 //! The InfiniBand commands of the shell.
 //!
-//! `ibv_devices`, `ibv_devinfo`, `ibstat`, `mlx4`, `fwtrace`. Devices and ports are
+//! `ibv_devices`, `ibv_devinfo`, `ibstat`, `show_gids`, `mlx4`, `fwtrace`. Devices and ports are
 //! read through ib_core's verbs (query_device, query_port, query_gid), as the Linux
 //! tools read them through libibverbs and libibumad; field names, words and numbers
 //! follow rdma-core's `ibv_devices`/`ibv_devinfo` and infiniband-diags' `ibstat`.
@@ -9,7 +9,7 @@ use alloc::string::{String, ToString};
 use core::fmt::Write;
 
 use ib_core::Device;
-use ib_core::verbs::{DeviceAttr, PortAttr};
+use ib_core::verbs::{DeviceAttr, LinkLayer, PortAttr};
 use mlx4_ib::Mlx4IbDev;
 
 use crate::console::CmdResult;
@@ -133,7 +133,11 @@ fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> Cmd
         let _ = writeln!(out, "\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         let _ = writeln!(out, "\t\t\tport_lid:\t\t{}", p.lid);
         let _ = writeln!(out, "\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
-        let _ = writeln!(out, "\t\t\tlink_layer:\t\tInfiniBand");
+        let _ = writeln!(
+            out,
+            "\t\t\tlink_layer:\t\t{}",
+            link_layer_name(dev, port_num)
+        );
         if verbose {
             let _ = writeln!(out, "\t\t\tmax_msg_sz:\t\t{:#x}", p.max_msg_sz);
             let _ = writeln!(
@@ -158,6 +162,75 @@ fn devinfo(out: &mut dyn Write, h: &Hca, dev: &mut Device, verbose: bool) -> Cmd
         }
         let _ = writeln!(out);
     }
+    Ok(())
+}
+
+/// The word ibv_devinfo and ibstat print for a port's link layer.
+fn link_layer_name(dev: &Device, port: u8) -> &'static str {
+    match dev.port_link_layer(port) {
+        Ok(LinkLayer::Ethernet) => "Ethernet",
+        _ => "InfiniBand",
+    }
+}
+
+/// A GID as sysfs and `show_gids` print it: eight groups of four hex
+/// digits.
+fn gid_groups(g: &[u8; 16]) -> String {
+    let mut s = String::new();
+    for (i, c) in g.chunks(2).enumerate() {
+        if i > 0 {
+            s.push(':');
+        }
+        let _ = write!(s, "{:02x}{:02x}", c[0], c[1]);
+    }
+    s
+}
+
+/// `show_gids [DEV]`, as Mellanox's script prints it: every GID in use
+/// with its index, the IPv4 address of an IPv4-mapped GID and the RoCE
+/// version (`v1` on an Ethernet port, empty on InfiniBand), then the count.
+/// The interface column stays empty (mlx4_en names it, when loaded).
+pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    if args.len() > 1 {
+        return Err("usage: show_gids [DEV]".to_string());
+    }
+    let _ = writeln!(out, "DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV");
+    let _ = writeln!(
+        out,
+        "---\t----\t-----\t---\t\t\t\t\t------------  \t---\t---"
+    );
+    let mut n = 0;
+    for_devices(
+        args.first().copied(),
+        |d| alloc::format!("no device {d}"),
+        |h, dev| {
+            for port in 1..=dev.phys_port_cnt() {
+                let eth = dev.port_link_layer(port).ok() == Some(LinkLayer::Ethernet);
+                let len = dev.gid_tbl_len(port).unwrap_or(0) as usize;
+                for i in 0..len {
+                    let Ok(g) = dev.get_cached_gid(port, i) else {
+                        break;
+                    };
+                    if g.0 == [0; 16] {
+                        continue;
+                    }
+                    let ip = mlx4_ib::roce::gid_ipv4(&g.0)
+                        .map(|a| alloc::format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
+                        .unwrap_or_default();
+                    let ver = if eth { "v1" } else { "" };
+                    let _ = writeln!(
+                        out,
+                        "{}\t{port}\t{i}\t{}\t{ip:<14}\t{ver}\t",
+                        h.name,
+                        gid_groups(&g.0)
+                    );
+                    n += 1;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    let _ = writeln!(out, "n_gids_found={n}");
     Ok(())
 }
 
@@ -283,7 +356,7 @@ pub fn ibstat(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                     p.port_cap_flags.bits()
                 );
                 let _ = writeln!(out, "\t\tPort GUID: {guid:#018x}");
-                let _ = writeln!(out, "\t\tLink layer: InfiniBand");
+                let _ = writeln!(out, "\t\tLink layer: {}", link_layer_name(dev, port_num));
             }
             Ok(())
         },

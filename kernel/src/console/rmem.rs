@@ -28,7 +28,7 @@ use crate::hca::{self, Ib};
 use crate::net::CommandNet;
 use crate::time::TscClock;
 
-const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] [-p PORT] | connect LID|PORT_GUID|IPV4[:PORT] [-p PORT] [-k K] [-t SECONDS] | alloc LEN | \
+const USAGE: &str = "usage: rmem serve SIZE[K|M|G] [SECONDS] [--clients N] [-p PORT] | connect LID|PORT_GUID|GID|IPV4[:PORT] [-p PORT] [-k K] [-t SECONDS] [-g GIDX] | alloc LEN | \
 free ADDR | read ADDR LEN [--check [BYTE]] | write ADDR LEN [BYTE] (ADDR: a number, @ or @+OFF: the last chunk allocated) | \
 probe ADDR [-i MS] [-t SECONDS] | bench [-n PAGES] [-k K[,K...]] [--iters N] [--seq|--rand] [--csv] | stats | close";
 
@@ -245,6 +245,11 @@ pub(super) fn node(s: &str) -> Result<Node, String> {
             None => Ok(Node::Ip(s.parse().map_err(|_| bad())?, None)),
         };
     }
+    if s.contains("::") || s.split(':').count() == 8 {
+        return ib_tools::perftest::parse_gid(s)
+            .map(|g| Node::Ib(rmem::client::Dest::Gid(ib_core::verbs::Gid(g))))
+            .ok_or_else(|| alloc::format!("not a GID: {s}"));
+    }
     let v = num(&s.replace(':', ""))
         .or_else(|_| u64::from_str_radix(&s.replace(':', ""), 16))
         .map_err(|_| alloc::format!("not a LID, port GUID or IPv4 address: {s}"))?;
@@ -302,6 +307,12 @@ pub fn rmem(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let v = it.next().ok_or_else(|| String::from(USAGE))?;
                 match o {
                     "-k" => cfg.window = num(v)?.clamp(1, 1024) as usize,
+                    "-g" => {
+                        cfg.gid_index = u8::try_from(num(v)?)
+                            .ok()
+                            .filter(|&g| g < 128)
+                            .ok_or_else(|| String::from("-g: a GID index from 0 to 127"))?
+                    }
                     "-t" => cfg.connect_timeout = Duration::from_secs(num(v)?.clamp(1, 3600)),
                     _ => return Err(USAGE.into()),
                 }

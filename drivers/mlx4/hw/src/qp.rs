@@ -68,6 +68,10 @@ pub struct QpPath {
     pub tclass_flowlabel: u32,
     pub rgid: [u8; 16],
     pub sched_queue: u8,
+    /// VLAN table index (Ethernet; valid with `fl` bit 6).
+    pub vlan_index: u8,
+    /// Destination MAC (Ethernet: RoCE).
+    pub dmac: [u8; 6],
 }
 
 #[allow(missing_docs)]
@@ -90,6 +94,15 @@ impl QpPath {
             tclass_flowlabel: get_be32(b, o + 0x0c),
             rgid,
             sched_queue: get_u8(b, o + 0x20),
+            vlan_index: get_u8(b, o + 0x21),
+            dmac: [
+                get_u8(b, o + 0x26),
+                get_u8(b, o + 0x27),
+                get_u8(b, o + 0x28),
+                get_u8(b, o + 0x29),
+                get_u8(b, o + 0x2a),
+                get_u8(b, o + 0x2b),
+            ],
         }
     }
     fn put(&self, b: &mut [u8], o: usize) {
@@ -106,6 +119,8 @@ impl QpPath {
         put_be32(b, o + 0x0c, self.tclass_flowlabel);
         b[o + 0x10..o + 0x20].copy_from_slice(&self.rgid);
         put_u8(b, o + 0x20, self.sched_queue);
+        put_u8(b, o + 0x21, self.vlan_index);
+        b[o + 0x26..o + 0x2c].copy_from_slice(&self.dmac);
     }
 }
 

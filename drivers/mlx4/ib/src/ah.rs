@@ -1,7 +1,9 @@
 //! Address handles (Linux `ah.c`: `mlx4_ib_create_ah`, `create_ib_ah`, `mlx4_ib_query_ah`, `mlx4_ib_destroy_ah`).
 //!
-//! The 32-byte address vector copied into every UD WQE. Left out: the
-//! Ethernet (RoCE) form.
+//! The 32-byte address vector copied into every UD WQE, in its InfiniBand
+//! form (`create_ib_ah`) and its Ethernet form (`create_iboe_ah`: the GRH
+//! mandatory, the destination MAC and VLAN tag the datagram segment carries
+//! after the Q_Key).
 //!
 //! Linux 3.11 `create_ib_ah` stores the SL word after OR-ing in the traffic
 //! class and flow label, wiping them; LegoOS moved the SL first. We keep all
@@ -23,6 +25,9 @@ pub struct Mlx4IbAh {
     pub(crate) av: [u8; av::SIZE],
     /// What it was created from (`mlx4_ib_query_ah`).
     pub(crate) attr: AhAttr,
+    /// The datagram segment's last 8 bytes (`mlx4_eth_av`'s VLAN tag and
+    /// destination MAC, as one big-endian word); 0 on InfiniBand.
+    pub(crate) vlan_mac: u64,
 }
 
 impl Mlx4IbAh {
@@ -33,6 +38,17 @@ impl Mlx4IbAh {
     /// The attributes (Linux `mlx4_ib_query_ah`).
     pub fn attr(&self) -> &AhAttr {
         &self.attr
+    }
+    /// Ethernet: the destination MAC and the VLAN tag (0xffff: none).
+    pub fn eth(&self) -> Option<([u8; 6], u16)> {
+        if self.vlan_mac == 0 {
+            return None;
+        }
+        let b = self.vlan_mac.to_be_bytes();
+        Some((
+            [b[2], b[3], b[4], b[5], b[6], b[7]],
+            u16::from_be_bytes([b[0], b[1]]),
+        ))
     }
 }
 
@@ -79,6 +95,60 @@ pub fn create_ib_ah(caps: &Caps, pdn: u32, attr: &AhAttr) -> Result<Mlx4IbAh> {
     Ok(Mlx4IbAh {
         av: a.to_bytes(),
         attr: *attr,
+        vlan_mac: 0,
+    })
+}
+
+/// Linux `create_iboe_ah`: the Ethernet address vector (`mlx4_eth_av`) of
+/// `attr` on RoCE port `rp`. An address without a GRH is refused, as Linux
+/// refuses it (`-EINVAL`); the destination MAC comes from the DGID
+/// ([`crate::roce::RocePort::resolve_dmac`]), the VLAN tag (priority from
+/// the SL) from the source GID, the SL also in bits 31:29 of the
+/// SL/class/flow word; the source MAC is entry 0 of the MAC table.
+pub fn create_iboe_ah(
+    caps: &Caps,
+    rp: &crate::roce::RocePort,
+    pdn: u32,
+    attr: &AhAttr,
+) -> Result<Mlx4IbAh> {
+    let Some(grh) = &attr.grh else {
+        return Err(Error::Inval(
+            "an address handle on an Ethernet (RoCE) port needs a GRH",
+        ));
+    };
+    if usize::from(grh.sgid_index) >= crate::roce::ROCE_MAX_GIDS {
+        return Err(Error::Inval("source GID index beyond the GID table"));
+    }
+    let mac = rp.resolve_dmac(&grh.dgid.0)?;
+    let sgid = rp
+        .gids
+        .get(usize::from(grh.sgid_index))
+        .copied()
+        .unwrap_or([0; 16]);
+    let mut vlan = crate::roce::rdma_get_vlan_id(&sgid);
+    if vlan < 0x1000 {
+        vlan |= u16::from(attr.sl & 7) << 13;
+    }
+    let a = Av {
+        port_pd: pdn | (u32::from(attr.port_num) << 24),
+        // mlx4_eth_av: byte 5 is the source MAC index, not the GRH bit.
+        g_slid: rp.smac_idx(),
+        dlid: 0,
+        gid_index: grh.sgid_index,
+        stat_rate: static_rate(caps, attr.static_rate),
+        hop_limit: grh.hop_limit,
+        sl_tclass_flowlabel: (u32::from(attr.sl & 7) << 29)
+            | (u32::from(grh.traffic_class) << 20)
+            | (grh.flow_label & 0xf_ffff),
+        dgid: grh.dgid.0,
+    };
+    let mut vm = [0u8; 8];
+    vm[..2].copy_from_slice(&vlan.to_be_bytes());
+    vm[2..].copy_from_slice(&mac);
+    Ok(Mlx4IbAh {
+        av: a.to_bytes(),
+        attr: *attr,
+        vlan_mac: u64::from_be_bytes(vm),
     })
 }
 

@@ -2,8 +2,8 @@
 //!
 //! It ports the verbs objects (PD, CQ, QP, SRQ, MR, AH) over mlx4_core, the
 //! WQE/CQE fast path with owner bits, stamping and doorbells, the special QPs
-//! and MAD_IFC queries. Left out: SR-IOV (proxy/tunnel QPs, alias GUIDs,
-//! paravirtualised CM), RoCE/Ethernet, XRC, memory windows, fast-register
+//! and MAD_IFC queries, and RoCE v1 on Ethernet ports (`roce.rs`). Left
+//! out: SR-IOV (proxy/tunnel QPs, alias GUIDs, paravirtualised CM), XRC, memory windows, fast-register
 //! MRs, LSO, BlueFlame, user-space contexts and interrupts.
 //!
 //! File names are Linux's: `main.rs` (the device, `mlx4_ib_add`, queries),
@@ -37,6 +37,7 @@ pub mod main;
 pub mod mr;
 pub mod provider;
 pub mod qp;
+pub mod roce;
 pub mod srq;
 mod table;
 pub mod verbs;

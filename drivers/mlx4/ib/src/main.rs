@@ -4,8 +4,8 @@
 //! counters), `mlx4_ib_remove`, the queries (`mlx4_ib_query_device`,
 //! `mlx4_ib_query_port`, `mlx4_ib_query_gid`, `mlx4_ib_query_pkey`),
 //! PD/MR/AH/CQ/SRQ verbs, and mlx4_core events turned into port and device
-//! events. Left out: IB registration with ib_core, multicast, RoCE/IBoE,
-//! sysfs and user contexts.
+//! events; an Ethernet port's queries go to `roce.rs`. Left out: IB
+//! registration with ib_core, multicast, sysfs and user contexts.
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
@@ -109,6 +109,8 @@ pub struct Mlx4IbDev {
     /// refresh (what `build_mlx_header` reads; empty until ib_core has
     /// filled its cache).
     pub(crate) port_cache: [crate::provider::SqpCache; 2],
+    /// Per port, the RoCE state of an Ethernet port.
+    pub(crate) roce: [Option<crate::roce::RocePort>; 2],
 }
 
 impl Drop for Mlx4IbDev {
@@ -220,7 +222,7 @@ impl Mlx4IbDev {
             info.node_guid,
             dev.caps().num_ports
         );
-        Ok(Mlx4IbDev {
+        let mut ib = Mlx4IbDev {
             dev,
             name: String::from(name),
             priv_pdn,
@@ -240,7 +242,10 @@ impl Mlx4IbDev {
             fatal: false,
             snooped: VecDeque::new(),
             port_cache: Default::default(),
-        })
+            roce: Default::default(),
+        };
+        ib.roce_add();
+        Ok(ib)
     }
 
     /// Linux `mlx4_ib_remove`: every object still alive is destroyed (QPs,
@@ -279,6 +284,7 @@ impl Mlx4IbDev {
                 self.dev.counter_free(i);
             }
         }
+        self.roce_remove();
         if let Some(id) = self.intf.take() {
             self.dev.unregister_interface(id);
         }
@@ -346,8 +352,14 @@ impl Mlx4IbDev {
                 self.fatal = true;
                 IbEvent::DeviceFatal
             }
-            Event::PortUp { port } => IbEvent::PortActive(port),
-            Event::PortDown { port } => IbEvent::PortErr(port),
+            Event::PortUp { port } => {
+                self.roce_link_event(port, true);
+                IbEvent::PortActive(port)
+            }
+            Event::PortDown { port } => {
+                self.roce_link_event(port, false);
+                IbEvent::PortErr(port)
+            }
             Event::PortMgmtChange { port, subtype, raw } => match subtype {
                 0x15 => {
                     // PORT_INFO: changed_attr at 0x0c.
@@ -434,9 +446,13 @@ impl Mlx4IbDev {
         Ok(())
     }
 
-    /// Linux `mlx4_ib_query_port` (IB link layer).
+    /// Linux `mlx4_ib_query_port`: `ib_link_query_port` on an InfiniBand
+    /// port, `eth_link_query_port` on an Ethernet one.
     pub fn query_port(&mut self, port: u8) -> Result<PortAttr> {
         self.check_port(port)?;
+        if self.is_eth(port) {
+            return self.eth_link_query_port(port);
+        }
         mad::query_port(&mut self.dev, port)
     }
 
@@ -464,6 +480,9 @@ impl Mlx4IbDev {
     /// Linux `mlx4_ib_query_gid`.
     pub fn query_gid(&mut self, port: u8, index: u32) -> Result<[u8; 16]> {
         self.check_port(port)?;
+        if self.is_eth(port) {
+            return self.roce_query_gid(port, index);
+        }
         if index >= self.dev.caps().port[usize::from(port)].gid_table_len {
             return Err(Error::Inval("GID index beyond the table"));
         }
@@ -477,9 +496,15 @@ impl Mlx4IbDev {
         &mut self,
         port: u8,
         len: usize,
-        put: impl FnMut(usize, [u8; 16]),
+        mut put: impl FnMut(usize, [u8; 16]),
     ) -> Result<()> {
         self.check_port(port)?;
+        if self.is_eth(port) {
+            for i in 0..len.min(crate::roce::ROCE_MAX_GIDS) {
+                put(i, self.roce_query_gid(port, i as u32)?);
+            }
+            return Ok(());
+        }
         if len as u64 > u64::from(self.dev.caps().port[usize::from(port)].gid_table_len) {
             return Err(Error::Inval("GID table read beyond the table"));
         }
@@ -489,6 +514,13 @@ impl Mlx4IbDev {
     /// The port's P_Key table from index 0 into `out`, in blocks of 32.
     pub fn query_pkey_table(&mut self, port: u8, out: &mut [u16]) -> Result<()> {
         self.check_port(port)?;
+        if self.is_eth(port) {
+            // One P_Key, the default (Linux `eth_link_query_port`'s table).
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, p)| *p = if i == 0 { 0xffff } else { 0 });
+            return Ok(());
+        }
         if out.len() as u64 > u64::from(self.dev.caps().port[usize::from(port)].pkey_table_len) {
             return Err(Error::Inval("P_Key table read beyond the table"));
         }
@@ -498,6 +530,13 @@ impl Mlx4IbDev {
     /// Linux `mlx4_ib_query_pkey`.
     pub fn query_pkey(&mut self, port: u8, index: u16) -> Result<u16> {
         self.check_port(port)?;
+        if self.is_eth(port) {
+            return if index == 0 {
+                Ok(0xffff)
+            } else {
+                Err(Error::Inval("P_Key index beyond the table"))
+            };
+        }
         if u32::from(index) >= self.dev.caps().port[usize::from(port)].pkey_table_len {
             return Err(Error::Inval("P_Key index beyond the table"));
         }
@@ -637,7 +676,14 @@ impl Mlx4IbDev {
     /// Linux `mlx4_ib_create_ah`.
     pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
         let pdn = self.pdn(pd)?;
-        let ah = create_ib_ah(self.dev.caps(), pdn, attr)?;
+        let ah = if self.is_eth(attr.port_num) {
+            let rp = self
+                .roce_port(attr.port_num)
+                .ok_or(Error::Inval("not an Ethernet port"))?;
+            crate::ah::create_iboe_ah(self.dev.caps(), rp, pdn, attr)?
+        } else {
+            create_ib_ah(self.dev.caps(), pdn, attr)?
+        };
         Ok(AhId(self.ahs.insert(ah)))
     }
 

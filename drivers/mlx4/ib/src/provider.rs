@@ -78,6 +78,8 @@ pub struct SqpCache {
 struct UdHeaderBuilder<'a> {
     dev: &'a mut Dev,
     cache: Option<&'a SqpCache>,
+    /// The port's RoCE state when it is an Ethernet port.
+    roce: Option<&'a crate::roce::RocePort>,
 }
 
 impl UdHeaderBuilder<'_> {
@@ -93,6 +95,13 @@ impl UdHeaderBuilder<'_> {
     }
 
     fn gid(&mut self, port: u8, index: u8) -> Result<[u8; 16]> {
+        if let Some(r) = self.roce {
+            return r
+                .gids
+                .get(usize::from(index))
+                .copied()
+                .ok_or(Error::Inval("source GID index not in the RoCE GID table"));
+        }
         match self.cache {
             Some(c) if !c.gids.is_empty() => c
                 .gids
@@ -117,13 +126,37 @@ impl MlxHeader for UdHeaderBuilder<'_> {
         };
         let payload: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
         let a = &qp.av;
-        let is_grh = a.g_slid & av::GRH != 0;
+        let eth = match (self.roce.map(|r| r.mac), qp.eth) {
+            (Some(smac), Some(e)) => Some((smac, e)),
+            (None, None) => None,
+            _ => return Err(Error::Inval("address handle of another link layer")),
+        };
+        // On Ethernet the GRH is always there (the AH was refused without).
+        let is_grh = eth.is_some() || a.g_slid & av::GRH != 0;
         let imm = wr.opcode == WrOpcode::SendWithImm;
-        let mut h = ud_header::init(payload, true, is_grh, imm)
+        let mut h = ud_header::init(payload, eth.is_none(), is_grh, imm)
             .map_err(|_| Error::Inval("MAD payload too large for a UD header"))?;
         h.lrh.service_level = (a.sl_tclass_flowlabel >> 28) as u8;
         h.lrh.destination_lid = a.dlid;
         h.lrh.source_lid = u16::from(a.g_slid & 0x7f);
+        let mut mlx_eth = None;
+        if let Some((smac, (dmac, vlan))) = eth {
+            // build_mlx_header, is_eth: the SL (bits 31:29) as the 802.1Q
+            // priority, the Ethernet header instead of the LRH.
+            h.lrh.service_level = 0;
+            let pcp = ((a.sl_tclass_flowlabel >> 29) as u16) << 13;
+            h.eth = Some(ud_header::EthHeader {
+                dmac,
+                smac,
+                vlan_tag: (vlan < 0x1000).then_some(vlan | pcp),
+                ether_type: ud_header::ETH_P_IBOE,
+            });
+            mlx_eth = Some(crate::qp::MlxEth {
+                dmac,
+                pcp,
+                loopback: dmac == smac,
+            });
+        }
         if is_grh {
             h.grh.traffic_class = (a.sl_tclass_flowlabel >> 20) as u8;
             h.grh.flow_label = a.sl_tclass_flowlabel & 0xf_ffff;
@@ -161,6 +194,7 @@ impl MlxHeader for UdHeaderBuilder<'_> {
             len,
             dlid: h.lrh.destination_lid,
             sl: h.lrh.service_level,
+            eth: mlx_eth,
         })
     }
 }
@@ -344,6 +378,14 @@ impl IbDevice for Mlx4IbDev {
         ))
     }
 
+    fn get_link_layer(&self, port: u8) -> v::LinkLayer {
+        if self.is_eth(port) {
+            v::LinkLayer::Ethernet
+        } else {
+            v::LinkLayer::Infiniband
+        }
+    }
+
     fn query_gid(&mut self, port: u8, index: u32) -> IbResult<v::Gid> {
         ib(Mlx4IbDev::query_gid(self, port, index)).map(v::Gid)
     }
@@ -486,10 +528,13 @@ impl IbDevice for Mlx4IbDev {
                 error: to_ib_error(Error::NoObject),
             }),
             Some(q) if q.sqp.is_some() => {
-                let cache = self.port_cache.get(usize::from(q.port.wrapping_sub(1)));
+                let i = usize::from(q.port.wrapping_sub(1));
+                let cache = self.port_cache.get(i);
+                let roce = self.roce.get(i).and_then(|r| r.as_ref());
                 let mut b = UdHeaderBuilder {
                     dev: &mut self.dev,
                     cache,
+                    roce,
                 };
                 q.post_send_mlx(&self.ahs, &mut b, wrs)
                     .map_err(mlx_post_err)

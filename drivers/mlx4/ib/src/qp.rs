@@ -21,7 +21,7 @@ mod post;
 pub use create::{
     HostMemory, UD_HEADER_SIZE, alloc_qp_buf, send_wqe_overhead, set_kernel_sq_size, set_rq_size,
 };
-pub use post::{MlxFields, MlxHeader, MlxPostError, MlxSendInfo, PostError, PostFault};
+pub use post::{MlxEth, MlxFields, MlxHeader, MlxPostError, MlxSendInfo, PostError, PostFault};
 
 /// A work queue (Linux `struct mlx4_ib_wq`): ring geometry, producer and
 /// consumer counters, and the work-request ids by slot.

@@ -1,7 +1,9 @@
 //! QP state transitions (Linux `qp.c`: `__mlx4_ib_modify_qp` and `mlx4_set_path`).
 //!
-//! IB ports only: RoCE (Ethernet paths, VLANs, MAC indices), alternate
-//! paths and SR-IOV are left out.
+//! InfiniBand and Ethernet (RoCE) paths: on an Ethernet port the GRH is
+//! mandatory, the destination MAC comes from the DGID and the source MAC is
+//! named by its MAC-table index. Left out: VLAN table indices (a path whose
+//! source GID names a VLAN is refused), alternate paths and SR-IOV.
 
 use mlx4_core::Caps;
 use mlx4_hw::qp::{PM_MIGRATED, optpar, params2};
@@ -26,8 +28,14 @@ fn fls_minus_one(x: u8) -> u32 {
     }
 }
 
-/// Linux `mlx4_set_path` (IB): the address path of `ah` through `port`.
-fn mlx4_set_path(caps: &Caps, ah: &crate::verbs::AhAttr, port: u8) -> Result<mlx4_hw::qp::QpPath> {
+/// Linux `mlx4_set_path`: the address path of `ah` through `port`
+/// (`roce`: the port's RoCE state when it is an Ethernet port).
+fn mlx4_set_path(
+    caps: &Caps,
+    ah: &crate::verbs::AhAttr,
+    port: u8,
+    roce: Option<&crate::roce::RocePort>,
+) -> Result<mlx4_hw::qp::QpPath> {
     let mut p = mlx4_hw::qp::QpPath {
         grh_mylmc: ah.src_path_bits & 0x7f,
         rlid: ah.dlid,
@@ -47,6 +55,28 @@ fn mlx4_set_path(caps: &Caps, ah: &crate::verbs::AhAttr, port: u8) -> Result<mlx
         p.hop_limit = grh.hop_limit;
         p.tclass_flowlabel = (u32::from(grh.traffic_class) << 20) | (grh.flow_label & 0xf_ffff);
         p.rgid = grh.dgid.0;
+    }
+    if let Some(rp) = roce {
+        let Some(grh) = &ah.grh else {
+            return Err(Error::Inval(
+                "a QP path on an Ethernet (RoCE) port needs a GRH",
+            ));
+        };
+        p.sched_queue =
+            DEFAULT_SCHED_QUEUE | ((port.wrapping_sub(1) & 1) << 6) | ((ah.sl & 7) << 3);
+        p.dmac = rp.resolve_dmac(&grh.dgid.0)?;
+        p.ackto = crate::roce::LINK_TYPE_ETH;
+        // The source MAC by its MAC-table index.
+        p.grh_mylmc = (p.grh_mylmc & 0x80) | rp.smac_idx();
+        let sgid = rp
+            .gids
+            .get(usize::from(grh.sgid_index))
+            .copied()
+            .unwrap_or([0; 16]);
+        if crate::roce::rdma_get_vlan_id(&sgid) < 0x1000 {
+            return Err(Error::Inval("VLAN RoCE GIDs are not supported"));
+        }
+        return Ok(p);
     }
     p.sched_queue = DEFAULT_SCHED_QUEUE | ((port.wrapping_sub(1) & 1) << 6) | ((ah.sl & 0xf) << 2);
     Ok(p)
@@ -165,13 +195,17 @@ impl crate::Mlx4IbDev {
         if mask.contains(M::AV) {
             let pkey = ctx.pri_path.pkey_index;
             let counter = ctx.pri_path.counter_index;
-            ctx.pri_path = mlx4_set_path(caps, &attr.ah_attr, port)?;
+            let roce = self.roce_port(port);
+            ctx.pri_path = mlx4_set_path(caps, &attr.ah_attr, port, roce)?;
             ctx.pri_path.pkey_index = pkey;
             ctx.pri_path.counter_index = counter;
             opt |= optpar::PRIMARY_ADDR_PATH | optpar::SCHED_QUEUE;
         }
         if mask.contains(M::TIMEOUT) {
             ctx.pri_path.ackto |= attr.timeout << 3;
+            if self.is_eth(port) {
+                ctx.pri_path.ackto |= crate::roce::LINK_TYPE_ETH;
+            }
             opt |= optpar::ACK_TIMEOUT;
         }
         let scq = self.cqs.get(qp.send_cq.0).ok_or(Error::NoObject)?.cqn;
@@ -261,6 +295,12 @@ impl crate::Mlx4IbDev {
             } else {
                 DEFAULT_SCHED_QUEUE
             };
+            if let Some(rp) = self.roce_port(port) {
+                // Linux 3.15+: UD/GSI on Ethernet say so in ackto, with
+                // their source MAC index.
+                ctx.pri_path.ackto = (ctx.pri_path.ackto & 0xf8) | crate::roce::LINK_TYPE_ETH;
+                ctx.pri_path.grh_mylmc = 0x80 | rp.smac_idx();
+            }
         }
         let sqd_event = cur == QpState::Rts
             && new == QpState::Sqd

@@ -327,6 +327,8 @@ pub struct MlxSendInfo {
     pub sqp: Sqp,
     /// The address vector of the WR's AH.
     pub av: wqe::Av,
+    /// Ethernet (RoCE) AH: destination MAC and VLAN tag (0xffff: none).
+    pub eth: Option<([u8; 6], u16)>,
 }
 
 /// LRH fields the MLX segment needs besides the packed header.
@@ -338,6 +340,21 @@ pub struct MlxFields {
     pub dlid: u16,
     /// LRH SL.
     pub sl: u8,
+    /// Ethernet (RoCE): what the MLX segment carries instead of the LRH's
+    /// fields.
+    pub eth: Option<MlxEth>,
+}
+
+/// The MLX segment's fields of a send on an Ethernet port (Linux
+/// `build_mlx_header` and `mlx4_ib_post_send` for QP1 over RoCE).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MlxEth {
+    /// Destination MAC (repeated in the control segment).
+    pub dmac: [u8; 6],
+    /// The 802.1Q priority, shifted to the TCI's bits 15:13.
+    pub pcp: u16,
+    /// Source and destination MAC are the same: loop back.
+    pub loopback: bool,
 }
 
 impl Mlx4IbQp {
@@ -815,7 +832,7 @@ impl Mlx4IbQp {
                     off + datagram::DQPN,
                     (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
                 );
-                self.buf.write_be64(off + datagram::VLAN, 0);
+                self.buf.write_be64(off + datagram::VLAN, ah.vlan_mac);
                 off += datagram::SIZE;
             }
             _ => return Err(PostFault::FieldsMismatch),
@@ -926,6 +943,7 @@ impl Mlx4IbQp {
                     off + datagram::DQPN,
                     (u64::from(*remote_qpn & 0xff_ffff) << 32) | u64::from(*remote_qkey),
                 );
+                put_be64(&mut st, off + datagram::VLAN, ah.vlan_mac);
                 off += datagram::SIZE;
             }
             _ => return Err(PostFault::FieldsMismatch),
@@ -1052,6 +1070,7 @@ impl Mlx4IbQp {
             port: self.port,
             sqp,
             av,
+            eth: ah.eth(),
         };
         let mut h = [0u8; UD_HEADER_SIZE as usize];
         let f = hdr.build(&info, wr, &mut h)?;
@@ -1106,6 +1125,32 @@ impl Mlx4IbQp {
         if flags.contains(SendFlags::SIGNALED) {
             mflags |= ctrl::CQ_UPDATE;
         }
+        if let Some(e) = &f.eth {
+            // RoCE: the priority in sched_prio, the destination MAC over
+            // the flags' upper half and the LRH dword (srcrb_flags16[0]
+            // and imm of the control segment), loopback to our own MAC.
+            if e.loopback {
+                mflags |= ctrl::FORCE_LOOPBACK;
+            }
+            let d = e.dmac;
+            self.buf
+                .write_bytes(base + mlx::SCHED_PRIO, &e.pcp.to_be_bytes());
+            self.buf.write_be32(
+                base + mlx::FLAGS,
+                (u32::from(d[0]) << 24) | (u32::from(d[1]) << 16) | (mflags & 0xffff),
+            );
+            self.buf.write_be32(
+                base + mlx::RLID,
+                u32::from_be_bytes([d[2], d[3], d[4], d[5]]),
+            );
+        } else {
+            self.write_mlx_ib_flags(base, av, f, mflags);
+        }
+        self.write_mlx_inline(base, h)
+    }
+
+    /// The MLX segment's flags and remote LID on InfiniBand.
+    fn write_mlx_ib_flags(&self, base: usize, av: &wqe::Av, f: &MlxFields, mut mflags: u32) {
         if self.qp_type == QpType::Smi {
             mflags |= mlx::VL15;
         }
@@ -1119,6 +1164,11 @@ impl Mlx4IbQp {
         self.buf.write_be32(base + mlx::FLAGS, mflags);
         self.buf
             .write_be32(base + mlx::RLID, u32::from(f.dlid) << 16);
+    }
+
+    /// The header's inline segments after the MLX segment at `base`;
+    /// returns the bytes after the MLX segment, padded to 16.
+    fn write_mlx_inline(&self, base: usize, h: &[u8]) -> usize {
         // The header in inline segments; the first may hold at most what
         // fits before the 64-byte boundary after its 4-byte header.
         let first = base + mlx::SIZE;

@@ -538,6 +538,7 @@ impl MlxHeader for FixedHeader {
             len: self.0.len(),
             dlid: if qp.is_qp0 { 0xffff } else { 7 },
             sl: 2,
+            eth: None,
         })
     }
 }
