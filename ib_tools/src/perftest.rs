@@ -30,6 +30,7 @@ use core::fmt::{self, Write};
 
 use crate::cfmt::{self, AltHex};
 
+pub mod communication;
 pub mod exchange;
 pub mod run;
 
