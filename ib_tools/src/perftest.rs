@@ -203,6 +203,9 @@ pub enum Peer {
     Lid(u16),
     /// A port GUID (the tool resolves it through the SA).
     Guid(u64),
+    /// An IPv4 address: perftest's TCP exchange (port 18515), or the
+    /// RDMA CM with `-R`.
+    Ip(core::net::Ipv4Addr),
 }
 
 impl Peer {
@@ -211,6 +214,9 @@ impl Peer {
     /// ibstat's colon form).
     pub fn parse(s: &str) -> Result<Peer, ParseError> {
         let bad = || ParseError::BadPeer(String::from(s));
+        if let Ok(ip) = s.parse::<core::net::Ipv4Addr>() {
+            return Ok(Peer::Ip(ip));
+        }
         if s.contains(':') {
             let groups: Vec<&str> = s.split(':').collect();
             if groups.len() != 4 || groups.iter().any(|g| g.is_empty() || g.len() > 4) {
@@ -286,7 +292,7 @@ impl fmt::Display for ParseError {
             ParseError::Conflict(w) => write!(f, "{w}"),
             ParseError::BadPeer(p) => write!(
                 f,
-                "'{p}' is neither a LID (1 to 0xBFFF) nor a port GUID (0x... or xxxx:xxxx:xxxx:xxxx)"
+                "'{p}' is neither a LID (1 to 0xBFFF), a port GUID (0x... or xxxx:xxxx:xxxx:xxxx) nor an IPv4 address"
             ),
             ParseError::NotUnicastLid(l) => {
                 write!(f, "LID {l:#x} is not a unicast LID (1 to 0xBFFF)")
@@ -332,6 +338,13 @@ pub struct Params {
     pub inline_size: u32,
     /// `-o`: outstanding reads/atomics.
     pub out_reads: u32,
+    /// `-R`: meet the peer through the RDMA CM (by IPv4 address).
+    pub rdma_cm: bool,
+    /// `-p`: the TCP (or RDMA CM) port (perftest's 18515).
+    pub port: u16,
+    /// Not an option: the peer came by perftest's TCP exchange (the header
+    /// says `Ethernet`, as perftest's does).
+    pub socket: bool,
 }
 
 /// The usage text of a tool.
@@ -339,7 +352,8 @@ pub fn usage(tool: Tool) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER (LID, or port GUID)\n\
+        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER: a LID or port GUID (our IB CM exchange),\n\
+         \x20                                 or an IPv4 address (perftest's TCP exchange on port 18515; -R: rdma_cm)\n\
          \x20 -s, --size=SIZE        message size (K and M suffixes; default {1})\n\
          \x20 -n, --iters=ITERS      iterations (at least {2}; default {3})\n\
          \x20 -a, --all              every size from 2 to 2^23\n\
@@ -353,6 +367,8 @@ pub fn usage(tool: Tool) -> String {
          \x20 -o, --outs=N           outstanding reads/atomics\n\
          \x20 -A, --atomic_type=T    CMP_AND_SWAP or FETCH_AND_ADD\n\
          \x20     --check            verify every byte moved\n\
+         \x20 -R, --rdma_cm          meet the peer through the RDMA CM (IPv4 peers)\n\
+         \x20 -p, --port=PORT        TCP / RDMA CM port (default 18515)\n\
          \x20 Ctrl-C interrupts any wait.",
         tool.name(),
         Params::default_size(tool),
@@ -402,6 +418,9 @@ impl Params {
             } else {
                 1
             },
+            rdma_cm: false,
+            port: communication::DEF_PORT,
+            socket: false,
         }
     }
 
@@ -445,6 +464,11 @@ impl Params {
                     p.check = true;
                     continue;
                 }
+                "R" | "rdma_cm" => {
+                    p.rdma_cm = true;
+                    continue;
+                }
+                "p" | "port" => "-p",
                 "s" | "size" => "-s",
                 "n" | "iters" => "-n",
                 "D" | "duration" => "-D",
@@ -501,6 +525,7 @@ impl Params {
                 "-Q" => p.cq_mod = num(1, 1024, "1 to 1024")? as u32,
                 "-I" => p.inline_size = num(0, 912, "0 to 912 bytes")? as u32,
                 "-o" => p.out_reads = num(1, 16, "1 to 16")? as u32,
+                "-p" => p.port = num(1, 65535, "1 to 65535")? as u16,
                 "-A" => {
                     p.atomic_type = match val {
                         "CMP_AND_SWAP" => AtomicType::CmpAndSwap,
@@ -608,8 +633,15 @@ pub fn print_test_info(out: &mut dyn Write, p: &Params, link: &LinkInfo) -> fmt:
     } else {
         writeln!(out, " Max inline data : {}[B]", p.inline_size)?;
     }
-    writeln!(out, " rdma_cm QPs\t : OFF")?;
-    writeln!(out, " Data ex. method : IB CM")?;
+    let (cm_qps, method) = if p.rdma_cm {
+        ("ON", "rdma_cm")
+    } else if p.socket {
+        ("OFF", "Ethernet")
+    } else {
+        ("OFF", "IB CM")
+    };
+    writeln!(out, " rdma_cm QPs\t : {cm_qps}")?;
+    writeln!(out, " Data ex. method : {method}")?;
     if p.check {
         writeln!(out, " Data check      : ON")?;
     }

@@ -246,6 +246,7 @@ fn run_on(
         cm: n.cm,
         dev: n.dev,
         dev_name: "mlx4_0",
+        ip: None,
         interrupted: &mut ctrl_c,
     };
     tool(&mut env, args, out)

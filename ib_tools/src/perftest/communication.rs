@@ -63,6 +63,26 @@ pub trait Link {
     fn send(&mut self, buf: &[u8]) -> Result<usize, String>;
 }
 
+/// TCP sockets of an IP stack, as the exchange needs them (the kernel's
+/// stack implements it; sockets are named by number).
+pub trait Sockets {
+    /// Listens on TCP `port` (on every link with an address).
+    fn listen(&mut self, port: u16) -> Result<u32, String>;
+    /// Starts a connection to `dst`:`port`.
+    fn connect(&mut self, dst: core::net::Ipv4Addr, port: u16) -> Result<u32, String>;
+    /// One pass of the stack (what it received, what it has to send).
+    fn poll(&mut self, core: &mut ib_core::IbCore);
+    /// Whether `s` is connected; an error once it failed or was refused.
+    fn established(&mut self, s: u32) -> Result<bool, String>;
+    /// What `s` received (`Ok(0)`: nothing yet); an error once the peer
+    /// closed or reset it.
+    fn recv(&mut self, s: u32, buf: &mut [u8]) -> Result<usize, String>;
+    /// Queues what fits of `buf` on `s`.
+    fn send(&mut self, s: u32, buf: &[u8]) -> Result<usize, String>;
+    /// Closes `s` (cleanly, bounded) and forgets it.
+    fn close(&mut self, core: &mut ib_core::IbCore, s: u32);
+}
+
 /// The exchange on a [`Link`]: perftest's `perftest_comm` for one side.
 pub struct Comm<'a> {
     link: &'a mut dyn Link,
