@@ -56,6 +56,7 @@ impl Link for Tcp<'_, '_> {
         self.env.core.clock().now_ns()
     }
     fn pump(&mut self) -> Result<(), String> {
+        self.env.core.clock().relax();
         self.env.core.poll();
         if let Some(ip) = self.env.ip.as_deref_mut() {
             ip.poll(self.env.core);
@@ -107,6 +108,7 @@ fn wait_established(
         if ip.established(sock)? {
             return Ok(());
         }
+        env.core.clock().relax();
         if (env.interrupted)() {
             return Err(format!("interrupted while waiting for {what}"));
         }
@@ -533,7 +535,9 @@ pub(super) fn accept_either(
             Err(x) => break Err(e("a client's CM REQ", x)),
         }
         if (env.interrupted)() {
-            break Err(String::from("interrupted while waiting for a client"));
+            break Err(String::from(
+                "interrupted while waiting for a client's CM REQ or TCP connection",
+            ));
         }
         if end.expired(env.core.clock()) {
             break Err(format!(
