@@ -109,5 +109,13 @@ fn linux_and_our_perftest_meet_over_tcp_both_ways() {
         "{all}"
     );
     assert!(o.contains("-R (rdma_cm) is not supported"), "{all}");
+    for (who, text) in [("Linux", l), ("ours", o)] {
+        for line in text
+            .lines()
+            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
+        {
+            eprintln!("{who}: {line}");
+        }
+    }
     eprintln!("Linux and ours, five perftest tools both ways over TCP: {took:?}");
 }

@@ -278,6 +278,11 @@ pub(super) fn run(
         vaddr: res.buf.bus_addr().0 + incoming,
         out_reads: p.out_reads,
     };
+    // The header names the MTU both sides settled on.
+    let link = &LinkInfo {
+        mtu: 128u32 << mtu,
+        ..link.clone()
+    };
     let _ = print_test_info(out, p, link);
     let rem = Tcp { env, sock }.shake(client, &my, EXCHANGE_TIMEOUT)?;
     connect_qp(env, p, res, &my, &rem, mtu)?;
