@@ -3,7 +3,7 @@
 //! perftest (linux-rdma/perftest, `perftest_parameters.c`): the options, the dashed
 //! header block, the address lines and the result lines of
 //! `ib_{write,read,send}_{bw,lat}` and `ib_atomic_lat`, computed as perftest
-//! computes them; its TCP/rdma_cm exchange, multi-QP, dual-port, bidirectional,
+//! computes them (its TCP exchange is in [`communication`]); its rdma_cm exchange, multi-QP, dual-port, bidirectional,
 //! rate limiting, events, JSON and CPU-utilisation output are left out.
 //!
 //! The figures follow perftest:
@@ -30,6 +30,7 @@ use core::fmt::{self, Write};
 
 use crate::cfmt::{self, AltHex};
 
+pub mod communication;
 pub mod exchange;
 pub mod run;
 
@@ -205,6 +206,9 @@ pub enum Peer {
     Guid(u64),
     /// A GID (`fe80::202:c9ff:fe00:1001`, or show_gids' eight groups).
     Gid([u8; 16]),
+    /// An IPv4 address: perftest's TCP exchange (port 18515), or the
+    /// RDMA CM with `-R`.
+    Ip(core::net::Ipv4Addr),
 }
 
 /// Parses an IPv6-style GID: eight groups of up to four hex digits, with
@@ -250,12 +254,16 @@ pub fn parse_gid(s: &str) -> Option<[u8; 16]> {
 
 impl Peer {
     /// Parses `5`, `0x5` (a LID: at most 0xBFFF), `0x0002c903000a1b2c` (a
-    /// GUID: more than 16 bits) or `0002:c903:000a:1b2c` (a GUID in
-    /// ibstat's colon form).
+    /// GUID: more than 16 bits), `0002:c903:000a:1b2c` (a GUID in
+    /// ibstat's colon form), `fe80::202:c9ff:fe00:1001` (a GID) or
+    /// `10.0.0.2` (an IPv4 address).
     pub fn parse(s: &str) -> Result<Peer, ParseError> {
         let bad = || ParseError::BadPeer(String::from(s));
         if s.contains("::") || s.split(':').count() == 8 {
             return parse_gid(s).map(Peer::Gid).ok_or_else(bad);
+        }
+        if let Ok(ip) = s.parse::<core::net::Ipv4Addr>() {
+            return Ok(Peer::Ip(ip));
         }
         if s.contains(':') {
             let groups: Vec<&str> = s.split(':').collect();
@@ -332,7 +340,7 @@ impl fmt::Display for ParseError {
             ParseError::Conflict(w) => write!(f, "{w}"),
             ParseError::BadPeer(p) => write!(
                 f,
-                "'{p}' is neither a LID (1 to 0xBFFF), a port GUID (0x... or xxxx:xxxx:xxxx:xxxx) nor a GID (fe80::...)"
+                "'{p}' is neither a LID (1 to 0xBFFF), a port GUID (0x... or xxxx:xxxx:xxxx:xxxx), a GID (fe80::...) nor an IPv4 address"
             ),
             ParseError::NotUnicastLid(l) => {
                 write!(f, "LID {l:#x} is not a unicast LID (1 to 0xBFFF)")
@@ -380,6 +388,13 @@ pub struct Params {
     pub inline_size: u32,
     /// `-o`: outstanding reads/atomics.
     pub out_reads: u32,
+    /// `-R`: meet the peer through the RDMA CM (by IPv4 address).
+    pub rdma_cm: bool,
+    /// `-p`: the TCP (or RDMA CM) port (perftest's 18515).
+    pub port: u16,
+    /// Not an option: the peer came by perftest's TCP exchange (the header
+    /// says `Ethernet`, as perftest's does).
+    pub socket: bool,
 }
 
 /// The usage text of a tool.
@@ -387,7 +402,8 @@ pub fn usage(tool: Tool) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER (LID, port GUID or GID)\n\
+        "usage: {0} [OPTIONS]            start a server and wait for a client\n       {0} [OPTIONS] PEER       connect to the server at PEER: a LID, port GUID or GID (our IB CM exchange),\n\
+         \x20                                 or an IPv4 address (perftest's TCP exchange on port 18515; -R: rdma_cm)\n\
          \x20 -s, --size=SIZE        message size (K and M suffixes; default {1})\n\
          \x20 -n, --iters=ITERS      iterations (at least {2}; default {3})\n\
          \x20 -a, --all              every size from 2 to 2^23\n\
@@ -402,6 +418,8 @@ pub fn usage(tool: Tool) -> String {
          \x20 -o, --outs=N           outstanding reads/atomics\n\
          \x20 -A, --atomic_type=T    CMP_AND_SWAP or FETCH_AND_ADD\n\
          \x20     --check            verify every byte moved\n\
+         \x20 -R, --rdma_cm          meet the peer through the RDMA CM (IPv4 peers)\n\
+         \x20 -p, --port=PORT        TCP / RDMA CM port (default 18515)\n\
          \x20 Ctrl-C interrupts any wait.",
         tool.name(),
         Params::default_size(tool),
@@ -452,6 +470,9 @@ impl Params {
             } else {
                 1
             },
+            rdma_cm: false,
+            port: communication::DEF_PORT,
+            socket: false,
         }
     }
 
@@ -495,6 +516,11 @@ impl Params {
                     p.check = true;
                     continue;
                 }
+                "R" | "rdma_cm" => {
+                    p.rdma_cm = true;
+                    continue;
+                }
+                "p" | "port" => "-p",
                 "s" | "size" => "-s",
                 "n" | "iters" => "-n",
                 "D" | "duration" => "-D",
@@ -553,6 +579,7 @@ impl Params {
                 "-Q" => p.cq_mod = num(1, 1024, "1 to 1024")? as u32,
                 "-I" => p.inline_size = num(0, 912, "0 to 912 bytes")? as u32,
                 "-o" => p.out_reads = num(1, 16, "1 to 16")? as u32,
+                "-p" => p.port = num(1, 65535, "1 to 65535")? as u16,
                 "-A" => {
                     p.atomic_type = match val {
                         "CMP_AND_SWAP" => AtomicType::CmpAndSwap,
@@ -663,8 +690,15 @@ pub fn print_test_info(out: &mut dyn Write, p: &Params, link: &LinkInfo) -> fmt:
     } else {
         writeln!(out, " Max inline data : {}[B]", p.inline_size)?;
     }
-    writeln!(out, " rdma_cm QPs\t : OFF")?;
-    writeln!(out, " Data ex. method : IB CM")?;
+    let (cm_qps, method) = if p.rdma_cm {
+        ("ON", "rdma_cm")
+    } else if p.socket {
+        ("OFF", "Ethernet")
+    } else {
+        ("OFF", "IB CM")
+    };
+    writeln!(out, " rdma_cm QPs\t : {cm_qps}")?;
+    writeln!(out, " Data ex. method : {method}")?;
     if p.check {
         writeln!(out, " Data check      : ON")?;
     }

@@ -229,6 +229,13 @@ pub struct CommandNet<'a> {
     ipoib: ib_core::ClientId,
 }
 
+impl CommandNet<'_> {
+    /// The stack itself (its sockets).
+    pub fn stack(&mut self) -> &mut NetStack {
+        self.net.stack
+    }
+}
+
 impl ib_core::addr::IpNet for CommandNet<'_> {
     fn route(
         &mut self,

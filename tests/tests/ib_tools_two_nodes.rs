@@ -246,6 +246,7 @@ fn run_on(
         cm: n.cm,
         dev: n.dev,
         dev_name: "mlx4_0",
+        ip: None,
         interrupted: &mut ctrl_c,
     };
     tool(&mut env, args, out)
@@ -1237,4 +1238,124 @@ fn profile_ib_write_bw_64k() {
     println!("{}", p.client_out);
     a.teardown();
     b.teardown();
+}
+
+/// A TCP peer played from a script for perftest's exchange: connected at
+/// once, it sends `said` and then either nothing more or closes.
+struct ScriptedTcp {
+    said: Vec<u8>,
+    pos: usize,
+    closes: bool,
+}
+
+impl perftest::communication::Sockets for ScriptedTcp {
+    fn listen(&mut self, _: u16) -> Result<u32, String> {
+        Ok(0)
+    }
+    fn connect(&mut self, _: std::net::Ipv4Addr, _: u16) -> Result<u32, String> {
+        Ok(0)
+    }
+    fn poll(&mut self, _: &mut IbCore) {}
+    fn established(&mut self, _: u32) -> Result<bool, String> {
+        Ok(true)
+    }
+    fn recv(&mut self, _: u32, buf: &mut [u8]) -> Result<usize, String> {
+        let n = buf.len().min(self.said.len() - self.pos);
+        if n == 0 && self.closes {
+            return Err("the peer closed the connection".into());
+        }
+        buf[..n].copy_from_slice(&self.said[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+    fn send(&mut self, _: u32, buf: &[u8]) -> Result<usize, String> {
+        Ok(buf.len())
+    }
+    fn close(&mut self, _: &mut IbCore, _: u32) {}
+}
+
+#[test]
+fn a_bad_tcp_exchange_ends_our_server_with_a_clear_error_in_time() {
+    let Net {
+        fabric: _f,
+        mut a,
+        b,
+    } = net();
+    let version = |v: &str| {
+        let mut m = v.as_bytes().to_vec();
+        m.resize(16, 0);
+        m
+    };
+    let mut prefix = version("6.06");
+    prefix.extend_from_slice(&4096u32.to_be_bytes());
+    prefix.extend_from_slice(&64u32.to_be_bytes());
+    prefix.extend_from_slice(b"4\0");
+    let mut truncated = prefix.clone();
+    truncated.extend_from_slice(b"0003:0010:00004a:1234");
+    let mut malformed = prefix.clone();
+    malformed.extend_from_slice(&[b'x'; 59]);
+    for (said, closes, want) in [
+        (
+            b"GET / HTTP/1.1\r\n".to_vec(),
+            false,
+            "not a perftest version: <GET / HTTP/1.1",
+        ),
+        (
+            version("5.60"),
+            false,
+            "the peer runs perftest version 5.60",
+        ),
+        (
+            truncated,
+            true,
+            "closed the connection after 21 of the 59 bytes of the QP address",
+        ),
+        (
+            malformed,
+            false,
+            "the peer's QP address is not perftest's: <xxxx",
+        ),
+        (
+            version("6.0"),
+            false,
+            "sent 3 of the 16 bytes of the version message in 15 s, then nothing",
+        ),
+    ] {
+        let mut peer = ScriptedTcp {
+            said,
+            pos: 0,
+            closes,
+        };
+        let mut no = || false;
+        let mut env = Env {
+            core: &mut a.core,
+            sa: a.sa,
+            cm: a.cm,
+            dev: a.dev,
+            dev_name: "mlx4_0",
+            ip: Some(&mut peer),
+            interrupted: &mut no,
+        };
+        let t = Instant::now();
+        let p = perftest::Params::parse(perftest_tool_of("ib_write_bw"), &[]).unwrap();
+        let mut out = String::new();
+        let e = perftest::run::run(&mut env, &p, &mut out).unwrap_err();
+        assert!(e.contains(want), "{e}\n{out}");
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    }
+    // Nothing left behind: the next (IB CM) run still works.
+    let (_b, r) = pair(
+        &mut a,
+        b,
+        &perftest_tool("ib_write_bw"),
+        &[],
+        &["-n", "10"],
+        None,
+        false,
+    );
+    ok(&r, "an IB CM run after the bad exchanges");
+}
+
+fn perftest_tool_of(name: &str) -> perftest::Tool {
+    perftest::Tool::from_name(name).expect("a perftest tool")
 }

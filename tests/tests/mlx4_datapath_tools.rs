@@ -124,6 +124,7 @@ fn run_tools(n: &mut Node, cmds: &[(String, Vec<String>)], out: &mut Out) -> Res
             cm: n.cm,
             dev: n.dev,
             dev_name: "mlx4_0",
+            ip: None,
             interrupted: &mut no,
         };
         perftest::run::run(&mut env, &p, out).map_err(|e| format!("{name}: {e}"))?;

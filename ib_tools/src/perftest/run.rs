@@ -40,7 +40,10 @@ use ib_core::verbs::{
 };
 use ib_core::{ClientId, DeviceId, IbCore};
 
+use super::communication::Sockets;
 use super::exchange::{Hello, PERFTEST_SERVICE_ID, Reply, fill, verify};
+
+mod socket;
 use super::{
     Dest, LinkInfo, Params, Peer, RESULT_LINE, TestKind, Verb, bw_report, lat_report,
     print_bw_line, print_lat_line, print_pingpong_data, print_result_header, print_test_info,
@@ -98,6 +101,9 @@ pub struct Env<'a> {
     pub dev_name: &'a str,
     /// Ctrl-C: true once the user asked to stop.
     pub interrupted: &'a mut dyn FnMut() -> bool,
+    /// The IP stack's TCP, for perftest's exchange with Linux (none: only
+    /// LID/GUID peers).
+    pub ip: Option<&'a mut dyn Sockets>,
 }
 
 struct Res {
@@ -113,6 +119,9 @@ struct Res {
     slots: u64,
     /// When the waits last ran ib_core's progress function ([`progress`]).
     progress_at: Cell<u64>,
+    /// The peer is Linux's perftest: RDMA to its address itself, no
+    /// end-of-size SEND.
+    linux: bool,
 }
 
 pub(crate) fn e(what: &str, err: impl core::fmt::Display) -> String {
@@ -256,6 +265,7 @@ fn build(
         slot,
         slots,
         progress_at: Cell::new(0),
+        linux: false,
     })
 }
 
@@ -356,6 +366,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     // parameters, so slot k is at the same offset on both.
     let (res, r) = match p.peer {
         None => server(env, p, &link, attr.lid, out),
+        Some(Peer::Ip(ip)) => socket::client(env, p, &link, attr.lid, ip, out),
         Some(peer) => {
             let (slot, slots) = slots_for(p);
             let mut res = setup(env, p, slot, slots)?;
@@ -364,7 +375,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
         }
     };
     let (outcome, id) = match r {
-        Ok(id) => (Ok(()), Some(id)),
+        Ok(id) => (Ok(()), id),
         Err((msg, id)) => (Err(msg), id),
     };
     // A server that ran to the end says so (the client waits for it).
@@ -498,6 +509,7 @@ pub(crate) fn path_from(
             let src = crate::diags::Src { dev: env.dev, port };
             crate::diags::path_to_guid(env.core, env.sa, src, g, CONNECT_TIMEOUT)
         }
+        Peer::Ip(ip) => return Err(format!("{ip} is an IP address: no path record to ask for")),
     }
     .map_err(|x| e("path record query", x))
 }
@@ -569,7 +581,7 @@ fn server(
     link: &LinkInfo,
     lid: u16,
     out: &mut dyn Write,
-) -> (Option<Res>, Step<CmId>) {
+) -> (Option<Res>, Step<Option<CmId>>) {
     let mut res = None;
     let r = serve(env, p, link, lid, out, &mut res);
     (res, r)
@@ -582,7 +594,7 @@ fn serve(
     lid: u16,
     out: &mut dyn Write,
     slot_res: &mut Option<Res>,
-) -> Step<CmId> {
+) -> Step<Option<CmId>> {
     let listen = cm::listen(env.core, env.cm, env.dev, PERFTEST_SERVICE_ID)
         .map_err(|x| (e("listen", x), None))?;
     let _ = writeln!(out, "{RESULT_LINE}");
@@ -591,8 +603,17 @@ fn serve(
         " Waiting for client to connect... (LID {lid}, up to {} s; Ctrl-C stops)",
         CONNECT_TIMEOUT.as_secs()
     );
-    let got = wait_cm(env, listen, "a client's CM REQ", CONNECT_TIMEOUT);
+    let got = socket::accept_either(env, p, listen);
     let _ = cm::destroy_id(env.core, env.cm, listen);
+    let got = match got {
+        Ok(socket::Incoming::Tcp(sock)) => {
+            let r = socket::run(env, p, link, lid, sock, out, slot_res);
+            socket::close(env, sock);
+            return r.map(|()| None).map_err(|m| (m, None));
+        }
+        Ok(socket::Incoming::Cm(ev)) => Ok(ev),
+        Err(m) => Err(m),
+    };
     let (id, private, remote_lid, remote_qpn) = match got {
         Ok(CmEvent::ReqReceived {
             id,
@@ -682,7 +703,7 @@ fn serve(
     }
     let _ = remote_qpn;
     let _ = writeln!(out, "{RESULT_LINE}");
-    Ok(id)
+    Ok(Some(id))
 }
 
 fn client(
@@ -693,11 +714,12 @@ fn client(
     lid: u16,
     peer: Peer,
     out: &mut dyn Write,
-) -> Step<CmId> {
+) -> Step<Option<CmId>> {
     let whom = match peer {
         Peer::Lid(l) => format!("LID {l}"),
         Peer::Guid(g) => format!("port GUID {g:#018x}"),
         Peer::Gid(g) => format!("GID {}", gid_text(&g)),
+        Peer::Ip(ip) => format!("{ip}"),
     };
     let _ = writeln!(
         out,
@@ -763,7 +785,7 @@ fn client(
     }
     let _ = writeln!(out, "{RESULT_LINE}");
     await_done(env, id).map_err(|m| (m, Some(id)))?;
-    Ok(id)
+    Ok(Some(id))
 }
 
 /// The starting PSN the peer's CM message named (the client's REQ for the
@@ -1213,11 +1235,11 @@ fn drive_size(
     size: u64,
     reply: &Reply,
     out: &mut dyn Write,
-) -> Result<(), String> {
+) -> Result<Option<super::BwReport>, String> {
     let iters = p.iters as usize;
     let tps = 1_000_000_000;
     if let Some(secs) = p.duration {
-        return drive_duration(env, p, res, size, reply, secs, out);
+        return drive_duration(env, p, res, size, reply, secs, out).map(|()| None);
     }
     match p.tool.kind {
         TestKind::Bw => {
@@ -1242,7 +1264,7 @@ fn drive_size(
                     }
                     let s = sge(res, k, size);
                     let signaled = (sent as u64 + 1).is_multiple_of(cq_mod) || sent + 1 == iters;
-                    let remote = reply.vaddr + k * res.slot;
+                    let remote = reply.vaddr + if res.linux { 0 } else { k * res.slot };
                     let (opcode, wr) = match p.tool.verb {
                         Verb::Write => (
                             WrOpcode::RdmaWrite,
@@ -1305,6 +1327,7 @@ fn drive_size(
             let r = bw_report(size, &posted, &completed, cq_mod_eff, tps)
                 .map_err(|x| format!("{x}"))?;
             let _ = print_bw_line(out, &r);
+            return Ok(Some(r));
         }
         TestKind::Lat => {
             let mut stamps = Vec::with_capacity(iters + 1);
@@ -1328,7 +1351,7 @@ fn drive_size(
             let _ = print_lat_line(out, &r);
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 fn one_op(
@@ -1407,6 +1430,9 @@ fn one_op(
 /// server got it is then what its DREQ says ([`await_done`]): a run that
 /// goes on after a flushed one fails on the next message anyway.
 fn finish_size(env: &mut Env<'_>, res: &Res, count: u64) -> Result<(), String> {
+    if res.linux {
+        return Ok(());
+    }
     let s = sge(res, 0, 1);
     let wr = SendWr {
         wr_id: u64::MAX,
@@ -1463,7 +1489,7 @@ fn drive_duration(
                     while sent - done < depth {
                         let k = sent % res.slots;
                         let s = sge(res, k, size);
-                        let remote = reply.vaddr + k * res.slot;
+                        let remote = reply.vaddr + if res.linux { 0 } else { k * res.slot };
                         let (opcode, wr) = match p.tool.verb {
                             Verb::Write => (
                                 WrOpcode::RdmaWrite,

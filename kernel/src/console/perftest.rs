@@ -5,8 +5,9 @@
 //! `ib_tools::perftest::run`, and rdma-core's `ibv_rc_pingpong`/`ibv_ud_pingpong`,
 //! run by `ib_tools::pingpong::run`, on the chosen HCA (`-d`, default the first
 //! registered) with the SA and CM clients registered on first use; Ctrl-C stops any
-//! wait. Nothing of perftest's or rdma-core's TCP exchange: the sides meet through
-//! the IB CM.
+//! wait. perftest's TCP exchange (a peer by IPv4 address, and every server's second
+//! ear on port 18515) runs on the kernel's IP stack ([`StackSockets`]); rdma-core's
+//! pingpong examples meet through the IB CM only.
 
 use alloc::string::{String, ToString};
 use core::fmt::Write;
@@ -40,7 +41,163 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
         }
         Err(e) => return Err(alloc::format!("{e} ({} -h for the options)", name)),
     };
-    with_env(p.ib_dev.as_deref(), |env| perftest::run::run(env, &p, out))
+    let via_ip = crate::net::with_command_net(|n, ib| {
+        let (sa, cm) = clients(ib);
+        let crate::hca::Ib { core, hcas, .. } = ib;
+        let (dev, name) = pick(hcas, p.ib_dev.as_deref(), |n| {
+            alloc::format!("IB device {n} not found")
+        })?;
+        let mut ctrl_c = || crate::console::ctrl_c();
+        let mut socks = StackSockets {
+            net: n,
+            socks: alloc::vec::Vec::new(),
+        };
+        let mut env = Env {
+            core,
+            sa,
+            cm,
+            dev,
+            dev_name: name,
+            interrupted: &mut ctrl_c,
+            ip: Some(&mut socks),
+        };
+        let r = perftest::run::run(&mut env, &p, out);
+        let StackSockets { net, socks } = socks;
+        for s in socks.into_iter().flatten() {
+            net.stack().close(s);
+        }
+        r
+    });
+    match via_ip {
+        Some(r) => r,
+        None => with_env(p.ib_dev.as_deref(), |env| perftest::run::run(env, &p, out)),
+    }
+}
+
+/// The kernel's IP stack as perftest's TCP sockets (a listener listens on
+/// the first link with an address other than loopback: `ib0`).
+struct StackSockets<'n, 'a> {
+    net: &'n mut crate::net::CommandNet<'a>,
+    /// By number (`None` once closed).
+    socks: alloc::vec::Vec<Option<net::SocketRef>>,
+}
+
+impl StackSockets<'_, '_> {
+    fn sock(&self, s: u32) -> Result<net::SocketRef, String> {
+        self.socks
+            .get(s as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| String::from("the TCP connection is gone"))
+    }
+}
+
+impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
+    fn listen(&mut self, port: u16) -> Result<u32, String> {
+        let st = self.net.stack();
+        // The first link with an address other than loopback (ib0).
+        let dev = st
+            .links()
+            .map(|(id, _)| id)
+            .find(|&id| st.addrs(id).iter().any(|a| !a.address().is_loopback()))
+            .ok_or("no IP address on any link (ip addr add ... dev ib0): cannot listen for perftest's TCP exchange")?;
+        let s = st
+            .tcp_listen(dev, port, 16 * 1024)
+            .map_err(|e| alloc::format!("listen on TCP port {port}: {e}"))?;
+        self.socks.push(Some(s));
+        Ok(self.socks.len() as u32 - 1)
+    }
+    fn connect(&mut self, dst: core::net::Ipv4Addr, port: u16) -> Result<u32, String> {
+        static NEXT: core::sync::atomic::AtomicU16 = core::sync::atomic::AtomicU16::new(0);
+        let local = 43000 + NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed) % 1000;
+        let o = dst.octets();
+        let s = self
+            .net
+            .stack()
+            .tcp_connect(
+                net::Ipv4Address::new(o[0], o[1], o[2], o[3]),
+                port,
+                local,
+                16 * 1024,
+            )
+            .map_err(|e| alloc::format!("connect to {dst}:{port}: {e}"))?;
+        self.socks.push(Some(s));
+        Ok(self.socks.len() as u32 - 1)
+    }
+    fn poll(&mut self, core: &mut ib_core::IbCore) {
+        ib_core::addr::IpNet::poll(self.net, core);
+    }
+    fn established(&mut self, s: u32) -> Result<bool, String> {
+        use net::smoltcp::socket::tcp::State;
+        let r = self.sock(s)?;
+        let t = self
+            .net
+            .stack()
+            .tcp(r)
+            .ok_or("the TCP connection is gone")?;
+        match t.state() {
+            State::Established => Ok(true),
+            State::Listen | State::SynSent | State::SynReceived => Ok(false),
+            State::Closed => Err(String::from("the connection was refused or reset")),
+            other => Err(alloc::format!("the connection is in state {other}")),
+        }
+    }
+    fn recv(&mut self, s: u32, buf: &mut [u8]) -> Result<usize, String> {
+        let r = self.sock(s)?;
+        let t = self
+            .net
+            .stack()
+            .tcp(r)
+            .ok_or("the TCP connection is gone")?;
+        if t.can_recv() {
+            return t
+                .recv_slice(buf)
+                .map_err(|_| String::from("the peer closed the connection"));
+        }
+        if t.may_recv() {
+            Ok(0)
+        } else {
+            Err(String::from("the peer closed the connection"))
+        }
+    }
+    fn send(&mut self, s: u32, buf: &[u8]) -> Result<usize, String> {
+        let r = self.sock(s)?;
+        let t = self
+            .net
+            .stack()
+            .tcp(r)
+            .ok_or("the TCP connection is gone")?;
+        if !t.may_send() {
+            return Err(String::from("the connection is closed"));
+        }
+        t.send_slice(buf)
+            .map_err(|_| String::from("the connection is closed"))
+    }
+    fn close(&mut self, core: &mut ib_core::IbCore, s: u32) {
+        let Ok(r) = self.sock(s) else { return };
+        if let Some(t) = self.net.stack().tcp(r) {
+            t.close();
+        }
+        // What we queued (the last "done") leaves before the socket goes.
+        let end = crate::net::now_us() + 500_000;
+        while crate::net::now_us() < end {
+            ib_core::addr::IpNet::poll(self.net, core);
+            let st = self.net.stack();
+            let gone = st.tcp(r).is_none_or(|t| {
+                t.send_queue() == 0
+                    || matches!(
+                        t.state(),
+                        net::smoltcp::socket::tcp::State::Closed
+                            | net::smoltcp::socket::tcp::State::TimeWait
+                    )
+            });
+            if gone {
+                break;
+            }
+        }
+        self.net.stack().close(r);
+        self.socks[s as usize] = None;
+    }
 }
 
 fn pingpong(t: ib_tools::pingpong::Transport, out: &mut dyn Write, args: &[&str]) -> CmdResult {
@@ -94,6 +251,7 @@ fn with_env(ib_dev: Option<&str>, f: impl FnOnce(&mut Env<'_>) -> CmdResult) -> 
             dev,
             dev_name: name,
             interrupted: &mut ctrl_c,
+            ip: None,
         };
         f(&mut env)
     })

@@ -1,0 +1,561 @@
+//! The perftest runs against Linux's perftest: its TCP exchange ([`communication`](super::super::communication)) and its data paths.
+//!
+//! What a run does when the peer is Linux's perftest 4.5-0.17 met over TCP
+//! (port 18515): the exchange of `perftest_communication.c`, the QP moved to
+//! RTS by hand from the peer's `pingpong_dest` (perftest's `ctx_connect`: ACK
+//! timeout 14, 7 retries, RNR retries 7, min RNR timer 12), the data paths
+//! where perftest's differ from ours (write latency: the server writes first
+//! and the marker is the count; RDMA to the peer's address itself, no
+//! end-of-size SEND) and the barriers and reports where each tool's `main`
+//! puts them. Left out: `-a`, `-D`, `--check` (refused with a sentence),
+//! `ib_send_lat` and `ib_atomic_lat` (refused), RoCE's GID messages.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt::Write;
+use core::net::Ipv4Addr;
+use core::time::Duration;
+
+use hal::Deadline;
+use ib_core::verbs::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask, QpState, SendFlags, SendWr};
+use ib_core::verbs::{WrDetail, WrOpcode};
+
+use super::super::communication::{
+    CACHE_LINE, CYCLE_BUFFER, Comm, EXCHANGE_TIMEOUT, Link, Script, Sockets,
+};
+use super::super::{
+    BwReport, Dest, LinkInfo, Params, RESULT_FMT, RESULT_LINE, TestKind, Verb, bw_report,
+    lat_report, print_bw_line, print_lat_line, print_pingpong_data, print_result_header,
+    print_test_info,
+};
+use super::{
+    CONNECT_TIMEOUT, Env, OP_TIMEOUT, Res, e, now, poll, post, post_recvs, setup, slots_for,
+};
+
+/// How long a barrier after the test may wait: the peer's whole run.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A TCP connection of `env`'s IP stack as the exchange's [`Link`].
+struct Tcp<'e, 'a> {
+    env: &'e mut Env<'a>,
+    sock: u32,
+}
+
+impl Tcp<'_, '_> {
+    fn ip(&mut self) -> Result<&mut dyn Sockets, String> {
+        match self.env.ip.as_deref_mut() {
+            Some(s) => Ok(s),
+            None => Err(String::from("no IP stack")),
+        }
+    }
+}
+
+impl Link for Tcp<'_, '_> {
+    fn now_ns(&self) -> u64 {
+        self.env.core.clock().now_ns()
+    }
+    fn pump(&mut self) -> Result<(), String> {
+        self.env.core.clock().relax();
+        self.env.core.poll();
+        if let Some(ip) = self.env.ip.as_deref_mut() {
+            ip.poll(self.env.core);
+        }
+        if (self.env.interrupted)() {
+            return Err(String::from("interrupted"));
+        }
+        Ok(())
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        let s = self.sock;
+        self.ip()?.recv(s, buf)
+    }
+    fn send(&mut self, buf: &[u8]) -> Result<usize, String> {
+        let s = self.sock;
+        self.ip()?.send(s, buf)
+    }
+}
+
+/// Refuses what this way of meeting does not do, in a sentence.
+pub(super) fn check_supported(p: &Params) -> Result<Script, String> {
+    let script = Script::of(p.tool).ok_or_else(|| {
+        format!(
+            "{} against perftest's TCP exchange is not supported here (ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat and ib_read_lat are); give the peer's LID or GUID to use our IB CM way",
+            p.tool.name()
+        )
+    })?;
+    if p.all_sizes || p.duration.is_some() || p.check {
+        return Err(String::from(
+            "-a, -D and --check are not supported with perftest's TCP exchange here: run one size with -s and -n",
+        ));
+    }
+    Ok(script)
+}
+
+/// Waits for `sock` to be connected (a client's connect, or a client on
+/// the listener), at most `timeout`, interruptible.
+fn wait_established(
+    env: &mut Env<'_>,
+    sock: u32,
+    what: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let end = Deadline::after(env.core.clock(), timeout);
+    loop {
+        env.core.poll();
+        let ip = env.ip.as_deref_mut().ok_or("no IP stack")?;
+        ip.poll(env.core);
+        if ip.established(sock)? {
+            return Ok(());
+        }
+        env.core.clock().relax();
+        if (env.interrupted)() {
+            return Err(format!("interrupted while waiting for {what}"));
+        }
+        if end.expired(env.core.clock()) {
+            return Err(format!(
+                "waited {} s for {what}; none came",
+                timeout.as_secs()
+            ));
+        }
+    }
+}
+
+/// The client's TCP connection to `ip`.
+pub(super) fn connect(
+    env: &mut Env<'_>,
+    p: &Params,
+    ip: Ipv4Addr,
+    out: &mut dyn Write,
+) -> Result<u32, String> {
+    let _ = writeln!(
+        out,
+        " Connecting to {ip}:{} (perftest's TCP exchange)",
+        p.port
+    );
+    let s = env
+        .ip
+        .as_deref_mut()
+        .ok_or("no IP stack here: give the server's LID or GUID")?;
+    let sock = s.connect(ip, p.port)?;
+    match wait_established(env, sock, "the TCP connection", EXCHANGE_TIMEOUT) {
+        Ok(()) => Ok(sock),
+        Err(m) => {
+            close(env, sock);
+            Err(format!("Couldn't connect to {ip}:{}: {m}", p.port))
+        }
+    }
+}
+
+/// Lets the connection go (a clean close, bounded).
+pub(super) fn close(env: &mut Env<'_>, sock: u32) {
+    if let Some(ip) = env.ip.as_deref_mut() {
+        ip.close(env.core, sock);
+    }
+}
+
+fn mtu_of(n: u8) -> Mtu {
+    match n {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        5 => Mtu::Mtu4096,
+        _ => Mtu::Mtu2048,
+    }
+}
+
+/// perftest's `ctx_connect` for RC: the QP from RESET to RTS towards `rem`.
+fn connect_qp(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &Res,
+    my: &Dest,
+    rem: &Dest,
+    mtu: u8,
+) -> Result<(), String> {
+    let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: p.ib_port,
+        qp_access_flags: AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        ..Default::default()
+    };
+    dev.modify_qp(
+        res.qp,
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .map_err(|x| e("modify QP to INIT", x))?;
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = mtu_of(mtu);
+    a.dest_qp_num = rem.qpn;
+    a.rq_psn = rem.psn;
+    a.max_dest_rd_atomic = my.out_reads.clamp(1, 16) as u8;
+    a.min_rnr_timer = 12;
+    a.ah_attr = AhAttr {
+        dlid: rem.lid,
+        sl: 0,
+        port_num: p.ib_port,
+        ..Default::default()
+    };
+    dev.modify_qp(
+        res.qp,
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .map_err(|x| e("modify QP to RTR", x))?;
+    a.qp_state = QpState::Rts;
+    a.sq_psn = my.psn;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = rem.out_reads.clamp(1, 16) as u8;
+    dev.modify_qp(
+        res.qp,
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .map_err(|x| e("modify QP to RTS", x))
+}
+
+/// One side of a run against Linux's perftest over the TCP connection
+/// `sock` (connected): the exchange, the test and the closing barriers.
+/// The buffer made is left in `slot_res` for the caller to tear down.
+pub(super) fn run(
+    env: &mut Env<'_>,
+    p: &Params,
+    link: &LinkInfo,
+    lid: u16,
+    sock: u32,
+    out: &mut dyn Write,
+    slot_res: &mut Option<Res>,
+) -> Result<(), String> {
+    let script = check_supported(p)?;
+    let client = !p.is_server();
+    let mut q = p.clone();
+    q.socket = true;
+    let p = &q;
+    let mtu_now = (link.mtu / 256).trailing_zeros() as u8 + 1;
+    let t0 = env.core.clock().now_ns();
+    let (cycle, mtu) = {
+        let mut t = Tcp { env, sock };
+        let mut c = Comm::new(&mut t, client);
+        c.exchange_versions()?;
+        let (cycle, _line) = c.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
+        (cycle, c.check_mtu(mtu_now)?)
+    };
+    // perftest's peer may write anywhere in its cycle buffer from the
+    // address we give: the buffer holds that much past the incoming slot.
+    let (slot, slots) = slots_for(p);
+    let slots = slots.max(u64::from(cycle).div_ceil(slot) + 1);
+    let res = slot_res.insert(setup(env, p, slot, slots)?);
+    res.linux = true;
+    let incoming = if p.tool.kind == TestKind::Lat {
+        res.slot
+    } else {
+        0
+    };
+    let my = Dest {
+        lid,
+        qpn: res.qp.qp_num,
+        psn: (t0 as u32 ^ res.qp.qp_num.wrapping_mul(0x9e37)) & 0xff_ffff,
+        rkey: res.mr.rkey,
+        vaddr: res.buf.bus_addr().0 + incoming,
+        out_reads: p.out_reads,
+    };
+    // The header names the MTU both sides settled on.
+    let link = &LinkInfo {
+        mtu: 128u32 << mtu,
+        ..link.clone()
+    };
+    let _ = print_test_info(out, p, link);
+    let rem = Tcp { env, sock }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+    connect_qp(env, p, res, &my, &rem, mtu)?;
+    if !client && p.tool.verb == Verb::Send {
+        post_recvs(env, res, p.tool.kind, 0..u64::from(p.rx_depth).min(p.iters))?;
+    }
+    let _ = print_pingpong_data(out, false, p.tool.verb, &my);
+    for _ in 1..script.before {
+        Tcp { env, sock }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+    }
+    let _ = print_pingpong_data(out, true, p.tool.verb, &rem);
+    let size = p.size;
+    let reply = super::super::exchange::Reply {
+        status: 0,
+        vaddr: rem.vaddr,
+        rkey: rem.rkey,
+        len: size,
+    };
+    if !client && (script.server_idle || script.report) {
+        // The server waits while the client works: read latency closes at
+        // once; write and read bandwidth print the client's figures.
+        if script.report {
+            let _ = writeln!(out, "{RESULT_LINE}\n{RESULT_FMT}");
+            let mut t = Tcp { env, sock };
+            let mut c = Comm::new(&mut t, false);
+            c.hand_shake(&my, RUN_TIMEOUT)?;
+            let zero = BwReport {
+                size: 0,
+                iters: 0,
+                bw_peak: 0.0,
+                bw_avg: 0.0,
+                msg_rate: 0.0,
+            };
+            let r = c.xchg_bw_reports(&zero)?;
+            let _ = print_bw_line(out, &r);
+            c.close(&my, EXCHANGE_TIMEOUT)?;
+        } else {
+            Tcp { env, sock }.close_comm(false, &my, RUN_TIMEOUT)?;
+        }
+        let _ = writeln!(out, "{RESULT_LINE}");
+        return Ok(());
+    }
+    let _ = print_result_header(out, p);
+    let mine = match (p.tool.verb, p.tool.kind, client) {
+        (Verb::Write, TestKind::Lat, _) => {
+            write_lat(env, p, res, size, &rem, client, out)?;
+            None
+        }
+        (Verb::Send, TestKind::Bw, false) => {
+            recv_bw(env, p, res, size, out)?;
+            None
+        }
+        _ => super::drive_size(env, p, res, size, &reply, out)?,
+    };
+    let _ = writeln!(out, "{RESULT_LINE}");
+    let mut t = Tcp { env, sock };
+    let mut c = Comm::new(&mut t, client);
+    if let (true, Some(r)) = (script.report, mine) {
+        c.hand_shake(&my, RUN_TIMEOUT)?;
+        c.xchg_bw_reports(&r)?;
+    }
+    if script.close {
+        c.close(&my, RUN_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+impl Tcp<'_, '_> {
+    fn shake(&mut self, client: bool, my: &Dest, timeout: Duration) -> Result<Dest, String> {
+        Comm::new(self, client).hand_shake(my, timeout)
+    }
+    fn close_comm(&mut self, client: bool, my: &Dest, timeout: Duration) -> Result<(), String> {
+        Comm::new(self, client).close(my, timeout)
+    }
+}
+
+/// perftest's `run_iter_lat_write`: the server writes first; each write's
+/// last byte is the count of writes so far (as a byte), which the other
+/// side polls for in the last byte of its incoming buffer.
+fn write_lat(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &Res,
+    size: u64,
+    rem: &Dest,
+    client: bool,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let last = (size - 1) as usize;
+    let inc = res.slot as usize + last;
+    let mut stamps = Vec::with_capacity(p.iters as usize + 1);
+    for i in 0..p.iters {
+        let want = (i + 1) as u8;
+        if client {
+            wait_byte(env, res, inc, want, i)?;
+        }
+        stamps.push(now(env.core));
+        res.buf.write_u8(last, want);
+        let s = super::sge(res, 0, size);
+        let wr = SendWr {
+            wr_id: i,
+            sg_list: &s,
+            opcode: WrOpcode::RdmaWrite,
+            send_flags: SendFlags::SIGNALED,
+            wr: WrDetail::Rdma {
+                remote_addr: rem.vaddr,
+                rkey: rem.rkey,
+            },
+            ..SendWr::default()
+        };
+        post(env, res.qp, &wr)?;
+        let cq = res.cq;
+        poll(env, res, cq, 1, "our write's completion", false, |_, _| {
+            Ok(())
+        })?;
+        if !client {
+            wait_byte(env, res, inc, want, i)?;
+        }
+    }
+    stamps.push(now(env.core));
+    let mut samples: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
+    let r = lat_report(size, p.iters, &mut samples, p.tool.verb, 1_000_000_000)
+        .map_err(|x| format!("{x}"))?;
+    let _ = print_lat_line(out, &r);
+    Ok(())
+}
+
+/// Spins until byte `at` of our buffer is `want` (the peer's write `i`).
+fn wait_byte(env: &mut Env<'_>, res: &Res, at: usize, want: u8, i: u64) -> Result<(), String> {
+    let start = now(env.core);
+    let mut spins = 0u32;
+    while res.buf.read_u8(at) != want {
+        env.core.clock().relax();
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            super::progress(env.core, now(env.core), &res.progress_at);
+        }
+        if spins.is_multiple_of(1024) {
+            if (env.interrupted)() {
+                return Err(String::from(
+                    "interrupted while waiting for the peer's write",
+                ));
+            }
+            if now(env.core).saturating_sub(start) > OP_TIMEOUT.as_nanos() as u64 {
+                return Err(format!(
+                    "the peer's write {} did not come within {} s",
+                    i + 1,
+                    OP_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// perftest's `run_iter_bw_server`: `iters` SENDs received, each receive
+/// posted again as it completes; the figures from the first completion to
+/// each later one.
+fn recv_bw(
+    env: &mut Env<'_>,
+    p: &Params,
+    res: &mut Res,
+    size: u64,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let n = p.iters as usize;
+    let mut done = Vec::with_capacity(n);
+    let rcq = res.rcq;
+    // The receives posted before the run (`rx_depth` of them).
+    let mut posted = u64::from(p.rx_depth).min(p.iters);
+    while done.len() < n {
+        poll(env, res, rcq, 1, "the client's SENDs", true, |_, t| {
+            done.push(t);
+            Ok(())
+        })?;
+        if posted < p.iters {
+            post_recvs(env, res, TestKind::Bw, posted..posted + 1)?;
+            posted += 1;
+        }
+    }
+    let first = done[0];
+    let posted = alloc::vec![first; n];
+    let r = bw_report(size, &posted, &done, 1, 1_000_000_000).map_err(|x| format!("{x}"))?;
+    let _ = print_bw_line(out, &r);
+    Ok(())
+}
+
+/// A client run against the server at `ip`: perftest's TCP exchange
+/// (`-R`, the RDMA CM, is refused here).
+pub(super) fn client(
+    env: &mut Env<'_>,
+    p: &Params,
+    link: &LinkInfo,
+    lid: u16,
+    ip: Ipv4Addr,
+    out: &mut dyn Write,
+) -> (Option<Res>, super::Step<Option<ib_core::cm::CmId>>) {
+    let mut res = None;
+    let r = client_tcp(env, p, link, lid, ip, out, &mut res);
+    (res, r.map(|()| None).map_err(|m| (m, None)))
+}
+
+fn client_tcp(
+    env: &mut Env<'_>,
+    p: &Params,
+    link: &LinkInfo,
+    lid: u16,
+    ip: Ipv4Addr,
+    out: &mut dyn Write,
+    res: &mut Option<Res>,
+) -> Result<(), String> {
+    if p.rdma_cm {
+        return Err(String::from(
+            "-R (rdma_cm) is not supported by our perftest tools yet: leave out -R to use perftest's TCP exchange",
+        ));
+    }
+    check_supported(p)?;
+    let sock = connect(env, p, ip, out)?;
+    let r = run(env, p, link, lid, sock, out, res);
+    close(env, sock);
+    r
+}
+
+/// The server's wait for a client: a CM REQ on `listen` (our tools) or a
+/// TCP connection on perftest's port (Linux's), whichever comes first.
+pub(super) enum Incoming {
+    /// Our IB CM's REQ.
+    Cm(ib_core::cm::CmEvent),
+    /// A TCP connection (connected).
+    Tcp(u32),
+}
+
+/// Waits [`CONNECT_TIMEOUT`] for either kind of client.
+pub(super) fn accept_either(
+    env: &mut Env<'_>,
+    p: &Params,
+    listen: ib_core::cm::CmId,
+) -> Result<Incoming, String> {
+    let tcp = match env.ip.as_deref_mut() {
+        Some(ip) => Some(ip.listen(p.port)?),
+        None => None,
+    };
+    let end = Deadline::after(env.core.clock(), CONNECT_TIMEOUT);
+    let r = loop {
+        if let Some(s) = tcp {
+            let ip = env.ip.as_deref_mut().ok_or("no IP stack")?;
+            ip.poll(env.core);
+            if ip.established(s).unwrap_or(false) {
+                break Ok(Incoming::Tcp(s));
+            }
+        }
+        match ib_core::cm::wait_event(env.core, env.cm, listen, Duration::from_millis(5)) {
+            Ok(ev) => break Ok(Incoming::Cm(ev)),
+            Err(ib_core::Error::TimedOut) => {}
+            Err(x) => break Err(e("a client's CM REQ", x)),
+        }
+        if (env.interrupted)() {
+            break Err(String::from(
+                "interrupted while waiting for a client's CM REQ or TCP connection",
+            ));
+        }
+        if end.expired(env.core.clock()) {
+            break Err(format!(
+                "waited {} s for a client (CM REQ or TCP connection on port {}); none came",
+                CONNECT_TIMEOUT.as_secs(),
+                p.port
+            ));
+        }
+    };
+    if let (Some(s), r2) = (tcp, &r)
+        && !matches!(r2, Ok(Incoming::Tcp(_)))
+    {
+        close(env, s);
+    }
+    r
+}

@@ -1,0 +1,121 @@
+//! perftest between an unmodified Linux 6.1 guest (Debian bookworm's perftest 4.5-0.17) and ours, over perftest's TCP exchange on IPoIB, each tool in both roles.
+//!
+//! One `--guests linux,lego` boot (cx3-vfu, OpenSM): Linux puts
+//! 192.168.100.1/24 on its `ib0`, ours 192.168.100.2/24. For each of
+//! `ib_write_bw`, `ib_read_bw`, `ib_send_bw` (64 KiB x 200) and
+//! `ib_write_lat`, `ib_read_lat` (8 B x 200), Linux's tool serves and ours
+//! connects by IP address, then ours serves and Linux's connects. Every
+//! result line on both sides names the same bytes and iterations (a
+//! bandwidth server prints the client's figures, as perftest does; latency
+//! servers print their own), and every Linux run exits 0. Our clients'
+//! `-R` and `ib_send_lat` are refused with a sentence, not run wrongly.
+
+use std::time::{Duration, Instant};
+
+use tests::qemu;
+
+const BW: &str = "-s 65536 -n 200";
+const LAT: &str = "-s 8 -n 200";
+const TOOLS: [(&str, &str); 5] = [
+    ("ib_write_bw", BW),
+    ("ib_read_bw", BW),
+    ("ib_send_bw", BW),
+    ("ib_write_lat", LAT),
+    ("ib_read_lat", LAT),
+];
+
+fn linux_script() -> String {
+    let mut s = String::from(
+        "wait-active 120; modprobe ib_ipoib; ip link set ib0 up; \
+         ip addr add 192.168.100.1/24 dev ib0; retry 120 ping -c 1 -W 2 192.168.100.2",
+    );
+    for (t, o) in TOOLS {
+        s += &format!(
+            "; timeout 40 {t} {o}; echo linux-server-{t} $?; \
+             retry 30 {t} {o} 192.168.100.2; echo linux-client-{t} $?"
+        );
+    }
+    s + "; wait-down 2 120"
+}
+
+fn our_script() -> String {
+    let mut s = String::from(
+        "retry -n 60 -i 1 ip addr add 192.168.100.2/24 dev ib0; \
+         retry -n 180 -i 1 ping -c 1 -W 2 192.168.100.1; \
+         ib_send_lat -n 5 192.168.100.1; ib_write_bw -R -n 5 192.168.100.1",
+    );
+    for (t, o) in TOOLS {
+        s += &format!("; retry -n 30 -i 1 {t} {o} 192.168.100.1; {t} {o}");
+    }
+    s
+}
+
+/// Result lines (perftest's, ours) whose first two fields are `size` and
+/// `iters`.
+fn results(text: &str, size: u64, iters: u64) -> usize {
+    text.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
+                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
+                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
+        })
+        .count()
+}
+
+#[test]
+fn linux_and_our_perftest_meet_over_tcp_both_ways() {
+    let t = Instant::now();
+    let (l_script, o_script) = (linux_script(), our_script());
+    let r = qemu::run_vfu(
+        &[
+            "--guests",
+            "linux,lego",
+            "--run-on",
+            "0",
+            &l_script,
+            "--run-on",
+            "1",
+            &o_script,
+        ],
+        Duration::from_secs(240),
+        true,
+    );
+    let took = t.elapsed();
+    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let (l, o) = (
+        qemu::node(&r.transcript, 0).unwrap_or(""),
+        qemu::node(&r.transcript, 1).unwrap_or(""),
+    );
+    for (t, _) in TOOLS {
+        assert!(
+            l.contains(&format!("linux-server-{t} 0")),
+            "{t} as server:\n{all}"
+        );
+        assert!(
+            l.contains(&format!("linux-client-{t} 0")),
+            "{t} as client:\n{all}"
+        );
+    }
+    // Bandwidth: three tools, each side prints one line as client and one
+    // as server; latency: write latency on both sides in both roles, read
+    // latency on the client only.
+    assert_eq!(results(l, 65536, 200), 6, "{all}");
+    assert_eq!(results(o, 65536, 200), 6, "{all}");
+    assert_eq!(results(l, 8, 200), 3, "{all}");
+    assert_eq!(results(o, 8, 200), 3, "{all}");
+    assert!(
+        o.contains("ib_send_lat against perftest's TCP exchange is not supported here"),
+        "{all}"
+    );
+    assert!(o.contains("-R (rdma_cm) is not supported"), "{all}");
+    for (who, text) in [("Linux", l), ("ours", o)] {
+        for line in text
+            .lines()
+            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
+        {
+            eprintln!("{who}: {line}");
+        }
+    }
+    eprintln!("Linux and ours, five perftest tools both ways over TCP: {took:?}");
+}
