@@ -840,6 +840,7 @@ fn run_tool(
         dev: g.dev,
         dev_name: "mlx4_0",
         interrupted: &mut no,
+        ip: None,
     };
     ib_tools::perftest::run::run(&mut env, &p, out)
 }
