@@ -493,7 +493,6 @@ fn rc_send_over_roce_with_data_checked() {
 /// into RC receives too: REM_OP_ERR). Passes with branch simfix's
 /// responder.
 #[test]
-#[ignore = "model bug: GRH scattered into RC receives (simfix)"]
 fn rc_send_shorter_than_a_grh_into_an_exact_receive() {
     let mut r = eth_rig();
     let (ea, eb) = rc_pair(&mut r, 1);
@@ -852,7 +851,6 @@ fn run_tool(
 /// SEND lands in a receive of exactly its size, which the model's bug
 /// breaks; passes with branch simfix's responder.
 #[test]
-#[ignore = "model bug: GRH scattered into RC receives (simfix)"]
 fn perftest_tools_over_roce_with_the_peer_given_by_gid() {
     let r = eth_rig();
     let Rig {
@@ -918,7 +916,6 @@ fn perftest_tools_over_roce_with_the_peer_given_by_gid() {
 /// never answers, the client retries until the watchdog); passes with
 /// branch simfix's responder.
 #[test]
-#[ignore = "model bug: GRH scattered into RC receives (simfix)"]
 fn rmem_over_roce_with_the_memory_node_given_by_gid() {
     use rmem::client::{Client, ClientConfig, Dest};
     use rmem::server::{Server, ServerConfig};
