@@ -547,3 +547,25 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
         Some(&mut self.en)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_qp_context_as_mlx4_en_fills_it() {
+        let c = fill_qp_context(2, 5, 130, 0x41, Some((8 << 3, 0x1000)), 2);
+        let b = c.to_bytes();
+        assert_eq!(b[0..4], [0x00, 0x07, 0x00, 0x00], "ST MLX");
+        assert_eq!((b[8], b[9], b[10]), (0xff, 0x40, 2));
+        // sched_queue: port 2, the default queue.
+        assert_eq!(b[0x18 + 0x20], 0xc3);
+        assert_eq!(u32::from_be_bytes(b[0x7c..0x80].try_into().unwrap()), 0x41);
+        assert_eq!(u32::from_be_bytes(b[0x9c..0xa0].try_into().unwrap()), 0x41);
+        assert_eq!(
+            u64::from_be_bytes(b[0xa0..0xa8].try_into().unwrap()),
+            0x1000
+        );
+        assert_eq!(crate::mac_bytes(0x0002_c900_0011), [0, 2, 0xc9, 0, 0, 0x11]);
+    }
+}
