@@ -259,8 +259,7 @@ impl EnPriv {
     fn start(&mut self, dev: &mut Dev, cfg: EnConfig) -> Result<()> {
         let port = self.port;
         let pdn = *self.pdn.insert(dev.pd_alloc()?);
-        let uar = self.uar.insert(dev.uar_alloc()?);
-        let uar_index = uar.index;
+        let uar = &*self.uar.insert(dev.uar_alloc()?);
         let mut mr = dev.mr_alloc(pdn, 0, !0, PERM_LOCAL_READ | PERM_LOCAL_WRITE, 0, 0)?;
         if let Err(e) = dev.mr_enable(&mut mr) {
             let _ = dev.mr_free(mr);
@@ -269,10 +268,6 @@ impl EnPriv {
         let lkey = self.mr.insert(mr).key;
         self.mac_index = dev.register_mac(port, self.mac)?;
         self.mac_registered = true;
-        let Some(uar) = self.uar.as_ref() else {
-            return Err(Error::Core(mlx4_core::Error::InvalidArg));
-        };
-        debug_assert_eq!(uar.index, uar_index);
         let qpn = self.base_qpn + self.mac_index;
         self.rx = Some(RxRing::create(
             dev,
