@@ -149,6 +149,13 @@ fn bench_subnet_up_ours_beside_opensm() {
     if !peers_present("bench_subnet_up_ours_beside_opensm") {
         return;
     }
+    // The machine's load while measuring (the figures move with it).
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    println!("load average at the start: {}", load());
     // 0: NET_TWO (2 guests on an 8-port switch).
     for nodes in [0, 2, 4] {
         for ours in [true, false] {
@@ -175,6 +182,7 @@ fn bench_subnet_up_ours_beside_opensm() {
                 median(&mut s.clone()),
                 median(&mut l.clone()),
             );
+            println!("  load average: {}", load());
         }
     }
 }

@@ -6,7 +6,10 @@
 //! the SM host: `sminfo`, `saquery` of every record type, `ibroute` and
 //! `ibnetdiscover` print the same structure both times (the LIDs, GUIDs and
 //! counts that differ by who is SM are masked; a path's MTU, rate and
-//! lifetime and a port's error thresholds are compared as printed). umad2sim hands a host tool
+//! lifetime and a port's error thresholds are compared as printed; not yet
+//! a switch port's partition enforcement, which OpenSM turns on toward CAs
+//! after writing their P_Key tables and our SM, without a P_Key manager,
+//! leaves off). umad2sim hands a host tool
 //! only the first 256 bytes of a MAD, so a table longer than one segment is
 //! cut the same way for both SAs (the guests' own consoles reassemble RMPP;
 //! `qemu_kernel_sm.rs`). Skipped loudly without the packages.
@@ -31,6 +34,7 @@ const DIAGS: &[(&str, &str)] = &[
     ("/usr/sbin/saquery", "NR {a}"),
     ("/usr/sbin/saquery", "-s"),
     ("/usr/sbin/saquery", "PIR {b}"),
+    ("/usr/sbin/saquery", "PIR {sw}"),
     ("/usr/sbin/saquery", "-p --src-to-dst {a}:{b}"),
     ("/usr/sbin/saquery", "-x"),
     ("/usr/sbin/saquery", "SWIR"),
