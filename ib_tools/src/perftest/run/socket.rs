@@ -35,6 +35,8 @@ use super::{
 
 /// How long a barrier after the test may wait: the peer's whole run.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a wait on the socket polls the core and the IP stack.
+const PUMP_EVERY: Duration = Duration::from_micros(500);
 
 /// A TCP connection of `env`'s IP stack as the exchange's [`Link`].
 struct Tcp<'e, 'a> {
@@ -56,7 +58,11 @@ impl Link for Tcp<'_, '_> {
         self.env.core.clock().now_ns()
     }
     fn pump(&mut self) -> Result<(), String> {
-        self.env.core.clock().relax();
+        // A wait on the socket (the server's, all through the client's
+        // run) must not take the device's time from the data path: the
+        // core and the stack are polled every PUMP_EVERY, as the runs'
+        // own waits poll the core (`PROGRESS_EVERY`).
+        self.env.core.clock().delay(PUMP_EVERY);
         self.env.core.poll();
         if let Some(ip) = self.env.ip.as_deref_mut() {
             ip.poll(self.env.core);
