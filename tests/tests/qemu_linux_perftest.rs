@@ -8,7 +8,8 @@
 //! result line on both sides names the same bytes and iterations (a
 //! bandwidth server prints the client's figures, as perftest does; latency
 //! servers print their own), and every Linux run exits 0. Our clients'
-//! `-R` and `ib_send_lat` are refused with a sentence, not run wrongly.
+//! `-R` and `ib_send_lat` are refused with a sentence, not run wrongly, and
+//! so is Linux's `ib_write_bw -R` client by our server.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,8 @@ fn linux_script() -> String {
              retry 30 {t} {o} 192.168.100.2; echo linux-client-{t} $?"
         );
     }
-    s + "; wait-down 2 120"
+    // Last, a client asking for rdma_cm (-R) once our server listens.
+    s + "; modprobe rdma_ucm; sleep 3; ib_write_bw -R -n 5 192.168.100.2; echo linux-R $?; wait-down 2 120"
 }
 
 fn our_script() -> String {
@@ -47,7 +49,7 @@ fn our_script() -> String {
     for (t, o) in TOOLS {
         s += &format!("; retry -n 30 -i 1 {t} {o} 192.168.100.1; {t} {o}");
     }
-    s
+    s + "; ib_write_bw -n 5"
 }
 
 /// Result lines (perftest's, ours) whose first two fields are `size` and
@@ -109,6 +111,9 @@ fn linux_and_our_perftest_meet_over_tcp_both_ways() {
         "{all}"
     );
     assert!(o.contains("-R (rdma_cm) is not supported"), "{all}");
+    // Linux's -R client is told no by our server, which says why.
+    assert!(o.contains("a client asked for rdma_cm (-R)"), "{all}");
+    assert!(!l.contains("linux-R 0"), "{all}");
     for (who, text) in [("Linux", l), ("ours", o)] {
         for line in text
             .lines()

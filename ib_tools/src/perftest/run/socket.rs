@@ -534,6 +534,10 @@ pub(super) fn accept_either(
     // Without an IP address (no IPoIB configured) only our own tools can
     // come, by the IB CM.
     let tcp = env.ip.as_deref_mut().and_then(|ip| ip.listen(p.port).ok());
+    // A Linux client with -R comes by the RDMA CM (PS_TCP, our port): it
+    // is told no, and so is the user here.
+    let sid = ib_core::cma::service_id(ib_core::cma::PortSpace::Tcp, p.port);
+    let rdma_cm = ib_core::cm::listen(env.core, env.cm, env.dev, sid).ok();
     let end = Deadline::after(env.core.clock(), CONNECT_TIMEOUT);
     let r = loop {
         if let Some(s) = tcp {
@@ -542,6 +546,16 @@ pub(super) fn accept_either(
             if ip.established(s).unwrap_or(false) {
                 break Ok(Incoming::Tcp(s));
             }
+        }
+        if let Some(l) = rdma_cm
+            && let Ok(ib_core::cm::CmEvent::ReqReceived { id, .. }) =
+                ib_core::cm::wait_event(env.core, env.cm, l, Duration::from_millis(1))
+        {
+            let _ = ib_core::cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
+            let _ = ib_core::cm::destroy_id(env.core, env.cm, id);
+            break Err(String::from(
+                "a client asked for rdma_cm (-R), which our perftest tools do not support yet: run the client without -R (perftest's TCP exchange)",
+            ));
         }
         match ib_core::cm::wait_event(env.core, env.cm, listen, Duration::from_millis(5)) {
             Ok(ev) => break Ok(Incoming::Cm(ev)),
@@ -561,6 +575,9 @@ pub(super) fn accept_either(
             ));
         }
     };
+    if let Some(l) = rdma_cm {
+        let _ = ib_core::cm::destroy_id(env.core, env.cm, l);
+    }
     if let (Some(s), r2) = (tcp, &r)
         && !matches!(r2, Ok(Incoming::Tcp(_)))
     {
