@@ -1316,7 +1316,7 @@ fn a_bad_tcp_exchange_ends_our_server_with_a_clear_error_in_time() {
             "the peer's QP address is not perftest's: <xxxx",
         ),
         (
-            version("6.0"),
+            b"6.0".to_vec(),
             false,
             "sent 3 of the 16 bytes of the version message in 15 s, then nothing",
         ),
@@ -1340,11 +1340,11 @@ fn a_bad_tcp_exchange_ends_our_server_with_a_clear_error_in_time() {
         let p = perftest::Params::parse(perftest_tool_of("ib_write_bw"), &[]).unwrap();
         let mut out = String::new();
         let e = perftest::run::run(&mut env, &p, &mut out).unwrap_err();
-        assert!(e.contains(want), "{e}\n{out}");
+        assert!(e.contains(want), "want {want:?}, got: {e}\n{out}");
         assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
     }
     // Nothing left behind: the next (IB CM) run still works.
-    let (_b, r) = pair(
+    let (b, r) = pair(
         &mut a,
         b,
         &perftest_tool("ib_write_bw"),
@@ -1354,6 +1354,8 @@ fn a_bad_tcp_exchange_ends_our_server_with_a_clear_error_in_time() {
         false,
     );
     ok(&r, "an IB CM run after the bad exchanges");
+    a.teardown();
+    b.teardown();
 }
 
 fn perftest_tool_of(name: &str) -> perftest::Tool {

@@ -327,7 +327,8 @@ impl<'a> Comm<'a> {
             EXCHANGE_TIMEOUT,
         )?;
         let rl = u32::from_be_bytes(b);
-        if !(64..=1 << 30).contains(&rc) || !rc.is_power_of_two() || !(1..=4096).contains(&rl) {
+        // A page (4 KiB, 64 KiB) or a huge page (2 MiB, `--use_hugepages`).
+        if !(64..=1 << 21).contains(&rc) || !rc.is_power_of_two() || !(1..=4096).contains(&rl) {
             return Err(format!(
                 "the peer's page size {rc} or cache line size {rl} is not one perftest sends"
             ));
@@ -523,6 +524,18 @@ mod tests {
             e.contains("not perftest's") && e.contains("0003-0010"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_page_size_perftest_never_sends_is_refused() {
+        let mut m = Vec::new();
+        m.extend_from_slice(&(1u32 << 30).to_be_bytes());
+        m.extend_from_slice(&64u32.to_be_bytes());
+        let mut p = peer(&m, false);
+        let e = Comm::new(&mut p, false)
+            .check_sys_data(4096, 64)
+            .unwrap_err();
+        assert!(e.contains("page size 1073741824"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! margins (and not with `--check`); perftest's events mode, post lists, multiple
 //! QPs and bidirectional runs are left out. Exercised between two model HCAs behind
 //! the model switch (`tests/tests/ib_tools_two_nodes.rs`) and between two QEMU
-//! guests (`tests/tests/qemu_tools.rs`).
+//! guests (`tests/tests/qemu_tools.rs`). A peer given by IPv4 address is Linux's
+//! perftest, met over its TCP exchange (`socket`, `super::communication`).
 //!
 //! Roles: the server (no peer) listens on [`PERFTEST_SERVICE_ID`], takes
 //! the client's parameters from the REQ ([`Hello`]) and answers with its
