@@ -7,10 +7,10 @@
 //! exchanges its QP details over) and pings the other; node 0 shows the
 //! port as `ibv_devinfo` sees it (link layer Ethernet) and its GID table
 //! (fe80::EUI-64 of the MAC at index 0, the IPv4-mapped address at 1, both
-//! RoCE v1), then serves `ib_write_bw -s 65536` and `ib_send_lat` with
-//! `-x 0` (the link-local GID: the destination MAC comes from the GID);
-//! node 1 runs the clients. The model must record no violation and no DMA
-//! fault; tshark must find RoCE v1 frames (Ethertype 0x8915) carrying the
+//! RoCE v1), then serves `ib_write_bw -s 65536`, `ib_send_lat` and
+//! `ib_send_bw --use-srq` (RC SENDs into an SRQ) with `-x 0` (the
+//! link-local GID: the destination MAC comes from the GID); node 1 runs
+//! the clients. The model must record no violation and no DMA fault; tshark must find RoCE v1 frames (Ethertype 0x8915) carrying the
 //! RC traffic, ARP and ICMP, every FCS good and not one malformed packet.
 
 use std::process::Command;
@@ -40,11 +40,13 @@ const PING_0: &str = "ping -c 20 -i 0.2 192.168.50.2";
 const PING_1: &str = "ping -c 20 -i 0.2 192.168.50.1";
 const BW: &str = "ib_write_bw -x 0 -s 65536 -n 300";
 const LAT: &str = "ib_send_lat -x 0 -n 1000";
+/// RC SENDs into an SRQ (Linux writes junk into such a QP's RQ size).
+const SRQ: &str = "ib_send_bw -x 0 --use-srq -n 200";
 
 fn linux_0() -> String {
     format!(
         "{}; ibv_devinfo -d mlx4_0 -i 1; {GIDS}; retry 30 ping -c 1 -W 2 192.168.50.2; {PING_0}; \
-         timeout 90 {BW}; timeout 60 {LAT}; ifconfig eth1",
+         timeout 90 {BW}; timeout 60 {LAT}; timeout 60 {SRQ}; ifconfig eth1",
         up(1)
     )
 }
@@ -52,7 +54,8 @@ fn linux_0() -> String {
 fn linux_1() -> String {
     format!(
         "{}; retry 30 ping -c 1 -W 2 192.168.50.1; {PING_1}; \
-         retry 20 timeout 60 {BW} 10.0.0.1; retry 20 timeout 60 {LAT} 10.0.0.1; ifconfig eth1",
+         retry 20 timeout 60 {BW} 10.0.0.1; retry 20 timeout 60 {LAT} 10.0.0.1; \
+         retry 20 timeout 60 {SRQ} 10.0.0.1; ifconfig eth1",
         up(2)
     )
 }
@@ -223,6 +226,19 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
     assert!(
         bw_row.len() >= 4 && bw_row[1] == 300.0 && bw_row[3] > 0.0,
         "ib_write_bw's result: {bw_row:?}\n{all}"
+    );
+    let srq_out = after(n1, &format!("retry 20 timeout 60 {SRQ} 10.0.0.1"));
+    assert!(
+        srq_out.iter().any(|l| l.contains("Using SRQ      : ON")),
+        "ib_send_bw without its SRQ:\n{all}"
+    );
+    let srq_row = result_row(
+        &after(n1, &format!("retry 20 timeout 60 {SRQ} 10.0.0.1")),
+        "65536",
+    );
+    assert!(
+        srq_row.len() >= 4 && srq_row[1] == 200.0 && srq_row[3] > 0.0,
+        "ib_send_bw --use-srq's result: {srq_row:?}\n{all}"
     );
     let lat_row = result_row(&lat, "2");
     assert!(
