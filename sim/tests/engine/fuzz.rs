@@ -157,6 +157,12 @@ fn run(wqes: u64) {
             }
             let first = (u32::from_be_bytes(w[0..4].try_into().unwrap()) & 0x7fff_ffff)
                 | u32::from(owner) << 31;
+            if first == 0 && w[4..16].iter().all(|&b| b == 0) {
+                // An all-zero slot (a WQE too big for the stride, left
+                // blank) is no WQE, as mlx4_en's cleared TX ring: the SQ
+                // waits on it, as on a wrongly owned one.
+                wedged = true;
+            }
             q.buf.write_bytes(base + 4, &w[4..]);
             q.buf.write_be32(base, first);
             q.sq_pi = q.sq_pi.wrapping_add(1);

@@ -344,6 +344,10 @@ pub struct QpSpec {
     /// No RQ at all (RQ size byte 0, as mlx4_en's send rings): only for
     /// raw Ethernet QPs, where the card reads it so.
     pub no_rq: bool,
+    /// The RQ size/stride byte as written when it differs from what the
+    /// geometry says: Linux mlx4_ib writes `0 - 4` (0xfc) for a QP on an
+    /// SRQ (`rq.wqe_shift - 4` of an RQ it never sized).
+    pub rq_ss: Option<u8>,
     pub scq: u32,
     pub rcq: u32,
     pub port: u8,
@@ -368,6 +372,7 @@ impl QpSpec {
             rq_shift: 6,
             srq: None,
             no_rq: false,
+            rq_ss: None,
             scq: cq,
             rcq: cq,
             port: 1,
@@ -592,11 +597,11 @@ impl Hca {
         let db = self.r.pool.alloc(64, 64).unwrap();
         db.fill(0, 64, 0);
         let msgmax = if s.st == UD || s.st == MLX { 12 } else { 31 };
-        let rq_ss = if rq_cnt > 0 {
+        let rq_ss = s.rq_ss.unwrap_or(if rq_cnt > 0 {
             s.rq_log << 3 | (s.rq_shift - 4)
         } else {
             0
-        };
+        });
         let p = 0x18;
         let sched = if s.st == MLX && qpn < BASE_SQPN + 2 {
             (s.port - 1) << 6 | 0x3f

@@ -237,6 +237,34 @@ fn srq_free_list_and_limit_event() {
     h.assert_no_violations();
 }
 
+#[test]
+fn a_qp_on_an_srq_takes_the_rq_size_byte_linux_leaves_in_it() {
+    // Linux mlx4_ib never sizes the RQ of a QP on an SRQ and writes
+    // `rq.wqe_shift - 4` = 0xfc (log size 15, stride 4) all the same; the
+    // card reads no RQ of such a QP, so neither the size limit nor the
+    // buffer's MTT entries apply to it.
+    let mut h = Hca::new();
+    let mut cq = h.cq(6);
+    let mut srq = h.srq(FIRST_SRQ_N, 3, 5);
+    let mut s = QpSpec::new(RC, cq.cqn);
+    (s.srq, s.rq_ss) = (Some(FIRST_SRQ_N), Some(0xfc));
+    let mut a = h.qp(0x80, QpSpec::new(RC, cq.cqn));
+    let b = h.qp(0x81, s);
+    let lid = h.lid;
+    h.connect(&a, QpSpec::new(RC, cq.cqn), 0x81, lid).unwrap();
+    h.connect(&b, s, 0x80, lid).unwrap();
+    let la = h.mr(0x10_0000, 4096, acc::ALL);
+    let rb = h.mr(0x20_0000, 4096, acc::ALL);
+    srq.post(&[rb.sge(0, 16)]);
+    la.write(0, b"to the SRQ");
+    a.post(&h, &Wr::send(vec![la.sge(0, 10)]));
+    let r = one(&mut cq, false);
+    assert!(r.ok() && r.byte_cnt == 10, "{r:?}");
+    assert_eq!(rb.read(0, 10), b"to the SRQ");
+    assert!(one(&mut cq, true).ok());
+    h.assert_no_violations();
+}
+
 const FIRST_SRQ_N: u32 = crate::harness::profile::FIRST_SRQ;
 
 /// The polled front end (cx3-emu's) reads only the doorbell words of the

@@ -164,7 +164,9 @@ fn check_rst2init(hca: &mut Hca, cmd: &Command, qpn: u32, c: &QpCtx) -> Result<(
         || c.usr_page >= caps.num_uars()
         || c.usr_page < u32::from(caps.rsvd_uars)
         || c.sq_log_size > caps.log_max_qp_sz
-        || c.rq_log_size > caps.log_max_qp_sz
+        // A QP on an SRQ has no RQ of its own: Linux mlx4_ib leaves
+        // `rq.wqe_shift - 4` (0xfc) in its RQ size byte.
+        || (!c.has_srq && c.rq_log_size > caps.log_max_qp_sz)
         || c.sq_log_stride < 2
     {
         return Err(Status::BAD_PARAM);

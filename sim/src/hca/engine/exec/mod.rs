@@ -324,7 +324,7 @@ pub fn process_sq(hca: &mut Hca, qpn: u32) {
         let bbs = size.div_ceil(stride).max(1) as u32;
         let outcome = if exhausted {
             Outcome::Fail(Syndrome::RetryExceeded)
-        } else if ctrl.ds == 0 || size > most || bbs >= cnt {
+        } else if ctrl.ds == 0 || size > most || bbs > cnt {
             hca.violation(format!(
                 "QP {qpn:#x} SQ WQE {idx}: DS count {} does not fit the {stride}-byte stride",
                 ctrl.ds
