@@ -61,10 +61,8 @@ impl TxRing {
         let cq = EnCq::create(dev, size, uar)?;
         let bytes = size as usize * TXBB_SIZE;
         let made = (|| -> Result<_> {
-            // One spare RQ stride: the model (sim/ before the simfix branch)
-            // sizes a QP without an RQ as if it had one 16-byte RQ WQE and
-            // wants MTT entries for it. Linux allocates exactly the SQ.
-            let qp_buf = dev.buf_alloc(bytes + 16, (bytes + 16).max(4096))?;
+            // Exactly the SQ, as Linux allocates it: the QP has no RQ.
+            let qp_buf = dev.buf_alloc(bytes, bytes.max(4096))?;
             // Every slot owned by software in the first pass (owner bit set).
             for i in 0..size as usize {
                 if let Some((b, o)) = qp_buf.locate(i * TXBB_SIZE) {
