@@ -53,6 +53,9 @@ Options:
                     none (ports stay Initializing). Every choice serves the
                     diags: scripts/ib-host.sh sminfo (docs/peers.md). The
                     vfio-user paths pass it to cx3-vfu
+  --link-layer LL   the fabric each node's ports are on: ib (default), eth
+                    (port 1 on an Ethernet switch: mlx4_en's eth0, RoCE) or
+                    P1,P2 such as ib,eth (cx3-emu --link-layer; docs/ethernet.md)
   --no-hca          no emulated HCA
   --vfio ADDR       pass a real ConnectX-3 through (implies --kvm)
   --kvm             use KVM (default: TCG, faster under nested virtualisation)
@@ -60,7 +63,9 @@ Options:
                     if cx3-emu refuses them, nothing boots
   --append TEXT     kernel command line, e.g. "log=debug"; with the emulated
                     HCA node N also gets ip=ib0:10.0.0.<N+1>/24 (its IPoIB
-                    address, set once ib0 exists) unless TEXT has an ip=
+                    address, set once ib0 exists) unless TEXT has an ip=;
+                    with --link-layer the first port's link (ib0 or eth0)
+                    gets 10.0.0.<N+1>, the second's 10.0.1.<N+1>
   --memory SIZE     guest RAM: a number with an optional M or G suffix
                     (no suffix: MiB, as QEMU's -m), 64M to 64G (default 512M)
   --timeout SEC     deadline for --run, 1 to 86400 seconds (default 120)
@@ -91,12 +96,12 @@ bad_usage() { # message -> stderr, with the usage line; status 2
 
 declare -A run_on=()
 vfu_mode=""; vfu_guests=""; sm=""; run=""; run_set=0; iso=0; vfio=""; gdb=0; dry=0; build=1; build_only=0; hca=1; nodes=1; kvm=0
-append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=()
+append=""; memory=512M; timeout_s=120; emu_args=""; qemu_extra=(); link_layer=""
 
 while [ $# -gt 0 ]; do
     opt=$1
     case "$opt" in
-        --run|--vfio|--nodes|--emu-args|--append|--memory|--timeout|--guests|--sm)
+        --run|--vfio|--nodes|--emu-args|--append|--memory|--timeout|--guests|--sm|--link-layer)
             [ $# -ge 2 ] || bad_usage "$opt needs an argument"
             val=$2; shift ;;
     esac
@@ -115,6 +120,9 @@ while [ $# -gt 0 ]; do
         --no-hca) hca=0 ;;
         --nodes) nodes=$val ;;
         --emu-args) emu_args=$val ;;
+        --link-layer)
+            case "$val" in ib|eth|ib,ib|ib,eth|eth,ib|eth,eth) ;; *) bad_usage "--link-layer takes ib, eth or P1,P2 (e.g. ib,eth), not '$val'" ;; esac
+            link_layer=$val ;;
         --sm)
             case "$val" in opensm|embedded|none) ;; *) bad_usage "--sm takes opensm, embedded or none, not '$val'" ;; esac
             sm=$val ;;
@@ -222,12 +230,25 @@ if [ "$build" = 1 ] && [ "$dry" = 0 ]; then
     (cd "$here" && CARGO_TARGET_DIR="$emu_dir" cargo build --release --quiet -p sim --bin cx3-emu)
 fi
 
-# Each node's IPoIB address on the emulated fabric: node N gets
-# 10.0.0.<N+1>/24 on ib0 (set once ib0 exists), unless --append has an ip=.
-node_ip() { # node -> its ip= word, or nothing
+# Each node's addresses on the emulated fabric: node N gets 10.0.0.<N+1>/24
+# on its first port's link (ib0, or eth0 with --link-layer eth) and, with two
+# link layers given, 10.0.1.<N+1>/24 on the second's (set once the link
+# exists), unless --append has an ip=.
+node_ip() { # node -> its ip= words, or nothing
     [ "$hca" = 1 ] || return 0
     case " $append " in *" ip="*) return 0 ;; esac
-    echo "ip=ib0:10.0.0.$(($1 + 1))/24"
+    local n=$(($1 + 1)) p1 p2
+    case "${link_layer:-ib}" in
+        ib) echo "ip=ib0:10.0.0.$n/24" ;;
+        eth) echo "ip=eth0:10.0.0.$n/24" ;;
+        *)
+            p1=${link_layer%,*}; p2=${link_layer#*,}
+            if [ "$p1" = "$p2" ]; then
+                echo "ip=${p1}0:10.0.0.$n/24 ip=${p2}1:10.0.1.$n/24"
+            else
+                echo "ip=${p1}0:10.0.0.$n/24 ip=${p2}0:10.0.1.$n/24"
+            fi ;;
+    esac
 }
 # Whether the guests run scripts (--run, or --run-on for each node).
 scripted=0
@@ -270,7 +291,8 @@ if [ -n "$vfu_mode" ]; then
     [ -n "$run" ] && vfu_args+=(--run "$run")
     for k in "${!run_on[@]}"; do vfu_args+=(--run-on "$k" "${run_on[$k]}"); done
     [ -n "$append" ] && vfu_args+=(--append "$append")
-    [ -n "$emu_args" ] && vfu_args+=(--emu-args "$emu_args")
+    vfu_emu="$emu_args${link_layer:+ --link-layer $link_layer}"
+    [ -n "$vfu_emu" ] && vfu_args+=(--emu-args "${vfu_emu# }")
     [ "$sm_set" = 1 ] && vfu_args+=(--sm "$sm")
     [ "$dry" = 1 ] && vfu_args+=(--dry-run)
     [ "$build" = 0 ] && vfu_args+=(--no-build)
@@ -322,6 +344,7 @@ sm_dir="$fabric_dir/run-$run_id"
 emu_cmd=("$emu" --exit-with-parent --sm "$sm" --sm-dir "$sm_dir"
     --sockname-file "$fabric_dir/ibsim-sockname")
 for ((i = 0; i < nodes; i++)); do emu_cmd+=(--node "$(win $i),$(ram $i)"); done
+[ -n "$link_layer" ] && emu_cmd+=(--link-layer "$link_layer")
 # shellcheck disable=SC2206 # word splitting of the user's emulator options is intended
 emu_cmd+=($emu_args)
 

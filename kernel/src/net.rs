@@ -12,14 +12,17 @@
 //! IPoIB's links are registered here, from the progress loop: each
 //! InfiniBand port the ipoib client took becomes `ib0`, `ib1`, ... once its
 //! link has trained (a port without a cable waits for one), checked every
-//! 100 ms until every port has its link ([`attach_ipoib`]).
+//! 100 ms until every port has its link ([`attach_ipoib`]). mlx4_en's too:
+//! each Ethernet port of each adapter becomes `eth0`, `eth1`, ... (device
+//! and port order) on the first pass after the adapters are up
+//! ([`attach_en`]); its carrier follows the port's link.
 //!
 //! Leaves out: links that go away other than by [`unregister_link`], and
 //! any use of the stack from a page fault (the page cache does not need it).
 
 use alloc::boxed::Box;
 use alloc::string::ToString;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ib_core::IbCore;
 use net::{Link, LinkId, Stack};
@@ -61,7 +64,7 @@ pub fn init(cmdline: &str) {
 
 /// Registers a driver's link as `name`; it takes its command-line
 /// addresses and shows in `ip link`.
-#[allow(dead_code)] // for mlx4_en (IPoIB's links come from `attach_ipoib`)
+#[allow(dead_code)] // for other drivers (IPoIB's and mlx4_en's links come from `attach_*`)
 pub fn register_link(name: &str, link: Box<dyn Link<IbCore>>) -> Result<LinkId, net::Error> {
     let mut g = NET.lock();
     let s = g.as_mut().ok_or(net::Error::Invalid("no IP stack"))?;
@@ -119,6 +122,57 @@ fn attach_ipoib_ports(s: &mut NetStack, core: &mut IbCore, ipoib_client: ib_core
     }
 }
 
+/// Whether [`attach_en`] has looked at the adapters.
+static EN_DONE: AtomicBool = AtomicBool::new(false);
+
+/// How an mlx4_en link finds its `Dev`: the mlx4_ib device ib_core holds
+/// under the link's handle (the `DeviceId`).
+fn en_dev(core: &mut IbCore, handle: u32) -> Option<&mut mlx4_core::Dev> {
+    core.device_mut(ib_core::device::DeviceId(handle))?
+        .provider_as::<mlx4_ib::Mlx4IbDev>()
+        .map(|m| m.core_mut())
+}
+
+/// The `Dev` of mlx4_en's link handle `handle` (for `ethtool -S`).
+pub fn en_dev_of(core: &mut IbCore, handle: u32) -> Option<&mut mlx4_core::Dev> {
+    en_dev(core, handle)
+}
+
+/// `mlx4_en_add` for every adapter: each Ethernet port gets its link
+/// (`eth0`, ... in device and port order), registered with the stack (it
+/// takes its `ip=` addresses). A port that cannot be opened is logged and
+/// left.
+pub fn attach_en(s: &mut NetStack, ib: &mut crate::hca::Ib) {
+    if EN_DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let mut n = 0;
+    for h in ib.hcas.iter() {
+        let Some(id) = h.id else { continue };
+        let Some(dev) = en_dev(&mut ib.core, id.0) else {
+            continue;
+        };
+        for port in dev.protocol_ports(mlx4_core::Protocol::En) {
+            let name = alloc::format!("eth{n}");
+            n += 1;
+            match mlx4_en::EnPriv::open(dev, port, &name, id.0, mlx4_en::EnConfig::default()) {
+                Ok(en) => {
+                    let link = mlx4_en::EnLink::<IbCore>::new(en, en_dev);
+                    match s.add_link(&name, Box::new(link)) {
+                        Ok(lid) => log::info!(
+                            "{name}: {} port {port}: registered with the IP stack as link {}",
+                            h.name,
+                            lid.0
+                        ),
+                        Err(e) => log::error!("{name}: cannot register the link: {e}"),
+                    }
+                }
+                Err(e) => log::error!("{name}: {} port {port}: no mlx4_en link: {e}", h.name),
+            }
+        }
+    }
+}
+
 /// One pass of the stack (receive, echo services, send), if neither the
 /// stack nor the adapters are held (never blocks); IPoIB ports that came
 /// up get their links first.
@@ -130,6 +184,7 @@ pub fn poll() {
         return;
     };
     let _ = crate::hca::try_with(|ib| {
+        attach_en(s, ib);
         attach_ipoib(s, ib);
         let busy = s.poll(now_us(), &mut ib.core);
         // The RDMA CM's turn with the stack, once someone uses it.

@@ -53,30 +53,38 @@ pub fn ping(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     }
 }
 
-/// `ethtool -S DEV`: the driver's statistics, as ethtool prints them.
+/// `ethtool -S DEV`: the driver's statistics, as ethtool prints them
+/// (IPoIB's counters; mlx4_en's device, ring and port counters, the port's
+/// read from the firmware with DUMP_ETH_STATS).
 pub fn ethtool(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     let ["-S", dev] = args else {
         return Err("usage: ethtool -S DEV".to_string());
     };
-    crate::net::with_stack(|s| {
+    crate::net::with(|s, core| {
         let id = s.dev(dev).map_err(|e| alloc::format!("{e}"))?;
-        let link = s.link(id).ok_or(NO_STACK)?;
-        match link
+        let link = s.link_mut(id).ok_or(NO_STACK)?;
+        let _ = writeln!(out, "NIC statistics:");
+        if let Some(d) = link
             .as_any()
             .and_then(|a| a.downcast_ref::<ipoib::IpoibDev>())
         {
-            Some(d) => {
-                let _ = writeln!(out, "NIC statistics:");
-                d.counters().for_each(|k, v| {
-                    let _ = writeln!(out, "     {k}: {v}");
-                });
-                Ok(())
+            d.counters().for_each(|k, v| {
+                let _ = writeln!(out, "     {k}: {v}");
+            });
+        } else if let Some(en) = link
+            .as_any()
+            .and_then(|a| a.downcast_ref::<mlx4_en::EnPriv>())
+        {
+            let Some(mdev) = crate::net::en_dev_of(core, en.handle) else {
+                return Err(alloc::format!("{dev}: its adapter is gone"));
+            };
+            for (k, v) in en.ethtool_stats(mdev) {
+                let _ = writeln!(out, "     {k}: {v}");
             }
-            None => {
-                let _ = writeln!(out, "no stats available");
-                Ok(())
-            }
+        } else {
+            let _ = writeln!(out, "no stats available");
         }
+        Ok(())
     })
     .unwrap_or_else(|| Err(NO_STACK.to_string()))
 }

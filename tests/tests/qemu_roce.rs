@@ -1,0 +1,115 @@
+//! End-to-end Ethernet between two of our guests (`--nodes 2 --link-layer eth`): port 1 of each emulated ConnectX-3 on the fabric's Ethernet switch, mlx4_en's `eth0` with the address run-qemu.sh gives it, ARP and 20 pings with no loss, the counters `ethtool -S` reads from the rings and the port.
+//!
+//! One TCG boot without a subnet manager (an Ethernet port needs none),
+//! about 15 s of its deadline used on a loaded 2-core host. The RTTs and
+//! the host's load average are printed for docs/ethernet.md's figure.
+
+use std::time::Duration;
+
+use tests::qemu;
+
+/// The boot's deadline (TCG on a loaded 2-core machine).
+const DEADLINE: Duration = Duration::from_secs(100);
+
+const NODE_0: &str = "ip link show eth0; retry -n 60 -i 1 ping -c 1 -W 1 10.0.0.2; \
+     ping -c 20 -i 0.05 10.0.0.2; ip neigh; ethtool -S eth0";
+// Node 1 answers until node 0 has powered off (`retry -u`).
+const NODE_1: &str = "retry -n 60 -i 1 ping -c 1 -W 1 10.0.0.1; \
+     retry -n 90 -i 1 -u ping -c 1 -W 1 10.0.0.1";
+
+/// The lines after `lego> {cmd}` up to the next prompt, log lines left out.
+fn after<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
+    let Some(at) = t.find(&format!("lego> {cmd}")) else {
+        return Vec::new();
+    };
+    t[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("lego> ") && !l.starts_with("run: "))
+        .filter(|l| !l.starts_with('['))
+        .map(|l| l.trim_end_matches('\r'))
+        .collect()
+}
+
+/// `ethtool -S`'s value of `name`.
+fn counter(lines: &[&str], name: &str) -> Option<u64> {
+    lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix(&format!("{name}: "))?.parse().ok())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[test]
+fn two_of_our_guests_ping_each_other_over_eth0() {
+    let load = load_average();
+    let r = qemu::run_args(
+        &[
+            "--nodes",
+            "2",
+            "--link-layer",
+            "eth",
+            "--sm",
+            "none",
+            "--run-on",
+            "0",
+            NODE_0,
+            "--run-on",
+            "1",
+            NODE_1,
+        ],
+        DEADLINE,
+    );
+    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    assert_eq!(r.status, 0, "{all}");
+    assert!(!r.stderr.contains("violation"), "{all}");
+    let t0 = qemu::node(&r.transcript, 0).unwrap_or("");
+    assert_eq!(
+        after(t0, "ip link show eth0"),
+        [
+            "2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default",
+            "    link/ether 00:02:c9:00:00:11 brd ff:ff:ff:ff:ff:ff",
+        ],
+        "{all}"
+    );
+    let ping = after(t0, "ping -c 20 -i 0.05 10.0.0.2");
+    assert!(
+        ping.iter()
+            .any(|l| l.starts_with("20 packets transmitted, 20 received, 0% packet loss")),
+        "{all}"
+    );
+    // ARP: node 1's MAC is its port GUID without the middle bytes.
+    assert_eq!(
+        after(t0, "ip neigh"),
+        ["10.0.0.2 dev eth0 lladdr 00:02:c9:00:00:21 REACHABLE"],
+        "{all}"
+    );
+    let s = after(t0, "ethtool -S eth0");
+    let c = |n| counter(&s, n).unwrap_or_else(|| panic!("no {n} in {s:#?}"));
+    assert!(c("rx0_packets") >= 21 && c("tx0_packets") >= 21, "{s:#?}");
+    assert!(c("rx_packets_phy") >= c("rx0_packets"), "{s:#?}");
+    for n in [
+        "rx_errors",
+        "rx_dropped",
+        "tx_dropped",
+        "rx_dropped_phy",
+        "tx_dropped_phy",
+    ] {
+        assert_eq!(c(n), 0, "{n}: {s:#?}");
+    }
+    let mut rtts: Vec<f64> = ping
+        .iter()
+        .filter_map(|l| l.split("time=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    rtts.sort_by(f64::total_cmp);
+    eprintln!(
+        "eth0 ping -c 20: median {:?} ms, {:?}; load average before: {load}, after: {}",
+        rtts.get(rtts.len() / 2),
+        ping.iter().find(|l| l.starts_with("rtt ")),
+        load_average()
+    );
+}
