@@ -699,11 +699,18 @@ fn client(
         Peer::Guid(g) => format!("port GUID {g:#018x}"),
         Peer::Gid(g) => format!("GID {}", gid_text(&g)),
     };
-    let _ = writeln!(
-        out,
-        " Asking the SA for a path to {whom} (up to {} s)",
-        CONNECT_TIMEOUT.as_secs()
-    );
+    if link.link_type == "Ethernet" {
+        let _ = writeln!(
+            out,
+            " Making the path to {whom} from the GIDs (RoCE: no SA)"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            " Asking the SA for a path to {whom} (up to {} s)",
+            CONNECT_TIMEOUT.as_secs()
+        );
+    }
     let path = path_from(env, p.ib_port, p.gid_index, peer).map_err(|m| (m, None))?;
     let remote_lid = path.dlid;
     let (sgid, dgid) = (path.sgid.0, path.dgid.0);
