@@ -82,6 +82,9 @@ struct Net {
     a: Node,
     b: Node,
     wire: Wire,
+    fabric: Arc<Mutex<sim::fabric::Fabric>>,
+    /// Node A's port 1 on the fabric.
+    a_port: sim::fabric::PortId,
 }
 
 impl Net {
@@ -94,7 +97,9 @@ impl Net {
             .unwrap()
             .build(&mut f)
             .unwrap();
-        let wire = Wire::over(Arc::new(Mutex::new(f)), SimConfig::default().relax_step);
+        let a_port = built.hcas[0].ports[0];
+        let fabric = Arc::new(Mutex::new(f));
+        let wire = Wire::over(fabric.clone(), SimConfig::default().relax_step);
         let mut nodes = built
             .hcas
             .iter()
@@ -132,7 +137,13 @@ impl Net {
             });
         let a = nodes.next().unwrap();
         let b = nodes.next().unwrap();
-        let mut n = Net { a, b, wire };
+        let mut n = Net {
+            a,
+            b,
+            wire,
+            fabric,
+            a_port,
+        };
         n.until(2000, |n| {
             n.a.stack.carrier(n.a.link) && n.b.stack.carrier(n.b.link)
         });
@@ -259,6 +270,37 @@ fn frames_the_port_must_refuse_are_counted_and_nothing_stalls() {
     );
     assert_eq!(n.b.stat("rx0_errors") + n.b.stat("rx0_dropped"), 0);
     // Ping still works both ways.
+    let (got, out) = n.ping(&["-c", "2", "-i", "0.01", "10.0.0.2"]);
+    assert_eq!(got, 2, "{out}");
+    n.finish();
+}
+
+#[test]
+fn the_carrier_follows_the_cable() {
+    let mut n = Net::new(EnConfig::default(), EnConfig::default());
+    let (got, out) = n.ping(&["-c", "1", "10.0.0.2"]);
+    assert_eq!(got, 1, "{out}");
+    let peer = n
+        .fabric
+        .lock()
+        .unwrap()
+        .peer(n.a_port)
+        .expect("A is cabled");
+    n.fabric.lock().unwrap().unplug(n.a_port).unwrap();
+    assert!(
+        n.until(4000, |n| !n.a.stack.carrier(n.a.link)),
+        "A's port saw its cable go"
+    );
+    // B's cable to the switch is still there.
+    assert!(n.b.stack.carrier(n.b.link));
+    // No carrier: ping sends nothing and gets nothing.
+    let (got, _) = n.ping(&["-c", "1", "-W", "0.05", "10.0.0.2"]);
+    assert_eq!(got, 0);
+    n.fabric.lock().unwrap().connect(n.a_port, peer).unwrap();
+    assert!(
+        n.until(4000, |n| n.a.stack.carrier(n.a.link)),
+        "the link came back"
+    );
     let (got, out) = n.ping(&["-c", "2", "-i", "0.01", "10.0.0.2"]);
     assert_eq!(got, 2, "{out}");
     n.finish();

@@ -81,8 +81,10 @@ fn auto_ports_take_the_type_of_their_cable_unless_the_profile_chooses() {
     d.teardown();
 
     // Linux's port_type_array: port 1 chosen Ethernet on an IB cable.
-    let mut p = Profile::default();
-    p.port_type = [Some(PortType::Eth), None];
+    let p = Profile {
+        port_type: [Some(PortType::Eth), None],
+        ..Profile::default()
+    };
     let mut d = bring_up(&hca, p).unwrap();
     assert_eq!(types(&d), [PortType::Eth, PortType::Eth]);
     assert!(!d.caps().port[1].auto_sensed);

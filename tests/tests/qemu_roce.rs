@@ -1,8 +1,8 @@
-//! End-to-end Ethernet between two of our guests (`--nodes 2 --link-layer eth`): port 1 of each emulated ConnectX-3 on the fabric's Ethernet switch, mlx4_en's `eth0` with the address run-qemu.sh gives it, ARP and 20 pings with no loss, the counters `ethtool -S` reads from the rings and the port.
+//! End-to-end Ethernet between two of our guests (`--nodes 2 --link-layer eth`): port 1 of each emulated ConnectX-3 on the fabric's Ethernet switch, mlx4_en's `eth0` with the address run-qemu.sh gives it, ARP and 20 pings with no loss, the counters `ethtool -S` reads from the rings and the port; and `--link-layer ib,eth`, IPoIB's `ib0` and mlx4_en's `eth0` on the two ports of one card at once.
 //!
-//! One TCG boot without a subnet manager (an Ethernet port needs none),
-//! about 15 s of its deadline used on a loaded 2-core host. The RTTs and
-//! the host's load average are printed for docs/ethernet.md's figure.
+//! Two TCG boots, the first without a subnet manager (an Ethernet port
+//! needs none), each about 15 s of its deadline on a loaded 2-core host.
+//! The first prints its RTTs and the host's load average (docs/ethernet.md).
 
 use std::time::Duration;
 
@@ -112,4 +112,50 @@ fn two_of_our_guests_ping_each_other_over_eth0() {
         ping.iter().find(|l| l.starts_with("rtt ")),
         load_average()
     );
+}
+
+/// `--link-layer ib,eth`: port 1 on the InfiniBand switch (IPoIB's `ib0`,
+/// 10.0.0.0/24, under the embedded SM), port 2 on the Ethernet switch
+/// (mlx4_en's `eth0`, 10.0.1.0/24), both answering at once.
+#[test]
+fn ib0_and_eth0_side_by_side_on_one_card() {
+    let r = qemu::run_args(
+        &[
+            "--nodes",
+            "2",
+            "--link-layer",
+            "ib,eth",
+            "--sm",
+            "embedded",
+            "--run-on",
+            "0",
+            "ip link show eth0; retry -n 90 -i 1 ping -c 1 -W 1 10.0.1.2; \
+             retry -n 90 -i 1 ping -c 1 -W 1 10.0.0.2; \
+             ping -c 10 -i 0.05 10.0.1.2; ping -c 10 -i 0.05 10.0.0.2",
+            "--run-on",
+            "1",
+            "retry -n 90 -i 1 ping -c 1 -W 1 10.0.1.1; \
+             retry -n 120 -i 1 -u ping -c 1 -W 1 10.0.1.1",
+        ],
+        DEADLINE,
+    );
+    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    assert_eq!(r.status, 0, "{all}");
+    assert!(!r.stderr.contains("violation"), "{all}");
+    let t0 = qemu::node(&r.transcript, 0).unwrap_or("");
+    // Port 2's MAC: node 0's port GUID 00:02:c9:03:00:00:00:12 without the
+    // middle bytes.
+    assert_eq!(
+        after(t0, "ip link show eth0").get(1).copied(),
+        Some("    link/ether 00:02:c9:00:00:12 brd ff:ff:ff:ff:ff:ff"),
+        "{all}"
+    );
+    for peer in ["10.0.1.2", "10.0.0.2"] {
+        let ping = after(t0, &format!("ping -c 10 -i 0.05 {peer}"));
+        assert!(
+            ping.iter()
+                .any(|l| l.starts_with("10 packets transmitted, 10 received, 0% packet loss")),
+            "{peer}: {all}"
+        );
+    }
 }

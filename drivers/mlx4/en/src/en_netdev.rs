@@ -259,8 +259,7 @@ impl EnPriv {
     fn start(&mut self, dev: &mut Dev, cfg: EnConfig) -> Result<()> {
         let port = self.port;
         let pdn = *self.pdn.insert(dev.pd_alloc()?);
-        let uar = self.uar.insert(dev.uar_alloc()?);
-        let uar_index = uar.index;
+        let uar = &*self.uar.insert(dev.uar_alloc()?);
         let mut mr = dev.mr_alloc(pdn, 0, !0, PERM_LOCAL_READ | PERM_LOCAL_WRITE, 0, 0)?;
         if let Err(e) = dev.mr_enable(&mut mr) {
             let _ = dev.mr_free(mr);
@@ -269,10 +268,6 @@ impl EnPriv {
         let lkey = self.mr.insert(mr).key;
         self.mac_index = dev.register_mac(port, self.mac)?;
         self.mac_registered = true;
-        let Some(uar) = self.uar.as_ref() else {
-            return Err(Error::Core(mlx4_core::Error::InvalidArg));
-        };
-        debug_assert_eq!(uar.index, uar_index);
         let qpn = self.base_qpn + self.mac_index;
         self.rx = Some(RxRing::create(
             dev,
@@ -545,5 +540,27 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
 
     fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
         Some(&mut self.en)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_qp_context_as_mlx4_en_fills_it() {
+        let c = fill_qp_context(2, 5, 130, 0x41, Some((8 << 3, 0x1000)), 2);
+        let b = c.to_bytes();
+        assert_eq!(b[0..4], [0x00, 0x07, 0x00, 0x00], "ST MLX");
+        assert_eq!((b[8], b[9], b[10]), (0xff, 0x40, 2));
+        // sched_queue: port 2, the default queue.
+        assert_eq!(b[0x18 + 0x20], 0xc3);
+        assert_eq!(u32::from_be_bytes(b[0x7c..0x80].try_into().unwrap()), 0x41);
+        assert_eq!(u32::from_be_bytes(b[0x9c..0xa0].try_into().unwrap()), 0x41);
+        assert_eq!(
+            u64::from_be_bytes(b[0xa0..0xa8].try_into().unwrap()),
+            0x1000
+        );
+        assert_eq!(crate::mac_bytes(0x0002_c900_0011), [0, 2, 0xc9, 0, 0, 0x11]);
     }
 }

@@ -114,3 +114,32 @@ pub fn dump_eth_stats(dev: &mut Dev, port: u8, reset: bool) -> Result<PortStats>
     dev.dump_eth_stats(port, reset, &mut b)?;
     Ok(PortStats::parse(&b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_where_the_mailbox_has_them() {
+        let mut b = vec![0u8; STAT_MBOX_LEN];
+        b[98 * 8 + 7] = 3; // RBCAST_novlan
+        b[168 * 8 + 6] = 1; // RTOT_novlan = 256
+        b[363 * 8 + 7] = 9; // TTOT_novlan
+        b[2968 + 3] = 5; // RDROP
+        b[2984 + 3] = 2; // TDROP
+        let s = PortStats::parse(&b);
+        assert_eq!(
+            (
+                s.rx_broadcast,
+                s.rx_packets,
+                s.tx_packets,
+                s.rx_dropped,
+                s.tx_dropped
+            ),
+            (3, 256, 9, 5, 2)
+        );
+        assert_eq!(PortStats::parse(&[]), PortStats::default());
+        let named = s.named();
+        assert!(named.contains(&(String::from("rx_dropped_phy"), 5)));
+    }
+}
