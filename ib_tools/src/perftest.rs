@@ -31,6 +31,7 @@ use core::fmt::{self, Write};
 use crate::cfmt::{self, AltHex};
 
 pub mod exchange;
+mod path;
 pub mod run;
 
 /// perftest's `RESULT_LINE`.
