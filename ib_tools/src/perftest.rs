@@ -32,6 +32,7 @@ use crate::cfmt::{self, AltHex};
 
 pub mod communication;
 pub mod exchange;
+mod path;
 pub mod run;
 
 /// perftest's `RESULT_LINE`.

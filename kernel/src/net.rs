@@ -159,15 +159,89 @@ pub fn attach_en(s: &mut NetStack, ib: &mut crate::hca::Ib) {
                 Ok(en) => {
                     let link = mlx4_en::EnLink::<IbCore>::new(en, en_dev);
                     match s.add_link(&name, Box::new(link)) {
-                        Ok(lid) => log::info!(
-                            "{name}: {} port {port}: registered with the IP stack as link {}",
-                            h.name,
-                            lid.0
-                        ),
+                        Ok(lid) => {
+                            log::info!(
+                                "{name}: {} port {port}: registered with the IP stack as link {}",
+                                h.name,
+                                lid.0
+                            );
+                            EN_PORTS.lock().push((lid, id, port));
+                        }
                         Err(e) => log::error!("{name}: cannot register the link: {e}"),
                     }
                 }
                 Err(e) => log::error!("{name}: {} port {port}: no mlx4_en link: {e}", h.name),
+            }
+        }
+    }
+}
+
+/// mlx4_en's links and the mlx4_ib port each runs on (for RoCE).
+static EN_PORTS: spin::Mutex<alloc::vec::Vec<(LinkId, ib_core::DeviceId, u8)>> =
+    spin::Mutex::new(alloc::vec::Vec::new());
+/// The interface names of mlx4_en's links: (device, port, `ethN`).
+pub fn en_port_names() -> alloc::vec::Vec<(ib_core::DeviceId, u8, alloc::string::String)> {
+    let ports = EN_PORTS.lock().clone();
+    with_stack(|s| {
+        ports
+            .iter()
+            .filter_map(|&(lid, dev, port)| Some((dev, port, s.link_name(lid)?.to_string())))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// When [`roce_sync`] looks next (microseconds since kernel entry).
+static ROCE_NEXT_US: AtomicU64 = AtomicU64::new(0);
+
+/// RoCE follows the interfaces, every 100 ms: an Ethernet port's GID table
+/// gets the IPv4 addresses of its `ethN` (mlx4_ib writes it again when
+/// they change, as Linux's `roce_gid_mgmt` does on an address event), and
+/// the neighbours its ARP resolved become the destination MACs of
+/// IPv4-mapped GIDs.
+fn roce_sync(s: &NetStack, core: &mut IbCore) {
+    let now = now_us();
+    if now < ROCE_NEXT_US.load(Ordering::Relaxed) {
+        return;
+    }
+    ROCE_NEXT_US.store(now + 100_000, Ordering::Relaxed);
+    let ports = EN_PORTS.lock();
+    for &(lid, dev, port) in ports.iter() {
+        let Some(ib) = core
+            .device_mut(dev)
+            .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
+        else {
+            continue;
+        };
+        let Some(rp) = ib.roce_port(port) else {
+            continue;
+        };
+        let addrs = s.addrs(lid);
+        let same = addrs.len() == rp.ipv4.len()
+            && addrs
+                .iter()
+                .zip(rp.ipv4.iter())
+                .all(|(a, b)| a.address().octets() == *b);
+        if !same {
+            let v: alloc::vec::Vec<[u8; 4]> = addrs.iter().map(|a| a.address().octets()).collect();
+            if let Err(e) = ib.set_roce_ipv4_addrs(port, &v) {
+                log::warn!("RoCE port {port}: GID table not updated: {e}");
+            }
+        }
+        let mut learned = alloc::vec::Vec::new();
+        s.neighbours(lid, &mut |n| {
+            if let Some(hw) = &n.lladdr
+                && let Ok(mac) = <[u8; 6]>::try_from(hw.as_bytes())
+            {
+                learned.push((n.addr.octets(), mac));
+            }
+        });
+        for (ip, mac) in learned {
+            let known = ib
+                .roce_port(port)
+                .is_some_and(|rp| rp.neigh.contains(&(ip, mac)));
+            if !known {
+                let _ = ib.set_roce_neigh(port, ip, Some(mac));
             }
         }
     }
@@ -187,6 +261,7 @@ pub fn poll() {
         attach_en(s, ib);
         attach_ipoib(s, ib);
         let busy = s.poll(now_us(), &mut ib.core);
+        roce_sync(s, &mut ib.core);
         // The RDMA CM's turn with the stack, once someone uses it.
         if let Some(cma) = ib.core.client_by_name("rdma_cm") {
             rdma_cm_poll(s, &mut ib.core, cma);

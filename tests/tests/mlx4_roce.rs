@@ -3,9 +3,9 @@
 //! Two model HCAs whose port 1 is an Ethernet port cabled to the model's
 //! learning Ethernet switch (the `--nodes 2 --link-layer eth` topology),
 //! each with the real mlx4_core + mlx4_ib + ib_core. Nothing brings a port
-//! up by hand: mlx4_ib opens its Ethernet ports, writes their GID tables
-//! (fe80::EUI-64 of the MAC, then `::ffff:a.b.c.d` per IPv4 address) and the
-//! link comes up. Paths are made locally from the GIDs (no SA on Ethernet),
+//! up by hand: mlx4_ib writes the Ethernet ports' GID tables (fe80::EUI-64
+//! of the MAC, then `::ffff:a.b.c.d` per IPv4 address) and, with no mlx4_en
+//! here, opens them (`roce_open_port`); the link comes up. Paths are made locally from the GIDs (no SA on Ethernet),
 //! address handles carry the GRH and the destination MAC. Shown here: the
 //! port and GID table as ibv_devinfo/show_gids read them, RC RDMA WRITE,
 //! READ and SEND and UD SEND with data checked, an IB CM connection over
@@ -64,8 +64,16 @@ fn rig(ll: [SimLl; 2], types: [PortType; 2]) -> Rig {
         let hca = SimHca::new_on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
         guest(hca, &h.name)
     });
-    let a = g.next().expect("node0");
-    let b = g.next().expect("node1");
+    let mut a = g.next().expect("node0");
+    let mut b = g.next().expect("node1");
+    // No mlx4_en here: mlx4_ib opens the Ethernet ports itself.
+    for g in [&mut a, &mut b] {
+        for (i, t) in types.iter().enumerate() {
+            if *t == PortType::Eth && ll[i] == SimLl::Eth {
+                g.ib().roce_open_port(i as u8 + 1).expect("INIT_PORT");
+            }
+        }
+    }
     Rig {
         _fabric: fabric,
         a,

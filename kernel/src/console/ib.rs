@@ -189,11 +189,12 @@ fn gid_groups(g: &[u8; 16]) -> String {
 /// `show_gids [DEV]`, as Mellanox's script prints it: every GID in use
 /// with its index, the IPv4 address of an IPv4-mapped GID and the RoCE
 /// version (`v1` on an Ethernet port, empty on InfiniBand), then the count.
-/// The interface column stays empty (mlx4_en names it, when loaded).
+/// The last column names mlx4_en's interface on an Ethernet port.
 pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     if args.len() > 1 {
         return Err("usage: show_gids [DEV]".to_string());
     }
+    let names = crate::net::en_port_names();
     let _ = writeln!(out, "DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV");
     let _ = writeln!(
         out,
@@ -218,9 +219,13 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                         .map(|a| alloc::format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
                         .unwrap_or_default();
                     let ver = if eth { "v1" } else { "" };
+                    let ndev = names
+                        .iter()
+                        .find(|(d, p, _)| Some(*d) == h.id && *p == port)
+                        .map_or("", |(_, _, n)| n.as_str());
                     let _ = writeln!(
                         out,
-                        "{}\t{port}\t{i}\t{}\t{ip:<14}\t{ver}\t",
+                        "{}\t{port}\t{i}\t{}\t{ip:<14}\t{ver}\t{ndev}",
                         h.name,
                         gid_groups(&g.0)
                     );

@@ -222,9 +222,11 @@ impl crate::Mlx4IbDev {
             .ok_or(Error::Inval("not an Ethernet port"))
     }
 
-    /// The Ethernet ports' part of `mlx4_ib_add`: their RoCE state, the GID
-    /// table written, and the port opened (INIT_PORT) unless mlx4_en has
-    /// opened it already, so that RoCE runs on a port no interface drives.
+    /// The Ethernet ports' part of `mlx4_ib_add`: their RoCE state, the MAC
+    /// registered and the GID table written. The port is left to mlx4_en to
+    /// open (as in Linux: an INIT_PORT before mlx4_en's SET_PORTs leaves a
+    /// port of type `auto` without traffic); without mlx4_en,
+    /// [`crate::Mlx4IbDev::roce_open_port`] opens it.
     pub(crate) fn roce_add(&mut self) {
         for port in 1..=self.num_ports() {
             if !self.is_eth(port) {
@@ -241,14 +243,6 @@ impl crate::Mlx4IbDev {
             }
             if let Err(e) = self.update_gids(port) {
                 warn!("{}: port {port}: GID table not written: {e}", self.name);
-            }
-            if !self.dev.port_is_open(port)
-                && let Err(e) = self.dev.init_port(port)
-            {
-                warn!(
-                    "{}: INIT_PORT of Ethernet port {port} failed: {e}",
-                    self.name
-                );
             }
         }
     }
@@ -268,6 +262,17 @@ impl crate::Mlx4IbDev {
                 self.dev.unregister_mac(port, mac_u64(&rp.mac));
             }
         }
+    }
+
+    /// Opens Ethernet port `port` (INIT_PORT) for RoCE where no mlx4_en
+    /// drives it (mlx4_en's `mlx4_en_start_port` otherwise does); nothing if
+    /// it is open already.
+    pub fn roce_open_port(&mut self, port: u8) -> Result<()> {
+        self.roce_port_mut(port)?;
+        if !self.dev.port_is_open(port) {
+            self.dev.init_port(port)?;
+        }
+        Ok(())
     }
 
     /// Linux `update_gids_task`: writes the port's GID table with SET_PORT
