@@ -44,6 +44,7 @@ use super::communication::Sockets;
 use super::exchange::{Hello, Reply, fill, verify};
 
 mod ib_cm;
+mod rdma_cm;
 mod socket;
 use super::{
     LinkInfo, Params, Peer, TestKind, Verb, bw_report, lat_report, print_bw_line, print_lat_line,

@@ -21,6 +21,7 @@ use super::super::{
     Dest, LinkInfo, Params, Peer, RESULT_LINE, TestKind, Verb, print_pingpong_data,
     print_result_header, print_test_info,
 };
+use super::rdma_cm::Ctl;
 use super::{
     CLOSE_TIMEOUT, CM_RESPONSE_TIMEOUT, CM_RETRIES, CONNECT_TIMEOUT, DONE, DREP_TIMEOUT, Env,
     PACKET_LIFE_CAP, Res, Step, drive_size, e, fill_slot, gid_text, path_from, post_recvs,
@@ -133,8 +134,15 @@ fn serve(
     let _ = cm::destroy_id(env.core, env.cm, listen);
     let got = match got {
         Ok(socket::Incoming::Tcp(sock)) => {
-            let r = socket::run(env, p, link, lid, sock, out, slot_res);
+            let r = socket::run(env, p, link, lid, socket::Way::Tcp(sock), out, slot_res);
             socket::close(env, sock);
+            return r.map(|()| None).map_err(|m| (m, None));
+        }
+        Ok(socket::Incoming::RdmaCm(l, child)) => {
+            let _ = writeln!(out, " A client came by rdma_cm (-R)");
+            let ctl = Ctl::accept(env, l, child).map_err(|m| (m, None))?;
+            let r = socket::run(env, p, link, lid, socket::Way::Cm(&ctl), out, slot_res);
+            ctl.finish(env);
             return r.map(|()| None).map_err(|m| (m, None));
         }
         Ok(socket::Incoming::Cm(ev)) => Ok(ev),
