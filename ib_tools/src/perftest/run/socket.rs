@@ -7,7 +7,8 @@
 //! where perftest's differ from ours (write latency: the server writes first
 //! and the marker is the count; RDMA to the peer's address itself, no
 //! end-of-size SEND) and the barriers and reports where each tool's `main`
-//! puts them. Left out: `-a`, `-D`, `--check` (refused with a sentence),
+//! puts them. With `-R` the same run goes over the RDMA CM's control
+//! connection ([`rdma_cm`](super::rdma_cm)). Left out: `-a`, `-D`, `--check` (refused with a sentence),
 //! `ib_send_lat` and `ib_atomic_lat` (refused), RoCE's GID messages.
 
 use alloc::format;
