@@ -10,7 +10,8 @@
 //! servers print their own), and every Linux run exits 0. Then
 //! `ib_write_bw` and `ib_read_lat` with `-R` (perftest's rdma_cm way), both
 //! ways, with the same checks. Our client's `ib_send_lat` is refused with a
-//! sentence, not run wrongly.
+//! sentence, not run wrongly, and a `-R` client towards a port nobody
+//! listens on says so.
 
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ fn our_script() -> String {
     let mut s = String::from(
         "retry -n 60 -i 1 ip addr add 192.168.100.2/24 dev ib0; \
          retry -n 180 -i 1 ping -c 1 -W 2 192.168.100.1; \
-         ib_send_lat -n 5 192.168.100.1",
+         ib_send_lat -n 5 192.168.100.1; ib_write_bw -R -n 5 -p 18600 192.168.100.1",
     );
     for (t, o) in TOOLS {
         s += &format!("; retry -n 30 -i 1 {t} {o} 192.168.100.1; {t} {o}");
@@ -125,6 +126,13 @@ fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
     assert_eq!(o.matches("rdma_cm QPs\t : ON").count(), 4, "{all}");
     assert!(
         o.contains("ib_send_lat against perftest's TCP exchange is not supported here"),
+        "{all}"
+    );
+    // A -R client towards a port nobody listens on is told so at once
+    // (Linux's CM answers the REQ with a REJ).
+    assert!(
+        o.contains("Couldn't connect to 192.168.100.1:18600 by rdma_cm")
+            && o.contains("nobody listens there with -R"),
         "{all}"
     );
     for (who, text) in [("Linux", l), ("ours", o)] {
