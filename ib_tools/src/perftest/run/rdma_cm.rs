@@ -61,7 +61,8 @@ pub(in crate::perftest) struct Ctl {
     /// The server's address (a client's control connection).
     peer: Option<Ipv4Addr>,
     made: Cell<Option<Undo>>,
-    pd_qp: (ib_core::verbs::Qp, ib_core::verbs::Cq, ib_core::verbs::Cq),
+    /// The control QP, its send CQ and its receive CQ.
+    qcq: (ib_core::verbs::Qp, ib_core::verbs::Cq, ib_core::verbs::Cq),
     lkey: u32,
     buf: hal::dma::DmaBuf,
     pub(super) test: Cell<Option<RdmaCmId>>,
@@ -192,14 +193,14 @@ impl Ctl {
         let mut made = Undo::default();
         let r = Self::build(env, cma, id, &mut made);
         match r {
-            Ok((pd_qp, lkey, buf)) => {
+            Ok((qcq, lkey, buf)) => {
                 let c = Ctl {
                     cma,
                     id,
                     listen: None,
                     peer: None,
                     made: Cell::new(Some(made)),
-                    pd_qp,
+                    qcq,
                     lkey,
                     buf,
                     test: Cell::new(None),
@@ -292,7 +293,7 @@ impl Ctl {
             .device_mut(env.dev)
             .ok_or("the device is gone")?
             .post_recv(
-                self.pd_qp.0,
+                self.qcq.0,
                 &[RecvWr {
                     wr_id: SYNC_SPEC_ID,
                     sg_list: &sge,
@@ -371,7 +372,7 @@ impl Ctl {
             .core
             .device_mut(env.dev)
             .ok_or("the device is gone")?
-            .poll_cq(self.pd_qp.2, &mut wc)
+            .poll_cq(self.qcq.2, &mut wc)
             .map_err(|x| e("poll_cq", x))?;
         if n == 0 {
             return Ok(0);
@@ -418,7 +419,7 @@ impl Ctl {
         env.core
             .device_mut(env.dev)
             .ok_or("the device is gone")?
-            .post_send(self.pd_qp.0, core::slice::from_ref(&wr))
+            .post_send(self.qcq.0, core::slice::from_ref(&wr))
             .map_err(|x| e("posting the control SEND", x.error))?;
         let end = Deadline::after(env.core.clock(), EXCHANGE_TIMEOUT);
         loop {
@@ -427,7 +428,7 @@ impl Ctl {
                 .core
                 .device_mut(env.dev)
                 .ok_or("the device is gone")?
-                .poll_cq(self.pd_qp.1, &mut wc)
+                .poll_cq(self.qcq.1, &mut wc)
                 .map_err(|x| e("poll_cq", x))?;
             if n == 1 {
                 if wc[0].status != WcStatus::Success {
