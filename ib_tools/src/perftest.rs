@@ -3,7 +3,7 @@
 //! perftest (linux-rdma/perftest, `perftest_parameters.c`): the options, the dashed
 //! header block, the address lines and the result lines of
 //! `ib_{write,read,send}_{bw,lat}` and `ib_atomic_lat`, computed as perftest
-//! computes them (its TCP exchange is in [`communication`]); its rdma_cm exchange, multi-QP, dual-port, bidirectional,
+//! computes them (its TCP exchange, also carried over rdma_cm with `-R`, is in [`communication`]); multi-QP, dual-port, bidirectional,
 //! rate limiting, events, JSON and CPU-utilisation output are left out.
 //!
 //! The figures follow perftest:

@@ -1,4 +1,4 @@
-//! perftest between an unmodified Linux 6.1 guest (Debian bookworm's perftest 4.5-0.17) and ours, over perftest's TCP exchange on IPoIB, each tool in both roles.
+//! perftest between an unmodified Linux 6.1 guest (Debian bookworm's perftest 4.5-0.17) and ours, over perftest's TCP exchange and with `-R` (rdma_cm) on IPoIB, each tool in both roles.
 //!
 //! One `--guests linux,lego` boot (cx3-vfu, OpenSM): Linux puts
 //! 192.168.100.1/24 on its `ib0`, ours 192.168.100.2/24. For each of
@@ -7,9 +7,11 @@
 //! connects by IP address, then ours serves and Linux's connects. Every
 //! result line on both sides names the same bytes and iterations (a
 //! bandwidth server prints the client's figures, as perftest does; latency
-//! servers print their own), and every Linux run exits 0. Our clients'
-//! `-R` and `ib_send_lat` are refused with a sentence, not run wrongly, and
-//! so is Linux's `ib_write_bw -R` client by our server.
+//! servers print their own), and every Linux run exits 0. Then
+//! `ib_write_bw` and `ib_read_lat` with `-R` (perftest's rdma_cm way), both
+//! ways, with the same checks. Our client's `ib_send_lat` is refused with a
+//! sentence, not run wrongly, and a `-R` client towards a port nobody
+//! listens on says so.
 
 use std::time::{Duration, Instant};
 
@@ -24,10 +26,12 @@ const TOOLS: [(&str, &str); 5] = [
     ("ib_write_lat", LAT),
     ("ib_read_lat", LAT),
 ];
+/// The tools also run with `-R` (rdma_cm), both ways.
+const RDMA_CM_TOOLS: [(&str, &str); 2] = [("ib_write_bw", BW), ("ib_read_lat", LAT)];
 
 fn linux_script() -> String {
     let mut s = String::from(
-        "wait-active 120; modprobe ib_ipoib; ip link set ib0 up; \
+        "wait-active 120; modprobe ib_ipoib; modprobe rdma_ucm; ip link set ib0 up; \
          ip addr add 192.168.100.1/24 dev ib0; retry 120 ping -c 1 -W 2 192.168.100.2",
     );
     for (t, o) in TOOLS {
@@ -35,20 +39,29 @@ fn linux_script() -> String {
             "; timeout 40 {t} {o}; retry 30 {t} {o} 192.168.100.2; echo linux-client-{t}-done"
         );
     }
-    // Last, a client asking for rdma_cm (-R) once our server listens.
-    s + "; modprobe rdma_ucm; sleep 3; ib_write_bw -R -n 5 192.168.100.2; wait-down 2 120"
+    for (t, o) in RDMA_CM_TOOLS {
+        s += &format!(
+            "; timeout 40 {t} -R {o}; retry 30 {t} -R {o} 192.168.100.2; echo linux-client-{t}-R-done"
+        );
+    }
+    s + "; wait-down 2 120"
 }
 
 fn our_script() -> String {
     let mut s = String::from(
         "retry -n 60 -i 1 ip addr add 192.168.100.2/24 dev ib0; \
          retry -n 180 -i 1 ping -c 1 -W 2 192.168.100.1; \
-         ib_send_lat -n 5 192.168.100.1; ib_write_bw -R -n 5 192.168.100.1",
+         ib_send_lat -n 5 192.168.100.1; ib_write_bw -R -n 5 -p 18600 192.168.100.1",
     );
     for (t, o) in TOOLS {
         s += &format!("; retry -n 30 -i 1 {t} {o} 192.168.100.1; {t} {o}");
     }
-    s + "; ib_write_bw -n 5"
+    // With -R as the client; as the server our tools take a -R client
+    // as it comes.
+    for (t, o) in RDMA_CM_TOOLS {
+        s += &format!("; retry -n 30 -i 1 {t} -R {o} 192.168.100.1; {t} {o}");
+    }
+    s
 }
 
 /// Result lines (perftest's, ours) whose first two fields are `size` and
@@ -65,7 +78,7 @@ fn results(text: &str, size: u64, iters: u64) -> usize {
 }
 
 #[test]
-fn linux_and_our_perftest_meet_over_tcp_both_ways() {
+fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
     let t = Instant::now();
     let (l_script, o_script) = (linux_script(), our_script());
     let r = qemu::run_vfu(
@@ -89,31 +102,37 @@ fn linux_and_our_perftest_meet_over_tcp_both_ways() {
         qemu::node(&r.transcript, 1).unwrap_or(""),
     );
     // The guest's runner runs each command on its own and marks a failed
-    // one with its status: only the -R client failed.
+    // one with its status: none failed.
     for (t, _) in TOOLS {
         assert!(l.contains(&format!("linux-client-{t}-done")), "{all}");
+    }
+    for (t, _) in RDMA_CM_TOOLS {
+        assert!(l.contains(&format!("linux-client-{t}-R-done")), "{all}");
     }
     let failed: Vec<&str> = l
         .lines()
         .filter(|x| x.starts_with("(exit status"))
         .collect();
-    assert_eq!(failed.len(), 1, "{all}");
-    // Bandwidth: three tools, each side prints one line as client and one
-    // as server; latency: write latency on both sides in both roles, read
-    // latency on the client only.
-    assert_eq!(results(l, 65536, 200), 6, "{all}");
-    assert_eq!(results(o, 65536, 200), 6, "{all}");
-    assert_eq!(results(l, 8, 200), 3, "{all}");
-    assert_eq!(results(o, 8, 200), 3, "{all}");
+    assert_eq!(failed.len(), 0, "{all}");
+    // Bandwidth: three tools over TCP and ib_write_bw with -R, each side
+    // prints one line as client and one as server; latency: write latency
+    // on both sides in both roles, read latency (TCP and -R) on the client
+    // only.
+    assert_eq!(results(l, 65536, 200), 8, "{all}");
+    assert_eq!(results(o, 65536, 200), 8, "{all}");
+    assert_eq!(results(l, 8, 200), 4, "{all}");
+    assert_eq!(results(o, 8, 200), 4, "{all}");
+    // Both rdma_cm runs of each side said so in their header.
+    assert_eq!(o.matches("rdma_cm QPs\t : ON").count(), 4, "{all}");
     assert!(
         o.contains("ib_send_lat against perftest's TCP exchange is not supported here"),
         "{all}"
     );
-    assert!(o.contains("-R (rdma_cm) is not supported"), "{all}");
-    // Linux's -R client is told no by our server, which says why.
-    assert!(o.contains("a client asked for rdma_cm (-R)"), "{all}");
+    // A -R client towards a port nobody listens on is told so at once
+    // (Linux's CM answers the REQ with a REJ).
     assert!(
-        l.contains("Unable to perform rdma_client function"),
+        o.contains("Couldn't connect to 192.168.100.1:18600 by rdma_cm")
+            && o.contains("nobody listens there with -R"),
         "{all}"
     );
     for (who, text) in [("Linux", l), ("ours", o)] {
@@ -124,5 +143,5 @@ fn linux_and_our_perftest_meet_over_tcp_both_ways() {
             eprintln!("{who}: {line}");
         }
     }
-    eprintln!("Linux and ours, five perftest tools both ways over TCP: {took:?}");
+    eprintln!("Linux and ours, five perftest tools both ways over TCP, two with -R: {took:?}");
 }

@@ -4,7 +4,10 @@
 //! 192.168.100.1/24 on its `ib0`, ours 192.168.100.2/24. First Linux
 //! serves (`rping -s -a 192.168.100.1 -v`) and our client pings 100 times
 //! with the data checked; then ours serves (`rping -s -v`) and Linux's
-//! client does the same. Both sides print rping's lines.
+//! client does the same. Both sides print rping's lines. The Linux
+//! guest's runner runs each `;` command in a shell of its own (so `$?`
+//! names nothing across them) and prints `(exit status N)` after each that
+//! failed: the test counts those.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +15,8 @@ use tests::qemu;
 
 const LINUX: &str = "wait-active 120; modprobe ib_ipoib; modprobe rdma_ucm; ip link set ib0 up; \
      ip addr add 192.168.100.1/24 dev ib0; retry 120 ping -c 1 -W 2 192.168.100.2; \
-     timeout 90 rping -s -a 192.168.100.1 -v; echo linux-server-done $?; \
-     retry 60 rping -c -a 192.168.100.2 -C 100 -v -V; echo linux-client-done $?; wait-down 2 120";
+     timeout 90 rping -s -a 192.168.100.1 -v; echo linux-server-done; \
+     retry 60 rping -c -a 192.168.100.2 -C 100 -v -V; echo linux-client-done; wait-down 2 120";
 const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.100.2/24 dev ib0; \
      retry -n 180 -i 1 ping -c 1 -W 2 192.168.100.1; \
      retry -n 60 -i 1 rping -c -a 192.168.100.1 -C 100 -v -V; rping -s -v";
@@ -52,14 +55,29 @@ fn linux_and_our_guest_rping_each_other_both_ways() {
         .filter(|x| x.contains("server ping data: rdma-ping-"))
         .count();
     assert_eq!(linux_served, 100, "{all}");
-    assert!(l.contains("linux-server-done 0"), "{all}");
+    // The Linux server's command, the first rping there, exited 0.
+    let (first, rest) = l
+        .split_once("linux-server-done")
+        .unwrap_or_else(|| panic!("the Linux server never ended\n{all}"));
+    let server_part = first
+        .rsplit_once("# timeout 90 rping -s")
+        .unwrap_or_else(|| panic!("the Linux server never started\n{all}"))
+        .1;
+    assert!(!server_part.contains("(exit status"), "{all}");
     // Ours serves, Linux pings.
     let linux_pings = l
         .lines()
         .filter(|x| x.trim_start().starts_with("ping data: rdma-ping-"))
         .count();
     assert_eq!(linux_pings, 100, "{all}");
-    assert!(l.contains("linux-client-done 0"), "{all}");
+    // And the client's (retry ends with the status of its last try).
+    let client_part = rest
+        .split_once("linux-client-done")
+        .map(|x| x.0)
+        .unwrap_or_else(|| panic!("the Linux client never ended\n{all}"));
+    assert!(!client_part.contains("(exit status"), "{all}");
+    // No command of the Linux guest failed.
+    assert_eq!(l.matches("(exit status").count(), 0, "{all}");
     let ours_served = o
         .lines()
         .filter(|x| x.starts_with("server ping data: rdma-ping-"))

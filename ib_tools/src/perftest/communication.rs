@@ -81,6 +81,11 @@ pub trait Sockets {
     fn send(&mut self, s: u32, buf: &[u8]) -> Result<usize, String>;
     /// Closes `s` (cleanly, bounded) and forgets it.
     fn close(&mut self, core: &mut ib_core::IbCore, s: u32);
+    /// The RDMA CM (`cma::init`) and the IP side it resolves addresses
+    /// through, for `-R`; `None` (the default) where there is none.
+    fn rdma_cm(&mut self) -> Option<(ib_core::ClientId, &mut dyn ib_core::addr::IpNet)> {
+        None
+    }
 }
 
 /// The exchange on a [`Link`]: perftest's `perftest_comm` for one side.
@@ -90,6 +95,10 @@ pub struct Comm<'a> {
     client: bool,
     /// The peer's version, once exchanged.
     pub rem_version: f64,
+    /// `-R`: the exchange runs over the RDMA CM's control connection
+    /// (`rdma_write_keys`: the QP address as the binary `pingpong_dest`,
+    /// no closing "done").
+    pub rdma_cm: bool,
 }
 
 fn parse_hex(s: &str) -> Option<u64> {
@@ -119,6 +128,40 @@ pub fn encode_dest(d: &Dest) -> [u8; KEY_MSG_SIZE] {
     let n = s.len().min(KEY_MSG_SIZE - 1);
     m[..n].copy_from_slice(&s.as_bytes()[..n]);
     m
+}
+
+/// The bytes of `struct pingpong_dest` on x86-64, which `-R` sends as it is
+/// (`rdma_write_keys`): lid, out_reads, qpn, psn, rkey (4 bytes each,
+/// big-endian), 4 bytes of padding, vaddr (8), the GID (16), srqn and
+/// gid_index (4 each).
+pub const DEST_BIN_SIZE: usize = 56;
+
+/// `rdma_write_keys`' message of `d` (no GID: an IB port).
+pub fn encode_dest_bin(d: &Dest) -> [u8; DEST_BIN_SIZE] {
+    let mut m = [0u8; DEST_BIN_SIZE];
+    let words = [u32::from(d.lid), d.out_reads, d.qpn, d.psn, d.rkey];
+    for (i, w) in words.iter().enumerate() {
+        m[i * 4..i * 4 + 4].copy_from_slice(&w.to_be_bytes());
+    }
+    m[24..32].copy_from_slice(&d.vaddr.to_be_bytes());
+    m
+}
+
+/// `rdma_read_keys`: the fields perftest reads back (srqn and gid_index
+/// it ignores; so do we). Every bit pattern is an address: nothing to
+/// refuse here (the QP's own checks catch a wrong key or address).
+pub fn decode_dest_bin(m: &[u8; DEST_BIN_SIZE]) -> Dest {
+    let w = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&m[24..32]);
+    Dest {
+        lid: w(0) as u16,
+        out_reads: w(4),
+        qpn: w(8) & 0xff_ffff,
+        psn: w(12) & 0xff_ffff,
+        rkey: w(16),
+        vaddr: u64::from_be_bytes(v),
+    }
 }
 
 /// Reads a `KEY_PRINT_FMT` message as perftest's `sscanf` does (seven
@@ -209,6 +252,7 @@ impl<'a> Comm<'a> {
             link,
             client,
             rem_version: 0.0,
+            rdma_cm: false,
         }
     }
 
@@ -356,6 +400,16 @@ impl<'a> Comm<'a> {
 
     /// `ctx_hand_shake`: our address for the peer's.
     pub fn hand_shake(&mut self, my: &Dest, timeout: Duration) -> Result<Dest, String> {
+        if self.rdma_cm {
+            let mut m = [0u8; DEST_BIN_SIZE];
+            self.xchg(
+                &encode_dest_bin(my),
+                &mut m,
+                "the QP address message",
+                timeout,
+            )?;
+            return Ok(decode_dest_bin(&m));
+        }
         let mut m = [0u8; KEY_MSG_SIZE];
         self.xchg(&encode_dest(my), &mut m, "the QP address message", timeout)?;
         decode_dest(&m)
@@ -386,6 +440,9 @@ impl<'a> Comm<'a> {
     /// here if it comes, not required: perftest never reads it).
     pub fn close(&mut self, my: &Dest, timeout: Duration) -> Result<(), String> {
         self.hand_shake(my, timeout)?;
+        if self.rdma_cm {
+            return Ok(());
+        }
         self.write_all(b"done\0", "the closing \"done\"")
     }
 }
@@ -454,6 +511,26 @@ mod tests {
             rkey: 0x8001_0203,
             vaddr: 0x7f12_3456_7000,
         }
+    }
+
+    #[test]
+    fn with_rdma_cm_the_address_is_the_56_byte_struct_and_no_done_follows() {
+        let d = dest();
+        let m = encode_dest_bin(&d);
+        assert_eq!(&m[0..4], &[0, 0, 0, 3]);
+        assert_eq!(&m[4..8], &[0, 0, 0, 16]);
+        assert_eq!(&m[8..12], &[0, 0, 0, 0x4a]);
+        assert_eq!(&m[12..16], &[0, 0x12, 0x34, 0x56]);
+        assert_eq!(&m[16..20], &[0x80, 1, 2, 3]);
+        assert_eq!(&m[24..32], &0x7f12_3456_7000u64.to_be_bytes());
+        assert_eq!(decode_dest_bin(&m), d);
+        // A server's closing: it reads the client's address, sends its own
+        // and nothing after ("done" is for the TCP way only).
+        let mut link = peer(&m, false);
+        let mut c = Comm::new(&mut link, false);
+        c.rdma_cm = true;
+        c.close(&d, EXCHANGE_TIMEOUT).unwrap();
+        assert_eq!(link.sent, m.to_vec());
     }
 
     /// A whole server-side prefix as Linux's client sends it.

@@ -45,6 +45,7 @@ use ib_core::{ClientId, DeviceId, IbCore};
 use super::communication::Sockets;
 use super::exchange::{Hello, PERFTEST_SERVICE_ID, Reply, fill, verify};
 
+mod rdma_cm;
 mod socket;
 use super::{
     Dest, LinkInfo, Params, Peer, RESULT_LINE, TestKind, Verb, bw_report, lat_report,
@@ -521,8 +522,15 @@ fn serve(
     let _ = cm::destroy_id(env.core, env.cm, listen);
     let got = match got {
         Ok(socket::Incoming::Tcp(sock)) => {
-            let r = socket::run(env, p, link, lid, sock, out, slot_res);
+            let r = socket::run(env, p, link, lid, socket::Way::Tcp(sock), out, slot_res);
             socket::close(env, sock);
+            return r.map(|()| None).map_err(|m| (m, None));
+        }
+        Ok(socket::Incoming::RdmaCm(l, child)) => {
+            let _ = writeln!(out, " A client came by rdma_cm (-R)");
+            let ctl = rdma_cm::Ctl::accept(env, l, child).map_err(|m| (m, None))?;
+            let r = socket::run(env, p, link, lid, socket::Way::Cm(&ctl), out, slot_res);
+            ctl.finish(env);
             return r.map(|()| None).map_err(|m| (m, None));
         }
         Ok(socket::Incoming::Cm(ev)) => Ok(ev),

@@ -47,10 +47,12 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
         let (dev, name) = pick(hcas, p.ib_dev.as_deref(), |n| {
             alloc::format!("IB device {n} not found")
         })?;
+        let cma = ib_core::cma::init(core);
         let mut ctrl_c = || crate::console::ctrl_c();
         let mut socks = StackSockets {
             net: n,
             socks: alloc::vec::Vec::new(),
+            cma,
         };
         let mut env = Env {
             core,
@@ -62,7 +64,7 @@ fn tool(name: &'static str, out: &mut dyn Write, args: &[&str]) -> CmdResult {
             ip: Some(&mut socks),
         };
         let r = perftest::run::run(&mut env, &p, out);
-        let StackSockets { net, socks } = socks;
+        let StackSockets { net, socks, .. } = socks;
         for s in socks.into_iter().flatten() {
             net.stack().close(s);
         }
@@ -80,6 +82,8 @@ struct StackSockets<'n, 'a> {
     net: &'n mut crate::net::CommandNet<'a>,
     /// By number (`None` once closed).
     socks: alloc::vec::Vec<Option<net::SocketRef>>,
+    /// The RDMA CM (perftest's `-R`).
+    cma: ib_core::ClientId,
 }
 
 impl StackSockets<'_, '_> {
@@ -126,6 +130,9 @@ impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
     }
     fn poll(&mut self, core: &mut ib_core::IbCore) {
         ib_core::addr::IpNet::poll(self.net, core);
+    }
+    fn rdma_cm(&mut self) -> Option<(ib_core::ClientId, &mut dyn ib_core::addr::IpNet)> {
+        Some((self.cma, self.net))
     }
     fn established(&mut self, s: u32) -> Result<bool, String> {
         use net::smoltcp::socket::tcp::State;

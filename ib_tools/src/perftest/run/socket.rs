@@ -7,7 +7,8 @@
 //! where perftest's differ from ours (write latency: the server writes first
 //! and the marker is the count; RDMA to the peer's address itself, no
 //! end-of-size SEND) and the barriers and reports where each tool's `main`
-//! puts them. Left out: `-a`, `-D`, `--check` (refused with a sentence),
+//! puts them. With `-R` the same run goes over the RDMA CM's control
+//! connection ([`rdma_cm`](super::rdma_cm)). Left out: `-a`, `-D`, `--check` (refused with a sentence),
 //! `ib_send_lat` and `ib_atomic_lat` (refused), RoCE's GID messages.
 
 use alloc::format;
@@ -29,6 +30,7 @@ use super::super::{
     lat_report, print_bw_line, print_lat_line, print_pingpong_data, print_result_header,
     print_test_info,
 };
+use super::rdma_cm::{self, Ctl};
 use super::{
     CONNECT_TIMEOUT, Env, OP_TIMEOUT, Res, e, now, poll, post, post_recvs, setup, slots_for,
 };
@@ -38,13 +40,30 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a wait on the socket polls the core and the IP stack.
 const PUMP_EVERY: Duration = Duration::from_micros(500);
 
-/// A TCP connection of `env`'s IP stack as the exchange's [`Link`].
-struct Tcp<'e, 'a> {
-    env: &'e mut Env<'a>,
-    sock: u32,
+/// What carries the exchange: a TCP connection of the IP stack, or
+/// (`-R`) the RDMA CM's control connection.
+#[derive(Clone, Copy)]
+pub(super) enum Way<'c> {
+    /// The socket, connected.
+    Tcp(u32),
+    /// The control connection.
+    Cm(&'c Ctl),
 }
 
-impl Tcp<'_, '_> {
+/// The exchange's [`Link`] over `way`.
+struct Tcp<'e, 'a, 'c> {
+    env: &'e mut Env<'a>,
+    way: Way<'c>,
+}
+
+impl<'c> Tcp<'_, '_, 'c> {
+    /// The exchange on this link, in the form its way takes.
+    fn comm(&mut self, client: bool) -> Comm<'_> {
+        let rdma = matches!(self.way, Way::Cm(_));
+        let mut c = Comm::new(self, client);
+        c.rdma_cm = rdma;
+        c
+    }
     fn ip(&mut self) -> Result<&mut dyn Sockets, String> {
         match self.env.ip.as_deref_mut() {
             Some(s) => Ok(s),
@@ -53,7 +72,7 @@ impl Tcp<'_, '_> {
     }
 }
 
-impl Link for Tcp<'_, '_> {
+impl Link for Tcp<'_, '_, '_> {
     fn now_ns(&self) -> u64 {
         self.env.core.clock().now_ns()
     }
@@ -73,12 +92,16 @@ impl Link for Tcp<'_, '_> {
         Ok(())
     }
     fn recv(&mut self, buf: &mut [u8]) -> Result<usize, String> {
-        let s = self.sock;
-        self.ip()?.recv(s, buf)
+        match self.way {
+            Way::Tcp(s) => self.ip()?.recv(s, buf),
+            Way::Cm(c) => c.recv(self.env, buf),
+        }
     }
     fn send(&mut self, buf: &[u8]) -> Result<usize, String> {
-        let s = self.sock;
-        self.ip()?.send(s, buf)
+        match self.way {
+            Way::Tcp(s) => self.ip()?.send(s, buf),
+            Way::Cm(c) => c.send(self.env, buf),
+        }
     }
 }
 
@@ -247,7 +270,7 @@ pub(super) fn run(
     p: &Params,
     link: &LinkInfo,
     lid: u16,
-    sock: u32,
+    way: Way<'_>,
     out: &mut dyn Write,
     slot_res: &mut Option<Res>,
 ) -> Result<(), String> {
@@ -255,12 +278,13 @@ pub(super) fn run(
     let client = !p.is_server();
     let mut q = p.clone();
     q.socket = true;
+    q.rdma_cm = matches!(way, Way::Cm(_));
     let p = &q;
     let mtu_now = (link.mtu / 256).trailing_zeros() as u8 + 1;
     let t0 = env.core.clock().now_ns();
     let (cycle, mtu) = {
-        let mut t = Tcp { env, sock };
-        let mut c = Comm::new(&mut t, client);
+        let mut t = Tcp { env, way };
+        let mut c = t.comm(client);
         c.exchange_versions()?;
         let (cycle, _line) = c.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
         (cycle, c.check_mtu(mtu_now)?)
@@ -290,14 +314,31 @@ pub(super) fn run(
         ..link.clone()
     };
     let _ = print_test_info(out, p, link);
-    let rem = Tcp { env, sock }.shake(client, &my, EXCHANGE_TIMEOUT)?;
-    connect_qp(env, p, res, &my, &rem, mtu)?;
+    if let Way::Cm(ctl) = way {
+        // create_rdma_cm_connection: a hand shake (of zeros), the test
+        // connection, another hand shake.
+        let zero = Dest {
+            lid: 0,
+            qpn: 0,
+            psn: 0,
+            rkey: 0,
+            vaddr: 0,
+            out_reads: 0,
+        };
+        Tcp { env, way }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
+        ctl.connect_test(env, p, res)?;
+        Tcp { env, way }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
+    }
+    let rem = Tcp { env, way }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+    if matches!(way, Way::Tcp(_)) {
+        connect_qp(env, p, res, &my, &rem, mtu)?;
+    }
     if !client && p.tool.verb == Verb::Send {
         post_recvs(env, res, p.tool.kind, 0..u64::from(p.rx_depth).min(p.iters))?;
     }
     let _ = print_pingpong_data(out, false, p.tool.verb, &my);
     for _ in 1..script.before {
-        Tcp { env, sock }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+        Tcp { env, way }.shake(client, &my, EXCHANGE_TIMEOUT)?;
     }
     let _ = print_pingpong_data(out, true, p.tool.verb, &rem);
     let size = p.size;
@@ -312,8 +353,8 @@ pub(super) fn run(
         // once; write and read bandwidth print the client's figures.
         if script.report {
             let _ = writeln!(out, "{RESULT_LINE}\n{RESULT_FMT}");
-            let mut t = Tcp { env, sock };
-            let mut c = Comm::new(&mut t, false);
+            let mut t = Tcp { env, way };
+            let mut c = t.comm(false);
             c.hand_shake(&my, RUN_TIMEOUT)?;
             let zero = BwReport {
                 size: 0,
@@ -326,7 +367,7 @@ pub(super) fn run(
             let _ = print_bw_line(out, &r);
             c.close(&my, EXCHANGE_TIMEOUT)?;
         } else {
-            Tcp { env, sock }.close_comm(false, &my, RUN_TIMEOUT)?;
+            Tcp { env, way }.close_comm(false, &my, RUN_TIMEOUT)?;
         }
         let _ = writeln!(out, "{RESULT_LINE}");
         return Ok(());
@@ -344,8 +385,8 @@ pub(super) fn run(
         _ => super::drive_size(env, p, res, size, &reply, out)?,
     };
     let _ = writeln!(out, "{RESULT_LINE}");
-    let mut t = Tcp { env, sock };
-    let mut c = Comm::new(&mut t, client);
+    let mut t = Tcp { env, way };
+    let mut c = t.comm(client);
     if let (true, Some(r)) = (script.report, mine) {
         c.hand_shake(&my, RUN_TIMEOUT)?;
         c.xchg_bw_reports(&r)?;
@@ -356,12 +397,12 @@ pub(super) fn run(
     Ok(())
 }
 
-impl Tcp<'_, '_> {
+impl Tcp<'_, '_, '_> {
     fn shake(&mut self, client: bool, my: &Dest, timeout: Duration) -> Result<Dest, String> {
-        Comm::new(self, client).hand_shake(my, timeout)
+        self.comm(client).hand_shake(my, timeout)
     }
     fn close_comm(&mut self, client: bool, my: &Dest, timeout: Duration) -> Result<(), String> {
-        Comm::new(self, client).close(my, timeout)
+        self.comm(client).close(my, timeout)
     }
 }
 
@@ -480,8 +521,8 @@ fn recv_bw(
     Ok(())
 }
 
-/// A client run against the server at `ip`: perftest's TCP exchange
-/// (`-R`, the RDMA CM, is refused here).
+/// A client run against the server at `ip`: perftest's TCP exchange, or
+/// with `-R` its RDMA CM connections ([`rdma_cm`]).
 pub(super) fn client(
     env: &mut Env<'_>,
     p: &Params,
@@ -504,14 +545,17 @@ fn client_tcp(
     out: &mut dyn Write,
     res: &mut Option<Res>,
 ) -> Result<(), String> {
-    if p.rdma_cm {
-        return Err(String::from(
-            "-R (rdma_cm) is not supported by our perftest tools yet: leave out -R to use perftest's TCP exchange",
-        ));
-    }
     check_supported(p)?;
+    if p.rdma_cm {
+        let _ = writeln!(out, " Connecting to {ip}:{} (rdma_cm)", p.port);
+        let ctl = Ctl::connect(env, ip, p.port)
+            .map_err(|m| format!("Couldn't connect to {ip}:{} by rdma_cm: {m}", p.port))?;
+        let r = run(env, p, link, lid, Way::Cm(&ctl), out, res);
+        ctl.finish(env);
+        return r;
+    }
     let sock = connect(env, p, ip, out)?;
-    let r = run(env, p, link, lid, sock, out, res);
+    let r = run(env, p, link, lid, Way::Tcp(sock), out, res);
     close(env, sock);
     r
 }
@@ -523,6 +567,8 @@ pub(super) enum Incoming {
     Cm(ib_core::cm::CmEvent),
     /// A TCP connection (connected).
     Tcp(u32),
+    /// An RDMA CM connection request (`-R`): the listener and the new ID.
+    RdmaCm(ib_core::cma::RdmaCmId, ib_core::cma::RdmaCmId),
 }
 
 /// Waits [`CONNECT_TIMEOUT`] for either kind of client.
@@ -534,10 +580,14 @@ pub(super) fn accept_either(
     // Without an IP address (no IPoIB configured) only our own tools can
     // come, by the IB CM.
     let tcp = env.ip.as_deref_mut().and_then(|ip| ip.listen(p.port).ok());
-    // A Linux client with -R comes by the RDMA CM (PS_TCP, our port): it
-    // is told no, and so is the user here.
+    // A Linux client with -R comes by the RDMA CM (PS_TCP, our port).
+    // Where there is no RDMA CM it is told no, and so is the user here.
+    let cma_listen = rdma_cm::listen(env, p.port);
     let sid = ib_core::cma::service_id(ib_core::cma::PortSpace::Tcp, p.port);
-    let rdma_cm = ib_core::cm::listen(env.core, env.cm, env.dev, sid).ok();
+    let rdma_cm = match cma_listen {
+        Some(_) => None,
+        None => ib_core::cm::listen(env.core, env.cm, env.dev, sid).ok(),
+    };
     let end = Deadline::after(env.core.clock(), CONNECT_TIMEOUT);
     let r = loop {
         if let Some(s) = tcp {
@@ -547,6 +597,11 @@ pub(super) fn accept_either(
                 break Ok(Incoming::Tcp(s));
             }
         }
+        if let Some(l) = cma_listen
+            && let Some(child) = rdma_cm::poll_listener(env, l)
+        {
+            break Ok(Incoming::RdmaCm(l, child));
+        }
         if let Some(l) = rdma_cm
             && let Ok(ib_core::cm::CmEvent::ReqReceived { id, .. }) =
                 ib_core::cm::wait_event(env.core, env.cm, l, Duration::from_millis(1))
@@ -554,7 +609,7 @@ pub(super) fn accept_either(
             let _ = ib_core::cm::send_rej(env.core, env.cm, id, 28, &[], &[]);
             let _ = ib_core::cm::destroy_id(env.core, env.cm, id);
             break Err(String::from(
-                "a client asked for rdma_cm (-R), which our perftest tools do not support yet: run the client without -R (perftest's TCP exchange)",
+                "a client asked for rdma_cm (-R), which needs the RDMA CM and IPoIB here: run the client without -R (perftest's TCP exchange)",
             ));
         }
         match ib_core::cm::wait_event(env.core, env.cm, listen, Duration::from_millis(5)) {
@@ -577,6 +632,11 @@ pub(super) fn accept_either(
     };
     if let Some(l) = rdma_cm {
         let _ = ib_core::cm::destroy_id(env.core, env.cm, l);
+    }
+    if let Some(l) = cma_listen
+        && !matches!(r, Ok(Incoming::RdmaCm(..)))
+    {
+        rdma_cm::unlisten(env, l);
     }
     if let (Some(s), r2) = (tcp, &r)
         && !matches!(r2, Ok(Incoming::Tcp(_)))
