@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$minutes" =~ ^[1-9][0-9]{0,3}$ ]] || { echo "soak.sh: --minutes takes 1 to 9999, not '$minutes'" >&2; exit 2; }
 [[ "$nodes" =~ ^[23]$ ]] || { echo "soak.sh: --nodes takes 2 or 3, not '$nodes'" >&2; exit 2; }
-[ -z "$seed" ] || [[ "$seed" =~ ^[0-9]{1,19}$ ]] || { echo "soak.sh: --seed takes a decimal number" >&2; exit 2; }
+[ -z "$seed" ] || [[ "$seed" =~ ^[0-9]{1,18}$ ]] || { echo "soak.sh: --seed takes a decimal number" >&2; exit 2; }
 [ -n "$seed" ] || seed=$(( $(date +%s) % 1000000007 ))
 
 # shellcheck source=scripts/deps.sh
