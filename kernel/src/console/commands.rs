@@ -54,6 +54,12 @@ static COMMANDS: &[Command] = &[
         run: log_cmd,
     },
     Command {
+        name: "status",
+        usage: "status",
+        help: "whether the previous command succeeded (status 0) or failed (1), as $?",
+        run: status,
+    },
+    Command {
         name: "uptime",
         usage: "uptime",
         help: "time since kernel entry",
@@ -276,6 +282,13 @@ fn no_args(args: &[&str], usage: &str) -> CmdResult {
     } else {
         Err(format!("usage: {usage}"))
     }
+}
+
+fn status(out: &mut dyn Write, args: &[&str]) -> CmdResult {
+    no_args(args, "status")?;
+    let st = if super::last_succeeded() { 0 } else { 1 };
+    let _ = writeln!(out, "status {st}");
+    Ok(())
 }
 
 fn help(out: &mut dyn Write, args: &[&str]) -> CmdResult {

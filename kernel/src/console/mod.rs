@@ -32,8 +32,25 @@ const PROMPT: &str = "lego> ";
 /// said why, as `ping` does with its statistics).
 pub type CmdResult = Result<(), String>;
 
+/// Whether the last command other than `status` succeeded (what `status`
+/// prints, as a shell's `$?`: a script driving the console reads it).
+static LAST_OK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+/// Whether the last command other than `status` succeeded.
+pub fn last_succeeded() -> bool {
+    LAST_OK.load(core::sync::atomic::Ordering::Relaxed)
+}
+
 /// Runs one command line; returns whether it succeeded.
 pub fn execute(line: &str) -> bool {
+    let ok = execute_inner(line);
+    if line.split_whitespace().next() != Some("status") {
+        LAST_OK.store(ok, core::sync::atomic::Ordering::Relaxed);
+    }
+    ok
+}
+
+fn execute_inner(line: &str) -> bool {
     let words: Vec<&str> = line.split_whitespace().collect();
     let Some((&name, args)) = words.split_first() else {
         return true;

@@ -89,6 +89,9 @@ pub struct FaultRule {
     pub matcher: Match,
     /// Stop after selecting this many packets.
     pub times: Option<u64>,
+    /// Only while the fabric's clock is within `[from, until)` ns (a burst
+    /// at a set time; `None`: always).
+    pub during: Option<(u64, u64)>,
     /// Matching packets seen.
     pub seen: u64,
     /// Packets selected.
@@ -103,6 +106,7 @@ impl FaultRule {
             trigger: Trigger::Always,
             matcher: Match::default(),
             times: None,
+            during: None,
             seen: 0,
             hits: 0,
         }
@@ -135,6 +139,11 @@ impl FaultRule {
     /// At most `n` packets.
     pub fn times(mut self, n: u64) -> FaultRule {
         self.times = Some(n);
+        self
+    }
+    /// Only packets sent while the clock is in `[from_ns, until_ns)`.
+    pub fn during(mut self, from_ns: u64, until_ns: u64) -> FaultRule {
+        self.during = Some((from_ns, until_ns));
         self
     }
 }
@@ -200,10 +209,11 @@ impl PacketFaults {
     }
 
     /// Applies the rules to a packet (an Ethernet frame if `eth`) sent out
-    /// of `from` towards an HCA (`to_hca`), corrupting `bytes` in place if
-    /// a rule says so.
+    /// of `from` towards an HCA (`to_hca`) at `now_ns`, corrupting `bytes`
+    /// in place if a rule says so.
     pub(crate) fn apply(
         &mut self,
+        now_ns: u64,
         from: PortId,
         to_hca: bool,
         eth: bool,
@@ -228,6 +238,7 @@ impl PacketFaults {
                 || m.qpn.is_some_and(|q| Some(q) != qpn)
                 || m.opcode.is_some_and(|o| Some(o) != opcode)
                 || r.times.is_some_and(|t| r.hits >= t)
+                || r.during.is_some_and(|(a, b)| now_ns < a || now_ns >= b)
             {
                 continue;
             }
@@ -392,7 +403,7 @@ impl FaultOptions {
     /// Takes one option: `--drop SPEC`, `--corrupt SPEC`, `--delay
     /// TIME[,SPEC]`, `--pull NODE/PORT@TIME[+TIME]`, `--fault-seed N`.
     /// SPEC is comma-separated `rate=P`, `every=N`, `times=N`, `qpn=N`,
-    /// `opcode=N`, `port=NODE/PORT` (or `all`); TIME is a number with a
+    /// `opcode=N`, `from=TIME`, `until=TIME`, `port=NODE/PORT` (or `all`); TIME is a number with a
     /// unit `ns`, `us`, `ms` or `s`. Returns `Ok(false)` for an option
     /// that is not one of these.
     pub fn parse_arg(&mut self, flag: &str, value: &str) -> Result<bool, String> {
@@ -472,6 +483,7 @@ fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
         FaultKind::Corrupt => "--corrupt",
         FaultKind::Delay(_) => "--delay",
     };
+    let (mut from, mut until) = (None, None);
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         if item == "all" {
             continue;
@@ -511,12 +523,21 @@ fn parse_spec(kind: FaultKind, s: &str) -> Result<FaultSpec, String> {
                 rule = rule.opcode(o);
             }
             "port" => port = Some(PortRef::parse(v).map_err(bad)?),
+            "from" => from = Some(parse_time(v).map_err(bad)?),
+            "until" => until = Some(parse_time(v).map_err(bad)?),
             _ => {
                 return Err(bad(format!(
-                    "unknown key `{k}` (rate, every, times, qpn, opcode, port)"
+                    "unknown key `{k}` (rate, every, times, qpn, opcode, port, from, until)"
                 )));
             }
         }
+    }
+    if from.is_some() || until.is_some() {
+        let (a, b) = (from.unwrap_or(0), until.unwrap_or(u64::MAX));
+        if b <= a {
+            return Err(format!("{what} {s}: until= must be later than from="));
+        }
+        rule = rule.during(a, b);
     }
     Ok(FaultSpec { rule, port })
 }
@@ -628,23 +649,44 @@ mod tests {
         let mut b = vec![0u8; 30];
         b[1] = 2;
         let drops: Vec<bool> = (0..6)
-            .map(|_| f.apply(PortId(0), true, false, &mut b).drop)
+            .map(|_| f.apply(0, PortId(0), true, false, &mut b).drop)
             .collect();
         assert_eq!(drops, [false, false, true, false, false, true]);
         assert!(
-            !f.apply(PortId(0), false, false, &mut b).drop,
+            !f.apply(0, PortId(0), false, false, &mut b).drop,
             "not towards an HCA"
         );
         f.clear();
         f.add(FaultRule::new(FaultKind::Drop).qpn(5));
-        assert!(!f.apply(PortId(0), true, false, &mut b).drop);
+        assert!(!f.apply(0, PortId(0), true, false, &mut b).drop);
         b[8 + 7] = 5;
-        assert!(f.apply(PortId(0), true, false, &mut b).drop);
+        assert!(f.apply(0, PortId(0), true, false, &mut b).drop);
         f.clear();
         f.add(FaultRule::new(FaultKind::Drop).rate(0.25));
         let n = (0..4000)
-            .filter(|_| f.apply(PortId(0), true, false, &mut b).drop)
+            .filter(|_| f.apply(0, PortId(0), true, false, &mut b).drop)
             .count();
         assert!((800..1200).contains(&n), "about a quarter: {n}");
+    }
+
+    #[test]
+    fn a_burst_drops_only_within_its_window() {
+        let mut o = FaultOptions::default();
+        assert_eq!(o.parse_arg("--drop", "from=2s,until=3s"), Ok(true));
+        let mut f = PacketFaults::new(1);
+        f.add(o.rules[0].rule.clone());
+        let mut b = vec![0u8; 30];
+        b[1] = 2;
+        let s = 1_000_000_000;
+        let at = |f: &mut PacketFaults, t: u64, b: &mut Vec<u8>| {
+            f.apply(t, PortId(0), true, false, b).drop
+        };
+        assert!(!at(&mut f, 2 * s - 1, &mut b), "before the window");
+        assert!(at(&mut f, 2 * s, &mut b), "at its start");
+        assert!(at(&mut f, 3 * s - 1, &mut b), "inside");
+        assert!(!at(&mut f, 3 * s, &mut b), "at its end");
+        assert_eq!(f.stats.dropped, 2);
+        assert!(o.parse_arg("--drop", "from=3s,until=2s").is_err());
+        assert!(o.parse_arg("--drop", "until=0s").is_err());
     }
 }

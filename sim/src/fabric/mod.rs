@@ -975,7 +975,7 @@ impl Fabric {
         }
         let verdict = self
             .faults
-            .apply(p, to_hca, ll == LinkLayer::Eth, &mut pkt.bytes);
+            .apply(now_ns, p, to_hca, ll == LinkLayer::Eth, &mut pkt.bytes);
         match self.owner(p) {
             Some(Owner::Switch { switch, port }) => {
                 if let Some((sw, _)) = self.switches.get_mut(switch.0) {

@@ -326,7 +326,8 @@ pub struct FabricFlags {
     #[arg(long, value_name = "TIME", help_heading = FABRIC)]
     pub latency: Vec<String>,
     /// Lose the packets SPEC selects (rate=P, every=N, qpn=, opcode=,
-    /// port=NODE/PORT, times=N; docs/fabric.md); repeatable.
+    /// port=NODE/PORT, times=N, from=TIME, until=TIME;
+    /// docs/fabric.md); repeatable.
     #[arg(long, value_name = "SPEC", help_heading = FABRIC)]
     pub drop: Vec<String>,
     /// Flip a bit of the packets SPEC selects; repeatable.

@@ -979,6 +979,7 @@ impl Emulator {
         }
         if let Ok(f) = self.wire.fabric().lock() {
             let _ = writeln!(s, "fabric: {:?}", f.stats());
+            let _ = writeln!(s, "packet faults: {:?}", f.faults.stats);
         }
         let wall = self.started.elapsed().as_secs_f64();
         let cpu = process_cpu_time().as_secs_f64();
