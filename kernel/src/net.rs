@@ -187,12 +187,52 @@ pub fn poll() {
         attach_en(s, ib);
         attach_ipoib(s, ib);
         let busy = s.poll(now_us(), &mut ib.core);
-        // The RDMA CM's turn with the stack, once someone uses it.
-        if let Some(cma) = ib.core.client_by_name("rdma_cm") {
-            rdma_cm_poll(s, &mut ib.core, cma);
+        // The RDMA CM's turn with the stack, once someone uses it (RoCE
+        // ports hear of addresses and neighbours in any case).
+        match ib.core.client_by_name("rdma_cm") {
+            Some(cma) => {
+                rdma_cm_poll(s, &mut ib.core, cma);
+            }
+            None => roce_sync(s, &mut ib.core),
         }
         busy
     });
+}
+
+/// mlx4_ib's view of each Ethernet link with a RoCE port behind it (Linux:
+/// `roce_gid_mgmt` on an address change, the neighbour table): its IPv4
+/// addresses become the port's IPv4-mapped GIDs, the MACs ARP found the
+/// destination MACs of those peers' GIDs.
+pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
+    static ROCE_SYNC_WARNED: AtomicBool = AtomicBool::new(false);
+    for (id, _) in s.links() {
+        let Some((h, port)) = s
+            .link(id)
+            .filter(|l| l.kind() == net::LinkKind::Ether)
+            .and_then(|l| l.rdma_port())
+        else {
+            continue;
+        };
+        let addrs: alloc::vec::Vec<[u8; 4]> =
+            s.addrs(id).iter().map(|c| c.address().octets()).collect();
+        let mut neigh = alloc::vec::Vec::new();
+        s.neighbours(id, &mut |n| {
+            if let Some(mac) = n
+                .lladdr
+                .and_then(|m| <[u8; 6]>::try_from(m.as_bytes()).ok())
+            {
+                neigh.push((n.addr.octets(), mac));
+            }
+        });
+        if let Some(m) = core
+            .device_mut(ib_core::device::DeviceId(h))
+            .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
+            && let Err(e) = m.sync_roce_netdev(port, &addrs, &neigh)
+            && !ROCE_SYNC_WARNED.swap(true, Ordering::Relaxed)
+        {
+            log::warn!("RoCE port {port}: its GIDs and neighbours not updated: {e}");
+        }
+    }
 }
 
 /// The stack's clock for [`ipoib::rdma_net::StackNet`].
@@ -203,6 +243,7 @@ fn stack_now(_: &IbCore) -> u64 {
 /// `ib_core::cma::net_poll` with this stack: address requests waiting for
 /// ARP move, the RDMA CM sees the devices' addresses.
 pub fn rdma_cm_poll(s: &mut NetStack, core: &mut IbCore, cma: ib_core::ClientId) -> usize {
+    roce_sync(s, core);
     let mut n = ipoib::rdma_net::StackNet::new(s, &stack_now);
     ib_core::cma::net_poll(core, cma, &mut n)
 }
@@ -259,6 +300,7 @@ impl ib_core::addr::IpNet for CommandNet<'_> {
     fn poll(&mut self, core: &mut IbCore) {
         attach_ipoib_ports(self.net.stack, core, self.ipoib);
         self.net.poll(core);
+        roce_sync(self.net.stack, core);
     }
 }
 

@@ -290,6 +290,50 @@ impl<C: ?Sized> Stack<C> {
         }
     }
 
+    /// Sends an ARP request for `ip` on Ethernet link `id` from our address
+    /// on the network that holds `ip` (what Linux's `neigh_event_send`
+    /// does for `addr.c`): the reply lands in smoltcp's cache and the
+    /// stack's view of it ([`Stack::neighbours`]). `Ok(false)` when no
+    /// send slot is free now.
+    pub fn arp_request(&mut self, id: LinkId, ip: Ipv4Address, ctx: &mut C) -> Result<bool, Error> {
+        let i = self
+            .iface_mut(id)
+            .ok_or_else(|| Error::NoDevice(alloc::format!("{}", id.0)))?;
+        if i.kind != LinkKind::Ether {
+            return Err(Error::Invalid("ARP runs on an Ethernet link"));
+        }
+        let src = i
+            .addrs
+            .iter()
+            .find(|c| c.contains_addr(&ip))
+            .or(i.addrs.first())
+            .ok_or(Error::Invalid("no address of ours on the link"))?
+            .address();
+        let mac = i.link.hw_addr();
+        let mac = mac.as_bytes();
+        if mac.len() != 6 {
+            return Err(Error::Invalid("an Ethernet link without a 6-byte MAC"));
+        }
+        if !i.carrier || !i.link.tx_ready(ctx) {
+            return Ok(false);
+        }
+        // The minimum Ethernet frame (60 bytes before the FCS).
+        let Some(b) = i.link.tx_buffer(ctx, 60) else {
+            return Ok(false);
+        };
+        b.fill(0);
+        b[0..6].fill(0xff);
+        b[6..12].copy_from_slice(mac);
+        b[12..14].copy_from_slice(&[0x08, 0x06]);
+        // Ethernet, IPv4, 6 and 4 bytes, request.
+        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        b[22..28].copy_from_slice(mac);
+        b[28..32].copy_from_slice(&src.octets());
+        b[38..42].copy_from_slice(&ip.octets());
+        i.link.tx_commit(ctx, ip);
+        Ok(true)
+    }
+
     /// Link `id` itself (its driver reached through
     /// [`Link::as_any`]).
     pub fn link(&self, id: LinkId) -> Option<&dyn Link<C>> {
