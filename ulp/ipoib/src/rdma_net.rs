@@ -1,4 +1,4 @@
-//! The kernel's IP stack as the RDMA CM's address resolution sees it: ib_core's `addr::IpNet` over a `net::Stack` whose IPoIB links are this crate's.
+//! The kernel's IP stack as the RDMA CM's address resolution sees it: ib_core's `addr::IpNet` over a `net::Stack` whose IPoIB links are this crate's and whose Ethernet links (mlx4_en's) carry RoCE.
 //!
 //! Linux's `addr.c` reads the routing table and the neighbour table of the
 //! device a route leaves by; here [`StackNet`] answers those questions for
