@@ -101,6 +101,10 @@ pub struct Egress {
     pub local: bool,
 }
 
+/// How long an ARP request of [`Stack::arp_request`] waits before
+/// [`Stack::arp_request_again`] sends another (Linux's `retrans_time`).
+const ARP_RETRANS_US: u64 = 1_000_000;
+
 /// Packets taken in, and rounds of sending, in one poll of one link.
 const BUDGET: usize = 64;
 /// The echo services' copy buffer.
@@ -121,6 +125,8 @@ pub(crate) struct Iface<C: ?Sized> {
     tx_scratch: Vec<u8>,
     pub counters: Counters,
     pub arp: ArpView,
+    /// ARP requests [`Stack::arp_request`] sent: address and when.
+    arp_sent: Vec<(Ipv4Address, u64)>,
     echo: Echo,
 }
 
@@ -296,6 +302,7 @@ impl<C: ?Sized> Stack<C> {
     /// stack's view of it ([`Stack::neighbours`]). `Ok(false)` when no
     /// send slot is free now.
     pub fn arp_request(&mut self, id: LinkId, ip: Ipv4Address, ctx: &mut C) -> Result<bool, Error> {
+        let now = self.now_us;
         let i = self
             .iface_mut(id)
             .ok_or_else(|| Error::NoDevice(alloc::format!("{}", id.0)))?;
@@ -331,7 +338,32 @@ impl<C: ?Sized> Stack<C> {
         b[28..32].copy_from_slice(&src.octets());
         b[38..42].copy_from_slice(&ip.octets());
         i.link.tx_commit(ctx, ip);
+        i.arp_sent
+            .retain(|e| e.0 != ip && now.saturating_sub(e.1) < ARP_RETRANS_US * 8);
+        if i.arp_sent.len() < 16 {
+            i.arp_sent.push((ip, now));
+        }
         Ok(true)
+    }
+
+    /// [`Stack::arp_request`] again for `ip` if the last request for it
+    /// went out at least a second ago (Linux's `retrans_time`), or never.
+    pub fn arp_request_again(
+        &mut self,
+        id: LinkId,
+        ip: Ipv4Address,
+        ctx: &mut C,
+    ) -> Result<bool, Error> {
+        let now = self.now_us;
+        let recent = self.iface(id).is_some_and(|i| {
+            i.arp_sent
+                .iter()
+                .any(|e| e.0 == ip && now.saturating_sub(e.1) < ARP_RETRANS_US)
+        });
+        if recent {
+            return Ok(false);
+        }
+        self.arp_request(id, ip, ctx)
     }
 
     /// Link `id` itself (its driver reached through
@@ -408,6 +440,7 @@ impl<C: ?Sized> Stack<C> {
             tx_scratch: vec![0; mtu + kind.header_len()],
             counters: Counters::default(),
             arp: ArpView::default(),
+            arp_sent: Vec::new(),
             echo,
         });
         // Addresses of other links, for lo to take in.

@@ -259,3 +259,80 @@ fn our_rping_over_roce_through_the_rdma_cm() {
     a.finish();
     b.finish();
 }
+
+/// Broadcast frames port 1 of `n`'s card has received (`ethtool -S`).
+fn rx_broadcast(n: &mut Node) -> u64 {
+    let h = n.g.dev.0;
+    let Some(l) = n.stack.link_mut(n.link) else {
+        return 0;
+    };
+    let en = l
+        .as_any_mut()
+        .and_then(|a| a.downcast_mut::<EnPriv>())
+        .expect("mlx4_en's link");
+    let dev = en_dev(&mut n.g.core, h).expect("mlx4_core");
+    en.ethtool_stats(dev)
+        .into_iter()
+        .find(|(k, _)| k == "rx_broadcast_phy")
+        .map_or(0, |x| x.1)
+}
+
+#[test]
+fn an_address_nobody_answers_for_is_asked_again_each_second_then_an_addr_error() {
+    let mut f = Fabric::new();
+    let built = Topology::for_nodes_with(2, [SimLl::Eth, SimLl::Eth])
+        .unwrap()
+        .build(&mut f)
+        .unwrap();
+    let fabric = std::sync::Arc::new(std::sync::Mutex::new(f));
+    let wire = sim::Wire::over(fabric.clone(), sim::SimConfig::default().relax_step);
+    let mut nodes = built
+        .hcas
+        .iter()
+        .take(2)
+        .zip(["10.0.0.1", "10.0.0.2"])
+        .map(|(h, a)| {
+            let cfg = sim::SimConfig {
+                port_types: [PortType::Eth, PortType::Eth],
+                ..guest_config(h)
+            };
+            let hca = SimHca::new_on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
+            Node::new(guest(hca, &h.name), a)
+        });
+    let mut a = nodes.next().unwrap();
+    let mut b = nodes.next().unwrap();
+    drop(nodes);
+    let mut n = [&mut a, &mut b];
+    assert!(
+        run(&mut n, |n| n.iter().all(
+            |x| x.stack.carrier(x.link) && x.gid(1).is_some_and(|g| g.0[10..12] == [0xff, 0xff])
+        )),
+        "both eth0 up"
+    );
+    let before = rx_broadcast(n[1]);
+    // 10.0.0.9 is on the network but nobody has it: rping's 2 s resolution
+    // ends in ADDR_ERROR -ETIMEDOUT, said plainly, after ARP asked again.
+    let mut co = String::new();
+    let mut cli = rping_start(n[0], &["-c", "-a", "10.0.0.9", "-C", "1"], &mut co);
+    let mut res = None;
+    let done = run(&mut n, |n| {
+        if let Poll::Ready(x) = cli.step(&mut n[0].g.core, &mut co) {
+            res = Some(x);
+        }
+        res.is_some()
+    });
+    cli.finish(&mut n[0].g.core);
+    assert!(done, "rping still resolving after {LIMIT:?}\n{co}");
+    let e = res.unwrap().expect_err("no one has 10.0.0.9");
+    assert!(
+        co.contains("cma event RDMA_CM_EVENT_ADDR_ERROR, error -110"),
+        "{e}\n{co}"
+    );
+    let asked = rx_broadcast(n[1]) - before;
+    assert!(
+        (2..=3).contains(&asked),
+        "{asked} ARP requests in 2 s (one at the start, one a second after)"
+    );
+    a.finish();
+    b.finish();
+}

@@ -6,7 +6,8 @@
 //! An Ethernet link with a RoCE port behind it (mlx4_en's) names its port
 //! through [`net::Link::rdma_port`] and answers [`IpNet::neigh`] from the
 //! stack's view of smoltcp's ARP, an ARP request going out when resolution
-//! starts; its device type is [`ARPHRD_ETHER`](ib_core::addr::ARPHRD_ETHER).
+//! starts and again each second without an answer; its device type is
+//! [`ARPHRD_ETHER`](ib_core::addr::ARPHRD_ETHER).
 
 use alloc::string::ToString;
 
@@ -122,10 +123,15 @@ impl IpNet for StackNet<'_> {
                 mac = Some(addr::dev_addr_bytes(hw.as_bytes()));
             }
         });
-        if mac.is_none() && start {
-            self.stack
-                .arp_request(id, ip, core)
-                .map_err(|_| Error::Errno(errno::EHOSTUNREACH))?;
+        if mac.is_none() {
+            // A request when resolution starts, then one a second while
+            // no answer comes (the caller's deadline ends it).
+            let sent = if start {
+                self.stack.arp_request(id, ip, core)
+            } else {
+                self.stack.arp_request_again(id, ip, core)
+            };
+            sent.map_err(|_| Error::Errno(errno::EHOSTUNREACH))?;
         }
         Ok(mac)
     }
