@@ -7,7 +7,9 @@
 //! Ethernet port's link answers the same questions for RoCE, with
 //! [`ARPHRD_ETHER`] as its device type). A request that waits for ARP is
 //! tried again each time the IP side is pumped (`cma::net_poll`), where
-//! Linux retries on a netevent or a timer. Left out: IPv6, `AF_IB`
+//! Linux retries on a netevent or a timer. On an Ethernet port the
+//! GIDs are the IPv4-mapped ones of the two addresses (`rdma_ip2gid`) and
+//! the neighbour is the peer's MAC from Ethernet ARP. Left out: IPv6, `AF_IB`
 //! addresses, resolution over netlink (`ib_nl_*`), network namespaces and
 //! the RoCE v2 resolution by GID attribute (`resolve_by_gid_attr`).
 
@@ -139,25 +141,47 @@ pub struct RdmaDevAddr {
     pub bound_dev_if: u32,
     /// The RDMA device and port behind the interface.
     pub rdma_port: Option<(DeviceId, u8)>,
+    /// On an Ethernet (RoCE) interface: our GID and the peer's, made from
+    /// the two IPv4 addresses (`rdma_ip2gid`, `::ffff:a.b.c.d`); `None` on
+    /// IPoIB, whose GIDs are in the hardware addresses.
+    pub roce_gids: Option<(Gid, Gid)>,
 }
 
 impl RdmaDevAddr {
     /// `ib_addr_get_sgid`: on IPoIB our port GID, bytes 4-19 of our
-    /// hardware address.
+    /// hardware address; on RoCE the GID of our IPv4 address.
     #[doc(alias = "ib_addr_get_sgid")]
     pub fn sgid(&self) -> Gid {
-        gid_at(&self.src_dev_addr)
+        match self.roce_gids {
+            Some((s, _)) => s,
+            None => gid_at(&self.src_dev_addr),
+        }
     }
-    /// `ib_addr_get_dgid`: the peer's port GID.
+    /// `ib_addr_get_dgid`: the peer's port GID (RoCE: of its IPv4
+    /// address).
     #[doc(alias = "ib_addr_get_dgid")]
     pub fn dgid(&self) -> Gid {
-        gid_at(&self.dst_dev_addr)
+        match self.roce_gids {
+            Some((_, d)) => d,
+            None => gid_at(&self.dst_dev_addr),
+        }
     }
     /// `ib_addr_get_pkey`: the P_Key in bytes 8-9 of the broadcast
-    /// address (with its full-member bit).
+    /// address (with its full-member bit); on Ethernet the default P_Key
+    /// 0xffff (`cma_acquire_dev` for RoCE).
     #[doc(alias = "ib_addr_get_pkey")]
     pub fn pkey(&self) -> u16 {
+        if self.dev_type == ARPHRD_ETHER {
+            return 0xffff;
+        }
         u16::from_be_bytes([self.broadcast[8], self.broadcast[9]])
+    }
+    /// On an Ethernet interface, the RoCE GIDs of `src` (ours) and `dst`
+    /// (the peer's); nothing on IPoIB.
+    pub fn set_roce_ips(&mut self, src: Ipv4Addr, dst: Ipv4Addr) {
+        if self.dev_type == ARPHRD_ETHER {
+            self.roce_gids = Some((ip2gid(src), ip2gid(dst)));
+        }
     }
     /// The peer's QPN in an IPoIB hardware address (bytes 1-3).
     pub fn dst_qpn(&self) -> u32 {
@@ -168,6 +192,16 @@ impl RdmaDevAddr {
             self.dst_dev_addr[3],
         ])
     }
+}
+
+/// `rdma_ip2gid` for IPv4: the IPv4-mapped GID `::ffff:a.b.c.d`.
+#[doc(alias = "rdma_ip2gid")]
+pub fn ip2gid(a: Ipv4Addr) -> Gid {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&a.octets());
+    Gid(g)
 }
 
 fn gid_at(a: &DevAddrBytes) -> Gid {
@@ -187,6 +221,7 @@ pub fn copy_src_l2_addr(dev: &NetDev) -> RdmaDevAddr {
         dev_type: dev.dev_type,
         bound_dev_if: dev.ifindex,
         rdma_port: dev.rdma_port,
+        roce_gids: None,
     }
 }
 
@@ -229,6 +264,7 @@ pub fn addr_resolve(
         } else {
             route.src
         };
+        a.set_roce_ips(src, dst);
         return Ok(Some((src, a)));
     }
     let d = netdev(net, route.ifindex).ok_or(Error::Errno(errno::ENODEV))?;
@@ -236,6 +272,7 @@ pub fn addr_resolve(
         Some(hw) => {
             let mut a = copy_src_l2_addr(&d);
             a.dst_dev_addr = hw;
+            a.set_roce_ips(route.src, dst);
             Ok(Some((route.src, a)))
         }
         None => Ok(None),
@@ -260,6 +297,7 @@ mod tests {
             dev_type: ARPHRD_INFINIBAND,
             bound_dev_if: 2,
             rdma_port: None,
+            roce_gids: None,
         };
         assert_eq!(a.pkey(), 0xffff);
         assert_eq!(
@@ -268,6 +306,15 @@ mod tests {
         );
         assert_eq!(a.dgid(), a.sgid());
         assert_eq!(a.dst_qpn(), 0x448);
+        let mut e = a;
+        e.dev_type = ARPHRD_ETHER;
+        e.set_roce_ips(
+            Ipv4Addr::new(192, 168, 50, 2),
+            Ipv4Addr::new(192, 168, 50, 1),
+        );
+        assert_eq!(e.sgid(), Gid::new(0, 0xffff_c0a8_3202));
+        assert_eq!(e.dgid(), Gid::new(0, 0xffff_c0a8_3201));
+        assert_eq!(e.pkey(), 0xffff);
         assert!(is_unicast(Ipv4Addr::new(10, 0, 0, 1)));
         for bad in [[224, 0, 0, 1], [255; 4], [0, 1, 2, 3], [127, 0, 0, 1]] {
             assert!(!is_unicast(Ipv4Addr::from(bad)), "{bad:?}");

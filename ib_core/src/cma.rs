@@ -1,8 +1,12 @@
 //! Port of Linux `drivers/infiniband/core/cma.c` (6.1), busy-polled: the RDMA connection manager, IP-addressed connections over the IB CM (RC through REQ/REP, UD through SIDR) with Linux's port spaces, service IDs and `cma_hdr`.
 //!
-//! Left out: iWARP, `AF_IB` and IPv6 addresses, multicast joins, RoCE's
-//! local route (`cma_resolve_iboe_route`; the seam is [`crate::addr::IpNet`],
-//! where an Ethernet port's link answers with its own device type), the
+//! On an Ethernet (RoCE v1) port the address resolves by Ethernet ARP to
+//! the IPv4-mapped GIDs of both ends, and the route is made locally from
+//! them (`cma_resolve_iboe_route`: `sa_query` answers an Ethernet port's
+//! PathRecord Get itself), with the default P_Key.
+//!
+//! Left out: iWARP, `AF_IB` and IPv6 addresses, multicast joins, VLANs and
+//! RoCE v2, the
 //! `rdma_ucm` user interface, network namespaces, ECE, `rdma_set_option`
 //! beyond the two CM timings ([`set_cm_timeout`]) and the ACK timeout
 //! ([`set_ack_timeout`]), reuse of a bound

@@ -191,62 +191,6 @@ pub fn en_port_names() -> alloc::vec::Vec<(ib_core::DeviceId, u8, alloc::string:
     .unwrap_or_default()
 }
 
-/// When [`roce_sync`] looks next (microseconds since kernel entry).
-static ROCE_NEXT_US: AtomicU64 = AtomicU64::new(0);
-
-/// RoCE follows the interfaces, every 100 ms: an Ethernet port's GID table
-/// gets the IPv4 addresses of its `ethN` (mlx4_ib writes it again when
-/// they change, as Linux's `roce_gid_mgmt` does on an address event), and
-/// the neighbours its ARP resolved become the destination MACs of
-/// IPv4-mapped GIDs.
-fn roce_sync(s: &NetStack, core: &mut IbCore) {
-    let now = now_us();
-    if now < ROCE_NEXT_US.load(Ordering::Relaxed) {
-        return;
-    }
-    ROCE_NEXT_US.store(now + 100_000, Ordering::Relaxed);
-    let ports = EN_PORTS.lock();
-    for &(lid, dev, port) in ports.iter() {
-        let Some(ib) = core
-            .device_mut(dev)
-            .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
-        else {
-            continue;
-        };
-        let Some(rp) = ib.roce_port(port) else {
-            continue;
-        };
-        let addrs = s.addrs(lid);
-        let same = addrs.len() == rp.ipv4.len()
-            && addrs
-                .iter()
-                .zip(rp.ipv4.iter())
-                .all(|(a, b)| a.address().octets() == *b);
-        if !same {
-            let v: alloc::vec::Vec<[u8; 4]> = addrs.iter().map(|a| a.address().octets()).collect();
-            if let Err(e) = ib.set_roce_ipv4_addrs(port, &v) {
-                log::warn!("RoCE port {port}: GID table not updated: {e}");
-            }
-        }
-        let mut learned = alloc::vec::Vec::new();
-        s.neighbours(lid, &mut |n| {
-            if let Some(hw) = &n.lladdr
-                && let Ok(mac) = <[u8; 6]>::try_from(hw.as_bytes())
-            {
-                learned.push((n.addr.octets(), mac));
-            }
-        });
-        for (ip, mac) in learned {
-            let known = ib
-                .roce_port(port)
-                .is_some_and(|rp| rp.neigh.contains(&(ip, mac)));
-            if !known {
-                let _ = ib.set_roce_neigh(port, ip, Some(mac));
-            }
-        }
-    }
-}
-
 /// One pass of the stack (receive, echo services, send), if neither the
 /// stack nor the adapters are held (never blocks); IPoIB ports that came
 /// up get their links first.
@@ -261,13 +205,52 @@ pub fn poll() {
         attach_en(s, ib);
         attach_ipoib(s, ib);
         let busy = s.poll(now_us(), &mut ib.core);
-        roce_sync(s, &mut ib.core);
-        // The RDMA CM's turn with the stack, once someone uses it.
-        if let Some(cma) = ib.core.client_by_name("rdma_cm") {
-            rdma_cm_poll(s, &mut ib.core, cma);
+        // The RDMA CM's turn with the stack, once someone uses it (RoCE
+        // ports hear of addresses and neighbours in any case).
+        match ib.core.client_by_name("rdma_cm") {
+            Some(cma) => {
+                rdma_cm_poll(s, &mut ib.core, cma);
+            }
+            None => roce_sync(s, &mut ib.core),
         }
         busy
     });
+}
+
+/// mlx4_ib's view of each Ethernet link with a RoCE port behind it (Linux:
+/// `roce_gid_mgmt` on an address change, the neighbour table): its IPv4
+/// addresses become the port's IPv4-mapped GIDs, the MACs ARP found the
+/// destination MACs of those peers' GIDs.
+pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
+    static ROCE_SYNC_WARNED: AtomicBool = AtomicBool::new(false);
+    for (id, _) in s.links() {
+        let Some((h, port)) = s
+            .link(id)
+            .filter(|l| l.kind() == net::LinkKind::Ether)
+            .and_then(|l| l.rdma_port())
+        else {
+            continue;
+        };
+        let addrs: alloc::vec::Vec<[u8; 4]> =
+            s.addrs(id).iter().map(|c| c.address().octets()).collect();
+        let mut neigh = alloc::vec::Vec::new();
+        s.neighbours(id, &mut |n| {
+            if let Some(mac) = n
+                .lladdr
+                .and_then(|m| <[u8; 6]>::try_from(m.as_bytes()).ok())
+            {
+                neigh.push((n.addr.octets(), mac));
+            }
+        });
+        if let Some(m) = core
+            .device_mut(ib_core::device::DeviceId(h))
+            .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
+            && let Err(e) = m.sync_roce_netdev(port, &addrs, &neigh)
+            && !ROCE_SYNC_WARNED.swap(true, Ordering::Relaxed)
+        {
+            log::warn!("RoCE port {port}: its GIDs and neighbours not updated: {e}");
+        }
+    }
 }
 
 /// The stack's clock for [`ipoib::rdma_net::StackNet`].
@@ -278,6 +261,7 @@ fn stack_now(_: &IbCore) -> u64 {
 /// `ib_core::cma::net_poll` with this stack: address requests waiting for
 /// ARP move, the RDMA CM sees the devices' addresses.
 pub fn rdma_cm_poll(s: &mut NetStack, core: &mut IbCore, cma: ib_core::ClientId) -> usize {
+    roce_sync(s, core);
     let mut n = ipoib::rdma_net::StackNet::new(s, &stack_now);
     ib_core::cma::net_poll(core, cma, &mut n)
 }
@@ -334,6 +318,7 @@ impl ib_core::addr::IpNet for CommandNet<'_> {
     fn poll(&mut self, core: &mut IbCore) {
         attach_ipoib_ports(self.net.stack, core, self.ipoib);
         self.net.poll(core);
+        roce_sync(self.net.stack, core);
     }
 }
 

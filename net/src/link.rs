@@ -294,6 +294,14 @@ pub trait Link<C: ?Sized = ()>: Send {
     /// already put the resolved address into the frame).
     fn tx_commit(&mut self, ctx: &mut C, next_hop: Ipv4Address);
 
+    /// The RDMA port this link runs over, for the RDMA CM (Linux finds it
+    /// through the GID table's netdev): the owner's handle of the device
+    /// (the kernel's: ib_core's device id) and the port. `None` (the
+    /// default) for a link with no RDMA port behind it.
+    fn rdma_port(&self) -> Option<(u32, u8)> {
+        None
+    }
+
     /// The driver behind the link, for what only it knows (IPoIB's
     /// counters by reason, its paths): the console and tests downcast it.
     /// `None` (the default) for a link that offers nothing more.

@@ -101,6 +101,10 @@ pub struct Egress {
     pub local: bool,
 }
 
+/// How long an ARP request of [`Stack::arp_request`] waits before
+/// [`Stack::arp_request_again`] sends another (Linux's `retrans_time`).
+const ARP_RETRANS_US: u64 = 1_000_000;
+
 /// Packets taken in, and rounds of sending, in one poll of one link.
 const BUDGET: usize = 64;
 /// The echo services' copy buffer.
@@ -121,6 +125,8 @@ pub(crate) struct Iface<C: ?Sized> {
     tx_scratch: Vec<u8>,
     pub counters: Counters,
     pub arp: ArpView,
+    /// ARP requests [`Stack::arp_request`] sent: address and when.
+    arp_sent: Vec<(Ipv4Address, u64)>,
     echo: Echo,
 }
 
@@ -290,6 +296,76 @@ impl<C: ?Sized> Stack<C> {
         }
     }
 
+    /// Sends an ARP request for `ip` on Ethernet link `id` from our address
+    /// on the network that holds `ip` (what Linux's `neigh_event_send`
+    /// does for `addr.c`): the reply lands in smoltcp's cache and the
+    /// stack's view of it ([`Stack::neighbours`]). `Ok(false)` when no
+    /// send slot is free now.
+    pub fn arp_request(&mut self, id: LinkId, ip: Ipv4Address, ctx: &mut C) -> Result<bool, Error> {
+        let now = self.now_us;
+        let i = self
+            .iface_mut(id)
+            .ok_or_else(|| Error::NoDevice(alloc::format!("{}", id.0)))?;
+        if i.kind != LinkKind::Ether {
+            return Err(Error::Invalid("ARP runs on an Ethernet link"));
+        }
+        let src = i
+            .addrs
+            .iter()
+            .find(|c| c.contains_addr(&ip))
+            .or(i.addrs.first())
+            .ok_or(Error::Invalid("no address of ours on the link"))?
+            .address();
+        let mac = i.link.hw_addr();
+        let mac = mac.as_bytes();
+        if mac.len() != 6 {
+            return Err(Error::Invalid("an Ethernet link without a 6-byte MAC"));
+        }
+        if !i.carrier || !i.link.tx_ready(ctx) {
+            return Ok(false);
+        }
+        // The minimum Ethernet frame (60 bytes before the FCS).
+        let Some(b) = i.link.tx_buffer(ctx, 60) else {
+            return Ok(false);
+        };
+        b.fill(0);
+        b[0..6].fill(0xff);
+        b[6..12].copy_from_slice(mac);
+        b[12..14].copy_from_slice(&[0x08, 0x06]);
+        // Ethernet, IPv4, 6 and 4 bytes, request.
+        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        b[22..28].copy_from_slice(mac);
+        b[28..32].copy_from_slice(&src.octets());
+        b[38..42].copy_from_slice(&ip.octets());
+        i.link.tx_commit(ctx, ip);
+        i.arp_sent
+            .retain(|e| e.0 != ip && now.saturating_sub(e.1) < ARP_RETRANS_US * 8);
+        if i.arp_sent.len() < 16 {
+            i.arp_sent.push((ip, now));
+        }
+        Ok(true)
+    }
+
+    /// [`Stack::arp_request`] again for `ip` if the last request for it
+    /// went out at least a second ago (Linux's `retrans_time`), or never.
+    pub fn arp_request_again(
+        &mut self,
+        id: LinkId,
+        ip: Ipv4Address,
+        ctx: &mut C,
+    ) -> Result<bool, Error> {
+        let now = self.now_us;
+        let recent = self.iface(id).is_some_and(|i| {
+            i.arp_sent
+                .iter()
+                .any(|e| e.0 == ip && now.saturating_sub(e.1) < ARP_RETRANS_US)
+        });
+        if recent {
+            return Ok(false);
+        }
+        self.arp_request(id, ip, ctx)
+    }
+
     /// Link `id` itself (its driver reached through
     /// [`Link::as_any`]).
     pub fn link(&self, id: LinkId) -> Option<&dyn Link<C>> {
@@ -364,6 +440,7 @@ impl<C: ?Sized> Stack<C> {
             tx_scratch: vec![0; mtu + kind.header_len()],
             counters: Counters::default(),
             arp: ArpView::default(),
+            arp_sent: Vec::new(),
             echo,
         });
         // Addresses of other links, for lo to take in.

@@ -263,14 +263,17 @@ pub(super) fn cma_req_handler(core: &mut IbCore, st: &mut Cma, ev: CmEvent) {
     let (src, dst) = (hdr.src_ip4(), hdr.dst_ip4());
     let dport = port_from_service_id(sid);
     // cma_get_net_dev + validate_net_dev: the IPoIB device of this port
-    // and P_Key must own the destination address.
+    // and P_Key (on RoCE: the port's Ethernet device) must own the
+    // destination address.
     let dev = cm_id.dev;
     let nd = st
         .netdevs
         .iter()
         .find(|d| {
             d.rdma_port == Some((dev, port))
-                && u16::from_be_bytes([d.broadcast[8], d.broadcast[9]]) & 0x7fff == pkey & 0x7fff
+                && (d.dev_type == addr::ARPHRD_ETHER
+                    || u16::from_be_bytes([d.broadcast[8], d.broadcast[9]]) & 0x7fff
+                        == pkey & 0x7fff)
                 && d.has_addr(dst)
         })
         .cloned();
@@ -312,6 +315,7 @@ pub(super) fn cma_req_handler(core: &mut IbCore, st: &mut Cma, ev: CmEvent) {
     let ni = st.alloc(lps, want);
     let mut a = addr::copy_src_l2_addr(&nd);
     a.rdma_port = Some((dev, port));
+    a.set_roce_ips(dst, src);
     let p = &mut st.ids[ni];
     p.state = RdmaCmState::Connect;
     p.src = SocketAddrV4::new(dst, dport);

@@ -1,16 +1,18 @@
-//! The kernel's IP stack as the RDMA CM's address resolution sees it: ib_core's `addr::IpNet` over a `net::Stack` whose IPoIB links are this crate's.
+//! The kernel's IP stack as the RDMA CM's address resolution sees it: ib_core's `addr::IpNet` over a `net::Stack` whose IPoIB links are this crate's and whose Ethernet links (mlx4_en's) carry RoCE.
 //!
 //! Linux's `addr.c` reads the routing table and the neighbour table of the
 //! device a route leaves by; here [`StackNet`] answers those questions for
 //! ib_core from the stack's routes and the IPoIB links' own ARP tables.
-//! Only IPoIB links have an RDMA port behind them so far: a RoCE port's
-//! Ethernet link would answer [`IpNet::neigh`] from the stack's ARP cache
-//! and name its port in [`NetDev::rdma_port`], with its device type
+//! An Ethernet link with a RoCE port behind it (mlx4_en's) names its port
+//! through [`net::Link::rdma_port`] and answers [`IpNet::neigh`] from the
+//! stack's view of smoltcp's ARP, an ARP request going out when resolution
+//! starts and again each second without an answer; its device type is
 //! [`ARPHRD_ETHER`](ib_core::addr::ARPHRD_ETHER).
 
 use alloc::string::ToString;
 
 use ib_core::addr::{self, ARPHRD_ETHER, ARPHRD_INFINIBAND, DevAddrBytes, IpNet, IpRoute, NetDev};
+use ib_core::device::DeviceId;
 use ib_core::error::errno;
 use ib_core::{Error, IbCore, Result};
 use net::{Ipv4Address, LinkId, LinkKind, Stack};
@@ -74,7 +76,8 @@ impl IpNet for StackNet<'_> {
             let rdma_port = l
                 .as_any()
                 .and_then(|a| a.downcast_ref::<IpoibDev>())
-                .map(|d| d.port());
+                .map(|d| d.port())
+                .or_else(|| l.rdma_port().map(|(h, p)| (DeviceId(h), p)));
             f(&NetDev {
                 ifindex: id.0,
                 name: name.to_string(),
@@ -101,9 +104,36 @@ impl IpNet for StackNet<'_> {
         ip: Ipv4Address,
         start: bool,
     ) -> Result<Option<DevAddrBytes>> {
-        let d = ipoib(self.stack, LinkId(ifindex)).ok_or(Error::Errno(errno::ENODEV))?;
-        Ok(d.neigh_resolve(core, ip, start)?
-            .map(|a| addr::dev_addr_bytes(&a.0)))
+        let id = LinkId(ifindex);
+        if let Some(d) = ipoib(self.stack, id) {
+            return Ok(d
+                .neigh_resolve(core, ip, start)?
+                .map(|a| addr::dev_addr_bytes(&a.0)));
+        }
+        // An Ethernet link (RoCE): smoltcp's ARP as the stack saw it; an
+        // ARP request goes out when resolution starts.
+        if self.stack.link(id).map(|l| l.kind()) != Some(LinkKind::Ether) {
+            return Err(Error::Errno(errno::ENODEV));
+        }
+        let mut mac = None;
+        self.stack.neighbours(id, &mut |n| {
+            if n.addr == ip
+                && let Some(hw) = n.lladdr
+            {
+                mac = Some(addr::dev_addr_bytes(hw.as_bytes()));
+            }
+        });
+        if mac.is_none() {
+            // A request when resolution starts, then one a second while
+            // no answer comes (the caller's deadline ends it).
+            let sent = if start {
+                self.stack.arp_request(id, ip, core)
+            } else {
+                self.stack.arp_request_again(id, ip, core)
+            };
+            sent.map_err(|_| Error::Errno(errno::EHOSTUNREACH))?;
+        }
+        Ok(mac)
     }
 
     fn poll(&mut self, core: &mut IbCore) {

@@ -534,6 +534,11 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
         }
     }
 
+    fn rdma_port(&self) -> Option<(u32, u8)> {
+        // RoCE runs on the same port (mlx4_ib's side of it).
+        Some((self.en.handle, self.en.port))
+    }
+
     fn as_any(&self) -> Option<&dyn Any> {
         Some(&self.en)
     }

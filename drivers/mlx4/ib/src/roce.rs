@@ -322,6 +322,29 @@ impl crate::Mlx4IbDev {
         Ok(())
     }
 
+    /// The interface on Ethernet port `port` as it stands (its IPv4
+    /// addresses, the neighbours it resolved): the GID table and the
+    /// neighbour entries follow it, the table written only when the
+    /// addresses changed. What the kernel calls each time its IP stack has
+    /// run (Linux: `roce_gid_mgmt`'s address events and the neighbour
+    /// table `addr.c` reads).
+    pub fn sync_roce_netdev(
+        &mut self,
+        port: u8,
+        addrs: &[[u8; 4]],
+        neigh: &[([u8; 4], [u8; 6])],
+    ) -> Result<()> {
+        let rp = self.roce_port_mut(port)?;
+        if rp.neigh != neigh {
+            rp.neigh.clear();
+            rp.neigh.extend_from_slice(neigh);
+        }
+        if rp.ipv4 != addrs {
+            self.set_roce_ipv4_addrs(port, addrs)?;
+        }
+        Ok(())
+    }
+
     /// The MTU of the interface on `port` (the RoCE active MTU follows it,
     /// Linux `iboe_get_mtu`).
     pub fn set_roce_netdev_mtu(&mut self, port: u8, mtu: u32) -> Result<()> {

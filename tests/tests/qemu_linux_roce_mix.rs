@@ -1,0 +1,202 @@
+//! An unmodified Linux 6.1 guest (its own mlx4_core, mlx4_en, mlx4_ib, rdma-core 44's `rping`) and one of ours on the model's Ethernet ports: ping both ways over mlx4_en and ours, Linux's `ibv_devinfo` showing its RoCE port, then Linux's real `rping` against ours over RoCE (the RDMA CM, ARP, IPv4-mapped GIDs) in both roles, `-C 20 -V`; no model violation.
+//!
+//! One `--guests linux,lego` boot (cx3-vfu, so both guests reach the model
+//! over vfio-user; `--link-layer eth --port-type eth`: port 1 of each card on
+//! the fabric's learning Ethernet switch, no subnet manager). Linux has no
+//! e1000 here (only one Linux guest), so mlx4_en's interface is its `eth0`,
+//! 192.168.50.1/24; ours is our mlx4_en's `eth0`, 192.168.50.2/24. Each
+//! pings the other 20 times; Linux waits (its ICMP counters) until our 20
+//! echo requests have arrived. Then Linux serves `rping -s` and our client
+//! pings 20 times with the data checked, then ours serves and Linux's
+//! client does the same; every Linux command must exit 0 (its runner's
+//! `(exit status N)` lines). Ours answers pings until Linux has powered off.
+
+use std::time::{Duration, Instant};
+
+use tests::qemu;
+
+/// The deadline of the whole run (run-qemu.sh's --timeout, per guest).
+const DEADLINE: Duration = Duration::from_secs(170);
+
+const LINUX_PING: &str = "ping -c 20 -i 0.2 192.168.50.2";
+const OURS_PING: &str = "ping -c 20 -i 0.2 192.168.50.1";
+
+/// Linux: mlx4_en's eth0 up with 192.168.50.1, the RoCE port as verbs see
+/// it, 20 pings to ours, then (at most 60 s) until 21 echo requests (ours'
+/// first ping and its 20) have arrived.
+const LINUX: &str = "modprobe mlx4_en; ip link set eth0 up; ip addr add 192.168.50.1/24 dev eth0; \
+     for i in $(seq 30); do grep -q up /sys/class/net/eth0/operstate && break; sleep 1; done; \
+     cat /sys/class/net/eth0/operstate; ibv_devinfo -d mlx4_0 -i 1; \
+     retry 60 ping -c 1 -W 2 192.168.50.2; ping -c 20 -i 0.2 192.168.50.2; \
+     for i in $(seq 60); do set -- $(grep ^Icmp: /proc/net/snmp | tail -1); [ ${10} -ge 21 ] && break; sleep 1; done; \
+     grep ^Icmp: /proc/net/snmp; modprobe rdma_ucm; \
+     timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V; \
+     retry 60 rping -c -a 192.168.50.2 -C 20 -v -V";
+
+/// Ours: the address on our mlx4_en's eth0, 20 pings to Linux, then
+/// answering until Linux has powered off (`retry -u`).
+const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
+     retry -n 120 -i 1 ping -c 1 -W 2 192.168.50.1; ping -c 20 -i 0.2 192.168.50.1; \
+     retry -n 60 -i 1 rping -c -a 192.168.50.1 -C 20 -v -V; \
+     rping -s -a 192.168.50.2 -C 20 -v -V; \
+     retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
+
+/// The output lines of Linux's command `cmd` (echoed as `# cmd`) up to the
+/// next command, kernel messages left out.
+fn after_linux<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
+    let Some(at) = t.find(&format!("# {cmd}")) else {
+        return Vec::new();
+    };
+    t[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("# ") && !l.starts_with("run: "))
+        .filter(|l| !l.starts_with('['))
+        .collect()
+}
+
+/// The lines after our `lego> {cmd}` up to the next prompt, log lines left out.
+fn after_ours<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
+    let Some(at) = t.find(&format!("lego> {cmd}")) else {
+        return Vec::new();
+    };
+    t[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("lego> ") && !l.starts_with("run: "))
+        .filter(|l| !l.starts_with('['))
+        .collect()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[test]
+fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports() {
+    let load_before = loadavg();
+    let t = Instant::now();
+    let r = qemu::run_vfu(
+        &[
+            "--guests",
+            "linux,lego",
+            "--sm",
+            "none",
+            "--emu-args",
+            "--link-layer eth --port-type eth --stats",
+            "--run-on",
+            "0",
+            LINUX,
+            "--run-on",
+            "1",
+            OURS,
+        ],
+        DEADLINE,
+        true,
+    );
+    let took = t.elapsed();
+    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    assert_eq!(r.status, 0, "{all}");
+    for n in 0..2 {
+        assert!(
+            r.stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("node{n}: commands "))
+                    && l.ends_with("violations 0, DMA faults 0")),
+            "node {n}: the model recorded a violation or a DMA fault:\n{all}"
+        );
+    }
+    let (l, o) = (
+        qemu::node(&r.transcript, 0).unwrap_or(""),
+        qemu::node(&r.transcript, 1).unwrap_or(""),
+    );
+    assert!(
+        !l.contains("(exit status") && l.contains("run: 0 of "),
+        "a Linux command failed:\n{all}"
+    );
+    assert_eq!(
+        after_linux(l, "cat /sys/class/net/eth0/operstate").first(),
+        Some(&"up"),
+        "Linux's eth0:\n{all}"
+    );
+    // Linux's verbs see its own port on the model as RoCE: Active, link
+    // layer Ethernet.
+    let info = after_linux(l, "ibv_devinfo -d mlx4_0 -i 1");
+    for want in ["state: PORT_ACTIVE (4)", "link_layer: Ethernet"] {
+        assert!(
+            info.iter()
+                .any(|x| x.split_whitespace().eq(want.split_whitespace())),
+            "ibv_devinfo has no '{want}':\n{all}"
+        );
+    }
+    // Both ways, none lost.
+    let lp = after_linux(l, LINUX_PING);
+    assert!(
+        lp.contains(&"20 packets transmitted, 20 packets received, 0% packet loss"),
+        "Linux's ping:\n{all}"
+    );
+    let op = after_ours(o, OURS_PING);
+    assert!(
+        op.iter()
+            .any(|x| x.starts_with("20 packets transmitted, 20 received, 0% packet loss")),
+        "our ping:\n{all}"
+    );
+    // /proc/net/snmp's ICMP rows: the names, then the values (InEchos is
+    // the ninth).
+    let icmp = after_linux(l, "grep ^Icmp: /proc/net/snmp");
+    let echos: u64 = icmp
+        .get(1)
+        .and_then(|x| x.split_whitespace().nth(9))
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    assert!(echos >= 21, "Linux answered {echos} echo requests:\n{all}");
+    // rping over RoCE: Linux serves, ours pings; ours serves, Linux pings.
+    // Each side's -v lines, 20 each way, and both of Linux's exits 0 (no
+    // `(exit status` line above).
+    let count = |t: &str, what: &str| {
+        t.lines()
+            .filter(|x| x.trim_start().starts_with(what))
+            .count()
+    };
+    let linux_server = after_linux(l, "timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V");
+    let linux_client = after_linux(l, "retry 60 rping -c -a 192.168.50.2 -C 20 -v -V");
+    assert_eq!(
+        count(&linux_server.join("\n"), "server ping data: rdma-ping-"),
+        20,
+        "Linux's rping server:\n{all}"
+    );
+    assert_eq!(
+        count(&linux_client.join("\n"), "ping data: rdma-ping-"),
+        20,
+        "Linux's rping client:\n{all}"
+    );
+    let ours_client = after_ours(o, "retry -n 60 -i 1 rping -c -a 192.168.50.1");
+    let ours_server = after_ours(o, "rping -s -a 192.168.50.2");
+    assert_eq!(
+        count(&ours_client.join("\n"), "ping data: rdma-ping-"),
+        20,
+        "our rping client:\n{all}"
+    );
+    assert_eq!(
+        count(&ours_server.join("\n"), "server ping data: rdma-ping-"),
+        20,
+        "our rping server:\n{all}"
+    );
+    for t in [l, o] {
+        assert!(
+            !t.contains("data mismatch")
+                && !t.contains("rping client failed")
+                && !t.contains("rping server failed"),
+            "{all}"
+        );
+    }
+    eprintln!(
+        "Linux <-> ours over Ethernet on the model: Linux's ping rtt {:?}; ours {:?}; \
+         run {took:?}; load average {load_before} before, {} after",
+        lp.iter().find(|x| x.starts_with("round-trip ")),
+        op.iter().find(|x| x.starts_with("rtt ")),
+        loadavg()
+    );
+}
