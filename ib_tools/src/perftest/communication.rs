@@ -11,15 +11,17 @@
 //! 3. `check_mtu`: the port's MTU as the `ibv_mtu` number in text, 2 bytes
 //!    ("4\0" for 2048); both sides take the smaller;
 //! 4. `ctx_hand_shake`: the 59-byte `pingpong_dest` text (`KEY_PRINT_FMT`,
-//!    `LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN` in hex, NUL-terminated), repeated
-//!    as a barrier at the points each tool names ([`Script`]);
+//!    `LID:OUT_READS:QPN:PSN:RKEY:VADDR:SRQN` in hex, NUL-terminated), or,
+//!    when a GID index is in use (RoCE, `-x`), the 108-byte GID form
+//!    (`KEY_PRINT_FMT_GID`: `LID:OUT_READS:QPN:PSN:RKEY:VADDR:` then the
+//!    sixteen GID bytes and SRQN, each in hex and followed by a colon);
+//!    repeated as a barrier at the points each tool names ([`Script`]);
 //! 5. `xchg_bw_reports` (write and read bandwidth): the client's figures, each
 //!    8 bytes big-endian (size, iterations, peak, average, message rate),
 //!    which the server prints as its result line;
 //! 6. `ctx_close_connection`: one more hand shake, then "done\0" each way.
 //!
-//! Left out: the GID form of the message (`KEY_PRINT_FMT_GID`, 108 bytes, for
-//! RoCE), multiple QPs, duplex runs and the per-port reports. Every read has a
+//! Left out: multiple QPs, duplex runs and the per-port reports. Every read has a
 //! deadline and every message is checked: a peer that says nothing, closes
 //! early, sends text that is not perftest's or is older than 5.70 ends the run
 //! with a sentence naming which exchange failed.
@@ -40,6 +42,8 @@ pub const VERSION_LEN: usize = 16;
 pub const MIN_PEER_VERSION: f64 = 5.70;
 /// perftest's `KEY_MSG_SIZE`: the `pingpong_dest` message without a GID.
 pub const KEY_MSG_SIZE: usize = 59;
+/// perftest's `KEY_MSG_SIZE_GID`: the message with the GID (RoCE, `-x`).
+pub const KEY_MSG_SIZE_GID: usize = 108;
 /// The page size perftest uses as its cycle buffer (`sysconf(_SC_PAGESIZE)`).
 pub const CYCLE_BUFFER: u32 = 4096;
 /// The cache line size perftest reads on x86 (`get_cache_line_size`).
@@ -95,6 +99,12 @@ pub struct Comm<'a> {
     client: bool,
     /// The peer's version, once exchanged.
     pub rem_version: f64,
+    /// Our GID when a GID index is in use (RoCE, `-x`): the QP address
+    /// goes both ways in the GID form (perftest reads the peer's message in
+    /// the form of its own GID index).
+    pub gid: Option<[u8; 16]>,
+    /// The peer's GID from the last GID-form message.
+    pub rem_gid: [u8; 16],
     /// `-R`: the exchange runs over the RDMA CM's control connection
     /// (`rdma_write_keys`: the QP address as the binary `pingpong_dest`,
     /// no closing "done").
@@ -128,6 +138,61 @@ pub fn encode_dest(d: &Dest) -> [u8; KEY_MSG_SIZE] {
     let n = s.len().min(KEY_MSG_SIZE - 1);
     m[..n].copy_from_slice(&s.as_bytes()[..n]);
     m
+}
+
+/// perftest's `KEY_PRINT_FMT_GID` message of `d` with our GID `gid`
+/// (108 bytes: 107 characters and the NUL).
+pub fn encode_dest_gid(d: &Dest, gid: &[u8; 16]) -> [u8; KEY_MSG_SIZE_GID] {
+    let mut s = String::new();
+    let _ = core::fmt::Write::write_fmt(
+        &mut s,
+        format_args!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr
+        ),
+    );
+    for b in gid {
+        let _ = core::fmt::Write::write_fmt(&mut s, format_args!("{b:02x}:"));
+    }
+    let _ = core::fmt::Write::write_fmt(&mut s, format_args!("{:08x}:", 0u32));
+    let mut m = [0u8; KEY_MSG_SIZE_GID];
+    let n = s.len().min(KEY_MSG_SIZE_GID - 1);
+    m[..n].copy_from_slice(&s.as_bytes()[..n]);
+    m
+}
+
+/// Reads a `KEY_PRINT_FMT_GID` message as `ethernet_read_keys` does
+/// (colon-separated hex: six address fields, sixteen GID bytes, SRQN),
+/// each field checked against its width. A RoCE peer's LID is 0: not
+/// checked.
+pub fn decode_dest_gid(m: &[u8]) -> Result<(Dest, [u8; 16]), String> {
+    let text = c_text(m);
+    let shown = String::from_utf8_lossy(text);
+    let bad = || format!("the peer's QP address (GID form) is not perftest's: <{shown}>");
+    let t = core::str::from_utf8(text).map_err(|_| bad())?;
+    let f: alloc::vec::Vec<&str> = t.trim_end_matches(':').split(':').collect();
+    if f.len() != 6 + 16 + 1 {
+        return Err(bad());
+    }
+    let v: Option<alloc::vec::Vec<u64>> = f.iter().map(|x| parse_hex(x)).collect();
+    let v = v.ok_or_else(bad)?;
+    if v[0] > 0xffff || v[1] > 0xffff || v[2] > 0xff_ffff || v[3] > 0xff_ffff || v[4] > 0xffff_ffff
+    {
+        return Err(bad());
+    }
+    let mut gid = [0u8; 16];
+    for (g, x) in gid.iter_mut().zip(&v[6..22]) {
+        *g = u8::try_from(*x).map_err(|_| bad())?;
+    }
+    let d = Dest {
+        lid: v[0] as u16,
+        out_reads: v[1] as u32,
+        qpn: v[2] as u32,
+        psn: v[3] as u32,
+        rkey: v[4] as u32,
+        vaddr: v[5],
+    };
+    Ok((d, gid))
 }
 
 /// The bytes of `struct pingpong_dest` on x86-64, which `-R` sends as it is
@@ -252,6 +317,8 @@ impl<'a> Comm<'a> {
             link,
             client,
             rem_version: 0.0,
+            gid: None,
+            rem_gid: [0; 16],
             rdma_cm: false,
         }
     }
@@ -410,6 +477,14 @@ impl<'a> Comm<'a> {
             )?;
             return Ok(decode_dest_bin(&m));
         }
+        if let Some(g) = self.gid {
+            let mut m = [0u8; KEY_MSG_SIZE_GID];
+            let what = "the QP address message (GID form)";
+            self.xchg(&encode_dest_gid(my, &g), &mut m, what, timeout)?;
+            let (d, rg) = decode_dest_gid(&m)?;
+            self.rem_gid = rg;
+            return Ok(d);
+        }
         let mut m = [0u8; KEY_MSG_SIZE];
         self.xchg(&encode_dest(my), &mut m, "the QP address message", timeout)?;
         decode_dest(&m)
@@ -553,6 +628,28 @@ mod tests {
         );
         assert_eq!(m[58], 0);
         assert_eq!(decode_dest(&m), Ok(dest()));
+    }
+
+    #[test]
+    fn the_gid_message_is_perftests_108_bytes() {
+        // perftest 4.5-0.17 on RoCE with the IPv4-mapped GID of 192.168.50.1.
+        let mut gid = [0u8; 16];
+        gid[10..].copy_from_slice(&[0xff, 0xff, 192, 168, 50, 1]);
+        let d = Dest { lid: 0, ..dest() };
+        let m = encode_dest_gid(&d, &gid);
+        assert_eq!(m.len(), 108);
+        assert_eq!(
+            &m[..107],
+            &b"0000:0010:00004a:123456:80010203:00007f1234567000:\
+               00:00:00:00:00:00:00:00:00:00:ff:ff:c0:a8:32:01:00000000:"[..]
+        );
+        assert_eq!(m[107], 0);
+        assert_eq!(decode_dest_gid(&m), Ok((d, gid)));
+        // A field out of its width, or a short message, is refused.
+        let mut bad = m;
+        bad[51] = b'g';
+        assert!(decode_dest_gid(&bad).is_err());
+        assert!(decode_dest_gid(&encode_dest(&dest())).is_err());
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! end-of-size SEND) and the barriers and reports where each tool's `main`
 //! puts them. With `-R` the same run goes over the RDMA CM's control
 //! connection ([`rdma_cm`](super::rdma_cm)). Left out: `-a`, `-D`, `--check` (refused with a sentence),
-//! `ib_send_lat` and `ib_atomic_lat` (refused), RoCE's GID messages.
+//! `ib_send_lat` and `ib_atomic_lat` (refused). On RoCE (or with `-x`) the
+//! QP addresses take perftest's GID form and the QP's path a GRH to the
+//! peer's GID.
 
 use alloc::format;
 use alloc::string::String;
@@ -19,7 +21,9 @@ use core::net::Ipv4Addr;
 use core::time::Duration;
 
 use hal::Deadline;
-use ib_core::verbs::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask, QpState, SendFlags, SendWr};
+use ib_core::verbs::{
+    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, SendFlags, SendWr,
+};
 use ib_core::verbs::{WrDetail, WrOpcode};
 
 use super::super::communication::{
@@ -54,14 +58,19 @@ pub(super) enum Way<'c> {
 struct Tcp<'e, 'a, 'c> {
     env: &'e mut Env<'a>,
     way: Way<'c>,
+    /// Our GID when a GID index is in use (RoCE, `-x`): the TCP exchange's
+    /// QP addresses take the GID form.
+    gid: Option<[u8; 16]>,
 }
 
 impl<'c> Tcp<'_, '_, 'c> {
     /// The exchange on this link, in the form its way takes.
     fn comm(&mut self, client: bool) -> Comm<'_> {
         let rdma = matches!(self.way, Way::Cm(_));
+        let gid = if rdma { None } else { self.gid };
         let mut c = Comm::new(self, client);
         c.rdma_cm = rdma;
+        c.gid = gid;
         c
     }
     fn ip(&mut self) -> Result<&mut dyn Sockets, String> {
@@ -183,6 +192,28 @@ pub(super) fn close(env: &mut Env<'_>, sock: u32) {
     }
 }
 
+/// perftest's GID choice (`-x`, else `get_best_gid_index`: the first
+/// IPv4-mapped GID of the port, else index 0), and the GID there.
+fn source_gid(env: &mut Env<'_>, p: &Params) -> Result<(u8, [u8; 16]), String> {
+    let dev = env.core.device(env.dev).ok_or("the device is gone")?;
+    let gid_at = |i: u8| dev.get_cached_gid(p.ib_port, usize::from(i)).map(|g| g.0);
+    let idx = match p.gid_index {
+        Some(i) => i,
+        None => (0..128u8)
+            .map_while(|i| gid_at(i).ok().map(|g| (i, g)))
+            .find(|(_, g)| g[..10] == [0; 10] && g[10..12] == [0xff, 0xff])
+            .map_or(0, |(i, _)| i),
+    };
+    let g = gid_at(idx).map_err(|x| e("source GID", x))?;
+    if g == [0; 16] {
+        return Err(format!(
+            "GID index {idx} of port {} is empty (see show_gids)",
+            p.ib_port
+        ));
+    }
+    Ok((idx, g))
+}
+
 fn mtu_of(n: u8) -> Mtu {
     match n {
         1 => Mtu::Mtu256,
@@ -201,6 +232,7 @@ fn connect_qp(
     my: &Dest,
     rem: &Dest,
     mtu: u8,
+    grh: Option<(u8, [u8; 16])>,
 ) -> Result<(), String> {
     let dev = env.core.device_mut(env.dev).ok_or("the device is gone")?;
     let mut a = QpAttr {
@@ -225,10 +257,20 @@ fn connect_qp(
     a.rq_psn = rem.psn;
     a.max_dest_rd_atomic = my.out_reads.clamp(1, 16) as u8;
     a.min_rnr_timer = 12;
+    // With a GID index, perftest's `ctx_modify_qp_to_rtr` makes the path
+    // global: the peer's GID, our GID index, hop limit 0xff (on RoCE the
+    // driver finds the peer's MAC from the GID: EUI-64 or ARP).
     a.ah_attr = AhAttr {
         dlid: rem.lid,
         sl: 0,
         port_num: p.ib_port,
+        grh: grh.map(|(sgid_index, dgid)| GlobalRoute {
+            dgid: Gid(dgid),
+            flow_label: 0,
+            sgid_index,
+            hop_limit: 0xff,
+            traffic_class: 0,
+        }),
         ..Default::default()
     };
     dev.modify_qp(
@@ -279,11 +321,22 @@ pub(super) fn run(
     let mut q = p.clone();
     q.socket = true;
     q.rdma_cm = matches!(way, Way::Cm(_));
+    // perftest uses a GID index on RoCE (or with -x anywhere): the QP
+    // addresses carry the GID and the QP's path a GRH.
+    let sgid =
+        if matches!(way, Way::Tcp(_)) && (link.link_type == "Ethernet" || q.gid_index.is_some()) {
+            let (idx, g) = source_gid(env, &q)?;
+            q.gid_index = Some(idx);
+            Some((idx, g))
+        } else {
+            None
+        };
+    let gid = sgid.map(|(_, g)| g);
     let p = &q;
     let mtu_now = (link.mtu / 256).trailing_zeros() as u8 + 1;
     let t0 = env.core.clock().now_ns();
     let (cycle, mtu) = {
-        let mut t = Tcp { env, way };
+        let mut t = Tcp { env, way, gid };
         let mut c = t.comm(client);
         c.exchange_versions()?;
         let (cycle, _line) = c.check_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
@@ -325,22 +378,34 @@ pub(super) fn run(
             vaddr: 0,
             out_reads: 0,
         };
-        Tcp { env, way }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
+        Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
         ctl.connect_test(env, p, res)?;
-        Tcp { env, way }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
+        Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
     }
-    let rem = Tcp { env, way }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+    let (rem, rem_gid) = {
+        let mut t = Tcp { env, way, gid };
+        let mut c = t.comm(client);
+        let d = c.hand_shake(&my, EXCHANGE_TIMEOUT)?;
+        (d, c.rem_gid)
+    };
     if matches!(way, Way::Tcp(_)) {
-        connect_qp(env, p, res, &my, &rem, mtu)?;
+        let grh = sgid.map(|(idx, _)| (idx, rem_gid));
+        connect_qp(env, p, res, &my, &rem, mtu, grh)?;
     }
     if !client && p.tool.verb == Verb::Send {
         post_recvs(env, res, p.tool.kind, 0..u64::from(p.rx_depth).min(p.iters))?;
     }
     let _ = print_pingpong_data(out, false, p.tool.verb, &my);
+    if let Some(g) = &gid {
+        let _ = super::super::print_gid(out, g);
+    }
     for _ in 1..script.before {
-        Tcp { env, way }.shake(client, &my, EXCHANGE_TIMEOUT)?;
+        Tcp { env, way, gid }.shake(client, &my, EXCHANGE_TIMEOUT)?;
     }
     let _ = print_pingpong_data(out, true, p.tool.verb, &rem);
+    if gid.is_some() {
+        let _ = super::super::print_gid(out, &rem_gid);
+    }
     let size = p.size;
     let reply = super::super::exchange::Reply {
         status: 0,
@@ -353,7 +418,7 @@ pub(super) fn run(
         // once; write and read bandwidth print the client's figures.
         if script.report {
             let _ = writeln!(out, "{RESULT_LINE}\n{RESULT_FMT}");
-            let mut t = Tcp { env, way };
+            let mut t = Tcp { env, way, gid };
             let mut c = t.comm(false);
             c.hand_shake(&my, RUN_TIMEOUT)?;
             let zero = BwReport {
@@ -367,7 +432,7 @@ pub(super) fn run(
             let _ = print_bw_line(out, &r);
             c.close(&my, EXCHANGE_TIMEOUT)?;
         } else {
-            Tcp { env, way }.close_comm(false, &my, RUN_TIMEOUT)?;
+            Tcp { env, way, gid }.close_comm(false, &my, RUN_TIMEOUT)?;
         }
         let _ = writeln!(out, "{RESULT_LINE}");
         return Ok(());
@@ -385,7 +450,7 @@ pub(super) fn run(
         _ => super::drive_size(env, p, res, size, &reply, out)?,
     };
     let _ = writeln!(out, "{RESULT_LINE}");
-    let mut t = Tcp { env, way };
+    let mut t = Tcp { env, way, gid };
     let mut c = t.comm(client);
     if let (true, Some(r)) = (script.report, mine) {
         c.hand_shake(&my, RUN_TIMEOUT)?;
