@@ -31,7 +31,12 @@ const LINUX: &str = "modprobe mlx4_en; ip link set eth0 up; ip addr add 192.168.
      for i in $(seq 60); do set -- $(grep ^Icmp: /proc/net/snmp | tail -1); [ ${10} -ge 21 ] && break; sleep 1; done; \
      grep ^Icmp: /proc/net/snmp; modprobe rdma_ucm; \
      timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V; \
-     retry 60 rping -c -a 192.168.50.2 -C 20 -v -V";
+     retry 60 rping -c -a 192.168.50.2 -C 20 -v -V; \
+     cat /sys/class/infiniband/mlx4_0/ports/1/gids/1 /sys/class/infiniband/mlx4_0/ports/1/gid_attrs/types/1; \
+     timeout 40 ib_write_bw -x 1 -s 65536 -n 200; \
+     retry 30 ib_write_bw -x 1 -s 65536 -n 200 192.168.50.2; echo linux-client-ib_write_bw-done; \
+     timeout 40 ib_write_lat -x 1 -s 8 -n 200; \
+     retry 30 ib_write_lat -x 1 -s 8 -n 200 192.168.50.2; echo linux-client-ib_write_lat-done";
 
 /// Ours: the address on our mlx4_en's eth0, 20 pings to Linux, then
 /// answering until Linux has powered off (`retry -u`).
@@ -39,6 +44,8 @@ const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
      retry -n 120 -i 1 ping -c 1 -W 2 192.168.50.1; ping -c 20 -i 0.2 192.168.50.1; \
      retry -n 60 -i 1 rping -c -a 192.168.50.1 -C 20 -v -V; \
      rping -s -a 192.168.50.2 -C 20 -v -V; \
+     retry -n 30 -i 1 ib_write_bw -s 65536 -n 200 192.168.50.1; ib_write_bw -s 65536 -n 200; \
+     retry -n 30 -i 1 ib_write_lat -s 8 -n 200 192.168.50.1; ib_write_lat -s 8 -n 200; \
      retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
 
 /// The output lines of Linux's command `cmd` (echoed as `# cmd`) up to the
@@ -66,6 +73,19 @@ fn after_ours<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
         .take_while(|l| !l.starts_with("lego> ") && !l.starts_with("run: "))
         .filter(|l| !l.starts_with('['))
         .collect()
+}
+
+/// Result lines (perftest's, ours) whose first two fields are `size` and
+/// `iters`.
+fn results(text: &str, size: u64, iters: u64) -> usize {
+    text.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
+                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
+                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
+        })
+        .count()
 }
 
 fn loadavg() -> String {
@@ -191,6 +211,54 @@ fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports(
                 && !t.contains("rping server failed"),
             "{all}"
         );
+    }
+    // perftest over RoCE through its TCP exchange on the Ethernet
+    // interfaces: Linux's index 1 is its IPv4-mapped RoCE v1 GID, which
+    // `-x 1` names; ours picks its IPv4-mapped GID as perftest's
+    // get_best_gid_index does. Each side printed the other's GID from the
+    // GID-form message, and each run's result line (a bandwidth server
+    // prints the client's figures) names the same bytes and iterations.
+    assert_eq!(
+        after_linux(
+            l,
+            "cat /sys/class/infiniband/mlx4_0/ports/1/gids/1 /sys/class/infiniband/mlx4_0/ports/1/gid_attrs/types/1"
+        ),
+        ["0000:0000:0000:0000:0000:ffff:c0a8:3201", "IB/RoCE v1"],
+        "Linux's GID 1:\n{all}"
+    );
+    for t in ["ib_write_bw", "ib_write_lat"] {
+        assert!(l.contains(&format!("linux-client-{t}-done")), "{all}");
+    }
+    let gid_line =
+        |last: u8| format!(" GID: 00:00:00:00:00:00:00:00:00:00:255:255:192:168:50:{last:02}");
+    assert!(
+        l.matches(&gid_line(2)).count() >= 4,
+        "Linux's perftest did not print our GID four times (remote, two tools, two roles):\n{all}"
+    );
+    assert!(
+        o.matches(&gid_line(1)).count() >= 4,
+        "our perftest did not print Linux's GID four times:\n{all}"
+    );
+    assert!(o.matches("GID index       : 1").count() >= 4, "{all}");
+    for (who, text) in [("Linux", l), ("ours", o)] {
+        assert_eq!(
+            results(text, 65536, 200),
+            2,
+            "{who}'s ib_write_bw lines:\n{all}"
+        );
+        assert_eq!(
+            results(text, 8, 200),
+            2,
+            "{who}'s ib_write_lat lines:\n{all}"
+        );
+    }
+    for (who, text) in [("Linux", l), ("ours", o)] {
+        for line in text
+            .lines()
+            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
+        {
+            eprintln!("{who}: {line}");
+        }
     }
     eprintln!(
         "Linux <-> ours over Ethernet on the model: Linux's ping rtt {:?}; ours {:?}; \
