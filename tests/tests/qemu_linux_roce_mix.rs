@@ -1,4 +1,4 @@
-//! An unmodified Linux 6.1 guest (its own mlx4_core, mlx4_en, mlx4_ib, rdma-core 44's `rping`) and one of ours on the model's Ethernet ports: ping both ways over mlx4_en and ours, Linux's `ibv_devinfo` showing its RoCE port, then Linux's real `rping` against ours over RoCE (the RDMA CM, ARP, IPv4-mapped GIDs) in both roles, `-C 20 -V`; no model violation.
+//! An unmodified Linux 6.1 guest (its own mlx4_core, mlx4_en, mlx4_ib, rdma-core 44's `rping`) and one of ours on the model's Ethernet ports: ping both ways over mlx4_en and ours, Linux's `ibv_devinfo` showing its RoCE port, then Linux's real `rping` against ours over RoCE (the RDMA CM, ARP, IPv4-mapped GIDs) in both roles, `-C 20 -V`, and Linux's perftest 4.5-0.17 against ours over RoCE (`ib_write_bw` 64 KiB and `ib_write_lat` 8 B, 200 each, perftest's TCP exchange with the GID message) in both roles; no model violation.
 //!
 //! One `--guests linux,lego` boot (cx3-vfu, so both guests reach the model
 //! over vfio-user; `--link-layer eth --port-type eth`: port 1 of each card on
@@ -8,7 +8,11 @@
 //! pings the other 20 times; Linux waits (its ICMP counters) until our 20
 //! echo requests have arrived. Then Linux serves `rping -s` and our client
 //! pings 20 times with the data checked, then ours serves and Linux's
-//! client does the same; every Linux command must exit 0 (its runner's
+//! client does the same. Then the same for `ib_write_bw -s 65536 -n 200`
+//! and `ib_write_lat -s 8 -n 200`: Linux's tool with `-x 1` (its
+//! IPv4-mapped RoCE v1 GID), ours choosing its IPv4-mapped GID by itself;
+//! each side prints the other's GID, and result lines with the same bytes
+//! and iterations. Every Linux command must exit 0 (its runner's
 //! `(exit status N)` lines). Ours answers pings until Linux has powered off.
 
 use std::time::{Duration, Instant};
@@ -95,7 +99,7 @@ fn loadavg() -> String {
 }
 
 #[test]
-fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports() {
+fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethernet_ports() {
     let load_before = loadavg();
     let t = Instant::now();
     let r = qemu::run_vfu(
