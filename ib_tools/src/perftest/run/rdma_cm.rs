@@ -69,8 +69,19 @@ pub(in crate::perftest) struct Ctl {
 }
 
 /// One turn of the core, the IP stack and the RDMA CM's IP side; the
-/// RDMA CM's client id, or why there is none.
+/// RDMA CM's client id, or why there is none (Ctrl-C among the reasons).
 fn pump(env: &mut Env<'_>) -> Result<ClientId, String> {
+    let cma = turn(env)?;
+    if (env.interrupted)() {
+        return Err(String::from("interrupted"));
+    }
+    Ok(cma)
+}
+
+/// [`pump`] without looking at Ctrl-C, for a caller that looks itself:
+/// reading the console takes the Ctrl-C it finds, so a turn that dropped
+/// the answer would lose it (the server's wait for a client did).
+fn turn(env: &mut Env<'_>) -> Result<ClientId, String> {
     env.core.poll();
     let ip = env
         .ip
@@ -81,9 +92,6 @@ fn pump(env: &mut Env<'_>) -> Result<ClientId, String> {
         .rdma_cm()
         .ok_or("no RDMA CM here: -R cannot be used (leave it out for perftest's TCP exchange)")?;
     cma::net_poll(env.core, cma, net);
-    if (env.interrupted)() {
-        return Err(String::from("interrupted"));
-    }
     Ok(cma)
 }
 
@@ -546,7 +554,7 @@ impl Ctl {
 
 /// Reports the listener's connection request: the new ID if one came.
 pub(super) fn poll_listener(env: &mut Env<'_>, l: RdmaCmId) -> Option<RdmaCmId> {
-    let cma = pump(env).ok()?;
+    let cma = turn(env).ok()?;
     match cma::get_cm_event(env.core, cma, l) {
         Some(ev) if ev.event == RdmaCmEventType::ConnectRequest => Some(ev.id),
         _ => None,
@@ -555,7 +563,7 @@ pub(super) fn poll_listener(env: &mut Env<'_>, l: RdmaCmId) -> Option<RdmaCmId> 
 
 /// A listener on perftest's port in the TCP port space (`-R` clients).
 pub(super) fn listen(env: &mut Env<'_>, port: u16) -> Option<RdmaCmId> {
-    let cma = pump(env).ok()?;
+    let cma = turn(env).ok()?;
     let id = cma::create_id(env.core, cma, PortSpace::Tcp).ok()?;
     let ok = cma::bind_addr(
         env.core,
@@ -573,7 +581,7 @@ pub(super) fn listen(env: &mut Env<'_>, port: u16) -> Option<RdmaCmId> {
 
 /// Drops a listener nobody used.
 pub(super) fn unlisten(env: &mut Env<'_>, l: RdmaCmId) {
-    if let Ok(cma) = pump(env) {
+    if let Ok(cma) = turn(env) {
         let _ = cma::destroy_id(env.core, cma, l);
     }
 }
