@@ -390,6 +390,9 @@ fn beside_opensm_the_priorities_decide_and_stopping_the_master_hands_over() {
         .unwrap_or_default()
         .replace("\r\n", "\n");
     let n0 = s.seen.replace("\r\n", "\n");
+    if std::env::var_os("SHOW_TRANSCRIPTS").is_some() {
+        eprintln!("{n0}");
+    }
     eprintln!(
         "SM start to OpenSM (10) master: {guest_s:.1} s; the run {:.1} s; our handover waited for OpenSM to stand by: {}",
         t0.elapsed().as_secs_f64(),
