@@ -134,6 +134,9 @@ pub struct Sm {
     pub(crate) master_sm_guid: u64,
     /// A remote master we wait for (C14-60.2.1), 0 if none.
     pub(crate) polling_sm_guid: u64,
+    /// A higher SM still discovering that we hand over to once it stands
+    /// by, 0 if none (logged once).
+    pub(crate) handover_waits_for: u64,
     /// Polls without an answer.
     pub(crate) retry_number: u32,
     pub(crate) next_poll_ns: u64,
@@ -238,6 +241,7 @@ impl Sm {
             remote_sms: BTreeMap::new(),
             master_sm_guid: 0,
             polling_sm_guid: 0,
+            handover_waits_for: 0,
             retry_number: 0,
             next_poll_ns: u64::MAX,
             stats: SmStats::default(),

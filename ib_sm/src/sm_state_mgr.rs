@@ -1,4 +1,4 @@
-//! The SM's own state machine, after OpenSM's `osm_sm_state_mgr.c`: DISCOVERING, STANDBY, MASTER and NOT ACTIVE, the polling of the master by a standby SM (SubnGet(SMInfo) every `sminfo_polling_timeout`, DISCOVERING again after `polling_retry_number` unanswered polls), the handover to a higher SM and the wait for a lower master to hand over (C14-60.2.1).
+//! The SM's own state machine, after OpenSM's `osm_sm_state_mgr.c`: DISCOVERING, STANDBY, MASTER and NOT ACTIVE, the polling of the master by a standby SM (SubnGet(SMInfo) every `sminfo_polling_timeout`, DISCOVERING again after `polling_retry_number` unanswered polls), the handover to a higher SM (once it stands by: OpenSM hands over to a discovering one too, which can lose it) and the wait for a lower master to hand over (C14-60.2.1).
 //!
 //! Signals OpenSM passes between its threads are direct calls here. The
 //! election itself (priority, then the lower port GUID) is
@@ -131,6 +131,34 @@ impl Sm {
             }
         }
         best.map(|b| b.1)
+    }
+
+    /// Whether the remote SM `g` is still discovering.
+    pub(crate) fn still_discovering(&self, g: u64) -> bool {
+        self.remote_sms
+            .get(&g)
+            .is_some_and(|r| r.smi.state == sm_state::DISCOVERING)
+    }
+
+    /// A higher SM that is still discovering gets no HANDOVER yet; we stay
+    /// master until it stands by. OpenSM's master hands over at once
+    /// (`state_mgr_send_handover` after the heavy sweep), but an OpenSM
+    /// that receives it while DISCOVERING only sweeps again
+    /// (`osm_sm_state_mgr_process`), a sweep it drops if the one under way
+    /// has already read our SMInfo as MASTER: it then stands by for us
+    /// while we stand by for it, until its polls of us time out (five
+    /// polls, 10 s apart). Standing by, it polls us at once and, finding
+    /// us lower, sends Trap 144; that trap (or our light sweep's SMInfo)
+    /// brings the heavy sweep that hands over to a STANDBY SM, which
+    /// always becomes master at a HANDOVER.
+    pub(crate) fn wait_to_hand_over(&mut self, g: u64, now: u64) {
+        if self.handover_waits_for != g {
+            self.handover_waits_for = g;
+            self.note(
+                now,
+                format!("Higher SM {g:#018x} is still DISCOVERING: handing over once it stands by"),
+            );
+        }
     }
 
     /// A remote SM in MASTER state (`state_mgr_exists_other_master_sm`).

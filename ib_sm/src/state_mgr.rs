@@ -332,11 +332,16 @@ impl Sm {
         }
         self.note_quiet(now, "HEAVY SWEEP COMPLETE".into());
         if self.state == sm_state::MASTER {
-            if let Some(g) = self.highest_remote_sm() {
-                self.send_handover(g, now);
-                self.sweep.stage = Stage::Handover;
-                self.enter_standby_after_handover(now);
-                return;
+            match self.highest_remote_sm() {
+                Some(g) if self.still_discovering(g) => self.wait_to_hand_over(g, now),
+                Some(g) => {
+                    self.handover_waits_for = 0;
+                    self.send_handover(g, now);
+                    self.sweep.stage = Stage::Handover;
+                    self.enter_standby_after_handover(now);
+                    return;
+                }
+                None => self.handover_waits_for = 0,
             }
             if let Some(g) = self.other_master_sm() {
                 // C14-60.2.1: wait for the other master to hand over, and

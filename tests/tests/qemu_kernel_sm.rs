@@ -358,6 +358,15 @@ fn beside_opensm_the_priorities_decide_and_stopping_the_master_hands_over() {
         Duration::from_secs(10),
     );
     out.push_str(&s.run("opensm status; ibstat"));
+    // Ours handed over to an OpenSM standing by (a HANDOVER's answer
+    // gives the state before it), not to one still discovering, which
+    // can lose it (then only OpenSM's polls time out, after 50 s).
+    assert!(
+        s.seen
+            .contains("HANDOVER to SM 0x0002c90300000f01 answered (its state STANDBY)"),
+        "{}\n--- OpenSM:\n{log}",
+        s.seen
+    );
     for want in [
         "sminfo: sm lid 4 sm guid 0x2c90300000f01",
         "priority 10 state 3 SMINFO_MASTER",
@@ -381,9 +390,13 @@ fn beside_opensm_the_priorities_decide_and_stopping_the_master_hands_over() {
         .unwrap_or_default()
         .replace("\r\n", "\n");
     let n0 = s.seen.replace("\r\n", "\n");
+    if std::env::var_os("SHOW_TRANSCRIPTS").is_some() {
+        eprintln!("{n0}");
+    }
     eprintln!(
-        "SM start to OpenSM (10) master: {guest_s:.1} s; the run {:.1} s",
-        t0.elapsed().as_secs_f64()
+        "SM start to OpenSM (10) master: {guest_s:.1} s; the run {:.1} s; our handover waited for OpenSM to stand by: {}",
+        t0.elapsed().as_secs_f64(),
+        n0.contains("is still DISCOVERING: handing over once it stands by")
     );
     // Both ports went Active once, at our first SUBNET UP, and kept their
     // LIDs (1 and 3) through four changes of master.

@@ -163,6 +163,60 @@ fn opensm_at_a_lower_priority_stands_by_and_takes_over_at_our_handover() {
     b.teardown();
 }
 
+/// OpenSM at a higher priority arrives while ours is master: ours hands it
+/// the subnet and stands by within seconds (not by OpenSM's polling
+/// timeout, five polls 10 s apart). OpenSM meets a HANDOVER while it
+/// discovers only with another sweep (`osm_sm_state_mgr.c`), so ours hands
+/// over once OpenSM stands by (its Trap 144 says so).
+#[test]
+fn opensm_at_a_higher_priority_arriving_gets_the_subnet_by_our_handover() {
+    if !peers_present("opensm_at_a_higher_priority_arriving_gets_the_subnet_by_our_handover") {
+        return;
+    }
+    let mut n = net("ksm-arrive", false, &[]);
+    ib_sm::start(&mut n.a.core, n.sm, n.a.dev, 1, ours(5)).unwrap();
+    let (sm, dev) = (n.sm, n.a.dev);
+    let ok = pump(&mut n, LIMIT, |n| {
+        our_state(&mut n.a.core, sm, dev) == sm_state::MASTER && n.a.active() && n.b.active()
+    });
+    assert!(ok, "ours up:\n{}", report(&mut n));
+    let lids = [n.a.port(1).lid, n.b.port(1).lid];
+    let t = std::time::Instant::now();
+    n.osm
+        .restart(&mut [&mut n.a, &mut n.b], &["-p", "10", "-s", "1"]);
+    let ok = pump(&mut n, Duration::from_secs(15), |n| {
+        let host = smhost_lid(n);
+        n.osm.current_log().contains("Entering MASTER state")
+            && our_state(&mut n.a.core, sm, dev) == sm_state::STANDBY
+            && host != 0
+            && n.a.port(1).sm_lid == host
+            && n.b.port(1).sm_lid == host
+    });
+    let rep = report(&mut n);
+    assert!(ok, "OpenSM (10) master by our handover within 15 s:\n{rep}");
+    eprintln!(
+        "OpenSM (10) master {:.1} s after its start",
+        t.elapsed().as_secs_f64()
+    );
+    // The HANDOVER went to an OpenSM standing by (its answer gives its
+    // state before it), not to one still discovering, which may lose it.
+    assert!(
+        rep.contains("HANDOVER to SM 0x0002c90300000f01 answered (its state STANDBY)"),
+        "{rep}"
+    );
+    for (k, g) in [&mut n.a, &mut n.b].into_iter().enumerate() {
+        assert!(g.active(), "{}", g.name);
+        assert_eq!(g.port(1).lid, lids[k], "{}: LID kept", g.name);
+    }
+    let Net {
+        a, b, osm, fabric, ..
+    } = n;
+    drop(fabric);
+    osm.stop();
+    a.teardown();
+    b.teardown();
+}
+
 #[test]
 fn our_sm_stands_by_for_opensm_at_a_higher_priority_and_takes_over_when_it_dies() {
     if !peers_present(
