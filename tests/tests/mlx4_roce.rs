@@ -116,6 +116,25 @@ impl Rig {
         });
     }
 
+    /// The next completion on `cq` of guest A or B, which must be a success.
+    fn wc_ok(&mut self, on_a: bool, cq: Cq, what: &str) -> Wc {
+        let w = self.wc(on_a, cq, what);
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        w
+    }
+
+    /// Frees A's `ends_a` and B's `ends_b`, then tears both guests down.
+    fn close(mut self, ends_a: Vec<End>, ends_b: Vec<End>) {
+        for e in ends_a {
+            free(&mut self.a, e);
+        }
+        for e in ends_b {
+            free(&mut self.b, e);
+        }
+        self.a.teardown();
+        self.b.teardown();
+    }
+
     /// The next completion on `e.cq` of guest A or B.
     fn wc(&mut self, on_a: bool, cq: Cq, what: &str) -> Wc {
         self.until(what, |r| {
@@ -339,6 +358,17 @@ fn post(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, wr: WrDetail) 
         .expect("post send");
 }
 
+/// An RDMA WRITE or READ of `len` bytes at `off` of `e`'s buffer, to or from
+/// `remote_off` of the peer's buffer under `rkey`.
+#[allow(clippy::too_many_arguments)]
+fn post_rdma(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, remote_off: u64, rkey: u32) {
+    let wr = WrDetail::Rdma {
+        remote_addr: IOVA + remote_off,
+        rkey,
+    };
+    post(g, e, op, off, len, wr);
+}
+
 fn pattern(seed: u8, n: usize) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -415,8 +445,7 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
     );
     assert_eq!(r.a.ib().query_gid(1, 2).unwrap(), [0; 16]);
     assert_eq!(r.a.ib().roce_port(1).unwrap().gid_table_writes, 3);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![], vec![]);
 }
 
 #[test]
@@ -427,33 +456,20 @@ fn rc_rdma_write_and_read_over_roce_with_data_checked() {
     let data = pattern(3, 20_000);
     ea.buf.write_bytes(0, &data);
     let rkey = eb.mr.rkey;
-    post(
-        &mut r.a,
-        &ea,
-        WrOpcode::RdmaWrite,
-        0,
-        20_000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 100,
-            rkey,
-        },
-    );
-    let w = r.wc(true, ea.cq, "WRITE completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    post_rdma(&mut r.a, &ea, WrOpcode::RdmaWrite, 0, 20_000, 100, rkey);
+    r.wc_ok(true, ea.cq, "WRITE completion");
     assert_eq!(read(&eb, 100, 20_000), data);
     // RDMA READ of 12 000 bytes back from B.
     let remote = pattern(77, 12_000);
     eb.buf.write_bytes(30_000, &remote);
-    post(
+    post_rdma(
         &mut r.a,
         &ea,
         WrOpcode::RdmaRead,
         40_000,
         12_000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 30_000,
-            rkey,
-        },
+        30_000,
+        rkey,
     );
     let w = r.wc(true, ea.cq, "READ completion");
     assert_eq!(
@@ -467,10 +483,7 @@ fn rc_rdma_write_and_read_over_roce_with_data_checked() {
     let cb = r.b.hca.eth_counters(1).unwrap();
     assert!(ca.roce_tx >= 20 && cb.roce_rx >= 20, "{ca:?} {cb:?}");
     assert_eq!((ca.roce_not_ours, cb.roce_not_ours), (0, 0));
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -481,8 +494,7 @@ fn rc_send_over_roce_with_data_checked() {
     ea.buf.write_bytes(0, &data);
     post_recv(&mut r.b, &eb, 8192, 3000);
     post(&mut r.a, &ea, WrOpcode::Send, 0, 3000, WrDetail::None);
-    let w = r.wc(true, ea.cq, "SEND completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "SEND completion");
     let w = r.wc(false, eb.cq, "receive completion");
     assert_eq!(
         (w.status, w.opcode, w.byte_len),
@@ -490,10 +502,7 @@ fn rc_send_over_roce_with_data_checked() {
         "{w:?}"
     );
     assert_eq!(read(&eb, 8192, 3000), data);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 /// A 16-byte SEND into a 16-byte receive (perftest's end-of-size message
@@ -507,15 +516,11 @@ fn rc_send_shorter_than_a_grh_into_an_exact_receive() {
     ea.buf.write_bytes(100, b"sixteen bytes!!!");
     post_recv(&mut r.b, &eb, 16_384, 16);
     post(&mut r.a, &ea, WrOpcode::Send, 100, 16, WrDetail::None);
-    let w = r.wc(true, ea.cq, "small SEND completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "small SEND completion");
     let w = r.wc(false, eb.cq, "small receive");
     assert_eq!((w.status, w.byte_len), (WcStatus::Success, 16), "{w:?}");
     assert_eq!(read(&eb, 16_384, 16), b"sixteen bytes!!!");
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -547,8 +552,7 @@ fn ud_send_over_roce_lands_after_the_grh() {
             port_num: 1,
         },
     );
-    let w = r.wc(true, ea.cq, "UD send completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "UD send completion");
     let w = r.wc(false, eb.cq, "UD receive");
     assert_eq!(
         (w.status, w.byte_len),
@@ -563,10 +567,7 @@ fn ud_send_over_roce_lands_after_the_grh() {
     assert_eq!(read(&eb, 40, 900), data);
     let d = r.a.core.device_mut(r.a.dev).unwrap();
     d.destroy_ah(ah).unwrap();
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -664,10 +665,7 @@ fn an_address_handle_without_a_grh_is_refused_on_an_ethernet_port() {
         )
         .expect_err("an RC path without a GRH");
     assert!(err.to_string().contains("GRH"), "{err}");
-    free(&mut r.a, rc);
-    free(&mut r.a, e);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![rc, e], vec![]);
 }
 
 #[test]
@@ -706,24 +704,10 @@ fn a_cm_connection_over_roce() {
     let data = pattern(5, 5000);
     ea.buf.write_bytes(0, &data);
     let rkey = eb.mr.rkey;
-    post(
-        &mut r.a,
-        &ea,
-        WrOpcode::RdmaWrite,
-        0,
-        5000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 16,
-            rkey,
-        },
-    );
-    let w = r.wc(true, ea.cq, "WRITE over the CM's connection");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    post_rdma(&mut r.a, &ea, WrOpcode::RdmaWrite, 0, 5000, 16, rkey);
+    r.wc_ok(true, ea.cq, "WRITE over the CM's connection");
     assert_eq!(read(&eb, 16, 5000), data);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -769,34 +753,28 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     // Both posted before either completes: eight WRITEs each, interleaved.
     for k in 0..8u64 {
         let (ibk, rk) = (ib.mr.rkey, eb.mr.rkey);
-        post(
+        post_rdma(
             &mut r.a,
             &ia,
             WrOpcode::RdmaWrite,
             0,
             16_000,
-            WrDetail::Rdma {
-                remote_addr: IOVA + 0x8000 * (k % 2),
-                rkey: ibk,
-            },
+            0x8000 * (k % 2),
+            ibk,
         );
-        post(
+        post_rdma(
             &mut r.a,
             &ea,
             WrOpcode::RdmaWrite,
             0,
             16_000,
-            WrDetail::Rdma {
-                remote_addr: IOVA + 0x8000 * (k % 2),
-                rkey: rk,
-            },
+            0x8000 * (k % 2),
+            rk,
         );
     }
     for _ in 0..8 {
-        let w = r.wc(true, ia.cq, "IB WRITE");
-        assert_eq!(w.status, WcStatus::Success, "{w:?}");
-        let w = r.wc(true, ea.cq, "RoCE WRITE");
-        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        r.wc_ok(true, ia.cq, "IB WRITE");
+        r.wc_ok(true, ea.cq, "RoCE WRITE");
     }
     assert_eq!(read(&ib, 0, 16_000), ib_data);
     assert_eq!(read(&ib, 0x8000, 16_000), ib_data);
@@ -807,10 +785,7 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     assert!(r.a.hca.eth_counters(1).is_none_or(|c| c.roce_tx == 0));
     free(&mut r.a, ia);
     free(&mut r.b, ib);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 /// Output of a tool's console, readable from the other thread.
