@@ -176,6 +176,22 @@ fn fetch(s: &str) {
     assert!(st.success(), "{s} failed");
 }
 
+/// The output lines of the command `cmd` in a guest's transcript `t`, found
+/// where it is echoed after `prompt` (`"# "` by the Linux guest's init,
+/// `"lego> "` by ours), up to the next prompt or `run: ` line, with the
+/// kernel's log lines (starting with `[`) left out. Empty if `cmd` never ran.
+pub fn lines_after<'a>(t: &'a str, prompt: &str, cmd: &str) -> Vec<&'a str> {
+    let Some(at) = t.find(&format!("{prompt}{cmd}")) else {
+        return Vec::new();
+    };
+    t[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with(prompt) && !l.starts_with("run: "))
+        .filter(|l| !l.starts_with('['))
+        .collect()
+}
+
 /// Node `n`'s transcript in a multi-node run's output: from its
 /// `===== node N ` line up to the next node's.
 pub fn node(out: &str, n: usize) -> Option<&str> {

@@ -452,12 +452,6 @@ fn rss_kb(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 /// Everything started here, ended by pid whatever happens.
 #[derive(Default)]
 struct Procs {
@@ -758,7 +752,7 @@ fn soak() {
         }
     }
     let rss_end = rss_kb(emu_pid);
-    let load = load_average();
+    let load = tests::load_average();
     procs.end();
     let _ = emu_child.wait();
     std::thread::sleep(Duration::from_millis(300));
