@@ -316,12 +316,17 @@ fn ud_up(g: &mut Guest, e: &End) {
     d.modify_qp(e.qp, &a, M::STATE | M::SQ_PSN).expect("RTS");
 }
 
-fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
-    let sge = [Sge {
+/// `len` bytes at `off` of `e`'s buffer.
+fn sge(e: &End, off: u64, len: u32) -> [Sge; 1] {
+    [Sge {
         addr: IOVA + off,
         length: len,
         lkey: e.mr.lkey,
-    }];
+    }]
+}
+
+fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
+    let sge = sge(e, off, len);
     g.core
         .device_mut(g.dev)
         .unwrap()
@@ -336,11 +341,7 @@ fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
 }
 
 fn post(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, wr: WrDetail) {
-    let sge = [Sge {
-        addr: IOVA + off,
-        length: len,
-        lkey: e.mr.lkey,
-    }];
+    let sge = sge(e, off, len);
     g.core
         .device_mut(g.dev)
         .unwrap()
