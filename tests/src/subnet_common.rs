@@ -385,6 +385,33 @@ impl OpenSm {
         }
     }
 
+    /// Pumps until both guests' ports are Active and the `smhost` has a
+    /// LID (and, where OpenSM is the SM, `opensm_is_sm`, it said SUBNET UP),
+    /// asserting that within `limit` (`who` names the SM in the failure);
+    /// then 2 s more, so the SA finishes its first sweep as master (OpenSM
+    /// ignores the SA until then) and the LFT settles.
+    pub fn wait_subnet_up(
+        &mut self,
+        a: &mut Guest,
+        b: &mut Guest,
+        limit: Duration,
+        opensm_is_sm: bool,
+        who: &str,
+    ) {
+        let ok = self.pump_until(&mut [&mut *a, &mut *b], limit, 256, |osm, g| {
+            g.iter_mut().all(|g| g.active())
+                && osm.svc.server.node("smhost").is_some_and(|h| h.lid() != 0)
+                && (!opensm_is_sm || osm.subnet_ups() >= 1)
+        });
+        assert!(ok, "subnet up ({who}):\n{}", self.log());
+        self.pump_until(
+            &mut [&mut *a, &mut *b],
+            Duration::from_secs(2),
+            1 << 20,
+            |_, _| false,
+        );
+    }
+
     /// OpenSM's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.svc.opensm_log()).unwrap_or_default()
