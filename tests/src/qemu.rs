@@ -192,6 +192,22 @@ pub fn lines_after<'a>(t: &'a str, prompt: &str, cmd: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// Whether node `n`'s model (`--stats` on the stderr of a multi-node run)
+/// recorded no command violation and no DMA fault.
+pub fn node_clean(stderr: &str, n: usize) -> bool {
+    stderr.lines().any(|l| {
+        l.starts_with(&format!("node{n}: commands ")) && l.ends_with("violations 0, DMA faults 0")
+    })
+}
+
+/// Whether one of `lines` has the words of `want` (spacing aside), as
+/// `ibv_devinfo` prints `state:\t\t\tPORT_ACTIVE (4)`.
+pub fn has_words(lines: &[&str], want: &str) -> bool {
+    lines
+        .iter()
+        .any(|l| l.split_whitespace().eq(want.split_whitespace()))
+}
+
 /// Node `n`'s transcript in a multi-node run's output: from its
 /// `===== node N ` line up to the next node's.
 pub fn node(out: &str, n: usize) -> Option<&str> {

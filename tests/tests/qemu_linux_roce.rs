@@ -136,10 +136,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(
-            r.stderr
-                .lines()
-                .any(|l| l.starts_with(&format!("node{n}: commands "))
-                    && l.ends_with("violations 0, DMA faults 0")),
+            qemu::node_clean(&r.stderr, n),
             "node {n}: the model recorded a violation or a DMA fault:\n{all}"
         );
     }
@@ -159,9 +156,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
     let info = qemu::lines_after(n0, "# ", "ibv_devinfo -d mlx4_0 -i 1");
     for want in ["state:\t\t\tPORT_ACTIVE (4)", "link_layer:\t\tEthernet"] {
         assert!(
-            info.iter().any(
-                |l| l.trim() == want.trim() || l.split_whitespace().eq(want.split_whitespace())
-            ),
+            qemu::has_words(&info, want),
             "ibv_devinfo has no '{want}':\n{all}"
         );
     }

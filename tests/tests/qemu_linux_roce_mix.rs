@@ -68,10 +68,7 @@ fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports(
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(
-            r.stderr
-                .lines()
-                .any(|l| l.starts_with(&format!("node{n}: commands "))
-                    && l.ends_with("violations 0, DMA faults 0")),
+            qemu::node_clean(&r.stderr, n),
             "node {n}: the model recorded a violation or a DMA fault:\n{all}"
         );
     }
@@ -93,8 +90,7 @@ fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports(
     let info = qemu::lines_after(l, "# ", "ibv_devinfo -d mlx4_0 -i 1");
     for want in ["state: PORT_ACTIVE (4)", "link_layer: Ethernet"] {
         assert!(
-            info.iter()
-                .any(|x| x.split_whitespace().eq(want.split_whitespace())),
+            qemu::has_words(&info, want),
             "ibv_devinfo has no '{want}':\n{all}"
         );
     }
