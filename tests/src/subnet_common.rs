@@ -587,13 +587,21 @@ pub struct RcEnd {
 pub const RC_BUF: usize = 64 * 1024;
 const RC_IOVA: u64 = 0x4000_0000;
 
-fn rc_end(g: &mut Guest) -> RcEnd {
-    let pool = g.hca.dma_pool();
-    let d = g.core.device_mut(g.dev).expect("device");
-    let pd = d.alloc_pd().expect("PD");
+/// A CQ of `cqe` entries and a QP of type `t` on `port` that uses it for
+/// both queues: `send_wr`/`recv_wr` requests of one SGE, every send
+/// signalled.
+pub fn cq_and_qp(
+    d: &mut Device,
+    pd: Pd,
+    t: QpType,
+    port: u8,
+    cqe: u32,
+    send_wr: u32,
+    recv_wr: u32,
+) -> (Cq, Qp) {
     let (cq, _) = d
         .create_cq(&CqInitAttr {
-            cqe: 128,
+            cqe,
             comp_vector: 0,
         })
         .expect("CQ");
@@ -605,21 +613,34 @@ fn rc_end(g: &mut Guest) -> RcEnd {
                 recv_cq: cq,
                 srq: None,
                 cap: QpCap {
-                    max_send_wr: 64,
-                    max_recv_wr: 4,
+                    max_send_wr: send_wr,
+                    max_recv_wr: recv_wr,
                     max_send_sge: 1,
                     max_recv_sge: 1,
                     max_inline_data: 0,
                 },
                 sq_sig_type: SigType::AllWr,
-                qp_type: QpType::Rc,
+                qp_type: t,
                 create_flags: QpCreateFlags::empty(),
-                port_num: 1,
+                port_num: port,
             },
         )
-        .expect("RC QP");
-    let buf = pool.alloc_pages(RC_BUF / 4096).expect("DMA buffer");
-    let pages: Vec<u64> = (0..(RC_BUF / 4096) as u64)
+        .unwrap_or_else(|e| panic!("{t:?} QP: {e}"));
+    (cq, qp)
+}
+
+/// A zeroed DMA buffer of `len` bytes (whole pages) from `pool`, registered
+/// in `pd` at `iova` with `access`.
+pub fn reg_buf(
+    pool: &hal::DmaPool,
+    d: &mut Device,
+    pd: Pd,
+    len: usize,
+    iova: u64,
+    access: AccessFlags,
+) -> (hal::DmaBuf, Mr) {
+    let buf = pool.alloc_pages(len / 4096).expect("DMA buffer");
+    let pages: Vec<u64> = (0..(len / 4096) as u64)
         .map(|i| buf.bus_addr().0 + i * 4096)
         .collect();
     let mr = d
@@ -628,12 +649,22 @@ fn rc_end(g: &mut Guest) -> RcEnd {
             &MrPages {
                 pages: &pages,
                 page_shift: 12,
-                iova: RC_IOVA,
-                length: RC_BUF as u64,
-                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                iova,
+                length: len as u64,
+                access,
             },
         )
         .expect("MR");
+    (buf, mr)
+}
+
+fn rc_end(g: &mut Guest) -> RcEnd {
+    let pool = g.hca.dma_pool();
+    let d = g.core.device_mut(g.dev).expect("device");
+    let pd = d.alloc_pd().expect("PD");
+    let (cq, qp) = cq_and_qp(d, pd, QpType::Rc, 1, 128, 64, 4);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let (buf, mr) = reg_buf(&pool, d, pd, RC_BUF, RC_IOVA, access);
     RcEnd {
         pd,
         cq,

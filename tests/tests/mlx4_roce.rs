@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use ib_core::cm::{self, CmEvent, CmRepParam, CmReqParam};
 use ib_core::sa_query;
 use ib_core::verbs::{
-    AccessFlags, AhAttr, Cq, CqInitAttr, EventType, Gid, GlobalRoute, LinkLayer, Mr, MrPages, Mtu,
-    Pd, PortState, Qp, QpAttr, QpAttrMask as M, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, AhAttr, Cq, EventType, Gid, GlobalRoute, LinkLayer, Mr, Mtu, Pd, PortState, Qp,
+    QpAttr, QpAttrMask as M, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, Wc, WcFlags,
+    WcOpcode, WcStatus, WrDetail, WrOpcode,
 };
 use mlx4_ib::roce;
 use sim::fabric::{Fabric, LinkLayer as SimLl, SmConfig, Topology};
@@ -169,51 +169,9 @@ fn end(g: &mut Guest, port: u8, t: QpType) -> End {
     let pool = g.hca.dma_pool();
     let d = g.core.device_mut(g.dev).expect("device");
     let pd = d.alloc_pd().expect("PD");
-    let (cq, _) = d
-        .create_cq(&CqInitAttr {
-            cqe: 64,
-            comp_vector: 0,
-        })
-        .expect("CQ");
-    let (qp, _) = d
-        .create_qp(
-            pd,
-            &QpInitAttr {
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 32,
-                    max_recv_wr: 8,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_type: SigType::AllWr,
-                qp_type: t,
-                create_flags: QpCreateFlags::empty(),
-                port_num: port,
-            },
-        )
-        .expect("QP");
-    let buf = pool.alloc_pages(BUF / 4096).expect("DMA buffer");
-    let pages: Vec<u64> = (0..(BUF / 4096) as u64)
-        .map(|i| buf.bus_addr().0 + i * 4096)
-        .collect();
-    let mr = d
-        .reg_mr(
-            pd,
-            &MrPages {
-                pages: &pages,
-                page_shift: 12,
-                iova: IOVA,
-                length: BUF as u64,
-                access: AccessFlags::LOCAL_WRITE
-                    | AccessFlags::REMOTE_WRITE
-                    | AccessFlags::REMOTE_READ,
-            },
-        )
-        .expect("MR");
+    let (cq, qp) = cq_and_qp(d, pd, t, port, 64, 32, 8);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let (buf, mr) = reg_buf(&pool, d, pd, BUF, IOVA, access);
     End {
         pd,
         cq,
