@@ -704,18 +704,7 @@ fn rc_connect(g: &mut Guest, e: &RcEnd, dlid: u16, dqpn: u32) {
         },
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
+    d.modify_qp(e.qp, &a, rc_rtr_mask()).expect("RTR");
     let a = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: 0,
@@ -725,12 +714,25 @@ fn rc_connect(g: &mut Guest, e: &RcEnd, dlid: u16, dqpn: u32) {
         max_rd_atomic: 1,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    d.modify_qp(e.qp, &a, rc_rts_mask()).expect("RTS");
+}
+
+/// What an RC QP's move to RTR sets: the path, its MTU, the remote QPN and
+/// PSN, the responder's RDMA READ depth and the RNR timer.
+pub fn rc_rtr_mask() -> M {
+    M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER
+}
+
+/// What an RC QP's move to RTS sets: the send PSN, the ACK timeout and
+/// retry counts, the initiator's RDMA READ depth.
+pub fn rc_rts_mask() -> M {
+    M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
 }
 
 fn rc_free(g: &mut Guest, e: RcEnd) {

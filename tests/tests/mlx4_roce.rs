@@ -223,18 +223,7 @@ fn rc_up(g: &mut Guest, e: &End, ah: AhAttr, mtu: Mtu, dqpn: u32) {
         ah_attr: ah,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
+    d.modify_qp(e.qp, &a, rc_rtr_mask()).expect("RTR");
     let a = QpAttr {
         qp_state: QpState::Rts,
         timeout: 14,
@@ -243,12 +232,7 @@ fn rc_up(g: &mut Guest, e: &End, ah: AhAttr, mtu: Mtu, dqpn: u32) {
         max_rd_atomic: 4,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    d.modify_qp(e.qp, &a, rc_rts_mask()).expect("RTS");
 }
 
 /// A UD QP through RTS with Q_Key `QKEY`.
@@ -614,13 +598,7 @@ fn an_address_handle_without_a_grh_is_refused_on_an_ethernet_port() {
                 },
                 ..Default::default()
             },
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
+            rc_rtr_mask(),
         )
         .expect_err("an RC path without a GRH");
     assert!(err.to_string().contains("GRH"), "{err}");
