@@ -126,28 +126,18 @@ fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports(
     let linux_server =
         qemu::lines_after(l, "# ", "timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V");
     let linux_client = qemu::lines_after(l, "# ", "retry 60 rping -c -a 192.168.50.2 -C 20 -v -V");
-    assert_eq!(
-        count(&linux_server.join("\n"), "server ping data: rdma-ping-"),
-        20,
-        "Linux's rping server:\n{all}"
-    );
-    assert_eq!(
-        count(&linux_client.join("\n"), "ping data: rdma-ping-"),
-        20,
-        "Linux's rping client:\n{all}"
-    );
     let ours_client = qemu::lines_after(o, "lego> ", "retry -n 60 -i 1 rping -c -a 192.168.50.1");
     let ours_server = qemu::lines_after(o, "lego> ", "rping -s -a 192.168.50.2");
-    assert_eq!(
-        count(&ours_client.join("\n"), "ping data: rdma-ping-"),
-        20,
-        "our rping client:\n{all}"
-    );
-    assert_eq!(
-        count(&ours_server.join("\n"), "server ping data: rdma-ping-"),
-        20,
-        "our rping server:\n{all}"
-    );
+    let srv = "server ping data: rdma-ping-";
+    let cli = "ping data: rdma-ping-";
+    for (lines, what, who) in [
+        (&linux_server, srv, "Linux's rping server"),
+        (&linux_client, cli, "Linux's rping client"),
+        (&ours_client, cli, "our rping client"),
+        (&ours_server, srv, "our rping server"),
+    ] {
+        assert_eq!(count(&lines.join("\n"), what), 20, "{who}:\n{all}");
+    }
     for t in [l, o] {
         assert!(
             !t.contains("data mismatch")
