@@ -58,6 +58,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// The transcript, then the stderr: what a failed assertion shows.
+    pub fn all(&self) -> String {
+        format!("{}\n--- stderr ---\n{}", self.transcript, self.stderr)
+    }
+
     /// Panics with the transcript unless `needle` appears in it.
     pub fn expect(&self, needle: &str) -> &Self {
         assert!(

@@ -132,7 +132,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         true,
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(

@@ -64,7 +64,7 @@ fn linux_and_our_guest_ping_and_rping_each_other_over_the_models_ethernet_ports(
         true,
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(

@@ -52,7 +52,7 @@ fn two_of_our_guests_ping_each_other_over_eth0() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(!r.stderr.contains("violation"), "{all}");
     let t0 = qemu::node(&r.transcript, 0).unwrap_or("");
@@ -139,7 +139,7 @@ fn ib0_and_eth0_side_by_side_on_one_card() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(!r.stderr.contains("violation"), "{all}");
     let t0 = qemu::node(&r.transcript, 0).unwrap_or("");
