@@ -22,3 +22,11 @@ pub fn target_tmpdir() -> std::path::PathBuf {
         _ => std::env::temp_dir(),
     }
 }
+
+/// The host's load average (the first three fields of `/proc/loadavg`), to
+/// print beside a test's timings; empty where it cannot be read.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

@@ -58,6 +58,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// The transcript, then the stderr: what a failed assertion shows.
+    pub fn all(&self) -> String {
+        format!("{}\n--- stderr ---\n{}", self.transcript, self.stderr)
+    }
+
     /// Panics with the transcript unless `needle` appears in it.
     pub fn expect(&self, needle: &str) -> &Self {
         assert!(
@@ -174,6 +179,38 @@ fn fetch(s: &str) {
         .status()
         .expect("the script runs");
     assert!(st.success(), "{s} failed");
+}
+
+/// The output lines of the command `cmd` in a guest's transcript `t`, found
+/// where it is echoed after `prompt` (`"# "` by the Linux guest's init,
+/// `"lego> "` by ours), up to the next prompt or `run: ` line, with the
+/// kernel's log lines (starting with `[`) left out. Empty if `cmd` never ran.
+pub fn lines_after<'a>(t: &'a str, prompt: &str, cmd: &str) -> Vec<&'a str> {
+    let Some(at) = t.find(&format!("{prompt}{cmd}")) else {
+        return Vec::new();
+    };
+    t[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with(prompt) && !l.starts_with("run: "))
+        .filter(|l| !l.starts_with('['))
+        .collect()
+}
+
+/// Whether node `n`'s model (`--stats` on the stderr of a multi-node run)
+/// recorded no command violation and no DMA fault.
+pub fn node_clean(stderr: &str, n: usize) -> bool {
+    stderr.lines().any(|l| {
+        l.starts_with(&format!("node{n}: commands ")) && l.ends_with("violations 0, DMA faults 0")
+    })
+}
+
+/// Whether one of `lines` has the words of `want` (spacing aside), as
+/// `ibv_devinfo` prints `state:\t\t\tPORT_ACTIVE (4)`.
+pub fn has_words(lines: &[&str], want: &str) -> bool {
+    lines
+        .iter()
+        .any(|l| l.split_whitespace().eq(want.split_whitespace()))
 }
 
 /// Node `n`'s transcript in a multi-node run's output: from its

@@ -385,6 +385,33 @@ impl OpenSm {
         }
     }
 
+    /// Pumps until both guests' ports are Active and the `smhost` has a
+    /// LID (and, where OpenSM is the SM, `opensm_is_sm`, it said SUBNET UP),
+    /// asserting that within `limit` (`who` names the SM in the failure);
+    /// then 2 s more, so the SA finishes its first sweep as master (OpenSM
+    /// ignores the SA until then) and the LFT settles.
+    pub fn wait_subnet_up(
+        &mut self,
+        a: &mut Guest,
+        b: &mut Guest,
+        limit: Duration,
+        opensm_is_sm: bool,
+        who: &str,
+    ) {
+        let ok = self.pump_until(&mut [&mut *a, &mut *b], limit, 256, |osm, g| {
+            g.iter_mut().all(|g| g.active())
+                && osm.svc.server.node("smhost").is_some_and(|h| h.lid() != 0)
+                && (!opensm_is_sm || osm.subnet_ups() >= 1)
+        });
+        assert!(ok, "subnet up ({who}):\n{}", self.log());
+        self.pump_until(
+            &mut [&mut *a, &mut *b],
+            Duration::from_secs(2),
+            1 << 20,
+            |_, _| false,
+        );
+    }
+
     /// OpenSM's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.svc.opensm_log()).unwrap_or_default()
@@ -560,13 +587,21 @@ pub struct RcEnd {
 pub const RC_BUF: usize = 64 * 1024;
 const RC_IOVA: u64 = 0x4000_0000;
 
-fn rc_end(g: &mut Guest) -> RcEnd {
-    let pool = g.hca.dma_pool();
-    let d = g.core.device_mut(g.dev).expect("device");
-    let pd = d.alloc_pd().expect("PD");
+/// A CQ of `cqe` entries and a QP of type `t` on `port` that uses it for
+/// both queues: `send_wr`/`recv_wr` requests of one SGE, every send
+/// signalled.
+pub fn cq_and_qp(
+    d: &mut Device,
+    pd: Pd,
+    t: QpType,
+    port: u8,
+    cqe: u32,
+    send_wr: u32,
+    recv_wr: u32,
+) -> (Cq, Qp) {
     let (cq, _) = d
         .create_cq(&CqInitAttr {
-            cqe: 128,
+            cqe,
             comp_vector: 0,
         })
         .expect("CQ");
@@ -578,21 +613,34 @@ fn rc_end(g: &mut Guest) -> RcEnd {
                 recv_cq: cq,
                 srq: None,
                 cap: QpCap {
-                    max_send_wr: 64,
-                    max_recv_wr: 4,
+                    max_send_wr: send_wr,
+                    max_recv_wr: recv_wr,
                     max_send_sge: 1,
                     max_recv_sge: 1,
                     max_inline_data: 0,
                 },
                 sq_sig_type: SigType::AllWr,
-                qp_type: QpType::Rc,
+                qp_type: t,
                 create_flags: QpCreateFlags::empty(),
-                port_num: 1,
+                port_num: port,
             },
         )
-        .expect("RC QP");
-    let buf = pool.alloc_pages(RC_BUF / 4096).expect("DMA buffer");
-    let pages: Vec<u64> = (0..(RC_BUF / 4096) as u64)
+        .unwrap_or_else(|e| panic!("{t:?} QP: {e}"));
+    (cq, qp)
+}
+
+/// A zeroed DMA buffer of `len` bytes (whole pages) from `pool`, registered
+/// in `pd` at `iova` with `access`.
+pub fn reg_buf(
+    pool: &hal::DmaPool,
+    d: &mut Device,
+    pd: Pd,
+    len: usize,
+    iova: u64,
+    access: AccessFlags,
+) -> (hal::DmaBuf, Mr) {
+    let buf = pool.alloc_pages(len / 4096).expect("DMA buffer");
+    let pages: Vec<u64> = (0..(len / 4096) as u64)
         .map(|i| buf.bus_addr().0 + i * 4096)
         .collect();
     let mr = d
@@ -601,12 +649,22 @@ fn rc_end(g: &mut Guest) -> RcEnd {
             &MrPages {
                 pages: &pages,
                 page_shift: 12,
-                iova: RC_IOVA,
-                length: RC_BUF as u64,
-                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                iova,
+                length: len as u64,
+                access,
             },
         )
         .expect("MR");
+    (buf, mr)
+}
+
+fn rc_end(g: &mut Guest) -> RcEnd {
+    let pool = g.hca.dma_pool();
+    let d = g.core.device_mut(g.dev).expect("device");
+    let pd = d.alloc_pd().expect("PD");
+    let (cq, qp) = cq_and_qp(d, pd, QpType::Rc, 1, 128, 64, 4);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let (buf, mr) = reg_buf(&pool, d, pd, RC_BUF, RC_IOVA, access);
     RcEnd {
         pd,
         cq,
@@ -646,18 +704,7 @@ fn rc_connect(g: &mut Guest, e: &RcEnd, dlid: u16, dqpn: u32) {
         },
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
+    d.modify_qp(e.qp, &a, rc_rtr_mask()).expect("RTR");
     let a = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: 0,
@@ -667,12 +714,25 @@ fn rc_connect(g: &mut Guest, e: &RcEnd, dlid: u16, dqpn: u32) {
         max_rd_atomic: 1,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    d.modify_qp(e.qp, &a, rc_rts_mask()).expect("RTS");
+}
+
+/// What an RC QP's move to RTR sets: the path, its MTU, the remote QPN and
+/// PSN, the responder's RDMA READ depth and the RNR timer.
+pub fn rc_rtr_mask() -> M {
+    M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER
+}
+
+/// What an RC QP's move to RTS sets: the send PSN, the ACK timeout and
+/// retry counts, the initiator's RDMA READ depth.
+pub fn rc_rts_mask() -> M {
+    M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
 }
 
 fn rc_free(g: &mut Guest, e: RcEnd) {

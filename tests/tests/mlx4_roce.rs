@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use ib_core::cm::{self, CmEvent, CmRepParam, CmReqParam};
 use ib_core::sa_query;
 use ib_core::verbs::{
-    AccessFlags, AhAttr, Cq, CqInitAttr, EventType, Gid, GlobalRoute, LinkLayer, Mr, MrPages, Mtu,
-    Pd, PortState, Qp, QpAttr, QpAttrMask as M, QpCap, QpCreateFlags, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendWr, Sge, SigType, Wc, WcFlags, WcOpcode, WcStatus, WrDetail, WrOpcode,
+    AccessFlags, AhAttr, Cq, EventType, Gid, GlobalRoute, LinkLayer, Mr, Mtu, Pd, PortState, Qp,
+    QpAttr, QpAttrMask as M, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, Wc, WcFlags,
+    WcOpcode, WcStatus, WrDetail, WrOpcode,
 };
 use mlx4_ib::roce;
 use sim::fabric::{Fabric, LinkLayer as SimLl, SmConfig, Topology};
@@ -116,6 +116,25 @@ impl Rig {
         });
     }
 
+    /// The next completion on `cq` of guest A or B, which must be a success.
+    fn wc_ok(&mut self, on_a: bool, cq: Cq, what: &str) -> Wc {
+        let w = self.wc(on_a, cq, what);
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        w
+    }
+
+    /// Frees A's `ends_a` and B's `ends_b`, then tears both guests down.
+    fn close(mut self, ends_a: Vec<End>, ends_b: Vec<End>) {
+        for e in ends_a {
+            free(&mut self.a, e);
+        }
+        for e in ends_b {
+            free(&mut self.b, e);
+        }
+        self.a.teardown();
+        self.b.teardown();
+    }
+
     /// The next completion on `e.cq` of guest A or B.
     fn wc(&mut self, on_a: bool, cq: Cq, what: &str) -> Wc {
         self.until(what, |r| {
@@ -150,51 +169,9 @@ fn end(g: &mut Guest, port: u8, t: QpType) -> End {
     let pool = g.hca.dma_pool();
     let d = g.core.device_mut(g.dev).expect("device");
     let pd = d.alloc_pd().expect("PD");
-    let (cq, _) = d
-        .create_cq(&CqInitAttr {
-            cqe: 64,
-            comp_vector: 0,
-        })
-        .expect("CQ");
-    let (qp, _) = d
-        .create_qp(
-            pd,
-            &QpInitAttr {
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 32,
-                    max_recv_wr: 8,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_type: SigType::AllWr,
-                qp_type: t,
-                create_flags: QpCreateFlags::empty(),
-                port_num: port,
-            },
-        )
-        .expect("QP");
-    let buf = pool.alloc_pages(BUF / 4096).expect("DMA buffer");
-    let pages: Vec<u64> = (0..(BUF / 4096) as u64)
-        .map(|i| buf.bus_addr().0 + i * 4096)
-        .collect();
-    let mr = d
-        .reg_mr(
-            pd,
-            &MrPages {
-                pages: &pages,
-                page_shift: 12,
-                iova: IOVA,
-                length: BUF as u64,
-                access: AccessFlags::LOCAL_WRITE
-                    | AccessFlags::REMOTE_WRITE
-                    | AccessFlags::REMOTE_READ,
-            },
-        )
-        .expect("MR");
+    let (cq, qp) = cq_and_qp(d, pd, t, port, 64, 32, 8);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let (buf, mr) = reg_buf(&pool, d, pd, BUF, IOVA, access);
     End {
         pd,
         cq,
@@ -246,18 +223,7 @@ fn rc_up(g: &mut Guest, e: &End, ah: AhAttr, mtu: Mtu, dqpn: u32) {
         ah_attr: ah,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
+    d.modify_qp(e.qp, &a, rc_rtr_mask()).expect("RTR");
     let a = QpAttr {
         qp_state: QpState::Rts,
         timeout: 14,
@@ -266,12 +232,7 @@ fn rc_up(g: &mut Guest, e: &End, ah: AhAttr, mtu: Mtu, dqpn: u32) {
         max_rd_atomic: 4,
         ..Default::default()
     };
-    d.modify_qp(
-        e.qp,
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    d.modify_qp(e.qp, &a, rc_rts_mask()).expect("RTS");
 }
 
 /// A UD QP through RTS with Q_Key `QKEY`.
@@ -297,12 +258,17 @@ fn ud_up(g: &mut Guest, e: &End) {
     d.modify_qp(e.qp, &a, M::STATE | M::SQ_PSN).expect("RTS");
 }
 
-fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
-    let sge = [Sge {
+/// `len` bytes at `off` of `e`'s buffer.
+fn sge(e: &End, off: u64, len: u32) -> [Sge; 1] {
+    [Sge {
         addr: IOVA + off,
         length: len,
         lkey: e.mr.lkey,
-    }];
+    }]
+}
+
+fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
+    let sge = sge(e, off, len);
     g.core
         .device_mut(g.dev)
         .unwrap()
@@ -317,11 +283,7 @@ fn post_recv(g: &mut Guest, e: &End, off: u64, len: u32) {
 }
 
 fn post(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, wr: WrDetail) {
-    let sge = [Sge {
-        addr: IOVA + off,
-        length: len,
-        lkey: e.mr.lkey,
-    }];
+    let sge = sge(e, off, len);
     g.core
         .device_mut(g.dev)
         .unwrap()
@@ -337,6 +299,17 @@ fn post(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, wr: WrDetail) 
             }],
         )
         .expect("post send");
+}
+
+/// An RDMA WRITE or READ of `len` bytes at `off` of `e`'s buffer, to or from
+/// `remote_off` of the peer's buffer under `rkey`.
+#[allow(clippy::too_many_arguments)]
+fn post_rdma(g: &mut Guest, e: &End, op: WrOpcode, off: u64, len: u32, remote_off: u64, rkey: u32) {
+    let wr = WrDetail::Rdma {
+        remote_addr: IOVA + remote_off,
+        rkey,
+    };
+    post(g, e, op, off, len, wr);
 }
 
 fn pattern(seed: u8, n: usize) -> Vec<u8> {
@@ -415,8 +388,7 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
     );
     assert_eq!(r.a.ib().query_gid(1, 2).unwrap(), [0; 16]);
     assert_eq!(r.a.ib().roce_port(1).unwrap().gid_table_writes, 3);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![], vec![]);
 }
 
 #[test]
@@ -427,33 +399,20 @@ fn rc_rdma_write_and_read_over_roce_with_data_checked() {
     let data = pattern(3, 20_000);
     ea.buf.write_bytes(0, &data);
     let rkey = eb.mr.rkey;
-    post(
-        &mut r.a,
-        &ea,
-        WrOpcode::RdmaWrite,
-        0,
-        20_000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 100,
-            rkey,
-        },
-    );
-    let w = r.wc(true, ea.cq, "WRITE completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    post_rdma(&mut r.a, &ea, WrOpcode::RdmaWrite, 0, 20_000, 100, rkey);
+    r.wc_ok(true, ea.cq, "WRITE completion");
     assert_eq!(read(&eb, 100, 20_000), data);
     // RDMA READ of 12 000 bytes back from B.
     let remote = pattern(77, 12_000);
     eb.buf.write_bytes(30_000, &remote);
-    post(
+    post_rdma(
         &mut r.a,
         &ea,
         WrOpcode::RdmaRead,
         40_000,
         12_000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 30_000,
-            rkey,
-        },
+        30_000,
+        rkey,
     );
     let w = r.wc(true, ea.cq, "READ completion");
     assert_eq!(
@@ -467,10 +426,7 @@ fn rc_rdma_write_and_read_over_roce_with_data_checked() {
     let cb = r.b.hca.eth_counters(1).unwrap();
     assert!(ca.roce_tx >= 20 && cb.roce_rx >= 20, "{ca:?} {cb:?}");
     assert_eq!((ca.roce_not_ours, cb.roce_not_ours), (0, 0));
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -481,8 +437,7 @@ fn rc_send_over_roce_with_data_checked() {
     ea.buf.write_bytes(0, &data);
     post_recv(&mut r.b, &eb, 8192, 3000);
     post(&mut r.a, &ea, WrOpcode::Send, 0, 3000, WrDetail::None);
-    let w = r.wc(true, ea.cq, "SEND completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "SEND completion");
     let w = r.wc(false, eb.cq, "receive completion");
     assert_eq!(
         (w.status, w.opcode, w.byte_len),
@@ -490,10 +445,7 @@ fn rc_send_over_roce_with_data_checked() {
         "{w:?}"
     );
     assert_eq!(read(&eb, 8192, 3000), data);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 /// A 16-byte SEND into a 16-byte receive (perftest's end-of-size message
@@ -507,15 +459,11 @@ fn rc_send_shorter_than_a_grh_into_an_exact_receive() {
     ea.buf.write_bytes(100, b"sixteen bytes!!!");
     post_recv(&mut r.b, &eb, 16_384, 16);
     post(&mut r.a, &ea, WrOpcode::Send, 100, 16, WrDetail::None);
-    let w = r.wc(true, ea.cq, "small SEND completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "small SEND completion");
     let w = r.wc(false, eb.cq, "small receive");
     assert_eq!((w.status, w.byte_len), (WcStatus::Success, 16), "{w:?}");
     assert_eq!(read(&eb, 16_384, 16), b"sixteen bytes!!!");
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -547,8 +495,7 @@ fn ud_send_over_roce_lands_after_the_grh() {
             port_num: 1,
         },
     );
-    let w = r.wc(true, ea.cq, "UD send completion");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    r.wc_ok(true, ea.cq, "UD send completion");
     let w = r.wc(false, eb.cq, "UD receive");
     assert_eq!(
         (w.status, w.byte_len),
@@ -563,10 +510,7 @@ fn ud_send_over_roce_lands_after_the_grh() {
     assert_eq!(read(&eb, 40, 900), data);
     let d = r.a.core.device_mut(r.a.dev).unwrap();
     d.destroy_ah(ah).unwrap();
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -654,20 +598,11 @@ fn an_address_handle_without_a_grh_is_refused_on_an_ethernet_port() {
                 },
                 ..Default::default()
             },
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
+            rc_rtr_mask(),
         )
         .expect_err("an RC path without a GRH");
     assert!(err.to_string().contains("GRH"), "{err}");
-    free(&mut r.a, rc);
-    free(&mut r.a, e);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![rc, e], vec![]);
 }
 
 #[test]
@@ -706,24 +641,10 @@ fn a_cm_connection_over_roce() {
     let data = pattern(5, 5000);
     ea.buf.write_bytes(0, &data);
     let rkey = eb.mr.rkey;
-    post(
-        &mut r.a,
-        &ea,
-        WrOpcode::RdmaWrite,
-        0,
-        5000,
-        WrDetail::Rdma {
-            remote_addr: IOVA + 16,
-            rkey,
-        },
-    );
-    let w = r.wc(true, ea.cq, "WRITE over the CM's connection");
-    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    post_rdma(&mut r.a, &ea, WrOpcode::RdmaWrite, 0, 5000, 16, rkey);
+    r.wc_ok(true, ea.cq, "WRITE over the CM's connection");
     assert_eq!(read(&eb, 16, 5000), data);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 #[test]
@@ -769,34 +690,28 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     // Both posted before either completes: eight WRITEs each, interleaved.
     for k in 0..8u64 {
         let (ibk, rk) = (ib.mr.rkey, eb.mr.rkey);
-        post(
+        post_rdma(
             &mut r.a,
             &ia,
             WrOpcode::RdmaWrite,
             0,
             16_000,
-            WrDetail::Rdma {
-                remote_addr: IOVA + 0x8000 * (k % 2),
-                rkey: ibk,
-            },
+            0x8000 * (k % 2),
+            ibk,
         );
-        post(
+        post_rdma(
             &mut r.a,
             &ea,
             WrOpcode::RdmaWrite,
             0,
             16_000,
-            WrDetail::Rdma {
-                remote_addr: IOVA + 0x8000 * (k % 2),
-                rkey: rk,
-            },
+            0x8000 * (k % 2),
+            rk,
         );
     }
     for _ in 0..8 {
-        let w = r.wc(true, ia.cq, "IB WRITE");
-        assert_eq!(w.status, WcStatus::Success, "{w:?}");
-        let w = r.wc(true, ea.cq, "RoCE WRITE");
-        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        r.wc_ok(true, ia.cq, "IB WRITE");
+        r.wc_ok(true, ea.cq, "RoCE WRITE");
     }
     assert_eq!(read(&ib, 0, 16_000), ib_data);
     assert_eq!(read(&ib, 0x8000, 16_000), ib_data);
@@ -807,10 +722,7 @@ fn infiniband_on_port_1_and_roce_on_port_2_at_the_same_time() {
     assert!(r.a.hca.eth_counters(1).is_none_or(|c| c.roce_tx == 0));
     free(&mut r.a, ia);
     free(&mut r.b, ib);
-    free(&mut r.a, ea);
-    free(&mut r.b, eb);
-    r.a.teardown();
-    r.b.teardown();
+    r.close(vec![ea], vec![eb]);
 }
 
 /// Output of a tool's console, readable from the other thread.

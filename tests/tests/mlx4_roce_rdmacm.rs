@@ -154,8 +154,9 @@ fn rping_start(n: &mut Node, args: &[&str], out: &mut String) -> Rping {
         .unwrap_or_else(|e| panic!("rping {args:?}: {e}"))
 }
 
-#[test]
-fn our_rping_over_roce_through_the_rdma_cm() {
+/// Two nodes on `--nodes 2 --link-layer eth`, both ports Ethernet, eth0 of
+/// A at 10.0.0.1 and of B at 10.0.0.2; the fabric is kept alive by the caller.
+fn two_nodes() -> (std::sync::Arc<std::sync::Mutex<Fabric>>, Node, Node) {
     let mut f = Fabric::new();
     let built = Topology::for_nodes_with(2, [SimLl::Eth, SimLl::Eth])
         .unwrap()
@@ -176,9 +177,15 @@ fn our_rping_over_roce_through_the_rdma_cm() {
             let hca = SimHca::new_on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
             Node::new(guest(hca, &h.name), a)
         });
-    let mut a = nodes.next().unwrap();
-    let mut b = nodes.next().unwrap();
+    let a = nodes.next().unwrap();
+    let b = nodes.next().unwrap();
     drop(nodes);
+    (fabric, a, b)
+}
+
+#[test]
+fn our_rping_over_roce_through_the_rdma_cm() {
+    let (_fabric, mut a, mut b) = two_nodes();
     let mut n = [&mut a, &mut b];
     let up = run(&mut n, |n| {
         n.iter().all(|x| {
@@ -279,29 +286,7 @@ fn rx_broadcast(n: &mut Node) -> u64 {
 
 #[test]
 fn an_address_nobody_answers_for_is_asked_again_each_second_then_an_addr_error() {
-    let mut f = Fabric::new();
-    let built = Topology::for_nodes_with(2, [SimLl::Eth, SimLl::Eth])
-        .unwrap()
-        .build(&mut f)
-        .unwrap();
-    let fabric = std::sync::Arc::new(std::sync::Mutex::new(f));
-    let wire = sim::Wire::over(fabric.clone(), sim::SimConfig::default().relax_step);
-    let mut nodes = built
-        .hcas
-        .iter()
-        .take(2)
-        .zip(["10.0.0.1", "10.0.0.2"])
-        .map(|(h, a)| {
-            let cfg = sim::SimConfig {
-                port_types: [PortType::Eth, PortType::Eth],
-                ..guest_config(h)
-            };
-            let hca = SimHca::new_on_ports(cfg, &wire, [Some(h.ports[0]), Some(h.ports[1])]);
-            Node::new(guest(hca, &h.name), a)
-        });
-    let mut a = nodes.next().unwrap();
-    let mut b = nodes.next().unwrap();
-    drop(nodes);
+    let (_fabric, mut a, mut b) = two_nodes();
     let mut n = [&mut a, &mut b];
     assert!(
         run(&mut n, |n| n.iter().all(

@@ -97,7 +97,7 @@ fn two_of_our_guests_ping_each_other_over_ib0() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     let (t0, t1) = (node(&r.transcript, 0), node(&r.transcript, 1));
     for (t, peer) in [(t0, "10.0.0.2"), (t1, "10.0.0.1")] {
@@ -228,7 +228,7 @@ fn linux_and_our_guest_ping_resolve_and_echo_over_ipoib() {
         DEADLINE,
         true,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(
         r.stderr.contains("violations 0, DMA faults 0"),

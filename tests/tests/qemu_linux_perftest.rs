@@ -96,7 +96,7 @@ fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
         true,
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     let (l, o) = (
         qemu::node(&r.transcript, 0).unwrap_or(""),
         qemu::node(&r.transcript, 1).unwrap_or(""),

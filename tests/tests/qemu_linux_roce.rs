@@ -60,21 +60,6 @@ fn linux_1() -> String {
     )
 }
 
-/// The output lines of the command that starts with `cmd` (echoed as
-/// `# cmd` by the Linux guest's init) up to the next command, kernel
-/// messages left out.
-fn after<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
-    let Some(at) = t.find(&format!("# {cmd}")) else {
-        return Vec::new();
-    };
-    t[at..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.starts_with("# ") && !l.starts_with("run: "))
-        .filter(|l| !l.starts_with('['))
-        .collect()
-}
-
 /// The `min/avg/max` of busybox ping's summary line.
 fn rtt(lines: &[&str]) -> Option<String> {
     lines
@@ -116,12 +101,6 @@ fn eui64_gid(mac: &str) -> Option<String> {
     ))
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 #[test]
 fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports() {
     let cap = tests::target_tmpdir().join(format!("qemu-roce-{}.pcapng", std::process::id()));
@@ -132,7 +111,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         cap.display()
     );
     let (l0, l1) = (linux_0(), linux_1());
-    let load_before = loadavg();
+    let load_before = tests::load_average();
     let t = Instant::now();
     let r = qemu::run_vfu(
         &[
@@ -153,14 +132,11 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         true,
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(
-            r.stderr
-                .lines()
-                .any(|l| l.starts_with(&format!("node{n}: commands "))
-                    && l.ends_with("violations 0, DMA faults 0")),
+            qemu::node_clean(&r.stderr, n),
             "node {n}: the model recorded a violation or a DMA fault:\n{all}"
         );
     }
@@ -173,26 +149,24 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
             !t.contains("CQE error") && !t.contains("port restart"),
             "node {n}: mlx4_en saw an error:\n{all}"
         );
-        let st = after(t, "cat /sys/class/net/eth1/operstate");
+        let st = qemu::lines_after(t, "# ", "cat /sys/class/net/eth1/operstate");
         assert_eq!(st.first(), Some(&"up"), "node {n}'s eth1:\n{all}");
     }
     // The port as Linux's verbs see it: Active, link layer Ethernet.
-    let info = after(n0, "ibv_devinfo -d mlx4_0 -i 1");
+    let info = qemu::lines_after(n0, "# ", "ibv_devinfo -d mlx4_0 -i 1");
     for want in ["state:\t\t\tPORT_ACTIVE (4)", "link_layer:\t\tEthernet"] {
         assert!(
-            info.iter().any(
-                |l| l.trim() == want.trim() || l.split_whitespace().eq(want.split_whitespace())
-            ),
+            qemu::has_words(&info, want),
             "ibv_devinfo has no '{want}':\n{all}"
         );
     }
     // The GID table mlx4_ib wrote with SET_PORT: the MAC's EUI-64 and the
     // IPv4 address, both RoCE v1.
-    let mac = after(n0, "cat /sys/class/net/eth1/address")
+    let mac = qemu::lines_after(n0, "# ", "cat /sys/class/net/eth1/address")
         .first()
         .copied()
         .unwrap_or("");
-    let gids = after(n0, "cat /sys/class/infiniband/mlx4_0/ports/1/gids/0");
+    let gids = qemu::lines_after(n0, "# ", "cat /sys/class/infiniband/mlx4_0/ports/1/gids/0");
     let want = eui64_gid(mac).unwrap_or_else(|| panic!("eth1's MAC {mac:?}:\n{all}"));
     assert_eq!(
         gids,
@@ -205,7 +179,10 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         "{all}"
     );
     // Ping both ways over mlx4_en, none lost.
-    let (p0, p1) = (after(n0, PING_0), after(n1, PING_1));
+    let (p0, p1) = (
+        qemu::lines_after(n0, "# ", PING_0),
+        qemu::lines_after(n1, "# ", PING_1),
+    );
     for (n, p) in [(0, &p0), (1, &p1)] {
         assert!(
             p.contains(&"20 packets transmitted, 20 packets received, 0% packet loss"),
@@ -213,9 +190,13 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         );
     }
     // perftest over RoCE: both sides report the run on an Ethernet link.
-    let bw = after(n1, &format!("retry 20 timeout 60 {BW} 10.0.0.1"));
-    let lat = after(n1, &format!("retry 20 timeout 60 {LAT} 10.0.0.1"));
-    for out in [&bw, &lat, &after(n0, &format!("timeout 90 {BW}"))] {
+    let bw = qemu::lines_after(n1, "# ", &format!("retry 20 timeout 60 {BW} 10.0.0.1"));
+    let lat = qemu::lines_after(n1, "# ", &format!("retry 20 timeout 60 {LAT} 10.0.0.1"));
+    for out in [
+        &bw,
+        &lat,
+        &qemu::lines_after(n0, "# ", &format!("timeout 90 {BW}")),
+    ] {
         assert!(
             out.iter()
                 .any(|l| l.split_whitespace().eq(["Link", "type", ":", "Ethernet"])),
@@ -227,13 +208,13 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         bw_row.len() >= 4 && bw_row[1] == 300.0 && bw_row[3] > 0.0,
         "ib_write_bw's result: {bw_row:?}\n{all}"
     );
-    let srq_out = after(n1, &format!("retry 20 timeout 60 {SRQ} 10.0.0.1"));
+    let srq_out = qemu::lines_after(n1, "# ", &format!("retry 20 timeout 60 {SRQ} 10.0.0.1"));
     assert!(
         srq_out.iter().any(|l| l.contains("Using SRQ      : ON")),
         "ib_send_bw without its SRQ:\n{all}"
     );
     let srq_row = result_row(
-        &after(n1, &format!("retry 20 timeout 60 {SRQ} 10.0.0.1")),
+        &qemu::lines_after(n1, "# ", &format!("retry 20 timeout 60 {SRQ} 10.0.0.1")),
         "65536",
     );
     assert!(
@@ -257,7 +238,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
         lat_row[4],
         lat_row[2],
         lat_row[5],
-        loadavg()
+        tests::load_average()
     );
     // tshark: RoCE v1 frames with the RC traffic, ARP and ICMP, every FCS
     // good, nothing malformed. RPC-over-RDMA's heuristic dissector claims

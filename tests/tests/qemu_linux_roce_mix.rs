@@ -52,33 +52,6 @@ const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
      retry -n 30 -i 1 ib_write_lat -s 8 -n 200 192.168.50.1; ib_write_lat -s 8 -n 200; \
      retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
 
-/// The output lines of Linux's command `cmd` (echoed as `# cmd`) up to the
-/// next command, kernel messages left out.
-fn after_linux<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
-    let Some(at) = t.find(&format!("# {cmd}")) else {
-        return Vec::new();
-    };
-    t[at..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.starts_with("# ") && !l.starts_with("run: "))
-        .filter(|l| !l.starts_with('['))
-        .collect()
-}
-
-/// The lines after our `lego> {cmd}` up to the next prompt, log lines left out.
-fn after_ours<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
-    let Some(at) = t.find(&format!("lego> {cmd}")) else {
-        return Vec::new();
-    };
-    t[at..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.starts_with("lego> ") && !l.starts_with("run: "))
-        .filter(|l| !l.starts_with('['))
-        .collect()
-}
-
 /// Result lines (perftest's, ours) whose first two fields are `size` and
 /// `iters`.
 fn results(text: &str, size: u64, iters: u64) -> usize {
@@ -92,15 +65,9 @@ fn results(text: &str, size: u64, iters: u64) -> usize {
         .count()
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 #[test]
 fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethernet_ports() {
-    let load_before = loadavg();
+    let load_before = tests::load_average();
     let t = Instant::now();
     let r = qemu::run_vfu(
         &[
@@ -121,14 +88,11 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
         true,
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     for n in 0..2 {
         assert!(
-            r.stderr
-                .lines()
-                .any(|l| l.starts_with(&format!("node{n}: commands "))
-                    && l.ends_with("violations 0, DMA faults 0")),
+            qemu::node_clean(&r.stderr, n),
             "node {n}: the model recorded a violation or a DMA fault:\n{all}"
         );
     }
@@ -141,27 +105,26 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
         "a Linux command failed:\n{all}"
     );
     assert_eq!(
-        after_linux(l, "cat /sys/class/net/eth0/operstate").first(),
+        qemu::lines_after(l, "# ", "cat /sys/class/net/eth0/operstate").first(),
         Some(&"up"),
         "Linux's eth0:\n{all}"
     );
     // Linux's verbs see its own port on the model as RoCE: Active, link
     // layer Ethernet.
-    let info = after_linux(l, "ibv_devinfo -d mlx4_0 -i 1");
+    let info = qemu::lines_after(l, "# ", "ibv_devinfo -d mlx4_0 -i 1");
     for want in ["state: PORT_ACTIVE (4)", "link_layer: Ethernet"] {
         assert!(
-            info.iter()
-                .any(|x| x.split_whitespace().eq(want.split_whitespace())),
+            qemu::has_words(&info, want),
             "ibv_devinfo has no '{want}':\n{all}"
         );
     }
     // Both ways, none lost.
-    let lp = after_linux(l, LINUX_PING);
+    let lp = qemu::lines_after(l, "# ", LINUX_PING);
     assert!(
         lp.contains(&"20 packets transmitted, 20 packets received, 0% packet loss"),
         "Linux's ping:\n{all}"
     );
-    let op = after_ours(o, OURS_PING);
+    let op = qemu::lines_after(o, "lego> ", OURS_PING);
     assert!(
         op.iter()
             .any(|x| x.starts_with("20 packets transmitted, 20 received, 0% packet loss")),
@@ -169,7 +132,7 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     );
     // /proc/net/snmp's ICMP rows: the names, then the values (InEchos is
     // the ninth).
-    let icmp = after_linux(l, "grep ^Icmp: /proc/net/snmp");
+    let icmp = qemu::lines_after(l, "# ", "grep ^Icmp: /proc/net/snmp");
     let echos: u64 = icmp
         .get(1)
         .and_then(|x| x.split_whitespace().nth(9))
@@ -184,30 +147,21 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
             .filter(|x| x.trim_start().starts_with(what))
             .count()
     };
-    let linux_server = after_linux(l, "timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V");
-    let linux_client = after_linux(l, "retry 60 rping -c -a 192.168.50.2 -C 20 -v -V");
-    assert_eq!(
-        count(&linux_server.join("\n"), "server ping data: rdma-ping-"),
-        20,
-        "Linux's rping server:\n{all}"
-    );
-    assert_eq!(
-        count(&linux_client.join("\n"), "ping data: rdma-ping-"),
-        20,
-        "Linux's rping client:\n{all}"
-    );
-    let ours_client = after_ours(o, "retry -n 60 -i 1 rping -c -a 192.168.50.1");
-    let ours_server = after_ours(o, "rping -s -a 192.168.50.2");
-    assert_eq!(
-        count(&ours_client.join("\n"), "ping data: rdma-ping-"),
-        20,
-        "our rping client:\n{all}"
-    );
-    assert_eq!(
-        count(&ours_server.join("\n"), "server ping data: rdma-ping-"),
-        20,
-        "our rping server:\n{all}"
-    );
+    let linux_server =
+        qemu::lines_after(l, "# ", "timeout 90 rping -s -a 192.168.50.1 -C 20 -v -V");
+    let linux_client = qemu::lines_after(l, "# ", "retry 60 rping -c -a 192.168.50.2 -C 20 -v -V");
+    let ours_client = qemu::lines_after(o, "lego> ", "retry -n 60 -i 1 rping -c -a 192.168.50.1");
+    let ours_server = qemu::lines_after(o, "lego> ", "rping -s -a 192.168.50.2");
+    let srv = "server ping data: rdma-ping-";
+    let cli = "ping data: rdma-ping-";
+    for (lines, what, who) in [
+        (&linux_server, srv, "Linux's rping server"),
+        (&linux_client, cli, "Linux's rping client"),
+        (&ours_client, cli, "our rping client"),
+        (&ours_server, srv, "our rping server"),
+    ] {
+        assert_eq!(count(&lines.join("\n"), what), 20, "{who}:\n{all}");
+    }
     for t in [l, o] {
         assert!(
             !t.contains("data mismatch")
@@ -223,8 +177,9 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     // GID-form message, and each run's result line (a bandwidth server
     // prints the client's figures) names the same bytes and iterations.
     assert_eq!(
-        after_linux(
+        qemu::lines_after(
             l,
+            "# ",
             "cat /sys/class/infiniband/mlx4_0/ports/1/gids/1 /sys/class/infiniband/mlx4_0/ports/1/gid_attrs/types/1"
         ),
         ["0000:0000:0000:0000:0000:ffff:c0a8:3201", "IB/RoCE v1"],
@@ -269,6 +224,6 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
          run {took:?}; load average {load_before} before, {} after",
         lp.iter().find(|x| x.starts_with("round-trip ")),
         op.iter().find(|x| x.starts_with("rtt ")),
-        loadavg()
+        tests::load_average()
     );
 }

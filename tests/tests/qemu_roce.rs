@@ -19,14 +19,8 @@ const NODE_1: &str = "retry -n 60 -i 1 ping -c 1 -W 1 10.0.0.1; \
 
 /// The lines after `lego> {cmd}` up to the next prompt, log lines left out.
 fn after<'a>(t: &'a str, cmd: &str) -> Vec<&'a str> {
-    let Some(at) = t.find(&format!("lego> {cmd}")) else {
-        return Vec::new();
-    };
-    t[at..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.starts_with("lego> ") && !l.starts_with("run: "))
-        .filter(|l| !l.starts_with('['))
+    qemu::lines_after(t, "lego> ", cmd)
+        .into_iter()
         .map(|l| l.trim_end_matches('\r'))
         .collect()
 }
@@ -38,15 +32,9 @@ fn counter(lines: &[&str], name: &str) -> Option<u64> {
         .find_map(|l| l.trim().strip_prefix(&format!("{name}: "))?.parse().ok())
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 #[test]
 fn two_of_our_guests_ping_each_other_over_eth0() {
-    let load = load_average();
+    let load = tests::load_average();
     let r = qemu::run_args(
         &[
             "--nodes",
@@ -64,7 +52,7 @@ fn two_of_our_guests_ping_each_other_over_eth0() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(!r.stderr.contains("violation"), "{all}");
     let t0 = qemu::node(&r.transcript, 0).unwrap_or("");
@@ -122,7 +110,7 @@ fn two_of_our_guests_ping_each_other_over_eth0() {
         "eth0 ping -c 20: median {:?} ms, {:?}; load average before: {load}, after: {}",
         rtts.get(rtts.len() / 2),
         ping.iter().find(|l| l.starts_with("rtt ")),
-        load_average()
+        tests::load_average()
     );
 }
 
@@ -151,7 +139,7 @@ fn ib0_and_eth0_side_by_side_on_one_card() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(!r.stderr.contains("violation"), "{all}");
     let t0 = qemu::node(&r.transcript, 0).unwrap_or("");

@@ -38,7 +38,7 @@ fn our_perftest_over_roce_between_two_guests() {
         ],
         DEADLINE,
     );
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     assert_eq!(r.status, 0, "{all}");
     assert!(!r.stderr.contains("violation"), "{all}");
     let t0 = qemu::node(&r.transcript, 0).unwrap_or("");

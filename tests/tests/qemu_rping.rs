@@ -25,7 +25,7 @@ fn two_of_our_guests_rping_each_other_by_ip() {
         Duration::from_secs(110),
     );
     let took = t.elapsed();
-    let all = format!("{}\n--- stderr ---\n{}", r.transcript, r.stderr);
+    let all = r.all();
     let (c, s) = (
         qemu::node(&r.transcript, 0).unwrap_or(""),
         qemu::node(&r.transcript, 1).unwrap_or(""),

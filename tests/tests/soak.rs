@@ -452,12 +452,6 @@ fn rss_kb(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 /// Everything started here, ended by pid whatever happens.
 #[derive(Default)]
 struct Procs {
@@ -758,7 +752,7 @@ fn soak() {
         }
     }
     let rss_end = rss_kb(emu_pid);
-    let load = load_average();
+    let load = tests::load_average();
     procs.end();
     let _ = emu_child.wait();
     std::thread::sleep(Duration::from_millis(300));
@@ -911,48 +905,28 @@ fn run(
     let mut next_fault = 0;
     let mut opensm_n = 1;
     let mut round = 0u64;
+    // Between any two activities: an SM restart if one is due.
+    let mut sm_due = |soak: &mut Soak| {
+        restart_sm_if_due(
+            soak,
+            procs,
+            emu_err,
+            &mut next_fault,
+            sm_dir,
+            sockname,
+            &mut opensm_n,
+        )
+    };
     while soak.now_s() < end_s {
         round += 1;
         soak.perftest("ib_write_bw")?;
-        restart_sm_if_due(
-            soak,
-            procs,
-            emu_err,
-            &mut next_fault,
-            sm_dir,
-            sockname,
-            &mut opensm_n,
-        )?;
+        sm_due(soak)?;
         soak.perftest("ib_read_bw")?;
-        restart_sm_if_due(
-            soak,
-            procs,
-            emu_err,
-            &mut next_fault,
-            sm_dir,
-            sockname,
-            &mut opensm_n,
-        )?;
+        sm_due(soak)?;
         soak.rmem(round)?;
-        restart_sm_if_due(
-            soak,
-            procs,
-            emu_err,
-            &mut next_fault,
-            sm_dir,
-            sockname,
-            &mut opensm_n,
-        )?;
+        sm_due(soak)?;
         soak.ping()?;
-        restart_sm_if_due(
-            soak,
-            procs,
-            emu_err,
-            &mut next_fault,
-            sm_dir,
-            sockname,
-            &mut opensm_n,
-        )?;
+        sm_due(soak)?;
         if round == 1 {
             // The baseline: after one round of everything, idle.
             let mut m = Vec::new();

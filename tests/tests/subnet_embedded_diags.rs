@@ -94,24 +94,8 @@ fn run(test: &str, embedded: bool) -> Run {
     let fabric = Arc::new(Mutex::new(f));
     let (mut a, mut b) = sync_guests(&fabric, &built);
     let mut osm = OpenSm::start_with(test, &fabric, sw_id, !embedded, &[], extra);
-    let ok = osm.pump_until(&mut [&mut a, &mut b], LIMIT, 256, |osm, g| {
-        g.iter_mut().all(|g| g.active())
-            && osm.svc.server.node("smhost").is_some_and(|h| h.lid() != 0)
-            && (embedded || osm.subnet_ups() >= 1)
-    });
-    assert!(
-        ok,
-        "subnet up ({}):\n{}",
-        if embedded { "embedded" } else { "OpenSM" },
-        osm.log()
-    );
-    // Let the SA finish its first sweep as master and the LFT settle.
-    osm.pump_until(
-        &mut [&mut a, &mut b],
-        Duration::from_secs(2),
-        1 << 20,
-        |_, _| false,
-    );
+    let who = if embedded { "embedded" } else { "OpenSM" };
+    osm.wait_subnet_up(&mut a, &mut b, LIMIT, !embedded, who);
     let (la, lb) = (a.port(1).lid, b.port(1).lid);
     let (sw, smn, host) = {
         let f = fabric.lock().unwrap();

@@ -65,25 +65,8 @@ fn run(test: &str, ours: bool) -> (Run, Vec<(String, String)>) {
         let sm = ib_sm::init(&mut a.core);
         ib_sm::start(&mut a.core, sm, a.dev, 1, SmConfig::default()).unwrap();
     }
-    let ok = osm.pump_until(&mut [&mut a, &mut b], LIMIT, 256, |osm, g| {
-        g.iter_mut().all(|g| g.active())
-            && osm.svc.server.node("smhost").is_some_and(|h| h.lid() != 0)
-            && (ours || osm.subnet_ups() >= 1)
-    });
-    assert!(
-        ok,
-        "subnet up ({}):\n{}",
-        if ours { "ours" } else { "OpenSM" },
-        osm.log()
-    );
-    // Let the SA finish its first sweep as master (OpenSM ignores the SA
-    // until then) and the LFT settle.
-    osm.pump_until(
-        &mut [&mut a, &mut b],
-        Duration::from_secs(2),
-        1 << 20,
-        |_, _| false,
-    );
+    let who = if ours { "ours" } else { "OpenSM" };
+    osm.wait_subnet_up(&mut a, &mut b, LIMIT, !ours, who);
     let (la, lb) = (a.port(1).lid, b.port(1).lid);
     let sw = ours_switch_lid(&mut osm, &mut a, &mut b);
     let mut outs = Vec::new();
