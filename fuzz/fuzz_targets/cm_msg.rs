@@ -16,7 +16,6 @@ use ib_core::cm::{self, CmEvent, CmId, CmRepParam, CmReqParam};
 use ib_core::cm_msgs::cm_attr;
 use ib_core::device::{ClientId, DeviceId, IbCore};
 use ib_core::mad::{Mad, class};
-use ib_core::sa_query::PathRecord;
 use ib_core::verbs::*;
 use legoib_fuzz::ibfake::{Arrival, lock};
 use legoib_fuzz::ibrig::{self, A_LID, B_LID, Rig};
@@ -100,27 +99,6 @@ fn rc_qp(core: &mut IbCore, dev: DeviceId) -> Qp {
     .0
 }
 
-fn path(r: &Rig) -> PathRecord {
-    let sgid = r.core.device(r.a).unwrap().get_cached_gid(1, 0).unwrap();
-    let dgid = r.core.device(r.b).unwrap().get_cached_gid(1, 0).unwrap();
-    PathRecord {
-        dgid,
-        sgid,
-        dlid: B_LID,
-        slid: A_LID,
-        reversible: true,
-        numb_path: 1,
-        pkey: 0xffff,
-        mtu_selector: 2,
-        mtu: Mtu::Mtu2048 as u8,
-        rate_selector: 2,
-        rate: 7,
-        packet_life_time_selector: 2,
-        packet_life_time: 14,
-        ..PathRecord::default()
-    }
-}
-
 /// Polls until `id` has an event (bounded).
 fn event(r: &mut Rig, cm: ClientId, id: CmId) -> Option<CmEvent> {
     for _ in 0..50 {
@@ -143,7 +121,7 @@ fn drive(r: &mut Rig, cm: ClientId, qa: Qp, qb: Qp, s: State) -> Vec<CmId> {
     if matches!(s, State::Listen) {
         return ids;
     }
-    let mut p = CmReqParam::new(path(r), SID, qa);
+    let mut p = CmReqParam::new(ibrig::path_a_to_b(r), SID, qa);
     p.private_data = b"req".to_vec();
     p.max_cm_retries = 2;
     p.remote_cm_response_timeout = 8;

@@ -23,9 +23,8 @@ use ib_core::cm::{self, CmEvent, CmReqParam, CmSidrReqParam};
 use ib_core::cma::{self, CMA_HDR_LEN, PortSpace, RdmaCmEventType, RdmaCmId};
 use ib_core::device::{ClientId, IbCore};
 use ib_core::error::{Error, Result, errno};
-use ib_core::sa_query::PathRecord;
 use ib_core::verbs::*;
-use legoib_fuzz::ibrig::{self, A_LID, B_LID, Rig};
+use legoib_fuzz::ibrig::{self, Rig};
 use libfuzzer_sys::fuzz_target;
 
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -131,27 +130,6 @@ fn port(p: Port) -> u16 {
         Port::Tcp => TCP_PORT,
         Port::Udp => UDP_PORT,
         Port::Raw(v) => v,
-    }
-}
-
-fn path(r: &Rig) -> PathRecord {
-    let sgid = r.core.device(r.a).unwrap().get_cached_gid(1, 0).unwrap();
-    let dgid = r.core.device(r.b).unwrap().get_cached_gid(1, 0).unwrap();
-    PathRecord {
-        dgid,
-        sgid,
-        dlid: B_LID,
-        slid: A_LID,
-        reversible: true,
-        numb_path: 1,
-        pkey: 0xffff,
-        mtu_selector: 2,
-        mtu: Mtu::Mtu2048 as u8,
-        rate_selector: 2,
-        rate: 7,
-        packet_life_time_selector: 2,
-        packet_life_time: 14,
-        ..PathRecord::default()
     }
 }
 
@@ -272,7 +250,7 @@ fuzz_target!(|input: Input| {
         listeners.push(id);
     }
     let (pdb, _) = qp(&mut r.core, r.b, QpType::Rc);
-    let pr = path(&r);
+    let pr = ibrig::path_a_to_b(&r);
     let mut conns: Vec<RdmaCmId> = Vec::new();
     for q in input.reqs.iter().take(6) {
         r.clock

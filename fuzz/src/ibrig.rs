@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use hal::fake::FakeClock;
 use ib_core::device::{DeviceId, IbCore, MadConfig};
+use ib_core::sa_query::PathRecord;
+use ib_core::verbs::Mtu;
 
 use crate::ibfake::{SharedWorld, add_hca, cable, lock, world_with_dma};
 
@@ -61,5 +63,29 @@ pub fn rig_with(capture: bool, tweak: impl FnOnce(&SharedWorld)) -> Rig {
         clock,
         a,
         b,
+    }
+}
+
+/// The path from A's port 1 to B's (GIDs from the caches, 2048-byte MTU,
+/// the rate and packet life time an SM would give), as the CM targets
+/// hand it to `send_req`.
+pub fn path_a_to_b(r: &Rig) -> PathRecord {
+    let sgid = r.core.device(r.a).unwrap().get_cached_gid(1, 0).unwrap();
+    let dgid = r.core.device(r.b).unwrap().get_cached_gid(1, 0).unwrap();
+    PathRecord {
+        dgid,
+        sgid,
+        dlid: B_LID,
+        slid: A_LID,
+        reversible: true,
+        numb_path: 1,
+        pkey: 0xffff,
+        mtu_selector: 2,
+        mtu: Mtu::Mtu2048 as u8,
+        rate_selector: 2,
+        rate: 7,
+        packet_life_time_selector: 2,
+        packet_life_time: 14,
+        ..PathRecord::default()
     }
 }
