@@ -293,11 +293,15 @@ fn mkey_level_1_hides_the_key_and_a_violation_traps_to_opensm() {
         &["-y", MKEY, "portinfo", &la, "1"],
     );
     assert!(ok, "{out}");
-    assert_eq!(field(&out, "MkeyViolations"), "1", "{out}");
-    assert_eq!(
-        n.a.core.mad_counters(n.a.dev, 1).unwrap().traps_forwarded,
-        1
-    );
+    // One violation per Set that reached the port: ibportstate's Set
+    // goes out up to three times (libibmad's MAD_DEF_RETRIES), and
+    // whether a retry lands before this query depends on the host's
+    // timing (2 was seen once in a full run, 1 alone). Each violation
+    // forwards at most one trap.
+    let v: u64 = field(&out, "MkeyViolations").parse().unwrap_or(0);
+    assert!((1..=3).contains(&v), "MkeyViolations {v}:\n{out}");
+    let traps = n.a.core.mad_counters(n.a.dev, 1).unwrap().traps_forwarded;
+    assert!((1..=v).contains(&traps), "{traps} traps for {v} violations");
     done(n);
 }
 
