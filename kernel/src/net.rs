@@ -223,6 +223,17 @@ pub fn poll() {
 /// destination MACs of those peers' GIDs.
 pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
     static ROCE_SYNC_WARNED: AtomicBool = AtomicBool::new(false);
+    // This runs on every pass of the stack: the addresses and neighbours
+    // are gathered into buffers kept between passes (no allocation once
+    // they have grown to the links' sizes).
+    type Scratch = (
+        alloc::vec::Vec<[u8; 4]>,
+        alloc::vec::Vec<([u8; 4], [u8; 6])>,
+    );
+    static SCRATCH: spin::Mutex<Scratch> =
+        spin::Mutex::new((alloc::vec::Vec::new(), alloc::vec::Vec::new()));
+    let mut scratch = SCRATCH.lock();
+    let (addrs, neigh) = &mut *scratch;
     for (id, _) in s.links() {
         let Some((h, port)) = s
             .link(id)
@@ -231,9 +242,9 @@ pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
         else {
             continue;
         };
-        let addrs: alloc::vec::Vec<[u8; 4]> =
-            s.addrs(id).iter().map(|c| c.address().octets()).collect();
-        let mut neigh = alloc::vec::Vec::new();
+        addrs.clear();
+        addrs.extend(s.addrs(id).iter().map(|c| c.address().octets()));
+        neigh.clear();
         s.neighbours(id, &mut |n| {
             if let Some(mac) = n
                 .lladdr
@@ -245,7 +256,7 @@ pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
         if let Some(m) = core
             .device_mut(ib_core::device::DeviceId(h))
             .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
-            && let Err(e) = m.sync_roce_netdev(port, &addrs, &neigh)
+            && let Err(e) = m.sync_roce_netdev(port, addrs, neigh)
             && !ROCE_SYNC_WARNED.swap(true, Ordering::Relaxed)
         {
             log::warn!("RoCE port {port}: its GIDs and neighbours not updated: {e}");
