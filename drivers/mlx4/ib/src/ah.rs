@@ -120,12 +120,7 @@ pub fn create_iboe_ah(
         return Err(Error::Inval("source GID index beyond the GID table"));
     }
     let mac = rp.resolve_dmac(&grh.dgid.0)?;
-    let sgid = rp
-        .gids
-        .get(usize::from(grh.sgid_index))
-        .copied()
-        .unwrap_or([0; 16]);
-    let mut vlan = crate::roce::rdma_get_vlan_id(&sgid);
+    let mut vlan = rp.sgid_vlan_id(grh.sgid_index);
     if vlan < 0x1000 {
         vlan |= u16::from(attr.sl & 7) << 13;
     }

@@ -156,6 +156,17 @@ impl RocePort {
         g
     }
 
+    /// The VLAN id ([`rdma_get_vlan_id`]) of source GID `index`; an entry
+    /// not in the table reads as the zero GID (VLAN 0).
+    pub fn sgid_vlan_id(&self, index: u8) -> u16 {
+        let sgid = self
+            .gids
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or([0; 16]);
+        rdma_get_vlan_id(&sgid)
+    }
+
     /// The source MAC index paths and address vectors carry.
     pub fn smac_idx(&self) -> u8 {
         self.smac_index.unwrap_or(0)

@@ -68,12 +68,7 @@ fn mlx4_set_path(
         p.ackto = crate::roce::LINK_TYPE_ETH;
         // The source MAC by its MAC-table index.
         p.grh_mylmc = (p.grh_mylmc & 0x80) | rp.smac_idx();
-        let sgid = rp
-            .gids
-            .get(usize::from(grh.sgid_index))
-            .copied()
-            .unwrap_or([0; 16]);
-        if crate::roce::rdma_get_vlan_id(&sgid) < 0x1000 {
+        if rp.sgid_vlan_id(grh.sgid_index) < 0x1000 {
             return Err(Error::Inval("VLAN RoCE GIDs are not supported"));
         }
         return Ok(p);
