@@ -94,6 +94,15 @@ impl StackSockets<'_, '_> {
             .flatten()
             .ok_or_else(|| String::from("the TCP connection is gone"))
     }
+
+    /// The TCP socket of connection `s`.
+    fn tcp(&mut self, s: u32) -> Result<&mut net::smoltcp::socket::tcp::Socket<'static>, String> {
+        let r = self.sock(s)?;
+        self.net
+            .stack()
+            .tcp(r)
+            .ok_or_else(|| String::from("the TCP connection is gone"))
+    }
 }
 
 impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
@@ -136,12 +145,7 @@ impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
     }
     fn established(&mut self, s: u32) -> Result<bool, String> {
         use net::smoltcp::socket::tcp::State;
-        let r = self.sock(s)?;
-        let t = self
-            .net
-            .stack()
-            .tcp(r)
-            .ok_or("the TCP connection is gone")?;
+        let t = self.tcp(s)?;
         match t.state() {
             State::Established => Ok(true),
             State::Listen | State::SynSent | State::SynReceived => Ok(false),
@@ -150,12 +154,7 @@ impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
         }
     }
     fn recv(&mut self, s: u32, buf: &mut [u8]) -> Result<usize, String> {
-        let r = self.sock(s)?;
-        let t = self
-            .net
-            .stack()
-            .tcp(r)
-            .ok_or("the TCP connection is gone")?;
+        let t = self.tcp(s)?;
         if t.can_recv() {
             return t
                 .recv_slice(buf)
@@ -168,12 +167,7 @@ impl ib_tools::perftest::communication::Sockets for StackSockets<'_, '_> {
         }
     }
     fn send(&mut self, s: u32, buf: &[u8]) -> Result<usize, String> {
-        let r = self.sock(s)?;
-        let t = self
-            .net
-            .stack()
-            .tcp(r)
-            .ok_or("the TCP connection is gone")?;
+        let t = self.tcp(s)?;
         if !t.may_send() {
             return Err(String::from("the connection is closed"));
         }
