@@ -173,19 +173,6 @@ fn link_layer_name(dev: &Device, port: u8) -> &'static str {
     }
 }
 
-/// A GID as sysfs and `show_gids` print it: eight groups of four hex
-/// digits.
-fn gid_groups(g: &[u8; 16]) -> String {
-    let mut s = String::new();
-    for (i, c) in g.chunks(2).enumerate() {
-        if i > 0 {
-            s.push(':');
-        }
-        let _ = write!(s, "{:02x}{:02x}", c[0], c[1]);
-    }
-    s
-}
-
 /// `show_gids [DEV]`, as Mellanox's script prints it: every GID in use
 /// with its index, the IPv4 address of an IPv4-mapped GID and the RoCE
 /// version (`v1` on an Ethernet port, empty on InfiniBand), then the count.
@@ -208,6 +195,11 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             for port in 1..=dev.phys_port_cnt() {
                 let eth = dev.port_link_layer(port).ok() == Some(LinkLayer::Ethernet);
                 let len = dev.gid_tbl_len(port).unwrap_or(0) as usize;
+                let ver = if eth { "v1" } else { "" };
+                let ndev = names
+                    .iter()
+                    .find(|(d, p, _)| Some(*d) == h.id && *p == port)
+                    .map_or("", |(_, _, n)| n.as_str());
                 for i in 0..len {
                     let Ok(g) = dev.get_cached_gid(port, i) else {
                         break;
@@ -218,17 +210,9 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                     let ip = mlx4_ib::roce::gid_ipv4(&g.0)
                         .map(|a| alloc::format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
                         .unwrap_or_default();
-                    let ver = if eth { "v1" } else { "" };
-                    let ndev = names
-                        .iter()
-                        .find(|(d, p, _)| Some(*d) == h.id && *p == port)
-                        .map_or("", |(_, _, n)| n.as_str());
-                    let _ = writeln!(
-                        out,
-                        "{}\t{port}\t{i}\t{}\t{ip:<14}\t{ver}\t{ndev}",
-                        h.name,
-                        gid_groups(&g.0)
-                    );
+                    // Gid's Display: eight groups of four hex digits, as
+                    // sysfs and show_gids print it.
+                    let _ = writeln!(out, "{}\t{port}\t{i}\t{g}\t{ip:<14}\t{ver}\t{ndev}", h.name);
                     n += 1;
                 }
             }
