@@ -145,13 +145,13 @@ static COMMANDS: &[Command] = &[
     },
     Command {
         name: "ibv_rc_pingpong",
-        usage: "ibv_rc_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-m MTU] [-g GIDX] [-c] [-d DEV] [-i PORT] [-g GIDX] [LID|GUID|GID]",
+        usage: "ibv_rc_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-m MTU] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID|GID]",
         help: "RC SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
         run: super::perftest::ibv_rc_pingpong,
     },
     Command {
         name: "ibv_ud_pingpong",
-        usage: "ibv_ud_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-g GIDX] [-c] [-d DEV] [-i PORT] [-g GIDX] [LID|GUID|GID]",
+        usage: "ibv_ud_pingpong [-s SIZE] [-n ITERS] [-r RX_DEPTH] [-g GIDX] [-c] [-d DEV] [-i PORT] [LID|GUID|GID]",
         help: "UD SEND ping-pong, as rdma-core's example (no peer: server; -h for the options)",
         run: super::perftest::ibv_ud_pingpong,
     },
