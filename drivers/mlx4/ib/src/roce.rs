@@ -81,13 +81,10 @@ pub fn rdma_get_vlan_id(gid: &[u8; 16]) -> u16 {
     if v < 0x1000 { v } else { NO_VLAN }
 }
 
-/// Linux `ipv6_addr_set_v4mapped` as `rdma_ip2gid` uses it: `::ffff:a.b.c.d`.
+/// Linux `ipv6_addr_set_v4mapped` as `rdma_ip2gid` uses it: `::ffff:a.b.c.d`
+/// (ib_core's [`ib_core::addr::ip2gid`] on bytes).
 pub fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..16].copy_from_slice(&ip);
-    g
+    ib_core::addr::ip2gid(core::net::Ipv4Addr::from(ip)).0
 }
 
 /// The IPv4 address of an IPv4-mapped GID.
