@@ -125,17 +125,12 @@ fn attach_ipoib_ports(s: &mut NetStack, core: &mut IbCore, ipoib_client: ib_core
 /// Whether [`attach_en`] has looked at the adapters.
 static EN_DONE: AtomicBool = AtomicBool::new(false);
 
-/// How an mlx4_en link finds its `Dev`: the mlx4_ib device ib_core holds
-/// under the link's handle (the `DeviceId`).
-fn en_dev(core: &mut IbCore, handle: u32) -> Option<&mut mlx4_core::Dev> {
+/// How an mlx4_en link finds its `Dev` (and `ethtool -S` too): the mlx4_ib
+/// device ib_core holds under the link's handle (the `DeviceId`).
+pub fn en_dev(core: &mut IbCore, handle: u32) -> Option<&mut mlx4_core::Dev> {
     core.device_mut(ib_core::device::DeviceId(handle))?
         .provider_as::<mlx4_ib::Mlx4IbDev>()
         .map(|m| m.core_mut())
-}
-
-/// The `Dev` of mlx4_en's link handle `handle` (for `ethtool -S`).
-pub fn en_dev_of(core: &mut IbCore, handle: u32) -> Option<&mut mlx4_core::Dev> {
-    en_dev(core, handle)
 }
 
 /// `mlx4_en_add` for every adapter: each Ethernet port gets its link

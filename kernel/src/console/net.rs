@@ -75,7 +75,7 @@ pub fn ethtool(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             .as_any()
             .and_then(|a| a.downcast_ref::<mlx4_en::EnPriv>())
         {
-            let Some(mdev) = crate::net::en_dev_of(core, en.handle) else {
+            let Some(mdev) = crate::net::en_dev(core, en.handle) else {
                 return Err(alloc::format!("{dev}: its adapter is gone"));
             };
             for (k, v) in en.ethtool_stats(mdev) {
