@@ -316,11 +316,11 @@ impl<C: ?Sized> Stack<C> {
             .or(i.addrs.first())
             .ok_or(Error::Invalid("no address of ours on the link"))?
             .address();
-        let mac = i.link.hw_addr();
-        let mac = mac.as_bytes();
-        if mac.len() != 6 {
+        let hw = i.link.hw_addr();
+        if hw.as_bytes().len() != 6 {
             return Err(Error::Invalid("an Ethernet link without a 6-byte MAC"));
         }
+        let mac = EthernetAddress::from_bytes(hw.as_bytes());
         if !i.carrier || !i.link.tx_ready(ctx) {
             return Ok(false);
         }
@@ -329,14 +329,23 @@ impl<C: ?Sized> Stack<C> {
             return Ok(false);
         };
         b.fill(0);
-        b[0..6].fill(0xff);
-        b[6..12].copy_from_slice(mac);
-        b[12..14].copy_from_slice(&[0x08, 0x06]);
-        // Ethernet, IPv4, 6 and 4 bytes, request.
-        b[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        b[22..28].copy_from_slice(mac);
-        b[28..32].copy_from_slice(&src.octets());
-        b[38..42].copy_from_slice(&ip.octets());
+        let eth = smoltcp::wire::EthernetRepr {
+            src_addr: mac,
+            dst_addr: EthernetAddress::BROADCAST,
+            ethertype: smoltcp::wire::EthernetProtocol::Arp,
+        };
+        let mut frame = smoltcp::wire::EthernetFrame::new_unchecked(&mut *b);
+        eth.emit(&mut frame);
+        smoltcp::wire::ArpRepr::EthernetIpv4 {
+            operation: smoltcp::wire::ArpOperation::Request,
+            source_hardware_addr: mac,
+            source_protocol_addr: src,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: ip,
+        }
+        .emit(&mut smoltcp::wire::ArpPacket::new_unchecked(
+            frame.payload_mut(),
+        ));
         i.link.tx_commit(ctx, ip);
         i.arp_sent
             .retain(|e| e.0 != ip && now.saturating_sub(e.1) < ARP_RETRANS_US * 8);
