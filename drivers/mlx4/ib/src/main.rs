@@ -516,9 +516,10 @@ impl Mlx4IbDev {
         self.check_port(port)?;
         if self.is_eth(port) {
             // One P_Key, the default (Linux `eth_link_query_port`'s table).
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, p)| *p = if i == 0 { 0xffff } else { 0 });
+            out.fill(0);
+            if let Some(p) = out.first_mut() {
+                *p = 0xffff;
+            }
             return Ok(());
         }
         if out.len() as u64 > u64::from(self.dev.caps().port[usize::from(port)].pkey_table_len) {
