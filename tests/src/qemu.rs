@@ -213,6 +213,19 @@ pub fn has_words(lines: &[&str], want: &str) -> bool {
         .any(|l| l.split_whitespace().eq(want.split_whitespace()))
 }
 
+/// How many result lines (perftest's, ours) `text` has: first two fields
+/// `size` and `iters`, the third a number.
+pub fn perftest_results(text: &str, size: u64, iters: u64) -> usize {
+    text.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
+                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
+                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
+        })
+        .count()
+}
+
 /// Node `n`'s transcript in a multi-node run's output: from its
 /// `===== node N ` line up to the next node's.
 pub fn node(out: &str, n: usize) -> Option<&str> {

@@ -52,19 +52,6 @@ const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
      retry -n 30 -i 1 ib_write_lat -s 8 -n 200 192.168.50.1; ib_write_lat -s 8 -n 200; \
      retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
 
-/// Result lines (perftest's, ours) whose first two fields are `size` and
-/// `iters`.
-fn results(text: &str, size: u64, iters: u64) -> usize {
-    text.lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
-                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
-                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
-        })
-        .count()
-}
-
 #[test]
 fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethernet_ports() {
     let load_before = tests::load_average();
@@ -201,21 +188,20 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     assert!(o.matches("GID index       : 1").count() >= 4, "{all}");
     for (who, text) in [("Linux", l), ("ours", o)] {
         assert_eq!(
-            results(text, 65536, 200),
+            qemu::perftest_results(text, 65536, 200),
             2,
             "{who}'s ib_write_bw lines:\n{all}"
         );
         assert_eq!(
-            results(text, 8, 200),
+            qemu::perftest_results(text, 8, 200),
             2,
             "{who}'s ib_write_lat lines:\n{all}"
         );
     }
     for (who, text) in [("Linux", l), ("ours", o)] {
-        for line in text
-            .lines()
-            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
-        {
+        for line in text.lines().filter(|x| {
+            qemu::perftest_results(x, 65536, 200) + qemu::perftest_results(x, 8, 200) > 0
+        }) {
             eprintln!("{who}: {line}");
         }
     }
