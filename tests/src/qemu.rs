@@ -81,6 +81,24 @@ impl Run {
         );
         self
     }
+
+    /// Panics with everything unless the two-node run succeeded and both
+    /// nodes' models recorded no violation or DMA fault; returns node 0's
+    /// and node 1's transcripts.
+    pub fn two_clean_nodes(&self) -> (&str, &str) {
+        let all = self.all();
+        assert_eq!(self.status, 0, "{all}");
+        for n in 0..2 {
+            assert!(
+                node_clean(&self.stderr, n),
+                "node {n}: the model recorded a violation or a DMA fault:\n{all}"
+            );
+        }
+        (
+            node(&self.transcript, 0).unwrap_or(""),
+            node(&self.transcript, 1).unwrap_or(""),
+        )
+    }
 }
 
 /// `run-qemu.sh --run CMDS` with extra options; the script's own deadline is

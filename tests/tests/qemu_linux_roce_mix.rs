@@ -76,17 +76,7 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     );
     let took = t.elapsed();
     let all = r.all();
-    assert_eq!(r.status, 0, "{all}");
-    for n in 0..2 {
-        assert!(
-            qemu::node_clean(&r.stderr, n),
-            "node {n}: the model recorded a violation or a DMA fault:\n{all}"
-        );
-    }
-    let (l, o) = (
-        qemu::node(&r.transcript, 0).unwrap_or(""),
-        qemu::node(&r.transcript, 1).unwrap_or(""),
-    );
+    let (l, o) = r.two_clean_nodes();
     assert!(
         !l.contains("(exit status") && l.contains("run: 0 of "),
         "a Linux command failed:\n{all}"
