@@ -81,6 +81,24 @@ impl Run {
         );
         self
     }
+
+    /// Panics with everything unless the two-node run succeeded and both
+    /// nodes' models recorded no violation or DMA fault; returns node 0's
+    /// and node 1's transcripts.
+    pub fn two_clean_nodes(&self) -> (&str, &str) {
+        let all = self.all();
+        assert_eq!(self.status, 0, "{all}");
+        for n in 0..2 {
+            assert!(
+                node_clean(&self.stderr, n),
+                "node {n}: the model recorded a violation or a DMA fault:\n{all}"
+            );
+        }
+        (
+            node(&self.transcript, 0).unwrap_or(""),
+            node(&self.transcript, 1).unwrap_or(""),
+        )
+    }
 }
 
 /// `run-qemu.sh --run CMDS` with extra options; the script's own deadline is
@@ -211,6 +229,19 @@ pub fn has_words(lines: &[&str], want: &str) -> bool {
     lines
         .iter()
         .any(|l| l.split_whitespace().eq(want.split_whitespace()))
+}
+
+/// How many result lines (perftest's, ours) `text` has: first two fields
+/// `size` and `iters`, the third a number.
+pub fn perftest_results(text: &str, size: u64, iters: u64) -> usize {
+    text.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
+                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
+                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
+        })
+        .count()
 }
 
 /// Node `n`'s transcript in a multi-node run's output: from its

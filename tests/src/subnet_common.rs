@@ -427,6 +427,30 @@ impl OpenSm {
         self.started
     }
 
+    /// [`OpenSm::diag`] of `prog` with the arguments of `template`, each
+    /// `{name}` in it replaced by the LID `lids` gives that name, and a
+    /// patient MAD timeout (`-t 5000`; the tools' default is 1 s, and on a
+    /// loaded machine OpenSM's SA answers late but it answers). Returns the
+    /// arguments as run and the output.
+    pub fn patient_diag(
+        &mut self,
+        guests: &mut [&mut Guest],
+        prog: &str,
+        template: &str,
+        lids: &[(&str, u16)],
+        limit: Duration,
+    ) -> (String, String) {
+        let args = lids.iter().fold(template.to_string(), |t, (name, lid)| {
+            t.replace(&format!("{{{name}}}"), &lid.to_string())
+        });
+        let argv: Vec<&str> = ["-t", "5000"]
+            .into_iter()
+            .chain(args.split_whitespace())
+            .collect();
+        let (_, out) = self.diag(guests, prog, &argv, limit);
+        (args, out)
+    }
+
     /// Runs an infiniband-diags tool on the SM host under the preload while
     /// the guests and the server are served; returns (exit success, stdout
     /// and stderr). Killed after `limit`.

@@ -449,9 +449,9 @@ fn rc_send_over_roce_with_data_checked() {
 }
 
 /// A 16-byte SEND into a 16-byte receive (perftest's end-of-size message
-/// is such a one): what the model's bug breaks (it scatters the 40-byte GRH
-/// into RC receives too: REM_OP_ERR). Passes with branch simfix's
-/// responder.
+/// is such a one): an RC receive gets the payload alone, though every
+/// RoCE packet carries a GRH (a model that scattered the 40-byte GRH into
+/// it would fail the receive with REM_OP_ERR).
 #[test]
 fn rc_send_shorter_than_a_grh_into_an_exact_receive() {
     let mut r = eth_rig();

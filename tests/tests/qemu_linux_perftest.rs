@@ -64,19 +64,6 @@ fn our_script() -> String {
     s
 }
 
-/// Result lines (perftest's, ours) whose first two fields are `size` and
-/// `iters`.
-fn results(text: &str, size: u64, iters: u64) -> usize {
-    text.lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
-                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
-                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
-        })
-        .count()
-}
-
 #[test]
 fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
     let t = Instant::now();
@@ -118,10 +105,10 @@ fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
     // side prints one line as client and one as server; latency: write
     // latency on both sides in both roles, read latency on the client
     // only, each over TCP and with -R.
-    assert_eq!(results(l, 65536, 200), 12, "{all}");
-    assert_eq!(results(o, 65536, 200), 12, "{all}");
-    assert_eq!(results(l, 8, 200), 6, "{all}");
-    assert_eq!(results(o, 8, 200), 6, "{all}");
+    assert_eq!(qemu::perftest_results(l, 65536, 200), 12, "{all}");
+    assert_eq!(qemu::perftest_results(o, 65536, 200), 12, "{all}");
+    assert_eq!(qemu::perftest_results(l, 8, 200), 6, "{all}");
+    assert_eq!(qemu::perftest_results(o, 8, 200), 6, "{all}");
     // Both rdma_cm runs of each tool on our side said so in their header.
     assert_eq!(o.matches("rdma_cm QPs\t : ON").count(), 10, "{all}");
     assert!(
@@ -136,10 +123,9 @@ fn linux_and_our_perftest_meet_over_tcp_and_rdma_cm_both_ways() {
         "{all}"
     );
     for (who, text) in [("Linux", l), ("ours", o)] {
-        for line in text
-            .lines()
-            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
-        {
+        for line in text.lines().filter(|x| {
+            qemu::perftest_results(x, 65536, 200) + qemu::perftest_results(x, 8, 200) > 0
+        }) {
             eprintln!("{who}: {line}");
         }
     }

@@ -133,17 +133,7 @@ fn two_linux_guests_ping_and_run_perftest_over_roce_on_the_models_ethernet_ports
     );
     let took = t.elapsed();
     let all = r.all();
-    assert_eq!(r.status, 0, "{all}");
-    for n in 0..2 {
-        assert!(
-            qemu::node_clean(&r.stderr, n),
-            "node {n}: the model recorded a violation or a DMA fault:\n{all}"
-        );
-    }
-    let (n0, n1) = (
-        qemu::node(&r.transcript, 0).unwrap_or(""),
-        qemu::node(&r.transcript, 1).unwrap_or(""),
-    );
+    let (n0, n1) = r.two_clean_nodes();
     for (n, t) in [(0, n0), (1, n1)] {
         assert!(
             !t.contains("CQE error") && !t.contains("port restart"),

@@ -52,19 +52,6 @@ const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
      retry -n 30 -i 1 ib_write_lat -s 8 -n 200 192.168.50.1; ib_write_lat -s 8 -n 200; \
      retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
 
-/// Result lines (perftest's, ours) whose first two fields are `size` and
-/// `iters`.
-fn results(text: &str, size: u64, iters: u64) -> usize {
-    text.lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().and_then(|x| x.parse::<u64>().ok()) == Some(size)
-                && w.next().and_then(|x| x.parse::<u64>().ok()) == Some(iters)
-                && w.next().is_some_and(|x| x.parse::<f64>().is_ok())
-        })
-        .count()
-}
-
 #[test]
 fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethernet_ports() {
     let load_before = tests::load_average();
@@ -89,17 +76,7 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     );
     let took = t.elapsed();
     let all = r.all();
-    assert_eq!(r.status, 0, "{all}");
-    for n in 0..2 {
-        assert!(
-            qemu::node_clean(&r.stderr, n),
-            "node {n}: the model recorded a violation or a DMA fault:\n{all}"
-        );
-    }
-    let (l, o) = (
-        qemu::node(&r.transcript, 0).unwrap_or(""),
-        qemu::node(&r.transcript, 1).unwrap_or(""),
-    );
+    let (l, o) = r.two_clean_nodes();
     assert!(
         !l.contains("(exit status") && l.contains("run: 0 of "),
         "a Linux command failed:\n{all}"
@@ -201,21 +178,20 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
     assert!(o.matches("GID index       : 1").count() >= 4, "{all}");
     for (who, text) in [("Linux", l), ("ours", o)] {
         assert_eq!(
-            results(text, 65536, 200),
+            qemu::perftest_results(text, 65536, 200),
             2,
             "{who}'s ib_write_bw lines:\n{all}"
         );
         assert_eq!(
-            results(text, 8, 200),
+            qemu::perftest_results(text, 8, 200),
             2,
             "{who}'s ib_write_lat lines:\n{all}"
         );
     }
     for (who, text) in [("Linux", l), ("ours", o)] {
-        for line in text
-            .lines()
-            .filter(|x| results(x, 65536, 200) + results(x, 8, 200) > 0)
-        {
+        for line in text.lines().filter(|x| {
+            qemu::perftest_results(x, 65536, 200) + qemu::perftest_results(x, 8, 200) > 0
+        }) {
             eprintln!("{who}: {line}");
         }
     }

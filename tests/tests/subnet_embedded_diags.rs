@@ -123,18 +123,8 @@ fn run(test: &str, embedded: bool) -> Run {
     assert_eq!(names.lids.len(), 5, "five distinct LIDs: {:?}", names.lids);
     let mut outs = Vec::new();
     for (prog, template) in DIAGS {
-        let args = template
-            .replace("{a}", &la.to_string())
-            .replace("{b}", &lb.to_string())
-            .replace("{sw}", &sw.to_string())
-            .replace("{smn}", &smn.to_string());
-        // A patient timeout (the tools' default is 1 s): on a loaded
-        // machine OpenSM's SA answers late but it answers.
-        let argv: Vec<&str> = ["-t", "5000"]
-            .into_iter()
-            .chain(args.split_whitespace())
-            .collect();
-        let (_, out) = osm.diag(&mut [&mut a, &mut b], prog, &argv, DIAG);
+        let lids = [("a", la), ("b", lb), ("sw", sw), ("smn", smn)];
+        let (_, out) = osm.patient_diag(&mut [&mut a, &mut b], prog, template, &lids, DIAG);
         let name = format!("{} {template}", prog.rsplit('/').next().unwrap_or(prog));
         // Outputs that list the SM's own records.
         let sm_only = prog.ends_with("sminfo") || ["-s", "SMIR"].contains(template);

@@ -70,18 +70,9 @@ fn run(test: &str, ours: bool) -> (Run, Vec<(String, String)>) {
     let (la, lb) = (a.port(1).lid, b.port(1).lid);
     let sw = ours_switch_lid(&mut osm, &mut a, &mut b);
     let mut outs = Vec::new();
-    for (prog, args) in DIAGS {
-        let args = args
-            .replace("{a}", &la.to_string())
-            .replace("{b}", &lb.to_string())
-            .replace("{sw}", &sw.to_string());
-        // A patient timeout (the tools' default is 1 s): on a loaded
-        // machine OpenSM's SA answers late but it answers.
-        let argv: Vec<&str> = ["-t", "5000"]
-            .into_iter()
-            .chain(args.split_whitespace())
-            .collect();
-        let (_, out) = osm.diag(&mut [&mut a, &mut b], prog, &argv, DIAG);
+    for (prog, template) in DIAGS {
+        let lids = [("a", la), ("b", lb), ("sw", sw)];
+        let (args, out) = osm.patient_diag(&mut [&mut a, &mut b], prog, template, &lids, DIAG);
         let name = format!("{} {args}", prog.rsplit('/').next().unwrap_or(prog));
         outs.push((name, out));
     }

@@ -88,6 +88,19 @@ fn pump(n: &mut Net, limit: Duration, mut done: impl FnMut(&mut Net) -> bool) ->
     }
 }
 
+/// The net for `test` without OpenSM, our SM (priority 5) started in guest
+/// a and master with both guests' ports Active.
+fn ours_master(test: &str) -> Net {
+    let mut n = net(test, false, &[]);
+    ib_sm::start(&mut n.a.core, n.sm, n.a.dev, 1, ours(5)).unwrap();
+    let (sm, dev) = (n.sm, n.a.dev);
+    let ok = pump(&mut n, LIMIT, |n| {
+        our_state(&mut n.a.core, sm, dev) == sm_state::MASTER && n.a.active() && n.b.active()
+    });
+    assert!(ok, "ours up:\n{}", report(&mut n));
+    n
+}
+
 fn smhost_lid(n: &Net) -> u16 {
     n.osm.svc.server.node("smhost").map_or(0, |h| h.lid())
 }
@@ -99,13 +112,8 @@ fn opensm_at_a_lower_priority_stands_by_and_takes_over_at_our_handover() {
     }
     // Our SM first, master of the subnet; then OpenSM starts (the SM host's
     // IsSM appears) and finds a master of a higher priority.
-    let mut n = net("ksm-lower", false, &[]);
-    ib_sm::start(&mut n.a.core, n.sm, n.a.dev, 1, ours(5)).unwrap();
+    let mut n = ours_master("ksm-lower");
     let (sm, dev) = (n.sm, n.a.dev);
-    let ok = pump(&mut n, LIMIT, |n| {
-        our_state(&mut n.a.core, sm, dev) == sm_state::MASTER && n.a.active() && n.b.active()
-    });
-    assert!(ok, "ours up:\n{}", report(&mut n));
     n.osm
         .restart(&mut [&mut n.a, &mut n.b], &["-p", "0", "-s", "1"]);
     let ok = pump(&mut n, LIMIT, |n| {
@@ -173,13 +181,8 @@ fn opensm_at_a_higher_priority_arriving_gets_the_subnet_by_our_handover() {
     if !peers_present("opensm_at_a_higher_priority_arriving_gets_the_subnet_by_our_handover") {
         return;
     }
-    let mut n = net("ksm-arrive", false, &[]);
-    ib_sm::start(&mut n.a.core, n.sm, n.a.dev, 1, ours(5)).unwrap();
+    let mut n = ours_master("ksm-arrive");
     let (sm, dev) = (n.sm, n.a.dev);
-    let ok = pump(&mut n, LIMIT, |n| {
-        our_state(&mut n.a.core, sm, dev) == sm_state::MASTER && n.a.active() && n.b.active()
-    });
-    assert!(ok, "ours up:\n{}", report(&mut n));
     let lids = [n.a.port(1).lid, n.b.port(1).lid];
     let t = std::time::Instant::now();
     n.osm
