@@ -149,9 +149,10 @@ impl RxRing {
     /// frame copied into `out` (its length returned), the descriptor posted
     /// again. A completion in error, a bad FCS, a frame shorter than an
     /// Ethernet header or longer than `out` is counted and skipped.
-    /// `None` when the CQ is empty.
+    /// `None` when the CQ is empty, or after one ring's worth of skipped
+    /// completions (the rest wait for the next call).
     pub fn receive(&mut self, dev: &Dev, out: &mut [u8]) -> Option<usize> {
-        loop {
+        for _ in 0..self.size {
             let c = self.cq.peek()?;
             self.cq.consume(dev, 1);
             // A send completion or another QP's is not one of the ring's
@@ -188,6 +189,7 @@ impl RxRing {
                 return got;
             }
         }
+        None
     }
 
     /// Linux `mlx4_en_deactivate_rx_ring` + `mlx4_en_destroy_rx_ring`.

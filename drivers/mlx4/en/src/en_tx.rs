@@ -179,7 +179,11 @@ impl TxRing {
     /// Returns the completions seen.
     pub fn process_cq(&mut self, dev: &Dev) -> u32 {
         let mut n = 0;
-        while let Some(c) = self.cq.peek() {
+        // At most one pass of the CQ: a card that keeps writing CQEs
+        // (garbage ones included, which `continue`) cannot hold us here.
+        while n < self.size
+            && let Some(c) = self.cq.peek()
+        {
             n += 1;
             self.cq.consume(dev, 1);
             if c[31] & 0x1f == CQE_OPCODE_ERROR {
@@ -194,9 +198,6 @@ impl TxRing {
                 continue;
             }
             self.cons = self.cons.wrapping_add(ahead + 1);
-            if n >= self.size {
-                break;
-            }
         }
         n
     }
