@@ -12,11 +12,10 @@ use mlx4_core::bitmap::{Buf, Db};
 use mlx4_core::dev::{Mtt, Uar};
 use mlx4_core::qp::Qp;
 use mlx4_hw::cqe;
-use mlx4_hw::qp::QpState;
 use mlx4_hw::wqe::data;
 
 use crate::en_cq::EnCq;
-use crate::en_netdev::{RingStats, fill_qp_context, qp_to_ready};
+use crate::en_netdev::{RingStats, fill_qp_context, qp_destroy};
 use crate::{ETH_HLEN, RX_BUF_SIZE, Result, TXBB_SIZE};
 
 /// Bytes of a receive descriptor: one data segment.
@@ -130,7 +129,7 @@ impl RxRing {
             Some(((self.size.ilog2() as u8) << 3, db.dma)),
             2,
         );
-        let r = qp_to_ready(dev, &qp, &mtt, &ctx);
+        let r = dev.qp_to_ready(&qp, &mtt, &ctx);
         self.qp = Some(qp);
         r?;
         self.prod = self.size;
@@ -201,21 +200,7 @@ impl RxRing {
 
     /// Linux `mlx4_en_deactivate_rx_ring` + `mlx4_en_destroy_rx_ring`.
     pub fn destroy(mut self, dev: &mut Dev) {
-        if let Some(qp) = self.qp.take() {
-            let _ = dev.qp_modify(
-                &qp,
-                None,
-                QpState::Rts,
-                QpState::Rst,
-                &Default::default(),
-                0,
-                false,
-            );
-            dev.qp_free(qp);
-        }
-        if let Some(m) = self.mtt.take() {
-            dev.mtt_cleanup(&m);
-        }
+        qp_destroy(dev, self.qp.take(), self.mtt.take());
         if let Some(db) = self.db.take() {
             dev.db_free(db);
         }

@@ -13,11 +13,10 @@ use mlx4_core::dev::{Mtt, Uar};
 use mlx4_core::qp::Qp;
 use mlx4_hw::cqe;
 use mlx4_hw::doorbell::SEND_DOORBELL;
-use mlx4_hw::qp::QpState;
 use mlx4_hw::wqe::{ctrl, data, opcode};
 
 use crate::en_cq::EnCq;
-use crate::en_netdev::{RingStats, fill_qp_context, qp_to_ready};
+use crate::en_netdev::{RingStats, fill_qp_context, qp_destroy};
 use crate::{Error, RX_BUF_SIZE, Result, TXBB_SIZE};
 
 /// Control and one data segment: 32 bytes, 2 units of 16.
@@ -123,9 +122,9 @@ impl TxRing {
             None,
             (self.size.ilog2() as u8) << 3 | 2,
         );
-        let r = qp_to_ready(dev, &qp, &mtt, &ctx);
+        let r = dev.qp_to_ready(&qp, &mtt, &ctx);
         self.qp = Some(qp);
-        r
+        Ok(r?)
     }
 
     /// Descriptors free for [`TxRing::xmit`].
@@ -205,22 +204,10 @@ impl TxRing {
 
     /// Linux `mlx4_en_deactivate_tx_ring` + `mlx4_en_destroy_tx_ring`.
     pub fn destroy(mut self, dev: &mut Dev) {
-        if let Some(qp) = self.qp.take() {
-            let _ = dev.qp_modify(
-                &qp,
-                None,
-                QpState::Rts,
-                QpState::Rst,
-                &Default::default(),
-                0,
-                false,
-            );
-            let qpn = qp.qpn;
-            dev.qp_free(qp);
+        let qpn = self.qp.as_ref().map(|q| q.qpn);
+        qp_destroy(dev, self.qp.take(), self.mtt.take());
+        if let Some(qpn) = qpn {
             dev.qp_release_range(qpn, 1);
-        }
-        if let Some(m) = self.mtt.take() {
-            dev.mtt_cleanup(&m);
         }
         self.cq.destroy(dev);
     }
