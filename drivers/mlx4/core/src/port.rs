@@ -515,7 +515,7 @@ impl Dev {
     #[doc(alias = "mlx4_do_sense_ports")]
     pub fn do_sense_ports(&mut self) -> [Option<PortType>; crate::MAX_PORTS] {
         let mut out = [None; crate::MAX_PORTS];
-        for port in 1..=self.hca.caps.num_ports.min(crate::MAX_PORTS as u8) {
+        for port in self.hca.caps.ports() {
             if !self.hca.caps.port[usize::from(port)].sense_allowed {
                 continue;
             }
