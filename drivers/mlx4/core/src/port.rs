@@ -178,6 +178,10 @@ impl Default for EthTables {
     }
 }
 
+/// QPs of the ETH_ADDR region per port, one per MAC-table entry (Linux's
+/// `log_num_mac` 7, no VLAN or priority bits).
+pub(crate) const ETH_QPS_PER_PORT: u32 = 1 << 7;
+
 /// The first VLAN-table index for registered VLANs (`MLX4_VLAN_REGULAR`):
 /// 0 is untagged frames, 1 the VLAN miss.
 pub const VLAN_REGULAR: usize = 2;
@@ -258,7 +262,7 @@ impl Dev {
     #[doc(alias = "mlx4_get_base_qpn")]
     pub fn get_base_qpn(&self, port: u8) -> u32 {
         let c = &self.hca.caps;
-        c.reserved_qps_base[1] + u32::from(port.saturating_sub(1)) * (1u32 << 7)
+        c.reserved_qps_base[1] + u32::from(port.saturating_sub(1)) * ETH_QPS_PER_PORT
     }
 
     /// Linux `mlx4_SET_PORT_qpn_calc`: frames to MAC index `i` go to
