@@ -502,7 +502,7 @@ impl Dev {
     #[doc(alias = "mlx4_DUMP_ETH_STATS")]
     pub fn dump_eth_stats(&mut self, port: u8, reset: bool, out: &mut [u8]) -> Result<()> {
         self.check_eth_port(port)?;
-        if out.len() > 4096 {
+        if out.len() > mlx4_hw::cmd::MAILBOX_SIZE {
             return Err(Error::InvalidArg);
         }
         let mb = Mailbox::new(&self.hca.pool)?;
