@@ -189,16 +189,20 @@ pub struct Caps {
 }
 
 impl Caps {
+    /// The device's ports, 1-based, in order.
+    pub fn ports(&self) -> core::ops::RangeInclusive<u8> {
+        1..=self.num_ports.min(MAX_PORTS as u8)
+    }
+
     /// Some port runs Ethernet.
     pub fn has_eth_port(&self) -> bool {
-        (1..=usize::from(self.num_ports).min(MAX_PORTS))
-            .any(|p| self.port[p].port_type == PortType::Eth)
+        self.ports_of_type(PortType::Eth).next().is_some()
     }
 
     /// The ports of type `t`, in order (Linux `mlx4_foreach_port`).
     #[doc(alias = "mlx4_foreach_port")]
     pub fn ports_of_type(&self, t: PortType) -> impl Iterator<Item = u8> + '_ {
-        (1..=self.num_ports.min(MAX_PORTS as u8))
+        self.ports()
             .filter(move |&p| self.port[usize::from(p)].port_type == t)
     }
 }

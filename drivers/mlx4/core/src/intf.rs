@@ -201,15 +201,11 @@ impl Dev {
     pub fn protocol_ports(&self, proto: Protocol) -> Vec<u8> {
         let c = &self.hca.caps;
         let iboe = c.flags & mlx4_hw::fw::dev_cap_flags::IBOE != 0;
-        (1..=c.num_ports.min(crate::MAX_PORTS as u8))
-            .filter(|&p| {
-                let t = c.port[usize::from(p)].port_type;
-                match proto {
-                    Protocol::En => t == PortType::Eth,
-                    Protocol::Ib => t == PortType::Ib || iboe,
-                }
-            })
-            .collect()
+        match proto {
+            Protocol::En => c.ports_of_type(PortType::Eth).collect(),
+            Protocol::Ib if iboe => c.ports().collect(),
+            Protocol::Ib => c.ports_of_type(PortType::Ib).collect(),
+        }
     }
 
     pub(crate) fn unregister_device(&mut self) {

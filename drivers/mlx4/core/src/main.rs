@@ -28,6 +28,7 @@ use crate::eq::EqTable;
 use crate::fw::{self, DevCap, FwInfo, FwVer};
 use crate::icm::{self, IcmTable, IcmTableSpec};
 use crate::intf::Registry;
+use crate::port::ETH_QPS_PER_PORT;
 use crate::profile::{self, Layout, Profile};
 use crate::{Error, Result, mlx4_dbg, mlx4_err, mlx4_info, mlx4_warn};
 
@@ -356,17 +357,16 @@ impl Hca {
         c.num_comp_vectors = 1;
         c.num_pds = NUM_PDS;
         c.reserved_qps_cnt[0] = d.reserved_qps as u32;
-        if self.profile.eth_fc_qp_regions {
-            // log_num_mac 7, log_num_vlan 0, no priorities, per port.
-            let per = (1u32 << 7) * u32::from(d.num_ports);
+        let per = ETH_QPS_PER_PORT * u32::from(d.num_ports);
+        if self.profile.eth_fc_qp_regions || c.has_eth_port() {
+            // Linux's ETH_ADDR region, which RQP_CALC steers into: a QP per
+            // MAC-table entry per port.
             c.reserved_qps_cnt[1] = per;
+        }
+        if self.profile.eth_fc_qp_regions {
+            // The FC address and exchange regions, for fidelity only.
             c.reserved_qps_cnt[2] = per;
             c.reserved_qps_cnt[3] = 64 * 1024;
-        } else if c.has_eth_port() {
-            // Linux's ETH_ADDR region, which RQP_CALC steers into: a QP per
-            // MAC-table entry per port (log_num_mac 7, no VLAN/priority
-            // bits). The FC regions stay out.
-            c.reserved_qps_cnt[1] = (1u32 << 7) * u32::from(d.num_ports);
         }
         c.reserved_qps = c.reserved_qps_cnt.iter().sum();
         self.dev_cap = d;
@@ -429,13 +429,11 @@ impl Hca {
                 *v = n;
             }
         };
-        let eth_fc = if p.eth_fc_qp_regions {
-            (2u64 << 7) * u64::from(d.num_ports) + (64 << 10)
-        } else if self.caps.has_eth_port() {
-            (1u64 << 7) * u64::from(d.num_ports)
-        } else {
-            0
-        };
+        // The Ethernet and FC regions init_dev_cap reserved.
+        let eth_fc: u64 = self.caps.reserved_qps_cnt[1..]
+            .iter()
+            .map(|&n| u64::from(n))
+            .sum();
         raise(
             "QPs",
             &mut p.num_qp,

@@ -178,6 +178,30 @@ impl Default for EthTables {
     }
 }
 
+/// The MAC bits of a MAC-table entry (and of a `u64` MAC argument).
+const MAC_MASK: u64 = 0xffff_ffff_ffff;
+
+impl EthTables {
+    /// The index of the valid MAC-table entry for `mac` among the first
+    /// `max`.
+    fn find_mac(&self, mac: u64, max: usize) -> Option<usize> {
+        self.macs[..max.min(eth::MAX_MAC_NUM)]
+            .iter()
+            .position(|&e| e & eth::MAC_VALID != 0 && e & MAC_MASK == mac)
+    }
+
+    /// The index of the VLAN-table entry for `vid` among the registered
+    /// ones below `max`.
+    fn find_vlan(&self, vid: u16, max: usize) -> Option<usize> {
+        let entry = u32::from(vid) | eth::VLAN_VALID;
+        (VLAN_REGULAR..max.min(eth::MAX_VLAN_NUM)).find(|&i| self.vlans[i] == entry)
+    }
+}
+
+/// QPs of the ETH_ADDR region per port, one per MAC-table entry (Linux's
+/// `log_num_mac` 7, no VLAN or priority bits).
+pub(crate) const ETH_QPS_PER_PORT: u32 = 1 << 7;
+
 /// The first VLAN-table index for registered VLANs (`MLX4_VLAN_REGULAR`):
 /// 0 is untagged frames, 1 the VLAN miss.
 pub const VLAN_REGULAR: usize = 2;
@@ -258,7 +282,7 @@ impl Dev {
     #[doc(alias = "mlx4_get_base_qpn")]
     pub fn get_base_qpn(&self, port: u8) -> u32 {
         let c = &self.hca.caps;
-        c.reserved_qps_base[1] + u32::from(port.saturating_sub(1)) * (1u32 << 7)
+        c.reserved_qps_base[1] + u32::from(port.saturating_sub(1)) * ETH_QPS_PER_PORT
     }
 
     /// Linux `mlx4_SET_PORT_qpn_calc`: frames to MAC index `i` go to
@@ -280,7 +304,7 @@ impl Dev {
     #[doc(alias = "mlx4_register_mac")]
     pub fn register_mac(&mut self, port: u8, mac: u64) -> Result<u32> {
         self.check_eth_port(port)?;
-        let mac = mac & 0xffff_ffff_ffff;
+        let mac = mac & MAC_MASK;
         if mac == 0 || mac >> 40 & 1 != 0 {
             return Err(Error::BadArg {
                 arg: "mac",
@@ -288,12 +312,10 @@ impl Dev {
                 why: Why::Other("not a unicast MAC"),
             });
         }
-        let max = 1usize << self.hca.caps.port[usize::from(port)].log_num_macs;
+        let max =
+            (1usize << self.hca.caps.port[usize::from(port)].log_num_macs).min(eth::MAX_MAC_NUM);
         let t = &mut self.eth[usize::from(port)];
-        if let Some(i) = t.macs[..max]
-            .iter()
-            .position(|&e| e & eth::MAC_VALID != 0 && e & 0xffff_ffff_ffff == mac)
-        {
+        if let Some(i) = t.find_mac(mac, max) {
             t.mac_refs[i] += 1;
             return Ok(i as u32);
         }
@@ -319,13 +341,9 @@ impl Dev {
         if self.check_eth_port(port).is_err() {
             return;
         }
-        let mac = mac & 0xffff_ffff_ffff;
+        let mac = mac & MAC_MASK;
         let t = &mut self.eth[usize::from(port)];
-        let Some(i) = t
-            .macs
-            .iter()
-            .position(|&e| e & eth::MAC_VALID != 0 && e & 0xffff_ffff_ffff == mac)
-        else {
+        let Some(i) = t.find_mac(mac, eth::MAX_MAC_NUM) else {
             mlx4_warn!(
                 self.hca.pci,
                 "MAC {mac:#x} is not registered on port {port}"
@@ -351,10 +369,7 @@ impl Dev {
     #[doc(alias = "mlx4_find_cached_mac")]
     pub fn find_cached_mac(&self, port: u8, mac: u64) -> Option<u32> {
         let t = self.eth.get(usize::from(port))?;
-        let mac = mac & 0xffff_ffff_ffff;
-        t.macs
-            .iter()
-            .position(|&e| e & eth::MAC_VALID != 0 && e & 0xffff_ffff_ffff == mac)
+        t.find_mac(mac & MAC_MASK, eth::MAX_MAC_NUM)
             .map(|i| i as u32)
     }
 
@@ -376,15 +391,14 @@ impl Dev {
         let max = (1usize << self.hca.caps.port[usize::from(port)].log_num_vlans)
             .clamp(VLAN_REGULAR + 1, eth::MAX_VLAN_NUM);
         let t = &mut self.eth[usize::from(port)];
-        let entry = u32::from(vid) | eth::VLAN_VALID;
-        if let Some(i) = (VLAN_REGULAR..max).find(|&i| t.vlans[i] == entry) {
+        if let Some(i) = t.find_vlan(vid, max) {
             t.vlan_refs[i] += 1;
             return Ok(i as u32);
         }
         let free = (VLAN_REGULAR..max)
             .find(|&i| t.vlans[i] & eth::VLAN_VALID == 0)
             .ok_or(Error::NoMem)?;
-        t.vlans[free] = entry;
+        t.vlans[free] = u32::from(vid) | eth::VLAN_VALID;
         let b = vlan_table(&t.vlans);
         if let Err(e) = self.set_port_eth(port, eth::VLAN_TABLE, &b) {
             mlx4_err!(self.hca.pci, "Failed adding vlan: {vid}");
@@ -402,9 +416,8 @@ impl Dev {
         if self.check_eth_port(port).is_err() {
             return;
         }
-        let entry = u32::from(vid) | eth::VLAN_VALID;
         let t = &mut self.eth[usize::from(port)];
-        let Some(i) = (VLAN_REGULAR..eth::MAX_VLAN_NUM).find(|&i| t.vlans[i] == entry) else {
+        let Some(i) = t.find_vlan(vid, eth::MAX_VLAN_NUM) else {
             mlx4_warn!(self.hca.pci, "vlan {vid} is not registered on port {port}");
             return;
         };
@@ -427,10 +440,7 @@ impl Dev {
     #[doc(alias = "mlx4_find_cached_vlan")]
     pub fn find_cached_vlan(&self, port: u8, vid: u16) -> Option<u32> {
         let t = self.eth.get(usize::from(port))?;
-        let entry = u32::from(vid) | eth::VLAN_VALID;
-        (VLAN_REGULAR..eth::MAX_VLAN_NUM)
-            .find(|&i| t.vlans[i] == entry)
-            .map(|i| i as u32)
+        t.find_vlan(vid, eth::MAX_VLAN_NUM).map(|i| i as u32)
     }
 
     /// SET_PORT GID table (RoCE): `gids` (at most 128; the rest of the
@@ -453,7 +463,7 @@ impl Dev {
     #[doc(alias = "mlx4_SET_MCAST_FLTR")]
     pub fn set_mcast_fltr(&mut self, port: u8, mac: u64, clear: bool, op_mod: u8) -> Result<()> {
         self.check_eth_port(port)?;
-        let param = (mac & 0xffff_ffff_ffff) | u64::from(clear) << 63;
+        let param = (mac & MAC_MASK) | u64::from(clear) << 63;
         self.hca.cmd.cmd(
             param,
             u32::from(port),
@@ -481,7 +491,7 @@ impl Dev {
             link_up: o[0] & 0x80 != 0,
             link_speed: o[5],
             eth_mtu: hal::be::get_be16(&o, 2),
-            mac: hal::be::get_be64(&o, 0x10) & 0xffff_ffff_ffff,
+            mac: hal::be::get_be64(&o, 0x10) & MAC_MASK,
         })
     }
 
@@ -492,7 +502,7 @@ impl Dev {
     #[doc(alias = "mlx4_DUMP_ETH_STATS")]
     pub fn dump_eth_stats(&mut self, port: u8, reset: bool, out: &mut [u8]) -> Result<()> {
         self.check_eth_port(port)?;
-        if out.len() > 4096 {
+        if out.len() > mlx4_hw::cmd::MAILBOX_SIZE {
             return Err(Error::InvalidArg);
         }
         let mb = Mailbox::new(&self.hca.pool)?;
@@ -515,7 +525,7 @@ impl Dev {
     #[doc(alias = "mlx4_do_sense_ports")]
     pub fn do_sense_ports(&mut self) -> [Option<PortType>; crate::MAX_PORTS] {
         let mut out = [None; crate::MAX_PORTS];
-        for port in 1..=self.hca.caps.num_ports.min(crate::MAX_PORTS as u8) {
+        for port in self.hca.caps.ports() {
             if !self.hca.caps.port[usize::from(port)].sense_allowed {
                 continue;
             }

@@ -2,10 +2,10 @@
 //!
 //! Linux: `qp.c` (`mlx4_init_qp_table`, `mlx4_cleanup_qp_table`,
 //! `mlx4_qp_reserve_range`, `mlx4_qp_alloc`, `mlx4_qp_free`,
-//! `__mlx4_qp_modify`, `mlx4_qp_query`, `mlx4_CONF_SPECIAL_QP`): QPN ranges
-//! with reserved regions and the special-QP block, per-QP ICM, the
-//! state-transition commands. `mlx4_qp_to_ready` and SR-IOV proxy/tunnel QPs
-//! are left out.
+//! `__mlx4_qp_modify`, `mlx4_qp_to_ready`, `mlx4_qp_query`,
+//! `mlx4_CONF_SPECIAL_QP`): QPN ranges with reserved regions and the
+//! special-QP block, per-QP ICM, the state-transition commands. SR-IOV
+//! proxy/tunnel QPs are left out.
 
 use alloc::collections::BTreeMap;
 
@@ -193,6 +193,24 @@ impl Dev {
             *s = new;
         }
         r
+    }
+
+    /// Linux `mlx4_qp_to_ready`: RST->INIT (with `mtt`) -> RTR -> RTS, the
+    /// state field of `context`'s flags set for each step.
+    #[doc(alias = "mlx4_qp_to_ready")]
+    pub fn qp_to_ready(&mut self, qp: &Qp, mtt: &Mtt, context: &QpContext) -> Result<()> {
+        let steps = [
+            (QpState::Rst, QpState::Init),
+            (QpState::Init, QpState::Rtr),
+            (QpState::Rtr, QpState::Rts),
+        ];
+        for (cur, new) in steps {
+            let mut c = *context;
+            c.flags = (c.flags & 0x0fff_ffff) | (new as u32) << 28;
+            let m = (cur == QpState::Rst).then_some(mtt);
+            self.qp_modify(qp, m, cur, new, &c, 0, false)?;
+        }
+        Ok(())
     }
 
     /// The work-queue geometry of a RST->INIT context, as Linux's mlx4_ib

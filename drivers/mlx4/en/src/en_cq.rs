@@ -14,7 +14,7 @@ use crate::Result;
 
 /// A CQ of one ring.
 pub struct EnCq {
-    cq: Option<Cq>,
+    cq: Cq,
     buf: Buf,
     mtt: Mtt,
     db: Db,
@@ -46,7 +46,7 @@ impl EnCq {
         };
         match dev.cq_alloc(nent, &mtt, uar, db.dma, 0, false, false) {
             Ok(cq) => Ok(EnCq {
-                cq: Some(cq),
+                cq,
                 buf,
                 mtt,
                 db,
@@ -63,7 +63,7 @@ impl EnCq {
 
     /// The CQ number.
     pub fn cqn(&self) -> u32 {
-        self.cq.as_ref().map_or(0, |c| c.cqn)
+        self.cq.cqn
     }
 
     /// The CQE at the consumer index if software owns it (its owner bit
@@ -93,10 +93,8 @@ impl EnCq {
     }
 
     /// Linux `mlx4_en_deactivate_cq` + `mlx4_en_destroy_cq`.
-    pub fn destroy(mut self, dev: &mut Dev) {
-        if let Some(cq) = self.cq.take()
-            && let Err(e) = dev.cq_free(cq)
-        {
+    pub fn destroy(self, dev: &mut Dev) {
+        if let Err(e) = dev.cq_free(self.cq) {
             log::warn!("mlx4_en: HW2SW_CQ failed: {e}");
         }
         dev.mtt_cleanup(&self.mtt);

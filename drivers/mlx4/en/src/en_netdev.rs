@@ -101,27 +101,25 @@ pub(crate) fn fill_qp_context(
     c
 }
 
-/// Linux `mlx4_qp_to_ready`: RST->INIT (with the MTT) -> RTR -> RTS.
-pub(crate) fn qp_to_ready(dev: &mut Dev, qp: &Qp, mtt: &Mtt, ctx: &QpContext) -> Result<()> {
-    let steps = [
-        (QpState::Rst, QpState::Init),
-        (QpState::Init, QpState::Rtr),
-        (QpState::Rtr, QpState::Rts),
-    ];
-    for (cur, new) in steps {
-        let mut c = *ctx;
-        c.flags = (c.flags & 0x0fff_ffff) | (new as u32) << 28;
-        dev.qp_modify(
-            qp,
-            (cur == QpState::Rst).then_some(mtt),
-            cur,
-            new,
-            &c,
+/// The QP half of `mlx4_en_deactivate_{rx,tx}_ring`, for whatever a ring's
+/// activation got to: the QP back to RST (a failure only leaves it to the
+/// card) and its context memory freed, then `mtt`.
+pub(crate) fn qp_destroy(dev: &mut Dev, qp: Option<Qp>, mtt: Option<Mtt>) {
+    if let Some(qp) = qp {
+        let _ = dev.qp_modify(
+            &qp,
+            None,
+            QpState::Rts,
+            QpState::Rst,
+            &QpContext::default(),
             0,
             false,
-        )?;
+        );
+        dev.qp_free(qp);
     }
-    Ok(())
+    if let Some(m) = mtt {
+        dev.mtt_cleanup(&m);
+    }
 }
 
 /// The events mlx4_en takes from mlx4_core for one port (Linux

@@ -8,6 +8,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use hal::be::{get_be32, get_be64};
 use mlx4_core::Dev;
 
 use crate::Result;
@@ -53,16 +54,11 @@ pub struct PortStats {
 }
 
 impl PortStats {
-    /// Decodes the mailbox (`mlx4_en_DUMP_ETH_STATS`).
+    /// Decodes the mailbox (`mlx4_en_DUMP_ETH_STATS`); a counter past the
+    /// end of `b` reads 0.
     pub fn parse(b: &[u8]) -> PortStats {
-        let q = |slot: usize| {
-            b.get(slot * 8..slot * 8 + 8)
-                .map_or(0, |s| s.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)))
-        };
-        let d = |off: usize| {
-            b.get(off..off + 4)
-                .map_or(0, |s| s.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)))
-        };
+        let q = |slot: usize| b.get(slot * 8..slot * 8 + 8).map_or(0, |s| get_be64(s, 0));
+        let d = |off: usize| b.get(off..off + 4).map_or(0, |s| u64::from(get_be32(s, 0)));
         PortStats {
             rx_broadcast: q(98),
             rx_multicast: q(107),

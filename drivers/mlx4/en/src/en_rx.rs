@@ -6,19 +6,20 @@
 //! VLAN), several rings.
 
 use hal::barrier::wmb;
+use hal::be::get_be32;
 use mlx4_core::Dev;
 use mlx4_core::bitmap::{Buf, Db};
 use mlx4_core::dev::{Mtt, Uar};
 use mlx4_core::qp::Qp;
-use mlx4_hw::qp::QpState;
+use mlx4_hw::cqe;
+use mlx4_hw::wqe::data;
 
 use crate::en_cq::EnCq;
-use crate::en_netdev::{RingStats, fill_qp_context, qp_to_ready};
-use crate::en_tx::CQE_OPCODE_ERROR;
+use crate::en_netdev::{RingStats, fill_qp_context, qp_destroy};
 use crate::{ETH_HLEN, RX_BUF_SIZE, Result, TXBB_SIZE};
 
 /// Bytes of a receive descriptor: one data segment.
-const STRIDE: usize = 16;
+const STRIDE: usize = data::SIZE;
 /// CQE `badfcs_enc` byte and its bad-FCS bit (`MLX4_CQE_BAD_FCS`).
 const CQE_BADFCS_ENC: usize = 0x13;
 const CQE_BAD_FCS: u8 = 1 << 4;
@@ -110,9 +111,9 @@ impl RxRing {
             ) else {
                 return Err(crate::Error::Core(mlx4_core::Error::NoMem));
             };
-            d.write_be32(o, RX_BUF_SIZE as u32);
-            d.write_be32(o + 4, lkey);
-            d.write_be64(o + 8, b.bus_addr().0 + bo as u64);
+            d.write_be32(o + data::BYTE_COUNT, RX_BUF_SIZE as u32);
+            d.write_be32(o + data::LKEY, lkey);
+            d.write_be64(o + data::ADDR, b.bus_addr().0 + bo as u64);
         }
         let db = *self.db.insert(dev.db_alloc(0)?);
         let mtt = *self
@@ -128,7 +129,7 @@ impl RxRing {
             Some(((self.size.ilog2() as u8) << 3, db.dma)),
             2,
         );
-        let r = qp_to_ready(dev, &qp, &mtt, &ctx);
+        let r = dev.qp_to_ready(&qp, &mtt, &ctx);
         self.qp = Some(qp);
         r?;
         self.prod = self.size;
@@ -149,22 +150,28 @@ impl RxRing {
     /// frame copied into `out` (its length returned), the descriptor posted
     /// again. A completion in error, a bad FCS, a frame shorter than an
     /// Ethernet header or longer than `out` is counted and skipped.
-    /// `None` when the CQ is empty.
+    /// `None` when the CQ is empty, or after one ring's worth of skipped
+    /// completions (the rest wait for the next call).
     pub fn receive(&mut self, dev: &Dev, out: &mut [u8]) -> Option<usize> {
-        loop {
+        for _ in 0..self.size {
             let c = self.cq.peek()?;
             self.cq.consume(dev, 1);
             // A send completion or another QP's is not one of the ring's
             // descriptors: counted, the ring left as it is.
-            let qpn = u32::from_be_bytes([c[0], c[1], c[2], c[3]]) & 0xff_ffff;
-            if c[31] & 0x40 != 0 || Some(qpn) != self.qp.as_ref().map(|q| q.qpn & 0xff_ffff) {
+            let qpn = get_be32(&c, cqe::VLAN_MY_QPN) & cqe::QPN_MASK;
+            let op = c[cqe::OWNER_SR_OPCODE];
+            if op & cqe::IS_SEND_MASK != 0
+                || Some(qpn) != self.qp.as_ref().map(|q| q.qpn & cqe::QPN_MASK)
+            {
                 self.stats.errors += 1;
                 continue;
             }
             let idx = (self.cons & (self.size - 1)) as usize;
             self.cons = self.cons.wrapping_add(1);
-            let len = u32::from_be_bytes([c[0x14], c[0x15], c[0x16], c[0x17]]) as usize;
-            let got = if c[31] & 0x1f == CQE_OPCODE_ERROR || c[CQE_BADFCS_ENC] & CQE_BAD_FCS != 0 {
+            let len = get_be32(&c, cqe::BYTE_CNT) as usize;
+            let got = if op & cqe::OPCODE_MASK == cqe::OPCODE_ERROR
+                || c[CQE_BADFCS_ENC] & CQE_BAD_FCS != 0
+            {
                 self.stats.errors += 1;
                 None
             } else if !(ETH_HLEN..=RX_BUF_SIZE).contains(&len) || len > out.len() {
@@ -188,25 +195,12 @@ impl RxRing {
                 return got;
             }
         }
+        None
     }
 
     /// Linux `mlx4_en_deactivate_rx_ring` + `mlx4_en_destroy_rx_ring`.
     pub fn destroy(mut self, dev: &mut Dev) {
-        if let Some(qp) = self.qp.take() {
-            let _ = dev.qp_modify(
-                &qp,
-                None,
-                QpState::Rts,
-                QpState::Rst,
-                &Default::default(),
-                0,
-                false,
-            );
-            dev.qp_free(qp);
-        }
-        if let Some(m) = self.mtt.take() {
-            dev.mtt_cleanup(&m);
-        }
+        qp_destroy(dev, self.qp.take(), self.mtt.take());
         if let Some(db) = self.db.take() {
             dev.db_free(db);
         }

@@ -6,22 +6,21 @@
 
 use hal::Doorbell;
 use hal::barrier::{dma_wmb, wmb};
+use hal::be::get_be16;
 use mlx4_core::Dev;
 use mlx4_core::bitmap::Buf;
 use mlx4_core::dev::{Mtt, Uar};
 use mlx4_core::qp::Qp;
+use mlx4_hw::cqe;
 use mlx4_hw::doorbell::SEND_DOORBELL;
-use mlx4_hw::qp::QpState;
-use mlx4_hw::wqe::{ctrl, opcode};
+use mlx4_hw::wqe::{ctrl, data, opcode};
 
 use crate::en_cq::EnCq;
-use crate::en_netdev::{RingStats, fill_qp_context, qp_to_ready};
+use crate::en_netdev::{RingStats, fill_qp_context, qp_destroy};
 use crate::{Error, RX_BUF_SIZE, Result, TXBB_SIZE};
 
 /// Control and one data segment: 32 bytes, 2 units of 16.
 const DESC_DS: u8 = 2;
-/// CQE opcode of an error completion (`MLX4_CQE_OPCODE_ERROR`).
-pub const CQE_OPCODE_ERROR: u8 = 0x1e;
 
 /// One send ring (Linux `struct mlx4_en_tx_ring`) and its CQ.
 pub struct TxRing {
@@ -123,9 +122,9 @@ impl TxRing {
             None,
             (self.size.ilog2() as u8) << 3 | 2,
         );
-        let r = qp_to_ready(dev, &qp, &mtt, &ctx);
+        let r = dev.qp_to_ready(&qp, &mtt, &ctx);
         self.qp = Some(qp);
-        r
+        Ok(r?)
     }
 
     /// Descriptors free for [`TxRing::xmit`].
@@ -152,20 +151,21 @@ impl TxRing {
             return false;
         };
         // Data segment: byte count, lkey, address.
-        d.write_be32(o + 16, frame.len() as u32);
-        d.write_be32(o + 20, self.lkey);
-        d.write_be64(o + 24, addr);
+        let ds = o + ctrl::SIZE;
+        d.write_be32(ds + data::BYTE_COUNT, frame.len() as u32);
+        d.write_be32(ds + data::LKEY, self.lkey);
+        d.write_be64(ds + data::ADDR, addr);
         // Control segment: no VLAN, 2 units, completion requested.
-        d.write_be32(o + 4, u32::from(DESC_DS));
-        d.write_be32(o + 8, ctrl::CQ_UPDATE | ctrl::SOLICITED);
-        d.write_be32(o + 12, 0);
+        d.write_be32(o + ctrl::VLAN_TAG, u32::from(DESC_DS));
+        d.write_be32(o + ctrl::SRCRB_FLAGS, ctrl::CQ_UPDATE | ctrl::SOLICITED);
+        d.write_be32(o + ctrl::IMM, 0);
         dma_wmb();
         let owner = if self.prod & self.size != 0 {
             ctrl::OWNER
         } else {
             0
         };
-        d.write_be32(o, opcode::SEND | owner);
+        d.write_be32(o + ctrl::OWNER_OPCODE, opcode::SEND | owner);
         self.prod = self.prod.wrapping_add(1);
         self.stats.packets += 1;
         self.stats.bytes += frame.len() as u64;
@@ -179,13 +179,17 @@ impl TxRing {
     /// Returns the completions seen.
     pub fn process_cq(&mut self, dev: &Dev) -> u32 {
         let mut n = 0;
-        while let Some(c) = self.cq.peek() {
+        // At most one pass of the CQ: a card that keeps writing CQEs
+        // (garbage ones included, which `continue`) cannot hold us here.
+        while n < self.size
+            && let Some(c) = self.cq.peek()
+        {
             n += 1;
             self.cq.consume(dev, 1);
-            if c[31] & 0x1f == CQE_OPCODE_ERROR {
+            if c[cqe::OWNER_SR_OPCODE] & cqe::OPCODE_MASK == cqe::OPCODE_ERROR {
                 self.stats.errors += 1;
             }
-            let wqe_index = u32::from(u16::from_be_bytes([c[0x18], c[0x19]]));
+            let wqe_index = u32::from(get_be16(&c, cqe::WQE_INDEX));
             let ahead = wqe_index.wrapping_sub(self.cons) & (self.size - 1);
             // A completion for a descriptor not posted is the card's error:
             // counted, nothing freed.
@@ -194,31 +198,16 @@ impl TxRing {
                 continue;
             }
             self.cons = self.cons.wrapping_add(ahead + 1);
-            if n >= self.size {
-                break;
-            }
         }
         n
     }
 
     /// Linux `mlx4_en_deactivate_tx_ring` + `mlx4_en_destroy_tx_ring`.
     pub fn destroy(mut self, dev: &mut Dev) {
-        if let Some(qp) = self.qp.take() {
-            let _ = dev.qp_modify(
-                &qp,
-                None,
-                QpState::Rts,
-                QpState::Rst,
-                &Default::default(),
-                0,
-                false,
-            );
-            let qpn = qp.qpn;
-            dev.qp_free(qp);
+        let qpn = self.qp.as_ref().map(|q| q.qpn);
+        qp_destroy(dev, self.qp.take(), self.mtt.take());
+        if let Some(qpn) = qpn {
             dev.qp_release_range(qpn, 1);
-        }
-        if let Some(m) = self.mtt.take() {
-            dev.mtt_cleanup(&m);
         }
         self.cq.destroy(dev);
     }

@@ -80,6 +80,8 @@ impl QpPath {
     fn get(b: &[u8], o: usize) -> QpPath {
         let mut rgid = [0u8; 16];
         rgid.copy_from_slice(&b[o + 0x10..o + 0x20]);
+        let mut dmac = [0u8; 6];
+        dmac.copy_from_slice(&b[o + 0x26..o + 0x2c]);
         QpPath {
             fl: get_u8(b, o),
             disable_pkey_check: get_u8(b, o + 0x02),
@@ -95,14 +97,7 @@ impl QpPath {
             rgid,
             sched_queue: get_u8(b, o + 0x20),
             vlan_index: get_u8(b, o + 0x21),
-            dmac: [
-                get_u8(b, o + 0x26),
-                get_u8(b, o + 0x27),
-                get_u8(b, o + 0x28),
-                get_u8(b, o + 0x29),
-                get_u8(b, o + 0x2a),
-                get_u8(b, o + 0x2b),
-            ],
+            dmac,
         }
     }
     fn put(&self, b: &mut [u8], o: usize) {
