@@ -370,14 +370,7 @@ pub(super) fn run(
     if let Way::Cm(ctl) = way {
         // create_rdma_cm_connection: a hand shake (of zeros), the test
         // connection, another hand shake.
-        let zero = Dest {
-            lid: 0,
-            qpn: 0,
-            psn: 0,
-            rkey: 0,
-            vaddr: 0,
-            out_reads: 0,
-        };
+        let zero = Dest::default();
         Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
         ctl.connect_test(env, p, res)?;
         Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
@@ -421,14 +414,7 @@ pub(super) fn run(
             let mut t = Tcp { env, way, gid };
             let mut c = t.comm(false);
             c.hand_shake(&my, RUN_TIMEOUT)?;
-            let zero = BwReport {
-                size: 0,
-                iters: 0,
-                bw_peak: 0.0,
-                bw_avg: 0.0,
-                msg_rate: 0.0,
-            };
-            let r = c.xchg_bw_reports(&zero)?;
+            let r = c.xchg_bw_reports(&BwReport::default())?;
             let _ = print_bw_line(out, &r);
             c.close(&my, EXCHANGE_TIMEOUT)?;
         } else {
