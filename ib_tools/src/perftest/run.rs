@@ -344,11 +344,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
             "-D and --check do not go together here (the check needs the message count): use -n",
         ));
     }
-    let eth = env
-        .core
-        .device(env.dev)
-        .and_then(|d| d.port_link_layer(p.ib_port).ok())
-        == Some(ib_core::verbs::LinkLayer::Ethernet);
+    let eth = is_eth(env, p.ib_port);
     let attr = if (attr.lid == 0 && !eth) || attr.state != ib_core::verbs::PortState::Active {
         let _ = writeln!(
             out,
@@ -394,8 +390,16 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     outcome
 }
 
+/// Whether `port` is a RoCE port (Ethernet link layer: no LID, no SA).
+fn is_eth(env: &Env<'_>, port: u8) -> bool {
+    env.core
+        .device(env.dev)
+        .and_then(|d| d.port_link_layer(port).ok())
+        == Some(ib_core::verbs::LinkLayer::Ethernet)
+}
+
 /// Polls the core until the port is Active with a LID (an SM configured
-/// it), at most [`PORT_TIMEOUT`], interruptible.
+/// it; a RoCE port has none), at most [`PORT_TIMEOUT`], interruptible.
 pub(crate) fn wait_port_active(
     env: &mut Env<'_>,
     port: u8,
@@ -409,12 +413,7 @@ pub(crate) fn wait_port_active(
             .ok_or("the device is gone")?
             .query_port(port)
             .map_err(|x| e("query_port", x))?;
-        let eth = env
-            .core
-            .device(env.dev)
-            .and_then(|d| d.port_link_layer(port).ok())
-            == Some(ib_core::verbs::LinkLayer::Ethernet);
-        if (a.lid != 0 || eth) && a.state == ib_core::verbs::PortState::Active {
+        if (a.lid != 0 || is_eth(env, port)) && a.state == ib_core::verbs::PortState::Active {
             return Ok(a);
         }
         if (env.interrupted)() {
