@@ -60,7 +60,7 @@ pub(in crate::perftest) struct Ctl {
     listen: Option<RdmaCmId>,
     /// The server's address (a client's control connection).
     peer: Option<Ipv4Addr>,
-    made: Cell<Option<Undo>>,
+    made: Undo,
     /// The control QP, its send CQ and its receive CQ.
     qcq: (ib_core::verbs::Qp, ib_core::verbs::Cq, ib_core::verbs::Cq),
     lkey: u32,
@@ -207,7 +207,7 @@ impl Ctl {
                     id,
                     listen: None,
                     peer: None,
-                    made: Cell::new(Some(made)),
+                    made,
                     qcq,
                     lkey,
                     buf,
@@ -516,8 +516,8 @@ impl Ctl {
         for id in ids.into_iter().chain(self.listen) {
             let _ = cma::destroy_id(env.core, cma, id);
         }
-        if let (Some(made), Some(d)) = (self.made.take(), env.core.device_mut(env.dev)) {
-            made.undo(d);
+        if let Some(d) = env.core.device_mut(env.dev) {
+            self.made.undo(d);
         }
         drop(self.buf);
     }
