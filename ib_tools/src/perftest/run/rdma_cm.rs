@@ -213,7 +213,13 @@ impl Ctl {
                     buf,
                     test: Cell::new(None),
                 };
-                c.post_recv(env)?;
+                if let Err(m) = c.post_recv(env) {
+                    // The control QP and the rest go with the error.
+                    if let Some(d) = env.core.device_mut(env.dev) {
+                        c.made.undo(d);
+                    }
+                    return Err(m);
+                }
                 Ok(c)
             }
             Err(m) => {
