@@ -707,7 +707,7 @@ pub fn print_test_info(out: &mut dyn Write, p: &Params, link: &LinkInfo) -> fmt:
 }
 
 /// One side of the connection as perftest prints it (`pingpong_dest`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Dest {
     /// The port's LID.
     pub lid: u16,
@@ -821,7 +821,7 @@ impl fmt::Display for StatsError {
 }
 
 /// The figures of one bandwidth line (perftest's `bw_report_data`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BwReport {
     /// Message size.
     pub size: u64,

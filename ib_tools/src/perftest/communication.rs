@@ -124,41 +124,62 @@ fn c_text(b: &[u8]) -> &[u8] {
     &b[..n]
 }
 
+/// The six address fields both text forms start with, each followed by ':'
+/// (`lid:out_reads:qpn:psn:rkey:vaddr:`).
+fn write_dest_fields(s: &mut String, d: &Dest) {
+    let _ = core::fmt::Write::write_fmt(
+        s,
+        format_args!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr
+        ),
+    );
+}
+
+/// `s` as an `N`-byte message: the text, cut to leave room for the NUL,
+/// and NULs after it.
+fn nul_terminated<const N: usize>(s: &str) -> [u8; N] {
+    let mut m = [0u8; N];
+    let n = s.len().min(N - 1);
+    m[..n].copy_from_slice(&s.as_bytes()[..n]);
+    m
+}
+
 /// perftest's `KEY_PRINT_FMT` message of `d` (59 bytes, NUL-terminated).
 pub fn encode_dest(d: &Dest) -> [u8; KEY_MSG_SIZE] {
     let mut s = String::new();
-    let _ = core::fmt::Write::write_fmt(
-        &mut s,
-        format_args!(
-            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:{:08x}",
-            d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr, 0u32
-        ),
-    );
-    let mut m = [0u8; KEY_MSG_SIZE];
-    let n = s.len().min(KEY_MSG_SIZE - 1);
-    m[..n].copy_from_slice(&s.as_bytes()[..n]);
-    m
+    write_dest_fields(&mut s, d);
+    let _ = core::fmt::Write::write_fmt(&mut s, format_args!("{:08x}", 0u32));
+    nul_terminated(&s)
 }
 
 /// perftest's `KEY_PRINT_FMT_GID` message of `d` with our GID `gid`
 /// (108 bytes: 107 characters and the NUL).
 pub fn encode_dest_gid(d: &Dest, gid: &[u8; 16]) -> [u8; KEY_MSG_SIZE_GID] {
     let mut s = String::new();
-    let _ = core::fmt::Write::write_fmt(
-        &mut s,
-        format_args!(
-            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
-            d.lid, d.out_reads, d.qpn, d.psn, d.rkey, d.vaddr
-        ),
-    );
+    write_dest_fields(&mut s, d);
     for b in gid {
         let _ = core::fmt::Write::write_fmt(&mut s, format_args!("{b:02x}:"));
     }
     let _ = core::fmt::Write::write_fmt(&mut s, format_args!("{:08x}:", 0u32));
-    let mut m = [0u8; KEY_MSG_SIZE_GID];
-    let n = s.len().min(KEY_MSG_SIZE_GID - 1);
-    m[..n].copy_from_slice(&s.as_bytes()[..n]);
-    m
+    nul_terminated(&s)
+}
+
+/// The address of the six leading fields `v` of either text form, or
+/// `None` when one is wider than its field in `struct pingpong_dest`.
+fn dest_of_fields(v: &[u64]) -> Option<Dest> {
+    if v[0] > 0xffff || v[1] > 0xffff || v[2] > 0xff_ffff || v[3] > 0xff_ffff || v[4] > 0xffff_ffff
+    {
+        return None;
+    }
+    Some(Dest {
+        lid: v[0] as u16,
+        out_reads: v[1] as u32,
+        qpn: v[2] as u32,
+        psn: v[3] as u32,
+        rkey: v[4] as u32,
+        vaddr: v[5],
+    })
 }
 
 /// Reads a `KEY_PRINT_FMT_GID` message as `ethernet_read_keys` does
@@ -176,22 +197,11 @@ pub fn decode_dest_gid(m: &[u8]) -> Result<(Dest, [u8; 16]), String> {
     }
     let v: Option<alloc::vec::Vec<u64>> = f.iter().map(|x| parse_hex(x)).collect();
     let v = v.ok_or_else(bad)?;
-    if v[0] > 0xffff || v[1] > 0xffff || v[2] > 0xff_ffff || v[3] > 0xff_ffff || v[4] > 0xffff_ffff
-    {
-        return Err(bad());
-    }
+    let d = dest_of_fields(&v).ok_or_else(bad)?;
     let mut gid = [0u8; 16];
     for (g, x) in gid.iter_mut().zip(&v[6..22]) {
         *g = u8::try_from(*x).map_err(|_| bad())?;
     }
-    let d = Dest {
-        lid: v[0] as u16,
-        out_reads: v[1] as u32,
-        qpn: v[2] as u32,
-        psn: v[3] as u32,
-        rkey: v[4] as u32,
-        vaddr: v[5],
-    };
     Ok((d, gid))
 }
 
@@ -242,24 +252,14 @@ pub fn decode_dest(m: &[u8]) -> Result<Dest, String> {
     }
     let v: Option<alloc::vec::Vec<u64>> = f.iter().map(|x| parse_hex(x)).collect();
     let v = v.ok_or_else(bad)?;
-    if v[0] > 0xffff || v[1] > 0xffff || v[2] > 0xff_ffff || v[3] > 0xff_ffff || v[4] > 0xffff_ffff
-    {
-        return Err(bad());
-    }
-    if v[0] == 0 || v[0] > 0xbfff {
+    let d = dest_of_fields(&v).ok_or_else(bad)?;
+    if d.lid == 0 || d.lid > 0xbfff {
         return Err(format!(
             "the peer's LID {:#x} is not a unicast LID (is its port up, an SM running?)",
-            v[0]
+            d.lid
         ));
     }
-    Ok(Dest {
-        lid: v[0] as u16,
-        out_reads: v[1] as u32,
-        qpn: v[2] as u32,
-        psn: v[3] as u32,
-        rkey: v[4] as u32,
-        vaddr: v[5],
-    })
+    Ok(d)
 }
 
 /// perftest's `atof` of a version message: the leading number, if any.

@@ -344,11 +344,7 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
             "-D and --check do not go together here (the check needs the message count): use -n",
         ));
     }
-    let eth = env
-        .core
-        .device(env.dev)
-        .and_then(|d| d.port_link_layer(p.ib_port).ok())
-        == Some(ib_core::verbs::LinkLayer::Ethernet);
+    let eth = is_eth(env, p.ib_port);
     let attr = if (attr.lid == 0 && !eth) || attr.state != ib_core::verbs::PortState::Active {
         let _ = writeln!(
             out,
@@ -394,8 +390,16 @@ pub fn run(env: &mut Env<'_>, p: &Params, out: &mut dyn Write) -> Result<(), Str
     outcome
 }
 
+/// Whether `port` is a RoCE port (Ethernet link layer: no LID, no SA).
+fn is_eth(env: &Env<'_>, port: u8) -> bool {
+    env.core
+        .device(env.dev)
+        .and_then(|d| d.port_link_layer(port).ok())
+        == Some(ib_core::verbs::LinkLayer::Ethernet)
+}
+
 /// Polls the core until the port is Active with a LID (an SM configured
-/// it), at most [`PORT_TIMEOUT`], interruptible.
+/// it; a RoCE port has none), at most [`PORT_TIMEOUT`], interruptible.
 pub(crate) fn wait_port_active(
     env: &mut Env<'_>,
     port: u8,
@@ -409,12 +413,7 @@ pub(crate) fn wait_port_active(
             .ok_or("the device is gone")?
             .query_port(port)
             .map_err(|x| e("query_port", x))?;
-        let eth = env
-            .core
-            .device(env.dev)
-            .and_then(|d| d.port_link_layer(port).ok())
-            == Some(ib_core::verbs::LinkLayer::Ethernet);
-        if (a.lid != 0 || eth) && a.state == ib_core::verbs::PortState::Active {
+        if (a.lid != 0 || is_eth(env, port)) && a.state == ib_core::verbs::PortState::Active {
             return Ok(a);
         }
         if (env.interrupted)() {
@@ -1080,47 +1079,8 @@ fn wait_ping(env: &mut Env<'_>, p: &Params, res: &Res, size: u64, i: u64) -> Res
     let want = marker(i);
     if p.tool.verb == Verb::Write {
         // perftest's write_lat polls the buffer's last byte.
-        let start = now(env.core);
-        let mut spins = 0u32;
-        while res.buf.read_u8(inc + last) != want {
-            env.core.clock().relax();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                progress(env.core, now(env.core), &res.progress_at);
-            }
-            if p.duration.is_some() && spins.is_multiple_of(64) {
-                let mut wc = [Wc::default(); 1];
-                let n = env
-                    .core
-                    .device_mut(env.dev)
-                    .ok_or("the device is gone")?
-                    .poll_cq(res.rcq, &mut wc)
-                    .map_err(|x| e("poll_cq", x))?;
-                if n == 1 {
-                    if wc[0].status != WcStatus::Success {
-                        return Err(format!(
-                            "Completion with error: status {} ({}: {}) while waiting for the peer's write",
-                            wc[0].status.raw(),
-                            wc[0].status.name(),
-                            wc[0].status.msg()
-                        ));
-                    }
-                    return Ok(false);
-                }
-            }
-            if spins.is_multiple_of(1024) {
-                if (env.interrupted)() {
-                    return Err(String::from(
-                        "interrupted while waiting for the peer's write",
-                    ));
-                }
-                if now(env.core).saturating_sub(start) > OP_TIMEOUT.as_nanos() as u64 {
-                    return Err(format!(
-                        "the peer's write {i} did not come within {} s",
-                        OP_TIMEOUT.as_secs()
-                    ));
-                }
-            }
+        if !socket::wait_byte(env, res, inc + last, want, i, p.duration.is_some())? {
+            return Ok(false);
         }
     } else {
         let rcq = res.rcq;

@@ -60,7 +60,7 @@ pub(in crate::perftest) struct Ctl {
     listen: Option<RdmaCmId>,
     /// The server's address (a client's control connection).
     peer: Option<Ipv4Addr>,
-    made: Cell<Option<Undo>>,
+    made: Undo,
     /// The control QP, its send CQ and its receive CQ.
     qcq: (ib_core::verbs::Qp, ib_core::verbs::Cq, ib_core::verbs::Cq),
     lkey: u32,
@@ -207,13 +207,19 @@ impl Ctl {
                     id,
                     listen: None,
                     peer: None,
-                    made: Cell::new(Some(made)),
+                    made,
                     qcq,
                     lkey,
                     buf,
                     test: Cell::new(None),
                 };
-                c.post_recv(env)?;
+                if let Err(m) = c.post_recv(env) {
+                    // The control QP and the rest go with the error.
+                    if let Some(d) = env.core.device_mut(env.dev) {
+                        c.made.undo(d);
+                    }
+                    return Err(m);
+                }
                 Ok(c)
             }
             Err(m) => {
@@ -375,24 +381,9 @@ impl Ctl {
     /// error when it is not `buf.len()` bytes (the peer is at another
     /// step) or the connection failed.
     pub(super) fn recv(&self, env: &mut Env<'_>, buf: &mut [u8]) -> Result<usize, String> {
-        let mut wc = [Wc::default(); 1];
-        let n = env
-            .core
-            .device_mut(env.dev)
-            .ok_or("the device is gone")?
-            .poll_cq(self.qcq.2, &mut wc)
-            .map_err(|x| e("poll_cq", x))?;
-        if n == 0 {
+        let Some(w) = poll_one(env, self.qcq.2, "the control connection")? else {
             return Ok(0);
-        }
-        let w = &wc[0];
-        if w.status != WcStatus::Success {
-            return Err(format!(
-                "the control connection failed ({}: {})",
-                w.status.name(),
-                w.status.msg()
-            ));
-        }
+        };
         if w.byte_len as usize != buf.len() {
             return Err(format!(
                 "the peer's control message has {} bytes where {} were due",
@@ -431,21 +422,7 @@ impl Ctl {
             .map_err(|x| e("posting the control SEND", x.error))?;
         let end = Deadline::after(env.core.clock(), EXCHANGE_TIMEOUT);
         loop {
-            let mut wc = [Wc::default(); 1];
-            let n = env
-                .core
-                .device_mut(env.dev)
-                .ok_or("the device is gone")?
-                .poll_cq(self.qcq.1, &mut wc)
-                .map_err(|x| e("poll_cq", x))?;
-            if n == 1 {
-                if wc[0].status != WcStatus::Success {
-                    return Err(format!(
-                        "the control SEND failed ({}: {})",
-                        wc[0].status.name(),
-                        wc[0].status.msg()
-                    ));
-                }
+            if poll_one(env, self.qcq.1, "the control SEND")?.is_some() {
                 return Ok(buf.len());
             }
             if end.expired(env.core.clock()) {
@@ -545,11 +522,35 @@ impl Ctl {
         for id in ids.into_iter().chain(self.listen) {
             let _ = cma::destroy_id(env.core, cma, id);
         }
-        if let (Some(made), Some(d)) = (self.made.take(), env.core.device_mut(env.dev)) {
-            made.undo(d);
+        if let Some(d) = env.core.device_mut(env.dev) {
+            self.made.undo(d);
         }
         drop(self.buf);
     }
+}
+
+/// One completion from the control CQ `cq`, if one came; an error naming
+/// `what` when it did not succeed.
+fn poll_one(env: &mut Env<'_>, cq: ib_core::verbs::Cq, what: &str) -> Result<Option<Wc>, String> {
+    let mut wc = [Wc::default(); 1];
+    let n = env
+        .core
+        .device_mut(env.dev)
+        .ok_or("the device is gone")?
+        .poll_cq(cq, &mut wc)
+        .map_err(|x| e("poll_cq", x))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let w = wc[0];
+    if w.status != WcStatus::Success {
+        return Err(format!(
+            "{what} failed ({}: {})",
+            w.status.name(),
+            w.status.msg()
+        ));
+    }
+    Ok(Some(w))
 }
 
 /// Reports the listener's connection request: the new ID if one came.

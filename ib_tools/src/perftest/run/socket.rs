@@ -24,7 +24,7 @@ use hal::Deadline;
 use ib_core::verbs::{
     AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, SendFlags, SendWr,
 };
-use ib_core::verbs::{WrDetail, WrOpcode};
+use ib_core::verbs::{Wc, WcStatus, WrDetail, WrOpcode};
 
 use super::super::communication::{
     CACHE_LINE, CYCLE_BUFFER, Comm, EXCHANGE_TIMEOUT, Link, Script, Sockets,
@@ -370,14 +370,7 @@ pub(super) fn run(
     if let Way::Cm(ctl) = way {
         // create_rdma_cm_connection: a hand shake (of zeros), the test
         // connection, another hand shake.
-        let zero = Dest {
-            lid: 0,
-            qpn: 0,
-            psn: 0,
-            rkey: 0,
-            vaddr: 0,
-            out_reads: 0,
-        };
+        let zero = Dest::default();
         Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
         ctl.connect_test(env, p, res)?;
         Tcp { env, way, gid }.shake(client, &zero, EXCHANGE_TIMEOUT)?;
@@ -421,14 +414,7 @@ pub(super) fn run(
             let mut t = Tcp { env, way, gid };
             let mut c = t.comm(false);
             c.hand_shake(&my, RUN_TIMEOUT)?;
-            let zero = BwReport {
-                size: 0,
-                iters: 0,
-                bw_peak: 0.0,
-                bw_avg: 0.0,
-                msg_rate: 0.0,
-            };
-            let r = c.xchg_bw_reports(&zero)?;
+            let r = c.xchg_bw_reports(&BwReport::default())?;
             let _ = print_bw_line(out, &r);
             c.close(&my, EXCHANGE_TIMEOUT)?;
         } else {
@@ -489,7 +475,7 @@ fn write_lat(
     for i in 0..p.iters {
         let want = (i + 1) as u8;
         if client {
-            wait_byte(env, res, inc, want, i)?;
+            wait_byte(env, res, inc, want, i + 1, false)?;
         }
         stamps.push(now(env.core));
         res.buf.write_u8(last, want);
@@ -511,7 +497,7 @@ fn write_lat(
             Ok(())
         })?;
         if !client {
-            wait_byte(env, res, inc, want, i)?;
+            wait_byte(env, res, inc, want, i + 1, false)?;
         }
     }
     stamps.push(now(env.core));
@@ -522,8 +508,18 @@ fn write_lat(
     Ok(())
 }
 
-/// Spins until byte `at` of our buffer is `want` (the peer's write `i`).
-fn wait_byte(env: &mut Env<'_>, res: &Res, at: usize, want: u8, i: u64) -> Result<(), String> {
+/// Spins until byte `at` of our buffer is `want` (the peer's write number
+/// `n`): `Ok(true)`. With `end_on_recv` (a timed run) a receive completing
+/// first, the peer's end-of-run SEND, ends the wait: `Ok(false)`. Also
+/// the wait of the IB CM path's write latency ([`super::wait_ping`]).
+pub(super) fn wait_byte(
+    env: &mut Env<'_>,
+    res: &Res,
+    at: usize,
+    want: u8,
+    n: u64,
+    end_on_recv: bool,
+) -> Result<bool, String> {
     let start = now(env.core);
     let mut spins = 0u32;
     while res.buf.read_u8(at) != want {
@@ -531,6 +527,26 @@ fn wait_byte(env: &mut Env<'_>, res: &Res, at: usize, want: u8, i: u64) -> Resul
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(64) {
             super::progress(env.core, now(env.core), &res.progress_at);
+        }
+        if end_on_recv && spins.is_multiple_of(64) {
+            let mut wc = [Wc::default(); 1];
+            let got = env
+                .core
+                .device_mut(env.dev)
+                .ok_or("the device is gone")?
+                .poll_cq(res.rcq, &mut wc)
+                .map_err(|x| e("poll_cq", x))?;
+            if got == 1 {
+                if wc[0].status != WcStatus::Success {
+                    return Err(format!(
+                        "Completion with error: status {} ({}: {}) while waiting for the peer's write",
+                        wc[0].status.raw(),
+                        wc[0].status.name(),
+                        wc[0].status.msg()
+                    ));
+                }
+                return Ok(false);
+            }
         }
         if spins.is_multiple_of(1024) {
             if (env.interrupted)() {
@@ -540,14 +556,13 @@ fn wait_byte(env: &mut Env<'_>, res: &Res, at: usize, want: u8, i: u64) -> Resul
             }
             if now(env.core).saturating_sub(start) > OP_TIMEOUT.as_nanos() as u64 {
                 return Err(format!(
-                    "the peer's write {} did not come within {} s",
-                    i + 1,
+                    "the peer's write {n} did not come within {} s",
                     OP_TIMEOUT.as_secs()
                 ));
             }
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// perftest's `run_iter_bw_server`: `iters` SENDs received, each receive
