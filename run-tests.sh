@@ -13,6 +13,9 @@ cd "$here"
 # shellcheck source=scripts/deps.sh
 . scripts/deps.sh
 
+# A fresh clone gains nothing from incremental caches but their 2 GB.
+export CARGO_INCREMENTAL=0
+
 step() { printf '\n== %s\n' "$*"; }
 start=$(date +%s)
 
