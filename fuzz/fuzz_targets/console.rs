@@ -17,7 +17,7 @@ fn run(stack: &mut Stack, words: &[&str]) {
     let mut out = String::new();
     match name {
         "ip" => {
-            let _ = net::iproute::ip(stack, args, &mut out);
+            let _ = net::iproute::ip(stack, Some(&mut ()), args, &mut out);
         }
         "ping" => {
             let _ = net::ping::parse(args);

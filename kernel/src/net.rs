@@ -160,7 +160,6 @@ pub fn attach_en(s: &mut NetStack, ib: &mut crate::hca::Ib) {
                                 h.name,
                                 lid.0
                             );
-                            EN_PORTS.lock().push((lid, id, port));
                         }
                         Err(e) => log::error!("{name}: cannot register the link: {e}"),
                     }
@@ -171,16 +170,37 @@ pub fn attach_en(s: &mut NetStack, ib: &mut crate::hca::Ib) {
     }
 }
 
-/// mlx4_en's links and the mlx4_ib port each runs on (for RoCE).
-static EN_PORTS: spin::Mutex<alloc::vec::Vec<(LinkId, ib_core::DeviceId, u8)>> =
-    spin::Mutex::new(alloc::vec::Vec::new());
-/// The interface names of mlx4_en's links: (device, port, `ethN`).
-pub fn en_port_names() -> alloc::vec::Vec<(ib_core::DeviceId, u8, alloc::string::String)> {
-    let ports = EN_PORTS.lock().clone();
+/// An interface over an Ethernet port: mlx4_en's link of the port or one
+/// of its VLAN devices.
+pub struct EnNetdev {
+    /// The mlx4_ib device (ib_core's id) and port it runs on.
+    pub dev: ib_core::DeviceId,
+    /// The port.
+    pub port: u8,
+    /// The VLAN id of a VLAN device.
+    pub vlan: Option<u16>,
+    /// `eth0`, `eth0.5`.
+    pub name: alloc::string::String,
+    /// Its IPv4 addresses.
+    pub addrs: alloc::vec::Vec<[u8; 4]>,
+}
+
+/// The interfaces over Ethernet ports, in link order (what `show_gids`
+/// names a RoCE GID's interface by, as Linux's `gid_attrs/ndevs`).
+pub fn en_netdevs() -> alloc::vec::Vec<EnNetdev> {
     with_stack(|s| {
-        ports
-            .iter()
-            .filter_map(|&(lid, dev, port)| Some((dev, port, s.link_name(lid)?.to_string())))
+        s.links()
+            .filter_map(|(id, name)| {
+                let l = s.link(id).filter(|l| l.kind() == net::LinkKind::Ether)?;
+                let (h, port) = l.rdma_port()?;
+                Some(EnNetdev {
+                    dev: ib_core::DeviceId(h),
+                    port,
+                    vlan: l.vlan().map(|(v, _)| v),
+                    name: name.to_string(),
+                    addrs: s.addrs(id).iter().map(|c| c.address().octets()).collect(),
+                })
+            })
             .collect()
     })
     .unwrap_or_default()
@@ -230,10 +250,10 @@ pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
     let mut scratch = SCRATCH.lock();
     let (addrs, neigh) = &mut *scratch;
     for (id, _) in s.links() {
-        let Some((h, port)) = s
+        let Some(((h, port), vlan)) = s
             .link(id)
             .filter(|l| l.kind() == net::LinkKind::Ether)
-            .and_then(|l| l.rdma_port())
+            .and_then(|l| Some((l.rdma_port()?, l.vlan().map(|(v, _)| v))))
         else {
             continue;
         };
@@ -251,7 +271,7 @@ pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
         if let Some(m) = core
             .device_mut(ib_core::device::DeviceId(h))
             .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
-            && let Err(e) = m.sync_roce_netdev(port, addrs, neigh)
+            && let Err(e) = m.sync_roce_netdev(port, vlan, addrs, neigh)
             && !ROCE_SYNC_WARNED.swap(true, Ordering::Relaxed)
         {
             log::warn!("RoCE port {port}: its GIDs and neighbours not updated: {e}");

@@ -1,5 +1,9 @@
 //! iproute2's `ip` for the stack: `ip addr`, `ip link`, `ip neigh` and `ip route`, with the words, abbreviations and output lines of iproute2 6.1 (`ip/ipaddress.c`, `ip/iplink.c`, `ip/ipneigh.c`, `ip/iproute.c`).
 //!
+//! `ip link add link LOWER name NAME type vlan id VID` makes a VLAN device
+//! (the only kind of link made here) and `ip link delete NAME` takes one
+//! out; `-d` shows a VLAN device's id.
+//!
 //! Leaves out: JSON and brief output, `ip link set` (links are always
 //! administratively up, MTUs are the driver's), address lifetimes and
 //! labels, `brd` (no address here carries one), neighbour and route
@@ -25,13 +29,17 @@ fn matches(word: &str, full: &str) -> bool {
     !word.is_empty() && full.starts_with(word)
 }
 
-/// Runs `ip ARGS`.
+/// Runs `ip ARGS`; `ctx` is what the stack's links are polled with (a
+/// VLAN device made by `ip link add` registers its VID through it;
+/// without one, `ip link add` and `delete` are refused).
 pub fn ip<C: ?Sized>(
     stack: &mut Stack<C>,
+    ctx: Option<&mut C>,
     args: &[&str],
     out: &mut dyn Write,
 ) -> Result<(), String> {
     let mut stats = 0;
+    let mut details = false;
     let mut rest = args;
     while let [opt, more @ ..] = rest {
         if !opt.starts_with('-') {
@@ -40,6 +48,8 @@ pub fn ip<C: ?Sized>(
         let o = opt.trim_start_matches('-');
         if matches(o, "statistics") || o == "s" {
             stats += 1;
+        } else if matches(o, "details") || o == "d" {
+            details = true;
         } else if o == "4" {
         } else if matches(o, "help") {
             return Err(USAGE.to_string());
@@ -58,7 +68,7 @@ pub fn ip<C: ?Sized>(
     } else if matches(obj, "neighbor") || matches(obj, "neighbour") {
         neigh(stack, rest, out)
     } else if matches(obj, "link") {
-        link(stack, rest, stats, out)
+        link(stack, ctx, rest, stats, details, out)
     } else if matches(obj, "help") {
         Err(USAGE.to_string())
     } else {
@@ -67,9 +77,10 @@ pub fn ip<C: ?Sized>(
 }
 
 /// What `ip help` says.
-pub const USAGE: &str = "Usage: ip [ -s ] { addr | link | neigh | route } ...\n\
+pub const USAGE: &str = "Usage: ip [ -s ] [ -d ] { addr | link | neigh | route } ...\n\
     ip addr [show [dev] IFNAME]   ip addr { add | del } ADDR/LEN dev IFNAME\n\
     ip link [show [dev] IFNAME]   ip neigh [show [dev IFNAME]]\n\
+    ip link add link IFNAME name NAME type vlan id VID   ip link delete NAME\n\
     ip route [show [table main|local|all]]   ip route get ADDR\n\
     ip route { add | del } { default | PREFIX } [via GATEWAY] [dev IFNAME]";
 
@@ -122,9 +133,14 @@ fn link_head<C: ?Sized>(stack: &Stack<C>, id: LinkId, mode: bool, out: &mut dyn 
         return;
     };
     let (flags, state) = flags_state(i.kind, i.carrier);
+    let lower = i
+        .link
+        .vlan()
+        .map(|(_, l)| format!("@{l}"))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "{}: {}: <{flags}> mtu {} qdisc noqueue state {state} {}group default",
+        "{}: {}{lower}: <{flags}> mtu {} qdisc noqueue state {state} {}group default",
         id.0,
         i.name,
         i.mtu,
@@ -212,13 +228,32 @@ pub fn print_stats(s: &LinkStats, out: &mut dyn Write) {
 
 fn link<C: ?Sized>(
     stack: &mut Stack<C>,
+    ctx: Option<&mut C>,
     args: &[&str],
     stats: u32,
+    details: bool,
     out: &mut dyn Write,
 ) -> Result<(), String> {
     let args = match args.split_first() {
         Some((w, rest)) if is_show(w) => rest,
-        Some((w, _)) if matches(w, "set") || matches(w, "add") || matches(w, "delete") => {
+        Some((w, rest)) if matches(w, "add") || matches(w, "delete") => {
+            let Some(ctx) = ctx else {
+                return Err("RTNETLINK answers: No such device (no adapter)".to_string());
+            };
+            if matches(w, "add") {
+                return link_add(stack, ctx, rest);
+            }
+            let name = match rest {
+                [d, n] if *d == "dev" => n,
+                [n] => n,
+                _ => {
+                    return Err("Not enough information: \"dev\" argument is required.".to_string());
+                }
+            };
+            let id = stack.dev(name).map_err(|e| e.to_string())?;
+            return stack.delete_link(id, ctx).map_err(|e| e.to_string());
+        }
+        Some((w, _)) if matches(w, "set") => {
             return Err("RTNETLINK answers: Operation not supported".to_string());
         }
         _ => args,
@@ -227,6 +262,9 @@ fn link<C: ?Sized>(
     let ids: Vec<LinkId> = stack.links().map(|(id, _)| id).collect();
     for id in ids.into_iter().filter(|id| only.is_none_or(|o| o == *id)) {
         link_head(stack, id, true, out);
+        if details && let Some((vid, _)) = stack.link(id).and_then(|l| l.vlan()) {
+            let _ = writeln!(out, "    vlan protocol 802.1Q id {vid} <REORDER_HDR> ");
+        }
         if stats > 0
             && let Some(s) = stack.stats(id)
         {
@@ -234,6 +272,68 @@ fn link<C: ?Sized>(
         }
     }
     Ok(())
+}
+
+/// `ip link add [link LOWER] [name] NAME type vlan [protocol 802.1Q] id
+/// VID` (iproute2's `iplink_modify` and `iplink_vlan.c`, in any order).
+fn link_add<C: ?Sized>(stack: &mut Stack<C>, ctx: &mut C, args: &[&str]) -> Result<(), String> {
+    let (mut lower, mut name, mut kind, mut id) = (None, None, None, None);
+    let mut rest = args;
+    while let [w, more @ ..] = rest {
+        let value = |what: &str| -> Result<&str, String> {
+            more.first().copied().ok_or_else(|| {
+                format!("Command line is not complete. Try option \"help\" (after {what})")
+            })
+        };
+        match *w {
+            "link" => lower = Some(value("link")?),
+            "name" | "dev" => name = Some(value("name")?),
+            "type" => kind = Some(value("type")?),
+            "id" if kind == Some("vlan") => {
+                let v = value("id")?;
+                id =
+                    Some(v.parse::<u16>().ok().ok_or_else(|| {
+                        format!("Error: argument \"{v}\" is wrong: id is invalid")
+                    })?);
+            }
+            "protocol" if kind == Some("vlan") => {
+                let p = value("protocol")?;
+                if !p.eq_ignore_ascii_case("802.1q") {
+                    return Err(format!(
+                        "Error: argument \"{p}\" is wrong: protocol is invalid (802.1Q only here)"
+                    ));
+                }
+            }
+            n if name.is_none() => {
+                name = Some(n);
+                rest = more;
+                continue;
+            }
+            other => {
+                return Err(format!(
+                    "Error: argument \"{other}\" is wrong: unknown here"
+                ));
+            }
+        }
+        rest = &more[1..];
+    }
+    let name = name.ok_or("Not enough information: \"dev\" argument is required.")?;
+    match kind {
+        Some("vlan") => {}
+        Some(k) => {
+            return Err(format!(
+                "Error: Unknown device type \"{k}\" (vlan only here)."
+            ));
+        }
+        None => return Err("Not enough information: \"type\" argument is required.".to_string()),
+    }
+    let vid = id.ok_or("Error: 8021q: VLAN id is required.")?;
+    let lower = lower.ok_or("Error: 8021q: the lower device (\"link\") is required.")?;
+    let lower = stack.dev(lower).map_err(|e| e.to_string())?;
+    stack
+        .add_vlan(lower, name, vid, ctx)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn addr<C: ?Sized>(

@@ -302,6 +302,34 @@ pub trait Link<C: ?Sized = ()>: Send {
         None
     }
 
+    /// A VLAN device over this link (`ip link add link LOWER name NAME type
+    /// vlan id VID`; `lower` is this link's name): its link, sharing this
+    /// one's hardware. The default: an error, as Linux's for a device
+    /// without VLAN support.
+    fn add_vlan(
+        &mut self,
+        ctx: &mut C,
+        vid: u16,
+        lower: &str,
+    ) -> Result<alloc::boxed::Box<dyn Link<C>>, alloc::string::String> {
+        let _ = (ctx, vid, lower);
+        Err(alloc::string::String::from(
+            "RTNETLINK answers: Operation not supported",
+        ))
+    }
+
+    /// For a VLAN device: its VLAN id and the name of the link it is over
+    /// (`ip link` prints `NAME@LOWER`). `None` (the default) otherwise.
+    fn vlan(&self) -> Option<(u16, &str)> {
+        None
+    }
+
+    /// The link is being deleted (`ip link delete`): give back what it
+    /// holds in the hardware (a VLAN device's VID).
+    fn detach(&mut self, ctx: &mut C) {
+        let _ = ctx;
+    }
+
     /// The driver behind the link, for what only it knows (IPoIB's
     /// counters by reason, its paths): the console and tests downcast it.
     /// `None` (the default) for a link that offers nothing more.

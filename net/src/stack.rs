@@ -59,6 +59,8 @@ pub enum Error {
     NoSpace,
     /// An argument that cannot be used.
     Invalid(&'static str),
+    /// The link's driver refused, in its own words.
+    Refused(String),
 }
 
 impl fmt::Display for Error {
@@ -72,6 +74,7 @@ impl fmt::Display for Error {
             Error::BadGateway => f.write_str("Error: Nexthop has invalid gateway."),
             Error::NoSpace => f.write_str("RTNETLINK answers: No space left on device"),
             Error::Invalid(m) => write!(f, "Error: {m}."),
+            Error::Refused(m) => f.write_str(m),
         }
     }
 }
@@ -396,14 +399,7 @@ impl<C: ?Sized> Stack<C> {
     /// waiting for that name (or for the first link, if it is the first
     /// other than `lo`).
     pub fn add_link(&mut self, name: &str, link: Box<dyn Link<C>>) -> Result<LinkId, Error> {
-        if name.is_empty() || name.len() > 15 || name.contains([' ', '/', ':']) {
-            return Err(Error::Invalid(
-                "link names are 1 to 15 characters, no space, / or :",
-            ));
-        }
-        if self.link_id(name).is_some() {
-            return Err(Error::Exists);
-        }
+        self.check_new_name(name)?;
         let kind = link.kind();
         let mtu = link.mtu();
         if !(68..=65536).contains(&mtu) {
@@ -482,6 +478,71 @@ impl<C: ?Sized> Stack<C> {
             self.apply(id, &c);
         }
         Ok(id)
+    }
+
+    /// Whether `name` can be a new link's.
+    fn check_new_name(&self, name: &str) -> Result<(), Error> {
+        if name.is_empty() || name.len() > 15 || name.contains([' ', '/', ':', '@']) {
+            return Err(Error::Invalid(
+                "link names are 1 to 15 characters, no space, /, : or @",
+            ));
+        }
+        if self.link_id(name).is_some() {
+            return Err(Error::Exists);
+        }
+        Ok(())
+    }
+
+    /// `ip link add link LOWER name NAME type vlan id VID`: a VLAN device
+    /// over link `lower` (its driver makes it), registered as `name`.
+    pub fn add_vlan(
+        &mut self,
+        lower: LinkId,
+        name: &str,
+        vid: u16,
+        ctx: &mut C,
+    ) -> Result<LinkId, Error> {
+        self.check_new_name(name)?;
+        if !(1..=4094).contains(&vid) {
+            return Err(Error::Invalid("8021q: Invalid VLAN id"));
+        }
+        let i = self
+            .iface(lower)
+            .ok_or_else(|| Error::NoDevice(alloc::format!("{}", lower.0)))?;
+        let lower_name = i.name.clone();
+        if self
+            .ifaces
+            .iter()
+            .any(|i| i.link.vlan() == Some((vid, lower_name.as_str())))
+        {
+            return Err(Error::Exists);
+        }
+        let i = self
+            .iface_mut(lower)
+            .ok_or_else(|| Error::NoDevice(lower_name.clone()))?;
+        let link = i
+            .link
+            .add_vlan(ctx, vid, &lower_name)
+            .map_err(Error::Refused)?;
+        self.add_link(name, link)
+    }
+
+    /// `ip link delete NAME`: takes out a link made by [`Stack::add_vlan`]
+    /// (as [`Stack::remove_link`]) and lets it give back what it holds in
+    /// the hardware. Other links are the hardware's own and stay.
+    pub fn delete_link(&mut self, id: LinkId, ctx: &mut C) -> Result<(), Error> {
+        let i = self
+            .iface(id)
+            .ok_or_else(|| Error::NoDevice(alloc::format!("{}", id.0)))?;
+        if i.link.vlan().is_none() {
+            return Err(Error::Refused(String::from(
+                "RTNETLINK answers: Operation not supported",
+            )));
+        }
+        if let Some(mut l) = self.remove_link(id) {
+            l.detach(ctx);
+        }
+        Ok(())
     }
 
     /// Takes link `id` out (not `lo`): its addresses and routes go, its

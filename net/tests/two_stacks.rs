@@ -72,7 +72,7 @@ impl Pair {
 fn ip_out<C: ?Sized>(s: &mut Stack<C>, args: &str) -> Result<String, String> {
     let words: Vec<&str> = args.split_whitespace().collect();
     let mut out = String::new();
-    ip(s, &words, &mut out).map(|()| out)
+    ip(s, None, &words, &mut out).map(|()| out)
 }
 
 #[test]

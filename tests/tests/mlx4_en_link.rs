@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use mlx4_core::{Dev, Profile};
-use mlx4_en::{EnConfig, EnLink, EnPriv};
+use mlx4_en::{EnConfig, EnLink, EnPriv, EnShared};
 use net::{Ipv4Cidr, LinkId, Stack};
 use sim::fabric::{LinkLayer, Topology};
 use sim::{SimConfig, Wire};
@@ -40,12 +40,14 @@ impl Node {
         self.stack.poll(now, &mut self.ctx);
     }
 
-    fn en(&mut self) -> &mut EnPriv {
+    fn en(&mut self) -> EnShared {
         en_of(&mut self.stack, self.link)
     }
 
     fn ethtool(&mut self) -> Vec<(String, u64)> {
-        en_of(&mut self.stack, self.link).ethtool_stats(&mut self.ctx.dev)
+        en_of(&mut self.stack, self.link)
+            .lock()
+            .ethtool_stats(&mut self.ctx.dev)
     }
 
     fn stat(&mut self, name: &str) -> u64 {
@@ -58,11 +60,15 @@ impl Node {
 
     /// Sends `frame` as is on the port's send ring.
     fn raw_send(&mut self, frame: &[u8]) -> bool {
-        en_of(&mut self.stack, self.link).xmit(&self.ctx.dev, frame)
+        en_of(&mut self.stack, self.link)
+            .lock()
+            .xmit(&self.ctx.dev, frame)
     }
 
     fn finish(mut self) {
-        en_of(&mut self.stack, self.link).close(&mut self.ctx.dev);
+        en_of(&mut self.stack, self.link)
+            .lock()
+            .close(&mut self.ctx.dev);
         let _ = self.stack.remove_link(self.link);
         let Node { ctx, hca, .. } = self;
         ctx.dev.teardown();
@@ -70,12 +76,13 @@ impl Node {
     }
 }
 
-fn en_of(stack: &mut Stack<Ctx>, link: LinkId) -> &mut EnPriv {
+fn en_of(stack: &mut Stack<Ctx>, link: LinkId) -> EnShared {
     stack
         .link_mut(link)
         .and_then(|l| l.as_any_mut())
-        .and_then(|a| a.downcast_mut::<EnPriv>())
+        .and_then(|a| a.downcast_mut::<EnShared>())
         .expect("an mlx4_en link")
+        .clone()
 }
 
 struct Net {
@@ -212,7 +219,7 @@ fn two_ports_on_the_ethernet_switch_resolve_each_other_and_answer_ping() {
     assert_eq!(got, 3, "{out}");
     assert!(out.contains("3 packets transmitted, 3 received"), "{out}");
     // ARP went both ways: each side holds the other's MAC.
-    let b_mac = mlx4_en::mac_bytes(n.b.en().mac);
+    let b_mac = mlx4_en::mac_bytes(n.b.en().lock().mac);
     let mut seen = None;
     n.a.stack.neighbours(n.a.link, &mut |e| {
         if e.addr == "10.0.0.2".parse::<net::Ipv4Address>().unwrap() {
@@ -251,8 +258,8 @@ fn frames_the_port_must_refuse_are_counted_and_nothing_stalls() {
     assert_eq!(n.b.stat("rx_too_long_phy"), 2, "{:?}", n.b.ethtool());
     // A frame tagged with VLAN 5, which B's port is not in.
     let (a_mac, b_mac) = (
-        mlx4_en::mac_bytes(n.a.en().mac),
-        mlx4_en::mac_bytes(n.b.en().mac),
+        mlx4_en::mac_bytes(n.a.en().lock().mac),
+        mlx4_en::mac_bytes(n.b.en().lock().mac),
     );
     let mut tagged = frame(b_mac, a_mac, 0x8100, &[0x00, 0x05, 0x08, 0x00]);
     tagged.extend_from_slice(&[0u8; 60]);

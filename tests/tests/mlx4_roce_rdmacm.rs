@@ -18,7 +18,7 @@ use ib_core::verbs::{Gid, PortState};
 use ib_core::{ClientId, IbCore};
 use ib_tools::rping::{self, Rping};
 use ipoib::rdma_net::StackNet;
-use mlx4_en::{EnConfig, EnLink, EnPriv};
+use mlx4_en::{EnConfig, EnLink, EnPriv, EnShared};
 use mlx4_ib::Mlx4IbDev;
 use net::{Ipv4Cidr, LinkId, Stack};
 use sim::fabric::{Fabric, LinkLayer as SimLl, Topology};
@@ -95,7 +95,7 @@ impl Node {
             .device_mut(dev)
             .and_then(|d| d.provider_as::<Mlx4IbDev>())
             .expect("mlx4_ib")
-            .sync_roce_netdev(1, &addrs, &neigh)
+            .sync_roce_netdev(1, None, &addrs, &neigh)
             .expect("RoCE port 1");
         let cma = self.cma;
         w + self.with_net(|core, net| cma::net_poll(core, cma, net))
@@ -119,10 +119,10 @@ impl Node {
 
     fn finish(mut self) {
         if let Some(mut l) = self.stack.remove_link(self.link)
-            && let Some(en) = l.as_any_mut().and_then(|a| a.downcast_mut::<EnPriv>())
+            && let Some(en) = l.as_any_mut().and_then(|a| a.downcast_mut::<EnShared>())
             && let Some(d) = en_dev(&mut self.g.core, self.g.dev.0)
         {
-            en.close(d);
+            en.lock().close(d);
         }
         self.g.teardown();
     }
@@ -275,10 +275,12 @@ fn rx_broadcast(n: &mut Node) -> u64 {
     };
     let en = l
         .as_any_mut()
-        .and_then(|a| a.downcast_mut::<EnPriv>())
-        .expect("mlx4_en's link");
+        .and_then(|a| a.downcast_mut::<EnShared>())
+        .expect("mlx4_en's link")
+        .clone();
     let dev = en_dev(&mut n.g.core, h).expect("mlx4_core");
-    en.ethtool_stats(dev)
+    en.lock()
+        .ethtool_stats(dev)
         .into_iter()
         .find(|(k, _)| k == "rx_broadcast_phy")
         .map_or(0, |x| x.1)

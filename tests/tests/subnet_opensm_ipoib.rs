@@ -93,7 +93,7 @@ impl Node {
     fn ip(&mut self, args: &str) -> String {
         let words: Vec<&str> = args.split_whitespace().collect();
         let mut out = String::new();
-        net::iproute::ip(&mut self.stack, &words, &mut out).expect("ip");
+        net::iproute::ip(&mut self.stack, None, &words, &mut out).expect("ip");
         out
     }
 

@@ -181,7 +181,7 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
     if args.len() > 1 {
         return Err("usage: show_gids [DEV]".to_string());
     }
-    let names = crate::net::en_port_names();
+    let netdevs = crate::net::en_netdevs();
     let _ = writeln!(out, "DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV");
     let _ = writeln!(
         out,
@@ -196,10 +196,23 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                 let eth = dev.port_link_layer(port).ok() == Some(LinkLayer::Ethernet);
                 let len = dev.gid_tbl_len(port).unwrap_or(0) as usize;
                 let ver = if eth { "v1" } else { "" };
-                let ndev = names
-                    .iter()
-                    .find(|(d, p, _)| Some(*d) == h.id && *p == port)
-                    .map_or("", |(_, _, n)| n.as_str());
+                let on_port = || {
+                    netdevs
+                        .iter()
+                        .filter(move |n| Some(n.dev) == h.id && n.port == port)
+                };
+                // The interface of a GID: the one holding its IPv4 address,
+                // the VLAN device its link-local GID names, or the port's.
+                let ndev = |g: &[u8; 16]| -> &str {
+                    let vid = mlx4_ib::roce::rdma_link_local_addr(g)
+                        .then(|| mlx4_ib::roce::rdma_get_vlan_id(g))
+                        .filter(|&v| v < 0x1000);
+                    let n = match mlx4_ib::roce::gid_ipv4(g) {
+                        Some(a) => on_port().find(|n| n.addrs.contains(&a)),
+                        None => on_port().find(|n| n.vlan == vid),
+                    };
+                    n.map_or("", |n| n.name.as_str())
+                };
                 for i in 0..len {
                     let Ok(g) = dev.get_cached_gid(port, i) else {
                         break;
@@ -212,7 +225,8 @@ pub fn show_gids(out: &mut dyn Write, args: &[&str]) -> CmdResult {
                         .unwrap_or_default();
                     // Gid's Display: eight groups of four hex digits, as
                     // sysfs and show_gids print it.
-                    let _ = writeln!(out, "{}\t{port}\t{i}\t{g}\t{ip:<14}\t{ver}\t{ndev}", h.name);
+                    let nd = if eth { ndev(&g.0) } else { "" };
+                    let _ = writeln!(out, "{}\t{port}\t{i}\t{g}\t{ip:<14}\t{ver}\t{nd}", h.name);
                     n += 1;
                 }
             }

@@ -22,7 +22,10 @@ const NO_STACK: &str = "the IP stack is not up";
 
 /// `ip`.
 pub fn ip(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    crate::net::with_stack(|s| net::iproute::ip(s, args, out))
+    // With the adapters (a VLAN device registers its VID through them),
+    // or the stack alone when there is no adapter.
+    crate::net::with(|s, core| net::iproute::ip(s, Some(core), args, &mut *out))
+        .or_else(|| crate::net::with_stack(|s| net::iproute::ip(s, None, args, &mut *out)))
         .unwrap_or_else(|| Err(NO_STACK.to_string()))
 }
 
@@ -73,8 +76,9 @@ pub fn ethtool(out: &mut dyn Write, args: &[&str]) -> CmdResult {
             });
         } else if let Some(en) = link
             .as_any()
-            .and_then(|a| a.downcast_ref::<mlx4_en::EnPriv>())
+            .and_then(|a| a.downcast_ref::<mlx4_en::EnShared>())
         {
+            let en = en.lock();
             let Some(mdev) = crate::net::en_dev(core, en.handle) else {
                 return Err(alloc::format!("{dev}: its adapter is gone"));
             };

@@ -1,13 +1,25 @@
 //! A port's network device, as Linux's `en_netdev.c` opens and closes it (`mlx4_en_init_netdev`, `mlx4_en_start_port`, `mlx4_en_stop_port`, the link-state work), and the [`net::Link`] through which the IP stack drives it.
 //!
+//! VLAN devices (Linux's 8021q devices over an mlx4_en port, `ip link add
+//! link eth0 name eth0.5 type vlan id 5`) are [`VlanLink`]s sharing the
+//! port's rings: `mlx4_en_vlan_rx_add_vid` registers the VID in the port's
+//! VLAN table (the card then takes frames tagged with it, strips the tag
+//! and reports it in the CQE), a VLAN device's frames are sent with the
+//! card inserting the tag (`MLX4_WQE_CTRL_INS_CVLAN`), and a received frame
+//! goes to the device of its VID. Whichever device's poll takes a frame
+//! off the ring that belongs to another keeps it in that device's backlog
+//! (at most [`BACKLOG`] frames, more are counted as dropped).
+//!
 //! Left out: RSS and its indirection QP, more than one ring per direction,
-//! VLAN devices, multicast lists (the port's multicast filter is off: every
-//! multicast and broadcast frame reaches the ring), MTU changes while
-//! open, the statistics and link-state workqueues (the link state follows
-//! the port's events; the counters are read when asked for), watchdog and
-//! self-test.
+//! the VLAN filter (`mlx4_SET_VLAN_FLTR`: the VLAN table alone decides),
+//! VLAN priorities (frames go with PCP 0), multicast lists (the port's
+//! multicast filter is off: every multicast and broadcast frame reaches the
+//! ring), MTU changes while open, the statistics and link-state workqueues
+//! (the link state follows the port's events; the counters are read when
+//! asked for), watchdog and self-test.
 
 use alloc::boxed::Box;
+use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -162,6 +174,18 @@ impl Interface for EnIntf {
     }
 }
 
+/// Frames kept for a device whose frame another device's poll took off the
+/// ring, per device.
+pub const BACKLOG: usize = 64;
+
+/// A VLAN device on the port (the 8021q device of a VID Linux's
+/// `mlx4_en_vlan_rx_add_vid` registered), as the port keeps it.
+struct Vlan {
+    vid: u16,
+    backlog: VecDeque<Vec<u8>>,
+    stats: LinkStats,
+}
+
 /// One open Ethernet port (Linux `struct mlx4_en_priv`).
 pub struct EnPriv {
     /// The device's name (`eth0`).
@@ -191,6 +215,13 @@ pub struct EnPriv {
     port_up: bool,
     /// Frames the stack handed that could not be posted (ring full).
     pub tx_dropped: u64,
+    /// The VLAN devices, in the order added.
+    vlans: Vec<Vlan>,
+    /// Untagged frames a VLAN device's poll took off the ring.
+    backlog: VecDeque<Vec<u8>>,
+    /// Received frames no device took: a VID without a device (killed
+    /// while frames were in flight) or a backlog full.
+    pub rx_unclaimed: u64,
 }
 
 impl EnPriv {
@@ -234,6 +265,9 @@ impl EnPriv {
             mac_registered: false,
             port_up: false,
             tx_dropped: 0,
+            vlans: Vec::new(),
+            backlog: VecDeque::new(),
+            rx_unclaimed: 0,
         };
         match p.start(dev, cfg) {
             Ok(()) => {
@@ -303,6 +337,10 @@ impl EnPriv {
     /// `mlx4_en_stop_port` + the frees of `mlx4_en_destroy_netdev`, for
     /// whatever [`EnPriv::start`] got to.
     fn stop(&mut self, dev: &mut Dev) {
+        for v in core::mem::take(&mut self.vlans) {
+            dev.unregister_vlan(self.port, v.vid);
+        }
+        self.backlog.clear();
         if core::mem::take(&mut self.port_up)
             && let Err(e) = dev.close_port(self.port)
         {
@@ -371,19 +409,133 @@ impl EnPriv {
     /// Sends one frame (`mlx4_en_xmit`); `false` if it could not be posted
     /// (counted as dropped).
     pub fn xmit(&mut self, dev: &Dev, frame: &[u8]) -> bool {
-        let max = self.mtu + ETH_HLEN;
-        let sent = frame.len() <= max
-            && self.tx_room(dev) > 0
-            && self.tx.as_mut().is_some_and(|t| t.xmit(frame));
+        let sent = self.post(dev, frame, None);
         if !sent {
             self.tx_dropped += 1;
         }
         sent
     }
 
-    /// The next received frame into `out` (`mlx4_en_process_rx_cq`).
+    fn post(&mut self, dev: &Dev, frame: &[u8], tci: Option<u16>) -> bool {
+        frame.len() <= self.mtu + ETH_HLEN
+            && self.tx_room(dev) > 0
+            && self.tx.as_mut().is_some_and(|t| t.xmit(frame, tci))
+    }
+
+    /// The next received untagged frame into `out`
+    /// (`mlx4_en_process_rx_cq`).
     pub fn receive(&mut self, dev: &Dev, out: &mut [u8]) -> Option<usize> {
-        self.rx.as_mut()?.receive(dev, out)
+        self.receive_on(dev, None, out)
+    }
+
+    /// Linux `mlx4_en_vlan_rx_add_vid`: the port takes frames tagged `vid`
+    /// (registered in its VLAN table) for a VLAN device.
+    pub fn vlan_rx_add_vid(&mut self, dev: &mut Dev, vid: u16) -> Result<()> {
+        if !(1..=4094).contains(&vid) {
+            return Err(Error::BadVlan(vid));
+        }
+        if self.vlans.iter().any(|v| v.vid == vid) {
+            return Err(Error::VlanExists(vid));
+        }
+        if self.pdn.is_none() {
+            return Err(Error::Closed);
+        }
+        let index = dev.register_vlan(self.port, vid)?;
+        log::info!("{}: VLAN {vid} registered at index {index}", self.name);
+        self.vlans.push(Vlan {
+            vid,
+            backlog: VecDeque::new(),
+            stats: LinkStats::default(),
+        });
+        Ok(())
+    }
+
+    /// Linux `mlx4_en_vlan_rx_kill_vid`: the VLAN device of `vid` goes, its
+    /// VID leaves the port's VLAN table; nothing if there is none.
+    pub fn vlan_rx_kill_vid(&mut self, dev: &mut Dev, vid: u16) {
+        if let Some(i) = self.vlans.iter().position(|v| v.vid == vid) {
+            self.vlans.remove(i);
+            dev.unregister_vlan(self.port, vid);
+            log::info!("{}: VLAN {vid} unregistered", self.name);
+        }
+    }
+
+    /// The VIDs of the port's VLAN devices.
+    pub fn vlan_ids(&self) -> impl Iterator<Item = u16> + '_ {
+        self.vlans.iter().map(|v| v.vid)
+    }
+
+    /// The counters of the VLAN device of `vid` (what it sent and
+    /// received); `None` if there is no such device.
+    pub fn vlan_stats(&self, vid: u16) -> Option<LinkStats> {
+        self.vlans.iter().find(|v| v.vid == vid).map(|v| v.stats)
+    }
+
+    /// Sends one frame of the VLAN device of `vid`, the card inserting the
+    /// tag (PCP 0); `false` if it could not be posted (counted as the VLAN
+    /// device's drop).
+    pub fn xmit_vlan(&mut self, dev: &Dev, frame: &[u8], vid: u16) -> bool {
+        if !self.vlans.iter().any(|v| v.vid == vid) {
+            return false;
+        }
+        let sent = self.post(dev, frame, Some(vid));
+        if let Some(v) = self.vlans.iter_mut().find(|v| v.vid == vid) {
+            if sent {
+                v.stats.count_tx(frame.len());
+            } else {
+                v.stats.tx_dropped += 1;
+            }
+        }
+        sent
+    }
+
+    /// The next received frame of the device of `vid` (`None`: the port
+    /// itself, untagged frames) into `out`: one its backlog holds, else
+    /// one off the ring, the frames of other devices met on the way put
+    /// into their backlogs (at most a ring's worth per call).
+    pub fn receive_on(&mut self, dev: &Dev, vid: Option<u16>, out: &mut [u8]) -> Option<usize> {
+        let waiting = match vid {
+            None => self.backlog.pop_front(),
+            Some(id) => self
+                .vlans
+                .iter_mut()
+                .find(|v| v.vid == id)?
+                .backlog
+                .pop_front(),
+        };
+        if let Some(f) = waiting {
+            let n = f.len().min(out.len());
+            out[..n].copy_from_slice(&f[..n]);
+            self.count_vlan_rx(vid, n);
+            return Some(n);
+        }
+        let rx = self.rx.as_mut()?;
+        for _ in 0..rx.size() {
+            let (n, tag) = rx.receive(dev, out)?;
+            if tag == vid {
+                self.count_vlan_rx(vid, n);
+                return Some(n);
+            }
+            let q = match tag {
+                None => Some(&mut self.backlog),
+                Some(id) => self
+                    .vlans
+                    .iter_mut()
+                    .find(|v| v.vid == id)
+                    .map(|v| &mut v.backlog),
+            };
+            match q {
+                Some(q) if q.len() < BACKLOG => q.push_back(out[..n].to_vec()),
+                _ => self.rx_unclaimed += 1,
+            }
+        }
+        None
+    }
+
+    fn count_vlan_rx(&mut self, vid: Option<u16>, n: usize) {
+        if let Some(v) = vid.and_then(|id| self.vlans.iter_mut().find(|v| v.vid == id)) {
+            v.stats.count_rx(n);
+        }
     }
 
     /// The receive and send rings' counters.
@@ -401,7 +553,7 @@ impl EnPriv {
             rx_bytes: rx.bytes,
             rx_packets: rx.packets,
             rx_errors: rx.errors,
-            rx_dropped: rx.dropped,
+            rx_dropped: rx.dropped + self.rx_unclaimed,
             multicast: rx.multicast,
             tx_bytes: tx.bytes,
             tx_packets: tx.packets,
@@ -455,10 +607,28 @@ impl EnPriv {
 /// mlx4_ib).
 pub type DevGetter<C> = for<'a> fn(&'a mut C, u32) -> Option<&'a mut Dev>;
 
+/// An open port as its links share it: the port's link and its VLAN
+/// devices' links each hold one. The kernel polls from one thread, so the
+/// lock is never contended; it is what lets a VLAN device post on the
+/// port's send ring directly, as Linux's `vlan_dev_hard_start_xmit` hands
+/// its frame to the real device.
+pub type EnShared = Arc<spin::Mutex<EnPriv>>;
+
+/// A link's staging buffer: the frame the stack writes, no longer than the
+/// port's MTU and Ethernet header.
+fn stage(buf: &mut Vec<u8>, mtu: usize, len: usize) -> Option<&mut [u8]> {
+    if len > mtu + ETH_HLEN {
+        return None;
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    Some(buf)
+}
+
 /// An open port as a link of the IP stack: Ethernet frames, smoltcp's ARP.
 pub struct EnLink<C: ?Sized> {
-    /// The port.
-    pub en: EnPriv,
+    /// The port (shared with its VLAN devices).
+    pub en: EnShared,
     get: DevGetter<C>,
     stage: Vec<u8>,
 }
@@ -467,7 +637,7 @@ impl<C: ?Sized> EnLink<C> {
     /// The link of `en`, which finds its `Dev` with `get`.
     pub fn new(en: EnPriv, get: DevGetter<C>) -> EnLink<C> {
         EnLink {
-            en,
+            en: Arc::new(spin::Mutex::new(en)),
             get,
             stage: Vec::new(),
         }
@@ -480,15 +650,15 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
     }
 
     fn mtu(&self) -> usize {
-        self.en.mtu
+        self.en.lock().mtu
     }
 
     fn carrier(&self) -> bool {
-        self.en.carrier()
+        self.en.lock().carrier()
     }
 
     fn hw_addr(&self) -> HwAddr {
-        HwAddr::new(&mac_bytes(self.en.mac))
+        HwAddr::new(&mac_bytes(self.en.lock().mac))
     }
 
     fn broadcast(&self) -> HwAddr {
@@ -496,45 +666,67 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
     }
 
     fn stats(&self) -> LinkStats {
-        self.en.link_stats()
+        self.en.lock().link_stats()
     }
 
     fn poll(&mut self, ctx: &mut C, _now_us: u64) {
-        if let Some(d) = (self.get)(ctx, self.en.handle) {
-            self.en.poll(d);
+        let mut en = self.en.lock();
+        if let Some(d) = (self.get)(ctx, en.handle) {
+            en.poll(d);
         }
     }
 
     fn receive(&mut self, ctx: &mut C, buf: &mut [u8]) -> Option<usize> {
-        let d = (self.get)(ctx, self.en.handle)?;
-        self.en.receive(d, buf)
+        let mut en = self.en.lock();
+        let d = (self.get)(ctx, en.handle)?;
+        en.receive(d, buf)
     }
 
     fn tx_ready(&mut self, ctx: &mut C) -> bool {
-        (self.get)(ctx, self.en.handle).is_some_and(|d| self.en.tx_room(d) > 0)
+        let mut en = self.en.lock();
+        (self.get)(ctx, en.handle).is_some_and(|d| en.tx_room(d) > 0)
     }
 
     fn tx_buffer(&mut self, _ctx: &mut C, len: usize) -> Option<&mut [u8]> {
-        if len > self.en.mtu + ETH_HLEN {
-            return None;
-        }
-        self.stage.clear();
-        self.stage.resize(len, 0);
-        Some(&mut self.stage)
+        let mtu = self.en.lock().mtu;
+        stage(&mut self.stage, mtu, len)
     }
 
     fn tx_commit(&mut self, ctx: &mut C, _next_hop: net::link::Ipv4Address) {
-        match (self.get)(ctx, self.en.handle) {
+        let mut en = self.en.lock();
+        match (self.get)(ctx, en.handle) {
             Some(d) => {
-                self.en.xmit(d, &self.stage);
+                en.xmit(d, &self.stage);
             }
-            None => self.en.tx_dropped += 1,
+            None => en.tx_dropped += 1,
         }
     }
 
     fn rdma_port(&self) -> Option<(u32, u8)> {
         // RoCE runs on the same port (mlx4_ib's side of it).
-        Some((self.en.handle, self.en.port))
+        let en = self.en.lock();
+        Some((en.handle, en.port))
+    }
+
+    fn add_vlan(
+        &mut self,
+        ctx: &mut C,
+        vid: u16,
+        lower: &str,
+    ) -> core::result::Result<Box<dyn Link<C>>, String> {
+        let mut en = self.en.lock();
+        let d = (self.get)(ctx, en.handle).ok_or_else(|| String::from("the device is gone"))?;
+        en.vlan_rx_add_vid(d, vid).map_err(|e| match e {
+            Error::VlanExists(_) => String::from("RTNETLINK answers: File exists"),
+            e => alloc::format!("{}: {e}", en.name),
+        })?;
+        Ok(Box::new(VlanLink {
+            en: self.en.clone(),
+            vid,
+            lower: String::from(lower),
+            get: self.get,
+            stage: Vec::new(),
+        }))
     }
 
     fn as_any(&self) -> Option<&dyn Any> {
@@ -543,6 +735,97 @@ impl<C: ?Sized + 'static> Link<C> for EnLink<C> {
 
     fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
         Some(&mut self.en)
+    }
+}
+
+/// A VLAN device over an open port (Linux's 8021q device over an mlx4_en
+/// netdev): the port's MAC and MTU, frames tagged with its VID on the
+/// wire, its own counters.
+pub struct VlanLink<C: ?Sized> {
+    en: EnShared,
+    vid: u16,
+    lower: String,
+    get: DevGetter<C>,
+    stage: Vec<u8>,
+}
+
+impl<C: ?Sized> VlanLink<C> {
+    /// The VLAN id.
+    pub fn vid(&self) -> u16 {
+        self.vid
+    }
+}
+
+impl<C: ?Sized + 'static> Link<C> for VlanLink<C> {
+    fn kind(&self) -> LinkKind {
+        LinkKind::Ether
+    }
+
+    fn mtu(&self) -> usize {
+        self.en.lock().mtu
+    }
+
+    fn carrier(&self) -> bool {
+        let en = self.en.lock();
+        en.carrier() && en.vlan_ids().any(|v| v == self.vid)
+    }
+
+    fn hw_addr(&self) -> HwAddr {
+        HwAddr::new(&mac_bytes(self.en.lock().mac))
+    }
+
+    fn broadcast(&self) -> HwAddr {
+        HwAddr::new(&[0xff; 6])
+    }
+
+    fn stats(&self) -> LinkStats {
+        self.en.lock().vlan_stats(self.vid).unwrap_or_default()
+    }
+
+    fn poll(&mut self, ctx: &mut C, _now_us: u64) {
+        let mut en = self.en.lock();
+        if let Some(d) = (self.get)(ctx, en.handle) {
+            en.poll(d);
+        }
+    }
+
+    fn receive(&mut self, ctx: &mut C, buf: &mut [u8]) -> Option<usize> {
+        let mut en = self.en.lock();
+        let d = (self.get)(ctx, en.handle)?;
+        en.receive_on(d, Some(self.vid), buf)
+    }
+
+    fn tx_ready(&mut self, ctx: &mut C) -> bool {
+        let mut en = self.en.lock();
+        (self.get)(ctx, en.handle).is_some_and(|d| en.tx_room(d) > 0)
+    }
+
+    fn tx_buffer(&mut self, _ctx: &mut C, len: usize) -> Option<&mut [u8]> {
+        let mtu = self.en.lock().mtu;
+        stage(&mut self.stage, mtu, len)
+    }
+
+    fn tx_commit(&mut self, ctx: &mut C, _next_hop: net::link::Ipv4Address) {
+        let mut en = self.en.lock();
+        if let Some(d) = (self.get)(ctx, en.handle) {
+            en.xmit_vlan(d, &self.stage, self.vid);
+        }
+    }
+
+    fn rdma_port(&self) -> Option<(u32, u8)> {
+        let en = self.en.lock();
+        Some((en.handle, en.port))
+    }
+
+    fn vlan(&self) -> Option<(u16, &str)> {
+        Some((self.vid, &self.lower))
+    }
+
+    fn detach(&mut self, ctx: &mut C) {
+        let mut en = self.en.lock();
+        if let Some(d) = (self.get)(ctx, en.handle) {
+            en.vlan_rx_kill_vid(d, self.vid);
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! VLAN), several rings.
 
 use hal::barrier::wmb;
-use hal::be::get_be32;
+use hal::be::{get_be16, get_be32};
 use mlx4_core::Dev;
 use mlx4_core::bitmap::{Buf, Db};
 use mlx4_core::dev::{Mtt, Uar};
@@ -137,6 +137,11 @@ impl RxRing {
         Ok(())
     }
 
+    /// Descriptors in the ring.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
     fn update_db(&self, dev: &Dev) {
         if let Some(db) = &self.db
             && let Some((b, off)) = dev.db_record(db)
@@ -147,18 +152,23 @@ impl RxRing {
     }
 
     /// Linux `mlx4_en_process_rx_cq` for one frame: the next completion's
-    /// frame copied into `out` (its length returned), the descriptor posted
-    /// again. A completion in error, a bad FCS, a frame shorter than an
+    /// frame copied into `out` (its length returned, with the VLAN id of the
+    /// tag the card stripped, if it had one other than 0), the descriptor
+    /// posted again. A completion in error, a bad FCS, a frame shorter than an
     /// Ethernet header or longer than `out` is counted and skipped.
     /// `None` when the CQ is empty, or after one ring's worth of skipped
     /// completions (the rest wait for the next call).
-    pub fn receive(&mut self, dev: &Dev, out: &mut [u8]) -> Option<usize> {
+    pub fn receive(&mut self, dev: &Dev, out: &mut [u8]) -> Option<(usize, Option<u16>)> {
         for _ in 0..self.size {
             let c = self.cq.peek()?;
             self.cq.consume(dev, 1);
             // A send completion or another QP's is not one of the ring's
             // descriptors: counted, the ring left as it is.
-            let qpn = get_be32(&c, cqe::VLAN_MY_QPN) & cqe::QPN_MASK;
+            let vlan_my_qpn = get_be32(&c, cqe::VLAN_MY_QPN);
+            let qpn = vlan_my_qpn & cqe::QPN_MASK;
+            // A priority tag (VID 0) is no VLAN (Linux `vlan_do_receive`).
+            let vid = Some(get_be16(&c, cqe::SL_VID) & cqe::VID_MASK)
+                .filter(|&v| vlan_my_qpn & cqe::CVLAN_PRESENT != 0 && v != 0);
             let op = c[cqe::OWNER_SR_OPCODE];
             if op & cqe::IS_SEND_MASK != 0
                 || Some(qpn) != self.qp.as_ref().map(|q| q.qpn & cqe::QPN_MASK)
@@ -184,7 +194,7 @@ impl RxRing {
                 if out[0] & 1 != 0 {
                     self.stats.multicast += 1;
                 }
-                Some(len)
+                Some((len, vid))
             } else {
                 None
             };

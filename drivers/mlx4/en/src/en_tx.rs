@@ -135,9 +135,11 @@ impl TxRing {
 
     /// Linux `mlx4_en_xmit` for one linear frame: copied into the slot's
     /// buffer, a SEND descriptor with a data segment, the owner bit last,
-    /// the doorbell. `false` (nothing posted) when the ring is full or the
-    /// frame is longer than a slot's buffer.
-    pub fn xmit(&mut self, frame: &[u8]) -> bool {
+    /// the doorbell; with `vlan_tci` the card inserts that 802.1Q tag
+    /// (`MLX4_WQE_CTRL_INS_CVLAN`, as for a frame of a VLAN device). `false`
+    /// (nothing posted) when the ring is full or the frame is longer than a
+    /// slot's buffer.
+    pub fn xmit(&mut self, frame: &[u8], vlan_tci: Option<u16>) -> bool {
         if self.room() == 0 || frame.len() > RX_BUF_SIZE || frame.is_empty() {
             return false;
         }
@@ -155,8 +157,10 @@ impl TxRing {
         d.write_be32(ds + data::BYTE_COUNT, frame.len() as u32);
         d.write_be32(ds + data::LKEY, self.lkey);
         d.write_be64(ds + data::ADDR, addr);
-        // Control segment: no VLAN, 2 units, completion requested.
-        d.write_be32(o + ctrl::VLAN_TAG, u32::from(DESC_DS));
+        // Control segment: the tag to insert if any, 2 units, completion
+        // requested.
+        let vlan = vlan_tci.map_or(0, |t| u32::from(t) << 16 | u32::from(ctrl::INS_CVLAN) << 8);
+        d.write_be32(o + ctrl::VLAN_TAG, vlan | u32::from(DESC_DS));
         d.write_be32(o + ctrl::SRCRB_FLAGS, ctrl::CQ_UPDATE | ctrl::SOLICITED);
         d.write_be32(o + ctrl::IMM, 0);
         dma_wmb();

@@ -1,8 +1,8 @@
 //! Port of Linux's mlx4_en (`drivers/net/ethernet/mellanox/mlx4/en_*.c`) in its smallest useful form: each Ethernet port of a ConnectX-3 becomes an Ethernet link of the IP stack (`eth0`, `eth1`, ...) with one send ring and one receive ring, busy-polled.
 //!
 //! Left out: RSS and more than one ring per direction, LSO, checksum
-//! offloads (the stack computes checksums), VLAN devices (the port is in no
-//! VLAN; tagged frames are the card's counted drops), device-managed flow
+//! offloads (the stack computes checksums), the VLAN filter and VLAN
+//! priorities (VLAN devices are here: [`VlanLink`]), device-managed flow
 //! steering, multicast lists (every multicast frame is received: the
 //! port's filter is off), DCB, ethtool settings other than the counters,
 //! interrupts, NAPI and BlueFlame, SR-IOV, self-test, time stamps, and the
@@ -40,7 +40,7 @@ pub mod en_port;
 pub mod en_rx;
 pub mod en_tx;
 
-pub use en_netdev::{DevGetter, EnConfig, EnLink, EnPriv};
+pub use en_netdev::{DevGetter, EnConfig, EnLink, EnPriv, EnShared, VlanLink};
 pub use en_port::PortStats;
 
 /// Bytes of an Ethernet header (`ETH_HLEN`).
@@ -69,6 +69,12 @@ pub enum Error {
     /// An MTU this driver does not take (68..=1978: a frame in a 2 KiB
     /// receive buffer).
     BadMtu(usize),
+    /// A VLAN id outside 1..=4094.
+    BadVlan(u16),
+    /// The port has a VLAN device of that id already.
+    VlanExists(u16),
+    /// The port is closed.
+    Closed,
 }
 
 impl From<mlx4_core::Error> for Error {
@@ -84,6 +90,9 @@ impl core::fmt::Display for Error {
             Error::NotEthernet(p) => write!(f, "port {p} is not an Ethernet port"),
             Error::BadRingSize(n) => write!(f, "ring size {n} is not a power of two in 2..=8192"),
             Error::BadMtu(m) => write!(f, "MTU {m} outside 68..=1978"),
+            Error::BadVlan(v) => write!(f, "VLAN id {v} outside 1..=4094"),
+            Error::VlanExists(v) => write!(f, "the port has VLAN {v} already"),
+            Error::Closed => f.write_str("the port is closed"),
         }
     }
 }

@@ -9,6 +9,11 @@ use hal::be::*;
 pub const SIZE: usize = 32;
 /// BE32 bits 23:0 local (real) QPN, bit 29 VLAN present.
 pub const VLAN_MY_QPN: usize = 0x00;
+/// `vlan_my_qpn` bit 29: the frame carried a C-VLAN tag, stripped; its TCI
+/// is in [`SL_VID`] (`MLX4_CQE_CVLAN_PRESENT_MASK`).
+pub const CVLAN_PRESENT: u32 = 1 << 29;
+/// The VLAN id bits of the TCI in [`SL_VID`] (`MLX4_CQE_VID_MASK`).
+pub const VID_MASK: u16 = 0xfff;
 /// BE32 immediate / invalidated rkey; UD receive: bits 6:0 P_Key index.
 pub const IMMED_RSS_INVALID: usize = 0x04;
 /// BE32 bit 31 GRH, bits 30:24 DLID path bits, bits 23:0 remote QPN.

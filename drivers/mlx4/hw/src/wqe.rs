@@ -49,6 +49,9 @@ pub mod ctrl {
     pub const OWNER: u32 = 1 << 31;
     /// `owner_opcode` bit 29: no error completion (NOP pads).
     pub const NEC: u32 = 1 << 29;
+    /// `ins_vlan` bit 6: insert the C-VLAN tag of `vlan_tag`
+    /// (`MLX4_WQE_CTRL_INS_CVLAN`).
+    pub const INS_CVLAN: u8 = 1 << 6;
     /// `fence_size` bit 6: fence.
     pub const FENCE: u8 = 1 << 6;
     /// `fence_size` bits 5:0: the DS count.

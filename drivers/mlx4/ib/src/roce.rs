@@ -12,9 +12,19 @@
 //! where mlx4_en's interface plugs in). The source MAC is the port's MAC,
 //! registered in the port's MAC table (`mlx4_register_mac`, shared with
 //! mlx4_en by reference count) and named by its index in QP paths and
-//! address vectors, as Linux 3.15+ does. Left out: RoCE v2, VLAN interfaces
-//! (a VLAN is recognised in a GID but no VLAN is registered), DCB priorities
-//! and IPv6 addresses of the interface.
+//! address vectors, as Linux 3.15+ does.
+//!
+//! A VLAN interface over the port (mlx4_en's VLAN device, which registered
+//! its VID in the port's VLAN table) adds its own GIDs after the port's:
+//! the link-local GID with the VID in bytes 11-12 (Linux 3.11's
+//! `iboe_mac_vlan_to_ll`, so that the GID names its VLAN wherever it goes)
+//! and the IPv4-mapped GIDs of its addresses. Each entry remembers its
+//! VLAN: a QP path from it carries the VID's VLAN-table index (`fl` bit 6,
+//! `vlan_index`, Linux's `mlx4_find_cached_vlan`), an address vector the
+//! tag. The entries go when the VID leaves the VLAN table.
+//!
+//! Left out: RoCE v2, DCB priorities (a VLAN frame's PCP is the SL's low
+//! three bits) and IPv6 addresses of the interface.
 
 use alloc::vec::Vec;
 
@@ -108,6 +118,19 @@ pub fn iboe_get_mtu(mtu: u32) -> u8 {
     }
 }
 
+/// A VLAN interface over a RoCE port, as mlx4_ib knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoceVlan {
+    /// The VLAN id.
+    pub vid: u16,
+    /// Its index in the port's VLAN table (mlx4_en registered it).
+    pub index: u8,
+    /// The interface's IPv4 addresses, in GID-table order.
+    pub ipv4: Vec<[u8; 4]>,
+    /// Neighbours the interface resolved: IPv4 address and MAC.
+    pub neigh: Vec<([u8; 4], [u8; 6])>,
+}
+
 /// The RoCE state of one Ethernet port (Linux keeps it in `mlx4_ib_iboe`).
 #[derive(Debug, Clone)]
 pub struct RocePort {
@@ -117,6 +140,10 @@ pub struct RocePort {
     pub ipv4: Vec<[u8; 4]>,
     /// The GID table as last written (index 0 the link-local GID).
     pub gids: Vec<[u8; 16]>,
+    /// The VLAN of each entry of `gids` ([`NO_VLAN`]: the port's own).
+    pub gid_vlans: Vec<u16>,
+    /// The VLAN interfaces over the port, in the order they appeared.
+    pub vlans: Vec<RoceVlan>,
     /// Neighbours the interface resolved: IPv4 address and MAC.
     pub neigh: Vec<([u8; 4], [u8; 6])>,
     /// The interface's MTU (bytes of IP packet), 1500 until told.
@@ -136,6 +163,8 @@ impl RocePort {
             mac,
             ipv4: Vec::new(),
             gids: Vec::new(),
+            gid_vlans: Vec::new(),
+            vlans: Vec::new(),
             neigh: Vec::new(),
             netdev_mtu: 1500,
             active: false,
@@ -144,24 +173,33 @@ impl RocePort {
         }
     }
 
-    /// The GID table the port should have.
-    fn wanted_gids(&self) -> Vec<[u8; 16]> {
+    /// The GID table the port should have, each entry with its VLAN: the
+    /// port's link-local and IPv4 GIDs, then each VLAN interface's.
+    fn wanted_gids(&self) -> Vec<([u8; 16], u16)> {
         let mut g = Vec::with_capacity(1 + self.ipv4.len());
-        g.push(iboe_mac_vlan_to_ll(&self.mac, None));
-        g.extend(self.ipv4.iter().map(|&ip| ipv4_gid(ip)));
+        g.push((iboe_mac_vlan_to_ll(&self.mac, None), NO_VLAN));
+        g.extend(self.ipv4.iter().map(|&ip| (ipv4_gid(ip), NO_VLAN)));
+        for v in &self.vlans {
+            g.push((iboe_mac_vlan_to_ll(&self.mac, Some(v.vid)), v.vid));
+            g.extend(v.ipv4.iter().map(|&ip| (ipv4_gid(ip), v.vid)));
+        }
         g.truncate(ROCE_MAX_GIDS);
         g
     }
 
-    /// The VLAN id ([`rdma_get_vlan_id`]) of source GID `index`; an entry
-    /// not in the table reads as the zero GID (VLAN 0).
+    /// The VLAN id of source GID `index` ([`NO_VLAN`]: the port's own, or
+    /// no such entry).
     pub fn sgid_vlan_id(&self, index: u8) -> u16 {
-        let sgid = self
-            .gids
+        self.gid_vlans
             .get(usize::from(index))
             .copied()
-            .unwrap_or([0; 16]);
-        rdma_get_vlan_id(&sgid)
+            .unwrap_or(NO_VLAN)
+    }
+
+    /// The VLAN-table index of VLAN `vid` (Linux `mlx4_find_cached_vlan`
+    /// on what mlx4_en registered).
+    pub fn vlan_index(&self, vid: u16) -> Option<u8> {
+        self.vlans.iter().find(|v| v.vid == vid).map(|v| v.index)
     }
 
     /// The source MAC index paths and address vectors carry.
@@ -183,6 +221,7 @@ impl RocePort {
             return self
                 .neigh
                 .iter()
+                .chain(self.vlans.iter().flat_map(|v| v.neigh.iter()))
                 .find(|(a, _)| *a == ip)
                 .map(|&(_, m)| m)
                 .ok_or(Error::Inval(
@@ -288,7 +327,7 @@ impl crate::Mlx4IbDev {
     /// change (ib_core then reads the table again).
     fn update_gids(&mut self, port: u8) -> Result<()> {
         let rp = self.roce_port_mut(port)?;
-        let want = rp.wanted_gids();
+        let (want, vlans): (Vec<[u8; 16]>, Vec<u16>) = rp.wanted_gids().into_iter().unzip();
         if want == rp.gids && rp.gid_table_writes > 0 {
             return Ok(());
         }
@@ -296,6 +335,7 @@ impl crate::Mlx4IbDev {
         let n = want.len();
         let rp = self.roce_port_mut(port)?;
         rp.gids = want;
+        rp.gid_vlans = vlans;
         rp.gid_table_writes += 1;
         debug!("{}: port {port}: {n} RoCE GIDs written", self.name);
         self.snooped
@@ -336,21 +376,103 @@ impl crate::Mlx4IbDev {
     /// addresses changed. What the kernel calls each time its IP stack has
     /// run (Linux: `roce_gid_mgmt`'s address events and the neighbour
     /// table `addr.c` reads).
+    ///
+    /// `vlan` names a VLAN interface over the port (mlx4_en's VLAN device):
+    /// its GIDs follow the port's while its VID is in the port's VLAN
+    /// table; a sync of the port itself drops the VLANs no longer there.
     pub fn sync_roce_netdev(
         &mut self,
         port: u8,
+        vlan: Option<u16>,
         addrs: &[[u8; 4]],
         neigh: &[([u8; 4], [u8; 6])],
     ) -> Result<()> {
+        let Some(vid) = vlan else {
+            let mut changed = self.prune_roce_vlans(port)?;
+            let rp = self.roce_port_mut(port)?;
+            if rp.neigh != neigh {
+                rp.neigh.clear();
+                rp.neigh.extend_from_slice(neigh);
+            }
+            if rp.ipv4 != addrs {
+                rp.ipv4.clear();
+                for a in addrs {
+                    if !rp.ipv4.contains(a) {
+                        rp.ipv4.push(*a);
+                    }
+                }
+                changed = true;
+            }
+            return if changed {
+                self.update_gids(port)
+            } else {
+                Ok(())
+            };
+        };
+        let Some(index) = self.dev.find_cached_vlan(port, vid) else {
+            // Not (or no longer) registered: no GIDs for it.
+            return if self.prune_roce_vlans(port)? {
+                self.update_gids(port)
+            } else {
+                Ok(())
+            };
+        };
+        let index = u8::try_from(index).map_err(|_| Error::Inval("VLAN index above 255"))?;
         let rp = self.roce_port_mut(port)?;
-        if rp.neigh != neigh {
-            rp.neigh.clear();
-            rp.neigh.extend_from_slice(neigh);
+        let v = match rp.vlans.iter().position(|v| v.vid == vid) {
+            Some(i) => &mut rp.vlans[i],
+            None => {
+                rp.vlans.push(RoceVlan {
+                    vid,
+                    index,
+                    ipv4: Vec::new(),
+                    neigh: Vec::new(),
+                });
+                // The VLAN's link-local GID is new.
+                rp.gid_table_writes = 0;
+                let last = rp.vlans.len() - 1;
+                &mut rp.vlans[last]
+            }
+        };
+        v.index = index;
+        if v.neigh != neigh {
+            v.neigh.clear();
+            v.neigh.extend_from_slice(neigh);
         }
-        if rp.ipv4 != addrs {
-            self.set_roce_ipv4_addrs(port, addrs)?;
+        let mut changed = rp.gid_table_writes == 0;
+        if v.ipv4 != addrs {
+            v.ipv4.clear();
+            for a in addrs {
+                if !v.ipv4.contains(a) {
+                    v.ipv4.push(*a);
+                }
+            }
+            changed = true;
         }
-        Ok(())
+        if changed {
+            self.update_gids(port)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Forgets the VLAN interfaces whose VID left the port's VLAN table
+    /// (mlx4_en's VLAN device went); whether any did.
+    fn prune_roce_vlans(&mut self, port: u8) -> Result<bool> {
+        let gone: Vec<u16> = self
+            .roce_port(port)
+            .ok_or(Error::Inval("not an Ethernet port"))?
+            .vlans
+            .iter()
+            .map(|v| v.vid)
+            .filter(|&vid| self.dev.find_cached_vlan(port, vid).is_none())
+            .collect();
+        if gone.is_empty() {
+            return Ok(false);
+        }
+        let rp = self.roce_port_mut(port)?;
+        rp.vlans.retain(|v| !gone.contains(&v.vid));
+        Ok(true)
     }
 
     /// The MTU of the interface on `port` (the RoCE active MTU follows it,
@@ -458,6 +580,24 @@ mod tests {
         rp.ipv4.push([10, 0, 0, 1]);
         let w = rp.wanted_gids();
         assert_eq!(w.len(), 2);
-        assert_eq!(w[1], ipv4_gid([10, 0, 0, 1]));
+        assert_eq!(w[1], (ipv4_gid([10, 0, 0, 1]), NO_VLAN));
+        // A VLAN interface: its link-local GID names the VLAN, its IPv4
+        // GIDs remember it; its neighbours resolve too.
+        rp.vlans.push(RoceVlan {
+            vid: 5,
+            index: 2,
+            ipv4: alloc::vec![[10, 5, 0, 1]],
+            neigh: alloc::vec![([10, 5, 0, 2], [0, 2, 0xc9, 7, 7, 7])],
+        });
+        let w = rp.wanted_gids();
+        assert_eq!(w.len(), 4);
+        assert_eq!(w[2], (iboe_mac_vlan_to_ll(&rp.mac, Some(5)), 5));
+        assert_eq!(w[3], (ipv4_gid([10, 5, 0, 1]), 5));
+        assert_eq!(rp.vlan_index(5), Some(2));
+        assert_eq!(rp.vlan_index(6), None);
+        assert_eq!(
+            rp.resolve_dmac(&ipv4_gid([10, 5, 0, 2])).unwrap(),
+            [0, 2, 0xc9, 7, 7, 7]
+        );
     }
 }

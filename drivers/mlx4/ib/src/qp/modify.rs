@@ -2,8 +2,8 @@
 //!
 //! InfiniBand and Ethernet (RoCE) paths: on an Ethernet port the GRH is
 //! mandatory, the destination MAC comes from the DGID and the source MAC is
-//! named by its MAC-table index. Left out: VLAN table indices (a path whose
-//! source GID names a VLAN is refused), alternate paths and SR-IOV.
+//! named by its MAC-table index, the VLAN of a VLAN GID by its VLAN-table
+//! index. Left out: alternate paths and SR-IOV.
 
 use mlx4_core::Caps;
 use mlx4_hw::qp::{PM_MIGRATED, optpar, params2};
@@ -68,8 +68,16 @@ fn mlx4_set_path(
         p.ackto = crate::roce::LINK_TYPE_ETH;
         // The source MAC by its MAC-table index.
         p.grh_mylmc = (p.grh_mylmc & 0x80) | rp.smac_idx();
-        if rp.sgid_vlan_id(grh.sgid_index) < 0x1000 {
-            return Err(Error::Inval("VLAN RoCE GIDs are not supported"));
+        if usize::from(grh.sgid_index) >= rp.gids.len() {
+            return Err(Error::Inval("source GID index beyond the port's GID table"));
+        }
+        // A VLAN GID: the frames carry its tag (mlx4_set_path, is_eth).
+        let vid = rp.sgid_vlan_id(grh.sgid_index);
+        if vid < 0x1000 {
+            p.vlan_index = rp.vlan_index(vid).ok_or(Error::Inval(
+                "the source GID's VLAN is not in the port's VLAN table",
+            ))?;
+            p.fl |= 1 << 6;
         }
         return Ok(p);
     }
