@@ -124,9 +124,11 @@ cp "$x/boot/vmlinuz-$kver" "$out.vmlinuz.tmp" 2>/dev/null || { mkdir -p "$out"; 
 km="$x/lib/modules/$kver"
 mkdir -p "$r/lib/modules/$kver"
 cp -a "$km/modules.order" "$km/modules.builtin" "$km/modules.builtin.modinfo" "$r/lib/modules/$kver/" 2>/dev/null || true
-# e1000: the guests' Ethernet link for perftest's exchange of QP details.
+# e1000: the guests' Ethernet link for perftest's exchange of QP details;
+# 8021q (and the 802/llc modules it needs): VLAN devices over mlx4_en.
 (cd "$km" && find kernel/drivers/infiniband kernel/drivers/net/ethernet/mellanox/mlx4 \
-     kernel/drivers/net/ethernet/intel/e1000 kernel/fs/configfs -name '*.ko') > "$work/mods"
+     kernel/drivers/net/ethernet/intel/e1000 kernel/fs/configfs \
+     kernel/net/8021q kernel/net/802 kernel/net/llc -name '*.ko') > "$work/mods"
 while read -r m; do
     mkdir -p "$r/lib/modules/$kver/$(dirname "$m")"
     cp -a "$km/$m" "$r/lib/modules/$kver/$m"

@@ -1,4 +1,4 @@
-//! An unmodified Linux 6.1 guest (its own mlx4_core, mlx4_en, mlx4_ib, rdma-core 44's `rping`) and one of ours on the model's Ethernet ports: ping both ways over mlx4_en and ours, Linux's `ibv_devinfo` showing its RoCE port, then Linux's real `rping` against ours over RoCE (the RDMA CM, ARP, IPv4-mapped GIDs) in both roles, `-C 20 -V`, and Linux's perftest 4.5-0.17 against ours over RoCE (`ib_write_bw` 64 KiB and `ib_write_lat` 8 B, 200 each, perftest's TCP exchange with the GID message) in both roles; no model violation.
+//! An unmodified Linux 6.1 guest (its own mlx4_core, mlx4_en, mlx4_ib, rdma-core 44's `rping`) and one of ours on the model's Ethernet ports: ping both ways over mlx4_en and ours, Linux's `ibv_devinfo` showing its RoCE port, then Linux's real `rping` against ours over RoCE (the RDMA CM, ARP, IPv4-mapped GIDs) in both roles, `-C 20 -V`, and Linux's perftest 4.5-0.17 against ours over RoCE (`ib_write_bw` 64 KiB and `ib_write_lat` 8 B, 200 each, perftest's TCP exchange with the GID message) in both roles; then a VLAN device over each side's eth0 (`ip link add link eth0 name eth0.5 type vlan id 5`), ping and `rping -C 10 -V` over it both ways, the capture showing the VLAN's RoCE frames tagged 5; no model violation.
 //!
 //! One `--guests linux,lego` boot (cx3-vfu, so both guests reach the model
 //! over vfio-user; `--link-layer eth --port-type eth`: port 1 of each card on
@@ -12,15 +12,21 @@
 //! and `ib_write_lat -s 8 -n 200`: Linux's tool with `-x 1` (its
 //! IPv4-mapped RoCE v1 GID), ours choosing its IPv4-mapped GID by itself;
 //! each side prints the other's GID, and result lines with the same bytes
-//! and iterations. Every Linux command must exit 0 (its runner's
-//! `(exit status N)` lines). Ours answers pings until Linux has powered off.
+//! and iterations. Then each side makes `eth0.5` (VLAN 5, Linux
+//! 192.168.55.1, ours 192.168.55.2), pings the other 10 times over it, and
+//! rping runs over it in both roles (`-C 10 -V`): Linux's 8021q and
+//! mlx4_en (hardware tag insertion and stripping, its mlx4_ib's VLAN path
+//! in the QP context) against ours. tshark must find RoCE v1 frames in
+//! VLAN 5 from both ends, and ICMP in it. Every Linux command must exit 0
+//! (its runner's `(exit status N)` lines). Ours answers pings until Linux
+//! has powered off.
 
 use std::time::{Duration, Instant};
 
 use tests::qemu;
 
 /// The deadline of the whole run (run-qemu.sh's --timeout, per guest).
-const DEADLINE: Duration = Duration::from_secs(170);
+const DEADLINE: Duration = Duration::from_secs(230);
 
 const LINUX_PING: &str = "ping -c 20 -i 0.2 192.168.50.2";
 const OURS_PING: &str = "ping -c 20 -i 0.2 192.168.50.1";
@@ -40,7 +46,12 @@ const LINUX: &str = "modprobe mlx4_en; ip link set eth0 up; ip addr add 192.168.
      timeout 40 ib_write_bw -x 1 -s 65536 -n 200; \
      retry 30 ib_write_bw -x 1 -s 65536 -n 200 192.168.50.2; echo linux-client-ib_write_bw-done; \
      timeout 40 ib_write_lat -x 1 -s 8 -n 200; \
-     retry 30 ib_write_lat -x 1 -s 8 -n 200 192.168.50.2; echo linux-client-ib_write_lat-done";
+     retry 30 ib_write_lat -x 1 -s 8 -n 200 192.168.50.2; echo linux-client-ib_write_lat-done; \
+     modprobe 8021q; ip link add link eth0 name eth0.5 type vlan id 5; ip link set eth0.5 up; \
+     ip addr add 192.168.55.1/24 dev eth0.5; \
+     retry 60 ping -c 1 -W 2 192.168.55.2; ping -c 10 -i 0.2 192.168.55.2; \
+     timeout 60 rping -s -a 192.168.55.1 -C 10 -v -V; \
+     retry 60 rping -c -a 192.168.55.2 -C 10 -v -V; echo linux-vlan-done";
 
 /// Ours: the address on our mlx4_en's eth0, 20 pings to Linux, then
 /// answering until Linux has powered off (`retry -u`).
@@ -50,11 +61,20 @@ const OURS: &str = "retry -n 60 -i 1 ip addr add 192.168.50.2/24 dev eth0; \
      rping -s -a 192.168.50.2 -C 20 -v -V; \
      retry -n 30 -i 1 ib_write_bw -s 65536 -n 200 192.168.50.1; ib_write_bw -s 65536 -n 200; \
      retry -n 30 -i 1 ib_write_lat -s 8 -n 200 192.168.50.1; ib_write_lat -s 8 -n 200; \
-     retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.50.1";
+     ip link add link eth0 name eth0.5 type vlan id 5; ip addr add 192.168.55.2/24 dev eth0.5; \
+     retry -n 120 -i 1 ping -c 1 -W 2 192.168.55.1; ping -c 10 -i 0.2 192.168.55.1; \
+     retry -n 60 -i 1 rping -c -a 192.168.55.1 -C 10 -v -V; \
+     rping -s -a 192.168.55.2 -C 10 -v -V; show_gids; ip -d -s link show eth0.5; \
+     retry -n 120 -i 1 -u ping -c 1 -W 1 192.168.55.1";
 
 #[test]
 fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethernet_ports() {
     let load_before = tests::load_average();
+    let cap = tests::target_tmpdir().join(format!("qemu-roce-mix-{}.pcapng", std::process::id()));
+    let emu_args = format!(
+        "--link-layer eth --port-type eth --stats --capture {}",
+        cap.display()
+    );
     let t = Instant::now();
     let r = qemu::run_vfu(
         &[
@@ -63,7 +83,7 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
             "--sm",
             "none",
             "--emu-args",
-            "--link-layer eth --port-type eth --stats",
+            &emu_args,
             "--run-on",
             "0",
             LINUX,
@@ -188,6 +208,88 @@ fn linux_and_our_guest_ping_rping_and_perftest_each_other_over_the_models_ethern
             "{who}'s ib_write_lat lines:\n{all}"
         );
     }
+    // The VLAN: pings both ways, rping in both roles, Linux done.
+    assert!(l.contains("linux-vlan-done"), "{all}");
+    let lvp = qemu::lines_after(l, "# ", "ping -c 10 -i 0.2 192.168.55.2");
+    assert!(
+        lvp.contains(&"10 packets transmitted, 10 packets received, 0% packet loss"),
+        "Linux's ping over eth0.5:\n{all}"
+    );
+    let ovp = qemu::lines_after(o, "lego> ", "ping -c 10 -i 0.2 192.168.55.1");
+    assert!(
+        ovp.iter()
+            .any(|x| x.starts_with("10 packets transmitted, 10 received, 0% packet loss")),
+        "our ping over eth0.5:\n{all}"
+    );
+    for (lines, what, who) in [
+        (
+            qemu::lines_after(l, "# ", "timeout 60 rping -s -a 192.168.55.1 -C 10 -v -V"),
+            srv,
+            "Linux's rping server on eth0.5",
+        ),
+        (
+            qemu::lines_after(l, "# ", "retry 60 rping -c -a 192.168.55.2 -C 10 -v -V"),
+            cli,
+            "Linux's rping client on eth0.5",
+        ),
+        (
+            qemu::lines_after(o, "lego> ", "retry -n 60 -i 1 rping -c -a 192.168.55.1"),
+            cli,
+            "our rping client on eth0.5",
+        ),
+        (
+            qemu::lines_after(o, "lego> ", "rping -s -a 192.168.55.2"),
+            srv,
+            "our rping server on eth0.5",
+        ),
+    ] {
+        assert_eq!(count(&lines.join("\n"), what), 10, "{who}:\n{all}");
+    }
+    // Our show_gids names the VLAN's GIDs by eth0.5; ip -d shows the VLAN.
+    let gids = qemu::lines_after(o, "lego> ", "show_gids");
+    assert!(
+        gids.iter()
+            .any(|x| x.contains("192.168.55.2") && x.trim_end().ends_with("eth0.5")),
+        "show_gids:\n{all}"
+    );
+    assert!(
+        o.contains("eth0.5@eth0:") && o.contains("vlan protocol 802.1Q id 5"),
+        "{all}"
+    );
+    // tshark: RoCE v1 in VLAN 5 both ways (rping's CM MADs and RDMA), ICMP
+    // in it; no malformed frame.
+    if std::path::Path::new("/usr/bin/tshark").exists() {
+        let tshark = |filter: &str, field: &str| -> Vec<String> {
+            let out = std::process::Command::new("/usr/bin/tshark")
+                .args(["-n", "-r"])
+                .arg(&cap)
+                .args(["-Y", filter, "-T", "fields", "-e", field])
+                .output()
+                .expect("tshark runs");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let roce5 = tshark("vlan.id == 5 && vlan.etype == 0x8915", "eth.src");
+        let senders: std::collections::BTreeSet<&String> = roce5.iter().collect();
+        assert!(
+            roce5.len() >= 40 && senders.len() == 2,
+            "{} RoCE frames in VLAN 5 from {senders:?}",
+            roce5.len()
+        );
+        let icmp5 = tshark("vlan.id == 5 && icmp", "icmp.type");
+        assert!(icmp5.len() >= 40, "{} ICMP frames in VLAN 5", icmp5.len());
+        assert!(tshark("_ws.malformed", "frame.number").is_empty());
+        eprintln!(
+            "VLAN 5 on the wire: {} RoCE v1 frames, {} ICMP",
+            roce5.len(),
+            icmp5.len()
+        );
+    } else {
+        eprintln!("!!!!! tshark missing: the capture was not dissected");
+    }
+    let _ = std::fs::remove_file(&cap);
     for (who, text) in [("Linux", l), ("ours", o)] {
         for line in text.lines().filter(|x| {
             qemu::perftest_results(x, 65536, 200) + qemu::perftest_results(x, 8, 200) > 0
