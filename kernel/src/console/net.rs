@@ -22,11 +22,19 @@ const NO_STACK: &str = "the IP stack is not up";
 
 /// `ip`.
 pub fn ip(out: &mut dyn Write, args: &[&str]) -> CmdResult {
-    // With the adapters (a VLAN device registers its VID through them),
-    // or the stack alone when there is no adapter.
-    crate::net::with(|s, core| net::iproute::ip(s, Some(core), args, &mut *out))
-        .or_else(|| crate::net::with_stack(|s| net::iproute::ip(s, None, args, &mut *out)))
-        .unwrap_or_else(|| Err(NO_STACK.to_string()))
+    // With the adapters (a VLAN device registers its VID through them; an
+    // address or link change reaches the RoCE GID tables at once, as
+    // Linux's roce_gid_mgmt follows its address events), or the stack
+    // alone when there is no adapter.
+    crate::net::with(|s, core| {
+        let r = net::iproute::ip(s, Some(core), args, &mut *out);
+        crate::net::roce_sync(s, core);
+        // ib_core takes the GID change events (its GID caches).
+        core.poll();
+        r
+    })
+    .or_else(|| crate::net::with_stack(|s| net::iproute::ip(s, None, args, &mut *out)))
+    .unwrap_or_else(|| Err(NO_STACK.to_string()))
 }
 
 /// `ping`.
