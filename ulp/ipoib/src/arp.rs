@@ -114,6 +114,69 @@ impl ArpPacket {
     }
 }
 
+/// What [`process`] made of a received ARP packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Refused: a sender address that is not a unicast IPoIB address, a
+    /// multicast or broadcast target, a sender IP that cannot be a
+    /// neighbour's.
+    Bad,
+    /// A duplicate-address probe (sender IP 0.0.0.0): not answered.
+    Probe,
+    /// Our own packet, or someone claiming our address: nothing learned.
+    Own,
+    /// A request for one of our addresses: the sender learned (STALE);
+    /// answer it with a reply to its address.
+    Answer,
+    /// A request for someone else: an entry we hold took the address.
+    Seen,
+    /// A reply to a request of ours: the entry is REACHABLE.
+    Reply,
+    /// A reply nobody asked for (or not to us): dropped, nothing created
+    /// (Linux's `arp_accept` 0).
+    Unsolicited,
+}
+
+/// Linux `arp_process`'s decisions for an ARP packet `p` received on an
+/// IPoIB device whose hardware address is `hw` and whose addresses
+/// `ours` says, applied to `neighs` at `now` (`busy`: an address with
+/// packets waiting for it). The device sends what [`Verdict::Answer`]
+/// asks and counts the rest.
+pub fn process(
+    neighs: &mut NeighTable,
+    p: &ArpPacket,
+    hw: &IpoibAddr,
+    ours: &dyn Fn(&Ipv4Address) -> bool,
+    now: u64,
+    busy: &dyn Fn(&Ipv4Address) -> bool,
+) -> Verdict {
+    if !p.sha.is_valid_unicast() || p.tip.is_multicast() || p.tip.is_broadcast() {
+        return Verdict::Bad;
+    }
+    if p.sip.is_unspecified() {
+        return Verdict::Probe;
+    }
+    if !is_unicast_ip(&p.sip) {
+        return Verdict::Bad;
+    }
+    if p.sha == *hw || ours(&p.sip) {
+        return Verdict::Own;
+    }
+    let for_us = ours(&p.tip);
+    match p.op {
+        ARPOP_REQUEST if for_us => {
+            neighs.arp_request_for_us(p.sip, p.sha, now, busy);
+            Verdict::Answer
+        }
+        ARPOP_REQUEST => {
+            neighs.arp_seen(p.sip, p.sha, now);
+            Verdict::Seen
+        }
+        _ if for_us && neighs.arp_reply(p.sip, p.sha, now).is_some() => Verdict::Reply,
+        _ => Verdict::Unsolicited,
+    }
+}
+
 /// Whether `a` can be a neighbour's address (ARP from or about it is
 /// refused otherwise): not 0.0.0.0, broadcast, multicast, loopback or in
 /// 0.0.0.0/8.

@@ -1102,43 +1102,30 @@ impl IpoibDev {
                 return;
             }
         };
-        if !p.sha.is_valid_unicast() || p.tip.is_multicast() || p.tip.is_broadcast() {
-            self.counters.arp_bad += 1;
-            self.stats.rx_errors += 1;
-            return;
-        }
-        if p.sip.is_unspecified() {
-            // Duplicate address detection: not answered here.
-            self.counters.arp_probes_ignored += 1;
-            return;
-        }
-        if !arp::is_unicast_ip(&p.sip) {
-            self.counters.arp_bad += 1;
-            self.stats.rx_errors += 1;
-            return;
-        }
-        if p.sha == self.hw || self.addrs.iter().any(|c| c.address() == p.sip) {
-            // Our own, or someone claiming our address: nothing to learn.
-            return;
-        }
-        let now = self.now_us;
-        let for_us = self.addrs.iter().any(|c| c.address() == p.tip);
+        let addrs = &self.addrs;
+        let ours = |a: &Ipv4Address| addrs.iter().any(|c| c.address() == *a);
         let pending = &self.pending;
         let busy = |x: &Ipv4Address| pending.iter().any(|q| q.wait == Some(Wait::Neigh(*x)));
-        match p.op {
-            arp::ARPOP_REQUEST if for_us => {
-                self.neighs.arp_request_for_us(p.sip, p.sha, now, &busy);
-                // The reply goes straight to the asker's address.
+        match arp::process(&mut self.neighs, &p, &self.hw, &ours, self.now_us, &busy) {
+            arp::Verdict::Bad => {
+                self.counters.arp_bad += 1;
+                self.stats.rx_errors += 1;
+                return;
+            }
+            // Duplicate address detection: not answered here.
+            arp::Verdict::Probe => {
+                self.counters.arp_probes_ignored += 1;
+                return;
+            }
+            arp::Verdict::Own => return,
+            // The reply goes straight to the asker's address.
+            arp::Verdict::Answer => {
                 self.arp_send(core, arp::ARPOP_REPLY, p.sip, p.sha, p.tip, Some(p.sha));
             }
-            arp::ARPOP_REQUEST => {
-                self.neighs.arp_seen(p.sip, p.sha, now);
-            }
-            _ => {
-                if !for_us || self.neighs.arp_reply(p.sip, p.sha, now).is_none() {
-                    self.counters.arp_unsolicited += 1;
-                    self.stats.rx_dropped += 1;
-                }
+            arp::Verdict::Seen | arp::Verdict::Reply => {}
+            arp::Verdict::Unsolicited => {
+                self.counters.arp_unsolicited += 1;
+                self.stats.rx_dropped += 1;
             }
         }
         self.flush_pending(core);
