@@ -181,6 +181,18 @@ impl Default for EthTables {
 /// The MAC bits of a MAC-table entry (and of a `u64` MAC argument).
 const MAC_MASK: u64 = 0xffff_ffff_ffff;
 
+/// The six bytes of a MAC as mlx4_core keeps it (`caps.def_mac`, the MAC
+/// table: the low 48 bits of a u64), first byte first.
+pub fn mac_to_bytes(mac: u64) -> [u8; 6] {
+    let b = mac.to_be_bytes();
+    [b[2], b[3], b[4], b[5], b[6], b[7]]
+}
+
+/// A MAC's six bytes as mlx4_core keeps it ([`mac_to_bytes`] backwards).
+pub fn mac_from_bytes(mac: &[u8; 6]) -> u64 {
+    mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))
+}
+
 impl EthTables {
     /// The index of the valid MAC-table entry for `mac` among the first
     /// `max`.

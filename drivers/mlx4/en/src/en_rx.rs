@@ -196,6 +196,9 @@ impl RxRing {
                 }
                 Some((len, vid))
             } else {
+                // A descriptor whose buffer is not in the ring's memory
+                // (cannot happen with the ring as built): counted.
+                self.stats.errors += 1;
                 None
             };
             // The descriptor still points at its buffer: post it again.

@@ -102,6 +102,5 @@ pub type Result<T> = core::result::Result<T, Error>;
 
 /// `aa:bb:cc:dd:ee:ff` of a MAC in the low 48 bits of `mac`.
 pub fn mac_bytes(mac: u64) -> [u8; 6] {
-    let b = mac.to_be_bytes();
-    [b[2], b[3], b[4], b[5], b[6], b[7]]
+    mlx4_core::port::mac_to_bytes(mac)
 }

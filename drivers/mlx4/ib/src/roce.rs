@@ -234,16 +234,6 @@ impl RocePort {
     }
 }
 
-/// The port's MAC as mlx4_core keeps it (`caps.def_mac`, the low 48 bits).
-fn mac_of(def_mac: u64) -> [u8; 6] {
-    let b = def_mac.to_be_bytes();
-    [b[2], b[3], b[4], b[5], b[6], b[7]]
-}
-
-fn mac_u64(mac: &[u8; 6]) -> u64 {
-    mac.iter().fold(0, |a, &b| (a << 8) | u64::from(b))
-}
-
 impl crate::Mlx4IbDev {
     /// True if `port` is an Ethernet port (Linux `mlx4_ib_port_link_layer`
     /// says `IB_LINK_LAYER_ETHERNET`).
@@ -279,9 +269,13 @@ impl crate::Mlx4IbDev {
             if !self.is_eth(port) {
                 continue;
             }
-            let mac = mac_of(self.dev.caps().port[usize::from(port)].def_mac);
+            let mac =
+                mlx4_core::port::mac_to_bytes(self.dev.caps().port[usize::from(port)].def_mac);
             let mut rp = RocePort::new(mac);
-            match self.dev.register_mac(port, mac_u64(&mac)) {
+            match self
+                .dev
+                .register_mac(port, mlx4_core::port::mac_from_bytes(&mac))
+            {
                 Ok(i) => rp.smac_index = u8::try_from(i).ok(),
                 Err(e) => warn!("{}: port {port}: MAC not registered: {e}", self.name),
             }
@@ -306,7 +300,8 @@ impl crate::Mlx4IbDev {
                 continue;
             };
             if rp.smac_index.is_some() {
-                self.dev.unregister_mac(port, mac_u64(&rp.mac));
+                self.dev
+                    .unregister_mac(port, mlx4_core::port::mac_from_bytes(&rp.mac));
             }
         }
     }
