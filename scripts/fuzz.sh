@@ -78,7 +78,9 @@ for t in "${targets[@]}"; do
     after=$(find "$art" -type f | wc -l)
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-    last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1)
+    # A target that dies before its first status line has none: no
+    # figures, and the crash is reported below.
+    last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1 || true)
     cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
     ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
     corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
@@ -87,7 +89,7 @@ for t in "${targets[@]}"; do
         "${cov:-?}" "${ft:-?}" "${corp:-?}" "$crashes"
     if [ "$crashes" -gt 0 ] || [ -z "$execs" ]; then
         failed=1
-        grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /'
+        grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /' || true
     fi
     rm -f "$log"
 done

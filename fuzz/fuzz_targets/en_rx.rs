@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use mlx4_core::{Dev, Profile};
 use mlx4_en::{EnConfig, EnLink, EnPriv};
 use net::{Ipv4Cidr, LinkId, Stack};
-use sim::fabric::{Fabric, LinkLayer, Packet, PortId, Topology};
+use sim::fabric::{Fabric, LinkLayer, Packet, PortId, Topology, packet};
 use sim::{PortType, SimHca, Wire};
 
 /// eth0's address, eth0.5's address.
@@ -75,13 +75,17 @@ enum Kind {
 
 #[derive(Arbitrary, Debug)]
 enum Frame {
+    /// Padded to the minimum and given its FCS (a wrong one if
+    /// `bad_fcs`).
     Built {
         dst: Dst,
         tag: Tag,
         kind: Kind,
         payload: Vec<u8>,
+        bad_fcs: bool,
     },
-    Raw(Vec<u8>),
+    /// Bytes as they come, FCS included (computed over them if `reseal`).
+    Raw { bytes: Vec<u8>, reseal: bool },
 }
 
 struct Ctx {
@@ -95,6 +99,9 @@ fn get_dev(c: &mut Ctx, _handle: u32) -> Option<&mut Dev> {
 struct Rig {
     a: SimHca,
     _b: SimHca,
+    /// B's mlx4_core, which only opened its port (the frames come from
+    /// the fuzzer, sent from B's cable).
+    _b_dev: Dev,
     wire: Wire,
     fabric: Arc<Mutex<Fabric>>,
     bport: PortId,
@@ -124,6 +131,14 @@ fn make() -> Rig {
     let b = hcas.next().expect("B");
     drop(hcas);
     let bport = built.hcas[1].ports[0];
+    let mut b_dev = mlx4_core::probe(
+        b.pci_function(),
+        b.dma_pool(),
+        b.clock(),
+        Profile::default(),
+    )
+    .expect("mlx4_core on the model (B)");
+    b_dev.init_port(1).expect("B's INIT_PORT");
     let mut dev = mlx4_core::probe(
         a.pci_function(),
         a.dma_pool(),
@@ -148,6 +163,7 @@ fn make() -> Rig {
     let mut r = Rig {
         a,
         _b: b,
+        _b_dev: b_dev,
         wire,
         fabric,
         bport,
@@ -158,16 +174,21 @@ fn make() -> Rig {
         mac,
     };
     // The port comes up.
-    for _ in 0..200 {
+    for _ in 0..2000 {
         step(&mut r);
-        if r.stack.carrier(r.eth0) {
+        if r.stack.carrier(r.eth0) && r.stack.carrier(r.vlan) {
             break;
         }
     }
+    assert!(r.stack.carrier(r.eth0), "eth0 has no carrier");
     r
 }
 
+/// 100 us of the fabric's time, the cards' work, a pass of the stack.
 fn step(r: &mut Rig) {
+    if let Some(c) = r.wire.fake_clock() {
+        c.advance(std::time::Duration::from_micros(100));
+    }
     r.wire.settle();
     let now = r.a.clock().now_ns() / 1000;
     r.stack.poll(now, &mut r.ctx);
@@ -175,14 +196,27 @@ fn step(r: &mut Rig) {
 }
 
 fn frame_bytes(r: &Rig, f: &Frame) -> Vec<u8> {
-    let (dst, tag, kind, payload) = match f {
-        Frame::Raw(b) => return b[..b.len().min(2100)].to_vec(),
+    let (dst, tag, kind, payload, bad_fcs) = match f {
+        Frame::Raw { bytes, reseal } => {
+            let mut b = bytes[..bytes.len().min(2100)].to_vec();
+            if *reseal {
+                let _ = packet::reseal_fcs(&mut b);
+            }
+            return b;
+        }
         Frame::Built {
             dst,
             tag,
             kind,
             payload,
-        } => (dst, tag, kind, &payload[..payload.len().min(1600)]),
+            bad_fcs,
+        } => (
+            dst,
+            tag,
+            kind,
+            &payload[..payload.len().min(1600)],
+            *bad_fcs,
+        ),
     };
     let mut b = Vec::with_capacity(64 + payload.len());
     b.extend_from_slice(&match dst {
@@ -265,6 +299,18 @@ fn frame_bytes(r: &Rig, f: &Frame) -> Vec<u8> {
             b.extend_from_slice(payload);
         }
     }
+    seal(b, bad_fcs)
+}
+
+/// `frame` padded to 60 bytes and followed by its FCS (inverted if `bad`).
+fn seal(mut b: Vec<u8>, bad: bool) -> Vec<u8> {
+    b.resize(b.len().max(60), 0);
+    b.extend_from_slice(&[0; 4]);
+    let _ = packet::reseal_fcs(&mut b);
+    if bad {
+        let n = b.len();
+        b[n - 1] ^= 0xff;
+    }
     b
 }
 
@@ -278,11 +324,12 @@ fn arp_request(vlan: bool, ip: [u8; 4]) -> Vec<u8> {
     }
     b.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
     b.extend_from_slice(&PEER_MAC);
-    b.extend_from_slice(&[10, 0, 0, 2]);
+    // From the peer's address on the same network (smoltcp answers no
+    // other).
+    b.extend_from_slice(&[ip[0], ip[1], ip[2], 2]);
     b.extend_from_slice(&[0; 6]);
     b.extend_from_slice(&ip);
-    b.resize(b.len().max(60), 0);
-    b
+    seal(b, false)
 }
 
 fn send(r: &mut Rig, bytes: Vec<u8>) {
@@ -333,7 +380,7 @@ fn run(r: &mut Rig, frames: &[Frame]) -> bool {
     let raw = frames.iter().any(|f| {
         matches!(
             f,
-            Frame::Raw(_)
+            Frame::Raw { .. }
                 | Frame::Built {
                     tag: Tag::Tci(_),
                     ..
@@ -362,6 +409,11 @@ fn run(r: &mut Rig, frames: &[Frame]) -> bool {
             break;
         }
     }
-    assert!(answered, "eth0 or eth0.5 no longer answers ARP");
+    assert!(
+        answered,
+        "eth0 or eth0.5 no longer answers ARP: eth0 {:?}, eth0.5 {:?}",
+        r.stack.stats(r.eth0),
+        r.stack.stats(r.vlan)
+    );
     true
 }
