@@ -123,6 +123,13 @@ fn diags_query_the_fabric() {
         return;
     }
     let mut rig = Rig::start("diags", NET_SMALL);
+    // The capture of OpenSM's sweep and every diag's MADs stays with
+    // KEEP_PEERS_SCRATCH=1 (`fuzz/seeds/from-capture.py` makes the MAD
+    // fuzz targets' seeds of it).
+    let pcap = rig.dir.join("diags.pcapng");
+    rig.world()
+        .fabric
+        .set_capture(Some(Capture::create(&pcap).expect("capture file")));
     up(&mut rig);
     let p = ports(&rig);
     let h3 = p[2].1.to_string();
