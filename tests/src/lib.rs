@@ -5,6 +5,7 @@
 //! model's SMA (`sm`); the fixtures of the model-backed tests (`mlx4_common`, `subnet_common`,
 //! `ip_node`: guests with IPoIB, the IP stack and the RDMA CM under OpenSM).
 
+pub mod eth_node;
 pub mod ip_node;
 pub mod mlx4_common;
 pub mod qemu;

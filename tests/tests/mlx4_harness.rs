@@ -219,8 +219,9 @@ fn every_model_backed_test_file_uses_the_fixture() {
         let src = std::fs::read_to_string(&p).unwrap();
         // subnet_common's `guest` wraps the model it is handed in
         // mlx4_common's `Model`, so a file on the subnet fixture may build
-        // the `SimHca` it hands there.
-        let subnet = src.contains("use tests::subnet_common");
+        // the `SimHca` it hands there; eth_node's nodes are such guests.
+        let subnet =
+            src.contains("use tests::subnet_common") || src.contains("use tests::eth_node");
         if !src.contains("use tests::mlx4_common") && !subnet {
             bad.push(format!("{name}: does not use mlx4_common"));
         }
