@@ -472,13 +472,13 @@ impl EnPriv {
     }
 
     /// Sends one frame of the VLAN device of `vid`, the card inserting the
-    /// tag (PCP 0); `false` if it could not be posted (counted as the VLAN
-    /// device's drop).
-    pub fn xmit_vlan(&mut self, dev: &Dev, frame: &[u8], vid: u16) -> bool {
+    /// tag (PCP 0); `false` if it could not be posted, or the card is gone
+    /// (`dev` is `None`): counted as the VLAN device's drop.
+    pub fn xmit_vlan(&mut self, dev: Option<&Dev>, frame: &[u8], vid: u16) -> bool {
         if !self.vlans.iter().any(|v| v.vid == vid) {
             return false;
         }
-        let sent = self.post(dev, frame, Some(vid));
+        let sent = dev.is_some_and(|d| self.post(d, frame, Some(vid)));
         if let Some(v) = self.vlans.iter_mut().find(|v| v.vid == vid) {
             if sent {
                 v.stats.count_tx(frame.len());
@@ -807,9 +807,8 @@ impl<C: ?Sized + 'static> Link<C> for VlanLink<C> {
 
     fn tx_commit(&mut self, ctx: &mut C, _next_hop: net::link::Ipv4Address) {
         let mut en = self.en.lock();
-        if let Some(d) = (self.get)(ctx, en.handle) {
-            en.xmit_vlan(d, &self.stage, self.vid);
-        }
+        let dev = (self.get)(ctx, en.handle);
+        en.xmit_vlan(dev.as_deref(), &self.stage, self.vid);
     }
 
     fn rdma_port(&self) -> Option<(u32, u8)> {

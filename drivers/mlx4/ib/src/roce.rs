@@ -103,6 +103,18 @@ pub fn gid_ipv4(gid: &[u8; 16]) -> Option<[u8; 4]> {
         .then(|| [gid[12], gid[13], gid[14], gid[15]])
 }
 
+/// Sets `dst` to `addrs` without repeats, in their order; whether that
+/// changed it.
+fn set_unique(dst: &mut Vec<[u8; 4]>, addrs: &[[u8; 4]]) -> bool {
+    let before = core::mem::take(dst);
+    for a in addrs {
+        if !dst.contains(a) {
+            dst.push(*a);
+        }
+    }
+    *dst != before
+}
+
 /// Linux `iboe_get_mtu`: the largest IB MTU (`enum ib_mtu`) that fits a
 /// netdev MTU of `mtu` bytes after the GRH, BTH, the largest extension
 /// headers and the ICRC.
@@ -323,7 +335,7 @@ impl crate::Mlx4IbDev {
     fn update_gids(&mut self, port: u8) -> Result<()> {
         let rp = self.roce_port_mut(port)?;
         let (want, vlans): (Vec<[u8; 16]>, Vec<u16>) = rp.wanted_gids().into_iter().unzip();
-        if want == rp.gids && rp.gid_table_writes > 0 {
+        if want == rp.gids && vlans == rp.gid_vlans && rp.gid_table_writes > 0 {
             return Ok(());
         }
         self.dev.set_port_gid_table(port, &want)?;
@@ -343,13 +355,7 @@ impl crate::Mlx4IbDev {
     /// per address, written at once (Linux 6.1's `roce_gid_mgmt` on an
     /// address change).
     pub fn set_roce_ipv4_addrs(&mut self, port: u8, addrs: &[[u8; 4]]) -> Result<()> {
-        let rp = self.roce_port_mut(port)?;
-        rp.ipv4.clear();
-        for a in addrs {
-            if !rp.ipv4.contains(a) {
-                rp.ipv4.push(*a);
-            }
-        }
+        set_unique(&mut self.roce_port_mut(port)?.ipv4, addrs);
         self.update_gids(port)
     }
 
@@ -389,15 +395,7 @@ impl crate::Mlx4IbDev {
                 rp.neigh.clear();
                 rp.neigh.extend_from_slice(neigh);
             }
-            if rp.ipv4 != addrs {
-                rp.ipv4.clear();
-                for a in addrs {
-                    if !rp.ipv4.contains(a) {
-                        rp.ipv4.push(*a);
-                    }
-                }
-                changed = true;
-            }
+            changed |= set_unique(&mut rp.ipv4, addrs);
             return if changed {
                 self.update_gids(port)
             } else {
@@ -414,36 +412,29 @@ impl crate::Mlx4IbDev {
         };
         let index = u8::try_from(index).map_err(|_| Error::Inval("VLAN index above 255"))?;
         let rp = self.roce_port_mut(port)?;
+        // A new VLAN's link-local GID is new to the table.
+        let mut changed = false;
         let v = match rp.vlans.iter().position(|v| v.vid == vid) {
             Some(i) => &mut rp.vlans[i],
             None => {
+                changed = true;
                 rp.vlans.push(RoceVlan {
                     vid,
                     index,
                     ipv4: Vec::new(),
                     neigh: Vec::new(),
                 });
-                // The VLAN's link-local GID is new.
-                rp.gid_table_writes = 0;
                 let last = rp.vlans.len() - 1;
                 &mut rp.vlans[last]
             }
         };
+        changed |= v.index != index;
         v.index = index;
         if v.neigh != neigh {
             v.neigh.clear();
             v.neigh.extend_from_slice(neigh);
         }
-        let mut changed = rp.gid_table_writes == 0;
-        if v.ipv4 != addrs {
-            v.ipv4.clear();
-            for a in addrs {
-                if !v.ipv4.contains(a) {
-                    v.ipv4.push(*a);
-                }
-            }
-            changed = true;
-        }
+        changed |= set_unique(&mut v.ipv4, addrs);
         if changed {
             self.update_gids(port)
         } else {
