@@ -13,10 +13,17 @@
 #                                    # warning, or crashes on a seed, fails)
 #
 # Environment: FUZZ_SANITIZER (none by default; address for ASan, slower),
-# FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2").
+# FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2"),
+# GLIBC_TUNABLES (by default malloc keeps freed memory instead of handing it
+# back to the kernel: the targets build rigs of megabytes per input, and
+# fresh pages cost page faults and zeroing, 2 to 11 times the executions).
+#
+# "cov@" and "ft@" are the execution at which the coverage (edges) and the
+# features last grew: far below "execs" means the coverage stopped growing.
 # Installs cargo-fuzz under target/tools on first use (crates.io); the
 # libFuzzer build runs on the pinned stable toolchain with RUSTC_BOOTSTRAP=1.
 set -euo pipefail
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -61,7 +68,7 @@ one=()
 (cd fuzz && cargo fuzz build "${profile[@]}" -s "$san" "${one[@]}" >&2)
 
 failed=0
-printf '%-12s %6s %12s %8s %7s %7s %7s %s\n' target seconds execs exec/s cov ft corpus crashes
+printf '%-12s %6s %12s %8s %7s %10s %7s %10s %7s %s\n' target seconds execs exec/s cov cov@ ft ft@ corpus crashes
 for t in "${targets[@]}"; do
     corpus=fuzz/corpus/$t
     art=fuzz/artifacts/$t
@@ -84,9 +91,17 @@ for t in "${targets[@]}"; do
     cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
     ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
     corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
+    # The execution of the last line on which cov (ft) was higher than on
+    # the line before.
+    read -r cov_at ft_at < <(awk '/^#[0-9]+.*cov: / {
+            n = substr($1, 2); c = 0; f = 0
+            for (i = 2; i < NF; i++) { if ($i == "cov:") c = $(i + 1); if ($i == "ft:") f = $(i + 1) }
+            if (c + 0 > pc) { pc = c + 0; ca = n }
+            if (f + 0 > pf) { pf = f + 0; fa = n }
+        } END { print (ca == "" ? "?" : ca), (fa == "" ? "?" : fa) }' "$log")
     crashes=$((after - before))
-    printf '%-12s %6s %12s %8s %7s %7s %7s %s\n' "$t" "$secs" "${execs:-?}" "${rate:-?}" \
-        "${cov:-?}" "${ft:-?}" "${corp:-?}" "$crashes"
+    printf '%-12s %6s %12s %8s %7s %10s %7s %10s %7s %s\n' "$t" "$secs" "${execs:-?}" "${rate:-?}" \
+        "${cov:-?}" "$cov_at" "${ft:-?}" "$ft_at" "${corp:-?}" "$crashes"
     if [ "$crashes" -gt 0 ] || [ -z "$execs" ]; then
         failed=1
         grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /' || true

@@ -2,7 +2,8 @@
 //!
 //! Absurd capabilities must be refused by `DevCap::validate` or end in an
 //! error further on (out of DMA memory, a table that cannot be built),
-//! never in a panic or an overflow. A probe that succeeds is torn down.
+//! never in a panic or an overflow. A probe that succeeds is torn down;
+//! either way every byte of DMA memory is given back.
 
 #![no_main]
 
@@ -80,4 +81,12 @@ fuzz_target!(|input: Input| {
         let _ = dev.board_id();
         let _ = dev.teardown();
     }
+    // A probe that failed anywhere, or a teardown, gives every DMA byte
+    // back: a driver that keeps some on an error path loses memory each
+    // time a card is refused.
+    assert_eq!(
+        rig.dma_in_use(),
+        (0, 0),
+        "DMA memory kept after probe/teardown"
+    );
 });
