@@ -13,7 +13,8 @@
 #                                    # warning, or crashes on a seed, fails)
 #
 # Environment: FUZZ_SANITIZER (none by default; address for ASan, slower),
-# FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2"),
+# FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2" or
+# "-runs=10000000"), FUZZ_LOGDIR (keep each target's libFuzzer log there),
 # GLIBC_TUNABLES (by default malloc keeps freed memory instead of handing it
 # back to the kernel: the targets build rigs of megabytes per input, and
 # fresh pages cost page faults and zeroing, 2 to 11 times the executions).
@@ -105,6 +106,10 @@ for t in "${targets[@]}"; do
     if [ "$crashes" -gt 0 ] || [ -z "$execs" ]; then
         failed=1
         grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /' || true
+    fi
+    if [ -n "${FUZZ_LOGDIR:-}" ]; then
+        mkdir -p "$FUZZ_LOGDIR"
+        cp "$log" "$FUZZ_LOGDIR/$t.log"
     fi
     rm -f "$log"
 done
