@@ -391,6 +391,31 @@ fn an_ethernet_port_shows_link_layer_ethernet_and_gids_from_its_mac_and_addresse
     r.close(vec![], vec![]);
 }
 
+/// A GID table write the firmware refuses is an error to the caller and is
+/// tried again at the next sync of the interface, though nothing changed
+/// in between: the card ends up with the addresses' GIDs.
+#[test]
+fn a_refused_gid_table_write_is_tried_again_at_the_next_sync() {
+    let mut r = eth_rig();
+    let ip = [10, 0, 0, 1];
+    let card_gids = |r: &Rig| r.a.hca.eth_port(1).expect("Ethernet port").gids;
+    assert!(!card_gids(&r).contains(&roce::ipv4_gid(ip)));
+    r.a.hca.faults().set(
+        sim::Opcode::SET_PORT,
+        sim::OpcodeFault::status(sim::Status::BAD_PARAM).times(1),
+    );
+    let e = r.a.ib().sync_roce_netdev(1, None, &[ip], &[]);
+    assert!(
+        e.is_err(),
+        "a refused SET_PORT GID_TABLE is an error: {e:?}"
+    );
+    assert!(!card_gids(&r).contains(&roce::ipv4_gid(ip)));
+    r.a.ib().sync_roce_netdev(1, None, &[ip], &[]).unwrap();
+    assert_eq!(card_gids(&r)[1], roce::ipv4_gid(ip), "written at the retry");
+    assert_eq!(r.a.ib().query_gid(1, 1).unwrap(), roce::ipv4_gid(ip));
+    r.close(vec![], vec![]);
+}
+
 #[test]
 fn rc_rdma_write_and_read_over_roce_with_data_checked() {
     let mut r = eth_rig();

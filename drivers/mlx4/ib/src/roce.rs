@@ -103,16 +103,14 @@ pub fn gid_ipv4(gid: &[u8; 16]) -> Option<[u8; 4]> {
         .then(|| [gid[12], gid[13], gid[14], gid[15]])
 }
 
-/// Sets `dst` to `addrs` without repeats, in their order; whether that
-/// changed it.
-fn set_unique(dst: &mut Vec<[u8; 4]>, addrs: &[[u8; 4]]) -> bool {
-    let before = core::mem::take(dst);
+/// Sets `dst` to `addrs` without repeats, in their order.
+fn set_unique(dst: &mut Vec<[u8; 4]>, addrs: &[[u8; 4]]) {
+    dst.clear();
     for a in addrs {
         if !dst.contains(a) {
             dst.push(*a);
         }
     }
-    *dst != before
 }
 
 /// Linux `iboe_get_mtu`: the largest IB MTU (`enum ib_mtu`) that fits a
@@ -388,36 +386,29 @@ impl crate::Mlx4IbDev {
         addrs: &[[u8; 4]],
         neigh: &[([u8; 4], [u8; 6])],
     ) -> Result<()> {
+        // The table is written when what it should hold differs from what
+        // was last written (`update_gids`), so a write that failed is tried
+        // again at the next sync.
         let Some(vid) = vlan else {
-            let mut changed = self.prune_roce_vlans(port)?;
+            self.prune_roce_vlans(port)?;
             let rp = self.roce_port_mut(port)?;
             if rp.neigh != neigh {
                 rp.neigh.clear();
                 rp.neigh.extend_from_slice(neigh);
             }
-            changed |= set_unique(&mut rp.ipv4, addrs);
-            return if changed {
-                self.update_gids(port)
-            } else {
-                Ok(())
-            };
+            set_unique(&mut rp.ipv4, addrs);
+            return self.update_gids(port);
         };
         let Some(index) = self.dev.find_cached_vlan(port, vid) else {
             // Not (or no longer) registered: no GIDs for it.
-            return if self.prune_roce_vlans(port)? {
-                self.update_gids(port)
-            } else {
-                Ok(())
-            };
+            self.prune_roce_vlans(port)?;
+            return self.update_gids(port);
         };
         let index = u8::try_from(index).map_err(|_| Error::Inval("VLAN index above 255"))?;
         let rp = self.roce_port_mut(port)?;
-        // A new VLAN's link-local GID is new to the table.
-        let mut changed = false;
         let v = match rp.vlans.iter().position(|v| v.vid == vid) {
             Some(i) => &mut rp.vlans[i],
             None => {
-                changed = true;
                 rp.vlans.push(RoceVlan {
                     vid,
                     index,
@@ -428,23 +419,18 @@ impl crate::Mlx4IbDev {
                 &mut rp.vlans[last]
             }
         };
-        changed |= v.index != index;
         v.index = index;
         if v.neigh != neigh {
             v.neigh.clear();
             v.neigh.extend_from_slice(neigh);
         }
-        changed |= set_unique(&mut v.ipv4, addrs);
-        if changed {
-            self.update_gids(port)
-        } else {
-            Ok(())
-        }
+        set_unique(&mut v.ipv4, addrs);
+        self.update_gids(port)
     }
 
     /// Forgets the VLAN interfaces whose VID left the port's VLAN table
-    /// (mlx4_en's VLAN device went); whether any did.
-    fn prune_roce_vlans(&mut self, port: u8) -> Result<bool> {
+    /// (mlx4_en's VLAN device went).
+    fn prune_roce_vlans(&mut self, port: u8) -> Result<()> {
         let gone: Vec<u16> = self
             .roce_port(port)
             .ok_or(Error::Inval("not an Ethernet port"))?
@@ -453,12 +439,12 @@ impl crate::Mlx4IbDev {
             .map(|v| v.vid)
             .filter(|&vid| self.dev.find_cached_vlan(port, vid).is_none())
             .collect();
-        if gone.is_empty() {
-            return Ok(false);
+        if !gone.is_empty() {
+            self.roce_port_mut(port)?
+                .vlans
+                .retain(|v| !gone.contains(&v.vid));
         }
-        let rp = self.roce_port_mut(port)?;
-        rp.vlans.retain(|v| !gone.contains(&v.vid));
-        Ok(true)
+        Ok(())
     }
 
     /// The MTU of the interface on `port` (the RoCE active MTU follows it,
