@@ -185,16 +185,14 @@ impl RocePort {
 
     /// The GID table the port should have, each entry with its VLAN: the
     /// port's link-local and IPv4 GIDs, then each VLAN interface's.
-    fn wanted_gids(&self) -> Vec<([u8; 16], u16)> {
-        let mut g = Vec::with_capacity(1 + self.ipv4.len());
-        g.push((iboe_mac_vlan_to_ll(&self.mac, None), NO_VLAN));
-        g.extend(self.ipv4.iter().map(|&ip| (ipv4_gid(ip), NO_VLAN)));
-        for v in &self.vlans {
-            g.push((iboe_mac_vlan_to_ll(&self.mac, Some(v.vid)), v.vid));
-            g.extend(v.ipv4.iter().map(|&ip| (ipv4_gid(ip), v.vid)));
-        }
-        g.truncate(ROCE_MAX_GIDS);
-        g
+    fn wanted_gids(&self) -> impl Iterator<Item = ([u8; 16], u16)> + '_ {
+        let port = core::iter::once((iboe_mac_vlan_to_ll(&self.mac, None), NO_VLAN))
+            .chain(self.ipv4.iter().map(|&ip| (ipv4_gid(ip), NO_VLAN)));
+        let vlans = self.vlans.iter().flat_map(|v| {
+            core::iter::once((iboe_mac_vlan_to_ll(&self.mac, Some(v.vid)), v.vid))
+                .chain(v.ipv4.iter().map(|&ip| (ipv4_gid(ip), v.vid)))
+        });
+        port.chain(vlans).take(ROCE_MAX_GIDS)
     }
 
     /// The VLAN id of source GID `index` ([`NO_VLAN`]: the port's own, or
@@ -332,10 +330,13 @@ impl crate::Mlx4IbDev {
     /// change (ib_core then reads the table again).
     fn update_gids(&mut self, port: u8) -> Result<()> {
         let rp = self.roce_port_mut(port)?;
-        let (want, vlans): (Vec<[u8; 16]>, Vec<u16>) = rp.wanted_gids().into_iter().unzip();
-        if want == rp.gids && vlans == rp.gid_vlans && rp.gid_table_writes > 0 {
+        // What the kernel's stack asks on every pass: compared in place,
+        // nothing allocated unless the table is written.
+        let written = rp.gids.iter().copied().zip(rp.gid_vlans.iter().copied());
+        if rp.gid_table_writes > 0 && rp.wanted_gids().eq(written) {
             return Ok(());
         }
+        let (want, vlans): (Vec<[u8; 16]>, Vec<u16>) = rp.wanted_gids().unzip();
         self.dev.set_port_gid_table(port, &want)?;
         let n = want.len();
         let rp = self.roce_port_mut(port)?;
@@ -550,7 +551,7 @@ mod tests {
         global[0] = 0x20;
         assert!(rp.resolve_dmac(&global).is_err());
         rp.ipv4.push([10, 0, 0, 1]);
-        let w = rp.wanted_gids();
+        let w: Vec<_> = rp.wanted_gids().collect();
         assert_eq!(w.len(), 2);
         assert_eq!(w[1], (ipv4_gid([10, 0, 0, 1]), NO_VLAN));
         // A VLAN interface: its link-local GID names the VLAN, its IPv4
@@ -561,7 +562,7 @@ mod tests {
             ipv4: alloc::vec![[10, 5, 0, 1]],
             neigh: alloc::vec![([10, 5, 0, 2], [0, 2, 0xc9, 7, 7, 7])],
         });
-        let w = rp.wanted_gids();
+        let w: Vec<_> = rp.wanted_gids().collect();
         assert_eq!(w.len(), 4);
         assert_eq!(w[2], (iboe_mac_vlan_to_ll(&rp.mac, Some(5)), 5));
         assert_eq!(w[3], (ipv4_gid([10, 5, 0, 1]), 5));
