@@ -169,10 +169,7 @@ impl RangeAllocator {
             usize::try_from(addr - base).ok()
         };
         // No gap in the packed prefix can hold anything.
-        let mut cursor = match self.packed.checked_sub(1) {
-            Some(p) => self.used[p].0 + self.used[p].1,
-            None => 0,
-        };
+        let mut cursor = self.packed_end();
         let mut slot = None;
         for (i, &(o, l)) in self.used.iter().enumerate().skip(self.packed) {
             if let Some(start) = fit(cursor)
@@ -195,10 +192,7 @@ impl RangeAllocator {
         };
         self.used.insert(i, (start, size));
         // `i >= packed`: the prefix still holds; the new piece may extend it.
-        let mut end = match self.packed.checked_sub(1) {
-            Some(p) => self.used[p].0 + self.used[p].1,
-            None => 0,
-        };
+        let mut end = self.packed_end();
         while let Some(&(o, l)) = self.used.get(self.packed) {
             if o != end {
                 break;
@@ -209,6 +203,13 @@ impl RangeAllocator {
         self.stats.allocations += 1;
         self.stats.bytes += size;
         Ok((start, size))
+    }
+
+    /// Where the packed prefix ends (0 if it is empty).
+    fn packed_end(&self) -> usize {
+        self.packed
+            .checked_sub(1)
+            .map_or(0, |p| self.used[p].0 + self.used[p].1)
     }
 
     /// Releases the piece that starts at `offset`; false if there is none.
