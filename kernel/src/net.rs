@@ -191,12 +191,11 @@ pub fn en_netdevs() -> alloc::vec::Vec<EnNetdev> {
     with_stack(|s| {
         s.links()
             .filter_map(|(id, name)| {
-                let l = s.link(id).filter(|l| l.kind() == net::LinkKind::Ether)?;
-                let (h, port) = l.rdma_port()?;
+                let r = s.roce_link(id)?;
                 Some(EnNetdev {
-                    dev: ib_core::DeviceId(h),
-                    port,
-                    vlan: l.vlan().map(|(v, _)| v),
+                    dev: ib_core::DeviceId(r.dev),
+                    port: r.port,
+                    vlan: r.vlan,
                     name: name.to_string(),
                     addrs: s.addrs(id).iter().map(|c| c.address().octets()).collect(),
                 })
@@ -250,31 +249,20 @@ pub fn roce_sync(s: &NetStack, core: &mut IbCore) {
     let mut scratch = SCRATCH.lock();
     let (addrs, neigh) = &mut *scratch;
     for (id, _) in s.links() {
-        let Some(((h, port), vlan)) = s
-            .link(id)
-            .filter(|l| l.kind() == net::LinkKind::Ether)
-            .and_then(|l| Some((l.rdma_port()?, l.vlan().map(|(v, _)| v))))
-        else {
+        let Some(r) = s.roce_link(id) else {
             continue;
         };
-        addrs.clear();
-        addrs.extend(s.addrs(id).iter().map(|c| c.address().octets()));
-        neigh.clear();
-        s.neighbours(id, &mut |n| {
-            if let Some(mac) = n
-                .lladdr
-                .and_then(|m| <[u8; 6]>::try_from(m.as_bytes()).ok())
-            {
-                neigh.push((n.addr.octets(), mac));
-            }
-        });
+        s.roce_addrs(id, addrs, neigh);
         if let Some(m) = core
-            .device_mut(ib_core::device::DeviceId(h))
+            .device_mut(ib_core::device::DeviceId(r.dev))
             .and_then(|d| d.provider_as::<mlx4_ib::Mlx4IbDev>())
-            && let Err(e) = m.sync_roce_netdev(port, vlan, addrs, neigh)
+            && let Err(e) = m.sync_roce_netdev(r.port, r.vlan, addrs, neigh)
             && !ROCE_SYNC_WARNED.swap(true, Ordering::Relaxed)
         {
-            log::warn!("RoCE port {port}: its GIDs and neighbours not updated: {e}");
+            log::warn!(
+                "RoCE port {}: its GIDs and neighbours not updated: {e}",
+                r.port
+            );
         }
     }
 }

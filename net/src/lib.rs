@@ -37,4 +37,4 @@ pub use link::{HwAddr, Ipv4Address, Link, LinkKind, LinkStats, NeighState, Neigh
 pub use loopback::Loopback;
 pub use smoltcp;
 pub use smoltcp::wire::Ipv4Cidr;
-pub use stack::{Egress, Error, LinkId, SocketRef, Stack};
+pub use stack::{Egress, Error, LinkId, RoceLink, SocketRef, Stack};

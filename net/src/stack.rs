@@ -40,6 +40,17 @@ use crate::route::{Proto, Route, Routes, Table};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LinkId(pub u32);
 
+/// An Ethernet link's RDMA side ([`Stack::roce_link`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoceLink {
+    /// The owner's handle of the RDMA device ([`Link::rdma_port`]).
+    pub dev: u32,
+    /// Its port.
+    pub port: u8,
+    /// The link's VLAN id, for a VLAN device.
+    pub vlan: Option<u16>,
+}
+
 /// What went wrong, in iproute2's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Error {
@@ -297,6 +308,42 @@ impl<C: ?Sized> Stack<C> {
                 i.arp.for_each(self.now_us, f);
             }
         }
+    }
+
+    /// The RDMA port behind Ethernet link `id` (RoCE) and the link's VLAN:
+    /// what a RoCE GID entry is keyed by, as Linux's GID cache keys it by
+    /// netdev. `None` for a link of another kind or with no RDMA port.
+    pub fn roce_link(&self, id: LinkId) -> Option<RoceLink> {
+        let l = self.link(id).filter(|l| l.kind() == LinkKind::Ether)?;
+        let (dev, port) = l.rdma_port()?;
+        Some(RoceLink {
+            dev,
+            port,
+            vlan: l.vlan().map(|(v, _)| v),
+        })
+    }
+
+    /// What RoCE follows of link `id`: its IPv4 addresses (the GIDs) into
+    /// `addrs` and its neighbours with a MAC into `neigh`, both cleared
+    /// first. The caller keeps the two between calls, so a pass that runs
+    /// on every poll allocates nothing once they have grown.
+    pub fn roce_addrs(
+        &self,
+        id: LinkId,
+        addrs: &mut Vec<[u8; 4]>,
+        neigh: &mut Vec<([u8; 4], [u8; 6])>,
+    ) {
+        addrs.clear();
+        addrs.extend(self.addrs(id).iter().map(|c| c.address().octets()));
+        neigh.clear();
+        self.neighbours(id, &mut |n| {
+            if let Some(mac) = n
+                .lladdr
+                .and_then(|m| <[u8; 6]>::try_from(m.as_bytes()).ok())
+            {
+                neigh.push((n.addr.octets(), mac));
+            }
+        });
     }
 
     /// Sends an ARP request for `ip` on Ethernet link `id` from our address

@@ -136,6 +136,14 @@ fn ethernet_link_resolves_by_arp_and_shows_the_neighbour() {
         ip_out(&mut p.a, "neigh show dev ib0").unwrap(),
         "10.0.0.2 dev ib0 lladdr 02:00:00:00:00:02 REACHABLE\n"
     );
+    // What RoCE would follow of it: the address and the neighbour's MAC
+    // (the buffers are cleared first); no RDMA port behind this wire.
+    let id = p.a.links().find(|l| l.1 == "ib0").unwrap().0;
+    let (mut addrs, mut neigh) = (vec![[9; 4]], vec![([9; 4], [9; 6])]);
+    p.a.roce_addrs(id, &mut addrs, &mut neigh);
+    assert_eq!(addrs, [[10, 0, 0, 1]]);
+    assert_eq!(neigh, [([10, 0, 0, 2], [2, 0, 0, 0, 0, 2])]);
+    assert_eq!(p.a.roce_link(id), None);
     // 31 s later it is stale, past 60 s gone (smoltcp's cache lifetime).
     for _ in 0..310 {
         p.now += 100_000;

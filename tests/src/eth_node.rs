@@ -106,33 +106,15 @@ impl EthNode {
         let now = now_us(&self.g.core);
         w += usize::from(self.stack.poll(now, &mut self.g.core));
         let links: Vec<LinkId> = self.stack.links().map(|(id, _)| id).collect();
+        let (mut addrs, mut neigh) = (Vec::new(), Vec::new());
         for id in links {
-            let Some(vlan) = self
-                .stack
-                .link(id)
-                .filter(|l| l.rdma_port().is_some())
-                .map(|l| l.vlan().map(|(v, _)| v))
-            else {
+            let Some(r) = self.stack.roce_link(id) else {
                 continue;
             };
-            let addrs: Vec<[u8; 4]> = self
-                .stack
-                .addrs(id)
-                .iter()
-                .map(|c| c.address().octets())
-                .collect();
-            let mut neigh = Vec::new();
-            self.stack.neighbours(id, &mut |n| {
-                if let Some(mac) = n
-                    .lladdr
-                    .and_then(|m| <[u8; 6]>::try_from(m.as_bytes()).ok())
-                {
-                    neigh.push((n.addr.octets(), mac));
-                }
-            });
+            self.stack.roce_addrs(id, &mut addrs, &mut neigh);
             self.mlx4_ib()
-                .sync_roce_netdev(1, vlan, &addrs, &neigh)
-                .expect("RoCE port 1");
+                .sync_roce_netdev(r.port, r.vlan, &addrs, &neigh)
+                .expect("RoCE port");
         }
         let cma = self.cma;
         w + self.with_net(|core, net| cma::net_poll(core, cma, net))
