@@ -123,16 +123,17 @@ fn processes_with(needle: &str) -> Vec<String> {
             continue;
         }
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        if stat
+        let state = stat
             .rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        {
+            .and_then(|(_, r)| r.trim_start().chars().next())
+            .unwrap_or('?');
+        if state == 'Z' {
             continue;
         }
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.contains(needle) {
-            found.push(format!("{pid}: {cmd}"));
+            found.push(format!("{pid} ({state}): {cmd}"));
         }
     }
     found
@@ -324,7 +325,11 @@ fn nothing_is_left_behind_after_a_guest_crash_or_ctrl_c() {
     let id = run_id(&r.stderr).expect("OpenSM ran");
     assert_nothing_left(&id);
 
-    // Ctrl-C at the terminal: SIGINT to the whole foreground group.
+    // Ctrl-C at the terminal: SIGINT to the whole foreground group. What
+    // the script says goes to a file, for the report if it does not end.
+    let said = root().join(format!("target/tmp/ctrl-c-{}.stderr", std::process::id()));
+    std::fs::create_dir_all(said.parent().unwrap()).unwrap();
+    let err = std::fs::File::create(&said).unwrap();
     let mut child = Command::new(root().join("run-qemu.sh"))
         .args([
             "--no-build",
@@ -337,7 +342,7 @@ fn nothing_is_left_behind_after_a_guest_crash_or_ctrl_c() {
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(err)
         .process_group(0)
         .spawn()
         .expect("run-qemu.sh runs");
@@ -363,14 +368,30 @@ fn nothing_is_left_behind_after_a_guest_crash_or_ctrl_c() {
             break s;
         }
         if t.elapsed() > Duration::from_secs(15) {
+            // Which of the run's processes hold it up (the script, QEMU
+            // under timeout, cx3-emu, OpenSM), then what the script said.
+            let mut left: Vec<String> = [format!("cx3-{id}-node"), format!("fabric/run-{id}")]
+                .iter()
+                .flat_map(|n| processes_with(n))
+                .collect();
+            left.sort();
+            left.dedup();
+            let script = std::fs::read_to_string(format!("/proc/{id}/wchan")).unwrap_or_default();
+            left.push(format!("{id}: run-qemu.sh, waiting in {script:?}"));
             let _ = child.kill();
             let _ = child.wait();
-            panic!("run-qemu.sh did not end within 15 s of Ctrl-C");
+            panic!(
+                "run-qemu.sh did not end within 15 s of Ctrl-C; still running:\n{}\n\
+                 its stderr:\n{}",
+                left.join("\n"),
+                std::fs::read_to_string(&said).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success(), "interrupted: {status:?}");
     assert_nothing_left(&id);
+    let _ = std::fs::remove_file(&said);
 }
 
 /// Issue 21, item 1: stray MADs from a guest to the SM's LID. `ib_write_bw
