@@ -8,9 +8,10 @@
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #   scripts/fuzz.sh --smoke          # CI: clippy on the fuzz crate, build every
-#                                    # target and replay each seed corpus once (a
+#                                    # target, replay each seed corpus once and
+#                                    # the fixed crashes in fuzz/findings (a
 #                                    # target that no longer builds, has a clippy
-#                                    # warning, or crashes on a seed, fails)
+#                                    # warning, or crashes on one, fails)
 #
 # Environment: FUZZ_SANITIZER (none by default; address for ASan, slower),
 # FUZZ_ARGS (more libFuzzer flags, e.g. "-jobs=2 -workers=2" or
@@ -107,6 +108,16 @@ for t in "${targets[@]}"; do
         failed=1
         grep -E 'panicked|ERROR: libFuzzer|Test unit written' "$log" | head -5 | sed 's/^/    /' || true
     fi
+    # The crashes found and fixed (fuzz/findings/TARGET-*), each on a
+    # fresh rig as it is replayed by hand: a fix undone fails the smoke.
+    found=(fuzz/findings/"$t"-*)
+    if [ $smoke = 1 ] && [ -f "${found[0]}" ] &&
+        ! LEGOIB_FUZZ_FRESH=1 "$bindir/$t" "${found[@]}" >"$log.findings" 2>&1; then
+        failed=1
+        echo "    a crash in fuzz/findings is back:"
+        grep -E 'Running:|panicked|ERROR: libFuzzer' "$log.findings" | head -5 | sed 's/^/    /' || true
+    fi
+    rm -f "$log.findings"
     if [ -n "${FUZZ_LOGDIR:-}" ]; then
         mkdir -p "$FUZZ_LOGDIR"
         cp "$log" "$FUZZ_LOGDIR/$t.log"

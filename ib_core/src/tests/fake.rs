@@ -345,10 +345,15 @@ fn fake_sma(h: &mut FakeHca, port: u8, in_mad: &Mad, out: &mut Mad) -> MadResult
                 d[32] = p.state as u8;
             }
             (method::SET, attr::PORT_INFO) => {
-                // Snooped like mlx4_ib: a new LID raises LID_CHANGE.
+                // Snooped like mlx4_ib: a new LID raises LID_CHANGE. A
+                // port's LID is unicast: a multicast or the permissive
+                // LID is an invalid value, refused with the port left as
+                // it was (as the model's switch SMA refuses it).
                 let d = in_mad.smp_data();
                 let lid = u16::from_be_bytes([d[16], d[17]]);
-                if lid != p.lid {
+                if lid >= 0xc000 {
+                    st = status::INVALID_ATTRIB_VALUE;
+                } else if lid != p.lid {
                     p.lid = lid;
                     h.events.push_back(Event::port(EventType::LidChange, port));
                 }

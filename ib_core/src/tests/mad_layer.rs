@@ -974,3 +974,42 @@ fn a_trap_of_the_local_sma_is_forwarded_to_the_sm() {
     let c = r.core.mad_counters(r.a, 1).unwrap();
     assert_eq!((c.traps_forwarded, c.consumed), (1, 1), "{c:?}");
 }
+
+/// Found by the `mad_recv` fuzz target: a LID-routed SubnSet(PortInfo)
+/// from the peer that gave B the permissive LID 0xFFFF left B unreachable
+/// (B's answers to it looped back to B itself). A port's LID is unicast:
+/// B's SMA refuses a multicast or permissive one and keeps its LID, and
+/// its PMA answers at that LID.
+#[test]
+fn a_port_info_set_with_a_multicast_or_permissive_lid_is_refused() {
+    let mut r = rig();
+    let smi = r
+        .core
+        .register_mad_agent(r.a, 1, QpType::Smi, None, 0)
+        .unwrap();
+    let gsi = r
+        .core
+        .register_mad_agent(r.a, 1, QpType::Gsi, None, 0)
+        .unwrap();
+    for bad in [0xffff_u16, 0xc000, 0xfffe] {
+        let mut m = Mad::new_request(class::SUBN_LID_ROUTED, 1, method::SET, attr::PORT_INFO, 0);
+        m.smp_data_mut()[16..18].copy_from_slice(&bad.to_be_bytes());
+        let mut buf = MadSendBuf::new(m, to_lid(B_LID), 0);
+        buf.timeout_ms = 50;
+        let (done, resp) = r.core.send_mad_wait(smi, buf, WAIT).unwrap();
+        assert_eq!(done.status, WcStatus::Success, "LID {bad:#x}");
+        let resp = resp.expect("B's SMA answers");
+        assert_eq!(
+            resp.mad.status(),
+            status::INVALID_ATTRIB_VALUE,
+            "LID {bad:#x}"
+        );
+        assert_eq!(lock(&r.world).hcas[1].ports[0].lid, B_LID, "LID {bad:#x}");
+    }
+    let m = Mad::new_request(class::PERF_MGMT, 1, method::GET, attr::PORT_COUNTERS, 0);
+    let mut buf = MadSendBuf::new(m, to_lid(B_LID), 1);
+    buf.timeout_ms = 50;
+    let (done, resp) = r.core.send_mad_wait(gsi, buf, WAIT).unwrap();
+    assert_eq!(done.status, WcStatus::Success);
+    assert!(resp.is_some(), "B's PMA answers at its LID");
+}
