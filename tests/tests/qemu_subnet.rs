@@ -330,7 +330,12 @@ fn nothing_is_left_behind_after_a_guest_crash_or_ctrl_c() {
     let said = root().join(format!("target/tmp/ctrl-c-{}.stderr", std::process::id()));
     std::fs::create_dir_all(said.parent().unwrap()).unwrap();
     let err = std::fs::File::create(&said).unwrap();
-    let mut child = Command::new(root().join("run-qemu.sh"))
+    // A terminal's foreground job has SIGINT at its default; a test run
+    // from a background job of a script inherits it ignored, and a shell
+    // cannot trap a signal ignored when it started. `env` puts it back.
+    let mut child = Command::new("env")
+        .arg("--default-signal=INT")
+        .arg(root().join("run-qemu.sh"))
         .args([
             "--no-build",
             "--nodes",
