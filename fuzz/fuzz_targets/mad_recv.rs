@@ -255,12 +255,22 @@ fn run(input: Input) {
             }
         }
     }
-    // Every request ends (timeouts of at most 7 ms, two retries).
-    for _ in 0..40 {
+    // Every request ends. A plain one within 21 ms (timeouts of at most
+    // 7 ms, two retries); an RMPP transfer may take longer, since an ACK
+    // that moves its window on restores its retries (as Linux's
+    // mad_rmpp.c does). An AH is destroyed when its send ends, so the wait
+    // is over, after the 40 ms a plain one may take, when none is left;
+    // one still there after a simulated second is a send that never ends,
+    // and the check below reports it.
+    for ms in 0..1000 {
         r.core.poll();
         r.clock.advance(Duration::from_millis(1));
         for g in agents {
             while r.core.mad_poll_agent(g).is_some() {}
+        }
+        let w = lock(&r.world);
+        if ms >= 40 && w.hcas.iter().all(|h| h.ahs.iter().all(|a| a.is_none())) {
+            break;
         }
     }
     {

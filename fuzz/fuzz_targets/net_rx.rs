@@ -1,16 +1,17 @@
 //! The `net` crate's receive path: packets of any bytes arriving on a link (IP over an IPoIB-kind link, or Ethernet frames), through the stack's receive checks into smoltcp, with a TCP listener, the echo services, neighbours and routes in place, the clock moving on between packets.
 //!
 //! Packets come in over the in-memory wire the crate's own tests use: the
-//! fuzzer is the peer. Structure: an IPv4 header the input's fields fill
-//! (checksum right unless asked otherwise) in front of a payload, or raw
-//! bytes. Checks: nothing panics or loops; the counters stay readable.
+//! fuzzer is the peer, and reads what the stack sends back (a TCP segment
+//! may follow the stack's sequence numbers). Structure: an IPv4 header the
+//! input's fields fill (checksum right unless asked otherwise) in front of
+//! a payload, or raw bytes. Checks: nothing panics or loops; the counters stay readable.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use net::wire;
-use net::{LinkKind, Stack};
+use net::{Link, LinkKind, Stack};
 
 #[derive(Arbitrary, Debug)]
 enum Pkt {
@@ -63,12 +64,17 @@ enum Payload {
         rest: Vec<u8>,
     },
     /// A TCP segment to port 7 or the listener (ports, flags, seq, ack,
-    /// window, data offset as given).
+    /// window, data offset as given). With `follow`, seq and ack follow
+    /// the last segment the stack sent (seq = what it acknowledged + the
+    /// first, ack = its seq + the second), as a peer's TCP would: a
+    /// handshake and the data path are then within a few mutations
+    /// instead of a guess of the stack's 32-bit ISN.
     Tcp {
         sport: u16,
         to_listener: bool,
         seq: u32,
         ack: u32,
+        follow: Option<(u8, u16)>,
         off_flags: u16,
         win: u16,
         opts_data: Vec<u8>,
@@ -102,7 +108,39 @@ fn csum(b: &[u8]) -> u16 {
 const US: [u8; 4] = [10, 0, 0, 1];
 const PEER: [u8; 4] = [10, 0, 0, 2];
 
-fn ipv4(p: &Pkt) -> Vec<u8> {
+/// The stack's last TCP segment as the peer heard it: its sequence
+/// number and its acknowledgement.
+#[derive(Clone, Copy, Default)]
+struct Heard {
+    seq: u32,
+    ack: u32,
+}
+
+/// Reads what the stack sent to the peer's end, keeping the last TCP
+/// segment's numbers.
+fn hear(b: &mut wire::WireEnd, ether: bool, last: &mut Heard) {
+    let mut buf = [0u8; 2100];
+    while let Some(n) = Link::<()>::receive(b, &mut (), &mut buf) {
+        let ip = match (ether, &buf[..n]) {
+            (true, f) if f.len() > 14 && f[12..14] == [8, 0] => &f[14..],
+            (true, _) => continue,
+            (false, f) => f,
+        };
+        if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != 6 {
+            continue;
+        }
+        let ihl = usize::from(ip[0] & 15) * 4;
+        if let Some(t) = ip.get(ihl..ihl + 20) {
+            let be = |o: usize| u32::from_be_bytes([t[o], t[o + 1], t[o + 2], t[o + 3]]);
+            *last = Heard {
+                seq: be(4),
+                ack: be(8),
+            };
+        }
+    }
+}
+
+fn ipv4(p: &Pkt, heard: Heard) -> Vec<u8> {
     let Pkt::Ipv4 {
         tos,
         total_len,
@@ -132,10 +170,18 @@ fn ipv4(p: &Pkt) -> Vec<u8> {
             to_listener,
             seq,
             ack,
+            follow,
             off_flags,
             win,
             opts_data,
         } => {
+            let (seq, ack) = match follow {
+                Some((ds, da)) => (
+                    heard.ack.wrapping_add(u32::from(*ds)),
+                    heard.seq.wrapping_add(u32::from(*da)),
+                ),
+                None => (*seq, *ack),
+            };
             let mut b = Vec::new();
             b.extend_from_slice(&sport.to_be_bytes());
             b.extend_from_slice(&(if *to_listener { 5000u16 } else { 7 }).to_be_bytes());
@@ -217,7 +263,8 @@ fuzz_target!(|input: Input| {
         LinkKind::Infiniband
     };
     let mtu = if input.ether { 1500 } else { 2044 };
-    let (a, _b, w) = wire::pair(kind, mtu);
+    let (a, mut b, w) = wire::pair(kind, mtu);
+    let mut heard = Heard::default();
     let mut s = Stack::new(0);
     let ia = s.add_link("ib0", Box::new(a)).expect("link");
     s.add_addr(ia, net::config::parse_cidr("10.0.0.1/24").unwrap())
@@ -243,7 +290,7 @@ fuzz_target!(|input: Input| {
                 b.extend_from_slice(tpa);
                 b
             }
-            ip => ipv4(ip),
+            ip => ipv4(ip, heard),
         };
         if input.ether {
             // Ethernet header: to us (or broadcast for ARP), from the peer.
@@ -265,6 +312,7 @@ fuzz_target!(|input: Input| {
         w.inject(0, &bytes);
         now += u64::from(*dt) * 10;
         s.poll(now, &mut ());
+        hear(&mut b, input.ether, &mut heard);
     }
     for _ in 0..8 {
         now += 100_000;

@@ -34,6 +34,11 @@ enum Step {
     },
     Bar0(u32, u32),
     Doorbell(u32, u32),
+    /// An EQ created as Linux's `mlx4_create_eq` does (pages, MTT,
+    /// SW2HW_EQ with a valid context), for the raw commands after it to
+    /// map, query, arm and destroy: a valid EQ context out of raw bytes
+    /// took millions of executions.
+    Eq { eqn: u8, log_nent: u8 },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -77,8 +82,17 @@ fuzz_target!(|input: Input| {
 
 fn run(r: &mut Raw, input: &Input) {
     let (inbox, outbox) = (r.inbox.bus_addr().0, r.outbox.bus_addr().0);
+    // At most two EQs per input: their pages stay with the rig for its
+    // 100 inputs.
+    let mut eqs = 0;
     for step in input.steps.iter().take(32) {
         match step {
+            Step::Eq { eqn, log_nent } => {
+                if eqs < 2 {
+                    eqs += 1;
+                    let _ = create_eq(r, u32::from(*eqn) % 32, log_nent % 8);
+                }
+            }
             Step::Cmd {
                 op,
                 known,
