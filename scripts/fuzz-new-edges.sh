@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Which edges a fuzz run found late, and where they are in our source
-# (fuzz/README.md "Coverage that still grows"): reads a libFuzzer log of a
+# (fuzz/README.md "Where coverage still grew"): reads a libFuzzer log of a
 # run made with -print_pcs=1 and ASLR off, and prints, for every new edge
 # found at or after execution FROM (0 by default), the execution, the
 # address and the innermost source line of ours (not the standard library
@@ -49,9 +49,9 @@ found=$(awk -v from="$from" '
     exit 0
 }
 printf '%-10s %-10s %s\n' exec offset 'our innermost line (function)'
-# addr2line -i prints, per address, its frames from the innermost inlined
-# one out (function line, then file:line line); a blank marker address
-# after each separates them. The first frame in our tree is the edge's.
+# addr2line -i prints an address's frames from the innermost inlined one
+# out, each as a function line then a file:line line. The first frame in
+# our tree (not under a target/ directory) names the edge.
 while read -r e pc; do
     printf '%s %x\n' "$e" $((pc - base))
 done <<<"$found" | while read -r e off; do

@@ -4,7 +4,8 @@
 //! fuzzer is the peer, and reads what the stack sends back (a TCP segment
 //! may follow the stack's sequence numbers). Structure: an IPv4 header the
 //! input's fields fill (checksum right unless asked otherwise) in front of
-//! a payload, or raw bytes. Checks: nothing panics or loops; the counters stay readable.
+//! a payload, or raw bytes. Checks: nothing panics or loops; the counters
+//! stay readable.
 
 #![no_main]
 
