@@ -39,8 +39,10 @@ impl Cmd {
 struct Input {
     /// Bytes written over the answers: (command, offset, value).
     patches: Vec<(Cmd, u16, u8)>,
-    /// The n-th command fails with a status.
-    fail: Option<(u8, u8)>,
+    /// The n-th command fails with a status (up to three: an undo path
+    /// whose own commands fail, such as UNMAP_ICM while a table is put
+    /// back after a later step failed, needs two).
+    fail: Vec<(u8, u8)>,
     aux_pages: Option<u16>,
     /// Profile: log2 of the QP count (8 + this % 4).
     qp_log: u8,
@@ -56,8 +58,9 @@ fuzz_target!(|input: Input| {
             .collect(),
         fail: input
             .fail
-            .map(|(n, s)| (usize::from(n), s))
-            .into_iter()
+            .iter()
+            .take(3)
+            .map(|&(n, s)| (usize::from(n), s))
             .collect(),
         aux_pages: input.aux_pages.map(u64::from),
     };

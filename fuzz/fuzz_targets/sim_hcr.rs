@@ -38,7 +38,28 @@ enum Step {
     /// SW2HW_EQ with a valid context), for the raw commands after it to
     /// map, query, arm and destroy: a valid EQ context out of raw bytes
     /// took millions of executions.
-    Eq { eqn: u8, log_nent: u8 },
+    Eq {
+        eqn: u8,
+        log_nent: u8,
+    },
+    /// A command on one of the EQs this input created, its number in the
+    /// input modifier as Linux puts it: MAP_EQ (an event mask, the unmap
+    /// bit), QUERY_EQ or HW2SW_EQ. Raw commands name an existing EQ once
+    /// in 2^27 tries with the unmap bit right; HW2SW_EQ's success path
+    /// (every mapped event unmapped first) took 5 million executions.
+    OnEq {
+        which: bool,
+        op: EqOp,
+        mask: u64,
+        unmap: bool,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+enum EqOp {
+    Map,
+    Query,
+    Hw2Sw,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -84,14 +105,34 @@ fn run(r: &mut Raw, input: &Input) {
     let (inbox, outbox) = (r.inbox.bus_addr().0, r.outbox.bus_addr().0);
     // At most two EQs per input: their pages stay with the rig for its
     // 100 inputs.
-    let mut eqs = 0;
+    let mut eqs = Vec::new();
     for step in input.steps.iter().take(32) {
         match step {
             Step::Eq { eqn, log_nent } => {
-                if eqs < 2 {
-                    eqs += 1;
-                    let _ = create_eq(r, u32::from(*eqn) % 32, log_nent % 8);
+                if eqs.len() < 2 {
+                    let eqn = u32::from(*eqn) % 32;
+                    let _ = create_eq(r, eqn, log_nent % 8);
+                    eqs.push(eqn);
                 }
+            }
+            Step::OnEq {
+                which,
+                op,
+                mask,
+                unmap,
+            } => {
+                let Some(&eqn) = eqs.get(usize::from(*which) % eqs.len().max(1)) else {
+                    continue;
+                };
+                let res = match op {
+                    EqOp::Map => r.post(*mask, 0, eqn | u32::from(*unmap) << 31, 0, Opcode::MAP_EQ),
+                    EqOp::Query => r.post(0, outbox, eqn, 0, Opcode::QUERY_EQ),
+                    EqOp::Hw2Sw => r.post(0, outbox, eqn, 0, Opcode::HW2SW_EQ),
+                };
+                assert!(
+                    !matches!(res, Err(CmdError::Timeout) | Err(CmdError::Busy)),
+                    "{op:?} on EQ {eqn} -> {res:?}"
+                );
             }
             Step::Cmd {
                 op,

@@ -22,6 +22,18 @@ enum DestQp {
     Raw(u32),
 }
 
+/// The BTH PSN: near the one the RC QP's responder expects next (its
+/// `rnr_nextrecvpsn` as QUERY_QP reports it), from three behind (the
+/// duplicates a requester's retry sends) to three ahead (a sequence
+/// error), or any. A raw 24-bit PSN hits the expected one once in 16
+/// million: the responder's in-sequence paths for RDMA and atomics took
+/// millions of executions.
+#[derive(Arbitrary, Debug)]
+enum Psn {
+    Near(i8),
+    Raw(u32),
+}
+
 #[derive(Arbitrary, Debug)]
 enum Pkt {
     Built {
@@ -29,7 +41,7 @@ enum Pkt {
         dest: DestQp,
         dlid_self: bool,
         slid: u16,
-        psn: u32,
+        psn: Psn,
         pkey: u16,
         ack_req: bool,
         qkey: u32,
@@ -82,6 +94,19 @@ fn reset_qps(a: &mut Hca, rc: &mut Qp, ud: &mut Qp, mr: &Mr) {
         rc.post_recv(&[mr.sge(i * 4096, 4096)]);
         ud.post_recv(&[mr.sge(16384 + i * 4096, 4096)]);
     }
+}
+
+/// The PSN `qpn`'s responder expects next, from QUERY_QP (0 if the
+/// command fails: the QP may be in error after the packets).
+fn expected_psn(a: &mut Hca, qpn: u32) -> u32 {
+    use sim::hca::ctx::qpc;
+    // The output mailbox holds the optional-parameter mask (8 bytes),
+    // then the QP context.
+    let at = 8 + qpc::RNR_NEXTRECVPSN;
+    a.r.cmd_out(qpn, 0, sim::Opcode::QUERY_QP)
+        .ok()
+        .and_then(|out| out.get(at..at + 4)?.try_into().ok())
+        .map_or(0, |b| u32::from_be_bytes(b) & 0xff_ffff)
 }
 
 fn make() -> Rig {
@@ -183,7 +208,12 @@ fn run(rig: &mut Rig, pkts: &[Pkt]) {
                     DestQp::Qp1 => 1,
                     DestQp::Raw(v) => v & 0xff_ffff,
                 };
-                h.bth.psn = psn & 0xff_ffff;
+                h.bth.psn = match psn {
+                    Psn::Near(d) => {
+                        expected_psn(a, rc.qpn).wrapping_add_signed(i32::from(*d % 4)) & 0xff_ffff
+                    }
+                    Psn::Raw(v) => v & 0xff_ffff,
+                };
                 h.bth.ack_req = *ack_req;
                 if let Some(d) = h.deth.as_mut() {
                     d.qkey = *qkey;
