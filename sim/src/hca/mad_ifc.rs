@@ -532,8 +532,10 @@ fn port_info_set(p: &mut Port, d: &[u8], ext_speeds: bool) -> Result<(), u16> {
         .state
         .set_by_sm(get8(d, 32) & 0xf)
         .ok_or(mad_status::INVALID_FIELD)?;
+    // A port's LID is unicast: multicast LIDs and the permissive LID are
+    // refused (as the SMAs of qib and ipath, in software in Linux, do).
     let lid = get16(d, 16);
-    if lid >= 0xc000 && lid != 0xffff {
+    if lid >= 0xc000 {
         return Err(mad_status::INVALID_FIELD);
     }
     p.mkey = get64(d, 0);

@@ -159,6 +159,28 @@ fn port_trains_after_init_port_and_the_sm_path_activates_it() {
     assert_eq!(r.cmd(0, 3, 0, Opcode::INIT_PORT), st(Status::BAD_PARAM));
 }
 
+/// A port's LID is a unicast LID: an SM setting a multicast LID or the
+/// permissive LID 0xFFFF gets "invalid attribute value" and the port keeps
+/// its LID (the SMAs Linux implements in software, qib's and ipath's,
+/// refuse both the same way; the switch's SMA here does too).
+#[test]
+fn a_port_info_set_with_a_multicast_or_permissive_lid_is_refused() {
+    let mut r = Raw::new();
+    init_full(&mut r).unwrap();
+    r.cmd(0, 1, 0, Opcode::INIT_PORT).unwrap();
+    let mut d = port_info(&mut r, 1);
+    d[32] &= 0xf0; // PortState: no state change
+    d[16..18].copy_from_slice(&7u16.to_be_bytes());
+    let out = mad(&mut r, &smp_set(0x0015, 1, &d), 1, 3).unwrap();
+    assert_eq!(&out[4..6], &[0, 0], "a unicast LID is taken");
+    for lid in [0xc000u16, 0xfffe, 0xffff] {
+        d[16..18].copy_from_slice(&lid.to_be_bytes());
+        let out = mad(&mut r, &smp_set(0x0015, 1, &d), 1, 3).unwrap();
+        assert_eq!(&out[4..6], &[0, 0x1c], "LID {lid:#06x}");
+        assert_eq!(r.sim.port_lid(1), Some(7), "LID {lid:#06x} not applied");
+    }
+}
+
 #[test]
 fn link_down_and_up_and_the_sm_moves_the_logical_state_by_the_rules() {
     let mut r = Raw::new();
