@@ -118,24 +118,29 @@ struct Heard {
 }
 
 /// Reads what the stack sent to the peer's end, keeping the last TCP
-/// segment's numbers.
+/// segment's numbers (smoltcp's own parsers read the frames).
 fn hear(b: &mut wire::WireEnd, ether: bool, last: &mut Heard) {
+    use net::smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
     let mut buf = [0u8; 2100];
     while let Some(n) = Link::<()>::receive(b, &mut (), &mut buf) {
-        let ip = match (ether, &buf[..n]) {
-            (true, f) if f.len() > 14 && f[12..14] == [8, 0] => &f[14..],
-            (true, _) => continue,
-            (false, f) => f,
+        let ip = if ether {
+            match EthernetFrame::new_checked(&buf[..n]) {
+                Ok(f) if f.ethertype() == EthernetProtocol::Ipv4 => f.payload(),
+                _ => continue,
+            }
+        } else {
+            &buf[..n]
         };
-        if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != 6 {
+        let Ok(ip) = Ipv4Packet::new_checked(ip) else {
+            continue;
+        };
+        if ip.next_header() != IpProtocol::Tcp {
             continue;
         }
-        let ihl = usize::from(ip[0] & 15) * 4;
-        if let Some(t) = ip.get(ihl..ihl + 20) {
-            let be = |o: usize| u32::from_be_bytes([t[o], t[o + 1], t[o + 2], t[o + 3]]);
+        if let Ok(t) = TcpPacket::new_checked(ip.payload()) {
             *last = Heard {
-                seq: be(4),
-                ack: be(8),
+                seq: t.seq_number().0 as u32,
+                ack: t.ack_number().0 as u32,
             };
         }
     }
