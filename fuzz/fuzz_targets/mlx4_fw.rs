@@ -40,8 +40,7 @@ struct Input {
     /// Bytes written over the answers: (command, offset, value).
     patches: Vec<(Cmd, u16, u8)>,
     /// The n-th command fails with a status (up to three: an undo path
-    /// whose own commands fail, such as UNMAP_ICM while a table is put
-    /// back after a later step failed, needs two).
+    /// whose own command fails needs two).
     fail: Vec<(u8, u8)>,
     aux_pages: Option<u16>,
     /// Profile: log2 of the QP count (8 + this % 4).
