@@ -65,8 +65,8 @@ enum Payload {
         rest: Vec<u8>,
     },
     /// A TCP segment to port 7 or the listener (ports, seq, ack and
-    /// window as given; flags a peer sends, or any with the data offset). With `follow`, seq and ack follow
-    /// the last segment the stack sent (seq = what it acknowledged + the
+    /// window as given; flags a peer sends, or any with the data offset).
+    /// With `follow`, seq and ack follow the last segment the stack sent (seq = what it acknowledged + the
     /// first, ack = its seq + the second), as a peer's TCP would: a
     /// handshake and the data path are then within a few mutations
     /// instead of a guess of the stack's 32-bit ISN.
