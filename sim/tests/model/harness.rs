@@ -676,11 +676,16 @@ pub fn create_qp(r: &mut Raw, qpn: u32, st: u8, cqn: u32) -> R<Queue> {
     Ok(q)
 }
 
+/// Linux's whole bring-up: [`init`], then [`init_after_hca`].
+pub fn init_full(r: &mut Raw) -> R<(Queue, Queue)> {
+    init(r)?;
+    init_after_hca(r)
+}
+
 /// The rest of Linux's bring-up after INIT_HCA: async + completion EQ,
 /// MAP_EQ, arm, NOP, CONF_SPECIAL_QP, port caps via MAD_IFC, SET_PORT.
-pub fn init_full(r: &mut Raw) -> R<(Queue, Queue)> {
+pub fn init_after_hca(r: &mut Raw) -> R<(Queue, Queue)> {
     use profile::*;
-    init(r)?;
     let comp = create_eq(r, FIRST_EQ, 6)?;
     let asy = create_eq(r, FIRST_EQ + 1, 9)?;
     r.cmd(ASYNC_MASK, FIRST_EQ + 1, 0, Opcode::MAP_EQ)?;
