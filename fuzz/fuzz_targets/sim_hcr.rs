@@ -92,30 +92,17 @@ thread_local! {
 /// room for the input's EQs; a larger arena costs more to build than
 /// the runs of its inputs.
 fn make() -> Raw {
-    let mut r = Raw::cfg(legoib_fuzz::sim_cfg(0, 8 << 20));
-    // Claimed as a driver's probe claims it (the semaphore survives resets).
-    let _ = r.bar0.read_be32(0x8_069c);
+    let mut r = legoib_fuzz::new_card(0, 8 << 20);
     r.timeout = std::time::Duration::from_secs(2);
     r
 }
 
-/// Resets the card and brings it to `start`. The second and third
-/// campaigns kept one card's state from input to input (fuzz/README.md):
-/// an input's coverage then depended on the inputs before it, and a
-/// corpus replayed to fewer edges than the run that built it (2,049 of
-/// 2,243). The reset clears everything the card holds, as on the card;
-/// the pages it was given go back to the pool, so the next bring-up gets
-/// the same addresses; the logs and the output mailbox (an input may
-/// hand it to a command as its input) start empty. Replayed on one card
-/// and on a new card per input, a corpus then covers the same edges but
-/// for the new cards' drop code.
+/// Resets the card and brings it to `start` (`legoib_fuzz::reset_card`
+/// says why every input starts from a reset). Replayed on one card and
+/// on a new card per input, a corpus covers the same edges, but for the
+/// new cards' drop code.
 fn start(r: &mut Raw, start: Start) {
-    reset(r);
-    // Last first: the pool keeps its pieces sorted, so this frees each at
-    // the end of its list (in order, 1,400 pages took a fifth of the run).
-    while r.keep.pop().is_some() {}
-    r.icm.clear();
-    r.next_mtt = 16;
+    legoib_fuzz::reset_card(r);
     let _ = match start {
         Start::Reset => Ok(()),
         Start::Firmware => load_fw_no_reset(r),
@@ -124,8 +111,6 @@ fn start(r: &mut Raw, start: Start) {
             .and_then(|()| init_after_hca(r).map(drop)),
     };
     r.sim.take_violations();
-    r.sim.take_dma_faults();
-    r.outbox.fill(0, 4096, 0);
 }
 
 fuzz_target!(|input: Input| {

@@ -78,3 +78,58 @@ pub fn persistent<R: 'static>(
         }
     });
 }
+
+/// A new model card (the default one with `dma` bytes of DMA memory),
+/// claimed as a driver's probe claims it; the claim survives resets.
+pub fn new_card(node_guid: u64, dma: usize) -> harness::Raw {
+    claimed(sim::SimHca::new(sim_cfg(node_guid, dma)))
+}
+
+/// A poster over `sim`, the card claimed as a driver's probe claims it.
+pub fn claimed(sim: sim::SimHca) -> harness::Raw {
+    let r = harness::Raw::with(sim);
+    let _ = r.bar0.read_be32(0x8_069c);
+    r
+}
+
+/// Resets a card a rig used before, as a driver's probe after a reset
+/// finds it, and empties its poster: the pages the card was given go
+/// back to the pool (last first: the pool keeps its pieces sorted, and in
+/// order, freeing a bring-up's pages was a fifth of a run), so the next
+/// bring-up gets the same addresses; MTT and ICM bookkeeping start again;
+/// the logs and the output mailbox (an input may hand it to a command)
+/// start empty.
+///
+/// The model's targets start every input here: when a rig kept its card
+/// from input to input, what an input covered depended on the inputs
+/// before it, and a corpus replayed to fewer edges than the run that
+/// built it (fuzz/README.md, third campaign).
+pub fn reset_card(r: &mut harness::Raw) {
+    harness::reset(r);
+    while r.keep.pop().is_some() {}
+    r.icm.clear();
+    r.next_mtt = 16;
+    r.sim.take_violations();
+    r.sim.take_dma_faults();
+    r.outbox.fill(0, 4096, 0);
+}
+
+/// [`reset_card`], then Linux's bring-up up to the ports, as
+/// [`poster::Hca::bare`] does (ports still closed).
+pub fn bare_again(mut r: harness::Raw) -> poster::Hca {
+    use harness::profile::{FIRST_CQ, FIRST_MPT};
+    reset_card(&mut r);
+    harness::load_fw_no_reset(&mut r).expect("RUN_FW after a reset");
+    harness::init_after_fw_pub(&mut r).expect("INIT_HCA after a reset");
+    let (comp, asy) = harness::init_after_hca(&mut r).expect("EQs and ports after a reset");
+    poster::Hca {
+        r,
+        comp,
+        asy,
+        next_cqn: FIRST_CQ,
+        next_mpt: FIRST_MPT,
+        async_ci: 0,
+        comp_ci: 0,
+        lid: 0,
+    }
+}

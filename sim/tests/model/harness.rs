@@ -239,6 +239,28 @@ impl Raw {
             .collect()
     }
 
+    /// Allocates `n` pages as naturally aligned blocks of up to 64 pages
+    /// (Linux's ICM chunks are at most 256 KiB, and `mlx4_map_cmd` names
+    /// each by its log2 size), keeps them, and returns the MAP_FA /
+    /// MAP_ICM_AUX entries that name them.
+    pub fn page_blocks(&mut self, n: usize) -> Vec<PageEntry> {
+        let mut entries = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let log = left.ilog2().min(6);
+            let bytes = 4096 << log;
+            let b = self.pool.alloc(bytes, bytes).unwrap();
+            entries.push(PageEntry {
+                va: 0,
+                pa: b.bus_addr().0,
+                log_size: log as u8,
+            });
+            self.keep.push(b);
+            left -= 1 << log;
+        }
+        entries
+    }
+
     /// Sends a page list (MAP_FA/MAP_ICM_AUX/MAP_ICM) in chunks of 256.
     pub fn map_pages(&mut self, op: Opcode, entries: &[PageEntry]) -> R {
         for chunk in entries.chunks(256) {
@@ -399,15 +421,7 @@ pub fn load_fw(r: &mut Raw) -> R {
 pub fn load_fw_no_reset(r: &mut Raw) -> R {
     let fw = r.cmd_out(0, 0, Opcode::QUERY_FW)?;
     let fw_pages = u16::from_be_bytes([fw[0], fw[1]]) as usize;
-    let pas = r.pages(fw_pages);
-    let e: Vec<_> = pas
-        .iter()
-        .map(|&pa| PageEntry {
-            va: 0,
-            pa,
-            log_size: 0,
-        })
-        .collect();
+    let e = r.page_blocks(fw_pages);
     r.map_pages(Opcode::MAP_FA, &e)?;
     r.cmd(0, 0, 0, Opcode::RUN_FW)
 }
@@ -456,15 +470,7 @@ fn init_before_hca(r: &mut Raw) -> R {
     r.cmd_out(1, 0, Opcode::QUERY_PORT)?;
     r.cmd_out(2, 0, Opcode::QUERY_PORT)?;
     let aux = r.cmd_imm(ICM_SIZE, 0, 0, Opcode::SET_ICM_SIZE)?;
-    let pas = r.pages(aux as usize);
-    let e: Vec<_> = pas
-        .iter()
-        .map(|&pa| PageEntry {
-            va: 0,
-            pa,
-            log_size: 0,
-        })
-        .collect();
+    let e = r.page_blocks(aux as usize);
     r.map_pages(Opcode::MAP_ICM_AUX, &e)?;
     // cMPT for QPs, SRQs, CQs, EQs (the first objects of each), then the
     // context tables, in mlx4_init_icm's order.
