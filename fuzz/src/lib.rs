@@ -49,10 +49,12 @@ pub fn sim_cfg(node_guid: u64, dma: usize) -> sim::SimConfig {
     }
 }
 
-/// Runs `f` on a rig kept across inputs (the model's bring-up costs tens
-/// of milliseconds, a run of an input well under one), built by `make` on
-/// first use, every `every` inputs, and for every input when
+/// Runs `f` on a rig kept across inputs (a new model card costs more than
+/// a run of an input: its registers and DMA memory are zeroed), built by
+/// `make` on first use, every `every` inputs, and for every input when
 /// `LEGOIB_FUZZ_FRESH` is set (to replay or minimise a crash on its own).
+/// The model's targets reset the card at the start of every input
+/// ([`reset_card`]).
 /// A rig whose run panicked is never reused: the process ends anyway; one
 /// for which `f` returns false is built again for the next input.
 pub fn persistent<R: 'static>(
