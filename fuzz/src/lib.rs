@@ -119,19 +119,9 @@ pub fn reset_card(r: &mut harness::Raw) {
 /// [`reset_card`], then Linux's bring-up up to the ports, as
 /// [`poster::Hca::bare`] does (ports still closed).
 pub fn bare_again(mut r: harness::Raw) -> poster::Hca {
-    use harness::profile::{FIRST_CQ, FIRST_MPT};
     reset_card(&mut r);
     harness::load_fw_no_reset(&mut r).expect("RUN_FW after a reset");
     harness::init_after_fw_pub(&mut r).expect("INIT_HCA after a reset");
-    let (comp, asy) = harness::init_after_hca(&mut r).expect("EQs and ports after a reset");
-    poster::Hca {
-        r,
-        comp,
-        asy,
-        next_cqn: FIRST_CQ,
-        next_mpt: FIRST_MPT,
-        async_ci: 0,
-        comp_ci: 0,
-        lid: 0,
-    }
+    let eqs = harness::init_after_hca(&mut r).expect("EQs and ports after a reset");
+    poster::Hca::brought_up(r, eqs)
 }

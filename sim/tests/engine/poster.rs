@@ -437,7 +437,13 @@ impl Hca {
     /// [`Hca::bare`] over a poster built already (a device in another
     /// process: [`Raw::over`]).
     pub fn bare_raw(mut r: Raw) -> Hca {
-        let (comp, asy) = harness::init_full(&mut r).unwrap();
+        let eqs = harness::init_full(&mut r).unwrap();
+        Self::brought_up(r, eqs)
+    }
+
+    /// The poster over a card brought up to the ports already, with `comp`
+    /// and `asy` its completion and async EQs; no CQ, MPT or LID yet.
+    pub fn brought_up(r: Raw, (comp, asy): (harness::Queue, harness::Queue)) -> Hca {
         Hca {
             r,
             comp,

@@ -44,16 +44,7 @@ pub fn bring_up(sim: SimHca, eth: [bool; 2]) -> Hca {
             r.cmd_in(&sp, u32::from(port), 0, Opcode::SET_PORT).unwrap();
         }
     }
-    Hca {
-        r,
-        comp,
-        asy,
-        next_cqn: FIRST_CQ,
-        next_mpt: FIRST_MPT,
-        async_ci: 0,
-        comp_ci: 0,
-        lid: 0,
-    }
+    Hca::brought_up(r, (comp, asy))
 }
 
 /// SET_PORT flavour `sub` (op_mod 1) of `port` with mailbox `b`.
