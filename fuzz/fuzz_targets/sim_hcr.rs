@@ -1,4 +1,4 @@
-//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere), on a card just reset, with its firmware running, or fully initialised with EQs, CQs and QPs (the input says which), with register stores to BAR0 and doorbells on BAR2 between them.
+//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere), on a card just reset, with its firmware running, or brought up as Linux does with its EQs and ports (the input says which), with register stores to BAR0 and doorbells on BAR2 between them.
 //!
 //! Every command must complete (GO clears: no hang, no busy HCR left
 //! behind), with a status or a violation recorded; no panic; the card
