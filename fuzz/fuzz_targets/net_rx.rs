@@ -66,10 +66,11 @@ enum Payload {
     },
     /// A TCP segment to port 7 or the listener (ports, seq, ack and
     /// window as given; flags a peer sends, or any with the data offset).
-    /// With `follow`, seq and ack follow the last segment the stack sent (seq = what it acknowledged + the
-    /// first, ack = its seq + the second), as a peer's TCP would: a
-    /// handshake and the data path are then within a few mutations
-    /// instead of a guess of the stack's 32-bit ISN.
+    /// With `follow`, seq and ack follow the last segment the stack sent
+    /// (seq = what it acknowledged + the first, ack = its seq + the
+    /// second), as a peer's TCP would: a handshake and the data path are
+    /// then within a few mutations instead of a guess of the stack's
+    /// 32-bit ISN.
     Tcp {
         sport: u16,
         to_listener: bool,
@@ -105,14 +106,20 @@ enum Flags {
 }
 
 impl Flags {
+    /// The header's 16 bits of data offset and flags (RFC 793 bit order).
     fn off_flags(self) -> u16 {
         const OFF5: u16 = 5 << 12;
+        const FIN: u16 = 1 << 0;
+        const SYN: u16 = 1 << 1;
+        const RST: u16 = 1 << 2;
+        const PSH: u16 = 1 << 3;
+        const ACK: u16 = 1 << 4;
         match self {
-            Flags::Syn => OFF5 | 0x002,
-            Flags::Ack => OFF5 | 0x010,
-            Flags::PshAck => OFF5 | 0x018,
-            Flags::FinAck => OFF5 | 0x011,
-            Flags::Rst => OFF5 | 0x004,
+            Flags::Syn => OFF5 | SYN,
+            Flags::Ack => OFF5 | ACK,
+            Flags::PshAck => OFF5 | PSH | ACK,
+            Flags::FinAck => OFF5 | FIN | ACK,
+            Flags::Rst => OFF5 | RST,
             Flags::Raw(v) => v,
         }
     }
