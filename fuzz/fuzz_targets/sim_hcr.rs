@@ -1,4 +1,4 @@
-//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere), on a card just reset, with its firmware running, or brought up as Linux does with its EQs and ports (the input says which), with register stores to BAR0 and doorbells on BAR2 between them.
+//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere) and of resources created with the contexts Linux writes, one field tweaked (EQs, CQs, SRQs, MPTs, QPs through their transitions, multicast groups), on a card just reset, with its firmware running, or brought up as Linux does with its EQs and ports (the input says which), with register stores to BAR0 and doorbells on BAR2 between them.
 //!
 //! Every command must complete (GO clears: no hang, no busy HCR left
 //! behind), with a status or a violation recorded; no panic; the card
@@ -13,8 +13,10 @@
 
 use arbitrary::Arbitrary;
 use legoib_fuzz::harness::*;
+use legoib_fuzz::poster::MboxExt;
 use libfuzzer_sys::fuzz_target;
 use sim::Opcode;
+use sim::hca::fw::mcg::{BLCK_LB, Entry, encode};
 
 #[derive(Arbitrary, Debug)]
 enum Param {
@@ -58,6 +60,148 @@ enum Step {
         mask: u64,
         unmap: bool,
     },
+    /// A CQ created as Linux's `mlx4_cq_alloc` does (pages, MTT, doorbell
+    /// record, SW2HW_CQ) on the bring-up's completion or async EQ, with
+    /// its context tweaked.
+    Cq {
+        n: u8,
+        log_nent: u8,
+        async_eq: bool,
+        tweak: Tweak,
+    },
+    /// An SRQ as Linux's `mlx4_srq_alloc` creates it (SW2HW_SRQ).
+    Srq {
+        n: u8,
+        log_size: u8,
+        log_stride: u8,
+        tweak: Tweak,
+    },
+    /// A memory region (or a physical one) as `mlx4_mr_enable` writes
+    /// its dMPT entry (SW2HW_MPT), over MTT entries of its own.
+    Mpt {
+        n: u8,
+        physical: bool,
+        access: u8,
+        len: u16,
+        tweak: Tweak,
+    },
+    /// A QP taken from RST to INIT with the RST2INIT mailbox Linux writes
+    /// (buffer, MTT, doorbell record, this input's CQ and SRQ).
+    Qp {
+        n: u8,
+        st: St,
+        srq: bool,
+        tweak: Tweak,
+    },
+    /// A transition or query on one of this input's QPs, with the
+    /// mailbox Linux writes for it: a raw command names such a QP only by
+    /// chance, and a transition's checks start after a valid context
+    /// (after 10^7 raw executions, QP transitions were still where the
+    /// coverage grew: fuzz/README.md, fourth campaign).
+    OnQp {
+        which: u8,
+        op: QpOp,
+        optpar: Option<u32>,
+        tweak: Tweak,
+    },
+    /// A query, destroy or modify on one of this input's CQs, SRQs or
+    /// MPTs.
+    On {
+        kind: Kind,
+        which: u8,
+        op: ResOp,
+    },
+    /// The multicast table: MGID_HASH, READ_MCG, and WRITE_MCG of a group
+    /// of this input's QPs where its MGID hashes, in the overflow area, or
+    /// anywhere.
+    Mcg {
+        mgid: u8,
+        at: McgAt,
+        members: Vec<u8>,
+        next: u8,
+        write: bool,
+        tweak: Tweak,
+    },
+}
+
+/// Up to three big-endian dwords written over a context Linux would
+/// write: a valid context out of raw bytes takes millions of executions,
+/// and one field wrong in a valid context is what the card's checks are
+/// there for.
+#[derive(Arbitrary, Debug)]
+struct Tweak(Vec<(u8, u32)>);
+
+impl Tweak {
+    fn apply(&self, b: &mut [u8]) {
+        let dwords = b.len() / 4;
+        for (k, v) in self.0.iter().take(3) {
+            let o = usize::from(*k) % dwords * 4;
+            b[o..o + 4].copy_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// Service types (the QP context's `st` field).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum St {
+    Rc,
+    Uc,
+    Ud,
+    Mlx,
+    Raw(u8),
+}
+
+impl St {
+    fn code(self) -> u8 {
+        match self {
+            St::Rc => 0,
+            St::Uc => 1,
+            St::Ud => 3,
+            St::Mlx => 7,
+            St::Raw(v) => v & 0xf,
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum QpOp {
+    Init2Init,
+    Init2Rtr,
+    Rtr2Rts,
+    Rts2Rts,
+    Rts2Sqd { event: bool },
+    Sqd2Sqd,
+    Sqd2Rts,
+    Sqerr2Rts,
+    ToErr,
+    ToRst,
+    Query,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Kind {
+    Cq,
+    Srq,
+    Mpt,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum ResOp {
+    Query,
+    Hw2Sw,
+    /// ARM_SRQ's limit, MODIFY_CQ's moderation (count, period) or resize
+    /// (log size); nothing for an MPT.
+    Modify(u16),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum McgAt {
+    /// The index MGID_HASH answers for the group's MGID.
+    Hash,
+    /// An entry of the overflow area.
+    Overflow(u8),
+    /// Any index, the table's end and beyond included.
+    Index(u16),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -125,8 +269,16 @@ fn run(r: &mut Raw, input: &Input) {
     let (inbox, outbox) = (r.inbox.bus_addr().0, r.outbox.bus_addr().0);
     // At most two EQs per input.
     let mut eqs = Vec::new();
+    let mut made = Made::default();
     for step in input.steps.iter().take(32) {
         match step {
+            Step::Cq { .. }
+            | Step::Srq { .. }
+            | Step::Mpt { .. }
+            | Step::Qp { .. }
+            | Step::OnQp { .. }
+            | Step::On { .. }
+            | Step::Mcg { .. } => structured(r, &mut made, step),
             Step::Eq { eqn, log_nent } => {
                 if eqs.len() < 2 {
                     let eqn = u32::from(*eqn) % 32;
@@ -148,10 +300,7 @@ fn run(r: &mut Raw, input: &Input) {
                     EqOp::Query => r.post(0, outbox, eqn, 0, Opcode::QUERY_EQ),
                     EqOp::Hw2Sw => r.post(0, outbox, eqn, 0, Opcode::HW2SW_EQ),
                 };
-                assert!(
-                    !matches!(res, Err(CmdError::Timeout) | Err(CmdError::Busy)),
-                    "{op:?} on EQ {eqn} -> {res:?}"
-                );
+                completed(&res, format_args!("{op:?} on EQ {eqn}"));
             }
             Step::Cmd {
                 op,
@@ -182,10 +331,7 @@ fn run(r: &mut Raw, input: &Input) {
                     Param::Raw(v) => *v,
                 };
                 let res = r.post(p(in_param), p(out_param), *in_mod, op_mod & 0xf, op);
-                assert!(
-                    !matches!(res, Err(CmdError::Timeout) | Err(CmdError::Busy)),
-                    "{op} -> {res:?}"
-                );
+                completed(&res, op);
             }
             Step::Bar0(off, v) => {
                 let off = (*off as usize % (1 << 20)) & !3;
@@ -203,8 +349,314 @@ fn run(r: &mut Raw, input: &Input) {
         r.sim.take_violations();
     }
     let res = r.post(0, 0, 0x1f, 0, Opcode::NOP);
+    completed(&res, "NOP at the end");
+}
+
+/// Every command completes: a status, never a hang or a busy HCR.
+fn completed<T: std::fmt::Debug>(res: &R<T>, what: impl std::fmt::Display) {
     assert!(
         !matches!(res, Err(CmdError::Timeout) | Err(CmdError::Busy)),
-        "NOP at the end: {res:?}"
+        "{what} -> {res:?}"
     );
+}
+
+/// What this input created, by number: at most four of each kind.
+#[derive(Default)]
+struct Made {
+    cqs: Vec<u32>,
+    srqs: Vec<u32>,
+    mpts: Vec<u32>,
+    /// QPN and service type.
+    qps: Vec<(u32, u8)>,
+}
+
+fn pick<T: Copy>(v: &[T], which: u8) -> Option<T> {
+    (!v.is_empty()).then(|| v[usize::from(which) % v.len()])
+}
+
+/// A resource number: mostly one of the eight after the reserved ones
+/// (where a driver's allocator starts), else one of sixteen spread over
+/// the whole table, its reserved entries and its last included.
+fn number(n: u8, first: u32, log: u8) -> u32 {
+    if n < 0xf0 {
+        first + u32::from(n % 8)
+    } else {
+        u32::from(n & 0xf) * ((1 << log) - 1) / 15
+    }
+}
+
+/// Linux's scheduling queue byte of a QP on port 1 (a special QP's own).
+fn sched(qpn: u32, st: u8) -> u8 {
+    if st == 7 && (profile::BASE_SQPN..profile::BASE_SQPN + 2).contains(&qpn) {
+        0x3f
+    } else {
+        0x83
+    }
+}
+
+/// The structured steps: resources created with the contexts Linux
+/// writes (tweaked), and commands on them by their numbers. Their
+/// buffers stay small: a few pages each, at most four of a kind.
+fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
+    use profile::*;
+    let p = 0x18;
+    match step {
+        Step::Cq {
+            n,
+            log_nent,
+            async_eq,
+            tweak,
+        } => {
+            if made.cqs.len() >= 4 {
+                return;
+            }
+            let cqn = number(*n, FIRST_CQ, LOG_CQS);
+            let log = log_nent % 10;
+            let Ok(q) = queue(r, (32usize << log).div_ceil(4096)) else {
+                return;
+            };
+            let db = r.pages(1)[0];
+            let eqn = FIRST_EQ + u32::from(*async_eq);
+            let mut ctx = cq_ctx(log, UAR, eqn as u8, q.mtt, db);
+            tweak.apply(&mut ctx);
+            let res = r.cmd_in(&ctx, cqn, 0, Opcode::SW2HW_CQ);
+            completed(&res, format_args!("SW2HW_CQ {cqn}"));
+            if res.is_ok() {
+                made.cqs.push(cqn);
+            }
+        }
+        Step::Srq {
+            n,
+            log_size,
+            log_stride,
+            tweak,
+        } => {
+            if made.srqs.len() >= 4 {
+                return;
+            }
+            let srqn = number(*n, FIRST_SRQ, LOG_SRQS);
+            // WQEs of 16..512 bytes, at most 16 KiB in all.
+            let stride = 4 + log_stride % 6;
+            let log = (log_size % 16).min(14 - stride);
+            let Ok(q) = queue(r, (1usize << (log + stride)).div_ceil(4096)) else {
+                return;
+            };
+            let db = r.pages(1)[0];
+            let mut ctx = srq_ctx(srqn, log, stride - 4, PD, q.mtt, db);
+            tweak.apply(&mut ctx);
+            let res = r.cmd_in(&ctx, srqn, 0, Opcode::SW2HW_SRQ);
+            completed(&res, format_args!("SW2HW_SRQ {srqn}"));
+            if res.is_ok() {
+                made.srqs.push(srqn);
+            }
+        }
+        Step::Mpt {
+            n,
+            physical,
+            access,
+            len,
+            tweak,
+        } => {
+            if made.mpts.len() >= 4 {
+                return;
+            }
+            let idx = number(*n, FIRST_MPT, LOG_MPTS);
+            let len = u64::from(*len % 0x4000) + 1;
+            let Ok(q) = queue(r, len.div_ceil(4096) as usize) else {
+                return;
+            };
+            let mut e = mpt_entry(idx, PD, *physical, q.pages[0], len, q.mtt);
+            let flags = u32::from_be_bytes([e[0], e[1], e[2], e[3]]) | u32::from(*access) << 10;
+            e[0..4].copy_from_slice(&flags.to_be_bytes());
+            tweak.apply(&mut e);
+            let res = r.cmd_in(&e, idx, 0, Opcode::SW2HW_MPT);
+            completed(&res, format_args!("SW2HW_MPT {idx}"));
+            if res.is_ok() {
+                made.mpts.push(idx);
+            }
+        }
+        Step::Qp { n, st, srq, tweak } => {
+            if made.qps.len() >= 4 {
+                return;
+            }
+            let st = st.code();
+            let qpn = if st == 7 && *n < 0xf0 {
+                BASE_SQPN + u32::from(n % 4)
+            } else {
+                number(*n, BASE_SQPN + 8, LOG_QPS)
+            };
+            let srqn = if *srq { pick(&made.srqs, *n) } else { None };
+            let cqn = pick(&made.cqs, *n).unwrap_or(FIRST_CQ);
+            // 64 x 64-byte SQ WQEs and 64 x 16-byte RQ WQEs: two pages.
+            let Ok(q) = queue(r, 2) else {
+                return;
+            };
+            let db = r.pages(1)[0];
+            let msgmax = if st == 3 || st == 7 { 12 } else { 31 };
+            let mut m = rst2init(qpn, st, PD, cqn, q.mtt, db)
+                .u8(0x08, 5 << 5 | msgmax)
+                .u8(p + 0x20, sched(qpn, st))
+                .u32(0x90, 1 << 15 | 1 << 14 | 1 << 13);
+            if let Some(srqn) = srqn {
+                m = m.u8(0x09, 0).u32(0xac, 1 << 24 | srqn);
+            }
+            tweak.apply(&mut m.0);
+            let res = r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP);
+            completed(&res, format_args!("RST2INIT_QP {qpn}"));
+            if res.is_ok() {
+                made.qps.push((qpn, st));
+            }
+        }
+        Step::OnQp {
+            which,
+            op,
+            optpar,
+            tweak,
+        } => {
+            let Some((qpn, st)) = pick(&made.qps, *which) else {
+                return;
+            };
+            let msgmax = if st == 3 || st == 7 { 12 } else { 31 };
+            // The peer of a connected QP: another of this input's, or itself.
+            let dqpn = pick(&made.qps, which.wrapping_add(1)).map_or(qpn, |q| q.0);
+            let (code, mut m, mut in_mod) = match op {
+                QpOp::Init2Init => (Opcode::INIT2INIT_QP, QpMbox::new(1, st), qpn),
+                QpOp::Init2Rtr => {
+                    let m = QpMbox::new(2, st)
+                        .u8(0x08, 5 << 5 | msgmax)
+                        .u32(0x14, dqpn)
+                        .u16be(p + 6, 1)
+                        .u8(p + 8, 10 << 3)
+                        .u8(p + 0x20, sched(qpn, st))
+                        .u32(0x90, 1 << 15 | 1 << 14 | 1 << 13)
+                        .u32(0x94, 1 << 24 | 0x100)
+                        .optpar(1 << 16);
+                    (Opcode::INIT2RTR_QP, m, qpn)
+                }
+                QpOp::Rtr2Rts => {
+                    let m = QpMbox::new(3, st)
+                        .u32(0x70, 7 << 16 | 7 << 13)
+                        .u8(p + 8, 10 << 3)
+                        .u32(0x78, 0x100);
+                    (Opcode::RTR2RTS_QP, m, qpn)
+                }
+                QpOp::Rts2Rts => (Opcode::RTS2RTS_QP, QpMbox::new(3, st), qpn),
+                QpOp::Rts2Sqd { event } => (
+                    Opcode::RTS2SQD_QP,
+                    QpMbox::new(5, st),
+                    qpn | u32::from(*event) << 31,
+                ),
+                QpOp::Sqd2Sqd => (Opcode::SQD2SQD_QP, QpMbox::new(5, st), qpn),
+                QpOp::Sqd2Rts => (Opcode::SQD2RTS_QP, QpMbox::new(3, st), qpn),
+                QpOp::Sqerr2Rts => (Opcode::SQERR2RTS_QP, QpMbox::new(3, st), qpn),
+                QpOp::ToErr => (Opcode::ERR_QP, QpMbox::new(6, st), qpn),
+                QpOp::ToRst => {
+                    let res = r.cmd(0, qpn, 2, Opcode::RST_QP);
+                    completed(&res, format_args!("2RST_QP {qpn}"));
+                    return;
+                }
+                QpOp::Query => {
+                    let res = r.cmd_out(qpn, 0, Opcode::QUERY_QP);
+                    completed(&res, format_args!("QUERY_QP {qpn}"));
+                    return;
+                }
+            };
+            if let Some(v) = optpar {
+                m = m.optpar(*v);
+            }
+            tweak.apply(&mut m.0);
+            in_mod &= 0x80ff_ffff;
+            let res = r.cmd_in(&m.0, in_mod, 0, code);
+            completed(&res, format_args!("{code} {qpn}"));
+        }
+        Step::On { kind, which, op } => {
+            let (list, query, hw2sw) = match kind {
+                Kind::Cq => (&made.cqs, Opcode::QUERY_CQ, Opcode::HW2SW_CQ),
+                Kind::Srq => (&made.srqs, Opcode::QUERY_SRQ, Opcode::HW2SW_SRQ),
+                Kind::Mpt => (&made.mpts, Opcode::QUERY_MPT, Opcode::HW2SW_MPT),
+            };
+            let Some(n) = pick(list, *which) else {
+                return;
+            };
+            let res = match (op, kind) {
+                (ResOp::Query, _) => r.cmd_out(n, 0, query).map(drop),
+                // Linux destroys without a mailbox (opcode modifier 1);
+                // with one, the card writes the context back.
+                (ResOp::Hw2Sw, _) if *which & 0x80 != 0 => r.cmd_out(n, 0, hw2sw).map(drop),
+                (ResOp::Hw2Sw, _) => r.cmd(0, n, 1, hw2sw),
+                (ResOp::Modify(v), Kind::Srq) => r.cmd(u64::from(*v), n, 0, Opcode::ARM_SRQ),
+                (ResOp::Modify(v), Kind::Cq) if *v & 0x8000 != 0 => {
+                    // Resize: a new buffer of 2^log entries.
+                    let log = (*v % 10) as u8;
+                    let Ok(q) = queue(r, (32usize << log).div_ceil(4096)) else {
+                        return;
+                    };
+                    let mut b = vec![0u8; 64];
+                    b[0x0c] = log;
+                    b[0x1c..0x20].copy_from_slice(&((q.mtt * 8) as u32).to_be_bytes());
+                    r.cmd_in(&b, n, 0, Opcode::MODIFY_CQ)
+                }
+                (ResOp::Modify(v), Kind::Cq) => {
+                    // Moderation: a count and a period.
+                    let mut b = vec![0u8; 64];
+                    b[0x10..0x14].copy_from_slice(&[0, *v as u8, 0, (*v >> 8) as u8]);
+                    r.cmd_in(&b, n, 1, Opcode::MODIFY_CQ)
+                }
+                (ResOp::Modify(_), Kind::Mpt) => return,
+            };
+            completed(&res, format_args!("{kind:?} {op:?} {n}"));
+        }
+        Step::Mcg {
+            mgid,
+            at,
+            members,
+            next,
+            write,
+            tweak,
+        } => {
+            let mut g = [0u8; 16];
+            g[..4].copy_from_slice(&[0xff, 0x12, 0x40, 0x1b]);
+            g[15] = *mgid;
+            r.inbox.fill(0, 4096, 0);
+            r.inbox.write_bytes(0, &g);
+            let inbox = r.inbox.bus_addr().0;
+            let hash = r.post(inbox, 0, 0, 0, Opcode::MGID_HASH);
+            completed(&hash, "MGID_HASH");
+            // The small profile's table: 256 entries, the first 128 the
+            // hash table.
+            let index = match at {
+                McgAt::Hash => hash.map_or(0, |h| h as u32),
+                McgAt::Overflow(k) => 128 + u32::from(*k) % 128,
+                McgAt::Index(i) => u32::from(*i) % 0x200,
+            };
+            let res = if *write {
+                let members = members
+                    .iter()
+                    .take(10)
+                    .map(|w| {
+                        let qpn = pick(&made.qps, *w).map_or(u32::from(*w), |q| q.0);
+                        qpn | if w & 0x80 != 0 { BLCK_LB } else { 0 }
+                    })
+                    .collect();
+                let e = Entry {
+                    next: if *next == 0 {
+                        0
+                    } else {
+                        128 + u32::from(*next) % 128
+                    },
+                    prot: 0,
+                    mgid: g,
+                    members,
+                };
+                let mut b = encode(&e, 64);
+                tweak.apply(&mut b);
+                r.cmd_in(&b, index, 0, Opcode::WRITE_MCG)
+            } else {
+                r.cmd_out(index, 0, Opcode::READ_MCG).map(drop)
+            };
+            completed(&res, format_args!("MCG {index}"));
+        }
+        // Raw commands, stores and EQs: `run`'s.
+        _ => {}
+    }
 }
