@@ -396,7 +396,9 @@ fn sched(qpn: u32, st: u8) -> u8 {
 
 /// The structured steps: resources created with the contexts Linux
 /// writes (tweaked), and commands on them by their numbers. Their
-/// buffers stay small: a few pages each, at most four of a kind.
+/// buffers stay small, a few pages each and at most four of a kind (with
+/// CQ resizes, under 1 MiB an input): the initialised card holds 5.7 MB
+/// of the 8 MiB arena.
 fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
     use profile::*;
     let p = 0x18;
