@@ -1,4 +1,4 @@
-//! RMPP reassembly: an SA GetTable answered in several segments, ACKs opening the window, duplicates, bad segments and stalled transfers.
+//! RMPP reassembly: an SA GetTable answered in several segments, ACKs opening the window, duplicates, bad segments, stalled transfers, and the cap on transfers put together at once.
 
 use std::time::Duration;
 
@@ -228,4 +228,46 @@ fn bad_segments_are_aborted_and_stalled_transfers_forgotten() {
         "{evs:?}"
     );
     assert!(lock(&r.world).hcas[0].ahs.iter().all(|a| a.is_none()));
+}
+
+#[test]
+fn a_port_puts_together_at_most_sixteen_transfers_at_once() {
+    // A flood of first segments must not grow memory without bound: a port
+    // keeps RMPP_MAX_RECVS reassemblies; a first segment beyond them is
+    // dropped, counted and not acknowledged (its sender retries or times
+    // out), and the transfers in flight still complete.
+    let mut r = rig();
+    let s = sa(&mut r);
+    let reqs: Vec<_> = (0..=RMPP_MAX_RECVS).map(|_| ask(&mut r, &s)).collect();
+    for (_, req) in &reqs {
+        send_seg(&mut r, &s, req, segment(req, 1, 2, 10));
+    }
+    let first = acks(&mut r, &s);
+    assert_eq!(first.len(), RMPP_MAX_RECVS, "{first:?}");
+    assert!(first.iter().all(|a| *a == (rmpp_type::ACK, 0, 1, 65)));
+    let c = r.core.mad_counters(r.a, 1).unwrap();
+    assert_eq!(c.rmpp_dropped, 1, "{c:?}");
+    for (_, req) in &reqs[..RMPP_MAX_RECVS] {
+        send_seg(&mut r, &s, req, segment(req, 2, 2, 10));
+    }
+    let evs: Vec<_> = std::iter::from_fn(|| r.core.mad_poll_agent(s.client)).collect();
+    let whole = |evs: &[MadEvent]| {
+        evs.iter()
+            .filter(|e| matches!(e, MadEvent::Recv(rw) if rw.rmpp_data.as_ref().map(|d| d.len()) == Some(210)))
+            .count()
+    };
+    assert_eq!(whole(&evs), RMPP_MAX_RECVS, "{evs:?}");
+    // With room again, the one dropped is taken when its sender resends.
+    let (id, req) = &reqs[RMPP_MAX_RECVS];
+    send_seg(&mut r, &s, req, segment(req, 1, 2, 10));
+    send_seg(&mut r, &s, req, segment(req, 2, 2, 10));
+    let evs: Vec<_> = std::iter::from_fn(|| r.core.mad_poll_agent(s.client)).collect();
+    assert_eq!(whole(&evs), 1, "{evs:?}");
+    assert!(
+        evs.iter().any(
+            |e| matches!(e, MadEvent::SendDone(d) if d.id == *id && d.status == WcStatus::Success)
+        ),
+        "{evs:?}"
+    );
+    assert_eq!(r.core.mad_counters(r.a, 1).unwrap().rmpp_completed, 17);
 }
