@@ -55,6 +55,12 @@ enum Step {
     /// still turned up after 8 and 9.6 million executions in the fourth
     /// campaign (fuzz/README.md).
     Again { key: KeyField, seg: Seg },
+    /// The last MAD again as the first segment of 1 to 24 new transfers,
+    /// each with a TID of its own: a port puts together at most 16
+    /// transfers at once (`RMPP_MAX_RECVS`), and seventeen `Again` steps
+    /// reached that cap only at 9.7 million executions of the fifth
+    /// campaign.
+    Flood(u8),
     /// Time passes and the core polls.
     Tick(u16),
     /// Every agent's mailbox is read.
@@ -280,6 +286,21 @@ fn run(input: Input) {
                 }
                 h.write(&mut m);
                 lock(&r.world).deliver(hca, 1, qp, Arrival::mad(&m.0, src_qp, slid));
+                last = Some((hca, qp, m, src_qp, slid));
+            }
+            Step::Flood(n) => {
+                let Some((hca, qp, mut m, src_qp, slid)) = last.take() else {
+                    continue;
+                };
+                let tid = m.tid();
+                let mut h = RmppHdr::read(&m);
+                h.seg_num = 1;
+                h.flags |= rmpp_flag::ACTIVE | rmpp_flag::FIRST;
+                h.write(&mut m);
+                for i in 1..=1 + u64::from(n % 24) {
+                    m.set_tid(tid.wrapping_add(i));
+                    lock(&r.world).deliver(hca, 1, qp, Arrival::mad(&m.0, src_qp, slid));
+                }
                 last = Some((hca, qp, m, src_qp, slid));
             }
             Step::Send {
