@@ -394,6 +394,17 @@ fn sched(qpn: u32, st: u8) -> u8 {
     }
 }
 
+/// Hands resource `n`'s context, tweaked, to the card with `op`; the
+/// input keeps `n` if the card took it.
+fn sw2hw(r: &mut Raw, made: &mut Vec<u32>, mut ctx: Vec<u8>, tweak: &Tweak, n: u32, op: Opcode) {
+    tweak.apply(&mut ctx);
+    let res = r.cmd_in(&ctx, n, 0, op);
+    completed(&res, format_args!("{op} {n}"));
+    if res.is_ok() {
+        made.push(n);
+    }
+}
+
 /// The structured steps: resources created with the contexts Linux
 /// writes (tweaked), and commands on them by their numbers. Their
 /// buffers stay small, a few pages each and at most four of a kind (with
@@ -419,13 +430,8 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             };
             let db = r.pages(1)[0];
             let eqn = FIRST_EQ + u32::from(*async_eq);
-            let mut ctx = cq_ctx(log, UAR, eqn as u8, q.mtt, db);
-            tweak.apply(&mut ctx);
-            let res = r.cmd_in(&ctx, cqn, 0, Opcode::SW2HW_CQ);
-            completed(&res, format_args!("SW2HW_CQ {cqn}"));
-            if res.is_ok() {
-                made.cqs.push(cqn);
-            }
+            let ctx = cq_ctx(log, UAR, eqn as u8, q.mtt, db);
+            sw2hw(r, &mut made.cqs, ctx, tweak, cqn, Opcode::SW2HW_CQ);
         }
         Step::Srq {
             n,
@@ -444,13 +450,8 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
                 return;
             };
             let db = r.pages(1)[0];
-            let mut ctx = srq_ctx(srqn, log, stride - 4, PD, q.mtt, db);
-            tweak.apply(&mut ctx);
-            let res = r.cmd_in(&ctx, srqn, 0, Opcode::SW2HW_SRQ);
-            completed(&res, format_args!("SW2HW_SRQ {srqn}"));
-            if res.is_ok() {
-                made.srqs.push(srqn);
-            }
+            let ctx = srq_ctx(srqn, log, stride - 4, PD, q.mtt, db);
+            sw2hw(r, &mut made.srqs, ctx, tweak, srqn, Opcode::SW2HW_SRQ);
         }
         Step::Mpt {
             n,
@@ -470,12 +471,7 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             let mut e = mpt_entry(idx, PD, *physical, q.pages[0], len, q.mtt);
             let flags = u32::from_be_bytes([e[0], e[1], e[2], e[3]]) | u32::from(*access) << 10;
             e[0..4].copy_from_slice(&flags.to_be_bytes());
-            tweak.apply(&mut e);
-            let res = r.cmd_in(&e, idx, 0, Opcode::SW2HW_MPT);
-            completed(&res, format_args!("SW2HW_MPT {idx}"));
-            if res.is_ok() {
-                made.mpts.push(idx);
-            }
+            sw2hw(r, &mut made.mpts, e, tweak, idx, Opcode::SW2HW_MPT);
         }
         Step::Qp { n, st, srq, tweak } => {
             if made.qps.len() >= 4 {
