@@ -517,7 +517,7 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             let msgmax = if st == 3 || st == 7 { 12 } else { 31 };
             // The peer of a connected QP: another of this input's, or itself.
             let dqpn = pick(&made.qps, which.wrapping_add(1)).map_or(qpn, |q| q.0);
-            let (code, mut m, mut in_mod) = match op {
+            let (code, mut m, in_mod) = match op {
                 QpOp::Init2Init => (Opcode::INIT2INIT_QP, QpMbox::new(1, st), qpn),
                 QpOp::Init2Rtr => {
                     let m = QpMbox::new(2, st)
@@ -563,7 +563,6 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
                 m = m.optpar(*v);
             }
             tweak.apply(&mut m.0);
-            in_mod &= 0x80ff_ffff;
             let res = r.cmd_in(&m.0, in_mod, 0, code);
             completed(&res, format_args!("{code} {qpn}"));
         }
