@@ -1,4 +1,4 @@
-//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere) and of resources created with the contexts Linux writes, one field tweaked (EQs, CQs, SRQs, MPTs, QPs through their transitions, multicast groups), on a card just reset, with its firmware running, or brought up as Linux does with its EQs and ports (the input says which), with register stores to BAR0 and doorbells on BAR2 between them.
+//! The model's firmware command interface: a sequence of HCR commands (any opcode, opcode modifier, input modifier, parameters pointing at a mailbox of the input's bytes or anywhere) and of resources created with the contexts Linux writes, one field tweaked (EQs, CQs, SRQs, MPTs, QPs through their transitions, multicast groups), on a card just reset, with its firmware running, or brought up as Linux does with its EQs and ports (the input says which), with register stores to BAR0, doorbells on BAR2, and a driver's posts on the input's own QPs and CQs (send WQEs and doorbells, receive WQEs and their record, CQ arms and consumer indices) between them.
 //!
 //! Every command must complete (GO clears: no hang, no busy HCR left
 //! behind), with a status or a violation recorded; no panic; the card
@@ -122,6 +122,53 @@ enum Step {
         write: bool,
         tweak: Tweak,
     },
+    /// Work on this input's own QPs and CQs as a driver posts it: a send
+    /// WQE at the SQ's producer index and the send doorbell, receive WQEs
+    /// and the RQ's doorbell record, a CQ's arm doorbell or its consumer
+    /// index. The raw `Doorbell` step names these only by chance, and the
+    /// first structured run's late edges were where the input's CQs and
+    /// QPs met the engines (fuzz/README.md, fifth campaign).
+    Post {
+        which: u8,
+        op: PostOp,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+enum PostOp {
+    /// A send WQE: the control segment (owner bit of the pass, or the
+    /// other one), the datagram segment of a UD QP (to another of this
+    /// input's QPs), the remote address of an RDMA or atomic operation,
+    /// then a data segment and the input's bytes, as much as the 64-byte
+    /// stride holds; the send doorbell after it.
+    Send {
+        opcode: u8,
+        signalled: bool,
+        wrong_owner: bool,
+        sge: Sge,
+        /// The remote key's MPT (RDMA, atomics) or the DLID (UD).
+        remote: u8,
+        tail: Vec<u8>,
+    },
+    /// Up to eight receive WQEs of one data segment (the RQ's 16-byte
+    /// stride), then the doorbell record's receive counter.
+    Recv { n: u8, sge: Sge },
+    /// The RQ doorbell record's counter, any value.
+    RqRecord(u16),
+    /// A CQ's arm doorbell (the arm record first, as `mlx4_cq_arm`
+    /// writes it): the command (1 solicited, 2 next; others are wrong)
+    /// and the sequence number.
+    Arm { cmd: u8, sn: u8 },
+    /// The CQ's consumer index moved on by this much (its record).
+    Consume(u16),
+}
+
+/// A data segment over one of this input's MPTs (or a key of none).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Sge {
+    mpt: u8,
+    off: u16,
+    len: u16,
 }
 
 /// Up to three big-endian dwords written over a context Linux would
@@ -278,7 +325,8 @@ fn run(r: &mut Raw, input: &Input) {
             | Step::Qp { .. }
             | Step::OnQp { .. }
             | Step::On { .. }
-            | Step::Mcg { .. } => structured(r, &mut made, step),
+            | Step::Mcg { .. }
+            | Step::Post { .. } => structured(r, &mut made, step),
             Step::Eq { eqn, log_nent } => {
                 if eqs.len() < 2 {
                     let eqn = u32::from(*eqn) % 32;
@@ -366,12 +414,33 @@ struct Made {
     cqs: Vec<u32>,
     srqs: Vec<u32>,
     mpts: Vec<u32>,
-    /// QPN and service type.
-    qps: Vec<(u32, u8)>,
+    qps: Vec<QpMade>,
+    /// Per CQ (as `cqs`): its doorbell record page (an index in
+    /// `Raw::keep`) and consumer index.
+    cq_db: Vec<(usize, u32)>,
+    /// Per MPT (as `mpts`): the address it starts at.
+    mpt_start: Vec<u64>,
+}
+
+/// A QP this input took to INIT.
+#[derive(Clone, Copy)]
+struct QpMade {
+    qpn: u32,
+    st: u8,
+    /// Its two buffer pages, SQ then RQ, and its doorbell record page:
+    /// indices in `Raw::keep`.
+    buf: usize,
+    db: usize,
+    sq_pi: u32,
+    rq_pi: u16,
 }
 
 fn pick<T: Copy>(v: &[T], which: u8) -> Option<T> {
-    (!v.is_empty()).then(|| v[usize::from(which) % v.len()])
+    index(v.len(), which).map(|i| v[i])
+}
+
+fn index(len: usize, which: u8) -> Option<usize> {
+    (len > 0).then(|| usize::from(which) % len)
 }
 
 /// A resource number: mostly one of the eight after the reserved ones
@@ -396,13 +465,21 @@ fn sched(qpn: u32, st: u8) -> u8 {
 
 /// Hands resource `n`'s context, tweaked, to the card with `op`; the
 /// input keeps `n` if the card took it.
-fn sw2hw(r: &mut Raw, made: &mut Vec<u32>, mut ctx: Vec<u8>, tweak: &Tweak, n: u32, op: Opcode) {
+fn sw2hw(
+    r: &mut Raw,
+    made: &mut Vec<u32>,
+    mut ctx: Vec<u8>,
+    tweak: &Tweak,
+    n: u32,
+    op: Opcode,
+) -> bool {
     tweak.apply(&mut ctx);
     let res = r.cmd_in(&ctx, n, 0, op);
     completed(&res, format_args!("{op} {n}"));
     if res.is_ok() {
         made.push(n);
     }
+    res.is_ok()
 }
 
 /// The structured steps: resources created with the contexts Linux
@@ -428,10 +505,13 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             let Ok(q) = queue(r, (32usize << log).div_ceil(4096)) else {
                 return;
             };
+            let db_k = r.keep.len();
             let db = r.pages(1)[0];
             let eqn = FIRST_EQ + u32::from(*async_eq);
             let ctx = cq_ctx(log, UAR, eqn as u8, q.mtt, db);
-            sw2hw(r, &mut made.cqs, ctx, tweak, cqn, Opcode::SW2HW_CQ);
+            if sw2hw(r, &mut made.cqs, ctx, tweak, cqn, Opcode::SW2HW_CQ) {
+                made.cq_db.push((db_k, 0));
+            }
         }
         Step::Srq {
             n,
@@ -471,7 +551,9 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             let mut e = mpt_entry(idx, PD, *physical, q.pages[0], len, q.mtt);
             let flags = u32::from_be_bytes([e[0], e[1], e[2], e[3]]) | u32::from(*access) << 10;
             e[0..4].copy_from_slice(&flags.to_be_bytes());
-            sw2hw(r, &mut made.mpts, e, tweak, idx, Opcode::SW2HW_MPT);
+            if sw2hw(r, &mut made.mpts, e, tweak, idx, Opcode::SW2HW_MPT) {
+                made.mpt_start.push(q.pages[0]);
+            }
         }
         Step::Qp { n, st, srq, tweak } => {
             if made.qps.len() >= 4 {
@@ -485,10 +567,13 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             };
             let srqn = if *srq { pick(&made.srqs, *n) } else { None };
             let cqn = pick(&made.cqs, *n).unwrap_or(FIRST_CQ);
-            // 64 x 64-byte SQ WQEs and 64 x 16-byte RQ WQEs: two pages.
+            // 64 x 64-byte SQ WQEs and 64 x 16-byte RQ WQEs: two pages,
+            // the SQ first (the larger stride).
+            let buf = r.keep.len();
             let Ok(q) = queue(r, 2) else {
                 return;
             };
+            let db_k = r.keep.len();
             let db = r.pages(1)[0];
             let msgmax = if st == 3 || st == 7 { 12 } else { 31 };
             let mut m = rst2init(qpn, st, PD, cqn, q.mtt, db)
@@ -502,7 +587,14 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             let res = r.cmd_in(&m.0, qpn, 0, Opcode::RST2INIT_QP);
             completed(&res, format_args!("RST2INIT_QP {qpn}"));
             if res.is_ok() {
-                made.qps.push((qpn, st));
+                made.qps.push(QpMade {
+                    qpn,
+                    st,
+                    buf,
+                    db: db_k,
+                    sq_pi: 0,
+                    rq_pi: 0,
+                });
             }
         }
         Step::OnQp {
@@ -511,12 +603,12 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             optpar,
             tweak,
         } => {
-            let Some((qpn, st)) = pick(&made.qps, *which) else {
+            let Some(QpMade { qpn, st, .. }) = pick(&made.qps, *which) else {
                 return;
             };
             let msgmax = if st == 3 || st == 7 { 12 } else { 31 };
             // The peer of a connected QP: another of this input's, or itself.
-            let dqpn = pick(&made.qps, which.wrapping_add(1)).map_or(qpn, |q| q.0);
+            let dqpn = pick(&made.qps, which.wrapping_add(1)).map_or(qpn, |q| q.qpn);
             let (code, mut m, in_mod) = match op {
                 QpOp::Init2Init => (Opcode::INIT2INIT_QP, QpMbox::new(1, st), qpn),
                 QpOp::Init2Rtr => {
@@ -631,7 +723,7 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
                     .iter()
                     .take(10)
                     .map(|w| {
-                        let qpn = pick(&made.qps, *w).map_or(u32::from(*w), |q| q.0);
+                        let qpn = pick(&made.qps, *w).map_or(u32::from(*w), |q| q.qpn);
                         qpn | if w & 0x80 != 0 { BLCK_LB } else { 0 }
                     })
                     .collect();
@@ -653,7 +745,139 @@ fn structured(r: &mut Raw, made: &mut Made, step: &Step) {
             };
             completed(&res, format_args!("MCG {index}"));
         }
+        Step::Post { which, op } => post(r, made, *which, op),
         // Raw commands, stores and EQs: `run`'s.
         _ => {}
     }
+}
+
+/// The `Post` step: a driver's work on this input's QP or CQ `which`.
+fn post(r: &mut Raw, made: &mut Made, which: u8, op: &PostOp) {
+    use sim::hca::engine::wqe::op::*;
+    let uar = profile::UAR as usize * 4096;
+    match op {
+        PostOp::Send {
+            opcode,
+            signalled,
+            wrong_owner,
+            sge,
+            remote,
+            tail,
+        } => {
+            let Some(i) = index(made.qps.len(), which) else {
+                return;
+            };
+            let q = made.qps[i];
+            // Mostly an opcode a driver posts; else any of the 5 bits.
+            const OPS: [u8; 11] = [
+                NOP,
+                SEND,
+                SEND_IMM,
+                SEND_INVAL,
+                RDMA_WRITE,
+                RDMA_WRITE_IMM,
+                RDMA_READ,
+                ATOMIC_CS,
+                ATOMIC_FA,
+                LOCAL_INVAL,
+                LSO,
+            ];
+            let code = match OPS.get(usize::from(*opcode)) {
+                Some(&c) => c,
+                None => opcode & 0x1f,
+            };
+            let mut w = vec![0u8; 16];
+            w[8..12].copy_from_slice(&(if *signalled { 0xcu32 } else { 0 }).to_be_bytes());
+            if q.st == 3 {
+                // The datagram segment: port 1, the PD, a LID, the peer.
+                let peer = pick(&made.qps, which.wrapping_add(1)).map_or(q.qpn, |p| p.qpn);
+                let mut d = [0u8; 48];
+                d[0..4].copy_from_slice(&(1 << 24 | PD).to_be_bytes());
+                d[6..8].copy_from_slice(&u16::from(*remote).to_be_bytes());
+                d[0x20..0x24].copy_from_slice(&peer.to_be_bytes());
+                d[0x24..0x28].copy_from_slice(&0x1_1111u32.to_be_bytes());
+                w.extend_from_slice(&d);
+            } else if matches!(
+                code,
+                RDMA_WRITE | RDMA_WRITE_IMM | RDMA_READ | ATOMIC_CS | ATOMIC_FA
+            ) {
+                let (key, addr) = key_addr(made, *remote, 0);
+                w.extend_from_slice(&addr.to_be_bytes());
+                w.extend_from_slice(&key.to_be_bytes());
+                w.extend_from_slice(&[0; 4]);
+            }
+            w.extend_from_slice(&data_seg(made, sge));
+            w.extend_from_slice(tail);
+            w.truncate(64);
+            w.resize(w.len().next_multiple_of(16), 0);
+            let owner = (q.sq_pi & 64 != 0) != *wrong_owner;
+            let base = (q.sq_pi % 64) as usize * 64;
+            let page = &r.keep[q.buf];
+            page.write_bytes(base + 4, &w[4..]);
+            page.write_u8(base + 7, (w.len() / 16) as u8);
+            page.write_be32(base, u32::from(owner) << 31 | u32::from(code));
+            made.qps[i].sq_pi = q.sq_pi.wrapping_add(1);
+            r.bar2.write_be32(uar + 0x14, q.qpn << 8);
+        }
+        PostOp::Recv { n, sge } => {
+            let Some(i) = index(made.qps.len(), which) else {
+                return;
+            };
+            let q = made.qps[i];
+            let seg = data_seg(made, sge);
+            for k in 0..u16::from(n % 8) + 1 {
+                let slot = q.rq_pi.wrapping_add(k) % 64;
+                r.keep[q.buf + 1].write_bytes(usize::from(slot) * 16, &seg);
+            }
+            let pi = q.rq_pi.wrapping_add(u16::from(n % 8) + 1);
+            made.qps[i].rq_pi = pi;
+            r.keep[q.db].write_be32(0, u32::from(pi));
+        }
+        PostOp::RqRecord(v) => {
+            if let Some(i) = index(made.qps.len(), which) {
+                r.keep[made.qps[i].db].write_be32(0, u32::from(*v));
+            }
+        }
+        PostOp::Arm { cmd, sn } => {
+            let Some(i) = index(made.cqs.len(), which) else {
+                return;
+            };
+            let (db, ci) = made.cq_db[i];
+            let (cmd, sn) = (u32::from(cmd % 4), u32::from(sn % 4));
+            r.keep[db].write_be32(4, sn << 28 | cmd << 24 | (ci & 0xff_ffff));
+            let dw0 = sn << 28 | cmd << 24 | made.cqs[i];
+            r.bar2.write_be32_pair(uar + 0x20, dw0, ci & 0xff_ffff);
+        }
+        PostOp::Consume(n) => {
+            let Some(i) = index(made.cqs.len(), which) else {
+                return;
+            };
+            let (db, ci) = &mut made.cq_db[i];
+            *ci = ci.wrapping_add(u32::from(*n));
+            r.keep[*db].write_be32(0, *ci & 0xff_ffff);
+        }
+    }
+    // The engines run as a driver polls.
+    for _ in 0..4 {
+        r.clock.relax();
+    }
+}
+
+/// The key and an address of this input's MPT `which` (its start plus
+/// `off`, within it or past it), or a key that names no MPT of its.
+fn key_addr(made: &Made, which: u8, off: u16) -> (u32, u64) {
+    match index(made.mpts.len(), which) {
+        Some(i) if which < 0xf0 => (made.mpts[i] << 8, made.mpt_start[i] + u64::from(off)),
+        _ => (u32::from(which) << 8, u64::from(off)),
+    }
+}
+
+/// A 16-byte data segment (byte count, L_Key, address).
+fn data_seg(made: &Made, s: &Sge) -> [u8; 16] {
+    let (key, addr) = key_addr(made, s.mpt, s.off % 0x4000);
+    let mut d = [0u8; 16];
+    d[0..4].copy_from_slice(&u32::from(s.len).to_be_bytes());
+    d[4..8].copy_from_slice(&key.to_be_bytes());
+    d[8..16].copy_from_slice(&addr.to_be_bytes());
+    d
 }
