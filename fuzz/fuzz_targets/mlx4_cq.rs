@@ -1,9 +1,9 @@
-//! mlx4_ib's `poll_cq` over CQEs the device writes: any bytes in any CQE slot (ownership, opcode, syndrome, QPN, WQE counter), for an RC and a UD QP with sends and receives outstanding, polled into arrays of any size, interleaved with posts, `clean` and re-arming.
+//! mlx4_ib's `poll_cq` over CQEs the device writes: any bytes in any CQE slot (ownership, opcode, syndrome, QPN, WQE counter), for an RC and a UD QP with sends and receives outstanding and a UD QP receiving through an SRQ, polled into arrays of any size, interleaved with posts, `clean` and re-arming.
 //!
 //! The CQ and QPs sit in host memory as in the fast-path example (no HCA
 //! behind them); the fuzzer stands for the HCA. Checks: `poll` fills no
-//! more completions than asked, and a completion names a WR that was
-//! posted on a QP of the CQ.
+//! more completions than asked, a completion names a WR that was
+//! posted on a QP of the CQ, and an SRQ WR completes at most once.
 
 #![no_main]
 
@@ -18,15 +18,17 @@ use mlx4_hw::cqe;
 use mlx4_ib::ah::{Mlx4IbAh, create_ib_ah};
 use mlx4_ib::cq::Mlx4IbCq;
 use mlx4_ib::doorbell::DbPool;
-use mlx4_ib::qp::{HostMemory, Mlx4IbQp};
+use mlx4_ib::qp::{HostMemory, HostRecv, Mlx4IbQp};
 use mlx4_ib::srq::Mlx4IbSrq;
 use mlx4_ib::verbs::{
     AhAttr, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, Wc, WrDetail, WrOpcode,
 };
-use mlx4_ib::{QpId, QpTable, Slab};
+use mlx4_ib::{QpId, QpTable, Slab, SrqId};
 
 const RC_QPN: u32 = 0x48;
 const UD_QPN: u32 = 0x49;
+/// A UD QP receiving through the SRQ.
+const SRQ_QPN: u32 = 0x4a;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Owner {
@@ -38,10 +40,27 @@ enum Owner {
     Raw,
 }
 
-#[derive(Arbitrary, Debug)]
-enum QpnPick {
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Pick {
     Rc,
     Ud,
+    /// The QP on the SRQ (its receives are the SRQ's).
+    OnSrq,
+}
+
+impl Pick {
+    fn qpn(self) -> u32 {
+        match self {
+            Pick::Rc => RC_QPN,
+            Pick::Ud => UD_QPN,
+            Pick::OnSrq => SRQ_QPN,
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum QpnPick {
+    Qp(Pick),
     Raw(u32),
 }
 
@@ -62,7 +81,7 @@ enum Step {
     Next {
         bytes: [u8; 32],
         send: bool,
-        rc: bool,
+        qp: Pick,
         wqe: u16,
     },
     Poll(u8),
@@ -73,11 +92,11 @@ enum Step {
         inline: bool,
     },
     PostRecv {
-        rc: bool,
+        qp: Pick,
         n: u8,
     },
     Clean {
-        rc: bool,
+        qp: Pick,
     },
     Arm(bool, u32),
 }
@@ -97,6 +116,7 @@ struct Rig {
     ah: u32,
     rc: QpId,
     ud: QpId,
+    srq: u32,
     nent: u32,
     produced: u32,
     next_wr: u64,
@@ -114,15 +134,19 @@ fn rig(nent: u32, sig_all: bool) -> Rig {
         max_sq_desc_sz: 1008,
         ..Default::default()
     };
-    let mk = |t, qpn, dbs: &mut DbPool| {
+    let mk = |t, qpn, recv: HostRecv| {
+        let rq = if matches!(recv, HostRecv::Rq(_)) {
+            8
+        } else {
+            0
+        };
         let mut cap = QpCap {
             max_send_wr: 8,
-            max_recv_wr: 8,
+            max_recv_wr: rq,
             max_send_sge: 2,
-            max_recv_sge: 2,
+            max_recv_sge: rq.min(2),
             max_inline_data: 64,
         };
-        let db = dbs.alloc(&pool, 0).expect("doorbell record");
         Mlx4IbQp::detached(
             t,
             qpn,
@@ -132,18 +156,25 @@ fn rig(nent: u32, sig_all: bool) -> Rig {
                 caps: &caps,
                 pool: &pool,
                 uar: uar.slice(0, 4096).expect("uar"),
-                db: Some(db),
+                recv,
             },
         )
         .expect("QP")
     };
-    let rc = mk(QpType::Rc, RC_QPN, &mut dbs);
-    let ud = mk(QpType::Ud, UD_QPN, &mut dbs);
+    let mut rq_db = || HostRecv::Rq(dbs.alloc(&pool, 0).expect("doorbell record"));
+    let rc = mk(QpType::Rc, RC_QPN, rq_db());
+    let ud = mk(QpType::Ud, UD_QPN, rq_db());
+    // Eight WQEs of two scatter entries (64 bytes with the next segment).
+    let sdb = dbs.alloc(&pool, 0).expect("SRQ doorbell record");
+    let mut srqs = Slab::default();
+    let srq = srqs.insert(Mlx4IbSrq::detached(&pool, 8, 2, 6, sdb).expect("SRQ"));
+    let on_srq = mk(QpType::Ud, SRQ_QPN, HostRecv::Srq(SrqId::from_index(srq)));
     let cdb = dbs.alloc(&pool, 1).expect("CQ doorbell records");
     let cq = Mlx4IbCq::detached(nent, &pool, uar, cdb, 0x81).expect("CQ");
     let mut qps = QpTable::default();
     let rc = qps.insert(rc);
     let ud = qps.insert(ud);
+    qps.insert(on_srq);
     let mut ahs = Slab::default();
     let ah = ahs.insert(
         create_ib_ah(
@@ -160,11 +191,12 @@ fn rig(nent: u32, sig_all: bool) -> Rig {
     Rig {
         cq,
         qps,
-        srqs: Slab::default(),
+        srqs,
         ahs,
         ah,
         rc,
         ud,
+        srq,
         nent,
         produced: 0,
         next_wr: 1,
@@ -206,6 +238,9 @@ fuzz_target!(|input: Input| {
     ];
     let data = [0x5au8; 64];
     let mut posted = std::collections::HashSet::new();
+    // The SRQ's WRs posted, and those completed.
+    let mut on_srq = std::collections::HashSet::new();
+    let mut srq_done = std::collections::HashSet::new();
     let mut wc = [Wc::default(); 64];
     for step in input.steps.iter().take(256) {
         match step {
@@ -219,8 +254,7 @@ fuzz_target!(|input: Input| {
             } => {
                 let mut b = *bytes;
                 let q = match qpn {
-                    QpnPick::Rc => RC_QPN,
-                    QpnPick::Ud => UD_QPN,
+                    QpnPick::Qp(p) => p.qpn(),
                     QpnPick::Raw(v) => *v,
                 };
                 b[cqe::VLAN_MY_QPN..cqe::VLAN_MY_QPN + 4].copy_from_slice(&q.to_be_bytes());
@@ -234,11 +268,11 @@ fuzz_target!(|input: Input| {
             Step::Next {
                 bytes,
                 send,
-                rc,
+                qp,
                 wqe,
             } => {
                 let mut b = *bytes;
-                let q = if *rc { RC_QPN } else { UD_QPN };
+                let q = qp.qpn();
                 b[cqe::VLAN_MY_QPN..cqe::VLAN_MY_QPN + 4].copy_from_slice(&q.to_be_bytes());
                 b[cqe::WQE_INDEX..cqe::WQE_INDEX + 2].copy_from_slice(&wqe.to_be_bytes());
                 let o = &mut b[cqe::OWNER_SR_OPCODE];
@@ -262,6 +296,15 @@ fuzz_target!(|input: Input| {
                             "a completion for WR {:#x}, never posted: {w:?}",
                             w.wr_id
                         );
+                        // An SRQ WR completes once (its WQE goes back on
+                        // the free list, and a later one reuses the slot).
+                        if on_srq.contains(&w.wr_id) {
+                            assert!(
+                                srq_done.insert(w.wr_id),
+                                "SRQ WR {:#x} completed twice: {w:?}",
+                                w.wr_id
+                            );
+                        }
                     }
                 }
                 let used = r.cq.cons_index().wrapping_sub(before);
@@ -321,25 +364,34 @@ fuzz_target!(|input: Input| {
                     }
                 }
             }
-            Step::PostRecv { rc, n } => {
-                let id = if *rc { r.rc } else { r.ud };
+            Step::PostRecv { qp, n } => {
                 for _ in 0..(n % 9) {
                     let wr_id = r.next_wr;
                     r.next_wr += 1;
-                    let qp = r.qps.get_mut(id).expect("qp");
-                    if qp
-                        .post_recv(&[RecvWr {
-                            wr_id,
-                            sg_list: &sg,
-                        }])
-                        .is_ok()
-                    {
+                    let wr = [RecvWr {
+                        wr_id,
+                        sg_list: &sg,
+                    }];
+                    let ok = match qp {
+                        Pick::Rc => r.qps.get_mut(r.rc).expect("qp").post_recv(&wr),
+                        Pick::Ud => r.qps.get_mut(r.ud).expect("qp").post_recv(&wr),
+                        Pick::OnSrq => r.srqs.get_mut(r.srq).expect("srq").post_recv(&wr),
+                    }
+                    .is_ok();
+                    if ok {
                         posted.insert(wr_id);
+                        if let Pick::OnSrq = qp {
+                            on_srq.insert(wr_id);
+                        }
                     }
                 }
             }
-            Step::Clean { rc } => {
-                r.cq.clean(if *rc { RC_QPN } else { UD_QPN }, None);
+            Step::Clean { qp } => {
+                let srq = match qp {
+                    Pick::OnSrq => r.srqs.get_mut(r.srq),
+                    _ => None,
+                };
+                r.cq.clean(qp.qpn(), srq);
             }
             Step::Arm(solicited, sn) => r.cq.req_notify(*solicited, *sn),
         }

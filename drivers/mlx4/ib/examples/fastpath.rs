@@ -34,7 +34,7 @@ use mlx4_core::Caps;
 use mlx4_hw::cqe::{self, Cqe};
 use mlx4_ib::cq::Mlx4IbCq;
 use mlx4_ib::doorbell::DbPool;
-use mlx4_ib::qp::{HostMemory, Mlx4IbQp};
+use mlx4_ib::qp::{HostMemory, HostRecv, Mlx4IbQp};
 use mlx4_ib::srq::Mlx4IbSrq;
 use mlx4_ib::verbs::{QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, Wc, WrDetail, WrOpcode};
 use mlx4_ib::{QpTable, Slab};
@@ -95,7 +95,7 @@ impl Rig {
                 caps: &caps,
                 pool: &pool,
                 uar: uar.slice(0, 4096).expect("uar"),
-                db: Some(db),
+                recv: HostRecv::Rq(db),
             },
         )
         .expect("QP");

@@ -19,7 +19,8 @@ mod modify;
 mod post;
 
 pub use create::{
-    HostMemory, UD_HEADER_SIZE, alloc_qp_buf, send_wqe_overhead, set_kernel_sq_size, set_rq_size,
+    HostMemory, HostRecv, UD_HEADER_SIZE, alloc_qp_buf, send_wqe_overhead, set_kernel_sq_size,
+    set_rq_size,
 };
 pub use post::{MlxEth, MlxFields, MlxHeader, MlxPostError, MlxSendInfo, PostError, PostFault};
 

@@ -355,6 +355,82 @@ fn cqes_the_driver_cannot_account_for_are_errors_not_panics() {
     assert!(r.poll(4).unwrap().is_empty());
 }
 
+#[test]
+fn receive_cqes_of_a_qp_on_an_srq_complete_the_srq_wqe_they_name() {
+    let mut r = rig(8, true);
+    let db = r.bed.dbs.alloc(&r.bed.pool, 0).unwrap();
+    // Four WQEs of one 16-byte entry after the 16-byte next segment.
+    let srq = Mlx4IbSrq::detached(&r.bed.pool, 4, 1, 5, db).unwrap();
+    let srq = crate::SrqId::from_index(r.srqs.insert(srq));
+    let mut cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let qp = crate::qp::Mlx4IbQp::detached(
+        QpType::Ud,
+        0x4a,
+        &mut cap,
+        true,
+        crate::qp::HostMemory {
+            caps: &r.bed.caps,
+            pool: &r.bed.pool,
+            uar: r.bed.uar(),
+            recv: crate::qp::HostRecv::Srq(srq),
+        },
+    )
+    .unwrap();
+    assert_eq!(qp.rq().wqe_cnt, 0, "a QP on an SRQ has no RQ of its own");
+    r.qps.insert(qp);
+    let sg = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 1,
+    }];
+    let wrs: Vec<RecvWr> = (0..3)
+        .map(|i| RecvWr {
+            wr_id: 700 + i,
+            sg_list: &sg,
+        })
+        .collect();
+    r.srqs
+        .get_mut(srq.index())
+        .unwrap()
+        .post_recv(&wrs)
+        .unwrap();
+    // The SRQ's WQEs complete in any order: the CQE's counter names one.
+    let recv = |idx: u16| Cqe {
+        vlan_my_qpn: 0x4a,
+        wqe_index: idx,
+        byte_cnt: 8,
+        owner_sr_opcode: cqe::recv_opcode::SEND,
+        ..Default::default()
+    };
+    r.hw_write(0, recv(2));
+    r.hw_write(1, recv(0));
+    let wc = r.poll(4).unwrap();
+    assert_eq!(
+        wc.iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(),
+        [(702, 0x4a), (700, 0x4a)]
+    );
+    assert_eq!(r.srqs.get(srq.index()).unwrap().outstanding(), 1);
+    // A WQE completed once, or never posted, is the device's error; the
+    // CQE is consumed and the posted WQE still completes after it.
+    r.hw_write(2, recv(2));
+    assert!(matches!(r.poll(4), Err(Error::Inval(_))));
+    r.hw_write(3, recv(3));
+    assert!(matches!(r.poll(4), Err(Error::Inval(_))));
+    r.hw_write(4, recv(1));
+    assert_eq!(r.poll(4).unwrap()[0].wr_id, 701);
+    assert_eq!(r.cq.cons_index(), 5);
+    // The SRQ gone: the QP's completions are refused, not guessed.
+    r.srqs.remove(srq.index());
+    r.hw_write(5, recv(0));
+    assert!(matches!(r.poll(4), Err(Error::Inval(_))));
+}
+
 /// A successful send CQE of the rig's QP for WQE `idx`.
 fn send_cqe(op: u32, idx: u16) -> Cqe {
     Cqe {

@@ -15,7 +15,7 @@ use mlx4_hw::wqe::{self, atomic, ctrl, data, datagram, inline, raddr};
 use super::post::{FAST_INLINE_MAX, SRCRB_FLAGS, ops_allowed};
 use super::{Mlx4IbQp, QpHw, Sqp, Wq, to_ib_state, to_mlx4_state};
 use crate::doorbell::Db;
-use crate::table::{CqId, PdId};
+use crate::table::{CqId, PdId, SrqId};
 use crate::verbs::{AccessFlags, QpCap, QpCreateFlags, QpState, QpType, SendFlags};
 use crate::{Error, Result};
 
@@ -144,8 +144,18 @@ pub struct HostMemory<'a> {
     pub pool: &'a hal::DmaPool,
     /// The UAR page of the send doorbell.
     pub uar: Bar,
-    /// The RQ doorbell record (none: the QP receives through an SRQ).
-    pub db: Option<Db>,
+    /// Where the QP's receives go.
+    pub recv: HostRecv,
+}
+
+/// A detached QP's receive side: its own RQ with a doorbell record, or an
+/// SRQ (a detached one of the caller's, [`crate::srq::Mlx4IbSrq::detached`],
+/// in the slab `poll_cq` is given).
+pub enum HostRecv {
+    /// Its own RQ, with this doorbell record.
+    Rq(Db),
+    /// The SRQ of this handle.
+    Srq(SrqId),
 }
 
 /// The memory a QP is assembled over: both queues' geometry in one buffer
@@ -172,7 +182,11 @@ impl Mlx4IbQp {
         sig_all: bool,
         host: HostMemory<'_>,
     ) -> Result<Mlx4IbQp> {
-        let mut rq = set_rq_size(host.caps, cap, host.db.is_some())?;
+        let (db, srq) = match host.recv {
+            HostRecv::Rq(db) => (Some(db), None),
+            HostRecv::Srq(srq) => (None, Some(srq)),
+        };
+        let mut rq = set_rq_size(host.caps, cap, db.is_some())?;
         let (mut sq, spare) = set_kernel_sq_size(host.caps, cap, qp_type)?;
         let buf = alloc_qp_buf(host.pool, &mut sq, &mut rq)?;
         let q = QpQueues {
@@ -181,9 +195,10 @@ impl Mlx4IbQp {
             spare,
             buf,
             uar: host.uar,
-            db: host.db,
+            db,
         };
         let mut qp = Mlx4IbQp::assemble(qp_type, qpn, qpn, sig_all, cap.max_inline_data, q);
+        qp.srq = srq;
         qp.stamp_all();
         qp.set_state(QpState::Rts);
         Ok(qp)

@@ -64,7 +64,7 @@ impl Bed {
                 caps: &self.caps,
                 pool: &self.pool,
                 uar: self.uar(),
-                db: Some(db),
+                recv: HostRecv::Rq(db),
             },
         )
         .unwrap()
@@ -255,7 +255,7 @@ fn inline_send_splits_at_64_bytes() {
             caps: &b.caps,
             pool: &b.pool,
             uar: b.uar(),
-            db: Some(db),
+            recv: HostRecv::Rq(db),
         },
     )
     .unwrap();
@@ -574,7 +574,7 @@ fn golden_mlx_segment_header_and_icrc() {
             caps: &b.caps,
             pool: &b.pool,
             uar: b.uar(),
-            db: Some(db),
+            recv: HostRecv::Rq(db),
         },
     )
     .unwrap();
@@ -696,7 +696,7 @@ fn straight_line_stamps_a_pass_after_a_wqe_past_64_bytes() {
             caps: &b.caps,
             pool: &b.pool,
             uar: b.uar(),
-            db: Some(db),
+            recv: HostRecv::Rq(db),
         },
     )
     .unwrap();
@@ -782,7 +782,7 @@ fn counted_qp(b: &mut Bed, cap: QpCap) -> (Mlx4IbQp, Arc<CountingUar>) {
             caps: &b.caps,
             pool: &b.pool,
             uar: Bar::from_backend(uar.clone(), 4096),
-            db: Some(db),
+            recv: HostRecv::Rq(db),
         },
     )
     .unwrap();
@@ -1234,7 +1234,7 @@ fn barriers_separate_wqes_from_their_owner_stores_and_precede_doorbells() {
             caps: &b.caps,
             pool: &b.pool,
             uar: b.uar(),
-            db: Some(db),
+            recv: HostRecv::Rq(db),
         },
     )
     .unwrap();
