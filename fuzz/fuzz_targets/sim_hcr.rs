@@ -810,11 +810,12 @@ fn post(r: &mut Raw, made: &mut Made, which: u8, op: &PostOp) {
             w.extend_from_slice(tail);
             w.truncate(64);
             w.resize(w.len().next_multiple_of(16), 0);
+            // The DS count with the segments, the owner dword last.
+            w[7] = (w.len() / 16) as u8;
             let owner = (q.sq_pi & 64 != 0) != *wrong_owner;
             let base = (q.sq_pi % 64) as usize * 64;
             let page = &r.keep[q.buf];
             page.write_bytes(base + 4, &w[4..]);
-            page.write_u8(base + 7, (w.len() / 16) as u8);
             page.write_be32(base, u32::from(owner) << 31 | u32::from(code));
             made.qps[i].sq_pi = q.sq_pi.wrapping_add(1);
             r.bar2.write_be32(uar + 0x14, q.qpn << 8);
@@ -825,11 +826,12 @@ fn post(r: &mut Raw, made: &mut Made, which: u8, op: &PostOp) {
             };
             let q = made.qps[i];
             let seg = data_seg(made, sge);
-            for k in 0..u16::from(n % 8) + 1 {
+            let count = u16::from(n % 8) + 1;
+            for k in 0..count {
                 let slot = q.rq_pi.wrapping_add(k) % 64;
                 r.keep[q.buf + 1].write_bytes(usize::from(slot) * 16, &seg);
             }
-            let pi = q.rq_pi.wrapping_add(u16::from(n % 8) + 1);
+            let pi = q.rq_pi.wrapping_add(count);
             made.qps[i].rq_pi = pi;
             r.keep[q.db].write_be32(0, u32::from(pi));
         }
