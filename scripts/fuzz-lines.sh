@@ -62,8 +62,7 @@ if [ -z "$total" ] || [ "${last:-0}" -le 0 ]; then
 fi
 start=$((end - total / last))
 at() { # at N: the time of execution N
-    awk -v n="$1" -v s="$start" '$1 >= n && $2 > 0 { print s + int(n / $2); found = 1; exit }
-        END { if (!found) print "" }' <<<"$rates"
+    awk -v n="$1" -v s="$start" '$1 >= n && $2 > 0 { print s + int(n / $2); exit }' <<<"$rates"
 }
 
 work=$(mktemp -d)
@@ -137,7 +136,7 @@ printf '%s: %d lines of ours reached at the start, %d at the end (of %d instrume
 printf '  first reached by 1 M: %d; from 1 M to 5 M: %d; after 5 M: %d' \
     "$(new start 1M | wc -l)" "$(new 1M 5M | wc -l)" "$(new 5M end | wc -l)"
 [ "$lost" = 0 ] && echo || echo " ($lost reached at the start and not at the end: a corpus minimised in place?)"
-if [ -s "$work/end" ] && [ "$(new 5M end | wc -l)" -gt 0 ]; then
+if [ "$(new 5M end | wc -l)" -gt 0 ]; then
     echo "  lines first reached after 5 M:"
     new 5M end | ranges
 fi
