@@ -146,6 +146,18 @@ fn opensm_at_a_lower_priority_stands_by_and_takes_over_at_our_handover() {
     );
     assert!(ok, "OpenSM took over:\n{rep}");
     assert!(rep.contains("Handing over mastership"), "{rep}");
+    // A port's change event comes through its guest's async EQ, read at
+    // the guest's next poll: the round whose QUERY_PORT showed the new SM
+    // LID can come before it. Rounds until each guest has one (the checks
+    // below say what is missing if none comes).
+    let told = |g: &Guest, from: usize| {
+        g.events()[from..]
+            .iter()
+            .any(|e| matches!(e, (EventType::SmChange | EventType::ClientReregister, 1)))
+    };
+    pump(&mut n, Duration::from_secs(5), |n| {
+        told(&n.a, before[0]) && told(&n.b, before[1])
+    });
     for (k, g) in [&mut n.a, &mut n.b].into_iter().enumerate() {
         assert!(g.active(), "{}", g.name);
         assert_eq!(g.port(1).lid, lids[k], "{}: LID kept", g.name);
