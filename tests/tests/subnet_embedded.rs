@@ -180,6 +180,15 @@ fn embedded_sm_cable_pull_and_sm_restart_keep_the_lids() {
         s.fabric.lock().unwrap().sm().unwrap().stats().heavy_sweeps >= 1
     });
     assert!(swept);
+    // The request to re-register reaches a client through the guest's
+    // async EQ, read at its next poll, which can come after the round the
+    // sweep ended in: rounds until each guest has it (the checks below say
+    // what is missing if it never comes).
+    pump_until(&mut [&mut s.a, &mut s.b], Duration::from_secs(5), 1, |g| {
+        g.iter()
+            .zip(before)
+            .all(|(g, from)| g.events()[from..].contains(&(EventType::ClientReregister, 1)))
+    });
     for (k, g) in [&mut s.a, &mut s.b].into_iter().enumerate() {
         assert!(g.active(), "{}", g.name);
         assert_eq!(

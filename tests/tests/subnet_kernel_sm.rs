@@ -77,9 +77,13 @@ fn sa_query(
         .unwrap_or_else(|e| panic!("SA query: {e}\nSM log:\n{log}"))
 }
 
+/// Both ports Active, and each guest's client told so: IB_EVENT_PORT_ACTIVE
+/// comes through the guest's async EQ, read at its next poll, which can
+/// come after the round whose QUERY_PORT already showed Active.
 fn up(n: &mut Net) {
     let ok = pump_until(&mut [&mut n.a, &mut n.b], UP_LIMIT, 64, |g| {
-        g.iter_mut().all(|g| g.active())
+        g.iter_mut()
+            .all(|g| g.active() && g.events().contains(&(EventType::PortActive, 1)))
     });
     let log = sm_log(n);
     assert!(ok, "both ports Active; SM log:\n{log}");
