@@ -17,7 +17,7 @@ use ib_core::{ClientId, IbCore};
 use ipoib::IpoibDev;
 use net::ping::{self, Ping};
 use net::{Ipv4Address, Ipv4Cidr, LinkId, Stack};
-use sim::fabric::{Fabric, Owner, PortId, Topology};
+use sim::fabric::{Fabric, Owner, Topology};
 use subnet_common::*;
 
 const UP_LIMIT: Duration = Duration::from_secs(90);
@@ -34,12 +34,10 @@ struct Node {
     stack: Stack<IbCore>,
     link: Option<LinkId>,
     addr: Ipv4Cidr,
-    /// The fabric port of the guest's port 1 (ib0's).
-    port: PortId,
 }
 
 impl Node {
-    fn new(g: Guest, port: PortId, addr: &str) -> Node {
+    fn new(g: Guest, addr: &str) -> Node {
         let mut g = g;
         let ipoib = ipoib::init(&mut g.core);
         let now = g.core.clock().now_ns() / 1000;
@@ -50,7 +48,6 @@ impl Node {
             stack: Stack::new(now),
             link: None,
             addr: Ipv4Cidr::new(ip(a), len.parse().unwrap()),
-            port,
         }
     }
 
@@ -262,7 +259,7 @@ impl Subnet {
             &self.wire,
             [Some(h.ports[0]), Some(h.ports[1])],
         );
-        Node::new(guest(hca, &h.name), h.ports[0], addr)
+        Node::new(guest(hca, &h.name), addr)
     }
 }
 
@@ -276,14 +273,23 @@ impl Subnet {
 /// second later, and of the packets held for the neighbour meanwhile only
 /// three are kept (a ping at 0.2 s loses its fourth and fifth).
 fn mcast_routed<N: std::ops::Deref<Target = Node>>(fabric: &Mutex<Fabric>, nodes: &[N]) -> bool {
+    // Each node's ib0 port on the fabric, asked of its model before the
+    // fabric is locked.
+    let Some(ports) = nodes
+        .iter()
+        .map(|n| n.g.hca.fabric_port(1))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
     let f = fabric.lock().unwrap_or_else(|e| e.into_inner());
     nodes.iter().all(|n| {
         let Some(r) = n.link.and_then(|_| n.dev().bcast_record()) else {
             return false;
         };
-        nodes
+        ports
             .iter()
-            .all(|m| match f.peer(m.port).and_then(|p| f.owner(p)) {
+            .all(|&m| match f.peer(m).and_then(|p| f.owner(p)) {
                 Some(Owner::Switch { switch, port }) => f
                     .switch(switch)
                     .is_some_and(|s| s.mft_ports(r.mlid).contains(&port)),
